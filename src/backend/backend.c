@@ -1,0 +1,19 @@
+/* backend.c - picks a backend by name. The backends themselves live in cpu/ and cuda/. */
+#include "backend.h"
+
+#include <string.h>
+
+ckv_status ckv_backend_init(ckv_backend **out, const char *name, int n_threads) {
+    *out = NULL;
+    if (!name || strcmp(name, "cpu") == 0) return ckv_backend_cpu_init(out, n_threads);
+    if (strcmp(name, "cuda") == 0) {
+        if (!ckv_backend_cuda_available())
+            return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--backend cuda: this build of ckv has no CUDA support (configure with -DCKV_CUDA=ON)");
+        return ckv_backend_cuda_init(out, 0);
+    }
+    return ckv_error(CKV_STATUS_ERR_ARG, "--backend: unknown backend '%s' (expected cpu or cuda)", name);
+}
+
+void ckv_backend_free(ckv_backend *be) {
+    if (be && be->ops && be->ops->free) be->ops->free(be);
+}

@@ -1,0 +1,310 @@
+/* cpu_attention.c - causal attention of query tokens over a layer's ragged, position-sorted KV cache
+ * (prefill chunks and single-token decode alike), fp32 throughout. One pass over the visible keys (a
+ * prefix of each head's rows, found by binary search on pos) with an online (flash-style) softmax
+ * over fixed blocks of keys; all state lives in fixed-size stack arrays, so it allocates nothing.
+ * Work items are tiles of query rows that share one KV head (a GQA group's heads and neighbouring
+ * tokens), claimed dynamically by the pool's threads; a tile goes through the lane kernel (rows in
+ * vector lanes, no horizontal sums) or, for 1-2 rows or head_dim > 256, the row kernel. The tiling
+ * depends on the shapes only and a row's arithmetic not on the thread that runs it, so results are
+ * identical for any thread count. It does not write the cache (kv_store, cpu_ops.c) and knows
+ * nothing of eviction scores or sliding windows. */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "cpu_backend.h"
+
+#define CKV_ATTN_BLOCK 32     /* keys per online-softmax step */
+#define CKV_ATTN_LANES 16     /* most query rows per work item: one vector lane each in the lane kernel */
+#define CKV_ATTN_LANE_HD 256  /* largest head_dim of the lane kernel (its stack arrays are [hd, lanes]) */
+#define CKV_ATTN_LANE_MIN_ROWS 3 /* fewer rows in a tile: the row kernel wastes fewer lanes (measured) */
+/* Tiles shrink (down to CKV_ATTN_MIN_TILE rows) until there are CKV_ATTN_MIN_ITEMS work items, so that
+ * decode has some parallelism. This depends on the shapes only, never on the thread count, which is
+ * what keeps results identical for any number of threads. */
+#define CKV_ATTN_MIN_TILE 4
+#define CKV_ATTN_MIN_ITEMS 16
+_Static_assert(CKV_ATTN_BLOCK % 4 == 0, "the lane kernel takes keys in groups of 4");
+
+typedef struct {
+    float *out;                  // [n, n_heads, hd]
+    const float *q;              // [n, n_heads, hd]
+    const int32_t *qpos;         // [n]
+    const ckv_attn_cache *cache; // k, v [rows, hd], pos [rows], off, len [n_kv]
+    int n_heads, group, hd;
+    float scale;
+    int rows_per_head;  /* query rows (token, head) reading one KV head: n * group, token-major */
+    int tile;           /* query rows per work item */
+    int tiles_per_head; /* ceil(rows_per_head / tile) */
+    int n_items;        /* n_kv * tiles_per_head */
+    atomic_int next;    /* next work item to claim */
+} ckv_attn_job;
+
+/* One work item: up to CKV_ATTN_LANES query rows over the keys of one KV head. */
+typedef struct {
+    const float *k, *v;                 // [len, hd] the head's keys and values
+    const float *q[CKV_ATTN_LANES];     // each [hd]
+    float *out[CKV_ATTN_LANES];         // each [hd]
+    int cnt[CKV_ATTN_LANES];            /* visible keys of each row (0 for unused lanes) */
+    int nr;                             /* rows in use */
+    int maxcnt;                         /* keys to visit: the largest cnt */
+    int hd;
+    float scale;
+} ckv_attn_tile;
+
+/* Rows of a head's sorted positions that a query at `qp` sees: the count of pos[i] <= qp. */
+static int ckv_attn_visible(const int32_t *pos, int len, int32_t qp) {
+    int lo = 0, hi = len;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (pos[mid] <= qp)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* ---- lane kernel: head_dim <= CKV_ATTN_LANE_HD -----------------------------------------------
+ * The tile's queries are transposed once to qt [hd, lanes], so each key needs no horizontal sum:
+ * scores of 4 keys for all rows are 4 vector FMAs per element of the key (a register-blocked
+ * rank-1 update), and the output accumulates transposed in acc [hd, lanes] the same way from the
+ * values. Lanes are independent: a row's result does not depend on the tile it shares. */
+
+/* st [nb, lanes] = K[0..nb) . qt (unscaled) */
+static void ckv_attn_lane_scores(float st[][CKV_ATTN_LANES], const float *restrict kb, const float *restrict qt,
+                                 int nb, int hd) {
+    int j = 0;
+    for (; j + 4 <= nb; j += 4) {
+        const float *k0 = kb + (size_t)j * (size_t)hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        float a0[CKV_ATTN_LANES] = {0}, a1[CKV_ATTN_LANES] = {0}, a2[CKV_ATTN_LANES] = {0}, a3[CKV_ATTN_LANES] = {0};
+        for (int d = 0; d < hd; d++) {
+            const float *qd = qt + (size_t)d * CKV_ATTN_LANES;
+            for (int r = 0; r < CKV_ATTN_LANES; r++) {
+                a0[r] += k0[d] * qd[r];
+                a1[r] += k1[d] * qd[r];
+                a2[r] += k2[d] * qd[r];
+                a3[r] += k3[d] * qd[r];
+            }
+        }
+        memcpy(st[j], a0, sizeof a0);
+        memcpy(st[j + 1], a1, sizeof a1);
+        memcpy(st[j + 2], a2, sizeof a2);
+        memcpy(st[j + 3], a3, sizeof a3);
+    }
+    for (; j < nb; j++) {
+        const float *k0 = kb + (size_t)j * (size_t)hd;
+        float a0[CKV_ATTN_LANES] = {0};
+        for (int d = 0; d < hd; d++) {
+            const float *qd = qt + (size_t)d * CKV_ATTN_LANES;
+            for (int r = 0; r < CKV_ATTN_LANES; r++) a0[r] += k0[d] * qd[r];
+        }
+        memcpy(st[j], a0, sizeof a0);
+    }
+}
+
+/* Zero values standing in for the keys past the end of a block's last group of 4. */
+static const float ckv_attn_zero_row[CKV_ATTN_LANE_HD];
+
+/* acc [hd, lanes] += V[0..nb)^T . p   (p [nb rounded up to 4, lanes], zero past nb). Keys always go
+ * in the same groups of 4 from the block start, so a row's sum order does not depend on how many
+ * keys the other rows of its tile see. */
+static void ckv_attn_lane_pv(float *restrict acc, const float *restrict vb, const float p[][CKV_ATTN_LANES], int nb,
+                             int hd) {
+    for (int j = 0; j < nb; j += 4) {
+        const float *v0 = vb + (size_t)j * (size_t)hd;
+        const float *v1 = j + 1 < nb ? v0 + hd : ckv_attn_zero_row;
+        const float *v2 = j + 2 < nb ? v0 + 2 * hd : ckv_attn_zero_row;
+        const float *v3 = j + 3 < nb ? v0 + 3 * hd : ckv_attn_zero_row;
+        const float *p0 = p[j], *p1 = p[j + 1], *p2 = p[j + 2], *p3 = p[j + 3];
+        for (int d = 0; d < hd; d++) {
+            float *ad = acc + (size_t)d * CKV_ATTN_LANES;
+            for (int r = 0; r < CKV_ATTN_LANES; r++)
+                ad[r] += v0[d] * p0[r] + v1[d] * p1[r] + v2[d] * p2[r] + v3[d] * p3[r];
+        }
+    }
+}
+
+/* Online softmax step over a block: masks keys a row does not see, updates the running max and
+ * sum, turns st into weights and returns in corr the factor the accumulator must be scaled by. */
+static void ckv_attn_lane_softmax(float st[][CKV_ATTN_LANES], int nb, int jb, const int *cnt, float scale, float *mx,
+                                  float *sum, float *corr) {
+    float bm[CKV_ATTN_LANES], bs[CKV_ATTN_LANES];
+    for (int r = 0; r < CKV_ATTN_LANES; r++) bm[r] = -INFINITY;
+    for (int j = 0; j < nb; j++)
+        for (int r = 0; r < CKV_ATTN_LANES; r++) {
+            float x = jb + j < cnt[r] ? st[j][r] * scale : -INFINITY;
+            st[j][r] = x;
+            bm[r] = x > bm[r] ? x : bm[r];
+        }
+    for (int r = 0; r < CKV_ATTN_LANES; r++) {
+        float m = bm[r] > mx[r] ? bm[r] : mx[r];
+        /* exp(-inf - m) is 0 for the first visible block; a row with nothing visible yet keeps 1 */
+        corr[r] = m == -INFINITY ? 1.0f : mx[r] == -INFINITY ? 0.0f : ckv_cpu_expf(mx[r] - m);
+        mx[r] = m;
+        bs[r] = 0.0f;
+    }
+    for (int j = 0; j < nb; j++)
+        for (int r = 0; r < CKV_ATTN_LANES; r++) {
+            float w = jb + j < cnt[r] ? ckv_cpu_expf(st[j][r] - mx[r]) : 0.0f;
+            st[j][r] = w;
+            bs[r] += w;
+        }
+    for (int j = nb; j < ((nb + 3) & ~3); j++) /* padding of the last group of 4 keys */
+        for (int r = 0; r < CKV_ATTN_LANES; r++) st[j][r] = 0.0f;
+    for (int r = 0; r < CKV_ATTN_LANES; r++) sum[r] = sum[r] * corr[r] + bs[r];
+}
+
+static void ckv_attn_tile_lanes(const ckv_attn_tile *tl) {
+    const int hd = tl->hd;
+    float qt[CKV_ATTN_LANE_HD * CKV_ATTN_LANES];  // [hd, lanes] queries, transposed
+    float acc[CKV_ATTN_LANE_HD * CKV_ATTN_LANES]; // [hd, lanes] output accumulator, transposed
+    float st[CKV_ATTN_BLOCK][CKV_ATTN_LANES];     // [block, lanes] scores, then weights
+    float mx[CKV_ATTN_LANES], sum[CKV_ATTN_LANES], corr[CKV_ATTN_LANES];
+
+    for (int d = 0; d < hd; d++)
+        for (int r = 0; r < CKV_ATTN_LANES; r++) qt[d * CKV_ATTN_LANES + r] = r < tl->nr ? tl->q[r][d] : 0.0f;
+    memset(acc, 0, (size_t)hd * CKV_ATTN_LANES * sizeof(float));
+    for (int r = 0; r < CKV_ATTN_LANES; r++) {
+        mx[r] = -INFINITY;
+        sum[r] = 0.0f;
+    }
+    for (int jb = 0; jb < tl->maxcnt; jb += CKV_ATTN_BLOCK) {
+        const int nb = tl->maxcnt - jb < CKV_ATTN_BLOCK ? tl->maxcnt - jb : CKV_ATTN_BLOCK;
+        ckv_attn_lane_scores(st, tl->k + (size_t)jb * (size_t)hd, qt, nb, hd);
+        ckv_attn_lane_softmax(st, nb, jb, tl->cnt, tl->scale, mx, sum, corr);
+        for (int d = 0; d < hd; d++)
+            for (int r = 0; r < CKV_ATTN_LANES; r++) acc[d * CKV_ATTN_LANES + r] *= corr[r];
+        ckv_attn_lane_pv(acc, tl->v + (size_t)jb * (size_t)hd, (const float(*)[CKV_ATTN_LANES])st, nb, hd);
+    }
+    for (int r = 0; r < tl->nr; r++) {
+        float inv = tl->cnt[r] > 0 ? 1.0f / sum[r] : 0.0f; /* no visible key: the row is 0 */
+        float *o = tl->out[r];
+        for (int d = 0; d < hd; d++) o[d] = acc[d * CKV_ATTN_LANES + r] * inv;
+    }
+}
+
+/* ---- row kernel: any head_dim, tiles of 1-2 rows ----------------------------------------------
+ * One query row at a time, accumulating in its output row; dot products with 16 partial sums. Each
+ * row only visits its own visible keys. */
+
+static inline float ckv_attn_dot(const float *restrict a, const float *restrict b, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
+    for (int w = 8; w > 0; w >>= 1)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+static inline void ckv_attn_axpy(float *restrict y, float a, const float *restrict x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static inline void ckv_attn_scale(float *restrict y, float a, int n) {
+    for (int i = 0; i < n; i++) y[i] *= a;
+}
+
+static void ckv_attn_exp_block(float *restrict p, float m, int nb) {
+    for (int j = 0; j < nb; j++) p[j] = ckv_cpu_expf(p[j] - m);
+}
+
+static void ckv_attn_tile_rows(const ckv_attn_tile *tl) {
+    const int hd = tl->hd;
+    float p[CKV_ATTN_BLOCK]; // [block] scores, then weights
+    for (int r = 0; r < tl->nr; r++) {
+        float *acc = tl->out[r]; // [hd]
+        const float *q = tl->q[r];
+        const int cnt = tl->cnt[r];
+        float mx = -INFINITY, sum = 0.0f;
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        for (int jb = 0; jb < cnt; jb += CKV_ATTN_BLOCK) {
+            const int nb = cnt - jb < CKV_ATTN_BLOCK ? cnt - jb : CKV_ATTN_BLOCK;
+            const float *kb = tl->k + (size_t)jb * (size_t)hd; // [nb, hd]
+            const float *vb = tl->v + (size_t)jb * (size_t)hd; // [nb, hd]
+            for (int j = 0; j < nb; j++) p[j] = ckv_attn_dot(q, kb + (size_t)j * (size_t)hd, hd) * tl->scale;
+            float bmax = p[0];
+            for (int j = 1; j < nb; j++) bmax = p[j] > bmax ? p[j] : bmax;
+            if (bmax > mx) {
+                if (sum > 0.0f) { /* rescale what was accumulated under the old max */
+                    float corr = ckv_cpu_expf(mx - bmax);
+                    sum *= corr;
+                    ckv_attn_scale(acc, corr, hd);
+                }
+                mx = bmax;
+            }
+            ckv_attn_exp_block(p, mx, nb);
+            for (int j = 0; j < nb; j++) sum += p[j];
+            for (int j = 0; j < nb; j++) ckv_attn_axpy(acc, p[j], vb + (size_t)j * (size_t)hd, hd);
+        }
+        if (cnt > 0) ckv_attn_scale(acc, 1.0f / sum, hd); /* no visible key: the row stays 0 */
+    }
+}
+
+/* ---- work items ---------------------------------------------------------------------------- */
+
+static void ckv_attn_item(const ckv_attn_job *job, int item) {
+    const ckv_attn_cache *c = job->cache;
+    const int hd = job->hd, group = job->group, n_kv = c->n_kv_heads;
+    const int g = item % n_kv;
+    const int tile = job->tiles_per_head - 1 - item / n_kv; /* latest tokens (most keys) first */
+    const int r0 = tile * job->tile;
+    const int32_t *pos = c->pos + c->off[g]; // [len]
+
+    ckv_attn_tile tl;
+    memset(&tl, 0, sizeof tl);
+    tl.k = c->k + (size_t)c->off[g] * (size_t)hd;
+    tl.v = c->v + (size_t)c->off[g] * (size_t)hd;
+    tl.nr = job->rows_per_head - r0 < job->tile ? job->rows_per_head - r0 : job->tile;
+    tl.hd = hd;
+    tl.scale = job->scale;
+    for (int r = 0; r < tl.nr; r++) {
+        const int row = r0 + r, t = row / group, h = g * group + row % group;
+        const size_t at = ((size_t)t * (size_t)job->n_heads + (size_t)h) * (size_t)hd;
+        tl.q[r] = job->q + at;
+        tl.out[r] = job->out + at;
+        tl.cnt[r] = ckv_attn_visible(pos, c->len[g], job->qpos[t]);
+        if (tl.cnt[r] > tl.maxcnt) tl.maxcnt = tl.cnt[r];
+    }
+    if (hd <= CKV_ATTN_LANE_HD && tl.nr >= CKV_ATTN_LANE_MIN_ROWS)
+        ckv_attn_tile_lanes(&tl);
+    else
+        ckv_attn_tile_rows(&tl);
+}
+
+static void ckv_attn_worker(void *arg, int begin, int end, int tid) {
+    (void)begin;
+    (void)end;
+    (void)tid;
+    ckv_attn_job *job = arg;
+    for (;;) {
+        int item = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        if (item >= job->n_items) break;
+        ckv_attn_item(job, item);
+    }
+}
+
+void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_attn_cache *cache,
+                       int n, int n_heads, float scale) {
+    const int n_kv = cache->n_kv_heads, hd = cache->head_dim;
+    if (n <= 0 || n_heads <= 0 || hd <= 0) return;
+    if (n_kv <= 0 || n_heads % n_kv != 0) {
+        /* a caller bug this void op cannot report: make it loud rather than plausible */
+        for (size_t i = 0; i < (size_t)n * (size_t)n_heads * (size_t)hd; i++) out[i] = NAN;
+        return;
+    }
+    ckv_threadpool *pool = ckv_cpu_pool(be);
+    const int n_threads = ckv_threadpool_size(pool);
+
+    ckv_attn_job job = {.out = out, .q = q, .qpos = qpos, .cache = cache, .n_heads = n_heads,
+                        .group = n_heads / n_kv, .hd = hd, .scale = scale};
+    job.rows_per_head = n * job.group;
+    /* Bigger tiles share key blocks among more rows; smaller ones give each thread enough items. */
+    job.tile = CKV_ATTN_LANES;
+    while (job.tile > CKV_ATTN_MIN_TILE && n_kv * ((job.rows_per_head + job.tile - 1) / job.tile) < CKV_ATTN_MIN_ITEMS)
+        job.tile /= 2;
+    job.tiles_per_head = (job.rows_per_head + job.tile - 1) / job.tile;
+    job.n_items = n_kv * job.tiles_per_head;
+    atomic_init(&job.next, 0);
+    ckv_threadpool_for(pool, job.n_items < n_threads ? job.n_items : n_threads, 1, ckv_attn_worker, &job);
+}

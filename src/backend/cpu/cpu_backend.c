@@ -1,0 +1,110 @@
+/* cpu_backend.c - the CPU backend object: construction (thread pool, OpenBLAS thread count), teardown,
+ * and the memory entries of the op table (the "device" is host memory: ckv_alloc and memcpy). The
+ * compute kernels live in cpu_matmul.c, cpu_attention.c and cpu_ops.c; this file does no arithmetic. */
+#include "cpu_backend.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+
+/* Declared here as well in case the cblas.h found is not OpenBLAS's own (identical prototype). */
+void openblas_set_num_threads(int num_threads);
+
+static void ckv_cpu_free(ckv_backend *be) {
+    if (!be) return;
+    ckv_cpu_ctx *ctx = be->ctx;
+    if (ctx) ckv_threadpool_free(ctx->pool);
+    ckv_free(ctx);
+    ckv_free(be);
+}
+
+static ckv_status ckv_cpu_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what) {
+    (void)be;
+    if (!ptr)
+        return ckv_error(CKV_STATUS_ERR_ARG, "cpu backend: alloc of %s without an output pointer",
+                         what ? what : "a buffer");
+    return ckv_alloc(ptr, bytes, what ? what : "a cpu backend buffer");
+}
+
+static void ckv_cpu_release(ckv_backend *be, void *ptr) {
+    (void)be;
+    ckv_free(ptr);
+}
+
+static ckv_status ckv_cpu_copy_bytes(void *dst, const void *src, size_t bytes, const char *what) {
+    if (bytes == 0) return CKV_STATUS_OK;
+    if (!dst || !src)
+        return ckv_error(CKV_STATUS_ERR_ARG, "cpu backend: %s of %zu bytes with a NULL %s pointer", what, bytes,
+                         dst ? "source" : "destination");
+    memmove(dst, src, bytes);
+    return CKV_STATUS_OK;
+}
+
+static ckv_status ckv_cpu_upload(ckv_backend *be, void *dst_dev, const void *src_host, size_t bytes) {
+    (void)be;
+    return ckv_cpu_copy_bytes(dst_dev, src_host, bytes, "upload");
+}
+
+static ckv_status ckv_cpu_download(ckv_backend *be, void *dst_host, const void *src_dev, size_t bytes) {
+    (void)be;
+    return ckv_cpu_copy_bytes(dst_host, src_dev, bytes, "download");
+}
+
+static ckv_status ckv_cpu_copy(ckv_backend *be, void *dst_dev, const void *src_dev, size_t bytes) {
+    (void)be;
+    return ckv_cpu_copy_bytes(dst_dev, src_dev, bytes, "copy");
+}
+
+static ckv_status ckv_cpu_sync(ckv_backend *be) {
+    (void)be;
+    return CKV_STATUS_OK; /* every CPU op has finished when it returns */
+}
+
+static const ckv_backend_ops ckv_cpu_ops = {
+    .free = ckv_cpu_free,
+    .alloc = ckv_cpu_alloc,
+    .release = ckv_cpu_release,
+    .upload = ckv_cpu_upload,
+    .download = ckv_cpu_download,
+    .copy = ckv_cpu_copy,
+    .sync = ckv_cpu_sync,
+    .embedding = ckv_cpu_embedding,
+    .rmsnorm = ckv_cpu_rmsnorm,
+    .matmul = ckv_cpu_matmul,
+    .rope = ckv_cpu_rope,
+    .kv_store = ckv_cpu_kv_store,
+    .attention = ckv_cpu_attention,
+    .swiglu = ckv_cpu_swiglu,
+    .add = ckv_cpu_add,
+};
+
+ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {
+    if (!out) return ckv_error(CKV_STATUS_ERR_ARG, "cpu backend: init without an output pointer");
+    *out = NULL;
+    if (n_threads <= 0) n_threads = ckv_cpu_count();
+
+    void *mem = NULL;
+    CKV_TRY(ckv_alloc(&mem, sizeof(ckv_backend), "the cpu backend"));
+    ckv_backend *be = mem;
+    be->ops = &ckv_cpu_ops;
+    be->name = "cpu";
+    be->device = CKV_DEVICE_HOST;
+    be->n_threads = n_threads;
+
+    ckv_status s = ckv_alloc(&be->ctx, sizeof(ckv_cpu_ctx), "the cpu backend context");
+    if (s != CKV_STATUS_OK) {
+        ckv_cpu_free(be);
+        return s;
+    }
+    ckv_cpu_ctx *ctx = be->ctx;
+    ctx->n_threads = n_threads;
+    s = ckv_threadpool_init(&ctx->pool, n_threads);
+    if (s != CKV_STATUS_OK) {
+        ckv_cpu_free(be);
+        return s;
+    }
+    /* Process-wide setting; ckv_cpu_matmul re-applies it when another backend changed it. */
+    openblas_set_num_threads(n_threads);
+    *out = be;
+    return CKV_STATUS_OK;
+}

@@ -1,0 +1,95 @@
+/* cli_util.c - flag parsing and fatal errors for the ckv command line. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+_Noreturn void ckv_cli_die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ckv: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+_Noreturn void ckv_cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ckv %s: error: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see 'ckv %s --help')\n", cmd);
+    va_end(ap);
+    exit(2);
+}
+
+void ckv_cli_check(ckv_status s) {
+    if (s != CKV_STATUS_OK) {
+        const char *msg = ckv_error_message();
+        ckv_cli_die("%s", msg[0] ? msg : ckv_status_string(s));
+    }
+}
+
+const char *ckv_cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) ckv_cli_die("%s needs a value", argv[*i]);
+    (*i)++;
+    return argv[*i];
+}
+
+long ckv_cli_parse_long(const char *flag, const char *value, long min, long max) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (errno || end == value || *end != '\0')
+        ckv_cli_die("%s: expected an integer, got '%s'", flag, value);
+    if (v < min || v > max) ckv_cli_die("%s: %ld is outside [%ld, %ld]", flag, v, min, max);
+    return v;
+}
+
+double ckv_cli_parse_double(const char *flag, const char *value, double min, double max) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(value, &end);
+    if (errno || end == value || *end != '\0' || !isfinite(v))
+        ckv_cli_die("%s: expected a number, got '%s'", flag, value);
+    if (v < min || v > max) ckv_cli_die("%s: %g is outside [%g, %g]", flag, v, min, max);
+    return v;
+}
+
+int32_t *ckv_cli_parse_ids(const char *text, int *n, const char *what) {
+    size_t cap = 64, cnt = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) ckv_cli_die("out of memory parsing %s", what);
+    const char *p = text;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+        if (!*p) break;
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            int len = 0;
+            while (p[len] && p[len] != ',' && p[len] != ' ' && p[len] != '\n' && len < 20) len++;
+            ckv_cli_die("%s: '%.*s' at token %zu is not a non-negative token id", what, len, p, cnt);
+        }
+        if (*end && *end != ',' && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r')
+            ckv_cli_die("%s: unexpected character '%c' after token %zu", what, *end, cnt);
+        if (cnt == cap) {
+            cap *= 2;
+            int32_t *bigger = realloc(ids, cap * sizeof *ids);
+            if (!bigger) ckv_cli_die("out of memory parsing %s", what);
+            ids = bigger;
+        }
+        ids[cnt++] = (int32_t)v;
+        p = end;
+    }
+    if (cnt == 0) ckv_cli_die("%s: no token ids given", what);
+    if (cnt > INT32_MAX / 2) ckv_cli_die("%s: too many token ids", what);
+    *n = (int)cnt;
+    return ids;
+}

@@ -1,0 +1,39 @@
+/* main.c - the `ckv` command: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static void print_usage(FILE *f) {
+    fprintf(f,
+            "ckv %s - long-context LLM inference with KV-cache eviction\n"
+            "\n"
+            "usage: ckv <command> [flags]\n"
+            "\n"
+            "commands:\n"
+            "  generate   run a prompt through a model and generate tokens\n"
+            "  inspect    print a model's configuration, size and memory needs\n"
+            "\n"
+            "'ckv <command> --help' lists a command's flags.\n",
+            CKV_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "ckv: error: no command given (usage: ckv <generate|inspect> [flags]; see 'ckv --help')\n");
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("ckv %s\n", CKV_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "generate")) return ckv_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "inspect")) return ckv_cmd_inspect(argc - 1, argv + 1);
+    fprintf(stderr, "ckv: error: unknown command '%s' (expected generate or inspect; see 'ckv --help')\n", cmd);
+    return 2;
+}

@@ -1,0 +1,119 @@
+/* session.c - layer-major chunked prefill and decode steps over one rank's KV cache. */
+#include "engine/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/timer.h"
+
+ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chunk) {
+    memset(s, 0, sizeof *s);
+    const ckv_model_config *c = &m->cfg;
+    if (capacity < 1) return ckv_error(CKV_STATUS_ERR_ARG, "session capacity %d must be positive", capacity);
+    if (capacity > c->max_position_embeddings)
+        return ckv_error(CKV_STATUS_ERR_RANGE,
+                         "%d tokens (prompt + --max-new-tokens) exceed the model's max_position_embeddings %d",
+                         capacity, c->max_position_embeddings);
+    if (chunk < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--chunk must be >= 1, got %d", chunk);
+    if (chunk > capacity) chunk = capacity;
+    s->model = m;
+    s->capacity = capacity;
+    s->chunk = chunk;
+    ckv_backend *be = m->be;
+    ckv_status st = ckv_kv_cache_init(&s->kv, be, c->n_layers, m->plan.n_kv_local, c->head_dim);
+    for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) st = ckv_kv_layer_reserve(&s->kv, l, capacity);
+    if (st == CKV_STATUS_OK) st = ckv_model_scratch_init(&s->scratch, m, chunk);
+    if (st == CKV_STATUS_OK)
+        st = be->ops->alloc(be, (void **)&s->x, (size_t)capacity * c->hidden_size * sizeof(float), "hidden states");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->pos, (size_t)capacity * sizeof(int32_t), "positions");
+    if (st != CKV_STATUS_OK) ckv_session_free(s);
+    return st;
+}
+
+void ckv_session_free(ckv_session *s) {
+    if (!s) return;
+    if (s->model) {
+        ckv_model_scratch_free(&s->scratch, s->model);
+        s->model->be->ops->release(s->model->be, s->x);
+    }
+    ckv_kv_cache_free(&s->kv);
+    ckv_free(s->pos);
+    memset(s, 0, sizeof *s);
+}
+
+ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, float *all_logits, const float **last,
+                                    ckv_layer_hook hook, void *hook_ctx) {
+    ckv_model *m = s->model;
+    const ckv_model_config *c = &m->cfg;
+    if (n < 1) return ckv_error(CKV_STATUS_ERR_ARG, "empty prompt");
+    if (s->n_past + n > s->capacity)
+        return ckv_error(CKV_STATUS_ERR_RANGE, "prompt of %d tokens after %d cached exceeds the session capacity %d", n,
+                         s->n_past, s->capacity);
+    double t0 = ckv_time_now();
+    size_t D = (size_t)c->hidden_size;
+    int chunk = s->chunk;
+    for (int i = 0; i < n; i++) s->pos[i] = s->n_past + i;
+    for (int c0 = 0; c0 < n; c0 += chunk) {
+        int cn = n - c0 < chunk ? n - c0 : chunk;
+        CKV_TRY(ckv_model_embed(m, &s->scratch, s->x + (size_t)c0 * D, ids + c0, cn));
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int c0 = 0; c0 < n; c0 += chunk) {
+            int cn = n - c0 < chunk ? n - c0 : chunk;
+            CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x + (size_t)c0 * D, s->pos + c0, cn, &s->kv));
+        }
+        if (hook) CKV_TRY(hook(hook_ctx, s, l, n));
+    }
+    const float *lg = NULL;
+    if (all_logits) {
+        for (int c0 = 0; c0 < n; c0 += chunk) {
+            int cn = n - c0 < chunk ? n - c0 : chunk;
+            CKV_TRY(ckv_model_logits(m, &s->scratch, s->x + (size_t)c0 * D, cn, &lg));
+            memcpy(all_logits + (size_t)c0 * c->vocab_size, lg, (size_t)cn * c->vocab_size * sizeof(float));
+        }
+        lg += (size_t)((n - 1) % chunk) * c->vocab_size;
+        /* lg points into the last chunk's rows; the last row is the last token */
+    } else {
+        CKV_TRY(ckv_model_logits(m, &s->scratch, s->x + (size_t)(n - 1) * D, 1, &lg));
+    }
+    CKV_TRY(m->be->ops->sync(m->be));
+    s->n_past += n;
+    s->prefill_tokens += n;
+    s->prefill_seconds += ckv_time_now() - t0;
+    if (last) *last = lg;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_session_prefill(ckv_session *s, const int32_t *ids, int n, float *all_logits, const float **last) {
+    return ckv_session_prefill_hook(s, ids, n, all_logits, last, NULL, NULL);
+}
+
+ckv_status ckv_session_decode(ckv_session *s, int32_t token, const float **logits) {
+    ckv_model *m = s->model;
+    if (s->n_past + 1 > s->capacity)
+        return ckv_error(CKV_STATUS_ERR_RANGE, "decode past the session capacity of %d tokens", s->capacity);
+    double t0 = ckv_time_now();
+    int32_t pos = s->n_past;
+    CKV_TRY(ckv_model_embed(m, &s->scratch, s->x, &token, 1));
+    for (int l = 0; l < m->cfg.n_layers; l++) CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x, &pos, 1, &s->kv));
+    CKV_TRY(ckv_model_logits(m, &s->scratch, s->x, 1, logits));
+    CKV_TRY(m->be->ops->sync(m->be));
+    s->n_past++;
+    s->decode_tokens++;
+    s->decode_seconds += ckv_time_now() - t0;
+    return CKV_STATUS_OK;
+}
+
+size_t ckv_session_bytes_for(const ckv_model *m, int capacity, int chunk) {
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    if (chunk > capacity) chunk = capacity;
+    size_t n = (size_t)chunk, D = (size_t)c->hidden_size, d = (size_t)c->head_dim;
+    size_t act = n * (2 * D + 2 * (size_t)p->n_q_local * d + 2 * (size_t)p->n_kv_local * d +
+                      2 * (size_t)p->n_ff_local + (size_t)p->n_vocab_local + 2) * sizeof(float);
+    size_t kv = (size_t)c->n_layers * (size_t)p->n_kv_local * (size_t)capacity * (2 * d * sizeof(float) + sizeof(int32_t));
+    return kv + act + (size_t)capacity * D * sizeof(float);
+}
+
+size_t ckv_session_bytes(const ckv_session *s) { return ckv_session_bytes_for(s->model, s->capacity, s->chunk); }

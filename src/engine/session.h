@@ -1,0 +1,54 @@
+/* session.h - one inference session on one rank: a KV cache and activation buffers sized once for
+ * `capacity` tokens, layer-major chunked prefill (every chunk of the prompt through layer l, then
+ * layer l + 1; DESIGN.md data flow step 1) and single-token decode steps that allocate nothing.
+ * It does not tokenise, sample or print. */
+#ifndef CKV_SESSION_H
+#define CKV_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+typedef struct ckv_session ckv_session;
+
+/* Called after layer `layer` has seen the whole prompt chunk set (for eviction). */
+typedef ckv_status (*ckv_layer_hook)(void *ctx, ckv_session *s, int layer, int n_prompt);
+
+struct ckv_session {
+    ckv_model *model;
+    ckv_kv_cache kv;
+    ckv_model_scratch scratch;
+    int capacity;   /* most tokens (prompt + generated) the session holds */
+    int chunk;      /* prefill chunk length */
+    int n_past;     /* tokens already in the cache = next position */
+    float *x;       /* [capacity, D] hidden states of the tokens being prefilled (device) */
+    int32_t *pos;   /* [capacity] host positions */
+    /* statistics */
+    double prefill_seconds, decode_seconds;
+    long prefill_tokens, decode_tokens;
+};
+
+/* Reserves everything for up to `capacity` tokens with prefill chunks of `chunk` tokens. */
+ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chunk);
+void ckv_session_free(ckv_session *s); /* accepts partial objects */
+
+/* Prefills ids[n] at positions n_past .. n_past + n - 1, layer-major in chunks. When all_logits is
+ * not NULL it receives [n, V] logits of every prompt position; *last (if not NULL) points at the
+ * logits [V] of the last token (valid until the next call). */
+ckv_status ckv_session_prefill(ckv_session *s, const int32_t *ids, int n, float *all_logits, const float **last);
+
+/* Same with a hook run after each layer (eviction). */
+ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, float *all_logits, const float **last,
+                                    ckv_layer_hook hook, void *hook_ctx);
+
+/* Feeds one token at position n_past; *logits points at its [V] logits. */
+ckv_status ckv_session_decode(ckv_session *s, int32_t token, const float **logits);
+
+/* Bytes the session reserved on the device (KV pools + activations + hidden states). */
+size_t ckv_session_bytes(const ckv_session *s);
+/* Bytes a session of `capacity` tokens with prefill chunks of `chunk` would reserve (full KV). */
+size_t ckv_session_bytes_for(const ckv_model *m, int capacity, int chunk);
+
+#endif

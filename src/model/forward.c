@@ -1,0 +1,160 @@
+/* forward.c - the transformer forward of one rank: embedding, one decoder layer over a chunk of
+ * tokens (Megatron-style: column-parallel q/k/v/gate/up, row-parallel o_proj/down followed by one
+ * all-reduce each), final norm and vocabulary-parallel logits. Nothing here allocates except
+ * ckv_model_scratch_init, which the engine calls once per session. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "model/model.h"
+
+static size_t padded_vocab(const ckv_model *m) {
+    /* the largest local vocabulary slice: every rank contributes this many columns to the gather */
+    return (size_t)((m->cfg.vocab_size + m->plan.tp - 1) / m->plan.tp);
+}
+
+ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int n_max) {
+    memset(s, 0, sizeof *s);
+    if (n_max < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--chunk must be >= 1, got %d", n_max);
+    ckv_backend *be = m->be;
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    size_t n = (size_t)n_max, D = (size_t)c->hidden_size, d = (size_t)c->head_dim;
+    size_t qd = (size_t)p->n_q_local * d, kd = (size_t)p->n_kv_local * d, ff = (size_t)p->n_ff_local;
+    s->n_max = n_max;
+    struct {
+        void **ptr;
+        size_t bytes;
+        const char *what;
+    } bufs[] = {
+        {(void **)&s->xn, n * D * 4, "normed activations"},
+        {(void **)&s->q, n * qd * 4, "queries"},
+        {(void **)&s->k, n * kd * 4, "keys"},
+        {(void **)&s->v, n * kd * 4, "values"},
+        {(void **)&s->att, n * qd * 4, "attention output"},
+        {(void **)&s->gate, n * ff * 4, "MLP gate"},
+        {(void **)&s->up, n * ff * 4, "MLP up"},
+        {(void **)&s->proj, n * D * 4, "projection output"},
+        {(void **)&s->logits, n * (size_t)p->n_vocab_local * 4, "logits"},
+        {(void **)&s->pos, n * 4, "positions"},
+        {(void **)&s->ids, n * 4, "token ids"},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        ckv_status st = be->ops->alloc(be, bufs[i].ptr, bufs[i].bytes, bufs[i].what);
+        if (st != CKV_STATUS_OK) {
+            ckv_model_scratch_free(s, m);
+            return st;
+        }
+    }
+    ckv_status st = ckv_alloc((void **)&s->host_logits, n * (size_t)c->vocab_size * 4, "host logits");
+    if (st == CKV_STATUS_OK && p->tp > 1)
+        st = ckv_alloc((void **)&s->host_part, n * padded_vocab(m) * (size_t)p->tp * 4, "logit gather buffer");
+    if (st == CKV_STATUS_OK && p->tp > 1 && be->device != CKV_DEVICE_HOST)
+        st = ckv_alloc((void **)&s->host_proj, n * D * 4, "all-reduce staging");
+    if (st != CKV_STATUS_OK) ckv_model_scratch_free(s, m);
+    return st;
+}
+
+void ckv_model_scratch_free(ckv_model_scratch *s, const ckv_model *m) {
+    if (!s) return;
+    if (m) {
+        ckv_backend *be = m->be;
+        void *bufs[] = {s->xn, s->q, s->k, s->v, s->att, s->gate, s->up, s->proj, s->logits, s->pos, s->ids};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->release(be, bufs[i]);
+    }
+    ckv_free(s->host_logits);
+    ckv_free(s->host_part);
+    ckv_free(s->host_proj);
+    memset(s, 0, sizeof *s);
+}
+
+ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const int32_t *ids, int n) {
+    if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "embed: %d tokens outside [1, %d]", n, s->n_max);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
+            return ckv_error(CKV_STATUS_ERR_RANGE, "token id %d at index %d is outside the vocabulary [0, %d)", ids[i],
+                             i, m->cfg.vocab_size);
+    ckv_backend *be = m->be;
+    CKV_TRY(be->ops->upload(be, s->ids, ids, (size_t)n * sizeof(int32_t)));
+    be->ops->embedding(be, x, m->embed, s->ids, n, m->cfg.hidden_size);
+    return CKV_STATUS_OK;
+}
+
+/* Sums a row-parallel projection's partial output over the TP group. */
+static ckv_status allreduce_hidden(ckv_model *m, ckv_model_scratch *s, float *buf, size_t count) {
+    if (!m->tp || m->tp->size == 1) return CKV_STATUS_OK;
+    ckv_backend *be = m->be;
+    if (be->device == CKV_DEVICE_HOST) return m->tp->ops->allreduce_f32(m->tp, buf, count, CKV_COMM_OP_SUM);
+    CKV_TRY(be->ops->download(be, s->host_proj, buf, count * sizeof(float)));
+    CKV_TRY(m->tp->ops->allreduce_f32(m->tp, s->host_proj, count, CKV_COMM_OP_SUM));
+    return be->ops->upload(be, buf, s->host_proj, count * sizeof(float));
+}
+
+ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                           ckv_kv_cache *kv) {
+    if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "layer: %d tokens outside [1, %d]", n, s->n_max);
+    ckv_backend *be = m->be;
+    const ckv_backend_ops *op = be->ops;
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    const ckv_layer_weights *w = &m->layers[layer];
+    int D = c->hidden_size, d = c->head_dim, nq = p->n_q_local, nkv = p->n_kv_local, ff = p->n_ff_local;
+    float eps = (float)c->rms_norm_eps;
+
+    CKV_TRY(op->upload(be, s->pos, pos, (size_t)n * sizeof(int32_t)));
+    /* attention block */
+    op->rmsnorm(be, s->xn, x, w->attn_norm, n, D, eps);
+    op->matmul(be, s->q, s->xn, w->wq, w->bq, n, D, nq * d);
+    op->matmul(be, s->k, s->xn, w->wk, w->bk, n, D, nkv * d);
+    op->matmul(be, s->v, s->xn, w->wv, w->bv, n, D, nkv * d);
+    op->rope(be, s->q, s->pos, n, nq, d, m->inv_freq, m->rope_scale);
+    op->rope(be, s->k, s->pos, n, nkv, d, m->inv_freq, m->rope_scale);
+    CKV_TRY(ckv_kv_layer_append(kv, layer, s->k, s->v, s->pos, n));
+    ckv_attn_cache view = ckv_kv_layer_view(kv, layer);
+    op->attention(be, s->att, s->q, pos, &view, n, nq, 1.0f / sqrtf((float)d));
+    op->matmul(be, s->proj, s->att, w->wo, w->bo, n, nq * d, D);
+    CKV_TRY(allreduce_hidden(m, s, s->proj, (size_t)n * D));
+    op->add(be, x, s->proj, (size_t)n * D);
+    /* MLP block */
+    op->rmsnorm(be, s->xn, x, w->mlp_norm, n, D, eps);
+    op->matmul(be, s->gate, s->xn, w->wgate, NULL, n, D, ff);
+    op->matmul(be, s->up, s->xn, w->wup, NULL, n, D, ff);
+    op->swiglu(be, s->gate, s->gate, s->up, (size_t)n * ff);
+    op->matmul(be, s->proj, s->gate, w->wdown, NULL, n, ff, D);
+    CKV_TRY(allreduce_hidden(m, s, s->proj, (size_t)n * D));
+    op->add(be, x, s->proj, (size_t)n * D);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {
+    if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "logits: %d tokens outside [1, %d]", n, s->n_max);
+    ckv_backend *be = m->be;
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    int D = c->hidden_size, V = c->vocab_size, vl = p->n_vocab_local;
+    be->ops->rmsnorm(be, s->xn, x, m->final_norm, n, D, (float)c->rms_norm_eps);
+    be->ops->matmul(be, s->logits, s->xn, m->lm_head, NULL, n, D, vl);
+    if (p->tp == 1) {
+        CKV_TRY(be->ops->download(be, s->host_logits, s->logits, (size_t)n * V * sizeof(float)));
+        *logits = s->host_logits;
+        return CKV_STATUS_OK;
+    }
+    /* gather the vocabulary slices: every rank sends [n, pad] (its slice padded to the largest) */
+    size_t pad = padded_vocab(m);
+    float *send = s->host_logits; /* [n, pad] staging */
+    for (int t = 0; t < n; t++) {
+        CKV_TRY(be->ops->download(be, send + (size_t)t * pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
+        for (size_t j = (size_t)vl; j < pad; j++) send[(size_t)t * pad + j] = 0.0f;
+    }
+    CKV_TRY(m->tp->ops->allgather(m->tp, send, s->host_part, (size_t)n * pad * sizeof(float)));
+    for (int r = 0; r < p->tp; r++) {
+        int v0, cnt;
+        ckv_shard_range(V, p->tp, r, &v0, &cnt);
+        const float *part = s->host_part + (size_t)r * (size_t)n * pad;
+        for (int t = 0; t < n; t++)
+            memcpy(s->host_logits + (size_t)t * V + v0, part + (size_t)t * pad, (size_t)cnt * sizeof(float));
+    }
+    *logits = s->host_logits;
+    return CKV_STATUS_OK;
+}

@@ -1,0 +1,171 @@
+/* model.c - loads one rank's slice of a Llama / Mistral / Qwen2 checkpoint onto the backend and
+ * frees it. The slice boundaries come from shard/; the forward pass is in forward.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "model/model.h"
+#include "model/rope.h"
+#include "model/safetensors.h"
+
+/* Allocates a device buffer for `name` (rows [r0, r1) x cols [c0, c1) of a 2-D tensor, or the
+ * whole tensor when r1 < 0) and fills it from the checkpoint. */
+static ckv_status load_tensor(ckv_model *m, const ckv_safetensors *st, float **dst, const char *name, int ndim,
+                              const int64_t *shape, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    ckv_backend *be = m->be;
+    size_t n = 1;
+    if (r1 >= 0) {
+        n = (size_t)(r1 - r0) * (size_t)(c1 - c0);
+    } else {
+        for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    }
+    CKV_TRY(be->ops->alloc(be, (void **)dst, n * sizeof(float), name));
+    m->weight_bytes += n * sizeof(float);
+    if (be->device == CKV_DEVICE_HOST)
+        return ckv_safetensors_read_f32(st, name, ndim, shape, r0, r1, c0, c1, *dst);
+    float *tmp = NULL;
+    CKV_TRY(ckv_alloc((void **)&tmp, n * sizeof(float), name));
+    ckv_status s = ckv_safetensors_read_f32(st, name, ndim, shape, r0, r1, c0, c1, tmp);
+    if (s == CKV_STATUS_OK) s = be->ops->upload(be, *dst, tmp, n * sizeof(float));
+    ckv_free(tmp);
+    return s;
+}
+
+static ckv_status load_vector(ckv_model *m, const ckv_safetensors *st, float **dst, const char *name, int64_t len,
+                              int64_t begin, int64_t count) {
+    /* a 1-D slice is read as rows of a [len, 1] view: use the whole-tensor path when unsliced */
+    if (begin == 0 && count == len) return load_tensor(m, st, dst, name, 1, &len, 0, -1, 0, -1);
+    ckv_backend *be = m->be;
+    float *tmp = NULL;
+    CKV_TRY(ckv_alloc((void **)&tmp, (size_t)len * sizeof(float), name));
+    ckv_status s = ckv_safetensors_read_f32(st, name, 1, &len, 0, -1, 0, -1, tmp);
+    if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)dst, (size_t)count * sizeof(float), name);
+    if (s == CKV_STATUS_OK) s = be->ops->upload(be, *dst, tmp + begin, (size_t)count * sizeof(float));
+    if (s == CKV_STATUS_OK) m->weight_bytes += (size_t)count * sizeof(float);
+    ckv_free(tmp);
+    return s;
+}
+
+static ckv_status load_layer(ckv_model *m, const ckv_safetensors *st, int i) {
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    ckv_layer_weights *w = &m->layers[i];
+    int64_t D = c->hidden_size, d = c->head_dim, F = c->intermediate_size;
+    int64_t qrows = (int64_t)c->n_heads * d, kvrows = (int64_t)c->n_kv_heads * d;
+    int64_t q0 = (int64_t)p->q_head0 * d, q1 = q0 + (int64_t)p->n_q_local * d;
+    int64_t k0 = (int64_t)p->kv_head0 * d, k1 = k0 + (int64_t)p->n_kv_local * d;
+    int64_t f0 = p->ff0, f1 = p->ff0 + p->n_ff_local;
+    char name[160];
+#define CKV_NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
+    int64_t sq[2] = {qrows, D}, skv[2] = {kvrows, D}, so[2] = {D, qrows}, sf[2] = {F, D}, sd[2] = {D, F};
+    CKV_TRY(load_tensor(m, st, &w->attn_norm, CKV_NAME("input_layernorm.weight"), 1, &D, 0, -1, 0, -1));
+    CKV_TRY(load_tensor(m, st, &w->wq, CKV_NAME("self_attn.q_proj.weight"), 2, sq, q0, q1, 0, D));
+    CKV_TRY(load_tensor(m, st, &w->wk, CKV_NAME("self_attn.k_proj.weight"), 2, skv, k0, k1, 0, D));
+    CKV_TRY(load_tensor(m, st, &w->wv, CKV_NAME("self_attn.v_proj.weight"), 2, skv, k0, k1, 0, D));
+    if (c->attention_bias) {
+        CKV_TRY(load_vector(m, st, &w->bq, CKV_NAME("self_attn.q_proj.bias"), qrows, q0, q1 - q0));
+        CKV_TRY(load_vector(m, st, &w->bk, CKV_NAME("self_attn.k_proj.bias"), kvrows, k0, k1 - k0));
+        CKV_TRY(load_vector(m, st, &w->bv, CKV_NAME("self_attn.v_proj.bias"), kvrows, k0, k1 - k0));
+    }
+    CKV_TRY(load_tensor(m, st, &w->wo, CKV_NAME("self_attn.o_proj.weight"), 2, so, 0, D, q0, q1));
+    /* Llama's attention_bias also biases o_proj; a row-parallel bias is added once, on rank 0 */
+    if (c->attention_bias && c->arch == CKV_ARCH_LLAMA && p->rank == 0)
+        CKV_TRY(load_tensor(m, st, &w->bo, CKV_NAME("self_attn.o_proj.bias"), 1, &D, 0, -1, 0, -1));
+    CKV_TRY(load_tensor(m, st, &w->mlp_norm, CKV_NAME("post_attention_layernorm.weight"), 1, &D, 0, -1, 0, -1));
+    CKV_TRY(load_tensor(m, st, &w->wgate, CKV_NAME("mlp.gate_proj.weight"), 2, sf, f0, f1, 0, D));
+    CKV_TRY(load_tensor(m, st, &w->wup, CKV_NAME("mlp.up_proj.weight"), 2, sf, f0, f1, 0, D));
+    CKV_TRY(load_tensor(m, st, &w->wdown, CKV_NAME("mlp.down_proj.weight"), 2, sd, 0, D, f0, f1));
+#undef CKV_NAME
+    return CKV_STATUS_OK;
+}
+
+static ckv_status model_load_weights(ckv_model *m, const char *dir) {
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    ckv_safetensors *st = NULL;
+    CKV_TRY(ckv_safetensors_open_dir(&st, dir));
+    ckv_status s = CKV_STATUS_OK;
+    int64_t V = c->vocab_size, D = c->hidden_size;
+    int64_t se[2] = {V, D};
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) s = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the layer table");
+    if (s == CKV_STATUS_OK) s = load_tensor(m, st, &m->embed, "model.embed_tokens.weight", 2, se, 0, -1, 0, -1);
+    if (s == CKV_STATUS_OK) s = load_tensor(m, st, &m->final_norm, "model.norm.weight", 1, &D, 0, -1, 0, -1);
+    for (int i = 0; i < c->n_layers && s == CKV_STATUS_OK; i++) s = load_layer(m, st, i);
+    if (s == CKV_STATUS_OK) {
+        int64_t v0 = p->vocab0, v1 = p->vocab0 + p->n_vocab_local;
+        if (c->tie_word_embeddings) {
+            if (p->tp == 1)
+                m->lm_head = m->embed;
+            else
+                s = load_tensor(m, st, &m->lm_head, "model.embed_tokens.weight", 2, se, v0, v1, 0, D);
+        } else if (!ckv_safetensors_find(st, "lm_head.weight")) {
+            s = ckv_error(CKV_STATUS_ERR_FORMAT,
+                          "%s: tensor 'lm_head.weight' is missing and config.json does not tie word embeddings", dir);
+        } else {
+            s = load_tensor(m, st, &m->lm_head, "lm_head.weight", 2, se, v0, v1, 0, D);
+        }
+    }
+    ckv_safetensors_release_pages(st);
+    ckv_safetensors_close(st);
+    return s;
+}
+
+ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp) {
+    *out = NULL;
+    ckv_model *m = calloc(1, sizeof *m);
+    if (!m) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the model");
+    m->be = be;
+    m->tp = tp;
+    ckv_status s = ckv_config_load(&m->cfg, dir);
+    const ckv_model_config *c = &m->cfg;
+    if (s == CKV_STATUS_OK)
+        s = ckv_shard_plan_init(&m->plan, tp ? tp->size : 1, tp ? tp->rank : 0, c->n_heads, c->n_kv_heads, c->head_dim,
+                                c->intermediate_size, c->vocab_size);
+    if (s == CKV_STATUS_OK) s = model_load_weights(m, dir);
+    if (s == CKV_STATUS_OK) {
+        float inv[1024];
+        if (c->head_dim / 2 > 1024) s = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "head_dim %d is too large", c->head_dim);
+        if (s == CKV_STATUS_OK)
+            s = ckv_rope_init_freqs(&c->rope, c->head_dim, c->max_position_embeddings, inv, &m->rope_scale);
+        if (s == CKV_STATUS_OK)
+            s = be->ops->alloc(be, (void **)&m->inv_freq, sizeof(float) * (size_t)(c->head_dim / 2), "rope frequencies");
+        if (s == CKV_STATUS_OK) s = be->ops->upload(be, m->inv_freq, inv, sizeof(float) * (size_t)(c->head_dim / 2));
+    }
+    if (s != CKV_STATUS_OK) {
+        ckv_model_free(m);
+        return s;
+    }
+    *out = m;
+    return CKV_STATUS_OK;
+}
+
+void ckv_model_free(ckv_model *m) {
+    if (!m) return;
+    ckv_backend *be = m->be;
+    if (m->layers) {
+        for (int i = 0; i < m->cfg.n_layers; i++) {
+            ckv_layer_weights *w = &m->layers[i];
+            float *bufs[] = {w->attn_norm, w->wq, w->bq, w->wk, w->bk, w->wv, w->bv,
+                             w->wo, w->bo, w->mlp_norm, w->wgate, w->wup, w->wdown};
+            for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++) be->ops->release(be, bufs[j]);
+        }
+        free(m->layers);
+    }
+    if (m->lm_head != m->embed) be->ops->release(be, m->lm_head);
+    be->ops->release(be, m->embed);
+    be->ops->release(be, m->final_norm);
+    be->ops->release(be, m->inv_freq);
+    free(m);
+}
+
+size_t ckv_model_weight_bytes(const ckv_model_config *c, const ckv_shard_plan *p) {
+    size_t D = (size_t)c->hidden_size, d = (size_t)c->head_dim, V = (size_t)c->vocab_size;
+    size_t per_layer = 2 * D + (size_t)p->n_q_local * d * D * 2 + (size_t)p->n_kv_local * d * D * 2 +
+                       (size_t)p->n_ff_local * D * 3;
+    if (c->attention_bias) per_layer += (size_t)(p->n_q_local + 2 * p->n_kv_local) * d;
+    size_t total = per_layer * (size_t)c->n_layers + V * D + D;
+    if (!(c->tie_word_embeddings && p->tp == 1)) total += (size_t)p->n_vocab_local * D;
+    return total * sizeof(float);
+}

@@ -1,0 +1,90 @@
+/* model.h - one rank's share of a Llama / Mistral / Qwen2 model and its transformer forward.
+ * Loading reads only this rank's slice of every tensor (shard/ plan) from a Hugging Face model
+ * directory. The forward is split so the engine can run it layer-major: embed -> layer l over a
+ * chunk of tokens (appending that chunk's keys and values to the layer's cache) -> final norm and
+ * logits. Row-parallel projections end in an all-reduce over the TP communicator. It does not
+ * sample, choose what to evict or own a KV cache. */
+#ifndef CKV_MODEL_H
+#define CKV_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "kv/kv_cache.h"
+#include "model/config.h"
+#include "shard/shard.h"
+
+typedef struct {
+    float *attn_norm; /* [D] */
+    float *wq;        /* [n_q_local * d, D] */
+    float *bq;        /* [n_q_local * d] or NULL */
+    float *wk;        /* [n_kv_local * d, D] */
+    float *bk;        /* [n_kv_local * d] or NULL */
+    float *wv;        /* [n_kv_local * d, D] */
+    float *bv;        /* [n_kv_local * d] or NULL */
+    float *wo;        /* [D, n_q_local * d] (this rank's columns of o_proj) */
+    float *bo;        /* [D] o_proj bias (Llama attention_bias) on TP rank 0 only, else NULL */
+    float *mlp_norm;  /* [D] */
+    float *wgate;     /* [n_ff_local, D] */
+    float *wup;       /* [n_ff_local, D] */
+    float *wdown;     /* [D, n_ff_local] */
+} ckv_layer_weights;
+
+typedef struct {
+    ckv_model_config cfg;
+    ckv_shard_plan plan;
+    ckv_backend *be;
+    ckv_comm *tp;           /* tensor-parallel group (borrowed) */
+    float *embed;           /* [V, D] token embeddings (replicated) */
+    float *lm_head;         /* [n_vocab_local, D]; may alias embed when tied and unsharded */
+    float *final_norm;      /* [D] */
+    ckv_layer_weights *layers; /* [n_layers] */
+    float *inv_freq;        /* [d / 2] (device) */
+    float rope_scale;       /* cos/sin multiplier (YaRN attention factor) */
+    size_t weight_bytes;    /* device bytes of this rank's weights */
+} ckv_model;
+
+/* Activation buffers for chunks of up to n_max tokens (device), allocated once per session. */
+typedef struct {
+    int n_max;
+    float *xn;     /* [n_max, D] normed input */
+    float *q;      /* [n_max, n_q_local * d] */
+    float *k;      /* [n_max, n_kv_local * d] */
+    float *v;      /* [n_max, n_kv_local * d] */
+    float *att;    /* [n_max, n_q_local * d] */
+    float *gate;   /* [n_max, n_ff_local] */
+    float *up;     /* [n_max, n_ff_local] */
+    float *proj;   /* [n_max, D] partial output of a row-parallel projection */
+    float *logits; /* [n_max, n_vocab_local] */
+    int32_t *pos;  /* [n_max] positions (device) */
+    int32_t *ids;  /* [n_max] token ids (device) */
+    float *host_proj;   /* [n_max, D] host staging for all-reduce when the device is not the host */
+    float *host_logits; /* [n_max, V] gathered logits (host) */
+    float *host_part;   /* [n_max, n_vocab_local * tp] all-gather staging (host) */
+} ckv_model_scratch;
+
+/* Loads rank plan->rank's share of the model in `dir`. tp may be NULL (one rank). */
+ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp);
+void ckv_model_free(ckv_model *m); /* NULL and partial objects are fine */
+
+ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int n_max);
+void ckv_model_scratch_free(ckv_model_scratch *s, const ckv_model *m);
+
+/* x[n, D] (device) = embeddings of ids[n] (host ids; checked against the vocabulary). */
+ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const int32_t *ids, int n);
+
+/* Runs decoder layer `layer` in place on x[n, D] (device) for tokens at host positions pos[n]:
+ * appends their keys/values to the layer's cache, attends over the cache, adds the MLP. n <= n_max. */
+ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                           ckv_kv_cache *kv);
+
+/* Final norm + lm_head of x[n, D] (device): full-vocabulary logits [n, V] on the host (gathered over
+ * the TP group), returned as a pointer into the scratch (valid until the next call). */
+ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits);
+
+/* Bytes of weights a rank would need for a given plan (for `ckv inspect`), fp32 compute. */
+size_t ckv_model_weight_bytes(const ckv_model_config *cfg, const ckv_shard_plan *plan);
+
+#endif

@@ -1,0 +1,66 @@
+/* test_sampler.c - greedy picks the argmax (lowest index on ties); sampling is reproducible by
+ * seed, respects top-k and top-p, and follows the softmax distribution; bad settings are refused. */
+#include "ckv_test.h"
+#include "engine/sampler.h"
+
+int main(void) {
+    float logits[8] = {0.1f, 2.0f, -1.0f, 2.0f, 0.5f, 1.5f, -3.0f, 0.0f};
+    CHECK(ckv_argmax(logits, 8) == 1);
+    ckv_sampler s;
+    ckv_sampler_config g = {0.0f, 0, 1.0f, 0};
+    CHECK_OK(ckv_sampler_init(&s, &g, 8));
+    CHECK(ckv_sampler_sample(&s, logits) == 1);
+    ckv_sampler_free(&s);
+
+    /* same seed, same sequence; different seed, (almost surely) a different one */
+    ckv_sampler_config t = {1.0f, 0, 1.0f, 42};
+    ckv_sampler a, b;
+    CHECK_OK(ckv_sampler_init(&a, &t, 8));
+    CHECK_OK(ckv_sampler_init(&b, &t, 8));
+    int same = 1;
+    for (int i = 0; i < 50; i++) same &= ckv_sampler_sample(&a, logits) == ckv_sampler_sample(&b, logits);
+    CHECK_MSG(same, "two samplers with seed 42 diverged");
+    ckv_sampler_free(&a);
+    ckv_sampler_free(&b);
+
+    /* frequencies follow softmax(logits / T) */
+    ckv_sampler_config t2 = {0.7f, 0, 1.0f, 7};
+    CHECK_OK(ckv_sampler_init(&a, &t2, 8));
+    int counts[8] = {0};
+    const int N = 200000;
+    for (int i = 0; i < N; i++) counts[ckv_sampler_sample(&a, logits)]++;
+    double z = 0, p[8];
+    for (int i = 0; i < 8; i++) z += exp(logits[i] / 0.7);
+    for (int i = 0; i < 8; i++) {
+        p[i] = exp(logits[i] / 0.7) / z;
+        double f = (double)counts[i] / N, sd = sqrt(p[i] * (1 - p[i]) / N);
+        CHECK_MSG(fabs(f - p[i]) <= 5 * sd + 1e-4, "token %d: frequency %.4f vs probability %.4f", i, f, p[i]);
+    }
+    ckv_sampler_free(&a);
+
+    /* top-k 2 only ever returns the two best (1 and 3 tie at 2.0) */
+    ckv_sampler_config tk = {1.0f, 2, 1.0f, 3};
+    CHECK_OK(ckv_sampler_init(&a, &tk, 8));
+    for (int i = 0; i < 2000; i++) {
+        int x = ckv_sampler_sample(&a, logits);
+        CHECK_MSG(x == 1 || x == 3, "top-k 2 returned %d", x);
+        if (x != 1 && x != 3) break;
+    }
+    ckv_sampler_free(&a);
+
+    /* top-p: probabilities {0.5, 0.3, 0.15, 0.05}: p 0.75 keeps the first two */
+    float lp[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    ckv_sampler_config tp = {1.0f, 0, 0.75f, 9};
+    CHECK_OK(ckv_sampler_init(&a, &tp, 4));
+    int c2[4] = {0};
+    for (int i = 0; i < 20000; i++) c2[ckv_sampler_sample(&a, lp)]++;
+    CHECK_MSG(c2[2] == 0 && c2[3] == 0, "top-p 0.75 sampled outside the nucleus (%d, %d)", c2[2], c2[3]);
+    CHECK_MSG(fabs(c2[0] / 20000.0 - 0.625) < 0.02, "top-p renormalisation: %.3f vs 0.625", c2[0] / 20000.0);
+    ckv_sampler_free(&a);
+
+    ckv_sampler_config bad1 = {-1.0f, 0, 1.0f, 0}, bad2 = {1.0f, -1, 1.0f, 0}, bad3 = {1.0f, 0, 0.0f, 0};
+    CHECK_FAILS(ckv_sampler_init(&a, &bad1, 8), CKV_STATUS_ERR_ARG, "--temperature");
+    CHECK_FAILS(ckv_sampler_init(&a, &bad2, 8), CKV_STATUS_ERR_ARG, "--top-k");
+    CHECK_FAILS(ckv_sampler_init(&a, &bad3, 8), CKV_STATUS_ERR_ARG, "--top-p");
+    return ckv_test_finish("test_sampler");
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Regenerate the oracle fixtures under tests/fixtures/models/ (the one documented command).
+#
+#   tools/oracle/regen.sh
+#
+# Creates <repo>/.venv-oracle (python3 -m venv + pip install -r tools/oracle/requirements.txt)
+# when it is missing (and re-runs the pip install after requirements.txt changed), then builds
+# the tiny models, records their reference logits and checks them against an independent NumPy
+# forward. Environment:
+#   PYTHON               interpreter used to create the venv (default: python3)
+#   CKV_ORACLE_PIP_ARGS  extra pip arguments, e.g. "--extra-index-url https://download.pytorch.org/whl/cpu"
+set -euo pipefail
+export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the tree
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+venv="$root/.venv-oracle"
+py="$venv/bin/python"
+
+stamp="$venv/.ckv-oracle-requirements"  # copy of the requirements last installed successfully
+if [ ! -x "$py" ]; then
+    echo "[regen] creating $venv"
+    "${PYTHON:-python3}" -m venv "$venv"
+fi
+if ! cmp -s "$here/requirements.txt" "$stamp"; then
+    echo "[regen] installing tools/oracle/requirements.txt into $venv"
+    # shellcheck disable=SC2086
+    "$py" -m pip install ${CKV_ORACLE_PIP_ARGS:-} -r "$here/requirements.txt"
+    cp "$here/requirements.txt" "$stamp"
+fi
+
+# warn (do not fail) when the venv drifted from the pinned versions: fixtures would change
+"$py" - "$here/requirements.txt" <<'PYEOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+bad = []
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if "==" not in line:
+        continue
+    name, want = (s.strip() for s in line.split("=="))
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        have = "missing"
+    if have.split("+")[0] != want:
+        bad.append(f"{name} {have} (pinned {want})")
+if bad:
+    print("[regen] WARNING: venv differs from requirements.txt: " + ", ".join(bad), file=sys.stderr)
+PYEOF
+
+cd "$root"
+"$py" "$here/make_models.py"
+"$py" "$here/dump_logits.py"
+"$py" "$here/numpy_forward.py"
+
+echo "[regen] fixtures:"
+(cd "$root/tests/fixtures/models" && du -sh -- */ MANIFEST.json)
+du -sh "$root/tests/fixtures"
