@@ -11,6 +11,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/threadpool.h"
+#include "engine/compress.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "model/model.h"
@@ -31,15 +32,69 @@ static void generate_usage(FILE *f) {
             "  --chunk N              prefill chunk length in tokens (default 512)\n"
             "  --threads N            CPU threads (default: all cores)\n"
             "  --backend NAME         cpu or cuda (default cpu)\n"
+            "  --tp N                 tensor-parallel ranks per group (default: all ranks); the world is split\n"
+            "                         into groups of N ranks that share the questions (data parallelism)\n"
             "  --stats-json F         write speed and memory figures to F as JSON\n"
-            "  --dump-logits F        write the logits [new tokens, vocab] (float32) that chose each token\n");
+            "  --dump-logits F        write the logits [new tokens, vocab] (float32) that chose each token\n"
+            "\n"
+            "KV-cache eviction (the prompt is the context; questions are answered from its compressed cache):\n"
+            "  --press SPEC           none (default), snapkv, snapkv_paper, pyramidkv, tova, knorm, streaming_llm,\n"
+            "                         observed_attention, expected_attention, random, defensivekv, optionally\n"
+            "                         wrapped: critical:, adakv:, critical_adakv:, headkv:, critical_headkv:\n"
+            "  --budget B             kept fraction in (0, 1] (compression ratio 1 - B)\n"
+            "  --compression-ratio R  fraction removed in [0, 1) (kvpress's spelling)\n"
+            "  --budget-tokens N      keep N tokens per head\n"
+            "  --window N --kernel K --pool avg|max --alpha A --eps E --safeguard S --profile F\n"
+            "  --press-opt KEY=VALUE  any press option (repeatable)\n"
+            "  --question-ids LIST    a question fed after the compressed context (repeatable; each is\n"
+            "                         answered from the same compressed context)\n"
+            "  --query-aware          compress context + question together\n"
+            "  --dump-kept F          JSON lines {layer, kv_head, positions} of what each head kept\n");
 }
 
 typedef struct {
-    const char *model, *prompt_ids, *prompt_file, *backend, *stats_json, *dump_logits;
-    int max_new, chunk, threads, ignore_eos;
+    const char *model, *prompt_ids, *prompt_file, *backend, *stats_json, *dump_logits, *dump_kept;
+    int max_new, chunk, threads, ignore_eos, tp;
     ckv_sampler_config sampling;
+    ckv_press_config press;
+    const char *questions[64];
+    int n_questions;
 } generate_args;
+
+/* Press flags are parsed in two passes: --press first (it resets the options), then the rest. */
+static void parse_press_args(generate_args *a, int argc, char **argv) {
+    const char *spec = "none";
+    for (int i = 1; i < argc - 1; i++)
+        if (!strcmp(argv[i], "--press")) spec = argv[i + 1];
+    ckv_cli_check(ckv_press_parse(&a->press, spec));
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        static const char *const opts[][2] = {{"--window", "window"}, {"--kernel", "kernel"}, {"--pool", "pool"},
+                                              {"--alpha", "alpha"},   {"--eps", "eps"},       {"--safeguard", "safeguard"},
+                                              {"--profile", "profile"}};
+        for (size_t j = 0; j < sizeof opts / sizeof opts[0]; j++)
+            if (!strcmp(f, opts[j][0])) ckv_cli_check(ckv_press_set_option(&a->press, opts[j][1], ckv_cli_value(argc, argv, &i)));
+        if (!strcmp(f, "--press-opt")) {
+            const char *kv = ckv_cli_value(argc, argv, &i);
+            const char *eq = strchr(kv, '=');
+            if (!eq || eq == kv) ckv_cli_die("--press-opt: expected KEY=VALUE, got '%s'", kv);
+            char key[64];
+            snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
+            ckv_cli_check(ckv_press_set_option(&a->press, key, eq + 1));
+        } else if (!strcmp(f, "--budget")) {
+            ckv_cli_check(ckv_press_set_budget(&a->press, ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300)));
+        } else if (!strcmp(f, "--compression-ratio")) {
+            ckv_cli_check(ckv_press_set_compression_ratio(&a->press, ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300)));
+        } else if (!strcmp(f, "--budget-tokens")) {
+            ckv_cli_check(ckv_press_set_budget_tokens(&a->press, (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), -(1L << 30), 1L << 30)));
+        } else if (!strcmp(f, "--query-aware")) {
+            a->press.query_aware = 1;
+        }
+    }
+    if (a->press.scorer != CKV_SCORER_NONE && a->press.compression_ratio == 0.0 && a->press.budget_tokens == 0)
+        ckv_cli_die("--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", spec);
+    ckv_cli_check(ckv_press_finalize(&a->press));
+}
 
 static void parse_args(generate_args *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
@@ -74,8 +129,21 @@ static void parse_args(generate_args *a, int argc, char **argv) {
             a->chunk = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 24);
         } else if (!strcmp(f, "--threads")) {
             a->threads = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 4096);
+        } else if (!strcmp(f, "--tp")) {
+            a->tp = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 20);
         } else if (!strcmp(f, "--backend")) {
             a->backend = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--press") || !strcmp(f, "--window") || !strcmp(f, "--kernel") || !strcmp(f, "--pool") ||
+                   !strcmp(f, "--alpha") || !strcmp(f, "--eps") || !strcmp(f, "--safeguard") || !strcmp(f, "--profile") ||
+                   !strcmp(f, "--press-opt") || !strcmp(f, "--budget") || !strcmp(f, "--compression-ratio") ||
+                   !strcmp(f, "--budget-tokens")) {
+            ckv_cli_value(argc, argv, &i); /* parsed by parse_press_args */
+        } else if (!strcmp(f, "--query-aware")) {
+        } else if (!strcmp(f, "--question-ids")) {
+            if (a->n_questions == 64) ckv_cli_die("--question-ids: at most 64 questions");
+            a->questions[a->n_questions++] = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--dump-kept")) {
+            a->dump_kept = ckv_cli_value(argc, argv, &i);
         } else if (!strcmp(f, "--dump-logits")) {
             a->dump_logits = ckv_cli_value(argc, argv, &i);
         } else if (!strcmp(f, "--stats-json")) {
@@ -86,43 +154,77 @@ static void parse_args(generate_args *a, int argc, char **argv) {
     }
     if (!a->model) ckv_cli_usage_error("generate", "--model is required");
     if (!a->prompt_ids == !a->prompt_file) ckv_cli_usage_error("generate", "give exactly one of --prompt-ids and --prompt-ids-file");
+    parse_press_args(a, argc, argv);
+    if (a->press.query_aware && a->n_questions == 0) ckv_cli_die("--query-aware needs at least one --question-ids");
 }
 
 /* Ends the job on an error: every rank's error is printed by that rank; MPI jobs abort as a whole. */
 static void check(ckv_comm *comm, ckv_status s) {
     if (s == CKV_STATUS_OK) return;
     const char *msg = ckv_error_message();
-    fprintf(stderr, "ckv: error: %s\n", msg[0] ? msg : ckv_status_string(s));
+    if (comm && comm->size > 1)
+        fprintf(stderr, "ckv[%d]: error: %s\n", comm->rank, msg[0] ? msg : ckv_status_string(s));
+    else
+        fprintf(stderr, "ckv: error: %s\n", msg[0] ? msg : ckv_status_string(s));
     fflush(stderr);
     if (comm && comm->size > 1) comm->ops->abort(comm, 1);
     exit(1);
 }
 
-static void write_stats(const char *path, const ckv_session *s, size_t peak_rss, size_t peak_alloc, size_t kv_bytes) {
-    FILE *f = fopen(path, "w");
-    if (!f) ckv_cli_die("--stats-json: cannot write '%s'", path);
-    double pt = s->prefill_seconds, dt = s->decode_seconds;
-    fprintf(f,
-            "{\"prefill_tokens\": %ld, \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, "
-            "\"decode_tokens\": %ld, \"decode_s\": %.6f, \"decode_tok_s\": %.3f, "
-            "\"peak_rss_bytes\": %zu, \"peak_alloc_bytes\": %zu, \"kv_bytes\": %zu, \"chunk\": %d}\n",
-            s->prefill_tokens, pt, pt > 0 ? (double)s->prefill_tokens / pt : 0.0, s->decode_tokens, dt,
-            dt > 0 ? (double)s->decode_tokens / dt : 0.0, peak_rss, peak_alloc, kv_bytes, s->chunk);
-    if (fclose(f) != 0) ckv_cli_die("--stats-json: error writing '%s'", path);
+typedef struct {
+    ckv_comm *world;
+    ckv_sampler *sampler;
+    const ckv_model_config *cfg;
+    int max_new, ignore_eos;
+    int stream;      /* print tokens as they come (world rank 0, one group) */
+    FILE *dump;
+    const char *dump_path;
+} answer_ctx;
+
+/* Samples up to max_new tokens starting from `logits`, feeding each back; streams them when asked
+ * and stores them in out[0] = count, out[1..] = ids. */
+static void answer(answer_ctx *a, ckv_session *sess, const float *logits, int32_t *out) {
+    int printed = 0;
+    out[0] = 0;
+    for (int t = 0; t < a->max_new; t++) {
+        int32_t tok = ckv_sampler_sample(a->sampler, logits);
+        out[1 + out[0]++] = tok;
+        if (a->dump && fwrite(logits, sizeof(float), (size_t)a->cfg->vocab_size, a->dump) != (size_t)a->cfg->vocab_size)
+            check(a->world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a->dump_path));
+        if (a->stream) {
+            printf(printed++ ? " %d" : "%d", tok);
+            fflush(stdout);
+        }
+        int is_eos = 0;
+        for (int e = 0; e < a->cfg->n_eos; e++) is_eos |= tok == a->cfg->eos_ids[e];
+        if ((is_eos && !a->ignore_eos) || t + 1 == a->max_new) break;
+        check(a->world, ckv_session_decode(sess, tok, &logits));
+    }
+    if (a->stream && printed) {
+        printf("\n");
+        fflush(stdout);
+    }
+}
+
+static int32_t *read_ids(const char *text_or_file, int is_file, int *n, const char *what) {
+    if (!is_file) return ckv_cli_parse_ids(text_or_file, n, what);
+    char *text = NULL;
+    ckv_cli_check(ckv_read_file(text_or_file, &text, NULL));
+    int32_t *ids = ckv_cli_parse_ids(text, n, text_or_file);
+    free(text);
+    return ids;
 }
 
 int ckv_cmd_generate(int argc, char **argv) {
     generate_args a;
     parse_args(&a, argc, argv);
-    int n_prompt = 0;
-    int32_t *ids = NULL;
-    if (a.prompt_file) {
-        char *text = NULL;
-        ckv_cli_check(ckv_read_file(a.prompt_file, &text, NULL));
-        ids = ckv_cli_parse_ids(text, &n_prompt, a.prompt_file);
-        free(text);
-    } else {
-        ids = ckv_cli_parse_ids(a.prompt_ids, &n_prompt, "--prompt-ids");
+    int n_ctx = 0, n_q[64] = {0}, max_q = 0;
+    int32_t *ctx = read_ids(a.prompt_file ? a.prompt_file : a.prompt_ids, a.prompt_file != NULL, &n_ctx,
+                            a.prompt_file ? a.prompt_file : "--prompt-ids");
+    int32_t *q[64] = {0};
+    for (int i = 0; i < a.n_questions; i++) {
+        q[i] = ckv_cli_parse_ids(a.questions[i], &n_q[i], "--question-ids");
+        if (n_q[i] > max_q) max_q = n_q[i];
     }
 
     ckv_comm *world = NULL;
@@ -131,65 +233,154 @@ int ckv_cmd_generate(int argc, char **argv) {
     int threads = a.threads ? a.threads : ckv_cpu_count();
     if (world->size > 1 && !a.threads) threads = ckv_cpu_count() / world->size > 0 ? ckv_cpu_count() / world->size : 1;
 
+    int tp_size = a.tp ? a.tp : world->size;
+    if (world->size % tp_size != 0)
+        check(world, ckv_error(CKV_STATUS_ERR_ARG, "--tp %d does not divide the %d ranks of the job", tp_size, world->size));
+    int n_groups = world->size / tp_size, group = world->rank / tp_size;
+    ckv_comm *tpc = NULL;
+    check(world, world->ops->split(world, group, world->rank, &tpc));
     ckv_backend *be = NULL;
     check(world, ckv_backend_init(&be, a.backend, threads));
     ckv_model *m = NULL;
-    check(world, ckv_model_load(&m, a.model, be, world));
+    check(world, ckv_model_load(&m, a.model, be, tpc));
     const ckv_model_config *c = &m->cfg;
-    if (n_prompt > c->max_position_embeddings)
-        check(world, ckv_error(CKV_STATUS_ERR_RANGE, "the prompt has %d tokens, more than max_position_embeddings %d of %s",
-                               n_prompt, c->max_position_embeddings, a.model));
-    if ((long)n_prompt + a.max_new > c->max_position_embeddings)
+    long need = (long)n_ctx + max_q + a.max_new;
+    if (n_ctx + max_q > c->max_context)
         check(world, ckv_error(CKV_STATUS_ERR_RANGE,
-                               "--max-new-tokens %d: prompt (%d) + new tokens exceed max_position_embeddings %d",
-                               a.max_new, n_prompt, c->max_position_embeddings));
+                               "the prompt has %d tokens, more than the context window of %d tokens (max_position_embeddings) of %s",
+                               n_ctx + max_q, c->max_context, a.model));
+    if (need > c->max_context)
+        check(world, ckv_error(CKV_STATUS_ERR_RANGE,
+                               "--max-new-tokens %d: prompt (%d) + new tokens exceed the context window of %d tokens "
+                               "(max_position_embeddings)", a.max_new, n_ctx + max_q, c->max_context));
+    int compress = a.press.scorer != CKV_SCORER_NONE;
+    for (int i = 0; i < (a.press.query_aware ? a.n_questions : 1) && compress; i++)
+        check(world, ckv_press_check_context(&a.press, n_ctx + (a.press.query_aware ? n_q[i] : 0)));
+    if (world->rank == 0 && compress) fprintf(stderr, "ckv: press %s\n", a.press.spec);
     ckv_sampler sampler;
     check(world, ckv_sampler_init(&sampler, &a.sampling, c->vocab_size));
-    ckv_session sess;
-    check(world, ckv_session_init(&sess, m, n_prompt + a.max_new, a.chunk));
 
-    FILE *dump = NULL;
-    if (a.dump_logits && world->rank == 0 && !(dump = fopen(a.dump_logits, "wb")))
+    ckv_compressor cz;
+    memset(&cz, 0, sizeof cz);
+    cz.cfg = &a.press;
+    cz.dump = a.dump_kept != NULL;
+    if (a.dump_kept && world->rank == 0 && !(cz.dump_kept = fopen(a.dump_kept, "w")))
+        check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: cannot write '%s'", a.dump_kept));
+    /* answers of all work items: [n_items, 1 + max_new] (count, ids), summed over the world at the end */
+    int n_items = a.n_questions ? a.n_questions : 1;
+    size_t stride = (size_t)a.max_new + 1;
+    int32_t *answers = calloc((size_t)n_items * stride, sizeof(int32_t));
+    if (!answers) ckv_cli_die("out of memory");
+    answer_ctx ac = {world, &sampler, c, a.max_new, a.ignore_eos, n_groups == 1 && world->rank == 0, NULL, a.dump_logits};
+    if (a.dump_logits && world->rank == 0 && !(ac.dump = fopen(a.dump_logits, "wb")))
         check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: cannot write '%s'", a.dump_logits));
+
+    ckv_session sess;
     const float *logits = NULL;
-    check(world, ckv_session_prefill(&sess, ids, n_prompt, NULL, &logits));
-    int printed = 0;
-    for (int t = 0; t < a.max_new; t++) {
-        int32_t tok = ckv_sampler_sample(&sampler, logits);
-        if (dump && fwrite(logits, sizeof(float), (size_t)c->vocab_size, dump) != (size_t)c->vocab_size)
-            check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a.dump_logits));
-        if (world->rank == 0) {
-            printf(printed++ ? " %d" : "%d", tok);
-            fflush(stdout);
+    double pre_s = 0, dec_s = 0;
+    long pre_tok = 0, dec_tok = 0;
+    size_t sess_bytes = 0, peak_kv = 0;
+    int chunk_used = a.chunk;
+    if (a.press.query_aware) { /* each question compresses context + question afresh */
+        for (int i = group; i < a.n_questions; i += n_groups) {
+            int n = n_ctx + n_q[i];
+            int32_t *all = malloc(sizeof(int32_t) * (size_t)n);
+            if (!all) ckv_cli_die("out of memory");
+            memcpy(all, ctx, sizeof(int32_t) * (size_t)n_ctx);
+            memcpy(all + n_ctx, q[i], sizeof(int32_t) * (size_t)n_q[i]);
+            check(world, ckv_session_init(&sess, m, n + a.max_new, a.chunk, compress));
+            check(world, ckv_session_prefill_hook(&sess, all, n, NULL, &logits, ckv_compress_layer_hook, &cz));
+            answer(&ac, &sess, logits, answers + (size_t)i * stride);
+            pre_s += sess.prefill_seconds, dec_s += sess.decode_seconds;
+            pre_tok += sess.prefill_tokens, dec_tok += sess.decode_tokens;
+            sess_bytes = ckv_session_bytes(&sess);
+            chunk_used = sess.chunk;
+            size_t kvb = ckv_kv_cache_bytes_used(&sess.kv);
+            if (kvb > peak_kv) peak_kv = kvb;
+            ckv_session_free(&sess);
+            free(all);
         }
-        int is_eos = 0;
-        for (int e = 0; e < c->n_eos; e++) is_eos |= tok == c->eos_ids[e];
-        if ((is_eos && !a.ignore_eos) || t + 1 == a.max_new) break;
-        check(world, ckv_session_decode(&sess, tok, &logits));
+    } else if (a.n_questions > 0 || group == 0) { /* one prompt: group 0 works, the others wait */
+        check(world, ckv_session_init(&sess, m, (int)need, a.chunk, compress));
+        check(world, ckv_session_prefill_hook(&sess, ctx, n_ctx, NULL, &logits, compress ? ckv_compress_layer_hook : NULL, &cz));
+        if (a.n_questions == 0) {
+            answer(&ac, &sess, logits, answers);
+        } else {
+            check(world, ckv_session_mark(&sess));
+            for (int i = group; i < a.n_questions; i += n_groups) {
+                check(world, ckv_session_prefill(&sess, q[i], n_q[i], NULL, &logits));
+                answer(&ac, &sess, logits, answers + (size_t)i * stride);
+                size_t kvb = ckv_kv_cache_bytes_used(&sess.kv);
+                if (kvb > peak_kv) peak_kv = kvb;
+                check(world, ckv_session_rewind(&sess));
+            }
+        }
+        size_t kvb = ckv_kv_cache_bytes_used(&sess.kv);
+        if (kvb > peak_kv) peak_kv = kvb;
+        pre_s = sess.prefill_seconds, dec_s = sess.decode_seconds;
+        pre_tok = sess.prefill_tokens, dec_tok = sess.decode_tokens;
+        sess_bytes = ckv_session_bytes(&sess);
+        chunk_used = sess.chunk;
+        ckv_session_free(&sess);
     }
-    if (dump && fclose(dump) != 0)
+    /* gather the answers: only each group's rank 0 contributes, so a sum assembles them */
+    if (tpc->rank != 0) memset(answers, 0, (size_t)n_items * stride * sizeof(int32_t));
+    if (n_groups > 1) {
+        check(world, world->ops->allreduce_i32(world, answers, (size_t)n_items * stride, CKV_COMM_OP_SUM));
+        if (world->rank == 0)
+            for (int i = 0; i < n_items; i++) {
+                const int32_t *r = answers + (size_t)i * stride;
+                for (int t = 0; t < r[0]; t++) printf(t ? " %d" : "%d", r[1 + t]);
+                if (r[0]) printf("\n");
+            }
+    }
+    free(answers);
+    if (ac.dump && fclose(ac.dump) != 0)
         check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a.dump_logits));
-    size_t kv_bytes = ckv_kv_cache_bytes_used(&sess.kv);
+    if (cz.dump_kept && fclose(cz.dump_kept) != 0)
+        check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: error writing '%s'", a.dump_kept));
+
     if (world->rank == 0) {
-        if (printed) printf("\n");
         char b1[32], b2[32], b3[32], b4[32], b5[32];
-        double pt = sess.prefill_seconds, dt = sess.decode_seconds;
         fprintf(stderr, "ckv: prefill %ld tokens in %.3f s (%.1f tok/s); decode %ld tokens in %.3f s (%.2f tok/s)\n",
-                sess.prefill_tokens, pt, pt > 0 ? sess.prefill_tokens / pt : 0.0, sess.decode_tokens, dt,
-                dt > 0 ? sess.decode_tokens / dt : 0.0);
+                pre_tok, pre_s, pre_s > 0 ? pre_tok / pre_s : 0.0, dec_tok, dec_s, dec_s > 0 ? dec_tok / dec_s : 0.0);
+        if (compress) {
+            double sel = cz.score_seconds + cz.select_seconds + cz.compact_seconds;
+            fprintf(stderr,
+                    "ckv: KV cache of the context %s -> %s on this rank (%.1f%% of entries kept); eviction %.3f s "
+                    "(scoring %.3f, selection %.3f, compaction %.3f) = %.1f%% of prefill time\n",
+                    ckv_format_bytes((double)cz.kv_bytes_full, b1, sizeof b1),
+                    ckv_format_bytes((double)cz.kv_bytes_kept, b2, sizeof b2),
+                    cz.total_entries ? 100.0 * (double)cz.kept_entries / (double)cz.total_entries : 100.0, sel,
+                    cz.score_seconds, cz.select_seconds, cz.compact_seconds, pre_s > 0 ? 100.0 * sel / pre_s : 0.0);
+        }
         fprintf(stderr, "ckv: peak memory %s RSS; weights %s, KV cache %s in use; session buffers %s with --chunk %d (one-shot prefill: %s)\n",
                 ckv_format_bytes((double)ckv_mem_peak_rss(), b1, sizeof b1),
                 ckv_format_bytes((double)m->weight_bytes, b2, sizeof b2),
-                ckv_format_bytes((double)kv_bytes, b3, sizeof b3),
-                ckv_format_bytes((double)ckv_session_bytes(&sess), b4, sizeof b4), sess.chunk,
-                ckv_format_bytes((double)ckv_session_bytes_for(m, sess.capacity, sess.capacity), b5, sizeof b5));
-        if (a.stats_json) write_stats(a.stats_json, &sess, ckv_mem_peak_rss(), ckv_alloc_peak_bytes(), kv_bytes);
+                ckv_format_bytes((double)peak_kv, b3, sizeof b3),
+                ckv_format_bytes((double)sess_bytes, b4, sizeof b4), chunk_used,
+                ckv_format_bytes((double)ckv_session_bytes_for(m, (int)need, (int)need), b5, sizeof b5));
+        if (a.stats_json) {
+            FILE *f = fopen(a.stats_json, "w");
+            if (!f) ckv_cli_die("--stats-json: cannot write '%s'", a.stats_json);
+            fprintf(f,
+                    "{\"prefill_tokens\": %ld, \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, "
+                    "\"decode_tokens\": %ld, \"decode_s\": %.6f, \"decode_tok_s\": %.3f, "
+                    "\"peak_rss_bytes\": %zu, \"peak_alloc_bytes\": %zu, \"kv_bytes\": %zu, \"chunk\": %d, "
+                    "\"press\": \"%s\", \"kv_context_bytes_full\": %zu, \"kv_context_bytes_kept\": %zu, "
+                    "\"evict_s\": %.6f}\n",
+                    pre_tok, pre_s, pre_s > 0 ? pre_tok / pre_s : 0.0, dec_tok, dec_s, dec_s > 0 ? dec_tok / dec_s : 0.0,
+                    ckv_mem_peak_rss(), ckv_alloc_peak_bytes(), peak_kv, chunk_used, a.press.spec, cz.kv_bytes_full,
+                    cz.kv_bytes_kept, cz.score_seconds + cz.select_seconds + cz.compact_seconds);
+            if (fclose(f) != 0) ckv_cli_die("--stats-json: error writing '%s'", a.stats_json);
+        }
     }
-    ckv_session_free(&sess);
     ckv_sampler_free(&sampler);
     ckv_model_free(m);
     ckv_backend_free(be);
+    ckv_comm_free(tpc);
     ckv_comm_free(world);
-    free(ids);
+    free(ctx);
+    for (int i = 0; i < a.n_questions; i++) free(q[i]);
     return 0;
 }

@@ -1,23 +1,30 @@
 /* cmd_inspect.c - `ckv inspect`: a model's configuration, parameter count, checkpoint dtype and the
- * memory one rank needs for a given tensor-parallel degree and context length. Reads only the
- * config files; no weights are loaded. */
+ * memory one rank needs for a tensor-parallel degree, a context length and a press budget
+ * (weights, KV cache full and compressed, the peak of layer-major prefill, activations). Reads
+ * only the configuration (config.json, or a GGUF file's metadata); no weights are loaded. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "core/alloc.h"
+#include "evict/press.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/source.h"
 #include "shard/shard.h"
 
 static void inspect_usage(FILE *f) {
     fprintf(f,
-            "usage: ckv inspect --model DIR [--tp N] [--context L]\n"
+            "usage: ckv inspect --model PATH [--tp N] [--context L] [--new-tokens N] [--chunk N]\n"
+            "                   [--press SPEC (--budget B | --compression-ratio R | --budget-tokens N)]\n"
             "\n"
-            "  --model DIR     Hugging Face model directory\n"
-            "  --tp N          tensor-parallel ranks to plan for (default 1)\n"
-            "  --context L     tokens to hold in the KV cache (default: max_position_embeddings)\n");
+            "  --model PATH         Hugging Face model directory (only config.json is read) or GGUF file\n"
+            "  --tp N               tensor-parallel ranks to plan for (default 1)\n"
+            "  --context L          context tokens (default: max_position_embeddings)\n"
+            "  --new-tokens N       question + answer tokens reserved after the context (default 256)\n"
+            "  --chunk N            prefill chunk (default 512)\n"
+            "  --press, --budget, --compression-ratio, --budget-tokens   as for ckv generate\n");
 }
 
 static const char *rope_name(ckv_rope_type t) {
@@ -29,10 +36,14 @@ static const char *rope_name(ckv_rope_type t) {
     }
 }
 
+static const char *fmt(double bytes, char *buf, size_t cap) { return ckv_format_bytes(bytes, buf, cap); }
+
 int ckv_cmd_inspect(int argc, char **argv) {
-    const char *model = NULL;
-    int tp = 1;
-    long context = -1;
+    const char *model = NULL, *press_spec = "none";
+    int tp = 1, chunk = 512;
+    long context = -1, new_tokens = 256;
+    double budget = -1, cr = -1;
+    long budget_tokens = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -44,14 +55,46 @@ int ckv_cmd_inspect(int argc, char **argv) {
             tp = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 4096);
         } else if (!strcmp(f, "--context")) {
             context = ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1L << 30);
+        } else if (!strcmp(f, "--new-tokens")) {
+            new_tokens = ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 0, 1L << 30);
+        } else if (!strcmp(f, "--chunk")) {
+            chunk = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 24);
+        } else if (!strcmp(f, "--press")) {
+            press_spec = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--budget")) {
+            budget = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300);
+        } else if (!strcmp(f, "--compression-ratio")) {
+            cr = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300);
+        } else if (!strcmp(f, "--budget-tokens")) {
+            budget_tokens = ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), -(1L << 30), 1L << 30);
         } else {
             ckv_cli_usage_error("inspect", "unknown flag '%s'", f);
         }
     }
     if (!model) ckv_cli_usage_error("inspect", "--model is required");
+    ckv_press_config press;
+    ckv_cli_check(ckv_press_parse(&press, press_spec));
+    if (budget != -1) ckv_cli_check(ckv_press_set_budget(&press, budget));
+    if (cr != -1) ckv_cli_check(ckv_press_set_compression_ratio(&press, cr));
+    if (budget_tokens) ckv_cli_check(ckv_press_set_budget_tokens(&press, (int)budget_tokens));
+    if (press.scorer != CKV_SCORER_NONE && press.compression_ratio == 0 && press.budget_tokens == 0)
+        ckv_cli_die("--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", press_spec);
+    if (press.alloc == CKV_ALLOC_HEADKV && !press.profile[0]) snprintf(press.profile, sizeof press.profile, "(profile)");
+    ckv_cli_check(ckv_press_finalize(&press));
+
     ckv_model_config c;
-    ckv_cli_check(ckv_config_load(&c, model));
-    if (context < 0) context = c.max_position_embeddings;
+    size_t mlen = strlen(model);
+    if (mlen > 5 && !strcmp(model + mlen - 5, ".gguf")) {
+        ckv_weight_source src;
+        ckv_cli_check(ckv_source_open(&src, &c, model));
+        ckv_source_close(&src);
+    } else {
+        ckv_cli_check(ckv_config_load(&c, model));
+    }
+    if (context < 0) context = c.max_context - new_tokens > 0 ? c.max_context - new_tokens : c.max_context;
+    if (context + new_tokens > c.max_context)
+        ckv_cli_die("--context %ld + --new-tokens %ld exceed the model's context window of %d tokens", context, new_tokens,
+                    c.max_context);
     ckv_shard_plan p;
     ckv_cli_check(ckv_shard_plan_init(&p, tp, 0, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size));
     char b1[32], b2[32], b3[32], b4[32];
@@ -63,7 +106,8 @@ int ckv_cmd_inspect(int argc, char **argv) {
     printf("heads            %d query, %d KV (group %d), head_dim %d\n", c.n_heads, c.n_kv_heads,
            c.n_heads / c.n_kv_heads, c.head_dim);
     printf("vocabulary       %d%s\n", c.vocab_size, c.tie_word_embeddings ? " (tied embeddings)" : "");
-    printf("context          %d max positions; rope %s, theta %g, factor %g\n", c.max_position_embeddings,
+    printf("context          %d tokens (max_position_embeddings %d); rope %s, theta %g, factor %g\n", c.max_context,
+           c.max_position_embeddings,
            rope_name(c.rope.type), c.rope.theta, c.rope.factor);
     printf("attention bias   %s\n", c.attention_bias ? "yes" : "no");
     printf("checkpoint dtype %s (computed in F32 on the CPU)\n", ckv_dtype_name(c.dtype));
@@ -71,16 +115,36 @@ int ckv_cmd_inspect(int argc, char **argv) {
     printf("eos ids         ");
     for (int i = 0; i < c.n_eos; i++) printf(" %d", c.eos_ids[i]);
     printf("\n");
-    size_t wbytes = ckv_model_weight_bytes(&c, &p);
-    size_t kv_tok = (size_t)c.n_layers * (size_t)p.n_kv_local * (size_t)c.head_dim * 2 * sizeof(float);
-    size_t kv = kv_tok * (size_t)context;
-    size_t hidden = (size_t)context * (size_t)c.hidden_size * sizeof(float);
-    printf("per rank (tp %d): %d query heads, %d KV heads, MLP rows %d, vocab rows %d\n", tp, p.n_q_local,
-           p.n_kv_local, p.n_ff_local, p.n_vocab_local);
-    printf("  weights        %s (F32)\n", ckv_format_bytes((double)wbytes, b1, sizeof b1));
-    printf("  KV cache       %s at %ld tokens, full cache (%s per token, F32)\n",
-           ckv_format_bytes((double)kv, b2, sizeof b2), context, ckv_format_bytes((double)kv_tok, b3, sizeof b3));
-    printf("  total          %s (+ prefill hidden states %s)\n",
-           ckv_format_bytes((double)(wbytes + kv), b4, sizeof b4), ckv_format_bytes((double)hidden, b1, sizeof b1));
+
+    /* per rank, F32 (CPU backend) and BF16 (what a GPU run stores) */
+    size_t w32 = ckv_model_weight_bytes(&c, &p);
+    size_t kv_row = (size_t)c.head_dim * 2; /* K and V elements of one token of one head */
+    size_t heads_layers = (size_t)c.n_layers * (size_t)p.n_kv_local;
+    size_t L = (size_t)context, room = (size_t)new_tokens;
+    size_t kv_full = heads_layers * (L + room) * kv_row;                      /* elements */
+    int compress = press.scorer != CKV_SCORER_NONE;
+    size_t kept = compress ? (size_t)ckv_press_n_kept(&press, (int)context) : L;
+    size_t kv_kept = heads_layers * (kept + room) * kv_row;
+    size_t kv_peak = compress ? kv_kept + (size_t)p.n_kv_local * (L + room) * kv_row : kv_full; /* + one full layer */
+    size_t hidden = L * (size_t)c.hidden_size * (compress ? 2 : 1);           /* x (+ xn for scorers) */
+    size_t n = (size_t)(chunk < context ? chunk : context), D = (size_t)c.hidden_size, d = (size_t)c.head_dim;
+    size_t act = n * (2 * D + 2 * (size_t)p.n_q_local * d + 2 * (size_t)p.n_kv_local * d + 2 * (size_t)p.n_ff_local +
+                      (size_t)p.n_vocab_local);
+    printf("\nper rank: tp %d, %d query heads, %d KV heads%s, MLP rows %d, vocab rows %d\n", tp, p.n_q_local, p.n_kv_local,
+           p.kv_replicas > 1 ? " (replicated)" : "", p.n_ff_local, p.n_vocab_local);
+    printf("context %ld tokens + %ld new tokens; press %s\n", context, new_tokens, press.spec);
+    if (compress) printf("kept per head    %zu of %zu context tokens (mean; cross-head presses vary per head)\n", kept, L);
+    printf("                 %14s %14s\n", "F32 (CPU)", "BF16 (GPU)");
+    printf("weights          %14s %14s\n", fmt((double)w32, b1, sizeof b1), fmt((double)w32 / 2, b2, sizeof b2));
+    printf("KV full          %14s %14s\n", fmt((double)kv_full * 4, b1, sizeof b1), fmt((double)kv_full * 2, b2, sizeof b2));
+    if (compress) {
+        printf("KV compressed    %14s %14s\n", fmt((double)kv_kept * 4, b1, sizeof b1), fmt((double)kv_kept * 2, b2, sizeof b2));
+        printf("KV prefill peak  %14s %14s  (compressed layers + one full layer)\n", fmt((double)kv_peak * 4, b1, sizeof b1),
+               fmt((double)kv_peak * 2, b2, sizeof b2));
+    }
+    printf("hidden states    %14s %14s\n", fmt((double)hidden * 4, b1, sizeof b1), fmt((double)hidden * 2, b2, sizeof b2));
+    printf("chunk buffers    %14s %14s  (--chunk %zu)\n", fmt((double)act * 4, b1, sizeof b1), fmt((double)act * 2, b2, sizeof b2), n);
+    size_t total32 = w32 + kv_peak * 4 + hidden * 4 + act * 4;
+    printf("peak total       %14s %14s\n", fmt((double)total32, b3, sizeof b3), fmt((double)total32 / 2, b4, sizeof b4));
     return 0;
 }

@@ -7,22 +7,29 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 
-ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chunk) {
+ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chunk, int compress) {
     memset(s, 0, sizeof *s);
     const ckv_model_config *c = &m->cfg;
     if (capacity < 1) return ckv_error(CKV_STATUS_ERR_ARG, "session capacity %d must be positive", capacity);
-    if (capacity > c->max_position_embeddings)
+    if (capacity > c->max_context)
         return ckv_error(CKV_STATUS_ERR_RANGE,
-                         "%d tokens (prompt + --max-new-tokens) exceed the model's max_position_embeddings %d",
-                         capacity, c->max_position_embeddings);
+                         "%d tokens (prompt + --max-new-tokens) exceed the model's context window of %d tokens "
+                         "(max_position_embeddings)", capacity, c->max_context);
     if (chunk < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--chunk must be >= 1, got %d", chunk);
     if (chunk > capacity) chunk = capacity;
     s->model = m;
     s->capacity = capacity;
     s->chunk = chunk;
+    s->compress = compress;
+    s->mark_past = -1;
     ckv_backend *be = m->be;
     ckv_status st = ckv_kv_cache_init(&s->kv, be, c->n_layers, m->plan.n_kv_local, c->head_dim);
-    for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) st = ckv_kv_layer_reserve(&s->kv, l, capacity);
+    for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK && !compress; l++) st = ckv_kv_layer_reserve(&s->kv, l, capacity);
+    if (st == CKV_STATUS_OK && compress)
+        st = be->ops->alloc(be, (void **)&s->xn, (size_t)capacity * c->hidden_size * sizeof(float), "attention inputs");
+    if (st == CKV_STATUS_OK)
+        st = ckv_alloc((void **)&s->mark_lens, (size_t)c->n_layers * (size_t)m->plan.n_kv_local * sizeof(int32_t),
+                       "cache marks");
     if (st == CKV_STATUS_OK) st = ckv_model_scratch_init(&s->scratch, m, chunk);
     if (st == CKV_STATUS_OK)
         st = be->ops->alloc(be, (void **)&s->x, (size_t)capacity * c->hidden_size * sizeof(float), "hidden states");
@@ -36,9 +43,11 @@ void ckv_session_free(ckv_session *s) {
     if (s->model) {
         ckv_model_scratch_free(&s->scratch, s->model);
         s->model->be->ops->release(s->model->be, s->x);
+        s->model->be->ops->release(s->model->be, s->xn);
     }
     ckv_kv_cache_free(&s->kv);
     ckv_free(s->pos);
+    ckv_free(s->mark_lens);
     memset(s, 0, sizeof *s);
 }
 
@@ -59,9 +68,11 @@ ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, f
         CKV_TRY(ckv_model_embed(m, &s->scratch, s->x + (size_t)c0 * D, ids + c0, cn));
     }
     for (int l = 0; l < c->n_layers; l++) {
+        if (!s->kv.layers[l].k) CKV_TRY(ckv_kv_layer_reserve(&s->kv, l, s->capacity)); /* compress: lazily */
         for (int c0 = 0; c0 < n; c0 += chunk) {
             int cn = n - c0 < chunk ? n - c0 : chunk;
-            CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x + (size_t)c0 * D, s->pos + c0, cn, &s->kv));
+            CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x + (size_t)c0 * D, s->pos + c0, cn, &s->kv,
+                                    s->xn ? s->xn + (size_t)c0 * D : NULL));
         }
         if (hook) CKV_TRY(hook(hook_ctx, s, l, n));
     }
@@ -96,12 +107,25 @@ ckv_status ckv_session_decode(ckv_session *s, int32_t token, const float **logit
     double t0 = ckv_time_now();
     int32_t pos = s->n_past;
     CKV_TRY(ckv_model_embed(m, &s->scratch, s->x, &token, 1));
-    for (int l = 0; l < m->cfg.n_layers; l++) CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x, &pos, 1, &s->kv));
+    for (int l = 0; l < m->cfg.n_layers; l++) CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x, &pos, 1, &s->kv, NULL));
     CKV_TRY(ckv_model_logits(m, &s->scratch, s->x, 1, logits));
     CKV_TRY(m->be->ops->sync(m->be));
     s->n_past++;
     s->decode_tokens++;
     s->decode_seconds += ckv_time_now() - t0;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_session_mark(ckv_session *s) {
+    ckv_kv_cache_lengths(&s->kv, s->mark_lens);
+    s->mark_past = s->n_past;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_session_rewind(ckv_session *s) {
+    if (s->mark_past < 0) return ckv_error(CKV_STATUS_ERR_ARG, "session rewind without a mark");
+    CKV_TRY(ckv_kv_cache_truncate(&s->kv, s->mark_lens));
+    s->n_past = s->mark_past;
     return CKV_STATUS_OK;
 }
 

@@ -23,15 +23,22 @@ struct ckv_session {
     int capacity;   /* most tokens (prompt + generated) the session holds */
     int chunk;      /* prefill chunk length */
     int n_past;     /* tokens already in the cache = next position */
+    int compress;   /* layers are compressed after prefill: pools are reserved layer by layer */
     float *x;       /* [capacity, D] hidden states of the tokens being prefilled (device) */
+    float *xn;      /* [capacity, D] attention input of the layer being prefilled (compress only) */
     int32_t *pos;   /* [capacity] host positions */
+    int32_t *mark_lens; /* [n_layers * n_kv_local] cache lengths at ckv_session_mark */
+    int mark_past;      /* n_past at ckv_session_mark (-1: none) */
     /* statistics */
     double prefill_seconds, decode_seconds;
     long prefill_tokens, decode_tokens;
 };
 
-/* Reserves everything for up to `capacity` tokens with prefill chunks of `chunk` tokens. */
-ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chunk);
+/* Reserves everything for up to `capacity` tokens with prefill chunks of `chunk` tokens. With
+ * `compress`, the KV pool of a layer is reserved only when the first prefill reaches it (full
+ * capacity) so that the layer hook can compact it before the next layer: peak KV is the compressed
+ * layers plus one full layer; the attention input of each layer is kept for the scorers. */
+ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chunk, int compress);
 void ckv_session_free(ckv_session *s); /* accepts partial objects */
 
 /* Prefills ids[n] at positions n_past .. n_past + n - 1, layer-major in chunks. When all_logits is
@@ -45,6 +52,11 @@ ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, f
 
 /* Feeds one token at position n_past; *logits points at its [V] logits. */
 ckv_status ckv_session_decode(ckv_session *s, int32_t token, const float **logits);
+
+/* Remembers the cache state (after a compressed context) / returns to it, dropping every token
+ * added since (a question and its answer) without touching the rows before. */
+ckv_status ckv_session_mark(ckv_session *s);
+ckv_status ckv_session_rewind(ckv_session *s);
 
 /* Bytes the session reserved on the device (KV pools + activations + hidden states). */
 size_t ckv_session_bytes(const ckv_session *s);

@@ -438,6 +438,13 @@ static ckv_status cfg_parse_root(ckv_model_config *cfg, const ckv_json *root, co
     CKV_TRY(cfg_parse_bos(root, what, &cfg->bos_token_id, &present));
     cfg->n_eos = 0;
     CKV_TRY(cfg_add_eos(cfg, ckv_json_get(root, "eos_token_id"), what));
+    /* YaRN stretches the original window by its factor (Qwen2.5 at 128K keeps max_position_embeddings
+     * at 32768 and adds factor 4): that stretched window is the context ckv accepts */
+    cfg->max_context = cfg->max_position_embeddings;
+    if (cfg->rope.type == CKV_ROPE_TYPE_YARN) {
+        double stretched = (double)cfg->rope.original_max_position * cfg->rope.factor;
+        if (stretched > cfg->max_context && stretched < 2147483647.0) cfg->max_context = (int)stretched;
+    }
     return CKV_STATUS_OK;
 }
 

@@ -46,6 +46,8 @@ typedef struct {
     int n_kv_heads;           /* Hkv */
     int head_dim;             /* d (config head_dim, else D / H) */
     int max_position_embeddings;
+    int max_context;          /* tokens a sequence may hold: max_position_embeddings, or the YaRN-stretched
+                                 window original_max_position_embeddings * factor when larger */
     double rms_norm_eps;
     int attention_bias;       /* q/k/v projections have a bias (Qwen2: always; Llama: o_proj too) */
     int tie_word_embeddings;

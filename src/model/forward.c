@@ -92,7 +92,7 @@ static ckv_status allreduce_hidden(ckv_model *m, ckv_model_scratch *s, float *bu
 }
 
 ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
-                           ckv_kv_cache *kv) {
+                           ckv_kv_cache *kv, float *xn_out) {
     if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "layer: %d tokens outside [1, %d]", n, s->n_max);
     ckv_backend *be = m->be;
     const ckv_backend_ops *op = be->ops;
@@ -105,6 +105,7 @@ ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float 
     CKV_TRY(op->upload(be, s->pos, pos, (size_t)n * sizeof(int32_t)));
     /* attention block */
     op->rmsnorm(be, s->xn, x, w->attn_norm, n, D, eps);
+    if (xn_out) CKV_TRY(op->copy(be, xn_out, s->xn, (size_t)n * D * sizeof(float)));
     op->matmul(be, s->q, s->xn, w->wq, w->bq, n, D, nq * d);
     op->matmul(be, s->k, s->xn, w->wk, w->bk, n, D, nkv * d);
     op->matmul(be, s->v, s->xn, w->wv, w->bv, n, D, nkv * d);

@@ -7,11 +7,11 @@
 #include "core/alloc.h"
 #include "model/model.h"
 #include "model/rope.h"
-#include "model/safetensors.h"
+#include "model/source.h"
 
 /* Allocates a device buffer for `name` (rows [r0, r1) x cols [c0, c1) of a 2-D tensor, or the
  * whole tensor when r1 < 0) and fills it from the checkpoint. */
-static ckv_status load_tensor(ckv_model *m, const ckv_safetensors *st, float **dst, const char *name, int ndim,
+static ckv_status load_tensor(ckv_model *m, const ckv_weight_source *st, float **dst, const char *name, int ndim,
                               const int64_t *shape, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     ckv_backend *be = m->be;
     size_t n = 1;
@@ -23,23 +23,23 @@ static ckv_status load_tensor(ckv_model *m, const ckv_safetensors *st, float **d
     CKV_TRY(be->ops->alloc(be, (void **)dst, n * sizeof(float), name));
     m->weight_bytes += n * sizeof(float);
     if (be->device == CKV_DEVICE_HOST)
-        return ckv_safetensors_read_f32(st, name, ndim, shape, r0, r1, c0, c1, *dst);
+        return st->read_f32(st->ctx, name, ndim, shape, r0, r1, c0, c1, *dst);
     float *tmp = NULL;
     CKV_TRY(ckv_alloc((void **)&tmp, n * sizeof(float), name));
-    ckv_status s = ckv_safetensors_read_f32(st, name, ndim, shape, r0, r1, c0, c1, tmp);
+    ckv_status s = st->read_f32(st->ctx, name, ndim, shape, r0, r1, c0, c1, tmp);
     if (s == CKV_STATUS_OK) s = be->ops->upload(be, *dst, tmp, n * sizeof(float));
     ckv_free(tmp);
     return s;
 }
 
-static ckv_status load_vector(ckv_model *m, const ckv_safetensors *st, float **dst, const char *name, int64_t len,
+static ckv_status load_vector(ckv_model *m, const ckv_weight_source *st, float **dst, const char *name, int64_t len,
                               int64_t begin, int64_t count) {
     /* a 1-D slice is read as rows of a [len, 1] view: use the whole-tensor path when unsliced */
     if (begin == 0 && count == len) return load_tensor(m, st, dst, name, 1, &len, 0, -1, 0, -1);
     ckv_backend *be = m->be;
     float *tmp = NULL;
     CKV_TRY(ckv_alloc((void **)&tmp, (size_t)len * sizeof(float), name));
-    ckv_status s = ckv_safetensors_read_f32(st, name, 1, &len, 0, -1, 0, -1, tmp);
+    ckv_status s = st->read_f32(st->ctx, name, 1, &len, 0, -1, 0, -1, tmp);
     if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)dst, (size_t)count * sizeof(float), name);
     if (s == CKV_STATUS_OK) s = be->ops->upload(be, *dst, tmp + begin, (size_t)count * sizeof(float));
     if (s == CKV_STATUS_OK) m->weight_bytes += (size_t)count * sizeof(float);
@@ -47,7 +47,7 @@ static ckv_status load_vector(ckv_model *m, const ckv_safetensors *st, float **d
     return s;
 }
 
-static ckv_status load_layer(ckv_model *m, const ckv_safetensors *st, int i) {
+static ckv_status load_layer(ckv_model *m, const ckv_weight_source *st, int i) {
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
     ckv_layer_weights *w = &m->layers[i];
@@ -80,11 +80,9 @@ static ckv_status load_layer(ckv_model *m, const ckv_safetensors *st, int i) {
     return CKV_STATUS_OK;
 }
 
-static ckv_status model_load_weights(ckv_model *m, const char *dir) {
+static ckv_status model_load_weights(ckv_model *m, const ckv_weight_source *st, const char *dir) {
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
-    ckv_safetensors *st = NULL;
-    CKV_TRY(ckv_safetensors_open_dir(&st, dir));
     ckv_status s = CKV_STATUS_OK;
     int64_t V = c->vocab_size, D = c->hidden_size;
     int64_t se[2] = {V, D};
@@ -100,15 +98,14 @@ static ckv_status model_load_weights(ckv_model *m, const char *dir) {
                 m->lm_head = m->embed;
             else
                 s = load_tensor(m, st, &m->lm_head, "model.embed_tokens.weight", 2, se, v0, v1, 0, D);
-        } else if (!ckv_safetensors_find(st, "lm_head.weight")) {
+        } else if (!st->has(st->ctx, "lm_head.weight")) {
             s = ckv_error(CKV_STATUS_ERR_FORMAT,
                           "%s: tensor 'lm_head.weight' is missing and config.json does not tie word embeddings", dir);
         } else {
             s = load_tensor(m, st, &m->lm_head, "lm_head.weight", 2, se, v0, v1, 0, D);
         }
     }
-    ckv_safetensors_release_pages(st);
-    ckv_safetensors_close(st);
+    if (st->release_pages) st->release_pages(st->ctx);
     return s;
 }
 
@@ -118,12 +115,17 @@ ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv
     if (!m) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the model");
     m->be = be;
     m->tp = tp;
-    ckv_status s = ckv_config_load(&m->cfg, dir);
+    ckv_weight_source src;
+    ckv_status s = ckv_source_open(&src, &m->cfg, dir);
     const ckv_model_config *c = &m->cfg;
     if (s == CKV_STATUS_OK)
         s = ckv_shard_plan_init(&m->plan, tp ? tp->size : 1, tp ? tp->rank : 0, c->n_heads, c->n_kv_heads, c->head_dim,
                                 c->intermediate_size, c->vocab_size);
-    if (s == CKV_STATUS_OK) s = model_load_weights(m, dir);
+    /* when tp > Hkv several ranks hold the same KV head: scorers reduce their partial sums among them */
+    if (s == CKV_STATUS_OK && tp && tp->size > 1 && m->plan.kv_replicas > 1)
+        s = tp->ops->split(tp, m->plan.replica_group, tp->rank, &m->replica);
+    if (s == CKV_STATUS_OK) s = model_load_weights(m, &src, dir);
+    ckv_source_close(&src);
     if (s == CKV_STATUS_OK) {
         float inv[1024];
         if (c->head_dim / 2 > 1024) s = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "head_dim %d is too large", c->head_dim);
@@ -157,6 +159,7 @@ void ckv_model_free(ckv_model *m) {
     be->ops->release(be, m->embed);
     be->ops->release(be, m->final_norm);
     be->ops->release(be, m->inv_freq);
+    ckv_comm_free(m->replica);
     free(m);
 }
 

@@ -37,6 +37,7 @@ typedef struct {
     ckv_shard_plan plan;
     ckv_backend *be;
     ckv_comm *tp;           /* tensor-parallel group (borrowed) */
+    ckv_comm *replica;      /* the ranks of the group holding the same KV heads (owned; NULL unless tp > Hkv) */
     float *embed;           /* [V, D] token embeddings (replicated) */
     float *lm_head;         /* [n_vocab_local, D]; may alias embed when tied and unsharded */
     float *final_norm;      /* [D] */
@@ -76,9 +77,11 @@ void ckv_model_scratch_free(ckv_model_scratch *s, const ckv_model *m);
 ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const int32_t *ids, int n);
 
 /* Runs decoder layer `layer` in place on x[n, D] (device) for tokens at host positions pos[n]:
- * appends their keys/values to the layer's cache, attends over the cache, adds the MLP. n <= n_max. */
+ * appends their keys/values to the layer's cache, attends over the cache, adds the MLP. n <= n_max.
+ * xn_out [n, D] (device), when not NULL, receives the attention input (post input-RMSNorm), which
+ * the eviction scorers read. */
 ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
-                           ckv_kv_cache *kv);
+                           ckv_kv_cache *kv, float *xn_out);
 
 /* Final norm + lm_head of x[n, D] (device): full-vocabulary logits [n, V] on the host (gathered over
  * the TP group), returned as a pointer into the scratch (valid until the next call). */

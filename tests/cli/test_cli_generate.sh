@@ -40,8 +40,8 @@ assert s["prefill_tokens"] == 240 and s["decode_tokens"] == 8, s
 assert s["prefill_tok_s"] > 0 and s["decode_tok_s"] > 0 and s["peak_rss_bytes"] > 0 and s["kv_bytes"] > 0, s
 print("ok   stats json:", s)
 PY
-"$ckv" inspect --model "$llama" --tp 2 --context 1000 >"$tmp/inspect" 2>&1 || { echo "FAIL inspect"; cat "$tmp/inspect"; fail=1; }
-grep -q "LlamaForCausalLM" "$tmp/inspect" && grep -q "KV cache" "$tmp/inspect" || { echo "FAIL inspect output"; cat "$tmp/inspect"; fail=1; }
+"$ckv" inspect --model "$llama" --tp 2 --context 700 --press critical_adakv:snapkv --budget 0.25 >"$tmp/inspect" 2>&1 || { echo "FAIL inspect"; cat "$tmp/inspect"; fail=1; }
+grep -q "LlamaForCausalLM" "$tmp/inspect" && grep -q "KV compressed" "$tmp/inspect" || { echo "FAIL inspect output"; cat "$tmp/inspect"; fail=1; }
 
 # --- flags ---
 expect_error "no command" "no command given" "$ckv"
@@ -67,8 +67,38 @@ echo "$long" >"$tmp/long.txt"
 expect_error "prompt too long" "max_position_embeddings" "$ckv" generate --model "$llama" --prompt-ids-file "$tmp/long.txt"
 expect_error "prompt + new too long" "--max-new-tokens 100" "$ckv" generate --model "$llama" --prompt-ids-file <(python3 -c "print(','.join(['5']*1000))") --max-new-tokens 100
 
+# --- presses ---
+expect_error "budget above one" "--budget: 1.5 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 1.5
+expect_error "budget zero" "--budget: 0 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 0
+expect_error "compression ratio one" "--compression-ratio: 1 is outside [0, 1)" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --compression-ratio 1
+expect_error "budget tokens zero" "--budget-tokens: 0 must be >= 1" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget-tokens 0
+expect_error "unknown press" "unknown press 'nonsense'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press nonsense --budget 0.5
+expect_error "unknown wrapper" "unknown wrapper 'super'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press super:snapkv --budget 0.5
+expect_error "unknown press option" "unknown press option 'foo'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical:snapkv --press-opt foo=1 --budget 0.5
+expect_error "bad pool" "pool: 'median'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --pool median --budget 0.5
+expect_error "even kernel" "kernel: 4 must be odd" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --kernel 4 --budget 0.5
+expect_error "alpha above one" "alpha: 2 is outside" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical:snapkv --alpha 2 --budget 0.5
+expect_error "press without budget" "needs a budget" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv
+expect_error "window longer than context" "window" "$ckv" generate --model "$llama" --prompt-ids 1,2,3,4,5 --press snapkv --budget 0.5
+expect_error "headkv without profile" "profile" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press headkv:snapkv --budget 0.5
+expect_error "query-aware without question" "--query-aware needs" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 0.5 --query-aware
+"$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical_adakv:snapkv --budget 0.3 --question-ids 5,6 \
+  --question-ids 7 --max-new-tokens 3 --dump-kept "$tmp/kept.jsonl" >"$tmp/ans" 2>"$tmp/err" || { echo "FAIL press run"; cat "$tmp/err"; fail=1; }
+python3 - "$tmp/kept.jsonl" "$tmp/err" "$tmp/ans" <<'PY' || fail=1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+err = open(sys.argv[2]).read(); ans = open(sys.argv[3]).read().split("\n")
+assert len(rows) == 3 * 2, len(rows)                       # 3 layers x 2 KV heads
+assert sum(r["n_kept"] for r in rows) == 6 * int(240 * (1 - 0.7)), [r["n_kept"] for r in rows]  # adakv: sum = Hkv * n_kept per layer
+for r in rows:
+    p = r["positions"]; assert p == sorted(set(p)) and len(p) == r["n_kept"] and all(0 <= x < 240 for x in p)
+assert "critical_adakv(alpha=0.5,eps=0.0001,safeguard=0.2):snapkv(window=64,kernel=5,pool=avg) budget=0.3" in err, err
+assert "% of entries kept" in err and len([a for a in ans if a.strip()]) == 2, (err, ans)
+print("ok   press run: spec echoed, 2 answers, kept sets sane:", [r["n_kept"] for r in rows])
+PY
+
 # --- model directories ---
-expect_error "missing model dir" "config.json" "$ckv" generate --model "$tmp/none" --prompt-ids 1
+expect_error "missing model dir" "no such model file or directory" "$ckv" generate --model "$tmp/none" --prompt-ids 1
 mk() { rm -rf "$tmp/m"; cp -r "$llama" "$tmp/m"; }
 mk; python3 - "$tmp/m/config.json" <<'PY'
 import json, sys; c = json.load(open(sys.argv[1])); c["architectures"] = ["GPT2LMHeadModel"]; json.dump(c, open(sys.argv[1], "w"))

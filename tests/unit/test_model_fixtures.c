@@ -107,7 +107,7 @@ static void check_model(const char *dir, ckv_backend *be) {
     const int chunks[] = {P, 64, 17};
     for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
         ckv_session s;
-        CHECK_OK(ckv_session_init(&s, m, P + D, chunks[ci]));
+        CHECK_OK(ckv_session_init(&s, m, P + D, chunks[ci], 0));
         const float *last = NULL;
         float *dst = ci == 0 ? full : chunked;
         CHECK_OK(ckv_session_prefill(&s, r->prompt, P, dst, &last));

@@ -112,10 +112,12 @@ SPECS = [
             num_hidden_layers=2,
             num_attention_heads=6,
             num_key_value_heads=2,  # G = 3, head_dim = 96 / 6 = 16
-            max_position_embeddings=256,  # = factor * original: no YaRN mismatch warning
+            # = factor * original (no YaRN mismatch warning); 1024 covers the eviction fixtures
+            # (300 context + 8 question tokens, expected_attention's 512 future positions)
+            max_position_embeddings=1024,
             rms_norm_eps=1e-6,
             rope_theta=10000.0,
-            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64),
+            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=256),
             use_sliding_window=False,
             tie_word_embeddings=True,
             bos_token_id=1,

@@ -1,0 +1,195 @@
+/* cpu_gemm.c - ckv's own fp32 matrix multiply out[n, m] = x[n, k] @ w[m, k]^T (+ bias), the driver
+ * around the kernel sets of cpu_gemm_avx512.c / cpu_gemm_avx2.c and the portable set defined here.
+ *
+ * Several tokens (n > 1): the output is cut into column panels of NR weight rows (times a few row
+ * blocks when there are few panels); the pool's threads claim panels one at a time. For each block of
+ * CKV_GEMM_KC along k, a thread packs its panel of w into a k-major stack buffer (CKV_GEMM_KC x NR
+ * floats, L1-sized) and runs the MR x NR micro-kernel down all its rows of x, which it reads in place.
+ * The first k block writes out (with the bias), later ones add to it, so every output element is the
+ * same sum in the same order whatever the thread count and whichever thread computed it.
+ * One token (n == 1): a GEMV streaming each weight row once, the rows split into contiguous blocks
+ * over the threads (memory-bound: this runs at memory bandwidth).
+ *
+ * The kernel set is chosen once by the CPU's features (AVX-512, else AVX2 + FMA, else portable C).
+ * Nothing here allocates or fails; weights are used as loaded (no layout change), fp32 only. */
+#include "cpu_gemm.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+/* ---- portable kernel set (any compiler, any CPU): 4 x 16 tiles, loops the compiler vectorises ----- */
+
+#define CKV_GEN_MR 4
+#define CKV_GEN_NR 16
+
+static void ckv_gen_ukernel(int kc, const float *a, size_t lda, int mr, const float *bp, float *c, size_t ldc, int nr,
+                            const float *bias, int first) {
+    float acc[CKV_GEN_MR][CKV_GEN_NR];
+    memset(acc, 0, sizeof acc);
+    const float *ar[CKV_GEN_MR];
+    for (int r = 0; r < CKV_GEN_MR; r++) ar[r] = a + (size_t)(r < mr ? r : 0) * lda;
+    for (int p = 0; p < kc; p++) {
+        const float *b = bp + (size_t)p * CKV_GEN_NR;
+        for (int r = 0; r < CKV_GEN_MR; r++) {
+            const float av = ar[r][p];
+            for (int j = 0; j < CKV_GEN_NR; j++) acc[r][j] += av * b[j];
+        }
+    }
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + (size_t)r * ldc;
+        if (first)
+            for (int j = 0; j < nr; j++) cr[j] = acc[r][j] + (bias ? bias[j] : 0.0f);
+        else
+            for (int j = 0; j < nr; j++) cr[j] += acc[r][j];
+    }
+}
+
+static void ckv_gen_pack(int kc, const float *w, size_t ldw, int nr, float *bp) {
+    for (int j = 0; j < CKV_GEN_NR; j++) {
+        float *dst = bp + j;
+        if (j < nr) {
+            const float *wr = w + (size_t)j * ldw;
+            for (int p = 0; p < kc; p++) dst[(size_t)p * CKV_GEN_NR] = wr[p];
+        } else {
+            for (int p = 0; p < kc; p++) dst[(size_t)p * CKV_GEN_NR] = 0.0f;
+        }
+    }
+}
+
+static void ckv_gen_gemv(int rows, int k, const float *w, size_t ldw, const float *x, const float *bias, float *out) {
+    for (int j = 0; j < rows; j++) {
+        const float *wr = w + (size_t)j * ldw;
+        float acc[16] = {0};
+        int p = 0;
+        for (; p + 16 <= k; p += 16)
+            for (int l = 0; l < 16; l++) acc[l] += wr[p + l] * x[p + l];
+        for (int l = 0; p < k; p++, l++) acc[l] += wr[p] * x[p];
+        for (int h = 8; h > 0; h >>= 1)
+            for (int l = 0; l < h; l++) acc[l] += acc[l + h];
+        out[j] = acc[0] + (bias ? bias[j] : 0.0f);
+    }
+}
+
+const ckv_gemm_arch ckv_gemm_arch_generic = {
+    .name = "generic", .mr = CKV_GEN_MR, .nr = CKV_GEN_NR, .ukernel = ckv_gen_ukernel, .pack = ckv_gen_pack,
+    .gemv = ckv_gen_gemv};
+
+_Static_assert(CKV_GEN_NR <= CKV_GEMM_NR_MAX && CKV_GEN_MR <= CKV_GEMM_MR_MAX, "generic tile within the maxima");
+
+/* ---- kernel choice ------------------------------------------------------------------------------ */
+
+static _Atomic(const ckv_gemm_arch *) ckv_gemm_chosen;
+
+const ckv_gemm_arch *ckv_gemm_best_arch(void) {
+    const ckv_gemm_arch *a = atomic_load_explicit(&ckv_gemm_chosen, memory_order_acquire);
+    if (a) return a;
+    /* racing first calls all compute the same answer */
+    if (ckv_gemm_avx512_supported())
+        a = &ckv_gemm_arch_avx512;
+    else if (ckv_gemm_avx2_supported())
+        a = &ckv_gemm_arch_avx2;
+    else
+        a = &ckv_gemm_arch_generic;
+    atomic_store_explicit(&ckv_gemm_chosen, a, memory_order_release);
+    return a;
+}
+
+/* ---- several tokens --------------------------------------------------------------------------- */
+
+typedef struct {
+    const ckv_gemm_arch *arch;
+    float *out;      // [n, m]
+    const float *x;  // [n, k]
+    const float *w;  // [m, k]
+    const float *bias; // [m] or NULL
+    int n, k, m;
+    int panels;      /* column panels of NR */
+    int row_blocks;  /* the rows are cut into this many blocks of rows_per_block (a multiple of MR) */
+    int rows_per_block;
+    int n_items;     /* panels * row_blocks */
+    atomic_int next; /* next item to claim */
+} ckv_gemm_job;
+
+static void ckv_gemm_item(const ckv_gemm_job *job, int item) {
+    const ckv_gemm_arch *a = job->arch;
+    const int panel = item % job->panels, rb = item / job->panels;
+    const int j0 = panel * a->nr, nr = job->m - j0 < a->nr ? job->m - j0 : a->nr;
+    const int r0 = rb * job->rows_per_block;
+    const int r1 = job->n - r0 < job->rows_per_block ? job->n : r0 + job->rows_per_block;
+    const size_t k = (size_t)job->k, m = (size_t)job->m;
+    _Alignas(64) float bp[CKV_GEMM_KC * CKV_GEMM_NR_MAX]; /* the packed panel, [kc, NR] */
+    for (int p0 = 0; p0 < job->k; p0 += CKV_GEMM_KC) {
+        const int kc = job->k - p0 < CKV_GEMM_KC ? job->k - p0 : CKV_GEMM_KC;
+        a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
+        const float *bias = job->bias ? job->bias + j0 : NULL;
+        for (int i = r0; i < r1; i += a->mr) {
+            const int mr = r1 - i < a->mr ? r1 - i : a->mr;
+            a->ukernel(kc, job->x + (size_t)i * k + (size_t)p0, k, mr, bp, job->out + (size_t)i * m + (size_t)j0, m,
+                       nr, bias, p0 == 0);
+        }
+    }
+}
+
+static void ckv_gemm_worker(void *arg, int begin, int end, int tid) {
+    (void)begin;
+    (void)end;
+    (void)tid;
+    ckv_gemm_job *job = arg;
+    for (;;) {
+        const int item = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        if (item >= job->n_items) break;
+        ckv_gemm_item(job, item);
+    }
+}
+
+/* ---- one token ---------------------------------------------------------------------------------- */
+
+#define CKV_GEMV_ROWS 64 /* weight rows per work item */
+
+typedef struct {
+    const ckv_gemm_arch *arch;
+    float *out;
+    const float *x, *w, *bias;
+    int k, m;
+} ckv_gemv_job;
+
+static void ckv_gemv_worker(void *arg, int begin, int end, int tid) {
+    (void)tid;
+    const ckv_gemv_job *job = arg;
+    const int j0 = begin * CKV_GEMV_ROWS;
+    const int j1 = end * CKV_GEMV_ROWS < job->m ? end * CKV_GEMV_ROWS : job->m;
+    job->arch->gemv(j1 - j0, job->k, job->w + (size_t)j0 * (size_t)job->k, (size_t)job->k, job->x,
+                    job->bias ? job->bias + j0 : NULL, job->out + j0);
+}
+
+/* ---- entry -------------------------------------------------------------------------------------- */
+
+void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
+                  const float *bias, int n, int k, int m) {
+    if (n <= 0 || m <= 0) return;
+    if (!arch) arch = ckv_gemm_best_arch();
+    if (k <= 0) { /* an empty sum */
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) out[(size_t)i * (size_t)m + (size_t)j] = bias ? bias[j] : 0.0f;
+        return;
+    }
+    const int n_threads = ckv_threadpool_size(pool);
+    if (n == 1) {
+        ckv_gemv_job job = {.arch = arch, .out = out, .x = x, .w = w, .bias = bias, .k = k, .m = m};
+        const int items = (m + CKV_GEMV_ROWS - 1) / CKV_GEMV_ROWS;
+        ckv_threadpool_for(pool, items, 1, ckv_gemv_worker, &job);
+        return;
+    }
+    ckv_gemm_job job = {.arch = arch, .out = out, .x = x, .w = w, .bias = bias, .n = n, .k = k, .m = m};
+    job.panels = (m + arch->nr - 1) / arch->nr;
+    /* Few panels: cut the rows too, so that every thread gets work (a row block repacks its panels). */
+    const int row_tiles = (n + arch->mr - 1) / arch->mr;
+    int rb = 1;
+    while (job.panels * rb < 4 * n_threads && rb * 2 <= row_tiles) rb *= 2;
+    job.rows_per_block = ((row_tiles + rb - 1) / rb) * arch->mr;
+    job.row_blocks = (n + job.rows_per_block - 1) / job.rows_per_block;
+    job.n_items = job.panels * job.row_blocks;
+    atomic_init(&job.next, 0);
+    const int workers = job.n_items < n_threads ? job.n_items : n_threads;
+    ckv_threadpool_for(pool, workers, 1, ckv_gemm_worker, &job);
+}

@@ -1,0 +1,55 @@
+/* cpu_gemm.h - private to backend/cpu: ckv's own fp32 matrix multiply for weights in HF (out, in)
+ * layout, out[n, m] = x[n, k] @ w[m, k]^T (+ bias[m]). cpu_gemm.c holds the driver (blocking, packing
+ * of weight panels, threading over the backend's pool, choice of kernels by the CPU's features at run
+ * time) and a portable kernel set; cpu_gemm_avx512.c and cpu_gemm_avx2.c hold the vector kernel sets.
+ * Nothing here allocates: the packed weight panels live in fixed-size stack buffers. Included by
+ * nothing outside backend/cpu. */
+#ifndef CKV_CPU_GEMM_H
+#define CKV_CPU_GEMM_H
+
+#include <stddef.h>
+
+#include "core/threadpool.h"
+
+/* Depth of one k block: a packed weight panel holds CKV_GEMM_KC x NR floats. */
+#define CKV_GEMM_KC 256
+/* Largest NR of any kernel set (the packed panel buffer is sized for it). */
+#define CKV_GEMM_NR_MAX 32
+/* Largest MR of any kernel set. */
+#define CKV_GEMM_MR_MAX 16
+
+/* One architecture's kernels.
+ *
+ * ukernel: the MR x NR register tile of out at rows [0, mr) of a (mr <= MR) and columns [0, nr) of
+ *   bp (nr <= NR):  acc = sum over p < kc of a[r * lda + p] * bp[p * NR + c]; then
+ *   c[r * ldc + c] = acc + (bias ? bias[c] : 0) when first, else c[r * ldc + c] += acc.
+ *   a points at x[i0, p0] (rows lda floats apart), bp at a packed panel, c at out[i0, j0].
+ * pack: bp[p * NR + c] = w[c * ldw + p] for p < kc, c < nr, and 0 for nr <= c < NR.
+ * gemv: out[j] = dot(w[j * ldw .. + k), x) (+ bias[j]) for j in [0, rows); a fixed order of
+ *   summation over k that depends on k only. */
+typedef struct {
+    const char *name;
+    int mr, nr;
+    void (*ukernel)(int kc, const float *a, size_t lda, int mr, const float *bp, float *c, size_t ldc, int nr,
+                    const float *bias, int first);
+    void (*pack)(int kc, const float *w, size_t ldw, int nr, float *bp);
+    void (*gemv)(int rows, int k, const float *w, size_t ldw, const float *x, const float *bias, float *out);
+} ckv_gemm_arch;
+
+/* The kernel sets; a set's `supported` is 0 when the CPU (or the compiler) lacks its features. */
+extern const ckv_gemm_arch ckv_gemm_arch_generic;
+extern const ckv_gemm_arch ckv_gemm_arch_avx2;
+extern const ckv_gemm_arch ckv_gemm_arch_avx512;
+int ckv_gemm_avx2_supported(void);
+int ckv_gemm_avx512_supported(void);
+
+/* The kernel set ckv_cpu_gemm uses on this CPU (chosen once, thread-safe). */
+const ckv_gemm_arch *ckv_gemm_best_arch(void);
+
+/* out [n, m] = x [n, k] @ w [m, k]^T (+ bias [m]) with `arch`'s kernels (NULL: the best one), over the
+ * pool's threads (pool may be NULL: the caller's thread alone). Results do not depend on the number
+ * of threads. n, k, m >= 0; k == 0 gives out = bias (or 0). */
+void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
+                  const float *bias, int n, int k, int m);
+
+#endif

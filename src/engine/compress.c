@@ -1,0 +1,96 @@
+/* compress.c - per-layer compression during layer-major prefill (see compress.h). */
+#include "engine/compress.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/timer.h"
+
+/* Writes one JSON line per KV head of the model: rank 0 gathers every rank's kept positions. */
+static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, const ckv_selection *sel) {
+    ckv_model *m = s->model;
+    ckv_comm *tp = m->tp;
+    int L = sel->L, nkv = sel->n_kv_local, size = tp ? tp->size : 1;
+    size_t per = (size_t)nkv * (size_t)(L + 1); /* per head: count, then positions */
+    int32_t *mine = NULL, *all = NULL;
+    ckv_status st = ckv_alloc((void **)&mine, per * sizeof(int32_t), "kept dump");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&all, per * (size_t)size * sizeof(int32_t), "kept dump gather");
+    if (st == CKV_STATUS_OK) {
+        for (int h = 0; h < nkv; h++) {
+            int32_t *row = mine + (size_t)h * (L + 1);
+            row[0] = sel->n_keep[h];
+            for (int i = 0; i < sel->n_keep[h]; i++) row[1 + i] = s->pos[sel->rows[(size_t)h * L + i]];
+        }
+        if (size > 1)
+            st = tp->ops->allgather(tp, mine, all, per * sizeof(int32_t));
+        else
+            memcpy(all, mine, per * sizeof(int32_t));
+    }
+    if (st == CKV_STATUS_OK && cz->dump_kept) {
+        int Hkv = m->cfg.n_kv_heads, last = -1;
+        for (int r = 0; r < size; r++) {
+            int tpn = size, head0 = tpn <= Hkv ? r * (Hkv / tpn) : r / (tpn / Hkv);
+            for (int h = 0; h < nkv; h++) {
+                int g = head0 + h;
+                if (g <= last) continue; /* replicas hold the same head */
+                last = g;
+                const int32_t *row = all + (size_t)r * per + (size_t)h * (L + 1);
+                fprintf(cz->dump_kept, "{\"layer\": %d, \"kv_head\": %d, \"n_kept\": %d, \"positions\": [", layer, g,
+                        row[0]);
+                for (int i = 0; i < row[0]; i++) fprintf(cz->dump_kept, i ? ", %d" : "%d", row[1 + i]);
+                fprintf(cz->dump_kept, "]}\n");
+            }
+        }
+        if (ferror(cz->dump_kept)) st = ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: write error");
+    }
+    ckv_free(mine);
+    ckv_free(all);
+    return st;
+}
+
+ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
+    ckv_compressor *cz = ctx;
+    ckv_model *m = s->model;
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    if (cz->cfg->scorer == CKV_SCORER_NONE) return CKV_STATUS_OK;
+    if (s->n_past != 0)
+        return ckv_error(CKV_STATUS_ERR_ARG, "compression applies to the first prefill of a session (the context)");
+    int L = n_prompt;
+    ckv_kv_layer *kl = &s->kv.layers[layer];
+    for (int h = 0; h < p->n_kv_local; h++)
+        if (kl->len[h] != L) return ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", layer, h, kl->len[h], L);
+    ckv_score_inputs in = {
+        .layer = layer, .n_layers = c->n_layers, .L = L, .D = c->hidden_size, .head_dim = c->head_dim,
+        .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .n_q_local = p->n_q_local, .n_kv_local = p->n_kv_local,
+        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .cache = ckv_kv_layer_view(&s->kv, layer),
+        .pos = s->pos, .wq = m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = m->layers[layer].wo,
+        .inv_freq = m->inv_freq, .rope_scale = m->rope_scale, .be = m->be, .replica = m->replica, .tp = m->tp,
+    };
+    ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
+    ckv_selection sel;
+    CKV_TRY(ckv_selection_init(&sel, p->n_kv_local, L));
+    ckv_status st = ckv_evict_layer(cz->cfg, &in, cz->headkv_budgets ? &hb : NULL, &sel);
+    if (st == CKV_STATUS_OK) {
+        cz->score_seconds += sel.score_seconds;
+        cz->select_seconds += sel.select_seconds;
+        double t0 = ckv_time_now();
+        const int32_t *keep[1024];
+        if (p->n_kv_local > 1024) st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "more than 1024 local KV heads");
+        for (int h = 0; h < p->n_kv_local && st == CKV_STATUS_OK; h++) keep[h] = sel.rows + (size_t)h * L;
+        size_t row_bytes = (size_t)c->head_dim * 2 * sizeof(float);
+        for (int h = 0; h < p->n_kv_local; h++) {
+            cz->kv_bytes_full += (size_t)L * row_bytes;
+            cz->kv_bytes_kept += (size_t)sel.n_keep[h] * row_bytes;
+            cz->kept_entries += sel.n_keep[h];
+            cz->total_entries += L;
+        }
+        if (st == CKV_STATUS_OK) st = ckv_kv_layer_compact(&s->kv, layer, keep, sel.n_keep, s->capacity - L);
+        cz->compact_seconds += ckv_time_now() - t0;
+    }
+    if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, &sel);
+    if (st == CKV_STATUS_OK && cz->dump) st = dump_layer(cz, s, layer, &sel);
+    ckv_selection_free(&sel);
+    return st;
+}

@@ -1,0 +1,34 @@
+/* compress.h - the bridge between a session's layer-major prefill and the presses: after a layer
+ * has seen the whole context, build the scorer inputs from the model and the cache, select what
+ * each local KV head keeps (evict/), compact the layer's pool to exactly that plus room for the
+ * question and answer tokens, and optionally log the kept positions (rank 0 writes JSON lines
+ * {layer, kv_head, positions} for every head of the model). Also keeps the statistics: bytes
+ * before/after, time scoring, selecting and compacting. */
+#ifndef CKV_ENGINE_COMPRESS_H
+#define CKV_ENGINE_COMPRESS_H
+
+#include <stdio.h>
+
+#include "engine/session.h"
+#include "evict/press.h"
+#include "evict/select.h"
+
+typedef struct {
+    const ckv_press_config *cfg;
+    const int32_t *headkv_budgets; /* [n_layers, n_kv_heads] from a profile, or NULL */
+    int dump;                      /* log kept positions (set on EVERY rank: the log gathers over ranks) */
+    FILE *dump_kept;               /* where rank 0 writes the JSON lines (NULL on other ranks) */
+    /* optional observer of every layer's selection (tests, analysis) */
+    void (*observe)(void *ctx, int layer, const ckv_selection *sel);
+    void *observe_ctx;
+    /* statistics (summed over layers) */
+    double score_seconds, select_seconds, compact_seconds;
+    size_t kv_bytes_full;          /* what the layers would hold uncompressed (context rows) */
+    size_t kv_bytes_kept;          /* what they hold after compression (kept rows) */
+    long kept_entries, total_entries;
+} ckv_compressor;
+
+/* The layer hook to pass to ckv_session_prefill_hook (ctx = a ckv_compressor). */
+ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt);
+
+#endif

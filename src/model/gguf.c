@@ -1,0 +1,1171 @@
+/* gguf.c - memory-mapped GGUF reader (versions 2 and 3) and the weight source over it.
+ *
+ * A GGUF file is: "GGUF", a uint32 version, uint64 tensor and metadata counts, the metadata
+ * (key string, uint32 value type, value; strings are a uint64 length and bytes, arrays a uint32 element
+ * type, a uint64 count and the elements), the tensor table (name, uint32 n_dims, n_dims uint64 extents
+ * ne[] with ne[0] the fastest-varying, uint32 ggml type, uint64 offset), padding to the alignment
+ * (general.alignment, default 32), then the data section the offsets are relative to. Everything is
+ * checked against the file size before any tensor is handed out: counts and string lengths that cannot
+ * fit, value and tensor types, dimensions, offsets that are misaligned, past the end or overlapping,
+ * duplicate keys and names. Each error is one line naming the file and the problem.
+ *
+ * Dequantisation to fp32: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K, following the published
+ * ggml block layouts (other known types are listed with their sizes, so such files parse, but are
+ * refused when read). A 2-D GGUF tensor with extents (ne0, ne1) is the row-major [ne1, ne0] matrix
+ * of Hugging Face's (out, in) layout, quantised along rows; slices dequantise only the rows asked for
+ * and only the blocks that cover the columns asked for.
+ *
+ * The llama architecture: metadata maps onto ckv_model_config, Hugging Face tensor names map onto
+ * GGUF names, and the rotary row permutation that the HF -> GGUF conversion applies to q_proj and
+ * k_proj (per head, rows (2, d/2) transposed to (d/2, 2)) is undone on read, so ckv's rotate_half
+ * RoPE applies. Other architectures, mixture-of-experts llama files and per-dimension rope frequency
+ * factors are refused by name. No tokenizer is built here (tokenizer/ reads the vocabulary); this file
+ * never writes GGUF. Assumes a little-endian host, as GGUF files are (big-endian ones are refused). */
+#define _DEFAULT_SOURCE /* madvise / MADV_DONTNEED */
+#include "model/gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/tensor.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gguf.c assumes a little-endian host"
+#endif
+
+#define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MAX_DIMS 4
+#define GGUF_MAX_KEY_LEN 65535u   /* the format's limit on key length */
+#define GGUF_MAX_NAME_LEN 65535u  /* names are short in practice (ggml allows 63 bytes) */
+#define GGUF_HEADER_MIN 24        /* magic, version, two counts */
+#define GGUF_KV_MIN_BYTES 13      /* empty key (8) + type (4) + a 1-byte value */
+#define GGUF_TENSOR_MIN_BYTES 32  /* empty name (8) + n_dims (4) + one extent (8) + type (4) + offset (8) */
+
+/* ---- ggml tensor types ------------------------------------------------------------------------- */
+
+enum {
+    GGUF_TYPE_F32 = 0,
+    GGUF_TYPE_F16 = 1,
+    GGUF_TYPE_Q4_0 = 2,
+    GGUF_TYPE_Q4_1 = 3,
+    GGUF_TYPE_Q8_0 = 8,
+    GGUF_TYPE_Q4_K = 12,
+    GGUF_TYPE_Q6_K = 14,
+    GGUF_TYPE_BF16 = 30,
+    GGUF_TYPE_COUNT = 40
+};
+
+typedef struct {
+    const char *name; /* NULL: no such type (never assigned, or retired from ggml) */
+    uint32_t block;   /* elements per block */
+    uint32_t bytes;   /* bytes per block */
+    int readable;     /* ckv dequantises it */
+} gguf_type_info;
+
+static const gguf_type_info gguf_types[GGUF_TYPE_COUNT] = {
+    [0] = {"F32", 1, 4, 1},         [1] = {"F16", 1, 2, 1},         [2] = {"Q4_0", 32, 18, 1},
+    [3] = {"Q4_1", 32, 20, 1},      [6] = {"Q5_0", 32, 22, 0},      [7] = {"Q5_1", 32, 24, 0},
+    [8] = {"Q8_0", 32, 34, 1},      [9] = {"Q8_1", 32, 36, 0},      [10] = {"Q2_K", 256, 84, 0},
+    [11] = {"Q3_K", 256, 110, 0},   [12] = {"Q4_K", 256, 144, 1},   [13] = {"Q5_K", 256, 176, 0},
+    [14] = {"Q6_K", 256, 210, 1},   [15] = {"Q8_K", 256, 292, 0},   [16] = {"IQ2_XXS", 256, 66, 0},
+    [17] = {"IQ2_XS", 256, 74, 0},  [18] = {"IQ3_XXS", 256, 98, 0}, [19] = {"IQ1_S", 256, 50, 0},
+    [20] = {"IQ4_NL", 32, 18, 0},   [21] = {"IQ3_S", 256, 110, 0},  [22] = {"IQ2_S", 256, 82, 0},
+    [23] = {"IQ4_XS", 256, 136, 0}, [24] = {"I8", 1, 1, 0},         [25] = {"I16", 1, 2, 0},
+    [26] = {"I32", 1, 4, 0},        [27] = {"I64", 1, 8, 0},        [28] = {"F64", 1, 8, 0},
+    [29] = {"IQ1_M", 256, 56, 0},   [30] = {"BF16", 1, 2, 1},       [34] = {"TQ1_0", 256, 54, 0},
+    [35] = {"TQ2_0", 256, 66, 0},   [39] = {"MXFP4", 32, 17, 0},
+};
+
+static const gguf_type_info *gguf_type_find(uint32_t t) {
+    return t < GGUF_TYPE_COUNT && gguf_types[t].name ? &gguf_types[t] : NULL;
+}
+
+/* ---- metadata value types ---------------------------------------------------------------------- */
+
+enum {
+    GGUF_V_U8 = 0,
+    GGUF_V_I8,
+    GGUF_V_U16,
+    GGUF_V_I16,
+    GGUF_V_U32,
+    GGUF_V_I32,
+    GGUF_V_F32,
+    GGUF_V_BOOL,
+    GGUF_V_STRING,
+    GGUF_V_ARRAY,
+    GGUF_V_U64,
+    GGUF_V_I64,
+    GGUF_V_F64,
+    GGUF_V_COUNT
+};
+
+static const char *const gguf_vtype_names[GGUF_V_COUNT] = {"uint8",  "int8",  "uint16", "int16", "uint32",
+                                                          "int32",  "float32", "bool", "string", "array",
+                                                          "uint64", "int64", "float64"};
+static const uint8_t gguf_vtype_sizes[GGUF_V_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+
+static const char *gguf_vtype_name(uint32_t t) { return t < GGUF_V_COUNT ? gguf_vtype_names[t] : "unknown"; }
+
+/* ---- the parsed file --------------------------------------------------------------------------- */
+
+typedef struct {
+    char *key;
+    uint32_t type;
+    uint32_t elem_type;  /* arrays */
+    uint64_t count;      /* arrays: element count */
+    const uint8_t *val;  /* scalars: the value; strings: the length field; arrays: the first element */
+} gguf_kv;
+
+typedef struct {
+    char *name;
+    int ndim;
+    int64_t ne[GGUF_MAX_DIMS]; /* ne[0] varies fastest */
+    uint32_t type;
+    uint64_t offset;           /* relative to the data section */
+    const uint8_t *data;
+    size_t nbytes;
+} gguf_tensor;
+
+typedef struct {
+    int *slots; /* entry index, -1 when empty */
+    size_t mask;
+} gguf_index;
+
+typedef struct {
+    char path[1024];
+    uint8_t *map;
+    size_t size;
+    uint32_t version;
+    size_t alignment;
+    size_t data_start;
+    gguf_kv *kvs;
+    int n_kv;
+    gguf_tensor *tensors;
+    int n_tensors;
+    gguf_index kv_index, tensor_index;
+} gguf_file;
+
+/* ---- name index (open addressing, FNV-1a) ------------------------------------------------------ */
+
+static uint64_t gguf_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The i-th string of an array of gguf_kv (stride = sizeof(gguf_kv)) or gguf_tensor. */
+typedef const char *(*gguf_name_fn)(const void *base, int i);
+static const char *gguf_kv_name(const void *base, int i) { return ((const gguf_kv *)base)[i].key; }
+static const char *gguf_tensor_name(const void *base, int i) { return ((const gguf_tensor *)base)[i].name; }
+
+/* Builds the index; on a duplicate stores the second occurrence in *dup (else -1). */
+static ckv_status gguf_index_build(gguf_index *ix, const void *base, int n, gguf_name_fn name, int *dup,
+                                   const char *path) {
+    *dup = -1;
+    size_t cap = 16;
+    while (cap < (size_t)n * 2) cap *= 2;
+    ix->slots = malloc(cap * sizeof *ix->slots);
+    if (!ix->slots) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory for a name index", path);
+    ix->mask = cap - 1;
+    for (size_t i = 0; i < cap; i++) ix->slots[i] = -1;
+    for (int i = 0; i < n; i++) {
+        const char *s = name(base, i);
+        size_t h = (size_t)gguf_hash(s) & ix->mask;
+        while (ix->slots[h] >= 0) {
+            if (strcmp(name(base, ix->slots[h]), s) == 0) {
+                *dup = i;
+                return CKV_STATUS_OK;
+            }
+            h = (h + 1) & ix->mask;
+        }
+        ix->slots[h] = i;
+    }
+    return CKV_STATUS_OK;
+}
+
+static int gguf_index_find(const gguf_index *ix, const void *base, gguf_name_fn name, const char *s) {
+    if (!ix->slots) return -1;
+    size_t h = (size_t)gguf_hash(s) & ix->mask;
+    while (ix->slots[h] >= 0) {
+        if (strcmp(name(base, ix->slots[h]), s) == 0) return ix->slots[h];
+        h = (h + 1) & ix->mask;
+    }
+    return -1;
+}
+
+/* ---- bounded reading --------------------------------------------------------------------------- */
+
+typedef struct {
+    const uint8_t *base;
+    size_t size, pos;
+    const char *path;
+} gguf_cursor;
+
+static ckv_status gguf_past_end(const gguf_cursor *c, const char *what, uint64_t need) {
+    return ckv_error(CKV_STATUS_ERR_FORMAT,
+                     "%s: %s (%" PRIu64 " bytes at offset %zu) runs past the end of the file (%zu bytes)", c->path,
+                     what, need, c->pos, c->size);
+}
+
+static ckv_status gguf_read(gguf_cursor *c, void *out, size_t n, const char *what) {
+    if (n > c->size - c->pos) return gguf_past_end(c, what, n);
+    memcpy(out, c->base + c->pos, n);
+    c->pos += n;
+    return CKV_STATUS_OK;
+}
+
+static ckv_status gguf_u32(gguf_cursor *c, uint32_t *v, const char *what) { return gguf_read(c, v, 4, what); }
+static ckv_status gguf_u64(gguf_cursor *c, uint64_t *v, const char *what) { return gguf_read(c, v, 8, what); }
+
+/* A length-prefixed string: *s points into the map (not terminated). */
+static ckv_status gguf_string(gguf_cursor *c, const uint8_t **s, uint64_t *len, const char *what) {
+    CKV_TRY(gguf_u64(c, len, what));
+    if (*len > c->size - c->pos) {
+        char w[224];
+        snprintf(w, sizeof w, "%s: string length %" PRIu64, what, *len);
+        return gguf_past_end(c, w, *len);
+    }
+    *s = c->base + c->pos;
+    c->pos += (size_t)*len;
+    return CKV_STATUS_OK;
+}
+
+/* A key or tensor name: non-empty, at most `max` bytes, no NUL; copied to a terminated string. */
+static ckv_status gguf_name(gguf_cursor *c, char **out, uint64_t max, const char *what) {
+    const uint8_t *s = NULL;
+    uint64_t len = 0;
+    CKV_TRY(gguf_string(c, &s, &len, what));
+    if (len == 0) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s is empty", c->path, what);
+    if (len > max)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s is %" PRIu64 " bytes long (at most %" PRIu64 ")", c->path,
+                         what, len, max);
+    if (memchr(s, 0, (size_t)len))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s contains a NUL byte", c->path, what);
+    *out = malloc((size_t)len + 1);
+    if (!*out) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory for %s", c->path, what);
+    memcpy(*out, s, (size_t)len);
+    (*out)[len] = 0;
+    return CKV_STATUS_OK;
+}
+
+/* Skips one value of type `t` (not an array), checking it fits. */
+static ckv_status gguf_skip_value(gguf_cursor *c, uint32_t t, const char *key) {
+    char what[320];
+    if (t == GGUF_V_STRING) {
+        const uint8_t *s = NULL;
+        uint64_t len = 0;
+        snprintf(what, sizeof what, "metadata key '%.200s'", key);
+        return gguf_string(c, &s, &len, what);
+    }
+    size_t n = gguf_vtype_sizes[t];
+    if (n > c->size - c->pos) {
+        snprintf(what, sizeof what, "metadata key '%.200s': %s value", key, gguf_vtype_names[t]);
+        return gguf_past_end(c, what, n);
+    }
+    if (t == GGUF_V_BOOL && c->base[c->pos] > 1)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%.200s': bool value %u is neither 0 nor 1", c->path,
+                         key, c->base[c->pos]);
+    c->pos += n;
+    return CKV_STATUS_OK;
+}
+
+static ckv_status gguf_parse_kv(gguf_cursor *c, gguf_kv *kv, uint64_t i) {
+    char what[96];
+    snprintf(what, sizeof what, "metadata key %" PRIu64 " of the header", i);
+    CKV_TRY(gguf_name(c, &kv->key, GGUF_MAX_KEY_LEN, what));
+    snprintf(what, sizeof what, "metadata key '%.60s': value type", kv->key);
+    CKV_TRY(gguf_u32(c, &kv->type, what));
+    if (kv->type >= GGUF_V_COUNT)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%.200s': unknown value type %u", c->path, kv->key,
+                         kv->type);
+    if (kv->type != GGUF_V_ARRAY) {
+        kv->val = c->base + c->pos;
+        return gguf_skip_value(c, kv->type, kv->key);
+    }
+    snprintf(what, sizeof what, "metadata key '%.60s': array header", kv->key);
+    CKV_TRY(gguf_u32(c, &kv->elem_type, what));
+    CKV_TRY(gguf_u64(c, &kv->count, what));
+    if (kv->elem_type >= GGUF_V_COUNT)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%.200s': unknown array element type %u", c->path,
+                         kv->key, kv->elem_type);
+    if (kv->elem_type == GGUF_V_ARRAY)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: metadata key '%.200s': arrays of arrays are not supported",
+                         c->path, kv->key);
+    /* every element takes at least its fixed size (a string at least its 8-byte length) */
+    uint64_t min_elem = kv->elem_type == GGUF_V_STRING ? 8 : gguf_vtype_sizes[kv->elem_type];
+    if (kv->count > (c->size - c->pos) / min_elem)
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: metadata key '%.200s': array of %" PRIu64 " %s values runs past the end of the file "
+                         "(%zu bytes)",
+                         c->path, kv->key, kv->count, gguf_vtype_names[kv->elem_type], c->size);
+    kv->val = c->base + c->pos;
+    if (kv->elem_type == GGUF_V_STRING || kv->elem_type == GGUF_V_BOOL) {
+        for (uint64_t k = 0; k < kv->count; k++) CKV_TRY(gguf_skip_value(c, kv->elem_type, kv->key));
+    } else {
+        c->pos += (size_t)(kv->count * min_elem);
+    }
+    return CKV_STATUS_OK;
+}
+
+static ckv_status gguf_parse_tensor(gguf_cursor *c, gguf_tensor *t, uint64_t i) {
+    char what[96];
+    snprintf(what, sizeof what, "tensor %" PRIu64 "'s name", i);
+    CKV_TRY(gguf_name(c, &t->name, GGUF_MAX_NAME_LEN, what));
+    snprintf(what, sizeof what, "tensor '%.60s': header", t->name);
+    uint32_t nd = 0;
+    CKV_TRY(gguf_u32(c, &nd, what));
+    if (nd < 1 || nd > GGUF_MAX_DIMS)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s': %u dimensions (GGUF allows 1 to %d)", c->path,
+                         t->name, nd, GGUF_MAX_DIMS);
+    t->ndim = (int)nd;
+    uint64_t nelem = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        uint64_t ne = 0;
+        CKV_TRY(gguf_u64(c, &ne, what));
+        if (ne == 0 || ne > (uint64_t)INT64_MAX / nelem)
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s': extent %" PRIu64 " of dimension %d is %s",
+                             c->path, t->name, ne, d, ne == 0 ? "zero" : "too large");
+        t->ne[d] = (int64_t)ne;
+        nelem *= ne;
+    }
+    CKV_TRY(gguf_u32(c, &t->type, what));
+    CKV_TRY(gguf_u64(c, &t->offset, what));
+    const gguf_type_info *ti = gguf_type_find(t->type);
+    if (!ti) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s': unknown type %u", c->path, t->name, t->type);
+    if ((uint64_t)t->ne[0] % ti->block != 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: tensor '%.200s': first extent %" PRId64 " is not a multiple of the %s block size %u",
+                         c->path, t->name, t->ne[0], ti->name, ti->block);
+    uint64_t blocks = nelem / ti->block;
+    if (blocks > (uint64_t)SIZE_MAX / ti->bytes || blocks * ti->bytes > c->size)
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: tensor '%.200s': %" PRIu64 " %s elements are larger than the file (%zu bytes)", c->path,
+                         t->name, nelem, ti->name, c->size);
+    t->nbytes = (size_t)(blocks * ti->bytes);
+    return CKV_STATUS_OK;
+}
+
+typedef struct {
+    uint64_t begin, end;
+    int idx;
+} gguf_span;
+
+static int gguf_span_cmp(const void *a, const void *b) {
+    const gguf_span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->idx - y->idx;
+}
+
+static const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key) {
+    int i = gguf_index_find(&f->kv_index, f->kvs, gguf_kv_name, key);
+    return i < 0 ? NULL : &f->kvs[i];
+}
+
+static const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name) {
+    int i = gguf_index_find(&f->tensor_index, f->tensors, gguf_tensor_name, name);
+    return i < 0 ? NULL : &f->tensors[i];
+}
+
+/* An integer-typed value (any integer type, or bool) as int64; 0 when not one. */
+static int gguf_scalar_int(uint32_t type, const uint8_t *p, int64_t *out) {
+    switch (type) {
+    case GGUF_V_U8: *out = *p; return 1;
+    case GGUF_V_I8: *out = (int8_t)*p; return 1;
+    case GGUF_V_BOOL: *out = *p; return 1;
+    case GGUF_V_U16: { uint16_t v; memcpy(&v, p, 2); *out = v; return 1; }
+    case GGUF_V_I16: { int16_t v; memcpy(&v, p, 2); *out = v; return 1; }
+    case GGUF_V_U32: { uint32_t v; memcpy(&v, p, 4); *out = v; return 1; }
+    case GGUF_V_I32: { int32_t v; memcpy(&v, p, 4); *out = v; return 1; }
+    case GGUF_V_U64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        if (v > (uint64_t)INT64_MAX) return 0;
+        *out = (int64_t)v;
+        return 1;
+    }
+    case GGUF_V_I64: { int64_t v; memcpy(&v, p, 8); *out = v; return 1; }
+    default: return 0;
+    }
+}
+
+static ckv_status gguf_parse(gguf_file *f) {
+    gguf_cursor c = {f->map, f->size, 0, f->path};
+    if (f->size < GGUF_HEADER_MIN)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the file is too short (%zu bytes) to be a GGUF file", f->path,
+                         f->size);
+    if (memcmp(f->map, "GGUF", 4) != 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: bad magic (the file does not start with 'GGUF')", f->path);
+    c.pos = 4;
+    CKV_TRY(gguf_u32(&c, &f->version, "the version"));
+    if (f->version != 2 && f->version != 3) {
+        uint32_t v = f->version;
+        uint32_t swapped = (v >> 24) | ((v >> 8) & 0xff00u) | ((v << 8) & 0xff0000u) | (v << 24);
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: GGUF version %u is not supported (ckv reads versions 2 and 3%s)",
+                         f->path, v, swapped >= 1 && swapped <= 3 ? "; this looks like a big-endian file" : "");
+    }
+    uint64_t n_tensors = 0, n_kv = 0;
+    CKV_TRY(gguf_u64(&c, &n_tensors, "the tensor count"));
+    CKV_TRY(gguf_u64(&c, &n_kv, "the metadata count"));
+    size_t left = f->size - c.pos;
+    if (n_kv > left / GGUF_KV_MIN_BYTES || n_kv > INT32_MAX)
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: metadata count %" PRIu64 " runs past the end of the file (%zu bytes)", f->path, n_kv,
+                         f->size);
+    if (n_tensors > (left - n_kv * GGUF_KV_MIN_BYTES) / GGUF_TENSOR_MIN_BYTES || n_tensors > INT32_MAX)
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: tensor count %" PRIu64 " runs past the end of the file (%zu bytes)", f->path, n_tensors,
+                         f->size);
+
+    f->kvs = calloc(n_kv ? (size_t)n_kv : 1, sizeof *f->kvs);
+    f->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *f->tensors);
+    if (!f->kvs || !f->tensors) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory for the header", f->path);
+    for (uint64_t i = 0; i < n_kv; i++) {
+        f->n_kv = (int)i + 1; /* so close() frees the key even when parsing it fails half-way */
+        CKV_TRY(gguf_parse_kv(&c, &f->kvs[i], i));
+    }
+    int dup;
+    CKV_TRY(gguf_index_build(&f->kv_index, f->kvs, f->n_kv, gguf_kv_name, &dup, f->path));
+    if (dup >= 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: duplicate metadata key '%.200s'", f->path, f->kvs[dup].key);
+
+    f->alignment = GGUF_DEFAULT_ALIGNMENT;
+    const gguf_kv *al = gguf_find_kv(f, "general.alignment");
+    if (al) {
+        int64_t a = 0;
+        if (al->type == GGUF_V_ARRAY || al->type == GGUF_V_BOOL || !gguf_scalar_int(al->type, al->val, &a))
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'general.alignment' must be an integer (it is %s)",
+                             f->path, gguf_vtype_name(al->type));
+        if (a <= 0 || a > (1 << 30) || (a & (a - 1)) != 0)
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: general.alignment %" PRId64 " is not a power of two", f->path,
+                             a);
+        f->alignment = (size_t)a;
+    }
+
+    for (uint64_t i = 0; i < n_tensors; i++) {
+        f->n_tensors = (int)i + 1;
+        CKV_TRY(gguf_parse_tensor(&c, &f->tensors[i], i));
+    }
+    CKV_TRY(gguf_index_build(&f->tensor_index, f->tensors, f->n_tensors, gguf_tensor_name, &dup, f->path));
+    if (dup >= 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: duplicate tensor name '%.200s'", f->path, f->tensors[dup].name);
+
+    /* the data section starts at the next multiple of the alignment */
+    size_t header_end = c.pos;
+    f->data_start = (header_end + f->alignment - 1) / f->alignment * f->alignment;
+    if (n_tensors == 0) return CKV_STATUS_OK;
+    if (f->data_start > f->size)
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: the data section (offset %zu after alignment to %zu) starts past the end of the file "
+                         "(%zu bytes)",
+                         f->path, f->data_start, f->alignment, f->size);
+    size_t data_size = f->size - f->data_start;
+    gguf_span *spans = malloc((size_t)n_tensors * sizeof *spans);
+    if (!spans) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory checking tensor offsets", f->path);
+    ckv_status s = CKV_STATUS_OK;
+    for (int i = 0; i < f->n_tensors && s == CKV_STATUS_OK; i++) {
+        gguf_tensor *t = &f->tensors[i];
+        if (t->offset % f->alignment != 0)
+            s = ckv_error(CKV_STATUS_ERR_FORMAT,
+                          "%s: tensor '%.200s': offset %" PRIu64 " is not a multiple of the alignment %zu", f->path,
+                          t->name, t->offset, f->alignment);
+        else if (t->offset > data_size || t->nbytes > data_size - t->offset)
+            s = ckv_error(CKV_STATUS_ERR_FORMAT,
+                          "%s: tensor '%.200s': data [%" PRIu64 ", +%zu) runs past the end of the file (data section "
+                          "of %zu bytes)",
+                          f->path, t->name, t->offset, t->nbytes, data_size);
+        t->data = f->map + f->data_start + t->offset;
+        spans[i] = (gguf_span){t->offset, t->offset + t->nbytes, i};
+    }
+    if (s == CKV_STATUS_OK) {
+        qsort(spans, (size_t)f->n_tensors, sizeof *spans, gguf_span_cmp);
+        for (int i = 1; i < f->n_tensors && s == CKV_STATUS_OK; i++)
+            if (spans[i].begin < spans[i - 1].end)
+                s = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensors '%.200s' and '%.200s' overlap", f->path,
+                              f->tensors[spans[i - 1].idx].name, f->tensors[spans[i].idx].name);
+    }
+    free(spans);
+    return s;
+}
+
+static void gguf_file_close(gguf_file *f) {
+    if (!f) return;
+    if (f->kvs)
+        for (int i = 0; i < f->n_kv; i++) free(f->kvs[i].key);
+    if (f->tensors)
+        for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
+    free(f->kvs);
+    free(f->tensors);
+    free(f->kv_index.slots);
+    free(f->tensor_index.slots);
+    if (f->map) munmap(f->map, f->size);
+    free(f);
+}
+
+static ckv_status gguf_file_open(gguf_file **out, const char *path) {
+    *out = NULL;
+    gguf_file *f = calloc(1, sizeof *f);
+    if (!f) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory", path);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        free(f);
+        return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        free(f);
+        return ckv_error(CKV_STATUS_ERR_IO, "%s: not a regular file", path);
+    }
+    f->size = (size_t)sb.st_size;
+    if (f->size < GGUF_HEADER_MIN) {
+        close(fd);
+        free(f);
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the file is too short (%jd bytes) to be a GGUF file", path,
+                         (intmax_t)sb.st_size);
+    }
+    void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (map == MAP_FAILED) {
+        free(f);
+        return ckv_error(CKV_STATUS_ERR_IO, "%s: mmap of %zu bytes failed: %s", path, (size_t)sb.st_size,
+                         strerror(e));
+    }
+    f->map = map;
+    ckv_status s = gguf_parse(f);
+    if (s != CKV_STATUS_OK) {
+        gguf_file_close(f);
+        return s;
+    }
+    *out = f;
+    return CKV_STATUS_OK;
+}
+
+/* ---- dequantisation ---------------------------------------------------------------------------- */
+
+static float gguf_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return ckv_f16_to_f32(h);
+}
+
+/* Q8_0: fp16 scale d, 32 int8 codes; x = d * q. */
+static void gguf_deq_q8_0(const uint8_t *b, float *y) {
+    float d = gguf_half(b);
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int i = 0; i < 32; i++) y[i] = d * (float)q[i];
+}
+
+/* Q4_0: fp16 scale d, 16 bytes of nibbles; element i is the low nibble of byte i, element i + 16 its
+ * high nibble; x = d * (nibble - 8). */
+static void gguf_deq_q4_0(const uint8_t *b, float *y) {
+    float d = gguf_half(b);
+    const uint8_t *q = b + 2;
+    for (int i = 0; i < 16; i++) {
+        y[i] = d * (float)((int)(q[i] & 15) - 8);
+        y[i + 16] = d * (float)((int)(q[i] >> 4) - 8);
+    }
+}
+
+/* Q4_1: fp16 scale d and minimum m, nibbles as in Q4_0; x = d * nibble + m. */
+static void gguf_deq_q4_1(const uint8_t *b, float *y) {
+    float d = gguf_half(b), m = gguf_half(b + 2);
+    const uint8_t *q = b + 4;
+    for (int i = 0; i < 16; i++) {
+        y[i] = d * (float)(q[i] & 15) + m;
+        y[i + 16] = d * (float)(q[i] >> 4) + m;
+    }
+}
+
+/* The 6-bit scale and minimum of sub-block j (0..7) packed in Q4_K's 12 bytes: sub-blocks 0-3 keep
+ * theirs in the low 6 bits of bytes j (scale) and j + 4 (minimum); sub-blocks 4-7 have their low 4
+ * bits in byte j + 4 (scale: low nibble, minimum: high nibble) and their top 2 bits in the spare top
+ * bits of bytes j - 4 (scale) and j (minimum). */
+static void gguf_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K: 256 elements in 8 sub-blocks of 32; fp16 d and dmin, 12 bytes of 6-bit scales and minimums,
+ * 128 bytes of nibbles. Each 32-byte group of nibbles holds two sub-blocks: its low nibbles the first
+ * (2g), its high nibbles the second (2g + 1); x = d * sc * q - dmin * mn. */
+static void gguf_deq_q4_k(const uint8_t *b, float *y) {
+    float d = gguf_half(b), dmin = gguf_half(b + 2);
+    const uint8_t *scales = b + 4, *q = b + 16;
+    for (int g = 0; g < 4; g++) {
+        int sc0, mn0, sc1, mn1;
+        gguf_k4_scale_min(scales, 2 * g, &sc0, &mn0);
+        gguf_k4_scale_min(scales, 2 * g + 1, &sc1, &mn1);
+        float d0 = d * (float)sc0, m0 = dmin * (float)mn0, d1 = d * (float)sc1, m1 = dmin * (float)mn1;
+        for (int l = 0; l < 32; l++) {
+            y[64 * g + l] = d0 * (float)(q[32 * g + l] & 15) - m0;
+            y[64 * g + 32 + l] = d1 * (float)(q[32 * g + l] >> 4) - m1;
+        }
+    }
+}
+
+/* Q6_K: 256 elements in 16 sub-blocks of 16; 128 bytes of low nibbles (ql), 64 bytes of 2-bit high
+ * parts (qh), 16 int8 sub-block scales, fp16 d. Each half of 128 elements uses 64 bytes of ql and 32
+ * of qh: for l in 0..31, element l takes the low nibble of ql[l] and bits 0-1 of qh[l], element l + 32
+ * the low nibble of ql[l + 32] and bits 2-3, element l + 64 the high nibble of ql[l] and bits 4-5,
+ * element l + 96 the high nibble of ql[l + 32] and bits 6-7; x = d * scale[element / 16] * (q - 32). */
+static void gguf_deq_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = gguf_half(b + 208);
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *L = ql + 64 * half, *H = qh + 32 * half;
+        float *o = y + 128 * half;
+        const int8_t *s = sc + 8 * half;
+        for (int l = 0; l < 32; l++) {
+            int q0 = (int)((L[l] & 15) | ((H[l] & 3) << 4)) - 32;
+            int q1 = (int)((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4)) - 32;
+            int q2 = (int)((L[l] >> 4) | (((H[l] >> 4) & 3) << 4)) - 32;
+            int q3 = (int)((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)) - 32;
+            o[l] = d * (float)s[l / 16] * (float)q0;
+            o[l + 32] = d * (float)s[2 + l / 16] * (float)q1;
+            o[l + 64] = d * (float)s[4 + l / 16] * (float)q2;
+            o[l + 96] = d * (float)s[6 + l / 16] * (float)q3;
+        }
+    }
+}
+
+/* Dequantises `nblocks` consecutive blocks of type `type` at src into dst. */
+static void gguf_dequant(uint32_t type, const uint8_t *src, size_t nblocks, float *dst) {
+    const gguf_type_info *ti = &gguf_types[type];
+    switch (type) {
+    case GGUF_TYPE_F32: memcpy(dst, src, nblocks * 4); return;
+    case GGUF_TYPE_F16: ckv_convert_to_f32(dst, src, CKV_DTYPE_F16, nblocks); return;
+    case GGUF_TYPE_BF16: ckv_convert_to_f32(dst, src, CKV_DTYPE_BF16, nblocks); return;
+    default: break;
+    }
+    void (*fn)(const uint8_t *, float *) = NULL;
+    switch (type) {
+    case GGUF_TYPE_Q8_0: fn = gguf_deq_q8_0; break;
+    case GGUF_TYPE_Q4_0: fn = gguf_deq_q4_0; break;
+    case GGUF_TYPE_Q4_1: fn = gguf_deq_q4_1; break;
+    case GGUF_TYPE_Q4_K: fn = gguf_deq_q4_k; break;
+    case GGUF_TYPE_Q6_K: fn = gguf_deq_q6_k; break;
+    default: return; /* callers check readability first */
+    }
+    for (size_t i = 0; i < nblocks; i++) fn(src + i * ti->bytes, dst + i * ti->block);
+}
+
+/* ---- the llama weight source ------------------------------------------------------------------- */
+
+typedef enum { GGUF_PERM_NONE = 0, GGUF_PERM_Q, GGUF_PERM_K } gguf_perm;
+
+typedef struct {
+    gguf_file *f;
+    int n_head, n_head_kv;
+} gguf_source;
+
+/* Maps a Hugging Face llama tensor name to its GGUF name; 0 when there is none. */
+static int gguf_map_name(const char *hf, char *out, size_t cap, gguf_perm *perm) {
+    static const struct {
+        const char *hf, *gguf;
+        gguf_perm perm;
+    } layer_names[] = {
+        {"input_layernorm.weight", "attn_norm.weight", GGUF_PERM_NONE},
+        {"self_attn.q_proj.weight", "attn_q.weight", GGUF_PERM_Q},
+        {"self_attn.k_proj.weight", "attn_k.weight", GGUF_PERM_K},
+        {"self_attn.v_proj.weight", "attn_v.weight", GGUF_PERM_NONE},
+        {"self_attn.o_proj.weight", "attn_output.weight", GGUF_PERM_NONE},
+        {"self_attn.q_proj.bias", "attn_q.bias", GGUF_PERM_Q},
+        {"self_attn.k_proj.bias", "attn_k.bias", GGUF_PERM_K},
+        {"self_attn.v_proj.bias", "attn_v.bias", GGUF_PERM_NONE},
+        {"self_attn.o_proj.bias", "attn_output.bias", GGUF_PERM_NONE},
+        {"post_attention_layernorm.weight", "ffn_norm.weight", GGUF_PERM_NONE},
+        {"mlp.gate_proj.weight", "ffn_gate.weight", GGUF_PERM_NONE},
+        {"mlp.up_proj.weight", "ffn_up.weight", GGUF_PERM_NONE},
+        {"mlp.down_proj.weight", "ffn_down.weight", GGUF_PERM_NONE},
+    };
+    *perm = GGUF_PERM_NONE;
+    if (!strcmp(hf, "model.embed_tokens.weight")) return snprintf(out, cap, "token_embd.weight") > 0;
+    if (!strcmp(hf, "model.norm.weight")) return snprintf(out, cap, "output_norm.weight") > 0;
+    if (!strcmp(hf, "lm_head.weight")) return snprintf(out, cap, "output.weight") > 0;
+    const char *prefix = "model.layers.";
+    size_t pl = strlen(prefix);
+    if (strncmp(hf, prefix, pl) != 0) return 0;
+    const char *p = hf + pl;
+    char *end;
+    errno = 0;
+    unsigned long layer = strtoul(p, &end, 10);
+    if (end == p || *end != '.' || errno || layer > 1000000 || *p == '+' || *p == '-' || *p == ' ') return 0;
+    for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
+        if (!strcmp(end + 1, layer_names[i].hf)) {
+            *perm = layer_names[i].perm;
+            int n = snprintf(out, cap, "blk.%lu.%s", layer, layer_names[i].gguf);
+            return n > 0 && (size_t)n < cap;
+        }
+    }
+    return 0;
+}
+
+static void gguf_format_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%" PRId64, d ? ", " : "", shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Tells the OS the mapped pages of a tensor just converted are not needed any more. */
+static void gguf_drop_pages(const gguf_tensor *t) {
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || t->nbytes == 0) return;
+    uintptr_t a = (uintptr_t)t->data & ~((uintptr_t)page - 1);
+    uintptr_t b = (uintptr_t)t->data + t->nbytes;
+    madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+/* The GGUF row that holds Hugging Face row r of a q/k projection split into n heads of d rows: GGUF
+ * stores each head's rows (a, j), a in {0, 1}, j < d/2, in the order (j, a). */
+static int64_t gguf_unpermute_row(int64_t r, int64_t d) {
+    int64_t h = r / d, within = r % d, half = d / 2;
+    int64_t a = within / half, j = within % half;
+    return h * d + 2 * j + a;
+}
+
+static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int64_t *shape, int64_t row0,
+                                int64_t row1, int64_t col0, int64_t col1, float *dst) {
+    gguf_source *src = ctx;
+    if (!src || !name || !dst)
+        return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument reading '%.200s'", name ? name : "(null)");
+    const gguf_file *f = src->f;
+    char gname[160];
+    gguf_perm perm;
+    if (!gguf_map_name(name, gname, sizeof gname, &perm))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s' has no GGUF counterpart", f->path, name);
+    const gguf_tensor *t = gguf_find_tensor(f, gname);
+    if (!t)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s' (GGUF '%s') is not in the file", f->path, name,
+                         gname);
+    const gguf_type_info *ti = &gguf_types[t->type];
+    if (!ti->readable)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: tensor '%s' has type %s, which ckv cannot dequantise (it reads F32, F16, BF16, Q8_0, "
+                         "Q4_0, Q4_1, Q4_K and Q6_K)",
+                         f->path, gname, ti->name);
+    /* the Hugging Face shape is the GGUF extents reversed */
+    int64_t hf[GGUF_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) hf[d] = t->ne[t->ndim - 1 - d];
+    if (shape) {
+        int same = ndim == t->ndim;
+        for (int d = 0; same && d < ndim; d++) same = shape[d] == hf[d];
+        if (!same) {
+            char want[128], have[128];
+            if (ndim < 0 || ndim > CKV_TENSOR_MAX_DIMS)
+                snprintf(want, sizeof want, "(%d dimensions)", ndim);
+            else
+                gguf_format_shape(want, sizeof want, ndim, shape);
+            gguf_format_shape(have, sizeof have, t->ndim, hf);
+            return ckv_error(CKV_STATUS_ERR_SHAPE, "%s: tensor '%s' ('%.200s'): shape %s in the file, expected %s",
+                             f->path, gname, name, have, want);
+        }
+    }
+    /* as rows x cols: cols = ne[0] (the input dimension), rows = the rest */
+    int64_t C = t->ne[0], R = 1;
+    for (int d = 1; d < t->ndim; d++) R *= t->ne[d];
+    int64_t r0 = row0, r1 = row1, c0 = col0, c1 = col1;
+    if (row1 < 0 && col1 < 0) {
+        if (row0 != 0 || col0 != 0)
+            return ckv_error(CKV_STATUS_ERR_ARG, "%s: tensor '%s': row0/col0 must be 0 when reading it whole", f->path,
+                             gname);
+        r0 = 0, r1 = R, c0 = 0, c1 = C;
+    } else {
+        if (t->ndim != 2)
+            return ckv_error(CKV_STATUS_ERR_ARG,
+                             "%s: tensor '%s': a row/column slice needs a 2-D tensor (it has %d dimensions)", f->path,
+                             gname, t->ndim);
+        r1 = row1 < 0 ? (row0 == 0 ? R : -1) : row1;
+        c1 = col1 < 0 ? (col0 == 0 ? C : -1) : col1;
+        if (r0 < 0 || r1 < r0 || r1 > R || c0 < 0 || c1 < c0 || c1 > C)
+            return ckv_error(CKV_STATUS_ERR_RANGE,
+                             "%s: tensor '%s': slice rows [%" PRId64 ", %" PRId64 ") cols [%" PRId64 ", %" PRId64
+                             ") outside its shape [%" PRId64 ", %" PRId64 "]",
+                             f->path, gname, row0, row1, col0, col1, R, C);
+    }
+    /* the head count whose rotary layout the conversion permuted: rows for a weight, elements of a bias */
+    int64_t perm_heads = perm == GGUF_PERM_Q ? src->n_head : perm == GGUF_PERM_K ? src->n_head_kv : 0;
+    int64_t perm_len = t->ndim == 1 ? C : R, head_rows = 0;
+    if (perm_heads > 0) {
+        if (t->ndim > 2 || perm_len % perm_heads != 0 || (perm_len / perm_heads) % 2 != 0)
+            return ckv_error(CKV_STATUS_ERR_SHAPE,
+                             "%s: tensor '%s': %" PRId64 " rows do not split into %" PRId64 " heads of an even size",
+                             f->path, gname, perm_len, perm_heads);
+        head_rows = perm_len / perm_heads;
+    }
+
+    size_t B = ti->block, row_bytes = (size_t)(C / (int64_t)B) * ti->bytes;
+    int64_t w = c1 - c0;
+    int64_t b0 = c0 / (int64_t)B, b1 = (c1 + (int64_t)B - 1) / (int64_t)B; /* blocks covering [c0, c1) */
+    int direct = c0 == b0 * (int64_t)B && (c1 == b1 * (int64_t)B);          /* no partial block at either end */
+    float *scratch = NULL;
+    if (!direct || (perm_heads > 0 && t->ndim == 1)) {
+        size_t n = (size_t)(b1 - b0) * B;
+        if (t->ndim == 1) n = (size_t)C;
+        scratch = malloc((n ? n : 1) * sizeof *scratch);
+        if (!scratch) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory reading tensor '%s'", f->path, gname);
+    }
+    if (perm_heads > 0 && t->ndim == 1) {
+        /* a bias: undo the permutation element-wise */
+        gguf_dequant(t->type, t->data, (size_t)C / B, scratch);
+        for (int64_t e = 0; e < C; e++) dst[e] = scratch[gguf_unpermute_row(e, head_rows)];
+    } else {
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t sr = perm_heads > 0 ? gguf_unpermute_row(r, head_rows) : r;
+            const uint8_t *p = t->data + (size_t)sr * row_bytes + (size_t)b0 * ti->bytes;
+            float *out = dst + (size_t)(r - r0) * (size_t)w;
+            if (direct) {
+                gguf_dequant(t->type, p, (size_t)(b1 - b0), out);
+            } else {
+                gguf_dequant(t->type, p, (size_t)(b1 - b0), scratch);
+                memcpy(out, scratch + (c0 - b0 * (int64_t)B), (size_t)w * sizeof *out);
+            }
+        }
+    }
+    free(scratch);
+    gguf_drop_pages(t);
+    return CKV_STATUS_OK;
+}
+
+static int gguf_src_has(void *ctx, const char *name) {
+    gguf_source *src = ctx;
+    char gname[160];
+    gguf_perm perm;
+    return src && name && gguf_map_name(name, gname, sizeof gname, &perm) && gguf_find_tensor(src->f, gname);
+}
+
+static void gguf_src_release(void *ctx) {
+    gguf_source *src = ctx;
+    if (src && src->f && src->f->map) madvise(src->f->map, src->f->size, MADV_DONTNEED);
+}
+
+static void gguf_src_close(void *ctx) {
+    gguf_source *src = ctx;
+    if (!src) return;
+    gguf_file_close(src->f);
+    free(src);
+}
+
+/* ---- llama metadata -> ckv_model_config -------------------------------------------------------- */
+
+/* An integer key (any integer type; a uniform per-layer array is taken as its common value).
+ * *present = 0 and *out = def when absent and not required. */
+static ckv_status gguf_meta_int(const gguf_file *f, const char *key, int required, int64_t def, int64_t lo,
+                                int64_t hi, int64_t *out, int *present) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (present) *present = kv != NULL;
+    if (!kv) {
+        if (required) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key '%s'", f->path, key);
+        *out = def;
+        return CKV_STATUS_OK;
+    }
+    int64_t v = 0;
+    int ok = 0;
+    if (kv->type == GGUF_V_ARRAY && kv->count > 0 && kv->elem_type != GGUF_V_BOOL) {
+        size_t es = gguf_vtype_sizes[kv->elem_type];
+        ok = es > 0 && gguf_scalar_int(kv->elem_type, kv->val, &v);
+        for (uint64_t i = 1; ok && i < kv->count; i++) {
+            int64_t x = 0;
+            ok = gguf_scalar_int(kv->elem_type, kv->val + i * es, &x);
+            if (ok && x != v)
+                return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                                 "%s: metadata key '%s' differs between layers (ckv needs one value for all)", f->path,
+                                 key);
+        }
+    } else if (kv->type != GGUF_V_BOOL) {
+        ok = gguf_scalar_int(kv->type, kv->val, &v);
+    }
+    if (!ok)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' must be an integer (it is %s)", f->path, key,
+                         gguf_vtype_name(kv->type));
+    if (v < lo || v > hi)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' is %" PRId64 " (expected %" PRId64 " to %" PRId64
+                         ")", f->path, key, v, lo, hi);
+    *out = v;
+    return CKV_STATUS_OK;
+}
+
+static ckv_status gguf_meta_pos_int(const gguf_file *f, const char *key, int required, int def, int *out,
+                                    int *present) {
+    int64_t v;
+    CKV_TRY(gguf_meta_int(f, key, required, def, 1, INT32_MAX, &v, present));
+    *out = (int)v;
+    return CKV_STATUS_OK;
+}
+
+/* A floating-point key (float32, float64 or an integer type). */
+static ckv_status gguf_meta_float(const gguf_file *f, const char *key, int required, double def, double *out,
+                                  int *present) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (present) *present = kv != NULL;
+    if (!kv) {
+        if (required) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key '%s'", f->path, key);
+        *out = def;
+        return CKV_STATUS_OK;
+    }
+    int64_t iv;
+    if (kv->type == GGUF_V_F32) {
+        float v;
+        memcpy(&v, kv->val, 4);
+        *out = v;
+    } else if (kv->type == GGUF_V_F64) {
+        memcpy(out, kv->val, 8);
+    } else if (kv->type != GGUF_V_BOOL && kv->type != GGUF_V_ARRAY && gguf_scalar_int(kv->type, kv->val, &iv)) {
+        *out = (double)iv;
+    } else {
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' must be a number (it is %s)", f->path, key,
+                         gguf_vtype_name(kv->type));
+    }
+    if (!isfinite(*out))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' is not finite", f->path, key);
+    return CKV_STATUS_OK;
+}
+
+/* A string key: *s (not terminated) and *len; *s = NULL when absent. */
+static ckv_status gguf_meta_string(const gguf_file *f, const char *key, const char **s, size_t *len) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    *s = NULL;
+    *len = 0;
+    if (!kv) return CKV_STATUS_OK;
+    if (kv->type != GGUF_V_STRING)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' must be a string (it is %s)", f->path, key,
+                         gguf_vtype_name(kv->type));
+    uint64_t n;
+    memcpy(&n, kv->val, 8);
+    *s = (const char *)kv->val + 8;
+    *len = (size_t)n;
+    return CKV_STATUS_OK;
+}
+
+static int gguf_str_is(const char *s, size_t len, const char *lit) { return s && strlen(lit) == len && !memcmp(s, lit, len); }
+
+static ckv_status gguf_add_eos(ckv_model_config *cfg, const gguf_file *f, const char *key) {
+    int64_t id;
+    int present;
+    CKV_TRY(gguf_meta_int(f, key, 0, -1, 0, INT32_MAX, &id, &present));
+    if (!present) return CKV_STATUS_OK;
+    for (int k = 0; k < cfg->n_eos; k++)
+        if (cfg->eos_ids[k] == id) return CKV_STATUS_OK;
+    if (cfg->n_eos < CKV_MAX_EOS) cfg->eos_ids[cfg->n_eos++] = (int)id;
+    return CKV_STATUS_OK;
+}
+
+static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f) {
+    ckv_rope_config *r = &cfg->rope;
+    memset(r, 0, sizeof *r);
+    r->type = CKV_ROPE_TYPE_DEFAULT;
+    r->factor = 1.0;
+    r->beta_fast = 32.0;
+    r->beta_slow = 1.0;
+    r->truncate = 1;
+    CKV_TRY(gguf_meta_float(f, "llama.rope.freq_base", 0, 10000.0, &r->theta, NULL));
+    if (!(r->theta > 0.0))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'llama.rope.freq_base' must be positive (got %g)",
+                         f->path, r->theta);
+    int rot;
+    CKV_TRY(gguf_meta_pos_int(f, "llama.rope.dimension_count", 0, cfg->head_dim, &rot, NULL));
+    if (rot != cfg->head_dim)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: llama.rope.dimension_count %d differs from the head size %d (partial rotary is not "
+                         "supported)",
+                         f->path, rot, cfg->head_dim);
+    if (gguf_find_tensor(f, "rope_freqs.weight"))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: tensor 'rope_freqs.weight' (per-dimension rope frequency factors, Llama 3 style scaling) "
+                         "is not supported",
+                         f->path);
+
+    const char *type;
+    size_t tlen;
+    CKV_TRY(gguf_meta_string(f, "llama.rope.scaling.type", &type, &tlen));
+    double factor = 0.0;
+    int has_factor = 0;
+    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.factor", 0, 0.0, &factor, &has_factor));
+    if (!has_factor) {
+        /* the older key: a linear factor */
+        CKV_TRY(gguf_meta_float(f, "llama.rope.scale_linear", 0, 0.0, &factor, &has_factor));
+        if (has_factor && !type) type = "linear", tlen = 6;
+    }
+    if (!type || gguf_str_is(type, tlen, "none") || (has_factor && factor == 1.0 && !gguf_str_is(type, tlen, "yarn")))
+        return CKV_STATUS_OK;
+    if (!has_factor || !(factor > 0.0))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'llama.rope.scaling.factor' must be positive for rope "
+                         "scaling '%.*s'", f->path, (int)(tlen > 32 ? 32 : tlen), type);
+    r->factor = factor;
+    if (gguf_str_is(type, tlen, "linear")) {
+        r->type = CKV_ROPE_TYPE_LINEAR;
+        return CKV_STATUS_OK;
+    }
+    if (!gguf_str_is(type, tlen, "yarn"))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: metadata key 'llama.rope.scaling.type' is '%.*s' (ckv supports none, linear and yarn)",
+                         f->path, (int)(tlen > 32 ? 32 : tlen), type);
+    r->type = CKV_ROPE_TYPE_YARN;
+    CKV_TRY(gguf_meta_pos_int(f, "llama.rope.scaling.original_context_length", 0, cfg->max_position_embeddings,
+                              &r->original_max_position, NULL));
+    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.yarn_beta_fast", 0, 32.0, &r->beta_fast, NULL));
+    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.yarn_beta_slow", 0, 1.0, &r->beta_slow, NULL));
+    if (!(r->beta_fast > 0.0) || !(r->beta_slow > 0.0))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: yarn beta_fast and beta_slow must be positive", f->path);
+    double log_mul = 0.0;
+    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.yarn_log_multiplier", 0, 0.0, &log_mul, NULL));
+    if (log_mul != 0.0)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: metadata key 'llama.rope.scaling.yarn_log_multiplier' is not supported", f->path);
+    /* llama.cpp multiplies its own yarn magnitude scale (0.1 ln(factor) + 1) by attn_factor; the
+     * Hugging Face attention_factor replaces that scale, so it is their product */
+    double attn = 1.0;
+    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.attn_factor", 0, 1.0, &attn, NULL));
+    if (!(attn > 0.0))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'llama.rope.scaling.attn_factor' must be positive",
+                         f->path);
+    if (attn != 1.0) r->attention_factor = attn * (factor > 1.0 ? 0.1 * log(factor) + 1.0 : 1.0);
+    return CKV_STATUS_OK;
+}
+
+static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_source *src) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *arch;
+    size_t alen;
+    CKV_TRY(gguf_meta_string(f, "general.architecture", &arch, &alen));
+    if (!arch) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key 'general.architecture'", f->path);
+    if (!gguf_str_is(arch, alen, "llama"))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: general.architecture is '%.*s' (ckv reads GGUF files of architecture 'llama')", f->path,
+                         (int)(alen > 64 ? 64 : alen), arch);
+    cfg->arch = CKV_ARCH_LLAMA;
+    snprintf(cfg->arch_name, sizeof cfg->arch_name, "LlamaForCausalLM");
+
+    int64_t experts = 0;
+    CKV_TRY(gguf_meta_int(f, "llama.expert_count", 0, 0, 0, INT32_MAX, &experts, NULL));
+    if (experts > 0)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: llama.expert_count is %" PRId64 " (mixture-of-experts models are not supported)", f->path,
+                         experts);
+
+    CKV_TRY(gguf_meta_pos_int(f, "llama.embedding_length", 1, 0, &cfg->hidden_size, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, "llama.block_count", 1, 0, &cfg->n_layers, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, "llama.feed_forward_length", 1, 0, &cfg->intermediate_size, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, "llama.attention.head_count", 1, 0, &cfg->n_heads, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, "llama.attention.head_count_kv", 0, cfg->n_heads, &cfg->n_kv_heads, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, "llama.context_length", 1, 0, &cfg->max_position_embeddings, NULL));
+    if (cfg->n_heads % cfg->n_kv_heads != 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: llama.attention.head_count_kv (%d) must divide llama.attention.head_count (%d)", f->path,
+                         cfg->n_kv_heads, cfg->n_heads);
+    int kl, vl, has_kl;
+    CKV_TRY(gguf_meta_pos_int(f, "llama.attention.key_length", 0, cfg->hidden_size / cfg->n_heads, &kl, &has_kl));
+    CKV_TRY(gguf_meta_pos_int(f, "llama.attention.value_length", 0, kl, &vl, NULL));
+    if (kl != vl)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: llama.attention.key_length %d differs from value_length %d", f->path, kl, vl);
+    cfg->head_dim = kl;
+    if (cfg->head_dim <= 0 || cfg->head_dim % 2 != 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the head size must be positive and even (got %d%s)", f->path,
+                         cfg->head_dim, has_kl ? "" : ", embedding_length / head_count");
+    CKV_TRY(gguf_meta_float(f, "llama.attention.layer_norm_rms_epsilon", 1, 0.0, &cfg->rms_norm_eps, NULL));
+    if (!(cfg->rms_norm_eps > 0.0))
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: metadata key 'llama.attention.layer_norm_rms_epsilon' must be positive (got %g)", f->path,
+                         cfg->rms_norm_eps);
+
+    /* vocabulary: the tokenizer's token list, else llama.vocab_size, else the embedding's rows */
+    const gguf_kv *tokens = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    const gguf_tensor *embd = gguf_find_tensor(f, "token_embd.weight");
+    if (tokens) {
+        if (tokens->type != GGUF_V_ARRAY || tokens->elem_type != GGUF_V_STRING)
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'tokenizer.ggml.tokens' must be an array of "
+                             "strings", f->path);
+        if (tokens->count < 1 || tokens->count > INT32_MAX)
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'tokenizer.ggml.tokens' holds %" PRIu64 " tokens",
+                             f->path, tokens->count);
+        cfg->vocab_size = (int)tokens->count;
+    } else {
+        int present;
+        CKV_TRY(gguf_meta_pos_int(f, "llama.vocab_size", 0, 0, &cfg->vocab_size, &present));
+        if (!present && embd && embd->ndim == 2 && embd->ne[1] <= INT32_MAX) cfg->vocab_size = (int)embd->ne[1];
+        if (!cfg->vocab_size)
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key 'tokenizer.ggml.tokens' (the vocabulary)",
+                             f->path);
+    }
+    if (!embd) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor 'token_embd.weight' is not in the file", f->path);
+    if (embd->ndim != 2 || embd->ne[0] != cfg->hidden_size || embd->ne[1] != cfg->vocab_size)
+        return ckv_error(CKV_STATUS_ERR_SHAPE,
+                         "%s: tensor 'token_embd.weight' has extents (%" PRId64 ", %" PRId64 "), expected (%d, %d) "
+                         "from embedding_length and the vocabulary",
+                         f->path, embd->ne[0], embd->ndim > 1 ? embd->ne[1] : 1, cfg->hidden_size, cfg->vocab_size);
+
+    cfg->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
+    cfg->attention_bias = gguf_find_tensor(f, "blk.0.attn_q.bias") != NULL;
+    if (cfg->attention_bias && !gguf_find_tensor(f, "blk.0.attn_output.bias"))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: q/k/v biases without an attn_output bias are not supported for architecture llama",
+                         f->path);
+    if (gguf_find_tensor(f, "blk.0.ffn_gate.bias") || gguf_find_tensor(f, "blk.0.ffn_up.bias") ||
+        gguf_find_tensor(f, "blk.0.ffn_down.bias"))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: MLP biases are not supported (ckv has none)", f->path);
+    cfg->sliding_window = 0;
+
+    CKV_TRY(gguf_config_rope(cfg, f));
+    cfg->max_context = cfg->max_position_embeddings;
+    if (cfg->rope.type == CKV_ROPE_TYPE_YARN) {
+        double stretched = (double)cfg->rope.original_max_position * cfg->rope.factor;
+        if (stretched > cfg->max_context && stretched < 2147483647.0) cfg->max_context = (int)stretched;
+    }
+
+    /* what the weights are stored as: F16 / BF16 files keep that dtype, quantised ones are F32 to ckv */
+    const gguf_tensor *wq = gguf_find_tensor(f, "blk.0.attn_q.weight");
+    cfg->dtype = CKV_DTYPE_F32;
+    if (wq && wq->type == GGUF_TYPE_F16) cfg->dtype = CKV_DTYPE_F16;
+    if (wq && wq->type == GGUF_TYPE_BF16) cfg->dtype = CKV_DTYPE_BF16;
+
+    int64_t bos;
+    CKV_TRY(gguf_meta_int(f, "tokenizer.ggml.bos_token_id", 0, -1, 0, INT32_MAX, &bos, NULL));
+    cfg->bos_token_id = (int)bos;
+    cfg->n_eos = 0;
+    /* end of sequence, and llama.cpp's other end-of-generation ids (end of turn, end of message) */
+    CKV_TRY(gguf_add_eos(cfg, f, "tokenizer.ggml.eos_token_id"));
+    CKV_TRY(gguf_add_eos(cfg, f, "tokenizer.ggml.eot_token_id"));
+    CKV_TRY(gguf_add_eos(cfg, f, "tokenizer.ggml.eom_token_id"));
+
+    src->n_head = cfg->n_heads;
+    src->n_head_kv = cfg->n_kv_heads;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, const char *path) {
+    if (!src || !cfg || !path) return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument");
+    memset(src, 0, sizeof *src);
+    snprintf(src->path, sizeof src->path, "%s", path);
+    gguf_source *g = calloc(1, sizeof *g);
+    if (!g) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory", path);
+    ckv_status s = gguf_file_open(&g->f, path);
+    if (s == CKV_STATUS_OK) s = gguf_config(cfg, g->f, g);
+    if (s != CKV_STATUS_OK) {
+        gguf_src_close(g);
+        return s;
+    }
+    src->ctx = g;
+    src->read_f32 = gguf_src_read;
+    src->has = gguf_src_has;
+    src->release_pages = gguf_src_release;
+    src->close = gguf_src_close;
+    return CKV_STATUS_OK;
+}

@@ -1,0 +1,181 @@
+/* tokenizer.h - text <-> token ids, the way Hugging Face `tokenizers` does it, for the model
+ * families ckv runs (Llama 3.x, Qwen2.5, Mistral v0.3, SmolLM2):
+ *  - loading a tokenizer.json (model BPE: byte-level with regex pre-tokenizers, or SentencePiece
+ *    style with byte fallback and metaspace), plus tokenizer_config.json beside it when present
+ *    (chat template, bos/eos);
+ *  - loading a vocabulary handed over from GGUF metadata (gpt2-style BPE with merges, or
+ *    llama/SentencePiece style with scores) through the plain-data ckv_tokenizer_gguf_vocab;
+ *  - encode (added/special tokens, normalizers, pre-tokenizers, BPE, post-processor), decode, a
+ *    streaming decoder that holds back incomplete UTF-8, token_to_piece, special-token look-up;
+ *  - chat templates of three families (Llama-3 headers, ChatML, Mistral [INST]).
+ * It does not read GGUF files (src/model does and fills ckv_tokenizer_gguf_vocab), train
+ * tokenizers, or run Jinja: templates are recognised by their markers and rendered in C.
+ * A loaded tokenizer is immutable: encode/decode may run concurrently on one tokenizer. */
+#ifndef CKV_TOKENIZER_H
+#define CKV_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+typedef struct ckv_tokenizer ckv_tokenizer;
+
+/* ---- loading ---------------------------------------------------------------------------------- */
+
+/* Loads `path`: a tokenizer.json file, or a directory holding tokenizer.json (and optionally
+ * tokenizer_config.json, read for chat_template, bos/eos tokens and add_bos_token). Errors name the
+ * file and the unsupported or malformed part (e.g. "model type 'Unigram' is not supported"). */
+ckv_status ckv_tokenizer_load_json(ckv_tokenizer **out, const char *path);
+
+/* Same from a tokenizer.json held in memory; `config_json` (tokenizer_config.json text) may be NULL.
+ * `what` names the source in errors. */
+ckv_status ckv_tokenizer_load_json_buffer(ckv_tokenizer **out, const char *json, size_t len,
+                                          const char *config_json, size_t config_len, const char *what);
+
+/* GGUF token types (tokenizer.ggml.token_type). */
+enum {
+    CKV_GGUF_TOKEN_NORMAL = 1,
+    CKV_GGUF_TOKEN_UNKNOWN = 2,
+    CKV_GGUF_TOKEN_CONTROL = 3,
+    CKV_GGUF_TOKEN_USER_DEFINED = 4,
+    CKV_GGUF_TOKEN_UNUSED = 5,
+    CKV_GGUF_TOKEN_BYTE = 6
+};
+
+/* The tokenizer part of a GGUF file's metadata, as plain arrays the caller owns (they are copied).
+ * Strings need not be NUL-terminated: lengths are given. */
+typedef struct {
+    const char *model;             /* tokenizer.ggml.model: "gpt2" or "llama" */
+    const char *pre;               /* tokenizer.ggml.pre (gpt2 only): "llama-bpe", "qwen2", "smollm",
+                                      "gpt2", "default"; NULL = "default" */
+    int64_t n_tokens;              /* length of tokens/token_len (and scores/types when given) */
+    const char *const *tokens;     /* [n_tokens] tokenizer.ggml.tokens */
+    const uint64_t *token_len;     /* [n_tokens] byte lengths; NULL = NUL-terminated strings */
+    const float *scores;           /* [n_tokens] tokenizer.ggml.scores; required for "llama" */
+    const int32_t *types;          /* [n_tokens] tokenizer.ggml.token_type; NULL = all normal */
+    int64_t n_merges;              /* gpt2 only */
+    const char *const *merges;     /* [n_merges] "left right" */
+    const uint64_t *merge_len;     /* [n_merges] byte lengths; NULL = NUL-terminated */
+    int64_t bos_id, eos_id, unk_id, pad_id, eot_id; /* -1 when absent */
+    int add_bos;                   /* tokenizer.ggml.add_bos_token: 1, 0, or -1 when absent */
+    int add_eos;                   /* tokenizer.ggml.add_eos_token: 1, 0, or -1 when absent */
+    int add_space_prefix;          /* tokenizer.ggml.add_space_prefix (llama): 1, 0, or -1 */
+    const char *chat_template;     /* tokenizer.chat_template or NULL */
+    uint64_t chat_template_len;    /* 0 = NUL-terminated */
+} ckv_tokenizer_gguf_vocab;
+
+/* Builds a tokenizer from GGUF metadata arrays. Errors name the unsupported model or pre-tokenizer,
+ * or the bad token/merge index. */
+ckv_status ckv_tokenizer_load_gguf_vocab(ckv_tokenizer **out, const ckv_tokenizer_gguf_vocab *v);
+
+void ckv_tokenizer_free(ckv_tokenizer *tok); /* NULL is fine */
+
+/* ---- encoding --------------------------------------------------------------------------------- */
+
+enum {
+    /* Run the post-processor (tokenizer.json TemplateProcessing, e.g. a leading <|begin_of_text|>,
+     * or add_bos_token for GGUF): HF's add_special_tokens=True. */
+    CKV_TOKENIZE_ADD_SPECIAL = 1u << 0,
+    /* Do not recognise special added tokens in the text (HF's split_special_tokens): "<|eot_id|>"
+     * is then tokenized as ordinary text. Non-special added tokens are still recognised. */
+    CKV_TOKENIZE_SPLIT_SPECIAL = 1u << 1,
+    /* Replace invalid UTF-8 with U+FFFD (like Python's bytes.decode(errors="replace")) instead of
+     * failing with CKV_STATUS_ERR_FORMAT naming the byte offset. */
+    CKV_TOKENIZE_UTF8_REPLACE = 1u << 2
+};
+
+/* Encodes `len` bytes of UTF-8 text into *ids (malloc'd, free with free(); NULL when *n_ids is 0).
+ * Invalid UTF-8: an error naming the offset unless CKV_TOKENIZE_UTF8_REPLACE. */
+ckv_status ckv_tokenizer_encode(const ckv_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                int32_t **ids, size_t *n_ids);
+
+/* ---- decoding --------------------------------------------------------------------------------- */
+
+enum {
+    CKV_DETOKENIZE_SKIP_SPECIAL = 1u << 0 /* drop special tokens (HF skip_special_tokens=True) */
+};
+
+/* Decodes ids into NUL-terminated UTF-8 text (*text malloc'd; *len excludes the NUL). Invalid byte
+ * sequences become U+FFFD as HF does. An id outside the vocabulary is an error naming it. */
+ckv_status ckv_tokenizer_decode(const ckv_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
+                                char **text, size_t *len);
+
+/* Streaming decoder for generation: feed ids one at a time, get the text that is final so far.
+ * Incomplete UTF-8 (and, for byte-fallback vocabularies, a run of <0xXX> tokens) is held back until
+ * it completes. The concatenation of everything returned, plus the flush, equals
+ * ckv_tokenizer_decode of all the ids. No allocation after init. */
+typedef struct {
+    const ckv_tokenizer *tok;
+    unsigned flags;
+    int n_tokens;        /* tokens that produced output so far (first-token rules) */
+    int stripped;        /* leading-space strip already decided */
+    size_t pending_len;  /* held-back bytes */
+    int pending_byte_run; /* pending holds a run of byte-fallback tokens */
+    int pending_run_count;
+    uint8_t pending[64];
+} ckv_detok_stream;
+
+void ckv_detok_stream_init(ckv_detok_stream *s, const ckv_tokenizer *tok, unsigned flags);
+/* Appends the text that became final after `id` to out (capacity `cap`, always NUL-terminated),
+ * *n_out = bytes written. cap >= ckv_tokenizer_max_piece_bytes(tok) + 64 always suffices. */
+ckv_status ckv_detok_stream_push(ckv_detok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out);
+/* Emits whatever is held back (incomplete UTF-8 as U+FFFD). */
+ckv_status ckv_detok_stream_flush(ckv_detok_stream *s, char *out, size_t cap, size_t *n_out);
+
+/* The raw bytes a token stands for (byte-level chars mapped back to bytes, "▁" -> " ", "<0x41>" ->
+ * "A", added tokens as their text), without any first-token rule. Returns the byte length, or -1
+ * for an id outside the vocabulary; writes at most cap bytes (no NUL). */
+int ckv_tokenizer_token_to_piece(const ckv_tokenizer *tok, int32_t id, char *buf, size_t cap);
+/* The vocabulary string of a token as stored (e.g. "Ġthe", "▁the", "<|eot_id|>"); NULL if none. */
+const char *ckv_tokenizer_token_text(const ckv_tokenizer *tok, int32_t id);
+size_t ckv_tokenizer_max_piece_bytes(const ckv_tokenizer *tok);
+
+/* ---- vocabulary and special tokens ------------------------------------------------------------ */
+
+int32_t ckv_tokenizer_vocab_size(const ckv_tokenizer *tok); /* max id + 1 */
+/* Id of a token by its exact text (added tokens first, then the model vocabulary); -1 if absent. */
+int32_t ckv_tokenizer_token_id(const ckv_tokenizer *tok, const char *text);
+int ckv_tokenizer_is_special(const ckv_tokenizer *tok, int32_t id);
+int32_t ckv_tokenizer_bos_id(const ckv_tokenizer *tok); /* -1 when none */
+int32_t ckv_tokenizer_eos_id(const ckv_tokenizer *tok); /* -1 when none */
+/* End-of-turn ids a generation loop should stop on (eos, <|eot_id|>, <|eom_id|>, <|im_end|>, </s>
+ * when present), up to `cap`; returns how many. */
+int ckv_tokenizer_stop_ids(const ckv_tokenizer *tok, int32_t *ids, int cap);
+
+/* ---- chat templates --------------------------------------------------------------------------- */
+
+typedef enum {
+    CKV_CHAT_NONE = 0,   /* no template: text is used as is */
+    CKV_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    CKV_CHAT_CHATML,     /* <|im_start|>role\n...<|im_end|>\n (Qwen2.5, SmolLM2) */
+    CKV_CHAT_MISTRAL     /* <s>[INST] ...[/INST] (Mistral v0.3) */
+} ckv_chat_family;
+
+typedef struct {
+    ckv_chat_family family;
+    char name[32];              /* "llama3", "llama3.1", "chatml", "qwen2.5", "smollm2", "mistral" */
+    char default_system[256];   /* system prompt used when the conversation has none ("" = none) */
+    int llama31_preamble;       /* Llama 3.1+: system turn opens with the knowledge/today dates */
+    int mistral_space;          /* Mistral v0.1/v0.2 style "[INST] x [/INST]" (1) or v0.3 "[INST] x[/INST]" (0) */
+} ckv_chat_template;
+
+typedef struct {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content;
+} ckv_chat_message;
+
+/* Recognises a Jinja chat template by its markers; CKV_STATUS_ERR_UNSUPPORTED naming what was
+ * seen when it fits none of the families. */
+ckv_status ckv_chat_template_detect(const char *jinja, ckv_chat_template *out);
+/* By name ("llama3", "llama3.1", "chatml", "qwen2.5", "smollm2", "mistral", "none"). */
+ckv_status ckv_chat_template_by_name(const char *name, ckv_chat_template *out);
+/* The tokenizer's own template (from tokenizer_config.json / GGUF); family NONE when it has none. */
+const ckv_chat_template *ckv_tokenizer_chat_template(const ckv_tokenizer *tok);
+/* Renders messages into prompt text (*out malloc'd, NUL-terminated), with the assistant header
+ * when add_generation_prompt. The text carries the special tokens (bos included where the family
+ * puts it), so encode it WITHOUT CKV_TOKENIZE_ADD_SPECIAL. */
+ckv_status ckv_chat_apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs,
+                          int add_generation_prompt, char **out);
+
+#endif

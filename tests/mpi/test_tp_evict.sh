@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# test_tp_evict.sh - distributed eviction keeps exactly what one rank keeps: for every press (local
+# ones and the cross-head ones whose budgets are agreed by exchanging scores), `ckv generate` with a
+# compressed context and two questions on 2 and 4 ranks (4 ranks on 2 KV heads: replica groups)
+# writes the same --dump-kept file as 1 rank and answers with the same tokens. Also checks DP x TP:
+# 4 ranks as 2 groups of --tp 2 share the questions and print the same answers.
+# usage: test_tp_evict.sh CKV_BINARY FIXTURES_DIR TMP_DIR MPIRUN
+set -u
+ckv=$1; fx=$2/models; tmp=$(mktemp -d "$3/tpe.XXXXXX"); mpirun=$4
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi() { timeout 120 "$mpirun" --oversubscribe -np "$@"; }
+fail=0
+for model in llama_gqa qwen2_bias; do
+  dir=$fx/$model
+  ids=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['prompt_ids'])))" "$dir/reference.json")
+  heads=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_attention_heads'])" "$dir/config.json")
+  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random; do
+    common=(generate --model "$dir" --prompt-ids "$ids" --question-ids 7,8,9 --question-ids 11,12 --max-new-tokens 5
+            --ignore-eos --threads 1 --chunk 48 --press "$press" --compression-ratio 0.75)
+    tag=${press//:/-}
+    "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$tag.1.jsonl" >"$tmp/$model.$tag.1.out" 2>"$tmp/err" \
+      || { echo "FAIL $model $press 1 rank"; cat "$tmp/err"; fail=1; continue; }
+    for np in 2 4; do
+      (( heads % np )) && continue
+      if ! mpi "$np" "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$tag.$np.jsonl" >"$tmp/$model.$tag.$np.out" 2>"$tmp/err"; then
+        echo "FAIL $model $press $np ranks"; cat "$tmp/err"; fail=1; continue
+      fi
+      if cmp -s "$tmp/$model.$tag.1.jsonl" "$tmp/$model.$tag.$np.jsonl" && cmp -s "$tmp/$model.$tag.1.out" "$tmp/$model.$tag.$np.out"; then
+        echo "ok   $model $press on $np ranks: kept sets and answers identical ($(wc -l <"$tmp/$model.$tag.$np.jsonl") heads)"
+      else
+        echo "FAIL $model $press on $np ranks differs from 1 rank:"; diff <(cut -c1-200 "$tmp/$model.$tag.1.jsonl") <(cut -c1-200 "$tmp/$model.$tag.$np.jsonl") | head -5
+        diff "$tmp/$model.$tag.1.out" "$tmp/$model.$tag.$np.out" | head -5; fail=1
+      fi
+    done
+  done
+done
+# DP x TP: 4 ranks, 2 groups of 2, four questions shared between the groups
+dir=$fx/llama_gqa
+ids=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['prompt_ids'])))" "$dir/reference.json")
+qs=(--question-ids 7,8,9 --question-ids 11,12 --question-ids 13 --question-ids 40,41,42,43)
+"$ckv" generate --model "$dir" --prompt-ids "$ids" "${qs[@]}" --max-new-tokens 5 --ignore-eos --threads 1 \
+  --press critical_adakv:snapkv --budget 0.3 >"$tmp/dp.1" 2>"$tmp/err" || { echo "FAIL dp baseline"; cat "$tmp/err"; fail=1; }
+if mpi 4 "$ckv" generate --model "$dir" --prompt-ids "$ids" "${qs[@]}" --max-new-tokens 5 --ignore-eos --threads 1 \
+     --press critical_adakv:snapkv --budget 0.3 --tp 2 >"$tmp/dp.4" 2>"$tmp/err" && cmp -s "$tmp/dp.1" "$tmp/dp.4"; then
+  echo "ok   dp 2 x tp 2: four answers identical to one rank"
+else
+  echo "FAIL dp 2 x tp 2"; cat "$tmp/err"; diff "$tmp/dp.1" "$tmp/dp.4"; fail=1
+fi
+if mpi 3 "$ckv" generate --model "$dir" --prompt-ids 1,2 --tp 2 >/dev/null 2>"$tmp/err"; then
+  echo "FAIL --tp 2 on 3 ranks was accepted"; fail=1
+elif grep -q -- "--tp 2 does not divide the 3 ranks" "$tmp/err"; then echo "ok   --tp 2 on 3 ranks refused"
+else echo "FAIL --tp 2 on 3 ranks: unexpected error"; cat "$tmp/err"; fail=1; fi
+exit $fail

@@ -1,0 +1,768 @@
+#!/usr/bin/env python3
+"""Record kvpress eviction fixtures under tests/fixtures/presses/<model>/ (see README.md).
+
+For the fp32 models llama_gqa (G = 2) and qwen2_bias (q/k/v biases, G = 3): a seeded 300-token
+context is prefilled under each kvpress press exactly as kvpress's pipeline does (the context
+through model.model inside `with press(model)`, one forward), then 8 question tokens are fed
+against the compressed cache at explicit positions L, L+1, ... (one forward, as the pipeline's
+generate_answer does). Per (press, compression ratio) it records the kept positions per
+(layer, KV head), the base scorer's raw scores, CriticalKV's value norms, and the question logits.
+
+How every kept set is proven, not assumed:
+  - uniform presses (ScorerPress, CriticalKVPress, PyramidKVPress): each row of kvpress's compacted
+    cache is matched bit for bit to the uncompressed key it came from; the positions found must
+    equal torch.topk of the recorded (final) scores;
+  - AdaKV-style presses: kept = complement of module.masked_key_indices; after the question the
+    attention patch has overwritten exactly those cached keys with its fake keys, which is checked;
+  - a replay (a per-head key mask in float64 attention, its own code) of the question against the
+    full cache restricted to the kept sets must reproduce kvpress's question logits;
+  - press_reference.py (written from SPEC-eviction.md) recomputes every scorer and selection from
+    the layer inputs and must keep the same tokens (differences are reported, never hidden).
+
+Context seeds are tried in order until every selection boundary that is not a tie by construction
+(protected tokens) has a relative score gap > 1e-6. Selections that do depend on how ties are
+broken (protected windows larger than the budget) are flagged, and also recorded with SPEC's rule.
+
+Usage: press_fixtures.py [--only MODEL ...] [--max-seed-tries N]   (run by tools/oracle/regen.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import oracle_common as oc  # noqa: E402
+import press_reference as ref  # noqa: E402
+
+FIXTURE_PRESSES = oc.REPO_ROOT / "tests" / "fixtures" / "presses"
+MODELS = ["llama_gqa", "qwen2_bias"]
+CONTEXT_LEN = 300
+N_QUESTION = 8
+RATIOS = [0.25, 0.5, 0.75, 0.9]
+MIN_REL_GAP = 1e-6  # required relative score gap at every non-structural selection boundary
+REPLAY_ATOL = 1e-4  # kvpress question logits vs the replay of the same kept sets
+REPLAY_ATTN = "ckv_oracle_keep"  # the replay's attention implementation (registered below)
+
+
+# ----------------------------------------------------------------------------------------------
+# the presses
+
+
+@dataclass
+class PressDef:
+    case: str  # file-name stem ("critical-snapkv"; ':' becomes '-')
+    spec: str  # ckv press spec ("critical:snapkv")
+    scorer: str  # base scorer: snapkv tova knorm streaming_llm observed_attention expected_attention
+    kind: str  # selection: uniform | pyramid | critical | adakv | critical_adakv
+    options: dict  # every option with its value (ckv option names, see README.md)
+    attn: str  # attn_implementation the press runs under
+    make: Callable[[float], object]  # compression ratio -> kvpress press
+
+
+def _defs() -> list[PressDef]:
+    import kvpress as kp
+
+    snap = dict(window=64, kernel=5, pool="avg")
+    crit = dict(alpha=0.5, eps=1e-4)
+    ea = dict(n_future=512, n_sink=4, covariance=True, vnorm=True, epsilon_ea=0.0)
+
+    def snapkv(w=64, k=5):
+        return lambda cr: kp.SnapKVPress(compression_ratio=cr, window_size=w, kernel_size=k)
+
+    def knorm(cr):
+        return kp.KnormPress(compression_ratio=cr)
+
+    def tova(cr):
+        return kp.TOVAPress(compression_ratio=cr)
+
+    return [
+        PressDef("snapkv", "snapkv", "snapkv", "uniform", dict(snap), "sdpa", snapkv()),
+        PressDef("snapkv_w32k7", "snapkv", "snapkv", "uniform", dict(window=32, kernel=7, pool="avg"), "sdpa",
+                 snapkv(32, 7)),
+        PressDef("tova", "tova", "tova", "uniform", {}, "sdpa", tova),
+        PressDef("knorm", "knorm", "knorm", "uniform", {}, "sdpa", knorm),
+        PressDef("streaming_llm", "streaming_llm", "streaming_llm", "uniform", dict(n_sink=4), "sdpa",
+                 lambda cr: kp.StreamingLLMPress(compression_ratio=cr, n_sink=4)),
+        PressDef("observed_attention", "observed_attention", "observed_attention", "uniform", {}, "eager",
+                 lambda cr: kp.ObservedAttentionPress(compression_ratio=cr)),
+        PressDef("expected_attention", "expected_attention", "expected_attention", "uniform", dict(ea), "sdpa",
+                 lambda cr: kp.ExpectedAttentionPress(compression_ratio=cr, n_future_positions=512, n_sink=4,
+                                                      use_covariance=True, use_vnorm=True, epsilon=0.0)),
+        PressDef("pyramidkv", "pyramidkv", "snapkv", "pyramid", dict(snap, beta=20), "sdpa",
+                 lambda cr: kp.PyramidKVPress(compression_ratio=cr, window_size=64, kernel_size=5, beta=20)),
+        # not a kvpress default: with L = 300 the default schedule (window 64, beta 20) is never
+        # feasible and always falls back to round(L * (1 - cr)); this one exercises the schedule
+        PressDef("pyramidkv_w16b4", "pyramidkv", "snapkv", "pyramid", dict(window=16, kernel=5, pool="avg", beta=4),
+                 "sdpa", lambda cr: kp.PyramidKVPress(compression_ratio=cr, window_size=16, kernel_size=5, beta=4)),
+        PressDef("critical-snapkv", "critical:snapkv", "snapkv", "critical", dict(snap, **crit), "sdpa",
+                 lambda cr: kp.CriticalKVPress(snapkv()(cr), epsilon=1e-4, first_stage_ratio=0.5)),
+        PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
+                 lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
+        PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
+                 lambda cr: kp.AdaKVPress(snapkv()(cr), alpha_safeguard=0.2)),
+        PressDef("adakv-tova", "adakv:tova", "tova", "adakv", dict(safeguard=0.2), "sdpa",
+                 lambda cr: kp.AdaKVPress(tova(cr), alpha_safeguard=0.2)),
+        PressDef("critical_adakv-snapkv", "critical_adakv:snapkv", "snapkv", "critical_adakv",
+                 dict(snap, safeguard=0.2, **crit), "sdpa",
+                 lambda cr: kp.CriticalAdaKVPress(press=snapkv()(cr), alpha_safeguard=0.2, epsilon=1e-4,
+                                                  first_stage_ratio=0.5)),
+    ]
+
+
+def describe(press) -> str:
+    """repr of a kvpress object, complete and free of memory addresses (CriticalKVPress is not a
+    dataclass of its own: its inherited repr shows only compression_ratio)."""
+    import kvpress as kp
+
+    if isinstance(press, kp.CriticalKVPress):
+        return (f"CriticalKVPress(press={describe(press.press)}, epsilon={press.epsilon!r}, "
+                f"first_stage_ratio={press.first_stage_ratio!r})")
+    return repr(press)
+
+
+def protected_mask(d: PressDef, L: int, n_kv: int, scores: torch.Tensor) -> torch.Tensor:
+    """Which tokens the base scorer protects (for classifying ties)."""
+    m = torch.zeros((n_kv, L), dtype=torch.bool)
+    if d.scorer == "snapkv":
+        m[:, L - d.options["window"]:] = True
+    elif d.scorer == "tova":
+        m[:, L - 1:] = True
+    elif d.scorer == "expected_attention":
+        m[:, : d.options["n_sink"]] = True
+    elif d.scorer == "streaming_llm":
+        m = scores > 0
+    return m
+
+
+# ----------------------------------------------------------------------------------------------
+# replay: question attention restricted to given kept sets, float64, its own code
+
+_REPLAY_KEEP: dict[int, torch.Tensor] = {}  # layer -> bool [Hkv, L] (absent: keep everything)
+
+
+def _replay_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    b, H, q, d = query.shape
+    n_kv, n_k = key.shape[1], key.shape[2]
+    G = H // n_kv
+    k = key.double().repeat_interleave(G, dim=1)
+    v = value.double().repeat_interleave(G, dim=1)
+    logits = query.double() @ k.transpose(-1, -2) * (scaling if scaling is not None else d**-0.5)
+    allowed = torch.arange(n_k)[None, :] <= torch.arange(q)[:, None] + (n_k - q)  # causal, end-aligned
+    keep = _REPLAY_KEEP.get(module.layer_idx)
+    if keep is not None:
+        per_head = torch.ones((n_kv, n_k), dtype=torch.bool)
+        per_head[:, : keep.shape[1]] = keep
+        allowed = allowed[None] & per_head.repeat_interleave(G, dim=0)[:, None, :]
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(logits, dim=-1) @ v
+    return out.transpose(1, 2).contiguous().to(query.dtype), None
+
+
+def register_replay_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(REPLAY_ATTN, _replay_attention)
+
+
+# ----------------------------------------------------------------------------------------------
+# one model
+
+
+@dataclass
+class ModelRun:
+    name: str
+    models: dict  # attn_implementation -> model
+    n_layers: int
+    n_heads: int
+    n_kv: int
+    vocab: int
+    # per attention implementation of the prefill ("sdpa", "eager": their later layers differ in the
+    # last bits), per layer: uncompressed keys / values [Hkv, L, d] and the reference's inputs
+    full_keys: dict = field(default_factory=dict)
+    full_values: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+
+
+def load_models(name: str) -> ModelRun:
+    from transformers import AutoModelForCausalLM
+
+    path = oc.FIXTURE_MODELS / name
+    models = {}
+    for impl in ("sdpa", "eager", REPLAY_ATTN):
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=impl)
+        m.eval()
+        if not hasattr(m.config, "head_dim"):
+            # kvpress's CriticalKVPress.vwl1norm reads module.config.head_dim, which Qwen2Config
+            # does not define (the attention modules use hidden / heads): supply that same value
+            m.config.head_dim = m.config.hidden_size // m.config.num_attention_heads
+        models[impl] = m
+    cfg = models["sdpa"].config
+    return ModelRun(name, models, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+                    cfg.vocab_size)
+
+
+def context_ids(name: str, vocab: int, k: int) -> tuple[list[int], list[int]]:
+    rng = np.random.Generator(np.random.PCG64(oc.stable_seed(f"press-context:{name}") + k))
+    ids = [int(x) for x in rng.integers(oc.FIRST_PROMPT_ID, vocab, size=CONTEXT_LEN + N_QUESTION)]
+    return ids[:CONTEXT_LEN], ids[CONTEXT_LEN:]
+
+
+def question_positions(L: int) -> torch.Tensor:
+    return torch.arange(L, L + N_QUESTION)[None]
+
+
+def capture_inputs(run: ModelRun, ctx: list[int]) -> None:
+    for impl in ("sdpa", "eager"):
+        _capture(run, ctx, impl)
+
+
+@torch.inference_mode()
+def _capture(run: ModelRun, ctx: list[int], impl: str) -> None:
+    """No-press prefill: per layer the attention input, RoPE tables, keys and values."""
+    from transformers import DynamicCache
+
+    model = run.models[impl]
+    seen: dict[int, tuple] = {}
+
+    def hook(module, args, kwargs, output):
+        cos, sin = kwargs["position_embeddings"]
+        seen[module.layer_idx] = (kwargs["hidden_states"][0].clone(), cos[0].clone(), sin[0].clone())
+
+    layers = model.model.layers
+    handles = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in layers]
+    try:
+        cache = DynamicCache()
+        model.model(input_ids=torch.tensor([ctx]), past_key_values=cache)
+    finally:
+        for h in handles:
+            h.remove()
+    rotary = model.model.rotary_emb
+
+    def rope_table(positions: torch.Tensor):
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions[None])
+        return cos[0], sin[0]
+
+    keys = [cache.layers[i].keys[0].clone() for i in range(run.n_layers)]
+    values = [cache.layers[i].values[0].clone() for i in range(run.n_layers)]
+    run.full_keys[impl], run.full_values[impl], run.inputs[impl] = keys, values, []
+    for i, layer in enumerate(layers):
+        hidden, cos, sin = seen[i]
+        attn = layer.self_attn
+        run.inputs[impl].append(ref.LayerInputs(
+            layer=i, n_layers=run.n_layers, n_heads=run.n_heads, hidden=hidden,
+            keys=keys[i], values=values[i], cos=cos, sin=sin,
+            wq=attn.q_proj.weight.detach(), bq=None if attn.q_proj.bias is None else attn.q_proj.bias.detach(),
+            wo=attn.o_proj.weight.detach(), rope_table=rope_table))
+
+
+def full_cache(run: ModelRun, impl: str):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i in range(run.n_layers):
+        cache.update(run.full_keys[impl][i][None].clone(), run.full_values[impl][i][None].clone(), i)
+    return cache
+
+
+@torch.inference_mode()
+def replay_logits(run: ModelRun, q_ids: list[int], kept: list[list[list[int]]] | None, impl: str) -> np.ndarray:
+    """Question logits against the uncompressed context cache of an `impl` prefill, each layer's
+    KV head h attending only to the context positions kept[layer][h] (None: all)."""
+    L = run.full_keys[impl][0].shape[1]
+    _REPLAY_KEEP.clear()
+    if kept is not None:
+        for i, per_head in enumerate(kept):
+            m = torch.zeros((run.n_kv, L), dtype=torch.bool)
+            for h, pos in enumerate(per_head):
+                m[h, pos] = True
+            _REPLAY_KEEP[i] = m
+    try:
+        out = run.models[REPLAY_ATTN](input_ids=torch.tensor([q_ids]), past_key_values=full_cache(run, impl),
+                                      position_ids=question_positions(L))
+    finally:
+        _REPLAY_KEEP.clear()
+    return out.logits[0].float().numpy()
+
+
+@dataclass
+class CaseResult:
+    d: PressDef
+    cr: float
+    press_repr: str
+    kept: list  # [layer][head] -> ascending positions
+    n_kept: int | None
+    n_kept_per_layer: list | None
+    head_budgets: list | None
+    base_scores: np.ndarray  # [n_layers, Hkv, L] float32
+    value_norms: np.ndarray | None
+    logits: np.ndarray  # [8, V]
+    question_feed: str
+    gaps: dict  # stage -> (min abs gap, min rel gap) over non-structural boundaries
+    structural_ties: list
+    tie_dependent: bool
+    kept_ties_low: list | None
+    logits_ties_low: np.ndarray | None
+    checks: dict
+    problems: list
+
+
+def _match_rows(compact: torch.Tensor, full: torch.Tensor) -> list[int]:
+    """Positions of the rows of `compact` [n, d] in `full` [L, d], by exact equality."""
+    eq = (compact[:, None, :] == full[None, :, :]).all(-1)  # [n, L]
+    counts = eq.sum(1)
+    if not bool((counts == 1).all()):
+        raise RuntimeError("a compressed key row does not match exactly one context key")
+    return eq.int().argmax(1).tolist()
+
+
+def _gap_summary(boundaries: list[ref.Boundary]) -> tuple[dict, list]:
+    gaps: dict[str, list] = {}
+    structural = []
+    for b in boundaries:
+        if b.structural and b.gap == 0:
+            if b.stage not in structural:
+                structural.append(b.stage)
+            continue
+        if math.isinf(b.gap):
+            continue
+        cur = gaps.setdefault(b.stage, [math.inf, math.inf])
+        cur[0] = min(cur[0], b.gap)
+        cur[1] = min(cur[1], b.rel_gap)
+    return gaps, structural
+
+
+def reference_selection(d: PressDef, sc: ref.Scored, N: torch.Tensor | None, L: int, cr: float, layer: int,
+                        n_layers: int, ties: str) -> ref.Selection:
+    n_kept = ref.n_kept_uniform(L, cr)
+    o = d.options
+    if d.kind == "uniform":
+        return ref.select_uniform(sc, n_kept, ties)
+    if d.kind == "pyramid":
+        return ref.select_uniform(sc, ref.pyramid_n_kept(L, cr, o["window"], o["beta"], layer, n_layers), ties)
+    if d.kind == "critical":
+        return ref.select_critical(sc, N, n_kept, ref.critical_first_stage(L, cr, o["alpha"]), o["eps"], ties)
+    n_safe = ref.adakv_n_safe(n_kept, o["safeguard"])
+    if d.kind == "adakv":
+        return ref.select_adakv(sc, n_kept, n_safe, ties)
+    if d.kind == "critical_adakv":
+        return ref.select_critical_adakv(sc, N, n_kept, n_safe, o["alpha"], o["eps"], ties)
+    raise ValueError(d.kind)
+
+
+def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored:
+    o = d.options
+    if d.scorer == "snapkv":
+        return ref.score_snapkv(inp, o["window"], o["kernel"], o["pool"])
+    if d.scorer == "tova":
+        return ref.score_tova(inp)
+    if d.scorer == "knorm":
+        return ref.score_knorm(inp)
+    if d.scorer == "streaming_llm":
+        return ref.score_streaming(inp, ref.n_kept_uniform(inp.L, cr), o["n_sink"])
+    if d.scorer == "observed_attention":
+        return ref.score_observed(inp)
+    if d.scorer == "expected_attention":
+        return ref.score_expected(inp, o["n_future"], o["n_sink"], o["covariance"], o["vnorm"], o["epsilon_ea"])
+    raise ValueError(d.scorer)
+
+
+@torch.inference_mode()
+def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[int]) -> CaseResult:
+    import kvpress as kp
+    from kvpress.presses import criticalkv_press
+    from transformers import DynamicCache
+
+    model = run.models[d.attn]
+    L = len(ctx)
+    press = d.make(cr)
+    press_repr = describe(press)
+    outer = press
+    base = press.press if hasattr(press, "press") else press
+    base_scores: dict[int, torch.Tensor] = {}
+    final_scores: dict[int, torch.Tensor] = {}
+    vnorms: dict[int, torch.Tensor] = {}
+    keys_in: dict[int, torch.Tensor] = {}
+    problems: list[str] = []
+
+    # instrumentation: instance attributes shadow the methods kvpress calls through self
+    base_score = base.score
+
+    def rec_base(module, hidden_states, keys, values, attentions, kwargs):
+        s = base_score(module, hidden_states, keys, values, attentions, kwargs)
+        base_scores[module.layer_idx] = s[0].detach().clone()  # AdaKV edits the tensor in place later
+        return s
+
+    base.score = rec_base
+    if outer is not base and isinstance(outer, kp.ScorerPress):  # CriticalKVPress: the combined scores
+        outer_score = outer.score
+
+        def rec_final(module, hidden_states, keys, values, attentions, kwargs):
+            s = outer_score(module, hidden_states, keys, values, attentions, kwargs)
+            final_scores[module.layer_idx] = s[0].detach().clone()
+            return s
+
+        outer.score = rec_final
+    outer_compress = outer.compress
+
+    def rec_compress(module, hidden_states, keys, values, attentions, kwargs):
+        keys_in[module.layer_idx] = keys[0].detach().clone()
+        return outer_compress(module, hidden_states, keys, values, attentions, kwargs)
+
+    outer.compress = rec_compress
+    vwl1 = criticalkv_press.CriticalKVPress.__dict__["vwl1norm"]
+
+    def rec_vwl1(values, module):
+        n = vwl1.__func__(values, module)
+        vnorms[module.layer_idx] = n[0].detach().clone()
+        return n
+
+    criticalkv_press.CriticalKVPress.vwl1norm = staticmethod(rec_vwl1)
+    try:
+        cache = DynamicCache()
+        with press(model):
+            model.model(input_ids=torch.tensor([ctx]), past_key_values=cache)
+    finally:
+        criticalkv_press.CriticalKVPress.vwl1norm = vwl1
+
+    layers = model.model.layers
+    full_keys = run.full_keys[d.attn]
+    for i in range(run.n_layers):
+        if not torch.equal(keys_in[i], full_keys[i]):
+            problems.append(f"layer {i}: keys handed to the press differ from the no-press prefill")
+    if not base_scores or len(base_scores) != run.n_layers:
+        raise RuntimeError(f"{d.case}: scores of {len(base_scores)} layers recorded")
+    if final_scores == {}:
+        final_scores = base_scores
+
+    # --- kept sets as kvpress applied them
+    kept: list = []
+    n_kept = None
+    per_layer = None
+    budgets = None
+    masked_sets = None
+    if d.kind in ("adakv", "critical_adakv"):
+        masked_sets = []
+        budgets = []
+        for i in range(run.n_layers):
+            b_idx, h_idx, t_idx = layers[i].self_attn.masked_key_indices
+            masked = [set() for _ in range(run.n_kv)]
+            for h, t in zip(h_idx.tolist(), t_idx.tolist()):
+                masked[h].add(t)
+            if sum(len(m) for m in masked) != len(t_idx):
+                problems.append(f"layer {i}: duplicate masked indices")
+            if full_keys[i].shape[1] != cache.layers[i].keys.shape[2]:
+                problems.append(f"layer {i}: AdaKV cache was compacted")
+            per_head = [sorted(set(range(L)) - m) for m in masked]
+            masked_sets.append(masked)
+            kept.append(per_head)
+            budgets.append([len(p) for p in per_head])
+            if sum(budgets[-1]) != run.n_kv * ref.n_kept_uniform(L, cr):
+                problems.append(f"layer {i}: kept {sum(budgets[-1])} != Hkv * n_kept")
+    else:
+        per_layer = []
+        for i in range(run.n_layers):
+            ck = cache.layers[i].keys[0]  # [Hkv, n, d]
+            n = ck.shape[1]
+            per_layer.append(n)
+            per_head = []
+            for h in range(run.n_kv):
+                from_cache = sorted(_match_rows(ck[h], full_keys[i][h]))
+                from_topk = sorted(torch.topk(final_scores[i][h], n).indices.tolist())
+                if from_cache != from_topk:
+                    problems.append(f"layer {i} head {h}: cache rows != topk of the recorded scores")
+                per_head.append(from_cache)
+            kept.append(per_head)
+        if len(set(per_layer)) == 1:
+            n_kept = per_layer[0]
+        if d.kind != "pyramid" and n_kept != ref.n_kept_uniform(L, cr):
+            problems.append(f"n_kept {n_kept} != compute_n_kept {ref.n_kept_uniform(L, cr)}")
+        if d.kind == "pyramid":
+            want = [ref.pyramid_n_kept(L, cr, d.options["window"], d.options["beta"], i, run.n_layers)
+                    for i in range(run.n_layers)]
+            got = [press.get_layer_budget(layers[i].self_attn, L) for i in range(run.n_layers)]
+            if want != per_layer or got != per_layer:
+                problems.append(f"pyramid counts: cache {per_layer}, kvpress {got}, reference {want}")
+
+    # --- the question, as the pipeline feeds it
+    pos = question_positions(L)
+    q = torch.tensor([q_ids])
+    if per_layer is not None and len(set(per_layer)) > 1:
+        # one 8-token forward fails in transformers 5.2 when layers hold different cache lengths
+        # (the causal mask is sized from layer 0): feed one token at a time (no mask needed)
+        rows = []
+        for j in range(N_QUESTION):
+            out = model(input_ids=q[:, j: j + 1], past_key_values=cache, position_ids=pos[:, j: j + 1])
+            rows.append(out.logits[0, -1].float())
+        logits = torch.stack(rows).numpy()
+        feed = "token by token"
+    else:
+        logits = model(input_ids=q, past_key_values=cache, position_ids=pos).logits[0].float().numpy()
+        feed = "one forward"
+    if masked_sets is not None:
+        # the attention patch wrote its fake keys into the cached keys at the masked indices
+        for i in range(run.n_layers):
+            changed = (cache.layers[i].keys[0, :, :L] != full_keys[i]).any(-1)  # [Hkv, L]
+            for h in range(run.n_kv):
+                if set(torch.nonzero(changed[h]).flatten().tolist()) != masked_sets[i][h]:
+                    problems.append(f"layer {i} head {h}: overwritten keys != masked_key_indices")
+            layers[i].self_attn.masked_key_indices = None
+
+    checks: dict = {}
+    replay = replay_logits(run, q_ids, kept, d.attn)
+    checks["replay_max_abs_diff"] = float(np.abs(replay - logits).max())
+    if checks["replay_max_abs_diff"] > REPLAY_ATOL:
+        problems.append(f"replay of the kept sets differs from kvpress's question logits by "
+                        f"{checks['replay_max_abs_diff']:.3g}")
+
+    # --- the reference: scores from the layer inputs, and selections
+    sb = torch.stack([base_scores[i] for i in range(run.n_layers)]).to(torch.float32)
+    vn = torch.stack([vnorms[i] for i in range(run.n_layers)]).to(torch.float32) if vnorms else None
+    boundaries: list[ref.Boundary] = []
+    low_kept, high_kept, own_kept = [], [], []
+    score_diff = 0.0
+    norm_diff = 0.0
+    for i in range(run.n_layers):
+        inp = run.inputs[d.attn][i]
+        kv_scores = sb[i].to(torch.float64)
+        sc = ref.Scored(kv_scores, protected_mask(d, L, run.n_kv, kv_scores))
+        N = vn[i].to(torch.float64) if vn is not None else None
+        low = reference_selection(d, sc, N, L, cr, i, run.n_layers, "low")
+        high = reference_selection(d, sc, N, L, cr, i, run.n_layers, "high")
+        boundaries += low.boundaries
+        low_kept.append(low.kept)
+        high_kept.append(high.kept)
+        own = reference_scores(d, inp, cr)
+        body = own.scores[~own.protected] if (~own.protected).any() else own.scores
+        scale = max(float(body.abs().max()), 1e-30)
+        score_diff = max(score_diff, float((own.scores - kv_scores).abs().max()) / scale)
+        own_N = ref.value_output_l1(inp) if d.kind in ("critical", "critical_adakv") else None
+        if own_N is not None:
+            norm_diff = max(norm_diff, float(((own_N - N).abs() / own_N.abs()).max()))
+        own_kept.append(reference_selection(d, own, own_N, L, cr, i, run.n_layers, "low").kept)
+    checks["reference_score_max_rel_diff"] = float(f"{score_diff:.3g}")
+    if vn is not None:
+        checks["reference_value_norm_max_rel_diff"] = float(f"{norm_diff:.3g}")
+    tie_dependent = low_kept != high_kept
+    gaps, structural = _gap_summary(boundaries)
+
+    def agree(a, b) -> str:
+        if a == b:
+            return "identical"
+        if tie_dependent and kept_within_ties(a, b, low_kept, high_kept):
+            return "identical outside tie groups"
+        return "DIFFERENT"
+
+    checks["reference_kept_vs_kvpress"] = agree(own_kept, kept)
+    checks["selection_on_kvpress_scores_vs_kvpress"] = agree(low_kept, kept)
+    for key in ("reference_kept_vs_kvpress", "selection_on_kvpress_scores_vs_kvpress"):
+        if checks[key] == "DIFFERENT":
+            problems.append(f"{key}: {describe_difference(own_kept if key.startswith('reference') else low_kept, kept)}")
+    if score_diff > 1e-4:
+        problems.append(f"reference scores differ from kvpress's by {score_diff:.3g} (relative)")
+
+    ties_low = None
+    ties_low_logits = None
+    if tie_dependent:
+        ties_low = low_kept
+        ties_low_logits = replay_logits(run, q_ids, low_kept, d.attn)
+
+    return CaseResult(
+        d=d, cr=cr, press_repr=press_repr, kept=kept, n_kept=n_kept,
+        n_kept_per_layer=per_layer if d.kind == "pyramid" else None, head_budgets=budgets,
+        base_scores=sb.numpy(), value_norms=None if vn is None else vn.numpy(), logits=logits,
+        question_feed=feed, gaps=gaps, structural_ties=structural, tie_dependent=tie_dependent,
+        kept_ties_low=ties_low, logits_ties_low=ties_low_logits, checks=checks, problems=problems)
+
+
+def kept_within_ties(a, b, low, high) -> bool:
+    """a and b differ only in tokens whose membership differs between the two tie rules."""
+    for i in range(len(a)):
+        for h in range(len(a[i])):
+            loose = set(low[i][h]) ^ set(high[i][h])
+            if (set(a[i][h]) ^ set(b[i][h])) - loose or len(a[i][h]) != len(b[i][h]):
+                return False
+    return True
+
+
+def describe_difference(a, b) -> str:
+    parts = []
+    for i in range(len(a)):
+        for h in range(len(a[i])):
+            x, y = set(a[i][h]), set(b[i][h])
+            if x != y:
+                parts.append(f"layer {i} head {h}: only reference {sorted(x - y)[:8]}, only kvpress {sorted(y - x)[:8]}")
+    return "; ".join(parts[:4])
+
+
+# ----------------------------------------------------------------------------------------------
+# driver
+
+
+def evaluate(run: ModelRun, defs: list[PressDef], k: int):
+    ctx, q_ids = context_ids(run.name, run.vocab, k)
+    capture_inputs(run, ctx)
+    results = [run_case(run, d, cr, ctx, q_ids) for d in defs for cr in RATIOS]
+    worst = math.inf
+    for r in results:
+        for _, rel in r.gaps.values():
+            worst = min(worst, rel)
+    return ctx, q_ids, results, worst
+
+
+@torch.inference_mode()
+def none_logits(run: ModelRun, ctx: list[int], q_ids: list[int]) -> tuple[np.ndarray, dict]:
+    from transformers import DynamicCache
+
+    model = run.models["sdpa"]
+    cache = DynamicCache()
+    model.model(input_ids=torch.tensor([ctx]), past_key_values=cache)
+    logits = model(input_ids=torch.tensor([q_ids]), past_key_values=cache,
+                   position_ids=question_positions(len(ctx))).logits[0].float().numpy()
+    full = model(input_ids=torch.tensor([ctx + q_ids])).logits[0, len(ctx):].float().numpy()
+    replay = replay_logits(run, q_ids, None, "sdpa")
+    return logits, {"vs_full_forward_max_abs_diff": float(np.abs(full - logits).max()),
+                    "replay_max_abs_diff": float(np.abs(replay - logits).max())}
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or math.isinf(x) else float(f"{x:.6g}")
+
+
+def write_model(run: ModelRun, k: int, ctx, q_ids, results: list[CaseResult], worst: float) -> list[str]:
+    import kvpress
+    import transformers
+
+    out = FIXTURE_PRESSES / run.name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    nl, nl_checks = none_logits(run, ctx, q_ids)
+    nl.astype("<f4").tofile(out / "none.logits.f32")
+    problems = []
+    if nl_checks["vs_full_forward_max_abs_diff"] > 1e-4 or nl_checks["replay_max_abs_diff"] > REPLAY_ATOL:
+        problems.append(f"{run.name}: no-press question logits checks {nl_checks}")
+    oc.write_json(out / "context.json", {
+        "model": run.name,
+        "context_ids": ctx,
+        "question_ids": q_ids,
+        "n_layers": run.n_layers,
+        "n_kv_heads": run.n_kv,
+        "n_heads": run.n_heads,
+        "vocab_size": run.vocab,
+        "L": len(ctx),
+        "question_positions": [len(ctx), len(ctx) + N_QUESTION - 1],
+        "none_logits_file": "none.logits.f32",
+        "context_seed": oc.stable_seed(f"press-context:{run.name}") + k,
+        "min_score_gap_rel_all_cases": _num(worst),
+        "none_checks": {key: float(f"{v:.3g}") for key, v in nl_checks.items()},
+        "generator": "tools/oracle/press_fixtures.py",
+        "kvpress": kvpress.__version__ if hasattr(kvpress, "__version__") else _dist_version("kvpress"),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+    })
+    for r in results:
+        stem = f"{r.d.case}_cr{round(r.cr * 100):02d}"
+        r.base_scores.astype("<f4").tofile(out / f"{stem}.scores.f32")
+        r.logits.astype("<f4").tofile(out / f"{stem}.logits.f32")
+        abs_gaps = [g[0] for g in r.gaps.values()]
+        rel_gaps = [g[1] for g in r.gaps.values()]
+        obj = {
+            "press": r.d.spec,
+            "case": r.d.case,
+            "kvpress": r.press_repr,
+            "compression_ratio": r.cr,
+            "options": r.d.options,
+            "attn_implementation": r.d.attn,
+            "n_kept": r.n_kept,
+            "n_kept_formula": ref.n_kept_uniform(CONTEXT_LEN, r.cr),
+        }
+        if r.n_kept_per_layer is not None:
+            obj["n_kept_per_layer"] = r.n_kept_per_layer
+        if r.head_budgets is not None:
+            obj["head_budgets"] = r.head_budgets
+        obj["kept"] = r.kept
+        obj["min_score_gap"] = _num(min(abs_gaps)) if abs_gaps else None
+        obj["min_score_gap_rel"] = _num(min(rel_gaps)) if rel_gaps else None
+        obj["score_gaps"] = {s: {"min": _num(g[0]), "min_rel": _num(g[1])} for s, g in r.gaps.items()}
+        obj["structural_ties"] = r.structural_ties
+        obj["tie_dependent"] = r.tie_dependent
+        obj["scores_file"] = f"{stem}.scores.f32"
+        if r.value_norms is not None:
+            r.value_norms.astype("<f4").tofile(out / f"{stem}.vnorm.f32")
+            obj["value_norm_file"] = f"{stem}.vnorm.f32"
+        obj["question_logits_file"] = f"{stem}.logits.f32"
+        obj["question_feed"] = r.question_feed
+        if r.tie_dependent:
+            obj["kept_ties_low"] = r.kept_ties_low
+            r.logits_ties_low.astype("<f4").tofile(out / f"{stem}.ties_low.logits.f32")
+            obj["question_logits_ties_low_file"] = f"{stem}.ties_low.logits.f32"
+        obj["checks"] = r.checks
+        oc.write_json(out / f"{stem}.json", obj)
+        problems += [f"{run.name} {stem}: {p}" for p in r.problems]
+    return problems
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def summary_line(run: ModelRun, r: CaseResult) -> str:
+    rel = min((g[1] for g in r.gaps.values()), default=math.inf)
+    c = r.checks
+    tie = " TIE-DEPENDENT" if r.tie_dependent else ""
+    st = f" structural ties {r.structural_ties}" if r.structural_ties else ""
+    return (f"[press_fixtures] {run.name:<10} {r.d.case:<22} cr {r.cr:<4} n_kept {str(r.n_kept):>4} "
+            f"gap_rel {rel:9.3g}  ref scores {c['reference_score_max_rel_diff']:8.2g}  "
+            f"ref kept {c['reference_kept_vs_kvpress']}  replay {c['replay_max_abs_diff']:.2g}{tie}{st}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(MODELS)})")
+    ap.add_argument("--max-seed-tries", type=int, default=16)
+    args = ap.parse_args()
+    oc.setup_torch()
+    import kvpress  # noqa: F401  (importing kvpress patches the attention functions, as in its pipeline)
+
+    register_replay_attention()
+    defs = _defs()
+    problems: list[str] = []
+    for name in args.only or MODELS:
+        run = load_models(name)
+        chosen = None
+        for k in range(args.max_seed_tries):
+            ctx, q_ids, results, worst = evaluate(run, defs, k)
+            print(f"[press_fixtures] {name}: context seed try {k}: min relative gap {worst:.3g}")
+            if worst > MIN_REL_GAP:
+                chosen = (k, ctx, q_ids, results, worst)
+                break
+        if chosen is None:
+            print(f"[press_fixtures] {name}: no context seed in {args.max_seed_tries} tries has all gaps > "
+                  f"{MIN_REL_GAP}", file=sys.stderr)
+            return 1
+        k, ctx, q_ids, results, worst = chosen
+        capture_inputs(run, ctx)
+        for r in results:
+            print(summary_line(run, r))
+        problems += write_model(run, k, ctx, q_ids, results, worst)
+    for p in problems:
+        print(f"[press_fixtures] PROBLEM {p}", file=sys.stderr)
+    total = sum(f.stat().st_size for f in FIXTURE_PRESSES.rglob("*") if f.is_file())
+    print(f"[press_fixtures] wrote {FIXTURE_PRESSES.relative_to(oc.REPO_ROOT)} ({total / 1e6:.2f} MB)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+"""An independent float64 reference of ckv's eviction scorers and selections.
+
+Written from SPEC-eviction.md (the contract ckv implements), not from kvpress: press_fixtures.py
+feeds it the same per-layer inputs kvpress sees (attention input, post-RoPE keys, values, weights,
+RoPE tables) and checks that it keeps the same tokens as kvpress did. Its selection functions also
+run on kvpress's own recorded scores, to measure how close each selection is to a tie and whether
+the result depends on how ties are broken.
+
+Conventions: one layer at a time, batch 1. Scores are [Hkv, L] float64, higher = more important.
+Tie rule "low" (SPEC, and ckv): equal scores rank by lower flat index head * L + position first;
+"high" reverses that, and serves only to detect selections that depend on tie breaking.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass
+class LayerInputs:
+    layer: int
+    n_layers: int
+    n_heads: int  # query heads H
+    hidden: torch.Tensor  # [L, D] attention input (post input-RMSNorm) of the context tokens
+    keys: torch.Tensor  # [Hkv, L, d] post-RoPE keys, as cached
+    values: torch.Tensor  # [Hkv, L, d]
+    cos: torch.Tensor  # [L, d] RoPE table of positions 0..L-1 (any attention scaling included)
+    sin: torch.Tensor  # [L, d]
+    wq: torch.Tensor  # [H*d, D] q_proj weight
+    bq: torch.Tensor | None  # [H*d] q_proj bias
+    wo: torch.Tensor  # [D, H*d] o_proj weight
+    rope_table: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # positions -> cos, sin [n, d]
+
+    @property
+    def L(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def n_kv(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def G(self) -> int:
+        return self.n_heads // self.n_kv
+
+
+@dataclass
+class Scored:
+    scores: torch.Tensor  # [Hkv, L] float64, protected tokens included
+    protected: torch.Tensor  # [Hkv, L] bool: tokens given the protected score
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: the pairs are (i, i + d/2). x [..., T, d], cos/sin [T, d]."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + swapped * sin
+
+
+def _queries(inp: LayerInputs, rows: slice, rope: bool = True) -> torch.Tensor:
+    """Queries [H, T, d] of context rows, recomputed from the attention input."""
+    h = inp.hidden[rows].to(F64)
+    q = h @ inp.wq.to(F64).T
+    if inp.bq is not None:
+        q = q + inp.bq.to(F64)
+    q = q.view(h.shape[0], inp.n_heads, inp.d).transpose(0, 1)
+    if rope:
+        q = _rope(q, inp.cos[rows].to(F64), inp.sin[rows].to(F64))
+    return q
+
+
+def _keys_per_query_head(inp: LayerInputs) -> torch.Tensor:
+    """[H, L, d]: query head h reads KV head h // G."""
+    return inp.keys.to(F64).repeat_interleave(inp.G, dim=0)
+
+
+def _with_protected(body: torch.Tensor, L: int, head: int, tail: int) -> Scored:
+    """body [Hkv, L - head - tail] -> [Hkv, L] with the first `head` and last `tail` tokens protected:
+    their score is the maximum of the layer's whole unprotected score tensor plus one."""
+    n_kv = body.shape[0]
+    value = float(body.max()) + 1.0
+    scores = torch.full((n_kv, L), value, dtype=F64)
+    scores[:, head : L - tail] = body
+    protected = torch.ones((n_kv, L), dtype=torch.bool)
+    protected[:, head : L - tail] = False
+    return Scored(scores, protected)
+
+
+# ----------------------------------------------------------------------------------------------
+# scorers
+
+
+def window_attention(inp: LayerInputs, w: int) -> torch.Tensor:
+    """Softmax attention [H, w, L] of the last w context tokens over all L keys (causal inside the
+    window), logits scaled by 1/sqrt(head_dim)."""
+    L = inp.L
+    q = _queries(inp, slice(L - w, L))
+    logits = q @ _keys_per_query_head(inp).transpose(1, 2) / math.sqrt(inp.d)
+    qpos = torch.arange(L - w, L)[:, None]
+    kpos = torch.arange(L)[None, :]
+    logits = logits.masked_fill(kpos > qpos, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def _pool(x: torch.Tensor, kernel: int, kind: str) -> torch.Tensor:
+    """1-D pooling along the last axis, stride 1, padding kernel // 2 on both sides (odd kernels):
+    avg counts the zero padding in the divisor, max pads with -inf."""
+    if kernel <= 1:
+        return x
+    if kernel % 2 == 0:
+        raise ValueError("pooling kernel must be odd")
+    r = kernel // 2
+    pad_value = 0.0 if kind == "avg" else float("-inf")
+    padded = torch.nn.functional.pad(x, (r, r), value=pad_value)
+    windows = padded.unfold(-1, kernel, 1)
+    return windows.sum(-1) / kernel if kind == "avg" else windows.amax(-1)
+
+
+def score_snapkv(inp: LayerInputs, window: int, kernel: int, pool: str = "avg") -> Scored:
+    L, w = inp.L, window
+    if L <= w:
+        raise ValueError(f"snapkv needs more context tokens ({L}) than its window ({w})")
+    attn = window_attention(inp, w)[:, :, : L - w]  # [H, w, L - w]
+    per_head = _pool(attn.mean(1), kernel, pool)  # [H, L - w]
+    body = per_head.view(inp.n_kv, inp.G, L - w).mean(1)
+    return _with_protected(body, L, 0, w)
+
+
+def score_tova(inp: LayerInputs) -> Scored:
+    L = inp.L
+    attn = window_attention(inp, 1)[:, 0, : L - 1]  # [H, L - 1]
+    body = attn.mean(0, keepdim=True).expand(inp.n_kv, L - 1)  # one row shared by every KV head
+    return _with_protected(body.clone(), L, 0, 1)
+
+
+def score_knorm(inp: LayerInputs) -> Scored:
+    s = -torch.linalg.vector_norm(inp.keys.to(F64), dim=-1)
+    return Scored(s, torch.zeros_like(s, dtype=torch.bool))
+
+
+def score_streaming(inp: LayerInputs, n_kept: int, n_sink: int) -> Scored:
+    """1 for the n_sink first and the n_kept - n_sink last tokens, 0 elsewhere."""
+    L = inp.L
+    s = torch.zeros((inp.n_kv, L), dtype=F64)
+    s[:, :n_sink] = 1.0
+    s[:, L - max(n_kept - n_sink, 0) :] = 1.0
+    return Scored(s, s > 0)
+
+
+def score_observed(inp: LayerInputs, block: int = 64) -> Scored:
+    """Column sums of the causal attention matrix, each divided by the number of queries that see
+    the key (L - j), averaged over the G query heads of the group. Query blocks of `block` rows."""
+    L = inp.L
+    k = _keys_per_query_head(inp)
+    col = torch.zeros((inp.n_heads, L), dtype=F64)
+    for start in range(0, L, block):
+        stop = min(L, start + block)
+        q = _queries(inp, slice(start, stop))
+        logits = q @ k.transpose(1, 2) / math.sqrt(inp.d)
+        qpos = torch.arange(start, stop)[:, None]
+        logits = logits.masked_fill(torch.arange(L)[None, :] > qpos, float("-inf"))
+        col += torch.softmax(logits, dim=-1).sum(1)
+    col = col / torch.arange(L, 0, -1, dtype=F64)
+    s = col.view(inp.n_kv, inp.G, L).mean(1)
+    return Scored(s, torch.zeros_like(s, dtype=torch.bool))
+
+
+def score_expected(
+    inp: LayerInputs,
+    n_future: int = 512,
+    n_sink: int = 4,
+    use_covariance: bool = True,
+    use_vnorm: bool = True,
+    epsilon: float = 0.0,
+) -> Scored:
+    """Expected attention of future queries. The pre-RoPE queries of the non-sink context tokens give
+    a mean mu and a (biased, / T) covariance S per query head; the RoPE rotation averaged over the
+    positions L .. L + n_future - 1 is Rbar = diag(mean cos) + diag(mean sin) P (P x = rotate-half
+    of x), so mu' = Rbar mu and S' = Rbar S Rbar^T. For non-sink key k_j (post-RoPE, as cached):
+    z_j = mu'.k_j / sqrt(d) + k_j^T S' k_j / (2 d); softmax over the non-sink keys; mean over the
+    group; times (s + epsilon) * ||v_j||_2; the sinks are protected."""
+    L, d = inp.L, inp.d
+    if L <= n_sink:
+        raise ValueError(f"expected_attention needs more than n_sink={n_sink} tokens")
+    q = _queries(inp, slice(n_sink, L), rope=False)  # [H, T, d]
+    mu = q.mean(1)  # [H, d]
+    centered = q - mu[:, None, :]
+    cov = centered.transpose(1, 2) @ centered / q.shape[1]  # [H, d, d]
+    cos, sin = inp.rope_table(torch.arange(L, L + n_future))
+    mc, ms = cos.to(F64).mean(0), sin.to(F64).mean(0)  # [d]
+    half = d // 2
+    P = torch.zeros((d, d), dtype=F64)
+    P[:half, half:] = -torch.eye(half, dtype=F64)
+    P[half:, :half] = torch.eye(half, dtype=F64)
+    Rbar = torch.diag(mc) + torch.diag(ms) @ P
+    mu = mu @ Rbar.T
+    k = _keys_per_query_head(inp)[:, n_sink:]  # [H, T, d]
+    z = (k @ mu[:, :, None])[..., 0] / math.sqrt(d)
+    if use_covariance:
+        cov = Rbar @ cov @ Rbar.T
+        z = z + torch.einsum("htd,hde,hte->ht", k, cov, k) / (2 * d)
+    p = torch.softmax(z, dim=-1).view(inp.n_kv, inp.G, L - n_sink).mean(1)
+    if use_vnorm:
+        p = (p + epsilon) * torch.linalg.vector_norm(inp.values.to(F64)[:, n_sink:], dim=-1)
+    return _with_protected(p, L, n_sink, 0)
+
+
+def value_output_l1(inp: LayerInputs, block: int = 128) -> torch.Tensor:
+    """CriticalKV's N [Hkv, L]: mean over the query heads h of the group of ||V[t] W_O^h||_1, with
+    W_O^h = o_proj.weight[:, h*d:(h+1)*d]^T (d x D). Token blocks of `block` rows."""
+    d, L = inp.d, inp.L
+    wo = inp.wo.to(F64)
+    v = inp.values.to(F64)
+    out = torch.zeros((inp.n_heads, L), dtype=F64)
+    for h in range(inp.n_heads):
+        w_h = wo[:, h * d : (h + 1) * d].T  # [d, D]
+        for start in range(0, L, block):
+            stop = min(L, start + block)
+            out[h, start:stop] = (v[h // inp.G, start:stop] @ w_h).abs().sum(-1)
+    return out.view(inp.n_kv, inp.G, L).mean(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# kept counts
+
+
+def n_kept_uniform(L: int, cr: float) -> int:
+    """kvpress: max(1, floor(L * (1 - cr))), (1 - cr) evaluated first, in double; 0 when cr >= 1."""
+    if cr >= 1.0:
+        return 0
+    return max(1, int(L * (1.0 - cr)))
+
+
+def critical_first_stage(L: int, cr: float, alpha: float) -> int:
+    """b1 = floor(((1 - cr) * L) * alpha), at least 1 (when alpha > 0 and cr < 1)."""
+    b1 = int((1.0 - cr) * L * alpha)
+    if alpha > 0:
+        b1 = max(1, b1) if cr < 1.0 else 0
+    return b1
+
+
+def adakv_n_safe(n_kept: int, safeguard: float) -> int:
+    n = int(n_kept * safeguard)
+    if safeguard > 0:
+        n = max(1, n) if n_kept > 0 else 0
+    return n
+
+
+def pyramid_n_kept(L: int, cr: float, window: int, beta: float, layer: int, n_layers: int) -> int:
+    """PyramidKV's per-layer count (kvpress's schedule): the layer budgets decrease linearly from
+    top to bottom while their mean stays L * (1 - cr); an infeasible schedule falls back to a uniform
+    count. round() is Python's (half to even). The intermediate capacity is formed as kvpress does
+    (window + L*(1-cr), then minus window), which can differ from L*(1-cr) in the last bit."""
+    if beta < 1:
+        raise ValueError("beta must be >= 1")
+    capacity = window + L * (1.0 - cr)
+    spread = capacity - window
+    lo = spread / beta
+    hi = spread * 2 - lo
+    if hi >= L - window:
+        hi = L - window
+        lo = spread * 2 - hi
+    if not (L >= hi >= lo >= window):
+        return max(1, round(L * (1.0 - cr)))
+    step = (hi - lo) / (n_layers - 1) if n_layers > 1 else 0.0
+    return round(hi - layer * step)
+
+
+# ----------------------------------------------------------------------------------------------
+# selection
+
+
+@dataclass
+class Boundary:
+    """The cut of one top-k: the last kept and the first dropped entry of a ranking."""
+
+    stage: str
+    head: int  # -1: a ranking across all heads of the layer
+    k: int
+    above: float  # score of the last kept entry (inf: a forced entry)
+    below: float  # score of the first dropped entry
+    structural: bool  # both entries are protected tokens (a tie by construction)
+
+    @property
+    def gap(self) -> float:
+        if math.isinf(self.above) and not math.isinf(self.below):
+            return math.inf
+        return self.above - self.below
+
+    @property
+    def rel_gap(self) -> float:
+        g = self.gap
+        if math.isinf(g):
+            return math.inf
+        scale = max(abs(self.above), abs(self.below))
+        return g / scale if scale > 0 else 0.0
+
+
+@dataclass
+class Selection:
+    kept: list[list[int]]  # per KV head, ascending positions
+    boundaries: list[Boundary] = field(default_factory=list)
+    budgets: list[int] | None = None  # per-head kept counts (cross-head allocations)
+
+
+def _ranking(keys: list[tuple[int, float, bool]], ties: str) -> list[int]:
+    """Indices of `keys` = (flat index, score, forced) best first: forced entries, then by score;
+    equal entries by flat index ascending (ties "low") or descending ("high")."""
+    sign = 1 if ties == "low" else -1
+    order = sorted(range(len(keys)), key=lambda i: (not keys[i][2], -keys[i][1], sign * keys[i][0]))
+    return order
+
+
+def _top(
+    scores: list[float],
+    flat: list[int],
+    k: int,
+    ties: str,
+    stage: str,
+    head: int,
+    forced: list[bool] | None = None,
+    protected: list[bool] | None = None,
+    out: list[Boundary] | None = None,
+) -> list[int]:
+    """The k best entries (indices into `scores`), recording the boundary."""
+    n = len(scores)
+    forced = forced or [False] * n
+    order = _ranking([(flat[i], scores[i], forced[i]) for i in range(n)], ties)
+    if out is not None and 0 < k < n:
+        a, b = order[k - 1], order[k]
+        above = math.inf if forced[a] else scores[a]
+        below = math.inf if forced[b] else scores[b]
+        structural = bool(protected and protected[a] and protected[b])
+        out.append(Boundary(stage, head, k, above, below, structural))
+    return order[:k]
+
+
+def select_uniform(sc: Scored, n_kept: int, ties: str = "low", stage: str = "topk") -> Selection:
+    n_kv, L = sc.scores.shape
+    sel = Selection([])
+    for h in range(n_kv):
+        s = sc.scores[h].tolist()
+        idx = _top(s, [h * L + t for t in range(L)], n_kept, ties, stage, h, None, sc.protected[h].tolist(),
+                   sel.boundaries)
+        sel.kept.append(sorted(idx))
+    return sel
+
+
+def select_critical(sc: Scored, N: torch.Tensor, n_kept: int, b1: int, eps: float, ties: str = "low") -> Selection:
+    """Stage 1 forces each head's top-b1 of s; stage 2 fills the head up to n_kept with the best of
+    the rest ranked by (s + eps) * N."""
+    n_kv, L = sc.scores.shape
+    sel = Selection([])
+    for h in range(n_kv):
+        s = sc.scores[h].tolist()
+        flat = [h * L + t for t in range(L)]
+        prot = sc.protected[h].tolist()
+        first = _top(s, flat, b1, ties, "stage1", h, None, prot, sel.boundaries)
+        chosen = set(first)
+        rest = [t for t in range(L) if t not in chosen]
+        s2 = ((sc.scores[h] + eps) * N[h].to(F64)).tolist()
+        second = _top([s2[t] for t in rest], [flat[t] for t in rest], n_kept - len(first), ties, "stage2", h,
+                      None, None, sel.boundaries)
+        sel.kept.append(sorted(first + [rest[i] for i in second]))
+    return sel
+
+
+def _safeguard(sc: Scored, n_safe: int, ties: str, boundaries: list[Boundary]) -> list[list[bool]]:
+    n_kv, L = sc.scores.shape
+    forced = []
+    for h in range(n_kv):
+        top = _top(sc.scores[h].tolist(), [h * L + t for t in range(L)], n_safe, ties, "safeguard", h, None,
+                   sc.protected[h].tolist(), boundaries)
+        f = [False] * L
+        for t in top:
+            f[t] = True
+        forced.append(f)
+    return forced
+
+
+def _global_budgets(sc: Scored, forced: list[list[bool]], n_kept: int, ties: str, stage: str,
+                    boundaries: list[Boundary]) -> tuple[list[int], list[list[int]]]:
+    """One ranking over all (head, token) entries of the layer (forced first): the best
+    n_kv * n_kept entries. Returns per-head counts and per-head chosen positions."""
+    n_kv, L = sc.scores.shape
+    flat_s = sc.scores.reshape(-1).tolist()
+    flat_f = [f for row in forced for f in row]
+    flat_p = sc.protected.reshape(-1).tolist()
+    top = _top(flat_s, list(range(n_kv * L)), n_kv * n_kept, ties, stage, -1, flat_f, flat_p, boundaries)
+    chosen: list[list[int]] = [[] for _ in range(n_kv)]
+    for i in top:
+        chosen[i // L].append(i % L)
+    return [len(c) for c in chosen], chosen
+
+
+def select_adakv(sc: Scored, n_kept: int, n_safe: int, ties: str = "low") -> Selection:
+    """Each head's top-n_safe are forced; then the best n_kv * n_kept entries of the whole layer."""
+    sel = Selection([])
+    forced = _safeguard(sc, n_safe, ties, sel.boundaries)
+    budgets, chosen = _global_budgets(sc, forced, n_kept, ties, "global", sel.boundaries)
+    sel.kept = [sorted(c) for c in chosen]
+    sel.budgets = budgets
+    return sel
+
+
+def select_critical_adakv(sc: Scored, N: torch.Tensor, n_kept: int, n_safe: int, alpha: float, eps: float,
+                          ties: str = "low") -> Selection:
+    """Safeguard as adakv; budget[h] = head h's share of the layer's best n_kv * n_kept entries;
+    stage 1 forces head h's top floor(budget[h] * alpha) (safeguarded entries rank first); stage 2
+    fills head h up to budget[h] with the rest ranked by (s + eps) * N."""
+    n_kv, L = sc.scores.shape
+    sel = Selection([])
+    forced = _safeguard(sc, n_safe, ties, sel.boundaries)
+    budgets, _ = _global_budgets(sc, forced, n_kept, ties, "budget", sel.boundaries)
+    for h in range(n_kv):
+        s = sc.scores[h].tolist()
+        flat = [h * L + t for t in range(L)]
+        prot = sc.protected[h].tolist()
+        b1 = int(budgets[h] * alpha)
+        first = set(_top(s, flat, b1, ties, "stage1", h, forced[h], prot, sel.boundaries))
+        first |= {t for t in range(L) if forced[h][t]}
+        rest = [t for t in range(L) if t not in first]
+        s2 = ((sc.scores[h] + eps) * N[h].to(F64)).tolist()
+        second = _top([s2[t] for t in rest], [flat[t] for t in rest], budgets[h] - len(first), ties, "stage2", h,
+                      None, None, sel.boundaries)
+        sel.kept.append(sorted(list(first) + [rest[i] for i in second]))
+    sel.budgets = budgets
+    return sel
