@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "cli/cli.h"
@@ -11,7 +12,9 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/threadpool.h"
+#include "engine/cache_io.h"
 #include "engine/compress.h"
+#include "kv/kv_file.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "model/model.h"
@@ -49,11 +52,13 @@ static void generate_usage(FILE *f) {
             "  --question-ids LIST    a question fed after the compressed context (repeatable; each is\n"
             "                         answered from the same compressed context)\n"
             "  --query-aware          compress context + question together\n"
-            "  --dump-kept F          JSON lines {layer, kv_head, positions} of what each head kept\n");
+            "  --dump-kept F          JSON lines {layer, kv_head, positions} of what each head kept\n"
+            "  --save-cache F         save the compressed context to F (with tp > 1: F.rank<r> per rank)\n"
+            "  --load-cache F         answer --question-ids from a saved context instead of a prompt\n");
 }
 
 typedef struct {
-    const char *model, *prompt_ids, *prompt_file, *backend, *stats_json, *dump_logits, *dump_kept;
+    const char *model, *prompt_ids, *prompt_file, *backend, *stats_json, *dump_logits, *dump_kept, *save_cache, *load_cache;
     int max_new, chunk, threads, ignore_eos, tp;
     ckv_sampler_config sampling;
     ckv_press_config press;
@@ -142,6 +147,10 @@ static void parse_args(generate_args *a, int argc, char **argv) {
         } else if (!strcmp(f, "--question-ids")) {
             if (a->n_questions == 64) ckv_cli_die("--question-ids: at most 64 questions");
             a->questions[a->n_questions++] = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--save-cache")) {
+            a->save_cache = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--load-cache")) {
+            a->load_cache = ckv_cli_value(argc, argv, &i);
         } else if (!strcmp(f, "--dump-kept")) {
             a->dump_kept = ckv_cli_value(argc, argv, &i);
         } else if (!strcmp(f, "--dump-logits")) {
@@ -153,8 +162,17 @@ static void parse_args(generate_args *a, int argc, char **argv) {
         }
     }
     if (!a->model) ckv_cli_usage_error("generate", "--model is required");
-    if (!a->prompt_ids == !a->prompt_file) ckv_cli_usage_error("generate", "give exactly one of --prompt-ids and --prompt-ids-file");
+    if (a->load_cache) {
+        if (a->prompt_ids || a->prompt_file) ckv_cli_usage_error("generate", "--load-cache replaces the prompt: drop --prompt-ids");
+        if (a->n_questions == 0) ckv_cli_usage_error("generate", "--load-cache needs at least one --question-ids");
+        if (a->save_cache) ckv_cli_usage_error("generate", "--load-cache and --save-cache together");
+    } else if (!a->prompt_ids == !a->prompt_file) {
+        ckv_cli_usage_error("generate", "give exactly one of --prompt-ids and --prompt-ids-file");
+    }
     parse_press_args(a, argc, argv);
+    if (a->save_cache && a->press.query_aware) ckv_cli_usage_error("generate", "--save-cache stores a context-only compression; drop --query-aware");
+    if (a->load_cache && a->press.scorer != CKV_SCORER_NONE)
+        ckv_cli_usage_error("generate", "--load-cache uses the press the cache was made with: drop --press");
     if (a->press.query_aware && a->n_questions == 0) ckv_cli_die("--query-aware needs at least one --question-ids");
 }
 
@@ -219,8 +237,20 @@ int ckv_cmd_generate(int argc, char **argv) {
     generate_args a;
     parse_args(&a, argc, argv);
     int n_ctx = 0, n_q[64] = {0}, max_q = 0;
-    int32_t *ctx = read_ids(a.prompt_file ? a.prompt_file : a.prompt_ids, a.prompt_file != NULL, &n_ctx,
-                            a.prompt_file ? a.prompt_file : "--prompt-ids");
+    int32_t *ctx = NULL;
+    if (!a.load_cache)
+        ctx = read_ids(a.prompt_file ? a.prompt_file : a.prompt_ids, a.prompt_file != NULL, &n_ctx,
+                       a.prompt_file ? a.prompt_file : "--prompt-ids");
+    else { /* the context length comes from the cache header */
+        char *meta = NULL, shard0[4200];
+        snprintf(shard0, sizeof shard0, "%s.rank0", a.load_cache); /* saved by several ranks */
+        int sharded = access(a.load_cache, F_OK) != 0 && access(shard0, F_OK) == 0;
+        ckv_cli_check(ckv_kv_file_read_meta(sharded ? shard0 : a.load_cache, &meta));
+        const char *p = strstr(meta, "\"context_len\": ");
+        n_ctx = p ? atoi(p + 15) : 0;
+        free(meta);
+        if (n_ctx < 1) ckv_cli_die("%s: cache header has no context length", a.load_cache);
+    }
     int32_t *q[64] = {0};
     for (int i = 0; i < a.n_questions; i++) {
         q[i] = ckv_cli_parse_ids(a.questions[i], &n_q[i], "--question-ids");
@@ -301,8 +331,15 @@ int ckv_cmd_generate(int argc, char **argv) {
             free(all);
         }
     } else if (a.n_questions > 0 || group == 0) { /* one prompt: group 0 works, the others wait */
-        check(world, ckv_session_init(&sess, m, (int)need, a.chunk, compress));
-        check(world, ckv_session_prefill_hook(&sess, ctx, n_ctx, NULL, &logits, compress ? ckv_compress_layer_hook : NULL, &cz));
+        check(world, ckv_session_init(&sess, m, (int)need, a.chunk, compress || a.load_cache));
+        if (a.load_cache) {
+            char spec[512];
+            check(world, ckv_session_load_cache(&sess, a.load_cache, spec, sizeof spec));
+            if (world->rank == 0) fprintf(stderr, "ckv: loaded a context of %d tokens compressed with %s\n", sess.n_past, spec);
+        } else {
+            check(world, ckv_session_prefill_hook(&sess, ctx, n_ctx, NULL, &logits, compress ? ckv_compress_layer_hook : NULL, &cz));
+        }
+        if (a.save_cache && group == 0) check(world, ckv_session_save_cache(&sess, a.save_cache, a.press.spec));
         if (a.n_questions == 0) {
             answer(&ac, &sess, logits, answers);
         } else {

@@ -172,3 +172,29 @@ size_t ckv_model_weight_bytes(const ckv_model_config *c, const ckv_shard_plan *p
     if (!(c->tie_word_embeddings && p->tp == 1)) total += (size_t)p->n_vocab_local * D;
     return total * sizeof(float);
 }
+
+static void fp_mix(uint64_t *h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) *h = (*h ^ b[i]) * 0x100000001b3ull;
+}
+
+ckv_status ckv_model_fingerprint(const ckv_model *m, char out[17]) {
+    const ckv_model_config *c = &m->cfg;
+    uint64_t h = 0xcbf29ce484222325ull;
+    int shape[] = {c->arch, c->vocab_size, c->hidden_size, c->intermediate_size, c->n_layers, c->n_heads,
+                   c->n_kv_heads, c->head_dim, c->tie_word_embeddings, c->attention_bias, (int)c->rope.type};
+    fp_mix(&h, shape, sizeof shape);
+    fp_mix(&h, &c->rope.theta, sizeof c->rope.theta);
+    fp_mix(&h, &c->rope.factor, sizeof c->rope.factor);
+    /* weights every rank holds in full: the first rows of the embeddings and the final norm */
+    float sample[1024];
+    size_t n = (size_t)c->hidden_size * 4 < 1024 ? (size_t)c->hidden_size * 4 : 1024;
+    if (n > (size_t)c->vocab_size * (size_t)c->hidden_size) n = (size_t)c->vocab_size * (size_t)c->hidden_size;
+    CKV_TRY(m->be->ops->download(m->be, sample, m->embed, n * sizeof(float)));
+    fp_mix(&h, sample, n * sizeof(float));
+    n = (size_t)c->hidden_size < 1024 ? (size_t)c->hidden_size : 1024;
+    CKV_TRY(m->be->ops->download(m->be, sample, m->final_norm, n * sizeof(float)));
+    fp_mix(&h, sample, n * sizeof(float));
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+    return CKV_STATUS_OK;
+}

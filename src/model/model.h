@@ -87,6 +87,10 @@ ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float 
  * the TP group), returned as a pointer into the scratch (valid until the next call). */
 ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits);
 
+/* A 16-hex-digit fingerprint of the model (its configuration and samples of its weights), the same
+ * on every rank; cache files record it so a cache is never loaded into another model. */
+ckv_status ckv_model_fingerprint(const ckv_model *m, char out[17]);
+
 /* Bytes of weights a rank would need for a given plan (for `ckv inspect`), fp32 compute. */
 size_t ckv_model_weight_bytes(const ckv_model_config *cfg, const ckv_shard_plan *plan);
 

@@ -97,6 +97,22 @@ assert "% of entries kept" in err and len([a for a in ans if a.strip()]) == 2, (
 print("ok   press run: spec echoed, 2 answers, kept sets sane:", [r["n_kept"] for r in rows])
 PY
 
+# --- saved compressed contexts ---
+qa=(--question-ids 5,6 --question-ids 9 --max-new-tokens 5 --ignore-eos)
+"$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical_adakv:snapkv --budget 0.3 "${qa[@]}" \
+  --save-cache "$tmp/ctx.ckv" >"$tmp/direct" 2>"$tmp/err" || { echo "FAIL save-cache run"; cat "$tmp/err"; fail=1; }
+"$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv" "${qa[@]}" >"$tmp/loaded" 2>"$tmp/err" || { echo "FAIL load-cache run"; cat "$tmp/err"; fail=1; }
+if cmp -s "$tmp/direct" "$tmp/loaded" && [ -s "$tmp/loaded" ]; then echo "ok   answers from a loaded cache equal the direct run"
+else echo "FAIL loaded cache answers differ:"; cat "$tmp/direct" "$tmp/loaded"; fail=1; fi
+expect_error "cache of another model" "made with another model" "$ckv" generate --model "$fx/mistral_gqa" --load-cache "$tmp/ctx.ckv" "${qa[@]}"
+cp "$tmp/ctx.ckv" "$tmp/bad.ckv"; printf '\x55' | dd of="$tmp/bad.ckv" bs=1 seek=2000 conv=notrunc 2>/dev/null
+expect_error "corrupted cache" "checksum mismatch" "$ckv" generate --model "$llama" --load-cache "$tmp/bad.ckv" "${qa[@]}"
+head -c 3000 "$tmp/ctx.ckv" >"$tmp/short.ckv"
+expect_error "truncated cache" "truncated cache file" "$ckv" generate --model "$llama" --load-cache "$tmp/short.ckv" "${qa[@]}"
+expect_error "not a cache" "not a ckv cache file" "$ckv" generate --model "$llama" --load-cache "$llama/config.json" "${qa[@]}"
+expect_error "cache and prompt" "--load-cache replaces the prompt" "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv" --prompt-ids 1 "${qa[@]}"
+expect_error "cache without question" "--load-cache needs at least one --question-ids" "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv"
+
 # --- model directories ---
 expect_error "missing model dir" "no such model file or directory" "$ckv" generate --model "$tmp/none" --prompt-ids 1
 mk() { rm -rf "$tmp/m"; cp -r "$llama" "$tmp/m"; }

@@ -47,6 +47,15 @@ if mpi 4 "$ckv" generate --model "$dir" --prompt-ids "$ids" "${qs[@]}" --max-new
 else
   echo "FAIL dp 2 x tp 2"; cat "$tmp/err"; diff "$tmp/dp.1" "$tmp/dp.4"; fail=1
 fi
+# a compressed context saved by 2 ranks (one shard file per rank) answers like the direct run
+if mpi 2 "$ckv" generate --model "$dir" --prompt-ids "$ids" "${qs[@]}" --max-new-tokens 5 --ignore-eos --threads 1 \
+     --press critical_adakv:snapkv --budget 0.3 --save-cache "$tmp/ctx.ckv" >"$tmp/save.2" 2>"$tmp/err" &&
+   mpi 2 "$ckv" generate --model "$dir" --load-cache "$tmp/ctx.ckv" "${qs[@]}" --max-new-tokens 5 --ignore-eos \
+     --threads 1 >"$tmp/load.2" 2>>"$tmp/err" && cmp -s "$tmp/dp.1" "$tmp/load.2" && [ -f "$tmp/ctx.ckv.rank1" ]; then
+  echo "ok   tp 2 save/load of a compressed context: answers identical"
+else
+  echo "FAIL tp 2 save/load"; cat "$tmp/err"; fail=1
+fi
 if mpi 3 "$ckv" generate --model "$dir" --prompt-ids 1,2 --tp 2 >/dev/null 2>"$tmp/err"; then
   echo "FAIL --tp 2 on 3 ranks was accepted"; fail=1
 elif grep -q -- "--tp 2 does not divide the 3 ranks" "$tmp/err"; then echo "ok   --tp 2 on 3 ranks refused"

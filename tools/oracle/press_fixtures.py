@@ -212,9 +212,12 @@ def load_models(name: str) -> ModelRun:
 
 
 def context_ids(name: str, vocab: int, k: int) -> tuple[list[int], list[int]]:
+    """300 DISTINCT context ids (a repeated id has the same layer-0 key up to RoPE, a rotation: its
+    key norm ties with the first occurrence up to rounding, a near tie for knorm), 8 question ids."""
     rng = np.random.Generator(np.random.PCG64(oc.stable_seed(f"press-context:{name}") + k))
-    ids = [int(x) for x in rng.integers(oc.FIRST_PROMPT_ID, vocab, size=CONTEXT_LEN + N_QUESTION)]
-    return ids[:CONTEXT_LEN], ids[CONTEXT_LEN:]
+    ctx = [int(x) for x in rng.choice(np.arange(oc.FIRST_PROMPT_ID, vocab), size=CONTEXT_LEN, replace=False)]
+    question = [int(x) for x in rng.integers(oc.FIRST_PROMPT_ID, vocab, size=N_QUESTION)]
+    return ctx, question
 
 
 def question_positions(L: int) -> torch.Tensor:
@@ -265,19 +268,22 @@ def _capture(run: ModelRun, ctx: list[int], impl: str) -> None:
             wo=attn.o_proj.weight.detach(), rope_table=rope_table))
 
 
-def full_cache(run: ModelRun, impl: str):
+def full_cache(run: ModelRun, impl: str, keys: list | None = None):
     from transformers import DynamicCache
 
     cache = DynamicCache()
     for i in range(run.n_layers):
-        cache.update(run.full_keys[impl][i][None].clone(), run.full_values[impl][i][None].clone(), i)
+        k = (keys or run.full_keys[impl])[i]
+        cache.update(k[None].clone(), run.full_values[impl][i][None].clone(), i)
     return cache
 
 
 @torch.inference_mode()
-def replay_logits(run: ModelRun, q_ids: list[int], kept: list[list[list[int]]] | None, impl: str) -> np.ndarray:
-    """Question logits against the uncompressed context cache of an `impl` prefill, each layer's
-    KV head h attending only to the context positions kept[layer][h] (None: all)."""
+def replay_logits(run: ModelRun, q_ids: list[int], kept: list[list[list[int]]] | None, impl: str,
+                  keys: list | None = None) -> np.ndarray:
+    """Question logits against the uncompressed context cache of an `impl` prefill (context keys
+    replaced by `keys` when given), each layer's KV head h attending only to the context positions
+    kept[layer][h] (None: all)."""
     L = run.full_keys[impl][0].shape[1]
     _REPLAY_KEEP.clear()
     if kept is not None:
@@ -287,7 +293,7 @@ def replay_logits(run: ModelRun, q_ids: list[int], kept: list[list[list[int]]] |
                 m[h, pos] = True
             _REPLAY_KEEP[i] = m
     try:
-        out = run.models[REPLAY_ATTN](input_ids=torch.tensor([q_ids]), past_key_values=full_cache(run, impl),
+        out = run.models[REPLAY_ATTN](input_ids=torch.tensor([q_ids]), past_key_values=full_cache(run, impl, keys),
                                       position_ids=question_positions(L))
     finally:
         _REPLAY_KEEP.clear()
@@ -312,6 +318,7 @@ class CaseResult:
     tie_dependent: bool
     kept_ties_low: list | None
     logits_ties_low: np.ndarray | None
+    logits_exact: np.ndarray | None  # AdaKV-style: the kept sets masked exactly (kvpress: fake keys)
     checks: dict
     problems: list
 
@@ -389,6 +396,7 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
     outer = press
     base = press.press if hasattr(press, "press") else press
     base_scores: dict[int, torch.Tensor] = {}
+    live_scores: dict[int, torch.Tensor] = {}  # the tensor kvpress got (AdaKV-style edit it in place)
     final_scores: dict[int, torch.Tensor] = {}
     vnorms: dict[int, torch.Tensor] = {}
     keys_in: dict[int, torch.Tensor] = {}
@@ -400,6 +408,7 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
     def rec_base(module, hidden_states, keys, values, attentions, kwargs):
         s = base_score(module, hidden_states, keys, values, attentions, kwargs)
         base_scores[module.layer_idx] = s[0].detach().clone()  # AdaKV edits the tensor in place later
+        live_scores[module.layer_idx] = s
         return s
 
     base.score = rec_base
@@ -518,11 +527,21 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
             layers[i].self_attn.masked_key_indices = None
 
     checks: dict = {}
+    logits_exact = None
     replay = replay_logits(run, q_ids, kept, d.attn)
-    checks["replay_max_abs_diff"] = float(np.abs(replay - logits).max())
-    if checks["replay_max_abs_diff"] > REPLAY_ATOL:
+    checks["replay_max_abs_diff"] = float(f"{np.abs(replay - logits).max():.3g}")
+    if masked_sets is not None:
+        # kvpress masks with fake keys, not exactly: the replay of kvpress's cache as it was left
+        # (fake keys in place, no mask) must reproduce kvpress; the exact masking is recorded apart
+        fake = [cache.layers[i].keys[0, :, :L].clone() for i in range(run.n_layers)]
+        emulated = replay_logits(run, q_ids, None, d.attn, keys=fake)
+        checks["fake_key_replay_max_abs_diff"] = float(f"{np.abs(emulated - logits).max():.3g}")
+        if checks["fake_key_replay_max_abs_diff"] > REPLAY_ATOL:
+            problems.append(f"replay with kvpress's fake keys differs by {checks['fake_key_replay_max_abs_diff']}")
+        logits_exact = replay
+    elif checks["replay_max_abs_diff"] > REPLAY_ATOL:
         problems.append(f"replay of the kept sets differs from kvpress's question logits by "
-                        f"{checks['replay_max_abs_diff']:.3g}")
+                        f"{checks['replay_max_abs_diff']}")
 
     # --- the reference: scores from the layer inputs, and selections
     sb = torch.stack([base_scores[i] for i in range(run.n_layers)]).to(torch.float32)
@@ -531,6 +550,7 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
     low_kept, high_kept, own_kept = [], [], []
     score_diff = 0.0
     norm_diff = 0.0
+    consistent = True
     for i in range(run.n_layers):
         inp = run.inputs[d.attn][i]
         kv_scores = sb[i].to(torch.float64)
@@ -541,10 +561,17 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
         boundaries += low.boundaries
         low_kept.append(low.kept)
         high_kept.append(high.kept)
+        forced = (final_scores[i] if d.kind == "critical" else live_scores[i][0]) == torch.finfo(torch.float32).max
+        consistent &= kvpress_consistent(d, kv_scores, N, forced, kept[i], L, cr)
         own = reference_scores(d, inp, cr)
-        body = own.scores[~own.protected] if (~own.protected).any() else own.scores
-        scale = max(float(body.abs().max()), 1e-30)
-        score_diff = max(score_diff, float((own.scores - kv_scores).abs().max()) / scale)
+        # unprotected scores: relative to the layer's largest; protected: relative to their value
+        diff = (own.scores - kv_scores).abs()
+        free = ~own.protected
+        if free.any():
+            scale = max(float(own.scores[free].abs().max()), 1e-30)
+            score_diff = max(score_diff, float(diff[free].max()) / scale)
+        if own.protected.any():
+            score_diff = max(score_diff, float((diff / own.scores.abs())[own.protected].max()))
         own_N = ref.value_output_l1(inp) if d.kind in ("critical", "critical_adakv") else None
         if own_N is not None:
             norm_diff = max(norm_diff, float(((own_N - N).abs() / own_N.abs()).max()))
@@ -552,23 +579,24 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
     checks["reference_score_max_rel_diff"] = float(f"{score_diff:.3g}")
     if vn is not None:
         checks["reference_value_norm_max_rel_diff"] = float(f"{norm_diff:.3g}")
+    if score_diff > 1e-4 or norm_diff > 1e-4:
+        problems.append(f"reference scores / value norms differ from kvpress's by {score_diff:.3g} / {norm_diff:.3g}")
     tie_dependent = low_kept != high_kept
     gaps, structural = _gap_summary(boundaries)
-
-    def agree(a, b) -> str:
-        if a == b:
-            return "identical"
-        if tie_dependent and kept_within_ties(a, b, low_kept, high_kept):
-            return "identical outside tie groups"
-        return "DIFFERENT"
-
-    checks["reference_kept_vs_kvpress"] = agree(own_kept, kept)
-    checks["selection_on_kvpress_scores_vs_kvpress"] = agree(low_kept, kept)
-    for key in ("reference_kept_vs_kvpress", "selection_on_kvpress_scores_vs_kvpress"):
-        if checks[key] == "DIFFERENT":
-            problems.append(f"{key}: {describe_difference(own_kept if key.startswith('reference') else low_kept, kept)}")
-    if score_diff > 1e-4:
-        problems.append(f"reference scores differ from kvpress's by {score_diff:.3g} (relative)")
+    checks["kvpress_kept_consistent_with_spec"] = bool(consistent)
+    if not consistent:
+        problems.append("kvpress's kept sets are not a valid outcome of the SPEC selection for any tie order")
+    if not tie_dependent:
+        checks["reference_kept"] = "identical to kept" if own_kept == kept else "DIFFERENT from kept"
+        if own_kept != kept:
+            problems.append(f"reference vs kvpress kept: {describe_difference(own_kept, kept)}")
+        if low_kept != kept:
+            problems.append(f"selection on kvpress's scores vs kvpress kept: {describe_difference(low_kept, kept)}")
+    else:  # kvpress broke ties its own way (torch.topk): the reference must equal SPEC's rule
+        same = own_kept == low_kept
+        checks["reference_kept"] = "identical to kept_ties_low" if same else "DIFFERENT from kept_ties_low"
+        if not same:
+            problems.append(f"reference vs kept_ties_low: {describe_difference(own_kept, low_kept)}")
 
     ties_low = None
     ties_low_logits = None
@@ -581,17 +609,58 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
         n_kept_per_layer=per_layer if d.kind == "pyramid" else None, head_budgets=budgets,
         base_scores=sb.numpy(), value_norms=None if vn is None else vn.numpy(), logits=logits,
         question_feed=feed, gaps=gaps, structural_ties=structural, tie_dependent=tie_dependent,
-        kept_ties_low=ties_low, logits_ties_low=ties_low_logits, checks=checks, problems=problems)
+        kept_ties_low=ties_low, logits_ties_low=ties_low_logits, logits_exact=logits_exact, checks=checks,
+        problems=problems)
 
 
-def kept_within_ties(a, b, low, high) -> bool:
-    """a and b differ only in tokens whose membership differs between the two tie rules."""
-    for i in range(len(a)):
-        for h in range(len(a[i])):
-            loose = set(low[i][h]) ^ set(high[i][h])
-            if (set(a[i][h]) ^ set(b[i][h])) - loose or len(a[i][h]) != len(b[i][h]):
-                return False
-    return True
+def _valid_top(chosen: set, values: list[float], k: int, forced: set = frozenset()) -> bool:
+    """`chosen` is the k best of `values` (forced entries first) under SOME tie order."""
+    if len(chosen) != k or (len(forced) <= k and not forced <= chosen):
+        return False
+    inside = [values[i] for i in chosen if i not in forced]
+    outside = [values[i] for i in range(len(values)) if i not in chosen and i not in forced]
+    return not inside or not outside or min(inside) >= max(outside)
+
+
+def kvpress_consistent(d: PressDef, s: torch.Tensor, N: torch.Tensor | None, forced: torch.Tensor, kept: list,
+                       L: int, cr: float) -> bool:
+    """Tie-tolerant check of one layer: kvpress's kept sets (and its forced entries, read back from
+    its score tensors: finfo.max marks CriticalKV's stage 1 / AdaKV's safeguard) are a valid
+    outcome of SPEC's selection when ties may be broken in any order."""
+    n_kv = s.shape[0]
+    n_kept = ref.n_kept_uniform(L, cr)
+    o = d.options
+    rows = [s[h].tolist() for h in range(n_kv)]
+    K = [set(k) for k in kept]
+    F = [set(torch.nonzero(forced[h]).flatten().tolist()) for h in range(n_kv)]
+    if d.kind in ("uniform", "pyramid"):
+        return all(_valid_top(K[h], rows[h], len(K[h])) for h in range(n_kv))
+    s2 = [((s[h] + o["eps"]) * N[h]).tolist() for h in range(n_kv)] if N is not None else None
+    if d.kind == "critical":
+        b1 = ref.critical_first_stage(L, cr, o["alpha"])
+        return all(_valid_top(F[h], rows[h], b1) and _valid_top(K[h], s2[h], n_kept, F[h]) for h in range(n_kv))
+    n_safe = ref.adakv_n_safe(n_kept, o["safeguard"])
+    if d.kind == "adakv":
+        if not all(_valid_top(F[h], rows[h], n_safe) for h in range(n_kv)):
+            return False
+        flat = [v for r in rows for v in r]
+        fk = {h * L + t for h in range(n_kv) for t in K[h]}
+        ff = {h * L + t for h in range(n_kv) for t in F[h]}
+        return _valid_top(fk, flat, n_kv * n_kept, ff)
+    # critical_adakv: F = safeguard U stage 1; budgets = kept counts
+    budgets = [len(K[h]) for h in range(n_kv)]
+    if sum(budgets) != n_kv * n_kept:
+        return False
+    above, below = [], []
+    for h in range(n_kv):
+        m = max(n_safe, int(budgets[h] * o["alpha"]))
+        if not (_valid_top(F[h], rows[h], m) and _valid_top(K[h], s2[h], budgets[h], F[h])):
+            return False
+        ranked = sorted(rows[h], reverse=True)
+        ranked = [math.inf] * n_safe + ranked[n_safe:]  # the safeguarded entries rank first
+        above.append(ranked[budgets[h] - 1] if budgets[h] > 0 else math.inf)
+        below.append(ranked[budgets[h]] if budgets[h] < L else -math.inf)
+    return min(above) >= max(below)  # the budgets split a valid global top of the layer
 
 
 def describe_difference(a, b) -> str:
@@ -702,6 +771,9 @@ def write_model(run: ModelRun, k: int, ctx, q_ids, results: list[CaseResult], wo
             obj["value_norm_file"] = f"{stem}.vnorm.f32"
         obj["question_logits_file"] = f"{stem}.logits.f32"
         obj["question_feed"] = r.question_feed
+        if r.logits_exact is not None:
+            r.logits_exact.astype("<f4").tofile(out / f"{stem}.exact.logits.f32")
+            obj["question_logits_exact_file"] = f"{stem}.exact.logits.f32"
         if r.tie_dependent:
             obj["kept_ties_low"] = r.kept_ties_low
             r.logits_ties_low.astype("<f4").tofile(out / f"{stem}.ties_low.logits.f32")
@@ -725,7 +797,9 @@ def summary_line(run: ModelRun, r: CaseResult) -> str:
     st = f" structural ties {r.structural_ties}" if r.structural_ties else ""
     return (f"[press_fixtures] {run.name:<10} {r.d.case:<22} cr {r.cr:<4} n_kept {str(r.n_kept):>4} "
             f"gap_rel {rel:9.3g}  ref scores {c['reference_score_max_rel_diff']:8.2g}  "
-            f"ref kept {c['reference_kept_vs_kvpress']}  replay {c['replay_max_abs_diff']:.2g}{tie}{st}")
+            f"ref kept: {c['reference_kept']}  replay {c['replay_max_abs_diff']:.2g}"
+            f"{' fake-key replay %.2g' % c['fake_key_replay_max_abs_diff'] if 'fake_key_replay_max_abs_diff' in c else ''}"
+            f"{'' if c['kvpress_kept_consistent_with_spec'] else ' INCONSISTENT'}{tie}{st}")
 
 
 def main() -> int:

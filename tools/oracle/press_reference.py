@@ -340,7 +340,7 @@ def _top(
     n = len(scores)
     forced = forced or [False] * n
     order = _ranking([(flat[i], scores[i], forced[i]) for i in range(n)], ties)
-    if out is not None and 0 < k < n:
+    if out is not None and 0 < k < n and not (forced[order[k - 1]] and forced[order[k]]):
         a, b = order[k - 1], order[k]
         above = math.inf if forced[a] else scores[a]
         below = math.inf if forced[b] else scores[b]

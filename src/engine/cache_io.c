@@ -1,0 +1,77 @@
+/* cache_io.c - session cache files (see cache_io.h). */
+#include "engine/cache_io.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "kv/kv_file.h"
+
+static void shard_path(const ckv_session *s, const char *path, char *out, size_t cap) {
+    const ckv_comm *tp = s->model->tp;
+    if (tp && tp->size > 1)
+        snprintf(out, cap, "%s.rank%d", path, tp->rank);
+    else
+        snprintf(out, cap, "%s", path);
+}
+
+/* JSON-escapes a press spec (it contains no quotes or backslashes, but be safe). */
+static void json_escape(const char *in, char *out, size_t cap) {
+    size_t j = 0;
+    for (size_t i = 0; in[i] && j + 2 < cap; i++) {
+        if (in[i] == '"' || in[i] == '\\') out[j++] = '\\';
+        out[j++] = (char)((unsigned char)in[i] < 0x20 ? ' ' : in[i]);
+    }
+    out[j] = '\0';
+}
+
+ckv_status ckv_session_save_cache(ckv_session *s, const char *path, const char *press_spec) {
+    char fp[17], file[4096], spec[1100], meta[2048];
+    CKV_TRY(ckv_model_fingerprint(s->model, fp));
+    shard_path(s, path, file, sizeof file);
+    json_escape(press_spec ? press_spec : "none", spec, sizeof spec);
+    const ckv_shard_plan *p = &s->model->plan;
+    snprintf(meta, sizeof meta,
+             "{\"format\": \"ckv kv cache\", \"model_fingerprint\": \"%s\", \"architecture\": \"%s\", \"tp\": %d, "
+             "\"rank\": %d, \"context_len\": %d, \"press\": \"%s\"}",
+             fp, s->model->cfg.arch_name, p->tp, p->rank, s->n_past, spec);
+    return ckv_kv_cache_save(&s->kv, file, meta);
+}
+
+ckv_status ckv_session_load_cache(ckv_session *s, const char *path, char *press_spec, size_t cap) {
+    if (s->n_past != 0) return ckv_error(CKV_STATUS_ERR_ARG, "--load-cache: the session already holds tokens");
+    char fp[17], file[4096];
+    CKV_TRY(ckv_model_fingerprint(s->model, fp));
+    shard_path(s, path, file, sizeof file);
+    /* check the header before reading megabytes of rows */
+    char *meta = NULL;
+    CKV_TRY(ckv_kv_file_read_meta(file, &meta));
+    ckv_json *j = NULL;
+    ckv_status st = ckv_json_parse_buffer(&j, meta, strlen(meta), file);
+    free(meta);
+    CKV_TRY(st);
+    const char *mfp = ckv_json_string(ckv_json_get(j, "model_fingerprint"));
+    int tp = (int)ckv_json_number(ckv_json_get(j, "tp")), rank = (int)ckv_json_number(ckv_json_get(j, "rank"));
+    int L = (int)ckv_json_number(ckv_json_get(j, "context_len"));
+    const char *spec = ckv_json_string(ckv_json_get(j, "press"));
+    const ckv_shard_plan *p = &s->model->plan;
+    if (!mfp || strcmp(mfp, fp) != 0)
+        st = ckv_error(CKV_STATUS_ERR_ARG, "%s: the cache was made with another model (fingerprint %s, this model %s)",
+                       file, mfp ? mfp : "missing", fp);
+    else if (tp != p->tp || rank != p->rank)
+        st = ckv_error(CKV_STATUS_ERR_ARG, "%s: the cache was made by rank %d of %d tensor-parallel ranks, this is rank %d of %d",
+                       file, rank, tp, p->rank, p->tp);
+    else if (L < 1 || L >= s->capacity)
+        st = ckv_error(CKV_STATUS_ERR_RANGE, "%s: context of %d tokens leaves no room in a session of %d tokens", file, L,
+                       s->capacity);
+    if (st == CKV_STATUS_OK && press_spec && cap) snprintf(press_spec, cap, "%s", spec ? spec : "?");
+    ckv_json_free(j);
+    CKV_TRY(st);
+    char *meta2 = NULL;
+    st = ckv_kv_cache_load(&s->kv, file, s->capacity - L, &meta2);
+    free(meta2);
+    CKV_TRY(st);
+    s->n_past = L;
+    return CKV_STATUS_OK;
+}

@@ -1,0 +1,19 @@
+/* cache_io.h - saves a session's compressed context to a cache file and loads it into a fresh
+ * session, so many runs can answer questions over one compressed context. The file header names
+ * the model (fingerprint), the tensor-parallel layout, the press and the context length; a file
+ * made for another model or layout is refused. With tp > 1 every rank writes its own shard to
+ * PATH.rank<r>. */
+#ifndef CKV_ENGINE_CACHE_IO_H
+#define CKV_ENGINE_CACHE_IO_H
+
+#include "engine/session.h"
+
+/* Saves the session's cache as it is now (call right after the context prefill). */
+ckv_status ckv_session_save_cache(ckv_session *s, const char *path, const char *press_spec);
+
+/* Loads a cache into a session created with compress = 1 and nothing prefilled yet; afterwards
+ * n_past is the original context length, so questions continue at the right positions. The press
+ * spec recorded in the file is copied into press_spec[cap]. */
+ckv_status ckv_session_load_cache(ckv_session *s, const char *path, char *press_spec, size_t cap);
+
+#endif

@@ -1,0 +1,26 @@
+/* kv_file.h - saves a rank's (compressed) KV cache to a file and loads it back: every layer's
+ * per-head rows (original positions, keys, values) with a caller-supplied JSON header describing
+ * what the cache belongs to (model fingerprint, press, context length). The file is versioned and
+ * checksummed (FNV-1a 64 over everything before the trailer); a truncated, corrupted or foreign
+ * file is refused with a message naming the file and the problem. It does not decide whether the
+ * header matches a model: the caller compares. */
+#ifndef CKV_KV_FILE_H
+#define CKV_KV_FILE_H
+
+#include "kv/kv_cache.h"
+
+#define CKV_KV_FILE_VERSION 1
+
+/* Writes the cache (rows in use of every head of every layer) and `meta_json` to path (via a
+ * temporary file renamed into place, so a failed save never leaves a half-written file). */
+ckv_status ckv_kv_cache_save(const ckv_kv_cache *c, const char *path, const char *meta_json);
+
+/* Reads a file written by ckv_kv_cache_save into a cache initialised with the same shape
+ * (n_layers, n_kv, head_dim; checked), reserving `room` extra rows per head for later appends.
+ * *meta_json receives the header (free with free()). */
+ckv_status ckv_kv_cache_load(ckv_kv_cache *c, const char *path, int room, char **meta_json);
+
+/* Reads only the header of a cache file (to check it before loading). */
+ckv_status ckv_kv_file_read_meta(const char *path, char **meta_json);
+
+#endif
