@@ -49,6 +49,20 @@ static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, cons
     return st;
 }
 
+void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score_inputs *in) {
+    const ckv_model *m = s->model;
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    ckv_score_inputs v = {
+        .layer = layer, .n_layers = c->n_layers, .L = L, .D = c->hidden_size, .head_dim = c->head_dim,
+        .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .n_q_local = p->n_q_local, .n_kv_local = p->n_kv_local,
+        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .cache = ckv_kv_layer_view(&s->kv, layer),
+        .pos = s->pos, .wq = m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = m->layers[layer].wo,
+        .inv_freq = m->inv_freq, .rope_scale = m->rope_scale, .be = m->be, .replica = m->replica, .tp = m->tp,
+    };
+    *in = v;
+}
+
 ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
     ckv_compressor *cz = ctx;
     ckv_model *m = s->model;
@@ -61,13 +75,8 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
     ckv_kv_layer *kl = &s->kv.layers[layer];
     for (int h = 0; h < p->n_kv_local; h++)
         if (kl->len[h] != L) return ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", layer, h, kl->len[h], L);
-    ckv_score_inputs in = {
-        .layer = layer, .n_layers = c->n_layers, .L = L, .D = c->hidden_size, .head_dim = c->head_dim,
-        .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .n_q_local = p->n_q_local, .n_kv_local = p->n_kv_local,
-        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .cache = ckv_kv_layer_view(&s->kv, layer),
-        .pos = s->pos, .wq = m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = m->layers[layer].wo,
-        .inv_freq = m->inv_freq, .rope_scale = m->rope_scale, .be = m->be, .replica = m->replica, .tp = m->tp,
-    };
+    ckv_score_inputs in;
+    ckv_compress_score_inputs(s, layer, L, &in);
     ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
     ckv_selection sel;
     CKV_TRY(ckv_selection_init(&sel, p->n_kv_local, L));

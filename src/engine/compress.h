@@ -28,6 +28,10 @@ typedef struct {
     long kept_entries, total_entries;
 } ckv_compressor;
 
+/* Fills the scorer inputs of `layer` from the session's model, cache (context rows 0..L-1 of every
+ * local head) and saved attention inputs (the session must have been created with compress = 1). */
+void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score_inputs *in);
+
 /* The layer hook to pass to ckv_session_prefill_hook (ctx = a ckv_compressor). */
 ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt);
 

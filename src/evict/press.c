@@ -29,6 +29,7 @@ static void press_defaults(ckv_press_config *c) {
     c->pool = CKV_POOL_AVG;
     c->n_sink = 4;
     c->n_future = 512;
+    c->beta = 20.0;
     c->use_covariance = 1;
     c->use_vnorm = 1;
     c->alpha = 0.5;
@@ -144,6 +145,10 @@ ckv_status ckv_press_set_option(ckv_press_config *c, const char *key, const char
     } else if (!strcmp(key, "vnorm")) {
         CKV_TRY(parse_int(key, v, 0, 1, &i));
         c->use_vnorm = (int)i;
+    } else if (!strcmp(key, "beta")) {
+        CKV_TRY(parse_real(key, v, 1.0, 1e6, &c->beta));
+    } else if (!strcmp(key, "epsilon")) { /* expected_attention's epsilon */
+        CKV_TRY(parse_real(key, v, 0.0, 1e6, &c->epsilon_ea));
     } else if (!strcmp(key, "seed")) {
         CKV_TRY(parse_int(key, v, 0, 0x7fffffffL, &i));
         c->seed = (uint64_t)i;
@@ -154,7 +159,7 @@ ckv_status ckv_press_set_option(ckv_press_config *c, const char *key, const char
         (void)d;
         return ckv_error(CKV_STATUS_ERR_ARG,
                          "unknown press option '%s' (known: window, kernel, pool, alpha, eps, safeguard, n_sink, "
-                         "n_future, covariance, vnorm, seed, profile)", key);
+                         "n_future, covariance, vnorm, epsilon, beta, seed, profile)", key);
     }
     return CKV_STATUS_OK;
 }
@@ -209,14 +214,17 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     }
     switch (c->scorer) {
     case CKV_SCORER_SNAPKV:
-    case CKV_SCORER_PYRAMIDKV:
-        snprintf(base, sizeof base, "%s(window=%d,kernel=%d,pool=%s)", ckv_scorer_name(c->scorer), c->window, c->kernel,
+        snprintf(base, sizeof base, "snapkv(window=%d,kernel=%d,pool=%s)", c->window, c->kernel,
                  c->pool == CKV_POOL_MAX ? "max" : "avg");
+        break;
+    case CKV_SCORER_PYRAMIDKV:
+        snprintf(base, sizeof base, "pyramidkv(window=%d,kernel=%d,pool=%s,beta=%g)", c->window, c->kernel,
+                 c->pool == CKV_POOL_MAX ? "max" : "avg", c->beta);
         break;
     case CKV_SCORER_STREAMING_LLM: snprintf(base, sizeof base, "streaming_llm(n_sink=%d)", c->n_sink); break;
     case CKV_SCORER_EXPECTED_ATTENTION:
-        snprintf(base, sizeof base, "expected_attention(n_future=%d,n_sink=%d,covariance=%d,vnorm=%d)", c->n_future,
-                 c->n_sink, c->use_covariance, c->use_vnorm);
+        snprintf(base, sizeof base, "expected_attention(n_future=%d,n_sink=%d,covariance=%d,vnorm=%d,epsilon=%g)",
+                 c->n_future, c->n_sink, c->use_covariance, c->use_vnorm, c->epsilon_ea);
         break;
     case CKV_SCORER_RANDOM: snprintf(base, sizeof base, "random(seed=%llu)", (unsigned long long)c->seed); break;
     default: snprintf(base, sizeof base, "%s", ckv_scorer_name(c->scorer)); break;

@@ -46,6 +46,7 @@ typedef struct {
     int use_vnorm;             /* expected_attention (1) */
     double epsilon_ea;         /* expected_attention epsilon (0) */
     uint64_t seed;             /* random */
+    double beta;               /* pyramidkv: ratio of the largest to the smallest layer budget (20) */
     /* wrapper options */
     double alpha;              /* critical first-stage ratio (0.5) */
     double eps;                /* critical epsilon (1e-4) */

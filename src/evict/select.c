@@ -165,7 +165,7 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
     CKV_TRY(ckv_score_layer(in, cfg, out->scores, &info));
     CKV_TRY(protect(in, &info, out->scores));
     int n_kept = cfg->scorer == CKV_SCORER_PYRAMIDKV
-                     ? ckv_pyramidkv_n_kept(in->layer, in->n_layers, L, cfg->compression_ratio, cfg->window, 20.0)
+                     ? ckv_pyramidkv_n_kept(in->layer, in->n_layers, L, cfg->compression_ratio, cfg->window, cfg->beta)
                      : ckv_press_n_kept(cfg, L);
     if (n_kept > L) n_kept = L;
     out->n_kept = n_kept;

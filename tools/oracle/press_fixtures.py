@@ -29,7 +29,6 @@ Usage: press_fixtures.py [--only MODEL ...] [--max-seed-tries N]   (run by tools
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import shutil
 import sys
@@ -74,7 +73,7 @@ def _defs() -> list[PressDef]:
 
     snap = dict(window=64, kernel=5, pool="avg")
     crit = dict(alpha=0.5, eps=1e-4)
-    ea = dict(n_future=512, n_sink=4, covariance=True, vnorm=True, epsilon_ea=0.0)
+    ea = dict(n_future=512, n_sink=4, covariance=True, vnorm=True, epsilon=0.0)
 
     def snapkv(w=64, k=5):
         return lambda cr: kp.SnapKVPress(compression_ratio=cr, window_size=w, kernel_size=k)
@@ -100,8 +99,9 @@ def _defs() -> list[PressDef]:
                                                       use_covariance=True, use_vnorm=True, epsilon=0.0)),
         PressDef("pyramidkv", "pyramidkv", "snapkv", "pyramid", dict(snap, beta=20), "sdpa",
                  lambda cr: kp.PyramidKVPress(compression_ratio=cr, window_size=64, kernel_size=5, beta=20)),
-        # not a kvpress default: with L = 300 the default schedule (window 64, beta 20) is never
-        # feasible and always falls back to round(L * (1 - cr)); this one exercises the schedule
+        # not kvpress's defaults: with L = 300 the default schedule (window 64, beta 20) is feasible
+        # at cr 0.25 / 0.5 only; this one also covers cr 0.75, budgets below the default window and
+        # half-to-even rounding (262.5 -> 262, 37.5 -> 38)
         PressDef("pyramidkv_w16b4", "pyramidkv", "snapkv", "pyramid", dict(window=16, kernel=5, pool="avg", beta=4),
                  "sdpa", lambda cr: kp.PyramidKVPress(compression_ratio=cr, window_size=16, kernel_size=5, beta=4)),
         PressDef("critical-snapkv", "critical:snapkv", "snapkv", "critical", dict(snap, **crit), "sdpa",
@@ -379,7 +379,7 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
     if d.scorer == "observed_attention":
         return ref.score_observed(inp)
     if d.scorer == "expected_attention":
-        return ref.score_expected(inp, o["n_future"], o["n_sink"], o["covariance"], o["vnorm"], o["epsilon_ea"])
+        return ref.score_expected(inp, o["n_future"], o["n_sink"], o["covariance"], o["vnorm"], o["epsilon"])
     raise ValueError(d.scorer)
 
 
@@ -669,7 +669,7 @@ def describe_difference(a, b) -> str:
         for h in range(len(a[i])):
             x, y = set(a[i][h]), set(b[i][h])
             if x != y:
-                parts.append(f"layer {i} head {h}: only reference {sorted(x - y)[:8]}, only kvpress {sorted(y - x)[:8]}")
+                parts.append(f"layer {i} head {h}: only first {sorted(x - y)[:8]}, only second {sorted(y - x)[:8]}")
     return "; ".join(parts[:4])
 
 
@@ -729,7 +729,7 @@ def write_model(run: ModelRun, k: int, ctx, q_ids, results: list[CaseResult], wo
         "n_heads": run.n_heads,
         "vocab_size": run.vocab,
         "L": len(ctx),
-        "question_positions": [len(ctx), len(ctx) + N_QUESTION - 1],
+        "question_start_position": len(ctx),
         "none_logits_file": "none.logits.f32",
         "context_seed": oc.stable_seed(f"press-context:{run.name}") + k,
         "min_score_gap_rel_all_cases": _num(worst),
@@ -760,8 +760,10 @@ def write_model(run: ModelRun, k: int, ctx, q_ids, results: list[CaseResult], wo
         if r.head_budgets is not None:
             obj["head_budgets"] = r.head_budgets
         obj["kept"] = r.kept
-        obj["min_score_gap"] = _num(min(abs_gaps)) if abs_gaps else None
-        obj["min_score_gap_rel"] = _num(min(rel_gaps)) if rel_gaps else None
+        # 0 when the kept sets depend on how ties are broken; otherwise the smallest gap at any
+        # selection boundary that is not a tie by construction (protected tokens)
+        obj["min_score_gap"] = 0.0 if r.tie_dependent else _num(min(abs_gaps, default=math.inf))
+        obj["min_score_gap_rel"] = 0.0 if r.tie_dependent else _num(min(rel_gaps, default=math.inf))
         obj["score_gaps"] = {s: {"min": _num(g[0]), "min_rel": _num(g[1])} for s, g in r.gaps.items()}
         obj["structural_ties"] = r.structural_ties
         obj["tie_dependent"] = r.tie_dependent
@@ -794,11 +796,11 @@ def summary_line(run: ModelRun, r: CaseResult) -> str:
     rel = min((g[1] for g in r.gaps.values()), default=math.inf)
     c = r.checks
     tie = " TIE-DEPENDENT" if r.tie_dependent else ""
+    fake = f" fake-key replay {c['fake_key_replay_max_abs_diff']:.2g}" if "fake_key_replay_max_abs_diff" in c else ""
     st = f" structural ties {r.structural_ties}" if r.structural_ties else ""
     return (f"[press_fixtures] {run.name:<10} {r.d.case:<22} cr {r.cr:<4} n_kept {str(r.n_kept):>4} "
             f"gap_rel {rel:9.3g}  ref scores {c['reference_score_max_rel_diff']:8.2g}  "
-            f"ref kept: {c['reference_kept']}  replay {c['replay_max_abs_diff']:.2g}"
-            f"{' fake-key replay %.2g' % c['fake_key_replay_max_abs_diff'] if 'fake_key_replay_max_abs_diff' in c else ''}"
+            f"ref kept: {c['reference_kept']}  replay {c['replay_max_abs_diff']:.2g}{fake}"
             f"{'' if c['kvpress_kept_consistent_with_spec'] else ' INCONSISTENT'}{tie}{st}")
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Regenerate the oracle fixtures under tests/fixtures/models/ (the one documented command).
+# Regenerate the oracle fixtures under tests/fixtures/models/ and tests/fixtures/presses/
+# (the one documented command).
 #
 #   tools/oracle/regen.sh
 #
 # Creates <repo>/.venv-oracle (python3 -m venv + pip install -r tools/oracle/requirements.txt)
 # when it is missing (and re-runs the pip install after requirements.txt changed), then builds
-# the tiny models, records their reference logits and checks them against an independent NumPy
-# forward. Environment:
+# the tiny models, records their reference logits, checks them against an independent NumPy
+# forward, and records the kvpress eviction fixtures (press_fixtures.py). Environment:
 #   PYTHON               interpreter used to create the venv (default: python3)
 #   CKV_ORACLE_PIP_ARGS  extra pip arguments, e.g. "--extra-index-url https://download.pytorch.org/whl/cpu"
 set -euo pipefail
@@ -53,7 +54,9 @@ cd "$root"
 "$py" "$here/make_models.py"
 "$py" "$here/dump_logits.py"
 "$py" "$here/numpy_forward.py"
+"$py" "$here/press_fixtures.py"
 
 echo "[regen] fixtures:"
 (cd "$root/tests/fixtures/models" && du -sh -- */ MANIFEST.json)
+(cd "$root/tests/fixtures/presses" && du -sh -- */)
 du -sh "$root/tests/fixtures"
