@@ -21,6 +21,13 @@ ckv_status ckv_comm_init_world(ckv_comm **out, int *argc, char ***argv) {
     return ckv_comm_init_single(out);
 }
 
+ckv_status ckv_comm_node_local(ckv_comm *c, int *local_rank, int *local_size) {
+    *local_rank = 0;
+    *local_size = 1;
+    if (!c || !c->ops->node_local) return CKV_STATUS_OK;
+    return c->ops->node_local(c, local_rank, local_size);
+}
+
 void ckv_comm_free(ckv_comm *c) {
     if (c && c->ops && c->ops->free) c->ops->free(c);
 }
@@ -32,5 +39,20 @@ ckv_status ckv_comm_init_mpi(ckv_comm **out, int *argc, char ***argv) {
     (void)argv;
     *out = NULL;
     return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "this build of ckv has no MPI support");
+}
+#endif
+
+#ifndef CKV_HAVE_NCCL
+int ckv_comm_nccl_available(void) { return 0; }
+ckv_status ckv_comm_init_nccl(ckv_comm **out, ckv_comm *bootstrap, int device) {
+    (void)bootstrap;
+    (void)device;
+    *out = NULL;
+    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "this build of ckv has no NCCL support (configure with CUDA and NCCL)");
+}
+ckv_status ckv_comm_select_gpu(ckv_comm *world, int *device) {
+    (void)world;
+    *device = -1;
+    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "this build of ckv has no GPU support");
 }
 #endif

@@ -27,6 +27,8 @@ typedef struct {
     /* ends the whole job (every rank) with `code`; does not return */
     void (*abort)(ckv_comm *c, int code);
     void (*free)(ckv_comm *c);
+    /* this rank's index among the ranks on the same node, and their number (NULL: 0 of 1) */
+    ckv_status (*node_local)(ckv_comm *c, int *local_rank, int *local_size);
 } ckv_comm_ops;
 
 struct ckv_comm {
@@ -34,8 +36,21 @@ struct ckv_comm {
     void *ctx;
     int rank;
     int size;
-    const char *kind; /* "single", "mpi" */
+    const char *kind; /* "single", "mpi", "nccl" */
+    int device_buffers; /* 1 when the buffers handed to the collectives live on the GPU (NCCL) */
+    unsigned long long bytes; /* payload bytes this rank handed to collectives (statistics) */
 };
+
+/* Node-local rank and size (0 of 1 for communicators that do not know). */
+ckv_status ckv_comm_node_local(ckv_comm *c, int *local_rank, int *local_size);
+
+/* NCCL (GPU buffers): a communicator over the same ranks as `bootstrap` (whose bcast carries the
+ * unique id), on GPU `device`, with its own stream. Available when built with NCCL. */
+int ckv_comm_nccl_available(void);
+ckv_status ckv_comm_init_nccl(ckv_comm **out, ckv_comm *bootstrap, int device);
+/* The GPU a rank should use: its node-local rank modulo the devices it can see (CUDA_VISIBLE_DEVICES
+ * is honoured by the CUDA runtime). Errors when no GPU is visible. */
+ckv_status ckv_comm_select_gpu(ckv_comm *world, int *device);
 
 /* A communicator of one rank (no MPI needed). */
 ckv_status ckv_comm_init_single(ckv_comm **out);

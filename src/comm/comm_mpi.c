@@ -33,6 +33,7 @@ static MPI_Op mpi_op(ckv_comm_op op) {
 static ckv_status mpi_allreduce_f32(ckv_comm *c, float *buf, size_t n, ckv_comm_op op) {
     if (c->size == 1 || n == 0) return CKV_STATUS_OK;
     if (n > (size_t)INT32_MAX) return ckv_error(CKV_STATUS_ERR_ARG, "all-reduce of %zu floats is too large", n);
+    c->bytes += n * sizeof(float);
     CKV_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, mpi_op(op), mpi_comm_of(c)));
     return CKV_STATUS_OK;
 }
@@ -40,12 +41,14 @@ static ckv_status mpi_allreduce_f32(ckv_comm *c, float *buf, size_t n, ckv_comm_
 static ckv_status mpi_allreduce_i32(ckv_comm *c, int *buf, size_t n, ckv_comm_op op) {
     if (c->size == 1 || n == 0) return CKV_STATUS_OK;
     if (n > (size_t)INT32_MAX) return ckv_error(CKV_STATUS_ERR_ARG, "all-reduce of %zu ints is too large", n);
+    c->bytes += n * sizeof(int);
     CKV_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT, mpi_op(op), mpi_comm_of(c)));
     return CKV_STATUS_OK;
 }
 
 static ckv_status mpi_allgather(ckv_comm *c, const void *send, void *recv, size_t bytes) {
     if (bytes > (size_t)INT32_MAX) return ckv_error(CKV_STATUS_ERR_ARG, "all-gather of %zu bytes is too large", bytes);
+    c->bytes += bytes;
     CKV_MPI_CHECK(MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, mpi_comm_of(c)));
     return CKV_STATUS_OK;
 }
@@ -53,6 +56,7 @@ static ckv_status mpi_allgather(ckv_comm *c, const void *send, void *recv, size_
 static ckv_status mpi_bcast(ckv_comm *c, void *buf, size_t bytes, int root) {
     if (root < 0 || root >= c->size) return ckv_error(CKV_STATUS_ERR_ARG, "broadcast root %d outside %d ranks", root, c->size);
     if (bytes > (size_t)INT32_MAX) return ckv_error(CKV_STATUS_ERR_ARG, "broadcast of %zu bytes is too large", bytes);
+    c->bytes += bytes;
     CKV_MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, mpi_comm_of(c)));
     return CKV_STATUS_OK;
 }
@@ -80,6 +84,15 @@ static void mpi_abort(ckv_comm *c, int code) {
     exit(code ? code : 1);
 }
 
+static ckv_status mpi_node_local(ckv_comm *c, int *local_rank, int *local_size) {
+    MPI_Comm node;
+    CKV_MPI_CHECK(MPI_Comm_split_type(mpi_comm_of(c), MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node));
+    MPI_Comm_rank(node, local_rank);
+    MPI_Comm_size(node, local_size);
+    MPI_Comm_free(&node);
+    return CKV_STATUS_OK;
+}
+
 static const ckv_comm_ops mpi_ops = {
     .allreduce_f32 = mpi_allreduce_f32,
     .allreduce_i32 = mpi_allreduce_i32,
@@ -89,6 +102,7 @@ static const ckv_comm_ops mpi_ops = {
     .split = mpi_split,
     .abort = mpi_abort,
     .free = mpi_free,
+    .node_local = mpi_node_local,
 };
 
 static ckv_status mpi_wrap(ckv_comm **out, MPI_Comm comm, int is_world) {

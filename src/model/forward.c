@@ -85,7 +85,9 @@ ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const i
 static ckv_status allreduce_hidden(ckv_model *m, ckv_model_scratch *s, float *buf, size_t count) {
     if (!m->tp || m->tp->size == 1) return CKV_STATUS_OK;
     ckv_backend *be = m->be;
-    if (be->device == CKV_DEVICE_HOST) return m->tp->ops->allreduce_f32(m->tp, buf, count, CKV_COMM_OP_SUM);
+    /* host buffers (CPU backend), or a communicator that works on device buffers (NCCL) */
+    if (be->device == CKV_DEVICE_HOST || m->tp->device_buffers)
+        return m->tp->ops->allreduce_f32(m->tp, buf, count, CKV_COMM_OP_SUM);
     CKV_TRY(be->ops->download(be, s->host_proj, buf, count * sizeof(float)));
     CKV_TRY(m->tp->ops->allreduce_f32(m->tp, s->host_proj, count, CKV_COMM_OP_SUM));
     return be->ops->upload(be, buf, s->host_proj, count * sizeof(float));
