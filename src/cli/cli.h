@@ -32,5 +32,7 @@ int32_t *ckv_cli_parse_ids(const char *text, int *n, const char *what);
 
 int ckv_cmd_generate(int argc, char **argv);
 int ckv_cmd_inspect(int argc, char **argv);
+int ckv_cmd_tokenize(int argc, char **argv);
+int ckv_cmd_analyze(int argc, char **argv);
 
 #endif

@@ -293,6 +293,15 @@ int ckv_cmd_generate(int argc, char **argv) {
     ckv_compressor cz;
     memset(&cz, 0, sizeof cz);
     cz.cfg = &a.press;
+    int32_t *headkv = NULL; /* per-head budgets from the profile (the context length is known now) */
+    if (a.press.alloc == CKV_ALLOC_HEADKV) {
+        if (a.press.query_aware && a.n_questions > 1)
+            for (int i = 1; i < a.n_questions; i++)
+                if (n_q[i] != n_q[0])
+                    check(world, ckv_error(CKV_STATUS_ERR_ARG, "--query-aware with headkv needs questions of one length"));
+        check(world, ckv_compress_headkv_budgets(&a.press, c, n_ctx + (a.press.query_aware ? n_q[0] : 0), &headkv));
+        cz.headkv_budgets = headkv;
+    }
     cz.dump = a.dump_kept != NULL;
     if (a.dump_kept && world->rank == 0 && !(cz.dump_kept = fopen(a.dump_kept, "w")))
         check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: cannot write '%s'", a.dump_kept));
@@ -372,6 +381,7 @@ int ckv_cmd_generate(int argc, char **argv) {
             }
     }
     free(answers);
+    free(headkv);
     if (ac.dump && fclose(ac.dump) != 0)
         check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a.dump_logits));
     if (cz.dump_kept && fclose(cz.dump_kept) != 0)
@@ -379,6 +389,12 @@ int ckv_cmd_generate(int argc, char **argv) {
 
     if (world->rank == 0) {
         char b1[32], b2[32], b3[32], b4[32], b5[32];
+        if (tpc->size > 1) {
+            double per_tok = (pre_tok + dec_tok) > 0 ? (double)(tpc->bytes - cz.comm_bytes) / (double)(pre_tok + dec_tok) : 0.0;
+            fprintf(stderr, "ckv: tensor parallel %d: this rank sent %s to collectives (%s per token through the model; "
+                    "%s for compression)\n", tpc->size, ckv_format_bytes((double)tpc->bytes, b1, sizeof b1),
+                    ckv_format_bytes(per_tok, b2, sizeof b2), ckv_format_bytes((double)cz.comm_bytes, b3, sizeof b3));
+        }
         fprintf(stderr, "ckv: prefill %ld tokens in %.3f s (%.1f tok/s); decode %ld tokens in %.3f s (%.2f tok/s)\n",
                 pre_tok, pre_s, pre_s > 0 ? pre_tok / pre_s : 0.0, dec_tok, dec_s, dec_s > 0 ? dec_tok / dec_s : 0.0);
         if (compress) {
@@ -405,10 +421,11 @@ int ckv_cmd_generate(int argc, char **argv) {
                     "\"decode_tokens\": %ld, \"decode_s\": %.6f, \"decode_tok_s\": %.3f, "
                     "\"peak_rss_bytes\": %zu, \"peak_alloc_bytes\": %zu, \"kv_bytes\": %zu, \"chunk\": %d, "
                     "\"press\": \"%s\", \"kv_context_bytes_full\": %zu, \"kv_context_bytes_kept\": %zu, "
-                    "\"evict_s\": %.6f}\n",
+                    "\"evict_s\": %.6f, \"tp\": %d, \"comm_bytes\": %llu, \"comm_bytes_compression\": %llu}\n",
                     pre_tok, pre_s, pre_s > 0 ? pre_tok / pre_s : 0.0, dec_tok, dec_s, dec_s > 0 ? dec_tok / dec_s : 0.0,
                     ckv_mem_peak_rss(), ckv_alloc_peak_bytes(), peak_kv, chunk_used, a.press.spec, cz.kv_bytes_full,
-                    cz.kv_bytes_kept, cz.score_seconds + cz.select_seconds + cz.compact_seconds);
+                    cz.kv_bytes_kept, cz.score_seconds + cz.select_seconds + cz.compact_seconds, tpc->size, tpc->bytes,
+                    cz.comm_bytes);
             if (fclose(f) != 0) ckv_cli_die("--stats-json: error writing '%s'", a.stats_json);
         }
     }

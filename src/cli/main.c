@@ -13,6 +13,8 @@ static void print_usage(FILE *f) {
             "commands:\n"
             "  generate   run a prompt through a model and generate tokens\n"
             "  inspect    print a model's configuration, size and memory needs\n"
+            "  tokenize   turn text into token ids (or ids into text with --decode)\n"
+            "  analyze    per-head attention-output perturbation of two presses (CriticalKV analysis)\n"
             "\n"
             "'ckv <command> --help' lists a command's flags.\n",
             CKV_VERSION);
@@ -20,7 +22,7 @@ static void print_usage(FILE *f) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "ckv: error: no command given (usage: ckv <generate|inspect> [flags]; see 'ckv --help')\n");
+        fprintf(stderr, "ckv: error: no command given (usage: ckv <generate|inspect|tokenize|analyze> [flags]; see 'ckv --help')\n");
         return 2;
     }
     const char *cmd = argv[1];
@@ -34,6 +36,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "generate")) return ckv_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return ckv_cmd_inspect(argc - 1, argv + 1);
-    fprintf(stderr, "ckv: error: unknown command '%s' (expected generate or inspect; see 'ckv --help')\n", cmd);
+    if (!strcmp(cmd, "tokenize")) return ckv_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "analyze")) return ckv_cmd_analyze(argc - 1, argv + 1);
+    fprintf(stderr, "ckv: error: unknown command '%s' (expected generate, inspect, tokenize or analyze; see 'ckv --help')\n", cmd);
     return 2;
 }

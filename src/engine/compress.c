@@ -6,6 +6,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "evict/headkv.h"
 
 /* Writes one JSON line per KV head of the model: rank 0 gathers every rank's kept positions. */
 static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, const ckv_selection *sel) {
@@ -80,6 +81,7 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
     ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
     ckv_selection sel;
     CKV_TRY(ckv_selection_init(&sel, p->n_kv_local, L));
+    unsigned long long bytes0 = (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0);
     ckv_status st = ckv_evict_layer(cz->cfg, &in, cz->headkv_budgets ? &hb : NULL, &sel);
     if (st == CKV_STATUS_OK) {
         cz->score_seconds += sel.score_seconds;
@@ -99,7 +101,32 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
         cz->compact_seconds += ckv_time_now() - t0;
     }
     if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, &sel);
+    cz->comm_bytes += (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0) - bytes0;
     if (st == CKV_STATUS_OK && cz->dump) st = dump_layer(cz, s, layer, &sel);
     ckv_selection_free(&sel);
     return st;
+}
+
+ckv_status ckv_compress_headkv_budgets(const ckv_press_config *pr, const ckv_model_config *mc, int L, int32_t **out) {
+    *out = NULL;
+    ckv_headkv_profile prof;
+    CKV_TRY(ckv_headkv_load(&prof, pr->profile, mc->n_layers, mc->n_kv_heads));
+    switch (pr->scorer) { /* the tokens the base scorer protects are kept beside each head's share */
+    case CKV_SCORER_SNAPKV:
+    case CKV_SCORER_PYRAMIDKV: prof.window = pr->window; break;
+    case CKV_SCORER_TOVA: prof.window = 1; break;
+    case CKV_SCORER_STREAMING_LLM:
+    case CKV_SCORER_EXPECTED_ATTENTION: prof.window = pr->n_sink; break;
+    default: prof.window = 0; break;
+    }
+    int32_t *b = malloc(sizeof *b * (size_t)mc->n_layers * (size_t)mc->n_kv_heads);
+    ckv_status st = b ? ckv_headkv_budgets(&prof, L, ckv_press_n_kept(pr, L), b)
+                      : ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for headkv budgets");
+    ckv_headkv_free(&prof);
+    if (st != CKV_STATUS_OK) {
+        free(b);
+        return st;
+    }
+    *out = b;
+    return CKV_STATUS_OK;
 }

@@ -26,11 +26,17 @@ typedef struct {
     size_t kv_bytes_full;          /* what the layers would hold uncompressed (context rows) */
     size_t kv_bytes_kept;          /* what they hold after compression (kept rows) */
     long kept_entries, total_entries;
+    unsigned long long comm_bytes; /* payload this rank handed to collectives while compressing */
 } ckv_compressor;
 
 /* Fills the scorer inputs of `layer` from the session's model, cache (context rows 0..L-1 of every
  * local head) and saved attention inputs (the session must have been created with compress = 1). */
 void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score_inputs *in);
+
+/* Kept rows per (layer, KV head) [n_layers * n_kv_heads] (malloc'd) of a headkv press for a context
+ * of L tokens, from the profile named in the press (evict/headkv.h); every head also keeps the
+ * tokens its base scorer protects. */
+ckv_status ckv_compress_headkv_budgets(const ckv_press_config *cfg, const ckv_model_config *mc, int L, int32_t **out);
 
 /* The layer hook to pass to ckv_session_prefill_hook (ctx = a ckv_compressor). */
 ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt);

@@ -88,7 +88,10 @@ ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
         return ckv_error(CKV_STATUS_ERR_ARG, "--press '%s': unknown press '%s' (known: " CKV_PRESS_KNOWN ")", spec, base);
     if (colon && (c->scorer == CKV_SCORER_NONE || c->scorer == CKV_SCORER_DEFENSIVEKV || c->scorer == CKV_SCORER_PYRAMIDKV))
         return ckv_error(CKV_STATUS_ERR_ARG, "--press '%s': %s cannot be wrapped (its kept counts are its own)", spec, base);
-    if (c->scorer == CKV_SCORER_DEFENSIVEKV) c->alloc = CKV_ALLOC_GLOBAL;
+    if (c->scorer == CKV_SCORER_DEFENSIVEKV) { /* DefensiveKV's defaults: window 32, avg pool, kernel 5 */
+        c->alloc = CKV_ALLOC_GLOBAL;
+        c->window = 32;
+    }
     return CKV_STATUS_OK;
 }
 
@@ -214,7 +217,8 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     }
     switch (c->scorer) {
     case CKV_SCORER_SNAPKV:
-        snprintf(base, sizeof base, "snapkv(window=%d,kernel=%d,pool=%s)", c->window, c->kernel,
+    case CKV_SCORER_DEFENSIVEKV:
+        snprintf(base, sizeof base, "%s(window=%d,kernel=%d,pool=%s)", ckv_scorer_name(c->scorer), c->window, c->kernel,
                  c->pool == CKV_POOL_MAX ? "max" : "avg");
         break;
     case CKV_SCORER_PYRAMIDKV:
@@ -243,7 +247,8 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
 }
 
 ckv_status ckv_press_check_context(const ckv_press_config *c, int L) {
-    if ((c->scorer == CKV_SCORER_SNAPKV || c->scorer == CKV_SCORER_PYRAMIDKV) && L <= c->window)
+    if ((c->scorer == CKV_SCORER_SNAPKV || c->scorer == CKV_SCORER_PYRAMIDKV || c->scorer == CKV_SCORER_DEFENSIVEKV) &&
+        L <= c->window)
         return ckv_error(CKV_STATUS_ERR_ARG, "--window %d needs a context longer than %d tokens, got %d", c->window,
                          c->window, L);
     if (c->scorer != CKV_SCORER_NONE && L < 2)

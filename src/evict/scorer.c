@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "evict/score_defensive.h"
 
 ckv_status ckv_score_check_inputs(const ckv_score_inputs *in, const char *who) {
     if (!in) return ckv_error(CKV_STATUS_ERR_ARG, "scorer %s: no inputs", who);
@@ -155,10 +156,7 @@ ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *c
     case CKV_SCORER_RANDOM: return ckv_score_random(in, cfg->seed, scores);
     case CKV_SCORER_NONE:
         return ckv_error(CKV_STATUS_ERR_ARG, "press none: nothing to score (the cache is kept whole)");
-    case CKV_SCORER_DEFENSIVEKV:
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "press defensivekv: its scorer is not part of ckv_score_layer (defensive aggregation "
-                         "needs all heads of the layer)");
+    case CKV_SCORER_DEFENSIVEKV: return ckv_score_defensivekv(in, cfg, scores, info);
     default: break;
     }
     return ckv_error(CKV_STATUS_ERR_ARG, "ckv_score_layer: unknown scorer kind %d", (int)cfg->scorer);

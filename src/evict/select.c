@@ -151,7 +151,12 @@ static ckv_status allocate_budgets(const ckv_press_config *cfg, float *all, int 
     ckv_scored *t = NULL;
     CKV_TRY(rank_all(all, n_kv * L, &t));
     for (int h = 0; h < n_kv; h++) budget[h] = 0;
-    for (long i = 0; i < (long)n_kv * n_kept; i++) budget[t[i].i / L]++;
+    /* the layer's total: Hkv * n_kept, except DefensiveKV's own int(L * (1 - cr) * Hkv) */
+    long total = cfg->alloc == CKV_ALLOC_GLOBAL && cfg->budget_tokens <= 0
+                     ? (long)((double)L * (1.0 - cfg->compression_ratio) * (double)n_kv)
+                     : (long)n_kv * n_kept;
+    if (total > (long)n_kv * L) total = (long)n_kv * L;
+    for (long i = 0; i < total; i++) budget[t[i].i / L]++;
     ckv_free(t);
     return CKV_STATUS_OK;
 }

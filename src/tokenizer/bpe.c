@@ -264,7 +264,7 @@ static ckv_status bpe_scores_word(const ckv_tokenizer *t, const char *s, size_t 
         l->next = r->next;
         if (r->next >= 0) sy[r->next].prev = (int32_t)top.pos;
         CKV_TRY(score_try_pair(t, w, &hn, s, l->prev, (int32_t)top.pos));
-        CKV_TRY(score_try_pair(t, w, &hn, s, (int32_t)top.pos, w->sym[top.pos].next));
+        CKV_TRY(score_try_pair(t, w, &hn, s, (int32_t)top.pos, ((sym *)w->sym)[top.pos].next));
         sy = w->sym;
     }
     for (size_t i = 0; i < n; i++) {

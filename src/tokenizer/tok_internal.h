@@ -53,6 +53,8 @@ int ckv_utf8_encode(uint32_t cp, char *out); /* returns 1..4 */
 size_t ckv_utf8_first_invalid(const uint8_t *s, size_t len);
 /* Appends s with every maximal invalid subpart replaced by U+FFFD (Python/Rust "lossy" rule). */
 ckv_status ckv_utf8_append_lossy(ckv_tk_buf *out, const uint8_t *s, size_t len);
+/* Length of the next unit at s: a valid sequence (*valid = 1) or a maximal invalid subpart (0). */
+size_t ckv_utf8_next(const uint8_t *s, size_t len, int *valid);
 /* How many bytes at the end of s form an incomplete but still possibly valid sequence (0..3). */
 size_t ckv_utf8_incomplete_tail(const uint8_t *s, size_t len);
 int ckv_unicode_is_whitespace(uint32_t cp); /* White_Space property (Rust char::is_whitespace) */

@@ -108,20 +108,22 @@ ckv_status ckv_tokenizer_decode(const ckv_tokenizer *tok, const int32_t *ids, si
 typedef struct {
     const ckv_tokenizer *tok;
     unsigned flags;
-    int n_tokens;        /* tokens that produced output so far (first-token rules) */
-    int stripped;        /* leading-space strip already decided */
-    size_t pending_len;  /* held-back bytes */
-    int pending_byte_run; /* pending holds a run of byte-fallback tokens */
-    int pending_run_count;
-    uint8_t pending[64];
+    int n_tokens;          /* tokens seen (first-token rules) */
+    int strip_left;        /* leading strip characters still to remove */
+    int strip_done;
+    int pending_is_run;    /* pending holds a run of byte-fallback tokens */
+    size_t pending_len;    /* held-back bytes */
+    uint8_t pending[256];
 } ckv_detok_stream;
 
 void ckv_detok_stream_init(ckv_detok_stream *s, const ckv_tokenizer *tok, unsigned flags);
-/* Appends the text that became final after `id` to out (capacity `cap`, always NUL-terminated),
- * *n_out = bytes written. cap >= ckv_tokenizer_max_piece_bytes(tok) + 64 always suffices. */
+/* Writes the text that became final after `id` to out (capacity `cap`, always NUL-terminated),
+ * *n_out = bytes written. cap >= ckv_detok_stream_cap(tok) always suffices. */
 ckv_status ckv_detok_stream_push(ckv_detok_stream *s, int32_t id, char *out, size_t cap, size_t *n_out);
 /* Emits whatever is held back (incomplete UTF-8 as U+FFFD). */
 ckv_status ckv_detok_stream_flush(ckv_detok_stream *s, char *out, size_t cap, size_t *n_out);
+/* An output capacity that always suffices for one push or the flush. */
+size_t ckv_detok_stream_cap(const ckv_tokenizer *tok);
 
 /* The raw bytes a token stands for (byte-level chars mapped back to bytes, "▁" -> " ", "<0x41>" ->
  * "A", added tokens as their text), without any first-token rule. Returns the byte length, or -1

@@ -108,6 +108,17 @@ size_t ckv_utf8_first_invalid(const uint8_t *s, size_t len) {
     return len;
 }
 
+size_t ckv_utf8_next(const uint8_t *s, size_t len, int *valid) {
+    int need;
+    int r = utf8_probe(s, len, &need);
+    if (r > 0) {
+        *valid = 1;
+        return (size_t)r;
+    }
+    *valid = 0;
+    return r == 0 ? 1 : (size_t)(-r);
+}
+
 ckv_status ckv_utf8_append_lossy(ckv_tk_buf *out, const uint8_t *s, size_t len) {
     static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
     size_t i = 0, run = 0;

@@ -45,10 +45,12 @@ static float *read_f32_file(const char *dir, const char *name, size_t n) {
 }
 
 /* Applies the fixture's options (numbers, strings, booleans) through the CLI's option names. */
-static int apply_options(ckv_press_config *cfg, const ckv_json *opts, const char *what) {
+static int apply_options(ckv_press_config *cfg, const ckv_json *opts, const char *dir, const char *what) {
     for (const ckv_json *o = ckv_json_first_child(opts); o; o = ckv_json_next(o)) {
-        char val[64];
-        if (ckv_json_is_string(o))
+        char val[1400];
+        if (ckv_json_is_string(o) && !strcmp(ckv_json_key(o), "profile")) /* relative to the case file */
+            snprintf(val, sizeof val, "%s/%s", dir, ckv_json_string(o));
+        else if (ckv_json_is_string(o))
             snprintf(val, sizeof val, "%s", ckv_json_string(o));
         else if (ckv_json_is_bool(o))
             snprintf(val, sizeof val, "%d", ckv_json_bool(o));
@@ -83,7 +85,7 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
     ckv_press_config cfg;
     int ok = spec && ckv_press_parse(&cfg, spec) == CKV_STATUS_OK;
     if (!ok) fprintf(stderr, "FAIL %s: press '%s': %s\n", path, spec ? spec : "?", ckv_error_message());
-    ok = ok && apply_options(&cfg, ckv_json_get(j, "options"), path);
+    ok = ok && apply_options(&cfg, ckv_json_get(j, "options"), dir, path);
     ok = ok && ckv_press_set_compression_ratio(&cfg, ckv_json_number(ckv_json_get(j, "compression_ratio"))) == CKV_STATUS_OK;
     ok = ok && ckv_press_finalize(&cfg) == CKV_STATUS_OK;
     if (!ok) {
@@ -97,6 +99,9 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
     ckv_compressor cz;
     memset(&cz, 0, sizeof cz);
     cz.cfg = &cfg;
+    int32_t *hkb = NULL; /* headkv: per-head budgets from the case's profile */
+    if (cfg.alloc == CKV_ALLOC_HEADKV) CHECK_OK(ckv_compress_headkv_budgets(&cfg, &m->cfg, L, &hkb));
+    cz.headkv_budgets = hkb;
     cz.observe = observe;
     cz.observe_ctx = &ob;
     ckv_session s;
@@ -168,6 +173,7 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
         free(got);
     }
     ckv_session_free(&s);
+    free(hkb);
     free(ob.scores);
     ckv_json_free(j);
     (*n_cases)++;
@@ -223,7 +229,7 @@ int main(void) {
             check_case(dir, names[i], m, ctx, L, q, nq, &n_cases);
             free(names[i]);
         }
-        fprintf(stderr, "%s: %d cases, %s\n", e->d_name, nn, ckv_test_failures == before ? "all equal to kvpress" : "FAILURES");
+        fprintf(stderr, "%s: %d cases, %s\n", e->d_name, nn, ckv_test_failures == before ? "all equal to the reference (kvpress, or the ports of DefensiveKV and HeadKV)" : "FAILURES");
         ckv_model_free(m);
     }
     closedir(d);

@@ -412,8 +412,8 @@ static void check_tp(const prob *p, ckv_backend *be, tp_kind k, const ckv_press_
         for (int g = 0; g < MOCK_MAX; g++) rep_ctx[g].phase = phase, rep_ctx[g].size = reps;
         for (int r = 0; r < tp; r++) {
             const int kv0 = tp <= p->Hkv ? r * nkv : r / reps, rep_group = kv0, rep_rank = r % reps;
-            tpc[r] = (ckv_comm){&mock_ops, &tp_ctx, r, tp, "mock"};
-            repc[r] = (ckv_comm){&mock_ops, &rep_ctx[rep_group], rep_rank, reps, "mock"};
+            tpc[r] = (ckv_comm){.ops = &mock_ops, .ctx = &tp_ctx, .rank = r, .size = tp, .kind = "mock"};
+            repc[r] = (ckv_comm){.ops = &mock_ops, .ctx = &rep_ctx[rep_group], .rank = rep_rank, .size = reps, .kind = "mock"};
             rank_view v;
             view_make(&v, p, be, r * nq, nq, kv0, nkv, reps > 1 ? &repc[r] : NULL, &tpc[r]);
             CHECK_OK(tp_run(k, &v.in, c, out[r]));

@@ -55,6 +55,8 @@ cd "$root"
 "$py" "$here/dump_logits.py"
 "$py" "$here/numpy_forward.py"
 "$py" "$here/press_fixtures.py"
+# after press_fixtures.py, which rewrites the per-model press directories
+"$py" "$here/defensive_fixtures.py"
 
 echo "[regen] fixtures:"
 (cd "$root/tests/fixtures/models" && du -sh -- */ MANIFEST.json)

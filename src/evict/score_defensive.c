@@ -1,0 +1,258 @@
+/* score_defensive.c - DefensiveKV's scorer (FFY0/DefensiveKV EfficientDefensiveKVPress.score), a port
+ * of the official semantics, quirks included. Per layer, with n = L - w context tokens before the
+ * window:
+ *   1. window attention: queries of the last w tokens recomputed from the attention input (q_proj +
+ *      bias, RoPE at their positions), logits / sqrt(head_dim) against all L post-RoPE keys, causal
+ *      inside the window, softmax over all L keys in fp32; only the n non-window columns are used;
+ *   2. ave[g, t] = mean over the group's query heads and the w queries (snapkv's unpooled score);
+ *   3. per (query head, window query) row: avg-pooled (kernel k, padding k / 2, zero padding counted)
+ *      and rescaled so that the row keeps its attention mass: P * sum(row) / sum(P);
+ *   4. defensive aggregation: max over the group's query heads and the w queries, floored at its own
+ *      mean over the n tokens of the head;
+ *   5. times N[g, t] / sum over ALL KV heads g' of the layer of N[g', t], N = CriticalKV's value norm
+ *      (mean over the group of ||V W_O^h||_1; ckv_critical_value_norm) - normalised across heads;
+ *   6. first stage: per KV head the tokens ranked by ave / sum(ave) (ties: lower position first); the
+ *      first c are lifted to M, the layer-wide max of step 5's scores, where c = the rank at which
+ *      the running share first reaches 0.9 - window_bias (0 if never), capped at
+ *      m = (int)((L - w) * (1 - cr) - w); a negative cap forces all but the last |m| tokens.
+ * Quirks kept from the official code (docs/presses.md lists them): window_bias is the attention on the
+ * w tokens just BEFORE the window (the official code measures the last w columns after dropping the
+ * window columns; all n columns when n < w); the cap uses L - w where L was meant; c excludes the
+ * token that crosses the threshold; a negative cap slices from the end (Python's sorted[:m]); forced
+ * tokens get exactly M (they tie with the best unforced token). Not kept: the official window gets M
+ * too (tied with the forced tokens); here it is reported as protected and the caller gives it M + 1,
+ * so it is never cut before a forced token. The official value norm runs in a Triton kernel (TF32
+ * dot products on GPUs); here it is plain fp32.
+ * It does not select (select.c ranks all heads of the layer at once: CKV_ALLOC_GLOBAL) and does not
+ * set the window's score. Scratch is allocated per call and freed. Host buffers only. */
+#include "evict/score_defensive.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+
+#define CKV_DEFENSIVE_THRESHOLD 0.9 /* DefensiveKV's stage-1 attention share (before the window bias) */
+
+typedef struct {
+    float s;
+    int32_t t;
+} ckv_def_rank;
+
+/* descending share, then ascending position */
+static int def_rank_cmp(const void *a, const void *b) {
+    const ckv_def_rank *x = a, *y = b;
+    if (x->s != y->s) return x->s > y->s ? -1 : 1;
+    return (x->t > y->t) - (x->t < y->t);
+}
+
+typedef struct {
+    float *q;           // [w, n_q_local * d] roped window queries of the local heads
+    float *qh;          // [w, d] one head's queries
+    float *logits;      // [w, L] one head's logits, then attention weights
+    float *pooled;      // [n] one row, pooled
+    double *ave;        // [n_kv_local, n] sums of the weights over local heads and window queries
+    float *avef;        // [n_kv_local, n] the same in fp32 (reduced over the replica group), then the mean
+    float *dmax;        // [n_kv_local, n] max over local heads and window queries of the rescaled rows
+    float *norm;        // [n_kv_local, L] CriticalKV value norms
+    float *nsum;        // [n] value norms summed over all KV heads of the layer
+    ckv_def_rank *rank; // [n] one head's first-stage ranking
+} ckv_def_ws;
+
+static void def_ws_free(ckv_def_ws *ws) {
+    ckv_free(ws->q);
+    ckv_free(ws->qh);
+    ckv_free(ws->logits);
+    ckv_free(ws->pooled);
+    ckv_free(ws->ave);
+    ckv_free(ws->avef);
+    ckv_free(ws->dmax);
+    ckv_free(ws->norm);
+    ckv_free(ws->nsum);
+    ckv_free(ws->rank);
+    memset(ws, 0, sizeof *ws);
+}
+
+static ckv_status def_ws_init(ckv_def_ws *ws, const ckv_score_inputs *in, int w) {
+    memset(ws, 0, sizeof *ws);
+    const size_t d = (size_t)in->head_dim, L = (size_t)in->L, n = L - (size_t)w, nkv = (size_t)in->n_kv_local;
+    const size_t hd = (size_t)in->n_q_local * d;
+    ckv_status s;
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->q, (size_t)w * hd * sizeof(float), "defensivekv window queries"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->qh, (size_t)w * d * sizeof(float), "defensivekv head queries"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->logits, (size_t)w * L * sizeof(float), "defensivekv logits"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->pooled, n * sizeof(float), "defensivekv pooled row"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->ave, nkv * n * sizeof(double), "defensivekv mean attention"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->avef, nkv * n * sizeof(float), "defensivekv mean attention"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->dmax, nkv * n * sizeof(float), "defensivekv max attention"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->norm, nkv * L * sizeof(float), "defensivekv value norms"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->nsum, n * sizeof(float), "defensivekv value norm sums"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->rank, n * sizeof(ckv_def_rank), "defensivekv first stage"), fail);
+    return CKV_STATUS_OK;
+fail:
+    def_ws_free(ws);
+    return s;
+}
+
+static ckv_status def_check(const ckv_score_inputs *in, const ckv_press_config *cfg, double *keep_frac) {
+    CKV_TRY(ckv_score_check_inputs(in, "defensivekv"));
+    if (!in->xn || !in->wq || !in->wo || !in->pos || !in->inv_freq)
+        return ckv_error(CKV_STATUS_ERR_ARG, "scorer defensivekv: layer %d needs the attention input, q_proj, o_proj, "
+                         "positions and rope tables", in->layer);
+    const int w = cfg->window, k = cfg->kernel;
+    if (w < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--window %d must be at least 1", w);
+    if (in->L <= w)
+        return ckv_error(CKV_STATUS_ERR_ARG, "--window %d needs a context longer than %d tokens, got %d", w, w, in->L);
+    if (k < 1 || k % 2 == 0)
+        return ckv_error(CKV_STATUS_ERR_ARG, "--kernel %d must be odd and at least 1 (1 = no pooling)", k);
+    if (cfg->pool != CKV_POOL_AVG)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press defensivekv pools with avg only (DefensiveKV has no max pooling); "
+                         "--pool max is not supported");
+    if (cfg->budget_tokens > 0) {
+        *keep_frac = (double)(cfg->budget_tokens < in->L ? cfg->budget_tokens : in->L) / (double)in->L;
+    } else {
+        if (!(cfg->compression_ratio >= 0.0 && cfg->compression_ratio < 1.0))
+            return ckv_error(CKV_STATUS_ERR_ARG, "press defensivekv: compression ratio %g outside [0, 1)",
+                             cfg->compression_ratio);
+        *keep_frac = 1.0 - cfg->compression_ratio;
+    }
+    return CKV_STATUS_OK;
+}
+
+/* Steps 1 to 4 for local query head j: accumulates ave and the running max into ws, the window bias
+ * (attention on columns max(0, n - w) .. n - 1) into *bias. */
+static void def_head(const ckv_score_inputs *in, ckv_def_ws *ws, int w, int kernel, int j, double *bias) {
+    const int d = in->head_dim, L = in->L, n = L - w, hd = in->n_q_local * d, r = kernel / 2;
+    const int g = ckv_score_local_kv(in, j);
+    const float *K = in->cache.k + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
+    for (int i = 0; i < w; i++)
+        memcpy(ws->qh + (size_t)i * d, ws->q + (size_t)i * hd + (size_t)j * d, (size_t)d * sizeof(float));
+    in->be->ops->matmul(in->be, ws->logits, ws->qh, K, NULL, w, d, L);
+    const float sqrt_d = (float)sqrt((double)d); /* the official code divides by math.sqrt(head_dim) */
+    const int bias_lo = n > w ? n - w : 0;
+    double *ave = ws->ave + (size_t)g * n;
+    float *dmax = ws->dmax + (size_t)g * n;
+    for (int i = 0; i < w; i++) {
+        float *row = ws->logits + (size_t)i * L; // [L]
+        const int n_vis = n + i + 1;               /* query L - w + i sees keys 0 .. L - w + i */
+        for (int t = 0; t < n_vis; t++) row[t] = row[t] / sqrt_d;
+        const float inv = ckv_score_exp_row(row, n_vis);
+        double mass = 0.0;
+        for (int t = 0; t < n; t++) {
+            row[t] *= inv;
+            mass += row[t];
+            ave[t] += row[t];
+        }
+        for (int t = bias_lo; t < n; t++) *bias += row[t];
+        /* avg pooling (zero padding counted), then rescaled to the row's own mass */
+        double psum = 0.0;
+        for (int t = 0; t < n; t++) {
+            const int lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
+            double box = 0.0;
+            for (int u = lo; u <= hi; u++) box += row[u];
+            ws->pooled[t] = (float)(box / kernel);
+            psum += ws->pooled[t];
+        }
+        const double scale = psum > 0.0 ? mass / psum : 0.0;
+        for (int t = 0; t < n; t++) {
+            const float v = (float)(ws->pooled[t] * scale);
+            dmax[t] = v > dmax[t] ? v : dmax[t];
+        }
+    }
+}
+
+ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores,
+                                 ckv_score_info *info) {
+    if (!in || !cfg || !scores || !info)
+        return ckv_error(CKV_STATUS_ERR_ARG, "ckv_score_defensivekv: missing inputs/config/scores/info");
+    info->protect_head = 0;
+    info->protect_tail = 0;
+    double keep_frac = 0.0;
+    CKV_TRY(def_check(in, cfg, &keep_frac));
+    const int w = cfg->window, L = in->L, n = L - w, nkv = in->n_kv_local, D = in->D;
+    const int G = in->n_heads / in->n_kv_heads;
+    ckv_backend *be = in->be;
+    ckv_def_ws ws;
+    CKV_TRY(def_ws_init(&ws, in, w));
+    ckv_status s = CKV_STATUS_OK;
+
+    /* 1-4: window queries, per-head rows, defensive max; dmax starts at 0 (every value is >= 0) */
+    be->ops->matmul(be, ws.q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w, D, in->n_q_local * in->head_dim);
+    be->ops->rope(be, ws.q, in->pos + (L - w), w, in->n_q_local, in->head_dim, in->inv_freq, in->rope_scale);
+    double bias_sum = 0.0;
+    for (int j = 0; j < in->n_q_local; j++) def_head(in, &ws, w, cfg->kernel, j, &bias_sum);
+    for (size_t i = 0; i < (size_t)nkv * n; i++) ws.avef[i] = (float)ws.ave[i];
+    if (in->replica && in->replica->size > 1) {
+        CKV_TRY_GOTO(s, in->replica->ops->allreduce_f32(in->replica, ws.avef, (size_t)nkv * n, CKV_COMM_OP_SUM), done);
+        CKV_TRY_GOTO(s, in->replica->ops->allreduce_f32(in->replica, ws.dmax, (size_t)nkv * n, CKV_COMM_OP_MAX), done);
+    }
+    for (size_t i = 0; i < (size_t)nkv * n; i++) ws.avef[i] = (float)((double)ws.avef[i] / ((double)G * w));
+    /* window bias: mean over ALL query heads of the layer and the window queries (quirk: the w columns
+     * before the window) */
+    float bias = (float)bias_sum;
+    if (in->tp && in->tp->size > 1) CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, &bias, 1, CKV_COMM_OP_SUM), done);
+    const float window_bias = (float)((double)bias / ((double)in->n_heads * w));
+    const float threshold = (float)(CKV_DEFENSIVE_THRESHOLD - (double)window_bias);
+    for (int g = 0; g < nkv; g++) { /* floor at the head's mean */
+        float *dm = ws.dmax + (size_t)g * n;
+        double m = 0.0;
+        for (int t = 0; t < n; t++) m += dm[t];
+        const float mean = (float)(m / n);
+        for (int t = 0; t < n; t++) dm[t] = dm[t] < mean ? mean : dm[t];
+    }
+
+    /* 5: value norms normalised over all KV heads of the layer (replicas of a head count once) */
+    CKV_TRY_GOTO(s, ckv_critical_value_norm(in, ws.norm), done);
+    const int replica_leader = !in->replica || in->replica->size <= 1 || in->replica->rank == 0;
+    for (int t = 0; t < n; t++) {
+        double acc = 0.0;
+        if (replica_leader)
+            for (int g = 0; g < nkv; g++) acc += ws.norm[(size_t)g * L + t];
+        ws.nsum[t] = (float)acc;
+    }
+    if (in->tp && in->tp->size > 1)
+        CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, ws.nsum, (size_t)n, CKV_COMM_OP_SUM), done);
+    float M = 0.0f;
+    for (int g = 0; g < nkv; g++) {
+        float *dst = scores + (size_t)g * L;
+        const float *dm = ws.dmax + (size_t)g * n, *N = ws.norm + (size_t)g * L;
+        for (int t = 0; t < n; t++) {
+            dst[t] = ws.nsum[t] > 0.0f ? dm[t] * (N[t] / ws.nsum[t]) : 0.0f;
+            M = dst[t] > M ? dst[t] : M;
+        }
+        for (int t = n; t < L; t++) dst[t] = 0.0f; /* the window: protected by the caller */
+    }
+    if (in->tp && in->tp->size > 1) CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, &M, 1, CKV_COMM_OP_MAX), done);
+
+    /* 6: first stage, per KV head */
+    const int cap = (int)((double)n * keep_frac - (double)w);
+    for (int g = 0; g < nkv; g++) {
+        const float *a = ws.avef + (size_t)g * n;
+        double tot = 0.0;
+        for (int t = 0; t < n; t++) tot += a[t];
+        const float totf = (float)tot;
+        if (!(totf > 0.0f)) continue;
+        for (int t = 0; t < n; t++) ws.rank[t] = (ckv_def_rank){a[t] / totf, t};
+        qsort(ws.rank, (size_t)n, sizeof *ws.rank, def_rank_cmp);
+        int c = 0; /* argmax of (cumsum >= threshold): 0 when no prefix reaches it */
+        double cum = 0.0;
+        for (int i = 0; i < n; i++) {
+            cum += ws.rank[i].s;
+            if ((float)cum >= threshold) {
+                c = i;
+                break;
+            }
+        }
+        int k = c < cap ? c : cap;
+        if (k < 0) k = n + k > 0 ? n + k : 0; /* Python's sorted[:k] with k < 0 */
+        float *dst = scores + (size_t)g * L;
+        for (int i = 0; i < k; i++) dst[ws.rank[i].t] = M;
+    }
+    info->protect_tail = w;
+done:
+    def_ws_free(&ws);
+    return s;
+}

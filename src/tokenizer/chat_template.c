@@ -1,0 +1,225 @@
+/* chat_template.c - the three chat template families ckv supports, rendered in C: Llama 3 header
+ * tokens (3.0, and 3.1+ with the knowledge/today-date preamble), ChatML (Qwen2.5 and SmolLM2, with
+ * their default system prompts) and Mistral [INST] (v0.3 spacing, and the older "[INST] x [/INST]").
+ * A Jinja template from tokenizer_config.json or GGUF metadata is recognised by its markers; it is
+ * never executed. Tools, images and multi-part contents are out of scope. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer/tok_internal.h"
+
+static void set_name(ckv_chat_template *t, const char *name) { snprintf(t->name, sizeof t->name, "%s", name); }
+
+/* Finds the default system prompt a ChatML template writes when the conversation has none: the text
+ * of a string literal after "<|im_start|>system\n" up to "<|im_end|>". */
+static void chatml_default_system(const char *jinja, char *out, size_t cap) {
+    out[0] = '\0';
+    static const char *const heads[] = {"<|im_start|>system\\n", "<|im_start|>system\n"};
+    for (size_t h = 0; h < 2; h++) {
+        const char *p = jinja;
+        while ((p = strstr(p, heads[h])) != NULL) {
+            p += strlen(heads[h]);
+            const char *end = strstr(p, "<|im_end|>");
+            if (!end) break;
+            size_t n = (size_t)(end - p);
+            int literal = n > 0;
+            for (size_t i = 0; i < n && literal; i++)
+                if (p[i] == '\'' || p[i] == '"' || p[i] == '{' || p[i] == '}' || p[i] == '+') literal = 0;
+            if (literal) {
+                size_t k = 0;
+                for (size_t i = 0; i < n && k + 1 < cap; i++) {
+                    if (p[i] == '\\' && i + 1 < n && p[i + 1] == 'n') {
+                        out[k++] = '\n';
+                        i++;
+                    } else {
+                        out[k++] = p[i];
+                    }
+                }
+                out[k] = '\0';
+                return;
+            }
+        }
+    }
+}
+
+ckv_status ckv_chat_template_detect(const char *jinja, ckv_chat_template *out) {
+    memset(out, 0, sizeof *out);
+    if (!jinja) return ckv_error(CKV_STATUS_ERR_ARG, "chat template: none given");
+    if (strstr(jinja, "<|start_header_id|>")) {
+        out->family = CKV_CHAT_LLAMA3;
+        out->llama31_preamble = strstr(jinja, "Cutting Knowledge Date") != NULL;
+        set_name(out, out->llama31_preamble ? "llama3.1" : "llama3");
+        return CKV_STATUS_OK;
+    }
+    if (strstr(jinja, "<|im_start|>")) {
+        out->family = CKV_CHAT_CHATML;
+        chatml_default_system(jinja, out->default_system, sizeof out->default_system);
+        set_name(out, strstr(out->default_system, "Qwen") ? "qwen2.5"
+                      : strstr(out->default_system, "SmolLM") ? "smollm2" : "chatml");
+        return CKV_STATUS_OK;
+    }
+    if (strstr(jinja, "[INST]")) {
+        out->family = CKV_CHAT_MISTRAL;
+        out->mistral_space = strstr(jinja, " [/INST]") != NULL;
+        set_name(out, out->mistral_space ? "mistral-v0.1" : "mistral");
+        return CKV_STATUS_OK;
+    }
+    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                     "chat template not recognised: it has none of the markers <|start_header_id|> (Llama 3), "
+                     "<|im_start|> (ChatML) or [INST] (Mistral); pick one by name");
+}
+
+ckv_status ckv_chat_template_by_name(const char *name, ckv_chat_template *out) {
+    memset(out, 0, sizeof *out);
+    if (!name) return ckv_error(CKV_STATUS_ERR_ARG, "chat template: no name given");
+    if (!strcmp(name, "none")) {
+        set_name(out, "none");
+        return CKV_STATUS_OK;
+    }
+    if (!strcmp(name, "llama3") || !strcmp(name, "llama3.1")) {
+        out->family = CKV_CHAT_LLAMA3;
+        out->llama31_preamble = !strcmp(name, "llama3.1");
+    } else if (!strcmp(name, "chatml")) {
+        out->family = CKV_CHAT_CHATML;
+    } else if (!strcmp(name, "qwen2.5")) {
+        out->family = CKV_CHAT_CHATML;
+        snprintf(out->default_system, sizeof out->default_system, "%s",
+                 "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    } else if (!strcmp(name, "smollm2")) {
+        out->family = CKV_CHAT_CHATML;
+        snprintf(out->default_system, sizeof out->default_system, "%s",
+                 "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+    } else if (!strcmp(name, "mistral") || !strcmp(name, "mistral-v0.1")) {
+        out->family = CKV_CHAT_MISTRAL;
+        out->mistral_space = !strcmp(name, "mistral-v0.1");
+    } else {
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "chat template '%s' is unknown (expected llama3, llama3.1, chatml, qwen2.5, smollm2, mistral, "
+                         "mistral-v0.1 or none)",
+                         name);
+    }
+    set_name(out, name);
+    return CKV_STATUS_OK;
+}
+
+void ckv_tk_chat_from_config(ckv_tokenizer *t, const char *jinja) {
+    ckv_chat_template ct;
+    if (ckv_chat_template_detect(jinja, &ct) == CKV_STATUS_OK) t->chat = ct;
+    ckv_error_clear();
+}
+
+const ckv_chat_template *ckv_tokenizer_chat_template(const ckv_tokenizer *tok) { return &tok->chat; }
+
+static ckv_status app(ckv_tk_buf *b, const char *s) { return ckv_tk_buf_append(b, s, strlen(s)); }
+
+/* Jinja's |trim: strips whitespace at both ends. */
+static ckv_status app_trim(ckv_tk_buf *b, const char *s) {
+    size_t len = strlen(s), i = 0;
+    while (i < len && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r' || s[i] == '\f' || s[i] == '\v')) i++;
+    while (len > i && (s[len - 1] == ' ' || s[len - 1] == '\n' || s[len - 1] == '\t' || s[len - 1] == '\r' ||
+                       s[len - 1] == '\f' || s[len - 1] == '\v'))
+        len--;
+    return ckv_tk_buf_append(b, s + i, len - i);
+}
+
+static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, int n, int gen, ckv_tk_buf *b) {
+    for (int i = 0; i < n; i++)
+        if (!m[i].role || !m[i].content)
+            return ckv_error(CKV_STATUS_ERR_ARG, "chat message %d has no role or content", i);
+    switch (t->family) {
+    case CKV_CHAT_NONE:
+        for (int i = 0; i < n; i++) CKV_TRY(app(b, m[i].content));
+        return CKV_STATUS_OK;
+    case CKV_CHAT_LLAMA3: {
+        CKV_TRY(app(b, "<|begin_of_text|>"));
+        int first = 0;
+        if (t->llama31_preamble) {
+            CKV_TRY(app(b, "<|start_header_id|>system<|end_header_id|>\n\n"
+                           "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"));
+            if (n > 0 && !strcmp(m[0].role, "system")) {
+                CKV_TRY(app_trim(b, m[0].content));
+                first = 1;
+            }
+            CKV_TRY(app(b, "<|eot_id|>"));
+        }
+        for (int i = first; i < n; i++) {
+            CKV_TRY(app(b, "<|start_header_id|>"));
+            CKV_TRY(app(b, m[i].role));
+            CKV_TRY(app(b, "<|end_header_id|>\n\n"));
+            CKV_TRY(app_trim(b, m[i].content));
+            CKV_TRY(app(b, "<|eot_id|>"));
+        }
+        if (gen) CKV_TRY(app(b, "<|start_header_id|>assistant<|end_header_id|>\n\n"));
+        return CKV_STATUS_OK;
+    }
+    case CKV_CHAT_CHATML:
+        if (t->default_system[0] && (n == 0 || strcmp(m[0].role, "system") != 0)) {
+            CKV_TRY(app(b, "<|im_start|>system\n"));
+            CKV_TRY(app(b, t->default_system));
+            CKV_TRY(app(b, "<|im_end|>\n"));
+        }
+        for (int i = 0; i < n; i++) {
+            CKV_TRY(app(b, "<|im_start|>"));
+            CKV_TRY(app(b, m[i].role));
+            CKV_TRY(app(b, "\n"));
+            CKV_TRY(app(b, m[i].content));
+            CKV_TRY(app(b, "<|im_end|>\n"));
+        }
+        if (gen) CKV_TRY(app(b, "<|im_start|>assistant\n"));
+        return CKV_STATUS_OK;
+    case CKV_CHAT_MISTRAL: {
+        const char *system = NULL;
+        int start = 0, last_user = -1;
+        if (n > 0 && !strcmp(m[0].role, "system")) {
+            system = m[0].content;
+            start = 1;
+        }
+        for (int i = start; i < n; i++)
+            if (!strcmp(m[i].role, "user")) last_user = i;
+        CKV_TRY(app(b, "<s>"));
+        for (int i = start; i < n; i++) {
+            if (!strcmp(m[i].role, "user")) {
+                CKV_TRY(app(b, "[INST] "));
+                if (system && i == last_user) {
+                    CKV_TRY(app(b, system));
+                    CKV_TRY(app(b, "\n\n"));
+                }
+                CKV_TRY(app(b, m[i].content));
+                CKV_TRY(app(b, t->mistral_space ? " [/INST]" : "[/INST]"));
+            } else if (!strcmp(m[i].role, "assistant")) {
+                if (t->mistral_space) {
+                    CKV_TRY(app(b, m[i].content));
+                } else {
+                    CKV_TRY(app(b, " "));
+                    CKV_TRY(app_trim(b, m[i].content));
+                }
+                CKV_TRY(app(b, "</s>"));
+            } else {
+                return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                                 "chat template %s: role '%s' of message %d is not supported (system first, then "
+                                 "user/assistant)",
+                                 t->name, m[i].role, i);
+            }
+        }
+        (void)gen; /* the Mistral format has no assistant header */
+        return CKV_STATUS_OK;
+    }
+    }
+    return ckv_error(CKV_STATUS_ERR_ARG, "chat template: unknown family %d", (int)t->family);
+}
+
+ckv_status ckv_chat_apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs,
+                          int add_generation_prompt, char **out) {
+    *out = NULL;
+    if (!t || n_msgs < 0 || (n_msgs && !msgs)) return ckv_error(CKV_STATUS_ERR_ARG, "chat template: bad arguments");
+    ckv_tk_buf b = {0};
+    ckv_status s = ckv_tk_buf_reserve(&b, 64);
+    if (s == CKV_STATUS_OK) s = render(t, msgs, n_msgs, add_generation_prompt, &b);
+    if (s != CKV_STATUS_OK) {
+        ckv_tk_buf_free(&b);
+        return s;
+    }
+    *out = b.p;
+    return CKV_STATUS_OK;
+}
