@@ -5,7 +5,7 @@
 # installed by tools/oracle/regen.sh, never here.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin python3)
+pkgs=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin python3 python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,15 +16,23 @@
 #include "engine/compress.h"
 #include "kv/kv_file.h"
 #include "engine/sampler.h"
+#include "engine/text.h"
 #include "engine/session.h"
 #include "model/model.h"
 
 static void generate_usage(FILE *f) {
     fprintf(f,
-            "usage: ckv generate --model DIR (--prompt-ids 1,2,3 | --prompt-ids-file F) [flags]\n"
+            "usage: ckv generate --model PATH (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3 |\n"
+            "                    --prompt-ids-file F) [flags]\n"
             "\n"
-            "  --model DIR            Hugging Face model directory (config.json + *.safetensors)\n"
-            "  --prompt-ids LIST      prompt token ids, comma separated\n"
+            "  --model PATH           Hugging Face model directory (config.json + *.safetensors) or GGUF file\n"
+            "  --prompt TEXT          the prompt (the context when questions follow) as text\n"
+            "  --prompt-file F        the same, read from a file\n"
+            "  --question TEXT        a question about the prompt (repeatable), answered after it\n"
+            "  --chat                 render prompt + question as a user turn in the model's chat template\n"
+            "  --template NAME        chat template instead of the model's own (llama3, chatml, mistral, ...)\n"
+            "  --system TEXT          a system turn for --chat\n"
+            "  --prompt-ids LIST      prompt token ids, comma separated (no tokenizer needed)\n"
             "  --prompt-ids-file F    file with the prompt token ids (commas, spaces or newlines)\n"
             "  --max-new-tokens N     tokens to generate (default 32)\n"
             "  --temperature T        0 = greedy (default 0)\n"
@@ -59,6 +67,9 @@ static void generate_usage(FILE *f) {
 
 typedef struct {
     const char *model, *prompt_ids, *prompt_file, *backend, *stats_json, *dump_logits, *dump_kept, *save_cache, *load_cache;
+    const char *prompt_text, *prompt_text_file, *template_name, *system;
+    const char *qtext[64];
+    int n_qtext, chat;
     int max_new, chunk, threads, ignore_eos, tp;
     ckv_sampler_config sampling;
     ckv_press_config press;
@@ -114,6 +125,20 @@ static void parse_args(generate_args *a, int argc, char **argv) {
             exit(0);
         } else if (!strcmp(f, "--model")) {
             a->model = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--prompt")) {
+            a->prompt_text = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--prompt-file")) {
+            a->prompt_text_file = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--question")) {
+            if (a->n_qtext == 64) ckv_cli_die("--question: at most 64 questions");
+            a->qtext[a->n_qtext++] = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--chat")) {
+            a->chat = 1;
+        } else if (!strcmp(f, "--template")) {
+            a->template_name = ckv_cli_value(argc, argv, &i);
+            a->chat = 1;
+        } else if (!strcmp(f, "--system")) {
+            a->system = ckv_cli_value(argc, argv, &i);
         } else if (!strcmp(f, "--prompt-ids")) {
             a->prompt_ids = ckv_cli_value(argc, argv, &i);
         } else if (!strcmp(f, "--prompt-ids-file")) {
@@ -162,18 +187,24 @@ static void parse_args(generate_args *a, int argc, char **argv) {
         }
     }
     if (!a->model) ckv_cli_usage_error("generate", "--model is required");
+    int n_prompts = !!a->prompt_ids + !!a->prompt_file + !!a->prompt_text + !!a->prompt_text_file;
+    if (a->n_qtext && a->n_questions) ckv_cli_usage_error("generate", "give questions as --question or as --question-ids, not both");
     if (a->load_cache) {
-        if (a->prompt_ids || a->prompt_file) ckv_cli_usage_error("generate", "--load-cache replaces the prompt: drop --prompt-ids");
-        if (a->n_questions == 0) ckv_cli_usage_error("generate", "--load-cache needs at least one --question-ids");
+        if (n_prompts) ckv_cli_usage_error("generate", "--load-cache replaces the prompt: drop --prompt-ids");
+        if (a->n_questions == 0 && a->n_qtext == 0) ckv_cli_usage_error("generate", "--load-cache needs at least one --question-ids");
         if (a->save_cache) ckv_cli_usage_error("generate", "--load-cache and --save-cache together");
-    } else if (!a->prompt_ids == !a->prompt_file) {
-        ckv_cli_usage_error("generate", "give exactly one of --prompt-ids and --prompt-ids-file");
+        if (a->chat && a->n_qtext) ckv_cli_usage_error("generate", "--chat with --load-cache: the template was applied when the cache was made");
+    } else if (n_prompts != 1) {
+        ckv_cli_usage_error("generate", "give exactly one of --prompt, --prompt-file, --prompt-ids and --prompt-ids-file");
     }
+    if (a->n_qtext && (a->prompt_ids || a->prompt_file))
+        ckv_cli_usage_error("generate", "--question needs a text prompt (--prompt or --prompt-file); with ids use --question-ids");
     parse_press_args(a, argc, argv);
     if (a->save_cache && a->press.query_aware) ckv_cli_usage_error("generate", "--save-cache stores a context-only compression; drop --query-aware");
     if (a->load_cache && a->press.scorer != CKV_SCORER_NONE)
         ckv_cli_usage_error("generate", "--load-cache uses the press the cache was made with: drop --press");
-    if (a->press.query_aware && a->n_questions == 0) ckv_cli_die("--query-aware needs at least one --question-ids");
+    if (a->press.query_aware && a->n_questions == 0 && a->n_qtext == 0)
+        ckv_cli_die("--query-aware needs at least one --question-ids");
 }
 
 /* Ends the job on an error: every rank's error is printed by that rank; MPI jobs abort as a whole. */
@@ -193,33 +224,62 @@ typedef struct {
     ckv_comm *world;
     ckv_sampler *sampler;
     const ckv_model_config *cfg;
+    const ckv_tokenizer *tok; /* text output when not NULL */
+    int32_t stop[CKV_MAX_EOS + 16];
+    int n_stop;
     int max_new, ignore_eos;
-    int stream;      /* print tokens as they come (world rank 0, one group) */
+    int stream;      /* print as tokens come (world rank 0, one group) */
     FILE *dump;
     const char *dump_path;
+    char *piece;     /* [ckv_detok_stream_cap] streaming text buffer */
 } answer_ctx;
+
+/* Prints one answer (ids or text) that was not streamed. */
+static void print_answer(const answer_ctx *a, const int32_t *ids, int n) {
+    if (!a->tok) {
+        for (int t = 0; t < n; t++) printf(t ? " %d" : "%d", ids[t]);
+        if (n) printf("\n");
+        return;
+    }
+    char *textout = NULL;
+    size_t len = 0;
+    if (ckv_tokenizer_decode(a->tok, ids, (size_t)n, CKV_DETOKENIZE_SKIP_SPECIAL, &textout, &len) == CKV_STATUS_OK) {
+        fwrite(textout, 1, len, stdout);
+        printf("\n");
+    }
+    free(textout);
+}
 
 /* Samples up to max_new tokens starting from `logits`, feeding each back; streams them when asked
  * and stores them in out[0] = count, out[1..] = ids. */
 static void answer(answer_ctx *a, ckv_session *sess, const float *logits, int32_t *out) {
     int printed = 0;
     out[0] = 0;
+    ckv_detok_stream ds;
+    if (a->tok) ckv_detok_stream_init(&ds, a->tok, CKV_DETOKENIZE_SKIP_SPECIAL);
+    size_t cap = a->tok ? ckv_detok_stream_cap(a->tok) : 0, n = 0;
     for (int t = 0; t < a->max_new; t++) {
         int32_t tok = ckv_sampler_sample(a->sampler, logits);
         out[1 + out[0]++] = tok;
         if (a->dump && fwrite(logits, sizeof(float), (size_t)a->cfg->vocab_size, a->dump) != (size_t)a->cfg->vocab_size)
             check(a->world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a->dump_path));
+        int is_eos = 0;
+        for (int e = 0; e < a->n_stop; e++) is_eos |= tok == a->stop[e];
         if (a->stream) {
-            printf(printed++ ? " %d" : "%d", tok);
+            if (!a->tok) {
+                printf(printed++ ? " %d" : "%d", tok);
+            } else if (!(is_eos && !a->ignore_eos) && ckv_detok_stream_push(&ds, tok, a->piece, cap, &n) == CKV_STATUS_OK) {
+                fwrite(a->piece, 1, n, stdout);
+                printed++;
+            }
             fflush(stdout);
         }
-        int is_eos = 0;
-        for (int e = 0; e < a->cfg->n_eos; e++) is_eos |= tok == a->cfg->eos_ids[e];
         if ((is_eos && !a->ignore_eos) || t + 1 == a->max_new) break;
         check(a->world, ckv_session_decode(sess, tok, &logits));
     }
-    if (a->stream && printed) {
-        printf("\n");
+    if (a->stream) {
+        if (a->tok && ckv_detok_stream_flush(&ds, a->piece, cap, &n) == CKV_STATUS_OK) fwrite(a->piece, 1, n, stdout);
+        if (printed || a->tok) printf("\n");
         fflush(stdout);
     }
 }
@@ -237,11 +297,35 @@ int ckv_cmd_generate(int argc, char **argv) {
     generate_args a;
     parse_args(&a, argc, argv);
     int n_ctx = 0, n_q[64] = {0}, max_q = 0;
-    int32_t *ctx = NULL;
-    if (!a.load_cache)
+    int32_t *ctx = NULL, *q[64] = {0};
+    ckv_tokenizer *tok = NULL;
+    int text = a.prompt_text || a.prompt_text_file || a.n_qtext;
+    if (text) ckv_cli_check(ckv_text_open_tokenizer(&tok, a.model));
+    if (a.prompt_text || a.prompt_text_file) { /* text: the context and each question, split as kvpress does */
+        char *body = NULL;
+        if (a.prompt_text_file) ckv_cli_check(ckv_read_file(a.prompt_text_file, &body, NULL));
+        const char *context = body ? body : a.prompt_text;
+        for (int i = 0; i < (a.n_qtext ? a.n_qtext : 1); i++) {
+            int32_t *c_ids = NULL;
+            int nc = 0;
+            ckv_cli_check(ckv_text_encode_split(tok, context, a.n_qtext ? a.qtext[i] : NULL, a.chat, a.template_name,
+                                                a.system, &c_ids, &nc, &q[i], &n_q[i]));
+            if (i == 0) {
+                ctx = c_ids;
+                n_ctx = nc;
+            } else {
+                free(c_ids);
+            }
+            if (n_q[i] > max_q) max_q = n_q[i];
+        }
+        a.n_questions = a.n_qtext;
+        free(body);
+        if (n_ctx < 1) ckv_cli_die("the prompt encodes to no tokens");
+    } else if (!a.load_cache) {
         ctx = read_ids(a.prompt_file ? a.prompt_file : a.prompt_ids, a.prompt_file != NULL, &n_ctx,
                        a.prompt_file ? a.prompt_file : "--prompt-ids");
-    else { /* the context length comes from the cache header */
+    }
+    if (a.load_cache) { /* the context length comes from the cache header */
         char *meta = NULL, shard0[4200];
         snprintf(shard0, sizeof shard0, "%s.rank0", a.load_cache); /* saved by several ranks */
         int sharded = access(a.load_cache, F_OK) != 0 && access(shard0, F_OK) == 0;
@@ -251,11 +335,18 @@ int ckv_cmd_generate(int argc, char **argv) {
         free(meta);
         if (n_ctx < 1) ckv_cli_die("%s: cache header has no context length", a.load_cache);
     }
-    int32_t *q[64] = {0};
-    for (int i = 0; i < a.n_questions; i++) {
-        q[i] = ckv_cli_parse_ids(a.questions[i], &n_q[i], "--question-ids");
+    for (int i = 0; i < (a.n_qtext ? a.n_qtext : a.n_questions) && !(a.prompt_text || a.prompt_text_file); i++) {
+        if (a.n_qtext) { /* text questions over a loaded cache: plain continuations */
+            int32_t *none = NULL;
+            int nn = 0;
+            ckv_cli_check(ckv_text_encode_split(tok, "", a.qtext[i], 0, NULL, NULL, &none, &nn, &q[i], &n_q[i]));
+            free(none);
+        } else {
+            q[i] = ckv_cli_parse_ids(a.questions[i], &n_q[i], "--question-ids");
+        }
         if (n_q[i] > max_q) max_q = n_q[i];
     }
+    if (a.load_cache && a.n_qtext) a.n_questions = a.n_qtext;
 
     ckv_comm *world = NULL;
     ckv_cli_check(ckv_comm_init_world(&world, &argc, &argv));
@@ -310,7 +401,22 @@ int ckv_cmd_generate(int argc, char **argv) {
     size_t stride = (size_t)a.max_new + 1;
     int32_t *answers = calloc((size_t)n_items * stride, sizeof(int32_t));
     if (!answers) ckv_cli_die("out of memory");
-    answer_ctx ac = {world, &sampler, c, a.max_new, a.ignore_eos, n_groups == 1 && world->rank == 0, NULL, a.dump_logits};
+    answer_ctx ac;
+    memset(&ac, 0, sizeof ac);
+    ac.world = world;
+    ac.sampler = &sampler;
+    ac.cfg = c;
+    ac.tok = tok;
+    ac.max_new = a.max_new;
+    ac.ignore_eos = a.ignore_eos;
+    ac.stream = n_groups == 1 && world->rank == 0;
+    ac.dump_path = a.dump_logits;
+    for (int e = 0; e < c->n_eos; e++) ac.stop[ac.n_stop++] = c->eos_ids[e];
+    if (tok) { /* the tokenizer's end-of-turn ids (e.g. <|im_end|>) stop a chat answer too */
+        ac.n_stop += ckv_tokenizer_stop_ids(tok, ac.stop + ac.n_stop, (int)(sizeof ac.stop / sizeof ac.stop[0]) - ac.n_stop);
+        ac.piece = malloc(ckv_detok_stream_cap(tok));
+        if (!ac.piece) ckv_cli_die("out of memory");
+    }
     if (a.dump_logits && world->rank == 0 && !(ac.dump = fopen(a.dump_logits, "wb")))
         check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: cannot write '%s'", a.dump_logits));
 
@@ -374,14 +480,11 @@ int ckv_cmd_generate(int argc, char **argv) {
     if (n_groups > 1) {
         check(world, world->ops->allreduce_i32(world, answers, (size_t)n_items * stride, CKV_COMM_OP_SUM));
         if (world->rank == 0)
-            for (int i = 0; i < n_items; i++) {
-                const int32_t *r = answers + (size_t)i * stride;
-                for (int t = 0; t < r[0]; t++) printf(t ? " %d" : "%d", r[1 + t]);
-                if (r[0]) printf("\n");
-            }
+            for (int i = 0; i < n_items; i++) print_answer(&ac, answers + (size_t)i * stride + 1, answers[(size_t)i * stride]);
     }
     free(answers);
     free(headkv);
+    free(ac.piece);
     if (ac.dump && fclose(ac.dump) != 0)
         check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a.dump_logits));
     if (cz.dump_kept && fclose(cz.dump_kept) != 0)
@@ -434,6 +537,7 @@ int ckv_cmd_generate(int argc, char **argv) {
     ckv_backend_free(be);
     ckv_comm_free(tpc);
     ckv_comm_free(world);
+    ckv_tokenizer_free(tok);
     free(ctx);
     for (int i = 0; i < a.n_questions; i++) free(q[i]);
     return 0;

@@ -22,7 +22,7 @@ static void usage(FILE *f) {
             "  --skip-special     with --decode: leave special tokens out of the text\n"
             "  --utf8-replace     replace invalid UTF-8 in the input with U+FFFD instead of failing\n"
             "  --chat             wrap the text as one user turn with the model's chat template\n"
-            "  --template NAME    chat template to use: llama3, llama3.1, chatml, qwen2.5, smollm2, mistral,\n"
+            "  --template NAME    chat template to use: llama3, llama3.1, llama3.2, chatml, qwen2.5, smollm2, mistral,\n"
             "                     mistral-v0.1, none (default: recognised from tokenizer_config.json)\n"
             "  --system T         with --chat: a system message first\n"
             "  --count            print only the number of tokens\n");

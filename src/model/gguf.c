@@ -228,11 +228,10 @@ static ckv_status gguf_u64(gguf_cursor *c, uint64_t *v, const char *what) { retu
 /* A length-prefixed string: *s points into the map (not terminated). */
 static ckv_status gguf_string(gguf_cursor *c, const uint8_t **s, uint64_t *len, const char *what) {
     CKV_TRY(gguf_u64(c, len, what));
-    if (*len > c->size - c->pos) {
-        char w[224];
-        snprintf(w, sizeof w, "%s: string length %" PRIu64, what, *len);
-        return gguf_past_end(c, w, *len);
-    }
+    if (*len > c->size - c->pos)
+        return ckv_error(CKV_STATUS_ERR_FORMAT,
+                         "%s: %s: string length %" PRIu64 " at offset %zu runs past the end of the file (%zu bytes)",
+                         c->path, what, *len, c->pos, c->size);
     *s = c->base + c->pos;
     c->pos += (size_t)*len;
     return CKV_STATUS_OK;
@@ -247,8 +246,10 @@ static ckv_status gguf_name(gguf_cursor *c, char **out, uint64_t max, const char
     if (len > max)
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s is %" PRIu64 " bytes long (at most %" PRIu64 ")", c->path,
                          what, len, max);
-    if (memchr(s, 0, (size_t)len))
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s contains a NUL byte", c->path, what);
+    for (uint64_t i = 0; i < len; i++)
+        if (s[i] < 0x20 || s[i] == 0x7f) /* keeps every message that names it on one line */
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s contains the control character 0x%02x", c->path, what,
+                             s[i]);
     *out = malloc((size_t)len + 1);
     if (!*out) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory for %s", c->path, what);
     memcpy(*out, s, (size_t)len);
@@ -481,7 +482,8 @@ static ckv_status gguf_parse(gguf_file *f) {
                           "%s: tensor '%.200s': data [%" PRIu64 ", +%zu) runs past the end of the file (data section "
                           "of %zu bytes)",
                           f->path, t->name, t->offset, t->nbytes, data_size);
-        t->data = f->map + f->data_start + t->offset;
+        if (s != CKV_STATUS_OK) break;
+        t->data = f->map + f->data_start + (size_t)t->offset;
         spans[i] = (gguf_span){t->offset, t->offset + t->nbytes, i};
     }
     if (s == CKV_STATUS_OK) {
@@ -954,6 +956,15 @@ static ckv_status gguf_meta_string(const gguf_file *f, const char *key, const ch
     return CKV_STATUS_OK;
 }
 
+/* A string value for a message: at most 64 bytes, control characters shown as '?'. */
+static const char *gguf_printable(char *buf, size_t cap, const char *s, size_t len) {
+    size_t n = len < cap - 1 ? len : cap - 1;
+    if (n > 64) n = 64;
+    for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+    buf[n] = 0;
+    return buf;
+}
+
 static int gguf_str_is(const char *s, size_t len, const char *lit) { return s && strlen(lit) == len && !memcmp(s, lit, len); }
 
 static ckv_status gguf_add_eos(ckv_model_config *cfg, const gguf_file *f, const char *key) {
@@ -1005,9 +1016,10 @@ static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f) {
     }
     if (!type || gguf_str_is(type, tlen, "none") || (has_factor && factor == 1.0 && !gguf_str_is(type, tlen, "yarn")))
         return CKV_STATUS_OK;
+    char shown[72];
     if (!has_factor || !(factor > 0.0))
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'llama.rope.scaling.factor' must be positive for rope "
-                         "scaling '%.*s'", f->path, (int)(tlen > 32 ? 32 : tlen), type);
+                         "scaling '%s'", f->path, gguf_printable(shown, sizeof shown, type, tlen));
     r->factor = factor;
     if (gguf_str_is(type, tlen, "linear")) {
         r->type = CKV_ROPE_TYPE_LINEAR;
@@ -1015,8 +1027,8 @@ static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f) {
     }
     if (!gguf_str_is(type, tlen, "yarn"))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "%s: metadata key 'llama.rope.scaling.type' is '%.*s' (ckv supports none, linear and yarn)",
-                         f->path, (int)(tlen > 32 ? 32 : tlen), type);
+                         "%s: metadata key 'llama.rope.scaling.type' is '%s' (ckv supports none, linear and yarn)",
+                         f->path, gguf_printable(shown, sizeof shown, type, tlen));
     r->type = CKV_ROPE_TYPE_YARN;
     CKV_TRY(gguf_meta_pos_int(f, "llama.rope.scaling.original_context_length", 0, cfg->max_position_embeddings,
                               &r->original_max_position, NULL));
@@ -1046,10 +1058,11 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
     size_t alen;
     CKV_TRY(gguf_meta_string(f, "general.architecture", &arch, &alen));
     if (!arch) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key 'general.architecture'", f->path);
+    char shown[72];
     if (!gguf_str_is(arch, alen, "llama"))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "%s: general.architecture is '%.*s' (ckv reads GGUF files of architecture 'llama')", f->path,
-                         (int)(alen > 64 ? 64 : alen), arch);
+                         "%s: general.architecture is '%s' (ckv reads GGUF files of architecture 'llama')", f->path,
+                         gguf_printable(shown, sizeof shown, arch, alen));
     cfg->arch = CKV_ARCH_LLAMA;
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "LlamaForCausalLM");
 
@@ -1167,5 +1180,123 @@ ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, c
     src->has = gguf_src_has;
     src->release_pages = gguf_src_release;
     src->close = gguf_src_close;
+    return CKV_STATUS_OK;
+}
+
+/* ---- metadata access ------------------------------------------------------------------------------ */
+
+struct ckv_gguf_meta {
+    gguf_file *f;
+};
+
+ckv_status ckv_gguf_meta_open(ckv_gguf_meta **out, const char *path) {
+    *out = NULL;
+    ckv_gguf_meta *m = calloc(1, sizeof *m);
+    if (!m) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory", path);
+    ckv_status s = gguf_file_open(&m->f, path);
+    if (s != CKV_STATUS_OK) {
+        free(m);
+        return s;
+    }
+    *out = m;
+    return CKV_STATUS_OK;
+}
+
+void ckv_gguf_meta_close(ckv_gguf_meta *m) {
+    if (!m) return;
+    gguf_file_close(m->f);
+    free(m);
+}
+
+const char *ckv_gguf_meta_string(const ckv_gguf_meta *m, const char *key, uint64_t *len) {
+    const gguf_kv *kv = gguf_find_kv(m->f, key);
+    if (!kv || kv->type != GGUF_V_STRING) return NULL;
+    memcpy(len, kv->val, 8); /* the string's length field, then its bytes (validated at parse) */
+    return (const char *)kv->val + 8;
+}
+
+int ckv_gguf_meta_int(const ckv_gguf_meta *m, const char *key, int64_t *out) {
+    const gguf_kv *kv = gguf_find_kv(m->f, key);
+    return kv && kv->type != GGUF_V_ARRAY && gguf_scalar_int(kv->type, kv->val, out);
+}
+
+/* The array stored under key, checked for its element type; NULL (and *n = 0) when absent. */
+static ckv_status meta_array(const ckv_gguf_meta *m, const char *key, const gguf_kv **out, int64_t *n) {
+    *out = NULL;
+    *n = 0;
+    const gguf_kv *kv = gguf_find_kv(m->f, key);
+    if (!kv) return CKV_STATUS_OK;
+    if (kv->type != GGUF_V_ARRAY)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' is a %s, expected an array", m->f->path, key,
+                         gguf_vtype_name(kv->type));
+    if (kv->count > (uint64_t)INT32_MAX)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' has %llu elements", m->f->path, key,
+                         (unsigned long long)kv->count);
+    *out = kv;
+    *n = (int64_t)kv->count;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_gguf_meta_strings(const ckv_gguf_meta *m, const char *key, int64_t *n, const char ***strs,
+                                 uint64_t **lens) {
+    const gguf_kv *kv;
+    *strs = NULL;
+    *lens = NULL;
+    CKV_TRY(meta_array(m, key, &kv, n));
+    if (!kv) return CKV_STATUS_OK;
+    if (kv->elem_type != GGUF_V_STRING)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' holds %s, expected strings", m->f->path, key,
+                         gguf_vtype_name(kv->elem_type));
+    const char **s = malloc(sizeof *s * (size_t)(*n > 0 ? *n : 1));
+    uint64_t *l = malloc(sizeof *l * (size_t)(*n > 0 ? *n : 1));
+    if (!s || !l) {
+        free(s);
+        free(l);
+        return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory reading '%s'", m->f->path, key);
+    }
+    const uint8_t *p = kv->val; /* each element: u64 length then bytes (bounds checked at parse) */
+    for (int64_t i = 0; i < *n; i++) {
+        memcpy(&l[i], p, 8);
+        s[i] = (const char *)p + 8;
+        p += 8 + l[i];
+    }
+    *strs = s;
+    *lens = l;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_gguf_meta_f32s(const ckv_gguf_meta *m, const char *key, int64_t *n, float **out) {
+    const gguf_kv *kv;
+    *out = NULL;
+    CKV_TRY(meta_array(m, key, &kv, n));
+    if (!kv) return CKV_STATUS_OK;
+    if (kv->elem_type != GGUF_V_F32)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' holds %s, expected float32", m->f->path, key,
+                         gguf_vtype_name(kv->elem_type));
+    float *v = malloc(sizeof *v * (size_t)(*n > 0 ? *n : 1));
+    if (!v) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory reading '%s'", m->f->path, key);
+    memcpy(v, kv->val, sizeof *v * (size_t)*n);
+    *out = v;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_gguf_meta_i32s(const ckv_gguf_meta *m, const char *key, int64_t *n, int32_t **out) {
+    const gguf_kv *kv;
+    *out = NULL;
+    CKV_TRY(meta_array(m, key, &kv, n));
+    if (!kv) return CKV_STATUS_OK;
+    uint32_t t = kv->elem_type;
+    size_t es = t < GGUF_V_COUNT ? gguf_vtype_sizes[t] : 0;
+    if (es == 0 || t == GGUF_V_F32 || t == GGUF_V_F64 || t == GGUF_V_STRING)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' holds %s, expected integers", m->f->path, key,
+                         gguf_vtype_name(t));
+    int32_t *v = malloc(sizeof *v * (size_t)(*n > 0 ? *n : 1));
+    if (!v) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory reading '%s'", m->f->path, key);
+    for (int64_t i = 0; i < *n; i++) {
+        int64_t x = 0;
+        gguf_scalar_int(t, kv->val + (size_t)i * es, &x);
+        v[i] = (int32_t)x;
+    }
+    *out = v;
     return CKV_STATUS_OK;
 }

@@ -3,9 +3,11 @@
  * their default system prompts) and Mistral [INST] (v0.3 spacing, and the older "[INST] x [/INST]").
  * A Jinja template from tokenizer_config.json or GGUF metadata is recognised by its markers; it is
  * never executed. Tools, images and multi-part contents are out of scope. */
+#define _POSIX_C_SOURCE 200809L /* localtime_r */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tokenizer/tok_internal.h"
 
@@ -49,7 +51,8 @@ ckv_status ckv_chat_template_detect(const char *jinja, ckv_chat_template *out) {
     if (strstr(jinja, "<|start_header_id|>")) {
         out->family = CKV_CHAT_LLAMA3;
         out->llama31_preamble = strstr(jinja, "Cutting Knowledge Date") != NULL;
-        set_name(out, out->llama31_preamble ? "llama3.1" : "llama3");
+        out->llama_date_today = out->llama31_preamble && strstr(jinja, "strftime_now") != NULL;
+        set_name(out, out->llama_date_today ? "llama3.2" : out->llama31_preamble ? "llama3.1" : "llama3");
         return CKV_STATUS_OK;
     }
     if (strstr(jinja, "<|im_start|>")) {
@@ -77,9 +80,10 @@ ckv_status ckv_chat_template_by_name(const char *name, ckv_chat_template *out) {
         set_name(out, "none");
         return CKV_STATUS_OK;
     }
-    if (!strcmp(name, "llama3") || !strcmp(name, "llama3.1")) {
+    if (!strcmp(name, "llama3") || !strcmp(name, "llama3.1") || !strcmp(name, "llama3.2")) {
         out->family = CKV_CHAT_LLAMA3;
-        out->llama31_preamble = !strcmp(name, "llama3.1");
+        out->llama31_preamble = strcmp(name, "llama3") != 0;
+        out->llama_date_today = !strcmp(name, "llama3.2");
     } else if (!strcmp(name, "chatml")) {
         out->family = CKV_CHAT_CHATML;
     } else if (!strcmp(name, "qwen2.5")) {
@@ -95,8 +99,8 @@ ckv_status ckv_chat_template_by_name(const char *name, ckv_chat_template *out) {
         out->mistral_space = !strcmp(name, "mistral-v0.1");
     } else {
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "chat template '%s' is unknown (expected llama3, llama3.1, chatml, qwen2.5, smollm2, mistral, "
-                         "mistral-v0.1 or none)",
+                         "chat template '%s' is unknown (expected llama3, llama3.1, llama3.2, chatml, qwen2.5, smollm2, "
+                         "mistral, mistral-v0.1 or none)",
                          name);
     }
     set_name(out, name);
@@ -135,8 +139,20 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
         CKV_TRY(app(b, "<|begin_of_text|>"));
         int first = 0;
         if (t->llama31_preamble) {
+            char date[32] = "26 Jul 2024";
+            if (t->llama_date_today) {
+                time_t now = time(NULL);
+                struct tm tmv;
+                if (localtime_r(&now, &tmv)) { /* what strftime_now("%d %b %Y") gives */
+                    static const char *const mon[12] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                                        "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+                    snprintf(date, sizeof date, "%02d %s %d", tmv.tm_mday, mon[tmv.tm_mon], tmv.tm_year + 1900);
+                }
+            }
             CKV_TRY(app(b, "<|start_header_id|>system<|end_header_id|>\n\n"
-                           "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"));
+                           "Cutting Knowledge Date: December 2023\nToday Date: "));
+            CKV_TRY(app(b, date));
+            CKV_TRY(app(b, "\n\n"));
             if (n > 0 && !strcmp(m[0].role, "system")) {
                 CKV_TRY(app_trim(b, m[0].content));
                 first = 1;

@@ -2,7 +2,7 @@
  * arrays (ckv_tokenizer_gguf_vocab): "gpt2" vocabularies become byte-level merges BPE with the
  * pre-tokenizer that tokenizer.ggml.pre names (the same steps the model's tokenizer.json has),
  * "llama" vocabularies become SentencePiece-style score BPE with byte fallback and "▁" for spaces.
- * Control tokens are special added tokens, user-defined tokens plain added tokens. It does not read
+ * Control and unknown tokens are special added tokens, user-defined tokens plain added tokens. It does not read
  * GGUF files: src/model's reader fills the struct. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,13 +167,13 @@ ckv_status ckv_tokenizer_load_gguf_vocab(ckv_tokenizer **out, const ckv_tokenize
         }
         ckv_tk_buf_free(&cat);
     }
-    /* added tokens: control (special) and user-defined */
+    /* added tokens: control and unknown (special, as <unk> is in HF's tokenizer.json), user-defined */
     for (int64_t i = 0; i < v->n_tokens && s == CKV_STATUS_OK && v->types; i++) {
         int ty = v->types[i];
         if (ty == CKV_GGUF_TOKEN_UNKNOWN && t->unk_id < 0 && llama) t->unk_id = (int32_t)i;
-        if (ty != CKV_GGUF_TOKEN_CONTROL && ty != CKV_GGUF_TOKEN_USER_DEFINED) continue;
-        s = ckv_tk_add_token(t, (int32_t)i, v->tokens[i], slen(v->tokens[i], v->token_len, i),
-                             ty == CKV_GGUF_TOKEN_CONTROL, 0, 0, 0, 0);
+        int special = ty == CKV_GGUF_TOKEN_CONTROL || ty == CKV_GGUF_TOKEN_UNKNOWN;
+        if (!special && ty != CKV_GGUF_TOKEN_USER_DEFINED) continue;
+        s = ckv_tk_add_token(t, (int32_t)i, v->tokens[i], slen(v->tokens[i], v->token_len, i), special, 0, 0, 0, 0);
     }
     if (s == CKV_STATUS_OK) s = ckv_tk_index_added(t);
     if (s == CKV_STATUS_OK) {

@@ -48,6 +48,10 @@ static const char *type_of(const ckv_json *o) {
 
 static ckv_status dup_str(const ld *L, const char *s, char **out, size_t *len) {
     size_t n = strlen(s);
+    size_t bad = ckv_utf8_first_invalid((const uint8_t *)s, n);
+    if (bad < n)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: string '%.40s' is not valid UTF-8 (byte 0x%02x at offset %zu)",
+                         L->what, s, (uint8_t)s[bad], bad);
     *out = malloc(n + 1);
     if (!*out) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory", L->what);
     memcpy(*out, s, n + 1);
@@ -340,7 +344,9 @@ static ckv_status parse_decoder(const ld *L, const ckv_json *o) {
             const ckv_json *pat = ckv_json_get(s, "pattern");
             const char *from = ckv_json_string(ckv_json_get(pat, "String"));
             const char *to = ckv_json_string(ckv_json_get(s, "content"));
-            if (!from || !to || strlen(from) >= sizeof d->rep_from || strlen(to) >= sizeof d->rep_to)
+            if (!from || !to || strlen(from) >= sizeof d->rep_from || strlen(to) >= sizeof d->rep_to ||
+                ckv_utf8_first_invalid((const uint8_t *)from, strlen(from)) != strlen(from) ||
+                ckv_utf8_first_invalid((const uint8_t *)to, strlen(to)) != strlen(to))
                 return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: decoder Replace must map a short literal String to a "
                                  "short 'content'", L->what);
             d->replace = 1;

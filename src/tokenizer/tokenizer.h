@@ -156,9 +156,10 @@ typedef enum {
 
 typedef struct {
     ckv_chat_family family;
-    char name[32];              /* "llama3", "llama3.1", "chatml", "qwen2.5", "smollm2", "mistral" */
+    char name[32];              /* "llama3", "llama3.1", "llama3.2", "chatml", "qwen2.5", "smollm2", "mistral" */
     char default_system[256];   /* system prompt used when the conversation has none ("" = none) */
     int llama31_preamble;       /* Llama 3.1+: system turn opens with the knowledge/today dates */
+    int llama_date_today;       /* Llama 3.2 (template calls strftime_now): today's date, else 26 Jul 2024 */
     int mistral_space;          /* Mistral v0.1/v0.2 style "[INST] x [/INST]" (1) or v0.3 "[INST] x[/INST]" (0) */
 } ckv_chat_template;
 
@@ -170,7 +171,8 @@ typedef struct {
 /* Recognises a Jinja chat template by its markers; CKV_STATUS_ERR_UNSUPPORTED naming what was
  * seen when it fits none of the families. */
 ckv_status ckv_chat_template_detect(const char *jinja, ckv_chat_template *out);
-/* By name ("llama3", "llama3.1", "chatml", "qwen2.5", "smollm2", "mistral", "none"). */
+/* By name ("llama3", "llama3.1", "llama3.2", "chatml", "qwen2.5", "smollm2", "mistral", "mistral-v0.1",
+ * "none"). */
 ckv_status ckv_chat_template_by_name(const char *name, ckv_chat_template *out);
 /* The tokenizer's own template (from tokenizer_config.json / GGUF); family NONE when it has none. */
 const ckv_chat_template *ckv_tokenizer_chat_template(const ckv_tokenizer *tok);

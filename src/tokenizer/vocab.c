@@ -122,6 +122,10 @@ ckv_status ckv_tk_resize(ckv_tokenizer *t, int32_t n_vocab) {
 }
 
 ckv_status ckv_tk_set_token(ckv_tokenizer *t, int32_t id, const char *s, size_t len) {
+    size_t bad = ckv_utf8_first_invalid((const uint8_t *)s, len);
+    if (bad < len)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "tokenizer: token %d is not valid UTF-8 (byte 0x%02x at offset %zu)",
+                         (int)id, (uint8_t)s[bad], bad);
     if (t->pool.n + len >= UINT32_MAX) return ckv_error(CKV_STATUS_ERR_RANGE, "tokenizer: vocabulary strings exceed 4 GiB");
     t->tok_off[id] = (uint32_t)t->pool.n;
     t->tok_len[id] = (uint32_t)len;
@@ -229,6 +233,10 @@ ckv_status ckv_tk_add_token(ckv_tokenizer *t, int32_t id, const char *s, size_t 
                             int lstrip, int rstrip, int single_word) {
     if (len == 0) return CKV_STATUS_OK; /* HF ignores empty added tokens */
     if (id < 0) return ckv_error(CKV_STATUS_ERR_FORMAT, "tokenizer: added token has a negative id");
+    size_t bad = ckv_utf8_first_invalid((const uint8_t *)s, len);
+    if (bad < len)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "tokenizer: added token %d is not valid UTF-8 (byte 0x%02x at offset %zu)",
+                         (int)id, (uint8_t)s[bad], bad);
     CKV_TRY(ckv_tk_resize(t, id + 1));
     if (t->pool.n + len >= UINT32_MAX) return ckv_error(CKV_STATUS_ERR_RANGE, "tokenizer: strings exceed 4 GiB");
     int idx = t->added_of[id];

@@ -57,6 +57,7 @@ cd "$root"
 "$py" "$here/press_fixtures.py"
 # after press_fixtures.py, which rewrites the per-model press directories
 "$py" "$here/defensive_fixtures.py"
+"$py" "$here/fixture_tokenizer.py"  # tokenizer.json of llama_gqa (ckv eval in CI)
 
 echo "[regen] fixtures:"
 (cd "$root/tests/fixtures/models" && du -sh -- */ MANIFEST.json)

@@ -1,0 +1,27 @@
+/* text.h - the text side of a model: opens the tokenizer that belongs to a model path (a Hugging
+ * Face directory's tokenizer.json + tokenizer_config.json, or the vocabulary inside a GGUF file)
+ * and renders prompts with the model's chat template. It knows file locations, not tokenisation
+ * (src/tokenizer) nor the forward pass. */
+#ifndef CKV_ENGINE_TEXT_H
+#define CKV_ENGINE_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "tokenizer/tokenizer.h"
+
+/* Opens the tokenizer of `model_path` (directory or .gguf file). Errors name the missing file. */
+ckv_status ckv_text_open_tokenizer(ckv_tokenizer **out, const char *model_path);
+
+/* Encodes a context and (optionally) a question the way kvpress's pipeline splits them: the prompt
+ * is rendered as one user turn `context + question` (with `chat`, in the template `template_name`,
+ * NULL = the tokenizer's own, with an optional system turn and the assistant header; without, as
+ * plain text with the tokenizer's BOS where it wants one); the context ids are everything up to the
+ * end of the context, the question ids the rest (the question, the end of the turn and the
+ * assistant header). question = NULL: everything is context. Both arrays are malloc'd. */
+ckv_status ckv_text_encode_split(const ckv_tokenizer *tok, const char *context, const char *question, int chat,
+                                 const char *template_name, const char *system, int32_t **ctx_ids, int *n_ctx,
+                                 int32_t **q_ids, int *n_q);
+
+#endif

@@ -1,0 +1,178 @@
+/* test_cpu_gemm.c - the CPU matmul (backend/cpu/cpu_gemm*.c) against a double-precision loop written
+ * here: every kernel set this CPU can run (portable, AVX2, AVX-512), odd sizes around the tile edges
+ * (n = 1 .. 700, k not a multiple of the vector width or of the k block, m around the panel width),
+ * with and without bias, unaligned pointers, k = 0; results must not depend on the thread count (1, 2
+ * and 3 threads and no pool, compared bit for bit) and must not write outside out. Also runs the
+ * backend's matmul op, which must use the best kernel set. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_gemm.h"
+#include "ckv_test.h"
+#include "core/alloc.h"
+#include "core/threadpool.h"
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() >> 8) * (1.0f / 16777216.0f); }
+
+static void *xalloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static void fill_uniform(float *x, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) x[i] = rng_uniform(lo, hi);
+}
+
+#define GUARD 19 /* floats before and after out that must keep their value */
+#define GUARD_VALUE 12345.0f
+
+static const ckv_gemm_arch *archs[3];
+static int n_archs;
+static ckv_threadpool *pool1, *pool2, *pool3;
+
+/* One shape on every kernel set; `offset` shifts x, w and out off their 64-byte alignment. */
+static void gemm_case(int n, int k, int m, int with_bias, int offset) {
+    const size_t sz = (size_t)n * (size_t)m;
+    float *xb = xalloc(((size_t)n * k + 16) * sizeof(float)), *wb = xalloc(((size_t)m * k + 16) * sizeof(float));
+    float *x = xb + offset, *w = wb + offset; // [n, k], [m, k]
+    float *bias = with_bias ? xalloc((size_t)m * sizeof(float)) : NULL;
+    float *ref = xalloc(sz * sizeof(float));
+    float *outs[4];
+    for (int t = 0; t < 4; t++) outs[t] = xalloc((sz + 2 * GUARD + 16) * sizeof(float));
+    fill_uniform(x, (size_t)n * k, -1, 1);
+    fill_uniform(w, (size_t)m * k, -1, 1);
+    if (bias) fill_uniform(bias, (size_t)m, -1, 1);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            double s = bias ? bias[j] : 0.0;
+            for (int l = 0; l < k; l++) s += (double)x[(size_t)i * k + l] * w[(size_t)j * k + l];
+            ref[(size_t)i * m + j] = (float)s;
+        }
+    /* fp32 sums of k products of size <= 1 */
+    const double atol = 1e-6 + 4e-8 * k;
+    for (int a = 0; a < n_archs; a++) {
+        ckv_threadpool *pools[4] = {NULL, pool1, pool2, pool3};
+        for (int t = 0; t < 4; t++) {
+            float *o = outs[t];
+            for (size_t i = 0; i < sz + 2 * GUARD + 16; i++) o[i] = GUARD_VALUE;
+            ckv_cpu_gemm(pools[t], archs[a], o + GUARD + offset, x, w, bias, n, k, m);
+        }
+        char what[128];
+        snprintf(what, sizeof what, "gemm %s n=%d k=%d m=%d%s%s", archs[a]->name, n, k, m, bias ? " +bias" : "",
+                 offset ? " unaligned" : "");
+        ckv_test_allclose(what, outs[1] + GUARD + offset, ref, sz, atol, 1e-5);
+        size_t guard_bad = 0, diff = 0;
+        for (int t = 0; t < 4; t++) {
+            const float *o = outs[t];
+            for (size_t i = 0; i < (size_t)GUARD + (size_t)offset; i++) guard_bad += o[i] != GUARD_VALUE;
+            for (size_t i = GUARD + (size_t)offset + sz; i < sz + 2 * GUARD + 16; i++) guard_bad += o[i] != GUARD_VALUE;
+            if (t > 0)
+                for (size_t i = 0; i < sz; i++)
+                    diff += memcmp(&o[GUARD + offset + i], &outs[0][GUARD + offset + i], sizeof(float)) != 0;
+        }
+        CHECK_MSG(guard_bad == 0, "%s: %zu values written outside out", what, guard_bad);
+        CHECK_MSG(diff == 0, "%s: %zu values differ between thread counts", what, diff);
+    }
+    free(xb), free(wb), free(bias), free(ref);
+    for (int t = 0; t < 4; t++) free(outs[t]);
+}
+
+/* The backend op: same contract, best kernel set, 1 and 2 threads bit for bit. */
+static void backend_case(ckv_backend *b1, ckv_backend *b2, int n, int k, int m) {
+    const size_t sz = (size_t)n * (size_t)m;
+    float *x = xalloc((size_t)n * k * sizeof(float)), *w = xalloc((size_t)m * k * sizeof(float));
+    float *bias = xalloc((size_t)m * sizeof(float)), *ref = xalloc(sz * sizeof(float));
+    float *o1 = xalloc(sz * sizeof(float)), *o2 = xalloc(sz * sizeof(float)), *o3 = xalloc(sz * sizeof(float));
+    fill_uniform(x, (size_t)n * k, -1, 1);
+    fill_uniform(w, (size_t)m * k, -1, 1);
+    fill_uniform(bias, (size_t)m, -1, 1);
+    b1->ops->matmul(b1, o1, x, w, bias, n, k, m);
+    b2->ops->matmul(b2, o2, x, w, bias, n, k, m);
+    ckv_cpu_gemm(NULL, ckv_gemm_best_arch(), o3, x, w, bias, n, k, m);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            double s = bias[j];
+            for (int l = 0; l < k; l++) s += (double)x[(size_t)i * k + l] * w[(size_t)j * k + l];
+            ref[(size_t)i * m + j] = (float)s;
+        }
+    char what[96];
+    snprintf(what, sizeof what, "backend matmul n=%d k=%d m=%d", n, k, m);
+    ckv_test_allclose(what, o2, ref, sz, 1e-6 + 4e-8 * k, 1e-5);
+    CHECK_MSG(memcmp(o1, o2, sz * sizeof(float)) == 0, "%s: 1 and 2 threads differ", what);
+    CHECK_MSG(memcmp(o1, o3, sz * sizeof(float)) == 0, "%s: not the best kernel set's result", what);
+    free(x), free(w), free(bias), free(ref), free(o1), free(o2), free(o3);
+}
+
+int main(void) {
+    archs[n_archs++] = &ckv_gemm_arch_generic;
+    if (ckv_gemm_avx2_supported()) archs[n_archs++] = &ckv_gemm_arch_avx2;
+    if (ckv_gemm_avx512_supported()) archs[n_archs++] = &ckv_gemm_arch_avx512;
+    fprintf(stderr, "kernel sets: %d, best %s\n", n_archs, ckv_gemm_best_arch()->name);
+    CHECK(ckv_gemm_best_arch() == archs[n_archs - 1]);
+    for (int a = 0; a < n_archs; a++) {
+        CHECK(archs[a]->mr >= 1 && archs[a]->mr <= CKV_GEMM_MR_MAX);
+        CHECK(archs[a]->nr >= 1 && archs[a]->nr <= CKV_GEMM_NR_MAX);
+    }
+    CHECK_OK(ckv_threadpool_init(&pool1, 1));
+    CHECK_OK(ckv_threadpool_init(&pool2, 2));
+    CHECK_OK(ckv_threadpool_init(&pool3, 3));
+
+    /* one token (GEMV): k around the vector widths, m around the row groups */
+    gemm_case(1, 1, 1, 1, 0);
+    gemm_case(1, 7, 5, 0, 0);
+    gemm_case(1, 16, 4, 1, 0);
+    gemm_case(1, 17, 67, 1, 1);
+    gemm_case(1, 300, 129, 0, 3);
+    gemm_case(1, 903, 131, 1, 0);
+    /* several tokens: rows around MR (4, 6, 14), columns around NR (16, 32), k around KC (256) */
+    static const int ns[] = {2, 3, 5, 6, 7, 13, 14, 15, 29, 33};
+    static const int ks[] = {1, 15, 16, 17, 255, 256, 257, 513};
+    static const int ms[] = {1, 8, 15, 16, 17, 31, 32, 33, 47, 100};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+        for (size_t j = 0; j < sizeof ks / sizeof ks[0]; j++) {
+            const int m = ms[(i * 3 + j) % (sizeof ms / sizeof ms[0])];
+            gemm_case(ns[i], ks[j], m, (int)((i + j) & 1), (int)((i + 2 * j) % 3));
+        }
+    for (size_t j = 0; j < sizeof ms / sizeof ms[0]; j++) gemm_case(9, 40, ms[j], 1, 1);
+    /* prefill-like: many rows, few panels (row blocks) and many panels */
+    gemm_case(100, 131, 7, 1, 0);
+    gemm_case(129, 896, 131, 1, 0);
+    gemm_case(512, 67, 256, 0, 2);
+    gemm_case(700, 33, 65, 1, 1);
+    /* empty sum: bias only (or 0) */
+    gemm_case(3, 0, 5, 1, 0);
+    gemm_case(17, 0, 40, 0, 0);
+    gemm_case(1, 0, 9, 1, 0);
+
+    ckv_backend *b1 = NULL, *b2 = NULL;
+    CHECK_OK(ckv_backend_cpu_init(&b1, 1));
+    CHECK_OK(ckv_backend_cpu_init(&b2, 2));
+    if (b1 && b2) {
+        backend_case(b1, b2, 1, 896, 136);
+        backend_case(b1, b2, 31, 300, 70);
+        backend_case(b1, b2, 200, 129, 97);
+    }
+    ckv_backend_free(b1);
+    ckv_backend_free(b2);
+    ckv_threadpool_free(pool1);
+    ckv_threadpool_free(pool2);
+    ckv_threadpool_free(pool3);
+    CHECK(ckv_alloc_live_bytes() == 0);
+    return ckv_test_finish("test_cpu_gemm");
+}
