@@ -1,5 +1,5 @@
 /* cmd_tokenize.c - `ckv tokenize`: text -> token ids (or ids -> text with --decode) with a model's
- * tokenizer (a directory holding tokenizer.json, or the tokenizer.json file itself), optionally
+ * tokenizer (a directory holding tokenizer.json, the tokenizer.json file itself, or a GGUF file), optionally
  * wrapped as one user turn of the model's chat template. Prints the ids on one line separated by
  * spaces; with --decode prints the text exactly (no newline added). */
 #include <stdio.h>
@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "engine/text.h"
 #include "tokenizer/tokenizer.h"
 
 static void usage(FILE *f) {
@@ -87,13 +88,8 @@ int ckv_cmd_tokenize(int argc, char **argv) {
     }
     if (!model) ckv_cli_usage_error("tokenize", "--model is required");
     if (decode && chat) ckv_cli_usage_error("tokenize", "--decode and --chat cannot be combined");
-    size_t mlen = strlen(model);
-    if (mlen >= 5 && !strcmp(model + mlen - 5, ".gguf"))
-        ckv_cli_die("%s: reading the tokenizer from a GGUF file is not wired into 'ckv tokenize' yet; pass the "
-                    "directory with tokenizer.json", model);
-
     ckv_tokenizer *tok = NULL;
-    ckv_cli_check(ckv_tokenizer_load_json(&tok, model));
+    ckv_cli_check(ckv_text_open_tokenizer(&tok, model));
 
     char *owned = NULL;
     size_t len;

@@ -94,7 +94,13 @@ ckv_status ckv_text_open_tokenizer(ckv_tokenizer **out, const char *model_path) 
                              "--prompt-ids works without)", model_path);
         return ckv_tokenizer_load_json(out, model_path);
     }
-    return open_gguf_tokenizer(out, model_path);
+    /* a file: GGUF by its magic, otherwise a tokenizer.json under any name */
+    char magic[4] = {0};
+    FILE *f = fopen(model_path, "rb");
+    size_t got = f ? fread(magic, 1, 4, f) : 0;
+    if (f) fclose(f);
+    if (got == 4 && !memcmp(magic, "GGUF", 4)) return open_gguf_tokenizer(out, model_path);
+    return ckv_tokenizer_load_json(out, model_path);
 }
 
 /* Encodes text; with add_special, the tokenizer's own prefix (BOS) is added. */

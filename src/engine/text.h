@@ -11,7 +11,8 @@
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
 
-/* Opens the tokenizer of `model_path` (directory or .gguf file). Errors name the missing file. */
+/* Opens the tokenizer of `model_path`: a model directory (its tokenizer.json), a GGUF file (its
+ * tokenizer.ggml.* metadata), or a tokenizer.json file under any name. Errors name the file. */
 ckv_status ckv_text_open_tokenizer(ckv_tokenizer **out, const char *model_path);
 
 /* Encodes a context and (optionally) a question the way kvpress's pipeline splits them: the prompt

@@ -91,7 +91,8 @@ expect_error "bad id text" "not a non-negative token id" "$ckv" tokenize --model
 expect_error "id out of range" "token id 99999" "$ckv" tokenize --model "$tok" --decode --text "1 99999"
 expect_error "unknown template" "'vicuna' is unknown" "$ckv" tokenize --model "$tok" --chat --template vicuna --text hi
 expect_error "template without chat" "--template needs --chat" "$ckv" tokenize --model "$tok" --template chatml --text hi
-expect_error "gguf" "GGUF" "$ckv" tokenize --model "$tmp/model.gguf" --text hi
+printf 'GGUF\x09\x00\x00\x00' >"$tmp/model.gguf"
+expect_error "corrupt gguf" "model.gguf" "$ckv" tokenize --model "$tmp/model.gguf" --text hi
 
 # --- the real tokenizers, when fetched ---
 if [ -f "$real/llama3.2/tokenizer.json" ]; then
