@@ -128,8 +128,9 @@ int ckv_cmd_inspect(int argc, char **argv) {
     size_t kv_peak = compress ? kv_kept + (size_t)p.n_kv_local * (L + room) * kv_row : kv_full; /* + one full layer */
     size_t hidden = L * (size_t)c.hidden_size * (compress ? 2 : 1);           /* x (+ xn for scorers) */
     size_t n = (size_t)(chunk < context ? chunk : context), D = (size_t)c.hidden_size, d = (size_t)c.head_dim;
-    size_t act = n * (2 * D + 2 * (size_t)p.n_q_local * d + 2 * (size_t)p.n_kv_local * d + 2 * (size_t)p.n_ff_local +
-                      (size_t)p.n_vocab_local);
+    size_t nl = n < CKV_LOGITS_ROWS ? n : CKV_LOGITS_ROWS;
+    size_t act = n * (2 * D + 2 * (size_t)p.n_q_local * d + 2 * (size_t)p.n_kv_local * d + 2 * (size_t)p.n_ff_local) +
+                 nl * ((size_t)p.n_vocab_local + (size_t)c.vocab_size);
     printf("\nper rank: tp %d, %d query heads, %d KV heads%s, MLP rows %d, vocab rows %d\n", tp, p.n_q_local, p.n_kv_local,
            p.kv_replicas > 1 ? " (replicated)" : "", p.n_ff_local, p.n_vocab_local);
     printf("context %ld tokens + %ld new tokens; press %s\n", context, new_tokens, press.spec);

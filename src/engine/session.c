@@ -78,13 +78,13 @@ ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, f
     }
     const float *lg = NULL;
     if (all_logits) {
-        for (int c0 = 0; c0 < n; c0 += chunk) {
-            int cn = n - c0 < chunk ? n - c0 : chunk;
+        int rows = s->scratch.n_logits;
+        for (int c0 = 0; c0 < n; c0 += rows) {
+            int cn = n - c0 < rows ? n - c0 : rows;
             CKV_TRY(ckv_model_logits(m, &s->scratch, s->x + (size_t)c0 * D, cn, &lg));
             memcpy(all_logits + (size_t)c0 * c->vocab_size, lg, (size_t)cn * c->vocab_size * sizeof(float));
         }
-        lg += (size_t)((n - 1) % chunk) * c->vocab_size;
-        /* lg points into the last chunk's rows; the last row is the last token */
+        lg += (size_t)((n - 1) % rows) * c->vocab_size; /* the last row of the last group: the last token */
     } else {
         CKV_TRY(ckv_model_logits(m, &s->scratch, s->x + (size_t)(n - 1) * D, 1, &lg));
     }
@@ -134,8 +134,9 @@ size_t ckv_session_bytes_for(const ckv_model *m, int capacity, int chunk) {
     const ckv_shard_plan *p = &m->plan;
     if (chunk > capacity) chunk = capacity;
     size_t n = (size_t)chunk, D = (size_t)c->hidden_size, d = (size_t)c->head_dim;
-    size_t act = n * (2 * D + 2 * (size_t)p->n_q_local * d + 2 * (size_t)p->n_kv_local * d +
-                      2 * (size_t)p->n_ff_local + (size_t)p->n_vocab_local + 2) * sizeof(float);
+    size_t nl = n < CKV_LOGITS_ROWS ? n : CKV_LOGITS_ROWS;
+    size_t act = (n * (2 * D + 2 * (size_t)p->n_q_local * d + 2 * (size_t)p->n_kv_local * d + 2 * (size_t)p->n_ff_local + 2) +
+                  nl * ((size_t)p->n_vocab_local + (size_t)c->vocab_size)) * sizeof(float);
     size_t kv = (size_t)c->n_layers * (size_t)p->n_kv_local * (size_t)capacity * (2 * d * sizeof(float) + sizeof(int32_t));
     return kv + act + (size_t)capacity * D * sizeof(float);
 }

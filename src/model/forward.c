@@ -23,6 +23,8 @@ ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int 
     size_t n = (size_t)n_max, D = (size_t)c->hidden_size, d = (size_t)c->head_dim;
     size_t qd = (size_t)p->n_q_local * d, kd = (size_t)p->n_kv_local * d, ff = (size_t)p->n_ff_local;
     s->n_max = n_max;
+    s->n_logits = n_max < CKV_LOGITS_ROWS ? n_max : CKV_LOGITS_ROWS;
+    size_t nl = (size_t)s->n_logits;
     struct {
         void **ptr;
         size_t bytes;
@@ -36,7 +38,7 @@ ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int 
         {(void **)&s->gate, n * ff * 4, "MLP gate"},
         {(void **)&s->up, n * ff * 4, "MLP up"},
         {(void **)&s->proj, n * D * 4, "projection output"},
-        {(void **)&s->logits, n * (size_t)p->n_vocab_local * 4, "logits"},
+        {(void **)&s->logits, nl * (size_t)p->n_vocab_local * 4, "logits"},
         {(void **)&s->pos, n * 4, "positions"},
         {(void **)&s->ids, n * 4, "token ids"},
     };
@@ -47,9 +49,9 @@ ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int 
             return st;
         }
     }
-    ckv_status st = ckv_alloc((void **)&s->host_logits, n * (size_t)c->vocab_size * 4, "host logits");
+    ckv_status st = ckv_alloc((void **)&s->host_logits, nl * (size_t)c->vocab_size * 4, "host logits");
     if (st == CKV_STATUS_OK && p->tp > 1)
-        st = ckv_alloc((void **)&s->host_part, n * padded_vocab(m) * (size_t)p->tp * 4, "logit gather buffer");
+        st = ckv_alloc((void **)&s->host_part, nl * padded_vocab(m) * (size_t)p->tp * 4, "logit gather buffer");
     if (st == CKV_STATUS_OK && p->tp > 1 && be->device != CKV_DEVICE_HOST)
         st = ckv_alloc((void **)&s->host_proj, n * D * 4, "all-reduce staging");
     if (st != CKV_STATUS_OK) ckv_model_scratch_free(s, m);
@@ -131,7 +133,7 @@ ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float 
 }
 
 ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {
-    if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "logits: %d tokens outside [1, %d]", n, s->n_max);
+    if (n < 1 || n > s->n_logits) return ckv_error(CKV_STATUS_ERR_ARG, "logits: %d rows outside [1, %d]", n, s->n_logits);
     ckv_backend *be = m->be;
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;

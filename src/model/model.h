@@ -47,6 +47,10 @@ typedef struct {
     size_t weight_bytes;    /* device bytes of this rank's weights */
 } ckv_model;
 
+/* Rows of logits computed at once: a prefill needs the last row only, parity tests ask for more and
+ * get them in groups of this many (a [chunk, vocab] buffer would be ~100 MiB at a 512-token chunk). */
+#define CKV_LOGITS_ROWS 32
+
 /* Activation buffers for chunks of up to n_max tokens (device), allocated once per session. */
 typedef struct {
     int n_max;
@@ -58,12 +62,13 @@ typedef struct {
     float *gate;   /* [n_max, n_ff_local] */
     float *up;     /* [n_max, n_ff_local] */
     float *proj;   /* [n_max, D] partial output of a row-parallel projection */
-    float *logits; /* [n_max, n_vocab_local] */
+    int n_logits;  /* rows the logits buffers hold: min(n_max, CKV_LOGITS_ROWS) */
+    float *logits; /* [n_logits, n_vocab_local] */
     int32_t *pos;  /* [n_max] positions (device) */
     int32_t *ids;  /* [n_max] token ids (device) */
     float *host_proj;   /* [n_max, D] host staging for all-reduce when the device is not the host */
-    float *host_logits; /* [n_max, V] gathered logits (host) */
-    float *host_part;   /* [n_max, n_vocab_local * tp] all-gather staging (host) */
+    float *host_logits; /* [n_logits, V] gathered logits (host) */
+    float *host_part;   /* [n_logits, padded vocab slice * tp] all-gather staging (host) */
 } ckv_model_scratch;
 
 /* Loads rank plan->rank's share of the model in `dir`. tp may be NULL (one rank). */
@@ -83,8 +88,9 @@ ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const i
 ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
                            ckv_kv_cache *kv, float *xn_out);
 
-/* Final norm + lm_head of x[n, D] (device): full-vocabulary logits [n, V] on the host (gathered over
- * the TP group), returned as a pointer into the scratch (valid until the next call). */
+/* Final norm + lm_head of x[n, D] (device), n <= s->n_logits: full-vocabulary logits [n, V] on the
+ * host (gathered over the TP group), returned as a pointer into the scratch (valid until the next
+ * call). */
 ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits);
 
 /* A 16-hex-digit fingerprint of the model (its configuration and samples of its weights), the same

@@ -98,47 +98,55 @@ const ckv_gemm_arch *ckv_gemm_best_arch(void) {
 
 typedef struct {
     const ckv_gemm_arch *arch;
-    float *out;      // [n, m]
-    const float *x;  // [n, k]
-    const float *w;  // [m, k]
+    float *out;        // [n, m]
+    const float *x;    // [n, k]
+    const float *w;    // [m, k]
     const float *bias; // [m] or NULL
     int n, k, m;
-    int panels;      /* column panels of NR */
-    int row_blocks;  /* the rows are cut into this many blocks of rows_per_block (a multiple of MR) */
-    int rows_per_block;
-    int n_items;     /* panels * row_blocks */
-    atomic_int next; /* next item to claim */
+    int panels;     /* column panels of NR */
+    int row_parts;  /* the workers form a row_parts x col_parts grid over (row tiles, panels) */
+    int col_parts;
 } ckv_gemm_job;
 
-static void ckv_gemm_item(const ckv_gemm_job *job, int item) {
+/* Start of part `i` of `parts` over `total` units: contiguous, sizes differing by at most one. */
+static int ckv_gemm_split(int total, int parts, int i) {
+    return (int)(((long long)total * i) / parts);
+}
+
+/* One worker's block of out: rows [r0, r1), panels [q0, q1). Loops: k block, panel, row tile, so that
+ * the rows x k-block slice of x the micro-kernel reads stays in this core's L2 cache while every panel
+ * of the block passes over it, and the packed panel stays in L1 while the rows pass. */
+static void ckv_gemm_block(const ckv_gemm_job *job, int r0, int r1, int q0, int q1) {
     const ckv_gemm_arch *a = job->arch;
-    const int panel = item % job->panels, rb = item / job->panels;
-    const int j0 = panel * a->nr, nr = job->m - j0 < a->nr ? job->m - j0 : a->nr;
-    const int r0 = rb * job->rows_per_block;
-    const int r1 = job->n - r0 < job->rows_per_block ? job->n : r0 + job->rows_per_block;
     const size_t k = (size_t)job->k, m = (size_t)job->m;
     _Alignas(64) float bp[CKV_GEMM_KC * CKV_GEMM_NR_MAX]; /* the packed panel, [kc, NR] */
     for (int p0 = 0; p0 < job->k; p0 += CKV_GEMM_KC) {
         const int kc = job->k - p0 < CKV_GEMM_KC ? job->k - p0 : CKV_GEMM_KC;
-        a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
-        const float *bias = job->bias ? job->bias + j0 : NULL;
-        for (int i = r0; i < r1; i += a->mr) {
-            const int mr = r1 - i < a->mr ? r1 - i : a->mr;
-            a->ukernel(kc, job->x + (size_t)i * k + (size_t)p0, k, mr, bp, job->out + (size_t)i * m + (size_t)j0, m,
-                       nr, bias, p0 == 0);
+        for (int q = q0; q < q1; q++) {
+            const int j0 = q * a->nr, nr = job->m - j0 < a->nr ? job->m - j0 : a->nr;
+            a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
+            const float *bias = job->bias ? job->bias + j0 : NULL;
+            for (int i = r0; i < r1; i += a->mr) {
+                const int mr = r1 - i < a->mr ? r1 - i : a->mr;
+                a->ukernel(kc, job->x + (size_t)i * k + (size_t)p0, k, mr, bp, job->out + (size_t)i * m + (size_t)j0,
+                           m, nr, bias, p0 == 0);
+            }
         }
     }
 }
 
 static void ckv_gemm_worker(void *arg, int begin, int end, int tid) {
-    (void)begin;
-    (void)end;
     (void)tid;
-    ckv_gemm_job *job = arg;
-    for (;;) {
-        const int item = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
-        if (item >= job->n_items) break;
-        ckv_gemm_item(job, item);
+    const ckv_gemm_job *job = arg;
+    const int mr = job->arch->mr, row_tiles = (job->n + mr - 1) / mr;
+    for (int part = begin; part < end; part++) {
+        const int rp = part / job->col_parts, cp = part % job->col_parts;
+        const int r0 = ckv_gemm_split(row_tiles, job->row_parts, rp) * mr;
+        int r1 = ckv_gemm_split(row_tiles, job->row_parts, rp + 1) * mr;
+        if (r1 > job->n) r1 = job->n;
+        const int q0 = ckv_gemm_split(job->panels, job->col_parts, cp);
+        const int q1 = ckv_gemm_split(job->panels, job->col_parts, cp + 1);
+        if (r1 > r0 && q1 > q0) ckv_gemm_block(job, r0, r1, q0, q1);
     }
 }
 
@@ -182,14 +190,11 @@ void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, c
     }
     ckv_gemm_job job = {.arch = arch, .out = out, .x = x, .w = w, .bias = bias, .n = n, .k = k, .m = m};
     job.panels = (m + arch->nr - 1) / arch->nr;
-    /* Few panels: cut the rows too, so that every thread gets work (a row block repacks its panels). */
+    /* Panels go to the workers in contiguous ranges; with fewer panels than threads the rows are cut
+     * too (each row part then packs the same panels again). */
     const int row_tiles = (n + arch->mr - 1) / arch->mr;
-    int rb = 1;
-    while (job.panels * rb < 4 * n_threads && rb * 2 <= row_tiles) rb *= 2;
-    job.rows_per_block = ((row_tiles + rb - 1) / rb) * arch->mr;
-    job.row_blocks = (n + job.rows_per_block - 1) / job.rows_per_block;
-    job.n_items = job.panels * job.row_blocks;
-    atomic_init(&job.next, 0);
-    const int workers = job.n_items < n_threads ? job.n_items : n_threads;
-    ckv_threadpool_for(pool, workers, 1, ckv_gemm_worker, &job);
+    job.col_parts = job.panels < n_threads ? job.panels : n_threads;
+    job.row_parts = n_threads / job.col_parts;
+    if (job.row_parts > row_tiles) job.row_parts = row_tiles;
+    ckv_threadpool_for(pool, job.row_parts * job.col_parts, 1, ckv_gemm_worker, &job);
 }
