@@ -34,5 +34,6 @@ int ckv_cmd_generate(int argc, char **argv);
 int ckv_cmd_inspect(int argc, char **argv);
 int ckv_cmd_tokenize(int argc, char **argv);
 int ckv_cmd_analyze(int argc, char **argv);
+int ckv_cmd_eval(int argc, char **argv);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -3,13 +3,15 @@
  * samples among data-parallel groups, prompt encoding and token broadcast inside a tensor-parallel
  * group, context prefill with the press's layer hook, greedy answers from one compressed cache per
  * context, scoring, whole-line appends, and the final merge + report. It prints nothing. */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "eval/runner.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +64,6 @@ static void notice(const runner *r, const char *fmt, ...)
 #endif
     ;
 
-#include <stdarg.h>
 static void notice(const runner *r, const char *fmt, ...) {
     if (r->world->rank != 0 || !r->job->on_notice) return;
     char msg[1024];
@@ -113,9 +114,6 @@ static uint64_t fnv_file(const char *path, ckv_status *st) {
 }
 
 /* ---- world rank 0: lock, setup check, done set ----------------------------------------------------- */
-
-ckv_status ckv_eval_lock(const char *dir, int *fd_out);
-void ckv_eval_unlock(int fd);
 
 ckv_status ckv_eval_lock(const char *dir, int *fd_out) {
     *fd_out = -1;
@@ -540,6 +538,14 @@ static ckv_status run_item(runner *r, const packed *pk, const ckv_eval_config *c
     return st;
 }
 
+/* The shortest %g form of v that reads back as v. */
+static void shortest(double v, char *buf, size_t cap) {
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
 /* The results lines of one (sample, configuration) (leader). */
 static ckv_status result_lines(const runner *r, const ckv_eval_sample *s, int sample_index, const packed *pk,
                                const ckv_eval_config *c, const answer *ans, ckv_strbuf *b, double *mean) {
@@ -563,7 +569,7 @@ static ckv_status result_lines(const runner *r, const ckv_eval_sample *s, int sa
         ckv_strbuf_printf(b, "{\"schema\": 1, \"ckv_version\": ");
         ckv_strbuf_json_string(b, j->version ? j->version : "");
         ckv_strbuf_adds(b, ", \"model\": ");
-        ckv_strbuf_json_string(b, r->model_id);
+        ckv_strbuf_json_string(b, j->model_path);
         ckv_strbuf_adds(b, ", \"task\": ");
         ckv_strbuf_json_string(b, s->task);
         ckv_strbuf_printf(b, ", \"length\": %d, \"sample\": ", s->length);
@@ -579,10 +585,12 @@ static ckv_status result_lines(const runner *r, const ckv_eval_sample *s, int sa
         ckv_strbuf_json_string(b, c->press);
         ckv_strbuf_adds(b, ", \"press_spec\": ");
         ckv_strbuf_json_string(b, c->cfg.spec);
-        ckv_strbuf_printf(b, ", \"budget\": %.17g, \"query_aware\": %s, \"template\": ", c->budget,
-                          c->cfg.query_aware ? "true" : "false");
+        char bs[40], ss[40];
+        shortest(c->budget, bs, sizeof bs);
+        shortest(score, ss, sizeof ss);
+        ckv_strbuf_printf(b, ", \"budget\": %s, \"query_aware\": %s, \"template\": ", bs, c->cfg.query_aware ? "true" : "false");
         ckv_strbuf_json_string(b, r->template_label);
-        ckv_strbuf_printf(b, ", \"metric\": \"%s\", \"score\": %.17g, \"prediction\": ", ckv_metric_name(s->metric), score);
+        ckv_strbuf_printf(b, ", \"metric\": \"%s\", \"score\": %s, \"prediction\": ", ckv_metric_name(s->metric), ss);
         ckv_strbuf_json_string(b, pred);
         ckv_strbuf_adds(b, ", \"answers\": [");
         for (int a = 0; a < Q->n_answers; a++) {
@@ -764,7 +772,6 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
             if (st != CKV_STATUS_OK) goto done;
             if (r->group == 0) snprintf(r->results_path, sizeof r->results_path, "%s/results.jsonl", job->out_dir);
             else snprintf(r->results_path, sizeof r->results_path, "%s/results.g%d.jsonl", job->out_dir, r->group);
-            double t_start = ckv_time_now();
             long done_items = 0;
             int qa_job = query_aware_job(job);
             k = 0;
@@ -894,7 +901,6 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                         break;
                     }
                 }
-                (void)t_start;
                 free(ans);
                 free(tokbuf);
                 ckv_eval_sample_free(&tmp);
@@ -905,15 +911,18 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
         }
     }
     /* every group is done (or stopped): merge and report */
-    if (world->size > 1) {
-        int flag = out->interrupted;
-        CKV_TRY_GOTO(st, world->ops->allreduce_i32(world, &flag, 1, CKV_COMM_OP_MAX), done);
-        out->interrupted = flag;
+    if (world->size > 1) { /* the job's totals: each group counted once (by its first rank) */
+        int lead = !r->tp || r->tp->rank == 0;
+        int v[3] = {out->interrupted, lead ? (int)out->items_run : 0, lead ? (int)out->items_skipped : 0};
+        CKV_TRY_GOTO(st, world->ops->allreduce_i32(world, v, 3, CKV_COMM_OP_SUM), done);
+        out->interrupted = v[0] > 0;
+        out->items_run = v[1];
+        out->items_skipped = v[2];
     }
     if (world->rank == 0) {
         char title[PATH_MAX + 64];
-        const char *base = strrchr(r->model_id, '/');
-        snprintf(title, sizeof title, "ckv eval: %s", base ? base + 1 : r->model_id);
+        const char *base = strrchr(job->model_path, '/');
+        snprintf(title, sizeof title, "ckv eval: %s", base && base[1] ? base + 1 : job->model_path);
         st = ckv_eval_finish(job->out_dir, title, &out->table);
     }
 done:

@@ -87,6 +87,11 @@ typedef struct {
 /* Runs the job on every rank of `world`. */
 ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outcome *out);
 
+/* Locks out_dir against a second ckv eval (an fcntl lock on out_dir/.lock, released when the
+ * process ends, so a killed job leaves no stale lock); the error names the directory. */
+ckv_status ckv_eval_lock(const char *out_dir, int *fd);
+void ckv_eval_unlock(int fd); /* -1 is fine */
+
 /* Merges the results files of `out_dir` into results.jsonl and writes the report; *table (may be
  * NULL) gets the summary table. No model needed. */
 ckv_status ckv_eval_finish(const char *out_dir, const char *title, char **table);

@@ -123,6 +123,225 @@ static void ckv_attn_lane_pv(float *restrict acc, const float *restrict vb, cons
     }
 }
 
+/* ---- lane kernel, AVX-512 versions of the two products ----------------------------------------
+ * Same layouts and results up to rounding: scores take 16 keys per pass (16 independent FMA chains,
+ * one load of qt and 16 broadcasts of key elements per element of the key), the output product keeps
+ * 16 columns of acc (times the correction factor) in registers across the block's keys. Chosen at run
+ * time when the CPU has AVX-512F; the target attribute lets this file build without -mavx512f. */
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && CKV_ATTN_LANES == 16
+#include <immintrin.h>
+#define CKV_ATTN_HAVE_AVX512 1
+#define CKV_ATTN_AVX512 __attribute__((target("avx512f")))
+
+static CKV_ATTN_AVX512 void ckv_attn_lane_scores_avx512(float st[][CKV_ATTN_LANES], const float *restrict kb,
+                                                        const float *restrict qt, int nb, int hd) {
+    const size_t h1 = (size_t)hd, h2 = 2 * (size_t)hd;
+    int j = 0;
+    for (; j + 16 <= nb; j += 16) {
+        /* key i of the 16 at kg[i / 3] + (i % 3) * hd: six moving pointers */
+        const float *k0 = kb + (size_t)j * h1, *k1 = k0 + 3 * h1, *k2 = k0 + 6 * h1, *k3 = k0 + 9 * h1,
+                    *k4 = k0 + 12 * h1, *k5 = k0 + 15 * h1;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+               a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
+        const float *qd = qt;
+        for (int d = 0; d < hd; d++) {
+            const __m512 q = _mm512_loadu_ps(qd);
+            qd += CKV_ATTN_LANES;
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[0]), q, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(k0[h1]), q, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(k0[h2]), q, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(k1[0]), q, a3);
+            a4 = _mm512_fmadd_ps(_mm512_set1_ps(k1[h1]), q, a4);
+            a5 = _mm512_fmadd_ps(_mm512_set1_ps(k1[h2]), q, a5);
+            a6 = _mm512_fmadd_ps(_mm512_set1_ps(k2[0]), q, a6);
+            a7 = _mm512_fmadd_ps(_mm512_set1_ps(k2[h1]), q, a7);
+            a8 = _mm512_fmadd_ps(_mm512_set1_ps(k2[h2]), q, a8);
+            a9 = _mm512_fmadd_ps(_mm512_set1_ps(k3[0]), q, a9);
+            a10 = _mm512_fmadd_ps(_mm512_set1_ps(k3[h1]), q, a10);
+            a11 = _mm512_fmadd_ps(_mm512_set1_ps(k3[h2]), q, a11);
+            a12 = _mm512_fmadd_ps(_mm512_set1_ps(k4[0]), q, a12);
+            a13 = _mm512_fmadd_ps(_mm512_set1_ps(k4[h1]), q, a13);
+            a14 = _mm512_fmadd_ps(_mm512_set1_ps(k4[h2]), q, a14);
+            a15 = _mm512_fmadd_ps(_mm512_set1_ps(k5[0]), q, a15);
+            k0++, k1++, k2++, k3++, k4++, k5++;
+        }
+        _mm512_storeu_ps(st[j], a0);
+        _mm512_storeu_ps(st[j + 1], a1);
+        _mm512_storeu_ps(st[j + 2], a2);
+        _mm512_storeu_ps(st[j + 3], a3);
+        _mm512_storeu_ps(st[j + 4], a4);
+        _mm512_storeu_ps(st[j + 5], a5);
+        _mm512_storeu_ps(st[j + 6], a6);
+        _mm512_storeu_ps(st[j + 7], a7);
+        _mm512_storeu_ps(st[j + 8], a8);
+        _mm512_storeu_ps(st[j + 9], a9);
+        _mm512_storeu_ps(st[j + 10], a10);
+        _mm512_storeu_ps(st[j + 11], a11);
+        _mm512_storeu_ps(st[j + 12], a12);
+        _mm512_storeu_ps(st[j + 13], a13);
+        _mm512_storeu_ps(st[j + 14], a14);
+        _mm512_storeu_ps(st[j + 15], a15);
+    }
+    for (; j + 4 <= nb; j += 4) {
+        const float *k0 = kb + (size_t)j * h1;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int d = 0; d < hd; d++) {
+            const __m512 q = _mm512_loadu_ps(qt + (size_t)d * CKV_ATTN_LANES);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), q, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(k0[h1 + (size_t)d]), q, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(k0[h2 + (size_t)d]), q, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(k0[3 * h1 + (size_t)d]), q, a3);
+        }
+        _mm512_storeu_ps(st[j], a0);
+        _mm512_storeu_ps(st[j + 1], a1);
+        _mm512_storeu_ps(st[j + 2], a2);
+        _mm512_storeu_ps(st[j + 3], a3);
+    }
+    for (; j < nb; j++) {
+        const float *k0 = kb + (size_t)j * h1;
+        __m512 a0 = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d++)
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(k0[d]), _mm512_loadu_ps(qt + (size_t)d * CKV_ATTN_LANES), a0);
+        _mm512_storeu_ps(st[j], a0);
+    }
+}
+
+/* acc [hd, lanes] = acc * corr + V[0..nb)^T . p; keys in order, one FMA each. */
+static CKV_ATTN_AVX512 void ckv_attn_lane_pv_avx512(float *restrict acc, const float *restrict vb,
+                                                    const float p[][CKV_ATTN_LANES], int nb, int hd,
+                                                    const float *corr) {
+    const __m512 cv = _mm512_loadu_ps(corr);
+    int d0 = 0;
+    for (; d0 + 16 <= hd; d0 += 16) {
+        float *ad = acc + (size_t)d0 * CKV_ATTN_LANES;
+#define CKV_LD(i) _mm512_mul_ps(_mm512_loadu_ps(ad + (i) * CKV_ATTN_LANES), cv)
+        __m512 a0 = CKV_LD(0), a1 = CKV_LD(1), a2 = CKV_LD(2), a3 = CKV_LD(3), a4 = CKV_LD(4), a5 = CKV_LD(5),
+               a6 = CKV_LD(6), a7 = CKV_LD(7), a8 = CKV_LD(8), a9 = CKV_LD(9), a10 = CKV_LD(10), a11 = CKV_LD(11),
+               a12 = CKV_LD(12), a13 = CKV_LD(13), a14 = CKV_LD(14), a15 = CKV_LD(15);
+#undef CKV_LD
+        const float *v = vb + d0;
+        for (int j = 0; j < nb; j++) {
+            const __m512 w = _mm512_loadu_ps(p[j]);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(v[0]), w, a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(v[1]), w, a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(v[2]), w, a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(v[3]), w, a3);
+            a4 = _mm512_fmadd_ps(_mm512_set1_ps(v[4]), w, a4);
+            a5 = _mm512_fmadd_ps(_mm512_set1_ps(v[5]), w, a5);
+            a6 = _mm512_fmadd_ps(_mm512_set1_ps(v[6]), w, a6);
+            a7 = _mm512_fmadd_ps(_mm512_set1_ps(v[7]), w, a7);
+            a8 = _mm512_fmadd_ps(_mm512_set1_ps(v[8]), w, a8);
+            a9 = _mm512_fmadd_ps(_mm512_set1_ps(v[9]), w, a9);
+            a10 = _mm512_fmadd_ps(_mm512_set1_ps(v[10]), w, a10);
+            a11 = _mm512_fmadd_ps(_mm512_set1_ps(v[11]), w, a11);
+            a12 = _mm512_fmadd_ps(_mm512_set1_ps(v[12]), w, a12);
+            a13 = _mm512_fmadd_ps(_mm512_set1_ps(v[13]), w, a13);
+            a14 = _mm512_fmadd_ps(_mm512_set1_ps(v[14]), w, a14);
+            a15 = _mm512_fmadd_ps(_mm512_set1_ps(v[15]), w, a15);
+            v += hd;
+        }
+        _mm512_storeu_ps(ad, a0);
+        _mm512_storeu_ps(ad + 1 * CKV_ATTN_LANES, a1);
+        _mm512_storeu_ps(ad + 2 * CKV_ATTN_LANES, a2);
+        _mm512_storeu_ps(ad + 3 * CKV_ATTN_LANES, a3);
+        _mm512_storeu_ps(ad + 4 * CKV_ATTN_LANES, a4);
+        _mm512_storeu_ps(ad + 5 * CKV_ATTN_LANES, a5);
+        _mm512_storeu_ps(ad + 6 * CKV_ATTN_LANES, a6);
+        _mm512_storeu_ps(ad + 7 * CKV_ATTN_LANES, a7);
+        _mm512_storeu_ps(ad + 8 * CKV_ATTN_LANES, a8);
+        _mm512_storeu_ps(ad + 9 * CKV_ATTN_LANES, a9);
+        _mm512_storeu_ps(ad + 10 * CKV_ATTN_LANES, a10);
+        _mm512_storeu_ps(ad + 11 * CKV_ATTN_LANES, a11);
+        _mm512_storeu_ps(ad + 12 * CKV_ATTN_LANES, a12);
+        _mm512_storeu_ps(ad + 13 * CKV_ATTN_LANES, a13);
+        _mm512_storeu_ps(ad + 14 * CKV_ATTN_LANES, a14);
+        _mm512_storeu_ps(ad + 15 * CKV_ATTN_LANES, a15);
+    }
+    for (; d0 < hd; d0++) {
+        float *ad = acc + (size_t)d0 * CKV_ATTN_LANES;
+        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(ad), cv);
+        for (int j = 0; j < nb; j++)
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(vb[(size_t)j * (size_t)hd + (size_t)d0]), _mm512_loadu_ps(p[j]), a0);
+        _mm512_storeu_ps(ad, a0);
+    }
+}
+
+/* ckv_cpu_expf on 16 lanes: the same steps (clamp, range reduction, degree-7 polynomial, 2^n). */
+static inline CKV_ATTN_AVX512 __m512 ckv_attn_exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 kf = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic);
+    const __m512i ki = _mm512_sub_epi32(_mm512_castps_si512(kf), _mm512_set1_epi32(0x4B400000));
+    const __m512 nf = _mm512_sub_ps(kf, magic);
+    __m512 r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(1.42860676533018704e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(ki, _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/* ckv_attn_lane_softmax with the 16 lanes in one register. */
+static CKV_ATTN_AVX512 void ckv_attn_lane_softmax_avx512(float st[][CKV_ATTN_LANES], int nb, int jb, const int *cnt,
+                                                         float scale, float *mx, float *sum, float *corr) {
+    const __m512i cntv = _mm512_loadu_si512(cnt);
+    const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 bm = ninf;
+    for (int j = 0; j < nb; j++) {
+        const __mmask16 vis = _mm512_cmpgt_epi32_mask(cntv, _mm512_set1_epi32(jb + j));
+        const __m512 x = _mm512_mask_mul_ps(ninf, vis, _mm512_loadu_ps(st[j]), sc);
+        _mm512_storeu_ps(st[j], x);
+        bm = _mm512_max_ps(bm, x);
+    }
+    const __m512 old = _mm512_loadu_ps(mx);
+    const __m512 m = _mm512_max_ps(bm, old);
+    /* exp(-inf - m) is 0 for the first visible block; a row with nothing visible yet keeps 1 */
+    __m512 c = ckv_attn_exp16(_mm512_sub_ps(old, m));
+    c = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(old, ninf, _CMP_EQ_OQ), c, _mm512_setzero_ps());
+    c = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_EQ_OQ), c, _mm512_set1_ps(1.0f));
+    _mm512_storeu_ps(mx, m);
+    _mm512_storeu_ps(corr, c);
+    __m512 bs0 = _mm512_setzero_ps(), bs1 = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 2 <= nb; j += 2) {
+        const __mmask16 v0 = _mm512_cmpgt_epi32_mask(cntv, _mm512_set1_epi32(jb + j));
+        const __mmask16 v1 = _mm512_cmpgt_epi32_mask(cntv, _mm512_set1_epi32(jb + j + 1));
+        const __m512 w0 = _mm512_maskz_mov_ps(v0, ckv_attn_exp16(_mm512_sub_ps(_mm512_loadu_ps(st[j]), m)));
+        const __m512 w1 = _mm512_maskz_mov_ps(v1, ckv_attn_exp16(_mm512_sub_ps(_mm512_loadu_ps(st[j + 1]), m)));
+        _mm512_storeu_ps(st[j], w0);
+        _mm512_storeu_ps(st[j + 1], w1);
+        bs0 = _mm512_add_ps(bs0, w0);
+        bs1 = _mm512_add_ps(bs1, w1);
+    }
+    for (; j < nb; j++) {
+        const __mmask16 v0 = _mm512_cmpgt_epi32_mask(cntv, _mm512_set1_epi32(jb + j));
+        const __m512 w0 = _mm512_maskz_mov_ps(v0, ckv_attn_exp16(_mm512_sub_ps(_mm512_loadu_ps(st[j]), m)));
+        _mm512_storeu_ps(st[j], w0);
+        bs0 = _mm512_add_ps(bs0, w0);
+    }
+    for (j = nb; j < ((nb + 3) & ~3); j++) _mm512_storeu_ps(st[j], _mm512_setzero_ps()); /* padding of 4 keys */
+    _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), c, _mm512_add_ps(bs0, bs1)));
+}
+
+static int ckv_attn_use_avx512(void) {
+    static atomic_int state; /* 0 unknown, 1 no, 2 yes */
+    int s = atomic_load_explicit(&state, memory_order_relaxed);
+    if (s == 0) {
+        __builtin_cpu_init();
+        s = __builtin_cpu_supports("avx512f") ? 2 : 1;
+        atomic_store_explicit(&state, s, memory_order_relaxed);
+    }
+    return s == 2;
+}
+#endif
+
 /* Online softmax step over a block: masks keys a row does not see, updates the running max and
  * sum, turns st into weights and returns in corr the factor the accumulator must be scaled by. */
 static void ckv_attn_lane_softmax(float st[][CKV_ATTN_LANES], int nb, int jb, const int *cnt, float scale, float *mx,
@@ -167,8 +386,20 @@ static void ckv_attn_tile_lanes(const ckv_attn_tile *tl) {
         mx[r] = -INFINITY;
         sum[r] = 0.0f;
     }
+#ifdef CKV_ATTN_HAVE_AVX512
+    const int avx512 = ckv_attn_use_avx512();
+#endif
     for (int jb = 0; jb < tl->maxcnt; jb += CKV_ATTN_BLOCK) {
         const int nb = tl->maxcnt - jb < CKV_ATTN_BLOCK ? tl->maxcnt - jb : CKV_ATTN_BLOCK;
+#ifdef CKV_ATTN_HAVE_AVX512
+        if (avx512) {
+            ckv_attn_lane_scores_avx512(st, tl->k + (size_t)jb * (size_t)hd, qt, nb, hd);
+            ckv_attn_lane_softmax_avx512(st, nb, jb, tl->cnt, tl->scale, mx, sum, corr);
+            ckv_attn_lane_pv_avx512(acc, tl->v + (size_t)jb * (size_t)hd, (const float(*)[CKV_ATTN_LANES])st, nb, hd,
+                                    corr);
+            continue;
+        }
+#endif
         ckv_attn_lane_scores(st, tl->k + (size_t)jb * (size_t)hd, qt, nb, hd);
         ckv_attn_lane_softmax(st, nb, jb, tl->cnt, tl->scale, mx, sum, corr);
         for (int d = 0; d < hd; d++)

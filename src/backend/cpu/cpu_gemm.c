@@ -96,6 +96,16 @@ const ckv_gemm_arch *ckv_gemm_best_arch(void) {
 
 /* ---- several tokens --------------------------------------------------------------------------- */
 
+#if defined(__GNUC__) || defined(__clang__)
+#define CKV_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define CKV_PREFETCH(p) ((void)(p))
+#endif
+
+#ifndef CKV_GEMM_OUT_BYTES
+#define CKV_GEMM_OUT_BYTES (512u * 1024u) /* slice of out a worker keeps in L2 across the k blocks */
+#endif
+
 typedef struct {
     const ckv_gemm_arch *arch;
     float *out;        // [n, m]
@@ -113,23 +123,41 @@ static int ckv_gemm_split(int total, int parts, int i) {
     return (int)(((long long)total * i) / parts);
 }
 
-/* One worker's block of out: rows [r0, r1), panels [q0, q1). Loops: k block, panel, row tile, so that
- * the rows x k-block slice of x the micro-kernel reads stays in this core's L2 cache while every panel
- * of the block passes over it, and the packed panel stays in L1 while the rows pass. */
+/* One worker's block of out: rows [r0, r1), panels [q0, q1). Loops: group of panels, k block, panel,
+ * row tile. The rows x k-block slice of x that the micro-kernel reads stays in this core's L2 cache
+ * while the group's panels pass over it, the group's slice of out (about CKV_GEMM_OUT_BYTES) stays in
+ * L2 while the k blocks pass, and the packed panel stays in L1 while the rows pass. */
 static void ckv_gemm_block(const ckv_gemm_job *job, int r0, int r1, int q0, int q1) {
     const ckv_gemm_arch *a = job->arch;
     const size_t k = (size_t)job->k, m = (size_t)job->m;
+    const size_t group_bytes = (size_t)(r1 - r0) * (size_t)a->nr * sizeof(float);
+    const int group = group_bytes >= CKV_GEMM_OUT_BYTES ? 1 : (int)(CKV_GEMM_OUT_BYTES / group_bytes);
     _Alignas(64) float bp[CKV_GEMM_KC * CKV_GEMM_NR_MAX]; /* the packed panel, [kc, NR] */
-    for (int p0 = 0; p0 < job->k; p0 += CKV_GEMM_KC) {
-        const int kc = job->k - p0 < CKV_GEMM_KC ? job->k - p0 : CKV_GEMM_KC;
-        for (int q = q0; q < q1; q++) {
-            const int j0 = q * a->nr, nr = job->m - j0 < a->nr ? job->m - j0 : a->nr;
-            a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
-            const float *bias = job->bias ? job->bias + j0 : NULL;
-            for (int i = r0; i < r1; i += a->mr) {
-                const int mr = r1 - i < a->mr ? r1 - i : a->mr;
-                a->ukernel(kc, job->x + (size_t)i * k + (size_t)p0, k, mr, bp, job->out + (size_t)i * m + (size_t)j0,
-                           m, nr, bias, p0 == 0);
+    for (int g0 = q0; g0 < q1; g0 += group) {
+        const int g1 = q1 - g0 < group ? q1 : g0 + group;
+        for (int p0 = 0; p0 < job->k; p0 += CKV_GEMM_KC) {
+            const int kc = job->k - p0 < CKV_GEMM_KC ? job->k - p0 : CKV_GEMM_KC;
+            for (int q = g0; q < g1; q++) {
+                const int j0 = q * a->nr, nr = job->m - j0 < a->nr ? job->m - j0 : a->nr;
+                a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
+                const float *bias = job->bias ? job->bias + j0 : NULL;
+                /* the weights of the next panel (or of the next k block), fetched from memory while
+                 * this panel computes: one row of it (kc floats) per row tile, the rest as it comes */
+                const int qn = q + 1 < g1 ? q + 1 : g0;
+                const int pn = q + 1 < g1 ? p0 : p0 + CKV_GEMM_KC;
+                const int nrn = pn < job->k ? (job->m - qn * a->nr < a->nr ? job->m - qn * a->nr : a->nr) : 0;
+                const int kcn = job->k - pn < CKV_GEMM_KC ? job->k - pn : CKV_GEMM_KC;
+                int pf = 0;
+                for (int i = r0; i < r1; i += a->mr) {
+                    const int mr = r1 - i < a->mr ? r1 - i : a->mr;
+                    if (pf < nrn) {
+                        const float *row = job->w + (size_t)(qn * a->nr + pf) * k + (size_t)pn;
+                        for (int l = 0; l < kcn; l += 16) CKV_PREFETCH(row + l);
+                        pf++;
+                    }
+                    a->ukernel(kc, job->x + (size_t)i * k + (size_t)p0, k, mr, bp,
+                               job->out + (size_t)i * m + (size_t)j0, m, nr, bias, p0 == 0);
+                }
             }
         }
     }
