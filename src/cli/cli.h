@@ -35,5 +35,6 @@ int ckv_cmd_inspect(int argc, char **argv);
 int ckv_cmd_tokenize(int argc, char **argv);
 int ckv_cmd_analyze(int argc, char **argv);
 int ckv_cmd_eval(int argc, char **argv);
+int ckv_cmd_fidelity(int argc, char **argv);
 
 #endif

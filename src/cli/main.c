@@ -16,6 +16,7 @@ static void print_usage(FILE *f) {
             "  tokenize   turn text into token ids (or ids into text with --decode)\n"
             "  analyze    per-head attention-output perturbation of two presses (CriticalKV analysis)\n"
             "  eval       score presses x budgets on RULER-style tasks or a JSONL dataset (resumable)\n"
+            "  fidelity   KL divergence and top-1 agreement of compressed vs full cache on long text\n"
             "\n"
             "'ckv <command> --help' lists a command's flags.\n",
             CKV_VERSION);
@@ -23,7 +24,7 @@ static void print_usage(FILE *f) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "ckv: error: no command given (usage: ckv <generate|inspect|tokenize|analyze|eval> [flags]; see 'ckv --help')\n");
+        fprintf(stderr, "ckv: error: no command given (usage: ckv <generate|inspect|tokenize|analyze|eval|fidelity> [flags]; see 'ckv --help')\n");
         return 2;
     }
     const char *cmd = argv[1];
@@ -40,6 +41,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return ckv_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "analyze")) return ckv_cmd_analyze(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return ckv_cmd_eval(argc - 1, argv + 1);
-    fprintf(stderr, "ckv: error: unknown command '%s' (expected generate, inspect, tokenize, analyze or eval; see 'ckv --help')\n", cmd);
+    if (!strcmp(cmd, "fidelity")) return ckv_cmd_fidelity(argc - 1, argv + 1);
+    fprintf(stderr, "ckv: error: unknown command '%s' (expected generate, inspect, tokenize, analyze, eval or fidelity; see 'ckv --help')\n", cmd);
     return 2;
 }

@@ -1,0 +1,95 @@
+/* fidelity.c - teacher-forced comparison of a compressed cache with the full one (see fidelity.h). */
+#include "eval/fidelity.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/compress.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+
+double ckv_kl_logits(const float *p, const float *q, int V) {
+    double mp = p[0], mq = q[0];
+    for (int i = 1; i < V; i++) {
+        if (p[i] > mp) mp = p[i];
+        if (q[i] > mq) mq = q[i];
+    }
+    double zp = 0, zq = 0;
+    for (int i = 0; i < V; i++) {
+        zp += exp((double)p[i] - mp);
+        zq += exp((double)q[i] - mq);
+    }
+    double lzp = log(zp) + mp, lzq = log(zq) + mq, kl = 0;
+    for (int i = 0; i < V; i++) {
+        double lp = (double)p[i] - lzp, lq = (double)q[i] - lzq;
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl > 0 ? kl : 0;
+}
+
+static double nll(const float *row, int V, int32_t target) {
+    double mx = row[0], z = 0;
+    for (int i = 1; i < V; i++)
+        if (row[i] > mx) mx = row[i];
+    for (int i = 0; i < V; i++) z += exp((double)row[i] - mx);
+    return log(z) + mx - (double)row[target];
+}
+
+/* Prefills the context (compressing it when a press is given), then the continuation with all its
+ * logits into out [n_cont, V]. */
+static ckv_status run(ckv_model *m, const ckv_press_config *press, const int32_t *ids, int n_ctx, int n_cont, int chunk,
+                      float *out, double *kept_frac) {
+    ckv_session s;
+    int compress = press && press->scorer != CKV_SCORER_NONE;
+    CKV_TRY(ckv_session_init(&s, m, n_ctx + n_cont, chunk, compress));
+    ckv_compressor cz;
+    memset(&cz, 0, sizeof cz);
+    cz.cfg = press;
+    ckv_status st = ckv_session_prefill_hook(&s, ids, n_ctx, NULL, NULL, compress ? ckv_compress_layer_hook : NULL, &cz);
+    if (st == CKV_STATUS_OK) st = ckv_session_prefill(&s, ids + n_ctx, n_cont, out, NULL);
+    if (kept_frac) *kept_frac = cz.total_entries ? (double)cz.kept_entries / (double)cz.total_entries : 1.0;
+    ckv_session_free(&s);
+    return st;
+}
+
+ckv_status ckv_fidelity_reference(ckv_model *m, const int32_t *ids, int n_ctx, int n_cont, int chunk, float **out) {
+    *out = NULL;
+    if (n_ctx < 2 || n_cont < 2) return ckv_error(CKV_STATUS_ERR_ARG, "fidelity needs a context and a continuation of >= 2 tokens");
+    float *rows = malloc(sizeof(float) * (size_t)n_cont * (size_t)m->cfg.vocab_size);
+    if (!rows) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for %d rows of logits", n_cont);
+    ckv_status st = run(m, NULL, ids, n_ctx, n_cont, chunk, rows, NULL);
+    if (st != CKV_STATUS_OK) {
+        free(rows);
+        return st;
+    }
+    *out = rows;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_fidelity_measure(ckv_model *m, const ckv_press_config *press, const int32_t *ids, int n_ctx, int n_cont,
+                                int chunk, const float *ref, ckv_fidelity *out) {
+    memset(out, 0, sizeof *out);
+    int V = m->cfg.vocab_size;
+    float *rows = malloc(sizeof(float) * (size_t)n_cont * (size_t)V);
+    if (!rows) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for %d rows of logits", n_cont);
+    ckv_status st = run(m, press, ids, n_ctx, n_cont, chunk, rows, &out->kv_kept_frac);
+    if (st == CKV_STATUS_OK) {
+        int n = n_cont - 1; /* row t predicts continuation token t + 1 */
+        for (int t = 0; t < n; t++) {
+            const float *p = ref + (size_t)t * V, *q = rows + (size_t)t * V;
+            int32_t next = ids[n_ctx + t + 1];
+            out->kl += ckv_kl_logits(p, q, V);
+            out->top1 += ckv_argmax(p, V) == ckv_argmax(q, V);
+            out->nll_full += nll(p, V, next);
+            out->nll_press += nll(q, V, next);
+        }
+        out->n = n;
+        out->kl /= n;
+        out->top1 /= n;
+        out->nll_full /= n;
+        out->nll_press /= n;
+    }
+    free(rows);
+    return st;
+}

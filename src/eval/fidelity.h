@@ -1,0 +1,33 @@
+/* fidelity.h - how closely a compressed cache reproduces the full one under teacher forcing: the
+ * context is prefilled (and compressed), then a continuation of the same text is fed and, at every
+ * continuation position, the next-token distribution is compared with the full-cache one: KL(full ||
+ * compressed), top-1 agreement, and the negative log-likelihood of the true next token under both.
+ * It does not tokenise or print. */
+#ifndef CKV_EVAL_FIDELITY_H
+#define CKV_EVAL_FIDELITY_H
+
+#include <stdint.h>
+
+#include "evict/press.h"
+#include "model/model.h"
+
+typedef struct {
+    int n;               /* positions compared */
+    double kl;           /* mean KL(full || compressed) in nats */
+    double top1;         /* fraction of positions where the argmax agrees */
+    double nll_full;     /* mean -log p(next token) with the full cache */
+    double nll_press;    /* the same with the compressed cache */
+    double kv_kept_frac; /* kept context entries / all context entries */
+} ckv_fidelity;
+
+/* Full-cache logits of the continuation: rows [n_cont, V] (malloc'd into *out). */
+ckv_status ckv_fidelity_reference(ckv_model *m, const int32_t *ids, int n_ctx, int n_cont, int chunk, float **out);
+
+/* Compares the press (context-only compression of ids[0..n_ctx)) with the reference rows. */
+ckv_status ckv_fidelity_measure(ckv_model *m, const ckv_press_config *press, const int32_t *ids, int n_ctx, int n_cont,
+                                int chunk, const float *reference, ckv_fidelity *out);
+
+/* KL(p || q) in nats of the softmax distributions of two logit rows [V]. */
+double ckv_kl_logits(const float *p_logits, const float *q_logits, int V);
+
+#endif
