@@ -21,6 +21,10 @@ _Noreturn void ckv_cli_usage_error(const char *cmd, const char *fmt, ...)
     ;
 /* Dies with the library's message when s is not OK. */
 void ckv_cli_check(ckv_status s);
+/* The same inside a (possibly MPI) job: the failing rank prints its error (prefixed with its rank
+ * when there are several) and the whole job is aborted, so no rank waits in a collective. */
+struct ckv_comm;
+void ckv_cli_check_comm(struct ckv_comm *comm, ckv_status s);
 
 /* Returns argv[*i + 1] as the value of flag argv[*i] and advances *i; dies when it is missing. */
 const char *ckv_cli_value(int argc, char **argv, int *i);

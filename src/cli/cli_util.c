@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "comm/comm.h"
 
 _Noreturn void ckv_cli_die(const char *fmt, ...) {
     va_list ap;
@@ -33,6 +34,18 @@ void ckv_cli_check(ckv_status s) {
         const char *msg = ckv_error_message();
         ckv_cli_die("%s", msg[0] ? msg : ckv_status_string(s));
     }
+}
+
+void ckv_cli_check_comm(ckv_comm *comm, ckv_status s) {
+    if (s == CKV_STATUS_OK) return;
+    const char *msg = ckv_error_message();
+    if (comm && comm->size > 1)
+        fprintf(stderr, "ckv[%d]: error: %s\n", comm->rank, msg[0] ? msg : ckv_status_string(s));
+    else
+        fprintf(stderr, "ckv: error: %s\n", msg[0] ? msg : ckv_status_string(s));
+    fflush(stderr);
+    if (comm && comm->size > 1) comm->ops->abort(comm, 1);
+    exit(1);
 }
 
 const char *ckv_cli_value(int argc, char **argv, int *i) {

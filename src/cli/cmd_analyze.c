@@ -146,23 +146,11 @@ static void parse_args(analyze_args *a, int argc, char **argv) {
     parse_presses(a, argc, argv);
 }
 
-/* Ends the job on an error: every rank's error is printed by that rank; MPI jobs abort as a whole. */
-static void check(ckv_comm *comm, ckv_status s) {
-    if (s == CKV_STATUS_OK) return;
-    const char *msg = ckv_error_message();
-    if (comm && comm->size > 1)
-        fprintf(stderr, "ckv[%d]: error: %s\n", comm->rank, msg[0] ? msg : ckv_status_string(s));
-    else
-        fprintf(stderr, "ckv: error: %s\n", msg[0] ? msg : ckv_status_string(s));
-    fflush(stderr);
-    if (comm && comm->size > 1) comm->ops->abort(comm, 1);
-    exit(1);
-}
 
 /* A headkv press's kept rows per (layer, KV head) from its profile. */
 static int32_t *headkv_budgets(ckv_comm *world, const ckv_model *m, const ckv_press_config *pr, int L) {
     int32_t *b = NULL;
-    check(world, ckv_compress_headkv_budgets(pr, &m->cfg, L, &b));
+    ckv_cli_check_comm(world, ckv_compress_headkv_budgets(pr, &m->cfg, L, &b));
     return b;
 }
 
@@ -202,31 +190,31 @@ int ckv_cmd_analyze(int argc, char **argv) {
     if (world->size > 1 && !a.threads) threads = ckv_cpu_count() / world->size > 0 ? ckv_cpu_count() / world->size : 1;
     FILE *out = NULL;
     if (a.out && world->rank == 0 && !(out = fopen(a.out, "w")))
-        check(world, ckv_error(CKV_STATUS_ERR_IO, "--out: cannot write '%s'", a.out));
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--out: cannot write '%s'", a.out));
     ckv_backend *be = NULL;
-    check(world, ckv_backend_init(&be, "cpu", threads));
+    ckv_cli_check_comm(world, ckv_backend_init(&be, "cpu", threads));
     ckv_model *m = NULL;
-    check(world, ckv_model_load(&m, a.model, be, world));
+    ckv_cli_check_comm(world, ckv_model_load(&m, a.model, be, world));
     const ckv_model_config *c = &m->cfg;
     if (n > c->max_context)
-        check(world, ckv_error(CKV_STATUS_ERR_RANGE,
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_RANGE,
                                "context (%d) + question (%d) tokens exceed the context window of %d tokens "
                                "(max_position_embeddings) of %s", n_ctx, n_q, c->max_context, a.model));
     ckv_analyzer an;
-    check(world, ckv_analyzer_init(&an, m, &a.press[0], &a.press[1], n_ctx, n_q));
+    ckv_cli_check_comm(world, ckv_analyzer_init(&an, m, &a.press[0], &a.press[1], n_ctx, n_q));
     int32_t *budgets[CKV_ANALYZE_PRESSES] = {NULL};
     for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
         if (a.press[p].alloc == CKV_ALLOC_HEADKV) an.head_budgets[p] = budgets[p] = headkv_budgets(world, m, &a.press[p], n_ctx);
     ckv_session sess;
-    check(world, ckv_session_init(&sess, m, n, a.chunk, 1));
-    check(world, ckv_session_prefill_hook(&sess, ids, n, NULL, NULL, ckv_analyze_layer_hook, &an));
+    ckv_cli_check_comm(world, ckv_session_init(&sess, m, n, a.chunk, 1));
+    ckv_cli_check_comm(world, ckv_session_prefill_hook(&sess, ids, n, NULL, NULL, ckv_analyze_layer_hook, &an));
     ckv_analyze_summary sum;
-    check(world, ckv_analyze_summarize(&an, &sum));
+    ckv_cli_check_comm(world, ckv_analyze_summarize(&an, &sum));
 
     if (world->rank == 0) {
         if (out) {
-            check(world, ckv_analyze_write_jsonl(&an, out, a.out));
-            if (fclose(out) != 0) check(world, ckv_error(CKV_STATUS_ERR_IO, "--out: error writing '%s'", a.out));
+            ckv_cli_check_comm(world, ckv_analyze_write_jsonl(&an, out, a.out));
+            if (fclose(out) != 0) ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--out: error writing '%s'", a.out));
         }
         const char *bname[CKV_ANALYZE_PRESSES];
         for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) bname[p] = a.press[p].critical ? "theta" : "attention-only bound";
@@ -249,7 +237,7 @@ int ckv_cmd_analyze(int argc, char **argv) {
         else printf("mean theta B / theta A: n/a (theta A is 0 in every head)\n");
         fflush(stdout);
         if (sum.n_bound_violations)
-            check(world, ckv_error(CKV_STATUS_ERR_INTERNAL, "%d (head, press) pairs break perturbation <= theta <= "
+            ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_INTERNAL, "%d (head, press) pairs break perturbation <= theta <= "
                                    "attention-only bound beyond rounding (see --out)", sum.n_bound_violations));
         printf("bounds: perturbation <= theta <= attention-only bound in every head (max perturbation / theta %.4g)\n",
                sum.max_pert_over_theta);

@@ -207,18 +207,6 @@ static void parse_args(generate_args *a, int argc, char **argv) {
         ckv_cli_die("--query-aware needs at least one --question-ids");
 }
 
-/* Ends the job on an error: every rank's error is printed by that rank; MPI jobs abort as a whole. */
-static void check(ckv_comm *comm, ckv_status s) {
-    if (s == CKV_STATUS_OK) return;
-    const char *msg = ckv_error_message();
-    if (comm && comm->size > 1)
-        fprintf(stderr, "ckv[%d]: error: %s\n", comm->rank, msg[0] ? msg : ckv_status_string(s));
-    else
-        fprintf(stderr, "ckv: error: %s\n", msg[0] ? msg : ckv_status_string(s));
-    fflush(stderr);
-    if (comm && comm->size > 1) comm->ops->abort(comm, 1);
-    exit(1);
-}
 
 typedef struct {
     ckv_comm *world;
@@ -262,7 +250,7 @@ static void answer(answer_ctx *a, ckv_session *sess, const float *logits, int32_
         int32_t tok = ckv_sampler_sample(a->sampler, logits);
         out[1 + out[0]++] = tok;
         if (a->dump && fwrite(logits, sizeof(float), (size_t)a->cfg->vocab_size, a->dump) != (size_t)a->cfg->vocab_size)
-            check(a->world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a->dump_path));
+            ckv_cli_check_comm(a->world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a->dump_path));
         int is_eos = 0;
         for (int e = 0; e < a->n_stop; e++) is_eos |= tok == a->stop[e];
         if (a->stream) {
@@ -275,7 +263,7 @@ static void answer(answer_ctx *a, ckv_session *sess, const float *logits, int32_
             fflush(stdout);
         }
         if ((is_eos && !a->ignore_eos) || t + 1 == a->max_new) break;
-        check(a->world, ckv_session_decode(sess, tok, &logits));
+        ckv_cli_check_comm(a->world, ckv_session_decode(sess, tok, &logits));
     }
     if (a->stream) {
         if (a->tok && ckv_detok_stream_flush(&ds, a->piece, cap, &n) == CKV_STATUS_OK) fwrite(a->piece, 1, n, stdout);
@@ -356,30 +344,30 @@ int ckv_cmd_generate(int argc, char **argv) {
 
     int tp_size = a.tp ? a.tp : world->size;
     if (world->size % tp_size != 0)
-        check(world, ckv_error(CKV_STATUS_ERR_ARG, "--tp %d does not divide the %d ranks of the job", tp_size, world->size));
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_ARG, "--tp %d does not divide the %d ranks of the job", tp_size, world->size));
     int n_groups = world->size / tp_size, group = world->rank / tp_size;
     ckv_comm *tpc = NULL;
-    check(world, world->ops->split(world, group, world->rank, &tpc));
+    ckv_cli_check_comm(world, world->ops->split(world, group, world->rank, &tpc));
     ckv_backend *be = NULL;
-    check(world, ckv_backend_init(&be, a.backend, threads));
+    ckv_cli_check_comm(world, ckv_backend_init(&be, a.backend, threads));
     ckv_model *m = NULL;
-    check(world, ckv_model_load(&m, a.model, be, tpc));
+    ckv_cli_check_comm(world, ckv_model_load(&m, a.model, be, tpc));
     const ckv_model_config *c = &m->cfg;
     long need = (long)n_ctx + max_q + a.max_new;
     if (n_ctx + max_q > c->max_context)
-        check(world, ckv_error(CKV_STATUS_ERR_RANGE,
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_RANGE,
                                "the prompt has %d tokens, more than the context window of %d tokens (max_position_embeddings) of %s",
                                n_ctx + max_q, c->max_context, a.model));
     if (need > c->max_context)
-        check(world, ckv_error(CKV_STATUS_ERR_RANGE,
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_RANGE,
                                "--max-new-tokens %d: prompt (%d) + new tokens exceed the context window of %d tokens "
                                "(max_position_embeddings)", a.max_new, n_ctx + max_q, c->max_context));
     int compress = a.press.scorer != CKV_SCORER_NONE;
     for (int i = 0; i < (a.press.query_aware ? a.n_questions : 1) && compress; i++)
-        check(world, ckv_press_check_context(&a.press, n_ctx + (a.press.query_aware ? n_q[i] : 0)));
+        ckv_cli_check_comm(world, ckv_press_check_context(&a.press, n_ctx + (a.press.query_aware ? n_q[i] : 0)));
     if (world->rank == 0 && compress) fprintf(stderr, "ckv: press %s\n", a.press.spec);
     ckv_sampler sampler;
-    check(world, ckv_sampler_init(&sampler, &a.sampling, c->vocab_size));
+    ckv_cli_check_comm(world, ckv_sampler_init(&sampler, &a.sampling, c->vocab_size));
 
     ckv_compressor cz;
     memset(&cz, 0, sizeof cz);
@@ -389,13 +377,13 @@ int ckv_cmd_generate(int argc, char **argv) {
         if (a.press.query_aware && a.n_questions > 1)
             for (int i = 1; i < a.n_questions; i++)
                 if (n_q[i] != n_q[0])
-                    check(world, ckv_error(CKV_STATUS_ERR_ARG, "--query-aware with headkv needs questions of one length"));
-        check(world, ckv_compress_headkv_budgets(&a.press, c, n_ctx + (a.press.query_aware ? n_q[0] : 0), &headkv));
+                    ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_ARG, "--query-aware with headkv needs questions of one length"));
+        ckv_cli_check_comm(world, ckv_compress_headkv_budgets(&a.press, c, n_ctx + (a.press.query_aware ? n_q[0] : 0), &headkv));
         cz.headkv_budgets = headkv;
     }
     cz.dump = a.dump_kept != NULL;
     if (a.dump_kept && world->rank == 0 && !(cz.dump_kept = fopen(a.dump_kept, "w")))
-        check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: cannot write '%s'", a.dump_kept));
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: cannot write '%s'", a.dump_kept));
     /* answers of all work items: [n_items, 1 + max_new] (count, ids), summed over the world at the end */
     int n_items = a.n_questions ? a.n_questions : 1;
     size_t stride = (size_t)a.max_new + 1;
@@ -418,7 +406,7 @@ int ckv_cmd_generate(int argc, char **argv) {
         if (!ac.piece) ckv_cli_die("out of memory");
     }
     if (a.dump_logits && world->rank == 0 && !(ac.dump = fopen(a.dump_logits, "wb")))
-        check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: cannot write '%s'", a.dump_logits));
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: cannot write '%s'", a.dump_logits));
 
     ckv_session sess;
     const float *logits = NULL;
@@ -433,8 +421,8 @@ int ckv_cmd_generate(int argc, char **argv) {
             if (!all) ckv_cli_die("out of memory");
             memcpy(all, ctx, sizeof(int32_t) * (size_t)n_ctx);
             memcpy(all + n_ctx, q[i], sizeof(int32_t) * (size_t)n_q[i]);
-            check(world, ckv_session_init(&sess, m, n + a.max_new, a.chunk, compress));
-            check(world, ckv_session_prefill_hook(&sess, all, n, NULL, &logits, ckv_compress_layer_hook, &cz));
+            ckv_cli_check_comm(world, ckv_session_init(&sess, m, n + a.max_new, a.chunk, compress));
+            ckv_cli_check_comm(world, ckv_session_prefill_hook(&sess, all, n, NULL, &logits, ckv_compress_layer_hook, &cz));
             answer(&ac, &sess, logits, answers + (size_t)i * stride);
             pre_s += sess.prefill_seconds, dec_s += sess.decode_seconds;
             pre_tok += sess.prefill_tokens, dec_tok += sess.decode_tokens;
@@ -446,25 +434,25 @@ int ckv_cmd_generate(int argc, char **argv) {
             free(all);
         }
     } else if (a.n_questions > 0 || group == 0) { /* one prompt: group 0 works, the others wait */
-        check(world, ckv_session_init(&sess, m, (int)need, a.chunk, compress || a.load_cache));
+        ckv_cli_check_comm(world, ckv_session_init(&sess, m, (int)need, a.chunk, compress || a.load_cache));
         if (a.load_cache) {
             char spec[512];
-            check(world, ckv_session_load_cache(&sess, a.load_cache, spec, sizeof spec));
+            ckv_cli_check_comm(world, ckv_session_load_cache(&sess, a.load_cache, spec, sizeof spec));
             if (world->rank == 0) fprintf(stderr, "ckv: loaded a context of %d tokens compressed with %s\n", sess.n_past, spec);
         } else {
-            check(world, ckv_session_prefill_hook(&sess, ctx, n_ctx, NULL, &logits, compress ? ckv_compress_layer_hook : NULL, &cz));
+            ckv_cli_check_comm(world, ckv_session_prefill_hook(&sess, ctx, n_ctx, NULL, &logits, compress ? ckv_compress_layer_hook : NULL, &cz));
         }
-        if (a.save_cache && group == 0) check(world, ckv_session_save_cache(&sess, a.save_cache, a.press.spec));
+        if (a.save_cache && group == 0) ckv_cli_check_comm(world, ckv_session_save_cache(&sess, a.save_cache, a.press.spec));
         if (a.n_questions == 0) {
             answer(&ac, &sess, logits, answers);
         } else {
-            check(world, ckv_session_mark(&sess));
+            ckv_cli_check_comm(world, ckv_session_mark(&sess));
             for (int i = group; i < a.n_questions; i += n_groups) {
-                check(world, ckv_session_prefill(&sess, q[i], n_q[i], NULL, &logits));
+                ckv_cli_check_comm(world, ckv_session_prefill(&sess, q[i], n_q[i], NULL, &logits));
                 answer(&ac, &sess, logits, answers + (size_t)i * stride);
                 size_t kvb = ckv_kv_cache_bytes_used(&sess.kv);
                 if (kvb > peak_kv) peak_kv = kvb;
-                check(world, ckv_session_rewind(&sess));
+                ckv_cli_check_comm(world, ckv_session_rewind(&sess));
             }
         }
         size_t kvb = ckv_kv_cache_bytes_used(&sess.kv);
@@ -478,7 +466,7 @@ int ckv_cmd_generate(int argc, char **argv) {
     /* gather the answers: only each group's rank 0 contributes, so a sum assembles them */
     if (tpc->rank != 0) memset(answers, 0, (size_t)n_items * stride * sizeof(int32_t));
     if (n_groups > 1) {
-        check(world, world->ops->allreduce_i32(world, answers, (size_t)n_items * stride, CKV_COMM_OP_SUM));
+        ckv_cli_check_comm(world, world->ops->allreduce_i32(world, answers, (size_t)n_items * stride, CKV_COMM_OP_SUM));
         if (world->rank == 0)
             for (int i = 0; i < n_items; i++) print_answer(&ac, answers + (size_t)i * stride + 1, answers[(size_t)i * stride]);
     }
@@ -486,9 +474,9 @@ int ckv_cmd_generate(int argc, char **argv) {
     free(headkv);
     free(ac.piece);
     if (ac.dump && fclose(ac.dump) != 0)
-        check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a.dump_logits));
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a.dump_logits));
     if (cz.dump_kept && fclose(cz.dump_kept) != 0)
-        check(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: error writing '%s'", a.dump_kept));
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: error writing '%s'", a.dump_kept));
 
     if (world->rank == 0) {
         char b1[32], b2[32], b3[32], b4[32], b5[32];
