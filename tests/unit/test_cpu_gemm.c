@@ -3,7 +3,8 @@
  * (n = 1 .. 700, k not a multiple of the vector width or of the k block, m around the panel width),
  * with and without bias, unaligned pointers, k = 0; results must not depend on the thread count (1, 2
  * and 3 threads and no pool, compared bit for bit) and must not write outside out. Also runs the
- * backend's matmul op, which must use the best kernel set. */
+ * backend's matmul op, which must use the best kernel set, and the linked BLAS (OpenBLAS or BLIS,
+ * the op's path on CPUs without vector kernels) when the build has one. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +94,30 @@ static void gemm_case(int n, int k, int m, int with_bias, int offset) {
     for (int t = 0; t < 4; t++) free(outs[t]);
 }
 
+/* The linked BLAS (the op's path on CPUs without vector kernels), when the build has one. */
+static void blas_case(int n, int k, int m, int with_bias) {
+    const size_t sz = (size_t)n * (size_t)m;
+    float *x = xalloc(((size_t)n * k + 1) * sizeof(float)), *w = xalloc(((size_t)m * k + 1) * sizeof(float));
+    float *bias = with_bias ? xalloc((size_t)m * sizeof(float)) : NULL;
+    float *ref = xalloc(sz * sizeof(float)), *o = xalloc(sz * sizeof(float));
+    fill_uniform(x, (size_t)n * k, -1, 1);
+    fill_uniform(w, (size_t)m * k, -1, 1);
+    if (bias) fill_uniform(bias, (size_t)m, -1, 1);
+    fill_uniform(o, sz, -9, 9);
+    if (ckv_cpu_blas_matmul(2, o, x, w, bias, n, k, m)) {
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) {
+                double s = bias ? bias[j] : 0.0;
+                for (int l = 0; l < k; l++) s += (double)x[(size_t)i * k + l] * w[(size_t)j * k + l];
+                ref[(size_t)i * m + j] = (float)s;
+            }
+        char what[96];
+        snprintf(what, sizeof what, "blas matmul n=%d k=%d m=%d%s", n, k, m, bias ? " +bias" : "");
+        ckv_test_allclose(what, o, ref, sz, 1e-6 + 4e-8 * k, 1e-5);
+    }
+    free(x), free(w), free(bias), free(ref), free(o);
+}
+
 /* The backend op: same contract, best kernel set, 1 and 2 threads bit for bit. */
 static void backend_case(ckv_backend *b1, ckv_backend *b2, int n, int k, int m) {
     const size_t sz = (size_t)n * (size_t)m;
@@ -159,6 +184,15 @@ int main(void) {
     gemm_case(3, 0, 5, 1, 0);
     gemm_case(17, 0, 40, 0, 0);
     gemm_case(1, 0, 9, 1, 0);
+
+    if (ckv_cpu_blas_matmul(1, NULL, NULL, NULL, NULL, 0, 0, 0)) {
+        blas_case(1, 37, 13, 1);
+        blas_case(19, 300, 45, 0);
+        blas_case(64, 257, 129, 1);
+        blas_case(3, 0, 5, 1);
+    } else {
+        fprintf(stderr, "no BLAS linked: the portable kernels serve CPUs without vector kernels\n");
+    }
 
     ckv_backend *b1 = NULL, *b2 = NULL;
     CHECK_OK(ckv_backend_cpu_init(&b1, 1));

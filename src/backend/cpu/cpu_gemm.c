@@ -1,17 +1,19 @@
 /* cpu_gemm.c - ckv's own fp32 matrix multiply out[n, m] = x[n, k] @ w[m, k]^T (+ bias), the driver
  * around the kernel sets of cpu_gemm_avx512.c / cpu_gemm_avx2.c and the portable set defined here.
  *
- * Several tokens (n > 1): the output is cut into column panels of NR weight rows (times a few row
- * blocks when there are few panels); the pool's threads claim panels one at a time. For each block of
- * CKV_GEMM_KC along k, a thread packs its panel of w into a k-major stack buffer (CKV_GEMM_KC x NR
- * floats, L1-sized) and runs the MR x NR micro-kernel down all its rows of x, which it reads in place.
- * The first k block writes out (with the bias), later ones add to it, so every output element is the
- * same sum in the same order whatever the thread count and whichever thread computed it.
+ * Several tokens (n > 1): the columns of out are cut into panels of NR weight rows, and the panels
+ * into groups whose slice of out fits in L2 (with fewer panels than threads, the rows are cut too);
+ * the pool's threads claim groups one at a time. For each block of CKV_GEMM_KC along k, a thread
+ * packs one panel of its group at a time into a k-major stack buffer (CKV_GEMM_KC x NR floats,
+ * L1-sized) and runs the MR x NR micro-kernel down its rows of x, read in place. The first k block
+ * writes out (with the bias), later ones add to it, so every output element is the same sum
+ * in the same order whatever the thread count and whichever thread computed it.
  * One token (n == 1): a GEMV streaming each weight row once, the rows split into contiguous blocks
- * over the threads (memory-bound: this runs at memory bandwidth).
+ * over the threads (memory-bound: it runs at memory bandwidth).
  *
  * The kernel set is chosen once by the CPU's features (AVX-512, else AVX2 + FMA, else portable C).
- * Nothing here allocates or fails; weights are used as loaded (no layout change), fp32 only. */
+ * Nothing here allocates or fails; weights are used as loaded (no layout change, nothing cached), fp32
+ * only. */
 #include "cpu_gemm.h"
 
 #include <stdatomic.h>
@@ -96,12 +98,9 @@ const ckv_gemm_arch *ckv_gemm_best_arch(void) {
 
 /* ---- several tokens --------------------------------------------------------------------------- */
 
-#if defined(__GNUC__) || defined(__clang__)
-#define CKV_PREFETCH(p) __builtin_prefetch((p), 0, 3)
-#else
-#define CKV_PREFETCH(p) ((void)(p))
+#ifndef CKV_GEMM_MC
+#define CKV_GEMM_MC 512 /* most rows of x per work item: x [MC, KC] is 512 KiB, in L2 */
 #endif
-
 #ifndef CKV_GEMM_OUT_BYTES
 #define CKV_GEMM_OUT_BYTES (512u * 1024u) /* slice of out a worker keeps in L2 across the k blocks */
 #endif
@@ -113,67 +112,53 @@ typedef struct {
     const float *w;    // [m, k]
     const float *bias; // [m] or NULL
     int n, k, m;
-    int panels;     /* column panels of NR */
-    int row_parts;  /* the workers form a row_parts x col_parts grid over (row tiles, panels) */
-    int col_parts;
+    int panels;       /* column panels of NR */
+    int groups;       /* the panels are cut into this many groups (work items per row part) */
+    int row_parts;    /* the rows are cut into this many parts (more than 1 only with few panels) */
+    int n_items;      /* row_parts * groups */
+    atomic_int next;  /* next work item to claim */
 } ckv_gemm_job;
 
 /* Start of part `i` of `parts` over `total` units: contiguous, sizes differing by at most one. */
-static int ckv_gemm_split(int total, int parts, int i) {
-    return (int)(((long long)total * i) / parts);
-}
+static int ckv_gemm_split(int total, int parts, int i) { return (int)(((long long)total * i) / parts); }
 
-/* One worker's block of out: rows [r0, r1), panels [q0, q1). Loops: group of panels, k block, panel,
- * row tile. The rows x k-block slice of x that the micro-kernel reads stays in this core's L2 cache
- * while the group's panels pass over it, the group's slice of out (about CKV_GEMM_OUT_BYTES) stays in
- * L2 while the k blocks pass, and the packed panel stays in L1 while the rows pass. */
+/* One work item: rows [r0, r1) of out times panels [q0, q1). Loops: k block, panel, row tile. The rows
+ * x k-block slice of x that the micro-kernel reads stays in this core's L2 cache while the item's
+ * panels pass over it, the item's slice of out (about CKV_GEMM_OUT_BYTES) stays in L2 while the k
+ * blocks pass, and the packed panel stays in L1 while the rows pass. */
 static void ckv_gemm_block(const ckv_gemm_job *job, int r0, int r1, int q0, int q1) {
     const ckv_gemm_arch *a = job->arch;
     const size_t k = (size_t)job->k, m = (size_t)job->m;
-    const size_t group_bytes = (size_t)(r1 - r0) * (size_t)a->nr * sizeof(float);
-    const int group = group_bytes >= CKV_GEMM_OUT_BYTES ? 1 : (int)(CKV_GEMM_OUT_BYTES / group_bytes);
     _Alignas(64) float bp[CKV_GEMM_KC * CKV_GEMM_NR_MAX]; /* the packed panel, [kc, NR] */
-    for (int g0 = q0; g0 < q1; g0 += group) {
-        const int g1 = q1 - g0 < group ? q1 : g0 + group;
-        for (int p0 = 0; p0 < job->k; p0 += CKV_GEMM_KC) {
-            const int kc = job->k - p0 < CKV_GEMM_KC ? job->k - p0 : CKV_GEMM_KC;
-            for (int q = g0; q < g1; q++) {
-                const int j0 = q * a->nr, nr = job->m - j0 < a->nr ? job->m - j0 : a->nr;
-                a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
-                const float *bias = job->bias ? job->bias + j0 : NULL;
-                /* the weights of the next panel (or of the next k block), fetched from memory while
-                 * this panel computes: one row of it (kc floats) per row tile, the rest as it comes */
-                const int qn = q + 1 < g1 ? q + 1 : g0;
-                const int pn = q + 1 < g1 ? p0 : p0 + CKV_GEMM_KC;
-                const int nrn = pn < job->k ? (job->m - qn * a->nr < a->nr ? job->m - qn * a->nr : a->nr) : 0;
-                const int kcn = job->k - pn < CKV_GEMM_KC ? job->k - pn : CKV_GEMM_KC;
-                int pf = 0;
-                for (int i = r0; i < r1; i += a->mr) {
-                    const int mr = r1 - i < a->mr ? r1 - i : a->mr;
-                    if (pf < nrn) {
-                        const float *row = job->w + (size_t)(qn * a->nr + pf) * k + (size_t)pn;
-                        for (int l = 0; l < kcn; l += 16) CKV_PREFETCH(row + l);
-                        pf++;
-                    }
-                    a->ukernel(kc, job->x + (size_t)i * k + (size_t)p0, k, mr, bp,
-                               job->out + (size_t)i * m + (size_t)j0, m, nr, bias, p0 == 0);
-                }
+    for (int p0 = 0; p0 < job->k; p0 += CKV_GEMM_KC) {
+        const int kc = job->k - p0 < CKV_GEMM_KC ? job->k - p0 : CKV_GEMM_KC;
+        for (int q = q0; q < q1; q++) {
+            const int j0 = q * a->nr, nr = job->m - j0 < a->nr ? job->m - j0 : a->nr;
+            a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
+            const float *bias = job->bias ? job->bias + j0 : NULL;
+            for (int i = r0; i < r1; i += a->mr) {
+                const int mr = r1 - i < a->mr ? r1 - i : a->mr;
+                a->ukernel(kc, job->x + (size_t)i * k + (size_t)p0, k, mr, bp, job->out + (size_t)i * m + (size_t)j0,
+                           m, nr, bias, p0 == 0);
             }
         }
     }
 }
 
+/* Workers claim items until none is left: a core slowed by something else takes fewer. */
 static void ckv_gemm_worker(void *arg, int begin, int end, int tid) {
-    (void)tid;
-    const ckv_gemm_job *job = arg;
+    (void)begin, (void)end, (void)tid;
+    ckv_gemm_job *job = arg;
     const int mr = job->arch->mr, row_tiles = (job->n + mr - 1) / mr;
-    for (int part = begin; part < end; part++) {
-        const int rp = part / job->col_parts, cp = part % job->col_parts;
+    for (;;) {
+        const int item = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        if (item >= job->n_items) break;
+        const int rp = item / job->groups, g = item % job->groups;
         const int r0 = ckv_gemm_split(row_tiles, job->row_parts, rp) * mr;
         int r1 = ckv_gemm_split(row_tiles, job->row_parts, rp + 1) * mr;
         if (r1 > job->n) r1 = job->n;
-        const int q0 = ckv_gemm_split(job->panels, job->col_parts, cp);
-        const int q1 = ckv_gemm_split(job->panels, job->col_parts, cp + 1);
+        const int q0 = ckv_gemm_split(job->panels, job->groups, g);
+        const int q1 = ckv_gemm_split(job->panels, job->groups, g + 1);
         if (r1 > r0 && q1 > q0) ckv_gemm_block(job, r0, r1, q0, q1);
     }
 }
@@ -218,11 +203,19 @@ void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, c
     }
     ckv_gemm_job job = {.arch = arch, .out = out, .x = x, .w = w, .bias = bias, .n = n, .k = k, .m = m};
     job.panels = (m + arch->nr - 1) / arch->nr;
-    /* Panels go to the workers in contiguous ranges; with fewer panels than threads the rows are cut
-     * too (each row part then packs the same panels again). */
     const int row_tiles = (n + arch->mr - 1) / arch->mr;
-    job.col_parts = job.panels < n_threads ? job.panels : n_threads;
-    job.row_parts = n_threads / job.col_parts;
-    if (job.row_parts > row_tiles) job.row_parts = row_tiles;
-    ckv_threadpool_for(pool, job.row_parts * job.col_parts, 1, ckv_gemm_worker, &job);
+    /* Row parts of at most CKV_GEMM_MC rows, so that their slice of x stays in L2, and more when there are
+     * fewer panels than threads (each row part packs the same panels again). */
+    job.row_parts = (n + CKV_GEMM_MC - 1) / CKV_GEMM_MC;
+    while (job.panels * job.row_parts < n_threads && job.row_parts < row_tiles) job.row_parts++;
+    /* Groups of panels whose slice of out is about CKV_GEMM_OUT_BYTES, as many as threads at least and
+     * a multiple of the thread count, so that the threads end together. */
+    const size_t panel_bytes = (size_t)(n / job.row_parts + arch->mr) * (size_t)arch->nr * sizeof(float);
+    int groups = (int)(((size_t)job.panels * panel_bytes + CKV_GEMM_OUT_BYTES - 1) / CKV_GEMM_OUT_BYTES);
+    const int per = job.row_parts >= n_threads ? 1 : (n_threads + job.row_parts - 1) / job.row_parts;
+    groups = (groups + per - 1) / per * per;
+    job.groups = groups < job.panels ? groups : job.panels;
+    job.n_items = job.row_parts * job.groups;
+    atomic_init(&job.next, 0);
+    ckv_threadpool_for(pool, job.n_items < n_threads ? job.n_items : n_threads, 1, ckv_gemm_worker, &job);
 }

@@ -3,7 +3,7 @@
  * of weight panels, threading over the backend's pool, choice of kernels by the CPU's features at run
  * time) and a portable kernel set; cpu_gemm_avx512.c and cpu_gemm_avx2.c hold the vector kernel sets.
  * Nothing here allocates: the packed weight panels live in fixed-size stack buffers. Included by
- * nothing outside backend/cpu. */
+ * nothing outside backend/cpu but its unit test (tests/unit/test_cpu_gemm.c). */
 #ifndef CKV_CPU_GEMM_H
 #define CKV_CPU_GEMM_H
 
@@ -12,7 +12,9 @@
 #include "core/threadpool.h"
 
 /* Depth of one k block: a packed weight panel holds CKV_GEMM_KC x NR floats. */
+#ifndef CKV_GEMM_KC
 #define CKV_GEMM_KC 256
+#endif
 /* Largest NR of any kernel set (the packed panel buffer is sized for it). */
 #define CKV_GEMM_NR_MAX 32
 /* Largest MR of any kernel set. */
@@ -36,7 +38,7 @@ typedef struct {
     void (*gemv)(int rows, int k, const float *w, size_t ldw, const float *x, const float *bias, float *out);
 } ckv_gemm_arch;
 
-/* The kernel sets; a set's `supported` is 0 when the CPU (or the compiler) lacks its features. */
+/* The kernel sets; ckv_gemm_*_supported() is 0 when the CPU (or the compiler) lacks a set's features. */
 extern const ckv_gemm_arch ckv_gemm_arch_generic;
 extern const ckv_gemm_arch ckv_gemm_arch_avx2;
 extern const ckv_gemm_arch ckv_gemm_arch_avx512;
@@ -51,5 +53,11 @@ const ckv_gemm_arch *ckv_gemm_best_arch(void);
  * of threads. n, k, m >= 0; k == 0 gives out = bias (or 0). */
 void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
                   const float *bias, int n, int k, int m);
+
+/* cpu_matmul.c: out = x @ w^T (+ bias) through the BLAS the build linked (CMake option CKV_BLAS) on
+ * n_threads threads; the op uses it on CPUs without vector kernels. Returns 0, doing nothing, when the
+ * build has no BLAS. */
+int ckv_cpu_blas_matmul(int n_threads, float *out, const float *x, const float *w, const float *bias, int n, int k,
+                        int m);
 
 #endif

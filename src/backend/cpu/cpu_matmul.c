@@ -5,11 +5,22 @@
  * no environment variable to pick their code path. Elsewhere it calls the BLAS the build linked
  * (CMake option CKV_BLAS: CKV_BLAS_OPENBLAS or CKV_BLAS_BLIS defined for this file), or the portable
  * C kernels when there is none. No quantised or low-precision weights. */
+#ifdef CKV_BLAS_BLIS
+#define _POSIX_C_SOURCE 200809L /* BLIS's cblas.h needs pthread barriers: before any system header */
+#endif
+
 #include "cpu_backend.h"
 #include "cpu_gemm.h"
 
 #if defined(CKV_BLAS_OPENBLAS) || defined(CKV_BLAS_BLIS)
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function" /* static inline helpers of BLIS's cblas.h */
+#endif
 #include <cblas.h>
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #define CKV_HAVE_BLAS 1
 #endif
 
@@ -26,15 +37,23 @@ void openblas_set_num_threads(int num_threads) { (void)num_threads; }
 void bli_thread_set_num_threads(long n_threads); /* blis.h, which cblas.h of BLIS does not include */
 #endif
 
-#ifdef CKV_HAVE_BLAS
-/* The linked BLAS, for CPUs where ckv has no vector kernels. */
-static void ckv_matmul_blas(const ckv_cpu_ctx *ctx, float *out, const float *x, const float *w, const float *bias,
-                            int n, int k, int m) {
+int ckv_cpu_blas_matmul(int n_threads, float *out, const float *x, const float *w, const float *bias, int n, int k,
+                        int m) {
+#ifndef CKV_HAVE_BLAS
+    (void)n_threads, (void)out, (void)x, (void)w, (void)bias, (void)n, (void)k, (void)m;
+    return 0;
+#else
+    if (n <= 0 || m <= 0) return 1;
+    if (k <= 0) { /* an empty sum; BLAS would reject lda = 0 */
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) out[(size_t)i * (size_t)m + (size_t)j] = bias ? bias[j] : 0.0f;
+        return 1;
+    }
 #ifdef CKV_BLAS_OPENBLAS
     /* The OpenBLAS thread count is process-wide: put back ours if another backend changed it. */
-    if (openblas_get_num_threads() != ctx->n_threads) openblas_set_num_threads(ctx->n_threads);
+    if (openblas_get_num_threads() != n_threads) openblas_set_num_threads(n_threads);
 #else
-    bli_thread_set_num_threads(ctx->n_threads);
+    bli_thread_set_num_threads(n_threads);
 #endif
     if (n == 1) /* out [m] = w [m, k] @ x [k] */
         cblas_sgemv(CblasRowMajor, CblasNoTrans, m, k, 1.0f, w, k, x, 1, 0.0f, out, 1);
@@ -47,18 +66,15 @@ static void ckv_matmul_blas(const ckv_cpu_ctx *ctx, float *out, const float *x, 
             for (int j = 0; j < m; j++) row[j] += b[j];
         }
     }
-}
+    return 1;
 #endif
+}
 
 void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k,
                     int m) {
     if (n <= 0 || m <= 0) return;
     const ckv_gemm_arch *arch = ckv_gemm_best_arch();
-#ifdef CKV_HAVE_BLAS
-    if (arch == &ckv_gemm_arch_generic && k > 0) {
-        ckv_matmul_blas(be->ctx, out, x, w, bias, n, k, m);
-        return;
-    }
-#endif
+    /* no vector kernels for this CPU: the linked BLAS if there is one */
+    if (arch == &ckv_gemm_arch_generic && ckv_cpu_blas_matmul(be->n_threads, out, x, w, bias, n, k, m)) return;
     ckv_cpu_gemm(ckv_cpu_pool(be), arch, out, x, w, bias, n, k, m);
 }
