@@ -1,9 +1,11 @@
 /* backend.h - the compute backend: a table of function pointers over device buffers plus a context
  * pointer. Every tensor op the model, the KV cache and the presses need goes through this table, so
- * the CPU backend (the reference) and the CUDA backend are interchangeable. Buffers are fp32 unless
- * a name says otherwise; shapes are given in the comments and are row-major. Ops that cannot fail
- * return void; a device backend reports asynchronous failures from sync(). This header includes no
- * CUDA header and knows nothing of models, files or communication. */
+ * the CPU backend (the reference) and the CUDA backend are interchangeable. Every pointer an op
+ * takes lives on the backend's device (the CPU backend's device is the host) unless its comment
+ * says "host". Activations are fp32; weights are typed (ckv_weight); the KV cache has a dtype.
+ * Shapes are row-major. Ops that cannot fail return void; a device backend reports asynchronous
+ * failures from sync(), naming the op. This header includes no CUDA header and knows nothing of
+ * models, files or communication. */
 #ifndef CKV_BACKEND_H
 #define CKV_BACKEND_H
 
@@ -15,17 +17,42 @@
 
 typedef struct ckv_backend ckv_backend;
 
-/* One layer's ragged KV cache as the attention op sees it. Head g owns pool rows
- * [off[g], off[g] + len[g]); inside a head rows are sorted by original position (ascending). */
+/* A weight matrix in HF (out, in) layout: `rows` output features of `cols` inputs, stored as dtype
+ * (F32, F16, BF16, or a GGUF block type: each row is cols / block_elems blocks). Row r starts at
+ * data + r * row_bytes. 1-D weights (norms, biases) are plain fp32 device arrays, not ckv_weight. */
 typedef struct {
-    const float *k;     /* [rows, head_dim] post-RoPE keys */
-    const float *v;     /* [rows, head_dim] values */
-    const int32_t *pos; /* [rows] original token position of each row */
-    const int64_t *off; /* [n_kv_heads] first row of each head */
-    const int32_t *len; /* [n_kv_heads] rows in use */
-    int n_kv_heads;
+    void *data;        /* device */
+    ckv_dtype dtype;
+    int64_t rows, cols;
+    size_t row_bytes;
+} ckv_weight;
+
+/* One (sequence, KV head) segment of the KV cache as the device sees it: the head's rows are
+ * k/v/pos[0 .. len), sorted by original position; cap rows are reserved. Lives in device memory;
+ * the KV cache keeps it in step with its host bookkeeping (kv/kv_cache.h). */
+typedef struct {
+    void *k;        /* [cap, head_dim] post-RoPE keys, in the batch's dtype */
+    void *v;        /* [cap, head_dim] values */
+    int32_t *pos;   /* [cap] original token position of each row */
+    int32_t len;    /* rows in use */
+    int32_t cap;    /* rows reserved */
+} ckv_kv_seg;
+
+/* A batch of token rows over the KV segments of one layer of n_seq sequences. Token t of the batch
+ * belongs to sequence seq_of[t]; the tokens of sequence s are the contiguous rows
+ * seq_start[s] .. seq_start[s + 1] - 1, in position order. Query head h of a token reads KV head
+ * h / (n_heads / n_kv_heads) of its sequence. With one sequence (n_seq = 1) seq_of and seq_start
+ * may be NULL: every token belongs to it. All arrays are device memory. */
+typedef struct {
+    ckv_dtype dtype;           /* of every segment's k and v: F32, F16 or BF16 */
     int head_dim;
-} ckv_attn_cache;
+    int n_kv_heads;            /* KV heads of each sequence held by this rank */
+    int n_seq;
+    ckv_kv_seg *const *segs;   /* [n_seq] device array; segs[s] -> [n_kv_heads] segments (device) */
+    const int32_t *seq_of;     /* [n tokens] sequence of each token, or NULL (one sequence) */
+    const int32_t *seq_start;  /* [n_seq + 1] first token row of each sequence, or NULL */
+    int max_len;               /* host-known bound on every segment's len after the op (launch sizing) */
+} ckv_kv_batch;
 
 typedef struct {
     /* lifetime */
@@ -37,32 +64,49 @@ typedef struct {
     ckv_status (*download)(ckv_backend *be, void *dst_host, const void *src_dev, size_t bytes);
     ckv_status (*copy)(ckv_backend *be, void *dst_dev, const void *src_dev, size_t bytes);
     ckv_status (*sync)(ckv_backend *be);
+    /* 1 when matmul and embedding compute weights stored as `t` directly. */
+    int (*weight_dtype_ok)(const ckv_backend *be, ckv_dtype t);
+    /* 1 when the KV cache may be stored as `t` (F32, F16, BF16). */
+    int (*kv_dtype_ok)(const ckv_backend *be, ckv_dtype t);
 
-    /* out[i, :] = table[ids[i], :]                      out [n, dim], table [vocab, dim] */
-    void (*embedding)(ckv_backend *be, float *out, const float *table, const int32_t *ids, int n, int dim);
+    /* out[i, :] = table[ids[i], :] in fp32      out [n, table->cols], ids [n] */
+    void (*embedding)(ckv_backend *be, float *out, const ckv_weight *table, const int32_t *ids, int n);
     /* out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * w   x, out [n, dim] (out may be x), w [dim] */
     void (*rmsnorm)(ckv_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
-    /* out = x @ w^T (+ bias)   x [n, k], w [m, k] (HF (out, in) layout), bias [m] or NULL, out [n, m] */
-    void (*matmul)(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k, int m);
+    /* out = x @ w^T (+ bias), fp32 accumulation   x [n, w->cols], bias [w->rows] or NULL,
+     * out [n, w->rows] */
+    void (*matmul)(ckv_backend *be, float *out, const float *x, const ckv_weight *w, const float *bias, int n);
     /* In-place rotary embedding, HF "rotate_half" layout: for pair i < hd/2 of each head,
      * angle = (float)pos[t] * inv_freq[i]; (x[i], x[i + hd/2]) rotated by angle, both scaled by
      * attn_scale (1 unless YaRN).   x [n, n_heads, hd], pos [n], inv_freq [hd/2] */
     void (*rope)(ckv_backend *be, float *x, const int32_t *pos, int n, int n_heads, int hd, const float *inv_freq,
                  float attn_scale);
-    /* Appends n tokens to every KV head of a layer's pool: head g row off[g] + len[g] + t gets
-     * k[t, g, :], v[t, g, :] and pos[t]. The caller advances len afterwards.
-     * kpool, vpool [rows, d], ppool [rows], k, v [n, n_kv, d], pos [n] */
-    void (*kv_store)(ckv_backend *be, float *kpool, float *vpool, int32_t *ppool, const int64_t *off,
-                     const int32_t *len, const float *k, const float *v, const int32_t *pos, int n, int n_kv, int d);
-    /* Causal attention of n query tokens over a ragged cache: query head h reads KV head
-     * h / (n_heads / n_kv_heads) and sees the rows whose pos <= qpos[t]; softmax(q.k * scale) v in fp32.
+    /* Appends the batch's n tokens: token t (sequence s = seq_of[t], i = t - seq_start[s]) goes to
+     * row segs[s][g].len + i of every KV head g (k[t, g, :], v[t, g, :] converted to the batch's
+     * dtype, pos[t]); then every segment's len grows by its sequence's token count. The caller has
+     * checked the capacities.   k, v [n, n_kv_heads, head_dim] fp32, pos [n] */
+    void (*kv_store)(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos,
+                     int n);
+    /* Causal attention of the batch's n query tokens: query head h of token t reads KV head
+     * h / (n_heads / n_kv_heads) of its sequence and sees the rows whose pos <= qpos[t];
+     * softmax(q.k * scale) v computed in fp32; a row that sees nothing is 0.
      * out, q [n, n_heads, head_dim], qpos [n] */
-    void (*attention)(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_attn_cache *cache,
-                      int n, int n_heads, float scale);
+    void (*attention)(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                      int n_heads, float scale);
     /* out[i] = silu(gate[i]) * up[i]   [n] (out may alias gate) */
     void (*swiglu)(ckv_backend *be, float *out, const float *gate, const float *up, size_t n);
     /* x[i] += y[i]   [n] */
     void (*add)(ckv_backend *be, float *x, const float *y, size_t n);
+    /* *n_bad (host) = number of non-finite values in x [n]; synchronises. */
+    ckv_status (*count_nonfinite)(ckv_backend *be, const float *x, size_t n, size_t *n_bad);
+    /* Compacts every segment of one sequence in one call: segment g of `dst` receives rows
+     * keep[g * stride + i], i < n_keep[g] (ascending row indices into segment g of `src`), of k, v
+     * and pos; dst[g].len = n_keep[g]. Source and destination segments do not overlap.
+     * src, dst [n_kv] segments (device), keep [n_kv, stride], n_keep [n_kv] (device) */
+    void (*kv_gather)(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst,
+                      const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep);
+
+    /* ---- eviction ops (evict/ drives them; see evict/ for their callers) ---- */
 } ckv_backend_ops;
 
 struct ckv_backend {
@@ -71,10 +115,20 @@ struct ckv_backend {
     const char *name;   /* "cpu", "cuda" */
     ckv_device device;
     int n_threads;      /* host threads the backend uses */
+    ckv_dtype weight_dtype; /* the float type weights are converted to when not computed as stored */
+    ckv_dtype kv_dtype;     /* the KV cache's default dtype on this backend */
 };
+
+/* What a backend is created with. */
+typedef struct {
+    const char *name;   /* "cpu" (default when NULL) or "cuda" */
+    int n_threads;      /* <= 0: all available cores */
+    int device;         /* GPU index; < 0: chosen by the caller's node-local rank */
+} ckv_backend_params;
 
 /* Creates the backend called `name` ("cpu" or "cuda"). n_threads <= 0 means all available cores. */
 ckv_status ckv_backend_init(ckv_backend **out, const char *name, int n_threads);
+ckv_status ckv_backend_init_params(ckv_backend **out, const ckv_backend_params *p);
 void ckv_backend_free(ckv_backend *be); /* NULL is fine */
 
 /* Backend-specific constructors (backend.c dispatches to these). */

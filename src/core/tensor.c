@@ -21,8 +21,69 @@ const char *ckv_dtype_name(ckv_dtype t) {
     case CKV_DTYPE_BF16: return "BF16";
     case CKV_DTYPE_I32: return "I32";
     case CKV_DTYPE_I64: return "I64";
+    case CKV_DTYPE_Q8_0: return "Q8_0";
+    case CKV_DTYPE_Q4_0: return "Q4_0";
+    case CKV_DTYPE_Q4_1: return "Q4_1";
+    case CKV_DTYPE_Q5_0: return "Q5_0";
+    case CKV_DTYPE_Q5_1: return "Q5_1";
+    case CKV_DTYPE_Q4_K: return "Q4_K";
+    case CKV_DTYPE_Q5_K: return "Q5_K";
+    case CKV_DTYPE_Q6_K: return "Q6_K";
     default: return "?";
     }
+}
+
+int ckv_dtype_is_block(ckv_dtype t) { return t >= CKV_DTYPE_Q8_0 && t < CKV_DTYPE_COUNT_; }
+
+int ckv_dtype_block_elems(ckv_dtype t) {
+    switch (t) {
+    case CKV_DTYPE_Q8_0:
+    case CKV_DTYPE_Q4_0:
+    case CKV_DTYPE_Q4_1:
+    case CKV_DTYPE_Q5_0:
+    case CKV_DTYPE_Q5_1: return 32;
+    case CKV_DTYPE_Q4_K:
+    case CKV_DTYPE_Q5_K:
+    case CKV_DTYPE_Q6_K: return 256;
+    default: return 1;
+    }
+}
+
+size_t ckv_dtype_block_bytes(ckv_dtype t) {
+    switch (t) { /* ggml's block structs: scales as f16, then quants */
+    case CKV_DTYPE_Q8_0: return 2 + 32;
+    case CKV_DTYPE_Q4_0: return 2 + 16;
+    case CKV_DTYPE_Q4_1: return 4 + 16;
+    case CKV_DTYPE_Q5_0: return 2 + 4 + 16;
+    case CKV_DTYPE_Q5_1: return 4 + 4 + 16;
+    case CKV_DTYPE_Q4_K: return 4 + 12 + 128;
+    case CKV_DTYPE_Q5_K: return 4 + 12 + 32 + 128;
+    case CKV_DTYPE_Q6_K: return 128 + 64 + 16 + 2;
+    default: return ckv_dtype_size(t);
+    }
+}
+
+size_t ckv_dtype_row_bytes(ckv_dtype t, int64_t cols) {
+    int be = ckv_dtype_block_elems(t);
+    if (cols < 0 || cols % be != 0) return 0;
+    return (size_t)(cols / be) * ckv_dtype_block_bytes(t);
+}
+
+static int dtype_name_eq(const char *a, const char *b) {
+    for (; *a && *b; a++, b++) {
+        char c = *a >= 'A' && *a <= 'Z' ? (char)(*a - 'A' + 'a') : *a;
+        if (c != *b) return 0;
+    }
+    return *a == *b;
+}
+
+int ckv_dtype_parse_float(const char *name, ckv_dtype *t) {
+    if (!name) return 0;
+    if (dtype_name_eq(name, "f32")) *t = CKV_DTYPE_F32;
+    else if (dtype_name_eq(name, "f16")) *t = CKV_DTYPE_F16;
+    else if (dtype_name_eq(name, "bf16")) *t = CKV_DTYPE_BF16;
+    else return 0;
+    return 1;
 }
 
 int64_t ckv_tensor_numel(const ckv_tensor *t) {
@@ -106,5 +167,17 @@ void ckv_convert_to_f32(float *dst, const void *src, ckv_dtype t, size_t n) {
     } else if (t == CKV_DTYPE_F16) {
         const uint16_t *s = src;
         for (size_t i = 0; i < n; i++) dst[i] = ckv_f16_to_f32(s[i]);
+    }
+}
+
+void ckv_convert_from_f32(void *dst, const float *src, ckv_dtype t, size_t n) {
+    if (t == CKV_DTYPE_F32) {
+        memcpy(dst, src, n * 4);
+    } else if (t == CKV_DTYPE_BF16) {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = ckv_f32_to_bf16(src[i]);
+    } else if (t == CKV_DTYPE_F16) {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) d[i] = ckv_f32_to_f16(src[i]);
     }
 }
