@@ -131,6 +131,14 @@ ckv_status ckv_backend_init(ckv_backend **out, const char *name, int n_threads);
 ckv_status ckv_backend_init_params(ckv_backend **out, const ckv_backend_params *p);
 void ckv_backend_free(ckv_backend *be); /* NULL is fine */
 
+/* out [n, m] = x [n, k] @ w^T (+ bias) for an fp32 matrix w [m, k] held in a plain device buffer
+ * (keys, statistics, staged blocks): the matmul op over an F32 view of it. */
+static inline void ckv_backend_matmul_f32(ckv_backend *be, float *out, const float *x, const float *w,
+                                          const float *bias, int n, int k, int m) {
+    ckv_weight wt = {(void *)w, CKV_DTYPE_F32, m, k, (size_t)k * sizeof(float)};
+    be->ops->matmul(be, out, x, &wt, bias, n);
+}
+
 /* Backend-specific constructors (backend.c dispatches to these). */
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads);
 int ckv_backend_cuda_available(void); /* 1 when built with CUDA */
