@@ -123,7 +123,7 @@ struct ckv_backend {
 typedef struct {
     const char *name;   /* "cpu" (default when NULL) or "cuda" */
     int n_threads;      /* <= 0: all available cores */
-    int device;         /* GPU index; < 0: chosen by the caller's node-local rank */
+    int device;         /* GPU index; < 0: device 0 (callers under MPI pass their node-local rank) */
 } ckv_backend_params;
 
 /* Creates the backend called `name` ("cpu" or "cuda"). n_threads <= 0 means all available cores. */
