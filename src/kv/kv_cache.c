@@ -127,20 +127,34 @@ ckv_kv_batch ckv_kv_layer_batch(const ckv_kv_cache *c, int layer, int extra) {
     return b;
 }
 
-ckv_status ckv_kv_layer_append(ckv_kv_cache *c, int layer, const float *k, const float *v, const int32_t *pos, int n) {
-    ckv_kv_layer *l = &c->layers[layer];
-    if (!l->kbuf) return ckv_error(CKV_STATUS_ERR_INTERNAL, "KV cache layer %d has no pool", layer);
-    for (int h = 0; h < c->n_kv; h++)
-        if (l->len[h] + n > l->cap[h])
-            return ckv_error(CKV_STATUS_ERR_RANGE, "KV cache layer %d head %d is full (%d of %d rows, %d more asked)",
-                             layer, h, l->len[h], l->cap[h], n);
-    ckv_kv_batch b = ckv_kv_layer_batch(c, layer, n);
-    c->be->ops->kv_store(c->be, &b, k, v, pos, n); /* advances the device lengths */
-    for (int h = 0; h < c->n_kv; h++) {
-        l->len[h] += n;
-        l->segs_host[h].len = l->len[h];
+ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start, int layer,
+                               const ckv_kv_batch *b, const float *k, const float *v, const int32_t *pos, int n) {
+    for (int i = 0; i < n_seq; i++) {
+        const ckv_kv_cache *c = caches[i];
+        const ckv_kv_layer *l = &c->layers[layer];
+        const int cnt = seq_start ? seq_start[i + 1] - seq_start[i] : n;
+        if (!l->kbuf) return ckv_error(CKV_STATUS_ERR_INTERNAL, "KV cache layer %d has no pool", layer);
+        for (int h = 0; h < c->n_kv; h++)
+            if (l->len[h] + cnt > l->cap[h])
+                return ckv_error(CKV_STATUS_ERR_RANGE, "KV cache layer %d head %d is full (%d of %d rows, %d more asked)",
+                                 layer, h, l->len[h], l->cap[h], cnt);
+    }
+    ckv_backend *be = caches[0]->be;
+    be->ops->kv_store(be, b, k, v, pos, n); /* advances the device lengths */
+    for (int i = 0; i < n_seq; i++) {
+        ckv_kv_layer *l = &caches[i]->layers[layer];
+        const int cnt = seq_start ? seq_start[i + 1] - seq_start[i] : n;
+        for (int h = 0; h < caches[i]->n_kv; h++) {
+            l->len[h] += cnt;
+            l->segs_host[h].len = l->len[h];
+        }
     }
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_kv_layer_append(ckv_kv_cache *c, int layer, const float *k, const float *v, const int32_t *pos, int n) {
+    ckv_kv_batch b = ckv_kv_layer_batch(c, layer, n);
+    return ckv_kv_append_batch(&c, 1, NULL, layer, &b, k, v, pos, n);
 }
 
 /* Device scratch for compaction: the new segment table, the kept rows and their counts. */

@@ -56,6 +56,13 @@ int ckv_kv_layer_has_pool(const ckv_kv_cache *c, int layer);
  * (device). Fails without writing when a head would exceed its capacity. */
 ckv_status ckv_kv_layer_append(ckv_kv_cache *c, int layer, const float *k, const float *v, const int32_t *pos, int n);
 
+/* Appends a batch's tokens to several caches at once (one kv_store): the tokens of cache i are
+ * rows seq_start[i] .. seq_start[i + 1] - 1 (host array; NULL when n_seq = 1) of k, v [n, n_kv,
+ * head_dim] and pos [n] (device). b is the batch view of `layer` over exactly these caches, in
+ * order. Fails without writing when any head would exceed its capacity. */
+ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start, int layer,
+                               const ckv_kv_batch *b, const float *k, const float *v, const int32_t *pos, int n);
+
 /* Keeps, for every head h, the rows keep[h * stride + i], i < n_keep[h] (row indices relative to
  * the head, ascending, < len[h]; host arrays) and reserves `room` more rows per head for later
  * appends. The layer moves to a pool of exactly sum(n_keep[h] + room) rows in one kv_gather; the

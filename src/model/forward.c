@@ -95,8 +95,10 @@ static ckv_status allreduce_hidden(ckv_model *m, ckv_model_scratch *s, float *bu
     return be->ops->upload(be, buf, s->host_proj, count * sizeof(float));
 }
 
-ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
-                           ckv_kv_cache *kv, float *xn_out) {
+/* One decoder layer over n tokens whose keys/values go to `caches` (batch view kv); see model.h. */
+static ckv_status model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                              ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start,
+                              const ckv_kv_batch *kv, float *xn_out) {
     if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "layer: %d tokens outside [1, %d]", n, s->n_max);
     ckv_backend *be = m->be;
     const ckv_backend_ops *op = be->ops;
@@ -115,9 +117,8 @@ ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float 
     op->matmul(be, s->v, s->xn, &w->wv, w->bv, n);
     op->rope(be, s->q, s->pos, n, nq, d, m->inv_freq, m->rope_scale);
     op->rope(be, s->k, s->pos, n, nkv, d, m->inv_freq, m->rope_scale);
-    CKV_TRY(ckv_kv_layer_append(kv, layer, s->k, s->v, s->pos, n));
-    ckv_kv_batch view = ckv_kv_layer_batch(kv, layer, 0);
-    op->attention(be, s->att, s->q, s->pos, &view, n, nq, 1.0f / sqrtf((float)d));
+    CKV_TRY(ckv_kv_append_batch(caches, n_seq, seq_start, layer, kv, s->k, s->v, s->pos, n));
+    op->attention(be, s->att, s->q, s->pos, kv, n, nq, 1.0f / sqrtf((float)d));
     op->matmul(be, s->proj, s->att, &w->wo, w->bo, n);
     CKV_TRY(allreduce_hidden(m, s, s->proj, (size_t)n * D));
     op->add(be, x, s->proj, (size_t)n * D);
@@ -130,6 +131,20 @@ ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float 
     CKV_TRY(allreduce_hidden(m, s, s->proj, (size_t)n * D));
     op->add(be, x, s->proj, (size_t)n * D);
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                           ckv_kv_cache *kv, float *xn_out) {
+    ckv_kv_batch view = ckv_kv_layer_batch(kv, layer, n);
+    return model_layer(m, s, layer, x, pos, n, &kv, 1, NULL, &view, xn_out);
+}
+
+ckv_status ckv_model_layer_batch(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                                 ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start,
+                                 const ckv_kv_batch *kv) {
+    if (n_seq < 1 || (n_seq > 1 && !seq_start) || kv->n_seq != n_seq)
+        return ckv_error(CKV_STATUS_ERR_ARG, "layer batch: %d caches, a view of %d sequences", n_seq, kv->n_seq);
+    return model_layer(m, s, layer, x, pos, n, caches, n_seq, seq_start, kv, NULL);
 }
 
 /* Non-finite logits end the run with an error instead of sampling garbage. */
