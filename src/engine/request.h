@@ -117,6 +117,8 @@ typedef enum {
 
 const char *ckv_finish_reason_name(ckv_finish_reason r); /* "length", "stop", "eos", "cancelled" */
 
+typedef struct ckv_answer ckv_answer;
+
 typedef struct {
     ckv_sampler_config sampling;    /* temperature 0: greedy */
     int max_new_tokens;             /* >= 0 */
@@ -126,17 +128,19 @@ typedef struct {
     const char *const *stop_strings; /* text that ends the answer once generated (needs the engine's tokenizer) */
     int n_stop_strings;
     ckv_token_callback on_token;    /* may be NULL */
+    /* called once when an answer has ended (after its last on_token), may be NULL */
+    void (*on_answer_end)(void *ctx, int question, const ckv_answer *a);
     void *cb_ctx;
 } ckv_gen_params;
 
-typedef struct {
+struct ckv_answer {
     int32_t *ids;                   /* [n] generated ids (malloc'd), without the stopping token */
     int n;
     int32_t stop_id;                /* the token that ended the answer (-1: none) */
     ckv_finish_reason finish;
     double seconds;                 /* question prefill + decode */
     double ttft_seconds;            /* question prefill + first sample */
-} ckv_answer;
+};
 
 void ckv_answer_free(ckv_answer *a); /* accepts zeroed objects */
 
