@@ -3,7 +3,8 @@
  * and the press specs. Each rank hashes them item by item, the ranks all-gather the hashes (the comm
  * layer), and on a mismatch every rank exits 1 after rank 0 printed one line naming the first
  * differing item and the ranks that differ from rank 0. Per-rank flags (--threads, --device,
- * --progress) may differ. */
+ * --progress) may differ, and so may the model path (the model's files are compared instead). Weight
+ * data is not checksummed: safetensors and GGUF files carry no checksum of their own. */
 #ifndef CKV_CLI_AGREE_H
 #define CKV_CLI_AGREE_H
 

@@ -60,7 +60,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_CONTINUATION, "continuation", 0, CKV_OPT_KIND_INT, "input", "T", "continuation tokens fed and compared", "256", F, 2, 1 << 20, NULL, 0, 0},
     {CKV_OPT_NEW_TOKENS, "new-tokens", 0, CKV_OPT_KIND_INT, "input", "N", "question + answer tokens reserved after the context", "256", I, 0, 1L << 30, NULL, 0, 0},
     /* model */
-    {CKV_OPT_MODEL, "model", 'm', CKV_OPT_KIND_STR, "model", "PATH", "Hugging Face model directory (config.json + *.safetensors) or GGUF file", NULL, ALL, 0, 0, NULL, 0, 0},
+    {CKV_OPT_MODEL, "model", 'm', CKV_OPT_KIND_STR, "model", "PATH", "Hugging Face model directory (config.json + *.safetensors) or GGUF file", NULL, ALL, 0, 0, NULL, 0, 1},
     {CKV_OPT_BACKEND, "backend", 0, CKV_OPT_KIND_STR, "model", "NAME", "compute backend: cpu or cuda", "cpu", G | E, 0, 0, NULL, 0, 0},
     {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks per group; the world is split into groups of N ranks\nthat share the work (data parallelism)", "all ranks", G | E, 1, 1 << 20, NULL, 0, 0},
     {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks to plan for", "1", I, 1, 4096, NULL, 0, 0},

@@ -58,7 +58,8 @@ typedef struct {
     double min, max;       /* range of INT and NUM values */
     const char *choices;   /* STR values allowed, '|' separated (NULL: any) */
     int repeat;            /* may be given several times (values kept in order) */
-    int per_rank;          /* may differ between MPI ranks (threads, device, progress) */
+    int per_rank;          /* may differ between MPI ranks: threads, device, progress, and the model path
+                            * (ranks compare the model's files instead) */
 } ckv_opt_def;
 
 #define CKV_OPTS_MAX 512
