@@ -5,6 +5,7 @@
  * terminal, plain lines otherwise) and the summary; the work is eval/runner.c's. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,10 +183,15 @@ int ckv_cmd_eval(int argc, char **argv) {
     parse_args(&a, &opts, argc, argv);
 
     if (a.report_only) {
-        int fd = -1;
+        int fd = -1, n_results = 0;
+        struct stat sb;
+        if (stat(a.out, &sb) != 0 || !S_ISDIR(sb.st_mode)) ckv_cli_die("--report-only: %s is not a directory of results", a.out);
         ckv_cli_check(ckv_eval_lock(a.out, &fd));
         char *table = NULL;
-        ckv_cli_check(ckv_eval_finish(a.out, "ckv eval", &table));
+        ckv_cli_check(ckv_eval_finish(a.out, "ckv eval", &table, &n_results));
+        if (n_results == 0)
+            ckv_cli_die("--report-only: %s holds no results (an eval there ended before its first sample); run the eval first",
+                        a.out);
         fputs(table, stdout);
         free(table);
         ckv_eval_unlock(fd);
