@@ -27,21 +27,16 @@ if [ -n "$config" ]; then
   # shellcheck disable=SC1090
   . "$config"
 fi
-[ -x "$ckv" ] || { echo "ckv-mpirun: $ckv not built (cmake -B build && cmake --build build -j)" >&2; exit 2; }
+# shellcheck source=launch/ckv-args.sh
+. "$here/ckv-args.sh"
+CKV=$ckv
+ckv_args "$@" || exit 2
 if [ -z "$ranks" ]; then
   ranks=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
   [ "$ranks" -ge 1 ] || ranks=1
 fi
-args=()
-[ -n "${MODEL:-}" ] && args+=(--model "$MODEL")
-[ -n "${PROMPT_IDS_FILE:-}" ] && args+=(--prompt-ids-file "$PROMPT_IDS_FILE")
-[ -n "${TP:-}" ] && args+=(--tp "$TP")
-[ -n "${PRESS:-}" ] && args+=(--press "$PRESS")
-[ -n "${BUDGET:-}" ] && args+=(--budget "$BUDGET")
-[ -n "${CHUNK:-}" ] && args+=(--chunk "$CHUNK")
-[ -n "${THREADS:-}" ] && args+=(--threads "$THREADS")
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-run-as-root)
 # one rank per GPU on this node; ckv picks the GPU from the node-local rank
 exec mpirun "${extra[@]}" -np "$ranks" --map-by "ppr:$ranks:node" --bind-to none \
-  -x CUDA_VISIBLE_DEVICES -x OMP_NUM_THREADS "$ckv" generate "${args[@]}" "$@"
+  -x CUDA_VISIBLE_DEVICES -x OMP_NUM_THREADS "${CKV_CMD[@]}"

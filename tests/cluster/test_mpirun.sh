@@ -21,7 +21,7 @@ case "$have_mpi" in ON|1|TRUE|YES|on|true) ;; *) skip "this build of ckv has no 
 . "$src/tests/cluster/cluster.sh"
 why=$(cluster_check) || skip "$why"
 tmp=$(mktemp -d "$4/cluster-mpirun.XXXXXX")
-trap 'cluster_down; rm -rf "$tmp"' EXIT
+trap 'cluster_down; [ -n "${CKV_CLUSTER_KEEP:-}" ] || rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
 cluster_up "$tmp" 3 || { echo "FAIL: the namespace cluster did not come up"; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
