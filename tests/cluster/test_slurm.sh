@@ -143,8 +143,13 @@ export OUT=$tmp/eval
 evargs=(launch/slurm/ckv-single-node.sbatch configs/fixture-llama-gqa-eval.env --max-new-tokens 24)
 total=$( (. configs/fixture-llama-gqa-eval.env; echo $((SAMPLES * ($(tr ',' '\n' <<<"$BUDGET" | wc -l) + 1)))) )
 : >"$tmp/before.jsonl"
-check_results() { # check_results: "DISTINCT MISSING DUPLICATED CHANGED" of results.jsonl against before.jsonl
-  python3 - "$tmp/before.jsonl" "$OUT/results.jsonl" <<'PY'
+# results: OUT/results.jsonl, plus results.g<N>.jsonl, where data-parallel group N keeps its own
+# results until rank 0 merges them
+check_results() { # check_results [final]: "DISTINCT MISSING DUPLICATED CHANGED" of the results against before.jsonl
+  local files=("$OUT/results.jsonl")
+  [ "${1:-}" = final ] || files=("$OUT"/results*.jsonl)
+  cat "${files[@]}" >"$tmp/now.jsonl" 2>/dev/null
+  python3 - "$tmp/before.jsonl" "$tmp/now.jsonl" <<'PY'
 import json, sys
 def rows(path):
     out = []
@@ -164,7 +169,7 @@ for how in TERM KILL; do  # (scancel --signal=KILL is turned into a plain cancel
   id=$(cluster_exec head sbatch --parsable --output="$tmp/eval-%j.out" "${evargs[@]}")
   have=$(grep -c '}$' "$tmp/before.jsonl")
   for _ in $(seq 1 600); do  # until a few more results are written
-    [ "$(cat "$OUT/results.jsonl" 2>/dev/null | wc -l)" -ge $((have + 3)) ] && break
+    [ "$(cat "$OUT"/results*.jsonl 2>/dev/null | wc -l)" -ge $((have + 3)) ] && break
     case "$(cluster_job_state "$id")" in RUNNING|PENDING|CONFIGURING) sleep 0.1 ;; *) break ;; esac
   done
   start=$(date +%s.%N)
@@ -184,13 +189,13 @@ for how in TERM KILL; do  # (scancel --signal=KILL is turned into a plain cancel
   resumed=$(grep -o '[0-9]* done before' "$tmp/eval-$id.out" | head -1)
   how_ended=$(grep -q 'stopping after the sample in flight' "$tmp/eval-$id.out" && echo ", ckv stopped on SIGTERM")
   echo "ok   $([ "$how" = TERM ] && echo scancel || echo "SIGKILL of every rank") of eval job $id${resumed:+ (resumed: $resumed)} at $n_now of $total results: $end in ${took}s$how_ended; nothing lost"
-  cp "$OUT/results.jsonl" "$tmp/before.jsonl"
+  cp "$tmp/now.jsonl" "$tmp/before.jsonl"
 done
 if ((fail == 0)); then
   have=$(grep -c '}$' "$tmp/before.jsonl")
   id=$(cluster_sbatch_wait 120 --output="$tmp/eval-%j.out" "${evargs[@]}")
   end=$(job_end "$id")
-  read -r n_now n_missing n_dup n_changed <<<"$(check_results)"
+  read -r n_now n_missing n_dup n_changed <<<"$(check_results final)"
   resumed=$(grep -o '[0-9]* done before' "$tmp/eval-$id.out" | head -1)
   if [ "$end" = "COMPLETED exit 0:0" ] && [ "$n_now" = "$total" ] && [ "$n_missing" = 0 ] && [ "$n_dup" = 0 ] &&
      [ "$n_changed" = 0 ] && [ "${resumed%% *}" -ge "$have" ]; then
