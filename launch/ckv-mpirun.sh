@@ -3,10 +3,11 @@
 # configuration in configs/. Every rank runs the same command; ranks split the attention heads
 # (tensor parallelism, --tp) and tensor-parallel groups split the work (data parallelism).
 #
-#   launch/ckv-mpirun.sh [-n RANKS] [-c configs/JOB.env] [--] [extra ckv generate flags...]
+#   launch/ckv-mpirun.sh [-n RANKS] [-c configs/JOB.env] [--] [extra ckv flags...]
 #
 # RANKS defaults to the number of GPUs (nvidia-smi -L), else 1. A config file sets MODEL, TP, PRESS,
-# BUDGET, CHUNK, THREADS and PROMPT_IDS_FILE (any may be overridden by the environment).
+# BUDGET, CHUNK, THREADS and PROMPT_IDS_FILE, or COMMAND=eval with TASK, LENGTH, SAMPLES, OUT (any
+# may be overridden by the environment; launch/ckv-args.sh turns them into ckv's flags).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)

@@ -26,15 +26,15 @@ why=$(cluster_check slurm) || skip "$why"
 tmp=$(mktemp -d "$4/cluster-slurm.XXXXXX")
 trap 'cluster_down; [ -n "${CKV_CLUSTER_KEEP:-}" ] || rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
-# 64 CPUs and 8 GPUs per node, as the templates ask (the machine's cores are shared: CPU counts are
-# not enforced without cgroups, and the GPUs are stand-ins)
-CLUSTER_CPUS=64 CLUSTER_GPUS=8 cluster_up "$tmp" 2 slurm || { echo "FAIL: the SLURM cluster did not come up"; exit 1; }
+# cluster.sh gives each node 64 CPUs and 8 GPUs, as the templates ask (the machine's cores are
+# shared: CPU counts are not enforced without cgroups, and the GPUs are stand-ins)
+cluster_up "$tmp" 2 slurm || { echo "FAIL: the SLURM cluster did not come up"; exit 1; }
 cluster_exec head srun --mpi=list 2>&1 | grep -q pmix || skip "this SLURM has no PMIx plugin (srun --mpi=list)"
 cd "$src" || exit 1
 export CKV=$ckv
 fail=0
 
-# job_ok ID LABEL WANT_STATE: the state and exit code of a finished job
+# job_end ID: "STATE exit CODE" of a finished job
 job_end() { echo "$(cluster_job_state "$1") exit $(cluster_job_field "$1" ExitCode)"; }
 
 # answers: the output file without the lines of the launcher, srun and ckv's statistics
