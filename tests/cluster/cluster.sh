@@ -13,13 +13,13 @@
 #   cluster_exec NODE CMD...           runs CMD on NODE (head, n0, n1, ...) with its network+hostname
 #   cluster_sbatch_wait SECS ARGS...   sbatch ARGS on the head, waits for the job to end, prints its id
 #   cluster_job_state ID               final state of job ID (COMPLETED, FAILED, CANCELLED, ...)
+#   cluster_pids_of NODE EXE           pids of the processes running EXE on NODE
 #   cluster_down                       stops every process of the cluster and removes it (idempotent)
 # By hand:
 #   tests/cluster/cluster.sh up DIR NODES [slurm]   then   tests/cluster/cluster.sh down DIR
 # DIR/env holds what a shell needs (SLURM_CONF); `cluster.sh exec DIR NODE CMD...` runs a command;
 # `cluster.sh rsh DIR HOST CMD...` is the ssh stand-in that mpirun's rsh launcher is pointed at.
 
-CLUSTER_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CLUSTER_NET=10.77.0
 
 cluster_check() {
@@ -193,6 +193,28 @@ cluster_job_state() {
 
 cluster_job_field() { # cluster_job_field ID FIELD   (e.g. ExitCode)
   cluster_exec head scontrol show job -o "$1" 2>/dev/null | grep -o " $2=[^ ]*" | cut -d= -f2
+}
+
+# the pids of the processes running the binary EXE in NODE's namespace
+cluster_pids_of() { # cluster_pids_of NODE EXE
+  local pid exe
+  exe=$(readlink -f "$2")
+  for pid in $(ip netns pids "$(cluster_ns "$1")" 2>/dev/null); do
+    [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] && echo "$pid"
+  done
+}
+
+# waits (at most SECS) until EXE runs on every NODE, then prints one of its pids on the first NODE
+cluster_wait_running() { # cluster_wait_running SECS EXE NODE...
+  local secs=$1 exe=$2 t node pid
+  shift 2
+  for ((t = 0; t < secs * 10; t++)); do
+    pid=$(cluster_pids_of "$1" "$exe" | head -1)
+    for node in "$@"; do [ -n "$(cluster_pids_of "$node" "$exe")" ] || pid=""; done
+    [ -n "$pid" ] && { echo "$pid"; return 0; }
+    sleep 0.1
+  done
+  return 1
 }
 
 cluster_down() {

@@ -16,7 +16,7 @@ fx=$src/tests/fixtures/models
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "the namespace cluster needs root"
 case "$have_mpi" in ON|1|TRUE|YES|on|true) ;; *) skip "this build of ckv has no MPI" ;; esac
-[ -n "$mpirun" ] && [ -x "$mpirun" ] || skip "no mpirun"
+if [ -z "$mpirun" ] || [ ! -x "$mpirun" ]; then skip "no mpirun"; fi
 # shellcheck source=tests/cluster/cluster.sh
 . "$src/tests/cluster/cluster.sh"
 why=$(cluster_check) || skip "$why"
@@ -109,18 +109,8 @@ dir=$fx/llama_gqa
 mpi_on n0:1,n1:1 2 "$ckv" generate --model "$dir" --prompt-ids "$(ids_of "$dir")" "${qs[@]}" --max-new-tokens 700 \
   --ignore-eos --threads 1 >"$tmp/kill.out" 2>"$tmp/kill.err" &
 job=$!
-ckv_on() { # pids of ckv processes in NODE's namespace
-  local pid
-  for pid in $(ip netns pids "$(cluster_ns "$1")" 2>/dev/null); do
-    [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$ckv")" ] && echo "$pid"
-  done
-}
-victim=""
-for _ in $(seq 1 200); do
-  victim=$(ckv_on n1 | head -1)
-  [ -n "$victim" ] && [ -n "$(ckv_on n0)" ] && break
-  sleep 0.1
-done
+ckv_on() { cluster_pids_of "$1" "$ckv"; }
+victim=$(cluster_wait_running 20 "$ckv" n1 n0)
 sleep 1
 if [ -n "$victim" ] && kill -0 "$job" 2>/dev/null; then
   start=$(date +%s.%N)

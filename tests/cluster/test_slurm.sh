@@ -81,6 +81,7 @@ template() {
     cmp "$tmp/$tag.1.kept" "$tmp/$tag.n.kept"; tail -5 "$out"; fail=1
   fi
 }
+# shellcheck disable=SC2054  # commas separate token ids
 gen=(--max-new-tokens 6 --ignore-eos --question-ids 7,8,9 --question-ids 11,12 --question-ids 13 --question-ids 40,41,42,43)
 template "ckv-single-node.sbatch (4 ranks: dp 2 x tp 2)" -- \
   launch/slurm/ckv-single-node.sbatch configs/fixture-llama-gqa-tp2.env "${gen[@]}"
@@ -103,20 +104,10 @@ fi
 
 # (3b) a rank SIGKILLed on n1 mid-run
 qs=(); for i in $(seq 1 40); do qs+=(--question-ids "$i,$((i + 1))"); done
-ckv_on() { # pids of ckv in NODE's namespace
-  local pid
-  for pid in $(ip netns pids "$(cluster_ns "$1")" 2>/dev/null); do
-    [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$ckv")" ] && echo "$pid"
-  done
-}
+ckv_on() { cluster_pids_of "$1" "$ckv"; }
 id=$(cluster_exec head sbatch --parsable --ntasks-per-node=1 --output="$tmp/kill-%j.out" \
      launch/slurm/ckv-multi-node.sbatch configs/fixture-llama-gqa-tp2.env "${qs[@]}" --max-new-tokens 700 --ignore-eos)
-victim=""
-for _ in $(seq 1 300); do
-  victim=$(ckv_on n1 | head -1)
-  [ -n "$victim" ] && [ -n "$(ckv_on n0)" ] && break
-  sleep 0.1
-done
+victim=$(cluster_wait_running 30 "$ckv" n1 n0)
 sleep 1
 if [ -n "$victim" ] && [ "$(cluster_job_state "$id")" = RUNNING ]; then
   start=$(date +%s.%N)
@@ -172,8 +163,9 @@ for how in TERM KILL; do  # (scancel --signal=KILL is turned into a plain cancel
     [ "$(cat "$OUT"/results*.jsonl 2>/dev/null | wc -l)" -ge $((have + 3)) ] && break
     case "$(cluster_job_state "$id")" in RUNNING|PENDING|CONFIGURING) sleep 0.1 ;; *) break ;; esac
   done
+  mapfile -t victims < <(ckv_on n0)
   start=$(date +%s.%N)
-  if [ "$how" = TERM ]; then cluster_exec head scancel "$id"; else kill -9 $(ckv_on n0); fi
+  if [ "$how" = TERM ]; then cluster_exec head scancel "$id"; else kill -9 "${victims[@]}"; fi
   cluster_wait_job "$id" 30
   took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   end=$(job_end "$id")
