@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "cli/cli.h"
 #include "comm/comm.h"
 
@@ -113,7 +114,8 @@ void ckv_cli_engine_config(const ckv_opts *o, ckv_comm *world, ckv_engine_config
     ec->threads = ckv_opts_threads(o, local_size, !world || world->rank == 0);
     ec->chunk = (int)ckv_opt_long(o, CKV_OPT_CHUNK, 512);
     ec->device = (int)ckv_opt_long(o, CKV_OPT_DEVICE, -1);
-    if (ec->device < 0 && !strcmp(ec->backend, "cuda") && world) ckv_cli_check_comm(world, ckv_comm_select_gpu(world, &ec->device));
+    if (ec->device < 0 && !strcmp(ec->backend, "cuda") && world && ckv_backend_cuda_available())
+        ckv_cli_check_comm(world, ckv_comm_select_gpu(world, &ec->device));
     const char *kv = ckv_opt_str(o, CKV_OPT_KV_DTYPE, NULL), *w = ckv_opt_str(o, CKV_OPT_WEIGHTS_DTYPE, "auto");
     ec->kv_dtype = !kv ? CKV_KV_DTYPE_DEFAULT : !strcmp(kv, "f32") ? CKV_KV_DTYPE_F32 : !strcmp(kv, "f16") ? CKV_KV_DTYPE_F16
                                                                                                      : CKV_KV_DTYPE_BF16;
