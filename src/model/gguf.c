@@ -1167,7 +1167,7 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
 
     src->n_head = cfg->n_heads;
     src->n_head_kv = cfg->n_kv_heads;
-    return CKV_STATUS_OK;
+    return ckv_config_check(cfg, f->path);
 }
 
 ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, const char *path) {
