@@ -37,6 +37,14 @@ static ckv_status check_target(const char *path, const char *what, int *exists, 
     return CKV_STATUS_OK;
 }
 
+ckv_status ckv_atomic_file_check(const char *path, const char *what) {
+    int exists;
+    mode_t mode;
+    if (!what) what = "";
+    if (!path || !path[0]) return ckv_error(CKV_STATUS_ERR_ARG, "%s%sempty output path", what, what[0] ? ": " : "");
+    return check_target(path, what, &exists, &mode);
+}
+
 ckv_status ckv_atomic_file_open(ckv_atomic_file *a, const char *path, const char *what) {
     static atomic_uint counter;
     memset(a, 0, sizeof *a);

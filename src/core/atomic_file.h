@@ -18,6 +18,10 @@ typedef struct {
     char *tmp;  /* the temporary beside it */
 } ckv_atomic_file;
 
+/* Whether path may be written by ckv_atomic_file_open (a regular file or nothing there), without
+ * writing anything: lets a command refuse a bad output path before it starts its work. */
+ckv_status ckv_atomic_file_check(const char *path, const char *what);
+
 /* Checks the target and creates the temporary (mode: the target's when it exists, else 0666 less
  * the umask). `what` names the file's role in errors (e.g. "--save-cache"); may be NULL. */
 ckv_status ckv_atomic_file_open(ckv_atomic_file *a, const char *path, const char *what);

@@ -137,6 +137,10 @@ static void test_roundtrip(void) {
     CHECK_FAILS(ckv_kv_cache_save(&c, "/dev/null", "{}"), CKV_STATUS_ERR_IO, "--save-cache: /dev/null is a character device");
     CHECK(stat("/dev/null", &sb) == 0 && S_ISCHR(sb.st_mode));
     CHECK_FAILS(ckv_write_file_atomic("/dev/full", "x", 1, NULL), CKV_STATUS_ERR_IO, "/dev/full is a character device");
+    CHECK_FAILS(ckv_atomic_file_check("/dev/full", "--save-cache"), CKV_STATUS_ERR_IO, "--save-cache: /dev/full is a character device");
+    CHECK_FAILS(ckv_atomic_file_check(at("sub"), NULL), CKV_STATUS_ERR_IO, "is a directory");
+    CHECK_OK(ckv_atomic_file_check(p, NULL));
+    CHECK_OK(ckv_atomic_file_check(at("absent.ckv"), NULL));
     CHECK_FAILS(ckv_kv_cache_save(&c, at("nodir/x.ckv"), "{}"), CKV_STATUS_ERR_IO, "cannot create a temporary beside");
     /* a regular file is replaced with its mode kept */
     CHECK(chmod(p, 0640) == 0);
