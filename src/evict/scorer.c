@@ -8,8 +8,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
+#include "core/fastmath.h"
 #include "core/status.h"
 #include "evict/score_defensive.h"
 
@@ -68,36 +68,6 @@ ckv_status ckv_score_group_mean(const ckv_score_inputs *in, float *scores) {
     return CKV_STATUS_OK;
 }
 
-/* exp(x) in fp32 for x <= 0 (softmax after the max is subtracted), branch-free so the loops that call
- * it vectorise: x = n ln2 + r, |r| <= ln2/2 (ln2 in two parts, the first exact in fp32), e^r by a
- * degree-7 Taylor polynomial (truncation error < 0.05 ulp), times 2^n built in the exponent bits.
- * Inputs below -87 are clamped (result ~1.6e-38 instead of a denormal or 0: negligible next to the
- * row's max term, which is 1). */
-static inline float score_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 0.0f ? 0.0f : x;
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the low bits */
-    float kf = x * 1.44269504088896341f + shifter;
-    int32_t ki;
-    memcpy(&ki, &kf, sizeof ki);
-    ki -= 0x4B400000;
-    float n = kf - shifter;
-    float r = x - n * 0.693145751953125f; /* ln2 high part: 12 significant bits, n * it is exact */
-    r = r - n * 1.42860682030941723212e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = (ki + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 float ckv_score_exp_row(float *x, int n) {
     /* independent lanes so that the reductions vectorise without reassociation */
     float ml[16];
@@ -108,7 +78,7 @@ float ckv_score_exp_row(float *x, int n) {
     float m = ml[0];
     for (int l = 1; l < 16; l++) m = ml[l] > m ? ml[l] : m;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
-    for (i = 0; i < n; i++) x[i] = score_expf(x[i] - m);
+    for (i = 0; i < n; i++) x[i] = ckv_fast_expf(x[i] - m);
     double sl[8] = {0};
     for (i = 0; i + 8 <= n; i += 8)
         for (int l = 0; l < 8; l++) sl[l] += x[i + l];

@@ -19,7 +19,8 @@
  * GGUF names, and the rotary row permutation that the HF -> GGUF conversion applies to q_proj and
  * k_proj (per head, rows (2, d/2) transposed to (d/2, 2)) is undone on read, so ckv's rotate_half
  * RoPE applies. Other architectures, mixture-of-experts llama files and per-dimension rope frequency
- * factors are refused by name. No tokenizer is built here (tokenizer/ reads the vocabulary); this file
+ * factors are refused by name; a read whose values dequantise to NaN or infinity is refused naming the
+ * tensor. No tokenizer is built here (tokenizer/ reads the vocabulary); this file
  * never writes GGUF. Assumes a little-endian host, as GGUF files are (big-endian ones are refused). */
 #define _DEFAULT_SOURCE /* madvise / MADV_DONTNEED */
 #include "model/gguf.h"
@@ -35,6 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fastmath.h"
 #include "core/tensor.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -843,6 +845,11 @@ static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int
     }
     free(scratch);
     gguf_drop_pages(t);
+    /* corrupt weights (a flipped exponent byte) dequantise to NaN or infinity: refuse them here */
+    int64_t bad = ckv_find_nonfinite_f32(dst, (size_t)(r1 - r0) * (size_t)w);
+    if (bad >= 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%s': element %" PRId64 " of the slice read is %s (corrupt "
+                         "weights)", f->path, gname, bad, dst[bad] != dst[bad] ? "NaN" : "infinite");
     return CKV_STATUS_OK;
 }
 
@@ -1160,7 +1167,7 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
 
     src->n_head = cfg->n_heads;
     src->n_head_kv = cfg->n_kv_heads;
-    return CKV_STATUS_OK;
+    return ckv_config_check(cfg, f->path);
 }
 
 ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, const char *path) {

@@ -356,8 +356,8 @@ static void test_malformed(void) {
     /* JSON */
     BAD("{\"w\": {\"dtype\": \"F32\", ", 0, F, "invalid JSON");
     BAD("[1, 2]", 0, F, "header is not a JSON object");
-    BAD("{} trailing", 0, F, "header has bytes after its JSON object");
-    BAD("{}{}", 0, F, "header has bytes after its JSON object");
+    BAD("{} trailing", 0, F, "unexpected bytes after the JSON value");
+    BAD("{}{}", 0, F, "unexpected bytes after the JSON value");
     {
         const char hdr[] = "{\"a\0\": 1}";
         const char *path = tmp_path("nul.safetensors");
@@ -422,7 +422,7 @@ static void test_malformed(void) {
         16, F, "tensor 'b': data_offsets [4, 8] overlap tensor 'a' [0, 16]");
     BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
         " \"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
-        8, F, "tensor 'a': duplicate name in the header");
+        8, F, "duplicate key 'a' in one object");
 
     /* not a file */
     ckv_safetensors *st = NULL;
@@ -544,7 +544,7 @@ static void test_sharded(void) {
         {"{\"weight_map\": {\"a\": \"model-00003-of-00003.safetensors\"}}", CKV_STATUS_ERR_IO,
          "model-00003-of-00003.safetensors: No such file"},
         {"{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"a\": \"model-00001-of-00002.safetensors\"}}",
-         CKV_STATUS_ERR_FORMAT, "model.safetensors.index.json: tensor 'a': listed twice in 'weight_map'"},
+         CKV_STATUS_ERR_FORMAT, "model.safetensors.index.json: duplicate key 'a' in one object"},
         {"{\"weight_map\": {\"a\": \"broken.safetensors\"}}", CKV_STATUS_ERR_UNSUPPORTED,
          "broken.safetensors: tensor 'q': unknown dtype"},
     };
@@ -570,6 +570,68 @@ static void test_sharded(void) {
                 "neither model.safetensors.index.json nor model.safetensors found");
 }
 
+/* Issue 13: a header length one byte off (the JSON padded with spaces still parses, every tensor
+ * shifts), bytes left after the last tensor, and NaN / infinity in F32, F16 and BF16 weights. */
+static void test_corrupt_values(void) {
+    const char hdr[] = "{\"w\": {\"dtype\": \"F32\", \"shape\": [2, 2], \"data_offsets\": [0, 16]}}";
+    float w[4] = {1, 2, 3, 4};
+    float out[4];
+    int64_t shape[2] = {2, 2};
+    ckv_safetensors *st = NULL;
+    const char *p = tmp_path("off_by_one.safetensors");
+    { /* header padded with 8 spaces, length one short: the last space joins the data */
+        size_t hl = strlen(hdr);
+        unsigned char buf[256];
+        uint64_t len = hl + 7;
+        for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(len >> (8 * i));
+        memcpy(buf + 8, hdr, hl);
+        memset(buf + 8 + hl, ' ', 8);
+        memcpy(buf + 8 + hl + 8, w, sizeof w);
+        write_bytes(p, buf, 8 + hl + 8 + sizeof w);
+    }
+    CHECK_FAILS(ckv_safetensors_open_file(&st, p), CKV_STATUS_ERR_FORMAT, "17 bytes of data after the header, but the "
+                "tensors end at byte 16");
+    ckv_safetensors_close(st);
+    st = NULL;
+    unsigned char data[20];
+    memcpy(data, w, sizeof w);
+    memset(data + 16, 0, 4);
+    p = tmp_path("tail.safetensors");
+    write_st(p, hdr, 0, UINT64_MAX, data, 20);
+    CHECK_FAILS(ckv_safetensors_open_file(&st, p), CKV_STATUS_ERR_FORMAT, "wrong header length or data_offsets");
+    ckv_safetensors_close(st);
+    st = NULL;
+
+    /* NaN in F32, read whole and as a slice that holds it / does not hold it */
+    float wn[4] = {1, 2, NAN, 4};
+    p = tmp_path("nan.safetensors");
+    write_st(p, hdr, 0, UINT64_MAX, wn, sizeof wn);
+    CHECK_OK(ckv_safetensors_open_file(&st, p));
+    if (st) {
+        CHECK_FAILS(ckv_safetensors_read_f32(st, "w", 2, shape, 0, -1, 0, -1, out), CKV_STATUS_ERR_FORMAT,
+                    "tensor 'w': element 2 of the slice read is NaN (corrupt weights)");
+        CHECK_FAILS(ckv_safetensors_read_f32(st, "w", 2, shape, 1, 2, 0, 2, out), CKV_STATUS_ERR_FORMAT, "is NaN");
+        CHECK_FAILS(ckv_safetensors_read_f32(st, "w", 2, shape, 0, 2, 0, 1, out), CKV_STATUS_ERR_FORMAT, "is NaN");
+        CHECK_OK(ckv_safetensors_read_f32(st, "w", 2, shape, 0, 1, 0, 2, out));
+        CHECK_OK(ckv_safetensors_read_f32(st, "w", 2, shape, 0, 2, 1, 2, out));
+    }
+    ckv_safetensors_close(st);
+    st = NULL;
+    /* +inf in F16 (0x7C00) and NaN in BF16 (0x7FC0) */
+    const char *h16[2] = {"{\"w\": {\"dtype\": \"F16\", \"shape\": [2, 2], \"data_offsets\": [0, 8]}}",
+                          "{\"w\": {\"dtype\": \"BF16\", \"shape\": [2, 2], \"data_offsets\": [0, 8]}}"};
+    const uint16_t bits[2][4] = {{0x3C00, 0x7C00, 0x3C00, 0x3C00}, {0x3F80, 0x3F80, 0x3F80, 0x7FC0}};
+    const char *want[2] = {"element 1 of the slice read is infinite", "element 3 of the slice read is NaN"};
+    for (int k = 0; k < 2; k++) {
+        p = tmp_path(k ? "nan_bf16.safetensors" : "inf_f16.safetensors");
+        write_st(p, h16[k], 0, UINT64_MAX, bits[k], sizeof bits[k]);
+        CHECK_OK(ckv_safetensors_open_file(&st, p));
+        if (st) CHECK_FAILS(ckv_safetensors_read_f32(st, "w", 2, shape, 0, -1, 0, -1, out), CKV_STATUS_ERR_FORMAT, want[k]);
+        ckv_safetensors_close(st);
+        st = NULL;
+    }
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof tmp_dir, "%s/test_safetensors.%ld", CKV_TEST_TMP, (long)getpid());
     remove_tree(tmp_dir);
@@ -580,6 +642,7 @@ int main(void) {
     test_valid();
     test_malformed();
     test_sharded();
+    test_corrupt_values();
     int rc = ckv_test_finish("test_safetensors");
     if (rc == 0) remove_tree(tmp_dir);
     return rc;

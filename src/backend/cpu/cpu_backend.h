@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "core/fastmath.h"
 #include "core/threadpool.h"
 
 /* The backend's ctx. */
@@ -46,36 +47,9 @@ ckv_status ckv_cpu_count_nonfinite(ckv_backend *be, const float *x, size_t n, si
 /* 1 when the CPU matmul/embedding compute weights stored as t (see cpu_matmul.c). */
 int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t);
 
-/* exp(x) in fp32, branch-free so that loops calling it auto-vectorise (libm's expf does not without
- * -ffast-math). Range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 split in a high part exact in
- * fp32 and a low part), degree-7 Taylor polynomial for e^r (truncation < 0.1 ulp), then scaling by
- * 2^n built in the exponent bits. Measured on every 7th float of [-87, 88]: under 1 ulp from exp.
- * Inputs are clamped to [-87, 88]: below, the result is ~1.6e-38 instead of a denormal or 0 (harmless
- * for softmax and silu); above, ~1.6e38 instead of inf. NaN stays NaN. */
-static inline float ckv_cpu_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the low bits */
-    float kf = x * 1.44269504088896341f + magic;
-    int32_t ki;
-    memcpy(&ki, &kf, sizeof ki);
-    ki -= 0x4B400000; /* bits of `magic`: what remains is round(x / ln2) */
-    float nf = kf - magic;
-    float r = x - nf * 0.693145751953125f;  /* ln2, high part (exact product) */
-    r = r - nf * 1.42860676533018704e-06f; /* ln2, low part */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = (ki + 127) * (1 << 23); /* 2^n, n in [-126, 127] after the clamp */
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return p * two_n;
-}
+/* exp(x) in fp32: the project's one fast exp (core/fastmath.h: branch-free, vectorisable, defined
+ * for every input including NaN and +-inf). */
+static inline float ckv_cpu_expf(float x) { return ckv_fast_expf(x); }
 
 /* Number of contiguous work items of `block` elements covering n elements (for ckv_threadpool_for,
  * which counts in int). */
