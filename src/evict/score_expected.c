@@ -10,7 +10,12 @@
  * The first n_sink tokens are left 0 here and reported as protected by ckv_score_layer.
  * The statistics are accumulated block by block over the tokens (one pass, shifted by the first
  * token's query for accuracy, sums in double); nothing of size [L, n_heads * d] is materialised.
- * It selects nothing. Host buffers only. */
+ * What runs where: the projections (q_proj, the outer products X^T X, keys @ cov) go through the
+ * backend's matmul, the softmax through evict_softmax_add, the value norms and the (s + eps) * ||v||
+ * weighting through evict_row_norm / evict_add_mul, and F16/BF16 keys through evict_rows_f32; the
+ * per-head statistics (shifted sums, the averaged rotation, the per-key mu.k and k^T cov k dot
+ * products) are host loops over those buffers, so this scorer needs a backend whose device memory
+ * the host can address (the cpu backend) and says so otherwise. It selects nothing. */
 #include <math.h>
 #include <string.h>
 
@@ -120,10 +125,20 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
                          n_sink, in->L);
     const int L = in->L, d = in->head_dim, h = d / 2, hl = in->n_q_local, n = L - n_sink;
     ckv_backend *be = in->be;
+    if (be->device != CKV_DEVICE_HOST)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "scorer expected_attention keeps its query statistics on the host: "
+                         "it needs a backend with host memory (got %s)", be->name);
     ckv_ea_ws w;
     memset(&w, 0, sizeof w);
+    ckv_score_dev dev = {be, {0}, 0};
+    float *keys = NULL, *norms = NULL; // [n_kv_local, L, d] fp32 keys (F16/BF16 caches), [n_kv_local, L]
     ckv_status s;
     CKV_TRY_GOTO(s, ea_alloc(&w, hl, d, n), done);
+    if (in->kv.dtype != CKV_DTYPE_F32) {
+        CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&keys, (size_t)in->n_kv_local * L * d * sizeof(float),
+                                            "expected_attention fp32 keys"), done);
+        be->ops->evict_rows_f32(be, keys, &in->kv, L, 0);
+    }
     ea_statistics(in, n_sink, cov, &w);
 
     /* averaged rotation over positions P0 .. P0 + n_future - 1, P0 the first position after the context
@@ -140,7 +155,7 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
         w.sb[a] = sn / n_future;
     }
 
-    memset(scores, 0, (size_t)in->n_kv_local * (size_t)L * sizeof(float));
+    be->ops->evict_fill(be, scores, in->n_kv_local, L, 0, L, 0, 0.0f);
     const double inv_n = 1.0 / (double)n;
     const float sqrt_d = (float)sqrt((double)d);
     for (int j = 0; j < hl; j++) {
@@ -162,7 +177,7 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
         }
         /* logits over keys n_sink .. L-1 */
         const int g = ckv_score_local_kv(in, j);
-        const float *K = in->cache.k + ((size_t)in->cache.off[g] + (size_t)n_sink) * (size_t)d; // [n, d]
+        const float *K = (keys ? keys + (size_t)g * L * d : (const float *)in->kv.segs[0][g].k) + (size_t)n_sink * d; // [n, d]
         for (int t0 = 0; t0 < n; t0 += CKV_EA_BLOCK) {
             const int nb = n - t0 < CKV_EA_BLOCK ? n - t0 : CKV_EA_BLOCK;
             const float *Kb = K + (size_t)t0 * d;
@@ -181,26 +196,19 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
             }
         }
         /* softmax over the n keys (fp32), summed into the KV head's row */
-        const float inv = ckv_score_exp_row(w.logit, n);
-        float *dst = scores + (size_t)g * (size_t)L + n_sink;
-        for (int t = 0; t < n; t++) dst[t] += w.logit[t] * inv;
+        be->ops->evict_softmax_add(be, scores + (size_t)g * (size_t)L + n_sink, w.logit, n);
     }
     CKV_TRY_GOTO(s, ckv_score_group_mean(in, scores), done);
-    if (cfg->use_vnorm) {
-        const float eps = (float)cfg->epsilon_ea;
-        for (int g = 0; g < in->n_kv_local; g++) {
-            const float *V = in->cache.v + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
-            float *row = scores + (size_t)g * (size_t)L;
-            for (int t = n_sink; t < L; t++) {
-                const float *v = V + (size_t)t * d;
-                double ss = 0.0;
-                for (int a = 0; a < d; a++) ss += (double)v[a] * v[a];
-                row[t] = (row[t] + eps) * (float)sqrt(ss);
-            }
-        }
+    if (cfg->use_vnorm) { /* (score + epsilon) * ||v||_2 on the tokens after the sinks */
+        CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&norms, (size_t)in->n_kv_local * L * sizeof(float),
+                                            "expected_attention value norms"), done);
+        be->ops->evict_row_norm(be, norms, L, &in->kv, L, 1, 1.0f);
+        be->ops->evict_add_mul(be, scores + n_sink, scores + n_sink, norms + n_sink, in->n_kv_local, n, L,
+                               (float)cfg->epsilon_ea);
     }
     s = CKV_STATUS_OK;
 done:
     ea_free(&w);
+    ckv_score_dev_free(&dev);
     return s;
 }
