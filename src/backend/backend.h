@@ -189,6 +189,20 @@ typedef struct {
     /* fp32 copies of the first n_rows rows of every segment: out[(g * n_rows + t) * head_dim + a] =
      * key (or value when values != 0) element a of row t of segment g.   out [n_kv_heads, n_rows, d] */
     void (*evict_rows_f32)(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
+    /* Shifted moments of a block of n query rows, accumulated per local query head j (expected
+     * attention's statistics): x_i = q[i, j, :] - shift[j, :] in fp32; s1[j, a] += (double)x_i[a], i
+     * ascending; with s2 != NULL, s2[j, a, b] += (double)o[a, b] where o = X^T X of the block's
+     * [n, d] rows X, an fp32 GEMM (k = n). With zero != 0 s1 (and s2) are set to 0 first.
+     * q [n, n_heads_local * d], shift [n_heads_local * d], s1 [n_heads_local, d],
+     * s2 [n_heads_local, d, d] double */
+    ckv_status (*evict_moments)(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
+                                int n_heads_local, int d, int zero);
+    /* Expected-attention logits of the n key rows row0 .. row0 + n - 1 of segment g (batch dtype, read
+     * as fp32): logit[t] = (float)(sum_a (double)mu[a] * k[a]) / sqrt_d, plus, when cov != NULL,
+     * (float)(sum_a (double)kc[a] * k[a]) / (float)d / 2 in fp32, kc = k @ cov^T by an fp32 GEMM over
+     * blocks of rows (cov [d, d] symmetric).   mu [d], logit [n] */
+    ckv_status (*evict_ea_logits)(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
+                                  const float *mu, const float *cov, float sqrt_d);
     /* Softmax of one row, accumulated: x <- exp(x - max x) in fp32 (x may be rewritten), sum in double,
      * inv = (float)(1 / sum); dst[t] += x[t] * inv in fp32.   x, dst [n], n >= 1 */
     void (*evict_softmax_add)(ckv_backend *be, float *dst, float *x, int n);

@@ -61,7 +61,8 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
         .layer = layer, .n_layers = c->n_layers, .L = L, .D = c->hidden_size, .head_dim = c->head_dim,
         .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .n_q_local = p->n_q_local, .n_kv_local = p->n_kv_local,
         .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .kv = ckv_kv_layer_batch(&s->kv, layer, 0),
-        .pos = s->kv.layers[layer].segs_host[0].pos, .wq = &m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = &m->layers[layer].wo,
+        .pos = s->kv.layers[layer].segs_host[0].pos, /* the context rows' device positions (any head) */
+        .wq = &m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = &m->layers[layer].wo,
         .inv_freq = m->inv_freq, .rope_scale = m->rope_scale, .be = m->be, .replica = m->replica, .tp = m->tp,
     };
     *in = v;

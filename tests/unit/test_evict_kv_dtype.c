@@ -51,7 +51,8 @@ static int run_press(ckv_model *m, const char *spec, ckv_dtype dt, const int32_t
     out->n_layers = c->n_layers, out->n_kv = s.kv.n_kv, out->L = L;
     out->n_keep = calloc((size_t)c->n_layers * s.kv.n_kv, sizeof(int32_t));
     out->pos = calloc((size_t)c->n_layers * s.kv.n_kv * L, sizeof(int32_t));
-    float *hk = malloc(sizeof(float) * (size_t)(L + nq) * c->head_dim), *hv = malloc(sizeof(float) * (size_t)(L + nq) * c->head_dim);
+    float *hk = malloc(sizeof(float) * (size_t)(L + nq) * c->head_dim); // [L + nq, d] scratch
+    float *hv = malloc(sizeof(float) * (size_t)(L + nq) * c->head_dim);
     for (int l = 0; st == CKV_STATUS_OK && l < c->n_layers; l++)
         for (int h = 0; h < s.kv.n_kv; h++) {
             const int n = s.kv.layers[l].len[h];

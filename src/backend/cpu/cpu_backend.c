@@ -103,6 +103,8 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_topk_counts = ckv_cpu_evict_topk_counts,
     .evict_rows_f32 = ckv_cpu_evict_rows_f32,
     .evict_softmax_add = ckv_cpu_evict_softmax_add,
+    .evict_moments = ckv_cpu_evict_moments,
+    .evict_ea_logits = ckv_cpu_evict_ea_logits,
 };
 
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {

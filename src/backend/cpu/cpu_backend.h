@@ -41,7 +41,7 @@ ckv_status ckv_cpu_count_nonfinite(ckv_backend *be, const float *x, size_t n, si
 /* 1 when the CPU matmul/embedding compute weights stored as t (see cpu_matmul.c). */
 int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t);
 
-/* Eviction ops (cpu_evict_attn.c, cpu_evict_rows.c). */
+/* Eviction ops (cpu_evict_attn.c, cpu_evict_rows.c, cpu_evict_stats.c). */
 ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
                                      const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
                                      int divide, int per_kv, int zero);
@@ -71,6 +71,10 @@ ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const flo
                                      int64_t total);
 void ckv_cpu_evict_rows_f32(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
 void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
+ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
+                                 int n_heads_local, int d, int zero);
+ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
+                                   const float *mu, const float *cov, float sqrt_d);
 
 /* exp(x) in fp32, branch-free so that loops calling it auto-vectorise (libm's expf does not without
  * -ffast-math). Range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 split in a high part exact in

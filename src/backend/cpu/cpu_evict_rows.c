@@ -166,7 +166,8 @@ ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const f
                               const int32_t *k) {
     (void)be;
     for (int r = 0; r < rows; r++)
-        if (k[r] < 0 || k[r] > n) return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
+        if (k[r] < 0 || k[r] > n)
+            return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
     evict_scored *t = NULL;
     CKV_TRY(ckv_alloc((void **)&t, (size_t)(n > 0 ? n : 1) * sizeof *t, "score ranking"));
     for (int r = 0; r < rows; r++) {
@@ -197,7 +198,8 @@ ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const flo
     evict_scored *t = NULL;
     CKV_TRY(ckv_alloc((void **)&t, (size_t)(all > 0 ? all : 1) * sizeof *t, "cross-head ranking"));
     for (int r = 0; r < rows; r++)
-        for (int i = 0; i < n; i++) t[(size_t)r * (size_t)n + (size_t)i] = (evict_scored){s[(size_t)r * (size_t)ld + (size_t)i], (int32_t)(r * n + i)};
+        for (int i = 0; i < n; i++)
+            t[(size_t)r * (size_t)n + (size_t)i] = (evict_scored){s[(size_t)r * (size_t)ld + (size_t)i], (int32_t)(r * n + i)};
     qsort(t, (size_t)all, sizeof *t, evict_scored_cmp);
     for (int r = 0; r < rows; r++) counts[r] = 0;
     for (int64_t i = 0; i < total; i++) counts[t[i].i / n]++;
