@@ -203,6 +203,18 @@ typedef struct {
      * blocks of rows (cov [d, d] symmetric).   mu [d], logit [n] */
     ckv_status (*evict_ea_logits)(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                   const float *mu, const float *cov, float sqrt_d);
+    /* DefensiveKV's window aggregation over attention weights p [n_heads_local, w, ld] (evict_attn_probs'
+     * output) on the n context columns before the window: for local query head j (ascending), g =
+     * (head0 + j) / group, and window row i (ascending), row = p[j, i, 0 .. n):
+     *   ave[g, t] += (double)row[t];  *bias += (double)row[t] for max(0, n - w) <= t < n;
+     *   pooled[t] = (float)(box[t] / kernel), box[t] = sum in double of row[t - kernel/2 .. t + kernel/2]
+     *   clipped to 0 .. n-1; mass, psum = sums in double of row[0 .. n) and of pooled;
+     *   dmax[g, t] = max(dmax[g, t], (float)(pooled[t] * (psum > 0 ? mass / psum : 0))).
+     * With zero != 0, ave and dmax (n_kv rows) and *bias are set to 0 first.
+     * ave [n_kv, n] double, dmax [n_kv, n] fp32, bias [1] double */
+    ckv_status (*evict_defensive_rows)(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
+                                       int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
+                                       int zero);
     /* Softmax of one row, accumulated: x <- exp(x - max x) in fp32 (x may be rewritten), sum in double,
      * inv = (float)(1 / sum); dst[t] += x[t] * inv in fp32.   x, dst [n], n >= 1 */
     void (*evict_softmax_add)(ckv_backend *be, float *dst, float *x, int n);

@@ -105,6 +105,7 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_softmax_add = ckv_cpu_evict_softmax_add,
     .evict_moments = ckv_cpu_evict_moments,
     .evict_ea_logits = ckv_cpu_evict_ea_logits,
+    .evict_defensive_rows = ckv_cpu_evict_defensive_rows,
 };
 
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {
