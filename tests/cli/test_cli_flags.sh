@@ -54,8 +54,6 @@ expect_error "options in the press name" "options are not part of the press name
 expect_error "press used as a wrapper" "'snapkv' is a press, not a wrapper" "$ckv" generate -m "$M" --prompt-ids "$P" --press snapkv:knorm --budget 0.5
 expect_error "eval option no press takes" "none of the presses of --press knorm,tova takes --window" "$ckv" eval -m "$M" --task niah_single_1 --length 700 --press knorm,tova --budget 0.5 --window 8 --out "$tmp/e0"
 expect_error "bad choice" "--kv-dtype: expected one of f32,f16,bf16, got 'int4'" "$ckv" generate -m "$M" --prompt-ids 1 --kv-dtype int4
-expect_error "kv dtype not there yet" "--kv-dtype bf16" "$ckv" generate -m "$M" --prompt-ids 1 --kv-dtype bf16
-expect_error "weights dtype not there yet" "--weights-dtype f16" "$ckv" generate -m "$M" --prompt-ids 1 --weights-dtype f16
 expect_error "chat with ids" "--chat needs a text prompt" "$ckv" generate -m "$M" --prompt-ids 1 --chat
 expect_error "report-only with a model" "--report-only reads DIR's results only: drop --model" "$ckv" eval -m "$M" --out "$tmp/e1" --report-only
 mkdir -p "$tmp/empty"
