@@ -75,7 +75,7 @@ static void quant_deq_q5_1(const uint8_t *b, float *y) {
  * theirs in the low 6 bits of bytes j (scale) and j + 4 (minimum); sub-blocks 4-7 have their low 4
  * bits in byte j + 4 (scale: low nibble, minimum: high nibble) and their top 2 bits in the spare top
  * bits of bytes j - 4 (scale) and j (minimum). */
-static void quant_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+void ckv_quant_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
     if (j < 4) {
         *sc = s[j] & 63;
         *mn = s[j + 4] & 63;
@@ -93,8 +93,8 @@ static void quant_deq_q4_k(const uint8_t *b, float *y) {
     const uint8_t *scales = b + 4, *q = b + 16;
     for (int g = 0; g < 4; g++) {
         int sc0, mn0, sc1, mn1;
-        quant_k4_scale_min(scales, 2 * g, &sc0, &mn0);
-        quant_k4_scale_min(scales, 2 * g + 1, &sc1, &mn1);
+        ckv_quant_k4_scale_min(scales, 2 * g, &sc0, &mn0);
+        ckv_quant_k4_scale_min(scales, 2 * g + 1, &sc1, &mn1);
         float d0 = d * (float)sc0, m0 = dmin * (float)mn0, d1 = d * (float)sc1, m1 = dmin * (float)mn1;
         for (int l = 0; l < 32; l++) {
             y[64 * g + l] = d0 * (float)(q[32 * g + l] & 15) - m0;
@@ -111,8 +111,8 @@ static void quant_deq_q5_k(const uint8_t *b, float *y) {
     const uint8_t *scales = b + 4, *qh = b + 16, *q = b + 48;
     for (int g = 0; g < 4; g++) {
         int sc0, mn0, sc1, mn1;
-        quant_k4_scale_min(scales, 2 * g, &sc0, &mn0);
-        quant_k4_scale_min(scales, 2 * g + 1, &sc1, &mn1);
+        ckv_quant_k4_scale_min(scales, 2 * g, &sc0, &mn0);
+        ckv_quant_k4_scale_min(scales, 2 * g + 1, &sc1, &mn1);
         float d0 = d * (float)sc0, m0 = dmin * (float)mn0, d1 = d * (float)sc1, m1 = dmin * (float)mn1;
         for (int l = 0; l < 32; l++) {
             int h0 = (qh[l] >> (2 * g)) & 1, h1 = (qh[l] >> (2 * g + 1)) & 1;
