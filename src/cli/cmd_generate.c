@@ -43,6 +43,9 @@ static void generate_usage(FILE *f) {
             "  --chunk N              prefill chunk length in tokens (default 512)\n"
             "  --threads N            CPU threads (default: all cores)\n"
             "  --backend NAME         cpu or cuda (default cpu)\n"
+            "  --weights-dtype T      auto (default: weights the backend computes as stored are kept so, e.g.\n"
+            "                         GGUF Q4_K or BF16 on the CPU; the rest in the backend's type), f32, f16\n"
+            "                         or bf16 (every matrix converted to it at load)\n"
             "  --tp N                 tensor-parallel ranks per group (default: all ranks); the world is split\n"
             "                         into groups of N ranks that share the questions (data parallelism)\n"
             "  --stats-json F         write speed and memory figures to F as JSON\n"
@@ -71,6 +74,7 @@ typedef struct {
     const char *qtext[64];
     int n_qtext, chat;
     int max_new, chunk, threads, ignore_eos, tp;
+    ckv_model_opts model_opts; /* --weights-dtype */
     ckv_sampler_config sampling;
     ckv_press_config press;
     const char *questions[64];
@@ -117,6 +121,8 @@ static void parse_args(generate_args *a, int argc, char **argv) {
     a->max_new = 32;
     a->chunk = 512;
     a->backend = "cpu";
+    a->model_opts.weights_dtype = CKV_DTYPE_COUNT_;
+    a->model_opts.as_stored = 1;
     a->sampling.top_p = 1.0f;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -163,6 +169,12 @@ static void parse_args(generate_args *a, int argc, char **argv) {
             a->tp = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 20);
         } else if (!strcmp(f, "--backend")) {
             a->backend = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--weights-dtype")) {
+            const char *v = ckv_cli_value(argc, argv, &i);
+            a->model_opts.as_stored = !strcmp(v, "auto");
+            a->model_opts.weights_dtype = CKV_DTYPE_COUNT_;
+            if (!a->model_opts.as_stored && !ckv_dtype_parse_float(v, &a->model_opts.weights_dtype))
+                ckv_cli_check(ckv_error(CKV_STATUS_ERR_ARG, "--weights-dtype '%s': expected auto, f32, f16 or bf16", v));
         } else if (!strcmp(f, "--press") || !strcmp(f, "--window") || !strcmp(f, "--kernel") || !strcmp(f, "--pool") ||
                    !strcmp(f, "--alpha") || !strcmp(f, "--eps") || !strcmp(f, "--safeguard") || !strcmp(f, "--profile") ||
                    !strcmp(f, "--press-opt") || !strcmp(f, "--budget") || !strcmp(f, "--compression-ratio") ||
@@ -351,7 +363,7 @@ int ckv_cmd_generate(int argc, char **argv) {
     ckv_backend *be = NULL;
     ckv_cli_check_comm(world, ckv_backend_init(&be, a.backend, threads));
     ckv_model *m = NULL;
-    ckv_cli_check_comm(world, ckv_model_load(&m, a.model, be, tpc));
+    ckv_cli_check_comm(world, ckv_model_load_opts(&m, a.model, be, tpc, &a.model_opts));
     const ckv_model_config *c = &m->cfg;
     long need = (long)n_ctx + max_q + a.max_new;
     if (n_ctx + max_q > c->max_context)

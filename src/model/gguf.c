@@ -657,15 +657,24 @@ static int64_t gguf_unpermute_row(int64_t r, int64_t d) {
     return h * d + 2 * j + a;
 }
 
-static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int64_t *shape, int64_t row0,
-                                int64_t row1, int64_t col0, int64_t col1, float *dst) {
-    gguf_source *src = ctx;
-    if (!src || !name || !dst)
-        return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument reading '%.200s'", name ? name : "(null)");
-    const gguf_file *f = src->f;
+/* A tensor slice located and checked: the tensor, its rows x cols view, the slice, and the head count
+ * and head size of a permuted q/k tensor (0 when not permuted). */
+typedef struct {
+    const gguf_tensor *t;
+    const gguf_type_info *ti;
     char gname[160];
+    int64_t R, C, r0, r1, c0, c1;
+    int64_t perm_heads, head_rows;
+} gguf_slice;
+
+/* Finds HF tensor `name`, checks its type is readable, its shape against shape[0..ndim) (shape may be
+ * NULL) and the slice (whole tensor when row1 = col1 = -1) against the shape. */
+static ckv_status gguf_src_locate(const gguf_source *src, const char *name, int ndim, const int64_t *shape,
+                                  int64_t row0, int64_t row1, int64_t col0, int64_t col1, gguf_slice *sl) {
+    const gguf_file *f = src->f;
     gguf_perm perm;
-    if (!gguf_map_name(name, gname, sizeof gname, &perm))
+    char *gname = sl->gname;
+    if (!gguf_map_name(name, gname, sizeof sl->gname, &perm))
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s' has no GGUF counterpart", f->path, name);
     const gguf_tensor *t = gguf_find_tensor(f, gname);
     if (!t)
@@ -726,6 +735,25 @@ static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int
                              f->path, gname, perm_len, perm_heads);
         head_rows = perm_len / perm_heads;
     }
+    sl->t = t, sl->ti = ti;
+    sl->R = R, sl->C = C, sl->r0 = r0, sl->r1 = r1, sl->c0 = c0, sl->c1 = c1;
+    sl->perm_heads = perm_heads, sl->head_rows = head_rows;
+    return CKV_STATUS_OK;
+}
+
+static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int64_t *shape, int64_t row0,
+                                int64_t row1, int64_t col0, int64_t col1, float *dst) {
+    gguf_source *src = ctx;
+    if (!src || !name || !dst)
+        return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument reading '%.200s'", name ? name : "(null)");
+    const gguf_file *f = src->f;
+    gguf_slice sl;
+    CKV_TRY(gguf_src_locate(src, name, ndim, shape, row0, row1, col0, col1, &sl));
+    const gguf_tensor *t = sl.t;
+    const gguf_type_info *ti = sl.ti;
+    const char *gname = sl.gname;
+    const int64_t C = sl.C, r0 = sl.r0, r1 = sl.r1, c0 = sl.c0, c1 = sl.c1;
+    const int64_t perm_heads = sl.perm_heads, head_rows = sl.head_rows;
 
     size_t B = ti->block, row_bytes = (size_t)(C / (int64_t)B) * ti->bytes;
     int64_t w = c1 - c0;
@@ -757,6 +785,39 @@ static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int
     }
     free(scratch);
     gguf_drop_pages(t);
+    return CKV_STATUS_OK;
+}
+
+static ckv_dtype gguf_src_stored_dtype(void *ctx, const char *name) {
+    const gguf_source *src = ctx;
+    char gname[160];
+    gguf_perm perm;
+    const gguf_tensor *t =
+        src && name && gguf_map_name(name, gname, sizeof gname, &perm) ? gguf_find_tensor(src->f, gname) : NULL;
+    return t && gguf_types[t->type].readable ? gguf_ckv_dtype(t->type) : CKV_DTYPE_F32;
+}
+
+static ckv_status gguf_src_read_raw(void *ctx, const char *name, const int64_t *shape, int64_t row0, int64_t row1,
+                                    int64_t col0, int64_t col1, void *dst) {
+    gguf_source *src = ctx;
+    if (!src || !name || !dst)
+        return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument reading '%.200s'", name ? name : "(null)");
+    gguf_slice sl;
+    CKV_TRY(gguf_src_locate(src, name, 2, shape, row0, row1, col0, col1, &sl));
+    const int64_t B = (int64_t)sl.ti->block;
+    if (sl.t->ndim != 2 || sl.c0 % B != 0 || sl.c1 % B != 0)
+        return ckv_error(CKV_STATUS_ERR_ARG,
+                         "%s: tensor '%s': columns [%" PRId64 ", %" PRId64 ") of a %s tensor are not whole blocks of %"
+                         PRId64 " (or it is not 2-D)",
+                         src->f->path, sl.gname, sl.c0, sl.c1, sl.ti->name, B);
+    const size_t row_bytes = (size_t)(sl.C / B) * sl.ti->bytes, out_bytes = (size_t)((sl.c1 - sl.c0) / B) * sl.ti->bytes;
+    uint8_t *out = dst;
+    for (int64_t r = sl.r0; r < sl.r1; r++) {
+        const int64_t sr = sl.perm_heads > 0 ? gguf_unpermute_row(r, sl.head_rows) : r;
+        memcpy(out + (size_t)(r - sl.r0) * out_bytes, sl.t->data + (size_t)sr * row_bytes + (size_t)(sl.c0 / B) * sl.ti->bytes,
+               out_bytes);
+    }
+    gguf_drop_pages(sl.t);
     return CKV_STATUS_OK;
 }
 
@@ -1117,6 +1178,8 @@ ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, c
     src->ctx = g;
     src->read_f32 = gguf_src_read;
     src->has = gguf_src_has;
+    src->stored_dtype = gguf_src_stored_dtype;
+    src->read_raw = gguf_src_read_raw;
     src->release_pages = gguf_src_release;
     src->close = gguf_src_close;
     return CKV_STATUS_OK;
