@@ -9,8 +9,10 @@
  *  - fp32: the weights times the unrounded activations; the difference is then bounded by the
  *    activation rounding: sum_i |w_i| * d_x(i) / 2 (d_x = the activation block's max |x| / 127) plus
  *    the exact bound above.
- * Shapes cover one and many rows, tiles of rows past the activation buffer, k chunks past it, m not a
- * multiple of the work item. Results must be bitwise equal with no pool, 1 and 2 threads. */
+ * From CKV_QUANT_GEMM_ROWS rows on the fp32 GEMM runs over dequantised panels: the exact reference
+ * then uses the fp32 activations and k terms. Shapes cover one and few rows (dots), tiles of rows past
+ * the activation buffer, k chunks past it, many rows (GEMM), m not a multiple of the work item.
+ * Results must be bitwise equal with no pool, 1 and 2 threads. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -80,11 +82,12 @@ static const ckv_quant_arch *archs[3];
 static int n_archs;
 static ckv_threadpool *pool1, *pool2;
 
-/* x as the kernels of type t see it: rounded to 8-bit blocks, or fp32 for F16 / BF16; dx[i] = the
- * rounding step of element i (0 for fp32). */
-static void seen_activations(ckv_dtype t, const float *x, int k, double *xs, double *dx) {
+/* x as the kernels of type t see it with n rows: rounded to 8-bit blocks, or fp32 for F16 / BF16 and
+ * from CKV_QUANT_GEMM_ROWS rows on (the GEMM path); dx[i] = the rounding step of element i (0 for
+ * fp32). */
+static void seen_activations(ckv_dtype t, int n, const float *x, int k, double *xs, double *dx) {
     const int be = ckv_dtype_block_elems(t);
-    if (be == 1) {
+    if (be == 1 || n >= CKV_QUANT_GEMM_ROWS) {
         for (int i = 0; i < k; i++) xs[i] = x[i], dx[i] = 0;
         return;
     }
@@ -119,8 +122,10 @@ static void quant_case(ckv_dtype t, int n, int k, int m, int with_bias) {
     }
     if (bias)
         for (int j = 0; j < m; j++) bias[j] = rng_uniform(-1, 1);
-    for (int i = 0; i < n; i++) seen_activations(t, x + (size_t)i * k, k, xs + (size_t)i * k, dx + (size_t)i * k);
-    const int nb = ckv_dtype_block_elems(t) == 1 ? k / 16 : k / ckv_dtype_block_elems(t);
+    for (int i = 0; i < n; i++)
+        seen_activations(t, n, x + (size_t)i * k, k, xs + (size_t)i * k, dx + (size_t)i * k);
+    /* terms summed in sequence: blocks (dots), lane sums (F16 / BF16 dots), or k (the GEMM) */
+    const int nb = n >= CKV_QUANT_GEMM_ROWS ? k : ckv_dtype_block_elems(t) == 1 ? k / 16 : k / ckv_dtype_block_elems(t);
     for (int j = 0; j < m; j++) {
         ckv_dequant_row(t, w + (size_t)j * rb, wf, (size_t)k);
         double wmax = 0;
@@ -196,7 +201,8 @@ int main(void) {
         quant_case(t, 1, 256, 37, 0);
         quant_case(t, 5, 1024, 16, 1);
         quant_case(t, 3, 2816, 33, 1);
-        quant_case(t, 170, 1536, 5, 0); /* more rows than one activation tile holds */
+        quant_case(t, 7, 32768, 5, 0);  /* more rows than one activation tile holds (4 or 5 at this k) */
+        quant_case(t, 70, 1536, 40, 1); /* the GEMM path */
         if (ckv_dtype_block_elems(t) == 32 || ckv_dtype_block_elems(t) == 1) quant_case(t, 2, 96, 19, 1);
         if (ckv_dtype_is_block(t)) quant_case(t, 2, 180224, 3, 1); /* one row's activations overflow the buffer */
     }

@@ -1,7 +1,11 @@
 /* cpu_quant.c - the driver of the matrix multiply over stored-format weights (see cpu_quant.h), the
  * portable kernel set and the choice of kernel set by the CPU's features.
  *
- * Driver: the rows of x are taken in tiles whose rounded activations fit a stack buffer; the
+ * Driver, from CKV_QUANT_GEMM_ROWS rows of x on: the fp32 GEMM of cpu_gemm.c, its weight panels
+ * dequantised on the fly (prefill is compute-bound: widening each weight once per row part costs
+ * little, and the register-tiled fp32 kernels beat per-row integer dots there; the results are those
+ * of the fp32 path over the dequantised weights). Fewer rows (decode): the rows of x are taken in
+ * tiles whose rounded activations fit a stack buffer; the
  * caller's thread rounds a tile (the same portable code for every kernel set), then the pool's
  * threads split the weight rows (output columns) into contiguous blocks and compute, for each weight
  * row and each row of the tile, one dot product. The weight row stays in L1 across the tile's rows.
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "core/quant.h"
+#include "cpu_gemm.h"
 
 /* ---- activation rounding ----------------------------------------------------------------------- */
 
@@ -260,10 +265,34 @@ static void ckv_quant_worker(void *arg, int begin, int end, int tid) {
     }
 }
 
+/* Several rows: the fp32 GEMM of cpu_gemm.c over panels dequantised on the fly (each weight element
+ * is widened once per row part of the GEMM instead of once per row of x). */
+typedef struct {
+    const uint8_t *w; // [m, row_bytes]
+    ckv_dtype t;
+    size_t row_bytes, block_bytes;
+    int block_elems;
+} ckv_quant_panels;
+
+static void ckv_quant_panel_rows(const void *ctx, int j0, int nr, int p0, int kc, float *dst) {
+    const ckv_quant_panels *q = ctx;
+    const size_t off = (size_t)(p0 / q->block_elems) * q->block_bytes;
+    for (int r = 0; r < nr; r++)
+        ckv_dequant_row(q->t, q->w + (size_t)(j0 + r) * q->row_bytes + off, dst + (size_t)r * (size_t)kc, (size_t)kc);
+}
+
 void ckv_cpu_quant_matmul(ckv_threadpool *pool, const ckv_quant_arch *arch, float *out, const float *x,
                           const void *w, ckv_dtype t, size_t row_bytes, const float *bias, int n, int k, int m) {
     if (n <= 0 || m <= 0) return;
     if (!arch) arch = ckv_quant_best_arch();
+    /* the GEMM's k blocks must keep whole weight blocks */
+    if (n >= CKV_QUANT_GEMM_ROWS && CKV_GEMM_KC % ckv_dtype_block_elems(t) == 0) {
+        const ckv_quant_panels q = {.w = w, .t = t, .row_bytes = row_bytes, .block_bytes = ckv_dtype_block_bytes(t),
+                                    .block_elems = ckv_dtype_block_elems(t)};
+        const ckv_gemm_wsrc src = {.rows = ckv_quant_panel_rows, .ctx = &q};
+        ckv_cpu_gemm_wsrc(pool, NULL, out, x, &src, bias, n, k, m);
+        return;
+    }
     const int items = (m + CKV_QUANT_ROWS - 1) / CKV_QUANT_ROWS;
     ckv_quant_job job = {.dot = arch->dot[t] ? arch->dot[t] : ckv_quant_arch_generic.dot[t],
                          .bias = bias,
