@@ -522,11 +522,13 @@ int ckv_cmd_generate(int argc, char **argv) {
             fprintf(f,
                     "{\"prefill_tokens\": %ld, \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, "
                     "\"decode_tokens\": %ld, \"decode_s\": %.6f, \"decode_tok_s\": %.3f, "
-                    "\"peak_rss_bytes\": %zu, \"peak_alloc_bytes\": %zu, \"kv_bytes\": %zu, \"chunk\": %d, "
+                    "\"peak_rss_bytes\": %zu, \"peak_alloc_bytes\": %zu, \"kv_bytes\": %zu, \"weight_bytes\": %zu, "
+                    "\"chunk\": %d, "
                     "\"press\": \"%s\", \"kv_context_bytes_full\": %zu, \"kv_context_bytes_kept\": %zu, "
                     "\"evict_s\": %.6f, \"tp\": %d, \"comm_bytes\": %llu, \"comm_bytes_compression\": %llu}\n",
                     pre_tok, pre_s, pre_s > 0 ? pre_tok / pre_s : 0.0, dec_tok, dec_s, dec_s > 0 ? dec_tok / dec_s : 0.0,
-                    ckv_mem_peak_rss(), ckv_alloc_peak_bytes(), peak_kv, chunk_used, a.press.spec, cz.kv_bytes_full,
+                    ckv_mem_peak_rss(), ckv_alloc_peak_bytes(), peak_kv, m->weight_bytes, chunk_used, a.press.spec,
+                    cz.kv_bytes_full,
                     cz.kv_bytes_kept, cz.score_seconds + cz.select_seconds + cz.compact_seconds, tpc->size, tpc->bytes,
                     cz.comm_bytes);
             if (fclose(f) != 0) ckv_cli_die("--stats-json: error writing '%s'", a.stats_json);
