@@ -8,7 +8,8 @@
 # differently, after which the continuations legitimately part; reported, not failed). It runs once
 # per weights mode of PARITY_MODES (default "auto f32": the weights computed as stored, with 8-bit
 # activation blocks like llama.cpp, and today's dequantise-to-fp32 path). Skips (exit 77) when the
-# model file is absent: tools/models/fetch_smollm2.sh fetches it (weights are never committed).
+# model file is absent: tools/models/fetch_smollm2.sh fetches it (weights are never committed). The
+# first prompt also runs on one thread: its greedy ids must equal the two-thread ones in every mode.
 # PARITY_MODEL, PARITY_FIXTURE and PARITY_FETCH point it at another model (tests/cli/test_qwen25_gguf.sh).
 #
 # Why the tolerances. Both run the same quantised weights, not the same arithmetic: ckv (f32 mode)
@@ -50,6 +51,12 @@ for ((i = 0; i < n; i++)); do
   if ! "$ckv" generate --model "$model" --prompt-ids "$ids" --max-new-tokens "$n_new" --ignore-eos --threads 2 \
        --weights-dtype "$mode" --dump-logits "$tmp/logits$i.f32" >"$tmp/out$i" 2>"$tmp/err$i"; then
     echo "FAIL prompt $i ($mode): ckv generate failed:"; cat "$tmp/err$i"; fail=1; continue
+  fi
+  if [ "$i" = 0 ]; then # the same greedy ids on one thread
+    "$ckv" generate --model "$model" --prompt-ids "$ids" --max-new-tokens "$n_new" --ignore-eos --threads 1 \
+      --weights-dtype "$mode" >"$tmp/out1t" 2>"$tmp/err1t" || { echo "FAIL ($mode, 1 thread):"; cat "$tmp/err1t"; fail=1; }
+    if cmp -s "$tmp/out$i" "$tmp/out1t"; then echo "[$mode] ok   greedy ids identical with 1 and 2 threads"
+    else echo "[$mode] FAIL greedy ids differ between 1 and 2 threads"; fail=1; fi
   fi
   echo -n "[$mode] "
   python3 - "$fx" "$i" "$tmp/out$i" "$tmp/logits$i.f32" "$FIRST_TOL" "$TIE_TOL" <<'PY' || fail=1

@@ -4,6 +4,8 @@
  *    value the quantiser's codes stand for (up to fp32 rounding) and lie within the format's error of
  *    the original; whole tensors, row slices and column slices that cut quant blocks; GGUF v2 and v3;
  *  - the q/k rotary row permutation of the HF -> GGUF conversion is undone (weights and biases);
+ *  - the stored bytes (read_raw) of whole tensors and row / whole-block column slices, dequantised,
+ *    equal read_f32; stored_dtype names each type;
  *  - a qwen2 file maps its metadata (qwen2.* keys, biases) and keeps q/k rows as stored;
  *  - metadata of every value type and array element type; alignment 32 (default), 64 and 256 with
  *    padding and gaps; config mapping (sizes in assorted integer types, rope scaling, bos/eos, tied
@@ -17,6 +19,7 @@
 #include <stdint.h>
 
 #include "ckv_test.h"
+#include "core/quant.h"
 #include "core/tensor.h"
 #include "engine/session.h"
 #include "model/gguf.h"
@@ -551,6 +554,59 @@ static void check_read(ckv_weight_source *src, const char *what, const char *hf_
     free(got);
 }
 
+static ckv_dtype ckv_type_of(uint32_t type) {
+    switch (type) {
+    case T_F16: return CKV_DTYPE_F16;
+    case T_BF16: return CKV_DTYPE_BF16;
+    case T_Q8_0: return CKV_DTYPE_Q8_0;
+    case T_Q4_0: return CKV_DTYPE_Q4_0;
+    case T_Q4_1: return CKV_DTYPE_Q4_1;
+    case T_Q5_0: return CKV_DTYPE_Q5_0;
+    case T_Q5_1: return CKV_DTYPE_Q5_1;
+    case T_Q4_K: return CKV_DTYPE_Q4_K;
+    case T_Q5_K: return CKV_DTYPE_Q5_K;
+    case T_Q6_K: return CKV_DTYPE_Q6_K;
+    default: return CKV_DTYPE_F32;
+    }
+}
+
+/* The stored bytes (read_raw) of q_proj, whole and heads 1-2, and of a whole-block column slice of the
+ * embedding, dequantised, equal read_f32 of the same slice bit for bit; stored_dtype names the type;
+ * a column slice that cuts a block is refused. */
+static void check_raw(ckv_weight_source *src, const char *fname, uint32_t type) {
+    const ckv_dtype t = ckv_type_of(type);
+    CHECK_MSG(src->stored_dtype(src->ctx, "model.layers.0.self_attn.q_proj.weight") == t, "%s: stored_dtype", fname);
+    CHECK(src->stored_dtype(src->ctx, "model.layers.0.mlp.up_proj.weight") == CKV_DTYPE_F32); /* absent */
+    const int B = type_block(type);
+    struct {
+        const char *name;
+        int64_t R, C, r0, r1, c0, c1;
+    } cases[] = {{"model.layers.0.self_attn.q_proj.weight", TH * THD, TD, 0, TH * THD, 0, TD},
+                 {"model.layers.0.self_attn.q_proj.weight", TH * THD, TD, THD, 3 * THD, 0, TD},
+                 {"model.embed_tokens.weight", TV, TD, 2, 6, B == 256 ? 0 : 32, B == 256 ? TD : 96}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t shape[2] = {cases[c].R, cases[c].C}, rows = cases[c].r1 - cases[c].r0,
+                      cols = cases[c].c1 - cases[c].c0;
+        const size_t rb = ckv_dtype_row_bytes(t, cols), n = (size_t)(rows * cols);
+        uint8_t *raw = malloc(rb * (size_t)rows);
+        float *deq = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+        CHECK_OK(src->read_raw(src->ctx, cases[c].name, shape, cases[c].r0, cases[c].r1, cases[c].c0, cases[c].c1, raw));
+        CHECK_OK(src->read_f32(src->ctx, cases[c].name, 2, shape, cases[c].r0, cases[c].r1, cases[c].c0, cases[c].c1,
+                               want));
+        for (int64_t r = 0; r < rows; r++) ckv_dequant_row(t, raw + (size_t)r * rb, deq + (size_t)(r * cols), (size_t)cols);
+        CHECK_MSG(memcmp(deq, want, n * sizeof(float)) == 0, "%s: read_raw of %s rows [%lld, %lld) cols [%lld, %lld) "
+                  "dequantised differs from read_f32", fname, cases[c].name, (long long)cases[c].r0,
+                  (long long)cases[c].r1, (long long)cases[c].c0, (long long)cases[c].c1);
+        free(raw), free(deq), free(want);
+    }
+    if (B > 1) {
+        const int64_t shape[2] = {TV, TD};
+        uint8_t raw[4096];
+        CHECK_FAILS(src->read_raw(src->ctx, "model.embed_tokens.weight", shape, 0, 1, 1, B, raw), CKV_STATUS_ERR_ARG,
+                    "are not whole blocks");
+    }
+}
+
 /* One file per type: token_embd [V, D] and attn_q / attn_k (permuted) of that type, plus F32 norms. */
 static void test_type(uint32_t type, uint32_t version) {
     char what[160], fname[64];
@@ -621,6 +677,7 @@ static void test_type(uint32_t type, uint32_t version) {
         snprintf(what, sizeof what, "%s k_proj head 1 cols [100,130)", fname);
         check_read(&src, what, "model.layers.0.self_attn.k_proj.weight", THKV * THD, TD, THD, 2 * THD, 100, 130, kx,
                    krec, kbnd);
+        check_raw(&src, fname, type);
         CHECK(cfg.tie_word_embeddings == 1);
         CHECK(src.has(src.ctx, "model.layers.0.self_attn.q_proj.weight"));
         CHECK(!src.has(src.ctx, "lm_head.weight"));
