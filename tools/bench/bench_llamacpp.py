@@ -111,7 +111,8 @@ def model_path(key: str, args) -> Path:
     if not dst.exists():
         src = model_path("smollm2-q4_1", args)
         log(f"converting {src.name} to Q8_0 with llama.cpp's quantizer -> {dst}")
-        subprocess.run([args.llama_python, "-c", QUANTIZE_CHILD, str(src), str(dst)], check=True)
+        subprocess.run([args.llama_python, "-c", QUANTIZE_CHILD, str(src), str(dst)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return dst
 
 
