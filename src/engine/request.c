@@ -72,7 +72,9 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     /* the caller chose the GPU (the cli: the node-local rank's); -1 is device 0 */
     ckv_backend_params bp = {cfg->backend, cfg->threads, cfg->device};
     ckv_status st = ckv_backend_init_params(&e->be, &bp);
-    ckv_model_opts mo = {engine_weights_dtype(cfg)};
+    /* auto: matrices the backend computes in their stored format stay so (GGUF blocks, F16, BF16 on
+     * the cpu); an explicit dtype converts every matrix to it */
+    ckv_model_opts mo = {engine_weights_dtype(cfg), cfg->weights_dtype == CKV_WEIGHTS_DTYPE_AUTO};
     if (st == CKV_STATUS_OK) st = ckv_model_load_opts(&e->model, cfg->model_path, e->be, tp, &mo);
     if (st == CKV_STATUS_OK && e->cfg.kv_dtype != CKV_KV_DTYPE_DEFAULT && !e->be->ops->kv_dtype_ok(e->be, engine_kv_dtype(e)))
         st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend cannot hold the KV cache in it",

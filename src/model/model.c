@@ -43,7 +43,25 @@ static ckv_status load_tensor(ckv_model *m, const ckv_weight_source *st, float *
 static ckv_status load_matrix(ckv_model *m, const ckv_weight_source *st, ckv_weight *w, const char *name,
                               const int64_t *shape, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     ckv_backend *be = m->be;
-    const ckv_dtype dt = m->wdtype;
+    ckv_dtype dt = m->wdtype;
+    /* kept as stored when asked, the source hands out its bytes, the backend computes that type and the
+     * slice keeps whole blocks */
+    const ckv_dtype sdt = m->as_stored && st->stored_dtype && st->read_raw ? st->stored_dtype(st->ctx, name) : dt;
+    const int be_ = ckv_dtype_block_elems(sdt);
+    if (sdt != dt && be->ops->weight_dtype_ok(be, sdt) && c0 % be_ == 0 && c1 % be_ == 0) {
+        memset(w, 0, sizeof *w);
+        w->dtype = sdt, w->rows = r1 - r0, w->cols = c1 - c0, w->row_bytes = ckv_dtype_row_bytes(sdt, w->cols);
+        const size_t bytes = (size_t)w->rows * w->row_bytes;
+        CKV_TRY(be->ops->alloc(be, &w->data, bytes, name));
+        m->weight_bytes += bytes;
+        if (be->device == CKV_DEVICE_HOST) return st->read_raw(st->ctx, name, shape, r0, r1, c0, c1, w->data);
+        void *tmp = NULL;
+        CKV_TRY(ckv_alloc(&tmp, bytes, name));
+        ckv_status s = st->read_raw(st->ctx, name, shape, r0, r1, c0, c1, tmp);
+        if (s == CKV_STATUS_OK) s = be->ops->upload(be, w->data, tmp, bytes);
+        ckv_free(tmp);
+        return s;
+    }
     memset(w, 0, sizeof *w);
     w->dtype = dt;
     w->rows = r1 - r0;
@@ -163,6 +181,7 @@ ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be
     m->be = be;
     m->tp = tp;
     m->wdtype = wdt;
+    m->as_stored = opts && opts->as_stored;
     ckv_weight_source src;
     ckv_status s = ckv_source_open(&src, &m->cfg, dir);
     const ckv_model_config *c = &m->cfg;

@@ -38,6 +38,9 @@ typedef struct {
     /* dtype of the weight matrices: F32, F16 or BF16; CKV_DTYPE_COUNT_ = the backend's choice
      * (be->weight_dtype). The backend must compute it (weight_dtype_ok). */
     ckv_dtype weights_dtype;
+    /* 1: a matrix stored in a dtype the backend computes (weight_dtype_ok: GGUF blocks, F16, BF16 on
+     * the CPU) is kept as stored; the others are converted to weights_dtype. */
+    int as_stored;
 } ckv_model_opts;
 
 typedef struct {
@@ -54,7 +57,8 @@ typedef struct {
     float *inv_freq;        /* [d / 2] (device) */
     float rope_scale;       /* cos/sin multiplier (YaRN attention factor) */
     size_t weight_bytes;    /* device bytes of this rank's weights */
-    ckv_dtype wdtype;       /* dtype of the weight matrices */
+    ckv_dtype wdtype;       /* dtype of the weight matrices not kept as stored */
+    int as_stored;          /* matrices the backend computes in their stored dtype are kept so */
 } ckv_model;
 
 /* Rows of logits computed at once: a prefill needs the last row only, parity tests ask for more and

@@ -2,7 +2,8 @@
  * exact values of F32, F16 and BF16 tensors read whole and as 2-D row/column slices (from aligned
  * and deliberately misaligned data), the descriptor fields, a sharded checkpoint with its index, and
  * one malformed file or index per check, each required to fail with the right status and a message
- * naming the file and the tensor or field at fault. */
+ * naming the file and the tensor or field at fault; the weight source's stored bytes (read_raw,
+ * stored_dtype) on the BF16 and F32 fixture checkpoints. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <stdint.h>
@@ -14,6 +15,7 @@
 #include "ckv_test.h"
 #include "core/status.h"
 #include "model/safetensors.h"
+#include "model/source.h"
 
 static char tmp_dir[512];
 
@@ -632,6 +634,38 @@ static void test_corrupt_values(void) {
     }
 }
 
+/* The weight source over a model directory: stored_dtype and read_raw (the stored bytes of 2-D
+ * slices) on the BF16 and F32 fixture checkpoints; widened, the bytes equal read_f32 exactly. */
+static void test_source_raw(const char *model, ckv_dtype want) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/%s", CKV_FIXTURES, model);
+    ckv_weight_source src;
+    ckv_model_config cfg;
+    CHECK_OK(ckv_source_open(&src, &cfg, dir));
+    const char *name = "model.layers.0.self_attn.q_proj.weight";
+    const int64_t R = (int64_t)cfg.n_heads * cfg.head_dim, C = cfg.hidden_size, shape[2] = {R, C};
+    CHECK_MSG(src.stored_dtype(src.ctx, name) == want, "%s: stored_dtype of %s", model, name);
+    CHECK(src.stored_dtype(src.ctx, "no.such.tensor") == CKV_DTYPE_F32);
+    const int64_t sl[3][4] = {{0, R, 0, C}, {1, R - 1, 3, C - 5}, {2, 3, 0, 1}};
+    for (int c = 0; c < 3; c++) {
+        const int64_t rows = sl[c][1] - sl[c][0], cols = sl[c][3] - sl[c][2];
+        const size_t n = (size_t)(rows * cols);
+        void *raw = malloc(n * ckv_dtype_size(want));
+        float *got = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+        CHECK_OK(src.read_raw(src.ctx, name, shape, sl[c][0], sl[c][1], sl[c][2], sl[c][3], raw));
+        CHECK_OK(src.read_f32(src.ctx, name, 2, shape, sl[c][0], sl[c][1], sl[c][2], sl[c][3], ref));
+        ckv_convert_to_f32(got, raw, want, n);
+        CHECK_MSG(memcmp(got, ref, n * sizeof(float)) == 0, "%s: read_raw slice %d widened differs from read_f32",
+                  model, c);
+        free(raw), free(got), free(ref);
+    }
+    uint8_t small[16];
+    CHECK_FAILS(src.read_raw(src.ctx, name, shape, 0, R + 1, 0, C, small), CKV_STATUS_ERR_RANGE, "outside its shape");
+    const int64_t wrong[2] = {R, C + 1};
+    CHECK_FAILS(src.read_raw(src.ctx, name, wrong, 0, 1, 0, 1, small), CKV_STATUS_ERR_SHAPE, "q_proj.weight");
+    ckv_source_close(&src);
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof tmp_dir, "%s/test_safetensors.%ld", CKV_TEST_TMP, (long)getpid());
     remove_tree(tmp_dir);
@@ -643,6 +677,8 @@ int main(void) {
     test_malformed();
     test_sharded();
     test_corrupt_values();
+    test_source_raw("llama_gqa_bf16", CKV_DTYPE_BF16);
+    test_source_raw("llama_gqa", CKV_DTYPE_F32);
     int rc = ckv_test_finish("test_safetensors");
     if (rc == 0) remove_tree(tmp_dir);
     return rc;
