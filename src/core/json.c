@@ -24,7 +24,7 @@ ckv_status ckv_input_limit(size_t *limit) {
     if (end && (*end == 'k' || *end == 'K')) shift = 10, end++;
     else if (end && (*end == 'm' || *end == 'M')) shift = 20, end++;
     else if (end && (*end == 'g' || *end == 'G')) shift = 30, end++;
-    if (errno || end == v || *end || v[0] == '-' || n == 0 || n > (ULLONG_MAX >> 40))
+    if (errno || end == v || *end || v[0] == '-' || n == 0 || n > (ULLONG_MAX >> shift))
         return ckv_error(CKV_STATUS_ERR_ARG, "CKV_MAX_INPUT_BYTES='%.40s' is not a positive byte count (e.g. 512M)", v);
     n <<= shift;
     *limit = n > (unsigned long long)SIZE_MAX / 2 ? SIZE_MAX / 2 : (size_t)n;

@@ -78,6 +78,12 @@ static void test_limits(void) {
     CHECK(len == sizeof text - 1 && buf && strcmp(buf, text) == 0);
     free(buf);
     buf = NULL;
+    setenv("CKV_MAX_INPUT_BYTES", "100000000000", 1); /* a plain byte count above 2^32 */
+    CHECK_OK(ckv_read_file(path, &buf, &len));
+    free(buf);
+    buf = NULL;
+    setenv("CKV_MAX_INPUT_BYTES", "99999999999999999999999", 1);
+    CHECK_FAILS(ckv_read_file(path, &buf, &len), CKV_STATUS_ERR_ARG, "is not a positive byte count");
     setenv("CKV_MAX_INPUT_BYTES", "lots", 1);
     CHECK_FAILS(ckv_read_file(path, &buf, &len), CKV_STATUS_ERR_ARG, "CKV_MAX_INPUT_BYTES='lots' is not a positive");
     setenv("CKV_MAX_INPUT_BYTES", "-5", 1);
