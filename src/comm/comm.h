@@ -77,6 +77,10 @@ int ckv_comm_has_device_ops(const ckv_comm *c);
 ckv_status ckv_comm_dev_allreduce_f32(ckv_comm *c, float *buf, size_t n, ckv_comm_op op);
 /* recv [size * bytes] (device) = every rank's send [bytes] (device), in rank order. */
 ckv_status ckv_comm_dev_allgather(ckv_comm *c, const void *send, void *recv, size_t bytes);
+/* A device buffer of at least `bytes` owned by the device communicator c (staging of gathers whose
+ * operands are not contiguous, e.g. the padded vocabulary slices): allocated on the first call that
+ * needs more, then reused, so steady-state calls allocate nothing. Valid until the next call. */
+ckv_status ckv_comm_dev_workspace(ckv_comm *c, size_t bytes, void **dev);
 /* Makes device collectives run on `stream` (an opaque cudaStream_t, the backend's compute stream),
  * so no host synchronisation happens per collective. Set once, before the first collective; a
  * no-op for communicators without device ops. */
@@ -99,6 +103,8 @@ typedef struct {
     ckv_status (*download)(void *ctx, void *dst_host, const void *src_dev, size_t bytes);
     ckv_status (*upload)(void *ctx, void *dst_dev, const void *src_host, size_t bytes);
     ckv_status (*copy)(void *ctx, void *dst_dev, const void *src_dev, size_t bytes);
+    ckv_status (*alloc)(void *ctx, void **dev, size_t bytes, const char *what);
+    void (*release)(void *ctx, void *dev);
     /* a string naming the physical device, equal on two ranks exactly when they share it (the PCI
      * bus id of a GPU); NULL: ckv_comm_gpu_id of `device` */
     ckv_status (*device_id)(void *ctx, char *id, size_t cap);
@@ -108,6 +114,7 @@ typedef struct {
     int device;            /* GPU index of this rank (NCCL, and the default device_id) */
     ckv_comm_path path;    /* AUTO, or a forced path (tests) */
     size_t staging_bytes;  /* host staging preallocated for the staged path (grows on demand) */
+    size_t workspace_bytes; /* device workspace preallocated (ckv_comm_dev_workspace; grows on demand) */
 } ckv_comm_device_params;
 
 /* The device communicator of a group: host collectives go to `host` (borrowed; MPI or single),

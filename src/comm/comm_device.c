@@ -23,6 +23,8 @@ typedef struct {
     ckv_comm_path path;
     void *stage;     /* host staging of the staged path */
     size_t stage_cap;
+    void *work;      /* device workspace (ckv_comm_dev_workspace) */
+    size_t work_cap;
 } dev_ctx;
 
 static dev_ctx *dctx(ckv_comm *c) { return c->ctx; }
@@ -61,6 +63,16 @@ static ckv_status stage_reserve(dev_ctx *x, size_t bytes) {
     x->stage_cap = 0;
     CKV_TRY(ckv_alloc(&x->stage, bytes, "staged collective buffer"));
     x->stage_cap = bytes;
+    return CKV_STATUS_OK;
+}
+
+static ckv_status work_reserve(dev_ctx *x, size_t bytes) {
+    if (bytes <= x->work_cap) return CKV_STATUS_OK;
+    x->io.release(x->io.ctx, x->work);
+    x->work = NULL;
+    x->work_cap = 0;
+    CKV_TRY(x->io.alloc(x->io.ctx, &x->work, bytes, "collective workspace"));
+    x->work_cap = bytes;
     return CKV_STATUS_OK;
 }
 
@@ -133,6 +145,7 @@ static void dev_free(ckv_comm *c) {
     if (x) {
         ckv_comm_free(x->nccl);
         ckv_free(x->stage);
+        if (x->work) x->io.release(x->io.ctx, x->work);
         free(x);
     }
     free(c);
@@ -152,6 +165,14 @@ static const ckv_comm_ops dev_ops = {
     .dev_allgather = dev_allgather,
     .set_stream = dev_set_stream,
 };
+
+ckv_status ckv_comm_dev_workspace(ckv_comm *c, size_t bytes, void **dev) {
+    *dev = NULL;
+    if (!c || c->ops != &dev_ops) return ckv_error(CKV_STATUS_ERR_ARG, "a collective workspace needs a device communicator");
+    CKV_TRY(work_reserve(dctx(c), bytes));
+    *dev = dctx(c)->work;
+    return CKV_STATUS_OK;
+}
 
 ckv_comm_path ckv_comm_device_path(const ckv_comm *c) {
     return c && c->ops == &dev_ops ? ((const dev_ctx *)c->ctx)->path : CKV_COMM_PATH_HOST;
@@ -173,9 +194,10 @@ static ckv_status local_device_id(const ckv_comm_device_io *io, int device, char
 ckv_status ckv_comm_init_device(ckv_comm **out, ckv_comm *host, const ckv_comm_device_io *io,
                                 const ckv_comm_device_params *p) {
     *out = NULL;
-    if (!host || !io || !io->download || !io->upload || !io->copy)
-        return ckv_error(CKV_STATUS_ERR_ARG, "a device communicator needs a host communicator and download/upload/copy");
-    ckv_comm_device_params def = {.device = 0, .path = CKV_COMM_PATH_AUTO, .staging_bytes = 0};
+    if (!host || !io || !io->download || !io->upload || !io->copy || !io->alloc || !io->release)
+        return ckv_error(CKV_STATUS_ERR_ARG, "a device communicator needs a host communicator and the device's "
+                         "download/upload/copy/alloc/release");
+    ckv_comm_device_params def = {.device = 0, .path = CKV_COMM_PATH_AUTO, .staging_bytes = 0, .workspace_bytes = 0};
     if (!p) p = &def;
     char id[CKV_DEVICE_ID_LEN] = "";
     CKV_TRY(local_device_id(io, p->device, id));
@@ -210,6 +232,7 @@ ckv_status ckv_comm_init_device(ckv_comm **out, ckv_comm *host, const ckv_comm_d
     c->kind = path == CKV_COMM_PATH_NCCL ? "nccl" : path == CKV_COMM_PATH_STAGED ? "staged" : host->kind;
     if (path == CKV_COMM_PATH_NCCL) s = ckv_comm_init_nccl(&x->nccl, host, p->device);
     if (s == CKV_STATUS_OK && path == CKV_COMM_PATH_STAGED && p->staging_bytes) s = stage_reserve(x, p->staging_bytes);
+    if (s == CKV_STATUS_OK && p->workspace_bytes) s = work_reserve(x, p->workspace_bytes);
     if (s != CKV_STATUS_OK) {
         dev_free(c);
         return s;

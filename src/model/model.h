@@ -38,6 +38,11 @@ typedef struct {
     /* dtype of the weight matrices: F32, F16 or BF16; CKV_DTYPE_COUNT_ = the backend's choice
      * (be->weight_dtype). The backend must compute it (weight_dtype_ok). */
     ckv_dtype weights_dtype;
+    /* 1: draw the weights from random_seed (source_random.c) instead of reading the model path, which
+     * needs only config.json (--random-weights SEED; benchmarks and scale tests). Commands whose
+     * output would be meaningless with it (eval, fidelity) refuse it. */
+    int random_weights;
+    uint64_t random_seed;
 } ckv_model_opts;
 
 typedef struct {
