@@ -200,7 +200,7 @@ ckv_status ckv_comm_init_device(ckv_comm **out, ckv_comm *host, const ckv_comm_d
     ckv_comm_device_params def = {.device = 0, .path = CKV_COMM_PATH_AUTO, .staging_bytes = 0, .workspace_bytes = 0};
     if (!p) p = &def;
     char id[CKV_DEVICE_ID_LEN] = "";
-    CKV_TRY(local_device_id(io, p->device, id));
+    if (host->size > 1) CKV_TRY(local_device_id(io, p->device, id)); /* one rank shares with nobody */
     char *ids = NULL; // [size, CKV_DEVICE_ID_LEN]
     CKV_TRY(ckv_alloc((void **)&ids, (size_t)host->size * CKV_DEVICE_ID_LEN, "device ids"));
     ckv_status s = host->ops->allgather(host, id, ids, CKV_DEVICE_ID_LEN);
