@@ -11,6 +11,7 @@
 #include "evict/press.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/plan.h"
 #include "model/source.h"
 #include "shard/shard.h"
 
@@ -24,7 +25,9 @@ static void inspect_usage(FILE *f) {
             "  --context L          context tokens (default: max_position_embeddings)\n"
             "  --new-tokens N       question + answer tokens reserved after the context (default 256)\n"
             "  --chunk N            prefill chunk (default 512)\n"
-            "  --press, --budget, --compression-ratio, --budget-tokens   as for ckv generate\n");
+            "  --press, --budget, --compression-ratio, --budget-tokens   as for ckv generate\n"
+            "  --backend cuda       also print the GPU memory plan per rank (bf16 weights and KV)\n"
+            "  --gpu-mem-limit B    with --backend cuda: fail unless every rank's plan fits in B bytes\n");
 }
 
 static const char *rope_name(ckv_rope_type t) {
@@ -44,6 +47,8 @@ int ckv_cmd_inspect(int argc, char **argv) {
     long context = -1, new_tokens = 256;
     double budget = -1, cr = -1;
     long budget_tokens = 0;
+    const char *backend = "cpu"; /* GPU memory plan (model/plan.h) */
+    double gpu_limit = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -65,6 +70,10 @@ int ckv_cmd_inspect(int argc, char **argv) {
             budget = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300);
         } else if (!strcmp(f, "--compression-ratio")) {
             cr = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300);
+        } else if (!strcmp(f, "--backend")) {
+            backend = ckv_cli_value(argc, argv, &i);
+        } else if (!strcmp(f, "--gpu-mem-limit")) {
+            gpu_limit = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), 1, 1e18);
         } else if (!strcmp(f, "--budget-tokens")) {
             budget_tokens = ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), -(1L << 30), 1L << 30);
         } else {
@@ -147,5 +156,21 @@ int ckv_cmd_inspect(int argc, char **argv) {
     printf("chunk buffers    %14s %14s  (--chunk %zu)\n", fmt((double)act * 4, b1, sizeof b1), fmt((double)act * 2, b2, sizeof b2), n);
     size_t total32 = w32 + kv_peak * 4 + hidden * 4 + act * 4;
     printf("peak total       %14s %14s\n", fmt((double)total32, b3, sizeof b3), fmt((double)total32 / 2, b4, sizeof b4));
+    /* ---- GPU memory plan (model/plan.h): printed per rank, checked against --gpu-mem-limit ---- */
+    if (strcmp(backend, "cuda") && strcmp(backend, "cpu")) ckv_cli_die("--backend %s: expected cpu or cuda", backend);
+    if (gpu_limit > 0 && strcmp(backend, "cuda")) ckv_cli_die("--gpu-mem-limit needs --backend cuda");
+    if (!strcmp(backend, "cuda")) {
+        int windowed = press.scorer == CKV_SCORER_SNAPKV || press.scorer == CKV_SCORER_PYRAMIDKV;
+        ckv_plan_params gp = {.tp = tp, .context = context, .new_tokens = new_tokens, .chunk = chunk,
+                              .weight_dtype = CKV_DTYPE_BF16, .kv_dtype = CKV_DTYPE_BF16,
+                              .kept = compress ? (long)kept : 0, .window = windowed ? press.window : 0, .nccl = tp > 1};
+        printf("\n");
+        ckv_cli_check(ckv_plan_print(stdout, &c, &gp));
+        for (int r = 0; r < tp && gpu_limit > 0; r++) {
+            ckv_plan plan;
+            ckv_cli_check(ckv_plan_init(&plan, &c, &gp, r));
+            ckv_cli_check(ckv_plan_check(&plan, (size_t)gpu_limit));
+        }
+    }
     return 0;
 }
