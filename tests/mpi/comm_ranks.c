@@ -1,15 +1,21 @@
 /* comm_ranks.c - the communicator tests that need several MPI ranks (run by the test_comm_*.sh
  * scripts under mpirun):
- *   comm_ranks timeout SECONDS   every rank takes part in one all-reduce, then the last rank stops
+ *   comm_ranks timeout SECONDS [cuda]
+ *                                every rank takes part in one all-reduce, then the last rank stops
  *                                calling collectives (sleeps); the others must end the job, naming
- *                                the operation, once SECONDS have passed (the script times it)
+ *                                the operation, once SECONDS have passed (the script times it);
+ *                                with cuda on the device communicator of the CUDA backend (staged
+ *                                on one GPU, NCCL on several)
  *   comm_ranks staged            the device communicator on the CPU backend with fake device ids:
  *                                equal ids choose the staged path on every rank and its all-reduce
  *                                and all-gather equal the host communicator's; host memory chooses
  *                                the host path
- *   comm_ranks tp MODEL_DIR      random weights from MODEL_DIR/config.json: prefill + greedy decode
+ *   comm_ranks tp MODEL_DIR [cuda]
+ *                                random weights from MODEL_DIR/config.json: prefill + greedy decode
  *                                at tp 1 (each rank alone) twice (identical) and at tp = ranks
- *                                through the staged device communicator (equal to tp 1)
+ *                                through the staged device communicator (equal to tp 1); with cuda
+ *                                on the CUDA backend through the communicator chosen for its GPUs
+ *                                (ranks sharing a GPU: staged; one GPU each: NCCL)
  * Exit 0 when every check passed. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -23,6 +29,7 @@
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "model/model.h"
+#include "model/plan.h"
 
 static const char *fake_id_list; /* "a,b,c": rank r's device id is item r */
 
@@ -75,10 +82,32 @@ static ckv_comm_device_io make_io(io_ctx *x, const char *ids, int host_memory) {
     return io;
 }
 
-static int run_timeout(ckv_comm *world, double seconds) {
+/* The CUDA backend of this rank on its GPU (node-local rank modulo the GPUs: ranks may share one). */
+static ckv_backend *cuda_backend(ckv_comm *world, int *dev) {
+    ckv_backend *be = NULL;
+    CHECK_OK(ckv_comm_select_gpu(world, dev));
+    ckv_backend_params bp = {.name = "cuda", .n_threads = 1, .device = *dev};
+    if (!ckv_test_failures) CHECK_OK(ckv_backend_init_params(&be, &bp));
+    return be;
+}
+
+static int run_timeout(ckv_comm *world, double seconds, int cuda) {
     world->timeout_s = seconds;
-    float v = 1.0f;
-    CHECK_OK(world->ops->allreduce_f32(world, &v, 1, CKV_COMM_OP_SUM));
+    ckv_comm *c = world;
+    ckv_backend *be = NULL;
+    int dev = 0;
+    if (cuda) { /* the device communicator over the CUDA backend's buffers */
+        be = cuda_backend(world, &dev);
+        if (be) CHECK_OK(ckv_comm_init_backend(&c, world, be, dev, NULL, 0));
+        if (ckv_test_failures) return 1;
+    }
+    float v = 1.0f, *buf = &v;
+    if (be) {
+        CHECK_OK(be->ops->alloc(be, (void **)&buf, 64 * sizeof(float), "timeout test"));
+        CHECK_OK(be->ops->upload(be, buf, &v, sizeof v));
+    }
+    CHECK_OK(ckv_comm_dev_allreduce_f32(c, buf, 1, CKV_COMM_OP_SUM));
+    if (be) CHECK_OK(be->ops->download(be, &v, buf, sizeof v));
     CHECK(v == (float)world->size);
     fprintf(stderr, "rank %d: first all-reduce done (%g)\n", world->rank, (double)v);
     if (world->rank == world->size - 1) { /* stops participating */
@@ -87,7 +116,9 @@ static int run_timeout(ckv_comm *world, double seconds) {
         return 0;
     }
     float w[64] = {0};
-    ckv_status s = world->ops->allreduce_f32(world, w, 64, CKV_COMM_OP_SUM); /* must not return */
+    ckv_status s = be ? ckv_comm_dev_allreduce_f32(c, buf, 64, CKV_COMM_OP_SUM) /* must not return */
+                      : world->ops->allreduce_f32(world, w, 64, CKV_COMM_OP_SUM);
+    if (be) CHECK_OK(be->ops->sync(be)); /* NCCL on the compute stream: the watchdog ends the job */
     fprintf(stderr, "rank %d: the second all-reduce returned %d instead of ending the job\n", world->rank, (int)s);
     return 1;
 }
@@ -198,9 +229,11 @@ static void run_model(const char *dir, ckv_backend *be, ckv_comm *tp, float *log
     ckv_model_free(m);
 }
 
-static int run_tp(ckv_comm *world, const char *dir) {
+static int run_tp(ckv_comm *world, const char *dir, int cuda) {
     ckv_backend *be = NULL;
-    CHECK_OK(ckv_backend_init(&be, "cpu", 1));
+    int dev = 0;
+    if (cuda) be = cuda_backend(world, &dev);
+    else CHECK_OK(ckv_backend_init(&be, "cpu", 1));
     ckv_model_config cfg;
     CHECK_OK(ckv_config_load(&cfg, dir));
     if (!be || ckv_test_failures) return 1;
@@ -216,19 +249,22 @@ static int run_tp(ckv_comm *world, const char *dir) {
     double mx = 0;
     for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(a[i]));
     CHECK_MSG(mx > 0.1 && mx < 1e3, "max |logit| %g: random weights should keep activations bounded", mx);
-    /* tp = ranks through the staged device communicator: every rank "on one GPU" */
+    /* tp = ranks: on the CPU through the staged device communicator, every rank "on one GPU"; on
+     * the GPU through the communicator chosen for the real devices */
     io_ctx x = {be, world};
     char ids[256] = "";
     for (int i = 0; i < world->size; i++) strcat(ids, i ? ",gpu0" : "gpu0");
     ckv_comm_device_io io = make_io(&x, ids, 0);
     ckv_comm *dc = NULL;
-    CHECK_OK(ckv_comm_init_device(&dc, world, &io, NULL));
+    if (cuda) CHECK_OK(ckv_comm_init_backend(&dc, world, be, dev, NULL, ckv_plan_comm_workspace_bytes(&cfg, world->size)));
+    else CHECK_OK(ckv_comm_init_device(&dc, world, &io, NULL));
     if (dc) {
-        CHECK(ckv_comm_device_path(dc) == CKV_COMM_PATH_STAGED);
+        if (!cuda) CHECK(ckv_comm_device_path(dc) == CKV_COMM_PATH_STAGED);
         run_model(dir, be, dc, t, gt);
         char what[128];
-        snprintf(what, sizeof what, "rank %d: tp %d (staged) logits vs tp 1", world->rank, world->size);
-        ckv_test_allclose(what, t, a, n, 2e-4, 2e-4);
+        snprintf(what, sizeof what, "rank %d: tp %d (%s, %s) logits vs tp 1", world->rank, world->size, be->name,
+                 ckv_comm_path_name(ckv_comm_device_path(dc)));
+        ckv_test_allclose(what, t, a, n, cuda ? 2e-3 : 2e-4, cuda ? 2e-3 : 2e-4);
         CHECK_MSG(!memcmp(gt, ga, sizeof ga), "greedy tokens at tp %d differ from tp 1", world->size);
         fprintf(stderr, "rank %d: greedy %d %d %d %d %d %d %d, max |logit| %.3g\n", world->rank, gt[0], gt[1], gt[2], gt[3],
                 gt[4], gt[5], gt[6], mx);
@@ -243,16 +279,17 @@ static int run_tp(ckv_comm *world, const char *dir) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: comm_ranks timeout SECONDS | staged | tp MODEL_DIR\n");
+        fprintf(stderr, "usage: comm_ranks timeout SECONDS [cuda] | staged | tp MODEL_DIR [cuda]\n");
         return 2;
     }
     ckv_comm *world = NULL;
     CHECK_OK(ckv_comm_init_mpi(&world, &argc, &argv));
     if (!world) return 1;
     int rc = 1;
-    if (!strcmp(argv[1], "timeout") && argc > 2) rc = run_timeout(world, atof(argv[2]));
+    const int cuda = argc > 3 && !strcmp(argv[3], "cuda");
+    if (!strcmp(argv[1], "timeout") && argc > 2) rc = run_timeout(world, atof(argv[2]), cuda);
     else if (!strcmp(argv[1], "staged")) rc = run_staged(world);
-    else if (!strcmp(argv[1], "tp") && argc > 2) rc = run_tp(world, argv[2]);
+    else if (!strcmp(argv[1], "tp") && argc > 2) rc = run_tp(world, argv[2], cuda);
     else fprintf(stderr, "comm_ranks: unknown mode '%s'\n", argv[1]);
     /* every rank agrees on the outcome before finalising */
     int failed = rc != 0 || ckv_test_failures != 0;
