@@ -93,6 +93,10 @@ ckv_status ckv_comm_init_mpi(ckv_comm **out, int *argc, char ***argv) {
 
 #ifndef CKV_HAVE_NCCL
 int ckv_comm_nccl_available(void) { return 0; }
+int ckv_comm_nccl_on_stream(const ckv_comm *c) {
+    (void)c;
+    return 0;
+}
 ckv_status ckv_comm_init_nccl(ckv_comm **out, ckv_comm *bootstrap, int device) {
     (void)bootstrap;
     (void)device;

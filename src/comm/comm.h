@@ -105,6 +105,9 @@ typedef struct {
     ckv_status (*copy)(void *ctx, void *dst_dev, const void *src_dev, size_t bytes);
     ckv_status (*alloc)(void *ctx, void **dev, size_t bytes, const char *what);
     void (*release)(void *ctx, void *dev);
+    /* waits for the device's queued work (NCCL without the compute stream must not start before
+     * the kernels producing its input); NULL: nothing to wait for */
+    ckv_status (*sync)(void *ctx);
     /* a string naming the physical device, equal on two ranks exactly when they share it (the PCI
      * bus id of a GPU); NULL: ckv_comm_gpu_id of `device` */
     ckv_status (*device_id)(void *ctx, char *id, size_t cap);
@@ -139,6 +142,9 @@ ckv_status ckv_comm_node_local(ckv_comm *c, int *local_rank, int *local_size);
  * unique id), on GPU `device`, with its own stream. Available when built with NCCL. */
 int ckv_comm_nccl_available(void);
 ckv_status ckv_comm_init_nccl(ckv_comm **out, ckv_comm *bootstrap, int device);
+/* 1 when an NCCL communicator enqueues on a stream given by ckv_comm_set_stream (0: its own
+ * stream, synchronised per call, e.g. when the ring's events could not be created). */
+int ckv_comm_nccl_on_stream(const ckv_comm *c);
 /* The PCI bus id of GPU `device` (the NCCL build), for telling ranks that share a GPU. */
 ckv_status ckv_comm_gpu_id(int device, char *id, size_t cap);
 /* The GPU a rank should use: its node-local rank modulo the devices it can see (CUDA_VISIBLE_DEVICES

@@ -25,6 +25,11 @@ static void be_release(void *ctx, void *dev) {
     be->ops->release(be, dev);
 }
 
+static ckv_status be_sync(void *ctx) {
+    ckv_backend *be = ctx;
+    return be->ops->sync(be);
+}
+
 void ckv_comm_device_io_from_backend(ckv_comm_device_io *io, ckv_backend *be) {
     io->ctx = be;
     io->host_memory = be->device == CKV_DEVICE_HOST;
@@ -33,6 +38,7 @@ void ckv_comm_device_io_from_backend(ckv_comm_device_io *io, ckv_backend *be) {
     io->copy = be_copy;
     io->alloc = be_alloc;
     io->release = be_release;
+    io->sync = be_sync;
     io->device_id = NULL; /* the GPU's PCI bus id (ckv_comm_gpu_id) */
 }
 

@@ -23,6 +23,7 @@ typedef struct {
     ckv_comm_path path;
     void *stage;     /* host staging of the staged path */
     size_t stage_cap;
+    int on_stream;   /* NCCL enqueues on the compute stream (ckv_comm_set_stream) */
     void *work;      /* device workspace (ckv_comm_dev_workspace) */
     size_t work_cap;
 } dev_ctx;
@@ -113,7 +114,10 @@ static ckv_status dev_allreduce_f32(ckv_comm *c, float *buf, size_t n, ckv_comm_
     if (c->size == 1 || n == 0) return CKV_STATUS_OK;
     c->bytes += n * sizeof(float);
     if (x->path == CKV_COMM_PATH_HOST) return x->host->ops->allreduce_f32(x->host, buf, n, op);
-    if (x->path == CKV_COMM_PATH_NCCL) return x->nccl->ops->allreduce_f32(x->nccl, buf, n, op);
+    if (x->path == CKV_COMM_PATH_NCCL) {
+        if (!x->on_stream && x->io.sync) CKV_TRY(x->io.sync(x->io.ctx)); /* its own stream: order after the kernels */
+        return x->nccl->ops->allreduce_f32(x->nccl, buf, n, op);
+    }
     const size_t bytes = n * sizeof(float);
     CKV_TRY(stage_reserve(x, bytes));
     CKV_TRY(x->io.download(x->io.ctx, x->stage, buf, bytes));
@@ -126,7 +130,10 @@ static ckv_status dev_allgather(ckv_comm *c, const void *send, void *recv, size_
     if (c->size == 1) return send == recv || bytes == 0 ? CKV_STATUS_OK : x->io.copy(x->io.ctx, recv, send, bytes);
     c->bytes += bytes;
     if (x->path == CKV_COMM_PATH_HOST) return x->host->ops->allgather(x->host, send, recv, bytes);
-    if (x->path == CKV_COMM_PATH_NCCL) return x->nccl->ops->allgather(x->nccl, send, recv, bytes);
+    if (x->path == CKV_COMM_PATH_NCCL) {
+        if (!x->on_stream && x->io.sync) CKV_TRY(x->io.sync(x->io.ctx));
+        return x->nccl->ops->allgather(x->nccl, send, recv, bytes);
+    }
     const size_t all = bytes * (size_t)c->size;
     CKV_TRY(stage_reserve(x, bytes + all));
     char *hs = x->stage, *hr = hs + bytes; /* [bytes] send, [size, bytes] receive */
@@ -136,7 +143,9 @@ static ckv_status dev_allgather(ckv_comm *c, const void *send, void *recv, size_
 }
 
 static void dev_set_stream(ckv_comm *c, void *stream) {
-    if (dctx(c)->nccl) ckv_comm_set_stream(dctx(c)->nccl, stream);
+    if (!dctx(c)->nccl || !stream) return;
+    ckv_comm_set_stream(dctx(c)->nccl, stream);
+    dctx(c)->on_stream = ckv_comm_nccl_on_stream(dctx(c)->nccl);
 }
 
 static void dev_free(ckv_comm *c) {

@@ -353,6 +353,8 @@ static void nccl_free(ckv_comm *c) {
 
 int ckv_comm_nccl_available(void) { return 1; }
 
+int ckv_comm_nccl_on_stream(const ckv_comm *c) { return c && c->ops == &nccl_ops && ((const nccl_ctx *)c->ctx)->async; }
+
 ckv_status ckv_comm_init_nccl(ckv_comm **out, ckv_comm *bootstrap, int device) {
     *out = NULL;
     if (!bootstrap) return ckv_error(CKV_STATUS_ERR_ARG, "NCCL needs a bootstrap communicator");
