@@ -49,6 +49,24 @@ command -v dpkg >/dev/null || { log "dpkg is needed to unpack build-deps/debs (d
 if [ ! -f "$prefix/.unpacked" ] || [ "$debs/MANIFEST" -nt "$prefix/.unpacked" ]; then
   rm -rf "$prefix"; mkdir -p "$prefix"
   for d in "$debs"/*.deb; do dpkg -x "$d" "$prefix" || { log "dpkg -x $d failed"; exit 1; }; done
+  # a library built for a newer C library than this machine's: use the system's copy when there is
+  # one, else stop with the reason (prepare.sh should then run on a machine of this distribution)
+  host_glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  if [ -n "$host_glibc" ] && command -v objdump >/dev/null; then
+    while IFS= read -r so; do
+      need=$(objdump -T "$so" 2>/dev/null | grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n -u | tail -1 | sed 's/GLIBC_//')
+      [ -z "$need" ] && continue
+      if [ "$(printf '%s\n%s\n' "$need" "$host_glibc" | sort -V | tail -1)" != "$host_glibc" ]; then
+        base=$(basename "$so")
+        if ldconfig -p 2>/dev/null | grep -q " ${base%%.so*}.so"; then
+          log "note: $base needs glibc $need (here $host_glibc): using the system's copy"; rm -f "$prefix"/usr/lib/*/"${base%%.so*}".so*
+        else
+          log "$base from build-deps needs glibc $need but this machine has $host_glibc and no copy of its own:"
+          log "run tools/gpu/prepare.sh on a machine of the GPU machine's distribution"; exit 1
+        fi
+      fi
+    done < <(find "$prefix" -name '*.so*' -type f)
+  fi
   touch "$prefix/.unpacked"
 fi
 arch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
