@@ -74,7 +74,10 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     ckv_status st = ckv_backend_init_params(&e->be, &bp);
     /* auto: matrices the backend computes in their stored format stay so (GGUF blocks, F16, BF16 on
      * the cpu); an explicit dtype converts every matrix to it */
-    ckv_model_opts mo = {engine_weights_dtype(cfg), cfg->weights_dtype == CKV_WEIGHTS_DTYPE_AUTO};
+    ckv_model_opts mo = {.weights_dtype = engine_weights_dtype(cfg),
+                         .as_stored = cfg->weights_dtype == CKV_WEIGHTS_DTYPE_AUTO,
+                         .random_weights = cfg->random_weights,
+                         .random_seed = cfg->random_seed};
     if (st == CKV_STATUS_OK) st = ckv_model_load_opts(&e->model, cfg->model_path, e->be, tp, &mo);
     if (st == CKV_STATUS_OK && e->cfg.kv_dtype != CKV_KV_DTYPE_DEFAULT && !e->be->ops->kv_dtype_ok(e->be, engine_kv_dtype(e)))
         st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend cannot hold the KV cache in it",

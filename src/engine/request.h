@@ -62,6 +62,8 @@ typedef struct {
     ckv_kv_dtype kv_dtype;          /* KV cache element type (recorded; see ckv_engine_init) */
     ckv_weights_dtype weights_dtype; /* weight element type (recorded; see ckv_engine_init) */
     int chunk;                      /* prefill chunk in tokens (0: 512) */
+    int random_weights;             /* 1: weights drawn from random_seed (model_path needs only config.json) */
+    uint64_t random_seed;
     const ckv_tokenizer *tokenizer; /* optional (not owned): its end-of-turn ids join the stop ids; needed
                                      * for stop strings */
 } ckv_engine_config;

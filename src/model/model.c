@@ -183,7 +183,8 @@ ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be
     m->wdtype = wdt;
     m->as_stored = opts && opts->as_stored;
     ckv_weight_source src;
-    ckv_status s = ckv_source_open(&src, &m->cfg, dir);
+    ckv_status s = opts && opts->random_weights ? ckv_source_open_random(&src, &m->cfg, dir, opts->random_seed)
+                                                : ckv_source_open(&src, &m->cfg, dir);
     const ckv_model_config *c = &m->cfg;
     if (s == CKV_STATUS_OK)
         s = ckv_shard_plan_init(&m->plan, tp ? tp->size : 1, tp ? tp->rank : 0, c->n_heads, c->n_kv_heads, c->head_dim,

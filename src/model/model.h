@@ -41,6 +41,11 @@ typedef struct {
     /* 1: a matrix stored in a dtype the backend computes (weight_dtype_ok: GGUF blocks, F16, BF16 on
      * the CPU) is kept as stored; the others are converted to weights_dtype. */
     int as_stored;
+    /* 1: draw the weights from random_seed (source_random.c) instead of reading the model path, which
+     * needs only config.json (--random-weights SEED; benchmarks and scale tests). Commands whose
+     * output would be meaningless with it (eval, fidelity) refuse it. */
+    int random_weights;
+    uint64_t random_seed;
 } ckv_model_opts;
 
 typedef struct {

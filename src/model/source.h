@@ -37,6 +37,10 @@ typedef struct {
 ckv_status ckv_source_open(ckv_weight_source *src, ckv_model_config *cfg, const char *path);
 void ckv_source_close(ckv_weight_source *src); /* accepts partial and zeroed objects */
 
+/* Random weights (source_random.c): cfg from dir/config.json (nothing else is read), every tensor
+ * drawn deterministically from (seed, name, element index), scaled so activations stay bounded. */
+ckv_status ckv_source_open_random(ckv_weight_source *src, ckv_model_config *cfg, const char *dir, uint64_t seed);
+
 /* The safetensors implementation (a model directory; cfg from its config.json). */
 ckv_status ckv_source_open_safetensors(ckv_weight_source *src, ckv_model_config *cfg, const char *dir);
 
