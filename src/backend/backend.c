@@ -3,15 +3,21 @@
 
 #include <string.h>
 
-ckv_status ckv_backend_init(ckv_backend **out, const char *name, int n_threads) {
+ckv_status ckv_backend_init_params(ckv_backend **out, const ckv_backend_params *p) {
     *out = NULL;
-    if (!name || strcmp(name, "cpu") == 0) return ckv_backend_cpu_init(out, n_threads);
+    const char *name = p ? p->name : NULL;
+    if (!name || strcmp(name, "cpu") == 0) return ckv_backend_cpu_init(out, p ? p->n_threads : 0);
     if (strcmp(name, "cuda") == 0) {
         if (!ckv_backend_cuda_available())
             return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--backend cuda: this build of ckv has no CUDA support (configure with -DCKV_CUDA=ON)");
-        return ckv_backend_cuda_init(out, 0);
+        return ckv_backend_cuda_init(out, p->device < 0 ? 0 : p->device);
     }
     return ckv_error(CKV_STATUS_ERR_ARG, "--backend: unknown backend '%s' (expected cpu or cuda)", name);
+}
+
+ckv_status ckv_backend_init(ckv_backend **out, const char *name, int n_threads) {
+    ckv_backend_params p = {name, n_threads, -1};
+    return ckv_backend_init_params(out, &p);
 }
 
 void ckv_backend_free(ckv_backend *be) {

@@ -123,13 +123,21 @@ struct ckv_backend {
 typedef struct {
     const char *name;   /* "cpu" (default when NULL) or "cuda" */
     int n_threads;      /* <= 0: all available cores */
-    int device;         /* GPU index; < 0: chosen by the caller's node-local rank */
+    int device;         /* GPU index; < 0: device 0 (callers under MPI pass their node-local rank) */
 } ckv_backend_params;
 
 /* Creates the backend called `name` ("cpu" or "cuda"). n_threads <= 0 means all available cores. */
 ckv_status ckv_backend_init(ckv_backend **out, const char *name, int n_threads);
 ckv_status ckv_backend_init_params(ckv_backend **out, const ckv_backend_params *p);
 void ckv_backend_free(ckv_backend *be); /* NULL is fine */
+
+/* out [n, m] = x [n, k] @ w^T (+ bias) for an fp32 matrix w [m, k] held in a plain device buffer
+ * (keys, statistics, staged blocks): the matmul op over an F32 view of it. */
+static inline void ckv_backend_matmul_f32(ckv_backend *be, float *out, const float *x, const float *w,
+                                          const float *bias, int n, int k, int m) {
+    ckv_weight wt = {(void *)w, CKV_DTYPE_F32, m, k, (size_t)k * sizeof(float)};
+    be->ops->matmul(be, out, x, &wt, bias, n);
+}
 
 /* Backend-specific constructors (backend.c dispatches to these). */
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads);

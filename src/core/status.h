@@ -15,6 +15,7 @@
     X(ERR_RANGE, "out of range")                   \
     X(ERR_COMM, "communication error")             \
     X(ERR_DEVICE, "device error")                  \
+    X(ERR_NUMERIC, "non-finite values")            \
     X(ERR_INTERNAL, "internal error")
 
 typedef enum {

@@ -105,7 +105,7 @@ ckv_status ckv_analyze_head_compute(const ckv_analyze_head_in *in, ckv_backend *
     double pmax = 0.0, ev_norm[CKV_ANALYZE_PRESSES] = {0}, kept_norm[CKV_ANALYZE_PRESSES] = {0};
     for (int t0 = 0; t0 < n; t0 += CKV_ANALYZE_BLOCK) {
         const int nb = n - t0 < CKV_ANALYZE_BLOCK ? n - t0 : CKV_ANALYZE_BLOCK;
-        be->ops->matmul(be, ws->proj, in->v + (size_t)t0 * d, ws->wh, NULL, nb, d, D); /* [nb, D] */
+        ckv_backend_matmul_f32(be, ws->proj, in->v + (size_t)t0 * d, ws->wh, NULL, nb, d, D); /* [nb, D] */
         for (int b = 0; b < nb; b++) {
             const int i = t0 + b;
             const float *y = ws->proj + (size_t)b * D; // [D] = V_i W_O^h
@@ -245,9 +245,9 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
     /* the analysed token's queries: q_proj (+ bias), RoPE at its position */
     const ckv_layer_weights *w = &m->layers[layer];
     int32_t qpos = s->pos[n - 1];
-    be->ops->matmul(be, a->q, s->xn + (size_t)(n - 1) * D, w->wq, w->bq, 1, D, hq);
+    be->ops->matmul(be, a->q, s->xn + (size_t)(n - 1) * D, &w->wq, w->bq, 1);
     be->ops->rope(be, a->q, &qpos, 1, nq, d, m->inv_freq, m->rope_scale);
-    ckv_attn_cache view = ckv_kv_layer_view(&s->kv, layer);
+    ckv_attn_cache view = ckv_compress_cache_view(&s->kv, layer);
     const int group = c->n_heads / c->n_kv_heads;
     for (int j = 0; j < nq; j++) {
         const int h = pl->q_head0 + j, g = h / group - pl->kv_head0;
@@ -256,7 +256,7 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
         ckv_analyze_head_in hi = {
             .n_rows = n, .n_ctx = L, .d = d, .D = D, .q = a->q + (size_t)j * d,
             .k = view.k + (size_t)view.off[g] * d, .v = view.v + (size_t)view.off[g] * d,
-            .wo = w->wo + (size_t)j * d, .wo_stride = hq, .scale = 1.0f / sqrtf((float)d),
+            .wo = (const float *)w->wo.data + (size_t)j * d, .wo_stride = hq, .scale = 1.0f / sqrtf((float)d),
         };
         for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) hi.keep[p] = a->keep + ((size_t)p * nkv + (size_t)g) * L;
         ckv_analyze_head *r = &a->mine[j];

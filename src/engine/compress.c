@@ -50,6 +50,14 @@ static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, cons
     return st;
 }
 
+ckv_attn_cache ckv_compress_cache_view(const ckv_kv_cache *kv, int layer) {
+    const ckv_kv_layer *l = &kv->layers[layer];
+    int host_f32 = kv->dtype == CKV_DTYPE_F32 && kv->be->device == CKV_DEVICE_HOST;
+    ckv_attn_cache v = {host_f32 ? l->kbuf : NULL, host_f32 ? l->vbuf : NULL, l->pos, l->off, l->len, kv->n_kv,
+                        kv->head_dim};
+    return v;
+}
+
 void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score_inputs *in) {
     const ckv_model *m = s->model;
     const ckv_model_config *c = &m->cfg;
@@ -57,8 +65,8 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
     ckv_score_inputs v = {
         .layer = layer, .n_layers = c->n_layers, .L = L, .D = c->hidden_size, .head_dim = c->head_dim,
         .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .n_q_local = p->n_q_local, .n_kv_local = p->n_kv_local,
-        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .cache = ckv_kv_layer_view(&s->kv, layer),
-        .pos = s->pos, .wq = m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = m->layers[layer].wo,
+        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .cache = ckv_compress_cache_view(&s->kv, layer),
+        .pos = s->pos, .wq = &m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = &m->layers[layer].wo,
         .inv_freq = m->inv_freq, .rope_scale = m->rope_scale, .be = m->be, .replica = m->replica, .tp = m->tp,
     };
     *in = v;
@@ -76,6 +84,10 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
     ckv_kv_layer *kl = &s->kv.layers[layer];
     for (int h = 0; h < p->n_kv_local; h++)
         if (kl->len[h] != L) return ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", layer, h, kl->len[h], L);
+    if (s->kv.dtype != CKV_DTYPE_F32 || m->be->device != CKV_DEVICE_HOST)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--press %s scores on the host and needs an F32 KV cache on the cpu "
+                         "backend (got --kv-dtype %s on %s)", ckv_scorer_name(cz->cfg->scorer),
+                         ckv_dtype_name(s->kv.dtype), m->be->name);
     ckv_score_inputs in;
     ckv_compress_score_inputs(s, layer, L, &in);
     ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
@@ -87,17 +99,14 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
         cz->score_seconds += sel.score_seconds;
         cz->select_seconds += sel.select_seconds;
         double t0 = ckv_time_now();
-        const int32_t *keep[1024];
-        if (p->n_kv_local > 1024) st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "more than 1024 local KV heads");
-        for (int h = 0; h < p->n_kv_local && st == CKV_STATUS_OK; h++) keep[h] = sel.rows + (size_t)h * L;
-        size_t row_bytes = (size_t)c->head_dim * 2 * sizeof(float);
+        size_t row_bytes = (size_t)c->head_dim * 2 * ckv_dtype_size(s->kv.dtype);
         for (int h = 0; h < p->n_kv_local; h++) {
             cz->kv_bytes_full += (size_t)L * row_bytes;
             cz->kv_bytes_kept += (size_t)sel.n_keep[h] * row_bytes;
             cz->kept_entries += sel.n_keep[h];
             cz->total_entries += L;
         }
-        if (st == CKV_STATUS_OK) st = ckv_kv_layer_compact(&s->kv, layer, keep, sel.n_keep, s->capacity - L);
+        if (st == CKV_STATUS_OK) st = ckv_kv_layer_compact(&s->kv, layer, sel.rows, L, sel.n_keep, s->capacity - L);
         cz->compact_seconds += ckv_time_now() - t0;
     }
     if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, &sel);

@@ -32,6 +32,9 @@ typedef struct {
 /* Fills the scorer inputs of `layer` from the session's model, cache (context rows 0..L-1 of every
  * local head) and saved attention inputs (the session must have been created with compress = 1). */
 void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score_inputs *in);
+/* The host scorers' view of a layer's cache (F32 caches on a host backend; k and v are NULL
+ * otherwise, which the scorers refuse). */
+ckv_attn_cache ckv_compress_cache_view(const ckv_kv_cache *kv, int layer);
 
 /* Kept rows per (layer, KV head) [n_layers * n_kv_heads] (malloc'd) of a headkv press for a context
  * of L tokens, from the profile named in the press (evict/headkv.h); every head also keeps the

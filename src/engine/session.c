@@ -8,6 +8,10 @@
 #include "core/timer.h"
 
 ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chunk, int compress) {
+    return ckv_session_init_kv(s, m, capacity, chunk, compress, m->be->kv_dtype);
+}
+
+ckv_status ckv_session_init_kv(ckv_session *s, ckv_model *m, int capacity, int chunk, int compress, ckv_dtype kv_dtype) {
     memset(s, 0, sizeof *s);
     const ckv_model_config *c = &m->cfg;
     if (capacity < 1) return ckv_error(CKV_STATUS_ERR_ARG, "session capacity %d must be positive", capacity);
@@ -23,7 +27,7 @@ ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chun
     s->compress = compress;
     s->mark_past = -1;
     ckv_backend *be = m->be;
-    ckv_status st = ckv_kv_cache_init(&s->kv, be, c->n_layers, m->plan.n_kv_local, c->head_dim);
+    ckv_status st = ckv_kv_cache_init(&s->kv, be, c->n_layers, m->plan.n_kv_local, c->head_dim, kv_dtype);
     for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK && !compress; l++) st = ckv_kv_layer_reserve(&s->kv, l, capacity);
     if (st == CKV_STATUS_OK && compress)
         st = be->ops->alloc(be, (void **)&s->xn, (size_t)capacity * c->hidden_size * sizeof(float), "attention inputs");
@@ -68,12 +72,13 @@ ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, f
         CKV_TRY(ckv_model_embed(m, &s->scratch, s->x + (size_t)c0 * D, ids + c0, cn));
     }
     for (int l = 0; l < c->n_layers; l++) {
-        if (!s->kv.layers[l].k) CKV_TRY(ckv_kv_layer_reserve(&s->kv, l, s->capacity)); /* compress: lazily */
+        if (!ckv_kv_layer_has_pool(&s->kv, l)) CKV_TRY(ckv_kv_layer_reserve(&s->kv, l, s->capacity)); /* compress: lazily */
         for (int c0 = 0; c0 < n; c0 += chunk) {
             int cn = n - c0 < chunk ? n - c0 : chunk;
             CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x + (size_t)c0 * D, s->pos + c0, cn, &s->kv,
                                     s->xn ? s->xn + (size_t)c0 * D : NULL));
         }
+        CKV_TRY(ckv_model_check_finite(m, s->x, n, l)); /* one synchronisation per layer of a prefill */
         if (hook) CKV_TRY(hook(hook_ctx, s, l, n));
     }
     const float *lg = NULL;
@@ -137,8 +142,17 @@ size_t ckv_session_bytes_for(const ckv_model *m, int capacity, int chunk) {
     size_t nl = n < CKV_LOGITS_ROWS ? n : CKV_LOGITS_ROWS;
     size_t act = (n * (2 * D + 2 * (size_t)p->n_q_local * d + 2 * (size_t)p->n_kv_local * d + 2 * (size_t)p->n_ff_local + 2) +
                   nl * ((size_t)p->n_vocab_local + (size_t)c->vocab_size)) * sizeof(float);
-    size_t kv = (size_t)c->n_layers * (size_t)p->n_kv_local * (size_t)capacity * (2 * d * sizeof(float) + sizeof(int32_t));
+    size_t kv = (size_t)c->n_layers * (size_t)p->n_kv_local * (size_t)capacity *
+                (2 * d * ckv_dtype_size(m->be->kv_dtype) + sizeof(int32_t));
     return kv + act + (size_t)capacity * D * sizeof(float);
 }
 
-size_t ckv_session_bytes(const ckv_session *s) { return ckv_session_bytes_for(s->model, s->capacity, s->chunk); }
+size_t ckv_session_bytes(const ckv_session *s) {
+    const ckv_model *m = s->model;
+    const ckv_model_config *c = &m->cfg;
+    size_t d = (size_t)c->head_dim;
+    /* the estimate assumes the backend's KV dtype: correct it for the one this session uses */
+    size_t full = ckv_session_bytes_for(m, s->capacity, s->chunk);
+    size_t rows = (size_t)c->n_layers * (size_t)m->plan.n_kv_local * (size_t)s->capacity;
+    return full - rows * 2 * d * ckv_dtype_size(m->be->kv_dtype) + rows * 2 * d * ckv_dtype_size(s->kv.dtype);
+}

@@ -39,6 +39,9 @@ struct ckv_session {
  * capacity) so that the layer hook can compact it before the next layer: peak KV is the compressed
  * layers plus one full layer; the attention input of each layer is kept for the scorers. */
 ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chunk, int compress);
+/* The same with the KV cache stored as kv_dtype (F32, F16, BF16; ckv_session_init takes the
+ * backend's default, be->kv_dtype). */
+ckv_status ckv_session_init_kv(ckv_session *s, ckv_model *m, int capacity, int chunk, int compress, ckv_dtype kv_dtype);
 void ckv_session_free(ckv_session *s); /* accepts partial objects */
 
 /* Prefills ids[n] at positions n_past .. n_past + n - 1, layer-major in chunks. When all_logits is
@@ -60,7 +63,8 @@ ckv_status ckv_session_rewind(ckv_session *s);
 
 /* Bytes the session reserved on the device (KV pools + activations + hidden states). */
 size_t ckv_session_bytes(const ckv_session *s);
-/* Bytes a session of `capacity` tokens with prefill chunks of `chunk` would reserve (full KV). */
+/* Bytes a session of `capacity` tokens with prefill chunks of `chunk` would reserve (full KV in the
+ * backend's KV dtype). */
 size_t ckv_session_bytes_for(const ckv_model *m, int capacity, int chunk);
 
 #endif

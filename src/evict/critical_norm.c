@@ -19,6 +19,10 @@ ckv_status ckv_critical_value_norm(const ckv_score_inputs *in, float *out) {
     if (!in->wo || !out)
         return ckv_error(CKV_STATUS_ERR_ARG, "critical value norm: layer %d needs o_proj and an output buffer",
                          in->layer);
+    if (in->wo->dtype != CKV_DTYPE_F32)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "critical value norm: o_proj stored as %s (needs F32 weights)",
+                         ckv_dtype_name(in->wo->dtype));
+    const float *wo = in->wo->data; // [D, n_q_local * d]
     const int L = in->L, d = in->head_dim, D = in->D, hq = in->n_q_local * d;
     ckv_backend *be = in->be;
     float *wh = NULL, *proj = NULL; // [D, d], [B, D]
@@ -30,13 +34,13 @@ ckv_status ckv_critical_value_norm(const ckv_score_inputs *in, float *out) {
     for (int j = 0; j < in->n_q_local; j++) {
         /* wh[n, :] = wo[n, j*d : (j+1)*d]: (W_O^h)^T in the (out, in) layout the matmul takes */
         for (int r = 0; r < D; r++)
-            memcpy(wh + (size_t)r * d, in->wo + (size_t)r * hq + (size_t)j * d, (size_t)d * sizeof(float));
+            memcpy(wh + (size_t)r * d, wo + (size_t)r * hq + (size_t)j * d, (size_t)d * sizeof(float));
         const int g = ckv_score_local_kv(in, j);
         const float *V = in->cache.v + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
         float *dst = out + (size_t)g * (size_t)L;                             // [L]
         for (int t0 = 0; t0 < L; t0 += CKV_CRIT_BLOCK) {
             const int nb = L - t0 < CKV_CRIT_BLOCK ? L - t0 : CKV_CRIT_BLOCK;
-            be->ops->matmul(be, proj, V + (size_t)t0 * d, wh, NULL, nb, d, D); /* [nb, D] */
+            ckv_backend_matmul_f32(be, proj, V + (size_t)t0 * d, wh, NULL, nb, d, D); /* [nb, D] */
             for (int i = 0; i < nb; i++) dst[t0 + i] += (float)ckv_score_l1(proj + (size_t)i * D, D);
         }
     }

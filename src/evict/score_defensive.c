@@ -130,7 +130,7 @@ static void def_head(const ckv_score_inputs *in, ckv_def_ws *ws, int w, int kern
     const float *K = in->cache.k + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
     for (int i = 0; i < w; i++)
         memcpy(ws->qh + (size_t)i * d, ws->q + (size_t)i * hd + (size_t)j * d, (size_t)d * sizeof(float));
-    in->be->ops->matmul(in->be, ws->logits, ws->qh, K, NULL, w, d, L);
+    ckv_backend_matmul_f32(in->be, ws->logits, ws->qh, K, NULL, w, d, L);
     const float sqrt_d = (float)sqrt((double)d); /* the official code divides by math.sqrt(head_dim) */
     const int bias_lo = n > w ? n - w : 0;
     double *ave = ws->ave + (size_t)g * n;
@@ -180,7 +180,7 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     ckv_status s = CKV_STATUS_OK;
 
     /* 1-4: window queries, per-head rows, defensive max; dmax starts at 0 (every value is >= 0) */
-    be->ops->matmul(be, ws.q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w, D, in->n_q_local * in->head_dim);
+    be->ops->matmul(be, ws.q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w);
     be->ops->rope(be, ws.q, in->pos + (L - w), w, in->n_q_local, in->head_dim, in->inv_freq, in->rope_scale);
     double bias_sum = 0.0;
     for (int j = 0; j < in->n_q_local; j++) def_head(in, &ws, w, cfg->kernel, j, &bias_sum);

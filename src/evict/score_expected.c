@@ -86,7 +86,7 @@ static void ea_statistics(const ckv_score_inputs *in, int n_sink, int cov, ckv_e
     ckv_backend *be = in->be;
     for (int t0 = n_sink; t0 < L; t0 += CKV_EA_BLOCK) {
         const int nb = L - t0 < CKV_EA_BLOCK ? L - t0 : CKV_EA_BLOCK;
-        be->ops->matmul(be, w->q, in->xn + (size_t)t0 * (size_t)D, in->wq, in->bq, nb, D, hq); /* [nb, hq] */
+        be->ops->matmul(be, w->q, in->xn + (size_t)t0 * (size_t)D, in->wq, in->bq, nb); /* [nb, hq] */
         if (t0 == n_sink) memcpy(w->shift, w->q, (size_t)hq * sizeof(float));
         for (int j = 0; j < hl; j++) {
             double *s1 = w->s1 + (size_t)j * d;
@@ -100,7 +100,7 @@ static void ea_statistics(const ckv_score_inputs *in, int n_sink, int cov, ckv_e
                 }
             }
             if (!cov) continue;
-            be->ops->matmul(be, w->outer, w->xt, w->xt, NULL, d, nb, d); /* [d, d] = X^T X */
+            ckv_backend_matmul_f32(be, w->outer, w->xt, w->xt, NULL, d, nb, d); /* [d, d] = X^T X */
             double *s2 = w->s2 + (size_t)j * d * d;
             for (size_t e = 0; e < (size_t)d * d; e++) s2[e] += w->outer[e];
         }
@@ -166,7 +166,7 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
         for (int t0 = 0; t0 < n; t0 += CKV_EA_BLOCK) {
             const int nb = n - t0 < CKV_EA_BLOCK ? n - t0 : CKV_EA_BLOCK;
             const float *Kb = K + (size_t)t0 * d;
-            if (cov) be->ops->matmul(be, w.kc, Kb, w.covf, NULL, nb, d, d); /* [nb, d] */
+            if (cov) ckv_backend_matmul_f32(be, w.kc, Kb, w.covf, NULL, nb, d, d); /* [nb, d] */
             for (int i = 0; i < nb; i++) {
                 const float *k = Kb + (size_t)i * d;
                 double m1 = 0.0, m2 = 0.0;

@@ -38,14 +38,14 @@ ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, float *score
     const float scale = 1.0f / sqrtf((float)d);
     for (int t0 = 0; t0 < L; t0 += B) {
         const int nb = L - t0 < B ? L - t0 : B, nk = t0 + nb; /* the block's last query sees keys 0 .. nk-1 */
-        be->ops->matmul(be, q, in->xn + (size_t)t0 * (size_t)D, in->wq, in->bq, nb, D, hq);
+        be->ops->matmul(be, q, in->xn + (size_t)t0 * (size_t)D, in->wq, in->bq, nb);
         be->ops->rope(be, q, in->pos + t0, nb, in->n_q_local, d, in->inv_freq, in->rope_scale);
         for (int j = 0; j < in->n_q_local; j++) {
             const int g = ckv_score_local_kv(in, j);
             const float *K = in->cache.k + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
             for (int i = 0; i < nb; i++)
                 memcpy(qh + (size_t)i * d, q + (size_t)i * hq + (size_t)j * d, (size_t)d * sizeof(float));
-            be->ops->matmul(be, logits, qh, K, NULL, nb, d, nk); /* [nb, nk] */
+            ckv_backend_matmul_f32(be, logits, qh, K, NULL, nb, d, nk); /* [nb, nk] */
             double *restrict cs = colsum + (size_t)g * (size_t)L;
             for (int i = 0; i < nb; i++) {
                 float *row = logits + (size_t)i * (size_t)nk;

@@ -49,7 +49,7 @@ static ckv_status window_ws_init(ckv_window_ws *ws, const ckv_score_inputs *in, 
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->colsum, (size_t)(L - w) * sizeof(double), "window column sums"), fail);
     ckv_backend *be = in->be;
     /* q = xn[L-w:] @ wq^T + bq, then RoPE at the window's positions */
-    be->ops->matmul(be, ws->q, in->xn + (size_t)(L - w) * (size_t)in->D, in->wq, in->bq, w, in->D, hd);
+    be->ops->matmul(be, ws->q, in->xn + (size_t)(L - w) * (size_t)in->D, in->wq, in->bq, w);
     be->ops->rope(be, ws->q, in->pos + (L - w), w, in->n_q_local, d, in->inv_freq, in->rope_scale);
     return CKV_STATUS_OK;
 fail:
@@ -64,7 +64,7 @@ static void window_head_mean(const ckv_score_inputs *in, ckv_window_ws *ws, int 
     const int g = ckv_score_local_kv(in, j);
     const float *K = in->cache.k + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
     for (int i = 0; i < w; i++) memcpy(ws->qh + (size_t)i * d, ws->q + (size_t)i * hd + (size_t)j * d, (size_t)d * sizeof(float));
-    in->be->ops->matmul(in->be, ws->logits, ws->qh, K, NULL, w, d, L);
+    ckv_backend_matmul_f32(in->be, ws->logits, ws->qh, K, NULL, w, d, L);
     /* kvpress divides the logits by math.sqrt(head_dim) (a division, not a multiply) */
     const float sqrt_d = (float)sqrt((double)d);
     for (int t = 0; t < n_out; t++) ws->colsum[t] = 0.0;

@@ -14,6 +14,18 @@
 #include "core/status.h"
 #include "evict/press.h"
 
+/* One layer's ragged KV cache as the host scorers read it (F32 keys and values in host memory):
+ * head g owns rows [off[g], off[g] + len[g]), sorted by original position. */
+typedef struct {
+    const float *k;     /* [rows, head_dim] post-RoPE keys */
+    const float *v;     /* [rows, head_dim] values */
+    const int32_t *pos; /* [rows] original token position of each row */
+    const int64_t *off; /* [n_kv_heads] first row of each head */
+    const int32_t *len; /* [n_kv_heads] rows in use */
+    int n_kv_heads;
+    int head_dim;
+} ckv_attn_cache;
+
 typedef struct {
     int layer, n_layers;
     int L;                  /* context tokens scored; they sit at rows 0..L-1 of every local head */
@@ -24,9 +36,9 @@ typedef struct {
     const float *xn;        /* [L, D] attention input (post input-RMSNorm) of the context tokens */
     ckv_attn_cache cache;   /* keys (post-RoPE) and values: head h rows off[h] .. off[h] + L - 1 */
     const int32_t *pos;     /* [L] positions of the context tokens */
-    const float *wq;        /* [n_q_local * d, D] q_proj rows of the local heads */
+    const ckv_weight *wq;   /* [n_q_local * d, D] q_proj rows of the local heads */
     const float *bq;        /* [n_q_local * d] or NULL */
-    const float *wo;        /* [D, n_q_local * d] o_proj columns of the local heads */
+    const ckv_weight *wo;   /* [D, n_q_local * d] o_proj columns of the local heads */
     const float *inv_freq;  /* [d / 2] */
     float rope_scale;
     ckv_backend *be;        /* for matmuls (host memory on the CPU backend) */

@@ -1,160 +1,295 @@
-/* kv_cache.c - ragged KV cache pools, append, compact and truncate (see kv_cache.h). */
+/* kv_cache.c - ragged KV cache pools, append, compact and truncate, with the device segment table
+ * of every layer kept in step with the host bookkeeping (see kv_cache.h). */
 #include "kv/kv_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static void kv_layer_release(ckv_backend *be, ckv_kv_layer *l) {
-    be->ops->release(be, l->k);
-    be->ops->release(be, l->v);
+#include "core/alloc.h"
+
+static size_t kv_elem(const ckv_kv_cache *c) { return ckv_dtype_size(c->dtype); }
+
+size_t ckv_kv_cache_row_bytes(const ckv_kv_cache *c) {
+    return (size_t)c->head_dim * 2 * kv_elem(c) + sizeof(int32_t);
+}
+
+static void kv_pool_release(ckv_backend *be, ckv_kv_layer *l) {
+    be->ops->release(be, l->kbuf);
+    be->ops->release(be, l->vbuf);
     be->ops->release(be, l->pos);
-    l->k = l->v = NULL;
+    l->kbuf = l->vbuf = NULL;
     l->pos = NULL;
     l->rows = 0;
 }
 
-ckv_status ckv_kv_cache_init(ckv_kv_cache *c, ckv_backend *be, int n_layers, int n_kv, int head_dim) {
+/* Points the host segment table at the pool (off/cap/len) and uploads it. */
+static ckv_status kv_segs_sync(ckv_kv_cache *c, ckv_kv_layer *l) {
+    const size_t rowb = (size_t)c->head_dim * kv_elem(c);
+    for (int h = 0; h < c->n_kv; h++) {
+        ckv_kv_seg *g = &l->segs_host[h];
+        g->k = l->kbuf ? (char *)l->kbuf + (size_t)l->off[h] * rowb : NULL;
+        g->v = l->vbuf ? (char *)l->vbuf + (size_t)l->off[h] * rowb : NULL;
+        g->pos = l->pos ? l->pos + l->off[h] : NULL;
+        g->len = l->len[h];
+        g->cap = l->cap[h];
+    }
+    return c->be->ops->upload(c->be, l->segs, l->segs_host, (size_t)c->n_kv * sizeof(ckv_kv_seg));
+}
+
+ckv_status ckv_kv_cache_init(ckv_kv_cache *c, ckv_backend *be, int n_layers, int n_kv, int head_dim, ckv_dtype dtype) {
     memset(c, 0, sizeof *c);
     if (n_layers < 1 || n_kv < 1 || head_dim < 1)
         return ckv_error(CKV_STATUS_ERR_ARG, "KV cache shape %d layers x %d heads x %d dims is invalid", n_layers, n_kv,
                          head_dim);
+    if ((dtype != CKV_DTYPE_F32 && dtype != CKV_DTYPE_F16 && dtype != CKV_DTYPE_BF16) || !be->ops->kv_dtype_ok(be, dtype))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend cannot store the KV cache in it",
+                         ckv_dtype_name(dtype), be->name);
     c->be = be;
     c->n_layers = n_layers;
     c->n_kv = n_kv;
     c->head_dim = head_dim;
+    c->dtype = dtype;
     c->layers = calloc((size_t)n_layers, sizeof *c->layers);
     if (!c->layers) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the KV cache tables");
-    for (int i = 0; i < n_layers; i++) {
+    ckv_status st = CKV_STATUS_OK;
+    for (int i = 0; i < n_layers && st == CKV_STATUS_OK; i++) {
         ckv_kv_layer *l = &c->layers[i];
         l->off = calloc((size_t)n_kv, sizeof *l->off);
         l->cap = calloc((size_t)n_kv, sizeof *l->cap);
         l->len = calloc((size_t)n_kv, sizeof *l->len);
-        if (!l->off || !l->cap || !l->len) {
-            ckv_kv_cache_free(c);
-            return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the KV cache tables");
+        l->segs_host = calloc((size_t)n_kv, sizeof *l->segs_host);
+        if (!l->off || !l->cap || !l->len || !l->segs_host) {
+            st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the KV cache tables");
+            break;
         }
+        st = be->ops->alloc(be, (void **)&l->segs, (size_t)n_kv * sizeof(ckv_kv_seg), "KV segment table");
+        if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&l->seg_list, sizeof(ckv_kv_seg *), "KV segment list");
+        if (st == CKV_STATUS_OK) st = be->ops->upload(be, l->seg_list, &l->segs, sizeof(ckv_kv_seg *));
+        if (st == CKV_STATUS_OK) st = kv_segs_sync(c, l);
     }
-    return CKV_STATUS_OK;
+    if (st != CKV_STATUS_OK) ckv_kv_cache_free(c);
+    return st;
 }
 
 void ckv_kv_cache_free(ckv_kv_cache *c) {
     if (!c || !c->layers) return;
     for (int i = 0; i < c->n_layers; i++) {
         ckv_kv_layer *l = &c->layers[i];
-        if (c->be) kv_layer_release(c->be, l);
+        if (c->be) {
+            kv_pool_release(c->be, l);
+            c->be->ops->release(c->be, l->segs);
+            c->be->ops->release(c->be, l->seg_list);
+        }
         free(l->off);
         free(l->cap);
         free(l->len);
+        free(l->segs_host);
     }
     free(c->layers);
     memset(c, 0, sizeof *c);
 }
 
-static ckv_status kv_layer_alloc(ckv_kv_cache *c, ckv_kv_layer *l, int64_t rows) {
+static ckv_status kv_pool_alloc(ckv_kv_cache *c, ckv_kv_layer *l, int64_t rows) {
     ckv_backend *be = c->be;
     size_t rb = (size_t)(rows > 0 ? rows : 1);
-    size_t kbytes = rb * (size_t)c->head_dim * sizeof(float);
-    CKV_TRY(be->ops->alloc(be, (void **)&l->k, kbytes, "KV cache keys"));
-    CKV_TRY(be->ops->alloc(be, (void **)&l->v, kbytes, "KV cache values"));
+    size_t kbytes = rb * (size_t)c->head_dim * kv_elem(c);
+    CKV_TRY(be->ops->alloc(be, &l->kbuf, kbytes, "KV cache keys"));
+    CKV_TRY(be->ops->alloc(be, &l->vbuf, kbytes, "KV cache values"));
     CKV_TRY(be->ops->alloc(be, (void **)&l->pos, rb * sizeof(int32_t), "KV cache positions"));
     l->rows = rows;
     return CKV_STATUS_OK;
 }
 
+int ckv_kv_layer_has_pool(const ckv_kv_cache *c, int layer) { return c->layers[layer].kbuf != NULL; }
+
 ckv_status ckv_kv_layer_reserve(ckv_kv_cache *c, int layer, int cap) {
     if (layer < 0 || layer >= c->n_layers) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache layer %d out of range", layer);
     if (cap < 1) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache capacity %d must be positive", cap);
     ckv_kv_layer *l = &c->layers[layer];
-    kv_layer_release(c->be, l);
-    ckv_status s = kv_layer_alloc(c, l, (int64_t)cap * c->n_kv);
-    if (s != CKV_STATUS_OK) {
-        kv_layer_release(c->be, l);
-        return s;
-    }
+    kv_pool_release(c->be, l);
+    ckv_status s = kv_pool_alloc(c, l, (int64_t)cap * c->n_kv);
+    if (s != CKV_STATUS_OK) kv_pool_release(c->be, l);
     for (int h = 0; h < c->n_kv; h++) {
-        l->off[h] = (int64_t)h * cap;
-        l->cap[h] = cap;
+        l->off[h] = s == CKV_STATUS_OK ? (int64_t)h * cap : 0;
+        l->cap[h] = s == CKV_STATUS_OK ? cap : 0;
         l->len[h] = 0;
+    }
+    ckv_status s2 = kv_segs_sync(c, l);
+    return s != CKV_STATUS_OK ? s : s2;
+}
+
+ckv_kv_batch ckv_kv_layer_batch(const ckv_kv_cache *c, int layer, int extra) {
+    const ckv_kv_layer *l = &c->layers[layer];
+    int max_len = 0;
+    for (int h = 0; h < c->n_kv; h++) max_len = l->len[h] > max_len ? l->len[h] : max_len;
+    ckv_kv_batch b = {.dtype = c->dtype, .head_dim = c->head_dim, .n_kv_heads = c->n_kv, .n_seq = 1,
+                      .segs = l->seg_list, .seq_of = NULL, .seq_start = NULL, .max_len = max_len + extra};
+    return b;
+}
+
+ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start, int layer,
+                               const ckv_kv_batch *b, const float *k, const float *v, const int32_t *pos, int n) {
+    for (int i = 0; i < n_seq; i++) {
+        const ckv_kv_cache *c = caches[i];
+        const ckv_kv_layer *l = &c->layers[layer];
+        const int cnt = seq_start ? seq_start[i + 1] - seq_start[i] : n;
+        if (!l->kbuf) return ckv_error(CKV_STATUS_ERR_INTERNAL, "KV cache layer %d has no pool", layer);
+        for (int h = 0; h < c->n_kv; h++)
+            if (l->len[h] + cnt > l->cap[h])
+                return ckv_error(CKV_STATUS_ERR_RANGE, "KV cache layer %d head %d is full (%d of %d rows, %d more asked)",
+                                 layer, h, l->len[h], l->cap[h], cnt);
+    }
+    ckv_backend *be = caches[0]->be;
+    be->ops->kv_store(be, b, k, v, pos, n); /* advances the device lengths */
+    for (int i = 0; i < n_seq; i++) {
+        ckv_kv_layer *l = &caches[i]->layers[layer];
+        const int cnt = seq_start ? seq_start[i + 1] - seq_start[i] : n;
+        for (int h = 0; h < caches[i]->n_kv; h++) {
+            l->len[h] += cnt;
+            l->segs_host[h].len = l->len[h];
+        }
     }
     return CKV_STATUS_OK;
 }
 
 ckv_status ckv_kv_layer_append(ckv_kv_cache *c, int layer, const float *k, const float *v, const int32_t *pos, int n) {
-    ckv_kv_layer *l = &c->layers[layer];
-    if (!l->k) return ckv_error(CKV_STATUS_ERR_INTERNAL, "KV cache layer %d has no pool", layer);
-    for (int h = 0; h < c->n_kv; h++)
-        if (l->len[h] + n > l->cap[h])
-            return ckv_error(CKV_STATUS_ERR_RANGE, "KV cache layer %d head %d is full (%d of %d rows, %d more asked)",
-                             layer, h, l->len[h], l->cap[h], n);
-    c->be->ops->kv_store(c->be, l->k, l->v, l->pos, l->off, l->len, k, v, pos, n, c->n_kv, c->head_dim);
-    for (int h = 0; h < c->n_kv; h++) l->len[h] += n;
-    return CKV_STATUS_OK;
+    ckv_kv_batch b = ckv_kv_layer_batch(c, layer, n);
+    return ckv_kv_append_batch(&c, 1, NULL, layer, &b, k, v, pos, n);
 }
 
-/* Copies rows src[a..b) of a pool to dst row d (K, V and positions). */
-static ckv_status kv_copy_rows(ckv_kv_cache *c, ckv_kv_layer *dst, int64_t drow, const ckv_kv_layer *src,
-                               int64_t srow, int64_t n) {
-    ckv_backend *be = c->be;
-    size_t w = (size_t)c->head_dim;
-    CKV_TRY(be->ops->copy(be, dst->k + drow * w, src->k + srow * w, (size_t)n * w * sizeof(float)));
-    CKV_TRY(be->ops->copy(be, dst->v + drow * w, src->v + srow * w, (size_t)n * w * sizeof(float)));
-    CKV_TRY(be->ops->copy(be, dst->pos + drow, src->pos + srow, (size_t)n * sizeof(int32_t)));
-    return CKV_STATUS_OK;
+/* Device scratch for compaction: the new segment table, the kept rows and their counts. */
+typedef struct {
+    ckv_kv_seg *segs;  // [n_kv]
+    int32_t *keep;     // [n_kv, stride]
+    int32_t *n_keep;   // [n_kv]
+} kv_gather_ws;
+
+static void kv_gather_ws_free(ckv_backend *be, kv_gather_ws *w) {
+    be->ops->release(be, w->segs);
+    be->ops->release(be, w->keep);
+    be->ops->release(be, w->n_keep);
 }
 
-ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *const *keep, const int32_t *n_keep,
+ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep, int stride, const int32_t *n_keep,
                                 int room) {
     if (layer < 0 || layer >= c->n_layers) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache layer %d out of range", layer);
     if (room < 0) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache room %d is negative", room);
     ckv_kv_layer *old = &c->layers[layer];
+    if (!old->kbuf) return ckv_error(CKV_STATUS_ERR_INTERNAL, "KV cache layer %d has no pool to compact", layer);
     int64_t rows = 0;
     for (int h = 0; h < c->n_kv; h++) {
-        if (n_keep[h] < 0 || n_keep[h] > old->len[h])
+        if (n_keep[h] < 0 || n_keep[h] > old->len[h] || n_keep[h] > stride)
             return ckv_error(CKV_STATUS_ERR_ARG, "layer %d head %d: cannot keep %d of %d rows", layer, h, n_keep[h],
                              old->len[h]);
+        const int32_t *kh = keep + (size_t)h * (size_t)stride;
         for (int i = 0; i < n_keep[h]; i++)
-            if (keep[h][i] < 0 || keep[h][i] >= old->len[h] || (i > 0 && keep[h][i] <= keep[h][i - 1]))
+            if (kh[i] < 0 || kh[i] >= old->len[h] || (i > 0 && kh[i] <= kh[i - 1]))
                 return ckv_error(CKV_STATUS_ERR_ARG, "layer %d head %d: keep list is not ascending rows below %d",
                                  layer, h, old->len[h]);
         rows += n_keep[h] + room;
     }
+    ckv_backend *be = c->be;
     ckv_kv_layer nl;
     memset(&nl, 0, sizeof nl);
-    ckv_status s = kv_layer_alloc(c, &nl, rows);
+    kv_gather_ws ws = {0};
+    ckv_kv_seg *tab = NULL; // [n_kv] host: the new pool's segments
+    ckv_status s = kv_pool_alloc(c, &nl, rows);
+    if (s == CKV_STATUS_OK) s = ckv_alloc((void **)&tab, (size_t)c->n_kv * sizeof *tab, "KV segment staging");
+    if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)&ws.segs, (size_t)c->n_kv * sizeof(ckv_kv_seg), "KV gather segments");
+    if (s == CKV_STATUS_OK)
+        s = be->ops->alloc(be, (void **)&ws.keep, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t), "KV gather rows");
+    if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)&ws.n_keep, (size_t)c->n_kv * sizeof(int32_t), "KV gather counts");
+    if (s == CKV_STATUS_OK) {
+        const size_t rowb = (size_t)c->head_dim * kv_elem(c);
+        int64_t at = 0;
+        for (int h = 0; h < c->n_kv; h++) {
+            tab[h].k = (char *)nl.kbuf + (size_t)at * rowb;
+            tab[h].v = (char *)nl.vbuf + (size_t)at * rowb;
+            tab[h].pos = nl.pos + at;
+            tab[h].len = 0;
+            tab[h].cap = n_keep[h] + room;
+            at += n_keep[h] + room;
+        }
+        s = be->ops->upload(be, ws.segs, tab, (size_t)c->n_kv * sizeof *tab);
+    }
+    if (s == CKV_STATUS_OK) s = be->ops->upload(be, ws.keep, keep, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t));
+    if (s == CKV_STATUS_OK) s = be->ops->upload(be, ws.n_keep, n_keep, (size_t)c->n_kv * sizeof(int32_t));
+    if (s == CKV_STATUS_OK) {
+        be->ops->kv_gather(be, c->dtype, c->head_dim, c->n_kv, ws.segs, old->segs, ws.keep, stride, ws.n_keep);
+        s = be->ops->sync(be); /* the old pool is released next */
+    }
+    ckv_free(tab);
+    kv_gather_ws_free(be, &ws);
     if (s != CKV_STATUS_OK) {
-        kv_layer_release(c->be, &nl);
+        kv_pool_release(be, &nl);
         return s;
     }
+    kv_pool_release(be, old);
+    old->kbuf = nl.kbuf;
+    old->vbuf = nl.vbuf;
+    old->pos = nl.pos;
+    old->rows = nl.rows;
     int64_t at = 0;
-    for (int h = 0; h < c->n_kv && s == CKV_STATUS_OK; h++) {
-        int i = 0;
-        while (i < n_keep[h] && s == CKV_STATUS_OK) { /* copy maximal runs of consecutive rows at once */
-            int j = i + 1;
-            while (j < n_keep[h] && keep[h][j] == keep[h][j - 1] + 1) j++;
-            s = kv_copy_rows(c, &nl, at + i, old, old->off[h] + keep[h][i], j - i);
-            i = j;
-        }
-        old->off[h] = at; /* bookkeeping arrays are reused; pools are swapped below */
+    for (int h = 0; h < c->n_kv; h++) {
+        old->off[h] = at;
         old->cap[h] = n_keep[h] + room;
         old->len[h] = n_keep[h];
         at += n_keep[h] + room;
     }
-    if (s != CKV_STATUS_OK) {
-        kv_layer_release(c->be, &nl);
-        return s;
-    }
-    kv_layer_release(c->be, old);
-    old->k = nl.k;
-    old->v = nl.v;
-    old->pos = nl.pos;
-    old->rows = nl.rows;
-    return CKV_STATUS_OK;
+    return kv_segs_sync(c, old);
 }
 
-ckv_attn_cache ckv_kv_layer_view(const ckv_kv_cache *c, int layer) {
+ckv_status ckv_kv_head_read(const ckv_kv_cache *c, int layer, int h, float *k, float *v, int32_t *pos) {
     const ckv_kv_layer *l = &c->layers[layer];
-    ckv_attn_cache v = {l->k, l->v, l->pos, l->off, l->len, c->n_kv, c->head_dim};
-    return v;
+    ckv_backend *be = c->be;
+    const size_t n = (size_t)l->len[h], d = (size_t)c->head_dim, es = kv_elem(c), rowb = d * es;
+    if (n == 0) return CKV_STATUS_OK;
+    CKV_TRY(be->ops->download(be, pos, l->pos + l->off[h], n * sizeof(int32_t)));
+    if (c->dtype == CKV_DTYPE_F32) {
+        CKV_TRY(be->ops->download(be, k, (const char *)l->kbuf + (size_t)l->off[h] * rowb, n * rowb));
+        return be->ops->download(be, v, (const char *)l->vbuf + (size_t)l->off[h] * rowb, n * rowb);
+    }
+    void *tmp = NULL;
+    CKV_TRY(ckv_alloc(&tmp, n * rowb, "KV head staging"));
+    ckv_status s = be->ops->download(be, tmp, (const char *)l->kbuf + (size_t)l->off[h] * rowb, n * rowb);
+    if (s == CKV_STATUS_OK) ckv_convert_to_f32(k, tmp, c->dtype, n * d);
+    if (s == CKV_STATUS_OK) s = be->ops->download(be, tmp, (const char *)l->vbuf + (size_t)l->off[h] * rowb, n * rowb);
+    if (s == CKV_STATUS_OK) ckv_convert_to_f32(v, tmp, c->dtype, n * d);
+    ckv_free(tmp);
+    return s;
+}
+
+ckv_status ckv_kv_head_write(ckv_kv_cache *c, int layer, int h, const float *k, const float *v, const int32_t *pos,
+                             int n) {
+    ckv_kv_layer *l = &c->layers[layer];
+    ckv_backend *be = c->be;
+    if (!l->kbuf || n < 0 || n > l->cap[h])
+        return ckv_error(CKV_STATUS_ERR_RANGE, "KV cache layer %d head %d: %d rows do not fit its %d reserved", layer, h,
+                         n, l->cap[h]);
+    const size_t d = (size_t)c->head_dim, es = kv_elem(c), rowb = d * es;
+    ckv_status s = CKV_STATUS_OK;
+    if (n > 0) {
+        s = be->ops->upload(be, l->pos + l->off[h], pos, (size_t)n * sizeof(int32_t));
+        if (c->dtype == CKV_DTYPE_F32) {
+            if (s == CKV_STATUS_OK) s = be->ops->upload(be, (char *)l->kbuf + (size_t)l->off[h] * rowb, k, (size_t)n * rowb);
+            if (s == CKV_STATUS_OK) s = be->ops->upload(be, (char *)l->vbuf + (size_t)l->off[h] * rowb, v, (size_t)n * rowb);
+        } else {
+            void *tmp = NULL;
+            if (s == CKV_STATUS_OK) s = ckv_alloc(&tmp, (size_t)n * rowb, "KV head staging");
+            if (s == CKV_STATUS_OK) {
+                ckv_convert_from_f32(tmp, k, c->dtype, (size_t)n * d);
+                s = be->ops->upload(be, (char *)l->kbuf + (size_t)l->off[h] * rowb, tmp, (size_t)n * rowb);
+            }
+            if (s == CKV_STATUS_OK) {
+                ckv_convert_from_f32(tmp, v, c->dtype, (size_t)n * d);
+                s = be->ops->upload(be, (char *)l->vbuf + (size_t)l->off[h] * rowb, tmp, (size_t)n * rowb);
+            }
+            ckv_free(tmp);
+        }
+    }
+    if (s != CKV_STATUS_OK) return s;
+    l->len[h] = n;
+    return kv_segs_sync(c, l);
 }
 
 ckv_status ckv_kv_cache_truncate(ckv_kv_cache *c, const int32_t *lens) {
@@ -163,8 +298,14 @@ ckv_status ckv_kv_cache_truncate(ckv_kv_cache *c, const int32_t *lens) {
             if (lens[i * c->n_kv + h] < 0 || lens[i * c->n_kv + h] > c->layers[i].len[h])
                 return ckv_error(CKV_STATUS_ERR_ARG, "KV truncate: layer %d head %d length %d exceeds %d", i, h,
                                  lens[i * c->n_kv + h], c->layers[i].len[h]);
-    for (int i = 0; i < c->n_layers; i++)
-        for (int h = 0; h < c->n_kv; h++) c->layers[i].len[h] = lens[i * c->n_kv + h];
+    for (int i = 0; i < c->n_layers; i++) {
+        int changed = 0;
+        for (int h = 0; h < c->n_kv; h++) {
+            changed |= c->layers[i].len[h] != lens[i * c->n_kv + h];
+            c->layers[i].len[h] = lens[i * c->n_kv + h];
+        }
+        if (changed) CKV_TRY(kv_segs_sync(c, &c->layers[i]));
+    }
     return CKV_STATUS_OK;
 }
 
@@ -173,17 +314,15 @@ void ckv_kv_cache_lengths(const ckv_kv_cache *c, int32_t *lens) {
         for (int h = 0; h < c->n_kv; h++) lens[i * c->n_kv + h] = c->layers[i].len[h];
 }
 
-static size_t kv_row_bytes(const ckv_kv_cache *c) { return (size_t)c->head_dim * 2 * sizeof(float) + sizeof(int32_t); }
-
 size_t ckv_kv_cache_bytes_reserved(const ckv_kv_cache *c) {
     size_t b = 0;
-    for (int i = 0; i < c->n_layers; i++) b += (size_t)c->layers[i].rows * kv_row_bytes(c);
+    for (int i = 0; i < c->n_layers; i++) b += (size_t)c->layers[i].rows * ckv_kv_cache_row_bytes(c);
     return b;
 }
 
 size_t ckv_kv_cache_bytes_used(const ckv_kv_cache *c) {
     size_t b = 0;
     for (int i = 0; i < c->n_layers; i++)
-        for (int h = 0; h < c->n_kv; h++) b += (size_t)c->layers[i].len[h] * kv_row_bytes(c);
+        for (int h = 0; h < c->n_kv; h++) b += (size_t)c->layers[i].len[h] * ckv_kv_cache_row_bytes(c);
     return b;
 }

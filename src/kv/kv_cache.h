@@ -1,9 +1,12 @@
-/* kv_cache.h - the ragged KV cache of one rank: per layer, per local KV head a segment of a pooled
- * K and V buffer with a capacity, a length and the original position of every row. Rows of a head
- * stay sorted by position. Appends write in place (capacity is reserved up front, nothing is
- * allocated per token); compact() keeps a chosen set of rows per head and releases the rest by
- * moving the layer into a smaller pool. Buffers live on the backend's device; the bookkeeping
- * (offsets, capacities, lengths) on the host. It does not decide what to keep (that is evict/). */
+/* kv_cache.h - the ragged KV cache of one rank and one sequence: per layer, per local KV head a
+ * segment of a pooled K and V buffer with a capacity, a length and the original position of every
+ * row. Rows of a head stay sorted by position. Keys and values are stored in the cache's dtype (F32,
+ * F16 or BF16). Appends write in place (capacity is reserved up front, nothing is allocated per
+ * token); compact() keeps a chosen set of rows per head and releases the rest by moving the layer
+ * into a smaller pool (one kv_gather launch). Buffers live on the backend's device; the bookkeeping
+ * (offsets, capacities, lengths) lives on the host AND in a device segment table per layer
+ * (ckv_kv_seg, backend.h) that every change keeps in step, so device ops never read host memory.
+ * It does not decide what to keep (that is evict/). */
 #ifndef CKV_KV_CACHE_H
 #define CKV_KV_CACHE_H
 
@@ -14,13 +17,16 @@
 #include "core/status.h"
 
 typedef struct {
-    int64_t rows; /* pool rows allocated (sum of cap) */
-    float *k;     /* [rows, head_dim] post-RoPE keys (device) */
-    float *v;     /* [rows, head_dim] values (device) */
-    int32_t *pos; /* [rows] original positions (device) */
-    int64_t *off; /* [n_kv] first row of each head (host) */
-    int32_t *cap; /* [n_kv] rows reserved for each head (host) */
-    int32_t *len; /* [n_kv] rows used by each head (host) */
+    int64_t rows;     /* pool rows allocated (sum of cap) */
+    void *kbuf;       /* [rows, head_dim] post-RoPE keys in the cache dtype (device) */
+    void *vbuf;       /* [rows, head_dim] values (device) */
+    int32_t *pos;     /* [rows] original positions (device) */
+    int64_t *off;     /* [n_kv] first row of each head (host) */
+    int32_t *cap;     /* [n_kv] rows reserved for each head (host) */
+    int32_t *len;     /* [n_kv] rows used by each head (host) */
+    ckv_kv_seg *segs_host; /* [n_kv] host copy of the device segment table */
+    ckv_kv_seg *segs;      /* [n_kv] device segment table (stable address for the session) */
+    ckv_kv_seg **seg_list; /* [1] device: &segs, the one-sequence list a ckv_kv_batch points at */
 } ckv_kv_layer;
 
 typedef struct {
@@ -28,30 +34,53 @@ typedef struct {
     int n_layers;
     int n_kv;     /* KV heads held by this rank */
     int head_dim;
+    ckv_dtype dtype; /* of keys and values */
     ckv_kv_layer *layers; /* [n_layers] */
 } ckv_kv_cache;
 
-/* Sets up an empty cache (no pools yet). */
-ckv_status ckv_kv_cache_init(ckv_kv_cache *c, ckv_backend *be, int n_layers, int n_kv, int head_dim);
+/* Sets up an empty cache (no pools yet) storing keys and values as `dtype` (F32, F16, BF16; the
+ * backend must accept it). */
+ckv_status ckv_kv_cache_init(ckv_kv_cache *c, ckv_backend *be, int n_layers, int n_kv, int head_dim, ckv_dtype dtype);
 /* Frees every pool; accepts a partially initialised or zeroed cache. */
 void ckv_kv_cache_free(ckv_kv_cache *c);
 
+/* Bytes of one row (key + value + position) in this cache. */
+size_t ckv_kv_cache_row_bytes(const ckv_kv_cache *c);
+
 /* Gives layer `layer` a fresh pool with `cap` rows for every head, all empty (frees the old pool). */
 ckv_status ckv_kv_layer_reserve(ckv_kv_cache *c, int layer, int cap);
+/* 1 when the layer has a pool. */
+int ckv_kv_layer_has_pool(const ckv_kv_cache *c, int layer);
 
-/* Appends n tokens to every head of a layer: k, v [n, n_kv, head_dim] (device), pos [n] (device).
- * Fails without writing when a head would exceed its capacity. */
+/* Appends n tokens to every head of a layer: k, v [n, n_kv, head_dim] fp32 (device), pos [n]
+ * (device). Fails without writing when a head would exceed its capacity. */
 ckv_status ckv_kv_layer_append(ckv_kv_cache *c, int layer, const float *k, const float *v, const int32_t *pos, int n);
 
-/* Keeps, for every head h, the rows keep[h][0 .. n_keep[h]) (row indices relative to the head,
- * ascending, < len[h]) and reserves `room` more rows per head for later appends. The layer moves to a
- * pool of exactly sum(n_keep[h] + room) rows; the old pool is released. */
-ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *const *keep, const int32_t *n_keep,
+/* Appends a batch's tokens to several caches at once (one kv_store): the tokens of cache i are
+ * rows seq_start[i] .. seq_start[i + 1] - 1 (host array; NULL when n_seq = 1) of k, v [n, n_kv,
+ * head_dim] and pos [n] (device). b is the batch view of `layer` over exactly these caches, in
+ * order. Fails without writing when any head would exceed its capacity. */
+ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start, int layer,
+                               const ckv_kv_batch *b, const float *k, const float *v, const int32_t *pos, int n);
+
+/* Keeps, for every head h, the rows keep[h * stride + i], i < n_keep[h] (row indices relative to
+ * the head, ascending, < len[h]; host arrays) and reserves `room` more rows per head for later
+ * appends. The layer moves to a pool of exactly sum(n_keep[h] + room) rows in one kv_gather; the
+ * old pool is released. */
+ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep, int stride, const int32_t *n_keep,
                                 int room);
 
-/* The attention op's view of a layer. The host bookkeeping arrays are passed as they are, which is
- * what the CPU backend reads. */
-ckv_attn_cache ckv_kv_layer_view(const ckv_kv_cache *c, int layer);
+/* The attention/kv_store ops' view of a layer as a one-sequence batch; `extra` rows about to be
+ * appended count in max_len. */
+ckv_kv_batch ckv_kv_layer_batch(const ckv_kv_cache *c, int layer, int extra);
+
+/* Host access to one head's rows, for cache files and analysis (not in the decode loop):
+ * read copies rows [0, len) of head h as fp32 keys/values and positions into host buffers
+ * k, v [len, head_dim], pos [len]; write replaces head h's rows with n host rows (n <= cap),
+ * converting to the cache dtype. */
+ckv_status ckv_kv_head_read(const ckv_kv_cache *c, int layer, int h, float *k, float *v, int32_t *pos);
+ckv_status ckv_kv_head_write(ckv_kv_cache *c, int layer, int h, const float *k, const float *v, const int32_t *pos,
+                             int n);
 
 /* Sets every head's length of every layer back to lens[layer * n_kv + h] (<= current length):
  * drops the rows appended after a snapshot (a question's tokens) without touching the rows before. */

@@ -43,7 +43,6 @@ static ckv_status put_u32(kv_stream *s, uint32_t v) { return put(s, &v, 4); }
 static ckv_status get_u32(kv_stream *s, uint32_t *v, const char *what) { return get(s, v, 4, what); }
 
 static ckv_status write_all(const ckv_kv_cache *c, kv_stream *s, const char *meta) {
-    ckv_backend *be = c->be;
     size_t meta_len = strlen(meta);
     CKV_TRY(put(s, ckv_kv_magic, 8));
     CKV_TRY(put_u32(s, CKV_KV_FILE_VERSION));
@@ -56,24 +55,26 @@ static ckv_status write_all(const ckv_kv_cache *c, kv_stream *s, const char *met
     for (int l = 0; l < c->n_layers; l++)
         for (int h = 0; h < c->n_kv; h++)
             if ((size_t)c->layers[l].len[h] > maxlen) maxlen = (size_t)c->layers[l].len[h];
-    float *buf = NULL;
-    CKV_TRY(ckv_alloc((void **)&buf, (maxlen ? maxlen : 1) * d * sizeof(float), "cache save buffer"));
-    ckv_status st = CKV_STATUS_OK;
+    /* rows are written as fp32 whatever the cache stores (files move between backends) */
+    float *kb = NULL, *vb = NULL; // [maxlen, d]
+    int32_t *pb = NULL;           // [maxlen]
+    ckv_status st = ckv_alloc((void **)&kb, (maxlen ? maxlen : 1) * d * sizeof(float), "cache save buffer");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&vb, (maxlen ? maxlen : 1) * d * sizeof(float), "cache save buffer");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&pb, (maxlen ? maxlen : 1) * sizeof(int32_t), "cache save buffer");
     for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) {
         const ckv_kv_layer *kl = &c->layers[l];
         for (int h = 0; h < c->n_kv && st == CKV_STATUS_OK; h++) {
             size_t n = (size_t)kl->len[h];
-            int64_t off = kl->off[h];
             st = put_u32(s, (uint32_t)n);
-            if (st == CKV_STATUS_OK) st = be->ops->download(be, buf, kl->pos + off, n * sizeof(int32_t));
-            if (st == CKV_STATUS_OK) st = put(s, buf, n * sizeof(int32_t));
-            if (st == CKV_STATUS_OK) st = be->ops->download(be, buf, kl->k + off * (int64_t)d, n * d * sizeof(float));
-            if (st == CKV_STATUS_OK) st = put(s, buf, n * d * sizeof(float));
-            if (st == CKV_STATUS_OK) st = be->ops->download(be, buf, kl->v + off * (int64_t)d, n * d * sizeof(float));
-            if (st == CKV_STATUS_OK) st = put(s, buf, n * d * sizeof(float));
+            if (st == CKV_STATUS_OK) st = ckv_kv_head_read(c, l, h, kb, vb, pb);
+            if (st == CKV_STATUS_OK) st = put(s, pb, n * sizeof(int32_t));
+            if (st == CKV_STATUS_OK) st = put(s, kb, n * d * sizeof(float));
+            if (st == CKV_STATUS_OK) st = put(s, vb, n * d * sizeof(float));
         }
     }
-    ckv_free(buf);
+    ckv_free(kb);
+    ckv_free(vb);
+    ckv_free(pb);
     if (st == CKV_STATUS_OK) {
         uint64_t h = s->hash;
         if (fwrite(&h, 1, 8, s->f) != 8) st = ckv_error(CKV_STATUS_ERR_IO, "%s: write failed", s->path);
@@ -136,7 +137,6 @@ static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room) {
     if ((int)nl != c->n_layers || (int)nkv != c->n_kv || (int)hd != c->head_dim)
         return ckv_error(CKV_STATUS_ERR_SHAPE, "%s: cache of %u layers x %u KV heads x %u dims, the model needs %d x %d x %d",
                          s->path, nl, nkv, hd, c->n_layers, c->n_kv, c->head_dim);
-    ckv_backend *be = c->be;
     size_t d = hd;
     ckv_status st = CKV_STATUS_OK;
     int32_t *lens = NULL;
@@ -146,7 +146,6 @@ static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room) {
     for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) {
         /* first pass over this layer's heads is not possible (stream), so read head by head into a
          * host staging buffer and place rows after reserving the layer from the first length */
-        ckv_kv_layer *kl = &c->layers[l];
         long start = ftell(s->f);
         uint64_t hash_at_start = s->hash;
         for (int h = 0; h < (int)nkv && st == CKV_STATUS_OK; h++) { /* lengths: skip over the rows */
@@ -177,30 +176,27 @@ static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room) {
             uint32_t n = 0;
             st = get_u32(s, &n, "a head length");
             size_t need = (size_t)n * d * sizeof(float);
-            if (st == CKV_STATUS_OK && need > cap) {
+            if (st == CKV_STATUS_OK && 2 * need + (size_t)n * sizeof(int32_t) > cap) {
                 ckv_free(buf);
                 buf = NULL;
-                cap = need;
+                cap = 2 * need + (size_t)n * sizeof(int32_t);
                 st = ckv_alloc((void **)&buf, cap, "cache load buffer");
             }
-            int64_t off = kl->off[h];
-            if (st == CKV_STATUS_OK) st = get(s, buf, (size_t)n * sizeof(int32_t), "positions");
-            if (st == CKV_STATUS_OK) st = be->ops->upload(be, kl->pos + off, buf, (size_t)n * sizeof(int32_t));
-            if (st == CKV_STATUS_OK) st = get(s, buf, need, "keys");
-            if (st == CKV_STATUS_OK) st = be->ops->upload(be, kl->k + off * (int64_t)d, buf, need);
-            if (st == CKV_STATUS_OK) st = get(s, buf, need, "values");
-            if (st == CKV_STATUS_OK) st = be->ops->upload(be, kl->v + off * (int64_t)d, buf, need);
-            if (st == CKV_STATUS_OK) kl->len[h] = (int32_t)n;
+            float *kb = buf, *vb = buf + (size_t)n * d; // [n, d] each
+            int32_t *pb = (int32_t *)(buf + 2 * (size_t)n * d); // [n]
+            if (st == CKV_STATUS_OK) st = get(s, pb, (size_t)n * sizeof(int32_t), "positions");
+            if (st == CKV_STATUS_OK) st = get(s, kb, need, "keys");
+            if (st == CKV_STATUS_OK) st = get(s, vb, need, "values");
+            if (st == CKV_STATUS_OK) st = ckv_kv_head_write(c, l, h, kb, vb, pb, (int)n);
             keep_n[h] = (int32_t)n;
         }
         if (st != CKV_STATUS_OK) break;
         /* shrink to exactly the rows + room (compact keeps every row of each head) */
-        const int32_t *keep[1024];
-        int32_t *all_rows = NULL;
-        st = ckv_alloc((void **)&all_rows, (size_t)(maxlen > 0 ? maxlen : 1) * sizeof(int32_t), "rows");
-        for (int i = 0; st == CKV_STATUS_OK && i < maxlen; i++) all_rows[i] = i;
-        for (int h = 0; h < (int)nkv; h++) keep[h] = all_rows;
-        if (st == CKV_STATUS_OK) st = ckv_kv_layer_compact(c, l, keep, keep_n, room);
+        int32_t *all_rows = NULL; // [nkv, maxlen]
+        const size_t stride = (size_t)(maxlen > 0 ? maxlen : 1);
+        st = ckv_alloc((void **)&all_rows, (size_t)nkv * stride * sizeof(int32_t), "rows");
+        for (size_t i = 0; st == CKV_STATUS_OK && i < (size_t)nkv * stride; i++) all_rows[i] = (int32_t)(i % stride);
+        if (st == CKV_STATUS_OK) st = ckv_kv_layer_compact(c, l, all_rows, (int)stride, keep_n, room);
         ckv_free(all_rows);
     }
     if (st == CKV_STATUS_OK) {

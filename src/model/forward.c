@@ -79,7 +79,7 @@ ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const i
                              i, m->cfg.vocab_size);
     ckv_backend *be = m->be;
     CKV_TRY(be->ops->upload(be, s->ids, ids, (size_t)n * sizeof(int32_t)));
-    be->ops->embedding(be, x, m->embed, s->ids, n, m->cfg.hidden_size);
+    be->ops->embedding(be, x, &m->embed, s->ids, n);
     return CKV_STATUS_OK;
 }
 
@@ -95,8 +95,10 @@ static ckv_status allreduce_hidden(ckv_model *m, ckv_model_scratch *s, float *bu
     return be->ops->upload(be, buf, s->host_proj, count * sizeof(float));
 }
 
-ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
-                           ckv_kv_cache *kv, float *xn_out) {
+/* One decoder layer over n tokens whose keys/values go to `caches` (batch view kv); see model.h. */
+static ckv_status model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                              ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start,
+                              const ckv_kv_batch *kv, float *xn_out) {
     if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "layer: %d tokens outside [1, %d]", n, s->n_max);
     ckv_backend *be = m->be;
     const ckv_backend_ops *op = be->ops;
@@ -110,25 +112,56 @@ ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float 
     /* attention block */
     op->rmsnorm(be, s->xn, x, w->attn_norm, n, D, eps);
     if (xn_out) CKV_TRY(op->copy(be, xn_out, s->xn, (size_t)n * D * sizeof(float)));
-    op->matmul(be, s->q, s->xn, w->wq, w->bq, n, D, nq * d);
-    op->matmul(be, s->k, s->xn, w->wk, w->bk, n, D, nkv * d);
-    op->matmul(be, s->v, s->xn, w->wv, w->bv, n, D, nkv * d);
+    op->matmul(be, s->q, s->xn, &w->wq, w->bq, n);
+    op->matmul(be, s->k, s->xn, &w->wk, w->bk, n);
+    op->matmul(be, s->v, s->xn, &w->wv, w->bv, n);
     op->rope(be, s->q, s->pos, n, nq, d, m->inv_freq, m->rope_scale);
     op->rope(be, s->k, s->pos, n, nkv, d, m->inv_freq, m->rope_scale);
-    CKV_TRY(ckv_kv_layer_append(kv, layer, s->k, s->v, s->pos, n));
-    ckv_attn_cache view = ckv_kv_layer_view(kv, layer);
-    op->attention(be, s->att, s->q, pos, &view, n, nq, 1.0f / sqrtf((float)d));
-    op->matmul(be, s->proj, s->att, w->wo, w->bo, n, nq * d, D);
+    CKV_TRY(ckv_kv_append_batch(caches, n_seq, seq_start, layer, kv, s->k, s->v, s->pos, n));
+    op->attention(be, s->att, s->q, s->pos, kv, n, nq, 1.0f / sqrtf((float)d));
+    op->matmul(be, s->proj, s->att, &w->wo, w->bo, n);
     CKV_TRY(allreduce_hidden(m, s, s->proj, (size_t)n * D));
     op->add(be, x, s->proj, (size_t)n * D);
     /* MLP block */
     op->rmsnorm(be, s->xn, x, w->mlp_norm, n, D, eps);
-    op->matmul(be, s->gate, s->xn, w->wgate, NULL, n, D, ff);
-    op->matmul(be, s->up, s->xn, w->wup, NULL, n, D, ff);
+    op->matmul(be, s->gate, s->xn, &w->wgate, NULL, n);
+    op->matmul(be, s->up, s->xn, &w->wup, NULL, n);
     op->swiglu(be, s->gate, s->gate, s->up, (size_t)n * ff);
-    op->matmul(be, s->proj, s->gate, w->wdown, NULL, n, ff, D);
+    op->matmul(be, s->proj, s->gate, &w->wdown, NULL, n);
     CKV_TRY(allreduce_hidden(m, s, s->proj, (size_t)n * D));
     op->add(be, x, s->proj, (size_t)n * D);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                           ckv_kv_cache *kv, float *xn_out) {
+    ckv_kv_batch view = ckv_kv_layer_batch(kv, layer, n);
+    return model_layer(m, s, layer, x, pos, n, &kv, 1, NULL, &view, xn_out);
+}
+
+ckv_status ckv_model_layer_batch(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                                 ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start,
+                                 const ckv_kv_batch *kv) {
+    if (n_seq < 1 || (n_seq > 1 && !seq_start) || kv->n_seq != n_seq)
+        return ckv_error(CKV_STATUS_ERR_ARG, "layer batch: %d caches, a view of %d sequences", n_seq, kv->n_seq);
+    return model_layer(m, s, layer, x, pos, n, caches, n_seq, seq_start, kv, NULL);
+}
+
+/* Non-finite logits end the run with an error instead of sampling garbage. */
+static ckv_status logits_check(const float *lg, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(lg[i]))
+            return ckv_error(CKV_STATUS_ERR_NUMERIC, "the logits hold a non-finite value (%g at index %zu): the weights "
+                             "or the activations overflowed", (double)lg[i], i);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_check_finite(ckv_model *m, const float *x, int n, int layer) {
+    size_t bad = 0;
+    CKV_TRY(m->be->ops->count_nonfinite(m->be, x, (size_t)n * (size_t)m->cfg.hidden_size, &bad));
+    if (bad)
+        return ckv_error(CKV_STATUS_ERR_NUMERIC, "layer %d produced %zu non-finite activations (NaN or Inf) over %d "
+                         "tokens: the weights or the inputs are corrupt", layer, bad, n);
     return CKV_STATUS_OK;
 }
 
@@ -139,11 +172,11 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
     const ckv_shard_plan *p = &m->plan;
     int D = c->hidden_size, V = c->vocab_size, vl = p->n_vocab_local;
     be->ops->rmsnorm(be, s->xn, x, m->final_norm, n, D, (float)c->rms_norm_eps);
-    be->ops->matmul(be, s->logits, s->xn, m->lm_head, NULL, n, D, vl);
+    be->ops->matmul(be, s->logits, s->xn, &m->lm_head, NULL, n);
     if (p->tp == 1) {
         CKV_TRY(be->ops->download(be, s->host_logits, s->logits, (size_t)n * V * sizeof(float)));
         *logits = s->host_logits;
-        return CKV_STATUS_OK;
+        return logits_check(s->host_logits, (size_t)n * V);
     }
     /* gather the vocabulary slices: every rank sends [n, pad] (its slice padded to the largest) */
     size_t pad = padded_vocab(m);
@@ -161,5 +194,5 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
             memcpy(s->host_logits + (size_t)t * V + v0, part + (size_t)t * pad, (size_t)cnt * sizeof(float));
     }
     *logits = s->host_logits;
-    return CKV_STATUS_OK;
+    return logits_check(s->host_logits, (size_t)n * V);
 }

@@ -9,17 +9,11 @@
 #include "model/rope.h"
 #include "model/source.h"
 
-/* Allocates a device buffer for `name` (rows [r0, r1) x cols [c0, c1) of a 2-D tensor, or the
- * whole tensor when r1 < 0) and fills it from the checkpoint. */
-static ckv_status load_tensor(ckv_model *m, const ckv_weight_source *st, float **dst, const char *name, int ndim,
-                              const int64_t *shape, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+/* Reads `name` (rows [r0, r1) x cols [c0, c1) of a 2-D tensor, or the whole tensor when r1 < 0) as
+ * fp32 into a fresh device buffer of n floats (norms, biases). */
+static ckv_status load_f32(ckv_model *m, const ckv_weight_source *st, float **dst, const char *name, int ndim,
+                           const int64_t *shape, int64_t r0, int64_t r1, int64_t c0, int64_t c1, size_t n) {
     ckv_backend *be = m->be;
-    size_t n = 1;
-    if (r1 >= 0) {
-        n = (size_t)(r1 - r0) * (size_t)(c1 - c0);
-    } else {
-        for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
-    }
     CKV_TRY(be->ops->alloc(be, (void **)dst, n * sizeof(float), name));
     m->weight_bytes += n * sizeof(float);
     if (be->device == CKV_DEVICE_HOST)
@@ -29,6 +23,48 @@ static ckv_status load_tensor(ckv_model *m, const ckv_weight_source *st, float *
     ckv_status s = st->read_f32(st->ctx, name, ndim, shape, r0, r1, c0, c1, tmp);
     if (s == CKV_STATUS_OK) s = be->ops->upload(be, *dst, tmp, n * sizeof(float));
     ckv_free(tmp);
+    return s;
+}
+
+/* An fp32 tensor (norms, biases): the whole tensor, or a 2-D slice. */
+static ckv_status load_tensor(ckv_model *m, const ckv_weight_source *st, float **dst, const char *name, int ndim,
+                              const int64_t *shape, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    size_t n = 1;
+    if (r1 >= 0) {
+        n = (size_t)(r1 - r0) * (size_t)(c1 - c0);
+    } else {
+        for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    }
+    return load_f32(m, st, dst, name, ndim, shape, r0, r1, c0, c1, n);
+}
+
+/* Loads rows [r0, r1) x cols [c0, c1) of the 2-D tensor `name` (shape [shape0, shape1]) as a
+ * weight matrix in the model's weight dtype. */
+static ckv_status load_matrix(ckv_model *m, const ckv_weight_source *st, ckv_weight *w, const char *name,
+                              const int64_t *shape, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    ckv_backend *be = m->be;
+    const ckv_dtype dt = m->wdtype;
+    memset(w, 0, sizeof *w);
+    w->dtype = dt;
+    w->rows = r1 - r0;
+    w->cols = c1 - c0;
+    w->row_bytes = ckv_dtype_row_bytes(dt, w->cols);
+    const size_t n = (size_t)w->rows * (size_t)w->cols;
+    if (dt == CKV_DTYPE_F32) return load_f32(m, st, (float **)&w->data, name, 2, shape, r0, r1, c0, c1, n);
+    const size_t bytes = (size_t)w->rows * w->row_bytes;
+    CKV_TRY(be->ops->alloc(be, &w->data, bytes, name));
+    m->weight_bytes += bytes;
+    float *tmp = NULL;
+    void *conv = NULL;
+    ckv_status s = ckv_alloc((void **)&tmp, n * sizeof(float), name);
+    if (s == CKV_STATUS_OK) s = ckv_alloc(&conv, bytes, name);
+    if (s == CKV_STATUS_OK) s = st->read_f32(st->ctx, name, 2, shape, r0, r1, c0, c1, tmp);
+    if (s == CKV_STATUS_OK) {
+        ckv_convert_from_f32(conv, tmp, dt, n);
+        s = be->ops->upload(be, w->data, conv, bytes);
+    }
+    ckv_free(tmp);
+    ckv_free(conv);
     return s;
 }
 
@@ -60,22 +96,22 @@ static ckv_status load_layer(ckv_model *m, const ckv_weight_source *st, int i) {
 #define CKV_NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", i, suffix), name)
     int64_t sq[2] = {qrows, D}, skv[2] = {kvrows, D}, so[2] = {D, qrows}, sf[2] = {F, D}, sd[2] = {D, F};
     CKV_TRY(load_tensor(m, st, &w->attn_norm, CKV_NAME("input_layernorm.weight"), 1, &D, 0, -1, 0, -1));
-    CKV_TRY(load_tensor(m, st, &w->wq, CKV_NAME("self_attn.q_proj.weight"), 2, sq, q0, q1, 0, D));
-    CKV_TRY(load_tensor(m, st, &w->wk, CKV_NAME("self_attn.k_proj.weight"), 2, skv, k0, k1, 0, D));
-    CKV_TRY(load_tensor(m, st, &w->wv, CKV_NAME("self_attn.v_proj.weight"), 2, skv, k0, k1, 0, D));
+    CKV_TRY(load_matrix(m, st, &w->wq, CKV_NAME("self_attn.q_proj.weight"), sq, q0, q1, 0, D));
+    CKV_TRY(load_matrix(m, st, &w->wk, CKV_NAME("self_attn.k_proj.weight"), skv, k0, k1, 0, D));
+    CKV_TRY(load_matrix(m, st, &w->wv, CKV_NAME("self_attn.v_proj.weight"), skv, k0, k1, 0, D));
     if (c->attention_bias) {
         CKV_TRY(load_vector(m, st, &w->bq, CKV_NAME("self_attn.q_proj.bias"), qrows, q0, q1 - q0));
         CKV_TRY(load_vector(m, st, &w->bk, CKV_NAME("self_attn.k_proj.bias"), kvrows, k0, k1 - k0));
         CKV_TRY(load_vector(m, st, &w->bv, CKV_NAME("self_attn.v_proj.bias"), kvrows, k0, k1 - k0));
     }
-    CKV_TRY(load_tensor(m, st, &w->wo, CKV_NAME("self_attn.o_proj.weight"), 2, so, 0, D, q0, q1));
+    CKV_TRY(load_matrix(m, st, &w->wo, CKV_NAME("self_attn.o_proj.weight"), so, 0, D, q0, q1));
     /* Llama's attention_bias also biases o_proj; a row-parallel bias is added once, on rank 0 */
     if (c->attention_bias && c->arch == CKV_ARCH_LLAMA && p->rank == 0)
         CKV_TRY(load_tensor(m, st, &w->bo, CKV_NAME("self_attn.o_proj.bias"), 1, &D, 0, -1, 0, -1));
     CKV_TRY(load_tensor(m, st, &w->mlp_norm, CKV_NAME("post_attention_layernorm.weight"), 1, &D, 0, -1, 0, -1));
-    CKV_TRY(load_tensor(m, st, &w->wgate, CKV_NAME("mlp.gate_proj.weight"), 2, sf, f0, f1, 0, D));
-    CKV_TRY(load_tensor(m, st, &w->wup, CKV_NAME("mlp.up_proj.weight"), 2, sf, f0, f1, 0, D));
-    CKV_TRY(load_tensor(m, st, &w->wdown, CKV_NAME("mlp.down_proj.weight"), 2, sd, 0, D, f0, f1));
+    CKV_TRY(load_matrix(m, st, &w->wgate, CKV_NAME("mlp.gate_proj.weight"), sf, f0, f1, 0, D));
+    CKV_TRY(load_matrix(m, st, &w->wup, CKV_NAME("mlp.up_proj.weight"), sf, f0, f1, 0, D));
+    CKV_TRY(load_matrix(m, st, &w->wdown, CKV_NAME("mlp.down_proj.weight"), sd, 0, D, f0, f1));
 #undef CKV_NAME
     return CKV_STATUS_OK;
 }
@@ -88,21 +124,23 @@ static ckv_status model_load_weights(ckv_model *m, const ckv_weight_source *st, 
     int64_t se[2] = {V, D};
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) s = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the layer table");
-    if (s == CKV_STATUS_OK) s = load_tensor(m, st, &m->embed, "model.embed_tokens.weight", 2, se, 0, -1, 0, -1);
+    if (s == CKV_STATUS_OK) s = load_matrix(m, st, &m->embed, "model.embed_tokens.weight", se, 0, V, 0, D);
     if (s == CKV_STATUS_OK) s = load_tensor(m, st, &m->final_norm, "model.norm.weight", 1, &D, 0, -1, 0, -1);
     for (int i = 0; i < c->n_layers && s == CKV_STATUS_OK; i++) s = load_layer(m, st, i);
     if (s == CKV_STATUS_OK) {
         int64_t v0 = p->vocab0, v1 = p->vocab0 + p->n_vocab_local;
         if (c->tie_word_embeddings) {
-            if (p->tp == 1)
+            if (p->tp == 1) {
                 m->lm_head = m->embed;
-            else
-                s = load_tensor(m, st, &m->lm_head, "model.embed_tokens.weight", 2, se, v0, v1, 0, D);
+                m->lm_head_tied = 1;
+            } else {
+                s = load_matrix(m, st, &m->lm_head, "model.embed_tokens.weight", se, v0, v1, 0, D);
+            }
         } else if (!st->has(st->ctx, "lm_head.weight")) {
             s = ckv_error(CKV_STATUS_ERR_FORMAT,
                           "%s: tensor 'lm_head.weight' is missing and config.json does not tie word embeddings", dir);
         } else {
-            s = load_tensor(m, st, &m->lm_head, "lm_head.weight", 2, se, v0, v1, 0, D);
+            s = load_matrix(m, st, &m->lm_head, "lm_head.weight", se, v0, v1, 0, D);
         }
     }
     if (st->release_pages) st->release_pages(st->ctx);
@@ -110,11 +148,21 @@ static ckv_status model_load_weights(ckv_model *m, const ckv_weight_source *st, 
 }
 
 ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp) {
+    return ckv_model_load_opts(out, dir, be, tp, NULL);
+}
+
+ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
+                               const ckv_model_opts *opts) {
     *out = NULL;
+    ckv_dtype wdt = opts && opts->weights_dtype != CKV_DTYPE_COUNT_ ? opts->weights_dtype : be->weight_dtype;
+    if ((wdt != CKV_DTYPE_F32 && wdt != CKV_DTYPE_F16 && wdt != CKV_DTYPE_BF16) || !be->ops->weight_dtype_ok(be, wdt))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--weights-dtype %s: the %s backend does not compute weights in it",
+                         ckv_dtype_name(wdt), be->name);
     ckv_model *m = calloc(1, sizeof *m);
     if (!m) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the model");
     m->be = be;
     m->tp = tp;
+    m->wdtype = wdt;
     ckv_weight_source src;
     ckv_status s = ckv_source_open(&src, &m->cfg, dir);
     const ckv_model_config *c = &m->cfg;
@@ -149,28 +197,33 @@ void ckv_model_free(ckv_model *m) {
     if (m->layers) {
         for (int i = 0; i < m->cfg.n_layers; i++) {
             ckv_layer_weights *w = &m->layers[i];
-            float *bufs[] = {w->attn_norm, w->wq, w->bq, w->wk, w->bk, w->wv, w->bv,
-                             w->wo, w->bo, w->mlp_norm, w->wgate, w->wup, w->wdown};
+            void *bufs[] = {w->attn_norm, w->wq.data, w->bq, w->wk.data, w->bk, w->wv.data, w->bv,
+                            w->wo.data, w->bo, w->mlp_norm, w->wgate.data, w->wup.data, w->wdown.data};
             for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++) be->ops->release(be, bufs[j]);
         }
         free(m->layers);
     }
-    if (m->lm_head != m->embed) be->ops->release(be, m->lm_head);
-    be->ops->release(be, m->embed);
+    if (!m->lm_head_tied) be->ops->release(be, m->lm_head.data);
+    be->ops->release(be, m->embed.data);
     be->ops->release(be, m->final_norm);
     be->ops->release(be, m->inv_freq);
     ckv_comm_free(m->replica);
     free(m);
 }
 
-size_t ckv_model_weight_bytes(const ckv_model_config *c, const ckv_shard_plan *p) {
+size_t ckv_model_weight_bytes_dtype(const ckv_model_config *c, const ckv_shard_plan *p, ckv_dtype dtype) {
     size_t D = (size_t)c->hidden_size, d = (size_t)c->head_dim, V = (size_t)c->vocab_size;
-    size_t per_layer = 2 * D + (size_t)p->n_q_local * d * D * 2 + (size_t)p->n_kv_local * d * D * 2 +
-                       (size_t)p->n_ff_local * D * 3;
-    if (c->attention_bias) per_layer += (size_t)(p->n_q_local + 2 * p->n_kv_local) * d;
-    size_t total = per_layer * (size_t)c->n_layers + V * D + D;
-    if (!(c->tie_word_embeddings && p->tp == 1)) total += (size_t)p->n_vocab_local * D;
-    return total * sizeof(float);
+    size_t es = ckv_dtype_size(dtype) ? ckv_dtype_size(dtype) : sizeof(float);
+    size_t mat = (size_t)p->n_q_local * d * D * 2 + (size_t)p->n_kv_local * d * D * 2 + (size_t)p->n_ff_local * D * 3;
+    size_t vec = 2 * D;
+    if (c->attention_bias) vec += (size_t)(p->n_q_local + 2 * p->n_kv_local) * d;
+    size_t mats = mat * (size_t)c->n_layers + V * D;
+    if (!(c->tie_word_embeddings && p->tp == 1)) mats += (size_t)p->n_vocab_local * D;
+    return mats * es + (vec * (size_t)c->n_layers + D) * sizeof(float);
+}
+
+size_t ckv_model_weight_bytes(const ckv_model_config *c, const ckv_shard_plan *p) {
+    return ckv_model_weight_bytes_dtype(c, p, CKV_DTYPE_F32);
 }
 
 static void fp_mix(uint64_t *h, const void *p, size_t n) {
@@ -188,9 +241,14 @@ ckv_status ckv_model_fingerprint(const ckv_model *m, char out[17]) {
     fp_mix(&h, &c->rope.factor, sizeof c->rope.factor);
     /* weights every rank holds in full: the first rows of the embeddings and the final norm */
     float sample[1024];
+    /* the first rows of the embeddings, as fp32 whatever they are stored in (the same model gives
+     * the same fingerprint on every backend up to the rounding of its weight dtype) */
     size_t n = (size_t)c->hidden_size * 4 < 1024 ? (size_t)c->hidden_size * 4 : 1024;
     if (n > (size_t)c->vocab_size * (size_t)c->hidden_size) n = (size_t)c->vocab_size * (size_t)c->hidden_size;
-    CKV_TRY(m->be->ops->download(m->be, sample, m->embed, n * sizeof(float)));
+    size_t es = ckv_dtype_size(m->embed.dtype);
+    unsigned char raw[4096];
+    CKV_TRY(m->be->ops->download(m->be, raw, m->embed.data, n * es));
+    ckv_convert_to_f32(sample, raw, m->embed.dtype, n);
     fp_mix(&h, sample, n * sizeof(float));
     n = (size_t)c->hidden_size < 1024 ? (size_t)c->hidden_size : 1024;
     CKV_TRY(m->be->ops->download(m->be, sample, m->final_norm, n * sizeof(float)));

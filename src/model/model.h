@@ -16,21 +16,29 @@
 #include "model/config.h"
 #include "shard/shard.h"
 
+/* Matrices are typed (ckv_weight: the dtype the backend computes); norms and biases are fp32. */
 typedef struct {
     float *attn_norm; /* [D] */
-    float *wq;        /* [n_q_local * d, D] */
+    ckv_weight wq;    /* [n_q_local * d, D] */
     float *bq;        /* [n_q_local * d] or NULL */
-    float *wk;        /* [n_kv_local * d, D] */
+    ckv_weight wk;    /* [n_kv_local * d, D] */
     float *bk;        /* [n_kv_local * d] or NULL */
-    float *wv;        /* [n_kv_local * d, D] */
+    ckv_weight wv;    /* [n_kv_local * d, D] */
     float *bv;        /* [n_kv_local * d] or NULL */
-    float *wo;        /* [D, n_q_local * d] (this rank's columns of o_proj) */
+    ckv_weight wo;    /* [D, n_q_local * d] (this rank's columns of o_proj) */
     float *bo;        /* [D] o_proj bias (Llama attention_bias) on TP rank 0 only, else NULL */
     float *mlp_norm;  /* [D] */
-    float *wgate;     /* [n_ff_local, D] */
-    float *wup;       /* [n_ff_local, D] */
-    float *wdown;     /* [D, n_ff_local] */
+    ckv_weight wgate; /* [n_ff_local, D] */
+    ckv_weight wup;   /* [n_ff_local, D] */
+    ckv_weight wdown; /* [D, n_ff_local] */
 } ckv_layer_weights;
+
+/* How weights are loaded. */
+typedef struct {
+    /* dtype of the weight matrices: F32, F16 or BF16; CKV_DTYPE_COUNT_ = the backend's choice
+     * (be->weight_dtype). The backend must compute it (weight_dtype_ok). */
+    ckv_dtype weights_dtype;
+} ckv_model_opts;
 
 typedef struct {
     ckv_model_config cfg;
@@ -38,13 +46,15 @@ typedef struct {
     ckv_backend *be;
     ckv_comm *tp;           /* tensor-parallel group (borrowed) */
     ckv_comm *replica;      /* the ranks of the group holding the same KV heads (owned; NULL unless tp > Hkv) */
-    float *embed;           /* [V, D] token embeddings (replicated) */
-    float *lm_head;         /* [n_vocab_local, D]; may alias embed when tied and unsharded */
+    ckv_weight embed;       /* [V, D] token embeddings (replicated) */
+    ckv_weight lm_head;     /* [n_vocab_local, D]; shares embed's data when tied and unsharded */
+    int lm_head_tied;       /* lm_head.data is embed.data (not freed twice) */
     float *final_norm;      /* [D] */
     ckv_layer_weights *layers; /* [n_layers] */
     float *inv_freq;        /* [d / 2] (device) */
     float rope_scale;       /* cos/sin multiplier (YaRN attention factor) */
     size_t weight_bytes;    /* device bytes of this rank's weights */
+    ckv_dtype wdtype;       /* dtype of the weight matrices */
 } ckv_model;
 
 /* Rows of logits computed at once: a prefill needs the last row only, parity tests ask for more and
@@ -71,8 +81,11 @@ typedef struct {
     float *host_part;   /* [n_logits, padded vocab slice * tp] all-gather staging (host) */
 } ckv_model_scratch;
 
-/* Loads rank plan->rank's share of the model in `dir`. tp may be NULL (one rank). */
+/* Loads rank plan->rank's share of the model in `dir`. tp may be NULL (one rank). opts may be NULL
+ * (defaults). */
 ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp);
+ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
+                               const ckv_model_opts *opts);
 void ckv_model_free(ckv_model *m); /* NULL and partial objects are fine */
 
 ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int n_max);
@@ -88,16 +101,29 @@ ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const i
 ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
                            ckv_kv_cache *kv, float *xn_out);
 
+/* The same over several KV caches at once (batched decode): the tokens of caches[i] are rows
+ * seq_start[i] .. seq_start[i + 1] - 1 (host) of x, at host positions pos; kv is the layer's batch
+ * view over these caches (its seq_of/seq_start device arrays describe the same split). */
+ckv_status ckv_model_layer_batch(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
+                                 ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start,
+                                 const ckv_kv_batch *kv);
+
+/* Fails with CKV_STATUS_ERR_NUMERIC naming `layer` when x [n, D] (device) holds a NaN or Inf;
+ * synchronises the backend (prefill calls it once per layer). */
+ckv_status ckv_model_check_finite(ckv_model *m, const float *x, int n, int layer);
+
 /* Final norm + lm_head of x[n, D] (device), n <= s->n_logits: full-vocabulary logits [n, V] on the
  * host (gathered over the TP group), returned as a pointer into the scratch (valid until the next
- * call). */
+ * call). Non-finite logits are an error (CKV_STATUS_ERR_NUMERIC). */
 ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits);
 
 /* A 16-hex-digit fingerprint of the model (its configuration and samples of its weights), the same
  * on every rank; cache files record it so a cache is never loaded into another model. */
 ckv_status ckv_model_fingerprint(const ckv_model *m, char out[17]);
 
-/* Bytes of weights a rank would need for a given plan (for `ckv inspect`), fp32 compute. */
+/* Bytes of weights a rank would need for a given plan (for `ckv inspect`) with matrices stored as
+ * `dtype` (F32, F16, BF16; norms and biases fp32). */
 size_t ckv_model_weight_bytes(const ckv_model_config *cfg, const ckv_shard_plan *plan);
+size_t ckv_model_weight_bytes_dtype(const ckv_model_config *cfg, const ckv_shard_plan *plan, ckv_dtype dtype);
 
 #endif

@@ -276,7 +276,7 @@ static ckv_status checking_hook(void *ctx, ckv_session *s, int layer, int n_prom
     const ckv_model *m = s->model;
     const int d = m->cfg.head_dim, D = m->cfg.hidden_size, nq = m->plan.n_q_local, hq = nq * d;
     const float *att = s->scratch.att + (size_t)(hc->n - 1) * hq; // [hq]
-    const float *wo = m->layers[layer].wo;                          // [D, hq]
+    const float *wo = m->layers[layer].wo.data;                     // [D, hq] (F32 on the cpu)
     for (int j = 0; j < nq; j++) {
         double l1 = 0.0;
         for (int r = 0; r < D; r++) {

@@ -106,12 +106,23 @@ static void test_embedding_case(int vocab, int dim, int n) {
     for (int i = 0; i < n; i++) ids[i] = i == 0 ? vocab - 1 : i == 1 ? 0 : rng_int(0, vocab - 1);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < dim; j++) ref[(size_t)i * dim + j] = table[(size_t)ids[i] * dim + j];
-    be1->ops->embedding(be1, out1, table, ids, n, dim);
-    be2->ops->embedding(be2, out2, table, ids, n, dim);
+    ckv_weight tw = {table, CKV_DTYPE_F32, vocab, dim, (size_t)dim * sizeof(float)};
+    be1->ops->embedding(be1, out1, &tw, ids, n);
+    be2->ops->embedding(be2, out2, &tw, ids, n);
     char what[64];
     snprintf(what, sizeof what, "embedding n=%d dim=%d", n, dim);
     ckv_test_allclose(what, out1, ref, (size_t)n * dim, 0.0, 0.0);
     check_same_bits(what, out1, out2, (size_t)n * dim);
+    /* the same table stored as BF16: rows widened exactly */
+    uint16_t *tb = xalloc((size_t)vocab * dim * sizeof *tb);
+    for (size_t i = 0; i < (size_t)vocab * dim; i++) tb[i] = ckv_f32_to_bf16(table[i]);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < dim; j++) ref[(size_t)i * dim + j] = ckv_bf16_to_f32(tb[(size_t)ids[i] * dim + j]);
+    ckv_weight tbw = {tb, CKV_DTYPE_BF16, vocab, dim, (size_t)dim * sizeof *tb};
+    be1->ops->embedding(be1, out1, &tbw, ids, n);
+    snprintf(what, sizeof what, "embedding bf16 n=%d dim=%d", n, dim);
+    ckv_test_allclose(what, out1, ref, (size_t)n * dim, 0.0, 0.0);
+    free(tb);
     free(table), free(ids), free(out1), free(out2), free(ref);
 }
 
@@ -160,8 +171,8 @@ static void test_matmul_case(int n, int k, int m, int with_bias) {
             refd[(size_t)i * m + j] = s;
         }
     to_float(ref, refd, sz);
-    be1->ops->matmul(be1, out1, x, w, bias, n, k, m);
-    be2->ops->matmul(be2, out2, x, w, bias, n, k, m);
+    ckv_backend_matmul_f32(be1, out1, x, w, bias, n, k, m);
+    ckv_backend_matmul_f32(be2, out2, x, w, bias, n, k, m);
     char what[80];
     snprintf(what, sizeof what, "matmul n=%d k=%d m=%d%s", n, k, m, bias ? " +bias" : "");
     /* fp32 sums of k terms of size <= 1: error grows about like k * eps at worst */
@@ -240,8 +251,15 @@ static void test_kv_store_case(int n) {
     for (int i = 0; i < ROWS * D; i++) kp[i] = vp[i] = -7.0f;
     for (int i = 0; i < ROWS; i++) pp[i] = -1;
     ckv_backend *be = n % 2 ? be1 : be2;
-    be->ops->kv_store(be, kp, vp, pp, off, len, k, v, pos, n, NKV, D);
+    ckv_kv_seg segs[NKV];
+    for (int g = 0; g < NKV; g++)
+        segs[g] = (ckv_kv_seg){kp + off[g] * D, vp + off[g] * D, pp + off[g], len[g], (int32_t)(ROWS - off[g])};
+    ckv_kv_seg *list[1] = {segs};
+    ckv_kv_batch b = {.dtype = CKV_DTYPE_F32, .head_dim = D, .n_kv_heads = NKV, .n_seq = 1, .segs = list,
+                      .max_len = 5 + n};
+    be->ops->kv_store(be, &b, k, v, pos, n);
     int bad = 0;
+    for (int g = 0; g < NKV; g++) bad += segs[g].len != len[g] + n;
     for (int r = 0; r < ROWS; r++) {
         int owner = -1, t = -1;
         for (int g = 0; g < NKV; g++)
@@ -356,7 +374,11 @@ static void test_attention_case(const attn_case *ac) {
     for (int t = 0; t < n; t++) qpos[t] = ac->qpos0 + t * ac->qpos_step;
     test_cache c;
     test_cache_build(&c, ac->n_kv, hd, ac->ctx_len, ac->first_pos, ac->max_gap, qpos, ac->own_keys ? n : 0);
-    ckv_attn_cache view = {c.k, c.v, c.pos, c.off, c.len, c.n_kv, hd};
+    ckv_kv_seg segs[TEST_MAX_KV];
+    for (int g = 0; g < c.n_kv; g++)
+        segs[g] = (ckv_kv_seg){c.k + c.off[g] * hd, c.v + c.off[g] * hd, c.pos + c.off[g], c.len[g], c.len[g]};
+    ckv_kv_seg *list[1] = {segs};
+    ckv_kv_batch view = {.dtype = CKV_DTYPE_F32, .head_dim = hd, .n_kv_heads = c.n_kv, .n_seq = 1, .segs = list};
     float scale = ac->scale > 0 ? ac->scale : 1.0f / sqrtf((float)hd);
 
     size_t sz = (size_t)n * H * hd;
@@ -394,11 +416,136 @@ static void test_attention(void) {
 
     /* heads that do not divide into KV groups: a caller bug, answered with NaN rather than numbers */
     float k[4] = {0}, v[4] = {0}, q[6] = {0}, out[6] = {0};
-    int32_t pos[1] = {0}, qpos[1] = {0}, len[2] = {1, 0};
-    int64_t off[2] = {0, 1};
-    ckv_attn_cache bad = {k, v, pos, off, len, 2, 2};
+    int32_t pos[2] = {0, 0}, qpos[1] = {0};
+    ckv_kv_seg segs[2] = {{k, v, pos, 1, 1}, {k + 2, v + 2, pos + 1, 0, 1}};
+    ckv_kv_seg *list[1] = {segs};
+    ckv_kv_batch bad = {.dtype = CKV_DTYPE_F32, .head_dim = 2, .n_kv_heads = 2, .n_seq = 1, .segs = list};
     be1->ops->attention(be1, out, q, qpos, &bad, 1, 3, 1.0f);
     CHECK(isnan(out[0]) && isnan(out[5]));
+}
+
+
+/* ---- batched attention and low-precision caches ----------------------------------------------- */
+
+/* Three sequences of different lengths and token counts in one call must give exactly (bit for bit)
+ * what each gives alone: a sequence's tiling depends on its own shape only. */
+static void test_attention_batch(void) {
+    enum { NSEQ = 3, NKV = 2, H = 6, HD = 64 };
+    const int ctx[NSEQ][NKV] = {{40, 33}, {300, 120}, {7, 0}};
+    const int ntok[NSEQ] = {1, 5, 2};
+    test_cache c[NSEQ];
+    ckv_kv_seg segs[NSEQ][NKV];
+    ckv_kv_seg *list[NSEQ];
+    int32_t seq_of[16], seq_start[NSEQ + 1], qpos[16];
+    int n = 0;
+    for (int s = 0; s < NSEQ; s++) {
+        int32_t qp[8];
+        for (int t = 0; t < ntok[s]; t++) qp[t] = 1000 + 10 * s + t;
+        int first[NKV] = {0, 3};
+        test_cache_build(&c[s], NKV, HD, ctx[s], first, 3, qp, ntok[s]);
+        for (int g = 0; g < NKV; g++)
+            segs[s][g] = (ckv_kv_seg){c[s].k + c[s].off[g] * HD, c[s].v + c[s].off[g] * HD, c[s].pos + c[s].off[g],
+                                      c[s].len[g], c[s].len[g]};
+        list[s] = segs[s];
+        seq_start[s] = n;
+        for (int t = 0; t < ntok[s]; t++, n++) seq_of[n] = s, qpos[n] = qp[t];
+    }
+    seq_start[NSEQ] = n;
+    size_t sz = (size_t)n * H * HD;
+    float *q = new_floats(sz), *out = new_floats(sz), *alone = new_floats(sz);
+    fill_uniform(q, sz, -1, 1);
+    ckv_kv_batch b = {.dtype = CKV_DTYPE_F32, .head_dim = HD, .n_kv_heads = NKV, .n_seq = NSEQ, .segs = list,
+                      .seq_of = seq_of, .seq_start = seq_start};
+    be2->ops->attention(be2, out, q, qpos, &b, n, H, 0.125f);
+    for (int s = 0; s < NSEQ; s++) {
+        ckv_kv_batch one = {.dtype = CKV_DTYPE_F32, .head_dim = HD, .n_kv_heads = NKV, .n_seq = 1, .segs = &list[s]};
+        size_t at = (size_t)seq_start[s] * H * HD;
+        be1->ops->attention(be1, alone + at, q + at, qpos + seq_start[s], &one, ntok[s], H, 0.125f);
+    }
+    check_same_bits("attention: 3 sequences batched vs each alone", out, alone, sz);
+    free(q), free(out), free(alone);
+    for (int s = 0; s < NSEQ; s++) test_cache_free(&c[s]);
+}
+
+/* An F16 or BF16 cache: the op must equal fp32 attention over the rounded keys and values. */
+static void test_attention_lowp(ckv_dtype dt) {
+    enum { NKV = 2, H = 8, HD = 64, N = 4 };
+    int ctx[NKV] = {150, 77}, first[NKV] = {0, 2};
+    int32_t qpos[N] = {900, 901, 902, 903};
+    test_cache c;
+    test_cache_build(&c, NKV, HD, ctx, first, 3, qpos, N);
+    uint16_t *kh = xalloc((size_t)c.rows * HD * 2), *vh = xalloc((size_t)c.rows * HD * 2);
+    ckv_convert_from_f32(kh, c.k, dt, (size_t)c.rows * HD);
+    ckv_convert_from_f32(vh, c.v, dt, (size_t)c.rows * HD);
+    ckv_convert_to_f32(c.k, kh, dt, (size_t)c.rows * HD); /* the reference sees the rounded values */
+    ckv_convert_to_f32(c.v, vh, dt, (size_t)c.rows * HD);
+    ckv_kv_seg segs[NKV];
+    for (int g = 0; g < NKV; g++)
+        segs[g] = (ckv_kv_seg){kh + c.off[g] * HD, vh + c.off[g] * HD, c.pos + c.off[g], c.len[g], c.len[g]};
+    ckv_kv_seg *list[1] = {segs};
+    ckv_kv_batch b = {.dtype = dt, .head_dim = HD, .n_kv_heads = NKV, .n_seq = 1, .segs = list};
+    size_t sz = (size_t)N * H * HD;
+    float *q = new_floats(sz), *out = new_floats(sz), *ref = new_floats(sz);
+    fill_uniform(q, sz, -1, 1);
+    attention_ref(ref, q, qpos, &c, N, H, 0.125f);
+    be2->ops->attention(be2, out, q, qpos, &b, N, H, 0.125f);
+    char what[64];
+    snprintf(what, sizeof what, "attention over a %s cache", ckv_dtype_name(dt));
+    ckv_test_allclose(what, out, ref, sz, 2e-6, 1e-5);
+    free(q), free(out), free(ref), free(kh), free(vh);
+    test_cache_free(&c);
+}
+
+/* kv_gather: kept rows of every head land, in order, at the start of the new segments. */
+static void test_kv_gather(ckv_dtype dt) {
+    enum { NKV = 3, HD = 7, CAP = 20 };
+    const size_t es = ckv_dtype_size(dt);
+    unsigned char *ks = xalloc((size_t)NKV * CAP * HD * es), *vs = xalloc((size_t)NKV * CAP * HD * es);
+    unsigned char *kd = xalloc((size_t)NKV * CAP * HD * es), *vd = xalloc((size_t)NKV * CAP * HD * es);
+    int32_t ps[NKV * CAP], pd[NKV * CAP];
+    float tmp[CAP * HD];
+    for (int i = 0; i < NKV * CAP; i++) ps[i] = 3 * i + 1, pd[i] = -1;
+    for (int g = 0; g < NKV; g++) {
+        fill_uniform(tmp, (size_t)CAP * HD, -1, 1);
+        ckv_convert_from_f32(ks + (size_t)g * CAP * HD * es, tmp, dt, (size_t)CAP * HD);
+        fill_uniform(tmp, (size_t)CAP * HD, -1, 1);
+        ckv_convert_from_f32(vs + (size_t)g * CAP * HD * es, tmp, dt, (size_t)CAP * HD);
+    }
+    memset(kd, 0xff, (size_t)NKV * CAP * HD * es);
+    memset(vd, 0xff, (size_t)NKV * CAP * HD * es);
+    ckv_kv_seg src[NKV], dst[NKV];
+    for (int g = 0; g < NKV; g++) {
+        src[g] = (ckv_kv_seg){ks + (size_t)g * CAP * HD * es, vs + (size_t)g * CAP * HD * es, ps + g * CAP, CAP, CAP};
+        dst[g] = (ckv_kv_seg){kd + (size_t)g * CAP * HD * es, vd + (size_t)g * CAP * HD * es, pd + g * CAP, 0, CAP};
+    }
+    const int32_t keep[NKV * CAP] = {0, 1, 2, 7, 19, [CAP] = 5, [CAP + 1] = 6, [2 * CAP] = 0};
+    const int32_t n_keep[NKV] = {5, 2, 0};
+    be1->ops->kv_gather(be1, dt, HD, NKV, dst, src, keep, CAP, n_keep);
+    int bad = 0;
+    for (int g = 0; g < NKV; g++) {
+        bad += dst[g].len != n_keep[g];
+        for (int i = 0; i < n_keep[g]; i++) {
+            int r = keep[g * CAP + i];
+            bad += dst[g].pos[i] != src[g].pos[r];
+            bad += memcmp((char *)dst[g].k + (size_t)i * HD * es, (char *)src[g].k + (size_t)r * HD * es, HD * es) != 0;
+            bad += memcmp((char *)dst[g].v + (size_t)i * HD * es, (char *)src[g].v + (size_t)r * HD * es, HD * es) != 0;
+        }
+        bad += n_keep[g] < CAP && dst[g].pos[n_keep[g]] != -1; /* nothing written past the kept rows */
+    }
+    CHECK_MSG(bad == 0, "kv_gather %s: %d wrong rows or lengths", ckv_dtype_name(dt), bad);
+    if (!bad) fprintf(stderr, "ok   kv_gather %s: kept rows packed in order, lengths set\n", ckv_dtype_name(dt));
+    free(ks), free(vs), free(kd), free(vd);
+}
+
+static void test_count_nonfinite(void) {
+    float x[1000];
+    fill_uniform(x, 1000, -1e30f, 1e30f);
+    size_t bad = 99;
+    CHECK_OK(be1->ops->count_nonfinite(be1, x, 1000, &bad));
+    CHECK_MSG(bad == 0, "count_nonfinite: %zu in finite data", bad);
+    x[0] = NAN, x[500] = INFINITY, x[999] = -INFINITY;
+    CHECK_OK(be1->ops->count_nonfinite(be1, x, 1000, &bad));
+    CHECK_MSG(bad == 3, "count_nonfinite: %zu instead of 3", bad);
 }
 
 /* ---- swiglu, add ----------------------------------------------------------------------------- */
@@ -480,6 +627,12 @@ int main(void) {
     test_kv_store_case(4);
 
     test_attention();
+    test_attention_batch();
+    test_attention_lowp(CKV_DTYPE_BF16);
+    test_attention_lowp(CKV_DTYPE_F16);
+    test_kv_gather(CKV_DTYPE_F32);
+    test_kv_gather(CKV_DTYPE_BF16);
+    test_count_nonfinite();
 
     test_swiglu_case(1, 0);
     test_swiglu_case(1001, 0);

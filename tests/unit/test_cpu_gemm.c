@@ -127,8 +127,8 @@ static void backend_case(ckv_backend *b1, ckv_backend *b2, int n, int k, int m) 
     fill_uniform(x, (size_t)n * k, -1, 1);
     fill_uniform(w, (size_t)m * k, -1, 1);
     fill_uniform(bias, (size_t)m, -1, 1);
-    b1->ops->matmul(b1, o1, x, w, bias, n, k, m);
-    b2->ops->matmul(b2, o2, x, w, bias, n, k, m);
+    ckv_backend_matmul_f32(b1, o1, x, w, bias, n, k, m);
+    ckv_backend_matmul_f32(b2, o2, x, w, bias, n, k, m);
     ckv_cpu_gemm(NULL, ckv_gemm_best_arch(), o3, x, w, bias, n, k, m);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < m; j++) {

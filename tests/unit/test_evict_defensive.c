@@ -81,6 +81,7 @@ static void prob_free(prob *p) {
 typedef struct {
     ckv_score_inputs in;
     float *wo;
+    ckv_weight wq, wo_w; // typed views of the q_proj rows and o_proj columns
     int64_t off[8];
     int32_t len[8];
 } rank_view;
@@ -103,9 +104,11 @@ static void view_make(rank_view *r, const prob *p, ckv_backend *be, int q0, int 
     in->xn = p->xn;
     in->cache = (ckv_attn_cache){p->k, p->v, p->ppool, r->off, r->len, nkv, d};
     in->pos = p->pos;
-    in->wq = p->wq + (size_t)q0 * d * p->D;
+    r->wq = (ckv_weight){p->wq + (size_t)q0 * d * p->D, CKV_DTYPE_F32, (int64_t)nq * d, p->D, (size_t)p->D * sizeof(float)};
+    r->wo_w = (ckv_weight){r->wo, CKV_DTYPE_F32, p->D, (int64_t)nq * d, (size_t)nq * d * sizeof(float)};
+    in->wq = &r->wq;
     in->bq = p->bq + (size_t)q0 * d;
-    in->wo = r->wo;
+    in->wo = &r->wo_w;
     in->inv_freq = p->inv_freq;
     in->rope_scale = p->rope_scale;
     in->be = be;

@@ -1,5 +1,6 @@
-/* cpu_attention.c - causal attention of query tokens over a layer's ragged, position-sorted KV cache
- * (prefill chunks and single-token decode alike), fp32 throughout. One pass over the visible keys (a
+/* cpu_attention.c - causal attention of query tokens over the ragged, position-sorted KV segments of
+ * a batch of sequences (prefill chunks and single-token decode alike, one sequence or many), fp32
+ * arithmetic; F16/BF16 caches are widened one block of keys at a time. One pass over the visible keys (a
  * prefix of each head's rows, found by binary search on pos) with an online (flash-style) softmax
  * over fixed blocks of keys; all state lives in fixed-size stack arrays, so it allocates nothing.
  * Work items are tiles of query rows that share one KV head (a GQA group's heads and neighbouring
@@ -24,23 +25,32 @@
 #define CKV_ATTN_MIN_ITEMS 16
 _Static_assert(CKV_ATTN_BLOCK % 4 == 0, "the lane kernel takes keys in groups of 4");
 
+#define CKV_ATTN_MAX_SEQ 64   /* sequences per pass over the thread pool (larger batches take several) */
+#define CKV_ATTN_CONV_HD 512  /* largest head_dim of an F16/BF16 cache (its block buffers are on the stack) */
+
+/* The work of one call (or of up to CKV_ATTN_MAX_SEQ sequences of it). */
 typedef struct {
     float *out;                  // [n, n_heads, hd]
     const float *q;              // [n, n_heads, hd]
     const int32_t *qpos;         // [n]
-    const ckv_attn_cache *cache; // k, v [rows, hd], pos [rows], off, len [n_kv]
-    int n_heads, group, hd;
+    const ckv_kv_batch *kv;
+    int n_heads, group, hd, n_kv;
     float scale;
-    int rows_per_head;  /* query rows (token, head) reading one KV head: n * group, token-major */
-    int tile;           /* query rows per work item */
-    int tiles_per_head; /* ceil(rows_per_head / tile) */
-    int n_items;        /* n_kv * tiles_per_head */
+    int n_seq;                            /* sequences in this pass */
+    int seq0[CKV_ATTN_MAX_SEQ];           /* batch index of each */
+    int tok0[CKV_ATTN_MAX_SEQ];           /* first token row of each */
+    int rows_per_head[CKV_ATTN_MAX_SEQ];  /* query rows (token, head) reading one KV head: n_s * group */
+    int tile[CKV_ATTN_MAX_SEQ];           /* query rows per work item */
+    int tiles_per_head[CKV_ATTN_MAX_SEQ]; /* ceil(rows_per_head / tile) */
+    int item0[CKV_ATTN_MAX_SEQ + 1];      /* first work item of each (prefix sums of n_kv * tiles) */
+    int n_items;
     atomic_int next;    /* next work item to claim */
 } ckv_attn_job;
 
 /* One work item: up to CKV_ATTN_LANES query rows over the keys of one KV head. */
 typedef struct {
-    const float *k, *v;                 // [len, hd] the head's keys and values
+    const void *k, *v;                  // [len, hd] the head's keys and values (dtype)
+    ckv_dtype dtype;
     const float *q[CKV_ATTN_LANES];     // each [hd]
     float *out[CKV_ATTN_LANES];         // each [hd]
     int cnt[CKV_ATTN_LANES];            /* visible keys of each row (0 for unused lanes) */
@@ -49,6 +59,15 @@ typedef struct {
     int hd;
     float scale;
 } ckv_attn_tile;
+
+/* Keys or values j0 .. j0 + nb - 1 of a head as fp32: the cache itself when it is F32, else widened
+ * into buf [nb, hd]. */
+static const float *ckv_attn_rows(const void *base, ckv_dtype dt, int j0, int nb, int hd, float *buf) {
+    if (dt == CKV_DTYPE_F32) return (const float *)base + (size_t)j0 * (size_t)hd;
+    const uint16_t *h = (const uint16_t *)base + (size_t)j0 * (size_t)hd;
+    ckv_convert_to_f32(buf, h, dt, (size_t)nb * (size_t)hd);
+    return buf;
+}
 
 /* Rows of a head's sorted positions that a query at `qp` sees: the count of pos[i] <= qp. */
 static int ckv_attn_visible(const int32_t *pos, int len, int32_t qp) {
@@ -389,22 +408,25 @@ static void ckv_attn_tile_lanes(const ckv_attn_tile *tl) {
 #ifdef CKV_ATTN_HAVE_AVX512
     const int avx512 = ckv_attn_use_avx512();
 #endif
+    static _Thread_local float kbuf[CKV_ATTN_BLOCK * CKV_ATTN_LANE_HD]; // [block, hd] widened keys (F16/BF16)
+    static _Thread_local float vbuf[CKV_ATTN_BLOCK * CKV_ATTN_LANE_HD]; // [block, hd] widened values
     for (int jb = 0; jb < tl->maxcnt; jb += CKV_ATTN_BLOCK) {
         const int nb = tl->maxcnt - jb < CKV_ATTN_BLOCK ? tl->maxcnt - jb : CKV_ATTN_BLOCK;
+        const float *kb = ckv_attn_rows(tl->k, tl->dtype, jb, nb, hd, kbuf); // [nb, hd]
+        const float *vb = ckv_attn_rows(tl->v, tl->dtype, jb, nb, hd, vbuf); // [nb, hd]
 #ifdef CKV_ATTN_HAVE_AVX512
         if (avx512) {
-            ckv_attn_lane_scores_avx512(st, tl->k + (size_t)jb * (size_t)hd, qt, nb, hd);
+            ckv_attn_lane_scores_avx512(st, kb, qt, nb, hd);
             ckv_attn_lane_softmax_avx512(st, nb, jb, tl->cnt, tl->scale, mx, sum, corr);
-            ckv_attn_lane_pv_avx512(acc, tl->v + (size_t)jb * (size_t)hd, (const float(*)[CKV_ATTN_LANES])st, nb, hd,
-                                    corr);
+            ckv_attn_lane_pv_avx512(acc, vb, (const float(*)[CKV_ATTN_LANES])st, nb, hd, corr);
             continue;
         }
 #endif
-        ckv_attn_lane_scores(st, tl->k + (size_t)jb * (size_t)hd, qt, nb, hd);
+        ckv_attn_lane_scores(st, kb, qt, nb, hd);
         ckv_attn_lane_softmax(st, nb, jb, tl->cnt, tl->scale, mx, sum, corr);
         for (int d = 0; d < hd; d++)
             for (int r = 0; r < CKV_ATTN_LANES; r++) acc[d * CKV_ATTN_LANES + r] *= corr[r];
-        ckv_attn_lane_pv(acc, tl->v + (size_t)jb * (size_t)hd, (const float(*)[CKV_ATTN_LANES])st, nb, hd);
+        ckv_attn_lane_pv(acc, vb, (const float(*)[CKV_ATTN_LANES])st, nb, hd);
     }
     for (int r = 0; r < tl->nr; r++) {
         float inv = tl->cnt[r] > 0 ? 1.0f / sum[r] : 0.0f; /* no visible key: the row is 0 */
@@ -443,6 +465,8 @@ static void ckv_attn_exp_block(float *restrict p, float m, int nb) {
 static void ckv_attn_tile_rows(const ckv_attn_tile *tl) {
     const int hd = tl->hd;
     float p[CKV_ATTN_BLOCK]; // [block] scores, then weights
+    static _Thread_local float kbuf[CKV_ATTN_BLOCK * CKV_ATTN_CONV_HD]; // [block, hd] widened keys (F16/BF16)
+    static _Thread_local float vbuf[CKV_ATTN_BLOCK * CKV_ATTN_CONV_HD]; // [block, hd] widened values
     for (int r = 0; r < tl->nr; r++) {
         float *acc = tl->out[r]; // [hd]
         const float *q = tl->q[r];
@@ -451,8 +475,8 @@ static void ckv_attn_tile_rows(const ckv_attn_tile *tl) {
         memset(acc, 0, (size_t)hd * sizeof(float));
         for (int jb = 0; jb < cnt; jb += CKV_ATTN_BLOCK) {
             const int nb = cnt - jb < CKV_ATTN_BLOCK ? cnt - jb : CKV_ATTN_BLOCK;
-            const float *kb = tl->k + (size_t)jb * (size_t)hd; // [nb, hd]
-            const float *vb = tl->v + (size_t)jb * (size_t)hd; // [nb, hd]
+            const float *kb = ckv_attn_rows(tl->k, tl->dtype, jb, nb, hd, kbuf); // [nb, hd]
+            const float *vb = ckv_attn_rows(tl->v, tl->dtype, jb, nb, hd, vbuf); // [nb, hd]
             for (int j = 0; j < nb; j++) p[j] = ckv_attn_dot(q, kb + (size_t)j * (size_t)hd, hd) * tl->scale;
             float bmax = p[0];
             for (int j = 1; j < nb; j++) bmax = p[j] > bmax ? p[j] : bmax;
@@ -475,26 +499,29 @@ static void ckv_attn_tile_rows(const ckv_attn_tile *tl) {
 /* ---- work items ---------------------------------------------------------------------------- */
 
 static void ckv_attn_item(const ckv_attn_job *job, int item) {
-    const ckv_attn_cache *c = job->cache;
-    const int hd = job->hd, group = job->group, n_kv = c->n_kv_heads;
-    const int g = item % n_kv;
-    const int tile = job->tiles_per_head - 1 - item / n_kv; /* latest tokens (most keys) first */
-    const int r0 = tile * job->tile;
-    const int32_t *pos = c->pos + c->off[g]; // [len]
+    int s = 0;
+    while (item >= job->item0[s + 1]) s++;
+    const int local = item - job->item0[s];
+    const int hd = job->hd, group = job->group, n_kv = job->n_kv;
+    const int g = local % n_kv;
+    const int tile = job->tiles_per_head[s] - 1 - local / n_kv; /* latest tokens (most keys) first */
+    const int r0 = tile * job->tile[s];
+    const ckv_kv_seg *seg = &job->kv->segs[job->seq0[s]][g];
 
     ckv_attn_tile tl;
     memset(&tl, 0, sizeof tl);
-    tl.k = c->k + (size_t)c->off[g] * (size_t)hd;
-    tl.v = c->v + (size_t)c->off[g] * (size_t)hd;
-    tl.nr = job->rows_per_head - r0 < job->tile ? job->rows_per_head - r0 : job->tile;
+    tl.k = seg->k;
+    tl.v = seg->v;
+    tl.dtype = job->kv->dtype;
+    tl.nr = job->rows_per_head[s] - r0 < job->tile[s] ? job->rows_per_head[s] - r0 : job->tile[s];
     tl.hd = hd;
     tl.scale = job->scale;
     for (int r = 0; r < tl.nr; r++) {
-        const int row = r0 + r, t = row / group, h = g * group + row % group;
+        const int row = r0 + r, t = job->tok0[s] + row / group, h = g * group + row % group;
         const size_t at = ((size_t)t * (size_t)job->n_heads + (size_t)h) * (size_t)hd;
         tl.q[r] = job->q + at;
         tl.out[r] = job->out + at;
-        tl.cnt[r] = ckv_attn_visible(pos, c->len[g], job->qpos[t]);
+        tl.cnt[r] = ckv_attn_visible(seg->pos, seg->len, job->qpos[t]);
         if (tl.cnt[r] > tl.maxcnt) tl.maxcnt = tl.cnt[r];
     }
     if (hd <= CKV_ATTN_LANE_HD && tl.nr >= CKV_ATTN_LANE_MIN_ROWS)
@@ -515,27 +542,44 @@ static void ckv_attn_worker(void *arg, int begin, int end, int tid) {
     }
 }
 
-void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_attn_cache *cache,
-                       int n, int n_heads, float scale) {
-    const int n_kv = cache->n_kv_heads, hd = cache->head_dim;
+/* Tile size of a sequence with `rows` query rows per KV head: bigger tiles share key blocks among
+ * more rows, smaller ones give each thread enough items. It depends on this sequence's shape only,
+ * so a sequence gets the same arithmetic alone or in a batch, and for any thread count. */
+static int ckv_attn_tile_size(int rows, int n_kv) {
+    int tile = CKV_ATTN_LANES;
+    while (tile > CKV_ATTN_MIN_TILE && n_kv * ((rows + tile - 1) / tile) < CKV_ATTN_MIN_ITEMS) tile /= 2;
+    return tile;
+}
+
+void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                       int n_heads, float scale) {
+    const int n_kv = kv->n_kv_heads, hd = kv->head_dim;
     if (n <= 0 || n_heads <= 0 || hd <= 0) return;
-    if (n_kv <= 0 || n_heads % n_kv != 0) {
+    if (n_kv <= 0 || n_heads % n_kv != 0 || kv->n_seq < 1 || (kv->dtype != CKV_DTYPE_F32 && hd > CKV_ATTN_CONV_HD)) {
         /* a caller bug this void op cannot report: make it loud rather than plausible */
         for (size_t i = 0; i < (size_t)n * (size_t)n_heads * (size_t)hd; i++) out[i] = NAN;
         return;
     }
     ckv_threadpool *pool = ckv_cpu_pool(be);
     const int n_threads = ckv_threadpool_size(pool);
-
-    ckv_attn_job job = {.out = out, .q = q, .qpos = qpos, .cache = cache, .n_heads = n_heads,
-                        .group = n_heads / n_kv, .hd = hd, .scale = scale};
-    job.rows_per_head = n * job.group;
-    /* Bigger tiles share key blocks among more rows; smaller ones give each thread enough items. */
-    job.tile = CKV_ATTN_LANES;
-    while (job.tile > CKV_ATTN_MIN_TILE && n_kv * ((job.rows_per_head + job.tile - 1) / job.tile) < CKV_ATTN_MIN_ITEMS)
-        job.tile /= 2;
-    job.tiles_per_head = (job.rows_per_head + job.tile - 1) / job.tile;
-    job.n_items = n_kv * job.tiles_per_head;
-    atomic_init(&job.next, 0);
-    ckv_threadpool_for(pool, job.n_items < n_threads ? job.n_items : n_threads, 1, ckv_attn_worker, &job);
+    ckv_attn_job job = {.out = out, .q = q, .qpos = qpos, .kv = kv, .n_heads = n_heads, .group = n_heads / n_kv,
+                        .hd = hd, .n_kv = n_kv, .scale = scale};
+    for (int s0 = 0; s0 < kv->n_seq; s0 += CKV_ATTN_MAX_SEQ) {
+        job.n_seq = kv->n_seq - s0 < CKV_ATTN_MAX_SEQ ? kv->n_seq - s0 : CKV_ATTN_MAX_SEQ;
+        job.item0[0] = 0;
+        for (int i = 0; i < job.n_seq; i++) {
+            const int s = s0 + i;
+            const int t0 = kv->seq_start ? kv->seq_start[s] : 0, t1 = kv->seq_start ? kv->seq_start[s + 1] : n;
+            job.seq0[i] = s;
+            job.tok0[i] = t0;
+            job.rows_per_head[i] = (t1 - t0) * job.group;
+            job.tile[i] = ckv_attn_tile_size(job.rows_per_head[i], n_kv);
+            job.tiles_per_head[i] = (job.rows_per_head[i] + job.tile[i] - 1) / job.tile[i];
+            job.item0[i + 1] = job.item0[i] + n_kv * job.tiles_per_head[i];
+        }
+        job.n_items = job.item0[job.n_seq];
+        atomic_init(&job.next, 0);
+        if (job.n_items > 0)
+            ckv_threadpool_for(pool, job.n_items < n_threads ? job.n_items : n_threads, 1, ckv_attn_worker, &job);
+    }
 }

@@ -1,6 +1,6 @@
 /* cpu_backend.c - the CPU backend object: construction (thread pool, OpenBLAS thread count), teardown,
  * and the memory entries of the op table (the "device" is host memory: ckv_alloc and memcpy). The
- * compute kernels live in cpu_matmul.c, cpu_attention.c and cpu_ops.c; this file does no arithmetic. */
+ * compute kernels live in cpu_matmul.c, cpu_attention.c, cpu_kv.c and cpu_ops.c; this file does no arithmetic. */
 #include "cpu_backend.h"
 
 #include <string.h>
@@ -60,6 +60,11 @@ static ckv_status ckv_cpu_sync(ckv_backend *be) {
     return CKV_STATUS_OK; /* every CPU op has finished when it returns */
 }
 
+static int ckv_cpu_kv_dtype_ok(const ckv_backend *be, ckv_dtype t) {
+    (void)be;
+    return t == CKV_DTYPE_F32 || t == CKV_DTYPE_F16 || t == CKV_DTYPE_BF16;
+}
+
 static const ckv_backend_ops ckv_cpu_ops = {
     .free = ckv_cpu_free,
     .alloc = ckv_cpu_alloc,
@@ -68,6 +73,8 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .download = ckv_cpu_download,
     .copy = ckv_cpu_copy,
     .sync = ckv_cpu_sync,
+    .weight_dtype_ok = ckv_cpu_weight_dtype_ok,
+    .kv_dtype_ok = ckv_cpu_kv_dtype_ok,
     .embedding = ckv_cpu_embedding,
     .rmsnorm = ckv_cpu_rmsnorm,
     .matmul = ckv_cpu_matmul,
@@ -76,6 +83,8 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .attention = ckv_cpu_attention,
     .swiglu = ckv_cpu_swiglu,
     .add = ckv_cpu_add,
+    .count_nonfinite = ckv_cpu_count_nonfinite,
+    .kv_gather = ckv_cpu_kv_gather,
 };
 
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {
@@ -90,6 +99,8 @@ ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {
     be->name = "cpu";
     be->device = CKV_DEVICE_HOST;
     be->n_threads = n_threads;
+    be->weight_dtype = CKV_DTYPE_F32;
+    be->kv_dtype = CKV_DTYPE_F32;
 
     ckv_status s = ckv_alloc(&be->ctx, sizeof(ckv_cpu_ctx), "the cpu backend context");
     if (s != CKV_STATUS_OK) {

@@ -21,18 +21,25 @@ typedef struct {
 static inline ckv_threadpool *ckv_cpu_pool(const ckv_backend *be) { return ((const ckv_cpu_ctx *)be->ctx)->pool; }
 
 /* Kernels: semantics exactly as the matching ckv_backend_ops entry in backend.h. */
-void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k,
-                    int m);
-void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_attn_cache *cache,
-                       int n, int n_heads, float scale);
-void ckv_cpu_embedding(ckv_backend *be, float *out, const float *table, const int32_t *ids, int n, int dim);
+void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const ckv_weight *w, const float *bias, int n);
+/* The fp32-weight GEMM behind ckv_cpu_matmul: out [n, m] = x [n, k] @ w [m, k]^T (+ bias [m]). */
+void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k,
+                        int m);
+void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                       int n_heads, float scale);
+void ckv_cpu_embedding(ckv_backend *be, float *out, const ckv_weight *table, const int32_t *ids, int n);
 void ckv_cpu_rmsnorm(ckv_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
 void ckv_cpu_rope(ckv_backend *be, float *x, const int32_t *pos, int n, int n_heads, int hd, const float *inv_freq,
                   float attn_scale);
-void ckv_cpu_kv_store(ckv_backend *be, float *kpool, float *vpool, int32_t *ppool, const int64_t *off,
-                      const int32_t *len, const float *k, const float *v, const int32_t *pos, int n, int n_kv, int d);
+void ckv_cpu_kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos,
+                      int n);
+void ckv_cpu_kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst,
+                       const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep);
 void ckv_cpu_swiglu(ckv_backend *be, float *out, const float *gate, const float *up, size_t n);
 void ckv_cpu_add(ckv_backend *be, float *x, const float *y, size_t n);
+ckv_status ckv_cpu_count_nonfinite(ckv_backend *be, const float *x, size_t n, size_t *n_bad);
+/* 1 when the CPU matmul/embedding compute weights stored as t (see cpu_matmul.c). */
+int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t);
 
 /* exp(x) in fp32, branch-free so that loops calling it auto-vectorise (libm's expf does not without
  * -ffast-math). Range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 split in a high part exact in

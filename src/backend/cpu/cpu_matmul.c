@@ -4,13 +4,16 @@
  * measured faster than the Debian OpenBLAS and BLIS builds on the shapes of the models we run, and need
  * no environment variable to pick their code path. Elsewhere it calls the BLAS the build linked
  * (CMake option CKV_BLAS: CKV_BLAS_OPENBLAS or CKV_BLAS_BLIS defined for this file), or the portable
- * C kernels when there is none. No quantised or low-precision weights. */
+ * C kernels when there is none. ckv_cpu_matmul dispatches on the weight's dtype: this is the one
+ * place that chooses the kernel for a stored format. */
 #ifdef CKV_BLAS_BLIS
 #define _POSIX_C_SOURCE 200809L /* BLIS's cblas.h needs pthread barriers: before any system header */
 #endif
 
 #include "cpu_backend.h"
 #include "cpu_gemm.h"
+
+#include <math.h>
 
 #if defined(CKV_BLAS_OPENBLAS) || defined(CKV_BLAS_BLIS)
 #if defined(__GNUC__) || defined(__clang__)
@@ -70,11 +73,25 @@ int ckv_cpu_blas_matmul(int n_threads, float *out, const float *x, const float *
 #endif
 }
 
-void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k,
-                    int m) {
+void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k,
+                        int m) {
     if (n <= 0 || m <= 0) return;
     const ckv_gemm_arch *arch = ckv_gemm_best_arch();
     /* no vector kernels for this CPU: the linked BLAS if there is one */
     if (arch == &ckv_gemm_arch_generic && ckv_cpu_blas_matmul(be->n_threads, out, x, w, bias, n, k, m)) return;
     ckv_cpu_gemm(ckv_cpu_pool(be), arch, out, x, w, bias, n, k, m);
+}
+
+int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t) {
+    (void)be;
+    return t == CKV_DTYPE_F32;
+}
+
+void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const ckv_weight *w, const float *bias, int n) {
+    switch (w->dtype) {
+    case CKV_DTYPE_F32: ckv_cpu_matmul_f32(be, out, x, w->data, bias, n, (int)w->cols, (int)w->rows); return;
+    default: break;
+    }
+    /* a weight the loader should never have kept in this format (weight_dtype_ok said no): loud */
+    for (size_t i = 0; i < (size_t)n * (size_t)w->rows; i++) out[i] = NAN;
 }

@@ -1,5 +1,5 @@
 /* cpu_ops.c - the CPU backend's element-wise and row-wise kernels: embedding gather, RMSNorm, RoPE,
- * KV-cache append (kv_store), SwiGLU and residual add. Loops are written to auto-vectorise and run
+ * SwiGLU, residual add and the non-finite count. Loops are written to auto-vectorise and run
  * on the backend's thread pool when large enough to pay for it. Matmul and attention are elsewhere
  * (cpu_matmul.c, cpu_attention.c); nothing here allocates. */
 #include <math.h>
@@ -18,11 +18,13 @@ static int ckv_cpu_row_grain(size_t per_row) {
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
-void ckv_cpu_embedding(ckv_backend *be, float *out, const float *table, const int32_t *ids, int n, int dim) {
+void ckv_cpu_embedding(ckv_backend *be, float *out, const ckv_weight *table, const int32_t *ids, int n) {
     (void)be;
-    const size_t row = (size_t)dim * sizeof(float);
-    for (int i = 0; i < n; i++)
-        memcpy(out + (size_t)i * (size_t)dim, table + (size_t)ids[i] * (size_t)dim, row); // [dim] <- [dim]
+    const size_t dim = (size_t)table->cols;
+    for (int i = 0; i < n; i++) { // out [dim] <- row ids[i] of the table, widened to fp32
+        const char *row = (const char *)table->data + (size_t)ids[i] * table->row_bytes;
+        ckv_convert_to_f32(out + (size_t)i * dim, row, table->dtype, dim);
+    }
 }
 
 /* ---- rmsnorm --------------------------------------------------------------------------------- */
@@ -137,24 +139,6 @@ void ckv_cpu_rope(ckv_backend *be, float *x, const int32_t *pos, int n, int n_he
                        &job);
 }
 
-/* ---- kv_store -------------------------------------------------------------------------------- */
-
-void ckv_cpu_kv_store(ckv_backend *be, float *kpool, float *vpool, int32_t *ppool, const int64_t *off,
-                      const int32_t *len, const float *k, const float *v, const int32_t *pos, int n, int n_kv, int d) {
-    (void)be;
-    const size_t row = (size_t)d * sizeof(float);
-    for (int g = 0; g < n_kv; g++) {
-        const int64_t base = off[g] + len[g];
-        for (int t = 0; t < n; t++) {
-            const size_t dst = (size_t)(base + t);                    // pool row
-            const size_t src = ((size_t)t * (size_t)n_kv + (size_t)g) * (size_t)d; // k, v [n, n_kv, d]
-            memcpy(kpool + dst * (size_t)d, k + src, row);
-            memcpy(vpool + dst * (size_t)d, v + src, row);
-            ppool[dst] = pos[t];
-        }
-    }
-}
-
 /* ---- swiglu ---------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -225,4 +209,14 @@ void ckv_cpu_add(ckv_backend *be, float *x, const float *y, size_t n) {
     if (n == 0) return;
     ckv_add_job job = {x, y, n};
     ckv_threadpool_for(ckv_cpu_pool(be), ckv_cpu_blocks(n, CKV_CPU_ELEMWISE_BLOCK), 1, ckv_cpu_add_blocks, &job);
+}
+
+/* ---- count_nonfinite --------------------------------------------------------------------------- */
+
+ckv_status ckv_cpu_count_nonfinite(ckv_backend *be, const float *x, size_t n, size_t *n_bad) {
+    (void)be;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+    *n_bad = bad;
+    return CKV_STATUS_OK;
 }

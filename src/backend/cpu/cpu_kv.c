@@ -1,0 +1,56 @@
+/* cpu_kv.c - the CPU backend's KV-cache ops: kv_store (append a batch's tokens to their sequences'
+ * segments, converting to the cache dtype, and advance the segment lengths) and kv_gather (compact
+ * every segment of a layer into a new pool in one call). It does not attend (cpu_attention.c) and
+ * decides nothing about what is kept. Nothing here allocates. */
+#include "cpu_backend.h"
+
+/* Writes n fp32 values as `dt` at dst. */
+static void ckv_kv_put(void *dst, const float *src, ckv_dtype dt, size_t n) {
+    if (dt == CKV_DTYPE_F32)
+        memcpy(dst, src, n * sizeof(float));
+    else
+        ckv_convert_from_f32(dst, src, dt, n);
+}
+
+void ckv_cpu_kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos,
+                      int n) {
+    (void)be;
+    const int n_kv = kv->n_kv_heads;
+    const size_t d = (size_t)kv->head_dim, rowb = d * ckv_dtype_size(kv->dtype);
+    for (int s = 0; s < kv->n_seq; s++) {
+        const int t0 = kv->seq_start ? kv->seq_start[s] : 0, t1 = kv->seq_start ? kv->seq_start[s + 1] : n;
+        ckv_kv_seg *segs = kv->segs[s]; // [n_kv]
+        for (int g = 0; g < n_kv; g++) {
+            ckv_kv_seg *sg = &segs[g];
+            for (int t = t0; t < t1; t++) {
+                const size_t row = (size_t)sg->len + (size_t)(t - t0);           // segment row
+                const size_t src = ((size_t)t * (size_t)n_kv + (size_t)g) * d;    // k, v [n, n_kv, d]
+                ckv_kv_put((char *)sg->k + row * rowb, k + src, kv->dtype, d);
+                ckv_kv_put((char *)sg->v + row * rowb, v + src, kv->dtype, d);
+                sg->pos[row] = pos[t];
+            }
+            sg->len += t1 - t0;
+        }
+    }
+}
+
+void ckv_cpu_kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst,
+                       const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep) {
+    (void)be;
+    const size_t rowb = (size_t)head_dim * ckv_dtype_size(dtype);
+    for (int g = 0; g < n_kv; g++) {
+        const int32_t *kg = keep + (size_t)g * (size_t)stride; // [n_keep[g]] ascending source rows
+        const int nk = n_keep[g];
+        int i = 0;
+        while (i < nk) { /* copy maximal runs of consecutive rows at once */
+            int j = i + 1;
+            while (j < nk && kg[j] == kg[j - 1] + 1) j++;
+            const size_t r = (size_t)kg[i], cnt = (size_t)(j - i);
+            memcpy((char *)dst[g].k + (size_t)i * rowb, (const char *)src[g].k + r * rowb, cnt * rowb);
+            memcpy((char *)dst[g].v + (size_t)i * rowb, (const char *)src[g].v + r * rowb, cnt * rowb);
+            memcpy(dst[g].pos + i, src[g].pos + r, cnt * sizeof(int32_t));
+            i = j;
+        }
+        dst[g].len = nk;
+    }
+}

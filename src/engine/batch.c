@@ -1,0 +1,124 @@
+/* batch.c - batched decode steps over several sessions (see batch.h). */
+#include "engine/batch.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/timer.h"
+
+ckv_status ckv_decode_batch_init(ckv_decode_batch *b, ckv_model *m, int max_seq) {
+    memset(b, 0, sizeof *b);
+    if (max_seq < 1 || max_seq > CKV_LOGITS_ROWS)
+        return ckv_error(CKV_STATUS_ERR_ARG, "decode batch of %d sequences: expected 1 .. %d", max_seq, CKV_LOGITS_ROWS);
+    ckv_backend *be = m->be;
+    const int L = m->cfg.n_layers;
+    const size_t lists = (size_t)L * (size_t)max_seq;
+    b->model = m;
+    b->max_seq = max_seq;
+    int32_t idx[CKV_LOGITS_ROWS + 1];
+    for (int i = 0; i <= max_seq; i++) idx[i] = i;
+    ckv_status st = ckv_model_scratch_init(&b->scratch, m, max_seq);
+    if (st == CKV_STATUS_OK)
+        st = be->ops->alloc(be, (void **)&b->x, (size_t)max_seq * (size_t)m->cfg.hidden_size * sizeof(float),
+                            "batch hidden states");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&b->lists_host, lists * sizeof *b->lists_host, "batch segment lists");
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&b->lists, lists * sizeof *b->lists, "batch segment lists");
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&b->seq_of, (size_t)max_seq * sizeof(int32_t), "batch rows");
+    if (st == CKV_STATUS_OK)
+        st = be->ops->alloc(be, (void **)&b->seq_start, (size_t)(max_seq + 1) * sizeof(int32_t), "batch rows");
+    if (st == CKV_STATUS_OK) st = be->ops->upload(be, b->seq_of, idx, (size_t)max_seq * sizeof(int32_t));
+    if (st == CKV_STATUS_OK) st = be->ops->upload(be, b->seq_start, idx, (size_t)(max_seq + 1) * sizeof(int32_t));
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&b->pos, (size_t)max_seq * sizeof(int32_t), "batch positions");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&b->members, (size_t)max_seq * sizeof *b->members, "batch members");
+    if (st != CKV_STATUS_OK) ckv_decode_batch_free(b);
+    return st;
+}
+
+void ckv_decode_batch_free(ckv_decode_batch *b) {
+    if (!b) return;
+    if (b->model) {
+        ckv_backend *be = b->model->be;
+        ckv_model_scratch_free(&b->scratch, b->model);
+        be->ops->release(be, b->x);
+        be->ops->release(be, b->lists);
+        be->ops->release(be, b->seq_of);
+        be->ops->release(be, b->seq_start);
+    }
+    ckv_free(b->lists_host);
+    ckv_free(b->pos);
+    ckv_free(b->members);
+    memset(b, 0, sizeof *b);
+}
+
+/* Points the device segment lists at the sessions' tables when the membership changed. A session's
+ * table of a layer keeps its address for the session's life, so a steady batch uploads nothing. */
+static ckv_status batch_members(ckv_decode_batch *b, ckv_session *const *sessions, int n) {
+    int same = n == b->n_members;
+    for (int i = 0; same && i < n; i++) same = b->members[i] == sessions[i];
+    if (same) return CKV_STATUS_OK;
+    const int L = b->model->cfg.n_layers;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < i; j++)
+            if (sessions[j] == sessions[i])
+                return ckv_error(CKV_STATUS_ERR_ARG, "decode batch: session %d appears twice (rows %d and %d)", i, j, i);
+        if (sessions[i]->model != b->model)
+            return ckv_error(CKV_STATUS_ERR_ARG, "decode batch: row %d's session belongs to another model", i);
+        for (int l = 0; l < L; l++) b->lists_host[(size_t)l * b->max_seq + i] = sessions[i]->kv.layers[l].segs;
+        b->members[i] = sessions[i];
+    }
+    b->n_members = 0; /* until the upload succeeded */
+    ckv_backend *be = b->model->be;
+    for (int l = 0; l < L; l++)
+        CKV_TRY(be->ops->upload(be, b->lists + (size_t)l * b->max_seq, b->lists_host + (size_t)l * b->max_seq,
+                                (size_t)n * sizeof *b->lists));
+    b->n_members = n;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
+                                 const float **logits) {
+    ckv_model *m = b->model;
+    if (n < 1 || n > b->max_seq)
+        return ckv_error(CKV_STATUS_ERR_ARG, "decode batch of %d sessions: expected 1 .. %d", n, b->max_seq);
+    for (int i = 0; i < n; i++) {
+        if (sessions[i]->n_past + 1 > sessions[i]->capacity)
+            return ckv_error(CKV_STATUS_ERR_RANGE, "decode batch row %d: past the session capacity of %d tokens", i,
+                             sessions[i]->capacity);
+        b->pos[i] = sessions[i]->n_past;
+    }
+    CKV_TRY(batch_members(b, sessions, n));
+    double t0 = ckv_time_now();
+    ckv_kv_cache *caches[CKV_LOGITS_ROWS];
+    int32_t split[CKV_LOGITS_ROWS + 1];
+    for (int i = 0; i < n; i++) caches[i] = &sessions[i]->kv;
+    for (int i = 0; i <= n; i++) split[i] = i;
+    const ckv_kv_cache *c0 = caches[0];
+    for (int i = 1; i < n; i++)
+        if (caches[i]->dtype != c0->dtype)
+            return ckv_error(CKV_STATUS_ERR_ARG, "decode batch: rows 0 and %d have KV caches of different dtypes", i);
+    CKV_TRY(ckv_model_embed(m, &b->scratch, b->x, tokens, n));
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        int max_len = 0;
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < c0->n_kv; h++) {
+                int len = caches[i]->layers[l].len[h];
+                max_len = len > max_len ? len : max_len;
+            }
+        ckv_kv_batch view = {.dtype = c0->dtype, .head_dim = c0->head_dim, .n_kv_heads = c0->n_kv, .n_seq = n,
+                             .segs = b->lists + (size_t)l * b->max_seq, .seq_of = b->seq_of,
+                             .seq_start = b->seq_start, .max_len = max_len + 1};
+        CKV_TRY(ckv_model_layer_batch(m, &b->scratch, l, b->x, b->pos, n, caches, n, split, &view));
+    }
+    CKV_TRY(ckv_model_logits(m, &b->scratch, b->x, n, logits));
+    CKV_TRY(m->be->ops->sync(m->be));
+    double dt = ckv_time_now() - t0;
+    for (int i = 0; i < n; i++) {
+        sessions[i]->n_past++;
+        sessions[i]->decode_tokens++;
+        sessions[i]->decode_seconds += dt;
+    }
+    b->step_seconds += dt;
+    b->steps++;
+    b->rows += n;
+    return CKV_STATUS_OK;
+}
