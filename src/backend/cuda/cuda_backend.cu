@@ -204,6 +204,7 @@ ckv_status init_device(ctx *c, int device) {
     CKV_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes), "set the cuBLAS workspace");
     CKV_TRY(grow(c, (void **)&c->xbf, &c->xbf_cap, XBF_INITIAL * sizeof(ckv_bf16), "the GEMM activation workspace"));
     CKV_CUDA_CHECK(cudaMalloc((void **)&c->count, sizeof *c->count), "allocate the counter");
+    (void)cudaGetLastError(); /* a stale error of an earlier call in this process is not ours */
     return CKV_STATUS_OK;
 }
 
