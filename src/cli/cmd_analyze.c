@@ -14,7 +14,7 @@
 #include "core/threadpool.h"
 #include "engine/analyze.h"
 #include "engine/compress.h"
-#include "engine/session.h"
+#include "engine/request.h"
 #include "evict/headkv.h"
 #include "model/model.h"
 
@@ -191,10 +191,10 @@ int ckv_cmd_analyze(int argc, char **argv) {
     FILE *out = NULL;
     if (a.out && world->rank == 0 && !(out = fopen(a.out, "w")))
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--out: cannot write '%s'", a.out));
-    ckv_backend *be = NULL;
-    ckv_cli_check_comm(world, ckv_backend_init(&be, "cpu", threads));
-    ckv_model *m = NULL;
-    ckv_cli_check_comm(world, ckv_model_load(&m, a.model, be, world));
+    ckv_engine_config ec = {.model_path = a.model, .backend = "cpu", .threads = threads, .device = -1, .chunk = a.chunk};
+    ckv_engine eng;
+    ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, world));
+    ckv_model *m = eng.model;
     const ckv_model_config *c = &m->cfg;
     if (n > c->max_context)
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_RANGE,
@@ -205,9 +205,10 @@ int ckv_cmd_analyze(int argc, char **argv) {
     int32_t *budgets[CKV_ANALYZE_PRESSES] = {NULL};
     for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
         if (a.press[p].alloc == CKV_ALLOC_HEADKV) an.head_budgets[p] = budgets[p] = headkv_budgets(world, m, &a.press[p], n_ctx);
-    ckv_session sess;
-    ckv_cli_check_comm(world, ckv_session_init(&sess, m, n, a.chunk, 1));
-    ckv_cli_check_comm(world, ckv_session_prefill_hook(&sess, ids, n, NULL, NULL, ckv_analyze_layer_hook, &an));
+    /* one full-cache prefill of context + question with the analysis as the layer hook */
+    ckv_prepare_params pp = {.ids = ids, .n = n, .hook = ckv_analyze_layer_hook, .hook_ctx = &an};
+    ckv_prepared pc;
+    ckv_cli_check_comm(world, ckv_engine_prepare(&eng, &pp, &pc));
     ckv_analyze_summary sum;
     ckv_cli_check_comm(world, ckv_analyze_summarize(&an, &sum));
 
@@ -243,13 +244,12 @@ int ckv_cmd_analyze(int argc, char **argv) {
                sum.max_pert_over_theta);
         fflush(stdout);
         fprintf(stderr, "ckv: analyzed %d tokens in %.3f s (selection %.3f s, measurement %.3f s)\n", n,
-                sess.prefill_seconds, an.select_seconds, an.measure_seconds);
+                pc.sess.prefill_seconds, an.select_seconds, an.measure_seconds);
     }
-    ckv_session_free(&sess);
+    ckv_prepared_free(&pc);
     ckv_analyzer_free(&an);
     for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) free(budgets[p]);
-    ckv_model_free(m);
-    ckv_backend_free(be);
+    ckv_engine_free(&eng);
     ckv_comm_free(world);
     free(ctx);
     free(q);

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "backend/backend.h"
 #include "cli/cli.h"
 #include "comm/comm.h"
@@ -12,12 +14,8 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/threadpool.h"
-#include "engine/cache_io.h"
-#include "engine/compress.h"
-#include "kv/kv_file.h"
-#include "engine/sampler.h"
+#include "engine/request.h"
 #include "engine/text.h"
-#include "engine/session.h"
 #include "model/model.h"
 
 static void generate_usage(FILE *f) {
@@ -208,18 +206,58 @@ static void parse_args(generate_args *a, int argc, char **argv) {
 }
 
 
+/* --stats-json: the speed and memory figures of the run as one JSON object. */
+static void write_stats_json(const char *path, const ckv_request_stats *rs, const ckv_press_config *press, const ckv_comm *tpc) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) ckv_cli_die("out of memory");
+    double pre_s = rs->prefill_seconds, dec_s = rs->decode_seconds;
+    cJSON_AddNumberToObject(o, "prefill_tokens", (double)rs->prefill_tokens);
+    cJSON_AddNumberToObject(o, "prefill_s", pre_s);
+    cJSON_AddNumberToObject(o, "prefill_tok_s", pre_s > 0 ? rs->prefill_tokens / pre_s : 0.0);
+    cJSON_AddNumberToObject(o, "decode_tokens", (double)rs->decode_tokens);
+    cJSON_AddNumberToObject(o, "decode_s", dec_s);
+    cJSON_AddNumberToObject(o, "decode_tok_s", dec_s > 0 ? rs->decode_tokens / dec_s : 0.0);
+    cJSON_AddNumberToObject(o, "ttft_s", rs->ttft_seconds);
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)rs->prompt_tokens);
+    cJSON_AddNumberToObject(o, "reused_tokens", (double)rs->reused_tokens);
+    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)ckv_mem_peak_rss());
+    cJSON_AddNumberToObject(o, "peak_alloc_bytes", (double)ckv_alloc_peak_bytes());
+    cJSON_AddNumberToObject(o, "kv_bytes", (double)rs->kv_bytes_peak);
+    cJSON_AddNumberToObject(o, "chunk", rs->chunk);
+    cJSON_AddStringToObject(o, "press", press->spec);
+    cJSON_AddBoolToObject(o, "compressed", rs->compressed);
+    if (rs->uncompressed_reason) cJSON_AddStringToObject(o, "uncompressed_reason", rs->uncompressed_reason);
+    cJSON_AddNumberToObject(o, "kv_context_bytes_full", (double)rs->kv_bytes_full);
+    cJSON_AddNumberToObject(o, "kv_context_bytes_kept", (double)rs->kv_bytes_kept);
+    cJSON_AddNumberToObject(o, "kept_entries", (double)rs->kept_entries);
+    cJSON_AddNumberToObject(o, "evict_s", rs->score_seconds + rs->select_seconds + rs->compact_seconds);
+    cJSON_AddNumberToObject(o, "tp", tpc->size);
+    cJSON_AddNumberToObject(o, "comm_bytes", (double)tpc->bytes);
+    cJSON_AddNumberToObject(o, "comm_bytes_compression", (double)rs->comm_bytes_compression);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!s) ckv_cli_die("out of memory");
+    FILE *f = fopen(path, "w");
+    if (!f) ckv_cli_die("--stats-json: cannot write '%s'", path);
+    fprintf(f, "%s\n", s);
+    free(s);
+    if (fclose(f) != 0) ckv_cli_die("--stats-json: error writing '%s'", path);
+}
+
 typedef struct {
     ckv_comm *world;
-    ckv_sampler *sampler;
     const ckv_model_config *cfg;
     const ckv_tokenizer *tok; /* text output when not NULL */
-    int32_t stop[CKV_MAX_EOS + 16];
-    int n_stop;
-    int max_new, ignore_eos;
     int stream;      /* print as tokens come (world rank 0, one group) */
     FILE *dump;
     const char *dump_path;
     char *piece;     /* [ckv_detok_stream_cap] streaming text buffer */
+    size_t cap;
+    ckv_detok_stream ds;
+    int cur, printed; /* the answer being streamed, tokens printed of it */
+    const int *index; /* request question -> command-line question */
+    int32_t *answers; /* [n_items, stride] count, ids (the stopping id included) */
+    size_t stride;
 } answer_ctx;
 
 /* Prints one answer (ids or text) that was not streamed. */
@@ -238,38 +276,47 @@ static void print_answer(const answer_ctx *a, const int32_t *ids, int n) {
     free(textout);
 }
 
-/* Samples up to max_new tokens starting from `logits`, feeding each back; streams them when asked
- * and stores them in out[0] = count, out[1..] = ids. */
-static void answer(answer_ctx *a, ckv_session *sess, const float *logits, int32_t *out) {
-    int printed = 0;
-    out[0] = 0;
-    ckv_detok_stream ds;
-    if (a->tok) ckv_detok_stream_init(&ds, a->tok, CKV_DETOKENIZE_SKIP_SPECIAL);
-    size_t cap = a->tok ? ckv_detok_stream_cap(a->tok) : 0, n = 0;
-    for (int t = 0; t < a->max_new; t++) {
-        int32_t tok = ckv_sampler_sample(a->sampler, logits);
-        out[1 + out[0]++] = tok;
-        if (a->dump && fwrite(logits, sizeof(float), (size_t)a->cfg->vocab_size, a->dump) != (size_t)a->cfg->vocab_size)
-            ckv_cli_check_comm(a->world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a->dump_path));
-        int is_eos = 0;
-        for (int e = 0; e < a->n_stop; e++) is_eos |= tok == a->stop[e];
-        if (a->stream) {
-            if (!a->tok) {
-                printf(printed++ ? " %d" : "%d", tok);
-            } else if (!(is_eos && !a->ignore_eos) && ckv_detok_stream_push(&ds, tok, a->piece, cap, &n) == CKV_STATUS_OK) {
-                fwrite(a->piece, 1, n, stdout);
-                printed++;
-            }
-            fflush(stdout);
-        }
-        if ((is_eos && !a->ignore_eos) || t + 1 == a->max_new) break;
-        ckv_cli_check_comm(a->world, ckv_session_decode(sess, tok, &logits));
+/* Token callback: --dump-logits and streaming output. */
+static int on_token(void *ctx, int question, int32_t tok, int is_stop, const float *logits) {
+    answer_ctx *a = ctx;
+    if (a->dump && fwrite(logits, sizeof(float), (size_t)a->cfg->vocab_size, a->dump) != (size_t)a->cfg->vocab_size)
+        ckv_cli_check_comm(a->world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a->dump_path));
+    if (!a->stream) return 0;
+    if (question != a->cur) {
+        a->cur = question;
+        a->printed = 0;
+        if (a->tok) ckv_detok_stream_init(&a->ds, a->tok, CKV_DETOKENIZE_SKIP_SPECIAL);
     }
+    size_t n = 0;
+    if (!a->tok) {
+        printf(a->printed++ ? " %d" : "%d", tok);
+    } else if (!is_stop && ckv_detok_stream_push(&a->ds, tok, a->piece, a->cap, &n) == CKV_STATUS_OK) {
+        fwrite(a->piece, 1, n, stdout);
+        a->printed++;
+    }
+    fflush(stdout);
+    return 0;
+}
+
+/* End of an answer: finish the streamed line; keep the ids (with the stopping one) for the gather. */
+static void on_answer_end(void *ctx, int question, const ckv_answer *ans) {
+    answer_ctx *a = ctx;
     if (a->stream) {
-        if (a->tok && ckv_detok_stream_flush(&ds, a->piece, cap, &n) == CKV_STATUS_OK) fwrite(a->piece, 1, n, stdout);
-        if (printed || a->tok) printf("\n");
+        if (question != a->cur) { /* no token was generated */
+            a->cur = question;
+            a->printed = 0;
+            if (a->tok) ckv_detok_stream_init(&a->ds, a->tok, CKV_DETOKENIZE_SKIP_SPECIAL);
+        }
+        size_t n = 0;
+        if (a->tok && ckv_detok_stream_flush(&a->ds, a->piece, a->cap, &n) == CKV_STATUS_OK) fwrite(a->piece, 1, n, stdout);
+        if (a->printed || a->tok) printf("\n");
         fflush(stdout);
+        a->cur = -1;
     }
+    int32_t *out = a->answers + (size_t)a->index[question] * a->stride;
+    out[0] = 0;
+    for (int t = 0; t < ans->n; t++) out[1 + out[0]++] = ans->ids[t];
+    if (ans->stop_id >= 0) out[1 + out[0]++] = ans->stop_id;
 }
 
 static int32_t *read_ids(const char *text_or_file, int is_file, int *n, const char *what) {
@@ -313,16 +360,6 @@ int ckv_cmd_generate(int argc, char **argv) {
         ctx = read_ids(a.prompt_file ? a.prompt_file : a.prompt_ids, a.prompt_file != NULL, &n_ctx,
                        a.prompt_file ? a.prompt_file : "--prompt-ids");
     }
-    if (a.load_cache) { /* the context length comes from the cache header */
-        char *meta = NULL, shard0[4200];
-        snprintf(shard0, sizeof shard0, "%s.rank0", a.load_cache); /* saved by several ranks */
-        int sharded = access(a.load_cache, F_OK) != 0 && access(shard0, F_OK) == 0;
-        ckv_cli_check(ckv_kv_file_read_meta(sharded ? shard0 : a.load_cache, &meta));
-        const char *p = strstr(meta, "\"context_len\": ");
-        n_ctx = p ? atoi(p + 15) : 0;
-        free(meta);
-        if (n_ctx < 1) ckv_cli_die("%s: cache header has no context length", a.load_cache);
-    }
     for (int i = 0; i < (a.n_qtext ? a.n_qtext : a.n_questions) && !(a.prompt_text || a.prompt_text_file); i++) {
         if (a.n_qtext) { /* text questions over a loaded cache: plain continuations */
             int32_t *none = NULL;
@@ -348,121 +385,80 @@ int ckv_cmd_generate(int argc, char **argv) {
     int n_groups = world->size / tp_size, group = world->rank / tp_size;
     ckv_comm *tpc = NULL;
     ckv_cli_check_comm(world, world->ops->split(world, group, world->rank, &tpc));
-    ckv_backend *be = NULL;
-    ckv_cli_check_comm(world, ckv_backend_init(&be, a.backend, threads));
-    ckv_model *m = NULL;
-    ckv_cli_check_comm(world, ckv_model_load(&m, a.model, be, tpc));
+    ckv_engine_config ec = {.model_path = a.model, .backend = a.backend, .threads = threads, .device = -1,
+                            .chunk = a.chunk, .tokenizer = tok};
+    ckv_engine eng;
+    ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, tpc));
+    ckv_model *m = eng.model;
     const ckv_model_config *c = &m->cfg;
-    long need = (long)n_ctx + max_q + a.max_new;
-    if (n_ctx + max_q > c->max_context)
-        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_RANGE,
-                               "the prompt has %d tokens, more than the context window of %d tokens (max_position_embeddings) of %s",
-                               n_ctx + max_q, c->max_context, a.model));
-    if (need > c->max_context)
-        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_RANGE,
-                               "--max-new-tokens %d: prompt (%d) + new tokens exceed the context window of %d tokens "
-                               "(max_position_embeddings)", a.max_new, n_ctx + max_q, c->max_context));
-    int compress = a.press.scorer != CKV_SCORER_NONE;
-    for (int i = 0; i < (a.press.query_aware ? a.n_questions : 1) && compress; i++)
-        ckv_cli_check_comm(world, ckv_press_check_context(&a.press, n_ctx + (a.press.query_aware ? n_q[i] : 0)));
-    if (world->rank == 0 && compress) fprintf(stderr, "ckv: press %s\n", a.press.spec);
-    ckv_sampler sampler;
-    ckv_cli_check_comm(world, ckv_sampler_init(&sampler, &a.sampling, c->vocab_size));
 
-    ckv_compressor cz;
-    memset(&cz, 0, sizeof cz);
-    cz.cfg = &a.press;
-    int32_t *headkv = NULL; /* per-head budgets from the profile (the context length is known now) */
-    if (a.press.alloc == CKV_ALLOC_HEADKV) {
-        if (a.press.query_aware && a.n_questions > 1)
-            for (int i = 1; i < a.n_questions; i++)
-                if (n_q[i] != n_q[0])
-                    ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_ARG, "--query-aware with headkv needs questions of one length"));
-        ckv_cli_check_comm(world, ckv_compress_headkv_budgets(&a.press, c, n_ctx + (a.press.query_aware ? n_q[0] : 0), &headkv));
-        cz.headkv_budgets = headkv;
-    }
-    cz.dump = a.dump_kept != NULL;
-    if (a.dump_kept && world->rank == 0 && !(cz.dump_kept = fopen(a.dump_kept, "w")))
+    /* the request: every question on every rank is checked; each group runs its share */
+    ckv_question qs[64];
+    for (int i = 0; i < a.n_questions; i++) qs[i] = (ckv_question){q[i], n_q[i], 0};
+    ckv_request req = {0};
+    req.context = ctx;
+    req.n_context = n_ctx;
+    req.questions = qs;
+    req.n_questions = a.n_questions;
+    req.press = &a.press;
+    req.query_aware = a.press.query_aware;
+    req.gen.sampling = a.sampling;
+    req.gen.max_new_tokens = a.max_new;
+    req.gen.ignore_eos = a.ignore_eos;
+    req.cache_in = a.load_cache;
+    req.cache_out = group == 0 ? a.save_cache : NULL;
+    ckv_cli_check_comm(world, ckv_request_check(&eng, &req));
+    int compress = a.press.scorer != CKV_SCORER_NONE;
+    if (world->rank == 0 && compress) fprintf(stderr, "ckv: press %s\n", a.press.spec);
+    req.dump_kept = a.dump_kept != NULL;
+    if (a.dump_kept && world->rank == 0 && !(req.dump_file = fopen(a.dump_kept, "w")))
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: cannot write '%s'", a.dump_kept));
+
     /* answers of all work items: [n_items, 1 + max_new] (count, ids), summed over the world at the end */
     int n_items = a.n_questions ? a.n_questions : 1;
     size_t stride = (size_t)a.max_new + 1;
     int32_t *answers = calloc((size_t)n_items * stride, sizeof(int32_t));
     if (!answers) ckv_cli_die("out of memory");
+    ckv_question mine[64];
+    int index[64], n_mine = 0;
+    for (int i = group; i < a.n_questions; i += n_groups) {
+        index[n_mine] = i;
+        mine[n_mine++] = qs[i];
+    }
+    if (a.n_questions == 0) index[0] = 0;
     answer_ctx ac;
     memset(&ac, 0, sizeof ac);
     ac.world = world;
-    ac.sampler = &sampler;
     ac.cfg = c;
     ac.tok = tok;
-    ac.max_new = a.max_new;
-    ac.ignore_eos = a.ignore_eos;
     ac.stream = n_groups == 1 && world->rank == 0;
     ac.dump_path = a.dump_logits;
-    for (int e = 0; e < c->n_eos; e++) ac.stop[ac.n_stop++] = c->eos_ids[e];
-    if (tok) { /* the tokenizer's end-of-turn ids (e.g. <|im_end|>) stop a chat answer too */
-        ac.n_stop += ckv_tokenizer_stop_ids(tok, ac.stop + ac.n_stop, (int)(sizeof ac.stop / sizeof ac.stop[0]) - ac.n_stop);
-        ac.piece = malloc(ckv_detok_stream_cap(tok));
+    ac.cur = -1;
+    ac.index = index;
+    ac.answers = answers;
+    ac.stride = stride;
+    if (tok) {
+        ac.cap = ckv_detok_stream_cap(tok);
+        ac.piece = malloc(ac.cap);
         if (!ac.piece) ckv_cli_die("out of memory");
     }
     if (a.dump_logits && world->rank == 0 && !(ac.dump = fopen(a.dump_logits, "wb")))
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: cannot write '%s'", a.dump_logits));
-
-    ckv_session sess;
-    const float *logits = NULL;
-    double pre_s = 0, dec_s = 0;
-    long pre_tok = 0, dec_tok = 0;
-    size_t sess_bytes = 0, peak_kv = 0;
-    int chunk_used = a.chunk;
-    if (a.press.query_aware) { /* each question compresses context + question afresh */
-        for (int i = group; i < a.n_questions; i += n_groups) {
-            int n = n_ctx + n_q[i];
-            int32_t *all = malloc(sizeof(int32_t) * (size_t)n);
-            if (!all) ckv_cli_die("out of memory");
-            memcpy(all, ctx, sizeof(int32_t) * (size_t)n_ctx);
-            memcpy(all + n_ctx, q[i], sizeof(int32_t) * (size_t)n_q[i]);
-            ckv_cli_check_comm(world, ckv_session_init(&sess, m, n + a.max_new, a.chunk, compress));
-            ckv_cli_check_comm(world, ckv_session_prefill_hook(&sess, all, n, NULL, &logits, ckv_compress_layer_hook, &cz));
-            answer(&ac, &sess, logits, answers + (size_t)i * stride);
-            pre_s += sess.prefill_seconds, dec_s += sess.decode_seconds;
-            pre_tok += sess.prefill_tokens, dec_tok += sess.decode_tokens;
-            sess_bytes = ckv_session_bytes(&sess);
-            chunk_used = sess.chunk;
-            size_t kvb = ckv_kv_cache_bytes_used(&sess.kv);
-            if (kvb > peak_kv) peak_kv = kvb;
-            ckv_session_free(&sess);
-            free(all);
-        }
-    } else if (a.n_questions > 0 || group == 0) { /* one prompt: group 0 works, the others wait */
-        ckv_cli_check_comm(world, ckv_session_init(&sess, m, (int)need, a.chunk, compress || a.load_cache));
-        if (a.load_cache) {
-            char spec[512];
-            ckv_cli_check_comm(world, ckv_session_load_cache(&sess, a.load_cache, spec, sizeof spec));
-            if (world->rank == 0) fprintf(stderr, "ckv: loaded a context of %d tokens compressed with %s\n", sess.n_past, spec);
-        } else {
-            ckv_cli_check_comm(world, ckv_session_prefill_hook(&sess, ctx, n_ctx, NULL, &logits, compress ? ckv_compress_layer_hook : NULL, &cz));
-        }
-        if (a.save_cache && group == 0) ckv_cli_check_comm(world, ckv_session_save_cache(&sess, a.save_cache, a.press.spec));
-        if (a.n_questions == 0) {
-            answer(&ac, &sess, logits, answers);
-        } else {
-            ckv_cli_check_comm(world, ckv_session_mark(&sess));
-            for (int i = group; i < a.n_questions; i += n_groups) {
-                ckv_cli_check_comm(world, ckv_session_prefill(&sess, q[i], n_q[i], NULL, &logits));
-                answer(&ac, &sess, logits, answers + (size_t)i * stride);
-                size_t kvb = ckv_kv_cache_bytes_used(&sess.kv);
-                if (kvb > peak_kv) peak_kv = kvb;
-                ckv_cli_check_comm(world, ckv_session_rewind(&sess));
-            }
-        }
-        size_t kvb = ckv_kv_cache_bytes_used(&sess.kv);
-        if (kvb > peak_kv) peak_kv = kvb;
-        pre_s = sess.prefill_seconds, dec_s = sess.decode_seconds;
-        pre_tok = sess.prefill_tokens, dec_tok = sess.decode_tokens;
-        sess_bytes = ckv_session_bytes(&sess);
-        chunk_used = sess.chunk;
-        ckv_session_free(&sess);
-    }
+    req.questions = mine;
+    req.n_questions = n_mine;
+    req.gen.on_token = on_token;
+    req.gen.on_answer_end = on_answer_end;
+    req.gen.cb_ctx = &ac;
+    ckv_result res;
+    memset(&res, 0, sizeof res);
+    if (a.n_questions > 0 ? n_mine > 0 : group == 0) /* one prompt: group 0 works, the others wait */
+        ckv_cli_check_comm(world, ckv_engine_run(&eng, &req, &res));
+    const ckv_request_stats *rs = &res.stats;
+    if (world->rank == 0 && a.load_cache)
+        fprintf(stderr, "ckv: loaded a context of %ld tokens compressed with %s\n", rs->context_tokens, res.cache_press);
+    if (world->rank == 0 && compress && !rs->compressed && rs->uncompressed_reason)
+        fprintf(stderr, "ckv: the context of %ld tokens stays uncompressed: %s (press %s)\n", rs->context_tokens,
+                rs->uncompressed_reason, a.press.spec);
     /* gather the answers: only each group's rank 0 contributes, so a sum assembles them */
     if (tpc->rank != 0) memset(answers, 0, (size_t)n_items * stride * sizeof(int32_t));
     if (n_groups > 1) {
@@ -471,58 +467,45 @@ int ckv_cmd_generate(int argc, char **argv) {
             for (int i = 0; i < n_items; i++) print_answer(&ac, answers + (size_t)i * stride + 1, answers[(size_t)i * stride]);
     }
     free(answers);
-    free(headkv);
     free(ac.piece);
     if (ac.dump && fclose(ac.dump) != 0)
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-logits: error writing '%s'", a.dump_logits));
-    if (cz.dump_kept && fclose(cz.dump_kept) != 0)
+    if (req.dump_file && fclose(req.dump_file) != 0)
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: error writing '%s'", a.dump_kept));
 
     if (world->rank == 0) {
+        long need = rs->context_tokens + max_q + a.max_new;
+        double pre_s = rs->prefill_seconds, dec_s = rs->decode_seconds;
+        long pre_tok = rs->prefill_tokens, dec_tok = rs->decode_tokens;
+        double evict_s = rs->score_seconds + rs->select_seconds + rs->compact_seconds;
         char b1[32], b2[32], b3[32], b4[32], b5[32];
         if (tpc->size > 1) {
-            double per_tok = (pre_tok + dec_tok) > 0 ? (double)(tpc->bytes - cz.comm_bytes) / (double)(pre_tok + dec_tok) : 0.0;
+            double per_tok = (pre_tok + dec_tok) > 0 ? (double)(tpc->bytes - rs->comm_bytes_compression) / (double)(pre_tok + dec_tok) : 0.0;
             fprintf(stderr, "ckv: tensor parallel %d: this rank sent %s to collectives (%s per token through the model; "
                     "%s for compression)\n", tpc->size, ckv_format_bytes((double)tpc->bytes, b1, sizeof b1),
-                    ckv_format_bytes(per_tok, b2, sizeof b2), ckv_format_bytes((double)cz.comm_bytes, b3, sizeof b3));
+                    ckv_format_bytes(per_tok, b2, sizeof b2), ckv_format_bytes((double)rs->comm_bytes_compression, b3, sizeof b3));
         }
         fprintf(stderr, "ckv: prefill %ld tokens in %.3f s (%.1f tok/s); decode %ld tokens in %.3f s (%.2f tok/s)\n",
                 pre_tok, pre_s, pre_s > 0 ? pre_tok / pre_s : 0.0, dec_tok, dec_s, dec_s > 0 ? dec_tok / dec_s : 0.0);
-        if (compress) {
-            double sel = cz.score_seconds + cz.select_seconds + cz.compact_seconds;
+        if (rs->compressed) {
             fprintf(stderr,
                     "ckv: KV cache of the context %s -> %s on this rank (%.1f%% of entries kept); eviction %.3f s "
                     "(scoring %.3f, selection %.3f, compaction %.3f) = %.1f%% of prefill time\n",
-                    ckv_format_bytes((double)cz.kv_bytes_full, b1, sizeof b1),
-                    ckv_format_bytes((double)cz.kv_bytes_kept, b2, sizeof b2),
-                    cz.total_entries ? 100.0 * (double)cz.kept_entries / (double)cz.total_entries : 100.0, sel,
-                    cz.score_seconds, cz.select_seconds, cz.compact_seconds, pre_s > 0 ? 100.0 * sel / pre_s : 0.0);
+                    ckv_format_bytes((double)rs->kv_bytes_full, b1, sizeof b1),
+                    ckv_format_bytes((double)rs->kv_bytes_kept, b2, sizeof b2),
+                    rs->total_entries ? 100.0 * (double)rs->kept_entries / (double)rs->total_entries : 100.0, evict_s,
+                    rs->score_seconds, rs->select_seconds, rs->compact_seconds, pre_s > 0 ? 100.0 * evict_s / pre_s : 0.0);
         }
         fprintf(stderr, "ckv: peak memory %s RSS; weights %s, KV cache %s in use; session buffers %s with --chunk %d (one-shot prefill: %s)\n",
                 ckv_format_bytes((double)ckv_mem_peak_rss(), b1, sizeof b1),
                 ckv_format_bytes((double)m->weight_bytes, b2, sizeof b2),
-                ckv_format_bytes((double)peak_kv, b3, sizeof b3),
-                ckv_format_bytes((double)sess_bytes, b4, sizeof b4), chunk_used,
+                ckv_format_bytes((double)rs->kv_bytes_peak, b3, sizeof b3),
+                ckv_format_bytes((double)rs->session_bytes, b4, sizeof b4), rs->chunk ? rs->chunk : a.chunk,
                 ckv_format_bytes((double)ckv_session_bytes_for(m, (int)need, (int)need), b5, sizeof b5));
-        if (a.stats_json) {
-            FILE *f = fopen(a.stats_json, "w");
-            if (!f) ckv_cli_die("--stats-json: cannot write '%s'", a.stats_json);
-            fprintf(f,
-                    "{\"prefill_tokens\": %ld, \"prefill_s\": %.6f, \"prefill_tok_s\": %.3f, "
-                    "\"decode_tokens\": %ld, \"decode_s\": %.6f, \"decode_tok_s\": %.3f, "
-                    "\"peak_rss_bytes\": %zu, \"peak_alloc_bytes\": %zu, \"kv_bytes\": %zu, \"chunk\": %d, "
-                    "\"press\": \"%s\", \"kv_context_bytes_full\": %zu, \"kv_context_bytes_kept\": %zu, "
-                    "\"evict_s\": %.6f, \"tp\": %d, \"comm_bytes\": %llu, \"comm_bytes_compression\": %llu}\n",
-                    pre_tok, pre_s, pre_s > 0 ? pre_tok / pre_s : 0.0, dec_tok, dec_s, dec_s > 0 ? dec_tok / dec_s : 0.0,
-                    ckv_mem_peak_rss(), ckv_alloc_peak_bytes(), peak_kv, chunk_used, a.press.spec, cz.kv_bytes_full,
-                    cz.kv_bytes_kept, cz.score_seconds + cz.select_seconds + cz.compact_seconds, tpc->size, tpc->bytes,
-                    cz.comm_bytes);
-            if (fclose(f) != 0) ckv_cli_die("--stats-json: error writing '%s'", a.stats_json);
-        }
+        if (a.stats_json) write_stats_json(a.stats_json, rs, &a.press, tpc);
     }
-    ckv_sampler_free(&sampler);
-    ckv_model_free(m);
-    ckv_backend_free(be);
+    ckv_result_free(&res);
+    ckv_engine_free(&eng);
     ckv_comm_free(tpc);
     ckv_comm_free(world);
     ckv_tokenizer_free(tok);

@@ -5,9 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/compress.h"
-#include "engine/sampler.h"
-#include "engine/session.h"
+#include "engine/request.h"
 
 double ckv_kl_logits(const float *p, const float *q, int V) {
     double mp = p[0], mq = q[0];
@@ -36,20 +34,20 @@ static double nll(const float *row, int V, int32_t target) {
     return log(z) + mx - (double)row[target];
 }
 
-/* Prefills the context (compressing it when a press is given), then the continuation with all its
- * logits into out [n_cont, V]. */
+/* Prepares the context (compressed when a press is given) and feeds the continuation with all its
+ * logits into out [n_cont, V] (engine/request.h). */
 static ckv_status run(ckv_model *m, const ckv_press_config *press, const int32_t *ids, int n_ctx, int n_cont, int chunk,
                       float *out, double *kept_frac) {
-    ckv_session s;
-    int compress = press && press->scorer != CKV_SCORER_NONE;
-    CKV_TRY(ckv_session_init(&s, m, n_ctx + n_cont, chunk, compress));
-    ckv_compressor cz;
-    memset(&cz, 0, sizeof cz);
-    cz.cfg = press;
-    ckv_status st = ckv_session_prefill_hook(&s, ids, n_ctx, NULL, NULL, compress ? ckv_compress_layer_hook : NULL, &cz);
-    if (st == CKV_STATUS_OK) st = ckv_session_prefill(&s, ids + n_ctx, n_cont, out, NULL);
-    if (kept_frac) *kept_frac = cz.total_entries ? (double)cz.kept_entries / (double)cz.total_entries : 1.0;
-    ckv_session_free(&s);
+    ckv_engine e;
+    CKV_TRY(ckv_engine_wrap(&e, m, chunk, NULL));
+    ckv_prepare_params pp = {.ids = ids, .n = n_ctx, .press = press, .reserve = n_cont};
+    ckv_prepared pc;
+    ckv_status st = ckv_engine_prepare(&e, &pp, &pc);
+    if (st == CKV_STATUS_OK) st = ckv_prepared_forward(&pc, ids + n_ctx, n_cont, out);
+    if (st == CKV_STATUS_OK && kept_frac)
+        *kept_frac = pc.stats.total_entries ? (double)pc.stats.kept_entries / (double)pc.stats.total_entries : 1.0;
+    ckv_prepared_free(&pc);
+    ckv_engine_free(&e);
     return st;
 }
 

@@ -22,23 +22,19 @@
 #include "core/json.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
-#include "engine/compress.h"
-#include "engine/sampler.h"
-#include "engine/session.h"
+#include "engine/request.h"
 #include "engine/text.h"
 #include "eval/report.h"
 #include "eval/results.h"
 #include "eval/strbuf.h"
 #include "model/model.h"
 
-#define MAX_STOP 16
-
 typedef struct {
     const ckv_eval_job *job;
     ckv_comm *world, *tp;
     int group, n_groups, tp_size;
-    ckv_backend *be;
-    ckv_model *model;
+    ckv_engine eng;             /* the group's model (engine/request.h) */
+    ckv_model *model;           /* eng.model */
     ckv_tokenizer *tok;
     int chat;                   /* prompts use the chat template */
     char template_label[64];    /* recorded in the results */
@@ -49,9 +45,6 @@ typedef struct {
     long *fitted;               /* [n_tasks * n_lengths] fitted haystack sizes (leader), 0 = not yet */
     int n_total;                /* samples of the job */
     unsigned char *done;        /* [n_total * n_configs] */
-    int32_t stop_ids[MAX_STOP];
-    int n_stop;
-    float *logits;              /* [V] the context's last logits */
     char results_path[PATH_MAX];
     char model_id[PATH_MAX];
 } runner;
@@ -453,7 +446,7 @@ static ckv_status get_sample(runner *r, int s, ckv_eval_sample *tmp, const ckv_e
     long *fit = &r->fitted[t * j->n_lengths + l];
     if (*fit == 0) {
         if (j->lengths[l] > r->model->cfg.max_context)
-            return ckv_error(CKV_STATUS_ERR_RANGE, "--length %d exceeds the context window of %s (%d tokens)", j->lengths[l],
+            return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "--length %d exceeds the context window of %s (%d tokens)", j->lengths[l],
                              j->model_path, r->model->cfg.max_context);
         CKV_TRY(ckv_ruler_fit(&p, fit));
     }
@@ -471,16 +464,9 @@ typedef struct {
     int unit_len;
 } answer;
 
-static int is_stop(const runner *r, int32_t t) {
-    for (int i = 0; i < r->n_stop; i++)
-        if (r->stop_ids[i] == t) return 1;
-    return 0;
-}
-
+/* One configuration on one prompt packet: each unit (the context, or context + question when
+ * query-aware) is prepared once and answers its questions greedily (engine/request.h). */
 static ckv_status run_item(runner *r, const packed *pk, const ckv_eval_config *c, answer *ans) {
-    ckv_model *m = r->model;
-    int V = m->cfg.vocab_size, compress = c->cfg.scorer != CKV_SCORER_NONE;
-    int chunk = r->job->chunk > 0 ? r->job->chunk : 512;
     ckv_status st = CKV_STATUS_OK;
     for (int u = 0; u < pk->n_units && st == CKV_STATUS_OK; u++) {
         int L = pk->unit_len[u], q0 = pk->n_units == 1 ? 0 : u, q1 = pk->n_units == 1 ? pk->n_q : u + 1;
@@ -489,51 +475,26 @@ static ckv_status run_item(runner *r, const packed *pk, const ckv_eval_config *c
             if (pk->q_len[q] > max_q) max_q = pk->q_len[q];
             if (pk->max_new[q] > max_new) max_new = pk->max_new[q];
         }
-        if (compress) CKV_TRY(ckv_press_check_context(&c->cfg, L));
-        ckv_compressor cz;
-        memset(&cz, 0, sizeof cz);
-        cz.cfg = &c->cfg;
-        int32_t *headkv = NULL;
-        if (compress && c->cfg.alloc == CKV_ALLOC_HEADKV) {
-            CKV_TRY(ckv_compress_headkv_budgets(&c->cfg, &m->cfg, L, &headkv));
-            cz.headkv_budgets = headkv;
-        }
-        ckv_session sess;
-        st = ckv_session_init(&sess, m, L + max_q + max_new, chunk, compress);
-        if (st != CKV_STATUS_OK) {
-            free(headkv);
-            return st;
-        }
-        const float *logits = NULL;
-        double t0 = ckv_time_now();
-        st = ckv_session_prefill_hook(&sess, pk->unit_ids[u], L, NULL, &logits, compress ? ckv_compress_layer_hook : NULL, &cz);
-        double prefill_s = ckv_time_now() - t0;
-        if (st == CKV_STATUS_OK) memcpy(r->logits, logits, sizeof(float) * (size_t)V);
-        if (st == CKV_STATUS_OK && q1 - q0 > 1) st = ckv_session_mark(&sess);
+        ckv_prepare_params pp = {.ids = pk->unit_ids[u], .n = L, .press = &c->cfg, .reserve = max_q + max_new};
+        ckv_prepared pc;
+        CKV_TRY(ckv_engine_prepare(&r->eng, &pp, &pc));
+        double kept = pc.stats.total_entries ? (double)pc.stats.kept_entries / (double)pc.stats.total_entries : 1.0;
         for (int q = q0; q < q1 && st == CKV_STATUS_OK; q++) {
-            answer *a = &ans[q];
-            double t1 = ckv_time_now();
-            const float *lg = r->logits;
-            if (pk->q_len[q] > 0) st = ckv_session_prefill(&sess, pk->q_ids[q], pk->q_len[q], NULL, &lg);
-            a->n_new = a->stopped = 0;
-            for (int t = 0; t < pk->max_new[q] && st == CKV_STATUS_OK; t++) {
-                int32_t tok = ckv_argmax(lg, V);
-                if (is_stop(r, tok)) {
-                    a->stopped = 1;
-                    break;
-                }
-                a->toks[a->n_new++] = tok;
-                if (t + 1 == pk->max_new[q]) break;
-                st = ckv_session_decode(&sess, tok, &lg);
-            }
-            a->answer_s = ckv_time_now() - t1;
-            a->prefill_s = prefill_s;
-            a->unit_len = L;
-            a->kept = compress && cz.total_entries ? (double)cz.kept_entries / (double)cz.total_entries : 1.0;
-            if (st == CKV_STATUS_OK && q1 - q0 > 1) st = ckv_session_rewind(&sess);
+            ckv_gen_params g = {.max_new_tokens = pk->max_new[q]};
+            g.sampling.top_p = 1.0f; /* greedy */
+            ckv_answer a;
+            st = ckv_prepared_answer(&pc, q, pk->q_ids[q], pk->q_len[q], &g, NULL, &a);
+            if (st != CKV_STATUS_OK) break;
+            memcpy(ans[q].toks, a.ids, sizeof(int32_t) * (size_t)a.n);
+            ans[q].n_new = a.n;
+            ans[q].stopped = a.finish == CKV_FINISH_EOS;
+            ans[q].answer_s = a.seconds;
+            ans[q].prefill_s = pc.prepare_seconds;
+            ans[q].unit_len = L;
+            ans[q].kept = kept;
+            ckv_answer_free(&a);
         }
-        ckv_session_free(&sess);
-        free(headkv);
+        ckv_prepared_free(&pc);
     }
     return st;
 }
@@ -623,14 +584,11 @@ static ckv_status open_group(runner *r) {
         threads = ckv_cpu_count() / (r->world->size > 0 ? r->world->size : 1);
         if (threads < 1) threads = 1;
     }
-    CKV_TRY(ckv_backend_init(&r->be, j->backend ? j->backend : "cpu", threads));
-    CKV_TRY(ckv_model_load(&r->model, j->model_path, r->be, r->tp));
     CKV_TRY(ckv_text_open_tokenizer(&r->tok, j->model_path));
-    r->n_stop = ckv_tokenizer_stop_ids(r->tok, r->stop_ids, MAX_STOP);
-    for (int e = 0; e < r->model->cfg.n_eos && r->n_stop < MAX_STOP; e++)
-        if (!is_stop(r, r->model->cfg.eos_ids[e])) r->stop_ids[r->n_stop++] = r->model->cfg.eos_ids[e];
-    r->logits = malloc(sizeof(float) * (size_t)r->model->cfg.vocab_size);
-    if (!r->logits) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the logits");
+    ckv_engine_config ec = {.model_path = j->model_path, .backend = j->backend, .threads = threads, .device = -1,
+                            .chunk = j->chunk, .tokenizer = r->tok};
+    CKV_TRY(ckv_engine_init(&r->eng, &ec, r->tp));
+    r->model = r->eng.model;
     const ckv_chat_template *own = ckv_tokenizer_chat_template(r->tok);
     if (j->template_name && !strcmp(j->template_name, "none")) {
         r->chat = 0;
@@ -664,10 +622,8 @@ static void runner_free(runner *r) {
     ckv_haystack_free(&r->essay);
     free(r->fitted);
     free(r->done);
-    free(r->logits);
+    ckv_engine_free(&r->eng);
     ckv_tokenizer_free(r->tok);
-    ckv_model_free(r->model);
-    ckv_backend_free(r->be);
     if (r->tp) ckv_comm_free(r->tp);
 }
 
@@ -806,7 +762,7 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                                 int u = chk[x]->n_units == 1 ? 0 : q;
                                 long need = (long)chk[x]->unit_len[u] + chk[x]->q_len[q] + chk[x]->max_new[q];
                                 if (need > r->model->cfg.max_context) {
-                                    ls = ckv_error(CKV_STATUS_ERR_RANGE, "sample %s: context %d + question %d + max_new_tokens %d = "
+                                    ls = ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "sample %s: context %d + question %d + max_new_tokens %d = "
                                                    "%ld tokens exceed the context window of %s (%d tokens)", smp->id,
                                                    chk[x]->unit_len[u], chk[x]->q_len[q], chk[x]->max_new[q], need,
                                                    job->model_path, r->model->cfg.max_context);
@@ -867,8 +823,7 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                     } else {
                         const packed *p = cf->cfg.query_aware || !qa_job ? &pk : &pk_ctx;
                         ckv_status is = run_item(r, p, cf, ans);
-                        if (is != CKV_STATUS_OK && is != CKV_STATUS_ERR_NOMEM && job->skip_bad &&
-                            strstr(ckv_error_message(), "context")) { /* e.g. a context shorter than the press window */
+                        if (is == CKV_STATUS_ERR_CONTEXT_TOO_LONG && job->skip_bad) { /* does not fit the model */
                             snprintf(msg, sizeof msg, "%s", ckv_error_message());
                             ev.skipped = msg;
                             out->items_skipped++;

@@ -79,7 +79,17 @@ expect_error "bad pool" "pool: 'median'" "$ckv" generate --model "$llama" --prom
 expect_error "even kernel" "kernel: 4 must be odd" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --kernel 4 --budget 0.5
 expect_error "alpha above one" "alpha: 2 is outside" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical:snapkv --alpha 2 --budget 0.5
 expect_error "press without budget" "needs a budget" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv
-expect_error "window longer than context" "window" "$ckv" generate --model "$llama" --prompt-ids 1,2,3,4,5 --press snapkv --budget 0.5
+# a context too short for the press stays uncompressed: same ids as the full cache, one stderr line, stats say so
+"$ckv" generate --model "$llama" --prompt-ids 1,2,3,4,5 --max-new-tokens 4 >"$tmp/full5" 2>/dev/null
+"$ckv" generate --model "$llama" --prompt-ids 1,2,3,4,5 --max-new-tokens 4 --press snapkv --budget 0.5 \
+  --stats-json "$tmp/short.json" >"$tmp/short5" 2>"$tmp/err"
+if [ $? -eq 0 ] && cmp -s "$tmp/full5" "$tmp/short5" && [ "$(grep -c 'stays uncompressed: the context is not longer than the press window' "$tmp/err")" = 1 ] &&
+   python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['compressed'] is False and 'window' in s['uncompressed_reason'], s" "$tmp/short.json"
+then echo "ok   short context: uncompressed, same ids as the full cache, reported once"
+else echo "FAIL short context"; cat "$tmp/err" "$tmp/full5" "$tmp/short5"; fail=1; fi
+"$ckv" generate --model "$llama" --prompt-ids "$ids" --max-new-tokens 4 --press knorm --budget-tokens 500 >"$tmp/keepall" 2>"$tmp/err" &&
+  grep -q "the budget keeps every token" "$tmp/err" && echo "ok   a budget that keeps everything: uncompressed" ||
+  { echo "FAIL budget keeps everything"; cat "$tmp/err"; fail=1; }
 expect_error "headkv without profile" "profile" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press headkv:snapkv --budget 0.5
 expect_error "query-aware without question" "--query-aware needs" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 0.5 --query-aware
 "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical_adakv:snapkv --budget 0.3 --question-ids 5,6 \

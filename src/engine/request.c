@@ -1,0 +1,508 @@
+/* request.c - the engine request API (see request.h): engine set-up, prepared contexts (prefill,
+ * compression or the reason it is skipped, cache files), answers (sampling, stop ids and strings,
+ * the token callback, rewind) and the whole-request driver. It prints nothing. */
+#define _POSIX_C_SOURCE 200809L
+#include "engine/request.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/json.h"
+#include "core/timer.h"
+#include "engine/cache_io.h"
+#include "kv/kv_file.h"
+
+#define DEFAULT_CHUNK 512
+
+const char *ckv_finish_reason_name(ckv_finish_reason r) {
+    switch (r) {
+    case CKV_FINISH_LENGTH: return "length";
+    case CKV_FINISH_STOP: return "stop";
+    case CKV_FINISH_EOS: return "eos";
+    case CKV_FINISH_CANCELLED: return "cancelled";
+    default: return "none";
+    }
+}
+
+/* ---- engine --------------------------------------------------------------------------------------- */
+
+static void engine_default_stops(ckv_engine *e) {
+    const ckv_model_config *c = &e->model->cfg;
+    e->n_stop_ids = 0;
+    for (int i = 0; i < c->n_eos && e->n_stop_ids < CKV_ENGINE_MAX_STOP_IDS; i++) e->stop_ids[e->n_stop_ids++] = c->eos_ids[i];
+    if (e->cfg.tokenizer) {
+        int32_t extra[CKV_ENGINE_MAX_STOP_IDS];
+        int n = ckv_tokenizer_stop_ids(e->cfg.tokenizer, extra, CKV_ENGINE_MAX_STOP_IDS);
+        for (int i = 0; i < n && e->n_stop_ids < CKV_ENGINE_MAX_STOP_IDS; i++) {
+            int dup = 0;
+            for (int j = 0; j < e->n_stop_ids; j++) dup |= e->stop_ids[j] == extra[i];
+            if (!dup) e->stop_ids[e->n_stop_ids++] = extra[i];
+        }
+    }
+}
+
+static ckv_status check_dtypes(const ckv_engine_config *cfg) {
+    /* Every backend holds weights and the KV cache in f32 today; the other types are refused until the
+     * backends take them (the fields travel to the loader and the session from here). */
+    if (cfg->kv_dtype != CKV_KV_DTYPE_DEFAULT && cfg->kv_dtype != CKV_KV_DTYPE_F32)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend keeps the KV cache in f32 for now",
+                         cfg->kv_dtype == CKV_KV_DTYPE_F16 ? "f16" : "bf16", cfg->backend ? cfg->backend : "cpu");
+    if (cfg->weights_dtype != CKV_WEIGHTS_DTYPE_AUTO && cfg->weights_dtype != CKV_WEIGHTS_DTYPE_F32)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--weights-dtype %s: the %s backend computes with f32 weights for now",
+                         cfg->weights_dtype == CKV_WEIGHTS_DTYPE_F16 ? "f16" : "bf16", cfg->backend ? cfg->backend : "cpu");
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm *tp) {
+    memset(e, 0, sizeof *e);
+    e->cfg = *cfg;
+    e->tp = tp;
+    e->owns = 1;
+    if (!cfg->model_path) return ckv_error(CKV_STATUS_ERR_ARG, "--model is required");
+    CKV_TRY(check_dtypes(cfg));
+    ckv_status st;
+    if (cfg->backend && !strcmp(cfg->backend, "cuda") && ckv_backend_cuda_available())
+        st = ckv_backend_cuda_init(&e->be, cfg->device >= 0 ? cfg->device : 0);
+    else
+        st = ckv_backend_init(&e->be, cfg->backend, cfg->threads);
+    if (st == CKV_STATUS_OK) st = ckv_model_load(&e->model, cfg->model_path, e->be, tp);
+    if (st != CKV_STATUS_OK) {
+        ckv_engine_free(e);
+        return st;
+    }
+    engine_default_stops(e);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_engine_wrap(ckv_engine *e, ckv_model *m, int chunk, const ckv_tokenizer *tok) {
+    memset(e, 0, sizeof *e);
+    if (!m) return ckv_error(CKV_STATUS_ERR_ARG, "engine without a model");
+    e->model = m;
+    e->be = m->be;
+    e->tp = m->tp;
+    e->cfg.chunk = chunk;
+    e->cfg.tokenizer = tok;
+    e->cfg.device = -1;
+    engine_default_stops(e);
+    return CKV_STATUS_OK;
+}
+
+void ckv_engine_free(ckv_engine *e) {
+    if (!e) return;
+    if (e->owns) {
+        ckv_model_free(e->model);
+        ckv_backend_free(e->be);
+    }
+    memset(e, 0, sizeof *e);
+}
+
+static int engine_chunk(const ckv_engine *e) { return e->cfg.chunk > 0 ? e->cfg.chunk : DEFAULT_CHUNK; }
+
+/* ---- prepared contexts ---------------------------------------------------------------------------- */
+
+/* The context length recorded in a cache file (PATH, or PATH.rank0 when saved by several ranks). */
+static ckv_status cache_context_len(const char *path, int *n) {
+    char shard0[4200];
+    snprintf(shard0, sizeof shard0, "%s.rank0", path);
+    int sharded = access(path, F_OK) != 0 && access(shard0, F_OK) == 0;
+    char *meta = NULL;
+    CKV_TRY(ckv_kv_file_read_meta(sharded ? shard0 : path, &meta));
+    ckv_json *j = NULL;
+    ckv_status st = ckv_json_parse_buffer(&j, meta, strlen(meta), path);
+    double v = 0;
+    if (st == CKV_STATUS_OK && ckv_json_is_number(ckv_json_get(j, "context_len"))) v = ckv_json_number(ckv_json_get(j, "context_len"));
+    ckv_json_free(j);
+    free(meta);
+    CKV_TRY(st);
+    if (!(v >= 1 && v <= (double)(1L << 30))) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: cache header has no context length", path);
+    *n = (int)v;
+    return CKV_STATUS_OK;
+}
+
+/* Why the press leaves a context of L tokens uncompressed, or NULL when it compresses it. */
+static const char *skip_reason(const ckv_press_config *p, int L) {
+    ckv_status st = ckv_press_check_context(p, L);
+    ckv_error_clear();
+    if (st != CKV_STATUS_OK) return L < 2 ? "the context is too short to compress" : "the context is not longer than the press window";
+    if (p->alloc != CKV_ALLOC_HEADKV && ckv_press_n_kept(p, L) >= L) return "the budget keeps every token of the context";
+    return NULL;
+}
+
+static void context_entries(ckv_prepared *pc, int L) {
+    const ckv_model *m = pc->engine->model;
+    long entries = (long)m->cfg.n_layers * m->plan.n_kv_local * L;
+    size_t row = (size_t)m->cfg.head_dim * 2 * sizeof(float);
+    pc->stats.total_entries = pc->stats.kept_entries = entries;
+    pc->stats.kv_bytes_full = pc->stats.kv_bytes_kept = (size_t)entries * row;
+}
+
+static void fill_prepare_stats(ckv_prepared *pc, int prefilled) {
+    ckv_request_stats *s = &pc->stats;
+    s->context_tokens = pc->n_context;
+    s->prompt_tokens = prefilled ? pc->n_context : 0;
+    s->reused_tokens = prefilled ? 0 : pc->n_context;
+    s->compressed = pc->compressed;
+    s->uncompressed_reason = pc->uncompressed_reason;
+    if (pc->compressed) {
+        s->kept_entries = pc->cz.kept_entries;
+        s->total_entries = pc->cz.total_entries;
+        s->kv_bytes_full = pc->cz.kv_bytes_full;
+        s->kv_bytes_kept = pc->cz.kv_bytes_kept;
+    } else if (prefilled) {
+        context_entries(pc, pc->n_context);
+    }
+    s->score_seconds = pc->cz.score_seconds;
+    s->select_seconds = pc->cz.select_seconds;
+    s->compact_seconds = pc->cz.compact_seconds;
+    s->comm_bytes_compression = pc->cz.comm_bytes;
+    s->chunk = pc->sess.chunk;
+    s->session_bytes = ckv_session_bytes(&pc->sess);
+    s->kv_bytes_peak = ckv_kv_cache_bytes_used(&pc->sess.kv);
+}
+
+ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc) {
+    memset(pc, 0, sizeof *pc);
+    pc->engine = e;
+    ckv_model *m = e->model;
+    const ckv_model_config *c = &m->cfg;
+    int n = p->n;
+    if (p->cache_in) CKV_TRY(cache_context_len(p->cache_in, &n));
+    else if (n < 1 || !p->ids) return ckv_error(CKV_STATUS_ERR_ARG, "empty context");
+    if (p->reserve < 0) return ckv_error(CKV_STATUS_ERR_ARG, "negative reserve %d", p->reserve);
+    if ((long)n + p->reserve > c->max_context)
+        return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG,
+                         "a context of %d tokens + %d for the question and answer exceed the context window of %d tokens "
+                         "(max_position_embeddings)", n, p->reserve, c->max_context);
+    const ckv_press_config *press = p->press && p->press->scorer != CKV_SCORER_NONE ? p->press : NULL;
+    int compress = press && !p->hook && !p->cache_in;
+    if (compress && (pc->uncompressed_reason = skip_reason(press, n)) != NULL) compress = 0;
+    pc->compressed = compress;
+    pc->cz.cfg = press;
+    pc->cz.dump = p->dump_kept && compress;
+    pc->cz.dump_kept = compress ? p->dump_file : NULL;
+    ckv_status st = CKV_STATUS_OK;
+    if (compress && press->alloc == CKV_ALLOC_HEADKV) {
+        CKV_TRY(ckv_compress_headkv_budgets(press, c, n, &pc->headkv));
+        pc->cz.headkv_budgets = pc->headkv;
+    }
+    double t0 = ckv_time_now();
+    CKV_TRY_GOTO(st, ckv_session_init(&pc->sess, m, n + p->reserve, engine_chunk(e), compress || p->cache_in || p->hook), fail);
+    if (p->cache_in) {
+        CKV_TRY_GOTO(st, ckv_session_load_cache(&pc->sess, p->cache_in, pc->cache_press, sizeof pc->cache_press), fail);
+        pc->n_context = pc->sess.n_past;
+    } else {
+        const float *lg = NULL;
+        ckv_layer_hook hook = p->hook ? p->hook : compress ? ckv_compress_layer_hook : NULL;
+        void *hctx = p->hook ? p->hook_ctx : &pc->cz;
+        CKV_TRY_GOTO(st, ckv_session_prefill_hook(&pc->sess, p->ids, n, NULL, &lg, hook, hctx), fail);
+        pc->n_context = n;
+        CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);
+        memcpy(pc->logits, lg, sizeof(float) * (size_t)c->vocab_size);
+    }
+    if (p->cache_out)
+        CKV_TRY_GOTO(st, ckv_session_save_cache(&pc->sess, p->cache_out, press ? press->spec : "none"), fail);
+    CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);
+    pc->prepare_seconds = ckv_time_now() - t0;
+    fill_prepare_stats(pc, !p->cache_in);
+    return CKV_STATUS_OK;
+fail:
+    ckv_prepared_free(pc);
+    return st;
+}
+
+void ckv_prepared_free(ckv_prepared *pc) {
+    if (!pc) return;
+    ckv_session_free(&pc->sess);
+    ckv_free(pc->logits);
+    free(pc->headkv);
+    memset(pc, 0, sizeof *pc);
+}
+
+void ckv_answer_free(ckv_answer *a) {
+    if (!a) return;
+    ckv_free(a->ids);
+    memset(a, 0, sizeof *a);
+}
+
+/* ---- answers ------------------------------------------------------------------------------------- */
+
+/* Stop strings over streamed text: the last max_len - 1 bytes plus each new piece are searched. */
+typedef struct {
+    const char *const *s;
+    int n;
+    size_t max_len, cap, len;
+    char *tail;   /* [cap] recent text */
+    char *piece;  /* [piece_cap] one push of the stream decoder */
+    size_t piece_cap;
+    ckv_detok_stream ds;
+} stop_text;
+
+static ckv_status stop_text_init(stop_text *t, const ckv_tokenizer *tok, const char *const *s, int n) {
+    memset(t, 0, sizeof *t);
+    if (n <= 0) return CKV_STATUS_OK;
+    if (!tok) return ckv_error(CKV_STATUS_ERR_ARG, "stop strings need the model's tokenizer");
+    for (int i = 0; i < n; i++) {
+        size_t l = s[i] ? strlen(s[i]) : 0;
+        if (l == 0) return ckv_error(CKV_STATUS_ERR_ARG, "stop string %d is empty", i);
+        if (l > t->max_len) t->max_len = l;
+    }
+    t->s = s;
+    t->n = n;
+    t->piece_cap = ckv_detok_stream_cap(tok);
+    t->cap = t->max_len + t->piece_cap + 1;
+    ckv_status st = ckv_alloc((void **)&t->tail, t->cap, "stop strings");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&t->piece, t->piece_cap, "stop strings");
+    if (st != CKV_STATUS_OK) {
+        ckv_free(t->tail);
+        ckv_free(t->piece);
+        return st;
+    }
+    ckv_detok_stream_init(&t->ds, tok, CKV_DETOKENIZE_SKIP_SPECIAL);
+    return CKV_STATUS_OK;
+}
+
+static void stop_text_free(stop_text *t) {
+    ckv_free(t->tail);
+    ckv_free(t->piece);
+}
+
+/* 1 when the text after `id` contains a stop string. */
+static int stop_text_push(stop_text *t, int32_t id) {
+    if (t->n == 0) return 0;
+    size_t n = 0;
+    if (ckv_detok_stream_push(&t->ds, id, t->piece, t->piece_cap, &n) != CKV_STATUS_OK) {
+        ckv_error_clear();
+        return 0;
+    }
+    memcpy(t->tail + t->len, t->piece, n);
+    t->len += n;
+    for (int i = 0; i < t->n; i++) {
+        size_t l = strlen(t->s[i]);
+        for (size_t o = 0; o + l <= t->len; o++)
+            if (!memcmp(t->tail + o, t->s[i], l)) return 1;
+    }
+    size_t keep = t->max_len - 1;
+    if (t->len > keep) {
+        memmove(t->tail, t->tail + t->len - keep, keep);
+        t->len = keep;
+    }
+    return 0;
+}
+
+static int in_list(const int32_t *v, int n, int32_t x) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == x) return 1;
+    return 0;
+}
+
+ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *ids, int n, const ckv_gen_params *g,
+                               ckv_sampler *sampler, ckv_answer *out) {
+    memset(out, 0, sizeof *out);
+    out->stop_id = -1;
+    ckv_engine *e = pc->engine;
+    ckv_session *s = &pc->sess;
+    int V = e->model->cfg.vocab_size;
+    if (g->max_new_tokens < 0) return ckv_error(CKV_STATUS_ERR_ARG, "--max-new-tokens must be >= 0, got %d", g->max_new_tokens);
+    if (n < 0 || (n > 0 && !ids)) return ckv_error(CKV_STATUS_ERR_ARG, "bad question of %d tokens", n);
+    if ((long)pc->n_context + n + g->max_new_tokens > s->capacity)
+        return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG,
+                         "question %d: %d tokens + %d new exceed the %d tokens reserved after the context", question, n,
+                         g->max_new_tokens, s->capacity - pc->n_context);
+    if (n == 0 && !pc->logits && g->max_new_tokens > 0)
+        return ckv_error(CKV_STATUS_ERR_ARG, "a context loaded from a cache file needs a question to answer");
+    ckv_sampler own;
+    int own_sampler = sampler == NULL;
+    if (own_sampler) {
+        CKV_TRY(ckv_sampler_init(&own, &g->sampling, V));
+        sampler = &own;
+    }
+    stop_text stx;
+    ckv_status st = stop_text_init(&stx, e->cfg.tokenizer, g->stop_strings, g->n_stop_strings);
+    if (st == CKV_STATUS_OK && g->max_new_tokens > 0)
+        st = ckv_alloc((void **)&out->ids, sizeof(int32_t) * (size_t)g->max_new_tokens, "answer ids");
+    double t0 = ckv_time_now();
+    const float *lg = pc->logits;
+    if (st == CKV_STATUS_OK && n > 0) st = ckv_session_prefill(s, ids, n, NULL, &lg);
+    out->finish = CKV_FINISH_LENGTH;
+    for (int t = 0; t < g->max_new_tokens && st == CKV_STATUS_OK; t++) {
+        int32_t tok = ckv_sampler_sample(sampler, lg);
+        if (t == 0) out->ttft_seconds = ckv_time_now() - t0;
+        ckv_finish_reason fin = CKV_FINISH_NONE;
+        if (!g->ignore_eos && in_list(e->stop_ids, e->n_stop_ids, tok)) fin = CKV_FINISH_EOS;
+        else if (in_list(g->stop_ids, g->n_stop_ids, tok)) fin = CKV_FINISH_STOP;
+        if (g->on_token && g->on_token(g->cb_ctx, question, tok, fin != CKV_FINISH_NONE, lg)) {
+            if (fin == CKV_FINISH_NONE) out->ids[out->n++] = tok;
+            else out->stop_id = tok;
+            out->finish = CKV_FINISH_CANCELLED;
+            break;
+        }
+        if (fin != CKV_FINISH_NONE) {
+            out->stop_id = tok;
+            out->finish = fin;
+            break;
+        }
+        out->ids[out->n++] = tok;
+        if (stop_text_push(&stx, tok)) {
+            out->finish = CKV_FINISH_STOP;
+            break;
+        }
+        if (t + 1 == g->max_new_tokens) break;
+        st = ckv_session_decode(s, tok, &lg);
+    }
+    out->seconds = ckv_time_now() - t0;
+    if (st == CKV_STATUS_OK && g->on_answer_end) g->on_answer_end(g->cb_ctx, question, out);
+    size_t kvb = ckv_kv_cache_bytes_used(&s->kv);
+    if (kvb > pc->stats.kv_bytes_peak) pc->stats.kv_bytes_peak = kvb;
+    if (pc->stats.ttft_seconds == 0) pc->stats.ttft_seconds = pc->prepare_seconds + out->ttft_seconds;
+    if (st == CKV_STATUS_OK) {
+        pc->stats.prompt_tokens += n;
+        st = ckv_session_rewind(s);
+    }
+    stop_text_free(&stx);
+    if (own_sampler) ckv_sampler_free(&own);
+    if (st != CKV_STATUS_OK) ckv_answer_free(out);
+    return st;
+}
+
+ckv_status ckv_prepared_forward(ckv_prepared *pc, const int32_t *ids, int n, float *all_logits) {
+    if (n < 1) return ckv_error(CKV_STATUS_ERR_ARG, "nothing to feed after the context");
+    if ((long)pc->sess.n_past + n > pc->sess.capacity)
+        return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "%d tokens exceed the %d reserved after the context", n,
+                         pc->sess.capacity - pc->sess.n_past);
+    CKV_TRY(ckv_session_prefill(&pc->sess, ids, n, all_logits, NULL));
+    pc->stats.prompt_tokens += n;
+    size_t kvb = ckv_kv_cache_bytes_used(&pc->sess.kv);
+    if (kvb > pc->stats.kv_bytes_peak) pc->stats.kv_bytes_peak = kvb;
+    return ckv_session_rewind(&pc->sess);
+}
+
+/* ---- whole requests ------------------------------------------------------------------------------- */
+
+static int question_max_new(const ckv_request *r, int q) {
+    int v = r->questions && r->questions[q].max_new_tokens > 0 ? r->questions[q].max_new_tokens : r->gen.max_new_tokens;
+    return v;
+}
+
+ckv_status ckv_request_check(const ckv_engine *e, const ckv_request *r) {
+    int W = e->model->cfg.max_context;
+    if (r->gen.max_new_tokens < 0) return ckv_error(CKV_STATUS_ERR_ARG, "--max-new-tokens must be >= 0");
+    if (r->n_questions < 0 || (r->n_questions > 0 && !r->questions)) return ckv_error(CKV_STATUS_ERR_ARG, "bad question list");
+    if (r->query_aware && r->n_questions == 0) return ckv_error(CKV_STATUS_ERR_ARG, "--query-aware needs at least one question");
+    if (r->query_aware && r->cache_in) return ckv_error(CKV_STATUS_ERR_ARG, "--query-aware with a cache file: the cache holds the context only");
+    if (r->cache_in) return CKV_STATUS_OK; /* the context length is in the file; ckv_engine_prepare checks it */
+    if (r->n_context < 1 || !r->context) return ckv_error(CKV_STATUS_ERR_ARG, "empty context");
+    long max_q = 0, max_new = r->n_questions ? 0 : r->gen.max_new_tokens;
+    for (int q = 0; q < r->n_questions; q++) {
+        if (r->questions[q].n > max_q) max_q = r->questions[q].n;
+        if (question_max_new(r, q) > max_new) max_new = question_max_new(r, q);
+    }
+    if (r->n_context + max_q > W)
+        return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG,
+                         "the prompt has %ld tokens, more than the context window of %d tokens (max_position_embeddings)",
+                         r->n_context + max_q, W);
+    if (r->n_context + max_q + max_new > W)
+        return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG,
+                         "--max-new-tokens %ld: prompt (%ld) + new tokens exceed the context window of %d tokens "
+                         "(max_position_embeddings)", max_new, r->n_context + max_q, W);
+    return CKV_STATUS_OK;
+}
+
+static void add_stats(ckv_request_stats *a, const ckv_prepared *pc) {
+    const ckv_request_stats *b = &pc->stats;
+    a->prompt_tokens += b->prompt_tokens;
+    a->reused_tokens += b->reused_tokens;
+    a->context_tokens = b->context_tokens;
+    a->compressed |= b->compressed;
+    if (!a->uncompressed_reason) a->uncompressed_reason = b->uncompressed_reason;
+    a->kept_entries += b->kept_entries;
+    a->total_entries += b->total_entries;
+    a->kv_bytes_full += b->kv_bytes_full;
+    a->kv_bytes_kept += b->kv_bytes_kept;
+    if (b->kv_bytes_peak > a->kv_bytes_peak) a->kv_bytes_peak = b->kv_bytes_peak;
+    a->session_bytes = ckv_session_bytes(&pc->sess);
+    a->chunk = pc->sess.chunk;
+    a->prefill_seconds += pc->sess.prefill_seconds;
+    a->decode_seconds += pc->sess.decode_seconds;
+    a->prefill_tokens += pc->sess.prefill_tokens;
+    a->decode_tokens += pc->sess.decode_tokens;
+    a->score_seconds += b->score_seconds;
+    a->select_seconds += b->select_seconds;
+    a->compact_seconds += b->compact_seconds;
+    a->comm_bytes_compression += b->comm_bytes_compression;
+    if (a->ttft_seconds == 0) a->ttft_seconds = b->ttft_seconds;
+}
+
+ckv_status ckv_engine_run(ckv_engine *e, const ckv_request *r, ckv_result *out) {
+    memset(out, 0, sizeof *out);
+    CKV_TRY(ckv_request_check(e, r));
+    int n_ans = r->n_questions > 0 ? r->n_questions : 1;
+    out->answers = calloc((size_t)n_ans, sizeof *out->answers);
+    if (!out->answers) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for %d answers", n_ans);
+    out->n_answers = n_ans;
+    ckv_sampler sampler;
+    ckv_status st = ckv_sampler_init(&sampler, &r->gen.sampling, e->model->cfg.vocab_size);
+    if (st != CKV_STATUS_OK) {
+        ckv_result_free(out);
+        return st;
+    }
+    ckv_gen_params g = r->gen;
+    ckv_prepare_params pp = {0};
+    pp.press = r->press;
+    pp.dump_kept = r->dump_kept;
+    pp.dump_file = r->dump_file;
+    ckv_prepared pc;
+    memset(&pc, 0, sizeof pc);
+    if (r->query_aware) { /* each question compressed with the context */
+        int32_t *all = NULL;
+        for (int q = 0; q < r->n_questions && st == CKV_STATUS_OK; q++) {
+            int n = r->n_context + r->questions[q].n;
+            st = ckv_alloc((void **)&all, sizeof(int32_t) * (size_t)n, "query-aware prompt");
+            if (st != CKV_STATUS_OK) break;
+            memcpy(all, r->context, sizeof(int32_t) * (size_t)r->n_context);
+            memcpy(all + r->n_context, r->questions[q].ids, sizeof(int32_t) * (size_t)r->questions[q].n);
+            g.max_new_tokens = question_max_new(r, q);
+            pp.ids = all;
+            pp.n = n;
+            pp.reserve = g.max_new_tokens;
+            st = ckv_engine_prepare(e, &pp, &pc);
+            if (st == CKV_STATUS_OK) st = ckv_prepared_answer(&pc, q, NULL, 0, &g, &sampler, &out->answers[q]);
+            if (st == CKV_STATUS_OK) add_stats(&out->stats, &pc);
+            ckv_prepared_free(&pc);
+            ckv_free(all);
+            all = NULL;
+        }
+    } else {
+        int max_q = 0, max_new = r->n_questions ? 0 : r->gen.max_new_tokens;
+        for (int q = 0; q < r->n_questions; q++) {
+            if (r->questions[q].n > max_q) max_q = r->questions[q].n;
+            if (question_max_new(r, q) > max_new) max_new = question_max_new(r, q);
+        }
+        pp.ids = r->context;
+        pp.n = r->n_context;
+        pp.reserve = max_q + max_new;
+        pp.cache_in = r->cache_in;
+        pp.cache_out = r->cache_out;
+        st = ckv_engine_prepare(e, &pp, &pc);
+        if (st == CKV_STATUS_OK) snprintf(out->cache_press, sizeof out->cache_press, "%s", pc.cache_press);
+        for (int q = 0; q < n_ans && st == CKV_STATUS_OK; q++) {
+            g.max_new_tokens = r->n_questions ? question_max_new(r, q) : r->gen.max_new_tokens;
+            const int32_t *ids = r->n_questions ? r->questions[q].ids : NULL;
+            int n = r->n_questions ? r->questions[q].n : 0;
+            st = ckv_prepared_answer(&pc, q, ids, n, &g, &sampler, &out->answers[q]);
+        }
+        if (st == CKV_STATUS_OK) add_stats(&out->stats, &pc);
+        ckv_prepared_free(&pc);
+    }
+    ckv_sampler_free(&sampler);
+    if (st != CKV_STATUS_OK) ckv_result_free(out);
+    return st;
+}
+
+void ckv_result_free(ckv_result *r) {
+    if (!r) return;
+    for (int i = 0; r->answers && i < r->n_answers; i++) ckv_answer_free(&r->answers[i]);
+    free(r->answers);
+    memset(r, 0, sizeof *r);
+}
