@@ -107,6 +107,18 @@ typedef struct {
                       const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep);
 
     /* ---- eviction ops (evict/ drives them; see evict/ for their callers) ---- */
+
+    /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
+     * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:
+     * temperature 0: argmax (lowest index on ties); else p = softmax(logits / temperature) (fp32
+     * exp, sum in double), candidates in the order descending p, then ascending index; the first
+     * top_k of them (0 = all); then the shortest prefix whose mass reaches top_p of theirs (1 = off);
+     * then the first candidate at which the running mass of that prefix exceeds u[r] * its mass
+     * (the last one if rounding never gets there).
+     * out [n] (device), logits [n, vocab], u [n] uniform draws in [0, 1) (device; from the caller's
+     * seeded generator, so every backend and rank picks the same tokens) */
+    void (*sample)(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
+                   float top_p, const double *u);
 } ckv_backend_ops;
 
 struct ckv_backend {

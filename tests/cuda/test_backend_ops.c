@@ -21,6 +21,7 @@
 #include "ckv_test.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "engine/sampler.h"
 
 static ckv_backend *tb;  /* the backend under test */
 static ckv_backend *ref; /* the CPU backend */
@@ -577,6 +578,53 @@ static void test_attention_all(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i]);
 }
 
+/* ---- sampling ---------------------------------------------------------------------------------
+ * Exact: the same token as the CPU op for every row, and as engine/sampler.c (fed the same uniform
+ * draw) where that sampler takes every token as a candidate (top_k > 0 or top_p = 1; with top_k = 0
+ * and top_p < 1 it renormalises over the tokens above its cut-off instead of all of them). Rows of
+ * distinct logits and rows of many exact ties (logits on a grid of 0.5). */
+static void test_sample(float temperature, int top_k, float top_p) {
+    enum { ROWS = 4, V = 300 };
+    float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
+    for (int i = 2 * V; i < ROWS * V; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f; /* rows 2, 3: ties */
+    ckv_sampler_config cfg = {temperature, top_k, top_p, rng_u32()};
+    ckv_sampler smp;
+    CHECK_OK(ckv_sampler_init(&smp, &cfg, V));
+    double u[ROWS];
+    int32_t want[ROWS], got[ROWS], cpu[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        ckv_sampler peek = smp;
+        u[r] = temperature > 0.0f ? ckv_sampler_uniform(&peek) : 0.0;
+        want[r] = ckv_sampler_sample(&smp, x + (size_t)r * V);
+    }
+    float *xt = dev_upload(tb, x, sizeof(float) * ROWS * V), *xr = dev_upload(ref, x, sizeof(float) * ROWS * V);
+    double *ut = dev_upload(tb, u, sizeof u), *ur = dev_upload(ref, u, sizeof u);
+    int32_t *ot = dev_upload(tb, want, sizeof want), *orf = dev_upload(ref, want, sizeof want);
+    int32_t poison[ROWS] = {-7, -7, -7, -7};
+    CHECK_OK(tb->ops->upload(tb, ot, poison, sizeof poison));
+    CHECK_OK(ref->ops->upload(ref, orf, poison, sizeof poison));
+    tb->ops->sample(tb, ot, xt, ROWS, V, temperature, top_k, top_p, ut);
+    ref->ops->sample(ref, orf, xr, ROWS, V, temperature, top_k, top_p, ur);
+    dev_download(tb, got, ot, sizeof got);
+    dev_download(ref, cpu, orf, sizeof cpu);
+    const int engine = top_k > 0 || top_p >= 1.0f;
+    int bad = 0;
+    for (int r = 0; r < ROWS; r++) {
+        if (got[r] != cpu[r] || (engine && cpu[r] != want[r])) {
+            fprintf(stderr, "  row %d: %s token %d, cpu op %d, engine sampler %d\n", r, tb_name, got[r], cpu[r], want[r]);
+            bad++;
+        }
+    }
+    CHECK_MSG(bad == 0, "%s sample T=%g top_k=%d top_p=%g: %d of %d rows differ", tb_name, temperature, top_k, top_p,
+              bad, ROWS);
+    if (!bad)
+        fprintf(stderr, "ok   %s sample T=%g top_k=%d top_p=%g: %d rows, tokens %d %d %d %d identical%s\n", tb_name,
+                temperature, top_k, top_p, ROWS, got[0], got[1], got[2], got[3], engine ? " (also to the engine sampler)" : "");
+    release2(xt, xr), release2(ut, ur), release2(ot, orf);
+    ckv_sampler_free(&smp);
+    free(x);
+}
+
 /* ---- error paths of the emulated device -------------------------------------------------------- */
 
 static void test_emu_errors(void) {
@@ -654,6 +702,12 @@ int main(int argc, char **argv) {
     test_kv_gather(CKV_DTYPE_BF16);
     test_kv_gather(CKV_DTYPE_F32);
     test_attention_all();
+    test_sample(0.0f, 0, 1.0f);
+    test_sample(1.0f, 0, 1.0f);
+    test_sample(0.7f, 20, 1.0f);
+    test_sample(1.3f, 0, 0.9f);
+    test_sample(1.0f, 50, 0.8f);
+    test_sample(0.5f, 3, 0.5f);
     CHECK_OK(tb->ops->sync(tb));
 
     ckv_backend_free(tb);

@@ -85,6 +85,7 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .add = ckv_cpu_add,
     .count_nonfinite = ckv_cpu_count_nonfinite,
     .kv_gather = ckv_cpu_kv_gather,
+    .sample = ckv_cpu_sample,
 };
 
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {

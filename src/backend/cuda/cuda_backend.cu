@@ -168,6 +168,7 @@ ckv_backend_ops make_ops() {
     o.add = add;
     o.count_nonfinite = count_nonfinite;
     o.kv_gather = kv_gather;
+    o.sample = sample;
     return o;
 }
 

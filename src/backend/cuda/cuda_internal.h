@@ -1,7 +1,7 @@
 /* cuda_internal.h - private to backend/cuda: the CUDA backend's state (device, the one compute
  * stream, the cuBLAS handle, workspaces), the check macros every CUDA and cuBLAS call goes through,
  * element load/store helpers shared by the kernels, and the host entry points of the kernel files
- * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu). Everything is in namespace
+ * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_sample.cu). Everything is in namespace
  * CKV_CUDA_NS, so the GPU build and the emulated build (cuda_rt.h) can live in one program. */
 #ifndef CKV_CUDA_INTERNAL_H
 #define CKV_CUDA_INTERNAL_H
@@ -110,6 +110,8 @@ void kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_
                const int32_t *keep, int stride, const int32_t *n_keep);
 void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                int n_heads, float scale);
+void sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
+            float top_p, const double *u);
 
 } // namespace CKV_CUDA_NS
 

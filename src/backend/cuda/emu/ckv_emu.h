@@ -110,6 +110,16 @@ static inline float __bfloat162float(__nv_bfloat16 h) {
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline float __expf(float x) { return expf(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
+static inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* ---- the execution model ---------------------------------------------------------------------- */
 
