@@ -24,7 +24,12 @@
  * so it is never cut before a forced token. The official value norm runs in a Triton kernel (TF32
  * dot products on GPUs); here it is plain fp32.
  * It does not select (select.c ranks all heads of the layer at once: CKV_ALLOC_GLOBAL) and does not
- * set the window's score. Scratch is allocated per call and freed. Host buffers only. */
+ * set the window's score. What runs where: the window queries (matmul, rope), their attention
+ * weights (evict_attn_probs, [n_q_local, w, L] on the device) and the value norms
+ * (ckv_critical_value_norm) are backend ops; steps 2-4 and 6 (per-row pooling with mass rescaling,
+ * the defensive max, the first-stage ranking by running share) are host bookkeeping over host views
+ * of those buffers (downloaded when the device is not the host), and the scores are written back
+ * once. Scratch is allocated per call and freed. */
 #include "evict/score_defensive.h"
 
 #include <math.h>
@@ -50,9 +55,6 @@ static int def_rank_cmp(const void *a, const void *b) {
 }
 
 typedef struct {
-    float *q;           // [w, n_q_local * d] roped window queries of the local heads
-    float *qh;          // [w, d] one head's queries
-    float *logits;      // [w, L] one head's logits, then attention weights
     float *pooled;      // [n] one row, pooled
     double *ave;        // [n_kv_local, n] sums of the weights over local heads and window queries
     float *avef;        // [n_kv_local, n] the same in fp32 (reduced over the replica group), then the mean
@@ -63,9 +65,6 @@ typedef struct {
 } ckv_def_ws;
 
 static void def_ws_free(ckv_def_ws *ws) {
-    ckv_free(ws->q);
-    ckv_free(ws->qh);
-    ckv_free(ws->logits);
     ckv_free(ws->pooled);
     ckv_free(ws->ave);
     ckv_free(ws->avef);
@@ -79,11 +78,8 @@ static void def_ws_free(ckv_def_ws *ws) {
 static ckv_status def_ws_init(ckv_def_ws *ws, const ckv_score_inputs *in, int w) {
     memset(ws, 0, sizeof *ws);
     const size_t d = (size_t)in->head_dim, L = (size_t)in->L, n = L - (size_t)w, nkv = (size_t)in->n_kv_local;
-    const size_t hd = (size_t)in->n_q_local * d;
+    (void)d;
     ckv_status s;
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->q, (size_t)w * hd * sizeof(float), "defensivekv window queries"), fail);
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->qh, (size_t)w * d * sizeof(float), "defensivekv head queries"), fail);
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->logits, (size_t)w * L * sizeof(float), "defensivekv logits"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->pooled, n * sizeof(float), "defensivekv pooled row"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->ave, nkv * n * sizeof(double), "defensivekv mean attention"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->avef, nkv * n * sizeof(float), "defensivekv mean attention"), fail);
@@ -122,27 +118,20 @@ static ckv_status def_check(const ckv_score_inputs *in, const ckv_press_config *
     return CKV_STATUS_OK;
 }
 
-/* Steps 1 to 4 for local query head j: accumulates ave and the running max into ws, the window bias
- * (attention on columns max(0, n - w) .. n - 1) into *bias. */
-static void def_head(const ckv_score_inputs *in, ckv_def_ws *ws, int w, int kernel, int j, double *bias) {
-    const int d = in->head_dim, L = in->L, n = L - w, hd = in->n_q_local * d, r = kernel / 2;
+/* Steps 2 to 4 for local query head j from its attention weights P [w, L] (row i valid on columns
+ * 0 .. n + i): accumulates ave and the running max into ws, the window bias (attention on columns
+ * max(0, n - w) .. n - 1) into *bias. */
+static void def_head(const ckv_score_inputs *in, ckv_def_ws *ws, int w, int kernel, int j, const float *P,
+                     double *bias) {
+    const int L = in->L, n = L - w, r = kernel / 2;
     const int g = ckv_score_local_kv(in, j);
-    const float *K = in->cache.k + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
-    for (int i = 0; i < w; i++)
-        memcpy(ws->qh + (size_t)i * d, ws->q + (size_t)i * hd + (size_t)j * d, (size_t)d * sizeof(float));
-    ckv_backend_matmul_f32(in->be, ws->logits, ws->qh, K, NULL, w, d, L);
-    const float sqrt_d = (float)sqrt((double)d); /* the official code divides by math.sqrt(head_dim) */
     const int bias_lo = n > w ? n - w : 0;
     double *ave = ws->ave + (size_t)g * n;
     float *dmax = ws->dmax + (size_t)g * n;
     for (int i = 0; i < w; i++) {
-        float *row = ws->logits + (size_t)i * L; // [L]
-        const int n_vis = n + i + 1;               /* query L - w + i sees keys 0 .. L - w + i */
-        for (int t = 0; t < n_vis; t++) row[t] = row[t] / sqrt_d;
-        const float inv = ckv_score_exp_row(row, n_vis);
+        const float *row = P + (size_t)i * L; // [L]
         double mass = 0.0;
         for (int t = 0; t < n; t++) {
-            row[t] *= inv;
             mass += row[t];
             ave[t] += row[t];
         }
@@ -175,25 +164,38 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     const int w = cfg->window, L = in->L, n = L - w, nkv = in->n_kv_local, D = in->D;
     const int G = in->n_heads / in->n_kv_heads;
     ckv_backend *be = in->be;
+    const int d = in->head_dim, nq = in->n_q_local;
+    const size_t p_bytes = (size_t)nq * (size_t)w * (size_t)L * sizeof(float);
+    const size_t s_bytes = (size_t)nkv * (size_t)L * sizeof(float);
     ckv_def_ws ws;
     CKV_TRY(def_ws_init(&ws, in, w));
+    ckv_score_dev dev = {be, {0}, 0};
+    float *q = NULL, *P = NULL, *norm_dev = NULL; // device: [w, nq * d], [nq, w, L], [nkv, L]
+    float *Ph = NULL, *out = NULL;                // host views of P and scores
     ckv_status s = CKV_STATUS_OK;
 
-    /* 1-4: window queries, per-head rows, defensive max; dmax starts at 0 (every value is >= 0) */
-    be->ops->matmul(be, ws.q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w);
-    be->ops->rope(be, ws.q, in->pos + (L - w), w, in->n_q_local, in->head_dim, in->inv_freq, in->rope_scale);
+    /* 1: window queries and their attention weights on the device */
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&q, (size_t)w * (size_t)nq * d * sizeof(float),
+                                        "defensivekv window queries"), done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&P, p_bytes, "defensivekv attention weights"), done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&norm_dev, s_bytes, "defensivekv value norms"), done);
+    be->ops->matmul(be, q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w);
+    be->ops->rope(be, q, in->pos + (L - w), w, nq, d, in->inv_freq, in->rope_scale);
+    /* the official code divides by math.sqrt(head_dim) */
+    CKV_TRY_GOTO(s, be->ops->evict_attn_probs(be, P, L, q, w, L - w, &in->kv, nq, ckv_score_head0(in), G,
+                                              (float)sqrt((double)d), 1), done);
+    CKV_TRY_GOTO(s, ckv_evict_host_view(be, P, p_bytes, (void **)&Ph), done);
+    /* 2-4: per-head rows, defensive max; dmax starts at 0 (every value is >= 0) */
     double bias_sum = 0.0;
-    for (int j = 0; j < in->n_q_local; j++) def_head(in, &ws, w, cfg->kernel, j, &bias_sum);
+    for (int j = 0; j < nq; j++) def_head(in, &ws, w, cfg->kernel, j, Ph + (size_t)j * w * L, &bias_sum);
     for (size_t i = 0; i < (size_t)nkv * n; i++) ws.avef[i] = (float)ws.ave[i];
-    if (in->replica && in->replica->size > 1) {
-        CKV_TRY_GOTO(s, in->replica->ops->allreduce_f32(in->replica, ws.avef, (size_t)nkv * n, CKV_COMM_OP_SUM), done);
-        CKV_TRY_GOTO(s, in->replica->ops->allreduce_f32(in->replica, ws.dmax, (size_t)nkv * n, CKV_COMM_OP_MAX), done);
-    }
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->replica, ws.avef, (size_t)nkv * n, CKV_COMM_OP_SUM, 0), done);
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->replica, ws.dmax, (size_t)nkv * n, CKV_COMM_OP_MAX, 0), done);
     for (size_t i = 0; i < (size_t)nkv * n; i++) ws.avef[i] = (float)((double)ws.avef[i] / ((double)G * w));
     /* window bias: mean over ALL query heads of the layer and the window queries (quirk: the w columns
      * before the window) */
     float bias = (float)bias_sum;
-    if (in->tp && in->tp->size > 1) CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, &bias, 1, CKV_COMM_OP_SUM), done);
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->tp, &bias, 1, CKV_COMM_OP_SUM, 0), done);
     const float window_bias = (float)((double)bias / ((double)in->n_heads * w));
     const float threshold = (float)(CKV_DEFENSIVE_THRESHOLD - (double)window_bias);
     for (int g = 0; g < nkv; g++) { /* floor at the head's mean */
@@ -205,7 +207,13 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     }
 
     /* 5: value norms normalised over all KV heads of the layer (replicas of a head count once) */
-    CKV_TRY_GOTO(s, ckv_critical_value_norm(in, ws.norm), done);
+    CKV_TRY_GOTO(s, ckv_critical_value_norm(in, norm_dev), done);
+    {
+        float *nh = NULL;
+        CKV_TRY_GOTO(s, ckv_evict_host_view(be, norm_dev, s_bytes, (void **)&nh), done);
+        memcpy(ws.norm, nh, s_bytes);
+        CKV_TRY_GOTO(s, ckv_evict_host_release(be, norm_dev, nh, s_bytes, 0), done);
+    }
     const int replica_leader = !in->replica || in->replica->size <= 1 || in->replica->rank == 0;
     for (int t = 0; t < n; t++) {
         double acc = 0.0;
@@ -213,11 +221,11 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
             for (int g = 0; g < nkv; g++) acc += ws.norm[(size_t)g * L + t];
         ws.nsum[t] = (float)acc;
     }
-    if (in->tp && in->tp->size > 1)
-        CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, ws.nsum, (size_t)n, CKV_COMM_OP_SUM), done);
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->tp, ws.nsum, (size_t)n, CKV_COMM_OP_SUM, 0), done);
+    CKV_TRY_GOTO(s, ckv_evict_host_view(be, scores, s_bytes, (void **)&out), done);
     float M = 0.0f;
     for (int g = 0; g < nkv; g++) {
-        float *dst = scores + (size_t)g * L;
+        float *dst = out + (size_t)g * L;
         const float *dm = ws.dmax + (size_t)g * n, *N = ws.norm + (size_t)g * L;
         for (int t = 0; t < n; t++) {
             dst[t] = ws.nsum[t] > 0.0f ? dm[t] * (N[t] / ws.nsum[t]) : 0.0f;
@@ -225,7 +233,7 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
         }
         for (int t = n; t < L; t++) dst[t] = 0.0f; /* the window: protected by the caller */
     }
-    if (in->tp && in->tp->size > 1) CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, &M, 1, CKV_COMM_OP_MAX), done);
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->tp, &M, 1, CKV_COMM_OP_MAX, 0), done);
 
     /* 6: first stage, per KV head */
     const int cap = (int)((double)n * keep_frac - (double)w);
@@ -248,11 +256,17 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
         }
         int k = c < cap ? c : cap;
         if (k < 0) k = n + k > 0 ? n + k : 0; /* Python's sorted[:k] with k < 0 */
-        float *dst = scores + (size_t)g * L;
+        float *dst = out + (size_t)g * L;
         for (int i = 0; i < k; i++) dst[ws.rank[i].t] = M;
     }
     info->protect_tail = w;
 done:
+    if (out) {
+        ckv_status s2 = ckv_evict_host_release(be, scores, out, s_bytes, s == CKV_STATUS_OK);
+        if (s == CKV_STATUS_OK) s = s2;
+    }
+    if (Ph) ckv_evict_host_release(be, P, Ph, p_bytes, 0);
+    ckv_score_dev_free(&dev);
     def_ws_free(&ws);
     return s;
 }

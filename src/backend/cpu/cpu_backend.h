@@ -49,6 +49,41 @@ ckv_status ckv_cpu_count_nonfinite(ckv_backend *be, const float *x, size_t n, si
 /* 1 when the CPU matmul/embedding compute weights stored as t (see cpu_matmul.c). */
 int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t);
 
+/* Eviction ops (cpu_evict_attn.c, cpu_evict_rows.c, cpu_evict_stats.c). */
+ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                                     const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
+                                     int divide, int per_kv, int zero);
+ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
+                                    const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
+                                    int divide);
+void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
+                                 int n, double denom, int minus_col);
+void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
+void ckv_cpu_evict_head_sum(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n,
+                            int head0, int group);
+void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div);
+void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
+                            float sign);
+void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,
+                           float eps);
+ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                                    const ckv_weight *wo, int n_heads_local, int head0, int group);
+void ckv_cpu_evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value);
+void ckv_cpu_evict_random(ckv_backend *be, float *x, int rows, int n, int ld, uint64_t seed, int layer, int head0);
+void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1);
+ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
+                              const int32_t *k);
+void ckv_cpu_evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx,
+                           const int32_t *k, float value);
+ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n,
+                                     int64_t total);
+void ckv_cpu_evict_rows_f32(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
+void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
+ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
+                                 int n_heads_local, int d, int zero);
+ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
+                                   const float *mu, const float *cov, float sqrt_d);
+
 /* exp(x) in fp32, branch-free so that loops calling it auto-vectorise (libm's expf does not without
  * -ffast-math). Range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 split in a high part exact in
  * fp32 and a low part), degree-7 Taylor polynomial for e^r (truncation < 0.1 ulp), then scaling by
