@@ -578,6 +578,210 @@ static void test_attention_all(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i]);
 }
 
+/* ---- eviction ops -----------------------------------------------------------------------------
+ * One sequence, 2 KV heads of 40 rows, 4 local query heads (group 2), head dim 32. Bounds: exact
+ * where both sides do the same fp32 / double operations per element (fills, pooling, sums, norms,
+ * finish, random, selections); 1e-6 relative (plus 1e-7) where fp32 dot products or GEMMs sum in
+ * another order (attention weights, value norms, moments, expected-attention logits). */
+#define EV_L 40
+#define EV_KV 2
+#define EV_HQ 4
+#define EV_D 32
+
+typedef struct {
+    test_kv_host h;
+    test_kv ct, cr;
+    ckv_kv_batch bt, br;
+} ev_cache;
+
+static void ev_cache_init(ev_cache *e, ckv_dtype dt) {
+    const int lens[EV_KV] = {EV_L, EV_L};
+    kv_host_random(&e->h, dt, 1, EV_KV, EV_D, EV_L, lens, 0);
+    kv_build(&e->ct, tb, dt, 1, EV_KV, EV_D, EV_L, &e->h);
+    kv_build(&e->cr, ref, dt, 1, EV_KV, EV_D, EV_L, &e->h);
+    e->bt = kv_batch(&e->ct, NULL, NULL, EV_L);
+    e->br = kv_batch(&e->cr, NULL, NULL, EV_L);
+}
+
+static void ev_cache_free(ev_cache *e) {
+    kv_free(&e->ct), kv_free(&e->cr);
+    kv_host_free(&e->h);
+}
+
+/* Compares n doubles as floats after download. */
+static void compare_dev_f64(const char *op, const char *cas, const double *dt, const double *dr, size_t n, double atol,
+                            double rtol) {
+    double *a = xalloc(n * 8), *b = xalloc(n * 8);
+    float *fa = xalloc(n * 4), *fb = xalloc(n * 4);
+    dev_download(tb, a, dt, n * 8);
+    dev_download(ref, b, dr, n * 8);
+    for (size_t i = 0; i < n; i++) fa[i] = (float)a[i], fb[i] = (float)b[i];
+    compare(op, cas, fa, fb, n, atol, rtol);
+    free(a), free(b), free(fa), free(fb);
+}
+
+static void compare_dev_i32(const char *op, const char *cas, const int32_t *dt, const int32_t *dr, size_t n) {
+    int32_t *a = xalloc(n * 4), *b = xalloc(n * 4);
+    dev_download(tb, a, dt, n * 4);
+    dev_download(ref, b, dr, n * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i] && bad++ < 5) fprintf(stderr, "  %s %s[%zu]: %d, expected %d\n", op, cas, i, a[i], b[i]);
+    CHECK_MSG(bad == 0, "%s %s %s: %zu of %zu integers differ", tb_name, op, cas, bad, n);
+    if (!bad) fprintf(stderr, "ok   %s %s %s: %zu integers identical\n", tb_name, op, cas, n);
+    free(a), free(b);
+}
+
+static void test_evict_attention(ckv_dtype dt) {
+    ev_cache e;
+    ev_cache_init(&e, dt);
+    const int n_q = 8, q_row0 = EV_L - n_q, ld = EV_L + 4, n_cols = EV_L - 3;
+    float *q = rand_floats((size_t)n_q * EV_HQ * EV_D, -1.0f, 1.0f);
+    float *qt = dev_upload(tb, q, sizeof(float) * n_q * EV_HQ * EV_D), *qr = dev_upload(ref, q, sizeof(float) * n_q * EV_HQ * EV_D);
+    const float scale = 1.0f / sqrtf((float)EV_D);
+    for (int per_kv = 0; per_kv < 2; per_kv++) {
+        const int n_out = per_kv ? EV_KV : EV_HQ;
+        double *ct = (double *)dev_poison(tb, (size_t)n_out * n_cols * 2), *cr = (double *)dev_poison(ref, (size_t)n_out * n_cols * 2);
+        /* two query blocks into one sum: the second adds to the first */
+        CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, qt, 4, q_row0, &e.bt, EV_HQ, 0, 2, scale, 0, per_kv, 1));
+        CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, qr, 4, q_row0, &e.br, EV_HQ, 0, 2, scale, 0, per_kv, 1));
+        CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, qt + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.bt, EV_HQ, 0, 2,
+                                            1.0f / scale, 1, per_kv, 0));
+        CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, qr + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.br, EV_HQ, 0, 2,
+                                             1.0f / scale, 1, per_kv, 0));
+        compare_dev_f64("evict_attn_colsum", per_kv ? "per kv head" : "per query head", ct, cr, (size_t)n_out * n_cols,
+                        1e-7, 1e-6);
+        /* finish: divided by the count of queries that see each column */
+        float *ft = dev_poison(tb, (size_t)n_out * ld), *fr = dev_poison(ref, (size_t)n_out * ld);
+        tb->ops->evict_colsum_finish(tb, ft, ld, ct, n_cols, n_out, n_cols, 57.0, per_kv);
+        ref->ops->evict_colsum_finish(ref, fr, ld, cr, n_cols, n_out, n_cols, 57.0, per_kv);
+        float *a = xalloc(sizeof(float) * n_out * ld), *b = xalloc(sizeof(float) * n_out * ld);
+        dev_download(tb, a, ft, sizeof(float) * n_out * ld);
+        dev_download(ref, b, fr, sizeof(float) * n_out * ld);
+        for (int r = 0; r < n_out; r++) memmove(a + r * n_cols, a + r * ld, sizeof(float) * n_cols), memmove(b + r * n_cols, b + r * ld, sizeof(float) * n_cols);
+        compare("evict_colsum_finish", per_kv ? "minus_col" : "plain", a, b, (size_t)n_out * n_cols, 1e-7, 1e-6);
+        free(a), free(b);
+        release2(ft, fr), release2(ct, cr);
+    }
+    float *pt = dev_poison(tb, (size_t)EV_HQ * n_q * ld), *pr = dev_poison(ref, (size_t)EV_HQ * n_q * ld);
+    CHECK_OK(tb->ops->evict_attn_probs(tb, pt, ld, qt, n_q, q_row0, &e.bt, EV_HQ, 0, 2, scale, 0));
+    CHECK_OK(ref->ops->evict_attn_probs(ref, pr, ld, qr, n_q, q_row0, &e.br, EV_HQ, 0, 2, scale, 0));
+    compare_dev("evict_attn_probs", ckv_dtype_name(dt), pt, pr, (size_t)EV_HQ * n_q * ld, 1e-7, 1e-6);
+    release2(pt, pr);
+    /* CriticalKV value norms with a bf16 o_proj [48, EV_HQ * EV_D] */
+    const int D = 48, cols = EV_HQ * EV_D;
+    float *wo = rand_floats((size_t)D * cols, -0.5f, 0.5f);
+    round_to(wo, (size_t)D * cols, CKV_DTYPE_BF16);
+    void *hw = typed(wo, (size_t)D * cols, CKV_DTYPE_BF16);
+    ckv_weight wt = {dev_upload(tb, hw, (size_t)D * cols * 2), CKV_DTYPE_BF16, D, cols, (size_t)cols * 2};
+    ckv_weight wr = {dev_upload(ref, hw, (size_t)D * cols * 2), CKV_DTYPE_BF16, D, cols, (size_t)cols * 2};
+    float *init = rand_floats((size_t)EV_KV * ld, 0.0f, 1.0f);
+    float *vt = dev_upload(tb, init, sizeof(float) * EV_KV * ld), *vr = dev_upload(ref, init, sizeof(float) * EV_KV * ld);
+    CHECK_OK(tb->ops->evict_value_norm(tb, vt, ld, &e.bt, EV_L, &wt, EV_HQ, 0, 2));
+    CHECK_OK(ref->ops->evict_value_norm(ref, vr, ld, &e.br, EV_L, &wr, EV_HQ, 0, 2));
+    compare_dev("evict_value_norm", ckv_dtype_name(dt), vt, vr, (size_t)EV_KV * ld, 1e-6, 1e-6);
+    /* key and value norms, fp32 rows, expected-attention logits */
+    tb->ops->evict_row_norm(tb, vt, ld, &e.bt, EV_L, 1, -1.0f);
+    ref->ops->evict_row_norm(ref, vr, ld, &e.br, EV_L, 1, -1.0f);
+    compare_dev("evict_row_norm", "values", vt, vr, (size_t)EV_KV * ld, 0.0, 0.0);
+    float *rt = dev_poison(tb, (size_t)EV_KV * EV_L * EV_D), *rr = dev_poison(ref, (size_t)EV_KV * EV_L * EV_D);
+    tb->ops->evict_rows_f32(tb, rt, &e.bt, EV_L, 0);
+    ref->ops->evict_rows_f32(ref, rr, &e.br, EV_L, 0);
+    compare_dev("evict_rows_f32", "keys", rt, rr, (size_t)EV_KV * EV_L * EV_D, 0.0, 0.0);
+    float *mu = rand_floats(EV_D, -1.0f, 1.0f), *cov = rand_floats((size_t)EV_D * EV_D, -0.2f, 0.2f);
+    for (int a = 0; a < EV_D; a++)
+        for (int c = 0; c < a; c++) cov[a * EV_D + c] = cov[c * EV_D + a]; /* symmetric */
+    float *mt = dev_upload(tb, mu, EV_D * 4), *mr = dev_upload(ref, mu, EV_D * 4);
+    float *cvt = dev_upload(tb, cov, EV_D * EV_D * 4), *cvr = dev_upload(ref, cov, EV_D * EV_D * 4);
+    float *lt = dev_poison(tb, 30), *lr = dev_poison(ref, 30);
+    CHECK_OK(tb->ops->evict_ea_logits(tb, lt, &e.bt, 1, 5, 30, mt, cvt, sqrtf((float)EV_D)));
+    CHECK_OK(ref->ops->evict_ea_logits(ref, lr, &e.br, 1, 5, 30, mr, cvr, sqrtf((float)EV_D)));
+    compare_dev("evict_ea_logits", "with covariance", lt, lr, 30, 1e-6, 1e-6);
+    /* moments of the query block, accumulated twice */
+    float *shift = rand_floats((size_t)EV_HQ * EV_D, -0.3f, 0.3f);
+    float *st = dev_upload(tb, shift, sizeof(float) * EV_HQ * EV_D), *sr = dev_upload(ref, shift, sizeof(float) * EV_HQ * EV_D);
+    double *s1t = (double *)dev_poison(tb, EV_HQ * EV_D * 2), *s1r = (double *)dev_poison(ref, EV_HQ * EV_D * 2);
+    double *s2t = (double *)dev_poison(tb, EV_HQ * EV_D * EV_D * 2), *s2r = (double *)dev_poison(ref, EV_HQ * EV_D * EV_D * 2);
+    CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, n_q, EV_HQ, EV_D, 1));
+    CHECK_OK(ref->ops->evict_moments(ref, s1r, s2r, qr, sr, n_q, EV_HQ, EV_D, 1));
+    CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, 3, EV_HQ, EV_D, 0));
+    CHECK_OK(ref->ops->evict_moments(ref, s1r, s2r, qr, sr, 3, EV_HQ, EV_D, 0));
+    compare_dev_f64("evict_moments", "s1", s1t, s1r, EV_HQ * EV_D, 1e-6, 1e-6);
+    compare_dev_f64("evict_moments", "s2", s2t, s2r, EV_HQ * EV_D * EV_D, 1e-6, 1e-6);
+    release2(s1t, s1r), release2(s2t, s2r), release2(st, sr), release2(lt, lr), release2(mt, mr), release2(cvt, cvr);
+    release2(rt, rr), release2(vt, vr), release2(wt.data, wr.data), release2(qt, qr);
+    free(shift), free(mu), free(cov), free(init), free(hw), free(wo), free(q);
+    ev_cache_free(&e);
+}
+
+static void test_evict_rows(void) {
+    enum { ROWS = 3, N = 45, LD = 50 };
+    float *x = rand_floats((size_t)ROWS * LD, -2.0f, 2.0f);
+    for (int i = 0; i < ROWS * LD; i += 7) x[i] = roundf(x[i]); /* exact ties */
+    x[3] = NAN, x[LD + 10] = NAN;
+    float *xt = dev_upload(tb, x, sizeof(float) * ROWS * LD), *xr = dev_upload(ref, x, sizeof(float) * ROWS * LD);
+    float *yt = dev_poison(tb, (size_t)ROWS * LD), *yr = dev_poison(ref, (size_t)ROWS * LD);
+    /* selections first, on the NaN-bearing scores */
+    const int32_t k[ROWS] = {5, 0, N};
+    int32_t *kt = dev_upload(tb, k, sizeof k), *kr = dev_upload(ref, k, sizeof k);
+    int32_t fill_idx[ROWS * LD];
+    for (int i = 0; i < ROWS * LD; i++) fill_idx[i] = -1;
+    int32_t *it = dev_upload(tb, fill_idx, sizeof fill_idx), *ir = dev_upload(ref, fill_idx, sizeof fill_idx);
+    CHECK_OK(tb->ops->evict_topk(tb, it, LD, xt, LD, ROWS, N, kt));
+    CHECK_OK(ref->ops->evict_topk(ref, ir, LD, xr, LD, ROWS, N, kr));
+    compare_dev_i32("evict_topk", "k 5/0/45 with ties and NaN", it, ir, (size_t)ROWS * LD);
+    int32_t *cntt = dev_upload(tb, k, sizeof k), *cntr = dev_upload(ref, k, sizeof k);
+    const int64_t totals[3] = {0, 31, ROWS * N};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(tb->ops->evict_topk_counts(tb, cntt, xt, LD, ROWS, N, totals[i]));
+        CHECK_OK(ref->ops->evict_topk_counts(ref, cntr, xr, LD, ROWS, N, totals[i]));
+        char cas[32];
+        snprintf(cas, sizeof cas, "total %lld", (long long)totals[i]);
+        compare_dev_i32("evict_topk_counts", cas, cntt, cntr, ROWS);
+    }
+    /* NaN-free rows for the rest */
+    for (int i = 0; i < ROWS * LD; i++) x[i] = x[i] != x[i] ? 0.25f : x[i];
+    CHECK_OK(tb->ops->upload(tb, xt, x, sizeof(float) * ROWS * LD));
+    CHECK_OK(ref->ops->upload(ref, xr, x, sizeof(float) * ROWS * LD));
+    tb->ops->evict_scatter(tb, xt, LD, ROWS, it, LD, kt, -5.0f);
+    ref->ops->evict_scatter(ref, xr, LD, ROWS, ir, LD, kr, -5.0f);
+    compare_dev("evict_scatter", "", xt, xr, (size_t)ROWS * LD, 0.0, 0.0);
+    float *mt = dev_poison(tb, 1), *mr = dev_poison(ref, 1);
+    tb->ops->evict_max(tb, mt, xt, ROWS, LD, 2, N);
+    ref->ops->evict_max(ref, mr, xr, ROWS, LD, 2, N);
+    compare_dev("evict_max", "", mt, mr, 1, 0.0, 0.0);
+    for (int max = 0; max < 2; max++) {
+        tb->ops->evict_pool(tb, yt, xt, ROWS, N, LD, 5, max);
+        ref->ops->evict_pool(ref, yr, xr, ROWS, N, LD, 5, max);
+        tb->ops->evict_fill(tb, yt, ROWS, LD, N, LD, 0, 0.0f); /* the unused tail, on both */
+        ref->ops->evict_fill(ref, yr, ROWS, LD, N, LD, 0, 0.0f);
+        compare_dev("evict_pool", max ? "max" : "avg", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
+    }
+    tb->ops->evict_add_mul(tb, yt, yt, xt, ROWS, N, LD, 0.125f);
+    ref->ops->evict_add_mul(ref, yr, yr, xr, ROWS, N, LD, 0.125f);
+    tb->ops->evict_div(tb, yt, (size_t)ROWS * LD, 3.0f);
+    ref->ops->evict_div(ref, yr, (size_t)ROWS * LD, 3.0f);
+    compare_dev("evict_add_mul + evict_div", "", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
+    float *dt = dev_poison(tb, (size_t)2 * LD), *dr = dev_poison(ref, (size_t)2 * LD);
+    tb->ops->evict_fill(tb, dt, 2, LD, 0, LD, 1, 0.0f);
+    ref->ops->evict_fill(ref, dr, 2, LD, 0, LD, 1, 0.0f);
+    tb->ops->evict_head_sum(tb, dt, LD, yt, LD, ROWS, N, 1, 2);
+    ref->ops->evict_head_sum(ref, dr, LD, yr, LD, ROWS, N, 1, 2);
+    compare_dev("evict_fill + evict_head_sum", "", dt, dr, (size_t)2 * LD, 0.0, 0.0);
+    tb->ops->evict_random(tb, yt, ROWS, N, LD, 1234567ull, 3, 2);
+    ref->ops->evict_random(ref, yr, ROWS, N, LD, 1234567ull, 3, 2);
+    compare_dev("evict_random", "", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
+    float *ot = dev_poison(tb, N), *orf = dev_poison(ref, N);
+    tb->ops->evict_fill(tb, ot, 1, N, 0, N, 0, 0.5f);
+    ref->ops->evict_fill(ref, orf, 1, N, 0, N, 0, 0.5f);
+    tb->ops->evict_softmax_add(tb, ot, xt, N);
+    ref->ops->evict_softmax_add(ref, orf, xr, N);
+    compare_dev("evict_softmax_add", "", ot, orf, N, 1e-7, 1e-6);
+    release2(ot, orf), release2(dt, dr), release2(mt, mr), release2(cntt, cntr), release2(it, ir), release2(kt, kr);
+    release2(yt, yr), release2(xt, xr);
+    free(x);
+}
+
 /* ---- sampling ---------------------------------------------------------------------------------
  * Exact: the same token as the CPU op for every row, and as engine/sampler.c (fed the same uniform
  * draw) where that sampler takes every token as a candidate (top_k > 0 or top_p = 1; with top_k = 0
@@ -702,6 +906,9 @@ int main(int argc, char **argv) {
     test_kv_gather(CKV_DTYPE_BF16);
     test_kv_gather(CKV_DTYPE_F32);
     test_attention_all();
+    test_evict_attention(CKV_DTYPE_BF16);
+    test_evict_attention(CKV_DTYPE_F32);
+    test_evict_rows();
     test_sample(0.0f, 0, 1.0f);
     test_sample(1.0f, 0, 1.0f);
     test_sample(0.7f, 20, 1.0f);

@@ -168,6 +168,25 @@ ckv_backend_ops make_ops() {
     o.add = add;
     o.count_nonfinite = count_nonfinite;
     o.kv_gather = kv_gather;
+    o.evict_attn_colsum = evict_attn_colsum;
+    o.evict_attn_probs = evict_attn_probs;
+    o.evict_colsum_finish = evict_colsum_finish;
+    o.evict_pool = evict_pool;
+    o.evict_head_sum = evict_head_sum;
+    o.evict_div = evict_div;
+    o.evict_row_norm = evict_row_norm;
+    o.evict_add_mul = evict_add_mul;
+    o.evict_value_norm = evict_value_norm;
+    o.evict_fill = evict_fill;
+    o.evict_random = evict_random;
+    o.evict_max = evict_max;
+    o.evict_topk = evict_topk;
+    o.evict_scatter = evict_scatter;
+    o.evict_topk_counts = evict_topk_counts;
+    o.evict_rows_f32 = evict_rows_f32;
+    o.evict_moments = evict_moments;
+    o.evict_ea_logits = evict_ea_logits;
+    o.evict_softmax_add = evict_softmax_add;
     o.sample = sample;
     return o;
 }

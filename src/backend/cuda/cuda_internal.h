@@ -1,7 +1,7 @@
 /* cuda_internal.h - private to backend/cuda: the CUDA backend's state (device, the one compute
  * stream, the cuBLAS handle, workspaces), the check macros every CUDA and cuBLAS call goes through,
  * element load/store helpers shared by the kernels, and the host entry points of the kernel files
- * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_sample.cu). Everything is in namespace
+ * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_sample.cu, cuda_evict_*.cu). Everything is in namespace
  * CKV_CUDA_NS, so the GPU build and the emulated build (cuda_rt.h) can live in one program. */
 #ifndef CKV_CUDA_INTERNAL_H
 #define CKV_CUDA_INTERNAL_H
@@ -110,6 +110,37 @@ void kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_
                const int32_t *keep, int stride, const int32_t *n_keep);
 void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                int n_heads, float scale);
+/* eviction ops: cuda_evict_rows.cu, cuda_evict_attn.cu */
+ckv_status op_status(ctx *c, const char *op); /* op_done, then a launch error as the op's status */
+ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                             const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide,
+                             int per_kv, int zero);
+ckv_status evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
+                            const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide);
+void evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows, int n,
+                         double denom, int minus_col);
+void evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
+void evict_head_sum(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n, int head0,
+                    int group);
+void evict_div(ckv_backend *be, float *x, size_t n, float div);
+void evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values, float sign);
+void evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld, float eps);
+ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                            const ckv_weight *wo, int n_heads_local, int head0, int group);
+void evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value);
+void evict_random(ckv_backend *be, float *x, int rows, int n, int ld, uint64_t seed, int layer, int head0);
+void evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1);
+ckv_status evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
+                      const int32_t *k);
+void evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx, const int32_t *k,
+                   float value);
+ckv_status evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n, int64_t total);
+void evict_rows_f32(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
+ckv_status evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
+                         int n_heads_local, int d, int zero);
+ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
+                           const float *mu, const float *cov, float sqrt_d);
+void evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
 void sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
             float top_p, const double *u);
 
