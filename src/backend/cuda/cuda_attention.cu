@@ -6,13 +6,14 @@
  *    O += P V run on tensor cores through the one mma wrapper (ckv_mma.h; fragment layouts
  *    GPU-NOTES §1), online softmax in fp32 on the accumulator fragments, masking by comparing
  *    stored positions (so compacted caches stay causal), and the key loop stops at the first tile
- *    whose first position exceeds the block's last query position. Head dims 16, 32, 64, 128.
+ *    whose first position exceeds the block's last query position. Head dims 16, 32, 64, 128, bf16
+ *    caches (an f32 cache asks for fp32 attention and takes the other kernel).
  *  - decode (and any head dim up to 256): split-KV (GPU-NOTES §4): a block takes one (sequence,
  *    KV head) segment's chunk of rows and all query rows of that segment (the GQA group's heads of
  *    the sequence's tokens, 8 at a time), so each K/V tile is read once per group; it writes
  *    unnormalised partials (o, m, l) that a merge kernel combines.
- * fp32 softmax and accumulation in both; q, k and v are rounded to bf16 for the tensor cores in the
- * prefill kernel only. The cache is not written here (cuda_kv.cu). */
+ * fp32 softmax and accumulation in both; q and the softmax weights are rounded to bf16 for the
+ * tensor cores in the prefill kernel only. The cache is not written here (cuda_kv.cu). */
 #include <limits.h>
 
 #include "ckv_mma.h"
@@ -198,31 +199,34 @@ CKV_UNROLL
 }
 
 /* ---- decode: split-KV ------------------------------------------------------------------------
- * grid (n_splits, n_kv_heads, n_seq), block 128. Block (sp, g, s) takes rows [sp * chunk, +chunk) of
- * segment (s, g) for every query row reading it: row r is token tok0 + r / group, head
+ * grid (n_splits * row_blocks, n_kv_heads, n_seq), block 128. Block (sp + n_splits * rb, g, s) takes
+ * rows [sp * chunk, +chunk) of segment (s, g) for the query rows [rb * rows_per_block, +rows_per_block)
+ * reading it (all of them when row_blocks = 1): row r is token tok0 + r / group, head
  * g * group + r % group. Per tile: thread per (row, key) scores, one thread per row for the online
  * softmax, thread per (row, dim) outputs held in registers. Partial p of output row R (= token *
  * n_heads + head) and split sp: part[(R * n_splits + sp) * (hd + 2)]: o [hd] unnormalised, m, l. */
 template <typename T>
 __global__ void __launch_bounds__(SK_THREADS)
 split_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale,
-             int n_splits, int chunk) {
+             int n_splits, int chunk, int rows_per_block) {
     __shared__ float qs[SK_RMAX * SK_HDMAX];  // [row][d] the pass's queries
     __shared__ T tile[SK_TK * SK_HDMAX];      // [key][d] K, then V, of the tile
     __shared__ float sc[SK_RMAX * SK_TK];     // [row][key] scores, then weights
     __shared__ float rm[SK_RMAX], rl[SK_RMAX], rc[SK_RMAX]; /* row max, sum, rescale factor */
     __shared__ int cnt[SK_RMAX];              /* rows of the split each query sees: keys [k0, cnt) */
 
-    const int sp = (int)blockIdx.x, g = (int)blockIdx.y, s = (int)blockIdx.z, tid = (int)threadIdx.x;
+    const int sp = (int)blockIdx.x % n_splits, rblk = (int)blockIdx.x / n_splits;
+    const int g = (int)blockIdx.y, s = (int)blockIdx.z, tid = (int)threadIdx.x;
     const int hd = kv.head_dim, group = n_heads / kv.n_kv_heads;
     int tok0, ntok;
     seq_rows(kv, s, n, &tok0, &ntok);
     const ckv_kv_seg *seg = &kv.segs[s][g];
     const T *K = (const T *)seg->k, *V = (const T *)seg->v;
     const int len = seg->len, k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
-    const int rows = ntok * group;
+    const int r_end = ntok * group < (rblk + 1) * rows_per_block ? ntok * group : (rblk + 1) * rows_per_block;
 
-    for (int rb = 0; rb < rows; rb += SK_RMAX) {
+    for (int rb = rblk * rows_per_block; rb < r_end; rb += SK_RMAX) { /* uniform; none past the sequence */
+        const int rows = r_end; /* the pass's rows end here */
         const int nr = rows - rb < SK_RMAX ? rows - rb : SK_RMAX;
         for (int e = tid; e < SK_RMAX * hd; e += SK_THREADS) {
             const int r = e / hd, d = e % hd, row = rb + r;
@@ -348,7 +352,7 @@ template <typename T>
 void launch_split(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                   int n_heads, float scale) {
     const int hd = kv->head_dim, n_kv = kv->n_kv_heads;
-    const int long_batch = n > 4 * kv->n_seq; /* many rows per segment: one split, the rows loop */
+    const int long_batch = n > 4 * kv->n_seq; /* many rows per segment: one split, blocks of rows */
     /* Splits: enough blocks for two waves over the SMs, at most one per tile of keys (GPU-NOTES §4).
      * The partials are sized for SK_MAX_SPLITS, so a growing cache never reallocates them. */
     const int max_len = kv->max_len > 1 ? kv->max_len : 1;
@@ -365,8 +369,11 @@ void launch_split(ctx *c, float *out, const float *q, const int32_t *qpos, const
         record(c, s);
         return;
     }
-    CKV_LAUNCH(split_kernel<T>, dim3((unsigned)n_splits, (unsigned)n_kv, (unsigned)kv->n_seq), dim3(SK_THREADS), 0,
-               c->stream, c->part, q, qpos, *kv, n, n_heads, scale, n_splits, chunk);
+    /* long batches: blocks of 4 passes of query rows (a bound: sequences with fewer rows exit early) */
+    const int group = n_heads / n_kv, rows_per_block = long_batch ? 4 * SK_RMAX : n * group;
+    const int row_blocks = (n * group + rows_per_block - 1) / rows_per_block;
+    CKV_LAUNCH(split_kernel<T>, dim3((unsigned)(n_splits * row_blocks), (unsigned)n_kv, (unsigned)kv->n_seq),
+               dim3(SK_THREADS), 0, c->stream, c->part, q, qpos, *kv, n, n_heads, scale, n_splits, chunk, rows_per_block);
     CKV_LAUNCH(merge_kernel, dim3((unsigned)(n * n_heads)), dim3(SK_THREADS), 0, c->stream, out, c->part, n_splits, hd);
 }
 
@@ -389,11 +396,9 @@ void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos,
     const bool flash_hd = hd == 16 || hd == 32 || hd == 64 || hd == 128;
     const bool prefill = n > 4 * kv->n_seq; /* more than a few query tokens per sequence */
     const bool bf16 = kv->dtype == CKV_DTYPE_BF16;
-    if (flash_hd && prefill) {
-        if (bf16)
-            launch_flash<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
-        else
-            launch_flash<float>(c, out, q, qpos, kv, n, n_heads, scale);
+    /* an f32 cache asks for fp32 attention: the tensor cores take bf16 caches only */
+    if (flash_hd && prefill && bf16) {
+        launch_flash<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
     } else if (bf16) {
         launch_split<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
     } else {
