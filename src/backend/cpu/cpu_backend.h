@@ -43,6 +43,9 @@ void ckv_cpu_kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv,
                        const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep);
 void ckv_cpu_swiglu(ckv_backend *be, float *out, const float *gate, const float *up, size_t n);
 void ckv_cpu_add(ckv_backend *be, float *x, const float *y, size_t n);
+/* cpu_sample.c */
+void ckv_cpu_sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
+                    float top_p, const double *u);
 ckv_status ckv_cpu_count_nonfinite(ckv_backend *be, const float *x, size_t n, size_t *n_bad);
 /* 1 when the CPU matmul/embedding compute weights stored as t (see cpu_matmul.c). */
 int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t);
