@@ -186,9 +186,6 @@ typedef struct {
      * s [rows, ld], t < n, counts [rows] device, 0 <= total <= rows * n */
     ckv_status (*evict_topk_counts)(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n,
                                     int64_t total);
-    /* fp32 copies of the first n_rows rows of every segment: out[(g * n_rows + t) * head_dim + a] =
-     * key (or value when values != 0) element a of row t of segment g.   out [n_kv_heads, n_rows, d] */
-    void (*evict_rows_f32)(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
     /* Shifted moments of a block of n query rows, accumulated per local query head j (expected
      * attention's statistics): x_i = q[i, j, :] - shift[j, :] in fp32; s1[j, a] += (double)x_i[a], i
      * ascending; with s2 != NULL, s2[j, a, b] += (double)o[a, b] where o = X^T X of the block's

@@ -78,7 +78,6 @@ void ckv_cpu_evict_scatter(ckv_backend *be, float *x, int ld, int rows, const in
                            const int32_t *k, float value);
 ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n,
                                      int64_t total);
-void ckv_cpu_evict_rows_f32(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
 void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
 ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
                                  int n_heads_local, int d, int zero);
