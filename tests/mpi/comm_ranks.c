@@ -206,9 +206,8 @@ enum { PROMPT = 41, DECODE = 6 };
 
 /* Prefill + greedy decode; logits [PROMPT + DECODE, V] and the greedy tokens [DECODE + 1]. */
 static void run_model(const char *dir, ckv_backend *be, ckv_comm *tp, float *logits, int32_t *greedy) {
-    ckv_model_opts o = {.weights_dtype = CKV_DTYPE_COUNT_, .random_weights = 1, .random_seed = 1234};
     ckv_model *m = NULL;
-    CHECK_OK(ckv_model_load_opts(&m, dir, be, tp, &o));
+    CHECK_OK(ckv_model_load_random(&m, dir, be, tp, NULL, 1234));
     if (!m) return;
     const int V = m->cfg.vocab_size;
     int32_t ids[PROMPT];
