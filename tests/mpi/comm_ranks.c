@@ -274,7 +274,10 @@ static int run_tp(ckv_comm *world, const char *dir, int cuda, int emu) {
         char what[128];
         snprintf(what, sizeof what, "rank %d: tp %d (%s, %s) logits vs tp 1", world->rank, world->size, be->name,
                  ckv_comm_path_name(ckv_comm_device_path(dc)));
-        ckv_test_allclose(what, t, a, n, cuda ? 2e-3 : 2e-4, cuda ? 2e-3 : 2e-4);
+        /* a device backend keeps the KV cache in bf16: the partial sums' order moves logits by its
+         * rounding (2^-8); greedy tokens must be equal */
+        const double tol = be->device == CKV_DEVICE_HOST ? 2e-4 : 5e-3;
+        ckv_test_allclose(what, t, a, n, tol, tol);
         CHECK_MSG(!memcmp(gt, ga, sizeof ga), "greedy tokens at tp %d differ from tp 1", world->size);
         fprintf(stderr, "rank %d: greedy %d %d %d %d %d %d %d, max |logit| %.3g\n", world->rank, gt[0], gt[1], gt[2], gt[3],
                 gt[4], gt[5], gt[6], mx);
