@@ -169,8 +169,9 @@ ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv
     return ckv_model_load_opts(out, dir, be, tp, NULL);
 }
 
-ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
-                               const ckv_model_opts *opts) {
+/* Loads from dir's checkpoint, or from random weights when seed is not NULL. */
+static ckv_status model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp, const ckv_model_opts *opts,
+                             const uint64_t *seed) {
     *out = NULL;
     ckv_dtype wdt = opts && opts->weights_dtype != CKV_DTYPE_COUNT_ ? opts->weights_dtype : be->weight_dtype;
     if ((wdt != CKV_DTYPE_F32 && wdt != CKV_DTYPE_F16 && wdt != CKV_DTYPE_BF16) || !be->ops->weight_dtype_ok(be, wdt))
@@ -183,8 +184,7 @@ ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be
     m->wdtype = wdt;
     m->as_stored = opts && opts->as_stored;
     ckv_weight_source src;
-    ckv_status s = opts && opts->random_weights ? ckv_source_open_random(&src, &m->cfg, dir, opts->random_seed)
-                                                : ckv_source_open(&src, &m->cfg, dir);
+    ckv_status s = seed ? ckv_source_open_random(&src, &m->cfg, dir, *seed) : ckv_source_open(&src, &m->cfg, dir);
     const ckv_model_config *c = &m->cfg;
     if (s == CKV_STATUS_OK)
         s = ckv_shard_plan_init(&m->plan, tp ? tp->size : 1, tp ? tp->rank : 0, c->n_heads, c->n_kv_heads, c->head_dim,
@@ -209,6 +209,16 @@ ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be
     }
     *out = m;
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
+                               const ckv_model_opts *opts) {
+    return model_load(out, dir, be, tp, opts, NULL);
+}
+
+ckv_status ckv_model_load_random(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
+                                 const ckv_model_opts *opts, uint64_t seed) {
+    return model_load(out, dir, be, tp, opts, &seed);
 }
 
 void ckv_model_free(ckv_model *m) {

@@ -95,6 +95,11 @@ typedef struct {
 ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp);
 ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
                                const ckv_model_opts *opts);
+/* The same with every weight drawn from `seed` (model/source_random.c) instead of read: dir needs
+ * only config.json (--random-weights SEED; benchmarks and scale tests). Commands whose output would
+ * be meaningless with it (eval, fidelity) refuse it. */
+ckv_status ckv_model_load_random(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
+                                 const ckv_model_opts *opts, uint64_t seed);
 void ckv_model_free(ckv_model *m); /* NULL and partial objects are fine */
 
 ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int n_max);

@@ -10,12 +10,15 @@
  *                                equal ids choose the staged path on every rank and its all-reduce
  *                                and all-gather equal the host communicator's; host memory chooses
  *                                the host path
- *   comm_ranks tp MODEL_DIR [cuda]
+ *   comm_ranks tp MODEL_DIR [cuda|emu]
  *                                random weights from MODEL_DIR/config.json: prefill + greedy decode
  *                                at tp 1 (each rank alone) twice (identical) and at tp = ranks
  *                                through the staged device communicator (equal to tp 1); with cuda
  *                                on the CUDA backend through the communicator chosen for its GPUs
- *                                (ranks sharing a GPU: staged; one GPU each: NCCL)
+ *                                (ranks sharing a GPU: staged; one GPU each: NCCL); with emu on the
+ *                                CUDA backend's CPU execution layer (device memory that is not the
+ *                                host's to the model) through the staged path (exit 77 where the
+ *                                build has no such layer)
  * Exit 0 when every check passed. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -30,6 +33,9 @@
 #include "engine/session.h"
 #include "model/model.h"
 #include "model/plan.h"
+#ifdef CKV_TEST_CUDA_EMU /* the CUDA backend's kernels on the CPU (built when the CUDA sources are) */
+#include "backend/cuda/cuda_emu.h"
+#endif
 
 static const char *fake_id_list; /* "a,b,c": rank r's device id is item r */
 
@@ -206,9 +212,8 @@ enum { PROMPT = 41, DECODE = 6 };
 
 /* Prefill + greedy decode; logits [PROMPT + DECODE, V] and the greedy tokens [DECODE + 1]. */
 static void run_model(const char *dir, ckv_backend *be, ckv_comm *tp, float *logits, int32_t *greedy) {
-    ckv_model_opts o = {.weights_dtype = CKV_DTYPE_COUNT_, .random_weights = 1, .random_seed = 1234};
     ckv_model *m = NULL;
-    CHECK_OK(ckv_model_load_opts(&m, dir, be, tp, &o));
+    CHECK_OK(ckv_model_load_random(&m, dir, be, tp, NULL, 1234));
     if (!m) return;
     const int V = m->cfg.vocab_size;
     int32_t ids[PROMPT];
@@ -229,10 +234,15 @@ static void run_model(const char *dir, ckv_backend *be, ckv_comm *tp, float *log
     ckv_model_free(m);
 }
 
-static int run_tp(ckv_comm *world, const char *dir, int cuda) {
+static int run_tp(ckv_comm *world, const char *dir, int cuda, int emu) {
     ckv_backend *be = NULL;
     int dev = 0;
     if (cuda) be = cuda_backend(world, &dev);
+#ifdef CKV_TEST_CUDA_EMU
+    else if (emu) CHECK_OK(ckv_backend_cuda_emu_init(&be, 0));
+#else
+    else if (emu) return CKV_SKIP_CODE;
+#endif
     else CHECK_OK(ckv_backend_init(&be, "cpu", 1));
     ckv_model_config cfg;
     CHECK_OK(ckv_config_load(&cfg, dir));
@@ -264,7 +274,10 @@ static int run_tp(ckv_comm *world, const char *dir, int cuda) {
         char what[128];
         snprintf(what, sizeof what, "rank %d: tp %d (%s, %s) logits vs tp 1", world->rank, world->size, be->name,
                  ckv_comm_path_name(ckv_comm_device_path(dc)));
-        ckv_test_allclose(what, t, a, n, cuda ? 2e-3 : 2e-4, cuda ? 2e-3 : 2e-4);
+        /* a device backend keeps the KV cache in bf16: the partial sums' order moves logits by its
+         * rounding (2^-8); greedy tokens must be equal */
+        const double tol = be->device == CKV_DEVICE_HOST ? 2e-4 : 5e-3;
+        ckv_test_allclose(what, t, a, n, tol, tol);
         CHECK_MSG(!memcmp(gt, ga, sizeof ga), "greedy tokens at tp %d differ from tp 1", world->size);
         fprintf(stderr, "rank %d: greedy %d %d %d %d %d %d %d, max |logit| %.3g\n", world->rank, gt[0], gt[1], gt[2], gt[3],
                 gt[4], gt[5], gt[6], mx);
@@ -286,11 +299,15 @@ int main(int argc, char **argv) {
     CHECK_OK(ckv_comm_init_mpi(&world, &argc, &argv));
     if (!world) return 1;
     int rc = 1;
-    const int cuda = argc > 3 && !strcmp(argv[3], "cuda");
+    const int cuda = argc > 3 && !strcmp(argv[3], "cuda"), emu = argc > 3 && !strcmp(argv[3], "emu");
     if (!strcmp(argv[1], "timeout") && argc > 2) rc = run_timeout(world, atof(argv[2]), cuda);
     else if (!strcmp(argv[1], "staged")) rc = run_staged(world);
-    else if (!strcmp(argv[1], "tp") && argc > 2) rc = run_tp(world, argv[2], cuda);
+    else if (!strcmp(argv[1], "tp") && argc > 2) rc = run_tp(world, argv[2], cuda, emu);
     else fprintf(stderr, "comm_ranks: unknown mode '%s'\n", argv[1]);
+    if (rc == CKV_SKIP_CODE) { /* the same on every rank */
+        ckv_comm_free(world);
+        return ckv_test_skip("this build has no CUDA execution layer (cuda-emu)");
+    }
     /* every rank agrees on the outcome before finalising */
     int failed = rc != 0 || ckv_test_failures != 0;
     if (strcmp(argv[1], "timeout")) CHECK_OK(world->ops->allreduce_i32(world, &failed, 1, CKV_COMM_OP_MAX));

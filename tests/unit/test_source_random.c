@@ -58,9 +58,8 @@ static void test_values(void) {
 }
 
 static void run(ckv_backend *be, float *out, int V, int P) {
-    ckv_model_opts o = {.weights_dtype = CKV_DTYPE_COUNT_, .random_weights = 1, .random_seed = 99};
     ckv_model *m = NULL;
-    CHECK_OK(ckv_model_load_opts(&m, DIR, be, NULL, &o));
+    CHECK_OK(ckv_model_load_random(&m, DIR, be, NULL, NULL, 99));
     if (!m) return;
     int32_t ids[64];
     for (int i = 0; i < P; i++) ids[i] = (i * 31 + 5) % V;
