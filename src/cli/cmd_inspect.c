@@ -56,14 +56,7 @@ int ckv_cmd_inspect(int argc, char **argv) {
     if (ckv_comm_launched_by_mpi()) ckv_comm_free(ckv_cli_world(&ag, &argc, &argv));
 
     ckv_model_config c;
-    size_t mlen = strlen(model);
-    if (mlen > 5 && !strcmp(model + mlen - 5, ".gguf")) {
-        ckv_weight_source src;
-        ckv_cli_check(ckv_source_open(&src, &c, model));
-        ckv_source_close(&src);
-    } else {
-        ckv_cli_check(ckv_config_load(&c, model));
-    }
+    ckv_cli_check(ckv_engine_read_config(model, &c));
     if (context < 0) context = c.max_context - new_tokens > 0 ? c.max_context - new_tokens : c.max_context;
     if (context + new_tokens > c.max_context)
         ckv_cli_die("--context %ld + --new-tokens %ld exceed the model's context window of %d tokens", context, new_tokens,

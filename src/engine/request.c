@@ -13,6 +13,8 @@
 #include "core/timer.h"
 #include "engine/cache_io.h"
 #include "kv/kv_file.h"
+#include "model/config.h"
+#include "model/source.h"
 
 #define DEFAULT_CHUNK 512
 
@@ -110,6 +112,17 @@ void ckv_engine_free(ckv_engine *e) {
         ckv_backend_free(e->be);
     }
     memset(e, 0, sizeof *e);
+}
+
+ckv_status ckv_engine_read_config(const char *path, ckv_model_config *cfg) {
+    size_t n = strlen(path);
+    if (n > 5 && !strcmp(path + n - 5, ".gguf")) {
+        ckv_weight_source src;
+        CKV_TRY(ckv_source_open(&src, cfg, path));
+        ckv_source_close(&src);
+        return CKV_STATUS_OK;
+    }
+    return ckv_config_load(cfg, path);
 }
 
 static int engine_chunk(const ckv_engine *e) { return e->cfg.chunk > 0 ? e->cfg.chunk : DEFAULT_CHUNK; }

@@ -86,6 +86,9 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
 ckv_status ckv_engine_wrap(ckv_engine *e, ckv_model *m, int chunk, const ckv_tokenizer *tok);
 void ckv_engine_free(ckv_engine *e); /* accepts zeroed and partial objects */
 
+/* A model's configuration alone (config.json, or a GGUF file's metadata); no weights are read. */
+ckv_status ckv_engine_read_config(const char *model_path, ckv_model_config *cfg);
+
 /* ---- a prepared context (compress once, ask many) -------------------------------------------------- */
 
 /* Called after each sampled token (on every rank of the group). question: the index in the request

@@ -55,6 +55,7 @@ typedef struct {
     int n_new, stopped;
     double prefill_s, answer_s, kept;
     int unit_len;
+    int compressed; /* 0: the press left the context as it is (too short, or a budget keeping all) */
 } answer;
 
 /* runner.c */

@@ -40,6 +40,7 @@ ckv_status ckv_runner_run_item(runner *r, const packed *pk, const ckv_eval_confi
             ans[q].prefill_s = pc.prepare_seconds;
             ans[q].unit_len = L;
             ans[q].kept = kept;
+            ans[q].compressed = pc.compressed;
             ckv_answer_free(&a);
         }
         ckv_prepared_free(&pc);
@@ -91,6 +92,7 @@ static cJSON *result_object(const runner *r, const ckv_eval_sample *s, int sampl
     cJSON_AddNumberToObject(o, "new_tokens", a->n_new);
     cJSON_AddBoolToObject(o, "stopped", a->stopped);
     cJSON_AddNumberToObject(o, "kept_fraction", rounded(a->kept, 6));
+    if (c->cfg.scorer != CKV_SCORER_NONE) cJSON_AddBoolToObject(o, "compressed", a->compressed);
     cJSON_AddNumberToObject(o, "prefill_s", rounded(a->prefill_s, 4));
     cJSON_AddNumberToObject(o, "answer_s", rounded(a->answer_s, 4));
     cJSON_AddNumberToObject(o, "dp", r->n_groups);

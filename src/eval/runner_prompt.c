@@ -10,8 +10,6 @@
 
 #include "engine/text.h"
 #include "eval/ruler.h"
-#include "model/config.h"
-#include "model/source.h"
 
 /* generated sample s -> (task, length, index) */
 void ckv_runner_decode_sample(const ckv_eval_job *j, int s, int *t, int *l, int *i) {
@@ -232,14 +230,7 @@ ckv_status ckv_runner_open_text(runner *r, int leader) {
 /* The model's context window from its configuration alone (no weights). */
 static ckv_status model_window(const char *path, int *window) {
     ckv_model_config c;
-    size_t n = strlen(path);
-    if (n > 5 && !strcmp(path + n - 5, ".gguf")) {
-        ckv_weight_source src;
-        CKV_TRY(ckv_source_open(&src, &c, path));
-        ckv_source_close(&src);
-    } else {
-        CKV_TRY(ckv_config_load(&c, path));
-    }
+    CKV_TRY(ckv_engine_read_config(path, &c));
     *window = c.max_context;
     return CKV_STATUS_OK;
 }
