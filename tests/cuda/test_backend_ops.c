@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_emu.h"
 #include "ckv_test.h"
+#include "cuda_test_backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "engine/sampler.h"
@@ -869,23 +870,9 @@ static void test_emu_errors(void) {
 
 int main(int argc, char **argv) {
     tb_name = argc > 1 ? argv[1] : "cuda-emu";
-    ckv_status s;
-    if (strcmp(tb_name, "cuda-emu") == 0) {
-        test_emu_errors();
-        s = ckv_backend_cuda_emu_init(&tb, 0);
-    } else if (strcmp(tb_name, "cuda") == 0) {
-        if (!ckv_backend_cuda_available()) return ckv_test_skip("this build has no CUDA backend (nvcc not found)");
-        s = ckv_backend_init(&tb, "cuda", 0);
-        if (s == CKV_STATUS_ERR_DEVICE && strstr(ckv_error_message(), "no CUDA GPU"))
-            return ckv_test_skip(ckv_error_message());
-    } else {
-        fprintf(stderr, "usage: test_backend_ops cuda-emu|cuda\n");
-        return 2;
-    }
-    if (s != CKV_STATUS_OK) {
-        fprintf(stderr, "FAIL: %s backend: %s\n", tb_name, ckv_error_message());
-        return 1;
-    }
+    if (strcmp(tb_name, "cuda-emu") == 0) test_emu_errors();
+    const int rc = cuda_test_open(argc, argv, "test_backend_ops", &tb);
+    if (rc >= 0) return rc;
     CHECK_OK(ckv_backend_cpu_init(&ref, 1));
     CHECK(tb->weight_dtype == CKV_DTYPE_BF16 && tb->kv_dtype == CKV_DTYPE_BF16);
     CHECK(tb->ops->weight_dtype_ok(tb, CKV_DTYPE_BF16) && tb->ops->kv_dtype_ok(tb, CKV_DTYPE_BF16));

@@ -36,11 +36,7 @@ __global__ void attn_rowstats_kernel(float2 *stats, const float *q, int n_q, int
     const float *qv = q + ((size_t)i * n_heads_local + j) * d;
     float m = -INFINITY;
     for (int t = (int)threadIdx.x; t <= r; t += (int)blockDim.x) m = fmaxf(m, evict_logit(qv, K, t, d, scale, divide));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) redf[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = redf[0];
-    for (unsigned w = 1; w < blockDim.x / 32; w++) m = fmaxf(m, redf[w]);
+    m = block_max(m, redf);
     double s = 0.0;
     for (int t = (int)threadIdx.x; t <= r; t += (int)blockDim.x) s += (double)expf(evict_logit(qv, K, t, d, scale, divide) - m);
     s = block_sum(s, red);
@@ -87,11 +83,7 @@ __global__ void softmax_add_kernel(float *dst, float *x, int n) {
     __shared__ float redf[32];
     float m = -INFINITY;
     for (int t = (int)threadIdx.x; t < n; t += (int)blockDim.x) m = fmaxf(m, x[t]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) redf[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = redf[0];
-    for (unsigned w = 1; w < blockDim.x / 32; w++) m = fmaxf(m, redf[w]);
+    m = block_max(m, redf);
     double s = 0.0;
     for (int t = (int)threadIdx.x; t < n; t += (int)blockDim.x) {
         const float e = expf(x[t] - m);

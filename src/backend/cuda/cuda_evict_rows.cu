@@ -104,13 +104,8 @@ __global__ void max_kernel(float *out, const float *x, int rows, int ld, int t0,
     float m = -FLT_MAX;
     const size_t w = (size_t)(t1 > t0 ? t1 - t0 : 0), total = (size_t)rows * w;
     for (size_t e = threadIdx.x; e < total; e += blockDim.x) m = fmaxf(m, x[(e / w) * (size_t)ld + t0 + e % w]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (unsigned w2 = 1; w2 < blockDim.x / 32; w2++) m = fmaxf(m, red[w2]);
-        *out = m;
-    }
+    m = block_max(m, red);
+    if (threadIdx.x == 0) *out = m;
 }
 
 template <typename T> __global__ void rows_f32_kernel(float *out, ckv_kv_batch kv, int n_rows, int values) {

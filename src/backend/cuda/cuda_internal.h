@@ -89,6 +89,18 @@ template <typename T> __device__ __forceinline__ T block_sum(T v, T *red) {
     return v;
 }
 
+/* Max (fmaxf: NaN ignored) over the block, as block_sum; every thread gets it. red: [32] shared. */
+__device__ __forceinline__ float block_max(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, nw = (int)blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 /* Blocks of `threads` covering n items, capped for grid-stride loops. */
 static inline unsigned blocks_for(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;
