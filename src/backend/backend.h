@@ -186,9 +186,6 @@ typedef struct {
      * s [rows, ld], t < n, counts [rows] device, 0 <= total <= rows * n */
     ckv_status (*evict_topk_counts)(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n,
                                     int64_t total);
-    /* fp32 copies of the first n_rows rows of every segment: out[(g * n_rows + t) * head_dim + a] =
-     * key (or value when values != 0) element a of row t of segment g.   out [n_kv_heads, n_rows, d] */
-    void (*evict_rows_f32)(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
     /* Shifted moments of a block of n query rows, accumulated per local query head j (expected
      * attention's statistics): x_i = q[i, j, :] - shift[j, :] in fp32; s1[j, a] += (double)x_i[a], i
      * ascending; with s2 != NULL, s2[j, a, b] += (double)o[a, b] where o = X^T X of the block's
@@ -203,6 +200,18 @@ typedef struct {
      * blocks of rows (cov [d, d] symmetric).   mu [d], logit [n] */
     ckv_status (*evict_ea_logits)(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                   const float *mu, const float *cov, float sqrt_d);
+    /* DefensiveKV's window aggregation over attention weights p [n_heads_local, w, ld] (evict_attn_probs'
+     * output) on the n context columns before the window: for local query head j (ascending), g =
+     * (head0 + j) / group, and window row i (ascending), row = p[j, i, 0 .. n):
+     *   ave[g, t] += (double)row[t];  *bias += (double)row[t] for max(0, n - w) <= t < n;
+     *   pooled[t] = (float)(box[t] / kernel), box[t] = sum in double of row[t - kernel/2 .. t + kernel/2]
+     *   clipped to 0 .. n-1; mass, psum = sums in double of row[0 .. n) and of pooled;
+     *   dmax[g, t] = max(dmax[g, t], (float)(pooled[t] * (psum > 0 ? mass / psum : 0))).
+     * With zero != 0, ave and dmax (n_kv rows) and *bias are set to 0 first.
+     * ave [n_kv, n] double, dmax [n_kv, n] fp32, bias [1] double */
+    ckv_status (*evict_defensive_rows)(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
+                                       int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
+                                       int zero);
     /* Softmax of one row, accumulated: x <- exp(x - max x) in fp32 (x may be rewritten), sum in double,
      * inv = (float)(1 / sum); dst[t] += x[t] * inv in fp32.   x, dst [n], n >= 1 */
     void (*evict_softmax_add)(ckv_backend *be, float *dst, float *x, int n);

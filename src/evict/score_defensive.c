@@ -24,12 +24,12 @@
  * so it is never cut before a forced token. The official value norm runs in a Triton kernel (TF32
  * dot products on GPUs); here it is plain fp32.
  * It does not select (select.c ranks all heads of the layer at once: CKV_ALLOC_GLOBAL) and does not
- * set the window's score. What runs where: the window queries (matmul, rope), their attention
- * weights (evict_attn_probs, [n_q_local, w, L] on the device) and the value norms
- * (ckv_critical_value_norm) are backend ops; steps 2-4 and 6 (per-row pooling with mass rescaling,
- * the defensive max, the first-stage ranking by running share) are host bookkeeping over host views
- * of those buffers (downloaded when the device is not the host), and the scores are written back
- * once. Scratch is allocated per call and freed. */
+ * set the window's score. What runs where: steps 1-4 and the value norms are backend ops on device
+ * buffers (matmul, rope, evict_attn_probs for the [n_q_local, w, L] weights, evict_defensive_rows for
+ * the mean, the window bias and the pooled mass-preserving max, ckv_critical_value_norm); the
+ * per-head bookkeeping - the floor at the mean, the normalisation across heads, M and step 6's
+ * ranking by running share - runs on the host over downloaded [n_kv_local, L - w] rows, and the
+ * scores are written back once. Scratch is allocated per call and freed. */
 #include "evict/score_defensive.h"
 
 #include <math.h>
@@ -55,7 +55,6 @@ static int def_rank_cmp(const void *a, const void *b) {
 }
 
 typedef struct {
-    float *pooled;      // [n] one row, pooled
     double *ave;        // [n_kv_local, n] sums of the weights over local heads and window queries
     float *avef;        // [n_kv_local, n] the same in fp32 (reduced over the replica group), then the mean
     float *dmax;        // [n_kv_local, n] max over local heads and window queries of the rescaled rows
@@ -65,7 +64,6 @@ typedef struct {
 } ckv_def_ws;
 
 static void def_ws_free(ckv_def_ws *ws) {
-    ckv_free(ws->pooled);
     ckv_free(ws->ave);
     ckv_free(ws->avef);
     ckv_free(ws->dmax);
@@ -77,10 +75,8 @@ static void def_ws_free(ckv_def_ws *ws) {
 
 static ckv_status def_ws_init(ckv_def_ws *ws, const ckv_score_inputs *in, int w) {
     memset(ws, 0, sizeof *ws);
-    const size_t d = (size_t)in->head_dim, L = (size_t)in->L, n = L - (size_t)w, nkv = (size_t)in->n_kv_local;
-    (void)d;
+    const size_t L = (size_t)in->L, n = L - (size_t)w, nkv = (size_t)in->n_kv_local;
     ckv_status s;
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->pooled, n * sizeof(float), "defensivekv pooled row"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->ave, nkv * n * sizeof(double), "defensivekv mean attention"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->avef, nkv * n * sizeof(float), "defensivekv mean attention"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->dmax, nkv * n * sizeof(float), "defensivekv max attention"), fail);
@@ -118,41 +114,6 @@ static ckv_status def_check(const ckv_score_inputs *in, const ckv_press_config *
     return CKV_STATUS_OK;
 }
 
-/* Steps 2 to 4 for local query head j from its attention weights P [w, L] (row i valid on columns
- * 0 .. n + i): accumulates ave and the running max into ws, the window bias (attention on columns
- * max(0, n - w) .. n - 1) into *bias. */
-static void def_head(const ckv_score_inputs *in, ckv_def_ws *ws, int w, int kernel, int j, const float *P,
-                     double *bias) {
-    const int L = in->L, n = L - w, r = kernel / 2;
-    const int g = ckv_score_local_kv(in, j);
-    const int bias_lo = n > w ? n - w : 0;
-    double *ave = ws->ave + (size_t)g * n;
-    float *dmax = ws->dmax + (size_t)g * n;
-    for (int i = 0; i < w; i++) {
-        const float *row = P + (size_t)i * L; // [L]
-        double mass = 0.0;
-        for (int t = 0; t < n; t++) {
-            mass += row[t];
-            ave[t] += row[t];
-        }
-        for (int t = bias_lo; t < n; t++) *bias += row[t];
-        /* avg pooling (zero padding counted), then rescaled to the row's own mass */
-        double psum = 0.0;
-        for (int t = 0; t < n; t++) {
-            const int lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
-            double box = 0.0;
-            for (int u = lo; u <= hi; u++) box += row[u];
-            ws->pooled[t] = (float)(box / kernel);
-            psum += ws->pooled[t];
-        }
-        const double scale = psum > 0.0 ? mass / psum : 0.0;
-        for (int t = 0; t < n; t++) {
-            const float v = (float)(ws->pooled[t] * scale);
-            dmax[t] = v > dmax[t] ? v : dmax[t];
-        }
-    }
-}
-
 ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores,
                                  ckv_score_info *info) {
     if (!in || !cfg || !scores || !info)
@@ -165,13 +126,15 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     const int G = in->n_heads / in->n_kv_heads;
     ckv_backend *be = in->be;
     const int d = in->head_dim, nq = in->n_q_local;
-    const size_t p_bytes = (size_t)nq * (size_t)w * (size_t)L * sizeof(float);
+    const size_t p_bytes = (size_t)nq * (size_t)w * (size_t)L * sizeof(float); /* [nq, w, L] weights */
     const size_t s_bytes = (size_t)nkv * (size_t)L * sizeof(float);
     ckv_def_ws ws;
     CKV_TRY(def_ws_init(&ws, in, w));
     ckv_score_dev dev = {be, {0}, 0};
-    float *q = NULL, *P = NULL, *norm_dev = NULL; // device: [w, nq * d], [nq, w, L], [nkv, L]
-    float *Ph = NULL, *out = NULL;                // host views of P and scores
+    float *q = NULL, *P = NULL;           // device: [w, nq * d] window queries, [nq, w, L] their weights
+    float *norm_dev = NULL, *dmax_dev = NULL; // device: [nkv, L] value norms, [nkv, n] defensive max
+    double *ave_dev = NULL, *bias_dev = NULL; // device: [nkv, n] weight sums, [1] window bias
+    float *out = NULL;                        // host view of the scores
     ckv_status s = CKV_STATUS_OK;
 
     /* 1: window queries and their attention weights on the device */
@@ -179,15 +142,24 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
                                         "defensivekv window queries"), done);
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&P, p_bytes, "defensivekv attention weights"), done);
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&norm_dev, s_bytes, "defensivekv value norms"), done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&dmax_dev, (size_t)nkv * n * sizeof(float), "defensivekv max"),
+                 done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&ave_dev, (size_t)nkv * n * sizeof(double), "defensivekv mean"),
+                 done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&bias_dev, sizeof(double), "defensivekv window bias"), done);
     be->ops->matmul(be, q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w);
     be->ops->rope(be, q, in->pos + (L - w), w, nq, d, in->inv_freq, in->rope_scale);
     /* the official code divides by math.sqrt(head_dim) */
     CKV_TRY_GOTO(s, be->ops->evict_attn_probs(be, P, L, q, w, L - w, &in->kv, nq, ckv_score_head0(in), G,
                                               (float)sqrt((double)d), 1), done);
-    CKV_TRY_GOTO(s, ckv_evict_host_view(be, P, p_bytes, (void **)&Ph), done);
-    /* 2-4: per-head rows, defensive max; dmax starts at 0 (every value is >= 0) */
+    /* 2-4: per-head rows, defensive max (from 0: every value is >= 0), window bias; then to the host */
+    CKV_TRY_GOTO(s, be->ops->evict_defensive_rows(be, ave_dev, dmax_dev, bias_dev, P, L, w, n, nq, ckv_score_head0(in),
+                                                  G, cfg->kernel, nkv, 1), done);
     double bias_sum = 0.0;
-    for (int j = 0; j < nq; j++) def_head(in, &ws, w, cfg->kernel, j, Ph + (size_t)j * w * L, &bias_sum);
+    CKV_TRY_GOTO(s, be->ops->sync(be), done);
+    CKV_TRY_GOTO(s, be->ops->download(be, ws.ave, ave_dev, (size_t)nkv * n * sizeof(double)), done);
+    CKV_TRY_GOTO(s, be->ops->download(be, ws.dmax, dmax_dev, (size_t)nkv * n * sizeof(float)), done);
+    CKV_TRY_GOTO(s, be->ops->download(be, &bias_sum, bias_dev, sizeof bias_sum), done);
     for (size_t i = 0; i < (size_t)nkv * n; i++) ws.avef[i] = (float)ws.ave[i];
     CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->replica, ws.avef, (size_t)nkv * n, CKV_COMM_OP_SUM, 0), done);
     CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->replica, ws.dmax, (size_t)nkv * n, CKV_COMM_OP_MAX, 0), done);
@@ -265,7 +237,6 @@ done:
         ckv_status s2 = ckv_evict_host_release(be, scores, out, s_bytes, s == CKV_STATUS_OK);
         if (s == CKV_STATUS_OK) s = s2;
     }
-    if (Ph) ckv_evict_host_release(be, P, Ph, p_bytes, 0);
     ckv_score_dev_free(&dev);
     def_ws_free(&ws);
     return s;

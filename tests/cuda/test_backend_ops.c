@@ -682,14 +682,10 @@ static void test_evict_attention(ckv_dtype dt) {
     CHECK_OK(tb->ops->evict_value_norm(tb, vt, ld, &e.bt, EV_L, &wt, EV_HQ, 0, 2));
     CHECK_OK(ref->ops->evict_value_norm(ref, vr, ld, &e.br, EV_L, &wr, EV_HQ, 0, 2));
     compare_dev("evict_value_norm", ckv_dtype_name(dt), vt, vr, (size_t)EV_KV * ld, 1e-6, 1e-6);
-    /* key and value norms, fp32 rows, expected-attention logits */
+    /* value norms, expected-attention logits */
     tb->ops->evict_row_norm(tb, vt, ld, &e.bt, EV_L, 1, -1.0f);
     ref->ops->evict_row_norm(ref, vr, ld, &e.br, EV_L, 1, -1.0f);
     compare_dev("evict_row_norm", "values", vt, vr, (size_t)EV_KV * ld, 0.0, 0.0);
-    float *rt = dev_poison(tb, (size_t)EV_KV * EV_L * EV_D), *rr = dev_poison(ref, (size_t)EV_KV * EV_L * EV_D);
-    tb->ops->evict_rows_f32(tb, rt, &e.bt, EV_L, 0);
-    ref->ops->evict_rows_f32(ref, rr, &e.br, EV_L, 0);
-    compare_dev("evict_rows_f32", "keys", rt, rr, (size_t)EV_KV * EV_L * EV_D, 0.0, 0.0);
     float *mu = rand_floats(EV_D, -1.0f, 1.0f), *cov = rand_floats((size_t)EV_D * EV_D, -0.2f, 0.2f);
     for (int a = 0; a < EV_D; a++)
         for (int c = 0; c < a; c++) cov[a * EV_D + c] = cov[c * EV_D + a]; /* symmetric */
@@ -711,9 +707,28 @@ static void test_evict_attention(ckv_dtype dt) {
     compare_dev_f64("evict_moments", "s1", s1t, s1r, EV_HQ * EV_D, 1e-6, 1e-6);
     compare_dev_f64("evict_moments", "s2", s2t, s2r, EV_HQ * EV_D * EV_D, 1e-6, 1e-6);
     release2(s1t, s1r), release2(s2t, s2r), release2(st, sr), release2(lt, lr), release2(mt, mr), release2(cvt, cvr);
-    release2(rt, rr), release2(vt, vr), release2(wt.data, wr.data), release2(qt, qr);
+    release2(vt, vr), release2(wt.data, wr.data), release2(qt, qr);
     free(shift), free(mu), free(cov), free(init), free(hw), free(wo), free(q);
     ev_cache_free(&e);
+}
+
+/* DefensiveKV's window aggregation: double sums in the op's order on both sides, so exact. */
+static void test_evict_defensive(void) {
+    const int w = 6, n = 37, ld = 41, heads = EV_HQ, n_kv = EV_KV;
+    float *p = rand_floats((size_t)heads * w * ld, 0.0f, 0.05f);
+    float *pt = dev_upload(tb, p, sizeof(float) * heads * w * ld), *pr = dev_upload(ref, p, sizeof(float) * heads * w * ld);
+    double *at = (double *)dev_poison(tb, (size_t)n_kv * n * 2), *ar = (double *)dev_poison(ref, (size_t)n_kv * n * 2);
+    float *mt = dev_poison(tb, (size_t)n_kv * n), *mr = dev_poison(ref, (size_t)n_kv * n);
+    double *bt = (double *)dev_poison(tb, 2), *br = (double *)dev_poison(ref, 2);
+    for (int pass = 0; pass < 2; pass++) { /* the second pass accumulates */
+        CHECK_OK(tb->ops->evict_defensive_rows(tb, at, mt, bt, pt, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0));
+        CHECK_OK(ref->ops->evict_defensive_rows(ref, ar, mr, br, pr, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0));
+    }
+    compare_dev_f64("evict_defensive_rows", "ave", at, ar, (size_t)n_kv * n, 0.0, 0.0);
+    compare_dev("evict_defensive_rows", "dmax", mt, mr, (size_t)n_kv * n, 0.0, 0.0);
+    compare_dev_f64("evict_defensive_rows", "bias", bt, br, 1, 0.0, 0.0);
+    release2(pt, pr), release2(at, ar), release2(mt, mr), release2(bt, br);
+    free(p);
 }
 
 static void test_evict_rows(void) {
@@ -897,6 +912,7 @@ int main(int argc, char **argv) {
     test_evict_attention(CKV_DTYPE_BF16);
     test_evict_attention(CKV_DTYPE_F32);
     test_evict_rows();
+    test_evict_defensive();
     test_sample(0.0f, 0, 1.0f);
     test_sample(1.0f, 0, 1.0f);
     test_sample(0.7f, 20, 1.0f);

@@ -2,8 +2,8 @@
  * backend against naive double-precision references written here from their comments: attention
  * column sums and weights (both logit scalings, per query head and per KV head, accumulation over
  * query blocks), finishing, pooling (avg / max), head sums, division, row norms, (s + eps) * m,
- * fills, seeded random scores, the layer max, fp32 row copies, the one-row softmax, CriticalKV value
- * norms (F32 and BF16 o_proj), expected attention's moments and logits, per-row top-k with ties and NaN, scatter and the cross-head counts;
+ * fills, seeded random scores, the layer max, the one-row softmax, CriticalKV value
+ * norms (F32 and BF16 o_proj), expected attention's moments and logits, DefensiveKV's window aggregation, per-row top-k with ties and NaN, scatter and the cross-head counts;
  * keys and values as F32, F16 and BF16 segments. Inputs are random (never zeros); outputs are
  * poisoned before each op. */
 #include <float.h>
@@ -133,8 +133,35 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
         close_to(name, p, pr, (size_t)nq_heads * w * L, 1e-7, 1e-5);
         free(r2), free(kvref);
     }
-    /* row norms and fp32 copies */
-    float *nrm = malloc(sizeof(float) * nkv * L), *rows = malloc(sizeof(float) * nkv * L * d);
+    /* DefensiveKV's aggregation of the last weights (divide 1), kernel 5 */
+    {
+        const int n = L - w, kern = 5;
+        double *ave = malloc(sizeof(double) * nkv * n), bias = -1, rbias = 0;
+        float *dm = malloc(sizeof(float) * nkv * n), *ga = malloc(sizeof(float) * nkv * n);
+        double *rave = calloc((size_t)nkv * n, sizeof(double)), *rdm = calloc((size_t)nkv * n, sizeof(double));
+        poison(ave, sizeof(double) * nkv * n), poison(dm, sizeof(float) * nkv * n);
+        CHECK_OK(be->ops->evict_defensive_rows(be, ave, dm, &bias, p, L, w, n, nq_heads, 0, G, kern, nkv, 1));
+        for (int j = 0; j < nq_heads; j++)
+            for (int i = 0; i < w; i++) {
+                const double *row = pr + ((size_t)j * w + i) * L;
+                double mass = 0, psum = 0, pooled[90];
+                for (int t = 0; t < n; t++) mass += row[t], rave[(j / G) * n + t] += row[t];
+                for (int t = (n > w ? n - w : 0); t < n; t++) rbias += row[t];
+                for (int t = 0; t < n; t++) {
+                    pooled[t] = 0;
+                    for (int u = t - kern / 2; u <= t + kern / 2; u++) pooled[t] += u >= 0 && u < n ? row[u] : 0;
+                    psum += (pooled[t] /= kern);
+                }
+                for (int t = 0; t < n; t++) rdm[(j / G) * n + t] = fmax(rdm[(j / G) * n + t], pooled[t] * mass / psum);
+            }
+        for (int i = 0; i < nkv * n; i++) ga[i] = (float)ave[i];
+        close_to("defensive_rows mean", ga, rave, (size_t)nkv * n, 1e-7, 1e-5);
+        close_to("defensive_rows max", dm, rdm, (size_t)nkv * n, 1e-7, 1e-5);
+        CHECK_MSG(fabs(bias - rbias) <= 1e-5 * fabs(rbias), "defensive_rows bias %.9g, reference %.9g", bias, rbias);
+        free(ave), free(dm), free(ga), free(rave), free(rdm);
+    }
+    /* row norms */
+    float *nrm = malloc(sizeof(float) * nkv * L);
     double *nref = malloc(sizeof(double) * nkv * L);
     for (int values = 0; values < 2; values++) {
         poison(nrm, sizeof(float) * nkv * L);
@@ -145,9 +172,6 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
             nref[i] = (values ? 1 : -1) * sqrt(ss);
         }
         close_to(values ? "row_norm values" : "row_norm keys (negated)", nrm, nref, (size_t)nkv * L, 0, 1e-6);
-        poison(rows, sizeof(float) * nkv * L * d);
-        be->ops->evict_rows_f32(be, rows, &s.b, L, values);
-        CHECK(memcmp(rows, values ? vf : kf, sizeof(float) * nkv * L * d) == 0);
     }
     /* value norms: o_proj [D, nq_heads * d] as F32 and BF16 */
     const int D = 24;
@@ -219,7 +243,7 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
         }
         free(qq), free(m1), free(m2);
     }
-    free(wo), free(wo16), free(nrm), free(rows), free(nref);
+    free(wo), free(wo16), free(nrm), free(nref);
     free(kf), free(vf), free(q), free(ref), free(cs), free(p), free(got), free(pr);
     seg_free(&s);
 }

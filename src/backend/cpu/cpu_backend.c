@@ -104,10 +104,10 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_topk = ckv_cpu_evict_topk,
     .evict_scatter = ckv_cpu_evict_scatter,
     .evict_topk_counts = ckv_cpu_evict_topk_counts,
-    .evict_rows_f32 = ckv_cpu_evict_rows_f32,
     .evict_softmax_add = ckv_cpu_evict_softmax_add,
     .evict_moments = ckv_cpu_evict_moments,
     .evict_ea_logits = ckv_cpu_evict_ea_logits,
+    .evict_defensive_rows = ckv_cpu_evict_defensive_rows,
     .sample = ckv_cpu_sample,
 };
 

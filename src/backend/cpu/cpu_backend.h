@@ -77,10 +77,12 @@ void ckv_cpu_evict_scatter(ckv_backend *be, float *x, int ld, int rows, const in
                            const int32_t *k, float value);
 ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n,
                                      int64_t total);
-void ckv_cpu_evict_rows_f32(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
 void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
 ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
                                  int n_heads_local, int d, int zero);
+ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
+                                        int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
+                                        int zero);
 ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                    const float *mu, const float *cov, float sqrt_d);
 

@@ -11,35 +11,6 @@
 #include "core/alloc.h"
 #include "cpu_backend.h"
 
-/* exp(x) in fp32 for x <= 0 (softmax after the max is subtracted), branch-free so that the row loop
- * vectorises: x = n ln2 + r, |r| <= ln2/2 (ln2 in two parts, the first exact in fp32), e^r by a
- * degree-7 Taylor polynomial (truncation < 0.05 ulp), times 2^n built in the exponent bits. Inputs
- * below -87 are clamped (~1.6e-38 instead of a denormal: negligible next to the row's max term 1). */
-static inline float evict_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 0.0f ? 0.0f : x;
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the low bits */
-    float kf = x * 1.44269504088896341f + shifter;
-    int32_t ki;
-    memcpy(&ki, &kf, sizeof ki);
-    ki -= 0x4B400000;
-    float n = kf - shifter;
-    float r = x - n * 0.693145751953125f; /* ln2 high part: 12 significant bits, n * it is exact */
-    r = r - n * 1.42860682030941723212e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = (ki + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 /* x[0..n) <- exp(x - max x) in fp32 (n >= 1); returns (float)(1 / sum), the sum in double. */
 static float evict_exp_row(float *x, int n) {
     float ml[16]; /* independent lanes so that the reductions vectorise without reassociation */
@@ -50,7 +21,7 @@ static float evict_exp_row(float *x, int n) {
     float m = ml[0];
     for (int l = 1; l < 16; l++) m = ml[l] > m ? ml[l] : m;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
-    for (i = 0; i < n; i++) x[i] = evict_expf(x[i] - m);
+    for (i = 0; i < n; i++) x[i] = ckv_cpu_expf(x[i] - m); /* arguments <= 0 */
     double sl[8] = {0};
     for (i = 0; i + 8 <= n; i += 8)
         for (int l = 0; l < 8; l++) sl[l] += x[i + l];
@@ -81,16 +52,18 @@ static const float *evict_seg_f32(const ckv_kv_batch *kv, int g, int n, int valu
     return scratch;
 }
 
-/* Scratch of the attention ops: one head's queries, logits and (non-F32 caches) its keys. */
+/* Scratch of the attention ops: one head's queries, logits, softmax scales and (non-F32 caches) keys. */
 typedef struct {
     float *qh;     // [n_q, d]
     float *logits; // [n_q, n_keys]
+    float *inv;    // [n_q] 1 / sum of each row's exponentials
     float *keys;   // [n_keys, d] fp32 keys of one segment (F16/BF16 caches only)
 } evict_attn_ws;
 
 static void evict_attn_ws_free(evict_attn_ws *w) {
     ckv_free(w->qh);
     ckv_free(w->logits);
+    ckv_free(w->inv);
     ckv_free(w->keys);
 }
 
@@ -100,6 +73,7 @@ static ckv_status evict_attn_ws_init(evict_attn_ws *w, const ckv_kv_batch *kv, i
     ckv_status s = ckv_alloc((void **)&w->qh, (size_t)n_q * d * sizeof(float), "eviction head queries");
     if (s == CKV_STATUS_OK)
         s = ckv_alloc((void **)&w->logits, (size_t)n_q * (size_t)n_keys * sizeof(float), "eviction logits");
+    if (s == CKV_STATUS_OK) s = ckv_alloc((void **)&w->inv, (size_t)n_q * sizeof(float), "eviction softmax scales");
     if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
         s = ckv_alloc((void **)&w->keys, (size_t)n_keys * d * sizeof(float), "eviction fp32 keys");
     if (s != CKV_STATUS_OK) evict_attn_ws_free(w);
@@ -107,10 +81,9 @@ static ckv_status evict_attn_ws_init(evict_attn_ws *w, const ckv_kv_batch *kv, i
 }
 
 /* Softmax weights of local query head j's n_q queries into w->logits ([n_q, n_keys], row i valid for
- * columns 0 .. q_row0 + i); returns them through inv[i] (weight = logits[i, t] * inv[i]). */
+ * columns 0 .. q_row0 + i), scaled by w->inv[i] (weight = logits[i, t] * inv[i]). */
 static void evict_head_weights(ckv_backend *be, evict_attn_ws *w, const float *q, int n_q, int q_row0,
-                               const ckv_kv_batch *kv, int n_heads_local, int j, int g, float scale, int divide,
-                               float *inv) {
+                               const ckv_kv_batch *kv, int n_heads_local, int j, int g, float scale, int divide) {
     const int d = kv->head_dim, hq = n_heads_local * d, n_keys = q_row0 + n_q;
     const float *K = evict_seg_f32(kv, g, n_keys, 0, w->keys); // [n_keys, d]
     for (int i = 0; i < n_q; i++)
@@ -123,7 +96,7 @@ static void evict_head_weights(ckv_backend *be, evict_attn_ws *w, const float *q
             for (int t = 0; t < n_vis; t++) row[t] = row[t] / scale;
         else
             for (int t = 0; t < n_vis; t++) row[t] *= scale;
-        inv[i] = evict_exp_row(row, n_vis);
+        w->inv[i] = evict_exp_row(row, n_vis);
     }
 }
 
@@ -137,23 +110,20 @@ ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols
     if (n_q < 1) return CKV_STATUS_OK;
     const int n_keys = q_row0 + n_q;
     evict_attn_ws w;
-    float *inv = NULL; // [n_q]
     CKV_TRY(evict_attn_ws_init(&w, kv, n_q, n_keys));
-    ckv_status s = ckv_alloc((void **)&inv, (size_t)n_q * sizeof(float), "eviction softmax scales");
-    for (int j = 0; j < n_heads_local && s == CKV_STATUS_OK; j++) {
+    for (int j = 0; j < n_heads_local; j++) {
         const int g = (head0 + j) / group;
-        evict_head_weights(be, &w, q, n_q, q_row0, kv, n_heads_local, j, g, scale, divide, inv);
+        evict_head_weights(be, &w, q, n_q, q_row0, kv, n_heads_local, j, g, scale, divide);
         double *restrict cs = colsum + (size_t)(per_kv ? g : j) * (size_t)n_cols;
         for (int i = 0; i < n_q; i++) {
             const float *row = w.logits + (size_t)i * (size_t)n_keys;
             const int n_vis = q_row0 + i + 1, nc = n_vis < n_cols ? n_vis : n_cols;
-            const float f = inv[i];
+            const float f = w.inv[i];
             for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
         }
     }
-    ckv_free(inv);
     evict_attn_ws_free(&w);
-    return s;
+    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
@@ -162,23 +132,20 @@ ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const flo
     if (n_q < 1) return CKV_STATUS_OK;
     const int n_keys = q_row0 + n_q;
     evict_attn_ws w;
-    float *inv = NULL; // [n_q]
     CKV_TRY(evict_attn_ws_init(&w, kv, n_q, n_keys));
-    ckv_status s = ckv_alloc((void **)&inv, (size_t)n_q * sizeof(float), "eviction softmax scales");
-    for (int j = 0; j < n_heads_local && s == CKV_STATUS_OK; j++) {
-        evict_head_weights(be, &w, q, n_q, q_row0, kv, n_heads_local, j, (head0 + j) / group, scale, divide, inv);
+    for (int j = 0; j < n_heads_local; j++) {
+        evict_head_weights(be, &w, q, n_q, q_row0, kv, n_heads_local, j, (head0 + j) / group, scale, divide);
         for (int i = 0; i < n_q; i++) {
             const float *row = w.logits + (size_t)i * (size_t)n_keys;
             float *dst = p + ((size_t)j * (size_t)n_q + (size_t)i) * (size_t)ld;
             const int n_vis = q_row0 + i + 1;
-            const float f = inv[i];
+            const float f = w.inv[i];
             for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
             for (int t = n_vis; t < ld; t++) dst[t] = 0.0f;
         }
     }
-    ckv_free(inv);
     evict_attn_ws_free(&w);
-    return s;
+    return CKV_STATUS_OK;
 }
 
 void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n) {

@@ -1,10 +1,10 @@
 /* cpu_evict_rows.c - the CPU backend's element-wise and row-wise eviction ops: finishing column sums,
  * pooling, the sum over a group's query heads, division, key / value row norms, (s + eps) * N, fills
- * (constants, token indices, seeded random scores), the layer max, fp32 copies of segment rows, and
- * the top-k family (per row, scatter, cross-head counts) with the SPEC tie rule. Semantics as in
- * backend.h; every loop runs sequentially in the order backend.h fixes, so results do not depend on
- * the thread count. Only the top-k ops allocate (sort scratch, freed before returning). No GEMMs
- * (cpu_evict_attn.c) and no decisions about budgets (evict/). */
+ * (constants, token indices, seeded random scores), the layer max, and the top-k family (per row,
+ * scatter, cross-head counts) with the SPEC tie rule. Semantics as in backend.h; every loop runs
+ * sequentially in the order backend.h fixes, so results do not depend on the thread count. Only the
+ * top-k ops allocate (sort scratch, freed before returning). No GEMMs (cpu_evict_attn.c) and no
+ * decisions about budgets (evict/). */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -130,15 +130,6 @@ void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, in
     for (int r = 0; r < rows; r++)
         for (int t = t0; t < t1; t++) mx = fmaxf(mx, x[(size_t)r * (size_t)ld + (size_t)t]);
     *out = mx;
-}
-
-void ckv_cpu_evict_rows_f32(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values) {
-    (void)be;
-    const size_t d = (size_t)kv->head_dim, n = (size_t)n_rows * d;
-    for (int g = 0; g < kv->n_kv_heads; g++) {
-        const ckv_kv_seg *sg = &kv->segs[0][g];
-        ckv_convert_to_f32(out + (size_t)g * n, values ? sg->v : sg->k, kv->dtype, n);
-    }
 }
 
 /* ---- top-k ---------------------------------------------------------------------------------- */

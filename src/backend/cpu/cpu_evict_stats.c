@@ -1,9 +1,11 @@
-/* cpu_evict_stats.c - the CPU backend's expected-attention ops (semantics in backend.h): shifted
- * query moments of a token block (evict_moments: the second moments as one GEMM X^T X per head) and
- * the per-key logits mu.k / sqrt(d) + k^T cov k / d / 2 (evict_ea_logits: keys @ cov by GEMMs over
- * blocks of 256 rows). Same shapes and summation order as the scorer used before it moved behind the
- * op table, so scores are unchanged; F16/BF16 keys are converted to fp32 per block. Scratch is
- * allocated per call and freed before returning. No rotation or covariance bookkeeping (evict/). */
+/* cpu_evict_stats.c - the CPU backend's statistics ops of two scorers (semantics in backend.h):
+ * expected attention's shifted query moments of a token block (evict_moments: the second moments as
+ * one GEMM X^T X per head) and per-key logits mu.k / sqrt(d) + k^T cov k / d / 2 (evict_ea_logits:
+ * keys @ cov by GEMMs over blocks of 256 rows), and DefensiveKV's window aggregation (mean, window
+ * bias, pooled mass-preserving max: evict_defensive_rows). Same shapes and summation order as the
+ * scorers used before they moved behind the op table, so scores are unchanged; F16/BF16 keys are
+ * converted to fp32 per block. Scratch is allocated per call and freed before returning. No rotation,
+ * covariance or ranking bookkeeping (evict/). */
 #include "core/alloc.h"
 #include "cpu_backend.h"
 
@@ -74,4 +76,48 @@ ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_b
     ckv_free(kc);
     ckv_free(kb);
     return s;
+}
+
+ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
+                                        int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
+                                        int zero) {
+    (void)be;
+    if (zero) {
+        memset(ave, 0, (size_t)n_kv * (size_t)n * sizeof(double));
+        memset(dmax, 0, (size_t)n_kv * (size_t)n * sizeof(float));
+        *bias = 0.0;
+    }
+    float *pooled = NULL; // [n] one row, pooled
+    CKV_TRY(ckv_alloc((void **)&pooled, (size_t)(n > 0 ? n : 1) * sizeof(float), "defensive pooled row"));
+    const int r = kernel / 2, bias_lo = n > w ? n - w : 0;
+    for (int j = 0; j < n_heads_local; j++) {
+        const int g = (head0 + j) / group;
+        double *av = ave + (size_t)g * (size_t)n;
+        float *dm = dmax + (size_t)g * (size_t)n;
+        for (int i = 0; i < w; i++) {
+            const float *row = p + ((size_t)j * (size_t)w + (size_t)i) * (size_t)ld; // [n] used
+            double mass = 0.0;
+            for (int t = 0; t < n; t++) {
+                mass += row[t];
+                av[t] += row[t];
+            }
+            for (int t = bias_lo; t < n; t++) *bias += row[t];
+            /* avg pooling (zero padding counted), then rescaled to the row's own mass */
+            double psum = 0.0;
+            for (int t = 0; t < n; t++) {
+                const int lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
+                double box = 0.0;
+                for (int u = lo; u <= hi; u++) box += row[u];
+                pooled[t] = (float)(box / kernel);
+                psum += pooled[t];
+            }
+            const double scale = psum > 0.0 ? mass / psum : 0.0;
+            for (int t = 0; t < n; t++) {
+                const float v = (float)(pooled[t] * scale);
+                dm[t] = v > dm[t] ? v : dm[t];
+            }
+        }
+    }
+    ckv_free(pooled);
+    return CKV_STATUS_OK;
 }

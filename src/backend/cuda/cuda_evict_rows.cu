@@ -1,6 +1,5 @@
 /* cuda_evict_rows.cu - the CUDA backend's eviction ops over score rows and cached rows (semantics in
- * backend.h): colsum_finish, pool, head_sum, div, row_norm, add_mul, fill, random, max, rows_f32,
- * scatter, and the selections topk (per row) and topk_counts (across heads). Element-wise ops match
+ * backend.h): colsum_finish, pool, head_sum, div, row_norm, add_mul, fill, random, max, scatter, and the selections topk (per row) and topk_counts (across heads). Element-wise ops match
  * the CPU reference (cpu/cpu_evict_rows.c) bit for bit (same fp32 / double operations in the same
  * order per element). The selections sort nothing: the k-th best entry in top-k order (descending
  * score, NaN after every number, then ascending index) is found by a binary search over an
@@ -106,15 +105,6 @@ __global__ void max_kernel(float *out, const float *x, int rows, int ld, int t0,
     for (size_t e = threadIdx.x; e < total; e += blockDim.x) m = fmaxf(m, x[(e / w) * (size_t)ld + t0 + e % w]);
     m = block_max(m, red);
     if (threadIdx.x == 0) *out = m;
-}
-
-template <typename T> __global__ void rows_f32_kernel(float *out, ckv_kv_batch kv, int n_rows, int values) {
-    const int g = (int)blockIdx.y;
-    const ckv_kv_seg *sg = &kv.segs[0][g];
-    const T *src = (const T *)(values ? sg->v : sg->k);
-    const size_t n = (size_t)n_rows * (size_t)kv.head_dim;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[(size_t)g * n + i] = ld_f32(src, i);
 }
 
 __global__ void scatter_kernel(float *x, int ld, const int32_t *idx, int ld_idx, const int32_t *k, float value) {
@@ -330,16 +320,6 @@ void evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, in
     ctx *c = ctx_of(be);
     CKV_LAUNCH(max_kernel, dim3(1), dim3(THREADS), 0, c->stream, out, x, rows > 0 ? rows : 0, ld, t0, t1);
     op_done(c, "evict_max");
-}
-
-void evict_rows_f32(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values) {
-    ctx *c = ctx_of(be);
-    if (n_rows <= 0 || kv->n_kv_heads <= 0) return;
-    const dim3 grid(blocks_for((size_t)n_rows * kv->head_dim, THREADS), (unsigned)kv->n_kv_heads);
-    record(c, by_dtype(kv->dtype, "evict_rows_f32", [&](auto t, const char *) {
-        CKV_LAUNCH((rows_f32_kernel<decltype(t)>), grid, dim3(THREADS), 0, c->stream, out, *kv, n_rows, values);
-    }));
-    op_done(c, "evict_rows_f32");
 }
 
 void evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx, const int32_t *k,

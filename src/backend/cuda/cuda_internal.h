@@ -147,7 +147,8 @@ ckv_status evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s,
 void evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx, const int32_t *k,
                    float value);
 ckv_status evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n, int64_t total);
-void evict_rows_f32(ckv_backend *be, float *out, const ckv_kv_batch *kv, int n_rows, int values);
+ckv_status evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld, int w,
+                                int n, int n_heads_local, int head0, int group, int kernel, int n_kv, int zero);
 ckv_status evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
                          int n_heads_local, int d, int zero);
 ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
