@@ -49,6 +49,7 @@ typedef struct {
     ckv_srv_metrics metrics;
     ckv_srv_sched sched;
     volatile int draining;
+    int in_flight;          /* requests between their first byte and their completion (atomic) */
 } server;
 
 typedef struct {
@@ -363,6 +364,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         *con_cls = cc;
+        __atomic_add_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->cfg->max_body_bytes) cc->too_big = 1;
         return MHD_YES;
@@ -390,8 +392,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    server *s = cls;
     conn_ctx *cc = *con_cls;
     if (!cc) return;
+    __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
     free(cc->body);
     free(cc);
     *con_cls = NULL;
@@ -454,6 +458,12 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
         fprintf(stderr, "ckv serve: draining (grace %.0f s)\n", cfg->grace_seconds);
     }
     ckv_srv_sched_drain(&s->sched, cfg->grace_seconds);
+    /* every job has ended: let the handlers send what they hold (bounded) before closing connections */
+    double t_end = ckv_time_now() + 5;
+    while (d && __atomic_load_n(&s->in_flight, __ATOMIC_SEQ_CST) > 0 && ckv_time_now() < t_end) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (d) MHD_stop_daemon(d);
     ckv_srv_sched_free(&s->sched);
     ckv_srv_metrics_free(&s->metrics);

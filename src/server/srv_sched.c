@@ -274,8 +274,13 @@ static void begin_choice(ckv_srv_sched *s, ckv_srv_slot *sl) {
     emit_token(s, sl, ckv_sampler_sample(&sl->sampler, lg));
 }
 
-/* Step: restore the job's context from the store or prepare (prefill + compress) it. */
-static void step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
+/* Prefill tokens a turn of the loop may spend before the running sequences get their next token (the
+ * engine's prefill chunk). */
+static int prefill_budget(const ckv_srv_sched *s) { return s->engine->cfg.chunk > 0 ? s->engine->cfg.chunk : 512; }
+
+/* Step: restore the job's context from the store or prepare (prefill + compress) it; returns the
+ * tokens it prefilled. */
+static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     ckv_srv_job *j = sl->job;
     ckv_engine *e = s->engine;
     const char *spec = j->press.scorer == CKV_SCORER_NONE ? "none" : j->press.spec;
@@ -283,7 +288,9 @@ static void step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     ckv_srv_lookup lk = {0};
     ckv_status st = ckv_sampler_init(&sl->sampler, &j->sampling, e->model->cfg.vocab_size);
     sl->sampler_ready = st == CKV_STATUS_OK;
-    if (st == CKV_STATUS_OK) st = ckv_srv_store_get(&s->store, spec, j->ctx_ids, j->n_ctx, reserve, &sl->pc, &lk);
+    /* a restored context only prefills its question: activation buffers for that many rows */
+    int chunk = j->n_q < 1 ? 1 : j->n_q < prefill_budget(s) ? j->n_q : prefill_budget(s);
+    if (st == CKV_STATUS_OK) st = ckv_srv_store_get(&s->store, spec, j->ctx_ids, j->n_ctx, reserve, chunk, &sl->pc, &lk);
     if (st == CKV_STATUS_OK && !lk.hit) {
         ckv_prepare_params pp = {0};
         pp.ids = j->ctx_ids;
@@ -299,7 +306,7 @@ static void step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     if (st != CKV_STATUS_OK) {
         ckv_srv_job_fail(j, st);
         slot_release(s, sl);
-        return;
+        return j->n_ctx;
     }
     const ckv_request_stats *rs = &sl->pc.stats;
     pthread_mutex_lock(&j->mu);
@@ -326,6 +333,7 @@ static void step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     pthread_mutex_unlock(&m->mu);
     sl->choice = 0;
     begin_choice(s, sl);
+    return lk.hit ? j->n_q : j->n_ctx + j->n_q;
 }
 
 /* Step: one forward for the next token of every decoding slot. */
@@ -434,11 +442,15 @@ static void *engine_main(void *arg) {
                 finish_choice(s, sl, CKV_FINISH_CANCELLED);
             }
         }
-        /* one prepare step (the oldest admitted job), then one decode step */
-        ckv_srv_slot *oldest = NULL;
-        for (int i = 0; i < s->max_batch; i++)
-            if (s->slots[i].phase == SLOT_PREPARE && (!oldest || s->slots[i].seq < oldest->seq)) oldest = &s->slots[i];
-        if (oldest) step_prepare(s, oldest);
+        /* prepare steps, oldest admitted job first, until one prefill chunk of tokens was spent (a
+         * context restored from the store costs only its question), then one decode step */
+        for (int spent = 0; spent < prefill_budget(s);) {
+            ckv_srv_slot *oldest = NULL;
+            for (int i = 0; i < s->max_batch; i++)
+                if (s->slots[i].phase == SLOT_PREPARE && (!oldest || s->slots[i].seq < oldest->seq)) oldest = &s->slots[i];
+            if (!oldest) break;
+            spent += 1 + step_prepare(s, oldest);
+        }
         step_decode(s);
         update_gauges(s);
     }

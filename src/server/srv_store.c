@@ -106,10 +106,8 @@ static ckv_srv_entry *find(ckv_srv_store *s, const char *spec, const int32_t *id
     return NULL;
 }
 
-static int engine_chunk(const ckv_engine *e) { return e->cfg.chunk > 0 ? e->cfg.chunk : 512; }
-
 /* A prepared context whose rows come from a snapshot. */
-static ckv_status restore(ckv_srv_store *s, const ckv_srv_entry *en, int reserve, ckv_prepared *pc) {
+static ckv_status restore(ckv_srv_store *s, const ckv_srv_entry *en, int reserve, int chunk, ckv_prepared *pc) {
     ckv_engine *e = s->engine;
     ckv_model *m = e->model;
     const ckv_model_config *c = &m->cfg;
@@ -119,7 +117,7 @@ static ckv_status restore(ckv_srv_store *s, const ckv_srv_entry *en, int reserve
     if ((long)en->n + reserve > c->max_context)
         return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "a context of %d tokens + %d for the question and answer exceed the "
                          "context window of %d tokens", en->n, reserve, c->max_context);
-    ckv_status st = ckv_session_init(&pc->sess, m, en->n + reserve, engine_chunk(e), 1);
+    ckv_status st = ckv_session_init(&pc->sess, m, en->n + reserve, chunk, 1);
     int32_t *rows = NULL;
     size_t off = 0;
     for (int l = 0; l < nl && st == CKV_STATUS_OK; l++) {
@@ -322,14 +320,14 @@ static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *id
 
 /* ---- public ------------------------------------------------------------------------------------------ */
 
-ckv_status ckv_srv_store_get(ckv_srv_store *s, const char *spec, const int32_t *ids, int n, int reserve, ckv_prepared *pc,
-                             ckv_srv_lookup *res) {
+ckv_status ckv_srv_store_get(ckv_srv_store *s, const char *spec, const int32_t *ids, int n, int reserve, int chunk,
+                             ckv_prepared *pc, ckv_srv_lookup *res) {
     memset(res, 0, sizeof *res);
     ckv_srv_entry *e = s->limit ? find(s, spec, ids, n) : NULL;
     if (e) {
         lru_unlink(s, e);
         lru_push_front(s, e);
-        CKV_TRY(restore(s, e, reserve, pc));
+        CKV_TRY(restore(s, e, reserve, chunk, pc));
         res->hit = 1;
         return CKV_STATUS_OK;
     }

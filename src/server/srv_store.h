@@ -34,8 +34,9 @@ ckv_status ckv_srv_store_init(ckv_srv_store *s, ckv_engine *e, size_t limit, con
 void ckv_srv_store_free(ckv_srv_store *s); /* accepts zeroed objects */
 
 /* Looks the context up (memory, then cache_dir); on a hit *pc is a prepared context restored with
- * `reserve` tokens of room (stats: reused_tokens = n, kept entries of the stored context). */
-ckv_status ckv_srv_store_get(ckv_srv_store *s, const char *press_spec, const int32_t *ids, int n, int reserve,
+ * `reserve` tokens of room (stats: reused_tokens = n, kept entries of the stored context); a memory
+ * hit's session prefills in chunks of `chunk` tokens (what the question needs, not a context's). */
+ckv_status ckv_srv_store_get(ckv_srv_store *s, const char *press_spec, const int32_t *ids, int n, int reserve, int chunk,
                              ckv_prepared *pc, ckv_srv_lookup *res);
 
 /* Stores the context of a freshly prepared *pc (call before anything is fed after the context). */
