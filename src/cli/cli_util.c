@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "cli/cli.h"
 #include "comm/comm.h"
 
@@ -48,12 +49,6 @@ void ckv_cli_check_comm(ckv_comm *comm, ckv_status s) {
     exit(1);
 }
 
-const char *ckv_cli_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) ckv_cli_die("%s needs a value", argv[*i]);
-    (*i)++;
-    return argv[*i];
-}
-
 long ckv_cli_parse_long(const char *flag, const char *value, long min, long max) {
     char *end = NULL;
     errno = 0;
@@ -80,8 +75,11 @@ int32_t *ckv_cli_parse_ids(const char *text, int *n, const char *what) {
     if (!ids) ckv_cli_die("out of memory parsing %s", what);
     const char *p = text;
     for (;;) {
-        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+        int commas = 0;
+        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') commas += *p++ == ',';
         if (!*p) break;
+        if (commas > (cnt > 0 ? 1 : 0))
+            ckv_cli_die("%s: empty item before token %zu (two commas, or a leading comma)", what, cnt);
         char *end = NULL;
         errno = 0;
         long v = strtol(p, &end, 10);
@@ -105,4 +103,22 @@ int32_t *ckv_cli_parse_ids(const char *text, int *n, const char *what) {
     if (cnt > INT32_MAX / 2) ckv_cli_die("%s: too many token ids", what);
     *n = (int)cnt;
     return ids;
+}
+
+void ckv_cli_engine_config(const ckv_opts *o, ckv_comm *world, ckv_engine_config *ec) {
+    memset(ec, 0, sizeof *ec);
+    ec->model_path = ckv_opt_str(o, CKV_OPT_MODEL, NULL);
+    ec->backend = ckv_opt_str(o, CKV_OPT_BACKEND, "cpu");
+    int local_rank = 0, local_size = 1;
+    if (world) ckv_cli_check_comm(world, ckv_comm_node_local(world, &local_rank, &local_size));
+    ec->threads = ckv_opts_threads(o, local_size, !world || world->rank == 0);
+    ec->chunk = (int)ckv_opt_long(o, CKV_OPT_CHUNK, 512);
+    ec->device = (int)ckv_opt_long(o, CKV_OPT_DEVICE, -1);
+    if (ec->device < 0 && !strcmp(ec->backend, "cuda") && world && ckv_backend_cuda_available())
+        ckv_cli_check_comm(world, ckv_comm_select_gpu(world, &ec->device));
+    const char *kv = ckv_opt_str(o, CKV_OPT_KV_DTYPE, NULL), *w = ckv_opt_str(o, CKV_OPT_WEIGHTS_DTYPE, "auto");
+    ec->kv_dtype = !kv ? CKV_KV_DTYPE_DEFAULT : !strcmp(kv, "f32") ? CKV_KV_DTYPE_F32 : !strcmp(kv, "f16") ? CKV_KV_DTYPE_F16
+                                                                                                     : CKV_KV_DTYPE_BF16;
+    ec->weights_dtype = !strcmp(w, "auto") ? CKV_WEIGHTS_DTYPE_AUTO : !strcmp(w, "f32") ? CKV_WEIGHTS_DTYPE_F32
+                        : !strcmp(w, "bf16") ? CKV_WEIGHTS_DTYPE_BF16 : CKV_WEIGHTS_DTYPE_F16;
 }

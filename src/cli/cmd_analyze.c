@@ -8,6 +8,9 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/cli_agree.h"
+#include "cli/cli_opts.h"
+#include "cli/cli_press.h"
 #include "comm/comm.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -18,134 +21,50 @@
 #include "evict/headkv.h"
 #include "model/model.h"
 
-static void analyze_usage(FILE *f) {
-    fprintf(f,
-            "usage: ckv analyze --model DIR (--prompt-ids 1,2,3 | --prompt-ids-file F) --budget B [flags]\n"
-            "\n"
-            "Per (layer, query head): ||o - o^||_1 of the attention output of the first decode input under\n"
-            "press A and press B, the bound theta (CriticalKV Theorem 3.3) and the attention-weight-only bound.\n"
-            "\n"
-            "  --model DIR            Hugging Face model directory (config.json + *.safetensors)\n"
-            "  --prompt-ids LIST      the context token ids, comma separated\n"
-            "  --prompt-ids-file F    file with the context token ids (commas, spaces or newlines)\n"
-            "  --question-ids LIST    tokens fed after the context (never evicted); the query analysed is the\n"
-            "                         last one's (default: the last context token, fed again)\n"
-            "  --press-a SPEC         first press (default snapkv)\n"
-            "  --press-b SPEC         second press (default critical:snapkv)\n"
-            "  --budget B             kept fraction in (0, 1] (compression ratio 1 - B), both presses\n"
-            "  --compression-ratio R  fraction removed in [0, 1)\n"
-            "  --budget-tokens N      keep N tokens per head\n"
-            "  --window N --kernel K --pool avg|max --alpha A --eps E --safeguard S --profile F\n"
-            "  --press-opt KEY=VALUE  any press option (repeatable); options apply to both presses\n"
-            "  --out F                write one JSON line per (layer, query head) to F\n"
-            "  --chunk N              prefill chunk length in tokens (default 512)\n"
-            "  --threads N            CPU threads (default: all cores)\n");
-}
+static const ckv_cli_command analyze_cmd = {
+    CKV_CMD_ANALYZE, "analyze", "-m DIR (--prompt-ids 1,2,3 | --prompt-ids-file F) --budget B [flags]",
+    "Per (layer, query head): ||o - o^||_1 of the attention output of the first decode input under\n"
+    "press A and press B, the bound theta (CriticalKV Theorem 3.3) and the attention-weight-only bound.\n"
+    "Press options and the budget apply to both presses."};
 
 typedef struct {
     const char *model, *prompt_ids, *prompt_file, *question, *out;
     const char *spec[CKV_ANALYZE_PRESSES];
-    int chunk, threads, has_budget;
     ckv_press_config press[CKV_ANALYZE_PRESSES];
 } analyze_args;
 
-static int is_press_flag(const char *f) {
-    static const char *const flags[] = {"--press-a", "--press-b", "--window", "--kernel", "--pool", "--alpha",
-                                        "--eps", "--safeguard", "--profile", "--press-opt", "--budget",
-                                        "--compression-ratio", "--budget-tokens"};
-    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
-        if (!strcmp(f, flags[i])) return 1;
-    return 0;
-}
-
-/* Parses both presses, then applies every option and the budget to both, in command-line order. */
-static void parse_presses(analyze_args *a, int argc, char **argv) {
+static void parse_args(analyze_args *a, ckv_opts *o, int argc, char **argv) {
+    ckv_opts_parse(o, &analyze_cmd, argc, argv);
+    memset(a, 0, sizeof *a);
+    a->model = ckv_opt_str(o, CKV_OPT_MODEL, NULL);
+    a->prompt_ids = ckv_opt_str(o, CKV_OPT_PROMPT_IDS, NULL);
+    a->prompt_file = ckv_opt_str(o, CKV_OPT_PROMPT_IDS_FILE, NULL);
+    a->question = ckv_opt_str(o, CKV_OPT_QUESTION_IDS, NULL);
+    a->out = ckv_opt_str(o, CKV_OPT_OUT, NULL);
+    a->spec[0] = ckv_opt_str(o, CKV_OPT_PRESS_A, "snapkv");
+    a->spec[1] = ckv_opt_str(o, CKV_OPT_PRESS_B, "critical:snapkv");
+    if (!a->model) ckv_cli_usage_error("analyze", "--model is required");
+    if (!a->prompt_ids == !a->prompt_file)
+        ckv_cli_usage_error("analyze", "give exactly one of --prompt-ids and --prompt-ids-file");
+    ckv_cli_budget b;
+    ckv_cli_press_budget(o, &b);
     for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) {
+        char flag[16];
+        snprintf(flag, sizeof flag, "--press-%c", 'a' + p);
+        ckv_cli_press_check_spec(o, flag, a->spec[p]);
         ckv_cli_check(ckv_press_parse(&a->press[p], a->spec[p]));
         if (a->press[p].scorer == CKV_SCORER_NONE)
             ckv_cli_usage_error("analyze", "--press-%c none: the analysis compares two presses that evict (the full "
                                 "cache is the reference)", 'a' + p);
     }
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        static const char *const opts[][2] = {{"--window", "window"}, {"--kernel", "kernel"}, {"--pool", "pool"},
-                                              {"--alpha", "alpha"},   {"--eps", "eps"},       {"--safeguard", "safeguard"},
-                                              {"--profile", "profile"}};
-        int done = 0;
-        for (size_t j = 0; j < sizeof opts / sizeof opts[0] && !done; j++)
-            if (!strcmp(f, opts[j][0])) {
-                const char *v = ckv_cli_value(argc, argv, &i);
-                for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_check(ckv_press_set_option(&a->press[p], opts[j][1], v));
-                done = 1;
-            }
-        if (done) continue;
-        if (!strcmp(f, "--press-opt")) {
-            const char *kv = ckv_cli_value(argc, argv, &i);
-            const char *eq = strchr(kv, '=');
-            if (!eq || eq == kv) ckv_cli_die("--press-opt: expected KEY=VALUE, got '%s'", kv);
-            char key[64];
-            snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
-            for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_check(ckv_press_set_option(&a->press[p], key, eq + 1));
-        } else if (!strcmp(f, "--budget")) {
-            double b = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300);
-            for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_check(ckv_press_set_budget(&a->press[p], b));
-            a->has_budget = 1;
-        } else if (!strcmp(f, "--compression-ratio")) {
-            double cr = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300);
-            for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_check(ckv_press_set_compression_ratio(&a->press[p], cr));
-            a->has_budget = 1;
-        } else if (!strcmp(f, "--budget-tokens")) {
-            int n = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), -(1L << 30), 1L << 30);
-            for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_check(ckv_press_set_budget_tokens(&a->press[p], n));
-            a->has_budget = 1;
-        } else if (!strcmp(f, "--press-a") || !strcmp(f, "--press-b")) {
-            ckv_cli_value(argc, argv, &i);
-        }
-    }
-    if (!a->has_budget)
+    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_press_build(o, a->spec[p], &b, &a->press[p]);
+    if (b.kind == CKV_CLI_BUDGET_NONE)
         ckv_cli_usage_error("analyze", "needs a budget: --budget B, --compression-ratio R or --budget-tokens N");
     for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_check(ckv_press_finalize(&a->press[p]));
+    char what[300];
+    snprintf(what, sizeof what, "--press-a %s and --press-b %s", a->spec[0], a->spec[1]);
+    ckv_cli_press_check_options(o, a->press, CKV_ANALYZE_PRESSES, what);
 }
-
-static void parse_args(analyze_args *a, int argc, char **argv) {
-    memset(a, 0, sizeof *a);
-    a->chunk = 512;
-    a->spec[0] = "snapkv";
-    a->spec[1] = "critical:snapkv";
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            analyze_usage(stdout);
-            exit(0);
-        } else if (!strcmp(f, "--model")) {
-            a->model = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--prompt-ids")) {
-            a->prompt_ids = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--prompt-ids-file")) {
-            a->prompt_file = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--question-ids")) {
-            if (a->question) ckv_cli_usage_error("analyze", "--question-ids given twice (the analysis takes one question)");
-            a->question = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--out")) {
-            a->out = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--chunk")) {
-            a->chunk = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 24);
-        } else if (!strcmp(f, "--threads")) {
-            a->threads = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 4096);
-        } else if (is_press_flag(f)) {
-            const char *v = ckv_cli_value(argc, argv, &i);
-            if (!strcmp(f, "--press-a")) a->spec[0] = v;
-            if (!strcmp(f, "--press-b")) a->spec[1] = v;
-        } else {
-            ckv_cli_usage_error("analyze", "unknown flag '%s'", f);
-        }
-    }
-    if (!a->model) ckv_cli_usage_error("analyze", "--model is required");
-    if (!a->prompt_ids == !a->prompt_file)
-        ckv_cli_usage_error("analyze", "give exactly one of --prompt-ids and --prompt-ids-file");
-    parse_presses(a, argc, argv);
-}
-
 
 /* A headkv press's kept rows per (layer, KV head) from its profile. */
 static int32_t *headkv_budgets(ckv_comm *world, const ckv_model *m, const ckv_press_config *pr, int L) {
@@ -167,7 +86,8 @@ static int32_t *read_prompt(const analyze_args *a, int *n) {
 
 int ckv_cmd_analyze(int argc, char **argv) {
     analyze_args a;
-    parse_args(&a, argc, argv);
+    ckv_opts opts;
+    parse_args(&a, &opts, argc, argv);
     int n_ctx = 0, n_q = 0;
     int32_t *ctx = read_prompt(&a, &n_ctx);
     int32_t *q = a.question ? ckv_cli_parse_ids(a.question, &n_q, "--question-ids") : NULL;
@@ -183,15 +103,16 @@ int ckv_cmd_analyze(int argc, char **argv) {
     memcpy(ids, ctx, sizeof *ids * (size_t)n_ctx);
     memcpy(ids + n_ctx, q, sizeof *ids * (size_t)n_q);
 
-    ckv_comm *world = NULL;
-    ckv_cli_check(ckv_comm_init_world(&world, &argc, &argv));
-    ckv_log_set_rank(world->rank, world->size);
-    int threads = a.threads ? a.threads : ckv_cpu_count();
-    if (world->size > 1 && !a.threads) threads = ckv_cpu_count() / world->size > 0 ? ckv_cpu_count() / world->size : 1;
+    ckv_cli_agreement ag;
+    ckv_cli_agree_init(&ag, &opts, a.model);
+    ckv_cli_agree_add(&ag, CKV_AGREE_PROMPT, ids, sizeof *ids * (size_t)n);
+    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, a.press[p].spec, strlen(a.press[p].spec));
+    ckv_comm *world = ckv_cli_world(&ag, &argc, &argv);
     FILE *out = NULL;
     if (a.out && world->rank == 0 && !(out = fopen(a.out, "w")))
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--out: cannot write '%s'", a.out));
-    ckv_engine_config ec = {.model_path = a.model, .backend = "cpu", .threads = threads, .device = -1, .chunk = a.chunk};
+    ckv_engine_config ec;
+    ckv_cli_engine_config(&opts, world, &ec);
     ckv_engine eng;
     ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, world));
     ckv_model *m = eng.model;

@@ -5,12 +5,16 @@
  * terminal, plain lines otherwise) and the summary; the work is eval/runner.c's. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/cli_agree.h"
+#include "cli/cli_opts.h"
+#include "cli/cli_press.h"
 #include "comm/comm.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -21,48 +25,10 @@
 
 #define MAX_LIST 64
 
-static void eval_usage(FILE *f) {
-    fprintf(f,
-            "usage: ckv eval --model M (--task T --length N | --data F) [--press P --budget B] --out DIR [flags]\n"
-            "\n"
-            "samples (generated, RULER-style):\n"
-            "  --task LIST           niah_single_1, niah_single_2, niah_single_3, niah_multikey_1, niah_multikey_2,\n"
-            "                        niah_multikey_3, niah_multivalue, niah_multiquery, vt, cwe, fwe; groups: niah, all\n"
-            "  --length LIST         prompt + answer tokens per sample (comma separated for several lengths)\n"
-            "  --samples K           samples per task and length (default 10)\n"
-            "  --seed S              generator seed (default 42)\n"
-            "  --haystack FILE       prose for the essay haystack (default: built in, The Devil's Dictionary, public domain)\n"
-            "samples (a dataset):\n"
-            "  --data F              JSONL, one sample per line: context, question(s), answer_prefix, answers,\n"
-            "                        max_new_tokens, task (kvpress / LongBench style)\n"
-            "  --metric NAME         score every sample with NAME (default: the task's): string_match_all,\n"
-            "                        string_match_part, qa_f1, rouge_l, classification, retrieval, count, code_sim\n"
-            "  --bad-input skip|stop a malformed line, an answer-less sample, a sample longer than the model's window:\n"
-            "                        skip it with a warning, or stop with an error (default stop)\n"
-            "\n"
-            "compression (a sweep: every press at every budget, plus the full cache):\n"
-            "  --press LIST          e.g. snapkv,adakv:snapkv,critical:snapkv,critical_adakv:snapkv (default: none)\n"
-            "  --budget LIST         kept fractions in (0, 1], e.g. 0.1,0.2,0.4\n"
-            "  --no-baseline         do not run the full cache\n"
-            "  --query-aware         compress context + question together (default: the context only, one compressed\n"
-            "                        cache answers every question of a context)\n"
-            "  --window N --kernel K --pool avg|max --alpha A --eps E --safeguard S --profile F\n"
-            "  --press-opt KEY=VALUE press options, applied to every press (repeatable)\n"
-            "\n"
-            "prompting:\n"
-            "  --template NAME       chat template (llama3, chatml, smollm2, qwen2.5, mistral, ...) or none for plain\n"
-            "                        text (default: the tokenizer's own, plain text when it has none)\n"
-            "  --system TEXT         system message (with a chat template)\n"
-            "  --max-new-tokens N    generation limit of every question (default: the task's)\n"
-            "\n"
-            "run:\n"
-            "  --out DIR             results.jsonl, summary.md, summary.json, score_vs_budget.svg; a rerun with the same\n"
-            "                        arguments resumes (what is done is skipped)\n"
-            "  --tp N                ranks per tensor-parallel group (default: all); the groups share the samples\n"
-            "  --threads N --chunk N --backend cpu|cuda\n"
-            "  --progress auto|bar|lines|none   (default auto: a bar on a terminal, lines otherwise)\n"
-            "  --report-only         rebuild the summary and the plot from DIR's results (no model needed)\n");
-}
+static const ckv_cli_command eval_cmd = {
+    CKV_CMD_EVAL, "eval", "-m M (--task T --length N | --data F) [--press P --budget B] --out DIR [flags]",
+    "Scores presses x budgets (a sweep, plus the full cache) on RULER-style generated tasks or a JSONL\n"
+    "dataset into DIR, resumably: a rerun of the same command skips what is done."};
 
 typedef struct {
     const char *model, *task, *length, *data, *press, *budget, *out, *haystack, *metric, *template_name, *system, *backend;
@@ -88,85 +54,50 @@ static int split_list(const char *flag, const char *s, char *buf, size_t cap, co
     return n;
 }
 
-static int is_press_flag(const char *f) {
-    static const char *const v[] = {"--window", "--kernel", "--pool", "--alpha", "--eps", "--safeguard", "--profile", "--press-opt"};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        if (!strcmp(f, v[i])) return 1;
-    return 0;
-}
-
-static void parse_args(eval_args *a, int argc, char **argv) {
+static void parse_args(eval_args *a, ckv_opts *o, int argc, char **argv) {
+    ckv_opts_parse(o, &eval_cmd, argc, argv);
     memset(a, 0, sizeof *a);
-    a->samples = 10;
-    a->seed = 42;
-    a->progress = "auto";
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            eval_usage(stdout);
-            exit(0);
-        } else if (!strcmp(f, "--model")) a->model = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--task")) a->task = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--length")) a->length = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--samples")) a->samples = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 24);
-        else if (!strcmp(f, "--seed")) a->seed = ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 0, 0x7fffffffffffffffL);
-        else if (!strcmp(f, "--haystack")) a->haystack = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--data")) a->data = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--metric")) a->metric = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--bad-input")) {
-            const char *v = ckv_cli_value(argc, argv, &i);
-            if (!strcmp(v, "skip")) a->skip_bad = 1;
-            else if (!strcmp(v, "stop")) a->skip_bad = 0;
-            else ckv_cli_usage_error("eval", "--bad-input: expected skip or stop, got '%s'", v);
-        } else if (!strcmp(f, "--press")) a->press = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--budget")) a->budget = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--no-baseline")) a->no_baseline = 1;
-        else if (!strcmp(f, "--query-aware")) a->query_aware = 1;
-        else if (is_press_flag(f)) ckv_cli_value(argc, argv, &i); /* applied per press below */
-        else if (!strcmp(f, "--template")) a->template_name = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--system")) a->system = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--max-new-tokens")) a->max_new = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 20);
-        else if (!strcmp(f, "--out")) a->out = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--tp")) a->tp = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 20);
-        else if (!strcmp(f, "--threads")) a->threads = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 4096);
-        else if (!strcmp(f, "--chunk")) a->chunk = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 24);
-        else if (!strcmp(f, "--backend")) a->backend = ckv_cli_value(argc, argv, &i);
-        else if (!strcmp(f, "--progress")) {
-            a->progress = ckv_cli_value(argc, argv, &i);
-            if (strcmp(a->progress, "auto") && strcmp(a->progress, "bar") && strcmp(a->progress, "lines") &&
-                strcmp(a->progress, "none"))
-                ckv_cli_usage_error("eval", "--progress: expected auto, bar, lines or none, got '%s'", a->progress);
-        } else if (!strcmp(f, "--report-only")) a->report_only = 1;
-        else ckv_cli_usage_error("eval", "unknown flag '%s'", f);
-    }
+    a->model = ckv_opt_str(o, CKV_OPT_MODEL, NULL);
+    a->task = ckv_opt_str(o, CKV_OPT_TASK, NULL);
+    a->length = ckv_opt_str(o, CKV_OPT_LENGTH, NULL);
+    a->samples = (int)ckv_opt_long(o, CKV_OPT_SAMPLES, 10);
+    a->seed = ckv_opt_long(o, CKV_OPT_SEED, 42);
+    a->haystack = ckv_opt_str(o, CKV_OPT_HAYSTACK, NULL);
+    a->data = ckv_opt_str(o, CKV_OPT_DATA, NULL);
+    a->metric = ckv_opt_str(o, CKV_OPT_METRIC, NULL);
+    a->skip_bad = !strcmp(ckv_opt_str(o, CKV_OPT_BAD_INPUT, "stop"), "skip");
+    a->press = ckv_opt_str(o, CKV_OPT_PRESS, NULL);
+    a->budget = ckv_opt_str(o, CKV_OPT_BUDGET, NULL);
+    a->no_baseline = ckv_opt_has(o, CKV_OPT_NO_BASELINE);
+    a->query_aware = ckv_opt_has(o, CKV_OPT_QUERY_AWARE);
+    a->template_name = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
+    a->system = ckv_opt_str(o, CKV_OPT_SYSTEM, NULL);
+    a->max_new = (int)ckv_opt_long(o, CKV_OPT_MAX_NEW_TOKENS, 0);
+    a->out = ckv_opt_str(o, CKV_OPT_OUT, NULL);
+    a->tp = (int)ckv_opt_long(o, CKV_OPT_TP, 0);
+    a->chunk = (int)ckv_opt_long(o, CKV_OPT_CHUNK, 0);
+    a->backend = ckv_opt_str(o, CKV_OPT_BACKEND, NULL);
+    a->progress = ckv_opt_str(o, CKV_OPT_PROGRESS, "auto");
+    a->report_only = ckv_opt_has(o, CKV_OPT_REPORT_ONLY);
     if (!a->out) ckv_cli_usage_error("eval", "--out DIR is required");
-    if (a->report_only) return;
+    if (a->report_only) {
+        for (int i = 0; i < o->n; i++)
+            if (o->occ[i].id != CKV_OPT_OUT && o->occ[i].id != CKV_OPT_REPORT_ONLY && o->occ[i].id != CKV_OPT_PROGRESS)
+                ckv_cli_usage_error("eval", "--report-only reads DIR's results only: drop %s", ckv_opt_flag(o->occ[i].id));
+        return;
+    }
     if (!a->model) ckv_cli_usage_error("eval", "--model is required");
     if (!a->task == !a->data) ckv_cli_usage_error("eval", "give exactly one of --task (generated samples) and --data (a JSONL file)");
     if (a->task && !a->length) ckv_cli_usage_error("eval", "--task needs --length N (tokens per sample)");
-    if (a->data && (a->length || a->haystack)) ckv_cli_usage_error("eval", "--length and --haystack apply to --task, not --data");
+    if (a->data && (a->length || a->haystack || ckv_opt_has(o, CKV_OPT_SAMPLES) || ckv_opt_has(o, CKV_OPT_SEED)))
+        ckv_cli_usage_error("eval", "--length, --samples, --seed and --haystack apply to --task, not --data");
+    if (a->task && (a->metric || ckv_opt_has(o, CKV_OPT_BAD_INPUT)))
+        ckv_cli_usage_error("eval", "--metric and --bad-input apply to --data, not --task");
     if (a->press && !a->budget) ckv_cli_usage_error("eval", "--press needs --budget (kept fractions, e.g. 0.1,0.2,0.4)");
     if (a->budget && !a->press) ckv_cli_usage_error("eval", "--budget needs --press");
     if (a->metric) {
         ckv_metric_kind k;
         ckv_cli_check(ckv_metric_by_name(a->metric, &k));
-    }
-}
-
-/* Applies the shared press flags to one press configuration. */
-static void apply_press_flags(ckv_press_config *c, int argc, char **argv) {
-    static const char *const opts[][2] = {{"--window", "window"}, {"--kernel", "kernel"}, {"--pool", "pool"}, {"--alpha", "alpha"},
-                                          {"--eps", "eps"},       {"--safeguard", "safeguard"}, {"--profile", "profile"}};
-    for (int i = 1; i < argc - 1; i++) {
-        for (size_t j = 0; j < sizeof opts / sizeof opts[0]; j++)
-            if (!strcmp(argv[i], opts[j][0])) ckv_cli_check(ckv_press_set_option(c, opts[j][1], argv[i + 1]));
-        if (!strcmp(argv[i], "--press-opt")) {
-            const char *kv = argv[i + 1], *eq = strchr(kv, '=');
-            if (!eq || eq == kv) ckv_cli_die("--press-opt: expected KEY=VALUE, got '%s'", kv);
-            char key[64];
-            snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
-            ckv_cli_check(ckv_press_set_option(c, key, eq + 1));
-        }
     }
 }
 
@@ -248,13 +179,19 @@ static void install_signals(void) {
 
 int ckv_cmd_eval(int argc, char **argv) {
     eval_args a;
-    parse_args(&a, argc, argv);
+    ckv_opts opts;
+    parse_args(&a, &opts, argc, argv);
 
     if (a.report_only) {
-        int fd = -1;
+        int fd = -1, n_results = 0;
+        struct stat sb;
+        if (stat(a.out, &sb) != 0 || !S_ISDIR(sb.st_mode)) ckv_cli_die("--report-only: %s is not a directory of results", a.out);
         ckv_cli_check(ckv_eval_lock(a.out, &fd));
         char *table = NULL;
-        ckv_cli_check(ckv_eval_finish(a.out, "ckv eval", &table));
+        ckv_cli_check(ckv_eval_finish(a.out, "ckv eval", &table, &n_results));
+        if (n_results == 0)
+            ckv_cli_die("--report-only: %s holds no results (an eval there ended before its first sample); run the eval first",
+                        a.out);
         fputs(table, stdout);
         free(table);
         ckv_eval_unlock(fd);
@@ -292,9 +229,8 @@ int ckv_cmd_eval(int argc, char **argv) {
             for (int b = 0; b < nb; b++) {
                 ckv_eval_config *c = &configs[n_configs];
                 double bv = ckv_cli_parse_double("--budget", budgets[b], -1e300, 1e300);
-                ckv_cli_check(ckv_press_parse(&c->cfg, presses[p]));
-                apply_press_flags(&c->cfg, argc, argv);
-                ckv_cli_check(ckv_press_set_budget(&c->cfg, bv));
+                ckv_cli_budget bud = {CKV_CLI_BUDGET_FRACTION, bv};
+                ckv_cli_press_build(&opts, presses[p], &bud, &c->cfg);
                 c->cfg.query_aware = a.query_aware;
                 ckv_cli_check(ckv_press_finalize(&c->cfg));
                 snprintf(c->press, sizeof c->press, "%s", presses[p]);
@@ -306,10 +242,22 @@ int ckv_cmd_eval(int argc, char **argv) {
         }
     }
     if (n_configs == 0) ckv_cli_usage_error("eval", "nothing to run: --no-baseline without --press");
+    {
+        char what[256];
+        snprintf(what, sizeof what, "--press %.240s", a.press ? a.press : "none");
+        int np = n_configs - !a.no_baseline;
+        ckv_press_config *pcs = calloc((size_t)(np > 0 ? np : 1), sizeof *pcs);
+        if (!pcs) ckv_cli_die("out of memory");
+        for (int c = 0; c < np; c++) pcs[c] = configs[c + !a.no_baseline].cfg;
+        ckv_cli_press_check_options(&opts, pcs, np, what);
+        free(pcs);
+    }
+    if (a.query_aware && !a.press) ckv_cli_usage_error("eval", "--query-aware needs --press");
 
-    ckv_comm *world = NULL;
-    ckv_cli_check(ckv_comm_init_world(&world, &argc, &argv));
-    ckv_log_set_rank(world->rank, world->size);
+    ckv_cli_agreement ag;
+    ckv_cli_agree_init(&ag, &opts, a.model);
+    for (int c = 0; c < n_configs; c++) ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, configs[c].cfg.spec, strlen(configs[c].cfg.spec));
+    ckv_comm *world = ckv_cli_world(&ag, &argc, &argv);
     install_signals();
 
     printer pr;
@@ -339,7 +287,9 @@ int ckv_cmd_eval(int argc, char **argv) {
     job.skip_bad = a.skip_bad;
     job.model_path = a.model;
     job.backend = a.backend;
-    job.threads = a.threads;
+    ckv_engine_config ec;
+    ckv_cli_engine_config(&opts, world, &ec);
+    job.threads = ec.threads;
     job.chunk = a.chunk;
     job.tp = a.tp;
     job.out_dir = a.out;

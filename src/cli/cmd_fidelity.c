@@ -9,29 +9,22 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/cli_agree.h"
+#include "cli/cli_opts.h"
+#include "cli/cli_press.h"
+#include "comm/comm.h"
+#include "engine/request.h"
 #include "core/json.h"
 #include "core/threadpool.h"
 #include "engine/text.h"
 #include "eval/fidelity.h"
 #include "model/model.h"
 
-static void fidelity_usage(FILE *f) {
-    fprintf(f,
-            "usage: ckv fidelity --model PATH --text-file F --press P1[,P2...] --budget B1[,B2...] [flags]\n"
-            "\n"
-            "Teacher-forced comparison with the full cache: the first --context tokens of the text are the\n"
-            "(compressed) context, the next --continuation tokens are fed and their next-token distributions\n"
-            "compared with the full cache's (KL divergence, top-1 agreement, NLL of the true next token).\n"
-            "\n"
-            "  --model PATH         model directory or GGUF file (with a tokenizer)\n"
-            "  --text-file F        long natural text\n"
-            "  --context L          context tokens (default 2048)\n"
-            "  --continuation T     continuation tokens (default 256)\n"
-            "  --press LIST         comma-separated press specs (see ckv generate --help)\n"
-            "  --budget LIST        comma-separated kept fractions in (0, 1]\n"
-            "  --chunk N --threads N\n"
-            "  --out F              JSON lines, one per press x budget\n");
-}
+static const ckv_cli_command fidelity_cmd = {
+    CKV_CMD_FIDELITY, "fidelity", "-m PATH --text-file F --press P1[,P2...] --budget B1[,B2...] [flags]",
+    "Teacher-forced comparison with the full cache: the first --context tokens of the text are the\n"
+    "(compressed) context, the next --continuation tokens are fed and their next-token distributions\n"
+    "compared with the full cache's (KL divergence, top-1 agreement, NLL of the true next token)."};
 
 static int split_list(char *s, char **items, int cap) {
     int n = 0;
@@ -40,36 +33,13 @@ static int split_list(char *s, char **items, int cap) {
 }
 
 int ckv_cmd_fidelity(int argc, char **argv) {
-    const char *model = NULL, *text_file = NULL, *out_path = NULL;
-    char *press_list = NULL, *budget_list = NULL;
-    int n_ctx = 2048, n_cont = 256, chunk = 512, threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            fidelity_usage(stdout);
-            return 0;
-        } else if (!strcmp(f, "--model")) {
-            model = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--text-file")) {
-            text_file = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--out")) {
-            out_path = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--press")) {
-            press_list = strdup(ckv_cli_value(argc, argv, &i));
-        } else if (!strcmp(f, "--budget")) {
-            budget_list = strdup(ckv_cli_value(argc, argv, &i));
-        } else if (!strcmp(f, "--context")) {
-            n_ctx = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 2, 1 << 24);
-        } else if (!strcmp(f, "--continuation")) {
-            n_cont = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 2, 1 << 20);
-        } else if (!strcmp(f, "--chunk")) {
-            chunk = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 24);
-        } else if (!strcmp(f, "--threads")) {
-            threads = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 4096);
-        } else {
-            ckv_cli_usage_error("fidelity", "unknown flag '%s'", f);
-        }
-    }
+    ckv_opts opts;
+    ckv_opts_parse(&opts, &fidelity_cmd, argc, argv);
+    const char *model = ckv_opt_str(&opts, CKV_OPT_MODEL, NULL), *text_file = ckv_opt_str(&opts, CKV_OPT_TEXT_FILE, NULL);
+    const char *out_path = ckv_opt_str(&opts, CKV_OPT_OUT, NULL);
+    char *press_list = ckv_opt_has(&opts, CKV_OPT_PRESS) ? strdup(ckv_opt_str(&opts, CKV_OPT_PRESS, "")) : NULL;
+    char *budget_list = ckv_opt_has(&opts, CKV_OPT_BUDGET) ? strdup(ckv_opt_str(&opts, CKV_OPT_BUDGET, "")) : NULL;
+    int n_ctx = (int)ckv_opt_long(&opts, CKV_OPT_CONTEXT, 2048), n_cont = (int)ckv_opt_long(&opts, CKV_OPT_CONTINUATION, 256);
     if (!model || !text_file || !press_list || !budget_list)
         ckv_cli_usage_error("fidelity", "--model, --text-file, --press and --budget are required");
     char *presses[32], *budgets[32];
@@ -78,12 +48,19 @@ int ckv_cmd_fidelity(int argc, char **argv) {
     ckv_press_config cfgs[32][32];
     for (int i = 0; i < np; i++)
         for (int j = 0; j < nb; j++) { /* validate every combination before any work */
-            ckv_cli_check(ckv_press_parse(&cfgs[i][j], presses[i]));
+            ckv_cli_budget bud = {CKV_CLI_BUDGET_FRACTION, ckv_cli_parse_double("--budget", budgets[j], -1e300, 1e300)};
+            ckv_cli_press_build(&opts, presses[i], &bud, &cfgs[i][j]);
             if (cfgs[i][j].scorer == CKV_SCORER_NONE) ckv_cli_die("--press: 'none' is the reference, list presses only");
-            ckv_cli_check(ckv_press_set_budget(&cfgs[i][j], ckv_cli_parse_double("--budget", budgets[j], -1e300, 1e300)));
             ckv_cli_check(ckv_press_finalize(&cfgs[i][j]));
             ckv_cli_check(ckv_press_check_context(&cfgs[i][j], n_ctx));
         }
+    {
+        ckv_press_config flat[32];
+        for (int i = 0; i < np; i++) flat[i] = cfgs[i][0];
+        char what[300];
+        snprintf(what, sizeof what, "--press %.280s", ckv_opt_str(&opts, CKV_OPT_PRESS, ""));
+        ckv_cli_press_check_options(&opts, flat, np, what);
+    }
     ckv_tokenizer *tok = NULL;
     ckv_cli_check(ckv_text_open_tokenizer(&tok, model));
     char *text = NULL;
@@ -95,10 +72,15 @@ int ckv_cmd_fidelity(int argc, char **argv) {
     free(none);
     if (n_ids < n_ctx + n_cont)
         ckv_cli_die("%s: %d tokens, fewer than --context %d + --continuation %d", text_file, n_ids, n_ctx, n_cont);
-    ckv_backend *be = NULL;
-    ckv_cli_check(ckv_backend_init(&be, "cpu", threads ? threads : ckv_cpu_count()));
-    ckv_model *m = NULL;
-    ckv_cli_check(ckv_model_load(&m, model, be, NULL));
+    ckv_cli_agreement ag; /* one process; under mpirun every rank must run the same */
+    ckv_cli_agree_init(&ag, &opts, model);
+    if (ckv_comm_launched_by_mpi()) ckv_comm_free(ckv_cli_world(&ag, &argc, &argv));
+    ckv_engine_config ec;
+    ckv_cli_engine_config(&opts, NULL, &ec);
+    ckv_engine eng;
+    ckv_cli_check(ckv_engine_init(&eng, &ec, NULL));
+    ckv_model *m = eng.model;
+    int chunk = ec.chunk;
     if (n_ctx + n_cont > m->cfg.max_context)
         ckv_cli_die("--context %d + --continuation %d exceed the model's context window of %d tokens", n_ctx, n_cont,
                     m->cfg.max_context);
@@ -124,8 +106,7 @@ int ckv_cmd_fidelity(int argc, char **argv) {
     if (out && fclose(out) != 0) ckv_cli_die("--out: error writing '%s'", out_path);
     free(ref);
     free(ids);
-    ckv_model_free(m);
-    ckv_backend_free(be);
+    ckv_engine_free(&eng);
     ckv_tokenizer_free(tok);
     free(press_list);
     free(budget_list);

@@ -9,6 +9,9 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/cli_agree.h"
+#include "cli/cli_opts.h"
+#include "cli/cli_press.h"
 #include "comm/comm.h"
 #include "core/alloc.h"
 #include "core/json.h"
@@ -18,193 +21,86 @@
 #include "engine/text.h"
 #include "model/model.h"
 
-static void generate_usage(FILE *f) {
-    fprintf(f,
-            "usage: ckv generate --model PATH (--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3 |\n"
-            "                    --prompt-ids-file F) [flags]\n"
-            "\n"
-            "  --model PATH           Hugging Face model directory (config.json + *.safetensors) or GGUF file\n"
-            "  --prompt TEXT          the prompt (the context when questions follow) as text\n"
-            "  --prompt-file F        the same, read from a file\n"
-            "  --question TEXT        a question about the prompt (repeatable), answered after it\n"
-            "  --chat                 render prompt + question as a user turn in the model's chat template\n"
-            "  --template NAME        chat template instead of the model's own (llama3, chatml, mistral, ...)\n"
-            "  --system TEXT          a system turn for --chat\n"
-            "  --prompt-ids LIST      prompt token ids, comma separated (no tokenizer needed)\n"
-            "  --prompt-ids-file F    file with the prompt token ids (commas, spaces or newlines)\n"
-            "  --max-new-tokens N     tokens to generate (default 32)\n"
-            "  --temperature T        0 = greedy (default 0)\n"
-            "  --top-k K              keep the K most likely tokens (default 0 = off)\n"
-            "  --top-p P              nucleus sampling mass in (0, 1] (default 1 = off)\n"
-            "  --seed S               sampling seed (default 0)\n"
-            "  --ignore-eos           do not stop at end-of-sequence ids\n"
-            "  --chunk N              prefill chunk length in tokens (default 512)\n"
-            "  --threads N            CPU threads (default: all cores)\n"
-            "  --backend NAME         cpu or cuda (default cpu)\n"
-            "  --tp N                 tensor-parallel ranks per group (default: all ranks); the world is split\n"
-            "                         into groups of N ranks that share the questions (data parallelism)\n"
-            "  --stats-json F         write speed and memory figures to F as JSON\n"
-            "  --dump-logits F        write the logits [new tokens, vocab] (float32) that chose each token\n"
-            "\n"
-            "KV-cache eviction (the prompt is the context; questions are answered from its compressed cache):\n"
-            "  --press SPEC           none (default), snapkv, snapkv_paper, pyramidkv, tova, knorm, streaming_llm,\n"
-            "                         observed_attention, expected_attention, random, defensivekv, optionally\n"
-            "                         wrapped: critical:, adakv:, critical_adakv:, headkv:, critical_headkv:\n"
-            "  --budget B             kept fraction in (0, 1] (compression ratio 1 - B)\n"
-            "  --compression-ratio R  fraction removed in [0, 1) (kvpress's spelling)\n"
-            "  --budget-tokens N      keep N tokens per head\n"
-            "  --window N --kernel K --pool avg|max --alpha A --eps E --safeguard S --profile F\n"
-            "  --press-opt KEY=VALUE  any press option (repeatable)\n"
-            "  --question-ids LIST    a question fed after the compressed context (repeatable; each is\n"
-            "                         answered from the same compressed context)\n"
-            "  --query-aware          compress context + question together\n"
-            "  --dump-kept F          JSON lines {layer, kv_head, positions} of what each head kept\n"
-            "  --save-cache F         save the compressed context to F (with tp > 1: F.rank<r> per rank)\n"
-            "  --load-cache F         answer --question-ids from a saved context instead of a prompt\n");
-}
+static const ckv_cli_command generate_cmd = {
+    CKV_CMD_GENERATE, "generate",
+    "-m PATH (-p TEXT | -f FILE | --prompt-ids 1,2,3 | --prompt-ids-file F) [flags]",
+    "Runs a prompt through a model and prints the generated ids (or text, with a text prompt) on stdout,\n"
+    "the speed and memory figures on stderr. With a press the prompt is the context: it is compressed\n"
+    "once and every question is answered from the compressed cache."};
 
 typedef struct {
-    const char *model, *prompt_ids, *prompt_file, *backend, *stats_json, *dump_logits, *dump_kept, *save_cache, *load_cache;
+    const char *model, *prompt_ids, *prompt_file, *stats_json, *dump_logits, *dump_kept, *save_cache, *load_cache;
     const char *prompt_text, *prompt_text_file, *template_name, *system;
     const char *qtext[64];
     int n_qtext, chat;
-    int max_new, chunk, threads, ignore_eos, tp;
+    int max_new, ignore_eos;
     ckv_sampler_config sampling;
     ckv_press_config press;
     const char *questions[64];
     int n_questions;
 } generate_args;
 
-/* Press flags are parsed in two passes: --press first (it resets the options), then the rest. */
-static void parse_press_args(generate_args *a, int argc, char **argv) {
-    const char *spec = "none";
-    for (int i = 1; i < argc - 1; i++)
-        if (!strcmp(argv[i], "--press")) spec = argv[i + 1];
-    ckv_cli_check(ckv_press_parse(&a->press, spec));
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        static const char *const opts[][2] = {{"--window", "window"}, {"--kernel", "kernel"}, {"--pool", "pool"},
-                                              {"--alpha", "alpha"},   {"--eps", "eps"},       {"--safeguard", "safeguard"},
-                                              {"--profile", "profile"}};
-        for (size_t j = 0; j < sizeof opts / sizeof opts[0]; j++)
-            if (!strcmp(f, opts[j][0])) ckv_cli_check(ckv_press_set_option(&a->press, opts[j][1], ckv_cli_value(argc, argv, &i)));
-        if (!strcmp(f, "--press-opt")) {
-            const char *kv = ckv_cli_value(argc, argv, &i);
-            const char *eq = strchr(kv, '=');
-            if (!eq || eq == kv) ckv_cli_die("--press-opt: expected KEY=VALUE, got '%s'", kv);
-            char key[64];
-            snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
-            ckv_cli_check(ckv_press_set_option(&a->press, key, eq + 1));
-        } else if (!strcmp(f, "--budget")) {
-            ckv_cli_check(ckv_press_set_budget(&a->press, ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300)));
-        } else if (!strcmp(f, "--compression-ratio")) {
-            ckv_cli_check(ckv_press_set_compression_ratio(&a->press, ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300)));
-        } else if (!strcmp(f, "--budget-tokens")) {
-            ckv_cli_check(ckv_press_set_budget_tokens(&a->press, (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), -(1L << 30), 1L << 30)));
-        } else if (!strcmp(f, "--query-aware")) {
-            a->press.query_aware = 1;
-        }
-    }
-    if (a->press.scorer != CKV_SCORER_NONE && a->press.compression_ratio == 0.0 && a->press.budget_tokens == 0)
-        ckv_cli_die("--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", spec);
-    ckv_cli_check(ckv_press_finalize(&a->press));
-}
-
-static void parse_args(generate_args *a, int argc, char **argv) {
+static void parse_args(generate_args *a, ckv_opts *o, int argc, char **argv) {
+    ckv_opts_parse(o, &generate_cmd, argc, argv);
     memset(a, 0, sizeof *a);
-    a->max_new = 32;
-    a->chunk = 512;
-    a->backend = "cpu";
-    a->sampling.top_p = 1.0f;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            generate_usage(stdout);
-            exit(0);
-        } else if (!strcmp(f, "--model")) {
-            a->model = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--prompt")) {
-            a->prompt_text = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--prompt-file")) {
-            a->prompt_text_file = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--question")) {
-            if (a->n_qtext == 64) ckv_cli_die("--question: at most 64 questions");
-            a->qtext[a->n_qtext++] = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--chat")) {
-            a->chat = 1;
-        } else if (!strcmp(f, "--template")) {
-            a->template_name = ckv_cli_value(argc, argv, &i);
-            a->chat = 1;
-        } else if (!strcmp(f, "--system")) {
-            a->system = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--prompt-ids")) {
-            a->prompt_ids = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--prompt-ids-file")) {
-            a->prompt_file = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--max-new-tokens")) {
-            a->max_new = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 0, 1 << 24);
-        } else if (!strcmp(f, "--temperature")) {
-            a->sampling.temperature = (float)ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), 0.0, 1e6);
-        } else if (!strcmp(f, "--top-k")) {
-            a->sampling.top_k = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 0, 1 << 30);
-        } else if (!strcmp(f, "--top-p")) {
-            a->sampling.top_p = (float)ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), 1e-9, 1.0);
-        } else if (!strcmp(f, "--seed")) {
-            a->sampling.seed = (uint64_t)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 0, 0x7fffffffffffffffL);
-        } else if (!strcmp(f, "--ignore-eos")) {
-            a->ignore_eos = 1;
-        } else if (!strcmp(f, "--chunk")) {
-            a->chunk = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 24);
-        } else if (!strcmp(f, "--threads")) {
-            a->threads = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 4096);
-        } else if (!strcmp(f, "--tp")) {
-            a->tp = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 20);
-        } else if (!strcmp(f, "--backend")) {
-            a->backend = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--press") || !strcmp(f, "--window") || !strcmp(f, "--kernel") || !strcmp(f, "--pool") ||
-                   !strcmp(f, "--alpha") || !strcmp(f, "--eps") || !strcmp(f, "--safeguard") || !strcmp(f, "--profile") ||
-                   !strcmp(f, "--press-opt") || !strcmp(f, "--budget") || !strcmp(f, "--compression-ratio") ||
-                   !strcmp(f, "--budget-tokens")) {
-            ckv_cli_value(argc, argv, &i); /* parsed by parse_press_args */
-        } else if (!strcmp(f, "--query-aware")) {
-        } else if (!strcmp(f, "--question-ids")) {
-            if (a->n_questions == 64) ckv_cli_die("--question-ids: at most 64 questions");
-            a->questions[a->n_questions++] = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--save-cache")) {
-            a->save_cache = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--load-cache")) {
-            a->load_cache = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--dump-kept")) {
-            a->dump_kept = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--dump-logits")) {
-            a->dump_logits = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--stats-json")) {
-            a->stats_json = ckv_cli_value(argc, argv, &i);
-        } else {
-            ckv_cli_usage_error("generate", "unknown flag '%s'", f);
-        }
-    }
+    a->model = ckv_opt_str(o, CKV_OPT_MODEL, NULL);
+    a->prompt_text = ckv_opt_str(o, CKV_OPT_PROMPT, NULL);
+    a->prompt_text_file = ckv_opt_str(o, CKV_OPT_PROMPT_FILE, NULL);
+    a->prompt_ids = ckv_opt_str(o, CKV_OPT_PROMPT_IDS, NULL);
+    a->prompt_file = ckv_opt_str(o, CKV_OPT_PROMPT_IDS_FILE, NULL);
+    a->n_qtext = ckv_opt_all(o, CKV_OPT_QUESTION, a->qtext, 64);
+    a->n_questions = ckv_opt_all(o, CKV_OPT_QUESTION_IDS, a->questions, 64);
+    a->template_name = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
+    a->chat = ckv_opt_has(o, CKV_OPT_CHAT) || a->template_name;
+    a->system = ckv_opt_str(o, CKV_OPT_SYSTEM, NULL);
+    a->max_new = (int)ckv_opt_long(o, CKV_OPT_MAX_NEW_TOKENS, 32);
+    a->sampling.temperature = (float)ckv_opt_num(o, CKV_OPT_TEMPERATURE, 0.0);
+    a->sampling.top_k = (int)ckv_opt_long(o, CKV_OPT_TOP_K, 0);
+    a->sampling.top_p = (float)ckv_opt_num(o, CKV_OPT_TOP_P, 1.0);
+    a->sampling.seed = (uint64_t)ckv_opt_long(o, CKV_OPT_SEED, 0);
+    a->ignore_eos = ckv_opt_has(o, CKV_OPT_IGNORE_EOS);
+    a->stats_json = ckv_opt_str(o, CKV_OPT_STATS_JSON, NULL);
+    a->dump_logits = ckv_opt_str(o, CKV_OPT_DUMP_LOGITS, NULL);
+    a->dump_kept = ckv_opt_str(o, CKV_OPT_DUMP_KEPT, NULL);
+    a->save_cache = ckv_opt_str(o, CKV_OPT_SAVE_CACHE, NULL);
+    a->load_cache = ckv_opt_str(o, CKV_OPT_LOAD_CACHE, NULL);
     if (!a->model) ckv_cli_usage_error("generate", "--model is required");
+    static const ckv_opt_id prompts[] = {CKV_OPT_PROMPT, CKV_OPT_PROMPT_FILE, CKV_OPT_PROMPT_IDS, CKV_OPT_PROMPT_IDS_FILE,
+                                         CKV_OPT_LOAD_CACHE};
     int n_prompts = !!a->prompt_ids + !!a->prompt_file + !!a->prompt_text + !!a->prompt_text_file;
-    if (a->n_qtext && a->n_questions) ckv_cli_usage_error("generate", "give questions as --question or as --question-ids, not both");
+    static const ckv_opt_id questions[] = {CKV_OPT_QUESTION, CKV_OPT_QUESTION_IDS};
+    ckv_opts_exclusive(o, questions, 2, "both give the questions (text or ids)");
     if (a->load_cache) {
         if (n_prompts) ckv_cli_usage_error("generate", "--load-cache replaces the prompt: drop --prompt-ids");
         if (a->n_questions == 0 && a->n_qtext == 0) ckv_cli_usage_error("generate", "--load-cache needs at least one --question-ids");
         if (a->save_cache) ckv_cli_usage_error("generate", "--load-cache and --save-cache together");
         if (a->chat && a->n_qtext) ckv_cli_usage_error("generate", "--chat with --load-cache: the template was applied when the cache was made");
     } else if (n_prompts != 1) {
+        if (n_prompts > 1) ckv_opts_exclusive(o, prompts, 5, "both give the prompt (exactly one of --prompt, --prompt-file, --prompt-ids and --prompt-ids-file)");
         ckv_cli_usage_error("generate", "give exactly one of --prompt, --prompt-file, --prompt-ids and --prompt-ids-file");
     }
     if (a->n_qtext && (a->prompt_ids || a->prompt_file))
         ckv_cli_usage_error("generate", "--question needs a text prompt (--prompt or --prompt-file); with ids use --question-ids");
-    parse_press_args(a, argc, argv);
+    if (a->chat && (a->prompt_ids || a->prompt_file))
+        ckv_cli_usage_error("generate", "--chat needs a text prompt (--prompt or --prompt-file)");
+    /* the press */
+    ckv_cli_budget b;
+    ckv_cli_press_budget(o, &b);
+    const char *spec = ckv_opt_str(o, CKV_OPT_PRESS, "none");
+    ckv_cli_press_build(o, spec, &b, &a->press);
+    a->press.query_aware = ckv_opt_has(o, CKV_OPT_QUERY_AWARE);
+    if (a->press.scorer != CKV_SCORER_NONE && b.kind == CKV_CLI_BUDGET_NONE)
+        ckv_cli_usage_error("generate", "--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", spec);
+    ckv_cli_check(ckv_press_finalize(&a->press));
+    char what[160];
+    snprintf(what, sizeof what, "--press %s", spec);
+    ckv_cli_press_check_options(o, &a->press, 1, what);
     if (a->save_cache && a->press.query_aware) ckv_cli_usage_error("generate", "--save-cache stores a context-only compression; drop --query-aware");
     if (a->load_cache && a->press.scorer != CKV_SCORER_NONE)
         ckv_cli_usage_error("generate", "--load-cache uses the press the cache was made with: drop --press");
     if (a->press.query_aware && a->n_questions == 0 && a->n_qtext == 0)
-        ckv_cli_die("--query-aware needs at least one --question-ids");
+        ckv_cli_usage_error("generate", "--query-aware needs at least one --question-ids");
 }
-
 
 /* --stats-json: the speed and memory figures of the run as one JSON object. */
 static void write_stats_json(const char *path, const ckv_request_stats *rs, const ckv_press_config *press, const ckv_comm *tpc) {
@@ -330,7 +226,8 @@ static int32_t *read_ids(const char *text_or_file, int is_file, int *n, const ch
 
 int ckv_cmd_generate(int argc, char **argv) {
     generate_args a;
-    parse_args(&a, argc, argv);
+    ckv_opts opts;
+    parse_args(&a, &opts, argc, argv);
     int n_ctx = 0, n_q[64] = {0}, max_q = 0;
     int32_t *ctx = NULL, *q[64] = {0};
     ckv_tokenizer *tok = NULL;
@@ -373,20 +270,22 @@ int ckv_cmd_generate(int argc, char **argv) {
     }
     if (a.load_cache && a.n_qtext) a.n_questions = a.n_qtext;
 
-    ckv_comm *world = NULL;
-    ckv_cli_check(ckv_comm_init_world(&world, &argc, &argv));
-    ckv_log_set_rank(world->rank, world->size);
-    int threads = a.threads ? a.threads : ckv_cpu_count();
-    if (world->size > 1 && !a.threads) threads = ckv_cpu_count() / world->size > 0 ? ckv_cpu_count() / world->size : 1;
-
-    int tp_size = a.tp ? a.tp : world->size;
+    /* every rank must run the same work: compare before any collective */
+    ckv_cli_agreement ag;
+    ckv_cli_agree_init(&ag, &opts, a.model);
+    if (ctx) ckv_cli_agree_add(&ag, CKV_AGREE_PROMPT, ctx, sizeof(int32_t) * (size_t)n_ctx);
+    for (int i = 0; i < a.n_questions; i++) ckv_cli_agree_add(&ag, CKV_AGREE_QUESTIONS, q[i], sizeof(int32_t) * (size_t)n_q[i]);
+    ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, a.press.spec, strlen(a.press.spec));
+    ckv_comm *world = ckv_cli_world(&ag, &argc, &argv);
+    int tp_size = (int)ckv_opt_long(&opts, CKV_OPT_TP, world->size);
     if (world->size % tp_size != 0)
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_ARG, "--tp %d does not divide the %d ranks of the job", tp_size, world->size));
     int n_groups = world->size / tp_size, group = world->rank / tp_size;
     ckv_comm *tpc = NULL;
     ckv_cli_check_comm(world, world->ops->split(world, group, world->rank, &tpc));
-    ckv_engine_config ec = {.model_path = a.model, .backend = a.backend, .threads = threads, .device = -1,
-                            .chunk = a.chunk, .tokenizer = tok};
+    ckv_engine_config ec;
+    ckv_cli_engine_config(&opts, world, &ec);
+    ec.tokenizer = tok;
     ckv_engine eng;
     ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, tpc));
     ckv_model *m = eng.model;
@@ -500,7 +399,7 @@ int ckv_cmd_generate(int argc, char **argv) {
                 ckv_format_bytes((double)ckv_mem_peak_rss(), b1, sizeof b1),
                 ckv_format_bytes((double)m->weight_bytes, b2, sizeof b2),
                 ckv_format_bytes((double)rs->kv_bytes_peak, b3, sizeof b3),
-                ckv_format_bytes((double)rs->session_bytes, b4, sizeof b4), rs->chunk ? rs->chunk : a.chunk,
+                ckv_format_bytes((double)rs->session_bytes, b4, sizeof b4), rs->chunk ? rs->chunk : ec.chunk,
                 ckv_format_bytes((double)ckv_session_bytes_for(m, (int)need, (int)need), b5, sizeof b5));
         if (a.stats_json) write_stats_json(a.stats_json, rs, &a.press, tpc);
     }

@@ -7,6 +7,10 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cli_agree.h"
+#include "cli/cli_opts.h"
+#include "cli/cli_press.h"
+#include "comm/comm.h"
 #include "core/alloc.h"
 #include "evict/press.h"
 #include "model/config.h"
@@ -14,18 +18,10 @@
 #include "model/source.h"
 #include "shard/shard.h"
 
-static void inspect_usage(FILE *f) {
-    fprintf(f,
-            "usage: ckv inspect --model PATH [--tp N] [--context L] [--new-tokens N] [--chunk N]\n"
-            "                   [--press SPEC (--budget B | --compression-ratio R | --budget-tokens N)]\n"
-            "\n"
-            "  --model PATH         Hugging Face model directory (only config.json is read) or GGUF file\n"
-            "  --tp N               tensor-parallel ranks to plan for (default 1)\n"
-            "  --context L          context tokens (default: max_position_embeddings)\n"
-            "  --new-tokens N       question + answer tokens reserved after the context (default 256)\n"
-            "  --chunk N            prefill chunk (default 512)\n"
-            "  --press, --budget, --compression-ratio, --budget-tokens   as for ckv generate\n");
-}
+static const ckv_cli_command inspect_cmd = {
+    CKV_CMD_INSPECT, "inspect", "-m PATH [--tp N] [-c L] [--new-tokens N] [--chunk N] [--press SPEC --budget B]",
+    "Prints a model's configuration and the memory one rank needs (only config.json, or a GGUF file's\n"
+    "metadata, is read)."};
 
 static const char *rope_name(ckv_rope_type t) {
     switch (t) {
@@ -39,48 +35,23 @@ static const char *rope_name(ckv_rope_type t) {
 static const char *fmt(double bytes, char *buf, size_t cap) { return ckv_format_bytes(bytes, buf, cap); }
 
 int ckv_cmd_inspect(int argc, char **argv) {
-    const char *model = NULL, *press_spec = "none";
-    int tp = 1, chunk = 512;
-    long context = -1, new_tokens = 256;
-    double budget = -1, cr = -1;
-    long budget_tokens = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            inspect_usage(stdout);
-            return 0;
-        } else if (!strcmp(f, "--model")) {
-            model = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--tp")) {
-            tp = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 4096);
-        } else if (!strcmp(f, "--context")) {
-            context = ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1L << 30);
-        } else if (!strcmp(f, "--new-tokens")) {
-            new_tokens = ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 0, 1L << 30);
-        } else if (!strcmp(f, "--chunk")) {
-            chunk = (int)ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), 1, 1 << 24);
-        } else if (!strcmp(f, "--press")) {
-            press_spec = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(f, "--budget")) {
-            budget = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300);
-        } else if (!strcmp(f, "--compression-ratio")) {
-            cr = ckv_cli_parse_double(f, ckv_cli_value(argc, argv, &i), -1e300, 1e300);
-        } else if (!strcmp(f, "--budget-tokens")) {
-            budget_tokens = ckv_cli_parse_long(f, ckv_cli_value(argc, argv, &i), -(1L << 30), 1L << 30);
-        } else {
-            ckv_cli_usage_error("inspect", "unknown flag '%s'", f);
-        }
-    }
+    ckv_opts opts;
+    ckv_opts_parse(&opts, &inspect_cmd, argc, argv);
+    const char *model = ckv_opt_str(&opts, CKV_OPT_MODEL, NULL), *press_spec = ckv_opt_str(&opts, CKV_OPT_PRESS, "none");
+    int tp = (int)ckv_opt_long(&opts, CKV_OPT_TP, 1), chunk = (int)ckv_opt_long(&opts, CKV_OPT_CHUNK, 512);
+    long context = ckv_opt_long(&opts, CKV_OPT_CONTEXT, -1), new_tokens = ckv_opt_long(&opts, CKV_OPT_NEW_TOKENS, 256);
     if (!model) ckv_cli_usage_error("inspect", "--model is required");
+    ckv_cli_budget b;
+    ckv_cli_press_budget(&opts, &b);
     ckv_press_config press;
-    ckv_cli_check(ckv_press_parse(&press, press_spec));
-    if (budget != -1) ckv_cli_check(ckv_press_set_budget(&press, budget));
-    if (cr != -1) ckv_cli_check(ckv_press_set_compression_ratio(&press, cr));
-    if (budget_tokens) ckv_cli_check(ckv_press_set_budget_tokens(&press, (int)budget_tokens));
-    if (press.scorer != CKV_SCORER_NONE && press.compression_ratio == 0 && press.budget_tokens == 0)
-        ckv_cli_die("--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", press_spec);
+    ckv_cli_press_build(&opts, press_spec, &b, &press);
+    if (press.scorer != CKV_SCORER_NONE && b.kind == CKV_CLI_BUDGET_NONE)
+        ckv_cli_usage_error("inspect", "--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", press_spec);
     if (press.alloc == CKV_ALLOC_HEADKV && !press.profile[0]) snprintf(press.profile, sizeof press.profile, "(profile)");
     ckv_cli_check(ckv_press_finalize(&press));
+    ckv_cli_agreement ag; /* one process; under mpirun every rank must run the same */
+    ckv_cli_agree_init(&ag, &opts, model);
+    if (ckv_comm_launched_by_mpi()) ckv_comm_free(ckv_cli_world(&ag, &argc, &argv));
 
     ckv_model_config c;
     size_t mlen = strlen(model);

@@ -7,27 +7,15 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cli_agree.h"
+#include "cli/cli_opts.h"
+#include "comm/comm.h"
 #include "engine/text.h"
 #include "tokenizer/tokenizer.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ckv tokenize --model PATH [--text T | < stdin] [flags]\n"
-            "\n"
-            "  --model PATH       directory with tokenizer.json (and tokenizer_config.json), or a tokenizer.json\n"
-            "  --text T           the text (default: all of stdin, byte for byte)\n"
-            "  --decode           read token ids (spaces/commas) and print the text they decode to\n"
-            "  --add-special      add the post-processor's tokens, e.g. a leading bos (default)\n"
-            "  --no-special       do not add them\n"
-            "  --split-special    treat special-token text such as <|eot_id|> as plain text\n"
-            "  --skip-special     with --decode: leave special tokens out of the text\n"
-            "  --utf8-replace     replace invalid UTF-8 in the input with U+FFFD instead of failing\n"
-            "  --chat             wrap the text as one user turn with the model's chat template\n"
-            "  --template NAME    chat template to use: llama3, llama3.1, llama3.2, chatml, qwen2.5, smollm2, mistral,\n"
-            "                     mistral-v0.1, none (default: recognised from tokenizer_config.json)\n"
-            "  --system T         with --chat: a system message first\n"
-            "  --count            print only the number of tokens\n");
-}
+static const ckv_cli_command tokenize_cmd = {
+    CKV_CMD_TOKENIZE, "tokenize", "-m PATH [--text T | < stdin] [flags]",
+    "Prints the token ids of the text on one line (or, with --decode, the text of the ids exactly)."};
 
 static char *read_stdin(size_t *len) {
     size_t cap = 1 << 16, n = 0;
@@ -51,41 +39,19 @@ static char *read_stdin(size_t *len) {
 }
 
 int ckv_cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *text = NULL, *template_name = NULL, *system = NULL;
-    int decode = 0, add_special = 1, split_special = 0, skip_special = 0, utf8_replace = 0, chat = 0, count = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--model")) {
-            model = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(a, "--text")) {
-            text = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(a, "--decode")) {
-            decode = 1;
-        } else if (!strcmp(a, "--add-special")) {
-            add_special = 1;
-        } else if (!strcmp(a, "--no-special")) {
-            add_special = 0;
-        } else if (!strcmp(a, "--split-special")) {
-            split_special = 1;
-        } else if (!strcmp(a, "--skip-special")) {
-            skip_special = 1;
-        } else if (!strcmp(a, "--utf8-replace")) {
-            utf8_replace = 1;
-        } else if (!strcmp(a, "--chat")) {
-            chat = 1;
-        } else if (!strcmp(a, "--template")) {
-            template_name = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(a, "--system")) {
-            system = ckv_cli_value(argc, argv, &i);
-        } else if (!strcmp(a, "--count")) {
-            count = 1;
-        } else {
-            ckv_cli_usage_error("tokenize", "unknown flag '%s'", a);
-        }
-    }
+    ckv_opts o;
+    ckv_opts_parse(&o, &tokenize_cmd, argc, argv);
+    const char *model = ckv_opt_str(&o, CKV_OPT_MODEL, NULL), *text = ckv_opt_str(&o, CKV_OPT_TEXT, NULL);
+    const char *template_name = ckv_opt_str(&o, CKV_OPT_TEMPLATE, NULL), *system = ckv_opt_str(&o, CKV_OPT_SYSTEM, NULL);
+    static const ckv_opt_id special[] = {CKV_OPT_ADD_SPECIAL, CKV_OPT_NO_SPECIAL};
+    ckv_opts_exclusive(&o, special, 2, "contradict each other");
+    int decode = ckv_opt_has(&o, CKV_OPT_DECODE), add_special = !ckv_opt_has(&o, CKV_OPT_NO_SPECIAL);
+    int split_special = ckv_opt_has(&o, CKV_OPT_SPLIT_SPECIAL), skip_special = ckv_opt_has(&o, CKV_OPT_SKIP_SPECIAL);
+    int utf8_replace = ckv_opt_has(&o, CKV_OPT_UTF8_REPLACE), chat = ckv_opt_has(&o, CKV_OPT_CHAT);
+    int count = ckv_opt_has(&o, CKV_OPT_COUNT);
+    ckv_cli_agreement ag; /* one process; under mpirun every rank must run the same */
+    ckv_cli_agree_init(&ag, &o, model);
+    if (ckv_comm_launched_by_mpi()) ckv_comm_free(ckv_cli_world(&ag, &argc, &argv));
     if (!model) ckv_cli_usage_error("tokenize", "--model is required");
     if (decode && chat) ckv_cli_usage_error("tokenize", "--decode and --chat cannot be combined");
     ckv_tokenizer *tok = NULL;

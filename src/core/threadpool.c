@@ -1,12 +1,27 @@
-/* threadpool.c - pthread pool with a generation counter; workers sleep on a condition variable
- * between loops. */
+/* threadpool.c - pthread pool with a generation counter. Between loops a worker first spins for a
+ * few microseconds on the counter (decode issues one short loop per op, and a wake-up through the
+ * kernel costs more than the op), then sleeps on a condition variable; the caller waits for the
+ * workers the same way. It does not choose how work is split (callers do). */
 #define _GNU_SOURCE
 #include "threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CKV_SPIN_PAUSE() _mm_pause()
+#else
+#define CKV_SPIN_PAUSE() ((void)0)
+#endif
+
+/* Spin iterations before sleeping: a pause is 10-140 cycles depending on the CPU, so this is on the
+ * order of 10-100 microseconds: longer than the gap between two ops of a decode step, much shorter
+ * than anything a waiting thread could otherwise use the core for. */
+#define CKV_SPIN_ITERS 2048
 
 struct ckv_threadpool {
     int n;
@@ -14,9 +29,9 @@ struct ckv_threadpool {
     pthread_mutex_t mu;
     pthread_cond_t cv_start;
     pthread_cond_t cv_done;
-    unsigned long generation;
-    int pending; /* workers still running the current loop */
-    int stop;
+    atomic_ulong generation; /* bumped (under mu) to start a loop */
+    atomic_int pending;      /* workers still running the current loop */
+    atomic_int stop;
     /* the current loop */
     ckv_parallel_fn fn;
     void *ctx;
@@ -43,18 +58,25 @@ static void *ckv_worker_main(void *arg) {
     ckv_threadpool *p = a.pool;
     unsigned long seen = 0;
     for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (p->generation == seen && !p->stop) pthread_cond_wait(&p->cv_start, &p->mu);
-        if (p->stop) {
+        /* spin first; the loop's description was written before the counter moved (release) */
+        for (int i = 0; i < CKV_SPIN_ITERS && atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
+                        !atomic_load_explicit(&p->stop, memory_order_relaxed);
+             i++)
+            CKV_SPIN_PAUSE();
+        if (atomic_load_explicit(&p->generation, memory_order_acquire) == seen) {
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv_start, &p->mu);
             pthread_mutex_unlock(&p->mu);
-            return NULL;
         }
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        if (atomic_load(&p->stop)) return NULL;
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
         ckv_run_chunk(p, a.tid);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->cv_done);
-        pthread_mutex_unlock(&p->mu);
+        /* the last worker wakes a caller that went to sleep (it checks pending under mu) */
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -91,7 +113,7 @@ void ckv_threadpool_free(ckv_threadpool *p) {
     if (!p) return;
     if (p->threads) {
         pthread_mutex_lock(&p->mu);
-        p->stop = 1;
+        atomic_store(&p->stop, 1);
         pthread_cond_broadcast(&p->cv_start);
         pthread_mutex_unlock(&p->mu);
         for (int i = 1; i < p->n; i++) pthread_join(p->threads[i - 1], NULL);
@@ -119,14 +141,18 @@ void ckv_threadpool_for(ckv_threadpool *p, int n, int grain, ckv_parallel_fn fn,
     p->ctx = ctx;
     p->total = n;
     p->chunks = chunks;
-    p->pending = p->n - 1;
-    p->generation++;
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     ckv_run_chunk(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->cv_done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < CKV_SPIN_ITERS && atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++)
+        CKV_SPIN_PAUSE();
+    if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->cv_done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 int ckv_cpu_count(void) {

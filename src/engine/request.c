@@ -43,16 +43,24 @@ static void engine_default_stops(ckv_engine *e) {
     }
 }
 
-static ckv_status check_dtypes(const ckv_engine_config *cfg) {
-    /* Every backend holds weights and the KV cache in f32 today; the other types are refused until the
-     * backends take them (the fields travel to the loader and the session from here). */
-    if (cfg->kv_dtype != CKV_KV_DTYPE_DEFAULT && cfg->kv_dtype != CKV_KV_DTYPE_F32)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend keeps the KV cache in f32 for now",
-                         cfg->kv_dtype == CKV_KV_DTYPE_F16 ? "f16" : "bf16", cfg->backend ? cfg->backend : "cpu");
-    if (cfg->weights_dtype != CKV_WEIGHTS_DTYPE_AUTO && cfg->weights_dtype != CKV_WEIGHTS_DTYPE_F32)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--weights-dtype %s: the %s backend computes with f32 weights for now",
-                         cfg->weights_dtype == CKV_WEIGHTS_DTYPE_F16 ? "f16" : "bf16", cfg->backend ? cfg->backend : "cpu");
-    return CKV_STATUS_OK;
+/* The element types the configuration asks for, in the loader's and the session's terms
+ * (CKV_DTYPE_COUNT_ = the backend's choice). */
+static ckv_dtype engine_weights_dtype(const ckv_engine_config *cfg) {
+    switch (cfg->weights_dtype) {
+    case CKV_WEIGHTS_DTYPE_F32: return CKV_DTYPE_F32;
+    case CKV_WEIGHTS_DTYPE_BF16: return CKV_DTYPE_BF16;
+    case CKV_WEIGHTS_DTYPE_F16: return CKV_DTYPE_F16;
+    default: return CKV_DTYPE_COUNT_;
+    }
+}
+
+static ckv_dtype engine_kv_dtype(const ckv_engine *e) {
+    switch (e->cfg.kv_dtype) {
+    case CKV_KV_DTYPE_F32: return CKV_DTYPE_F32;
+    case CKV_KV_DTYPE_F16: return CKV_DTYPE_F16;
+    case CKV_KV_DTYPE_BF16: return CKV_DTYPE_BF16;
+    default: return e->be->kv_dtype;
+    }
 }
 
 ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm *tp) {
@@ -61,13 +69,14 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     e->tp = tp;
     e->owns = 1;
     if (!cfg->model_path) return ckv_error(CKV_STATUS_ERR_ARG, "--model is required");
-    CKV_TRY(check_dtypes(cfg));
-    ckv_status st;
-    if (cfg->backend && !strcmp(cfg->backend, "cuda") && ckv_backend_cuda_available())
-        st = ckv_backend_cuda_init(&e->be, cfg->device >= 0 ? cfg->device : 0);
-    else
-        st = ckv_backend_init(&e->be, cfg->backend, cfg->threads);
-    if (st == CKV_STATUS_OK) st = ckv_model_load(&e->model, cfg->model_path, e->be, tp);
+    /* the caller chose the GPU (the cli: the node-local rank's); -1 is device 0 */
+    ckv_backend_params bp = {cfg->backend, cfg->threads, cfg->device};
+    ckv_status st = ckv_backend_init_params(&e->be, &bp);
+    ckv_model_opts mo = {engine_weights_dtype(cfg)};
+    if (st == CKV_STATUS_OK) st = ckv_model_load_opts(&e->model, cfg->model_path, e->be, tp, &mo);
+    if (st == CKV_STATUS_OK && e->cfg.kv_dtype != CKV_KV_DTYPE_DEFAULT && !e->be->ops->kv_dtype_ok(e->be, engine_kv_dtype(e)))
+        st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend cannot hold the KV cache in it",
+                       ckv_dtype_name(engine_kv_dtype(e)), e->be->name);
     if (st != CKV_STATUS_OK) {
         ckv_engine_free(e);
         return st;
@@ -133,7 +142,7 @@ static const char *skip_reason(const ckv_press_config *p, int L) {
 static void context_entries(ckv_prepared *pc, int L) {
     const ckv_model *m = pc->engine->model;
     long entries = (long)m->cfg.n_layers * m->plan.n_kv_local * L;
-    size_t row = (size_t)m->cfg.head_dim * 2 * sizeof(float);
+    size_t row = (size_t)m->cfg.head_dim * 2 * ckv_dtype_size(engine_kv_dtype(pc->engine));
     pc->stats.total_entries = pc->stats.kept_entries = entries;
     pc->stats.kv_bytes_full = pc->stats.kv_bytes_kept = (size_t)entries * row;
 }
@@ -188,7 +197,8 @@ ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_pr
         pc->cz.headkv_budgets = pc->headkv;
     }
     double t0 = ckv_time_now();
-    CKV_TRY_GOTO(st, ckv_session_init(&pc->sess, m, n + p->reserve, engine_chunk(e), compress || p->cache_in || p->hook), fail);
+    CKV_TRY_GOTO(st, ckv_session_init_kv(&pc->sess, m, n + p->reserve, engine_chunk(e), compress || p->cache_in || p->hook,
+                                         engine_kv_dtype(e)), fail);
     if (p->cache_in) {
         CKV_TRY_GOTO(st, ckv_session_load_cache(&pc->sess, p->cache_in, pc->cache_press, sizeof pc->cache_press), fail);
         pc->n_context = pc->sess.n_past;

@@ -27,7 +27,9 @@
 #include "eval/report.h"
 #include "eval/results.h"
 #include "eval/strbuf.h"
+#include "model/config.h"
 #include "model/model.h"
+#include "model/source.h"
 
 typedef struct {
     const ckv_eval_job *job;
@@ -155,8 +157,11 @@ static ckv_status identity_json(const runner *r, uint64_t data_hash, char **out)
     return ckv_strbuf_take(&b, out, "run.json");
 }
 
-static ckv_status check_identity(const runner *r) {
+/* Compares the setup with the directory's run.json; *to_write (malloc'd) gets the setup to record
+ * when the directory has none yet (written once every check passed). */
+static ckv_status check_identity(const runner *r, char **to_write) {
     const ckv_eval_job *j = r->job;
+    *to_write = NULL;
     ckv_status st = CKV_STATUS_OK;
     uint64_t h = j->data_path ? fnv_file(j->data_path, &st) : 0;
     CKV_TRY(st);
@@ -165,9 +170,8 @@ static ckv_status check_identity(const runner *r) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/run.json", j->out_dir);
     if (access(path, F_OK) != 0) {
-        st = ckv_eval_write_atomic(path, mine, strlen(mine));
-        free(mine);
-        return st;
+        *to_write = mine;
+        return CKV_STATUS_OK;
     }
     ckv_json *old = NULL, *cur = NULL;
     st = ckv_json_parse_file(&old, path);
@@ -444,12 +448,10 @@ static ckv_status get_sample(runner *r, int s, ckv_eval_sample *tmp, const ckv_e
     decode_sample(j, s, &t, &l, &i);
     ckv_ruler_params p = {j->tasks[t], j->lengths[l], j->seed, &r->essay, j->max_new_tokens, count_tokens, r};
     long *fit = &r->fitted[t * j->n_lengths + l];
-    if (*fit == 0) {
-        if (j->lengths[l] > r->model->cfg.max_context)
-            return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "--length %d exceeds the context window of %s (%d tokens)", j->lengths[l],
-                             j->model_path, r->model->cfg.max_context);
-        CKV_TRY(ckv_ruler_fit(&p, fit));
-    }
+    if (j->lengths[l] > r->model->cfg.max_context)
+        return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "--length %d exceeds the context window of %s (%d tokens)",
+                         j->lengths[l], j->model_path, r->model->cfg.max_context);
+    if (*fit == 0) CKV_TRY(ckv_ruler_fit(&p, fit));
     CKV_TRY(ckv_ruler_generate(&p, i, *fit, tmp, NULL));
     *out = tmp;
     return CKV_STATUS_OK;
@@ -576,7 +578,69 @@ static ckv_status group_stop(runner *r) {
     return flag ? CKV_STATUS_ERR_INTERNAL : CKV_STATUS_OK; /* used as a boolean */
 }
 
-/* Opens model, tokenizer and haystack for a group with work. */
+/* Opens the tokenizer and the prompt format; a leader (who builds the prompts) also the haystack. */
+static ckv_status open_text(runner *r, int leader) {
+    const ckv_eval_job *j = r->job;
+    if (!r->tok) {
+        CKV_TRY(ckv_text_open_tokenizer(&r->tok, j->model_path));
+        const ckv_chat_template *own = ckv_tokenizer_chat_template(r->tok);
+        if (j->template_name && !strcmp(j->template_name, "none")) {
+            r->chat = 0;
+        } else if (j->template_name) {
+            ckv_chat_template t;
+            CKV_TRY(ckv_chat_template_by_name(j->template_name, &t));
+            r->chat = 1;
+        } else {
+            r->chat = own && own->family != CKV_CHAT_NONE;
+        }
+        snprintf(r->template_label, sizeof r->template_label, "%s",
+                 !r->chat ? "none" : j->template_name ? j->template_name : own->name);
+    }
+    if (leader && !j->data_path && !r->have_essay) {
+        if (j->haystack_file) CKV_TRY(ckv_haystack_open_file(&r->essay, j->haystack_file));
+        else CKV_TRY(ckv_haystack_open_builtin(&r->essay));
+        r->have_essay = 1;
+        r->fitted = calloc((size_t)(j->n_tasks * j->n_lengths), sizeof(long));
+        if (!r->fitted) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
+    }
+    return CKV_STATUS_OK;
+}
+
+/* The model's context window from its configuration alone (no weights). */
+static ckv_status model_window(const char *path, int *window) {
+    ckv_model_config c;
+    size_t n = strlen(path);
+    if (n > 5 && !strcmp(path + n - 5, ".gguf")) {
+        ckv_weight_source src;
+        CKV_TRY(ckv_source_open(&src, &c, path));
+        ckv_source_close(&src);
+    } else {
+        CKV_TRY(ckv_config_load(&c, path));
+    }
+    *window = c.max_context;
+    return CKV_STATUS_OK;
+}
+
+/* Before any work (world rank 0): every --length fits the model and every task can be generated at
+ * every length (the haystack sizes are fitted now, so a bad pair fails before the first sample). */
+static ckv_status check_tasks(runner *r) {
+    const ckv_eval_job *j = r->job;
+    int window = 0;
+    CKV_TRY(model_window(j->model_path, &window));
+    for (int l = 0; l < j->n_lengths; l++)
+        if (j->lengths[l] > window)
+            return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "--length %d exceeds the context window of %s (%d tokens)",
+                             j->lengths[l], j->model_path, window);
+    CKV_TRY(open_text(r, 1));
+    for (int t = 0; t < j->n_tasks; t++)
+        for (int l = 0; l < j->n_lengths; l++) {
+            ckv_ruler_params p = {j->tasks[t], j->lengths[l], j->seed, &r->essay, j->max_new_tokens, count_tokens, r};
+            CKV_TRY(ckv_ruler_fit(&p, &r->fitted[t * j->n_lengths + l]));
+        }
+    return CKV_STATUS_OK;
+}
+
+/* Opens the tokenizer, the model and the samples for a group with work. */
 static ckv_status open_group(runner *r) {
     const ckv_eval_job *j = r->job;
     int threads = j->threads;
@@ -584,30 +648,11 @@ static ckv_status open_group(runner *r) {
         threads = ckv_cpu_count() / (r->world->size > 0 ? r->world->size : 1);
         if (threads < 1) threads = 1;
     }
-    CKV_TRY(ckv_text_open_tokenizer(&r->tok, j->model_path));
+    CKV_TRY(open_text(r, r->tp->rank == 0));
     ckv_engine_config ec = {.model_path = j->model_path, .backend = j->backend, .threads = threads, .device = -1,
                             .chunk = j->chunk, .tokenizer = r->tok};
     CKV_TRY(ckv_engine_init(&r->eng, &ec, r->tp));
     r->model = r->eng.model;
-    const ckv_chat_template *own = ckv_tokenizer_chat_template(r->tok);
-    if (j->template_name && !strcmp(j->template_name, "none")) {
-        r->chat = 0;
-    } else if (j->template_name) {
-        ckv_chat_template t;
-        CKV_TRY(ckv_chat_template_by_name(j->template_name, &t));
-        r->chat = 1;
-    } else {
-        r->chat = own && own->family != CKV_CHAT_NONE;
-    }
-    snprintf(r->template_label, sizeof r->template_label, "%s",
-             !r->chat ? "none" : j->template_name ? j->template_name : own->name);
-    if (r->tp->rank == 0 && !j->data_path) {
-        if (j->haystack_file) CKV_TRY(ckv_haystack_open_file(&r->essay, j->haystack_file));
-        else CKV_TRY(ckv_haystack_open_builtin(&r->essay));
-        r->have_essay = 1;
-        r->fitted = calloc((size_t)(j->n_tasks * j->n_lengths), sizeof(long));
-        if (!r->fitted) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
-    }
     if (r->tp->rank == 0 && j->data_path && !r->data) {
         ckv_dataset_options o = j->data;
         o.warn = NULL; /* world rank 0 reported them */
@@ -655,15 +700,23 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
     /* phase A: world rank 0 checks the directory and reads what is done */
     if (world->rank == 0) {
         if (!realpath(job->model_path, r->model_id)) snprintf(r->model_id, sizeof r->model_id, "%s", job->model_path);
+        char *setup = NULL; /* run.json is written once every check passed */
         st = mkdir_p(job->out_dir);
         if (st == CKV_STATUS_OK) st = ckv_eval_lock(job->out_dir, &lock_fd);
-        if (st == CKV_STATUS_OK) st = check_identity(r);
+        if (st == CKV_STATUS_OK) st = check_identity(r, &setup);
+        if (st == CKV_STATUS_OK && !job->data_path) st = check_tasks(r);
         if (st == CKV_STATUS_OK && job->data_path) {
             int skipped = 0;
             st = ckv_dataset_load(job->data_path, &job->data, &r->data, &r->n_data, &skipped);
             if (st == CKV_STATUS_OK && skipped)
                 notice(r, "%s: %d bad line(s) skipped", job->data_path, skipped);
         }
+        if (st == CKV_STATUS_OK && setup) {
+            char path[PATH_MAX];
+            snprintf(path, sizeof path, "%s/run.json", job->out_dir);
+            st = ckv_eval_write_atomic(path, setup, strlen(setup));
+        }
+        free(setup);
         r->n_total = job->data_path ? r->n_data : n_samples_of(job);
         if (st == CKV_STATUS_OK) {
             r->done = calloc((size_t)r->n_total * (size_t)job->n_configs + 1, 1);
@@ -878,7 +931,7 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
         char title[PATH_MAX + 64];
         const char *base = strrchr(job->model_path, '/');
         snprintf(title, sizeof title, "ckv eval: %s", base && base[1] ? base + 1 : job->model_path);
-        st = ckv_eval_finish(job->out_dir, title, &out->table);
+        st = ckv_eval_finish(job->out_dir, title, &out->table, NULL);
     }
 done:
     ckv_eval_unlock(lock_fd);
@@ -886,11 +939,13 @@ done:
     return st;
 }
 
-ckv_status ckv_eval_finish(const char *out_dir, const char *title, char **table) {
+ckv_status ckv_eval_finish(const char *out_dir, const char *title, char **table, int *n_results) {
     if (table) *table = NULL;
     ckv_eval_result *rows = NULL;
     int n = 0;
     ckv_status st = read_all_results(out_dir, &rows, &n);
+    if (n_results) *n_results = n;
+    if (st == CKV_STATUS_OK && n_results && n == 0) return CKV_STATUS_OK; /* nothing to report: write nothing */
     if (st == CKV_STATUS_OK) ckv_eval_results_sort_unique(rows, &n);
     ckv_strbuf b;
     ckv_strbuf_init(&b);

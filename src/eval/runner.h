@@ -93,7 +93,8 @@ ckv_status ckv_eval_lock(const char *out_dir, int *fd);
 void ckv_eval_unlock(int fd); /* -1 is fine */
 
 /* Merges the results files of `out_dir` into results.jsonl and writes the report; *table (may be
- * NULL) gets the summary table. No model needed. */
-ckv_status ckv_eval_finish(const char *out_dir, const char *title, char **table);
+ * NULL) gets the summary table, *n_results (may be NULL) the number of results lines; with
+ * n_results, a directory without results is left untouched (*table stays NULL). No model needed. */
+ckv_status ckv_eval_finish(const char *out_dir, const char *title, char **table, int *n_results);
 
 #endif

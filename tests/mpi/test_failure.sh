@@ -11,7 +11,8 @@ trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fail=0
 good=$fx/llama_gqa
-cp -r "$good" "$tmp/bad"; truncate -s 4000 "$tmp/bad/model.safetensors"
+# a corrupt header of the same size: the ranks' start-up agreement (file sizes, config) passes, the load fails
+cp -r "$good" "$tmp/bad"; printf '\xff\xff\xff\xff\xff\xff\x00\x00' | dd of="$tmp/bad/model.safetensors" bs=1 seek=0 conv=notrunc 2>/dev/null
 ids=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['prompt_ids'])))" "$good/reference.json")
 
 # (1) a bad file on one "node"

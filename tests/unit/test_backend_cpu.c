@@ -411,6 +411,11 @@ static void test_attention(void) {
         {"group 1 decode, ragged", 5, 5, 64, {90, 0, 33, 64, 1}, {0, 0, 7, 1, 0}, 4, 1, 400, 1, 1, 0},
         {"group 2 prefill, head_dim 288", 4, 2, 288, {70, 45}, {0, 0}, 2, 6, 200, 1, 1, 0},
         {"group 2 prefill, long ragged context", 4, 2, 128, {1000, 333}, {0, 9}, 3, 20, 4000, 2, 1, 0},
+        /* decode with long heads: keys split into ranges attended separately, then merged */
+        {"split-K decode, long heads", 8, 2, 64, {5000, 3000}, {0, 0}, 2, 1, 20000, 1, 1, 0},
+        {"split-K decode, query hides most of one head", 8, 2, 64, {3000, 2000}, {0, 2500}, 2, 1, 3000, 1, 0, 0},
+        {"split-K decode, query before every key of one head", 2, 2, 64, {600, 700}, {0, 5000}, 2, 1, 1500, 1, 0, 0},
+        {"split-K, 2 tokens x group 7", 14, 2, 64, {1500, 900}, {0, 0}, 2, 2, 5000, 1, 1, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
 
@@ -431,8 +436,8 @@ static void test_attention(void) {
  * what each gives alone: a sequence's tiling depends on its own shape only. */
 static void test_attention_batch(void) {
     enum { NSEQ = 3, NKV = 2, H = 6, HD = 64 };
-    const int ctx[NSEQ][NKV] = {{40, 33}, {300, 120}, {7, 0}};
-    const int ntok[NSEQ] = {1, 5, 2};
+    const int ctx[NSEQ][NKV] = {{40, 33}, {1300, 120}, {7, 0}}; /* sequence 1 decodes split-K */
+    const int ntok[NSEQ] = {1, 2, 2};
     test_cache c[NSEQ];
     ckv_kv_seg segs[NSEQ][NKV];
     ckv_kv_seg *list[NSEQ];

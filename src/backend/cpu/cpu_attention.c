@@ -26,7 +26,14 @@
 _Static_assert(CKV_ATTN_BLOCK % 4 == 0, "the lane kernel takes keys in groups of 4");
 
 #define CKV_ATTN_MAX_SEQ 64   /* sequences per pass over the thread pool (larger batches take several) */
-#define CKV_ATTN_CONV_HD 512  /* largest head_dim of an F16/BF16 cache (its block buffers are on the stack) */
+#define CKV_ATTN_CONV_HD 512  /* largest head_dim of an F16/BF16 cache (its block buffers are thread-local) */
+/* Split-K for decode: when a sequence's query rows of a KV head fit one tile (decode, short question
+ * chunks), each head's keys are cut into ranges of at least CKV_ATTN_SPLIT_MIN keys (at most
+ * CKV_ATTN_MAX_SPLIT ranges, whole blocks each) that separate work items attend, and a merge
+ * combines their (max, sum, accumulator) partials in range order. The cut depends on the sequence's
+ * own shape only, so results do not depend on the thread count or on the other sequences of a batch. */
+#define CKV_ATTN_SPLIT_MIN 256
+#define CKV_ATTN_MAX_SPLIT 16
 
 /* The work of one call (or of up to CKV_ATTN_MAX_SEQ sequences of it). */
 typedef struct {
@@ -42,8 +49,12 @@ typedef struct {
     int rows_per_head[CKV_ATTN_MAX_SEQ];  /* query rows (token, head) reading one KV head: n_s * group */
     int tile[CKV_ATTN_MAX_SEQ];           /* query rows per work item */
     int tiles_per_head[CKV_ATTN_MAX_SEQ]; /* ceil(rows_per_head / tile) */
-    int item0[CKV_ATTN_MAX_SEQ + 1];      /* first work item of each (prefix sums of n_kv * tiles) */
+    int split[CKV_ATTN_MAX_SEQ];          /* key ranges each head's keys are split into (1: none) */
+    int chunk[CKV_ATTN_MAX_SEQ];          /* keys per range when split */
+    size_t part0[CKV_ATTN_MAX_SEQ];       /* first float of the sequence's partials in ws */
+    int item0[CKV_ATTN_MAX_SEQ + 1];      /* first work item of each (prefix sums of n_kv * tiles * split) */
     int n_items;
+    float *ws;                            /* partials [n_kv, split, rows, hd + 2] per split sequence */
     atomic_int next;    /* next work item to claim */
 } ckv_attn_job;
 
@@ -54,6 +65,8 @@ typedef struct {
     const float *q[CKV_ATTN_LANES];     // each [hd]
     float *out[CKV_ATTN_LANES];         // each [hd]
     int cnt[CKV_ATTN_LANES];            /* visible keys of each row (0 for unused lanes) */
+    float *ms[CKV_ATTN_LANES];          /* split-K: each [2] receives (max, sum) and out[r] the unnormalised
+                                           accumulator; NULL: out[r] gets the normalised row */
     int nr;                             /* rows in use */
     int maxcnt;                         /* keys to visit: the largest cnt */
     int hd;
@@ -431,6 +444,11 @@ static void ckv_attn_tile_lanes(const ckv_attn_tile *tl) {
     for (int r = 0; r < tl->nr; r++) {
         float inv = tl->cnt[r] > 0 ? 1.0f / sum[r] : 0.0f; /* no visible key: the row is 0 */
         float *o = tl->out[r];
+        if (tl->ms[r]) { /* a partial over one key range: the merge normalises */
+            inv = 1.0f;
+            tl->ms[r][0] = mx[r];
+            tl->ms[r][1] = tl->cnt[r] > 0 ? sum[r] : 0.0f;
+        }
         for (int d = 0; d < hd; d++) o[d] = acc[d * CKV_ATTN_LANES + r] * inv;
     }
 }
@@ -492,26 +510,40 @@ static void ckv_attn_tile_rows(const ckv_attn_tile *tl) {
             for (int j = 0; j < nb; j++) sum += p[j];
             for (int j = 0; j < nb; j++) ckv_attn_axpy(acc, p[j], vb + (size_t)j * (size_t)hd, hd);
         }
-        if (cnt > 0) ckv_attn_scale(acc, 1.0f / sum, hd); /* no visible key: the row stays 0 */
+        if (tl->ms[r]) { /* a partial over one key range: the merge normalises */
+            tl->ms[r][0] = mx;
+            tl->ms[r][1] = sum;
+        } else if (cnt > 0) {
+            ckv_attn_scale(acc, 1.0f / sum, hd); /* no visible key: the row stays 0 */
+        }
     }
 }
 
 /* ---- work items ---------------------------------------------------------------------------- */
+
+/* Partials of (sequence slot s, head g, range c, row r): [hd] accumulator, then max and sum. */
+static float *ckv_attn_part(const ckv_attn_job *job, int s, int g, int c, int r) {
+    const size_t rows = (size_t)job->rows_per_head[s], stride = (size_t)job->hd + 2;
+    return job->ws + job->part0[s] + (((size_t)g * (size_t)job->split[s] + (size_t)c) * rows + (size_t)r) * stride;
+}
 
 static void ckv_attn_item(const ckv_attn_job *job, int item) {
     int s = 0;
     while (item >= job->item0[s + 1]) s++;
     const int local = item - job->item0[s];
     const int hd = job->hd, group = job->group, n_kv = job->n_kv;
-    const int g = local % n_kv;
-    const int tile = job->tiles_per_head[s] - 1 - local / n_kv; /* latest tokens (most keys) first */
+    const int g = local % n_kv, split = job->split[s];
+    const int c = split > 1 ? local / n_kv : 0; /* key range (split sequences have one tile) */
+    const int tile = split > 1 ? 0 : job->tiles_per_head[s] - 1 - local / n_kv; /* latest tokens first */
     const int r0 = tile * job->tile[s];
     const ckv_kv_seg *seg = &job->kv->segs[job->seq0[s]][g];
+    const int k0 = c * job->chunk[s], k1 = split > 1 ? k0 + job->chunk[s] : seg->len;
+    const size_t rowb = (size_t)hd * ckv_dtype_size(job->kv->dtype);
 
     ckv_attn_tile tl;
     memset(&tl, 0, sizeof tl);
-    tl.k = seg->k;
-    tl.v = seg->v;
+    tl.k = (const char *)seg->k + (size_t)k0 * rowb;
+    tl.v = (const char *)seg->v + (size_t)k0 * rowb;
     tl.dtype = job->kv->dtype;
     tl.nr = job->rows_per_head[s] - r0 < job->tile[s] ? job->rows_per_head[s] - r0 : job->tile[s];
     tl.hd = hd;
@@ -520,8 +552,16 @@ static void ckv_attn_item(const ckv_attn_job *job, int item) {
         const int row = r0 + r, t = job->tok0[s] + row / group, h = g * group + row % group;
         const size_t at = ((size_t)t * (size_t)job->n_heads + (size_t)h) * (size_t)hd;
         tl.q[r] = job->q + at;
-        tl.out[r] = job->out + at;
-        tl.cnt[r] = ckv_attn_visible(seg->pos, seg->len, job->qpos[t]);
+        int vis = ckv_attn_visible(seg->pos, seg->len, job->qpos[t]); /* keys 0 .. vis-1 */
+        vis = vis < k1 ? vis : k1;
+        tl.cnt[r] = vis > k0 ? vis - k0 : 0;
+        if (split > 1) {
+            float *part = ckv_attn_part(job, s, g, c, row);
+            tl.out[r] = part;
+            tl.ms[r] = part + hd;
+        } else {
+            tl.out[r] = job->out + at;
+        }
         if (tl.cnt[r] > tl.maxcnt) tl.maxcnt = tl.cnt[r];
     }
     if (hd <= CKV_ATTN_LANE_HD && tl.nr >= CKV_ATTN_LANE_MIN_ROWS)
@@ -542,6 +582,37 @@ static void ckv_attn_worker(void *arg, int begin, int end, int tid) {
     }
 }
 
+/* Merges the key-range partials of (sequence slot, head) items [begin, end) into the output rows:
+ * rescaled to the largest max, in range order. */
+static void ckv_attn_merge(void *arg, int begin, int end, int tid) {
+    (void)tid;
+    const ckv_attn_job *job = arg;
+    const int hd = job->hd, group = job->group;
+    for (int it = begin; it < end; it++) {
+        const int s = it / job->n_kv, g = it % job->n_kv;
+        if (job->split[s] <= 1) continue;
+        for (int row = 0; row < job->rows_per_head[s]; row++) {
+            const int t = job->tok0[s] + row / group, h = g * group + row % group;
+            float *o = job->out + ((size_t)t * (size_t)job->n_heads + (size_t)h) * (size_t)hd;
+            float m = -INFINITY;
+            for (int c = 0; c < job->split[s]; c++) {
+                const float *p = ckv_attn_part(job, s, g, c, row);
+                if (p[hd + 1] > 0.0f && p[hd] > m) m = p[hd];
+            }
+            float sum = 0.0f;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int c = 0; c < job->split[s]; c++) {
+                const float *p = ckv_attn_part(job, s, g, c, row);
+                if (!(p[hd + 1] > 0.0f)) continue; /* a range the query sees nothing of */
+                const float w = ckv_cpu_expf(p[hd] - m);
+                sum += p[hd + 1] * w;
+                ckv_attn_axpy(o, w, p, hd);
+            }
+            if (sum > 0.0f) ckv_attn_scale(o, 1.0f / sum, hd);
+        }
+    }
+}
+
 /* Tile size of a sequence with `rows` query rows per KV head: bigger tiles share key blocks among
  * more rows, smaller ones give each thread enough items. It depends on this sequence's shape only,
  * so a sequence gets the same arithmetic alone or in a batch, and for any thread count. */
@@ -549,6 +620,19 @@ static int ckv_attn_tile_size(int rows, int n_kv) {
     int tile = CKV_ATTN_LANES;
     while (tile > CKV_ATTN_MIN_TILE && n_kv * ((rows + tile - 1) / tile) < CKV_ATTN_MIN_ITEMS) tile /= 2;
     return tile;
+}
+
+/* How a sequence's keys are split: ranges of whole blocks, each >= CKV_ATTN_SPLIT_MIN keys. */
+static void ckv_attn_split_plan(int rows, int tile, int max_len, int *split, int *chunk) {
+    *split = 1;
+    *chunk = max_len;
+    if (rows > tile || max_len < 2 * CKV_ATTN_SPLIT_MIN) return;
+    int n = max_len / CKV_ATTN_SPLIT_MIN;
+    n = n < CKV_ATTN_MAX_SPLIT ? n : CKV_ATTN_MAX_SPLIT;
+    int c = (max_len + n - 1) / n;
+    c = (c + CKV_ATTN_BLOCK - 1) / CKV_ATTN_BLOCK * CKV_ATTN_BLOCK;
+    *chunk = c;
+    *split = (max_len + c - 1) / c;
 }
 
 void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
@@ -562,24 +646,44 @@ void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_
     }
     ckv_threadpool *pool = ckv_cpu_pool(be);
     const int n_threads = ckv_threadpool_size(pool);
+    const ckv_cpu_ctx *ctx = be->ctx;
     ckv_attn_job job = {.out = out, .q = q, .qpos = qpos, .kv = kv, .n_heads = n_heads, .group = n_heads / n_kv,
-                        .hd = hd, .n_kv = n_kv, .scale = scale};
-    for (int s0 = 0; s0 < kv->n_seq; s0 += CKV_ATTN_MAX_SEQ) {
-        job.n_seq = kv->n_seq - s0 < CKV_ATTN_MAX_SEQ ? kv->n_seq - s0 : CKV_ATTN_MAX_SEQ;
+                        .hd = hd, .n_kv = n_kv, .scale = scale, .ws = ctx->attn_ws};
+    int s = 0;
+    while (s < kv->n_seq) { /* passes of up to CKV_ATTN_MAX_SEQ sequences whose partials fit ws */
+        size_t used = 0;
+        int any_split = 0;
+        job.n_seq = 0;
         job.item0[0] = 0;
-        for (int i = 0; i < job.n_seq; i++) {
-            const int s = s0 + i;
+        for (; s < kv->n_seq && job.n_seq < CKV_ATTN_MAX_SEQ; s++) {
+            const int i = job.n_seq;
             const int t0 = kv->seq_start ? kv->seq_start[s] : 0, t1 = kv->seq_start ? kv->seq_start[s + 1] : n;
+            int max_len = 0;
+            for (int g = 0; g < n_kv; g++) max_len = kv->segs[s][g].len > max_len ? kv->segs[s][g].len : max_len;
             job.seq0[i] = s;
             job.tok0[i] = t0;
             job.rows_per_head[i] = (t1 - t0) * job.group;
             job.tile[i] = ckv_attn_tile_size(job.rows_per_head[i], n_kv);
             job.tiles_per_head[i] = (job.rows_per_head[i] + job.tile[i] - 1) / job.tile[i];
-            job.item0[i + 1] = job.item0[i] + n_kv * job.tiles_per_head[i];
+            ckv_attn_split_plan(job.rows_per_head[i], job.tile[i], max_len, &job.split[i], &job.chunk[i]);
+            size_t need = job.split[i] > 1
+                              ? (size_t)n_kv * (size_t)job.split[i] * (size_t)job.rows_per_head[i] * (size_t)(hd + 2)
+                              : 0;
+            if (need > ctx->attn_ws_floats) { /* never fits (a shape property): no split */
+                job.split[i] = 1;
+                need = 0;
+            }
+            if (used + need > ctx->attn_ws_floats) break; /* the next pass takes it */
+            job.part0[i] = used;
+            used += need;
+            any_split |= job.split[i] > 1;
+            job.item0[i + 1] = job.item0[i] + n_kv * job.tiles_per_head[i] * job.split[i];
+            job.n_seq++;
         }
         job.n_items = job.item0[job.n_seq];
         atomic_init(&job.next, 0);
         if (job.n_items > 0)
             ckv_threadpool_for(pool, job.n_items < n_threads ? job.n_items : n_threads, 1, ckv_attn_worker, &job);
+        if (any_split) ckv_threadpool_for(pool, job.n_seq * n_kv, 1, ckv_attn_merge, &job);
     }
 }

@@ -13,7 +13,10 @@ void openblas_set_num_threads(int num_threads);
 static void ckv_cpu_free(ckv_backend *be) {
     if (!be) return;
     ckv_cpu_ctx *ctx = be->ctx;
-    if (ctx) ckv_threadpool_free(ctx->pool);
+    if (ctx) {
+        ckv_threadpool_free(ctx->pool);
+        ckv_free(ctx->attn_ws);
+    }
     ckv_free(ctx);
     ckv_free(be);
 }
@@ -109,7 +112,9 @@ ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {
     }
     ckv_cpu_ctx *ctx = be->ctx;
     ctx->n_threads = n_threads;
-    s = ckv_threadpool_init(&ctx->pool, n_threads);
+    s = ckv_alloc((void **)&ctx->attn_ws, CKV_CPU_ATTN_WS_FLOATS * sizeof(float), "the attention workspace");
+    if (s == CKV_STATUS_OK) ctx->attn_ws_floats = CKV_CPU_ATTN_WS_FLOATS;
+    if (s == CKV_STATUS_OK) s = ckv_threadpool_init(&ctx->pool, n_threads);
     if (s != CKV_STATUS_OK) {
         ckv_cpu_free(be);
         return s;

@@ -16,7 +16,12 @@
 typedef struct {
     ckv_threadpool *pool; /* our own parallel loops (OpenBLAS keeps its own threads) */
     int n_threads;
+    float *attn_ws;        /* [attn_ws_floats] split-K attention partials (cpu_attention.c) */
+    size_t attn_ws_floats;
 } ckv_cpu_ctx;
+
+/* Floats of the attention workspace allocated with the backend (4 MiB). */
+#define CKV_CPU_ATTN_WS_FLOATS ((size_t)1 << 20)
 
 static inline ckv_threadpool *ckv_cpu_pool(const ckv_backend *be) { return ((const ckv_cpu_ctx *)be->ctx)->pool; }
 

@@ -1,0 +1,30 @@
+/* cli_press.h - the press flags of every command (see cli_press.c): spec checks, the one budget flag,
+ * press options in command-line order, and the check that some press takes each option given. */
+#ifndef CKV_CLI_PRESS_H
+#define CKV_CLI_PRESS_H
+
+#include "cli/cli_opts.h"
+#include "evict/press.h"
+
+typedef enum { CKV_CLI_BUDGET_NONE, CKV_CLI_BUDGET_FRACTION, CKV_CLI_BUDGET_RATIO, CKV_CLI_BUDGET_TOKENS } ckv_cli_budget_kind;
+
+typedef struct {
+    ckv_cli_budget_kind kind;
+    double value;
+} ckv_cli_budget;
+
+/* The one budget flag of --budget B, --compression-ratio R and --budget-tokens N (two: usage error
+ * naming both). */
+void ckv_cli_press_budget(const ckv_opts *o, ckv_cli_budget *b);
+
+/* Refuses specs with options written into them ("snapkv:window=4") or a press used as a wrapper. */
+void ckv_cli_press_check_spec(const ckv_opts *o, const char *flag, const char *spec);
+
+/* Parses `spec`, applies every press option flag in order and the budget (NULL: none); not finalised. */
+void ckv_cli_press_build(const ckv_opts *o, const char *spec, const ckv_cli_budget *budget, ckv_press_config *c);
+
+/* After finalising: every press option flag given must be taken by at least one of cfgs[n]
+ * (`what` names them in the error, e.g. "--press knorm"). */
+void ckv_cli_press_check_options(const ckv_opts *o, const ckv_press_config *cfgs, int n, const char *what);
+
+#endif

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# cluster.sh - a throwaway cluster on one Linux machine: a head node and N compute nodes, each a
+# network namespace with its own hostname and address on a private bridge (10.77.0.0/24, which
+# exists only inside the head node's namespace: nothing is added to the machine's own network), and
+# optionally SLURM on top (munged, one slurmctld on the head, one slurmd per compute node, all
+# configured and logging under one temporary directory). It does not install anything
+# (tests/cluster/setup.sh does) and does not run any test.
+#
+# As a library (tests source it):
+#   cluster_check                      prints why a cluster cannot run here and fails, else succeeds
+#   cluster_up DIR NODES [slurm]       builds the namespaces (and SLURM) under DIR; nodes have
+#                                      CLUSTER_CPUS CPUs (64) and CLUSTER_GPUS stand-in GPUs (8)
+#   cluster_exec NODE CMD...           runs CMD on NODE (head, n0, n1, ...) with its network+hostname
+#   cluster_sbatch_wait SECS ARGS...   sbatch ARGS on the head, waits for the job to end, prints its id
+#   cluster_job_state ID               final state of job ID (COMPLETED, FAILED, CANCELLED, ...)
+#   cluster_pids_of NODE EXE           pids of the processes running EXE on NODE
+#   cluster_down                       stops every process of the cluster and removes it (idempotent)
+# By hand:
+#   tests/cluster/cluster.sh up DIR NODES [slurm]   then   tests/cluster/cluster.sh down DIR
+# DIR/env holds what a shell needs (SLURM_CONF); `cluster.sh exec DIR NODE CMD...` runs a command;
+# `cluster.sh rsh DIR HOST CMD...` is the ssh stand-in that mpirun's rsh launcher is pointed at.
+
+CLUSTER_NET=10.77.0
+
+cluster_check() {
+  local tool
+  for tool in ip nsenter unshare mount; do
+    command -v "$tool" >/dev/null || { echo "no '$tool' command"; return 1; }
+  done
+  local probe="ckvprobe$$"
+  if ! ip netns add "$probe" 2>/dev/null; then
+    echo "cannot create network namespaces (ip netns add needs root / CAP_SYS_ADMIN)"; return 1
+  fi
+  local ok=1
+  ip -n "$probe" link add b0 type bridge 2>/dev/null || ok=0
+  nsenter --net="/run/netns/$probe" unshare --uts --mount sh -c 'hostname ckvprobe' 2>/dev/null || ok=0
+  ip netns del "$probe"
+  ((ok)) || { echo "network namespaces exist but bridges or hostnames (UTS namespaces) cannot be made in them"; return 1; }
+  if [ "${1:-}" = slurm ]; then
+    for tool in munged slurmctld slurmd sbatch srun scontrol; do
+      command -v "$tool" >/dev/null || { echo "no '$tool' (SLURM/munge packages not installed: tests/cluster/setup.sh)"; return 1; }
+    done
+  fi
+  return 0
+}
+
+# the namespace of a node name in the current cluster
+cluster_ns() { echo "${CLUSTER_ID}-$1"; }
+
+cluster_exec() {
+  local node=$1; shift
+  # the node's network namespace, plus its own hostname and (in a private mount namespace) our hosts
+  # file over /etc/hosts; nsenter rather than `ip netns exec`, which remounts /sys without cgroups
+  nsenter --net="/run/netns/$(cluster_ns "$node")" unshare --uts --mount --propagation private sh -c \
+    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' sh "$node" "$CLUSTER_DIR/hosts" "$@"
+}
+
+cluster_up() {
+  local dir=$1 nodes=$2 slurm=${3:-}
+  CLUSTER_DIR=$(cd "$dir" && pwd)
+  CLUSTER_ID="ckv$$x$RANDOM"
+  CLUSTER_NODES=()
+  local i
+  for ((i = 0; i < nodes; i++)); do CLUSTER_NODES+=("n$i"); done
+  echo "$CLUSTER_ID" >"$CLUSTER_DIR/id"
+  {
+    echo "127.0.0.1 localhost"
+    echo "$CLUSTER_NET.1 head"
+    for ((i = 0; i < nodes; i++)); do echo "$CLUSTER_NET.$((10 + i)) n$i"; done
+  } >"$CLUSTER_DIR/hosts"
+  local head
+  head=$(cluster_ns head)
+  ip netns add "$head" || return 1
+  ip -n "$head" link set lo up
+  ip -n "$head" link add br0 type bridge
+  ip -n "$head" addr add "$CLUSTER_NET.1/24" dev br0
+  ip -n "$head" link set br0 up
+  for ((i = 0; i < nodes; i++)); do
+    local ns
+    ns=$(cluster_ns "n$i")
+    ip netns add "$ns" || return 1
+    ip -n "$ns" link set lo up
+    # the pair is made inside the head namespace, so its names never meet the machine's interfaces
+    ip -n "$head" link add "v$i" type veth peer name eth0 netns "$ns" || return 1
+    ip -n "$head" link set "v$i" master br0 up
+    ip -n "$ns" addr add "$CLUSTER_NET.$((10 + i))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+  done
+  [ "$slurm" = slurm ] || return 0
+  cluster_slurm_up
+}
+
+cluster_slurm_up() {
+  local d=$CLUSTER_DIR
+  mkdir -p "$d/munge" "$d/log" "$d/ctld" "$d/spool"
+  chmod 755 "$d/munge"
+  dd if=/dev/urandom of="$d/munge/munge.key" bs=1024 count=1 status=none
+  chmod 400 "$d/munge/munge.key"
+  munged --force --socket="$d/munge/munge.sock" --key-file="$d/munge/munge.key" \
+    --pid-file="$d/munge/munged.pid" --log-file="$d/log/munged.log" --seed-file="$d/munge/seed" || return 1
+  local cpus=${CLUSTER_CPUS:-64} gpus=${CLUSTER_GPUS:-8} nodelist
+  nodelist=$(IFS=,; echo "${CLUSTER_NODES[*]}")
+  cat >"$d/slurm.conf" <<EOF
+# generated by tests/cluster/cluster.sh: a test cluster, no accounting database
+ClusterName=ckvtest
+SlurmctldHost=head($CLUSTER_NET.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$d/munge/munge.sock
+StateSaveLocation=$d/ctld
+SlurmdSpoolDir=$d/spool/%n
+TmpFS=$d/spool/%n/tmp
+SlurmctldPidFile=$d/slurmctld.pid
+SlurmdPidFile=$d/slurmd-%n.pid
+SlurmctldLogFile=$d/log/slurmctld.log
+SlurmdLogFile=$d/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+GresTypes=gpu
+MpiDefault=none
+ReturnToService=2
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$d/jobcomp.txt
+MinJobAge=3600
+KillWait=5
+InactiveLimit=0
+SlurmdTimeout=60
+MessageTimeout=20
+SchedulerParameters=sched_interval=1
+NodeName=DEFAULT CPUs=$cpus RealMemory=4000 Gres=gpu:$gpus State=UNKNOWN
+EOF
+  local i
+  for ((i = 0; i < ${#CLUSTER_NODES[@]}; i++)); do
+    echo "NodeName=n$i NodeHostname=n$i NodeAddr=$CLUSTER_NET.$((10 + i))" >>"$d/slurm.conf"
+  done
+  echo "PartitionName=batch Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP" >>"$d/slurm.conf"
+  # stand-in GPUs (empty files, nothing is bound to them): the templates' --gpus-per-node is honoured
+  mkdir -p "$d/dev"
+  for ((i = 0; i < gpus; i++)); do mknod "$d/dev/gpu$i" c 1 3 2>/dev/null || : >"$d/dev/gpu$i"; done
+  printf "AutoDetect=off\nName=gpu File=%s/dev/gpu[0-%d]\n" "$d" "$((gpus - 1))" >"$d/gres.conf"
+  echo "export SLURM_CONF=$d/slurm.conf" >"$d/env"
+  export SLURM_CONF=$d/slurm.conf
+  cluster_exec head slurmctld -f "$SLURM_CONF" || return 1
+  for node in "${CLUSTER_NODES[@]}"; do
+    mkdir -p "$d/spool/$node/tmp"
+    cluster_exec "$node" slurmd -f "$SLURM_CONF" -N "$node" || return 1
+  done
+  # wait until every node is idle
+  local t
+  for ((t = 0; t < 60; t++)); do
+    if [ "$(cluster_exec head sinfo -h -N -t idle -o %N 2>/dev/null | wc -l)" -eq "${#CLUSTER_NODES[@]}" ]; then return 0; fi
+    sleep 0.5
+  done
+  echo "cluster: the nodes did not become idle within 30 s:" >&2
+  cluster_exec head sinfo -N -l >&2
+  tail -n 5 "$d"/log/*.log >&2
+  return 1
+}
+
+# sbatch on the head node, then wait (at most SECS) until the job has left the queue; prints the id
+cluster_sbatch_wait() {
+  local secs=$1; shift
+  local id
+  id=$(cluster_exec head sbatch --parsable "$@") || return 1
+  id=${id%%;*}
+  cluster_wait_job "$id" "$secs" || return 1
+  echo "$id"
+}
+
+# wait until job ID is no longer pending or running (at most SECS)
+cluster_wait_job() {
+  local id=$1 secs=$2 t state
+  for ((t = 0; t < secs * 4; t++)); do
+    state=$(cluster_job_state "$id")
+    case "$state" in PENDING|RUNNING|CONFIGURING|COMPLETING|SUSPENDED|"") sleep 0.25 ;; *) return 0 ;; esac
+  done
+  echo "cluster: job $id still $state after ${secs}s" >&2
+  return 1
+}
+
+cluster_job_state() {
+  cluster_exec head scontrol show job -o "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2
+}
+
+cluster_job_field() { # cluster_job_field ID FIELD   (e.g. ExitCode)
+  cluster_exec head scontrol show job -o "$1" 2>/dev/null | grep -o " $2=[^ ]*" | cut -d= -f2
+}
+
+# the pids of the processes running the binary EXE in NODE's namespace
+cluster_pids_of() { # cluster_pids_of NODE EXE
+  local pid exe
+  exe=$(readlink -f "$2")
+  for pid in $(ip netns pids "$(cluster_ns "$1")" 2>/dev/null); do
+    [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] && echo "$pid"
+  done
+}
+
+# waits (at most SECS) until EXE runs on every NODE, then prints one of its pids on the first NODE
+cluster_wait_running() { # cluster_wait_running SECS EXE NODE...
+  local secs=$1 exe=$2 t node pid
+  shift 2
+  for ((t = 0; t < secs * 10; t++)); do
+    pid=$(cluster_pids_of "$1" "$exe" | head -1)
+    for node in "$@"; do [ -n "$(cluster_pids_of "$node" "$exe")" ] || pid=""; done
+    [ -n "$pid" ] && { echo "$pid"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+
+cluster_down() {
+  [ -n "${CLUSTER_DIR:-}" ] || return 0
+  local d=$CLUSTER_DIR ns pid
+  [ -n "${CLUSTER_ID:-}" ] || CLUSTER_ID=$(cat "$d/id" 2>/dev/null)
+  [ -n "$CLUSTER_ID" ] || return 0
+  # every process in the cluster's namespaces is ours: daemons, job steps, orteds
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${CLUSTER_ID}-"); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$pid" 2>/dev/null; done
+  done
+  [ -f "$d/munge/munged.pid" ] && kill -TERM "$(cat "$d/munge/munged.pid")" 2>/dev/null
+  sleep 0.5
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${CLUSTER_ID}-"); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+  CLUSTER_ID=""
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  set -u
+  case "${1:-}" in
+    up)
+      [ $# -ge 3 ] || { echo "usage: $0 up DIR NODES [slurm]" >&2; exit 2; }
+      why=$(cluster_check "${4:-}") || { echo "cluster: $why" >&2; exit 1; }
+      mkdir -p "$2"
+      cluster_up "$2" "$3" "${4:-}" || { cluster_down; exit 1; }
+      echo "cluster $CLUSTER_ID up: head ${CLUSTER_NET}.1, nodes ${CLUSTER_NODES[*]} (${CLUSTER_NET}.10...)"
+      echo "run on a node: $0 exec $2 NODE CMD...   stop: $0 down $2"
+      ;;
+    exec)
+      [ $# -ge 4 ] || { echo "usage: $0 exec DIR NODE CMD..." >&2; exit 2; }
+      CLUSTER_DIR=$(cd "$2" && pwd); CLUSTER_ID=$(cat "$CLUSTER_DIR/id")
+      # shellcheck disable=SC1091
+      [ -f "$CLUSTER_DIR/env" ] && . "$CLUSTER_DIR/env"
+      node=$3; shift 3
+      cluster_exec "$node" "$@"
+      ;;
+    rsh)
+      # Open MPI's launcher agent (--mca plm_rsh_agent "cluster.sh rsh DIR"): called like ssh, as
+      # `rsh DIR [options] HOST COMMAND...`; runs COMMAND through a shell on HOST, like sshd would
+      CLUSTER_DIR=$(cd "$2" && pwd); CLUSTER_ID=$(cat "$CLUSTER_DIR/id"); shift 2
+      while [ "${1:-}" != "${1#-}" ]; do shift; done
+      node=$1; shift
+      cluster_exec "$node" sh -c "$*"
+      ;;
+    down)
+      [ $# -ge 2 ] || { echo "usage: $0 down DIR" >&2; exit 2; }
+      CLUSTER_DIR=$(cd "$2" && pwd)
+      cluster_down
+      ;;
+    *) sed -n '2,20p' "$0"; exit 2 ;;
+  esac
+fi
