@@ -243,7 +243,7 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1) return bad_type(err, "messages", "a non-empty array of messages");
     if (a->tmpl.family == CKV_CHAT_NONE) {
         ckv_srv_error_set(err, 400, INVALID, "messages", "no_chat_template",
-                          "the model has no chat template: use /v1/completions (or start the server with --chat-template)");
+                          "the model has no chat template: use /v1/completions (or start the server with --template)");
         return -1;
     }
     int n = cJSON_GetArraySize(msgs), last_user = -1, rc = -1;

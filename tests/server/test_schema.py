@@ -17,7 +17,7 @@ if not os.path.exists(st):
     skip("schemathesis is not installed in the test venv (tools/test.sh installs it from PyPI)")
 
 s = Server(ckv, os.path.join(fixtures, "models", "llama_gqa"), tmp, "--model-name", "llama_gqa", "--max-tokens-limit", "32",
-           "--max-body-bytes", "65536", "--chat-template", "chatml", name="schema")
+           "--max-body-bytes", "65536", "--template", "chatml", name="schema")
 t = Checks()
 cmd = [st, "run", os.path.join(REPO, "docs", "openapi.yaml"), "--url", s.base_url, "--max-examples", "25", "--seed", "1",
        "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
