@@ -288,10 +288,12 @@ static enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, ckv_s
         }
     }
     enum MHD_Result ret;
-    if (j->status != CKV_STATUS_OK) {
-        int ctx = j->status == CKV_STATUS_ERR_CONTEXT_TOO_LONG;
-        ret = send_simple_error(s, c, ctx ? 400 : 500, ctx ? "invalid_request_error" : "server_error", ctx ? "max_tokens" : "",
-                                ctx ? "context_length_exceeded" : NULL, j->err);
+    if (j->status != CKV_STATUS_OK) { /* what the request asked for cannot be done: 400; else the server failed */
+        ckv_status e = j->status;
+        int ctx = e == CKV_STATUS_ERR_CONTEXT_TOO_LONG;
+        int client = ctx || e == CKV_STATUS_ERR_ARG || e == CKV_STATUS_ERR_RANGE || e == CKV_STATUS_ERR_UNSUPPORTED;
+        ret = send_simple_error(s, c, client ? 400 : 500, client ? "invalid_request_error" : "server_error",
+                                ctx ? "max_tokens" : "", ctx ? "context_length_exceeded" : client ? "unsupported" : NULL, j->err);
     } else {
         ret = send_json(s, c, 200, ckv_srv_api_response(&s->api, j));
     }

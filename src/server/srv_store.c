@@ -27,6 +27,7 @@ struct ckv_srv_entry {
     long kept_entries, total_entries;
     size_t kv_bytes_full, kv_bytes_kept;
     int compressed;
+    ckv_dtype kv_dtype;     /* of the session it came from (restored sessions use the same) */
     size_t bytes;
 };
 
@@ -117,7 +118,7 @@ static ckv_status restore(ckv_srv_store *s, const ckv_srv_entry *en, int reserve
     if ((long)en->n + reserve > c->max_context)
         return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "a context of %d tokens + %d for the question and answer exceed the "
                          "context window of %d tokens", en->n, reserve, c->max_context);
-    ckv_status st = ckv_session_init(&pc->sess, m, en->n + reserve, chunk, 1);
+    ckv_status st = ckv_session_init_kv(&pc->sess, m, en->n + reserve, chunk, 1, en->kv_dtype);
     int32_t *rows = NULL;
     size_t off = 0;
     for (int l = 0; l < nl && st == CKV_STATUS_OK; l++) {
@@ -214,6 +215,7 @@ static ckv_status snapshot(ckv_srv_store *s, const char *spec, const int32_t *id
         return st;
     }
     e->compressed = pc->stats.compressed;
+    e->kv_dtype = pc->sess.kv.dtype;
     e->kept_entries = (long)rows;
     e->total_entries = pc->stats.total_entries ? pc->stats.total_entries : (long)rows;
     e->kv_bytes_kept = pc->stats.kv_bytes_kept;

@@ -208,6 +208,7 @@ def main():
     ap.add_argument("--press", default="critical_adakv:snapkv")
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--skip-long", action="store_true")
+    ap.add_argument("--eos-ids", default="0,2", help="end-of-sequence ids llama.cpp is kept from sampling")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
@@ -219,10 +220,13 @@ def main():
         for name in (servers if rnd % 2 == 0 else servers[::-1]):  # alternate the order
             port = free_port()
             srv = start_ckv(a, port, logdir) if name == "ckv" else start_llama(a, port, logdir)
-            extra = {"stream_options": {"include_usage": True}, "ignore_eos": True} if name == "ckv" else {"logit_bias": {}}
-            stream_request(port, {"prompt": "warm up", "max_tokens": 2, **({} if name != "ckv" else extra)})
+            # both generate exactly max_tokens: ckv ignores end-of-sequence ids, llama.cpp gets them banned
+            # (SmolLM2's <|endoftext|> 0 and <|im_end|> 2; --eos-ids for other models)
+            extra = {"stream_options": {"include_usage": True}, "ignore_eos": True} if name == "ckv" else \
+                {"logit_bias": {str(t): -100 for t in a.eos_ids.split(",")}}
+            stream_request(port, {"prompt": "warm up", "max_tokens": 2, **extra})
             for c, n in zip(levels, nreq):
-                r = run_level(port, c, n, a.max_tokens, f"{rnd}", extra if name == "ckv" else {})
+                r = run_level(port, c, n, a.max_tokens, f"{rnd}", extra)
                 r["round"] = rnd
                 results[name][c].append(r)
                 print(f"round {rnd} {name:9s} c={c:2d}: {r['req_s']:.2f} req/s, {r['out_tok_s']:.1f} tok/s, TTFT p50 "
