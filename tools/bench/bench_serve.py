@@ -131,7 +131,7 @@ def run_level(port, conc, n_req, max_tokens, tag, extra):
     toks = sum(r[2] for r in res)
     return {"concurrency": conc, "requests": len(res), "wall_s": wall, "req_s": len(res) / wall, "out_tok_s": toks / wall,
             "ttft_p50": pct([r[0] for r in res], 0.5), "ttft_p99": pct([r[0] for r in res], 0.99),
-            "latency_p50": pct([r[1] for r in res], 0.5), "out_tokens": toks}
+            "latency_p50": pct([r[1] for r in res], 0.5), "out_tokens": toks, "tokens_per_request": toks / max(1, len(res))}
 
 
 def start_ckv(a, port, logdir, *extra):
@@ -170,7 +170,9 @@ def long_context(a, logdir):
             else:
                 hi = mid - 1
         ctx = " ".join(words[:lo])
-        extra = {} if press == "none" else {"press": press, "budget": a.budget}
+        extra = {"stream_options": {"include_usage": True}}
+        if press != "none":
+            extra.update(press=press, budget=a.budget)
         cold = stream_request(port, {"context": ctx, "prompt": " Question: which district shipped 37 crates? Answer:",
                                      "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True, **extra})
         res = []
@@ -191,6 +193,21 @@ def long_context(a, logdir):
                     "server_peak_rss": srv.rss_peak()})
         srv.stop()
     return out
+
+
+def run_server(a, name, port, rnd, levels, nreq, results):
+    # both generate exactly max_tokens: ckv ignores end-of-sequence ids, llama.cpp gets them banned
+    # (SmolLM2's <|endoftext|> 0 and <|im_end|> 2; --eos-ids for other models)
+    extra = {"stream_options": {"include_usage": True}, "ignore_eos": True} if name == "ckv" else \
+        {"logit_bias": {str(t): -100 for t in a.eos_ids.split(",")}}
+    stream_request(port, {"prompt": "warm up", "max_tokens": 2, **extra})
+    for c, n in zip(levels, nreq):
+        r = run_level(port, c, n, a.max_tokens, f"{rnd}", extra)
+        r["round"] = rnd
+        results[name][c].append(r)
+        print(f"round {rnd} {name:9s} c={c:2d}: {r['req_s']:.2f} req/s, {r['out_tok_s']:.1f} tok/s "
+              f"({r['tokens_per_request']:.1f} per request), TTFT p50 {r['ttft_p50'] * 1000:.0f} ms p99 "
+              f"{r['ttft_p99'] * 1000:.0f} ms", flush=True)
 
 
 def main():
@@ -220,18 +237,10 @@ def main():
         for name in (servers if rnd % 2 == 0 else servers[::-1]):  # alternate the order
             port = free_port()
             srv = start_ckv(a, port, logdir) if name == "ckv" else start_llama(a, port, logdir)
-            # both generate exactly max_tokens: ckv ignores end-of-sequence ids, llama.cpp gets them banned
-            # (SmolLM2's <|endoftext|> 0 and <|im_end|> 2; --eos-ids for other models)
-            extra = {"stream_options": {"include_usage": True}, "ignore_eos": True} if name == "ckv" else \
-                {"logit_bias": {str(t): -100 for t in a.eos_ids.split(",")}}
-            stream_request(port, {"prompt": "warm up", "max_tokens": 2, **extra})
-            for c, n in zip(levels, nreq):
-                r = run_level(port, c, n, a.max_tokens, f"{rnd}", extra)
-                r["round"] = rnd
-                results[name][c].append(r)
-                print(f"round {rnd} {name:9s} c={c:2d}: {r['req_s']:.2f} req/s, {r['out_tok_s']:.1f} tok/s, TTFT p50 "
-                      f"{r['ttft_p50'] * 1000:.0f} ms p99 {r['ttft_p99'] * 1000:.0f} ms", flush=True)
-            srv.stop()
+            try:
+                run_server(a, name, port, rnd, levels, nreq, results)
+            finally:
+                srv.stop()
     summary = {"servers": results, "long_context": None if a.skip_long else long_context(a, logdir)}
     if a.json:
         with open(a.json, "w") as f:
@@ -240,11 +249,14 @@ def main():
     def rng(v, fmt):
         return fmt.format(min(v)) if len(v) == 1 or fmt.format(min(v)) == fmt.format(max(v)) else \
             f"{fmt.format(min(v))}-{fmt.format(max(v))}"
-    print("\n| server | clients | requests/s | output tok/s | TTFT p50 (ms) | TTFT p99 (ms) |\n|---|---|---|---|---|---|")
+    print("\n| server | clients | requests/s | output tok/s | tokens/request | TTFT p50 (ms) | TTFT p99 (ms) |\n|---|---|---|---|---|---|---|")
     for name in servers:
         for c in levels:
             rs = results[name][c]
+            if not rs:
+                continue
             print(f"| {name} | {c} | {rng([r['req_s'] for r in rs], '{:.2f}')} | {rng([r['out_tok_s'] for r in rs], '{:.1f}')} | "
+                  f"{rng([r['tokens_per_request'] for r in rs], '{:.1f}')} | "
                   f"{rng([r['ttft_p50'] * 1000 for r in rs], '{:.0f}')} | {rng([r['ttft_p99'] * 1000 for r in rs], '{:.0f}')} |")
     if summary["long_context"]:
         print("\n| ckv, long context | context tokens | TTFT cold (s) | KV bytes per request | decode tok/s (1 client) | "
