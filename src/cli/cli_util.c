@@ -121,4 +121,12 @@ void ckv_cli_engine_config(const ckv_opts *o, ckv_comm *world, ckv_engine_config
                                                                                                      : CKV_KV_DTYPE_BF16;
     ec->weights_dtype = !strcmp(w, "auto") ? CKV_WEIGHTS_DTYPE_AUTO : !strcmp(w, "f32") ? CKV_WEIGHTS_DTYPE_F32
                         : !strcmp(w, "bf16") ? CKV_WEIGHTS_DTYPE_BF16 : CKV_WEIGHTS_DTYPE_F16;
+    if (ckv_opt_has(o, CKV_OPT_RANDOM_WEIGHTS)) {
+        /* scores of answers and of agreement with a full cache mean nothing without trained weights */
+        if (o->cmd == CKV_CMD_EVAL || o->cmd == CKV_CMD_FIDELITY)
+            ckv_cli_usage_error(o->cmd_name, "--random-weights: %s scores answers, which random weights make meaningless "
+                                "(use it with generate or analyze)", o->cmd_name);
+        ec->random_weights = 1;
+        ec->random_seed = (uint64_t)ckv_opt_long(o, CKV_OPT_RANDOM_WEIGHTS, 0);
+    }
 }

@@ -290,6 +290,9 @@ int ckv_cmd_eval(int argc, char **argv) {
     ckv_engine_config ec;
     ckv_cli_engine_config(&opts, world, &ec);
     job.threads = ec.threads;
+    job.device = ec.device;
+    job.kv_dtype = (int)ec.kv_dtype;
+    job.weights_dtype = (int)ec.weights_dtype;
     job.chunk = a.chunk;
     job.tp = a.tp;
     job.out_dir = a.out;

@@ -3,6 +3,7 @@
  * for each press x budget, KL divergence from the full cache's next-token distributions, top-1
  * agreement and the log-likelihood of the true continuation (eval/fidelity.h). Prints a table and
  * optionally writes JSON lines. One process. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,28 @@ static const ckv_cli_command fidelity_cmd = {
     "Teacher-forced comparison with the full cache: the first --context tokens of the text are the\n"
     "(compressed) context, the next --continuation tokens are fed and their next-token distributions\n"
     "compared with the full cache's (KL divergence, top-1 agreement, NLL of the true next token)."};
+
+/* One --out line (JSON through cJSON). */
+static void write_line(FILE *out, const char *press, double budget, const char *spec, int n_ctx, int n_cont,
+                       const ckv_fidelity *r) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) ckv_cli_die("out of memory");
+    cJSON_AddStringToObject(o, "press", press);
+    cJSON_AddNumberToObject(o, "budget", budget);
+    cJSON_AddStringToObject(o, "spec", spec);
+    cJSON_AddNumberToObject(o, "context", n_ctx);
+    cJSON_AddNumberToObject(o, "continuation", n_cont);
+    cJSON_AddNumberToObject(o, "kl", r->kl);
+    cJSON_AddNumberToObject(o, "top1", r->top1);
+    cJSON_AddNumberToObject(o, "nll_full", r->nll_full);
+    cJSON_AddNumberToObject(o, "nll_press", r->nll_press);
+    cJSON_AddNumberToObject(o, "kv_kept_frac", r->kv_kept_frac);
+    char *line = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!line) ckv_cli_die("out of memory");
+    fprintf(out, "%s\n", line);
+    cJSON_free(line);
+}
 
 static int split_list(char *s, char **items, int cap) {
     int n = 0;
@@ -96,12 +119,7 @@ int ckv_cmd_fidelity(int argc, char **argv) {
             ckv_cli_check(ckv_fidelity_measure(m, &cfgs[i][j], ids, n_ctx, n_cont, chunk, ref, &r));
             printf("%-28s %7s %10.4f %7.3f %9.4f %9.4f\n", presses[i], budgets[j], r.kl, r.top1, r.nll_full, r.nll_press);
             fflush(stdout);
-            if (out)
-                fprintf(out,
-                        "{\"press\": \"%s\", \"budget\": %s, \"spec\": \"%s\", \"context\": %d, \"continuation\": %d, "
-                        "\"kl\": %.6g, \"top1\": %.6g, \"nll_full\": %.6g, \"nll_press\": %.6g, \"kv_kept_frac\": %.6g}\n",
-                        presses[i], budgets[j], cfgs[i][j].spec, n_ctx, n_cont, r.kl, r.top1, r.nll_full, r.nll_press,
-                        r.kv_kept_frac);
+            if (out) write_line(out, presses[i], strtod(budgets[j], NULL), cfgs[i][j].spec, n_ctx, n_cont, &r);
         }
     if (out && fclose(out) != 0) ckv_cli_die("--out: error writing '%s'", out_path);
     free(ref);

@@ -15,11 +15,13 @@
 #include "evict/press.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/plan.h"
 #include "model/source.h"
 #include "shard/shard.h"
 
 static const ckv_cli_command inspect_cmd = {
-    CKV_CMD_INSPECT, "inspect", "-m PATH [--tp N] [-c L] [--new-tokens N] [--chunk N] [--press SPEC --budget B]",
+    CKV_CMD_INSPECT, "inspect",
+    "-m PATH [--tp N] [-c L] [--new-tokens N] [--chunk N] [--press SPEC --budget B] [--backend cuda [--gpu-mem-limit B]]",
     "Prints a model's configuration and the memory one rank needs (only config.json, or a GGUF file's\n"
     "metadata, is read)."};
 
@@ -54,14 +56,7 @@ int ckv_cmd_inspect(int argc, char **argv) {
     if (ckv_comm_launched_by_mpi()) ckv_comm_free(ckv_cli_world(&ag, &argc, &argv));
 
     ckv_model_config c;
-    size_t mlen = strlen(model);
-    if (mlen > 5 && !strcmp(model + mlen - 5, ".gguf")) {
-        ckv_weight_source src;
-        ckv_cli_check(ckv_source_open(&src, &c, model));
-        ckv_source_close(&src);
-    } else {
-        ckv_cli_check(ckv_config_load(&c, model));
-    }
+    ckv_cli_check(ckv_engine_read_config(model, &c));
     if (context < 0) context = c.max_context - new_tokens > 0 ? c.max_context - new_tokens : c.max_context;
     if (context + new_tokens > c.max_context)
         ckv_cli_die("--context %ld + --new-tokens %ld exceed the model's context window of %d tokens", context, new_tokens,
@@ -118,5 +113,22 @@ int ckv_cmd_inspect(int argc, char **argv) {
     printf("chunk buffers    %14s %14s  (--chunk %zu)\n", fmt((double)act * 4, b1, sizeof b1), fmt((double)act * 2, b2, sizeof b2), n);
     size_t total32 = w32 + kv_peak * 4 + hidden * 4 + act * 4;
     printf("peak total       %14s %14s\n", fmt((double)total32, b3, sizeof b3), fmt((double)total32 / 2, b4, sizeof b4));
+    /* ---- GPU memory plan (model/plan.h): printed per rank, checked against --gpu-mem-limit ---- */
+    const char *backend = ckv_opt_str(&opts, CKV_OPT_BACKEND, "cpu");
+    double gpu_limit = ckv_opt_num(&opts, CKV_OPT_GPU_MEM_LIMIT, 0);
+    if (gpu_limit > 0 && strcmp(backend, "cuda")) ckv_cli_usage_error("inspect", "--gpu-mem-limit needs --backend cuda");
+    if (!strcmp(backend, "cuda")) {
+        int windowed = press.scorer == CKV_SCORER_SNAPKV || press.scorer == CKV_SCORER_PYRAMIDKV;
+        ckv_plan_params gp = {.tp = tp, .context = context, .new_tokens = new_tokens, .chunk = chunk,
+                              .weight_dtype = CKV_DTYPE_BF16, .kv_dtype = CKV_DTYPE_BF16,
+                              .kept = compress ? (long)kept : 0, .window = windowed ? press.window : 0, .nccl = tp > 1};
+        printf("\n");
+        ckv_cli_check(ckv_plan_print(stdout, &c, &gp));
+        for (int r = 0; r < tp && gpu_limit > 0; r++) {
+            ckv_plan plan;
+            ckv_cli_check(ckv_plan_init(&plan, &c, &gp, r));
+            ckv_cli_check(ckv_plan_check(&plan, (size_t)gpu_limit));
+        }
+    }
     return 0;
 }

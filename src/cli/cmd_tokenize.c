@@ -100,7 +100,7 @@ int ckv_cmd_tokenize(int argc, char **argv) {
         int32_t *ids = NULL;
         size_t n = 0;
         ckv_status s = ckv_tokenizer_encode(tok, text, len, flags, &ids, &n);
-        if (s != CKV_STATUS_OK && strstr(ckv_error_message(), "not valid UTF-8"))
+        if (s == CKV_STATUS_ERR_FORMAT && !utf8_replace) /* the input text's bytes */
             ckv_cli_die("%s (--utf8-replace turns invalid bytes into U+FFFD)", ckv_error_message());
         ckv_cli_check(s);
         if (count) {

@@ -1,7 +1,56 @@
-/* comm.c - picks the world communicator from the launch environment. */
+/* comm.c - picks the world communicator from the launch environment, ends the job on a failed or
+ * timed-out collective, and dispatches the device-buffer collectives (to the host ops where a
+ * communicator has none). */
 #include "comm/comm.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+
+#include "core/log.h"
+
+void ckv_comm_params_default(ckv_comm_params *p) { p->timeout_s = CKV_COMM_TIMEOUT_DEFAULT_S; }
+
+ckv_status ckv_comm_init_world_params(ckv_comm **out, int *argc, char ***argv, const ckv_comm_params *p) {
+    CKV_TRY(ckv_comm_init_world(out, argc, argv));
+    ckv_comm_params def;
+    ckv_comm_params_default(&def);
+    (*out)->timeout_s = p ? p->timeout_s : def.timeout_s;
+    return CKV_STATUS_OK;
+}
+
+void ckv_comm_fail(ckv_comm *c, const char *op, const char *why) {
+    CKV_LOG_ERROR("rank %d of the %d-rank %s communicator: %s failed: %s; ending the job", c ? c->rank : 0,
+                  c ? c->size : 1, c && c->kind ? c->kind : "?", op, why);
+    fflush(stderr);
+    if (c && c->ops && c->ops->abort) c->ops->abort(c, 3);
+    exit(3);
+}
+
+int ckv_comm_has_device_ops(const ckv_comm *c) { return c && c->ops && c->ops->dev_allreduce_f32 && c->ops->dev_allgather; }
+
+ckv_status ckv_comm_dev_allreduce_f32(ckv_comm *c, float *buf, size_t n, ckv_comm_op op) {
+    if (!c || c->size == 1 || n == 0) return CKV_STATUS_OK;
+    if (c->ops->dev_allreduce_f32) return c->ops->dev_allreduce_f32(c, buf, n, op);
+    return c->ops->allreduce_f32(c, buf, n, op);
+}
+
+ckv_status ckv_comm_dev_allgather(ckv_comm *c, const void *send, void *recv, size_t bytes) {
+    if (c && c->ops->dev_allgather) return c->ops->dev_allgather(c, send, recv, bytes);
+    return c->ops->allgather(c, send, recv, bytes);
+}
+
+void ckv_comm_set_stream(ckv_comm *c, void *stream) {
+    if (c && c->ops && c->ops->set_stream) c->ops->set_stream(c, stream);
+}
+
+const char *ckv_comm_path_name(ckv_comm_path p) {
+    switch (p) {
+    case CKV_COMM_PATH_HOST: return "host";
+    case CKV_COMM_PATH_NCCL: return "nccl";
+    case CKV_COMM_PATH_STAGED: return "staged";
+    default: return "auto";
+    }
+}
 
 int ckv_comm_launched_by_mpi(void) {
     static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS",
@@ -44,6 +93,10 @@ ckv_status ckv_comm_init_mpi(ckv_comm **out, int *argc, char ***argv) {
 
 #ifndef CKV_HAVE_NCCL
 int ckv_comm_nccl_available(void) { return 0; }
+int ckv_comm_nccl_on_stream(const ckv_comm *c) {
+    (void)c;
+    return 0;
+}
 ckv_status ckv_comm_init_nccl(ckv_comm **out, ckv_comm *bootstrap, int device) {
     (void)bootstrap;
     (void)device;
@@ -54,5 +107,9 @@ ckv_status ckv_comm_select_gpu(ckv_comm *world, int *device) {
     (void)world;
     *device = -1;
     return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "this build of ckv has no GPU support");
+}
+ckv_status ckv_comm_gpu_id(int device, char *id, size_t cap) {
+    if (cap) id[0] = 0;
+    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "GPU %d: this build of ckv has no GPU support (no PCI bus id)", device);
 }
 #endif

@@ -1,10 +1,17 @@
 /* comm_mpi.c - the MPI communicator (host buffers). Errors are returned with MPI's own message;
  * MPI_ERRORS_RETURN is set so a failing call reports instead of killing silently, and abort() ends
- * every rank with MPI_Abort so a failure on one rank never leaves the others hanging. */
+ * every rank with MPI_Abort so a failure on one rank never leaves the others hanging. Collectives
+ * are started non-blocking and polled against the communicator's timeout: a rank that stops
+ * participating ends the job with the operation named instead of a hang. */
+#define _POSIX_C_SOURCE 200809L /* gethostname, nanosleep: before any system header */
 #include <mpi.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "core/timer.h"
 
 #include "comm/comm.h"
 
@@ -30,40 +37,71 @@ static MPI_Op mpi_op(ckv_comm_op op) {
     return op == CKV_COMM_OP_MAX ? MPI_MAX : op == CKV_COMM_OP_MIN ? MPI_MIN : MPI_SUM;
 }
 
+/* Completes a started collective: MPI_Wait without a timeout, else MPI_Test polled (busy for the
+ * first millisecond, then every 50 us) until done or the deadline, which ends the job naming `op`. */
+static ckv_status mpi_complete(ckv_comm *c, MPI_Request *req, const char *op, size_t bytes) {
+    if (c->timeout_s <= 0) return ckv_mpi_status(MPI_Wait(req, MPI_STATUS_IGNORE), op);
+    const double t0 = ckv_time_now();
+    for (unsigned long it = 0;; it++) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return ckv_mpi_status(rc, op);
+        if (done) return CKV_STATUS_OK;
+        if ((it & 63) != 63) continue;
+        const double dt = ckv_time_now() - t0;
+        if (dt > c->timeout_s) {
+            char why[160];
+            snprintf(why, sizeof why, "%zu bytes, not complete after %.1f s (--comm-timeout %g): a peer rank stopped "
+                     "participating or died", bytes, dt, c->timeout_s);
+            ckv_comm_fail(c, op, why);
+        }
+        if (dt > 1e-3) {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 static ckv_status mpi_allreduce_f32(ckv_comm *c, float *buf, size_t n, ckv_comm_op op) {
     if (c->size == 1 || n == 0) return CKV_STATUS_OK;
     if (n > (size_t)INT32_MAX) return ckv_error(CKV_STATUS_ERR_ARG, "all-reduce of %zu floats is too large", n);
     c->bytes += n * sizeof(float);
-    CKV_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, mpi_op(op), mpi_comm_of(c)));
-    return CKV_STATUS_OK;
+    MPI_Request req;
+    CKV_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, mpi_op(op), mpi_comm_of(c), &req));
+    return mpi_complete(c, &req, "MPI all-reduce (float)", n * sizeof(float));
 }
 
 static ckv_status mpi_allreduce_i32(ckv_comm *c, int *buf, size_t n, ckv_comm_op op) {
     if (c->size == 1 || n == 0) return CKV_STATUS_OK;
     if (n > (size_t)INT32_MAX) return ckv_error(CKV_STATUS_ERR_ARG, "all-reduce of %zu ints is too large", n);
     c->bytes += n * sizeof(int);
-    CKV_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT, mpi_op(op), mpi_comm_of(c)));
-    return CKV_STATUS_OK;
+    MPI_Request req;
+    CKV_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT, mpi_op(op), mpi_comm_of(c), &req));
+    return mpi_complete(c, &req, "MPI all-reduce (int)", n * sizeof(int));
 }
 
 static ckv_status mpi_allgather(ckv_comm *c, const void *send, void *recv, size_t bytes) {
     if (bytes > (size_t)INT32_MAX) return ckv_error(CKV_STATUS_ERR_ARG, "all-gather of %zu bytes is too large", bytes);
     c->bytes += bytes;
-    CKV_MPI_CHECK(MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, mpi_comm_of(c)));
-    return CKV_STATUS_OK;
+    MPI_Request req;
+    CKV_MPI_CHECK(MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE,
+                                 mpi_comm_of(c), &req));
+    return mpi_complete(c, &req, "MPI all-gather", bytes);
 }
 
 static ckv_status mpi_bcast(ckv_comm *c, void *buf, size_t bytes, int root) {
     if (root < 0 || root >= c->size) return ckv_error(CKV_STATUS_ERR_ARG, "broadcast root %d outside %d ranks", root, c->size);
     if (bytes > (size_t)INT32_MAX) return ckv_error(CKV_STATUS_ERR_ARG, "broadcast of %zu bytes is too large", bytes);
     c->bytes += bytes;
-    CKV_MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, mpi_comm_of(c)));
-    return CKV_STATUS_OK;
+    MPI_Request req;
+    CKV_MPI_CHECK(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, mpi_comm_of(c), &req));
+    return mpi_complete(c, &req, "MPI broadcast", bytes);
 }
 
 static ckv_status mpi_barrier(ckv_comm *c) {
-    CKV_MPI_CHECK(MPI_Barrier(mpi_comm_of(c)));
-    return CKV_STATUS_OK;
+    MPI_Request req;
+    CKV_MPI_CHECK(MPI_Ibarrier(mpi_comm_of(c), &req));
+    return mpi_complete(c, &req, "MPI barrier", 0);
 }
 
 static void mpi_free(ckv_comm *c);
@@ -76,6 +114,7 @@ static ckv_status mpi_split(ckv_comm *c, int color, int key, ckv_comm **out) {
     MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
     ckv_status s = mpi_wrap(out, sub, 0);
     if (s != CKV_STATUS_OK) MPI_Comm_free(&sub);
+    else (*out)->timeout_s = c->timeout_s;
     return s;
 }
 
@@ -118,6 +157,7 @@ static ckv_status mpi_wrap(ckv_comm **out, MPI_Comm comm, int is_world) {
     c->ops = &mpi_ops;
     c->ctx = x;
     c->kind = "mpi";
+    c->timeout_s = CKV_COMM_TIMEOUT_DEFAULT_S;
     MPI_Comm_rank(comm, &c->rank);
     MPI_Comm_size(comm, &c->size);
     *out = c;

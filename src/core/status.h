@@ -4,6 +4,8 @@
 #ifndef CKV_STATUS_H
 #define CKV_STATUS_H
 
+#include <stddef.h>
+
 #define CKV_STATUS_TABLE(X)                        \
     X(OK, "ok")                                    \
     X(ERR_ARG, "invalid argument")                 \
@@ -29,12 +31,20 @@ typedef enum {
 /* Short name of a status ("malformed input"). */
 const char *ckv_status_string(ckv_status s);
 
-/* Records a printf-style message for this thread and returns `code` (so: return ckv_error(...)). */
+/* Records a printf-style message for this thread and returns `code` (so: return ckv_error(...)).
+ * The formatted message is stored escaped as ckv_escape_text does, so it is always one printable
+ * line whatever the arguments quote. */
 ckv_status ckv_error(ckv_status code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+
+/* Copies the NUL-terminated `in` to out[cap] with every control byte, DEL, C1 control and byte
+ * that is not valid UTF-8 written as \xNN (printable ASCII and valid UTF-8 are kept); stops before
+ * a sequence that would not fit. Returns the length written. Idempotent: escaping twice changes
+ * nothing. */
+size_t ckv_escape_text(char *out, size_t cap, const char *in);
 
 /* The last message recorded on this thread ("" when none). */
 const char *ckv_error_message(void);

@@ -154,6 +154,10 @@ void ckv_analyzer_free(ckv_analyzer *a) {
     if (!a) return;
     ckv_free(a->heads);
     ckv_selection_free(&a->sel);
+    ckv_free(a->rows);
+    ckv_free(a->hk);
+    ckv_free(a->hv);
+    ckv_free(a->hpos);
     ckv_free(a->keep);
     ckv_free(a->q);
     ckv_free(a->mine);
@@ -189,7 +193,13 @@ ckv_status ckv_analyzer_init(ckv_analyzer *a, const ckv_model *m, const ckv_pres
     ckv_status s;
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->heads, (size_t)c->n_layers * (size_t)c->n_heads * sizeof *a->heads,
                               "analysis results"), fail);
-    CKV_TRY_GOTO(s, ckv_selection_init(&a->sel, pl->n_kv_local, n_ctx), fail);
+    CKV_TRY_GOTO(s, ckv_selection_init(&a->sel, m->be, pl->n_kv_local, c->n_kv_heads, n_ctx), fail);
+    const size_t n_rows = (size_t)n_ctx + (size_t)n_question, kvd = (size_t)pl->n_kv_local * n_rows * c->head_dim;
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&a->rows, (size_t)pl->n_kv_local * (size_t)n_ctx * sizeof(int32_t),
+                              "analysis kept rows"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&a->hk, kvd * sizeof(float), "analysis keys"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&a->hv, kvd * sizeof(float), "analysis values"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&a->hpos, n_rows * sizeof(int32_t), "analysis positions"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->keep, (size_t)CKV_ANALYZE_PRESSES * (size_t)pl->n_kv_local * (size_t)n_ctx,
                               "analysis kept sets"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->q, (size_t)pl->n_q_local * (size_t)c->head_dim * sizeof(float),
@@ -231,10 +241,11 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
         const int32_t *hb_row = a->head_budgets[p] ? a->head_budgets[p] + (size_t)layer * c->n_kv_heads : NULL;
         ckv_head_budgets hb = {c->n_kv_heads, hb_row};
         CKV_TRY(ckv_evict_layer(a->press[p], &in, hb_row ? &hb : NULL, &a->sel));
+        CKV_TRY(ckv_selection_rows_host(&a->sel, a->rows));
         uint8_t *kp = a->keep + (size_t)p * nkv * L; // [nkv, L]
         for (int g = 0; g < nkv; g++)
             for (int i = 0; i < a->sel.n_keep[g]; i++) {
-                int32_t r = a->sel.rows[(size_t)g * L + i];
+                int32_t r = a->rows[(size_t)g * L + i];
                 if (r < 0 || r >= L) return ckv_error(CKV_STATUS_ERR_INTERNAL, "analysis: kept row %d outside 0..%d", r, L - 1);
                 kp[(size_t)g * L + r] = 1;
             }
@@ -244,10 +255,14 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
 
     /* the analysed token's queries: q_proj (+ bias), RoPE at its position */
     const ckv_layer_weights *w = &m->layers[layer];
+    if (w->wo.dtype != CKV_DTYPE_F32)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "analysis: o_proj of layer %d is stored as %s (the measurement "
+                         "needs F32 weights)", layer, ckv_dtype_name(w->wo.dtype));
     int32_t qpos = s->pos[n - 1];
     be->ops->matmul(be, a->q, s->xn + (size_t)(n - 1) * D, &w->wq, w->bq, 1);
     be->ops->rope(be, a->q, &qpos, 1, nq, d, m->inv_freq, m->rope_scale);
-    ckv_attn_cache view = ckv_compress_cache_view(&s->kv, layer);
+    for (int g = 0; g < nkv; g++) /* fp32 host copies of the layer's rows (any KV dtype) */
+        CKV_TRY(ckv_kv_head_read(&s->kv, layer, g, a->hk + (size_t)g * n * d, a->hv + (size_t)g * n * d, a->hpos));
     const int group = c->n_heads / c->n_kv_heads;
     for (int j = 0; j < nq; j++) {
         const int h = pl->q_head0 + j, g = h / group - pl->kv_head0;
@@ -255,7 +270,7 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
             return ckv_error(CKV_STATUS_ERR_INTERNAL, "analysis: query head %d has no local KV head", h);
         ckv_analyze_head_in hi = {
             .n_rows = n, .n_ctx = L, .d = d, .D = D, .q = a->q + (size_t)j * d,
-            .k = view.k + (size_t)view.off[g] * d, .v = view.v + (size_t)view.off[g] * d,
+            .k = a->hk + (size_t)g * n * d, .v = a->hv + (size_t)g * n * d,
             .wo = (const float *)w->wo.data + (size_t)j * d, .wo_stride = hq, .scale = 1.0f / sqrtf((float)d),
         };
         for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) hi.keep[p] = a->keep + ((size_t)p * nkv + (size_t)g) * L;

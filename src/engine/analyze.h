@@ -6,7 +6,9 @@
  * attention-weight-only bound. It runs as the layer hook of one full-cache prefill of context +
  * question and never compacts the cache. Under tensor parallelism each rank measures its own query
  * heads and every rank receives all records (one all-gather per layer). It does not print, choose
- * presses or budgets, or generate tokens; host-memory (CPU) backends only. */
+ * presses or budgets, or generate tokens. The presses select through the backend's eviction ops on
+ * the cache segments (any KV dtype); the measurement reads fp32 host copies of the rows and needs a
+ * host-memory (CPU) backend with F32 weights. */
 #ifndef CKV_ENGINE_ANALYZE_H
 #define CKV_ENGINE_ANALYZE_H
 
@@ -81,6 +83,9 @@ typedef struct {
     double select_seconds, measure_seconds;
     /* scratch (one layer) */
     ckv_selection sel;        /* [n_kv_local, n_ctx] */
+    int32_t *rows;            /* [n_kv_local, n_ctx] the selection's kept rows, on the host */
+    float *hk, *hv;           /* [n_kv_local, n_ctx + n_question, d] fp32 host copies of the layer's keys, values */
+    int32_t *hpos;            /* [n_ctx + n_question] one head's positions */
     uint8_t *keep;            /* [CKV_ANALYZE_PRESSES, n_kv_local, n_ctx] */
     float *q;                 /* [n_q_local * d] the analysed token's roped queries */
     ckv_analyze_head *mine;   /* [n_q_local] this rank's records of the layer */

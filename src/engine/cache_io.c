@@ -1,6 +1,7 @@
 /* cache_io.c - session cache files (see cache_io.h). */
 #include "engine/cache_io.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,17 @@ ckv_status ckv_session_save_cache(ckv_session *s, const char *path, const char *
     return ckv_kv_cache_save(&s->kv, file, meta);
 }
 
+/* An integer member of the cache header in [lo, hi] (a corrupt header may hold anything). */
+static ckv_status meta_int(const ckv_json *j, const char *key, const char *file, int lo, int hi, int *out) {
+    const ckv_json *v = ckv_json_get(j, key);
+    double x = ckv_json_number(v);
+    if (!ckv_json_is_number(v) || !(x >= lo && x <= hi) || x != (double)(int)x)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: cache header key '%s' is missing or not an integer in [%d, %d]", file, key,
+                         lo, hi);
+    *out = (int)x;
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_session_load_cache(ckv_session *s, const char *path, char *press_spec, size_t cap) {
     if (s->n_past != 0) return ckv_error(CKV_STATUS_ERR_ARG, "--load-cache: the session already holds tokens");
     char fp[17], file[4096];
@@ -52,11 +64,16 @@ ckv_status ckv_session_load_cache(ckv_session *s, const char *path, char *press_
     free(meta);
     CKV_TRY(st);
     const char *mfp = ckv_json_string(ckv_json_get(j, "model_fingerprint"));
-    int tp = (int)ckv_json_number(ckv_json_get(j, "tp")), rank = (int)ckv_json_number(ckv_json_get(j, "rank"));
-    int L = (int)ckv_json_number(ckv_json_get(j, "context_len"));
+    int tp = 0, rank = 0, L = 0;
     const char *spec = ckv_json_string(ckv_json_get(j, "press"));
     const ckv_shard_plan *p = &s->model->plan;
-    if (!mfp || strcmp(mfp, fp) != 0)
+    if (!ckv_json_is_object(j))
+        st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the cache header is not a JSON object", file);
+    else if ((st = meta_int(j, "tp", file, 1, 1 << 16, &tp)) != CKV_STATUS_OK ||
+             (st = meta_int(j, "rank", file, 0, (1 << 16) - 1, &rank)) != CKV_STATUS_OK ||
+             (st = meta_int(j, "context_len", file, 1, INT32_MAX - 1, &L)) != CKV_STATUS_OK) {
+        /* message recorded */
+    } else if (!mfp || strcmp(mfp, fp) != 0)
         st = ckv_error(CKV_STATUS_ERR_ARG, "%s: the cache was made with another model (fingerprint %s, this model %s)",
                        file, mfp ? mfp : "missing", fp);
     else if (tp != p->tp || rank != p->rank)
@@ -65,11 +82,14 @@ ckv_status ckv_session_load_cache(ckv_session *s, const char *path, char *press_
     else if (L < 1 || L >= s->capacity)
         st = ckv_error(CKV_STATUS_ERR_RANGE, "%s: context of %d tokens leaves no room in a session of %d tokens", file, L,
                        s->capacity);
-    if (st == CKV_STATUS_OK && press_spec && cap) snprintf(press_spec, cap, "%s", spec ? spec : "?");
+    else if (!spec)
+        st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the cache header names no press", file);
+    if (st == CKV_STATUS_OK && press_spec && cap) snprintf(press_spec, cap, "%s", spec);
+    int full = st == CKV_STATUS_OK && strcmp(spec, "none") == 0; /* uncompressed: every head holds the whole context */
     ckv_json_free(j);
     CKV_TRY(st);
     char *meta2 = NULL;
-    st = ckv_kv_cache_load(&s->kv, file, s->capacity - L, &meta2);
+    st = ckv_kv_cache_load(&s->kv, file, s->capacity - L, L, full, &meta2);
     free(meta2);
     CKV_TRY(st);
     s->n_past = L;

@@ -14,14 +14,16 @@ static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, cons
     ckv_comm *tp = m->tp;
     int L = sel->L, nkv = sel->n_kv_local, size = tp ? tp->size : 1;
     size_t per = (size_t)nkv * (size_t)(L + 1); /* per head: count, then positions */
-    int32_t *mine = NULL, *all = NULL;
+    int32_t *mine = NULL, *all = NULL, *rows = NULL;
     ckv_status st = ckv_alloc((void **)&mine, per * sizeof(int32_t), "kept dump");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&all, per * (size_t)size * sizeof(int32_t), "kept dump gather");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&rows, (size_t)nkv * (size_t)L * sizeof(int32_t), "kept dump rows");
+    if (st == CKV_STATUS_OK) st = ckv_selection_rows_host(sel, rows);
     if (st == CKV_STATUS_OK) {
         for (int h = 0; h < nkv; h++) {
             int32_t *row = mine + (size_t)h * (L + 1);
             row[0] = sel->n_keep[h];
-            for (int i = 0; i < sel->n_keep[h]; i++) row[1 + i] = s->pos[sel->rows[(size_t)h * L + i]];
+            for (int i = 0; i < sel->n_keep[h]; i++) row[1 + i] = s->pos[rows[(size_t)h * L + i]];
         }
         if (size > 1)
             st = tp->ops->allgather(tp, mine, all, per * sizeof(int32_t));
@@ -47,15 +49,8 @@ static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, cons
     }
     ckv_free(mine);
     ckv_free(all);
+    ckv_free(rows);
     return st;
-}
-
-ckv_attn_cache ckv_compress_cache_view(const ckv_kv_cache *kv, int layer) {
-    const ckv_kv_layer *l = &kv->layers[layer];
-    int host_f32 = kv->dtype == CKV_DTYPE_F32 && kv->be->device == CKV_DEVICE_HOST;
-    ckv_attn_cache v = {host_f32 ? l->kbuf : NULL, host_f32 ? l->vbuf : NULL, l->pos, l->off, l->len, kv->n_kv,
-                        kv->head_dim};
-    return v;
 }
 
 void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score_inputs *in) {
@@ -65,8 +60,9 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
     ckv_score_inputs v = {
         .layer = layer, .n_layers = c->n_layers, .L = L, .D = c->hidden_size, .head_dim = c->head_dim,
         .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .n_q_local = p->n_q_local, .n_kv_local = p->n_kv_local,
-        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .cache = ckv_compress_cache_view(&s->kv, layer),
-        .pos = s->pos, .wq = &m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = &m->layers[layer].wo,
+        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .kv = ckv_kv_layer_batch(&s->kv, layer, 0),
+        .pos = s->kv.layers[layer].segs_host[0].pos, /* the context rows' device positions (any head) */
+        .wq = &m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = &m->layers[layer].wo,
         .inv_freq = m->inv_freq, .rope_scale = m->rope_scale, .be = m->be, .replica = m->replica, .tp = m->tp,
     };
     *in = v;
@@ -84,15 +80,11 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
     ckv_kv_layer *kl = &s->kv.layers[layer];
     for (int h = 0; h < p->n_kv_local; h++)
         if (kl->len[h] != L) return ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", layer, h, kl->len[h], L);
-    if (s->kv.dtype != CKV_DTYPE_F32 || m->be->device != CKV_DEVICE_HOST)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--press %s scores on the host and needs an F32 KV cache on the cpu "
-                         "backend (got --kv-dtype %s on %s)", ckv_scorer_name(cz->cfg->scorer),
-                         ckv_dtype_name(s->kv.dtype), m->be->name);
     ckv_score_inputs in;
     ckv_compress_score_inputs(s, layer, L, &in);
     ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
     ckv_selection sel;
-    CKV_TRY(ckv_selection_init(&sel, p->n_kv_local, L));
+    CKV_TRY(ckv_selection_init(&sel, m->be, p->n_kv_local, c->n_kv_heads, L));
     unsigned long long bytes0 = (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0);
     ckv_status st = ckv_evict_layer(cz->cfg, &in, cz->headkv_budgets ? &hb : NULL, &sel);
     if (st == CKV_STATUS_OK) {
@@ -106,7 +98,7 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
             cz->kept_entries += sel.n_keep[h];
             cz->total_entries += L;
         }
-        if (st == CKV_STATUS_OK) st = ckv_kv_layer_compact(&s->kv, layer, sel.rows, L, sel.n_keep, s->capacity - L);
+        st = ckv_kv_layer_compact_dev(&s->kv, layer, sel.rows, L, sel.n_keep, s->capacity - L);
         cz->compact_seconds += ckv_time_now() - t0;
     }
     if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, &sel);

@@ -1,9 +1,10 @@
 /* compress.h - the bridge between a session's layer-major prefill and the presses: after a layer
- * has seen the whole context, build the scorer inputs from the model and the cache, select what
- * each local KV head keeps (evict/), compact the layer's pool to exactly that plus room for the
- * question and answer tokens, and optionally log the kept positions (rank 0 writes JSON lines
- * {layer, kv_head, positions} for every head of the model). Also keeps the statistics: bytes
- * before/after, time scoring, selecting and compacting. */
+ * has seen the whole context, build the scorer inputs from the model and the cache's device
+ * segments, select what each local KV head keeps (evict/, on the backend's ops), compact the layer's
+ * pool to exactly that plus room for the question and answer tokens straight from the device rows,
+ * and optionally log the kept positions (rank 0 writes JSON lines {layer, kv_head, positions} for
+ * every head of the model). Also keeps the statistics: bytes before/after, time scoring, selecting
+ * and compacting. Works for every KV dtype (F32, F16, BF16) and backend the scorers support. */
 #ifndef CKV_ENGINE_COMPRESS_H
 #define CKV_ENGINE_COMPRESS_H
 
@@ -18,7 +19,7 @@ typedef struct {
     const int32_t *headkv_budgets; /* [n_layers, n_kv_heads] from a profile, or NULL */
     int dump;                      /* log kept positions (set on EVERY rank: the log gathers over ranks) */
     FILE *dump_kept;               /* where rank 0 writes the JSON lines (NULL on other ranks) */
-    /* optional observer of every layer's selection (tests, analysis) */
+    /* optional observer of every layer's selection (tests, analysis): its buffers are device memory */
     void (*observe)(void *ctx, int layer, const ckv_selection *sel);
     void *observe_ctx;
     /* statistics (summed over layers) */
@@ -29,12 +30,10 @@ typedef struct {
     unsigned long long comm_bytes; /* payload this rank handed to collectives while compressing */
 } ckv_compressor;
 
-/* Fills the scorer inputs of `layer` from the session's model, cache (context rows 0..L-1 of every
- * local head) and saved attention inputs (the session must have been created with compress = 1). */
+/* Fills the scorer inputs of `layer` from the session's model, cache segments (context rows 0..L-1
+ * of every local head; their device positions serve as the context positions) and saved attention
+ * inputs (the session must have been created with compress = 1). */
 void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score_inputs *in);
-/* The host scorers' view of a layer's cache (F32 caches on a host backend; k and v are NULL
- * otherwise, which the scorers refuse). */
-ckv_attn_cache ckv_compress_cache_view(const ckv_kv_cache *kv, int layer);
 
 /* Kept rows per (layer, KV head) [n_layers * n_kv_heads] (malloc'd) of a headkv press for a context
  * of L tokens, from the profile named in the press (evict/headkv.h); every head also keeps the

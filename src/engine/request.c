@@ -13,6 +13,8 @@
 #include "core/timer.h"
 #include "engine/cache_io.h"
 #include "kv/kv_file.h"
+#include "model/config.h"
+#include "model/source.h"
 
 #define DEFAULT_CHUNK 512
 
@@ -72,7 +74,12 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     /* the caller chose the GPU (the cli: the node-local rank's); -1 is device 0 */
     ckv_backend_params bp = {cfg->backend, cfg->threads, cfg->device};
     ckv_status st = ckv_backend_init_params(&e->be, &bp);
-    ckv_model_opts mo = {engine_weights_dtype(cfg)};
+    /* auto: matrices the backend computes in their stored format stay so (GGUF blocks, F16, BF16 on
+     * the cpu); an explicit dtype converts every matrix to it */
+    ckv_model_opts mo = {.weights_dtype = engine_weights_dtype(cfg),
+                         .as_stored = cfg->weights_dtype == CKV_WEIGHTS_DTYPE_AUTO,
+                         .random_weights = cfg->random_weights,
+                         .random_seed = cfg->random_seed};
     if (st == CKV_STATUS_OK) st = ckv_model_load_opts(&e->model, cfg->model_path, e->be, tp, &mo);
     if (st == CKV_STATUS_OK && e->cfg.kv_dtype != CKV_KV_DTYPE_DEFAULT && !e->be->ops->kv_dtype_ok(e->be, engine_kv_dtype(e)))
         st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend cannot hold the KV cache in it",
@@ -105,6 +112,17 @@ void ckv_engine_free(ckv_engine *e) {
         ckv_backend_free(e->be);
     }
     memset(e, 0, sizeof *e);
+}
+
+ckv_status ckv_engine_read_config(const char *path, ckv_model_config *cfg) {
+    size_t n = strlen(path);
+    if (n > 5 && !strcmp(path + n - 5, ".gguf")) {
+        ckv_weight_source src;
+        CKV_TRY(ckv_source_open(&src, cfg, path));
+        ckv_source_close(&src);
+        return CKV_STATUS_OK;
+    }
+    return ckv_config_load(cfg, path);
 }
 
 static int engine_chunk(const ckv_engine *e) { return e->cfg.chunk > 0 ? e->cfg.chunk : DEFAULT_CHUNK; }

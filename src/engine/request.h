@@ -62,6 +62,8 @@ typedef struct {
     ckv_kv_dtype kv_dtype;          /* KV cache element type (recorded; see ckv_engine_init) */
     ckv_weights_dtype weights_dtype; /* weight element type (recorded; see ckv_engine_init) */
     int chunk;                      /* prefill chunk in tokens (0: 512) */
+    int random_weights;             /* 1: weights drawn from random_seed (model_path needs only config.json) */
+    uint64_t random_seed;
     const ckv_tokenizer *tokenizer; /* optional (not owned): its end-of-turn ids join the stop ids; needed
                                      * for stop strings */
 } ckv_engine_config;
@@ -83,6 +85,9 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
 /* An engine over a model loaded elsewhere (not owned): tests and tools that hold a ckv_model. */
 ckv_status ckv_engine_wrap(ckv_engine *e, ckv_model *m, int chunk, const ckv_tokenizer *tok);
 void ckv_engine_free(ckv_engine *e); /* accepts zeroed and partial objects */
+
+/* A model's configuration alone (config.json, or a GGUF file's metadata); no weights are read. */
+ckv_status ckv_engine_read_config(const char *model_path, ckv_model_config *cfg);
 
 /* ---- a prepared context (compress once, ask many) -------------------------------------------------- */
 

@@ -105,6 +105,14 @@ static ckv_status add_question(ckv_eval_sample *s, const ckv_json *answers, cons
 static ckv_status parse_line(const char *text, size_t len, const where *w, const ckv_dataset_options *o,
                              ckv_eval_sample *s) {
     memset(s, 0, sizeof *s);
+    /* a NUL (raw or \u0000) would silently cut the context or question short */
+    const char *nul = memchr(text, '\0', len);
+    if (nul)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s:%d: NUL byte at byte %zu of the line", w->base, w->line,
+                         (size_t)(nul - text) + 1);
+    char what[200];
+    snprintf(what, sizeof what, "%s:%d", w->base, w->line);
+    CKV_TRY(ckv_json_check_no_nul(text, len, what));
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!j) {
@@ -188,6 +196,11 @@ static ckv_status parse_line(const char *text, size_t len, const where *w, const
     const char *aname = NULL;
     const ckv_json *answers = answers_field(j, &aname);
     const ckv_json *qs = ckv_json_get(j, "questions");
+    if (qs && !ckv_json_is_null(qs) && question) {
+        st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s:%d: both \"questions\" and \"%s\" are given; use one", w->base, w->line,
+                       ckv_json_get(j, "question") ? "question" : "input");
+        goto out;
+    }
     if (qs && !ckv_json_is_null(qs)) {
         if (!ckv_json_is_array(qs) || ckv_json_array_size(qs) == 0) {
             st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s:%d: \"questions\" must be a non-empty array", w->base, w->line);

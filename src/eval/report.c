@@ -3,6 +3,7 @@
  * atomic writes of ckv_eval_report_write. */
 #include "eval/report.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,18 +142,37 @@ ckv_status ckv_eval_report_table(const ckv_eval_summary *s, int n, char **out) {
     return ckv_strbuf_take(&b, out, "the summary table");
 }
 
+static double round6(double v) { return round(v * 1e6) / 1e6; }
+
 ckv_status ckv_eval_report_json(const ckv_eval_summary *s, int n, char **out) {
-    ckv_strbuf b;
+    ckv_strbuf b; /* one row a line: cJSON writes each row */
     ckv_strbuf_init(&b);
     ckv_strbuf_adds(&b, "{\"rows\": [");
     for (int i = 0; i < n; i++) {
-        ckv_strbuf_adds(&b, i ? ",\n  {\"task\": " : "\n  {\"task\": ");
-        ckv_strbuf_json_string(&b, s[i].task);
-        ckv_strbuf_printf(&b, ", \"length\": %d, \"press\": ", s[i].length);
-        ckv_strbuf_json_string(&b, s[i].press);
-        ckv_strbuf_printf(&b, ", \"budget\": %.17g, \"n\": %d, \"score\": %.6f", s[i].budget, s[i].n, s[i].score);
-        if (s[i].has_base) ckv_strbuf_printf(&b, ", \"full_cache\": %.6f, \"loss\": %.6f", s[i].base, s[i].loss);
-        ckv_strbuf_adds(&b, "}");
+        cJSON *o = cJSON_CreateObject();
+        if (!o) {
+            ckv_strbuf_free(&b);
+            return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory writing the JSON summary");
+        }
+        cJSON_AddStringToObject(o, "task", s[i].task);
+        cJSON_AddNumberToObject(o, "length", s[i].length);
+        cJSON_AddStringToObject(o, "press", s[i].press);
+        cJSON_AddNumberToObject(o, "budget", s[i].budget);
+        cJSON_AddNumberToObject(o, "n", s[i].n);
+        cJSON_AddNumberToObject(o, "score", round6(s[i].score));
+        if (s[i].has_base) {
+            cJSON_AddNumberToObject(o, "full_cache", round6(s[i].base));
+            cJSON_AddNumberToObject(o, "loss", round6(s[i].loss));
+        }
+        char *row = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!row) {
+            ckv_strbuf_free(&b);
+            return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory writing the JSON summary");
+        }
+        ckv_strbuf_adds(&b, i ? ",\n  " : "\n  ");
+        ckv_strbuf_adds(&b, row);
+        cJSON_free(row);
     }
     ckv_strbuf_adds(&b, "\n]}\n");
     return ckv_strbuf_take(&b, out, "the JSON summary");

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/json.h"
 #include "eval/sample.h"
 
@@ -180,23 +181,5 @@ ckv_status ckv_eval_append(const char *path, const char *data, size_t len) {
 }
 
 ckv_status ckv_eval_write_atomic(const char *path, const char *data, size_t len) {
-    size_t pl = strlen(path) + 8;
-    char *tmp = malloc(pl);
-    if (!tmp) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory writing %s", path);
-    snprintf(tmp, pl, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        ckv_status e = ckv_error(CKV_STATUS_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-        free(tmp);
-        return e;
-    }
-    ckv_status st = write_all(fd, data, len, tmp);
-    if (st == CKV_STATUS_OK && fsync(fd) != 0 && errno != EINVAL)
-        st = ckv_error(CKV_STATUS_ERR_IO, "cannot sync %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st == CKV_STATUS_OK) st = ckv_error(CKV_STATUS_ERR_IO, "error closing %s: %s", tmp, strerror(errno));
-    if (st == CKV_STATUS_OK && rename(tmp, path) != 0)
-        st = ckv_error(CKV_STATUS_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (st != CKV_STATUS_OK) unlink(tmp);
-    free(tmp);
-    return st;
+    return ckv_write_file_atomic(path, data, len, NULL);
 }

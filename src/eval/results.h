@@ -42,7 +42,7 @@ void ckv_eval_results_sort_unique(ckv_eval_result *rows, int *n);
 /* Appends len bytes (whole lines) to the file at `path` with O_APPEND, then fsyncs. */
 ckv_status ckv_eval_append(const char *path, const char *data, size_t len);
 
-/* Writes `path` atomically: path.tmp, fsync, rename. */
+/* Writes `path` atomically (core/atomic_file.h: regular targets only, temporary beside it, fsync, rename, directory fsync). */
 ckv_status ckv_eval_write_atomic(const char *path, const char *data, size_t len);
 
 #endif

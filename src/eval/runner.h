@@ -67,6 +67,8 @@ typedef struct {
     int threads;                 /* 0: the cores of the machine shared among its ranks */
     int chunk;                   /* prefill chunk (0: 512) */
     int tp;                      /* ranks per tensor-parallel group (0: all) */
+    int device;                  /* GPU index (-1: device 0 of the rank's view) */
+    int kv_dtype, weights_dtype; /* ckv_kv_dtype / ckv_weights_dtype of engine/request.h (0: the backend's) */
     /* output */
     const char *out_dir;
     const char *version;         /* ckv version recorded in every line */

@@ -24,7 +24,12 @@
  * so it is never cut before a forced token. The official value norm runs in a Triton kernel (TF32
  * dot products on GPUs); here it is plain fp32.
  * It does not select (select.c ranks all heads of the layer at once: CKV_ALLOC_GLOBAL) and does not
- * set the window's score. Scratch is allocated per call and freed. Host buffers only. */
+ * set the window's score. What runs where: steps 1-4 and the value norms are backend ops on device
+ * buffers (matmul, rope, evict_attn_probs for the [n_q_local, w, L] weights, evict_defensive_rows for
+ * the mean, the window bias and the pooled mass-preserving max, ckv_critical_value_norm); the
+ * per-head bookkeeping - the floor at the mean, the normalisation across heads, M and step 6's
+ * ranking by running share - runs on the host over downloaded [n_kv_local, L - w] rows, and the
+ * scores are written back once. Scratch is allocated per call and freed. */
 #include "evict/score_defensive.h"
 
 #include <math.h>
@@ -50,10 +55,6 @@ static int def_rank_cmp(const void *a, const void *b) {
 }
 
 typedef struct {
-    float *q;           // [w, n_q_local * d] roped window queries of the local heads
-    float *qh;          // [w, d] one head's queries
-    float *logits;      // [w, L] one head's logits, then attention weights
-    float *pooled;      // [n] one row, pooled
     double *ave;        // [n_kv_local, n] sums of the weights over local heads and window queries
     float *avef;        // [n_kv_local, n] the same in fp32 (reduced over the replica group), then the mean
     float *dmax;        // [n_kv_local, n] max over local heads and window queries of the rescaled rows
@@ -63,10 +64,6 @@ typedef struct {
 } ckv_def_ws;
 
 static void def_ws_free(ckv_def_ws *ws) {
-    ckv_free(ws->q);
-    ckv_free(ws->qh);
-    ckv_free(ws->logits);
-    ckv_free(ws->pooled);
     ckv_free(ws->ave);
     ckv_free(ws->avef);
     ckv_free(ws->dmax);
@@ -78,13 +75,8 @@ static void def_ws_free(ckv_def_ws *ws) {
 
 static ckv_status def_ws_init(ckv_def_ws *ws, const ckv_score_inputs *in, int w) {
     memset(ws, 0, sizeof *ws);
-    const size_t d = (size_t)in->head_dim, L = (size_t)in->L, n = L - (size_t)w, nkv = (size_t)in->n_kv_local;
-    const size_t hd = (size_t)in->n_q_local * d;
+    const size_t L = (size_t)in->L, n = L - (size_t)w, nkv = (size_t)in->n_kv_local;
     ckv_status s;
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->q, (size_t)w * hd * sizeof(float), "defensivekv window queries"), fail);
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->qh, (size_t)w * d * sizeof(float), "defensivekv head queries"), fail);
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->logits, (size_t)w * L * sizeof(float), "defensivekv logits"), fail);
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->pooled, n * sizeof(float), "defensivekv pooled row"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->ave, nkv * n * sizeof(double), "defensivekv mean attention"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->avef, nkv * n * sizeof(float), "defensivekv mean attention"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->dmax, nkv * n * sizeof(float), "defensivekv max attention"), fail);
@@ -122,48 +114,6 @@ static ckv_status def_check(const ckv_score_inputs *in, const ckv_press_config *
     return CKV_STATUS_OK;
 }
 
-/* Steps 1 to 4 for local query head j: accumulates ave and the running max into ws, the window bias
- * (attention on columns max(0, n - w) .. n - 1) into *bias. */
-static void def_head(const ckv_score_inputs *in, ckv_def_ws *ws, int w, int kernel, int j, double *bias) {
-    const int d = in->head_dim, L = in->L, n = L - w, hd = in->n_q_local * d, r = kernel / 2;
-    const int g = ckv_score_local_kv(in, j);
-    const float *K = in->cache.k + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
-    for (int i = 0; i < w; i++)
-        memcpy(ws->qh + (size_t)i * d, ws->q + (size_t)i * hd + (size_t)j * d, (size_t)d * sizeof(float));
-    ckv_backend_matmul_f32(in->be, ws->logits, ws->qh, K, NULL, w, d, L);
-    const float sqrt_d = (float)sqrt((double)d); /* the official code divides by math.sqrt(head_dim) */
-    const int bias_lo = n > w ? n - w : 0;
-    double *ave = ws->ave + (size_t)g * n;
-    float *dmax = ws->dmax + (size_t)g * n;
-    for (int i = 0; i < w; i++) {
-        float *row = ws->logits + (size_t)i * L; // [L]
-        const int n_vis = n + i + 1;               /* query L - w + i sees keys 0 .. L - w + i */
-        for (int t = 0; t < n_vis; t++) row[t] = row[t] / sqrt_d;
-        const float inv = ckv_score_exp_row(row, n_vis);
-        double mass = 0.0;
-        for (int t = 0; t < n; t++) {
-            row[t] *= inv;
-            mass += row[t];
-            ave[t] += row[t];
-        }
-        for (int t = bias_lo; t < n; t++) *bias += row[t];
-        /* avg pooling (zero padding counted), then rescaled to the row's own mass */
-        double psum = 0.0;
-        for (int t = 0; t < n; t++) {
-            const int lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
-            double box = 0.0;
-            for (int u = lo; u <= hi; u++) box += row[u];
-            ws->pooled[t] = (float)(box / kernel);
-            psum += ws->pooled[t];
-        }
-        const double scale = psum > 0.0 ? mass / psum : 0.0;
-        for (int t = 0; t < n; t++) {
-            const float v = (float)(ws->pooled[t] * scale);
-            dmax[t] = v > dmax[t] ? v : dmax[t];
-        }
-    }
-}
-
 ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores,
                                  ckv_score_info *info) {
     if (!in || !cfg || !scores || !info)
@@ -175,25 +125,49 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     const int w = cfg->window, L = in->L, n = L - w, nkv = in->n_kv_local, D = in->D;
     const int G = in->n_heads / in->n_kv_heads;
     ckv_backend *be = in->be;
+    const int d = in->head_dim, nq = in->n_q_local;
+    const size_t p_bytes = (size_t)nq * (size_t)w * (size_t)L * sizeof(float); /* [nq, w, L] weights */
+    const size_t s_bytes = (size_t)nkv * (size_t)L * sizeof(float);
     ckv_def_ws ws;
     CKV_TRY(def_ws_init(&ws, in, w));
+    ckv_score_dev dev = {be, {0}, 0};
+    float *q = NULL, *P = NULL;           // device: [w, nq * d] window queries, [nq, w, L] their weights
+    float *norm_dev = NULL, *dmax_dev = NULL; // device: [nkv, L] value norms, [nkv, n] defensive max
+    double *ave_dev = NULL, *bias_dev = NULL; // device: [nkv, n] weight sums, [1] window bias
+    float *out = NULL;                        // host view of the scores
     ckv_status s = CKV_STATUS_OK;
 
-    /* 1-4: window queries, per-head rows, defensive max; dmax starts at 0 (every value is >= 0) */
-    be->ops->matmul(be, ws.q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w);
-    be->ops->rope(be, ws.q, in->pos + (L - w), w, in->n_q_local, in->head_dim, in->inv_freq, in->rope_scale);
+    /* 1: window queries and their attention weights on the device */
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&q, (size_t)w * (size_t)nq * d * sizeof(float),
+                                        "defensivekv window queries"), done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&P, p_bytes, "defensivekv attention weights"), done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&norm_dev, s_bytes, "defensivekv value norms"), done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&dmax_dev, (size_t)nkv * n * sizeof(float), "defensivekv max"),
+                 done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&ave_dev, (size_t)nkv * n * sizeof(double), "defensivekv mean"),
+                 done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&bias_dev, sizeof(double), "defensivekv window bias"), done);
+    be->ops->matmul(be, q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w);
+    be->ops->rope(be, q, in->pos + (L - w), w, nq, d, in->inv_freq, in->rope_scale);
+    /* the official code divides by math.sqrt(head_dim) */
+    CKV_TRY_GOTO(s, be->ops->evict_attn_probs(be, P, L, q, w, L - w, &in->kv, nq, ckv_score_head0(in), G,
+                                              (float)sqrt((double)d), 1), done);
+    /* 2-4: per-head rows, defensive max (from 0: every value is >= 0), window bias; then to the host */
+    CKV_TRY_GOTO(s, be->ops->evict_defensive_rows(be, ave_dev, dmax_dev, bias_dev, P, L, w, n, nq, ckv_score_head0(in),
+                                                  G, cfg->kernel, nkv, 1), done);
     double bias_sum = 0.0;
-    for (int j = 0; j < in->n_q_local; j++) def_head(in, &ws, w, cfg->kernel, j, &bias_sum);
+    CKV_TRY_GOTO(s, be->ops->sync(be), done);
+    CKV_TRY_GOTO(s, be->ops->download(be, ws.ave, ave_dev, (size_t)nkv * n * sizeof(double)), done);
+    CKV_TRY_GOTO(s, be->ops->download(be, ws.dmax, dmax_dev, (size_t)nkv * n * sizeof(float)), done);
+    CKV_TRY_GOTO(s, be->ops->download(be, &bias_sum, bias_dev, sizeof bias_sum), done);
     for (size_t i = 0; i < (size_t)nkv * n; i++) ws.avef[i] = (float)ws.ave[i];
-    if (in->replica && in->replica->size > 1) {
-        CKV_TRY_GOTO(s, in->replica->ops->allreduce_f32(in->replica, ws.avef, (size_t)nkv * n, CKV_COMM_OP_SUM), done);
-        CKV_TRY_GOTO(s, in->replica->ops->allreduce_f32(in->replica, ws.dmax, (size_t)nkv * n, CKV_COMM_OP_MAX), done);
-    }
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->replica, ws.avef, (size_t)nkv * n, CKV_COMM_OP_SUM, 0), done);
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->replica, ws.dmax, (size_t)nkv * n, CKV_COMM_OP_MAX, 0), done);
     for (size_t i = 0; i < (size_t)nkv * n; i++) ws.avef[i] = (float)((double)ws.avef[i] / ((double)G * w));
     /* window bias: mean over ALL query heads of the layer and the window queries (quirk: the w columns
      * before the window) */
     float bias = (float)bias_sum;
-    if (in->tp && in->tp->size > 1) CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, &bias, 1, CKV_COMM_OP_SUM), done);
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->tp, &bias, 1, CKV_COMM_OP_SUM, 0), done);
     const float window_bias = (float)((double)bias / ((double)in->n_heads * w));
     const float threshold = (float)(CKV_DEFENSIVE_THRESHOLD - (double)window_bias);
     for (int g = 0; g < nkv; g++) { /* floor at the head's mean */
@@ -205,7 +179,13 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     }
 
     /* 5: value norms normalised over all KV heads of the layer (replicas of a head count once) */
-    CKV_TRY_GOTO(s, ckv_critical_value_norm(in, ws.norm), done);
+    CKV_TRY_GOTO(s, ckv_critical_value_norm(in, norm_dev), done);
+    {
+        float *nh = NULL;
+        CKV_TRY_GOTO(s, ckv_evict_host_view(be, norm_dev, s_bytes, (void **)&nh), done);
+        memcpy(ws.norm, nh, s_bytes);
+        CKV_TRY_GOTO(s, ckv_evict_host_release(be, norm_dev, nh, s_bytes, 0), done);
+    }
     const int replica_leader = !in->replica || in->replica->size <= 1 || in->replica->rank == 0;
     for (int t = 0; t < n; t++) {
         double acc = 0.0;
@@ -213,11 +193,11 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
             for (int g = 0; g < nkv; g++) acc += ws.norm[(size_t)g * L + t];
         ws.nsum[t] = (float)acc;
     }
-    if (in->tp && in->tp->size > 1)
-        CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, ws.nsum, (size_t)n, CKV_COMM_OP_SUM), done);
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->tp, ws.nsum, (size_t)n, CKV_COMM_OP_SUM, 0), done);
+    CKV_TRY_GOTO(s, ckv_evict_host_view(be, scores, s_bytes, (void **)&out), done);
     float M = 0.0f;
     for (int g = 0; g < nkv; g++) {
-        float *dst = scores + (size_t)g * L;
+        float *dst = out + (size_t)g * L;
         const float *dm = ws.dmax + (size_t)g * n, *N = ws.norm + (size_t)g * L;
         for (int t = 0; t < n; t++) {
             dst[t] = ws.nsum[t] > 0.0f ? dm[t] * (N[t] / ws.nsum[t]) : 0.0f;
@@ -225,7 +205,7 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
         }
         for (int t = n; t < L; t++) dst[t] = 0.0f; /* the window: protected by the caller */
     }
-    if (in->tp && in->tp->size > 1) CKV_TRY_GOTO(s, in->tp->ops->allreduce_f32(in->tp, &M, 1, CKV_COMM_OP_MAX), done);
+    CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->tp, &M, 1, CKV_COMM_OP_MAX, 0), done);
 
     /* 6: first stage, per KV head */
     const int cap = (int)((double)n * keep_frac - (double)w);
@@ -248,11 +228,16 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
         }
         int k = c < cap ? c : cap;
         if (k < 0) k = n + k > 0 ? n + k : 0; /* Python's sorted[:k] with k < 0 */
-        float *dst = scores + (size_t)g * L;
+        float *dst = out + (size_t)g * L;
         for (int i = 0; i < k; i++) dst[ws.rank[i].t] = M;
     }
     info->protect_tail = w;
 done:
+    if (out) {
+        ckv_status s2 = ckv_evict_host_release(be, scores, out, s_bytes, s == CKV_STATUS_OK);
+        if (s == CKV_STATUS_OK) s = s2;
+    }
+    ckv_score_dev_free(&dev);
     def_ws_free(&ws);
     return s;
 }

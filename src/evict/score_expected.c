@@ -8,9 +8,13 @@
  *     over those L - n_sink keys (fp32), the mean over the group's query heads;
  *  4. with vnorm: (score + epsilon) * ||v_t||_2.
  * The first n_sink tokens are left 0 here and reported as protected by ckv_score_layer.
- * The statistics are accumulated block by block over the tokens (one pass, shifted by the first
- * token's query for accuracy, sums in double); nothing of size [L, n_heads * d] is materialised.
- * It selects nothing. Host buffers only. */
+ * What runs where: the queries (matmul), their shifted moments block by block (evict_moments: one
+ * pass, shifted by the first statistics token's query for accuracy, sums in double; nothing of size
+ * [L, n_heads * d]), the per-key logits (evict_ea_logits), the softmax (evict_softmax_add), the value
+ * norms and the weighting (evict_row_norm, evict_add_mul) are backend ops on device buffers. The
+ * per-head d x d bookkeeping - mean and covariance from the moments, the averaged rotation applied
+ * to both, symmetrisation - runs on the host over the downloaded moments ([n_q_local, d, d] doubles)
+ * and uploads mu and cov per head. It selects nothing. */
 #include <math.h>
 #include <string.h>
 
@@ -31,25 +35,19 @@ static void ea_rotate(double *v, size_t stride, const double *c, const double *s
     }
 }
 
+/* Host bookkeeping of the per-head statistics. */
 typedef struct {
-    float *q;       // [B, hq] pre-RoPE queries of one token block
-    float *xt;      // [d, B] one head's shifted queries, transposed
-    float *outer;   // [d, d] one block's sum of outer products
-    float *shift;   // [hq] the first statistics token's queries
-    double *s1;     // [n_q_local, d] sums of (q - shift)
-    double *s2;     // [n_q_local, d, d] sums of (q - shift)(q - shift)^T
+    float *shift;    // [hq] the first statistics token's queries
+    double *s1;      // [n_q_local, d] sums of (q - shift)
+    double *s2;      // [n_q_local, d, d] sums of (q - shift)(q - shift)^T
     double *cb, *sb; // [d / 2] averaged cos / sin
-    double *mu;     // [n_q_local, d] rotated means (double)
-    float *muf;     // [d] one head's rotated mean
-    float *covf;    // [d, d] one head's rotated covariance
-    float *kc;      // [B, d] keys @ cov
-    float *logit;   // [L - n_sink]
-} ckv_ea_ws;
+    double *mu;      // [d] one head's rotated mean (double)
+    float *muf;      // [d] one head's rotated mean
+    float *covf;     // [d, d] one head's rotated covariance
+    float *inv_freq; // [d / 2] host copy of the rope table
+} ckv_ea_host;
 
-static void ea_free(ckv_ea_ws *w) {
-    ckv_free(w->q);
-    ckv_free(w->xt);
-    ckv_free(w->outer);
+static void ea_host_free(ckv_ea_host *w) {
     ckv_free(w->shift);
     ckv_free(w->s1);
     ckv_free(w->s2);
@@ -58,53 +56,84 @@ static void ea_free(ckv_ea_ws *w) {
     ckv_free(w->mu);
     ckv_free(w->muf);
     ckv_free(w->covf);
-    ckv_free(w->kc);
-    ckv_free(w->logit);
+    ckv_free(w->inv_freq);
 }
 
-static ckv_status ea_alloc(ckv_ea_ws *w, int hl, int d, int n) {
-    const size_t B = CKV_EA_BLOCK, hq = (size_t)hl * (size_t)d, dd = (size_t)d * (size_t)d;
-    CKV_TRY(ckv_alloc((void **)&w->q, B * hq * sizeof(float), "expected_attention queries"));
-    CKV_TRY(ckv_alloc((void **)&w->xt, (size_t)d * B * sizeof(float), "expected_attention block"));
-    CKV_TRY(ckv_alloc((void **)&w->outer, dd * sizeof(float), "expected_attention outer products"));
+static ckv_status ea_host_alloc(ckv_ea_host *w, int hl, int d) {
+    const size_t hq = (size_t)hl * (size_t)d, dd = (size_t)d * (size_t)d;
     CKV_TRY(ckv_alloc((void **)&w->shift, hq * sizeof(float), "expected_attention shift"));
     CKV_TRY(ckv_alloc((void **)&w->s1, hq * sizeof(double), "expected_attention sums"));
     CKV_TRY(ckv_alloc((void **)&w->s2, (size_t)hl * dd * sizeof(double), "expected_attention covariances"));
     CKV_TRY(ckv_alloc((void **)&w->cb, (size_t)(d / 2) * sizeof(double), "expected_attention cos"));
     CKV_TRY(ckv_alloc((void **)&w->sb, (size_t)(d / 2) * sizeof(double), "expected_attention sin"));
-    CKV_TRY(ckv_alloc((void **)&w->mu, hq * sizeof(double), "expected_attention means"));
+    CKV_TRY(ckv_alloc((void **)&w->mu, (size_t)d * sizeof(double), "expected_attention mean"));
     CKV_TRY(ckv_alloc((void **)&w->muf, (size_t)d * sizeof(float), "expected_attention mean"));
     CKV_TRY(ckv_alloc((void **)&w->covf, dd * sizeof(float), "expected_attention covariance"));
-    CKV_TRY(ckv_alloc((void **)&w->kc, B * (size_t)d * sizeof(float), "expected_attention keys @ cov"));
-    CKV_TRY(ckv_alloc((void **)&w->logit, (size_t)n * sizeof(float), "expected_attention logits"));
+    CKV_TRY(ckv_alloc((void **)&w->inv_freq, (size_t)(d / 2) * sizeof(float), "expected_attention rope table"));
     return CKV_STATUS_OK;
 }
 
-/* Pass over the tokens n_sink .. L-1: shifted first and second moments of the pre-RoPE queries. */
-static void ea_statistics(const ckv_score_inputs *in, int n_sink, int cov, ckv_ea_ws *w) {
+/* Device buffers of the scorer. */
+typedef struct {
+    float *q;      // [B, hq] pre-RoPE queries of one token block
+    float *shift;  // [hq]
+    double *s1;    // [n_q_local, d]
+    double *s2;    // [n_q_local, d, d]
+    float *mu;     // [d]
+    float *cov;    // [d, d]
+    float *logit;  // [L - n_sink]
+    float *norms;  // [n_kv_local, L] value norms (vnorm)
+} ckv_ea_dev;
+
+static ckv_status ea_dev_alloc(ckv_score_dev *dev, ckv_ea_dev *b, int hl, int d, int n, int nkv, int L) {
+    const size_t hq = (size_t)hl * (size_t)d, dd = (size_t)d * (size_t)d;
+    CKV_TRY(ckv_score_dev_alloc(dev, (void **)&b->q, CKV_EA_BLOCK * hq * sizeof(float), "expected_attention queries"));
+    CKV_TRY(ckv_score_dev_alloc(dev, (void **)&b->shift, hq * sizeof(float), "expected_attention shift"));
+    CKV_TRY(ckv_score_dev_alloc(dev, (void **)&b->s1, hq * sizeof(double), "expected_attention sums"));
+    CKV_TRY(ckv_score_dev_alloc(dev, (void **)&b->s2, (size_t)hl * dd * sizeof(double), "expected_attention moments"));
+    CKV_TRY(ckv_score_dev_alloc(dev, (void **)&b->mu, (size_t)d * sizeof(float), "expected_attention mean"));
+    CKV_TRY(ckv_score_dev_alloc(dev, (void **)&b->cov, dd * sizeof(float), "expected_attention covariance"));
+    CKV_TRY(ckv_score_dev_alloc(dev, (void **)&b->logit, (size_t)n * sizeof(float), "expected_attention logits"));
+    CKV_TRY(ckv_score_dev_alloc(dev, (void **)&b->norms, (size_t)nkv * L * sizeof(float), "expected_attention norms"));
+    return CKV_STATUS_OK;
+}
+
+/* Pass over the tokens n_sink .. L-1 on the device: shifted first and second moments of the pre-RoPE
+ * queries; then the moments and the shift come to the host. */
+static ckv_status ea_statistics(const ckv_score_inputs *in, int n_sink, int cov, ckv_ea_dev *b, ckv_ea_host *w) {
     const int L = in->L, d = in->head_dim, D = in->D, hl = in->n_q_local, hq = hl * d;
     ckv_backend *be = in->be;
     for (int t0 = n_sink; t0 < L; t0 += CKV_EA_BLOCK) {
         const int nb = L - t0 < CKV_EA_BLOCK ? L - t0 : CKV_EA_BLOCK;
-        be->ops->matmul(be, w->q, in->xn + (size_t)t0 * (size_t)D, in->wq, in->bq, nb); /* [nb, hq] */
-        if (t0 == n_sink) memcpy(w->shift, w->q, (size_t)hq * sizeof(float));
-        for (int j = 0; j < hl; j++) {
-            double *s1 = w->s1 + (size_t)j * d;
-            for (int i = 0; i < nb; i++) {
-                const float *qi = w->q + (size_t)i * hq + (size_t)j * d;
-                const float *sh = w->shift + (size_t)j * d;
-                for (int a = 0; a < d; a++) {
-                    float x = qi[a] - sh[a];
-                    w->xt[(size_t)a * nb + i] = x;
-                    s1[a] += x;
-                }
-            }
-            if (!cov) continue;
-            ckv_backend_matmul_f32(be, w->outer, w->xt, w->xt, NULL, d, nb, d); /* [d, d] = X^T X */
-            double *s2 = w->s2 + (size_t)j * d * d;
-            for (size_t e = 0; e < (size_t)d * d; e++) s2[e] += w->outer[e];
-        }
+        be->ops->matmul(be, b->q, in->xn + (size_t)t0 * (size_t)D, in->wq, in->bq, nb); /* [nb, hq] */
+        if (t0 == n_sink) CKV_TRY(be->ops->copy(be, b->shift, b->q, (size_t)hq * sizeof(float)));
+        CKV_TRY(be->ops->evict_moments(be, b->s1, cov ? b->s2 : NULL, b->q, b->shift, nb, hl, d, t0 == n_sink));
     }
+    CKV_TRY(be->ops->sync(be));
+    CKV_TRY(be->ops->download(be, w->shift, b->shift, (size_t)hq * sizeof(float)));
+    CKV_TRY(be->ops->download(be, w->s1, b->s1, (size_t)hq * sizeof(double)));
+    if (cov) CKV_TRY(be->ops->download(be, w->s2, b->s2, (size_t)hq * (size_t)d * sizeof(double)));
+    return CKV_STATUS_OK;
+}
+
+/* Local head j's rotated mean (w->muf) and, with cov, its rotated symmetrised covariance (w->covf),
+ * from the moments over n tokens. */
+static void ea_head_stats(ckv_ea_host *w, int j, int d, int n, int cov) {
+    const double inv_n = 1.0 / (double)n;
+    double *mu = w->mu, *s1 = w->s1 + (size_t)j * d, *s2 = w->s2 + (size_t)j * d * d;
+    const float *sh = w->shift + (size_t)j * d;
+    for (int a = 0; a < d; a++) s1[a] *= inv_n; /* mean - shift */
+    for (int a = 0; a < d; a++) mu[a] = (double)sh[a] + s1[a];
+    ea_rotate(mu, 1, w->cb, w->sb, d);
+    for (int a = 0; a < d; a++) w->muf[a] = (float)mu[a];
+    if (!cov) return;
+    for (int a = 0; a < d; a++)
+        for (int c = 0; c < d; c++) s2[(size_t)a * d + c] = s2[(size_t)a * d + c] * inv_n - s1[a] * s1[c];
+    for (int c = 0; c < d; c++) ea_rotate(s2 + c, (size_t)d, w->cb, w->sb, d);     /* R cov */
+    for (int a = 0; a < d; a++) ea_rotate(s2 + (size_t)a * d, 1, w->cb, w->sb, d); /* (R cov) R^T */
+    for (int a = 0; a < d; a++)
+        for (int c = 0; c < d; c++) /* symmetric up to rounding: symmetrise for x @ cov^T = x @ cov */
+            w->covf[(size_t)a * d + c] = (float)(0.5 * (s2[(size_t)a * d + c] + s2[(size_t)c * d + a]));
 }
 
 ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
@@ -118,21 +147,28 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
     if (in->L <= n_sink)
         return ckv_error(CKV_STATUS_ERR_ARG, "--n_sink %d needs a context longer than %d tokens, got %d", n_sink,
                          n_sink, in->L);
-    const int L = in->L, d = in->head_dim, h = d / 2, hl = in->n_q_local, n = L - n_sink;
+    const int L = in->L, d = in->head_dim, h = d / 2, hl = in->n_q_local, n = L - n_sink, nkv = in->n_kv_local;
     ckv_backend *be = in->be;
-    ckv_ea_ws w;
+    ckv_ea_host w;
     memset(&w, 0, sizeof w);
+    ckv_ea_dev b;
+    memset(&b, 0, sizeof b);
+    ckv_score_dev dev = {be, {0}, 0};
     ckv_status s;
-    CKV_TRY_GOTO(s, ea_alloc(&w, hl, d, n), done);
-    ea_statistics(in, n_sink, cov, &w);
+    CKV_TRY_GOTO(s, ea_host_alloc(&w, hl, d), done);
+    CKV_TRY_GOTO(s, ea_dev_alloc(&dev, &b, hl, d, n, nkv, L), done);
+    CKV_TRY_GOTO(s, ea_statistics(in, n_sink, cov, &b, &w), done);
 
     /* averaged rotation over positions P0 .. P0 + n_future - 1, P0 the first position after the context
      * (kvpress: q_len, equal to pos[L-1] + 1 for a context at positions 0 .. L-1) */
-    const int64_t p0 = (int64_t)in->pos[L - 1] + 1;
+    int32_t last = 0;
+    CKV_TRY_GOTO(s, be->ops->download(be, &last, in->pos + (L - 1), sizeof last), done);
+    CKV_TRY_GOTO(s, be->ops->download(be, w.inv_freq, in->inv_freq, (size_t)h * sizeof(float)), done);
+    const int64_t p0 = (int64_t)last + 1;
     for (int a = 0; a < h; a++) {
         double c = 0.0, sn = 0.0;
         for (int p = 0; p < n_future; p++) {
-            float angle = (float)(p0 + p) * in->inv_freq[a]; /* fp32, as the rotary embedding */
+            float angle = (float)(p0 + p) * w.inv_freq[a]; /* fp32, as the rotary embedding */
             c += (double)(cosf(angle) * in->rope_scale);
             sn += (double)(sinf(angle) * in->rope_scale);
         }
@@ -140,67 +176,27 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
         w.sb[a] = sn / n_future;
     }
 
-    memset(scores, 0, (size_t)in->n_kv_local * (size_t)L * sizeof(float));
-    const double inv_n = 1.0 / (double)n;
+    be->ops->evict_fill(be, scores, nkv, L, 0, L, 0, 0.0f);
     const float sqrt_d = (float)sqrt((double)d);
     for (int j = 0; j < hl; j++) {
-        /* mean and covariance (biased: divided by n), then rotated */
-        double *mu = w.mu + (size_t)j * d, *s1 = w.s1 + (size_t)j * d, *s2 = w.s2 + (size_t)j * d * d;
-        const float *sh = w.shift + (size_t)j * d;
-        for (int a = 0; a < d; a++) s1[a] *= inv_n; /* mean - shift */
-        for (int a = 0; a < d; a++) mu[a] = (double)sh[a] + s1[a];
-        ea_rotate(mu, 1, w.cb, w.sb, d);
-        for (int a = 0; a < d; a++) w.muf[a] = (float)mu[a];
-        if (cov) {
-            for (int a = 0; a < d; a++)
-                for (int b = 0; b < d; b++) s2[(size_t)a * d + b] = s2[(size_t)a * d + b] * inv_n - s1[a] * s1[b];
-            for (int b = 0; b < d; b++) ea_rotate(s2 + b, (size_t)d, w.cb, w.sb, d);         /* R cov */
-            for (int a = 0; a < d; a++) ea_rotate(s2 + (size_t)a * d, 1, w.cb, w.sb, d);     /* (R cov) R^T */
-            for (int a = 0; a < d; a++)
-                for (int b = 0; b < d; b++) /* symmetric up to rounding: symmetrise for x @ cov^T = x @ cov */
-                    w.covf[(size_t)a * d + b] = (float)(0.5 * (s2[(size_t)a * d + b] + s2[(size_t)b * d + a]));
-        }
-        /* logits over keys n_sink .. L-1 */
+        ea_head_stats(&w, j, d, n, cov);
+        CKV_TRY_GOTO(s, be->ops->upload(be, b.mu, w.muf, (size_t)d * sizeof(float)), done);
+        if (cov) CKV_TRY_GOTO(s, be->ops->upload(be, b.cov, w.covf, (size_t)d * d * sizeof(float)), done);
+        /* logits over keys n_sink .. L-1, softmax over them (fp32), summed into the KV head's row */
         const int g = ckv_score_local_kv(in, j);
-        const float *K = in->cache.k + ((size_t)in->cache.off[g] + (size_t)n_sink) * (size_t)d; // [n, d]
-        for (int t0 = 0; t0 < n; t0 += CKV_EA_BLOCK) {
-            const int nb = n - t0 < CKV_EA_BLOCK ? n - t0 : CKV_EA_BLOCK;
-            const float *Kb = K + (size_t)t0 * d;
-            if (cov) ckv_backend_matmul_f32(be, w.kc, Kb, w.covf, NULL, nb, d, d); /* [nb, d] */
-            for (int i = 0; i < nb; i++) {
-                const float *k = Kb + (size_t)i * d;
-                double m1 = 0.0, m2 = 0.0;
-                for (int a = 0; a < d; a++) m1 += (double)w.muf[a] * k[a];
-                float x = (float)m1 / sqrt_d;
-                if (cov) {
-                    const float *kc = w.kc + (size_t)i * d;
-                    for (int a = 0; a < d; a++) m2 += (double)kc[a] * k[a];
-                    x += (float)m2 / (float)d / 2.0f;
-                }
-                w.logit[t0 + i] = x;
-            }
-        }
-        /* softmax over the n keys (fp32), summed into the KV head's row */
-        const float inv = ckv_score_exp_row(w.logit, n);
-        float *dst = scores + (size_t)g * (size_t)L + n_sink;
-        for (int t = 0; t < n; t++) dst[t] += w.logit[t] * inv;
+        CKV_TRY_GOTO(s, be->ops->evict_ea_logits(be, b.logit, &in->kv, g, n_sink, n, b.mu, cov ? b.cov : NULL, sqrt_d),
+                     done);
+        be->ops->evict_softmax_add(be, scores + (size_t)g * (size_t)L + n_sink, b.logit, n);
+        CKV_TRY_GOTO(s, be->ops->sync(be), done); /* mu and cov are overwritten for the next head */
     }
     CKV_TRY_GOTO(s, ckv_score_group_mean(in, scores), done);
-    if (cfg->use_vnorm) {
-        const float eps = (float)cfg->epsilon_ea;
-        for (int g = 0; g < in->n_kv_local; g++) {
-            const float *V = in->cache.v + (size_t)in->cache.off[g] * (size_t)d; // [L, d]
-            float *row = scores + (size_t)g * (size_t)L;
-            for (int t = n_sink; t < L; t++) {
-                const float *v = V + (size_t)t * d;
-                double ss = 0.0;
-                for (int a = 0; a < d; a++) ss += (double)v[a] * v[a];
-                row[t] = (row[t] + eps) * (float)sqrt(ss);
-            }
-        }
+    if (cfg->use_vnorm) { /* (score + epsilon) * ||v||_2 on the tokens after the sinks */
+        be->ops->evict_row_norm(be, b.norms, L, &in->kv, L, 1, 1.0f);
+        be->ops->evict_add_mul(be, scores + n_sink, scores + n_sink, b.norms + n_sink, nkv, n, L, (float)cfg->epsilon_ea);
     }
     s = CKV_STATUS_OK;
 done:
-    ea_free(&w);
+    ea_host_free(&w);
+    ckv_score_dev_free(&dev);
     return s;
 }

@@ -1,14 +1,14 @@
 /* scorer.c - ckv_score_layer: dispatches on cfg->scorer to the scorer families (score_window.c,
- * score_simple.c, score_observed.c, score_expected.c) and reports which tokens each scorer protects;
- * also the helpers they share (input checks, the local query head -> local KV head map, the group
- * mean with its replica all-reduce). It computes no scores itself, does not set protected scores
- * (the caller does, after the cross-head reduction) and selects nothing. */
+ * score_simple.c, score_observed.c, score_expected.c, score_defensive.c) and reports which tokens
+ * each scorer protects; also the helpers they share (input checks, the local query head -> local KV
+ * head map, the group mean with its replica all-reduce through the backend's ops, device scratch
+ * bookkeeping). It computes no scores itself, does not set protected scores (the caller does, after
+ * the cross-head reduction) and selects nothing. */
 #include "evict/scorer.h"
 
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "core/status.h"
 #include "evict/score_defensive.h"
@@ -34,20 +34,28 @@ ckv_status ckv_score_check_inputs(const ckv_score_inputs *in, const char *who) {
             return ckv_error(CKV_STATUS_ERR_SHAPE, "scorer %s: query head %d belongs to KV head %d, not held here (%d..%d)",
                              who, in->q_head0 + j, (in->q_head0 + j) / (in->n_heads / in->n_kv_heads), in->kv_head0,
                              in->kv_head0 + in->n_kv_local - 1);
-    if (!in->be || in->be->device != CKV_DEVICE_HOST)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "scorer %s: needs a backend with host memory (got %s)", who,
-                         in->be ? in->be->name : "none");
-    const ckv_attn_cache *c = &in->cache;
-    if (!c->k || !c->v || !c->off)
-        return ckv_error(CKV_STATUS_ERR_ARG, "scorer %s: layer %d cache has no keys/values/offsets", who, in->layer);
-    if (c->head_dim != in->head_dim || c->n_kv_heads < in->n_kv_local)
-        return ckv_error(CKV_STATUS_ERR_SHAPE, "scorer %s: cache head_dim %d / %d heads, expected %d / %d", who,
-                         c->head_dim, c->n_kv_heads, in->head_dim, in->n_kv_local);
-    if (c->len)
-        for (int g = 0; g < in->n_kv_local; g++)
-            if (c->len[g] < in->L)
-                return ckv_error(CKV_STATUS_ERR_SHAPE, "scorer %s: cache head %d holds %d rows, fewer than L %d", who,
-                                 g, c->len[g], in->L);
+    if (!in->be) return ckv_error(CKV_STATUS_ERR_ARG, "scorer %s: no backend", who);
+    const ckv_backend_ops *o = in->be->ops;
+    const int have_ops = o->evict_attn_colsum && o->evict_attn_probs && o->evict_colsum_finish && o->evict_pool &&
+                         o->evict_head_sum && o->evict_div && o->evict_row_norm && o->evict_add_mul &&
+                         o->evict_value_norm && o->evict_fill && o->evict_random && o->evict_max && o->evict_topk &&
+                         o->evict_scatter && o->evict_topk_counts && o->evict_moments &&
+                         o->evict_ea_logits && o->evict_defensive_rows && o->evict_softmax_add;
+    if (!have_ops)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "scorer %s: the %s backend does not implement the eviction ops", who,
+                         in->be->name);
+    const ckv_kv_batch *kv = &in->kv;
+    if (!kv->segs || kv->n_seq != 1)
+        return ckv_error(CKV_STATUS_ERR_ARG, "scorer %s: layer %d needs the segments of one sequence (got %d)", who,
+                         in->layer, kv->segs ? kv->n_seq : 0);
+    if (kv->head_dim != in->head_dim || kv->n_kv_heads != in->n_kv_local)
+        return ckv_error(CKV_STATUS_ERR_SHAPE, "scorer %s: segments of head_dim %d / %d heads, expected %d / %d", who,
+                         kv->head_dim, kv->n_kv_heads, in->head_dim, in->n_kv_local);
+    if (kv->dtype != CKV_DTYPE_F32 && kv->dtype != CKV_DTYPE_F16 && kv->dtype != CKV_DTYPE_BF16)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "scorer %s: KV cache dtype %s", who, ckv_dtype_name(kv->dtype));
+    if (kv->max_len < in->L)
+        return ckv_error(CKV_STATUS_ERR_SHAPE, "scorer %s: the segments hold at most %d rows, fewer than L %d", who,
+                         kv->max_len, in->L);
     return CKV_STATUS_OK;
 }
 
@@ -57,75 +65,29 @@ int ckv_score_local_kv(const ckv_score_inputs *in, int j) {
     return g >= 0 && g < in->n_kv_local ? g : -1;
 }
 
+int ckv_score_head0(const ckv_score_inputs *in) {
+    return in->q_head0 - in->kv_head0 * (in->n_heads / in->n_kv_heads);
+}
+
 ckv_status ckv_score_group_mean(const ckv_score_inputs *in, float *scores) {
     size_t n = (size_t)in->n_kv_local * (size_t)in->L;
-    if (in->replica && in->replica->size > 1) {
-        ckv_status s = in->replica->ops->allreduce_f32(in->replica, scores, n, CKV_COMM_OP_SUM);
-        if (s != CKV_STATUS_OK) return s;
-    }
-    const float group = (float)(in->n_heads / in->n_kv_heads);
-    for (size_t i = 0; i < n; i++) scores[i] /= group;
+    CKV_TRY(ckv_evict_allreduce(in->be, in->replica, scores, n, CKV_COMM_OP_SUM, 1));
+    in->be->ops->evict_div(in->be, scores, n, (float)(in->n_heads / in->n_kv_heads));
     return CKV_STATUS_OK;
 }
 
-/* exp(x) in fp32 for x <= 0 (softmax after the max is subtracted), branch-free so the loops that call
- * it vectorise: x = n ln2 + r, |r| <= ln2/2 (ln2 in two parts, the first exact in fp32), e^r by a
- * degree-7 Taylor polynomial (truncation error < 0.05 ulp), times 2^n built in the exponent bits.
- * Inputs below -87 are clamped (result ~1.6e-38 instead of a denormal or 0: negligible next to the
- * row's max term, which is 1). */
-static inline float score_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 0.0f ? 0.0f : x;
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the low bits */
-    float kf = x * 1.44269504088896341f + shifter;
-    int32_t ki;
-    memcpy(&ki, &kf, sizeof ki);
-    ki -= 0x4B400000;
-    float n = kf - shifter;
-    float r = x - n * 0.693145751953125f; /* ln2 high part: 12 significant bits, n * it is exact */
-    r = r - n * 1.42860682030941723212e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = (ki + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+ckv_status ckv_score_dev_alloc(ckv_score_dev *d, void **out, size_t bytes, const char *what) {
+    *out = NULL;
+    if (d->n >= CKV_SCORE_DEV_MAX) return ckv_error(CKV_STATUS_ERR_INTERNAL, "scorer scratch: too many buffers (%s)", what);
+    CKV_TRY(d->be->ops->alloc(d->be, out, bytes > 0 ? bytes : 1, what));
+    d->p[d->n++] = *out;
+    return CKV_STATUS_OK;
 }
 
-float ckv_score_exp_row(float *x, int n) {
-    /* independent lanes so that the reductions vectorise without reassociation */
-    float ml[16];
-    for (int l = 0; l < 16; l++) ml[l] = x[0];
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) ml[l] = x[i + l] > ml[l] ? x[i + l] : ml[l];
-    float m = ml[0];
-    for (int l = 1; l < 16; l++) m = ml[l] > m ? ml[l] : m;
-    for (; i < n; i++) m = x[i] > m ? x[i] : m;
-    for (i = 0; i < n; i++) x[i] = score_expf(x[i] - m);
-    double sl[8] = {0};
-    for (i = 0; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) sl[l] += x[i + l];
-    double sum = ((sl[0] + sl[4]) + (sl[1] + sl[5])) + ((sl[2] + sl[6]) + (sl[3] + sl[7]));
-    for (; i < n; i++) sum += x[i];
-    return (float)(1.0 / sum);
-}
-
-double ckv_score_l1(const float *x, int n) {
-    float lane[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) lane[l] += fabsf(x[i + l]);
-    double s = 0.0;
-    for (int l = 0; l < 16; l++) s += lane[l];
-    for (; i < n; i++) s += fabsf(x[i]);
-    return s;
+void ckv_score_dev_free(ckv_score_dev *d) {
+    if (!d || !d->be) return;
+    for (int i = 0; i < d->n; i++) d->be->ops->release(d->be, d->p[i]);
+    d->n = 0;
 }
 
 ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores,

@@ -1,8 +1,10 @@
 /* select.h - from scores to kept rows for one layer: protected tokens, kept counts (uniform,
  * pyramidkv, fixed tokens), CriticalKV's two-stage selection, and cross-head allocation (adakv,
- * critical_adakv, global top-k) agreed across tensor-parallel ranks by an all-gather of the layer's
- * scores. Ties are broken by lower position first (then lower head). It neither computes scores
- * (scorer.h) nor touches the cache (the engine compacts it). */
+ * critical_adakv, headkv, global top-k) agreed across tensor-parallel ranks by an all-gather of the
+ * layer's scores. Every per-element step runs as a backend eviction op on device buffers; only the
+ * per-head counts (budgets, kept counts) and the layer max cross to the host. Ties are broken by
+ * lower position first (then lower head). It neither computes scores (scorer.h) nor touches the
+ * cache (the engine compacts it). */
 #ifndef CKV_EVICT_SELECT_H
 #define CKV_EVICT_SELECT_H
 
@@ -11,30 +13,43 @@
 #include "evict/press.h"
 #include "evict/scorer.h"
 
+/* One layer's selection. Buffers marked device live on the backend's device (host memory on the
+ * cpu backend); ckv_selection_rows_host copies the kept rows to the host where needed. */
 typedef struct {
-    int n_kv_local, L;
-    int32_t *rows;   /* [n_kv_local, L] kept rows of head h at rows + h * L, ascending */
-    int32_t *n_keep; /* [n_kv_local] */
-    float *scores;   /* [n_kv_local, L] base scores with protected tokens set (what selection ranked) */
-    float *norms;    /* [n_kv_local, L] CriticalKV value norms (critical presses), else unused */
+    ckv_backend *be;
+    int n_kv_local, n_kv_heads, L;
+    int32_t *rows;       /* [n_kv_local, L] kept rows of head h at rows + h * L, ascending (device) */
+    int32_t *n_keep;     /* [n_kv_local] kept counts (host) */
+    float *scores;       /* [n_kv_local, L] base scores with protected tokens set: what selection ranked (device) */
+    float *norms;        /* [n_kv_local, L] CriticalKV value norms (critical presses), else unused (device) */
+    /* device scratch */
+    float *tmp;          /* [n_kv_local, L] stage-2 keys of CriticalKV */
+    float *all;          /* [n_kv_heads, L] the layer's scores, global head order (cross-head allocation) */
+    int32_t *idx;        /* [n_kv_heads, L] forced rows (stage 1, safeguard) */
+    int32_t *k_dev;      /* [n_kv_heads] per-row counts of one top-k */
+    int32_t *k2_dev;     /* [n_kv_heads] per-row counts of a second top-k */
+    int32_t *counts_dev; /* [n_kv_heads] cross-head counts */
+    float *scalar;       /* [1] the layer max */
+    int32_t *k_host;     /* [n_kv_heads] host staging of counts */
     int n_kept;      /* the per-head count the budget asked for (mean for cross-head allocation) */
     double score_seconds, select_seconds;
 } ckv_selection;
 
-ckv_status ckv_selection_init(ckv_selection *s, int n_kv_local, int L);
+/* Allocates the buffers of a layer with n_kv_local of n_kv_heads KV heads and L context tokens. */
+ckv_status ckv_selection_init(ckv_selection *s, ckv_backend *be, int n_kv_local, int n_kv_heads, int L);
 void ckv_selection_free(ckv_selection *s); /* accepts partial objects */
+
+/* Copies the kept rows [n_kv_local, L] (only the first n_keep[h] of head h are meaningful) to host. */
+ckv_status ckv_selection_rows_host(const ckv_selection *s, int32_t *rows);
 
 /* Per-head budgets for one layer from a head-importance profile (headkv); NULL when not used. */
 typedef struct {
     int n_kv_heads;
-    const int32_t *budget; /* [n_kv_heads] kept tokens per KV head of this layer (global heads) */
+    const int32_t *budget; /* [n_kv_heads] kept tokens per KV head of this layer (global heads, host) */
 } ckv_head_budgets;
 
 /* Scores layer in->layer and selects what each local head keeps (in->L context rows). */
 ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *in, const ckv_head_budgets *hb,
                            ckv_selection *out);
-
-/* Top-k of s[n] (ties: lower index first), written ascending into idx[k]. */
-ckv_status ckv_topk_ascending(const float *s, int n, int k, int32_t *idx);
 
 #endif

@@ -170,8 +170,10 @@ static void kv_gather_ws_free(ckv_backend *be, kv_gather_ws *w) {
     be->ops->release(be, w->n_keep);
 }
 
-ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep, int stride, const int32_t *n_keep,
-                                int room) {
+/* The compaction behind both entry points: keep_host (validated, uploaded) or keep_dev (device rows,
+ * trusted) holds the kept rows. */
+static ckv_status kv_compact(ckv_kv_cache *c, int layer, const int32_t *keep_host, const int32_t *keep_dev, int stride,
+                             const int32_t *n_keep, int room) {
     if (layer < 0 || layer >= c->n_layers) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache layer %d out of range", layer);
     if (room < 0) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache room %d is negative", room);
     ckv_kv_layer *old = &c->layers[layer];
@@ -181,8 +183,8 @@ ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep,
         if (n_keep[h] < 0 || n_keep[h] > old->len[h] || n_keep[h] > stride)
             return ckv_error(CKV_STATUS_ERR_ARG, "layer %d head %d: cannot keep %d of %d rows", layer, h, n_keep[h],
                              old->len[h]);
-        const int32_t *kh = keep + (size_t)h * (size_t)stride;
-        for (int i = 0; i < n_keep[h]; i++)
+        const int32_t *kh = keep_host ? keep_host + (size_t)h * (size_t)stride : NULL;
+        for (int i = 0; kh && i < n_keep[h]; i++)
             if (kh[i] < 0 || kh[i] >= old->len[h] || (i > 0 && kh[i] <= kh[i - 1]))
                 return ckv_error(CKV_STATUS_ERR_ARG, "layer %d head %d: keep list is not ascending rows below %d",
                                  layer, h, old->len[h]);
@@ -196,7 +198,7 @@ ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep,
     ckv_status s = kv_pool_alloc(c, &nl, rows);
     if (s == CKV_STATUS_OK) s = ckv_alloc((void **)&tab, (size_t)c->n_kv * sizeof *tab, "KV segment staging");
     if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)&ws.segs, (size_t)c->n_kv * sizeof(ckv_kv_seg), "KV gather segments");
-    if (s == CKV_STATUS_OK)
+    if (s == CKV_STATUS_OK && keep_host)
         s = be->ops->alloc(be, (void **)&ws.keep, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t), "KV gather rows");
     if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)&ws.n_keep, (size_t)c->n_kv * sizeof(int32_t), "KV gather counts");
     if (s == CKV_STATUS_OK) {
@@ -212,10 +214,12 @@ ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep,
         }
         s = be->ops->upload(be, ws.segs, tab, (size_t)c->n_kv * sizeof *tab);
     }
-    if (s == CKV_STATUS_OK) s = be->ops->upload(be, ws.keep, keep, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t));
+    if (s == CKV_STATUS_OK && keep_host)
+        s = be->ops->upload(be, ws.keep, keep_host, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t));
     if (s == CKV_STATUS_OK) s = be->ops->upload(be, ws.n_keep, n_keep, (size_t)c->n_kv * sizeof(int32_t));
     if (s == CKV_STATUS_OK) {
-        be->ops->kv_gather(be, c->dtype, c->head_dim, c->n_kv, ws.segs, old->segs, ws.keep, stride, ws.n_keep);
+        be->ops->kv_gather(be, c->dtype, c->head_dim, c->n_kv, ws.segs, old->segs, keep_host ? ws.keep : keep_dev, stride,
+                           ws.n_keep);
         s = be->ops->sync(be); /* the old pool is released next */
     }
     ckv_free(tab);
@@ -237,6 +241,18 @@ ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep,
         at += n_keep[h] + room;
     }
     return kv_segs_sync(c, old);
+}
+
+ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep, int stride, const int32_t *n_keep,
+                                int room) {
+    if (!keep) return ckv_error(CKV_STATUS_ERR_ARG, "KV compact of layer %d without kept rows", layer);
+    return kv_compact(c, layer, keep, NULL, stride, n_keep, room);
+}
+
+ckv_status ckv_kv_layer_compact_dev(ckv_kv_cache *c, int layer, const int32_t *keep_dev, int stride,
+                                    const int32_t *n_keep, int room) {
+    if (!keep_dev) return ckv_error(CKV_STATUS_ERR_ARG, "KV compact of layer %d without kept rows", layer);
+    return kv_compact(c, layer, NULL, keep_dev, stride, n_keep, room);
 }
 
 ckv_status ckv_kv_head_read(const ckv_kv_cache *c, int layer, int h, float *k, float *v, int32_t *pos) {

@@ -70,6 +70,12 @@ ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int
 ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep, int stride, const int32_t *n_keep,
                                 int room);
 
+/* The same with the kept rows already on the device (keep_dev [n_kv, stride], e.g. a top-k op's
+ * output; trusted to be ascending rows below len[h]); n_keep stays a host array (the counts size the
+ * new pool). */
+ckv_status ckv_kv_layer_compact_dev(ckv_kv_cache *c, int layer, const int32_t *keep_dev, int stride,
+                                    const int32_t *n_keep, int room);
+
 /* The attention/kv_store ops' view of a layer as a one-sequence batch; `extra` rows about to be
  * appended count in max_len. */
 ckv_kv_batch ckv_kv_layer_batch(const ckv_kv_cache *c, int layer, int extra);

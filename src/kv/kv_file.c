@@ -1,7 +1,13 @@
 /* kv_file.c - KV cache files (see kv_file.h). Layout, little-endian:
  *   "CKVCACHE" | u32 version | u32 meta_len | meta JSON | u32 n_layers | u32 n_kv | u32 head_dim |
  *   for each layer, for each head: u32 len | i32 pos[len] | f32 k[len][head_dim] | f32 v[len][head_dim] |
- *   u64 FNV-1a of all the bytes before it. */
+ *   u64 FNV-1a of all the bytes before it.
+ * Loading distrusts the file: it must be a regular file; the header length, the shape and every
+ * head length are checked against the file's size and the model before anything is allocated (a
+ * walk over the lengths must end exactly at the checksum), the checksum is verified over the whole
+ * file before rows are reserved, and then every row is checked (positions inside the context and
+ * ascending per head, keys and values finite) before it is placed. Saving goes through
+ * core/atomic_file (regular targets only, fsync of file and directory). */
 #define _POSIX_C_SOURCE 200809L
 #include "kv/kv_file.h"
 
@@ -9,8 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/alloc.h"
+#include "core/atomic_file.h"
+#include "core/fastmath.h"
 
 static const char ckv_kv_magic[8] = {'C', 'K', 'V', 'C', 'A', 'C', 'H', 'E'};
 
@@ -18,6 +27,7 @@ typedef struct {
     FILE *f;
     const char *path;
     uint64_t hash;
+    uint64_t size; /* of the file being read (0 when writing) */
 } kv_stream;
 
 static void fnv(uint64_t *h, const void *p, size_t n) {
@@ -34,8 +44,7 @@ static ckv_status put(kv_stream *s, const void *p, size_t n) {
 static ckv_status get(kv_stream *s, void *p, size_t n, const char *what) {
     if (n && fread(p, 1, n, s->f) != n)
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (reading %s)", s->path, what);
-    fnv(&s->hash, p, n);
-    return CKV_STATUS_OK;
+    return CKV_STATUS_OK; /* the checksum of a file being read is verified in one pass (kv_verify_checksum) */
 }
 
 static ckv_status put_u32(kv_stream *s, uint32_t v) { return put(s, &v, 4); }
@@ -83,17 +92,53 @@ static ckv_status write_all(const ckv_kv_cache *c, kv_stream *s, const char *met
 }
 
 ckv_status ckv_kv_cache_save(const ckv_kv_cache *c, const char *path, const char *meta_json) {
-    char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return ckv_error(CKV_STATUS_ERR_ARG, "--save-cache: path too long");
-    kv_stream s = {fopen(tmp, "wb"), path, 0xcbf29ce484222325ull};
-    if (!s.f) return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    ckv_atomic_file af;
+    CKV_TRY(ckv_atomic_file_open(&af, path, "--save-cache"));
+    kv_stream s = {af.f, path, 0xcbf29ce484222325ull, 0};
     ckv_status st = write_all(c, &s, meta_json ? meta_json : "{}");
-    if (fclose(s.f) != 0 && st == CKV_STATUS_OK) st = ckv_error(CKV_STATUS_ERR_IO, "%s: write failed", path);
-    if (st == CKV_STATUS_OK && rename(tmp, path) != 0)
-        st = ckv_error(CKV_STATUS_ERR_IO, "%s: cannot move the saved cache into place: %s", path, strerror(errno));
-    if (st != CKV_STATUS_OK) remove(tmp);
-    return st;
+    if (st != CKV_STATUS_OK) {
+        ckv_atomic_file_abort(&af);
+        return st;
+    }
+    return ckv_atomic_file_commit(&af);
+}
+
+/* Opens a cache file for reading: a regular file of at least the fixed-size parts. */
+static ckv_status kv_open(kv_stream *s, const char *path) {
+    memset(s, 0, sizeof *s);
+    s->path = path;
+    s->hash = 0xcbf29ce484222325ull;
+    s->f = fopen(path, "rb");
+    if (!s->f) return ckv_error(CKV_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(s->f), &sb) != 0 || !S_ISREG(sb.st_mode))
+        return ckv_error(CKV_STATUS_ERR_IO, "%s: not a regular file", path);
+    s->size = (uint64_t)sb.st_size;
+    return CKV_STATUS_OK;
+}
+
+/* Bytes between the stream's position and the checksum trailer. */
+static uint64_t kv_left(const kv_stream *s) {
+    long at = ftell(s->f);
+    return at < 0 || (uint64_t)at + 8 > s->size ? 0 : s->size - 8 - (uint64_t)at;
+}
+
+/* Hashes the whole file before the trailer in blocks (nothing sized by the file's own counts) and
+ * compares with the trailer; leaves the stream at `resume`. */
+static ckv_status kv_verify_checksum(kv_stream *s, long resume) {
+    unsigned char block[1 << 16];
+    uint64_t h = 0xcbf29ce484222325ull, left = s->size - 8, got = 0;
+    if (fseek(s->f, 0, SEEK_SET) != 0) return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot seek", s->path);
+    while (left) {
+        size_t k = left < sizeof block ? (size_t)left : sizeof block;
+        if (fread(block, 1, k, s->f) != k) return ckv_error(CKV_STATUS_ERR_IO, "%s: read error", s->path);
+        fnv(&h, block, k);
+        left -= k;
+    }
+    if (fread(&got, 1, 8, s->f) != 8) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (no checksum)", s->path);
+    if (got != h) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: checksum mismatch (the file is corrupted)", s->path);
+    if (fseek(s->f, resume, SEEK_SET) != 0) return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot seek", s->path);
+    return CKV_STATUS_OK;
 }
 
 static ckv_status read_header(kv_stream *s, char **meta) {
@@ -108,6 +153,9 @@ static ckv_status read_header(kv_stream *s, char **meta) {
                          CKV_KV_FILE_VERSION);
     CKV_TRY(get_u32(s, &meta_len, "the header length"));
     if (meta_len > (1u << 20)) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: header of %u bytes is implausible", s->path, meta_len);
+    if (meta_len > kv_left(s))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (header of %u bytes, %llu left)", s->path, meta_len,
+                         (unsigned long long)kv_left(s));
     char *m = malloc((size_t)meta_len + 1);
     if (!m) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory", s->path);
     ckv_status st = get(s, m, meta_len, "the header");
@@ -121,105 +169,135 @@ static ckv_status read_header(kv_stream *s, char **meta) {
 }
 
 ckv_status ckv_kv_file_read_meta(const char *path, char **meta_json) {
-    kv_stream s = {fopen(path, "rb"), path, 0xcbf29ce484222325ull};
+    kv_stream s;
     *meta_json = NULL;
-    if (!s.f) return ckv_error(CKV_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
-    ckv_status st = read_header(&s, meta_json);
-    fclose(s.f);
+    ckv_status st = kv_open(&s, path);
+    if (st == CKV_STATUS_OK) st = read_header(&s, meta_json);
+    if (s.f) fclose(s.f);
     return st;
 }
 
-static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room) {
+/* Walks every head length from the stream's position to the checksum without reading rows: each
+ * length at most `max_rows` and inside the file, the walk ending exactly at the trailer. */
+static ckv_status walk_lengths(kv_stream *s, int n_layers, int n_kv, size_t d, int max_rows) {
+    uint64_t row_bytes = 4 + 8 * (uint64_t)d;
+    for (int l = 0; l < n_layers; l++)
+        for (int h = 0; h < n_kv; h++) {
+            uint32_t n = 0;
+            if (kv_left(s) < 4 || fread(&n, 1, 4, s->f) != 4)
+                return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (layer %d head %d: no length)", s->path, l, h);
+            if (n > (uint32_t)max_rows)
+                return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: layer %d head %d holds %u rows, more than the %d-token context", s->path,
+                                 l, h, n, max_rows);
+            uint64_t need = (uint64_t)n * row_bytes;
+            if (need > kv_left(s))
+                return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (layer %d head %d needs %llu bytes, %llu left)",
+                                 s->path, l, h, (unsigned long long)need, (unsigned long long)kv_left(s));
+            if (fseek(s->f, (long)need, SEEK_CUR) != 0) return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot seek", s->path);
+        }
+    if (kv_left(s) != 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %llu unexpected bytes before the checksum", s->path,
+                         (unsigned long long)kv_left(s));
+    return CKV_STATUS_OK;
+}
+
+/* Checks one head's rows as read: positions inside [0, ctx_len) and ascending (for a full cache,
+ * exactly 0 .. ctx_len-1), keys and values finite. */
+static ckv_status check_rows(const kv_stream *s, int l, int h, const int32_t *pos, const float *k, const float *v,
+                             uint32_t n, size_t d, int ctx_len, int full) {
+    if (full && n != (uint32_t)ctx_len)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: layer %d head %d holds %u rows, but the uncompressed context has %d tokens",
+                         s->path, l, h, n, ctx_len);
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t p = pos[i];
+        if (p < 0 || p >= ctx_len || (i > 0 && p <= pos[i - 1]) || (full && p != (int32_t)i))
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: layer %d head %d row %u: position %d %s", s->path, l, h, i, (int)p,
+                             p < 0 || p >= ctx_len ? "is outside the context" : "breaks the ascending order");
+    }
+    int64_t bad = ckv_find_nonfinite_f32(k, n * d);
+    if (bad >= 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: layer %d head %d row %lld: non-finite key", s->path, l, h, (long long)(bad / (int64_t)d));
+    bad = ckv_find_nonfinite_f32(v, n * d);
+    if (bad >= 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: layer %d head %d row %lld: non-finite value", s->path, l, h,
+                         (long long)(bad / (int64_t)d));
+    return CKV_STATUS_OK;
+}
+
+static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room, int ctx_len, int full) {
     uint32_t nl = 0, nkv = 0, hd = 0;
     CKV_TRY(get_u32(s, &nl, "the shape"));
     CKV_TRY(get_u32(s, &nkv, "the shape"));
     CKV_TRY(get_u32(s, &hd, "the shape"));
-    if ((int)nl != c->n_layers || (int)nkv != c->n_kv || (int)hd != c->head_dim)
+    if ((int64_t)nl != c->n_layers || (int64_t)nkv != c->n_kv || (int64_t)hd != c->head_dim)
         return ckv_error(CKV_STATUS_ERR_SHAPE, "%s: cache of %u layers x %u KV heads x %u dims, the model needs %d x %d x %d",
                          s->path, nl, nkv, hd, c->n_layers, c->n_kv, c->head_dim);
+    if (nkv > 1024) return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: more than 1024 KV heads", s->path);
     size_t d = hd;
+    long body = ftell(s->f);
+    if (body < 0) return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot tell the position", s->path);
+    CKV_TRY(walk_lengths(s, (int)nl, (int)nkv, d, ctx_len));
+    CKV_TRY(kv_verify_checksum(s, body));
+    /* from here on the counts are the writer's: the sizes were checked, rows are checked as read */
     ckv_status st = CKV_STATUS_OK;
-    int32_t *lens = NULL;
-    float *buf = NULL;
-    size_t cap = 0;
-    CKV_TRY(ckv_alloc((void **)&lens, (size_t)nkv * sizeof(int32_t), "cache load lengths"));
+    int32_t *lens = NULL, *pos = NULL, *all_rows = NULL;
+    float *k = NULL, *v = NULL;
+    size_t rows_cap = (size_t)(ctx_len > 0 ? ctx_len : 1);
+    CKV_TRY_GOTO(st, ckv_alloc((void **)&lens, (size_t)nkv * sizeof(int32_t), "cache load lengths"), out);
+    CKV_TRY_GOTO(st, ckv_alloc((void **)&pos, rows_cap * sizeof(int32_t), "cache load positions"), out);
+    CKV_TRY_GOTO(st, ckv_alloc((void **)&k, rows_cap * d * sizeof(float), "cache load keys"), out);   // [ctx_len, d]
+    CKV_TRY_GOTO(st, ckv_alloc((void **)&v, rows_cap * d * sizeof(float), "cache load values"), out); // [ctx_len, d]
+    CKV_TRY_GOTO(st, ckv_alloc((void **)&all_rows, (size_t)nkv * rows_cap * sizeof(int32_t), "rows"), out); // [nkv, ctx_len]
+    for (size_t i = 0; i < (size_t)nkv * rows_cap; i++) all_rows[i] = (int32_t)(i % rows_cap);
     for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) {
-        /* first pass over this layer's heads is not possible (stream), so read head by head into a
-         * host staging buffer and place rows after reserving the layer from the first length */
         long start = ftell(s->f);
-        uint64_t hash_at_start = s->hash;
-        for (int h = 0; h < (int)nkv && st == CKV_STATUS_OK; h++) { /* lengths: skip over the rows */
+        int maxlen = 0;
+        for (int h = 0; h < (int)nkv && st == CKV_STATUS_OK; h++) { /* lengths (checked by the walk) */
             uint32_t n = 0;
             st = get_u32(s, &n, "a head length");
-            if (st != CKV_STATUS_OK) break;
-            if (n > (1u << 28)) st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: layer %d head %d length %u is implausible", s->path, l, h, n);
             lens[h] = (int32_t)n;
-            if (st == CKV_STATUS_OK && fseek(s->f, (long)(n * (4 + 8 * d)), SEEK_CUR) != 0)
-                st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file", s->path);
+            maxlen = lens[h] > maxlen ? lens[h] : maxlen;
+            if (st == CKV_STATUS_OK && fseek(s->f, (long)((uint64_t)n * (4 + 8 * (uint64_t)d)), SEEK_CUR) != 0)
+                st = ckv_error(CKV_STATUS_ERR_IO, "%s: cannot seek", s->path);
         }
-        if (st != CKV_STATUS_OK) break;
-        if (fseek(s->f, start, SEEK_SET) != 0) {
-            st = ckv_error(CKV_STATUS_ERR_IO, "%s: cannot seek", s->path);
-            break;
-        }
-        s->hash = hash_at_start;
-        /* reserve a ragged pool: head h gets lens[h] + room rows */
+        if (st == CKV_STATUS_OK && fseek(s->f, start, SEEK_SET) != 0) st = ckv_error(CKV_STATUS_ERR_IO, "%s: cannot seek", s->path);
+        /* reserve a ragged pool (head h gets lens[h] + room rows after the compaction below) */
+        if (st == CKV_STATUS_OK) st = ckv_kv_layer_reserve(c, l, maxlen > 0 ? maxlen : 1);
         int32_t keep_n[1024];
-        if (nkv > 1024) {
-            st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: more than 1024 KV heads", s->path);
-            break;
-        }
-        int maxlen = 0;
-        for (int h = 0; h < (int)nkv; h++) maxlen = lens[h] > maxlen ? lens[h] : maxlen;
-        st = ckv_kv_layer_reserve(c, l, maxlen > 0 ? maxlen : 1);
         for (int h = 0; h < (int)nkv && st == CKV_STATUS_OK; h++) {
             uint32_t n = 0;
             st = get_u32(s, &n, "a head length");
-            size_t need = (size_t)n * d * sizeof(float);
-            if (st == CKV_STATUS_OK && 2 * need + (size_t)n * sizeof(int32_t) > cap) {
-                ckv_free(buf);
-                buf = NULL;
-                cap = 2 * need + (size_t)n * sizeof(int32_t);
-                st = ckv_alloc((void **)&buf, cap, "cache load buffer");
-            }
-            float *kb = buf, *vb = buf + (size_t)n * d; // [n, d] each
-            int32_t *pb = (int32_t *)(buf + 2 * (size_t)n * d); // [n]
-            if (st == CKV_STATUS_OK) st = get(s, pb, (size_t)n * sizeof(int32_t), "positions");
-            if (st == CKV_STATUS_OK) st = get(s, kb, need, "keys");
-            if (st == CKV_STATUS_OK) st = get(s, vb, need, "values");
-            if (st == CKV_STATUS_OK) st = ckv_kv_head_write(c, l, h, kb, vb, pb, (int)n);
+            if (st == CKV_STATUS_OK && n != (uint32_t)lens[h])
+                st = ckv_error(CKV_STATUS_ERR_IO, "%s: the file changed while it was read", s->path);
+            size_t bytes = (size_t)n * d * sizeof(float);
+            if (st == CKV_STATUS_OK) st = get(s, pos, (size_t)n * sizeof(int32_t), "positions");
+            if (st == CKV_STATUS_OK) st = get(s, k, bytes, "keys");
+            if (st == CKV_STATUS_OK) st = get(s, v, bytes, "values");
+            if (st == CKV_STATUS_OK) st = check_rows(s, l, h, pos, k, v, n, d, ctx_len, full);
+            if (st == CKV_STATUS_OK) st = ckv_kv_head_write(c, l, h, k, v, pos, (int)n); /* converts to the cache dtype */
             keep_n[h] = (int32_t)n;
         }
         if (st != CKV_STATUS_OK) break;
         /* shrink to exactly the rows + room (compact keeps every row of each head) */
-        int32_t *all_rows = NULL; // [nkv, maxlen]
-        const size_t stride = (size_t)(maxlen > 0 ? maxlen : 1);
-        st = ckv_alloc((void **)&all_rows, (size_t)nkv * stride * sizeof(int32_t), "rows");
-        for (size_t i = 0; st == CKV_STATUS_OK && i < (size_t)nkv * stride; i++) all_rows[i] = (int32_t)(i % stride);
-        if (st == CKV_STATUS_OK) st = ckv_kv_layer_compact(c, l, all_rows, (int)stride, keep_n, room);
-        ckv_free(all_rows);
+        st = ckv_kv_layer_compact(c, l, all_rows, (int)rows_cap, keep_n, room);
     }
-    if (st == CKV_STATUS_OK) {
-        uint64_t want = s->hash, got = 0;
-        if (fread(&got, 1, 8, s->f) != 8)
-            st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (no checksum)", s->path);
-        else if (got != want)
-            st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: checksum mismatch (the file is corrupted)", s->path);
-        else if (fgetc(s->f) != EOF)
-            st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: trailing bytes after the checksum", s->path);
-    }
-    ckv_free(buf);
+out:
+    ckv_free(all_rows);
+    ckv_free(v);
+    ckv_free(k);
+    ckv_free(pos);
     ckv_free(lens);
     return st;
 }
 
-ckv_status ckv_kv_cache_load(ckv_kv_cache *c, const char *path, int room, char **meta_json) {
-    kv_stream s = {fopen(path, "rb"), path, 0xcbf29ce484222325ull};
+ckv_status ckv_kv_cache_load(ckv_kv_cache *c, const char *path, int room, int ctx_len, int full, char **meta_json) {
+    kv_stream s;
     *meta_json = NULL;
-    if (!s.f) return ckv_error(CKV_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
-    ckv_status st = read_header(&s, meta_json);
-    if (st == CKV_STATUS_OK) st = read_body(c, &s, room);
-    fclose(s.f);
+    if (ctx_len < 1) return ckv_error(CKV_STATUS_ERR_ARG, "%s: context length %d", path, ctx_len);
+    ckv_status st = kv_open(&s, path);
+    if (st == CKV_STATUS_OK) st = read_header(&s, meta_json);
+    if (st == CKV_STATUS_OK) st = read_body(c, &s, room, ctx_len, full);
+    if (s.f) fclose(s.f);
     if (st != CKV_STATUS_OK) {
         free(*meta_json);
         *meta_json = NULL;

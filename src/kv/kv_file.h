@@ -12,13 +12,17 @@
 #define CKV_KV_FILE_VERSION 1
 
 /* Writes the cache (rows in use of every head of every layer) and `meta_json` to path (via a
- * temporary file renamed into place, so a failed save never leaves a half-written file). */
+ * synced temporary file renamed into place, so a failed save never leaves a half-written file; a
+ * target that is not a regular file, e.g. a device, directory or symbolic link, is refused). */
 ckv_status ckv_kv_cache_save(const ckv_kv_cache *c, const char *path, const char *meta_json);
 
 /* Reads a file written by ckv_kv_cache_save into a cache initialised with the same shape
  * (n_layers, n_kv, head_dim; checked), reserving `room` extra rows per head for later appends.
- * *meta_json receives the header (free with free()). */
-ckv_status ckv_kv_cache_load(ckv_kv_cache *c, const char *path, int room, char **meta_json);
+ * ctx_len is the context the rows came from: a head may hold at most ctx_len rows, at ascending
+ * positions in [0, ctx_len); with `full` (an uncompressed cache) exactly the positions 0 .. ctx_len-1.
+ * Sizes are checked against the file before anything is allocated and the checksum before any row
+ * is used; non-finite keys or values are refused. *meta_json receives the header (free with free()). */
+ckv_status ckv_kv_cache_load(ckv_kv_cache *c, const char *path, int room, int ctx_len, int full, char **meta_json);
 
 /* Reads only the header of a cache file (to check it before loading). */
 ckv_status ckv_kv_file_read_meta(const char *path, char **meta_json);

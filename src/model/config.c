@@ -406,9 +406,6 @@ static ckv_status cfg_parse_root(ckv_model_config *cfg, const ckv_json *root, co
 
     int present = 0;
     CKV_TRY(cfg_number(root, "rms_norm_eps", what, "", 0, 1e-6, &cfg->rms_norm_eps, &present));
-    if (!(cfg->rms_norm_eps > 0.0))
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: key 'rms_norm_eps' must be positive (got %g)", what,
-                         cfg->rms_norm_eps);
 
     const ckv_json *act = ckv_json_get(root, "hidden_act");
     if (!ckv_json_is_null(act)) {
@@ -467,11 +464,25 @@ static ckv_status cfg_parse_named(ckv_model_config *cfg, const char *config_json
         CKV_TRY_GOTO(s, cfg_parse_bos(gen, gen_what, &gen_bos, &present), done);
         if (cfg->bos_token_id < 0 && present) cfg->bos_token_id = gen_bos;
     }
-    s = CKV_STATUS_OK;
+    s = ckv_config_check(cfg, what);
 done:
     ckv_json_free(root);
     ckv_json_free(gen);
     return s;
+}
+
+ckv_status ckv_config_check(const ckv_model_config *cfg, const char *what) {
+    if (!(cfg->rms_norm_eps >= CKV_RMS_EPS_MIN && cfg->rms_norm_eps <= CKV_RMS_EPS_MAX))
+        return ckv_error(CKV_STATUS_ERR_RANGE, "%s: rms_norm_eps %g is outside [%g, %g]", what, cfg->rms_norm_eps,
+                         CKV_RMS_EPS_MIN, CKV_RMS_EPS_MAX);
+    if (cfg->bos_token_id >= cfg->vocab_size)
+        return ckv_error(CKV_STATUS_ERR_RANGE, "%s: bos_token_id %d is outside the vocabulary of %d tokens", what,
+                         cfg->bos_token_id, cfg->vocab_size);
+    for (int k = 0; k < cfg->n_eos; k++)
+        if (cfg->eos_ids[k] < 0 || cfg->eos_ids[k] >= cfg->vocab_size)
+            return ckv_error(CKV_STATUS_ERR_RANGE, "%s: eos_token_id %d is outside the vocabulary of %d tokens", what,
+                             cfg->eos_ids[k], cfg->vocab_size);
+    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_config_parse(ckv_model_config *cfg, const char *config_json, const char *generation_json,
@@ -482,7 +493,7 @@ ckv_status ckv_config_parse(ckv_model_config *cfg, const char *config_json, cons
 
 ckv_status ckv_config_load(ckv_model_config *cfg, const char *dir) {
     if (!cfg || !dir) return ckv_error(CKV_STATUS_ERR_ARG, "config: NULL argument");
-    size_t n = strlen(dir) + sizeof "/generation_config.json";
+    size_t n = strlen(dir) + sizeof "/generation_config.json", clen = 0, glen = 0;
     char *cpath = malloc(n), *gpath = malloc(n);
     char *ctext = NULL, *gtext = NULL;
     ckv_status s;
@@ -492,11 +503,16 @@ ckv_status ckv_config_load(ckv_model_config *cfg, const char *dir) {
     }
     snprintf(cpath, n, "%s/config.json", dir);
     snprintf(gpath, n, "%s/generation_config.json", dir);
-    CKV_TRY_GOTO(s, ckv_read_file(cpath, &ctext, NULL), done);
+    CKV_TRY_GOTO(s, ckv_read_file(cpath, &ctext, &clen), done);
     FILE *g = fopen(gpath, "rb");
     if (g) {
         fclose(g);
-        CKV_TRY_GOTO(s, ckv_read_file(gpath, &gtext, NULL), done);
+        CKV_TRY_GOTO(s, ckv_read_file(gpath, &gtext, &glen), done);
+    }
+    /* the text is parsed as a C string: a NUL byte would hide the rest of the file */
+    if (strlen(ctext) != clen || (gtext && strlen(gtext) != glen)) {
+        s = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: NUL byte in the file (not JSON text)", strlen(ctext) != clen ? cpath : gpath);
+        goto done;
     }
     s = cfg_parse_named(cfg, ctext, cpath, gtext, gpath);
 done:

@@ -68,6 +68,18 @@ ckv_status ckv_config_load(ckv_model_config *cfg, const char *dir);
 ckv_status ckv_config_parse(ckv_model_config *cfg, const char *config_json, const char *generation_json,
                             const char *what);
 
+/* The range of rms_norm_eps ckv accepts. Checkpoints use 1e-5 or 1e-6 (1e-12 at the smallest, in
+ * BERT-style norms). Below 1e-12 eps is meaningless next to any non-zero fp32 sum of squares and a
+ * tiny one narrows to 0 in fp32 (a zero row then divides by zero); above 0.1 it changes the norm of
+ * unit-variance hidden states by over 5 %, which no trained model does. Either is a corrupt file. */
+#define CKV_RMS_EPS_MIN 1e-12
+#define CKV_RMS_EPS_MAX 1e-1
+
+/* Checks what both config readers (config.json, GGUF metadata) must agree on once parsed:
+ * rms_norm_eps in [CKV_RMS_EPS_MIN, CKV_RMS_EPS_MAX], bos and every eos id inside the vocabulary.
+ * `what` names the source in the message. */
+ckv_status ckv_config_check(const ckv_model_config *cfg, const char *what);
+
 const char *ckv_arch_name(ckv_arch a);
 
 /* Parameter count of the full model (embeddings counted once when tied). */

@@ -83,13 +83,14 @@ ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const i
     return CKV_STATUS_OK;
 }
 
-/* Sums a row-parallel projection's partial output over the TP group. */
+/* Sums a row-parallel projection's partial output over the TP group: on device buffers through a
+ * device communicator (NCCL enqueued on the compute stream, or staged when ranks share a GPU), on
+ * host buffers for the CPU backend, else staged here through host_proj. */
 static ckv_status allreduce_hidden(ckv_model *m, ckv_model_scratch *s, float *buf, size_t count) {
     if (!m->tp || m->tp->size == 1) return CKV_STATUS_OK;
     ckv_backend *be = m->be;
-    /* host buffers (CPU backend), or a communicator that works on device buffers (NCCL) */
-    if (be->device == CKV_DEVICE_HOST || m->tp->device_buffers)
-        return m->tp->ops->allreduce_f32(m->tp, buf, count, CKV_COMM_OP_SUM);
+    if (ckv_comm_has_device_ops(m->tp) || be->device == CKV_DEVICE_HOST || m->tp->device_buffers)
+        return ckv_comm_dev_allreduce_f32(m->tp, buf, count, CKV_COMM_OP_SUM);
     CKV_TRY(be->ops->download(be, s->host_proj, buf, count * sizeof(float)));
     CKV_TRY(m->tp->ops->allreduce_f32(m->tp, s->host_proj, count, CKV_COMM_OP_SUM));
     return be->ops->upload(be, buf, s->host_proj, count * sizeof(float));
@@ -180,12 +181,26 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
     }
     /* gather the vocabulary slices: every rank sends [n, pad] (its slice padded to the largest) */
     size_t pad = padded_vocab(m);
-    float *send = s->host_logits; /* [n, pad] staging */
-    for (int t = 0; t < n; t++) {
-        CKV_TRY(be->ops->download(be, send + (size_t)t * pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
-        for (size_t j = (size_t)vl; j < pad; j++) send[(size_t)t * pad + j] = 0.0f;
+    const size_t send_bytes = (size_t)n * pad * sizeof(float);
+    if (ckv_comm_has_device_ops(m->tp) && ckv_comm_device_path(m->tp) != CKV_COMM_PATH_HOST) {
+        /* on the device: pack the rows into the communicator's workspace, gather, one download */
+        float *ws = NULL; // [n, pad] send + [tp, n, pad] receive (device)
+        CKV_TRY(ckv_comm_dev_workspace(m->tp, send_bytes * (size_t)(p->tp + 1), (void **)&ws));
+        if ((size_t)vl == pad)
+            CKV_TRY(be->ops->copy(be, ws, s->logits, send_bytes));
+        else
+            for (int t = 0; t < n; t++)
+                CKV_TRY(be->ops->copy(be, ws + (size_t)t * pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
+        CKV_TRY(ckv_comm_dev_allgather(m->tp, ws, ws + (size_t)n * pad, send_bytes));
+        CKV_TRY(be->ops->download(be, s->host_part, ws + (size_t)n * pad, send_bytes * (size_t)p->tp));
+    } else {
+        float *send = s->host_logits; /* [n, pad] staging */
+        for (int t = 0; t < n; t++) {
+            CKV_TRY(be->ops->download(be, send + (size_t)t * pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
+            for (size_t j = (size_t)vl; j < pad; j++) send[(size_t)t * pad + j] = 0.0f;
+        }
+        CKV_TRY(m->tp->ops->allgather(m->tp, send, s->host_part, send_bytes));
     }
-    CKV_TRY(m->tp->ops->allgather(m->tp, send, s->host_part, (size_t)n * pad * sizeof(float)));
     for (int r = 0; r < p->tp; r++) {
         int v0, cnt;
         ckv_shard_range(V, p->tp, r, &v0, &cnt);

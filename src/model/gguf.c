@@ -9,17 +9,19 @@
  * fit, value and tensor types, dimensions, offsets that are misaligned, past the end or overlapping,
  * duplicate keys and names. Each error is one line naming the file and the problem.
  *
- * Dequantisation to fp32: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K, following the published
- * ggml block layouts (other known types are listed with their sizes, so such files parse, but are
+ * Dequantisation to fp32: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, following
+ * the published ggml block layouts (other known types are listed with their sizes, so such files parse, but are
  * refused when read). A 2-D GGUF tensor with extents (ne0, ne1) is the row-major [ne1, ne0] matrix
  * of Hugging Face's (out, in) layout, quantised along rows; slices dequantise only the rows asked for
  * and only the blocks that cover the columns asked for.
  *
- * The llama architecture: metadata maps onto ckv_model_config, Hugging Face tensor names map onto
- * GGUF names, and the rotary row permutation that the HF -> GGUF conversion applies to q_proj and
- * k_proj (per head, rows (2, d/2) transposed to (d/2, 2)) is undone on read, so ckv's rotate_half
- * RoPE applies. Other architectures, mixture-of-experts llama files and per-dimension rope frequency
- * factors are refused by name. No tokenizer is built here (tokenizer/ reads the vocabulary); this file
+ * The llama and qwen2 architectures: metadata (keys prefixed with the architecture's name) maps onto
+ * ckv_model_config, Hugging Face tensor names map onto GGUF names, and for llama the rotary row
+ * permutation that the HF -> GGUF conversion applies to q_proj and k_proj (per head, rows (2, d/2)
+ * transposed to (d/2, 2)) is undone on read, so ckv's rotate_half RoPE applies (qwen2 files keep
+ * Hugging Face's order). Other architectures, mixture-of-experts files and per-dimension rope frequency
+ * factors are refused by name; a read whose values dequantise to NaN or infinity is refused naming the
+ * tensor. No tokenizer is built here (tokenizer/ reads the vocabulary); this file
  * never writes GGUF. Assumes a little-endian host, as GGUF files are (big-endian ones are refused). */
 #define _DEFAULT_SOURCE /* madvise / MADV_DONTNEED */
 #include "model/gguf.h"
@@ -35,6 +37,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fastmath.h"
+#include "core/quant.h"
 #include "core/tensor.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -56,8 +60,11 @@ enum {
     GGUF_TYPE_F16 = 1,
     GGUF_TYPE_Q4_0 = 2,
     GGUF_TYPE_Q4_1 = 3,
+    GGUF_TYPE_Q5_0 = 6,
+    GGUF_TYPE_Q5_1 = 7,
     GGUF_TYPE_Q8_0 = 8,
     GGUF_TYPE_Q4_K = 12,
+    GGUF_TYPE_Q5_K = 13,
     GGUF_TYPE_Q6_K = 14,
     GGUF_TYPE_BF16 = 30,
     GGUF_TYPE_COUNT = 40
@@ -72,9 +79,9 @@ typedef struct {
 
 static const gguf_type_info gguf_types[GGUF_TYPE_COUNT] = {
     [0] = {"F32", 1, 4, 1},         [1] = {"F16", 1, 2, 1},         [2] = {"Q4_0", 32, 18, 1},
-    [3] = {"Q4_1", 32, 20, 1},      [6] = {"Q5_0", 32, 22, 0},      [7] = {"Q5_1", 32, 24, 0},
+    [3] = {"Q4_1", 32, 20, 1},      [6] = {"Q5_0", 32, 22, 1},      [7] = {"Q5_1", 32, 24, 1},
     [8] = {"Q8_0", 32, 34, 1},      [9] = {"Q8_1", 32, 36, 0},      [10] = {"Q2_K", 256, 84, 0},
-    [11] = {"Q3_K", 256, 110, 0},   [12] = {"Q4_K", 256, 144, 1},   [13] = {"Q5_K", 256, 176, 0},
+    [11] = {"Q3_K", 256, 110, 0},   [12] = {"Q4_K", 256, 144, 1},   [13] = {"Q5_K", 256, 176, 1},
     [14] = {"Q6_K", 256, 210, 1},   [15] = {"Q8_K", 256, 292, 0},   [16] = {"IQ2_XXS", 256, 66, 0},
     [17] = {"IQ2_XS", 256, 74, 0},  [18] = {"IQ3_XXS", 256, 98, 0}, [19] = {"IQ1_S", 256, 50, 0},
     [20] = {"IQ4_NL", 32, 18, 0},   [21] = {"IQ3_S", 256, 110, 0},  [22] = {"IQ2_S", 256, 82, 0},
@@ -555,129 +562,38 @@ static ckv_status gguf_file_open(gguf_file **out, const char *path) {
 
 /* ---- dequantisation ---------------------------------------------------------------------------- */
 
-static float gguf_half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return ckv_f16_to_f32(h);
-}
-
-/* Q8_0: fp16 scale d, 32 int8 codes; x = d * q. */
-static void gguf_deq_q8_0(const uint8_t *b, float *y) {
-    float d = gguf_half(b);
-    const int8_t *q = (const int8_t *)(b + 2);
-    for (int i = 0; i < 32; i++) y[i] = d * (float)q[i];
-}
-
-/* Q4_0: fp16 scale d, 16 bytes of nibbles; element i is the low nibble of byte i, element i + 16 its
- * high nibble; x = d * (nibble - 8). */
-static void gguf_deq_q4_0(const uint8_t *b, float *y) {
-    float d = gguf_half(b);
-    const uint8_t *q = b + 2;
-    for (int i = 0; i < 16; i++) {
-        y[i] = d * (float)((int)(q[i] & 15) - 8);
-        y[i + 16] = d * (float)((int)(q[i] >> 4) - 8);
-    }
-}
-
-/* Q4_1: fp16 scale d and minimum m, nibbles as in Q4_0; x = d * nibble + m. */
-static void gguf_deq_q4_1(const uint8_t *b, float *y) {
-    float d = gguf_half(b), m = gguf_half(b + 2);
-    const uint8_t *q = b + 4;
-    for (int i = 0; i < 16; i++) {
-        y[i] = d * (float)(q[i] & 15) + m;
-        y[i + 16] = d * (float)(q[i] >> 4) + m;
-    }
-}
-
-/* The 6-bit scale and minimum of sub-block j (0..7) packed in Q4_K's 12 bytes: sub-blocks 0-3 keep
- * theirs in the low 6 bits of bytes j (scale) and j + 4 (minimum); sub-blocks 4-7 have their low 4
- * bits in byte j + 4 (scale: low nibble, minimum: high nibble) and their top 2 bits in the spare top
- * bits of bytes j - 4 (scale) and j (minimum). */
-static void gguf_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-/* Q4_K: 256 elements in 8 sub-blocks of 32; fp16 d and dmin, 12 bytes of 6-bit scales and minimums,
- * 128 bytes of nibbles. Each 32-byte group of nibbles holds two sub-blocks: its low nibbles the first
- * (2g), its high nibbles the second (2g + 1); x = d * sc * q - dmin * mn. */
-static void gguf_deq_q4_k(const uint8_t *b, float *y) {
-    float d = gguf_half(b), dmin = gguf_half(b + 2);
-    const uint8_t *scales = b + 4, *q = b + 16;
-    for (int g = 0; g < 4; g++) {
-        int sc0, mn0, sc1, mn1;
-        gguf_k4_scale_min(scales, 2 * g, &sc0, &mn0);
-        gguf_k4_scale_min(scales, 2 * g + 1, &sc1, &mn1);
-        float d0 = d * (float)sc0, m0 = dmin * (float)mn0, d1 = d * (float)sc1, m1 = dmin * (float)mn1;
-        for (int l = 0; l < 32; l++) {
-            y[64 * g + l] = d0 * (float)(q[32 * g + l] & 15) - m0;
-            y[64 * g + 32 + l] = d1 * (float)(q[32 * g + l] >> 4) - m1;
-        }
-    }
-}
-
-/* Q6_K: 256 elements in 16 sub-blocks of 16; 128 bytes of low nibbles (ql), 64 bytes of 2-bit high
- * parts (qh), 16 int8 sub-block scales, fp16 d. Each half of 128 elements uses 64 bytes of ql and 32
- * of qh: for l in 0..31, element l takes the low nibble of ql[l] and bits 0-1 of qh[l], element l + 32
- * the low nibble of ql[l + 32] and bits 2-3, element l + 64 the high nibble of ql[l] and bits 4-5,
- * element l + 96 the high nibble of ql[l + 32] and bits 6-7; x = d * scale[element / 16] * (q - 32). */
-static void gguf_deq_q6_k(const uint8_t *b, float *y) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    float d = gguf_half(b + 208);
-    for (int half = 0; half < 2; half++) {
-        const uint8_t *L = ql + 64 * half, *H = qh + 32 * half;
-        float *o = y + 128 * half;
-        const int8_t *s = sc + 8 * half;
-        for (int l = 0; l < 32; l++) {
-            int q0 = (int)((L[l] & 15) | ((H[l] & 3) << 4)) - 32;
-            int q1 = (int)((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4)) - 32;
-            int q2 = (int)((L[l] >> 4) | (((H[l] >> 4) & 3) << 4)) - 32;
-            int q3 = (int)((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)) - 32;
-            o[l] = d * (float)s[l / 16] * (float)q0;
-            o[l + 32] = d * (float)s[2 + l / 16] * (float)q1;
-            o[l + 64] = d * (float)s[4 + l / 16] * (float)q2;
-            o[l + 96] = d * (float)s[6 + l / 16] * (float)q3;
-        }
+/* The ckv dtype of a readable ggml type (core/quant.c dequantises them all). */
+static ckv_dtype gguf_ckv_dtype(uint32_t type) {
+    switch (type) {
+    case GGUF_TYPE_F16: return CKV_DTYPE_F16;
+    case GGUF_TYPE_BF16: return CKV_DTYPE_BF16;
+    case GGUF_TYPE_Q8_0: return CKV_DTYPE_Q8_0;
+    case GGUF_TYPE_Q4_0: return CKV_DTYPE_Q4_0;
+    case GGUF_TYPE_Q4_1: return CKV_DTYPE_Q4_1;
+    case GGUF_TYPE_Q5_0: return CKV_DTYPE_Q5_0;
+    case GGUF_TYPE_Q5_1: return CKV_DTYPE_Q5_1;
+    case GGUF_TYPE_Q4_K: return CKV_DTYPE_Q4_K;
+    case GGUF_TYPE_Q5_K: return CKV_DTYPE_Q5_K;
+    case GGUF_TYPE_Q6_K: return CKV_DTYPE_Q6_K;
+    default: return CKV_DTYPE_F32;
     }
 }
 
 /* Dequantises `nblocks` consecutive blocks of type `type` at src into dst. */
 static void gguf_dequant(uint32_t type, const uint8_t *src, size_t nblocks, float *dst) {
-    const gguf_type_info *ti = &gguf_types[type];
-    switch (type) {
-    case GGUF_TYPE_F32: memcpy(dst, src, nblocks * 4); return;
-    case GGUF_TYPE_F16: ckv_convert_to_f32(dst, src, CKV_DTYPE_F16, nblocks); return;
-    case GGUF_TYPE_BF16: ckv_convert_to_f32(dst, src, CKV_DTYPE_BF16, nblocks); return;
-    default: break;
-    }
-    void (*fn)(const uint8_t *, float *) = NULL;
-    switch (type) {
-    case GGUF_TYPE_Q8_0: fn = gguf_deq_q8_0; break;
-    case GGUF_TYPE_Q4_0: fn = gguf_deq_q4_0; break;
-    case GGUF_TYPE_Q4_1: fn = gguf_deq_q4_1; break;
-    case GGUF_TYPE_Q4_K: fn = gguf_deq_q4_k; break;
-    case GGUF_TYPE_Q6_K: fn = gguf_deq_q6_k; break;
-    default: return; /* callers check readability first */
-    }
-    for (size_t i = 0; i < nblocks; i++) fn(src + i * ti->bytes, dst + i * ti->block);
+    ckv_dequant_row(gguf_ckv_dtype(type), src, dst, nblocks * gguf_types[type].block);
 }
 
-/* ---- the llama weight source ------------------------------------------------------------------- */
+/* ---- the weight source ------------------------------------------------------------------------- */
 
 typedef enum { GGUF_PERM_NONE = 0, GGUF_PERM_Q, GGUF_PERM_K } gguf_perm;
 
 typedef struct {
     gguf_file *f;
-    int n_head, n_head_kv;
+    int n_head, n_head_kv; /* head counts of the q / k rows the conversion permuted (0: not permuted) */
 } gguf_source;
 
-/* Maps a Hugging Face llama tensor name to its GGUF name; 0 when there is none. */
+/* Maps a Hugging Face llama / qwen2 tensor name to its GGUF name; 0 when there is none. */
 static int gguf_map_name(const char *hf, char *out, size_t cap, gguf_perm *perm) {
     static const struct {
         const char *hf, *gguf;
@@ -743,15 +659,24 @@ static int64_t gguf_unpermute_row(int64_t r, int64_t d) {
     return h * d + 2 * j + a;
 }
 
-static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int64_t *shape, int64_t row0,
-                                int64_t row1, int64_t col0, int64_t col1, float *dst) {
-    gguf_source *src = ctx;
-    if (!src || !name || !dst)
-        return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument reading '%.200s'", name ? name : "(null)");
-    const gguf_file *f = src->f;
+/* A tensor slice located and checked: the tensor, its rows x cols view, the slice, and the head count
+ * and head size of a permuted q/k tensor (0 when not permuted). */
+typedef struct {
+    const gguf_tensor *t;
+    const gguf_type_info *ti;
     char gname[160];
+    int64_t R, C, r0, r1, c0, c1;
+    int64_t perm_heads, head_rows;
+} gguf_slice;
+
+/* Finds HF tensor `name`, checks its type is readable, its shape against shape[0..ndim) (shape may be
+ * NULL) and the slice (whole tensor when row1 = col1 = -1) against the shape. */
+static ckv_status gguf_src_locate(const gguf_source *src, const char *name, int ndim, const int64_t *shape,
+                                  int64_t row0, int64_t row1, int64_t col0, int64_t col1, gguf_slice *sl) {
+    const gguf_file *f = src->f;
     gguf_perm perm;
-    if (!gguf_map_name(name, gname, sizeof gname, &perm))
+    char *gname = sl->gname;
+    if (!gguf_map_name(name, gname, sizeof sl->gname, &perm))
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s' has no GGUF counterpart", f->path, name);
     const gguf_tensor *t = gguf_find_tensor(f, gname);
     if (!t)
@@ -761,7 +686,7 @@ static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int
     if (!ti->readable)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                          "%s: tensor '%s' has type %s, which ckv cannot dequantise (it reads F32, F16, BF16, Q8_0, "
-                         "Q4_0, Q4_1, Q4_K and Q6_K)",
+                         "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K)",
                          f->path, gname, ti->name);
     /* the Hugging Face shape is the GGUF extents reversed */
     int64_t hf[GGUF_MAX_DIMS];
@@ -812,6 +737,25 @@ static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int
                              f->path, gname, perm_len, perm_heads);
         head_rows = perm_len / perm_heads;
     }
+    sl->t = t, sl->ti = ti;
+    sl->R = R, sl->C = C, sl->r0 = r0, sl->r1 = r1, sl->c0 = c0, sl->c1 = c1;
+    sl->perm_heads = perm_heads, sl->head_rows = head_rows;
+    return CKV_STATUS_OK;
+}
+
+static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int64_t *shape, int64_t row0,
+                                int64_t row1, int64_t col0, int64_t col1, float *dst) {
+    gguf_source *src = ctx;
+    if (!src || !name || !dst)
+        return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument reading '%.200s'", name ? name : "(null)");
+    const gguf_file *f = src->f;
+    gguf_slice sl;
+    CKV_TRY(gguf_src_locate(src, name, ndim, shape, row0, row1, col0, col1, &sl));
+    const gguf_tensor *t = sl.t;
+    const gguf_type_info *ti = sl.ti;
+    const char *gname = sl.gname;
+    const int64_t C = sl.C, r0 = sl.r0, r1 = sl.r1, c0 = sl.c0, c1 = sl.c1;
+    const int64_t perm_heads = sl.perm_heads, head_rows = sl.head_rows;
 
     size_t B = ti->block, row_bytes = (size_t)(C / (int64_t)B) * ti->bytes;
     int64_t w = c1 - c0;
@@ -843,6 +787,44 @@ static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int
     }
     free(scratch);
     gguf_drop_pages(t);
+    /* corrupt weights (a flipped exponent byte) dequantise to NaN or infinity: refuse them here */
+    int64_t bad = ckv_find_nonfinite_f32(dst, (size_t)(r1 - r0) * (size_t)w);
+    if (bad >= 0)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%s': element %" PRId64 " of the slice read is %s (corrupt "
+                         "weights)", f->path, gname, bad, dst[bad] != dst[bad] ? "NaN" : "infinite");
+    return CKV_STATUS_OK;
+}
+
+static ckv_dtype gguf_src_stored_dtype(void *ctx, const char *name) {
+    const gguf_source *src = ctx;
+    char gname[160];
+    gguf_perm perm;
+    const gguf_tensor *t =
+        src && name && gguf_map_name(name, gname, sizeof gname, &perm) ? gguf_find_tensor(src->f, gname) : NULL;
+    return t && gguf_types[t->type].readable ? gguf_ckv_dtype(t->type) : CKV_DTYPE_F32;
+}
+
+static ckv_status gguf_src_read_raw(void *ctx, const char *name, const int64_t *shape, int64_t row0, int64_t row1,
+                                    int64_t col0, int64_t col1, void *dst) {
+    gguf_source *src = ctx;
+    if (!src || !name || !dst)
+        return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument reading '%.200s'", name ? name : "(null)");
+    gguf_slice sl;
+    CKV_TRY(gguf_src_locate(src, name, 2, shape, row0, row1, col0, col1, &sl));
+    const int64_t B = (int64_t)sl.ti->block;
+    if (sl.t->ndim != 2 || sl.c0 % B != 0 || sl.c1 % B != 0)
+        return ckv_error(CKV_STATUS_ERR_ARG,
+                         "%s: tensor '%s': columns [%" PRId64 ", %" PRId64 ") of a %s tensor are not whole blocks of %"
+                         PRId64 " (or it is not 2-D)",
+                         src->f->path, sl.gname, sl.c0, sl.c1, sl.ti->name, B);
+    const size_t row_bytes = (size_t)(sl.C / B) * sl.ti->bytes, out_bytes = (size_t)((sl.c1 - sl.c0) / B) * sl.ti->bytes;
+    uint8_t *out = dst;
+    for (int64_t r = sl.r0; r < sl.r1; r++) {
+        const int64_t sr = sl.perm_heads > 0 ? gguf_unpermute_row(r, sl.head_rows) : r;
+        memcpy(out + (size_t)(r - sl.r0) * out_bytes, sl.t->data + (size_t)sr * row_bytes + (size_t)(sl.c0 / B) * sl.ti->bytes,
+               out_bytes);
+    }
+    gguf_drop_pages(sl.t);
     return CKV_STATUS_OK;
 }
 
@@ -865,7 +847,7 @@ static void gguf_src_close(void *ctx) {
     free(src);
 }
 
-/* ---- llama metadata -> ckv_model_config -------------------------------------------------------- */
+/* ---- metadata -> ckv_model_config -------------------------------------------------------------- */
 
 /* An integer key (any integer type; a uniform per-layer array is taken as its common value).
  * *present = 0 and *out = def when absent and not required. */
@@ -978,7 +960,15 @@ static ckv_status gguf_add_eos(ckv_model_config *cfg, const gguf_file *f, const 
     return CKV_STATUS_OK;
 }
 
-static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f) {
+/* "<ar>.<suffix>", the metadata key of an architecture-specific setting, in the caller's buffer key[96]. */
+static const char *gguf_arch_key(char *buf, size_t cap, const char *ar, const char *suffix) {
+    snprintf(buf, cap, "%s.%s", ar, suffix);
+    return buf;
+}
+#define K(suffix) gguf_arch_key(key, sizeof key, ar, suffix)
+
+static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f, const char *ar) {
+    char key[96];
     ckv_rope_config *r = &cfg->rope;
     memset(r, 0, sizeof *r);
     r->type = CKV_ROPE_TYPE_DEFAULT;
@@ -986,17 +976,17 @@ static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f) {
     r->beta_fast = 32.0;
     r->beta_slow = 1.0;
     r->truncate = 1;
-    CKV_TRY(gguf_meta_float(f, "llama.rope.freq_base", 0, 10000.0, &r->theta, NULL));
+    CKV_TRY(gguf_meta_float(f, K("rope.freq_base"), 0, 10000.0, &r->theta, NULL));
     if (!(r->theta > 0.0))
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'llama.rope.freq_base' must be positive (got %g)",
-                         f->path, r->theta);
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s.rope.freq_base' must be positive (got %g)",
+                         f->path, ar, r->theta);
     int rot;
-    CKV_TRY(gguf_meta_pos_int(f, "llama.rope.dimension_count", 0, cfg->head_dim, &rot, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, K("rope.dimension_count"), 0, cfg->head_dim, &rot, NULL));
     if (rot != cfg->head_dim)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "%s: llama.rope.dimension_count %d differs from the head size %d (partial rotary is not "
+                         "%s: %s.rope.dimension_count %d differs from the head size %d (partial rotary is not "
                          "supported)",
-                         f->path, rot, cfg->head_dim);
+                         f->path, ar, rot, cfg->head_dim);
     if (gguf_find_tensor(f, "rope_freqs.weight"))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                          "%s: tensor 'rope_freqs.weight' (per-dimension rope frequency factors, Llama 3 style scaling) "
@@ -1005,21 +995,21 @@ static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f) {
 
     const char *type;
     size_t tlen;
-    CKV_TRY(gguf_meta_string(f, "llama.rope.scaling.type", &type, &tlen));
+    CKV_TRY(gguf_meta_string(f, K("rope.scaling.type"), &type, &tlen));
     double factor = 0.0;
     int has_factor = 0;
-    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.factor", 0, 0.0, &factor, &has_factor));
+    CKV_TRY(gguf_meta_float(f, K("rope.scaling.factor"), 0, 0.0, &factor, &has_factor));
     if (!has_factor) {
         /* the older key: a linear factor */
-        CKV_TRY(gguf_meta_float(f, "llama.rope.scale_linear", 0, 0.0, &factor, &has_factor));
+        CKV_TRY(gguf_meta_float(f, K("rope.scale_linear"), 0, 0.0, &factor, &has_factor));
         if (has_factor && !type) type = "linear", tlen = 6;
     }
     if (!type || gguf_str_is(type, tlen, "none") || (has_factor && factor == 1.0 && !gguf_str_is(type, tlen, "yarn")))
         return CKV_STATUS_OK;
     char shown[72];
     if (!has_factor || !(factor > 0.0))
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'llama.rope.scaling.factor' must be positive for rope "
-                         "scaling '%s'", f->path, gguf_printable(shown, sizeof shown, type, tlen));
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s.rope.scaling.factor' must be positive for rope "
+                         "scaling '%s'", f->path, ar, gguf_printable(shown, sizeof shown, type, tlen));
     r->factor = factor;
     if (gguf_str_is(type, tlen, "linear")) {
         r->type = CKV_ROPE_TYPE_LINEAR;
@@ -1027,27 +1017,27 @@ static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f) {
     }
     if (!gguf_str_is(type, tlen, "yarn"))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "%s: metadata key 'llama.rope.scaling.type' is '%s' (ckv supports none, linear and yarn)",
-                         f->path, gguf_printable(shown, sizeof shown, type, tlen));
+                         "%s: metadata key '%s.rope.scaling.type' is '%s' (ckv supports none, linear and yarn)",
+                         f->path, ar, gguf_printable(shown, sizeof shown, type, tlen));
     r->type = CKV_ROPE_TYPE_YARN;
-    CKV_TRY(gguf_meta_pos_int(f, "llama.rope.scaling.original_context_length", 0, cfg->max_position_embeddings,
+    CKV_TRY(gguf_meta_pos_int(f, K("rope.scaling.original_context_length"), 0, cfg->max_position_embeddings,
                               &r->original_max_position, NULL));
-    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.yarn_beta_fast", 0, 32.0, &r->beta_fast, NULL));
-    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.yarn_beta_slow", 0, 1.0, &r->beta_slow, NULL));
+    CKV_TRY(gguf_meta_float(f, K("rope.scaling.yarn_beta_fast"), 0, 32.0, &r->beta_fast, NULL));
+    CKV_TRY(gguf_meta_float(f, K("rope.scaling.yarn_beta_slow"), 0, 1.0, &r->beta_slow, NULL));
     if (!(r->beta_fast > 0.0) || !(r->beta_slow > 0.0))
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: yarn beta_fast and beta_slow must be positive", f->path);
     double log_mul = 0.0;
-    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.yarn_log_multiplier", 0, 0.0, &log_mul, NULL));
+    CKV_TRY(gguf_meta_float(f, K("rope.scaling.yarn_log_multiplier"), 0, 0.0, &log_mul, NULL));
     if (log_mul != 0.0)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "%s: metadata key 'llama.rope.scaling.yarn_log_multiplier' is not supported", f->path);
+                         "%s: metadata key '%s.rope.scaling.yarn_log_multiplier' is not supported", f->path, ar);
     /* llama.cpp multiplies its own yarn magnitude scale (0.1 ln(factor) + 1) by attn_factor; the
      * Hugging Face attention_factor replaces that scale, so it is their product */
     double attn = 1.0;
-    CKV_TRY(gguf_meta_float(f, "llama.rope.scaling.attn_factor", 0, 1.0, &attn, NULL));
+    CKV_TRY(gguf_meta_float(f, K("rope.scaling.attn_factor"), 0, 1.0, &attn, NULL));
     if (!(attn > 0.0))
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'llama.rope.scaling.attn_factor' must be positive",
-                         f->path);
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s.rope.scaling.attn_factor' must be positive",
+                         f->path, ar);
     if (attn != 1.0) r->attention_factor = attn * (factor > 1.0 ? 0.1 * log(factor) + 1.0 : 1.0);
     return CKV_STATUS_OK;
 }
@@ -1058,48 +1048,57 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
     size_t alen;
     CKV_TRY(gguf_meta_string(f, "general.architecture", &arch, &alen));
     if (!arch) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key 'general.architecture'", f->path);
-    char shown[72];
-    if (!gguf_str_is(arch, alen, "llama"))
+    char shown[72], key[96];
+    const char *ar; /* the architecture, also the prefix of its metadata keys */
+    if (gguf_str_is(arch, alen, "llama")) {
+        ar = "llama";
+        cfg->arch = CKV_ARCH_LLAMA;
+        snprintf(cfg->arch_name, sizeof cfg->arch_name, "LlamaForCausalLM");
+    } else if (gguf_str_is(arch, alen, "qwen2")) {
+        ar = "qwen2";
+        cfg->arch = CKV_ARCH_QWEN2;
+        snprintf(cfg->arch_name, sizeof cfg->arch_name, "Qwen2ForCausalLM");
+    } else {
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "%s: general.architecture is '%s' (ckv reads GGUF files of architecture 'llama')", f->path,
-                         gguf_printable(shown, sizeof shown, arch, alen));
-    cfg->arch = CKV_ARCH_LLAMA;
-    snprintf(cfg->arch_name, sizeof cfg->arch_name, "LlamaForCausalLM");
+                         "%s: general.architecture is '%s' (ckv reads GGUF files of architecture 'llama' or "
+                         "'qwen2')",
+                         f->path, gguf_printable(shown, sizeof shown, arch, alen));
+    }
 
     int64_t experts = 0;
-    CKV_TRY(gguf_meta_int(f, "llama.expert_count", 0, 0, 0, INT32_MAX, &experts, NULL));
+    CKV_TRY(gguf_meta_int(f, K("expert_count"), 0, 0, 0, INT32_MAX, &experts, NULL));
     if (experts > 0)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "%s: llama.expert_count is %" PRId64 " (mixture-of-experts models are not supported)", f->path,
+                         "%s: %s.expert_count is %" PRId64 " (mixture-of-experts models are not supported)", f->path, ar,
                          experts);
 
-    CKV_TRY(gguf_meta_pos_int(f, "llama.embedding_length", 1, 0, &cfg->hidden_size, NULL));
-    CKV_TRY(gguf_meta_pos_int(f, "llama.block_count", 1, 0, &cfg->n_layers, NULL));
-    CKV_TRY(gguf_meta_pos_int(f, "llama.feed_forward_length", 1, 0, &cfg->intermediate_size, NULL));
-    CKV_TRY(gguf_meta_pos_int(f, "llama.attention.head_count", 1, 0, &cfg->n_heads, NULL));
-    CKV_TRY(gguf_meta_pos_int(f, "llama.attention.head_count_kv", 0, cfg->n_heads, &cfg->n_kv_heads, NULL));
-    CKV_TRY(gguf_meta_pos_int(f, "llama.context_length", 1, 0, &cfg->max_position_embeddings, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, K("embedding_length"), 1, 0, &cfg->hidden_size, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, K("block_count"), 1, 0, &cfg->n_layers, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, K("feed_forward_length"), 1, 0, &cfg->intermediate_size, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, K("attention.head_count"), 1, 0, &cfg->n_heads, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, K("attention.head_count_kv"), 0, cfg->n_heads, &cfg->n_kv_heads, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, K("context_length"), 1, 0, &cfg->max_position_embeddings, NULL));
     if (cfg->n_heads % cfg->n_kv_heads != 0)
         return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: llama.attention.head_count_kv (%d) must divide llama.attention.head_count (%d)", f->path,
-                         cfg->n_kv_heads, cfg->n_heads);
+                         "%s: %s.attention.head_count_kv (%d) must divide %s.attention.head_count (%d)", f->path, ar,
+                         cfg->n_kv_heads, ar, cfg->n_heads);
     int kl, vl, has_kl;
-    CKV_TRY(gguf_meta_pos_int(f, "llama.attention.key_length", 0, cfg->hidden_size / cfg->n_heads, &kl, &has_kl));
-    CKV_TRY(gguf_meta_pos_int(f, "llama.attention.value_length", 0, kl, &vl, NULL));
+    CKV_TRY(gguf_meta_pos_int(f, K("attention.key_length"), 0, cfg->hidden_size / cfg->n_heads, &kl, &has_kl));
+    CKV_TRY(gguf_meta_pos_int(f, K("attention.value_length"), 0, kl, &vl, NULL));
     if (kl != vl)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "%s: llama.attention.key_length %d differs from value_length %d", f->path, kl, vl);
+                         "%s: %s.attention.key_length %d differs from value_length %d", f->path, ar, kl, vl);
     cfg->head_dim = kl;
     if (cfg->head_dim <= 0 || cfg->head_dim % 2 != 0)
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the head size must be positive and even (got %d%s)", f->path,
                          cfg->head_dim, has_kl ? "" : ", embedding_length / head_count");
-    CKV_TRY(gguf_meta_float(f, "llama.attention.layer_norm_rms_epsilon", 1, 0.0, &cfg->rms_norm_eps, NULL));
+    CKV_TRY(gguf_meta_float(f, K("attention.layer_norm_rms_epsilon"), 1, 0.0, &cfg->rms_norm_eps, NULL));
     if (!(cfg->rms_norm_eps > 0.0))
         return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: metadata key 'llama.attention.layer_norm_rms_epsilon' must be positive (got %g)", f->path,
+                         "%s: metadata key '%s.attention.layer_norm_rms_epsilon' must be positive (got %g)", f->path, ar,
                          cfg->rms_norm_eps);
 
-    /* vocabulary: the tokenizer's token list, else llama.vocab_size, else the embedding's rows */
+    /* vocabulary: the tokenizer's token list, else <arch>.vocab_size, else the embedding's rows */
     const gguf_kv *tokens = gguf_find_kv(f, "tokenizer.ggml.tokens");
     const gguf_tensor *embd = gguf_find_tensor(f, "token_embd.weight");
     if (tokens) {
@@ -1112,7 +1111,7 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
         cfg->vocab_size = (int)tokens->count;
     } else {
         int present;
-        CKV_TRY(gguf_meta_pos_int(f, "llama.vocab_size", 0, 0, &cfg->vocab_size, &present));
+        CKV_TRY(gguf_meta_pos_int(f, K("vocab_size"), 0, 0, &cfg->vocab_size, &present));
         if (!present && embd && embd->ndim == 2 && embd->ne[1] <= INT32_MAX) cfg->vocab_size = (int)embd->ne[1];
         if (!cfg->vocab_size)
             return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key 'tokenizer.ggml.tokens' (the vocabulary)",
@@ -1127,16 +1126,23 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
 
     cfg->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
     cfg->attention_bias = gguf_find_tensor(f, "blk.0.attn_q.bias") != NULL;
-    if (cfg->attention_bias && !gguf_find_tensor(f, "blk.0.attn_output.bias"))
+    const int o_bias = gguf_find_tensor(f, "blk.0.attn_output.bias") != NULL;
+    if (cfg->arch == CKV_ARCH_LLAMA && cfg->attention_bias && !o_bias)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                          "%s: q/k/v biases without an attn_output bias are not supported for architecture llama",
                          f->path);
+    /* Qwen2 has q/k/v biases and no o_proj bias */
+    if (cfg->arch == CKV_ARCH_QWEN2 && (!cfg->attention_bias || o_bias))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s: architecture qwen2 needs q/k/v biases (tensor 'blk.0.attn_q.bias') and no attn_output "
+                         "bias (this file has %s)",
+                         f->path, o_bias ? "an attn_output bias" : "no attn_q bias");
     if (gguf_find_tensor(f, "blk.0.ffn_gate.bias") || gguf_find_tensor(f, "blk.0.ffn_up.bias") ||
         gguf_find_tensor(f, "blk.0.ffn_down.bias"))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: MLP biases are not supported (ckv has none)", f->path);
     cfg->sliding_window = 0;
 
-    CKV_TRY(gguf_config_rope(cfg, f));
+    CKV_TRY(gguf_config_rope(cfg, f, ar));
     cfg->max_context = cfg->max_position_embeddings;
     if (cfg->rope.type == CKV_ROPE_TYPE_YARN) {
         double stretched = (double)cfg->rope.original_max_position * cfg->rope.factor;
@@ -1158,9 +1164,10 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
     CKV_TRY(gguf_add_eos(cfg, f, "tokenizer.ggml.eot_token_id"));
     CKV_TRY(gguf_add_eos(cfg, f, "tokenizer.ggml.eom_token_id"));
 
-    src->n_head = cfg->n_heads;
-    src->n_head_kv = cfg->n_kv_heads;
-    return CKV_STATUS_OK;
+    /* the llama conversion permutes the rotary rows of q/k; the qwen2 one keeps Hugging Face's order */
+    src->n_head = cfg->arch == CKV_ARCH_LLAMA ? cfg->n_heads : 0;
+    src->n_head_kv = cfg->arch == CKV_ARCH_LLAMA ? cfg->n_kv_heads : 0;
+    return ckv_config_check(cfg, f->path);
 }
 
 ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, const char *path) {
@@ -1178,6 +1185,8 @@ ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, c
     src->ctx = g;
     src->read_f32 = gguf_src_read;
     src->has = gguf_src_has;
+    src->stored_dtype = gguf_src_stored_dtype;
+    src->read_raw = gguf_src_read_raw;
     src->release_pages = gguf_src_release;
     src->close = gguf_src_close;
     return CKV_STATUS_OK;

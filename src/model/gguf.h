@@ -1,8 +1,9 @@
 /* gguf.h - reader for GGUF files (v2 and v3): metadata, tensor table, alignment, and tensors of
- * type F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and Q6_K dequantised to fp32 at load. For
- * llama-architecture files it provides a ckv_weight_source that maps Hugging Face tensor names
- * ("model.layers.0.self_attn.q_proj.weight") to GGUF names ("blk.0.attn_q.weight"), undoes the
- * rotary row permutation GGUF conversion applies to q/k, and a ckv_model_config from the metadata. */
+ * type F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K dequantised to fp32 at load.
+ * For llama- and qwen2-architecture files it provides a ckv_weight_source that maps Hugging Face
+ * tensor names ("model.layers.0.self_attn.q_proj.weight") to GGUF names ("blk.0.attn_q.weight"),
+ * undoes the rotary row permutation the llama conversion applies to q/k, and a ckv_model_config from
+ * the metadata. */
 #ifndef CKV_MODEL_GGUF_H
 #define CKV_MODEL_GGUF_H
 

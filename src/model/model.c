@@ -43,7 +43,25 @@ static ckv_status load_tensor(ckv_model *m, const ckv_weight_source *st, float *
 static ckv_status load_matrix(ckv_model *m, const ckv_weight_source *st, ckv_weight *w, const char *name,
                               const int64_t *shape, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     ckv_backend *be = m->be;
-    const ckv_dtype dt = m->wdtype;
+    ckv_dtype dt = m->wdtype;
+    /* kept as stored when asked, the source hands out its bytes, the backend computes that type and the
+     * slice keeps whole blocks */
+    const ckv_dtype sdt = m->as_stored && st->stored_dtype && st->read_raw ? st->stored_dtype(st->ctx, name) : dt;
+    const int be_ = ckv_dtype_block_elems(sdt);
+    if (sdt != dt && be->ops->weight_dtype_ok(be, sdt) && c0 % be_ == 0 && c1 % be_ == 0) {
+        memset(w, 0, sizeof *w);
+        w->dtype = sdt, w->rows = r1 - r0, w->cols = c1 - c0, w->row_bytes = ckv_dtype_row_bytes(sdt, w->cols);
+        const size_t bytes = (size_t)w->rows * w->row_bytes;
+        CKV_TRY(be->ops->alloc(be, &w->data, bytes, name));
+        m->weight_bytes += bytes;
+        if (be->device == CKV_DEVICE_HOST) return st->read_raw(st->ctx, name, shape, r0, r1, c0, c1, w->data);
+        void *tmp = NULL;
+        CKV_TRY(ckv_alloc(&tmp, bytes, name));
+        ckv_status s = st->read_raw(st->ctx, name, shape, r0, r1, c0, c1, tmp);
+        if (s == CKV_STATUS_OK) s = be->ops->upload(be, w->data, tmp, bytes);
+        ckv_free(tmp);
+        return s;
+    }
     memset(w, 0, sizeof *w);
     w->dtype = dt;
     w->rows = r1 - r0;
@@ -151,8 +169,9 @@ ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv
     return ckv_model_load_opts(out, dir, be, tp, NULL);
 }
 
-ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
-                               const ckv_model_opts *opts) {
+/* Loads from dir's checkpoint, or from random weights when seed is not NULL. */
+static ckv_status model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp, const ckv_model_opts *opts,
+                             const uint64_t *seed) {
     *out = NULL;
     ckv_dtype wdt = opts && opts->weights_dtype != CKV_DTYPE_COUNT_ ? opts->weights_dtype : be->weight_dtype;
     if ((wdt != CKV_DTYPE_F32 && wdt != CKV_DTYPE_F16 && wdt != CKV_DTYPE_BF16) || !be->ops->weight_dtype_ok(be, wdt))
@@ -163,8 +182,9 @@ ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be
     m->be = be;
     m->tp = tp;
     m->wdtype = wdt;
+    m->as_stored = opts && opts->as_stored;
     ckv_weight_source src;
-    ckv_status s = ckv_source_open(&src, &m->cfg, dir);
+    ckv_status s = seed ? ckv_source_open_random(&src, &m->cfg, dir, *seed) : ckv_source_open(&src, &m->cfg, dir);
     const ckv_model_config *c = &m->cfg;
     if (s == CKV_STATUS_OK)
         s = ckv_shard_plan_init(&m->plan, tp ? tp->size : 1, tp ? tp->rank : 0, c->n_heads, c->n_kv_heads, c->head_dim,
@@ -189,6 +209,16 @@ ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be
     }
     *out = m;
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
+                               const ckv_model_opts *opts) {
+    return model_load(out, dir, be, tp, opts, NULL);
+}
+
+ckv_status ckv_model_load_random(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
+                                 const ckv_model_opts *opts, uint64_t seed) {
+    return model_load(out, dir, be, tp, opts, &seed);
 }
 
 void ckv_model_free(ckv_model *m) {

@@ -38,6 +38,14 @@ typedef struct {
     /* dtype of the weight matrices: F32, F16 or BF16; CKV_DTYPE_COUNT_ = the backend's choice
      * (be->weight_dtype). The backend must compute it (weight_dtype_ok). */
     ckv_dtype weights_dtype;
+    /* 1: a matrix stored in a dtype the backend computes (weight_dtype_ok: GGUF blocks, F16, BF16 on
+     * the CPU) is kept as stored; the others are converted to weights_dtype. */
+    int as_stored;
+    /* 1: draw the weights from random_seed (source_random.c) instead of reading the model path, which
+     * needs only config.json (--random-weights SEED; benchmarks and scale tests). Commands whose
+     * output would be meaningless with it (eval, fidelity) refuse it. */
+    int random_weights;
+    uint64_t random_seed;
 } ckv_model_opts;
 
 typedef struct {
@@ -54,7 +62,8 @@ typedef struct {
     float *inv_freq;        /* [d / 2] (device) */
     float rope_scale;       /* cos/sin multiplier (YaRN attention factor) */
     size_t weight_bytes;    /* device bytes of this rank's weights */
-    ckv_dtype wdtype;       /* dtype of the weight matrices */
+    ckv_dtype wdtype;       /* dtype of the weight matrices not kept as stored */
+    int as_stored;          /* matrices the backend computes in their stored dtype are kept so */
 } ckv_model;
 
 /* Rows of logits computed at once: a prefill needs the last row only, parity tests ask for more and
@@ -86,6 +95,11 @@ typedef struct {
 ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp);
 ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
                                const ckv_model_opts *opts);
+/* The same with every weight drawn from `seed` (model/source_random.c) instead of read: dir needs
+ * only config.json (--random-weights SEED; benchmarks and scale tests). Commands whose output would
+ * be meaningless with it (eval, fidelity) refuse it. */
+ckv_status ckv_model_load_random(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
+                                 const ckv_model_opts *opts, uint64_t seed);
 void ckv_model_free(ckv_model *m); /* NULL and partial objects are fine */
 
 ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int n_max);

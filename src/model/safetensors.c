@@ -3,11 +3,12 @@
  * ({name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {string: string}}) and the data
  * region, offsets being relative to its start (8 + N). Every header is checked before any tensor is
  * handed out: length, JSON (a single object, nothing after it), dtype, shape, the byte size the shape
- * implies against the offsets, offsets inside the file and not overlapping, names unique; for an
- * index, shard names that are plain file names and every listed tensor present in its shard. Holes
- * between tensors are tolerated (they cannot make a read go astray). Only F32, F16 and BF16 convert to
- * fp32; other dtypes are listed but refused by read_f32. This file knows no model and does no
- * sharding arithmetic; it assumes a little-endian host, as the format does. */
+ * implies against the offsets, offsets inside the file and not overlapping, the last tensor ending
+ * where the file ends, names unique; for an index, shard names that are plain file names and every
+ * listed tensor present in its shard. Holes between tensors are tolerated (they cannot make a read go
+ * astray). Only F32, F16 and BF16 convert to fp32; other dtypes are listed but refused by read_f32,
+ * and a slice read that holds NaN or infinity is refused naming the tensor. This file knows no model
+ * and does no sharding arithmetic; it assumes a little-endian host, as the format does. */
 #define _DEFAULT_SOURCE /* madvise / MADV_DONTNEED */
 #include "model/safetensors.h"
 
@@ -21,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fastmath.h"
 #include "core/json.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -247,7 +249,7 @@ static ckv_status st_parse_header(st_file *f, const char *hdr, size_t hlen) {
     const char *path = f->path;
     if (memchr(hdr, '\0', hlen))
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: header contains a NUL byte", path);
-    ckv_json *root = NULL, *wrapped = NULL;
+    ckv_json *root = NULL;
     st_span *spans = NULL;
     ckv_status s = ckv_json_parse_buffer(&root, hdr, hlen, path);
     if (s != CKV_STATUS_OK) return s;
@@ -255,23 +257,6 @@ static ckv_status st_parse_header(st_file *f, const char *hdr, size_t hlen) {
         s = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: header is not a JSON object", path);
         goto done;
     }
-    {   /* the parser stops after the first value: "[" header "]" must hold exactly that value */
-        char *buf = malloc(hlen + 2);
-        if (!buf) {
-            s = ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory for the header", path);
-            goto done;
-        }
-        buf[0] = '[';
-        memcpy(buf + 1, hdr, hlen);
-        buf[hlen + 1] = ']';
-        ckv_status ws = ckv_json_parse_buffer(&wrapped, buf, hlen + 2, path);
-        free(buf);
-        if (ws != CKV_STATUS_OK || ckv_json_array_size(wrapped) != 1) {
-            s = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: header has bytes after its JSON object", path);
-            goto done;
-        }
-    }
-
     int n = 0;
     size_t name_bytes = 0;
     for (const ckv_json *c = ckv_json_first_child(root); c; c = ckv_json_next(c)) {
@@ -343,11 +328,19 @@ static ckv_status st_parse_header(st_file *f, const char *hdr, size_t hlen) {
         }
         if (prev < 0 || spans[k].end > spans[prev].end) prev = k;
     }
+    /* the data region ends with the last tensor (as the reference reader demands): a header length
+     * one byte off still parses when the JSON is padded, but shifts every tensor */
+    uint64_t reach = prev >= 0 ? spans[prev].end : 0;
+    if (reach != (uint64_t)data_size) {
+        s = ckv_error(CKV_STATUS_ERR_FORMAT,
+                      "%s: %" PRIu64 " bytes of data after the header, but the tensors end at byte %" PRIu64
+                      " (wrong header length or data_offsets)", path, (uint64_t)data_size, reach);
+        goto done;
+    }
     s = CKV_STATUS_OK;
 done:
     free(spans);
     ckv_json_free(root);
-    ckv_json_free(wrapped);
     return s;
 }
 
@@ -614,6 +607,15 @@ static void st_convert(float *dst, const unsigned char *src, ckv_dtype t, size_t
     }
 }
 
+/* Refuses a tensor slice that holds NaN or infinity: such a checkpoint is corrupt and would only
+ * produce garbage (or all-zero tokens) later. */
+static ckv_status st_check_finite(const char *path, const char *name, const float *x, size_t n) {
+    int64_t bad = ckv_find_nonfinite_f32(x, n);
+    if (bad < 0) return CKV_STATUS_OK;
+    return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s': element %" PRId64 " of the slice read is %s (corrupt "
+                     "weights)", path, name, bad, x[bad] != x[bad] ? "NaN" : "infinite");
+}
+
 /* Tells the OS the mapped pages of a tensor that was just converted are not needed any more, so
  * loading a checkpoint does not hold the file's pages and our converted copy resident at once. */
 static void st_drop_pages(const ckv_st_tensor *t) {
@@ -657,7 +659,7 @@ ckv_status ckv_safetensors_read_f32(const ckv_safetensors *st, const char *name,
                              path, name);
         st_convert(dst, src, t->dtype, t->nbytes / esize);
         st_drop_pages(t);
-        return CKV_STATUS_OK;
+        return st_check_finite(path, name, dst, t->nbytes / esize);
     }
     if (t->ndim != 2)
         return ckv_error(CKV_STATUS_ERR_ARG, "%s: tensor '%.200s': a row/column slice needs a 2-D tensor (it has %d "
@@ -675,12 +677,12 @@ ckv_status ckv_safetensors_read_f32(const ckv_safetensors *st, const char *name,
     if (col0 == 0 && c1 == C) {
         st_convert(dst, src + (size_t)row0 * (size_t)C * esize, t->dtype, (size_t)(r1 - row0) * w);
         st_drop_pages(t);
-        return CKV_STATUS_OK;
+        return st_check_finite(path, name, dst, (size_t)(r1 - row0) * w);
     }
     for (int64_t r = row0; r < r1; r++)
         st_convert(dst + (size_t)(r - row0) * w, src + ((size_t)r * (size_t)C + (size_t)col0) * esize, t->dtype, w);
     st_drop_pages(t);
-        return CKV_STATUS_OK;
+    return st_check_finite(path, name, dst, (size_t)(r1 - row0) * w);
 }
 
 void ckv_safetensors_release_pages(ckv_safetensors *st) {

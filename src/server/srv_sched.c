@@ -412,6 +412,7 @@ static void *engine_main(void *arg) {
             s->q_head = (s->q_head + 1) % s->max_queue;
             s->q_len--;
             sl->phase = SLOT_PREPARE;
+            sl->choice = 0;
             sl->seq = s->admit_seq++;
             s->running++;
         }

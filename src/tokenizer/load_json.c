@@ -426,6 +426,8 @@ static ckv_status parse_model(const ld *L, const ckv_json *m) {
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: BPE dropout is not supported", L->what);
     const ckv_json *vocab = ckv_json_get(m, "vocab");
     if (!ckv_json_is_object(vocab)) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: model.vocab must be an object", L->what);
+    /* added tokens alone cannot encode text: every other piece would be dropped silently */
+    if (!ckv_json_first_child(vocab)) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: model.vocab is empty", L->what);
     int32_t max_id = -1;
     for (const ckv_json *e = ckv_json_first_child(vocab); e; e = ckv_json_next(e)) {
         int32_t id = -1;

@@ -1,8 +1,12 @@
 /* test_comm_nccl.c - the NCCL communicator on the GPUs of this machine: a one-rank NCCL
  * communicator bootstrapped by the single-process communicator runs all-reduce, all-gather and
- * broadcast on device buffers and returns what the CPU computes. Skipped (exit 77) where no GPU is
- * visible, saying so; multi-rank NCCL runs are covered by tests/gpu/run.sh on a GPU machine. */
+ * broadcast on device buffers and returns what the CPU computes, first synchronously on its own
+ * stream, then enqueued on a caller's stream (ckv_comm_set_stream: the watchdog ring) with a kernel-
+ * free copy after it on the same stream; the GPU's PCI bus id is readable. Skipped (exit 77) where
+ * no GPU is visible, saying so; multi-rank NCCL runs are covered by tests/gpu/run.sh. */
 #include <cuda_runtime.h>
+
+#include <string.h>
 
 #include "ckv_test.h"
 #include "comm/comm.h"
@@ -29,9 +33,23 @@ int main(void) {
     CHECK_OK(nc->ops->barrier(nc));
     cudaMemcpy(back, g, sizeof back, cudaMemcpyDeviceToHost);
     ckv_test_allclose("nccl all-reduce/all-gather/broadcast on 1 rank", back, host, 256, 0.0, 0.0);
+    char bus[64] = "";
+    CHECK_OK(ckv_comm_gpu_id(dev, bus, sizeof bus));
+    CHECK_MSG(strlen(bus) > 4, "PCI bus id '%s'", bus);
+    /* asynchronous mode on a caller's stream: no host wait per call, ordered with the stream */
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+    ckv_comm_set_stream(nc, st);
+    CHECK(ckv_comm_nccl_on_stream(nc) == 1);
+    for (int i = 0; i < 300; i++) /* more than the ring holds: the caller waits for the oldest */
+        CHECK_OK(nc->ops->allgather(nc, d, g, sizeof host));
+    CHECK(cudaMemcpyAsync(back, g, sizeof back, cudaMemcpyDeviceToHost, st) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    ckv_test_allclose("nccl on the caller's stream", back, host, 256, 0.0, 0.0);
     cudaFree(d);
     cudaFree(g);
     ckv_comm_free(nc);
+    cudaStreamDestroy(st);
     ckv_comm_free(boot);
     return ckv_test_finish("test_comm_nccl");
 }

@@ -1,20 +1,11 @@
 /* fuzz_gguf.c - libFuzzer target for the GGUF reader (model/gguf.c): every input is opened as a GGUF
  * weight source; when it opens, the llama tensors the model loader asks for are read whole and in
  * row/column slices. Invariants besides "no crash, no sanitizer report": a failure carries a
- * non-empty one-line message, and a success fills a config whose sizes are positive. It does not
+ * non-empty one-line printable message, and a success fills a config whose sizes are positive. It does not
  * check values (tests/unit/test_gguf.c does). Built only with clang and -DCKV_FUZZ=ON (see
- * tests/fuzz/CMakeLists.txt for how to run it). */
-#define _GNU_SOURCE /* memfd_create */
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
+ * tests/fuzz/README.md for how to run it; CTest replays its seeds in every build). */
+#include "fuzz_input.h" /* first: it sets _GNU_SOURCE */
 #include "model/gguf.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Reads `name` with the HF shape [R, C] (C = 0: 1-D [R]) whole and as the slices tensor parallelism
  * uses, when the shape is small enough to allocate. */
@@ -25,10 +16,7 @@ static void fuzz_read(ckv_weight_source *src, const char *name, int64_t R, int64
     float *dst = malloc(sizeof(float) * (size_t)(R * (C ? C : 1)));
     if (!dst) return;
     ckv_status s = src->read_f32(src->ctx, name, ndim, shape, 0, -1, 0, -1, dst);
-    if (s != CKV_STATUS_OK) {
-        const char *m = ckv_error_message();
-        if (!m[0] || strchr(m, '\n')) abort();
-    }
+    if (s != CKV_STATUS_OK) ckv_fuzz_check_message();
     if (C) {
         src->read_f32(src->ctx, name, ndim, shape, R / 2, R, 0, C, dst);
         src->read_f32(src->ctx, name, ndim, shape, 0, R, C / 3, C - C / 5, dst);
@@ -37,21 +25,13 @@ static void fuzz_read(ckv_weight_source *src, const char *name, int64_t R, int64
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static int fd = -1;
-    static char path[64];
-    if (fd < 0) {
-        fd = memfd_create("fuzz_gguf", 0);
-        if (fd < 0) abort();
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    }
-    if (ftruncate(fd, 0) != 0 || (size && pwrite(fd, data, size, 0) != (ssize_t)size)) abort();
+    const char *path = ckv_fuzz_file(data, size);
     ckv_weight_source src;
     ckv_model_config c;
     ckv_error_clear();
     ckv_status s = ckv_gguf_open_source(&src, &c, path);
     if (s != CKV_STATUS_OK) {
-        const char *m = ckv_error_message();
-        if (!m[0] || strchr(m, '\n')) abort();
+        ckv_fuzz_check_message();
         return 0;
     }
     if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 ||

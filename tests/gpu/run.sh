@@ -1,37 +1,130 @@
 #!/usr/bin/env bash
-# run.sh - the one prepared script for a machine with NVIDIA GPUs: builds ckv with CUDA and NCCL,
-# runs every CTest test labelled cuda (and the CPU suite as a sanity check), runs NCCL across all
-# visible GPUs when there are several, and writes a summary with the device, versions and results.
-#   tests/gpu/run.sh [OUT_DIR]        (OUT_DIR defaults to $OUT, else build-gpu/results)
-# Exits non-zero if any test failed; a test that cannot run reports itself as skipped.
+# run.sh - the one prepared script for a bare machine with NVIDIA GPUs (CUDA toolkit with NCCL, CMake,
+# ninja, python3 with torch and transformers; no package registry): unpacks the Debian packages that
+# tools/gpu/prepare.sh downloaded on the development machine (build-deps/debs, copied along with the
+# tree) into a private prefix with dpkg -x, configures and builds ckv with the CUDA backend against
+# it, then runs the CUDA tests (label cuda), the tensor-parallel tests on the GPU (2 ranks x tp 2 on
+# one GPU through the staged path equal tp 1; NCCL across GPUs when there are several; a stalled
+# rank ends the job within the timeout) and the benchmark (tools/bench/bench_gpu.py), in at most
+# 8 minutes, and prints a summary table last. Nothing is installed; apt-get is never called.
+#   tests/gpu/run.sh [--dry-run] [OUT_DIR]     (OUT_DIR: $OUT, else build-gpu/results)
+# --dry-run runs every step up to the first GPU call (unpack, configure, build, the benchmark's
+# dry run) and stops. Exits non-zero if a step failed.
 set -uo pipefail
+dry=0
+if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${1:-${OUT:-$root/build-gpu/results}}
 mkdir -p "$out"
-log() { echo "$*" | tee -a "$out/summary.txt"; }
+t_start=$(date +%s)
+budget=${CKV_GPU_BUDGET_S:-480} # the whole run, seconds
+left() { echo $(( budget - ($(date +%s) - t_start) )); }
 : >"$out/summary.txt"
-log "== device"
-(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "nvidia-smi not available") | tee -a "$out/summary.txt"
-log "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
-"$root/tools/setup.sh" >/dev/null || { log "setup failed"; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-log "== build (CUDA on)"
-cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DCKV_CUDA=ON >"$out/cmake.log" 2>&1 \
-  || cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release >>"$out/cmake.log" 2>&1
-grep "ckv:" "$out/cmake.log" | tee -a "$out/summary.txt"
-cmake --build "$root/build-gpu" -j "$(nproc)" >"$out/build.log" 2>&1 || { log "build failed (see build.log)"; tail -20 "$out/build.log"; exit 1; }
+log() { echo "$*" | tee -a "$out/summary.txt"; }
+declare -a rows=()
+logof() { echo "$out/$(echo "$1" | tr -c 'A-Za-z0-9\n' '_').log"; } # the log file of a step
 status=0
-log "== tests: cuda"
-ctest --test-dir "$root/build-gpu" -L cuda --output-on-failure >"$out/ctest-cuda.log" 2>&1 || status=1
-grep -E "tests passed|Passed|Failed|Skipped|SKIP" "$out/ctest-cuda.log" | tee -a "$out/summary.txt"
-log "== tests: cpu + mpi (sanity)"
-ctest --test-dir "$root/build-gpu" -L 'cpu|mpi' -j "$(nproc)" >"$out/ctest-cpu.log" 2>&1 || status=1
-grep -E "tests passed" "$out/ctest-cpu.log" | tee -a "$out/summary.txt"
-ngpu=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
-if [ "${ngpu:-0}" -ge 2 ] && [ -x "$root/build-gpu/tests/test_comm_nccl" ]; then
-  log "== NCCL on $ngpu GPUs"
-  mpirun --oversubscribe -np "$ngpu" "$root/build-gpu/tests/test_comm_nccl" >"$out/nccl.log" 2>&1 || status=1
-  tail -3 "$out/nccl.log" | tee -a "$out/summary.txt"
+# step NAME SECONDS CMD...: runs CMD bounded by min(SECONDS, time left), records a summary row
+step() {
+  local name=$1 limit=$2; shift 2
+  local l; l=$(left)
+  [ "$l" -lt "$limit" ] && limit=$l
+  if [ "$limit" -le 5 ]; then rows+=("$(printf '%-34s %-8s %6s  %s' "$name" skipped - "out of time")"); status=1; return 1; fi
+  local t0; t0=$(date +%s)
+  timeout "$limit" "$@" >"$(logof "$name")" 2>&1
+  local rc=$? took=$(( $(date +%s) - t0 ))
+  local what=ok; [ $rc -ne 0 ] && { what=FAIL; status=1; }
+  [ $rc -eq 124 ] && what=TIMEOUT
+  rows+=("$(printf '%-34s %-8s %5ss  %s' "$name" "$what" "$took" "$(tail -1 "$(logof "$name")" | cut -c1-90)")")
+  return $rc
+}
+
+# ---- private prefix from the downloaded packages ----
+debs=$root/build-deps/debs
+prefix=$root/build-gpu/prefix
+if ! ls "$debs"/*.deb >/dev/null 2>&1; then
+  log "no packages in build-deps/debs: run tools/gpu/prepare.sh on the development machine first"; exit 1
 fi
-log "== status $status"
+command -v dpkg >/dev/null || { log "dpkg is needed to unpack build-deps/debs (dpkg -x)"; exit 1; }
+if [ ! -f "$prefix/.unpacked" ] || [ "$debs/MANIFEST" -nt "$prefix/.unpacked" ]; then
+  rm -rf "$prefix"; mkdir -p "$prefix"
+  for d in "$debs"/*.deb; do dpkg -x "$d" "$prefix" || { log "dpkg -x $d failed"; exit 1; }; done
+  # a library built for a newer C library than this machine's: use the system's copy when there is
+  # one, else stop with the reason (prepare.sh should then run on a machine of this distribution)
+  host_glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  if [ -n "$host_glibc" ] && command -v objdump >/dev/null; then
+    while IFS= read -r so; do
+      need=$(objdump -T "$so" 2>/dev/null | grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n -u | tail -1 | sed 's/GLIBC_//')
+      [ -z "$need" ] && continue
+      if [ "$(printf '%s\n%s\n' "$need" "$host_glibc" | sort -V | tail -1)" != "$host_glibc" ]; then
+        base=$(basename "$so")
+        if ldconfig -p 2>/dev/null | grep -q " ${base%%.so*}.so"; then
+          log "note: $base needs glibc $need (here $host_glibc): using the system's copy"; rm -f "$prefix"/usr/lib/*/"${base%%.so*}".so*
+        else
+          log "$base from build-deps needs glibc $need but this machine has $host_glibc and no copy of its own:"
+          log "run tools/gpu/prepare.sh on a machine of the GPU machine's distribution"; exit 1
+        fi
+      fi
+    done < <(find "$prefix" -name '*.so*' -type f)
+  fi
+  touch "$prefix/.unpacked"
+fi
+arch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+lib=$prefix/usr/lib/$arch
+ompi=$lib/openmpi
+export OPAL_PREFIX=$prefix/usr             # Open MPI relocated: its components and help files live here
+export PATH=$prefix/usr/bin:$PATH
+export LD_LIBRARY_PATH=$lib:$ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none # no CMA inside containers/VMs
+mpirun=$prefix/usr/bin/orterun                 # mpirun is a dpkg alternatives link, absent in an unpacked tree
+log "== prefix $prefix: $(ls "$debs"/*.deb | wc -l) packages; $($mpirun --version 2>&1 | head -1)"
+
+# ---- configure and build with the CUDA backend ----
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+build=$root/build-gpu/build
+cmake_args=(-S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCKV_CUDA=ON -DCKV_MPI=ON
+  -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$lib"
+  -DMPI_SKIP_COMPILER_WRAPPER=ON -DMPI_C_HEADER_DIR="$ompi/include" -DMPI_C_LIB_NAMES=mpi
+  -DMPI_mpi_LIBRARY="$ompi/lib/libmpi.so" -DMPIEXEC_EXECUTABLE="$mpirun"
+  -DCMAKE_BUILD_RPATH="$lib;$ompi/lib")
+if ! step "configure (CUDA on)" 120 cmake "${cmake_args[@]}"; then
+  log "configure failed:"; tail -15 "$(logof "configure (CUDA on)")"; exit 1
+fi
+grep "ckv:" "$(logof "configure (CUDA on)")" | tee -a "$out/summary.txt"
+grep -q "CUDA ON" "$(logof "configure (CUDA on)")" || log "note: the CUDA backend is not in this tree (src/backend/cuda/cuda_backend.cu): GPU steps test NCCL/staged only"
+if ! step "build" 300 cmake --build "$build" -j "$(nproc)"; then
+  log "build failed:"; grep -m5 -E "error|Error" "$(logof build)"; exit 1
+fi
+log "ckv links: $(ldd "$build/ckv" | grep -E 'libmpi|libcjson|libpcre2|libnccl|libcudart' | awk '{print $1 "->" $3}' | tr '\n' ' ')"
+if [ $dry -eq 1 ]; then
+  step "benchmark (dry run)" 60 python3 "$root/tools/bench/bench_gpu.py" --dry-run --ckv "$build/ckv" --out "$out/bench"
+  cat "$(logof "benchmark (dry run)")"
+  log "== dry run: stopping before the first GPU call"
+  printf '%-34s %-8s %6s  %s\n' step result time "last line"; printf '%s\n' "${rows[@]}"
+  exit $status
+fi
+
+# ---- on the GPU ----
+log "== device"
+(nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv 2>&1 || echo "nvidia-smi not available") | tee -a "$out/summary.txt"
+ngpu=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+step "ctest -L cuda" 150 ctest --test-dir "$build" -L cuda --output-on-failure
+ranks=$build/tests/comm_ranks
+fx=$root/tests/fixtures/random/tiny_qwen2
+step "tp 2 x 1 GPU (staged) = tp 1" 60 env CUDA_VISIBLE_DEVICES=0 "$mpirun" --oversubscribe -np 2 "$ranks" tp "$fx" cuda
+grep -h "logits vs tp 1" "$(logof "tp 2 x 1 GPU (staged) = tp 1")" | head -2 | tee -a "$out/summary.txt"
+step "stalled rank, 1 GPU (staged)" 40 env CUDA_VISIBLE_DEVICES=0 bash "$root/tests/mpi/test_comm_timeout.sh" "$ranks" \
+  "$root/tests/fixtures" "$out" "$mpirun" cuda 2
+if [ "${ngpu:-0}" -ge 2 ]; then
+  step "tp $ngpu x $ngpu GPUs (NCCL) = tp 1" 60 "$mpirun" --oversubscribe -np "$ngpu" "$ranks" tp "$fx" cuda
+  step "stalled rank, $ngpu GPUs (NCCL)" 40 bash "$root/tests/mpi/test_comm_timeout.sh" "$ranks" "$root/tests/fixtures" \
+    "$out" "$mpirun" cuda "$ngpu"
+fi
+step "ctest -L mpi (CPU reference)" 90 ctest --test-dir "$build" -L mpi -R 'comm_|tp_generate'
+step "benchmark" "$(( $(left) - 5 ))" python3 "$root/tools/bench/bench_gpu.py" --ckv "$build/ckv" --out "$out/bench" \
+  --timeout 200
+sed -n '/^== benchmark/,$p' "$(logof benchmark)" | tee -a "$out/summary.txt"
+log "== summary ($(( $(date +%s) - t_start )) s of ${budget} s)"
+{ printf '%-34s %-8s %6s  %s\n' step result time "last line"; printf '%s\n' "${rows[@]}"; } | tee -a "$out/summary.txt"
 exit $status

@@ -284,7 +284,31 @@ static void test_malformed(void) {
     FAILS(mk("head_dim", "-2", NULL), F, WHAT ": key 'head_dim' must be positive and even");
     FAILS(mk("hidden_size", "132", NULL), F, "key 'head_dim' must be positive and even (got 33, hidden_size / heads)");
     FAILS(mk("max_position_embeddings", "0", NULL), F, WHAT ": key 'max_position_embeddings' must be positive");
-    FAILS(mk("rms_norm_eps", "0", NULL), F, WHAT ": key 'rms_norm_eps' must be positive");
+    FAILS(mk("rms_norm_eps", "0", NULL), CKV_STATUS_ERR_RANGE, WHAT ": rms_norm_eps 0 is outside [1e-12, 0.1]");
+    FAILS(mk("rms_norm_eps", "1e300", NULL), CKV_STATUS_ERR_RANGE, WHAT ": rms_norm_eps 1e+300 is outside");
+    FAILS(mk("rms_norm_eps", "-1e-5", NULL), CKV_STATUS_ERR_RANGE, WHAT ": rms_norm_eps -1e-05 is outside");
+    FAILS(mk("rms_norm_eps", "1e-13", NULL), CKV_STATUS_ERR_RANGE, WHAT ": rms_norm_eps 1e-13 is outside");
+    FAILS(mk("rms_norm_eps", "0.2", NULL), CKV_STATUS_ERR_RANGE, WHAT ": rms_norm_eps 0.2 is outside");
+    CHECK_OK(parse(mk("rms_norm_eps", "1e-12", NULL)));
+    CHECK_OK(parse(mk("rms_norm_eps", "0.1", NULL)));
+    /* ids outside the vocabulary (1000 tokens) */
+    FAILS(mk("bos_token_id", "1000", NULL), CKV_STATUS_ERR_RANGE, WHAT ": bos_token_id 1000 is outside the vocabulary of 1000");
+    FAILS(mk("eos_token_id", "[2, 5000]", NULL), CKV_STATUS_ERR_RANGE, WHAT ": eos_token_id 5000 is outside the vocabulary");
+    CHECK_OK(parse(mk("bos_token_id", "999", "eos_token_id", "[0, 999]", NULL)));
+    CHECK_FAILS(ckv_config_parse(&cfg, mk(NULL), "{\"eos_token_id\": 1001}", WHAT), CKV_STATUS_ERR_RANGE,
+                "eos_token_id 1001 is outside the vocabulary");
+    /* strict JSON: a repeated key, bytes after the object */
+    {
+        char text[sizeof cfg_buf + 32];
+        snprintf(text, sizeof text, "{\"vocab_size\": 50, %s", mk(NULL) + 1);
+        CHECK_FAILS(parse(text), F, WHAT ": duplicate key 'vocab_size' in one object");
+        snprintf(text, sizeof text, "%s garbage", mk(NULL));
+        CHECK_FAILS(parse(text), F, WHAT ": unexpected bytes after the JSON value");
+        snprintf(text, sizeof text, "%s}", mk(NULL));
+        CHECK_FAILS(parse(text), F, WHAT ": unexpected bytes after the JSON value");
+        snprintf(text, sizeof text, "%s \n\t\r\n", mk(NULL));
+        CHECK_OK(parse(text));
+    }
     FAILS(mk("rms_norm_eps", "\"1e-5\"", NULL), F, WHAT ": key 'rms_norm_eps' must be a number");
     FAILS(mk("hidden_act", "\"gelu\"", NULL), U, WHAT ": key 'hidden_act' is 'gelu'");
     FAILS(mk("hidden_act", "3", NULL), F, WHAT ": key 'hidden_act' must be a string");
@@ -419,6 +443,16 @@ static void test_load_dir(void) {
     CHECK(unlink(path) == 0);
 
     snprintf(path, sizeof path, "%s/config.json", dir);
+    { /* a NUL byte inside the file would hide what follows it */
+        FILE *f = fopen(path, "wb");
+        const char *t = mk(NULL);
+        if (f) {
+            fwrite(t, 1, strlen(t) - 1, f);
+            fwrite("\0 \"x\": 1}", 1, 10, f);
+            fclose(f);
+        }
+        CHECK_FAILS(ckv_config_load(&cfg, dir), CKV_STATUS_ERR_FORMAT, "/config.json: NUL byte in the file");
+    }
     write_text(path, mk("architectures", "[\"FalconForCausalLM\"]", NULL));
     CHECK_FAILS(ckv_config_load(&cfg, dir), CKV_STATUS_ERR_UNSUPPORTED,
                 "/config.json: architectures[0] 'FalconForCausalLM'");

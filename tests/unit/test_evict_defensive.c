@@ -82,8 +82,8 @@ typedef struct {
     ckv_score_inputs in;
     float *wo;
     ckv_weight wq, wo_w; // typed views of the q_proj rows and o_proj columns
-    int64_t off[8];
-    int32_t len[8];
+    ckv_kv_seg segs[8];     // [nkv] the local KV heads' segments (host memory is the cpu backend's device)
+    ckv_kv_seg *seg_list[1]; // the one sequence
 } rank_view;
 
 static void view_make(rank_view *r, const prob *p, ckv_backend *be, int q0, int nq, int kv0, int nkv,
@@ -94,15 +94,17 @@ static void view_make(rank_view *r, const prob *p, ckv_backend *be, int q0, int 
     for (int c = 0; c < p->D; c++)
         memcpy(r->wo + (size_t)c * hq, p->wo + (size_t)c * p->H * d + (size_t)q0 * d, sizeof(float) * (size_t)hq);
     for (int g = 0; g < nkv; g++) {
-        r->off[g] = (int64_t)(kv0 + g) * p->L;
-        r->len[g] = p->L;
+        const size_t row0 = (size_t)(kv0 + g) * (size_t)p->L;
+        r->segs[g] = (ckv_kv_seg){p->k + row0 * d, p->v + row0 * d, p->ppool + row0, p->L, p->L};
     }
+    r->seg_list[0] = r->segs;
     ckv_score_inputs *in = &r->in;
     in->layer = 1, in->n_layers = 4, in->L = p->L, in->D = p->D, in->head_dim = d;
     in->n_heads = p->H, in->n_kv_heads = p->Hkv, in->n_q_local = nq, in->n_kv_local = nkv;
     in->q_head0 = q0, in->kv_head0 = kv0;
     in->xn = p->xn;
-    in->cache = (ckv_attn_cache){p->k, p->v, p->ppool, r->off, r->len, nkv, d};
+    in->kv = (ckv_kv_batch){.dtype = CKV_DTYPE_F32, .head_dim = d, .n_kv_heads = nkv, .n_seq = 1,
+                            .segs = r->seg_list, .max_len = p->L};
     in->pos = p->pos;
     r->wq = (ckv_weight){p->wq + (size_t)q0 * d * p->D, CKV_DTYPE_F32, (int64_t)nq * d, p->D, (size_t)p->D * sizeof(float)};
     r->wo_w = (ckv_weight){r->wo, CKV_DTYPE_F32, p->D, (int64_t)nq * d, (size_t)nq * d * sizeof(float)};

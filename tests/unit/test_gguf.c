@@ -1,9 +1,12 @@
 /* test_gguf.c - the GGUF reader (model/gguf.c) on files this test writes into CKV_TEST_TMP:
- *  - each tensor type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) quantised here by a plain
+ *  - each tensor type (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) quantised here by a plain
  *    reference quantiser written from the published block layouts; what ckv dequantises must equal the
  *    value the quantiser's codes stand for (up to fp32 rounding) and lie within the format's error of
  *    the original; whole tensors, row slices and column slices that cut quant blocks; GGUF v2 and v3;
  *  - the q/k rotary row permutation of the HF -> GGUF conversion is undone (weights and biases);
+ *  - the stored bytes (read_raw) of whole tensors and row / whole-block column slices, dequantised,
+ *    equal read_f32; stored_dtype names each type;
+ *  - a qwen2 file maps its metadata (qwen2.* keys, biases) and keeps q/k rows as stored;
  *  - metadata of every value type and array element type; alignment 32 (default), 64 and 256 with
  *    padding and gaps; config mapping (sizes in assorted integer types, rope scaling, bos/eos, tied
  *    embeddings, dtype);
@@ -16,6 +19,7 @@
 #include <stdint.h>
 
 #include "ckv_test.h"
+#include "core/quant.h"
 #include "core/tensor.h"
 #include "engine/session.h"
 #include "model/gguf.h"
@@ -57,7 +61,10 @@ static void tb_str(tbuf *b, const char *s) {
 }
 
 enum { V_U8, V_I8, V_U16, V_I16, V_U32, V_I32, V_F32, V_BOOL, V_STR, V_ARR, V_U64, V_I64, V_F64 };
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q4_K = 12,
+    T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30
+};
 
 typedef struct {
     char name[96];
@@ -234,9 +241,54 @@ static void q4_1_block(const float *x, tbuf *o, float *rec, float *bnd) {
     for (int i = 0; i < 16; i++) tb_u8(o, (uint8_t)(q[i] | (q[i + 16] << 4)));
 }
 
-/* Q4_K: 8 sub-blocks of 32, each with a 6-bit scale and 6-bit minimum under fp16 d and dmin. The
- * minimum and scale are rounded up so the representable range covers the sub-block. */
-static void q4_k_block(const float *x, tbuf *o, float *rec, float *bnd) {
+/* Q5_0 / Q5_1 storage of 32 codes 0..31: 4 bytes of fifth bits (bit i: element i), then nibbles as in
+ * Q4_0 (byte i: element i low, element i + 16 high). */
+static void q5_put_codes(tbuf *o, const int *u) {
+    uint32_t h = 0;
+    for (int i = 0; i < 32; i++) h |= (uint32_t)(u[i] >> 4) << i;
+    tb_u32(o, h);
+    for (int i = 0; i < 16; i++) tb_u8(o, (uint8_t)((u[i] & 15) | ((u[i + 16] & 15) << 4)));
+}
+
+static void q5_0_block(const float *x, tbuf *o, float *rec, float *bnd) {
+    float amax = 0;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+    uint16_t h = f2h_up(amax / 15.0f);
+    float d = h2f(h);
+    int u[32];
+    for (int i = 0; i < 32; i++) {
+        int q = d > 0 ? (int)lrintf(x[i] / d) : 0;
+        q = q < -16 ? -16 : q > 15 ? 15 : q;
+        u[i] = q + 16;
+        rec[i] = d * (float)q;
+        bnd[i] = 0.5f * d;
+    }
+    tb_u16(o, h);
+    q5_put_codes(o, u);
+}
+
+static void q5_1_block(const float *x, tbuf *o, float *rec, float *bnd) {
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < 32; i++) mn = fminf(mn, x[i]), mx = fmaxf(mx, x[i]);
+    uint16_t hd = f2h_up((mx - mn) / 31.0f), hm = f2h(mn);
+    float d = h2f(hd), m = h2f(hm);
+    int u[32];
+    for (int i = 0; i < 32; i++) {
+        u[i] = d > 0 ? (int)lrintf((x[i] - m) / d) : 0;
+        u[i] = u[i] < 0 ? 0 : u[i] > 31 ? 31 : u[i];
+        rec[i] = d * (float)u[i] + m;
+        bnd[i] = 0.5f * d + fabsf(mn - m) + 1e-6f * fabsf(m) + 1e-7f;
+    }
+    tb_u16(o, hd);
+    tb_u16(o, hm);
+    q5_put_codes(o, u);
+}
+
+/* Q4_K / Q5_K (levels 15 / 31): 8 sub-blocks of 32, each with a 6-bit scale and 6-bit minimum under
+ * fp16 d and dmin. The minimum and scale are rounded up so the representable range covers the
+ * sub-block. Q5_K stores the fifth bits (qh: bit 2g of byte l for element l of sub-block 2g, bit 2g + 1
+ * for sub-block 2g + 1) between the scales and the nibbles. */
+static void k_quant_block(const float *x, tbuf *o, float *rec, float *bnd, int levels) {
     float smin[8], smax[8], need[8];
     float mmax = 0;
     for (int j = 0; j < 8; j++) {
@@ -251,7 +303,7 @@ static void q4_k_block(const float *x, tbuf *o, float *rec, float *bnd) {
     for (int j = 0; j < 8; j++) {
         mn[j] = dmin > 0 ? (int)ceilf(-smin[j] / dmin) : 0;
         if (mn[j] > 63) mn[j] = 63;
-        need[j] = (smax[j] + dmin * (float)mn[j]) / 15.0f;
+        need[j] = (smax[j] + dmin * (float)mn[j]) / (float)levels;
         nmax = fmaxf(nmax, need[j]);
     }
     uint16_t hd = f2h_up(nmax / 63.0f);
@@ -277,7 +329,7 @@ static void q4_k_block(const float *x, tbuf *o, float *rec, float *bnd) {
         for (int l = 0; l < 32; l++) {
             int e = 32 * j + l;
             q[e] = ds > 0 ? (int)lrintf((x[e] + ms) / ds) : 0;
-            q[e] = q[e] < 0 ? 0 : q[e] > 15 ? 15 : q[e];
+            q[e] = q[e] < 0 ? 0 : q[e] > levels ? levels : q[e];
             rec[e] = ds * (float)q[e] - ms;
             bnd[e] = 0.5f * ds + 1e-6f * (ds + ms) + 1e-7f;
         }
@@ -285,8 +337,15 @@ static void q4_k_block(const float *x, tbuf *o, float *rec, float *bnd) {
     tb_u16(o, hd);
     tb_u16(o, hmin);
     tb_put(o, s, 12);
+    if (levels == 31) {
+        uint8_t qh[32] = {0};
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++)
+                qh[l] |= (uint8_t)(((q[64 * g + l] >> 4) << (2 * g)) | ((q[64 * g + 32 + l] >> 4) << (2 * g + 1)));
+        tb_put(o, qh, 32);
+    }
     for (int g = 0; g < 4; g++)
-        for (int l = 0; l < 32; l++) tb_u8(o, (uint8_t)(q[64 * g + l] | (q[64 * g + 32 + l] << 4)));
+        for (int l = 0; l < 32; l++) tb_u8(o, (uint8_t)((q[64 * g + l] & 15) | ((q[64 * g + 32 + l] & 15) << 4)));
 }
 
 /* Q6_K: 16 sub-blocks of 16 with an int8 scale under fp16 d; codes -32..31 stored as 0..63 split into a
@@ -331,8 +390,8 @@ static void q6_k_block(const float *x, tbuf *o, float *rec, float *bnd) {
 
 static int type_block(uint32_t type) {
     switch (type) {
-    case T_Q4_0: case T_Q4_1: case T_Q8_0: return 32;
-    case T_Q4_K: case T_Q6_K: return 256;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: return 32;
+    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
     default: return 1;
     }
 }
@@ -345,7 +404,10 @@ static const char *type_name(uint32_t type) {
     case T_Q8_0: return "Q8_0";
     case T_Q4_0: return "Q4_0";
     case T_Q4_1: return "Q4_1";
+    case T_Q5_0: return "Q5_0";
+    case T_Q5_1: return "Q5_1";
     case T_Q4_K: return "Q4_K";
+    case T_Q5_K: return "Q5_K";
     case T_Q6_K: return "Q6_K";
     default: return "?";
     }
@@ -372,7 +434,10 @@ static void quantise(uint32_t type, const float *x, size_t n, tbuf *o, float *re
         case T_Q8_0: q8_0_block(x + i, o, rec + i, bnd + i); break;
         case T_Q4_0: q4_0_block(x + i, o, rec + i, bnd + i); break;
         case T_Q4_1: q4_1_block(x + i, o, rec + i, bnd + i); break;
-        case T_Q4_K: q4_k_block(x + i, o, rec + i, bnd + i); break;
+        case T_Q5_0: q5_0_block(x + i, o, rec + i, bnd + i); break;
+        case T_Q5_1: q5_1_block(x + i, o, rec + i, bnd + i); break;
+        case T_Q4_K: k_quant_block(x + i, o, rec + i, bnd + i, 15); break;
+        case T_Q5_K: k_quant_block(x + i, o, rec + i, bnd + i, 31); break;
         case T_Q6_K: q6_k_block(x + i, o, rec + i, bnd + i); break;
         default: break;
         }
@@ -489,6 +554,59 @@ static void check_read(ckv_weight_source *src, const char *what, const char *hf_
     free(got);
 }
 
+static ckv_dtype ckv_type_of(uint32_t type) {
+    switch (type) {
+    case T_F16: return CKV_DTYPE_F16;
+    case T_BF16: return CKV_DTYPE_BF16;
+    case T_Q8_0: return CKV_DTYPE_Q8_0;
+    case T_Q4_0: return CKV_DTYPE_Q4_0;
+    case T_Q4_1: return CKV_DTYPE_Q4_1;
+    case T_Q5_0: return CKV_DTYPE_Q5_0;
+    case T_Q5_1: return CKV_DTYPE_Q5_1;
+    case T_Q4_K: return CKV_DTYPE_Q4_K;
+    case T_Q5_K: return CKV_DTYPE_Q5_K;
+    case T_Q6_K: return CKV_DTYPE_Q6_K;
+    default: return CKV_DTYPE_F32;
+    }
+}
+
+/* The stored bytes (read_raw) of q_proj, whole and heads 1-2, and of a whole-block column slice of the
+ * embedding, dequantised, equal read_f32 of the same slice bit for bit; stored_dtype names the type;
+ * a column slice that cuts a block is refused. */
+static void check_raw(ckv_weight_source *src, const char *fname, uint32_t type) {
+    const ckv_dtype t = ckv_type_of(type);
+    CHECK_MSG(src->stored_dtype(src->ctx, "model.layers.0.self_attn.q_proj.weight") == t, "%s: stored_dtype", fname);
+    CHECK(src->stored_dtype(src->ctx, "model.layers.0.mlp.up_proj.weight") == CKV_DTYPE_F32); /* absent */
+    const int B = type_block(type);
+    struct {
+        const char *name;
+        int64_t R, C, r0, r1, c0, c1;
+    } cases[] = {{"model.layers.0.self_attn.q_proj.weight", TH * THD, TD, 0, TH * THD, 0, TD},
+                 {"model.layers.0.self_attn.q_proj.weight", TH * THD, TD, THD, 3 * THD, 0, TD},
+                 {"model.embed_tokens.weight", TV, TD, 2, 6, B == 256 ? 0 : 32, B == 256 ? TD : 96}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t shape[2] = {cases[c].R, cases[c].C}, rows = cases[c].r1 - cases[c].r0,
+                      cols = cases[c].c1 - cases[c].c0;
+        const size_t rb = ckv_dtype_row_bytes(t, cols), n = (size_t)(rows * cols);
+        uint8_t *raw = malloc(rb * (size_t)rows);
+        float *deq = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+        CHECK_OK(src->read_raw(src->ctx, cases[c].name, shape, cases[c].r0, cases[c].r1, cases[c].c0, cases[c].c1, raw));
+        CHECK_OK(src->read_f32(src->ctx, cases[c].name, 2, shape, cases[c].r0, cases[c].r1, cases[c].c0, cases[c].c1,
+                               want));
+        for (int64_t r = 0; r < rows; r++) ckv_dequant_row(t, raw + (size_t)r * rb, deq + (size_t)(r * cols), (size_t)cols);
+        CHECK_MSG(memcmp(deq, want, n * sizeof(float)) == 0, "%s: read_raw of %s rows [%lld, %lld) cols [%lld, %lld) "
+                  "dequantised differs from read_f32", fname, cases[c].name, (long long)cases[c].r0,
+                  (long long)cases[c].r1, (long long)cases[c].c0, (long long)cases[c].c1);
+        free(raw), free(deq), free(want);
+    }
+    if (B > 1) {
+        const int64_t shape[2] = {TV, TD};
+        uint8_t raw[4096];
+        CHECK_FAILS(src->read_raw(src->ctx, "model.embed_tokens.weight", shape, 0, 1, 1, B, raw), CKV_STATUS_ERR_ARG,
+                    "are not whole blocks");
+    }
+}
+
 /* One file per type: token_embd [V, D] and attn_q / attn_k (permuted) of that type, plus F32 norms. */
 static void test_type(uint32_t type, uint32_t version) {
     char what[160], fname[64];
@@ -559,6 +677,7 @@ static void test_type(uint32_t type, uint32_t version) {
         snprintf(what, sizeof what, "%s k_proj head 1 cols [100,130)", fname);
         check_read(&src, what, "model.layers.0.self_attn.k_proj.weight", THKV * THD, TD, THD, 2 * THD, 100, 130, kx,
                    krec, kbnd);
+        check_raw(&src, fname, type);
         CHECK(cfg.tie_word_embeddings == 1);
         CHECK(src.has(src.ctx, "model.layers.0.self_attn.q_proj.weight"));
         CHECK(!src.has(src.ctx, "lm_head.weight"));
@@ -716,6 +835,65 @@ static void test_bias_and_config(void) {
     ckv_source_close(&src);
 }
 
+/* ---- qwen2 files ------------------------------------------------------------------------------- */
+
+/* The qwen2 keys; `bias` = 0 leaves out the q/k/v biases, 2 adds an attn_output bias as well. */
+static const char *qwen2_file(const char *name, int bias, float *qw) {
+    tfile f;
+    tf_init(&f, 3);
+    kv_str(&f, "general.architecture", "qwen2");
+    kv_u32(&f, "qwen2.context_length", 32768);
+    kv_u32(&f, "qwen2.embedding_length", TD);
+    kv_u32(&f, "qwen2.block_count", TL);
+    kv_u32(&f, "qwen2.feed_forward_length", TF);
+    kv_u32(&f, "qwen2.attention.head_count", TH);
+    kv_u32(&f, "qwen2.attention.head_count_kv", THKV);
+    kv_f32(&f, "qwen2.attention.layer_norm_rms_epsilon", 1e-6f);
+    kv_f32(&f, "qwen2.rope.freq_base", 1000000.0f);
+    kv_u32(&f, "tokenizer.ggml.eos_token_id", 3);
+    add_tokens(&f, TV);
+    float e[TV * TD] = {0};
+    tf_tensor(&f, "token_embd.weight", 2, TD, TV, T_F32, e, sizeof e);
+    tf_tensor(&f, "output.weight", 2, TD, TV, T_F32, e, sizeof e);
+    for (int i = 0; i < TH * THD * TD; i++) qw[i] = (float)(i % 977) - 300.0f;
+    tf_tensor(&f, "blk.0.attn_q.weight", 2, TD, TH * THD, T_F32, qw, sizeof(float) * TH * THD * TD);
+    float b[TD] = {0};
+    if (bias) {
+        tf_tensor(&f, "blk.0.attn_q.bias", 1, TH * THD, 0, T_F32, b, sizeof(float) * TH * THD);
+        tf_tensor(&f, "blk.0.attn_k.bias", 1, THKV * THD, 0, T_F32, b, sizeof(float) * THKV * THD);
+        tf_tensor(&f, "blk.0.attn_v.bias", 1, THKV * THD, 0, T_F32, b, sizeof(float) * THKV * THD);
+    }
+    if (bias == 2) tf_tensor(&f, "blk.0.attn_output.bias", 1, TD, 0, T_F32, b, sizeof b);
+    const char *path = tf_write(&f, name);
+    tf_free(&f);
+    return path;
+}
+
+static void test_qwen2(void) {
+    float *qw = malloc(sizeof(float) * TH * THD * TD), *got = malloc(sizeof(float) * TH * THD * TD);
+    ckv_weight_source src;
+    ckv_model_config c;
+    ckv_status s = ckv_gguf_open_source(&src, &c, qwen2_file("qwen2", 1, qw));
+    CHECK_MSG(s == CKV_STATUS_OK, "qwen2: %s", ckv_error_message());
+    if (s == CKV_STATUS_OK) {
+        CHECK(c.arch == CKV_ARCH_QWEN2 && !strcmp(c.arch_name, "Qwen2ForCausalLM"));
+        CHECK(c.hidden_size == TD && c.n_heads == TH && c.n_kv_heads == THKV && c.head_dim == THD);
+        CHECK(c.max_position_embeddings == 32768 && c.max_context == 32768);
+        CHECK(c.rope.theta == 1e6 && c.rope.type == CKV_ROPE_TYPE_DEFAULT);
+        CHECK(fabs(c.rms_norm_eps - 1e-6) < 1e-12 && c.attention_bias == 1 && c.tie_word_embeddings == 0);
+        CHECK(c.n_eos == 1 && c.eos_ids[0] == 3 && c.bos_token_id == -1);
+        int64_t shape[2] = {TH * THD, TD};
+        CHECK_OK(src.read_f32(src.ctx, "model.layers.0.self_attn.q_proj.weight", 2, shape, 0, -1, 0, -1, got));
+        CHECK_MSG(memcmp(got, qw, sizeof(float) * TH * THD * TD) == 0, "qwen2: q_proj rows are read as stored");
+        ckv_source_close(&src);
+    }
+    CHECK_FAILS(ckv_gguf_open_source(&src, &c, qwen2_file("qwen2_nobias", 0, qw)), CKV_STATUS_ERR_UNSUPPORTED,
+                "architecture qwen2 needs q/k/v biases");
+    CHECK_FAILS(ckv_gguf_open_source(&src, &c, qwen2_file("qwen2_obias", 2, qw)), CKV_STATUS_ERR_UNSUPPORTED,
+                "this file has an attn_output bias");
+    free(qw), free(got);
+}
+
 /* ---- malformed files --------------------------------------------------------------------------- */
 
 /* A small valid llama file as bytes; `mutate` is applied to the tfile before building. */
@@ -771,10 +949,10 @@ static void m_alignment_string(tfile *f) { kv_str(f, "general.alignment", "32");
 static void m_unknown_value_type(tfile *f) { kv_key(f, "x.bad", 13), tb_u32(&f->kv, 0); }
 static void m_nested_array(tfile *f) { kv_key(f, "x.nested", V_ARR), tb_u32(&f->kv, V_ARR), tb_u64(&f->kv, 0); }
 static void m_bad_bool(tfile *f) { kv_key(f, "x.bool", V_BOOL), tb_u8(&f->kv, 7); }
-static void m_qwen(tfile *f) {
+static void m_gemma(tfile *f) {
     tf_free(f); /* drops the llama keys and tensors */
     tf_init(f, 3);
-    kv_str(f, "general.architecture", "qwen2");
+    kv_str(f, "general.architecture", "gemma");
 }
 static void m_experts(tfile *f) { kv_u32(f, "llama.expert_count", 8); }
 static void m_embd_rows(tfile *f) { f->t[0].ne[1] = 2; }
@@ -891,8 +1069,8 @@ static void test_malformed(void) {
                 "metadata key 'x.bad': unknown value type 13");
     CHECK_FAILS(open_small("nested_array", m_nested_array), CKV_STATUS_ERR_UNSUPPORTED, "arrays of arrays");
     CHECK_FAILS(open_small("bad_bool", m_bad_bool), CKV_STATUS_ERR_FORMAT, "bool value 7 is neither 0 nor 1");
-    CHECK_FAILS(open_small("qwen2", m_qwen), CKV_STATUS_ERR_UNSUPPORTED,
-                "general.architecture is 'qwen2' (ckv reads GGUF files of architecture 'llama')");
+    CHECK_FAILS(open_small("gemma", m_gemma), CKV_STATUS_ERR_UNSUPPORTED,
+                "general.architecture is 'gemma' (ckv reads GGUF files of architecture 'llama' or 'qwen2')");
     CHECK_FAILS(open_small("experts", m_experts), CKV_STATUS_ERR_UNSUPPORTED, "mixture-of-experts");
     CHECK_FAILS(open_small("embd_rows", m_embd_rows), CKV_STATUS_ERR_SHAPE,
                 "tensor 'token_embd.weight' has extents (64, 2), expected (64, 4)");
@@ -914,16 +1092,16 @@ static void test_malformed(void) {
     tfile f;
     tf_init(&f, 3);
     add_llama_kvs(&f, 256, 1, 128, 4, 2, 4, NULL);
-    uint8_t raw[4 * 176] = {0};
-    tf_tensor(&f, "token_embd.weight", 2, 256, 4, T_Q5_K, raw, sizeof raw);
-    const char *path = tf_write(&f, "q5k");
+    uint8_t raw[4 * 84] = {0};
+    tf_tensor(&f, "token_embd.weight", 2, 256, 4, T_Q2_K, raw, sizeof raw);
+    const char *path = tf_write(&f, "q2k");
     tf_free(&f);
     ckv_weight_source src;
     ckv_model_config c;
     CHECK_OK(ckv_gguf_open_source(&src, &c, path));
     float out[4 * 256];
     CHECK_FAILS(src.read_f32(src.ctx, "model.embed_tokens.weight", 0, NULL, 0, -1, 0, -1, out),
-                CKV_STATUS_ERR_UNSUPPORTED, "has type Q5_K, which ckv cannot dequantise");
+                CKV_STATUS_ERR_UNSUPPORTED, "has type Q2_K, which ckv cannot dequantise");
     ckv_source_close(&src);
     CHECK_FAILS(ckv_gguf_open_source(&src, &c, tmp_path("does_not_exist")), CKV_STATUS_ERR_IO, "cannot open");
 }
@@ -1079,13 +1257,15 @@ static void test_fixture_conversion(void) {
 }
 
 int main(void) {
-    static const uint32_t types[] = {T_F32, T_F16, T_BF16, T_Q8_0, T_Q4_0, T_Q4_1, T_Q4_K, T_Q6_K};
+    static const uint32_t types[] = {T_F32,  T_F16,  T_BF16, T_Q8_0, T_Q4_0, T_Q4_1,
+                                     T_Q5_0, T_Q5_1, T_Q4_K, T_Q5_K, T_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_type(types[i], i % 2 ? 2 : 3);
     test_metadata_and_alignment(32, 0, 3);
     test_metadata_and_alignment(32, 1, 2);
     test_metadata_and_alignment(64, 1, 3);
     test_metadata_and_alignment(256, 1, 2);
     test_bias_and_config();
+    test_qwen2();
     test_malformed();
     test_fixture_conversion();
     return ckv_test_finish("test_gguf");

@@ -2,7 +2,8 @@
  * exact values of F32, F16 and BF16 tensors read whole and as 2-D row/column slices (from aligned
  * and deliberately misaligned data), the descriptor fields, a sharded checkpoint with its index, and
  * one malformed file or index per check, each required to fail with the right status and a message
- * naming the file and the tensor or field at fault. */
+ * naming the file and the tensor or field at fault; the weight source's stored bytes (read_raw,
+ * stored_dtype) on the BF16 and F32 fixture checkpoints. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <stdint.h>
@@ -14,6 +15,7 @@
 #include "ckv_test.h"
 #include "core/status.h"
 #include "model/safetensors.h"
+#include "model/source.h"
 
 static char tmp_dir[512];
 
@@ -356,8 +358,8 @@ static void test_malformed(void) {
     /* JSON */
     BAD("{\"w\": {\"dtype\": \"F32\", ", 0, F, "invalid JSON");
     BAD("[1, 2]", 0, F, "header is not a JSON object");
-    BAD("{} trailing", 0, F, "header has bytes after its JSON object");
-    BAD("{}{}", 0, F, "header has bytes after its JSON object");
+    BAD("{} trailing", 0, F, "unexpected bytes after the JSON value");
+    BAD("{}{}", 0, F, "unexpected bytes after the JSON value");
     {
         const char hdr[] = "{\"a\0\": 1}";
         const char *path = tmp_path("nul.safetensors");
@@ -422,7 +424,7 @@ static void test_malformed(void) {
         16, F, "tensor 'b': data_offsets [4, 8] overlap tensor 'a' [0, 16]");
     BAD("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
         " \"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
-        8, F, "tensor 'a': duplicate name in the header");
+        8, F, "duplicate key 'a' in one object");
 
     /* not a file */
     ckv_safetensors *st = NULL;
@@ -544,7 +546,7 @@ static void test_sharded(void) {
         {"{\"weight_map\": {\"a\": \"model-00003-of-00003.safetensors\"}}", CKV_STATUS_ERR_IO,
          "model-00003-of-00003.safetensors: No such file"},
         {"{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"a\": \"model-00001-of-00002.safetensors\"}}",
-         CKV_STATUS_ERR_FORMAT, "model.safetensors.index.json: tensor 'a': listed twice in 'weight_map'"},
+         CKV_STATUS_ERR_FORMAT, "model.safetensors.index.json: duplicate key 'a' in one object"},
         {"{\"weight_map\": {\"a\": \"broken.safetensors\"}}", CKV_STATUS_ERR_UNSUPPORTED,
          "broken.safetensors: tensor 'q': unknown dtype"},
     };
@@ -570,6 +572,100 @@ static void test_sharded(void) {
                 "neither model.safetensors.index.json nor model.safetensors found");
 }
 
+/* Issue 13: a header length one byte off (the JSON padded with spaces still parses, every tensor
+ * shifts), bytes left after the last tensor, and NaN / infinity in F32, F16 and BF16 weights. */
+static void test_corrupt_values(void) {
+    const char hdr[] = "{\"w\": {\"dtype\": \"F32\", \"shape\": [2, 2], \"data_offsets\": [0, 16]}}";
+    float w[4] = {1, 2, 3, 4};
+    float out[4];
+    int64_t shape[2] = {2, 2};
+    ckv_safetensors *st = NULL;
+    const char *p = tmp_path("off_by_one.safetensors");
+    { /* header padded with 8 spaces, length one short: the last space joins the data */
+        size_t hl = strlen(hdr);
+        unsigned char buf[256];
+        uint64_t len = hl + 7;
+        for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(len >> (8 * i));
+        memcpy(buf + 8, hdr, hl);
+        memset(buf + 8 + hl, ' ', 8);
+        memcpy(buf + 8 + hl + 8, w, sizeof w);
+        write_bytes(p, buf, 8 + hl + 8 + sizeof w);
+    }
+    CHECK_FAILS(ckv_safetensors_open_file(&st, p), CKV_STATUS_ERR_FORMAT, "17 bytes of data after the header, but the "
+                "tensors end at byte 16");
+    ckv_safetensors_close(st);
+    st = NULL;
+    unsigned char data[20];
+    memcpy(data, w, sizeof w);
+    memset(data + 16, 0, 4);
+    p = tmp_path("tail.safetensors");
+    write_st(p, hdr, 0, UINT64_MAX, data, 20);
+    CHECK_FAILS(ckv_safetensors_open_file(&st, p), CKV_STATUS_ERR_FORMAT, "wrong header length or data_offsets");
+    ckv_safetensors_close(st);
+    st = NULL;
+
+    /* NaN in F32, read whole and as a slice that holds it / does not hold it */
+    float wn[4] = {1, 2, NAN, 4};
+    p = tmp_path("nan.safetensors");
+    write_st(p, hdr, 0, UINT64_MAX, wn, sizeof wn);
+    CHECK_OK(ckv_safetensors_open_file(&st, p));
+    if (st) {
+        CHECK_FAILS(ckv_safetensors_read_f32(st, "w", 2, shape, 0, -1, 0, -1, out), CKV_STATUS_ERR_FORMAT,
+                    "tensor 'w': element 2 of the slice read is NaN (corrupt weights)");
+        CHECK_FAILS(ckv_safetensors_read_f32(st, "w", 2, shape, 1, 2, 0, 2, out), CKV_STATUS_ERR_FORMAT, "is NaN");
+        CHECK_FAILS(ckv_safetensors_read_f32(st, "w", 2, shape, 0, 2, 0, 1, out), CKV_STATUS_ERR_FORMAT, "is NaN");
+        CHECK_OK(ckv_safetensors_read_f32(st, "w", 2, shape, 0, 1, 0, 2, out));
+        CHECK_OK(ckv_safetensors_read_f32(st, "w", 2, shape, 0, 2, 1, 2, out));
+    }
+    ckv_safetensors_close(st);
+    st = NULL;
+    /* +inf in F16 (0x7C00) and NaN in BF16 (0x7FC0) */
+    const char *h16[2] = {"{\"w\": {\"dtype\": \"F16\", \"shape\": [2, 2], \"data_offsets\": [0, 8]}}",
+                          "{\"w\": {\"dtype\": \"BF16\", \"shape\": [2, 2], \"data_offsets\": [0, 8]}}"};
+    const uint16_t bits[2][4] = {{0x3C00, 0x7C00, 0x3C00, 0x3C00}, {0x3F80, 0x3F80, 0x3F80, 0x7FC0}};
+    const char *want[2] = {"element 1 of the slice read is infinite", "element 3 of the slice read is NaN"};
+    for (int k = 0; k < 2; k++) {
+        p = tmp_path(k ? "nan_bf16.safetensors" : "inf_f16.safetensors");
+        write_st(p, h16[k], 0, UINT64_MAX, bits[k], sizeof bits[k]);
+        CHECK_OK(ckv_safetensors_open_file(&st, p));
+        if (st) CHECK_FAILS(ckv_safetensors_read_f32(st, "w", 2, shape, 0, -1, 0, -1, out), CKV_STATUS_ERR_FORMAT, want[k]);
+        ckv_safetensors_close(st);
+        st = NULL;
+    }
+}
+
+/* The weight source over a model directory: stored_dtype and read_raw (the stored bytes of 2-D
+ * slices) on the BF16 and F32 fixture checkpoints; widened, the bytes equal read_f32 exactly. */
+static void test_source_raw(const char *model, ckv_dtype want) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/%s", CKV_FIXTURES, model);
+    ckv_weight_source src;
+    ckv_model_config cfg;
+    CHECK_OK(ckv_source_open(&src, &cfg, dir));
+    const char *name = "model.layers.0.self_attn.q_proj.weight";
+    const int64_t R = (int64_t)cfg.n_heads * cfg.head_dim, C = cfg.hidden_size, shape[2] = {R, C};
+    CHECK_MSG(src.stored_dtype(src.ctx, name) == want, "%s: stored_dtype of %s", model, name);
+    CHECK(src.stored_dtype(src.ctx, "no.such.tensor") == CKV_DTYPE_F32);
+    const int64_t sl[3][4] = {{0, R, 0, C}, {1, R - 1, 3, C - 5}, {2, 3, 0, 1}};
+    for (int c = 0; c < 3; c++) {
+        const int64_t rows = sl[c][1] - sl[c][0], cols = sl[c][3] - sl[c][2];
+        const size_t n = (size_t)(rows * cols);
+        void *raw = malloc(n * ckv_dtype_size(want));
+        float *got = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+        CHECK_OK(src.read_raw(src.ctx, name, shape, sl[c][0], sl[c][1], sl[c][2], sl[c][3], raw));
+        CHECK_OK(src.read_f32(src.ctx, name, 2, shape, sl[c][0], sl[c][1], sl[c][2], sl[c][3], ref));
+        ckv_convert_to_f32(got, raw, want, n);
+        CHECK_MSG(memcmp(got, ref, n * sizeof(float)) == 0, "%s: read_raw slice %d widened differs from read_f32",
+                  model, c);
+        free(raw), free(got), free(ref);
+    }
+    uint8_t small[16];
+    CHECK_FAILS(src.read_raw(src.ctx, name, shape, 0, R + 1, 0, C, small), CKV_STATUS_ERR_RANGE, "outside its shape");
+    const int64_t wrong[2] = {R, C + 1};
+    CHECK_FAILS(src.read_raw(src.ctx, name, wrong, 0, 1, 0, 1, small), CKV_STATUS_ERR_SHAPE, "q_proj.weight");
+    ckv_source_close(&src);
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof tmp_dir, "%s/test_safetensors.%ld", CKV_TEST_TMP, (long)getpid());
     remove_tree(tmp_dir);
@@ -580,6 +676,9 @@ int main(void) {
     test_valid();
     test_malformed();
     test_sharded();
+    test_corrupt_values();
+    test_source_raw("llama_gqa_bf16", CKV_DTYPE_BF16);
+    test_source_raw("llama_gqa", CKV_DTYPE_F32);
     int rc = ckv_test_finish("test_safetensors");
     if (rc == 0) remove_tree(tmp_dir);
     return rc;

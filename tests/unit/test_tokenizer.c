@@ -302,7 +302,12 @@ static void test_malformed(void) {
     expect_bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a\"]}}", CKV_STATUS_ERR_FORMAT,
                "not two tokens");
     expect_bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[7]}}", CKV_STATUS_ERR_FORMAT, "merge 0");
-    expect_bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", CKV_STATUS_ERR_FORMAT, "vocabulary is empty");
+    expect_bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}", CKV_STATUS_ERR_FORMAT, "model.vocab is empty");
+    /* added tokens do not make up for an empty vocabulary (all other text would be dropped) */
+    expect_bad("{\"added_tokens\":[{\"id\":0,\"content\":\"<s>\",\"special\":true}],\"model\":{\"type\":\"BPE\","
+               "\"vocab\":{},\"merges\":[]}}", CKV_STATUS_ERR_FORMAT, "model.vocab is empty");
+    expect_bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"a\":1},\"merges\":[]}}", CKV_STATUS_ERR_FORMAT,
+               "duplicate key 'a'");
     expect_bad("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\xff\":0},\"merges\":[]}}", CKV_STATUS_ERR_FORMAT,
                "token 0 is not valid UTF-8");
     expect_bad("{\"added_tokens\":[{\"id\":1,\"content\":\"\xc3\"}],\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},"

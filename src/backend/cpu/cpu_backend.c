@@ -1,6 +1,7 @@
 /* cpu_backend.c - the CPU backend object: construction (thread pool, OpenBLAS thread count), teardown,
  * and the memory entries of the op table (the "device" is host memory: ckv_alloc and memcpy). The
- * compute kernels live in cpu_matmul.c, cpu_attention.c, cpu_kv.c and cpu_ops.c; this file does no arithmetic. */
+ * compute kernels live in cpu_matmul.c, cpu_attention.c, cpu_kv.c, cpu_ops.c and cpu_evict_*.c; this file does no
+ * arithmetic. */
 #include "cpu_backend.h"
 
 #include <string.h>
@@ -88,6 +89,26 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .add = ckv_cpu_add,
     .count_nonfinite = ckv_cpu_count_nonfinite,
     .kv_gather = ckv_cpu_kv_gather,
+    .evict_attn_colsum = ckv_cpu_evict_attn_colsum,
+    .evict_attn_probs = ckv_cpu_evict_attn_probs,
+    .evict_colsum_finish = ckv_cpu_evict_colsum_finish,
+    .evict_pool = ckv_cpu_evict_pool,
+    .evict_head_sum = ckv_cpu_evict_head_sum,
+    .evict_div = ckv_cpu_evict_div,
+    .evict_row_norm = ckv_cpu_evict_row_norm,
+    .evict_add_mul = ckv_cpu_evict_add_mul,
+    .evict_value_norm = ckv_cpu_evict_value_norm,
+    .evict_fill = ckv_cpu_evict_fill,
+    .evict_random = ckv_cpu_evict_random,
+    .evict_max = ckv_cpu_evict_max,
+    .evict_topk = ckv_cpu_evict_topk,
+    .evict_scatter = ckv_cpu_evict_scatter,
+    .evict_topk_counts = ckv_cpu_evict_topk_counts,
+    .evict_softmax_add = ckv_cpu_evict_softmax_add,
+    .evict_moments = ckv_cpu_evict_moments,
+    .evict_ea_logits = ckv_cpu_evict_ea_logits,
+    .evict_defensive_rows = ckv_cpu_evict_defensive_rows,
+    .sample = ckv_cpu_sample,
 };
 
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads) {

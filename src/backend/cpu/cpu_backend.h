@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "core/fastmath.h"
 #include "core/threadpool.h"
 
 /* The backend's ctx. */
@@ -42,40 +43,53 @@ void ckv_cpu_kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv,
                        const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep);
 void ckv_cpu_swiglu(ckv_backend *be, float *out, const float *gate, const float *up, size_t n);
 void ckv_cpu_add(ckv_backend *be, float *x, const float *y, size_t n);
+/* cpu_sample.c */
+void ckv_cpu_sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
+                    float top_p, const double *u);
 ckv_status ckv_cpu_count_nonfinite(ckv_backend *be, const float *x, size_t n, size_t *n_bad);
 /* 1 when the CPU matmul/embedding compute weights stored as t (see cpu_matmul.c). */
 int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t);
 
-/* exp(x) in fp32, branch-free so that loops calling it auto-vectorise (libm's expf does not without
- * -ffast-math). Range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 split in a high part exact in
- * fp32 and a low part), degree-7 Taylor polynomial for e^r (truncation < 0.1 ulp), then scaling by
- * 2^n built in the exponent bits. Measured on every 7th float of [-87, 88]: under 1 ulp from exp.
- * Inputs are clamped to [-87, 88]: below, the result is ~1.6e-38 instead of a denormal or 0 (harmless
- * for softmax and silu); above, ~1.6e38 instead of inf. NaN stays NaN. */
-static inline float ckv_cpu_expf(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the low bits */
-    float kf = x * 1.44269504088896341f + magic;
-    int32_t ki;
-    memcpy(&ki, &kf, sizeof ki);
-    ki -= 0x4B400000; /* bits of `magic`: what remains is round(x / ln2) */
-    float nf = kf - magic;
-    float r = x - nf * 0.693145751953125f;  /* ln2, high part (exact product) */
-    r = r - nf * 1.42860676533018704e-06f; /* ln2, low part */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = (ki + 127) * (1 << 23); /* 2^n, n in [-126, 127] after the clamp */
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return p * two_n;
-}
+/* Eviction ops (cpu_evict_attn.c, cpu_evict_rows.c, cpu_evict_stats.c). */
+ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                                     const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
+                                     int divide, int per_kv, int zero);
+ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
+                                    const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
+                                    int divide);
+void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
+                                 int n, double denom, int minus_col);
+void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
+void ckv_cpu_evict_head_sum(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n,
+                            int head0, int group);
+void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div);
+void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
+                            float sign);
+void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,
+                           float eps);
+ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                                    const ckv_weight *wo, int n_heads_local, int head0, int group);
+void ckv_cpu_evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value);
+void ckv_cpu_evict_random(ckv_backend *be, float *x, int rows, int n, int ld, uint64_t seed, int layer, int head0);
+void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1);
+ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
+                              const int32_t *k);
+void ckv_cpu_evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx,
+                           const int32_t *k, float value);
+ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n,
+                                     int64_t total);
+void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
+ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
+                                 int n_heads_local, int d, int zero);
+ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
+                                        int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
+                                        int zero);
+ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
+                                   const float *mu, const float *cov, float sqrt_d);
+
+/* exp(x) in fp32: the project's one fast exp (core/fastmath.h: branch-free, vectorisable, defined
+ * for every input including NaN and +-inf). */
+static inline float ckv_cpu_expf(float x) { return ckv_fast_expf(x); }
 
 /* Number of contiguous work items of `block` elements covering n elements (for ckv_threadpool_for,
  * which counts in int). */

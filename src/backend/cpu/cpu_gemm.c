@@ -13,7 +13,8 @@
  *
  * The kernel set is chosen once by the CPU's features (AVX-512, else AVX2 + FMA, else portable C).
  * Nothing here allocates or fails; weights are used as loaded (no layout change, nothing cached), fp32
- * only. */
+ * only, read from an fp32 matrix or produced panel by panel by the caller (ckv_cpu_gemm_wsrc: the
+ * stored-format matmul dequantises its blocks into each panel). */
 #include "cpu_gemm.h"
 
 #include <stdatomic.h>
@@ -109,7 +110,8 @@ typedef struct {
     const ckv_gemm_arch *arch;
     float *out;        // [n, m]
     const float *x;    // [n, k]
-    const float *w;    // [m, k]
+    const float *w;    // [m, k], or NULL when wsrc produces the panels
+    const ckv_gemm_wsrc *wsrc;
     const float *bias; // [m] or NULL
     int n, k, m;
     int panels;       /* column panels of NR */
@@ -130,11 +132,17 @@ static void ckv_gemm_block(const ckv_gemm_job *job, int r0, int r1, int q0, int 
     const ckv_gemm_arch *a = job->arch;
     const size_t k = (size_t)job->k, m = (size_t)job->m;
     _Alignas(64) float bp[CKV_GEMM_KC * CKV_GEMM_NR_MAX]; /* the packed panel, [kc, NR] */
+    _Alignas(64) float wp[CKV_GEMM_KC * CKV_GEMM_NR_MAX]; /* a panel produced by wsrc, [nr, kc] */
     for (int p0 = 0; p0 < job->k; p0 += CKV_GEMM_KC) {
         const int kc = job->k - p0 < CKV_GEMM_KC ? job->k - p0 : CKV_GEMM_KC;
         for (int q = q0; q < q1; q++) {
             const int j0 = q * a->nr, nr = job->m - j0 < a->nr ? job->m - j0 : a->nr;
-            a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
+            if (job->wsrc) {
+                job->wsrc->rows(job->wsrc->ctx, j0, nr, p0, kc, wp);
+                a->pack(kc, wp, (size_t)kc, nr, bp);
+            } else {
+                a->pack(kc, job->w + (size_t)j0 * k + (size_t)p0, k, nr, bp);
+            }
             const float *bias = job->bias ? job->bias + j0 : NULL;
             for (int i = r0; i < r1; i += a->mr) {
                 const int mr = r1 - i < a->mr ? r1 - i : a->mr;
@@ -185,6 +193,9 @@ static void ckv_gemv_worker(void *arg, int begin, int end, int tid) {
 
 /* ---- entry -------------------------------------------------------------------------------------- */
 
+static void ckv_gemm_run(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
+                         const ckv_gemm_wsrc *wsrc, const float *bias, int n, int k, int m);
+
 void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
                   const float *bias, int n, int k, int m) {
     if (n <= 0 || m <= 0) return;
@@ -194,14 +205,32 @@ void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, c
             for (int j = 0; j < m; j++) out[(size_t)i * (size_t)m + (size_t)j] = bias ? bias[j] : 0.0f;
         return;
     }
-    const int n_threads = ckv_threadpool_size(pool);
     if (n == 1) {
         ckv_gemv_job job = {.arch = arch, .out = out, .x = x, .w = w, .bias = bias, .k = k, .m = m};
         const int items = (m + CKV_GEMV_ROWS - 1) / CKV_GEMV_ROWS;
         ckv_threadpool_for(pool, items, 1, ckv_gemv_worker, &job);
         return;
     }
-    ckv_gemm_job job = {.arch = arch, .out = out, .x = x, .w = w, .bias = bias, .n = n, .k = k, .m = m};
+    ckv_gemm_run(pool, arch, out, x, w, NULL, bias, n, k, m);
+}
+
+void ckv_cpu_gemm_wsrc(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x,
+                       const ckv_gemm_wsrc *src, const float *bias, int n, int k, int m) {
+    if (n <= 0 || m <= 0) return;
+    if (!arch) arch = ckv_gemm_best_arch();
+    if (k <= 0) { /* an empty sum */
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) out[(size_t)i * (size_t)m + (size_t)j] = bias ? bias[j] : 0.0f;
+        return;
+    }
+    ckv_gemm_run(pool, arch, out, x, NULL, src, bias, n, k, m);
+}
+
+/* The tiled product for n > 1 (and for produced panels at any n). */
+static void ckv_gemm_run(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
+                         const ckv_gemm_wsrc *wsrc, const float *bias, int n, int k, int m) {
+    const int n_threads = ckv_threadpool_size(pool);
+    ckv_gemm_job job = {.arch = arch, .out = out, .x = x, .w = w, .wsrc = wsrc, .bias = bias, .n = n, .k = k, .m = m};
     job.panels = (m + arch->nr - 1) / arch->nr;
     const int row_tiles = (n + arch->mr - 1) / arch->mr;
     /* Row parts of at most CKV_GEMM_MC rows, so that their slice of x stays in L2, and more when there are

@@ -54,6 +54,19 @@ const ckv_gemm_arch *ckv_gemm_best_arch(void);
 void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
                   const float *bias, int n, int k, int m);
 
+/* Weights produced panel by panel instead of read from an fp32 matrix: rows(ctx, j0, nr, p0, kc, dst)
+ * writes dst [nr, kc] = w[j0 .. j0 + nr, p0 .. p0 + kc) in fp32 (p0 a multiple of CKV_GEMM_KC). The
+ * stored-format matmul (cpu_quant.c) dequantises its blocks this way. */
+typedef struct {
+    void (*rows)(const void *ctx, int j0, int nr, int p0, int kc, float *dst);
+    const void *ctx;
+} ckv_gemm_wsrc;
+
+/* ckv_cpu_gemm with the weights from `src`: the same blocking, order of summation and results as
+ * ckv_cpu_gemm over the fp32 matrix src describes (for n > 1; n == 1 goes through the same tiles). */
+void ckv_cpu_gemm_wsrc(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x,
+                       const ckv_gemm_wsrc *src, const float *bias, int n, int k, int m);
+
 /* cpu_matmul.c: out = x @ w^T (+ bias) through the BLAS the build linked (CMake option CKV_BLAS) on
  * n_threads threads; the op uses it on CPUs without vector kernels. Returns 0, doing nothing, when the
  * build has no BLAS. */

@@ -5,13 +5,15 @@
  * no environment variable to pick their code path. Elsewhere it calls the BLAS the build linked
  * (CMake option CKV_BLAS: CKV_BLAS_OPENBLAS or CKV_BLAS_BLIS defined for this file), or the portable
  * C kernels when there is none. ckv_cpu_matmul dispatches on the weight's dtype: this is the one
- * place that chooses the kernel for a stored format. */
+ * place that chooses the kernel for a stored format (GGUF block types, F16 and BF16 go to the
+ * stored-format kernels of cpu_quant*.c). */
 #ifdef CKV_BLAS_BLIS
 #define _POSIX_C_SOURCE 200809L /* BLIS's cblas.h needs pthread barriers: before any system header */
 #endif
 
 #include "cpu_backend.h"
 #include "cpu_gemm.h"
+#include "cpu_quant.h"
 
 #include <math.h>
 
@@ -84,13 +86,18 @@ void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float
 
 int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t) {
     (void)be;
-    return t == CKV_DTYPE_F32;
+    return t == CKV_DTYPE_F32 || ckv_quant_dtype_ok(t);
 }
 
 void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const ckv_weight *w, const float *bias, int n) {
     switch (w->dtype) {
     case CKV_DTYPE_F32: ckv_cpu_matmul_f32(be, out, x, w->data, bias, n, (int)w->cols, (int)w->rows); return;
     default: break;
+    }
+    if (ckv_quant_dtype_ok(w->dtype)) { /* GGUF blocks, F16, BF16: computed as stored (cpu_quant*.c) */
+        ckv_cpu_quant_matmul(ckv_cpu_pool(be), NULL, out, x, w->data, w->dtype, w->row_bytes, bias, n, (int)w->cols,
+                             (int)w->rows);
+        return;
     }
     /* a weight the loader should never have kept in this format (weight_dtype_ok said no): loud */
     for (size_t i = 0; i < (size_t)n * (size_t)w->rows; i++) out[i] = NAN;

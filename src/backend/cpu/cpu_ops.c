@@ -4,6 +4,7 @@
  * (cpu_matmul.c, cpu_attention.c); nothing here allocates. */
 #include <math.h>
 
+#include "core/quant.h"
 #include "cpu_backend.h"
 
 /* Elements per parallel work item of the element-wise ops: below this, one thread is faster. */
@@ -23,7 +24,7 @@ void ckv_cpu_embedding(ckv_backend *be, float *out, const ckv_weight *table, con
     const size_t dim = (size_t)table->cols;
     for (int i = 0; i < n; i++) { // out [dim] <- row ids[i] of the table, widened to fp32
         const char *row = (const char *)table->data + (size_t)ids[i] * table->row_bytes;
-        ckv_convert_to_f32(out + (size_t)i * dim, row, table->dtype, dim);
+        ckv_dequant_row(table->dtype, row, out + (size_t)i * dim, dim);
     }
 }
 

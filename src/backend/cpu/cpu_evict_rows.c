@@ -1,0 +1,199 @@
+/* cpu_evict_rows.c - the CPU backend's element-wise and row-wise eviction ops: finishing column sums,
+ * pooling, the sum over a group's query heads, division, key / value row norms, (s + eps) * N, fills
+ * (constants, token indices, seeded random scores), the layer max, and the top-k family (per row,
+ * scatter, cross-head counts) with the SPEC tie rule. Semantics as in backend.h; every loop runs
+ * sequentially in the order backend.h fixes, so results do not depend on the thread count. Only the
+ * top-k ops allocate (sort scratch, freed before returning). No GEMMs (cpu_evict_attn.c) and no
+ * decisions about budgets (evict/). */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "core/alloc.h"
+#include "cpu_backend.h"
+
+void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
+                                 int n, double denom, int minus_col) {
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        const double *c = colsum + (size_t)r * (size_t)ld_in;
+        float *o = out + (size_t)r * (size_t)ld_out;
+        for (int t = 0; t < n; t++) o[t] = (float)(c[t] / (minus_col ? denom - (double)t : denom));
+    }
+}
+
+void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max) {
+    (void)be;
+    const int r = kernel / 2;
+    for (int row = 0; row < rows; row++) {
+        const float *xr = x + (size_t)row * (size_t)ld;
+        float *yr = y + (size_t)row * (size_t)ld;
+        for (int t = 0; t < n; t++) {
+            const int lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
+            if (max) {
+                float m = xr[lo];
+                for (int u = lo + 1; u <= hi; u++) m = xr[u] > m ? xr[u] : m;
+                yr[t] = m;
+            } else {
+                float s = 0.0f;
+                for (int u = lo; u <= hi; u++) s += xr[u];
+                yr[t] = s / (float)kernel;
+            }
+        }
+    }
+}
+
+void ckv_cpu_evict_head_sum(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n,
+                            int head0, int group) {
+    (void)be;
+    for (int j = 0; j < n_src; j++) {
+        float *restrict d = dst + (size_t)((head0 + j) / group) * (size_t)ld_dst;
+        const float *restrict s = src + (size_t)j * (size_t)ld_src;
+        for (int t = 0; t < n; t++) d[t] += s[t];
+    }
+}
+
+void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div) {
+    (void)be;
+    for (size_t i = 0; i < n; i++) x[i] /= div;
+}
+
+void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
+                            float sign) {
+    (void)be;
+    const int d = kv->head_dim;
+    const size_t rowb = (size_t)d * ckv_dtype_size(kv->dtype);
+    float buf[512];
+    for (int g = 0; g < kv->n_kv_heads; g++) {
+        const ckv_kv_seg *sg = &kv->segs[0][g];
+        const char *base = values ? sg->v : sg->k;
+        float *dst = out + (size_t)g * (size_t)ld;
+        for (int t = 0; t < n_rows; t++) {
+            double ss = 0.0;
+            if (kv->dtype == CKV_DTYPE_F32) {
+                const float *x = (const float *)(const void *)(base + (size_t)t * rowb);
+                for (int a = 0; a < d; a++) ss += (double)x[a] * (double)x[a];
+            } else {
+                for (int a0 = 0; a0 < d; a0 += 512) { /* fp32 conversion in pieces of a fixed buffer */
+                    const int na = d - a0 < 512 ? d - a0 : 512;
+                    ckv_convert_to_f32(buf, base + (size_t)t * rowb + (size_t)a0 * ckv_dtype_size(kv->dtype), kv->dtype,
+                                       (size_t)na);
+                    for (int a = 0; a < na; a++) ss += (double)buf[a] * (double)buf[a];
+                }
+            }
+            dst[t] = sign * (float)sqrt(ss);
+        }
+    }
+}
+
+void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,
+                           float eps) {
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < n; t++) {
+            const size_t i = (size_t)r * (size_t)ld + (size_t)t;
+            out[i] = (s[i] + eps) * m[i];
+        }
+}
+
+void ckv_cpu_evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value) {
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        float *row = x + (size_t)r * (size_t)ld;
+        for (int t = t0; t < t1; t++) row[t] = kind == 1 ? (float)t : value;
+    }
+}
+
+static uint64_t evict_mix(uint64_t x) { /* the splitmix64 finaliser */
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+void ckv_cpu_evict_random(ckv_backend *be, float *x, int rows, int n, int ld, uint64_t seed, int layer, int head0) {
+    (void)be;
+    const uint64_t kl = evict_mix(evict_mix(seed) ^ (uint64_t)(uint32_t)layer);
+    for (int r = 0; r < rows; r++) {
+        const uint64_t kr = evict_mix(kl ^ ((uint64_t)(uint32_t)(head0 + r) << 32));
+        float *dst = x + (size_t)r * (size_t)ld;
+        for (int t = 0; t < n; t++) {
+            const uint64_t v = evict_mix(kr + (uint64_t)t * 0xD1B54A32D192ED03ull);
+            dst[t] = (float)(v >> 40) * (1.0f / 16777216.0f); /* 24 bits: [0, 1) exactly */
+        }
+    }
+}
+
+void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1) {
+    (void)be;
+    float mx = -FLT_MAX;
+    for (int r = 0; r < rows; r++)
+        for (int t = t0; t < t1; t++) mx = fmaxf(mx, x[(size_t)r * (size_t)ld + (size_t)t]);
+    *out = mx;
+}
+
+/* ---- top-k ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    float s;
+    int32_t i; /* column, or flat index row * n + column */
+} evict_scored;
+
+/* descending score, NaN last, then ascending index */
+static int evict_scored_cmp(const void *a, const void *b) {
+    const evict_scored *x = a, *y = b;
+    const int xn = x->s != x->s, yn = y->s != y->s;
+    if (xn != yn) return xn - yn;
+    if (!xn && x->s != y->s) return x->s > y->s ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+static int evict_i32_cmp(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
+                              const int32_t *k) {
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        if (k[r] < 0 || k[r] > n)
+            return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
+    evict_scored *t = NULL;
+    CKV_TRY(ckv_alloc((void **)&t, (size_t)(n > 0 ? n : 1) * sizeof *t, "score ranking"));
+    for (int r = 0; r < rows; r++) {
+        const float *sr = s + (size_t)r * (size_t)ld;
+        for (int i = 0; i < n; i++) t[i] = (evict_scored){sr[i], i};
+        qsort(t, (size_t)n, sizeof *t, evict_scored_cmp);
+        int32_t *out = idx + (size_t)r * (size_t)ld_idx;
+        for (int i = 0; i < k[r]; i++) out[i] = t[i].i;
+        qsort(out, (size_t)k[r], sizeof *out, evict_i32_cmp);
+    }
+    ckv_free(t);
+    return CKV_STATUS_OK;
+}
+
+void ckv_cpu_evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx,
+                           const int32_t *k, float value) {
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < k[r]; i++) x[(size_t)r * (size_t)ld + (size_t)idx[(size_t)r * (size_t)ld_idx + (size_t)i]] = value;
+}
+
+ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n,
+                                     int64_t total) {
+    (void)be;
+    const int64_t all = (int64_t)rows * (int64_t)n;
+    if (total < 0 || total > all || all > INT32_MAX)
+        return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk_counts: top-%lld of %d x %d scores", (long long)total, rows, n);
+    evict_scored *t = NULL;
+    CKV_TRY(ckv_alloc((void **)&t, (size_t)(all > 0 ? all : 1) * sizeof *t, "cross-head ranking"));
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++)
+            t[(size_t)r * (size_t)n + (size_t)i] = (evict_scored){s[(size_t)r * (size_t)ld + (size_t)i], (int32_t)(r * n + i)};
+    qsort(t, (size_t)all, sizeof *t, evict_scored_cmp);
+    for (int r = 0; r < rows; r++) counts[r] = 0;
+    for (int64_t i = 0; i < total; i++) counts[t[i].i / n]++;
+    ckv_free(t);
+    return CKV_STATUS_OK;
+}

@@ -1,0 +1,410 @@
+/* cuda_attention.cu - causal attention of a batch of query tokens over the KV segments of one layer
+ * (backend.h: query head h of token t reads KV head h / (n_heads / n_kv_heads) of its sequence and
+ * sees the rows whose original pos <= qpos[t]; a row that sees nothing is 0). Two kernels:
+ *  - prefill: a FlashAttention-2 style tiled kernel (GPU-NOTES §3): a block takes 64 query rows of
+ *    one head (16 per warp), K/V tiles of 64 keys go through shared memory as bf16, S = Q K^T and
+ *    O += P V run on tensor cores through the one mma wrapper (ckv_mma.h; fragment layouts
+ *    GPU-NOTES §1), online softmax in fp32 on the accumulator fragments, masking by comparing
+ *    stored positions (so compacted caches stay causal), and the key loop stops at the first tile
+ *    whose first position exceeds the block's last query position. Head dims 16, 32, 64, 128, bf16
+ *    caches (an f32 cache asks for fp32 attention and takes the other kernel).
+ *  - decode (and any head dim up to 256): split-KV (GPU-NOTES §4): a block takes one (sequence,
+ *    KV head) segment's chunk of rows and all query rows of that segment (the GQA group's heads of
+ *    the sequence's tokens, 8 at a time), so each K/V tile is read once per group; it writes
+ *    unnormalised partials (o, m, l) that a merge kernel combines.
+ * fp32 softmax and accumulation in both; q and the softmax weights are rounded to bf16 for the
+ * tensor cores in the prefill kernel only. The cache is not written here (cuda_kv.cu). */
+#include <limits.h>
+
+#include "ckv_mma.h"
+#include "cuda_internal.h"
+
+namespace CKV_CUDA_NS {
+
+namespace {
+
+constexpr int FA_BM = 64;      /* query rows per block: 4 warps x 16 */
+constexpr int FA_BN = 64;      /* keys per tile */
+constexpr int FA_THREADS = 128;
+constexpr int SK_TK = 32;      /* keys per tile of the split kernel */
+constexpr int SK_RMAX = 8;     /* query rows per pass of the split kernel */
+constexpr int SK_HDMAX = 256;  /* largest head dim of the split kernel */
+constexpr int SK_THREADS = 128;
+constexpr int SK_OWN = SK_RMAX * SK_HDMAX / SK_THREADS; /* (row, dim) outputs per thread */
+constexpr int SK_MAX_SPLITS = 32;
+
+/* The token rows [*tok0, *tok0 + *ntok) of sequence s. */
+__device__ __forceinline__ void seq_rows(const ckv_kv_batch &kv, int s, int n, int *tok0, int *ntok) {
+    *tok0 = kv.seq_start ? kv.seq_start[s] : 0;
+    *ntok = kv.seq_start ? kv.seq_start[s + 1] - *tok0 : n;
+}
+
+/* Rows of an ascending pos[0 .. len) that a query at qp sees: the count of pos[i] <= qp. */
+__device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t qp) {
+    int lo = 0, hi = len;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (pos[mid] <= qp)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* ---- prefill: flash attention on tensor cores ------------------------------------------------
+ * grid (ceil(n / 64), n_heads, n_seq), block 128. Lane (g = lane >> 2, t = lane & 3) of warp w owns
+ * query rows g and g + 8 of the warp's 16 (the C-fragment rows, GPU-NOTES §1). */
+template <typename T, int HD>
+__global__ void __launch_bounds__(FA_THREADS)
+flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale) {
+    constexpr int KW = HD / 2 + 4;    /* 32-bit words per key row in ks: bf16 pairs along d, padded */
+    constexpr int VW = FA_BN / 2 + 4; /* words per dim row in vt: bf16 pairs along keys, padded */
+    __shared__ uint32_t ks[FA_BN * KW]; // [key][d/2]  K tile
+    __shared__ uint32_t vt[HD * VW];    // [d][key/2]  V tile, transposed so B fragments are pairs
+    __shared__ int32_t kp[FA_BN];       // [key]       positions (INT_MAX past len)
+
+    const int s = (int)blockIdx.z, h = (int)blockIdx.y, m0 = (int)blockIdx.x * FA_BM;
+    int tok0, ntok;
+    seq_rows(kv, s, n, &tok0, &ntok);
+    if (m0 >= ntok) return; /* uniform over the block, before any barrier */
+    const int group = n_heads / kv.n_kv_heads;
+    const ckv_kv_seg *seg = &kv.segs[s][h / group];
+    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
+    const int32_t *kpos = seg->pos;
+    const int len = seg->len;
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+
+    const int r0 = m0 + warp * 16 + gq, r1 = r0 + 8; /* this lane's rows within the sequence */
+    const bool ok0 = r0 < ntok, ok1 = r1 < ntok;
+    const int32_t qp0 = ok0 ? qpos[tok0 + r0] : INT_MIN, qp1 = ok1 ? qpos[tok0 + r1] : INT_MIN;
+    const int32_t qmax = qpos[tok0 + (m0 + FA_BM < ntok ? m0 + FA_BM : ntok) - 1]; /* tokens ascend */
+    const float *q0 = q + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD; // [HD] (row r0)
+    const float *q1 = q0 + (size_t)8 * (size_t)n_heads * HD;                        // [HD] (row r1)
+
+    /* Q as A fragments, one per k-step of 16 dims: a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..),
+     * a3 (g+8, 2t+8..) */
+    uint32_t qa[HD / 16][4];
+CKV_UNROLL
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const int d = kk * 16 + 2 * tq;
+        qa[kk][0] = ok0 ? ckv_pack_bf16x2(q0[d], q0[d + 1]) : 0u;
+        qa[kk][1] = ok1 ? ckv_pack_bf16x2(q1[d], q1[d + 1]) : 0u;
+        qa[kk][2] = ok0 ? ckv_pack_bf16x2(q0[d + 8], q0[d + 9]) : 0u;
+        qa[kk][3] = ok1 ? ckv_pack_bf16x2(q1[d + 8], q1[d + 9]) : 0u;
+    }
+    float o[HD / 8][4]; /* O accumulator: C fragments of the HD / 8 dim tiles */
+CKV_UNROLL
+    for (int nd = 0; nd < HD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    float mx0 = -INFINITY, mx1 = -INFINITY; /* running row max (rows r0, r1) */
+    float l0 = 0.0f, l1 = 0.0f;             /* this lane's part of the running row sums */
+
+    for (int kb = 0; kb < len; kb += FA_BN) {
+        if (kpos[kb] > qmax) break; /* uniform: no later key is visible to any row of the block */
+        for (int e = tid; e < FA_BN * (HD / 2); e += FA_THREADS) {
+            const int r = e / (HD / 2), w = e % (HD / 2), key = kb + r;
+            const size_t at = (size_t)key * HD + (size_t)(2 * w);
+            ks[r * KW + w] = key < len ? ckv_pack_bf16x2(ld_f32(K, at), ld_f32(K, at + 1)) : 0u;
+        }
+        for (int e = tid; e < HD * (FA_BN / 2); e += FA_THREADS) {
+            const int d = e % HD, p = e / HD, key = kb + 2 * p;
+            const float a = key < len ? ld_f32(V, (size_t)key * HD + (size_t)d) : 0.0f;
+            const float b = key + 1 < len ? ld_f32(V, (size_t)(key + 1) * HD + (size_t)d) : 0.0f;
+            vt[d * VW + p] = ckv_pack_bf16x2(a, b);
+        }
+        for (int e = tid; e < FA_BN; e += FA_THREADS) kp[e] = kb + e < len ? kpos[kb + e] : INT_MAX;
+        __syncthreads();
+
+        /* S = Q K^T: B (k = dim, n = key) b0 = (2t.., g), b1 = (2t+8.., g) -> key row g of the tile */
+        float sc[FA_BN / 8][4];
+CKV_UNROLL
+        for (int nt = 0; nt < FA_BN / 8; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const uint32_t *krow = ks + (nt * 8 + gq) * KW;
+CKV_UNROLL
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const uint32_t b[2] = {krow[kk * 8 + tq], krow[kk * 8 + tq + 4]};
+                ckv_mma_bf16_16816(sc[nt], qa[kk], b, sc[nt]);
+            }
+        }
+        /* scale and causal mask (c0, c1: row g, keys 2t, 2t+1; c2, c3: row g + 8), row max over the
+         * row's 4 lanes (xor 1, 2) */
+        float bm0 = -INFINITY, bm1 = -INFINITY;
+CKV_UNROLL
+        for (int nt = 0; nt < FA_BN / 8; nt++)
+CKV_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int col = nt * 8 + 2 * tq + (e & 1);
+                const float v = kp[col] <= (e < 2 ? qp0 : qp1) ? sc[nt][e] * scale : -INFINITY;
+                sc[nt][e] = v;
+                if (e < 2)
+                    bm0 = fmaxf(bm0, v);
+                else
+                    bm1 = fmaxf(bm1, v);
+            }
+        bm0 = fmaxf(bm0, __shfl_xor_sync(0xffffffffu, bm0, 1));
+        bm0 = fmaxf(bm0, __shfl_xor_sync(0xffffffffu, bm0, 2));
+        bm1 = fmaxf(bm1, __shfl_xor_sync(0xffffffffu, bm1, 1));
+        bm1 = fmaxf(bm1, __shfl_xor_sync(0xffffffffu, bm1, 2));
+        const float nm0 = fmaxf(mx0, bm0), nm1 = fmaxf(mx1, bm1);
+        /* rescale what was accumulated under the old max; a row with nothing visible yet keeps 0 */
+        const float c0 = nm0 == -INFINITY ? 1.0f : expf(mx0 - nm0);
+        const float c1 = nm1 == -INFINITY ? 1.0f : expf(mx1 - nm1);
+        mx0 = nm0, mx1 = nm1;
+        l0 *= c0, l1 *= c1;
+CKV_UNROLL
+        for (int nd = 0; nd < HD / 8; nd++) o[nd][0] *= c0, o[nd][1] *= c0, o[nd][2] *= c1, o[nd][3] *= c1;
+CKV_UNROLL
+        for (int nt = 0; nt < FA_BN / 8; nt++)
+CKV_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const float v = sc[nt][e], m = e < 2 ? nm0 : nm1;
+                const float p = v == -INFINITY ? 0.0f : expf(v - m);
+                sc[nt][e] = p;
+                if (e < 2)
+                    l0 += p;
+                else
+                    l1 += p;
+            }
+        /* O += P V: the C fragments of key tiles 2j, 2j+1 are the A fragment of key step j (rows g,
+         * g+8; keys 2t.. and 2t+8..); B (k = key, n = dim) b0 = (2t.., g), b1 = (2t+8.., g) */
+CKV_UNROLL
+        for (int j = 0; j < FA_BN / 16; j++) {
+            const uint32_t a[4] = {ckv_pack_bf16x2(sc[2 * j][0], sc[2 * j][1]),
+                                   ckv_pack_bf16x2(sc[2 * j][2], sc[2 * j][3]),
+                                   ckv_pack_bf16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
+                                   ckv_pack_bf16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+CKV_UNROLL
+            for (int nd = 0; nd < HD / 8; nd++) {
+                const uint32_t *vrow = vt + (nd * 8 + gq) * VW;
+                const uint32_t b[2] = {vrow[j * 8 + tq], vrow[j * 8 + tq + 4]};
+                ckv_mma_bf16_16816(o[nd], a, b, o[nd]);
+            }
+        }
+        __syncthreads(); /* the tile buffers are refilled next */
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f; /* nothing seen: 0 */
+    float *o0 = out + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD;
+    float *o1 = o0 + (size_t)8 * (size_t)n_heads * HD;
+CKV_UNROLL
+    for (int nd = 0; nd < HD / 8; nd++) {
+        const int d = nd * 8 + 2 * tq;
+        if (ok0) o0[d] = o[nd][0] * inv0, o0[d + 1] = o[nd][1] * inv0;
+        if (ok1) o1[d] = o[nd][2] * inv1, o1[d + 1] = o[nd][3] * inv1;
+    }
+}
+
+/* ---- decode: split-KV ------------------------------------------------------------------------
+ * grid (n_splits * row_blocks, n_kv_heads, n_seq), block 128. Block (sp + n_splits * rb, g, s) takes
+ * rows [sp * chunk, +chunk) of segment (s, g) for the query rows [rb * rows_per_block, +rows_per_block)
+ * reading it (all of them when row_blocks = 1): row r is token tok0 + r / group, head
+ * g * group + r % group. Per tile: thread per (row, key) scores, one thread per row for the online
+ * softmax, thread per (row, dim) outputs held in registers. Partial p of output row R (= token *
+ * n_heads + head) and split sp: part[(R * n_splits + sp) * (hd + 2)]: o [hd] unnormalised, m, l. */
+template <typename T>
+__global__ void __launch_bounds__(SK_THREADS)
+split_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale,
+             int n_splits, int chunk, int rows_per_block) {
+    __shared__ float qs[SK_RMAX * SK_HDMAX];  // [row][d] the pass's queries
+    __shared__ T tile[SK_TK * SK_HDMAX];      // [key][d] K, then V, of the tile
+    __shared__ float sc[SK_RMAX * SK_TK];     // [row][key] scores, then weights
+    __shared__ float rm[SK_RMAX], rl[SK_RMAX], rc[SK_RMAX]; /* row max, sum, rescale factor */
+    __shared__ int cnt[SK_RMAX];              /* rows of the split each query sees: keys [k0, cnt) */
+
+    const int sp = (int)blockIdx.x % n_splits, rblk = (int)blockIdx.x / n_splits;
+    const int g = (int)blockIdx.y, s = (int)blockIdx.z, tid = (int)threadIdx.x;
+    const int hd = kv.head_dim, group = n_heads / kv.n_kv_heads;
+    int tok0, ntok;
+    seq_rows(kv, s, n, &tok0, &ntok);
+    const ckv_kv_seg *seg = &kv.segs[s][g];
+    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
+    const int len = seg->len, k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
+    const int r_end = ntok * group < (rblk + 1) * rows_per_block ? ntok * group : (rblk + 1) * rows_per_block;
+
+    for (int rb = rblk * rows_per_block; rb < r_end; rb += SK_RMAX) { /* uniform; none past the sequence */
+        const int rows = r_end; /* the pass's rows end here */
+        const int nr = rows - rb < SK_RMAX ? rows - rb : SK_RMAX;
+        for (int e = tid; e < SK_RMAX * hd; e += SK_THREADS) {
+            const int r = e / hd, d = e % hd, row = rb + r;
+            const size_t at = ((size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group)) * hd;
+            qs[r * SK_HDMAX + d] = r < nr ? q[at + (size_t)d] : 0.0f;
+        }
+        if (tid < SK_RMAX) {
+            int c = 0;
+            if (tid < nr) {
+                c = visible_rows(seg->pos, len, qpos[tok0 + (rb + tid) / group]);
+                c = c < k1 ? c : k1;
+            }
+            cnt[tid] = c;
+            rm[tid] = -INFINITY;
+            rl[tid] = 0.0f;
+        }
+        __syncthreads();
+        int kend = k0;
+        for (int r = 0; r < SK_RMAX; r++) kend = cnt[r] > kend ? cnt[r] : kend;
+        float acc[SK_OWN];
+CKV_UNROLL
+        for (int i = 0; i < SK_OWN; i++) acc[i] = 0.0f;
+
+        for (int kt = k0; kt < kend; kt += SK_TK) {
+            const int nk = kend - kt < SK_TK ? kend - kt : SK_TK;
+            for (int e = tid; e < nk * hd; e += SK_THREADS)
+                tile[(e / hd) * SK_HDMAX + e % hd] = K[(size_t)kt * hd + (size_t)e];
+            __syncthreads();
+            for (int e = tid; e < SK_RMAX * SK_TK; e += SK_THREADS) {
+                const int r = e / SK_TK, j = e % SK_TK;
+                float v = -INFINITY;
+                if (r < nr && j < nk && kt + j < cnt[r]) {
+                    float dot = 0.0f;
+                    for (int d = 0; d < hd; d++) dot += qs[r * SK_HDMAX + d] * ld_f32(tile, (size_t)(j * SK_HDMAX + d));
+                    v = dot * scale;
+                }
+                sc[e] = v;
+            }
+            __syncthreads();
+            if (tid < SK_RMAX) { /* online softmax of row tid over the tile */
+                float bm = -INFINITY;
+                for (int j = 0; j < SK_TK; j++) bm = fmaxf(bm, sc[tid * SK_TK + j]);
+                const float nm = fmaxf(rm[tid], bm);
+                const float c = nm == -INFINITY ? 1.0f : expf(rm[tid] - nm);
+                float sum = 0.0f;
+                for (int j = 0; j < SK_TK; j++) {
+                    const float v = sc[tid * SK_TK + j];
+                    const float p = v == -INFINITY ? 0.0f : expf(v - nm);
+                    sc[tid * SK_TK + j] = p;
+                    sum += p;
+                }
+                rl[tid] = rl[tid] * c + sum;
+                rm[tid] = nm;
+                rc[tid] = c;
+            }
+            for (int e = tid; e < nk * hd; e += SK_THREADS) /* the scores no longer need K */
+                tile[(e / hd) * SK_HDMAX + e % hd] = V[(size_t)kt * hd + (size_t)e];
+            __syncthreads();
+CKV_UNROLL
+            for (int i = 0; i < SK_OWN; i++) {
+                const int p = tid + i * SK_THREADS, r = p / hd, d = p % hd;
+                if (r < nr) {
+                    float a = acc[i] * rc[r];
+                    for (int j = 0; j < nk; j++) a += sc[r * SK_TK + j] * ld_f32(tile, (size_t)(j * SK_HDMAX + d));
+                    acc[i] = a;
+                }
+            }
+            __syncthreads(); /* tile and sc are refilled next */
+        }
+CKV_UNROLL
+        for (int i = 0; i < SK_OWN; i++) {
+            const int p = tid + i * SK_THREADS, r = p / hd, d = p % hd, row = rb + r;
+            if (r < nr) {
+                const size_t R = (size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group);
+                part[(R * (size_t)n_splits + (size_t)sp) * (size_t)(hd + 2) + (size_t)d] = acc[i];
+            }
+        }
+        if (tid < nr) {
+            const int row = rb + tid;
+            const size_t R = (size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group);
+            float *pm = part + (R * (size_t)n_splits + (size_t)sp) * (size_t)(hd + 2) + (size_t)hd;
+            pm[0] = rm[tid];
+            pm[1] = rl[tid];
+        }
+        __syncthreads(); /* qs, cnt and the row state are refilled by the next pass */
+    }
+}
+
+/* One block per output row: O = sum_s e^{m_s - M} o_s / sum_s e^{m_s - M} l_s (GPU-NOTES §4). */
+__global__ void merge_kernel(float *out, const float *part, int n_splits, int hd) {
+    const size_t R = blockIdx.x;
+    const float *pr = part + R * (size_t)n_splits * (size_t)(hd + 2); // [n_splits, hd + 2]
+    float M = -INFINITY;
+    for (int sp = 0; sp < n_splits; sp++) M = fmaxf(M, pr[(size_t)sp * (hd + 2) + hd]);
+    float L = 0.0f;
+    for (int sp = 0; sp < n_splits; sp++) {
+        const float m = pr[(size_t)sp * (hd + 2) + hd];
+        L += m == -INFINITY ? 0.0f : expf(m - M) * pr[(size_t)sp * (hd + 2) + hd + 1];
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int sp = 0; sp < n_splits; sp++) {
+            const float m = pr[(size_t)sp * (hd + 2) + hd];
+            if (m != -INFINITY) o += expf(m - M) * pr[(size_t)sp * (hd + 2) + d];
+        }
+        out[R * (size_t)hd + (size_t)d] = L > 0.0f ? o / L : 0.0f;
+    }
+}
+
+template <typename T>
+void launch_flash(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                  int n_heads, float scale) {
+    const dim3 grid((unsigned)((n + FA_BM - 1) / FA_BM), (unsigned)n_heads, (unsigned)kv->n_seq);
+    switch (kv->head_dim) {
+    case 16: CKV_LAUNCH((flash_kernel<T, 16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, scale); break;
+    case 32: CKV_LAUNCH((flash_kernel<T, 32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, scale); break;
+    case 64: CKV_LAUNCH((flash_kernel<T, 64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, scale); break;
+    default: CKV_LAUNCH((flash_kernel<T, 128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, scale); break;
+    }
+}
+
+template <typename T>
+void launch_split(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                  int n_heads, float scale) {
+    const int hd = kv->head_dim, n_kv = kv->n_kv_heads;
+    const int long_batch = n > 4 * kv->n_seq; /* many rows per segment: one split, blocks of rows */
+    /* Splits: enough blocks for two waves over the SMs, at most one per tile of keys (GPU-NOTES §4).
+     * The partials are sized for SK_MAX_SPLITS, so a growing cache never reallocates them. */
+    const int max_len = kv->max_len > 1 ? kv->max_len : 1;
+    const int tiles = (max_len + SK_TK - 1) / SK_TK;
+    int want = (2 * c->sms + kv->n_seq * n_kv - 1) / (kv->n_seq * n_kv);
+    want = want < SK_MAX_SPLITS ? want : SK_MAX_SPLITS;
+    want = want < tiles ? want : tiles;
+    if (want < 1 || long_batch) want = 1;
+    const int chunk = (tiles + want - 1) / want * SK_TK;
+    const int n_splits = (max_len + chunk - 1) / chunk;
+    const size_t need = (size_t)n * (size_t)n_heads * (size_t)(long_batch ? 1 : SK_MAX_SPLITS) * (size_t)(hd + 2);
+    ckv_status s = grow(c, (void **)&c->part, &c->part_cap, need * sizeof(float), "the split-KV partials");
+    if (s != CKV_STATUS_OK) {
+        record(c, s);
+        return;
+    }
+    /* long batches: blocks of 4 passes of query rows (a bound: sequences with fewer rows exit early) */
+    const int group = n_heads / n_kv, rows_per_block = long_batch ? 4 * SK_RMAX : n * group;
+    const int row_blocks = (n * group + rows_per_block - 1) / rows_per_block;
+    CKV_LAUNCH(split_kernel<T>, dim3((unsigned)(n_splits * row_blocks), (unsigned)n_kv, (unsigned)kv->n_seq),
+               dim3(SK_THREADS), 0, c->stream, c->part, q, qpos, *kv, n, n_heads, scale, n_splits, chunk, rows_per_block);
+    CKV_LAUNCH(merge_kernel, dim3((unsigned)(n * n_heads)), dim3(SK_THREADS), 0, c->stream, out, c->part, n_splits, hd);
+}
+
+} // namespace
+
+void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+               int n_heads, float scale) {
+    ctx *c = ctx_of(be);
+    const int hd = kv->head_dim;
+    if (n <= 0 || n_heads <= 0 || hd <= 0) return;
+    if (kv->n_kv_heads <= 0 || n_heads % kv->n_kv_heads != 0 || kv->n_seq <= 0 || hd > SK_HDMAX ||
+        (kv->dtype != CKV_DTYPE_BF16 && kv->dtype != CKV_DTYPE_F32)) {
+        record(c, ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                            "%s backend: attention: %d query heads over %d KV heads, head dim %d, KV dtype %s, %d "
+                            "sequences (needs heads divisible by KV heads, head dim <= %d, bf16 or f32)",
+                            CKV_CUDA_BACKEND_NAME, n_heads, kv->n_kv_heads, hd, ckv_dtype_name(kv->dtype), kv->n_seq,
+                            SK_HDMAX));
+        return;
+    }
+    const bool flash_hd = hd == 16 || hd == 32 || hd == 64 || hd == 128;
+    const bool prefill = n > 4 * kv->n_seq; /* more than a few query tokens per sequence */
+    const bool bf16 = kv->dtype == CKV_DTYPE_BF16;
+    /* an f32 cache asks for fp32 attention: the tensor cores take bf16 caches only */
+    if (flash_hd && prefill && bf16) {
+        launch_flash<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
+    } else if (bf16) {
+        launch_split<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
+    } else {
+        launch_split<float>(c, out, q, qpos, kv, n, n_heads, scale);
+    }
+    op_done(c, "attention");
+}
+
+} // namespace CKV_CUDA_NS

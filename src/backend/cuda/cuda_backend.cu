@@ -1,0 +1,280 @@
+/* cuda_backend.cu - the CUDA backend object: device selection and its checks (no GPU, compute
+ * capability below 8.0), the compute stream, the cuBLAS handle and workspaces, the memory entries of
+ * the op table, error recording and sync() (which reports the first failure of a void op, or an
+ * asynchronous fault naming the op launched last), and the C entry points. Compiled twice: by nvcc
+ * for the GPU ("cuda") and by the host C++ compiler against the CPU execution layer ("cuda-emu",
+ * entry point ckv_backend_cuda_emu_init). The kernels live in the other .cu files. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+extern "C" {
+#include "core/alloc.h"
+}
+
+namespace CKV_CUDA_NS {
+
+ckv_status status_cuda(cudaError_t e, const char *what) {
+    return ckv_error(CKV_STATUS_ERR_DEVICE, "%s backend: %s: %s (%s)", CKV_CUDA_BACKEND_NAME, what,
+                     cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+ckv_status status_cublas(cublasStatus_t e, const char *what) {
+    return ckv_error(CKV_STATUS_ERR_DEVICE, "%s backend: %s: cuBLAS %s", CKV_CUDA_BACKEND_NAME, what,
+                     cublasGetStatusString(e));
+}
+
+void record(ctx *c, ckv_status s) {
+    if (s == CKV_STATUS_OK || c->pending != CKV_STATUS_OK) return;
+    c->pending = s;
+    snprintf(c->pending_msg, sizeof c->pending_msg, "%s", ckv_error_message());
+}
+
+void op_done(ctx *c, const char *op) {
+    c->last_op = op;
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) record(c, status_cuda(e, op));
+    if (c->sync_each) CKV_CUDA_OP_CHECK(c, cudaStreamSynchronize(c->stream), op);
+}
+
+ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char *what) {
+    if (bytes <= *cap_bytes) return CKV_STATUS_OK;
+    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), what); /* the old buffer may still be in use */
+    CKV_CUDA_CHECK(cudaFree(*buf), what);
+    *buf = NULL;
+    *cap_bytes = 0;
+    cudaError_t e = cudaMalloc(buf, bytes);
+    if (e != cudaSuccess)
+        return ckv_error(CKV_STATUS_ERR_NOMEM, "%s backend: cannot allocate %zu bytes for %s: %s",
+                         CKV_CUDA_BACKEND_NAME, bytes, what, cudaGetErrorString(e));
+    *cap_bytes = bytes;
+    return CKV_STATUS_OK;
+}
+
+namespace {
+
+void be_free(ckv_backend *be) {
+    if (!be) return;
+    ctx *c = ctx_of(be);
+    if (c) {
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        if (c->blas) cublasDestroy(c->blas);
+        cudaFree(c->blas_ws);
+        cudaFree(c->xbf);
+        cudaFree(c->part);
+        cudaFree(c->count);
+        if (c->stream) cudaStreamDestroy(c->stream);
+    }
+    ckv_free(c);
+    ckv_free(be);
+}
+
+ckv_status be_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what) {
+    (void)be;
+    if (!ptr)
+        return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: alloc of %s without an output pointer",
+                         CKV_CUDA_BACKEND_NAME, what ? what : "a buffer");
+    *ptr = NULL;
+    if (bytes == 0) return CKV_STATUS_OK;
+    cudaError_t e = cudaMalloc(ptr, bytes);
+    if (e != cudaSuccess) {
+        *ptr = NULL;
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        return ckv_error(CKV_STATUS_ERR_NOMEM, "%s backend: cannot allocate %zu bytes for %s (%zu of %zu bytes free): %s",
+                         CKV_CUDA_BACKEND_NAME, bytes, what ? what : "a buffer", free_b, total_b,
+                         cudaGetErrorString(e));
+    }
+    return CKV_STATUS_OK;
+}
+
+void be_release(ckv_backend *be, void *ptr) {
+    if (!ptr) return;
+    ctx *c = ctx_of(be);
+    cudaStreamSynchronize(c->stream); /* kernels still queued may use it */
+    CKV_CUDA_OP_CHECK(c, cudaFree(ptr), "release");
+}
+
+ckv_status be_copy_kind(ckv_backend *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                        const char *what) {
+    if (bytes == 0) return CKV_STATUS_OK;
+    if (!dst || !src)
+        return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: %s of %zu bytes with a NULL %s pointer",
+                         CKV_CUDA_BACKEND_NAME, what, bytes, dst ? "source" : "destination");
+    ctx *c = ctx_of(be);
+    CKV_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c->stream), what);
+    /* host buffers are pageable and may be reused at once: finish the copy before returning */
+    if (kind != cudaMemcpyDeviceToDevice) CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), what);
+    return CKV_STATUS_OK;
+}
+
+ckv_status be_upload(ckv_backend *be, void *dst, const void *src, size_t bytes) {
+    return be_copy_kind(be, dst, src, bytes, cudaMemcpyHostToDevice, "upload");
+}
+ckv_status be_download(ckv_backend *be, void *dst, const void *src, size_t bytes) {
+    return be_copy_kind(be, dst, src, bytes, cudaMemcpyDeviceToHost, "download");
+}
+ckv_status be_copy(ckv_backend *be, void *dst, const void *src, size_t bytes) {
+    return be_copy_kind(be, dst, src, bytes, cudaMemcpyDeviceToDevice, "copy");
+}
+
+ckv_status be_sync(ckv_backend *be) {
+    ctx *c = ctx_of(be);
+    if (c->pending != CKV_STATUS_OK) {
+        ckv_status s = c->pending;
+        c->pending = CKV_STATUS_OK;
+        return ckv_error(s, "%s", c->pending_msg);
+    }
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess)
+        return ckv_error(CKV_STATUS_ERR_DEVICE,
+                         "%s backend: %s: %s (%s; asynchronous, surfaced at sync; CKV_CUDA_SYNC=1 names the exact op)",
+                         CKV_CUDA_BACKEND_NAME, c->last_op ? c->last_op : "sync", cudaGetErrorString(e),
+                         cudaGetErrorName(e));
+    return CKV_STATUS_OK;
+}
+
+int be_weight_dtype_ok(const ckv_backend *be, ckv_dtype t) {
+    (void)be;
+    return t == CKV_DTYPE_BF16 || t == CKV_DTYPE_F32;
+}
+
+int be_kv_dtype_ok(const ckv_backend *be, ckv_dtype t) {
+    (void)be;
+    return t == CKV_DTYPE_BF16 || t == CKV_DTYPE_F32;
+}
+
+ckv_backend_ops make_ops() {
+    ckv_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.free = be_free;
+    o.alloc = be_alloc;
+    o.release = be_release;
+    o.upload = be_upload;
+    o.download = be_download;
+    o.copy = be_copy;
+    o.sync = be_sync;
+    o.weight_dtype_ok = be_weight_dtype_ok;
+    o.kv_dtype_ok = be_kv_dtype_ok;
+    o.embedding = embedding;
+    o.rmsnorm = rmsnorm;
+    o.matmul = matmul;
+    o.rope = rope;
+    o.kv_store = kv_store;
+    o.attention = attention;
+    o.swiglu = swiglu;
+    o.add = add;
+    o.count_nonfinite = count_nonfinite;
+    o.kv_gather = kv_gather;
+    o.evict_attn_colsum = evict_attn_colsum;
+    o.evict_attn_probs = evict_attn_probs;
+    o.evict_colsum_finish = evict_colsum_finish;
+    o.evict_pool = evict_pool;
+    o.evict_head_sum = evict_head_sum;
+    o.evict_div = evict_div;
+    o.evict_row_norm = evict_row_norm;
+    o.evict_add_mul = evict_add_mul;
+    o.evict_value_norm = evict_value_norm;
+    o.evict_fill = evict_fill;
+    o.evict_random = evict_random;
+    o.evict_max = evict_max;
+    o.evict_topk = evict_topk;
+    o.evict_scatter = evict_scatter;
+    o.evict_topk_counts = evict_topk_counts;
+    o.evict_moments = evict_moments;
+    o.evict_ea_logits = evict_ea_logits;
+    o.evict_softmax_add = evict_softmax_add;
+    o.sample = sample;
+    return o;
+}
+
+const ckv_backend_ops the_ops = make_ops();
+
+/* Activation elements the GEMM workspace holds from the start (bf16): a 512-token chunk of a
+ * 32K-wide layer. Larger prefill chunks grow it once. */
+constexpr size_t XBF_INITIAL = (size_t)512 * 32768;
+
+ckv_status init_device(ctx *c, int device) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0)
+        return ckv_error(CKV_STATUS_ERR_DEVICE, "%s backend: no CUDA GPU is visible (%s)", CKV_CUDA_BACKEND_NAME,
+                         e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
+    if (device < 0) device = 0;
+    if (device >= count)
+        return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: --device %d: only %d GPU(s) visible (0..%d)",
+                         CKV_CUDA_BACKEND_NAME, device, count, count - 1);
+    c->device = device;
+    CKV_CUDA_CHECK(cudaSetDevice(device), "select the GPU");
+    CKV_CUDA_CHECK(cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, device), "query the GPU");
+    CKV_CUDA_CHECK(cudaDeviceGetAttribute(&c->cc_minor, cudaDevAttrComputeCapabilityMinor, device), "query the GPU");
+    CKV_CUDA_CHECK(cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device), "query the GPU");
+    if (c->cc_major < 8)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "%s backend: GPU %d has compute capability %d.%d; ckv needs 8.0 or newer (A100, H100/H200)",
+                         CKV_CUDA_BACKEND_NAME, device, c->cc_major, c->cc_minor);
+    CKV_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create the compute stream");
+    CKV_CUBLAS_CHECK(cublasCreate(&c->blas), "create the cuBLAS handle");
+    CKV_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream), "set the cuBLAS stream");
+    c->blas_ws_bytes = (size_t)(c->cc_major >= 9 ? 32 : 4) << 20; /* GPU-NOTES §5 */
+    CKV_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes), "allocate the cuBLAS workspace");
+    CKV_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes), "set the cuBLAS workspace");
+    CKV_TRY(grow(c, (void **)&c->xbf, &c->xbf_cap, XBF_INITIAL * sizeof(ckv_bf16), "the GEMM activation workspace"));
+    CKV_CUDA_CHECK(cudaMalloc((void **)&c->count, sizeof *c->count), "allocate the counter");
+    (void)cudaGetLastError(); /* a stale error of an earlier call in this process is not ours */
+    return CKV_STATUS_OK;
+}
+
+ckv_status backend_init(ckv_backend **out, int device) {
+    if (!out) return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: init without an output pointer", CKV_CUDA_BACKEND_NAME);
+    *out = NULL;
+    void *mem = NULL;
+    CKV_TRY(ckv_alloc(&mem, sizeof(ckv_backend), "the cuda backend"));
+    ckv_backend *be = (ckv_backend *)mem;
+    memset(be, 0, sizeof *be);
+    be->ops = &the_ops;
+    be->name = CKV_CUDA_BACKEND_NAME;
+    be->device = CKV_DEVICE_GPU;
+    be->n_threads = 1;
+    be->weight_dtype = CKV_DTYPE_BF16;
+    be->kv_dtype = CKV_DTYPE_BF16;
+    ckv_status s = ckv_alloc(&be->ctx, sizeof(ctx), "the cuda backend context");
+    if (s != CKV_STATUS_OK) {
+        be_free(be);
+        return s;
+    }
+    ctx *c = ctx_of(be);
+    memset(c, 0, sizeof *c);
+    const char *env = getenv("CKV_CUDA_SYNC");
+    c->sync_each = env && env[0] == '1';
+    s = init_device(c, device);
+    if (s != CKV_STATUS_OK) {
+        be_free(be);
+        return s;
+    }
+    *out = be;
+    return CKV_STATUS_OK;
+}
+
+} // namespace
+} // namespace CKV_CUDA_NS
+
+#if defined(CKV_CUDA_EMU)
+/* The emulated backend: tests only (tests/cuda). */
+extern "C" {
+#include "cuda_emu.h"
+}
+ckv_status ckv_backend_cuda_emu_init(ckv_backend **out, int device_index) {
+    return CKV_CUDA_NS::backend_init(out, device_index);
+}
+void ckv_cuda_emu_set_devices(int count, int major, int minor) { ckv_emu::ckv_emu_set_devices(count, major, minor); }
+void ckv_cuda_emu_inject_fault(const char *kernel) { ckv_emu::ckv_emu_inject_fault(kernel); }
+void ckv_cuda_emu_reset(void) { ckv_emu::ckv_emu_reset(); }
+#else
+extern "C" int ckv_backend_cuda_available(void) { return 1; }
+extern "C" ckv_status ckv_backend_cuda_init(ckv_backend **out, int device_index) {
+    return CKV_CUDA_NS::backend_init(out, device_index);
+}
+#endif

@@ -1,0 +1,17 @@
+/* cuda_emu.h - the C entry points of the emulated CUDA backend ("cuda-emu": the .cu sources of this
+ * directory compiled by the host C++ compiler against emu/ckv_emu.h). Tests only: they run the CUDA
+ * kernels on the CPU, and steer the simulated device to reach the error paths. */
+#ifndef CKV_CUDA_EMU_ENTRY_H
+#define CKV_CUDA_EMU_ENTRY_H
+
+#include "backend/backend.h"
+
+ckv_status ckv_backend_cuda_emu_init(ckv_backend **out, int device_index);
+/* The simulated machine: `count` GPUs of compute capability major.minor (default 1, 9.0). */
+void ckv_cuda_emu_set_devices(int count, int major, int minor);
+/* The next launch of the kernel named `kernel` faults (an illegal address, surfacing at sync). */
+void ckv_cuda_emu_inject_fault(const char *kernel);
+/* Clears a fault and frees all device memory of the simulated GPU (after its backends are freed). */
+void ckv_cuda_emu_reset(void);
+
+#endif

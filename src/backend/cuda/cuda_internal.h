@@ -1,0 +1,148 @@
+/* cuda_internal.h - private to backend/cuda: the CUDA backend's state (device, the one compute
+ * stream, the cuBLAS handle, workspaces), the check macros every CUDA and cuBLAS call goes through,
+ * element load/store helpers shared by the kernels, and the host entry points of the kernel files
+ * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_sample.cu, cuda_evict_*.cu). Everything is in namespace
+ * CKV_CUDA_NS, so the GPU build and the emulated build (cuda_rt.h) can live in one program. */
+#ifndef CKV_CUDA_INTERNAL_H
+#define CKV_CUDA_INTERNAL_H
+
+#include "cuda_rt.h"
+
+extern "C" {
+#include "backend/backend.h"
+}
+
+namespace CKV_CUDA_NS {
+
+/* The backend's ctx. Workspaces are allocated at init or grown by the first (prefill-sized) call
+ * that needs more; decode steps of a fixed batch never allocate. */
+struct ctx {
+    int device;
+    int sms, cc_major, cc_minor;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;            /* cuBLAS workspace (GPU-NOTES §5) */
+    size_t blas_ws_bytes;
+    ckv_bf16 *xbf;            /* activations converted to bf16 for the GEMM */
+    size_t xbf_cap;           /* bytes */
+    float *part;              /* split-KV partials: per row and split, o [hd], m, l */
+    size_t part_cap;          /* bytes */
+    unsigned long long *count; /* [1] count_nonfinite's counter */
+    ckv_status pending;       /* first error of a void op, reported by sync() */
+    char pending_msg[320];
+    const char *last_op;      /* the op launched last (named when an asynchronous fault surfaces) */
+    int sync_each;            /* CKV_CUDA_SYNC=1: synchronise after every op (exact fault attribution) */
+};
+
+static inline ctx *ctx_of(ckv_backend *be) { return (ctx *)be->ctx; }
+
+/* One-line status for a failed CUDA / cuBLAS call made for `what`. */
+ckv_status status_cuda(cudaError_t e, const char *what);
+ckv_status status_cublas(cublasStatus_t e, const char *what);
+/* Records the first failure of a void op (reported by sync()). */
+void record(ctx *c, ckv_status s);
+/* After an op's launches: records a launch error naming `op`; remembers `op` as the last one. */
+void op_done(ctx *c, const char *op);
+/* Grows a device workspace to at least `bytes` (outside the decode loop: see ctx). */
+ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char *what);
+
+/* Every CUDA / cuBLAS call of a function returning ckv_status. */
+#define CKV_CUDA_CHECK(call, what)                                       \
+    do {                                                                 \
+        cudaError_t ckv_e_ = (call);                                     \
+        if (ckv_e_ != cudaSuccess) return status_cuda(ckv_e_, (what));   \
+    } while (0)
+#define CKV_CUBLAS_CHECK(call, what)                                     \
+    do {                                                                 \
+        cublasStatus_t ckv_e_ = (call);                                  \
+        if (ckv_e_ != CUBLAS_STATUS_SUCCESS) return status_cublas(ckv_e_, (what)); \
+    } while (0)
+/* ... and of a void op: the failure is recorded for sync(). */
+#define CKV_CUDA_OP_CHECK(c, call, what)                                 \
+    do {                                                                 \
+        cudaError_t ckv_e_ = (call);                                     \
+        if (ckv_e_ != cudaSuccess) record((c), status_cuda(ckv_e_, (what))); \
+    } while (0)
+#define CKV_CUBLAS_OP_CHECK(c, call, what)                               \
+    do {                                                                 \
+        cublasStatus_t ckv_e_ = (call);                                  \
+        if (ckv_e_ != CUBLAS_STATUS_SUCCESS) record((c), status_cublas(ckv_e_, (what))); \
+    } while (0)
+
+/* ---- element access of typed buffers (fp32 arithmetic everywhere) ------------------------------ */
+
+__device__ __forceinline__ float ld_f32(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld_f32(const ckv_bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st_f32(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st_f32(ckv_bf16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread must call it and
+ * gets the total. red: [32] shared scratch. */
+template <typename T> __device__ __forceinline__ T block_sum(T v, T *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, nw = (int)blockDim.x >> 5;
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : (T)0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Blocks of `threads` covering n items, capped for grid-stride loops. */
+static inline unsigned blocks_for(size_t n, unsigned threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+/* ---- host entry points of the kernel files (semantics: backend.h) ------------------------------ */
+
+void embedding(ckv_backend *be, float *out, const ckv_weight *table, const int32_t *ids, int n);
+void rmsnorm(ckv_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
+void rope(ckv_backend *be, float *x, const int32_t *pos, int n, int n_heads, int hd, const float *inv_freq,
+          float attn_scale);
+void swiglu(ckv_backend *be, float *out, const float *gate, const float *up, size_t n);
+void add(ckv_backend *be, float *x, const float *y, size_t n);
+ckv_status count_nonfinite(ckv_backend *be, const float *x, size_t n, size_t *n_bad);
+void matmul(ckv_backend *be, float *out, const float *x, const ckv_weight *w, const float *bias, int n);
+void kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos, int n);
+void kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst, const ckv_kv_seg *src,
+               const int32_t *keep, int stride, const int32_t *n_keep);
+void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+               int n_heads, float scale);
+/* eviction ops: cuda_evict_rows.cu, cuda_evict_attn.cu */
+ckv_status op_status(ctx *c, const char *op); /* op_done, then a launch error as the op's status */
+ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                             const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide,
+                             int per_kv, int zero);
+ckv_status evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
+                            const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide);
+void evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows, int n,
+                         double denom, int minus_col);
+void evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
+void evict_head_sum(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n, int head0,
+                    int group);
+void evict_div(ckv_backend *be, float *x, size_t n, float div);
+void evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values, float sign);
+void evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld, float eps);
+ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                            const ckv_weight *wo, int n_heads_local, int head0, int group);
+void evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value);
+void evict_random(ckv_backend *be, float *x, int rows, int n, int ld, uint64_t seed, int layer, int head0);
+void evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1);
+ckv_status evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
+                      const int32_t *k);
+void evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx, const int32_t *k,
+                   float value);
+ckv_status evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n, int64_t total);
+ckv_status evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
+                         int n_heads_local, int d, int zero);
+ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
+                           const float *mu, const float *cov, float sqrt_d);
+void evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
+void sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
+            float top_p, const double *u);
+
+} // namespace CKV_CUDA_NS
+
+#endif

@@ -1,0 +1,32 @@
+/* cuda_rt.h - the one include of every .cu file of the CUDA backend: under nvcc the CUDA runtime,
+ * bf16 and cuBLAS headers; under the host C++ compiler (CKV_CUDA_EMU) ckv's CPU execution layer
+ * (emu/ckv_emu.h) in their place. It also defines what differs between the two builds: the kernel
+ * launch (CKV_LAUNCH, so the kernel sources are identical), loop unrolling hints (CKV_UNROLL), the namespace that keeps the two copies
+ * of the backend apart when one program links both, and the names of their C entry points. */
+#ifndef CKV_CUDA_RT_H
+#define CKV_CUDA_RT_H
+
+#if defined(CKV_CUDA_EMU)
+#include "emu/ckv_emu.h"
+/* CKV_LAUNCH(kernel, grid, block, smem, stream, args...): kernel<<<grid, block, smem, stream>>>(args).
+ * A template kernel goes in parentheses: CKV_LAUNCH((k<T, 64>), ...). */
+#define CKV_LAUNCH(kernel, grid, block, smem, stream, ...) \
+    ::ckv_emu::ckv_emu_launch(#kernel, (grid), (block), (smem), (stream), kernel, __VA_ARGS__)
+#define CKV_UNROLL
+#define CKV_CUDA_NS ckv_cuda_emu
+#define CKV_CUDA_BACKEND_NAME "cuda-emu"
+#elif defined(__CUDACC__)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#define CKV_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define CKV_UNROLL _Pragma("unroll")
+#define CKV_CUDA_NS ckv_cuda
+#define CKV_CUDA_BACKEND_NAME "cuda"
+#else
+#error "cuda_rt.h: compile with nvcc, or with the host C++ compiler and -DCKV_CUDA_EMU"
+#endif
+
+typedef __nv_bfloat16 ckv_bf16;
+
+#endif

@@ -1,0 +1,255 @@
+/* ckv_emu.h - ckv's CPU execution layer for its CUDA sources: exactly the CUDA runtime, device and
+ * cuBLAS constructs that the kernels of src/backend/cuda use, implemented on the host so that the
+ * same .cu files compile with the host C++ compiler (CKV_CUDA_EMU defined) and run in CI without a
+ * GPU. A block runs as one cooperatively scheduled fiber per thread (ucontext); every collective
+ * (__syncthreads, __syncwarp, shuffles, the mma wrapper) is a rendezvous: a fiber runs until it
+ * reaches one and waits there until every thread the collective names has arrived, which is a legal
+ * schedule of independent thread scheduling (GPU-NOTES §2). Blocks of a launch run one after the
+ * other, so __shared__ variables are per-block static storage. A barrier that can never complete
+ * (divergent __syncthreads, a shuffle mask naming an exited lane) is reported as a launch failure,
+ * never a hang. Streams are ordered and synchronous, device memory is host memory (tracked, so
+ * copies into or out of memory that is not a device allocation fail), cuBLAS GEMM is a plain CPU
+ * GEMM with fp32 products summed in double. It models no timing, no memory hierarchy and no
+ * concurrency between blocks. Everything lives in namespace ckv_emu, so it never clashes with the
+ * real CUDA runtime linked into the same program. Included only through cuda/cuda_rt.h. */
+#ifndef CKV_EMU_H
+#define CKV_EMU_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <functional>
+#include <tuple>
+#include <type_traits>
+
+namespace ckv_emu {
+
+/* ---- types of the runtime API ------------------------------------------------------------------ */
+
+struct uint3 {
+    unsigned x, y, z;
+};
+struct float2 {
+    float x, y;
+};
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
+
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNoDevice = 100,
+    cudaErrorIllegalAddress = 700,
+    cudaErrorLaunchFailure = 719,
+};
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+enum cudaDeviceAttr {
+    cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrComputeCapabilityMinor = 76,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+struct ckv_emu_stream;
+typedef ckv_emu_stream *cudaStream_t;
+#define cudaStreamNonBlocking 0x01
+
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaMalloc(void **ptr, size_t bytes);
+cudaError_t cudaFree(void *ptr);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char *cudaGetErrorString(cudaError_t e); /* for a launch failure: the emulator's own message */
+const char *cudaGetErrorName(cudaError_t e);
+
+/* ---- bf16 ------------------------------------------------------------------------------------- */
+
+struct __nv_bfloat16 {
+    uint16_t x; /* the bits */
+};
+/* Round to nearest even; NaN stays a (quiet) NaN. */
+static inline __nv_bfloat16 __float2bfloat16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    __nv_bfloat16 h;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        h.x = (uint16_t)((u >> 16) | 0x40u);
+    } else {
+        h.x = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return h;
+}
+static inline float __bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = (uint32_t)h.x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- device math the kernels call ------------------------------------------------------------- */
+
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline float __expf(float x) { return expf(x); }
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- the execution model ---------------------------------------------------------------------- */
+
+/* What a fiber sees as its CUDA built-in variables. */
+struct ckv_emu_thread {
+    uint3 thread_idx, block_idx;
+    dim3 block_dim, grid_dim;
+};
+const ckv_emu_thread *ckv_emu_self(void);
+
+/* A warp collective: every lane of `mask` calls it with the same `fn` and its own `data`; once all
+ * have arrived, fn(data of lanes 0..31 (NULL where absent), mask) runs once and they continue. */
+typedef void (*ckv_emu_warp_fn)(void *lanes[32], unsigned mask);
+void ckv_emu_warp_collective(ckv_emu_warp_fn fn, void *data, unsigned mask);
+void ckv_emu_syncthreads(void);
+unsigned ckv_emu_lane(void);
+
+/* Runs `body` for every thread of every block (the launch of CKV_LAUNCH). A bad configuration sets
+ * cudaErrorInvalidConfiguration; a collective that cannot complete, cudaErrorLaunchFailure (sticky,
+ * as a kernel fault is on a device). */
+void ckv_emu_run(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                 const std::function<void()> &body);
+
+template <typename... P, typename... A>
+void ckv_emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s, void (*kernel)(P...),
+                    A &&...args) {
+    std::tuple<typename std::decay<P>::type...> params(std::forward<A>(args)...);
+    ckv_emu_run(name, grid, block, smem, s, [&]() { std::apply(kernel, params); });
+}
+
+/* ---- warp shuffles (GPU-NOTES §2): 4-byte types ----------------------------------------------- */
+
+enum ckv_emu_shfl_kind { CKV_EMU_SHFL_IDX, CKV_EMU_SHFL_UP, CKV_EMU_SHFL_DOWN, CKV_EMU_SHFL_XOR };
+struct ckv_emu_shfl_lane {
+    uint32_t in, out;
+    int kind, arg, width;
+};
+uint32_t ckv_emu_shfl(unsigned mask, uint32_t v, int kind, int arg, int width);
+
+/* 4-byte values in one shuffle, 8-byte ones in two (as on the device) */
+template <typename T>
+static inline T ckv_emu_shfl_t(unsigned mask, T v, int kind, int arg, int width) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "ckv_emu: shuffles of 4- and 8-byte types only");
+    uint32_t u[sizeof(T) / 4];
+    memcpy(u, &v, sizeof(T));
+    for (size_t i = 0; i < sizeof(T) / 4; i++) u[i] = ckv_emu_shfl(mask, u[i], kind, arg, width);
+    T r;
+    memcpy(&r, u, sizeof(T));
+    return r;
+}
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    return ckv_emu_shfl_t(mask, v, CKV_EMU_SHFL_IDX, src, width);
+}
+template <typename T> static inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
+    return ckv_emu_shfl_t(mask, v, CKV_EMU_SHFL_UP, (int)d, width);
+}
+template <typename T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+    return ckv_emu_shfl_t(mask, v, CKV_EMU_SHFL_DOWN, (int)d, width);
+}
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
+    return ckv_emu_shfl_t(mask, v, CKV_EMU_SHFL_XOR, m, width);
+}
+void __syncwarp(unsigned mask = 0xffffffffu);
+
+/* ---- atomics: fibers of one OS thread never interleave inside a call, so plain updates are
+ * atomic; launches from several OS threads at once are not supported ---------------------------- */
+
+template <typename T> static inline T atomicAdd(T *p, T v) {
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+
+/* ---- cuBLAS (GEMM only) ----------------------------------------------------------------------- */
+
+enum cublasStatus_t {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+struct ckv_emu_cublas;
+typedef ckv_emu_cublas *cublasHandle_t;
+
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
+/* Column-major C = alpha op(A) op(B) + beta C, A/B/C F32 or BF16, fp32 compute (alpha, beta float). */
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
+                            cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo);
+const char *cublasGetStatusString(cublasStatus_t s);
+
+/* ---- test hooks (not CUDA): the simulated device and injected faults --------------------------- */
+
+/* count devices of compute capability major.minor (default: 1 device, 9.0, 4 SMs). */
+void ckv_emu_set_devices(int count, int major, int minor);
+/* The next launch of the kernel named `kernel` (as written in CKV_LAUNCH) fails like an illegal
+ * address; NULL cancels. */
+void ckv_emu_inject_fault(const char *kernel);
+/* Clears the sticky error and frees every device allocation (cudaDeviceReset). */
+void ckv_emu_reset(void);
+
+} // namespace ckv_emu
+
+/* The built-in variables and qualifiers, as the kernels spell them. */
+#define threadIdx (::ckv_emu::ckv_emu_self()->thread_idx)
+#define blockIdx (::ckv_emu::ckv_emu_self()->block_idx)
+#define blockDim (::ckv_emu::ckv_emu_self()->block_dim)
+#define gridDim (::ckv_emu::ckv_emu_self()->grid_dim)
+#define warpSize 32
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __shared__ static thread_local /* blocks run one at a time: per-block storage */
+#define __syncthreads() ::ckv_emu::ckv_emu_syncthreads()
+
+using namespace ckv_emu; /* the kernels name the runtime unqualified, as with cuda_runtime.h */
+
+#endif

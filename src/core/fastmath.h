@@ -1,0 +1,83 @@
+/* fastmath.h - the project's one fast fp32 exp (softmax, SiLU, scorers) and a scan for non-finite
+ * floats (weights at load, cache files). Header-only and branch-free so that the loops calling it
+ * auto-vectorise (libm's expf does not without -ffast-math). It holds no other math and no state. */
+#ifndef CKV_FASTMATH_H
+#define CKV_FASTMATH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* c ? a : b, blended in the integer domain. A plain ?: between floats lets GCC turn the select into
+ * a branch (moving the arithmetic that feeds it into the arms) that it will not if-convert under the
+ * default -ftrapping-math, and the calling loop stays scalar; this form vectorises. */
+static inline float ckv_fast_select(int c, float a, float b) {
+    uint32_t m = 0u - (uint32_t)(c != 0), ua, ub;
+    memcpy(&ua, &a, sizeof ua);
+    memcpy(&ub, &b, sizeof ub);
+    ua = (ua & m) | (ub & ~m);
+    memcpy(&a, &ua, sizeof a);
+    return a;
+}
+
+/* exp(x) in fp32, defined for every input: range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 in a
+ * high part whose product with n is exact and a low part), degree-7 Taylor polynomial for e^r
+ * (truncation < 0.1 ulp), times 2^n applied as 2^a * 2^b (a + b = n, both normal exponents, so the
+ * top of the range reaches FLT_MAX without an infinite intermediate). All integer arithmetic stays in
+ * [-200, 400]: no overflow, whatever x is. Branch-free: loops calling it vectorise (GCC -O3).
+ *   x in [-87.3, 88.72]: within 1 ulp of exp (tests/unit/test_fastmath.c sweeps it);
+ *   x < -87.3: 0 (exp(x) < 1.22e-38 there; flushing avoids slow denormal arithmetic);
+ *   x > 88.72283: +inf (also +inf itself); -inf: 0; NaN: NaN. */
+static inline float ckv_fast_expf(float x) {
+    float xc = ckv_fast_select(x > -87.3f, x, -87.3f); /* NaN lands on -87.3: its result is replaced below */
+    xc = ckv_fast_select(xc < 89.0f, xc, 89.0f);
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the low bits */
+    float kf = xc * 1.44269504088896341f + magic;
+    int32_t ki;
+    memcpy(&ki, &kf, sizeof ki);
+    int32_t n = ki - 0x4B400000; /* round(xc / ln2), in [-126, 129] */
+    float nf = kf - magic;
+    float r = xc - nf * 0.693145751953125f; /* ln2, high part (exact product) */
+    r = r - nf * 1.42860676533018704e-06f; /* ln2, low part */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t a = ((n + 256) >> 1) - 256 / 2; /* floor(n / 2) without shifting a negative number */
+    int32_t b = n - a;
+    int32_t abits = (a + 127) * (1 << 23), bbits = (b + 127) * (1 << 23); /* a, b in [-63, 65] */
+    float sa, sb;
+    memcpy(&sa, &abits, sizeof sa);
+    memcpy(&sb, &bbits, sizeof sb);
+    float y = (p * sa) * sb;
+    y = ckv_fast_select(x < -87.3f, 0.0f, y);
+    return ckv_fast_select(x != x, x, y);
+}
+
+/* Index of the first NaN or infinity among x[0 .. n), or -1 when all are finite. Scans in blocks
+ * without a branch per element. */
+static inline int64_t ckv_find_nonfinite_f32(const float *x, size_t n) {
+    const size_t block = 1024;
+    for (size_t i0 = 0; i0 < n; i0 += block) {
+        size_t i1 = n - i0 < block ? n : i0 + block;
+        uint32_t bad = 0;
+        for (size_t i = i0; i < i1; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], sizeof u);
+            bad |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
+        }
+        if (bad)
+            for (size_t i = i0; i < i1; i++) {
+                uint32_t u;
+                memcpy(&u, &x[i], sizeof u);
+                if ((u & 0x7F800000u) == 0x7F800000u) return (int64_t)i;
+            }
+    }
+    return -1;
+}
+
+#endif

@@ -1,0 +1,385 @@
+/* test_evict_ops.c - the eviction ops of the backend table (backend.h, "eviction ops") on the cpu
+ * backend against naive double-precision references written here from their comments: attention
+ * column sums and weights (both logit scalings, per query head and per KV head, accumulation over
+ * query blocks), finishing, pooling (avg / max), head sums, division, row norms, (s + eps) * m,
+ * fills, seeded random scores, the layer max, the one-row softmax, CriticalKV value
+ * norms (F32 and BF16 o_proj), expected attention's moments and logits, DefensiveKV's window aggregation, per-row top-k with ties and NaN, scatter and the cross-head counts;
+ * keys and values as F32, F16 and BF16 segments. Inputs are random (never zeros); outputs are
+ * poisoned before each op. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "ckv_test.h"
+#include "core/tensor.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double urand(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static void fill(float *x, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand());
+}
+static void poison(void *p, size_t bytes) { memset(p, 0x7f, bytes); }
+
+/* One sequence's segments over n_kv heads of L rows in dtype dt, from fp32 k, v [n_kv, L, d]; kf, vf
+ * receive the values the segments really hold (rounded to dt). */
+typedef struct {
+    ckv_kv_seg segs[4];
+    ckv_kv_seg *list[1];
+    ckv_kv_batch b;
+    void *k, *v;
+    int32_t *pos;
+} segset;
+
+static void seg_make(segset *s, ckv_dtype dt, int n_kv, int L, int d, float *kf, float *vf) {
+    const size_t n = (size_t)n_kv * L * d, es = ckv_dtype_size(dt);
+    s->k = malloc(n * es), s->v = malloc(n * es), s->pos = malloc(sizeof(int32_t) * (size_t)n_kv * L);
+    ckv_convert_from_f32(s->k, kf, dt, n);
+    ckv_convert_from_f32(s->v, vf, dt, n);
+    ckv_convert_to_f32(kf, s->k, dt, n);
+    ckv_convert_to_f32(vf, s->v, dt, n);
+    for (int g = 0; g < n_kv; g++) {
+        for (int t = 0; t < L; t++) s->pos[g * L + t] = t;
+        s->segs[g] = (ckv_kv_seg){(char *)s->k + (size_t)g * L * d * es, (char *)s->v + (size_t)g * L * d * es,
+                                  s->pos + (size_t)g * L, L, L};
+    }
+    s->list[0] = s->segs;
+    s->b = (ckv_kv_batch){.dtype = dt, .head_dim = d, .n_kv_heads = n_kv, .n_seq = 1, .segs = s->list, .max_len = L};
+}
+static void seg_free(segset *s) { free(s->k), free(s->v), free(s->pos); }
+
+static double worst = 0.0;
+static void close_to(const char *what, const float *got, const double *ref, size_t n, double atol, double rtol) {
+    float *r = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) r[i] = (float)ref[i];
+    double e = ckv_test_allclose(what, got, r, n, atol, rtol);
+    worst = e > worst ? e : worst;
+    free(r);
+}
+
+static void check_attention(ckv_backend *be, ckv_dtype dt) {
+    const int L = 90, d = 8, nkv = 2, nq_heads = 4, G = 2, w = 12;
+    float *kf = malloc(sizeof(float) * nkv * L * d), *vf = malloc(sizeof(float) * nkv * L * d);
+    fill(kf, (size_t)nkv * L * d, -1.5, 1.5), fill(vf, (size_t)nkv * L * d, -1, 1);
+    segset s;
+    seg_make(&s, dt, nkv, L, d, kf, vf);
+    float *q = malloc(sizeof(float) * L * nq_heads * d); /* queries of every context row */
+    fill(q, (size_t)L * nq_heads * d, -1.5, 1.5);
+    double *ref = calloc((size_t)nq_heads * L, sizeof(double)), *cs = malloc(sizeof(double) * nq_heads * L);
+    float *p = malloc(sizeof(float) * nq_heads * w * L), *got = malloc(sizeof(float) * nq_heads * L);
+    double *pr = calloc((size_t)nq_heads * w * L, sizeof(double));
+    char name[128];
+    for (int divide = 0; divide < 2; divide++) {
+        const float scale = divide ? sqrtf((float)d) : 1.0f / sqrtf((float)d);
+        /* naive weights of queries r = q_row0 .. L-1 */
+        memset(ref, 0, sizeof(double) * nq_heads * L);
+        double *kvref = calloc((size_t)nkv * L, sizeof(double));
+        for (int j = 0; j < nq_heads; j++)
+            for (int r = 0; r < L; r++) {
+                const float *qi = q + ((size_t)r * nq_heads + j) * d;
+                double lg[90], m = -INFINITY, sum = 0;
+                for (int t = 0; t <= r; t++) {
+                    double x = 0;
+                    for (int a = 0; a < d; a++) x += (double)qi[a] * kf[((size_t)(j / G) * L + t) * d + a];
+                    lg[t] = divide ? x / scale : x * scale;
+                    m = lg[t] > m ? lg[t] : m;
+                }
+                for (int t = 0; t <= r; t++) sum += (lg[t] = exp(lg[t] - m));
+                for (int t = 0; t <= r; t++) {
+                    kvref[(size_t)(j / G) * L + t] += lg[t] / sum;
+                    if (r >= L - w) {
+                        pr[((size_t)j * w + (r - (L - w))) * L + t] = lg[t] / sum;
+                        ref[(size_t)j * L + t] += lg[t] / sum;
+                    }
+                }
+            }
+        /* window: per query head, columns 0 .. L-w-1 */
+        poison(cs, sizeof(double) * nq_heads * L);
+        CHECK_OK(be->ops->evict_attn_colsum(be, cs, L - w, q + (size_t)(L - w) * nq_heads * d, w, L - w, &s.b, nq_heads,
+                                            0, G, scale, divide, 0, 1));
+        for (int j = 0; j < nq_heads; j++)
+            for (int t = 0; t < L - w; t++) got[(size_t)j * (L - w) + t] = (float)cs[(size_t)j * (L - w) + t];
+        double *r2 = malloc(sizeof(double) * nq_heads * (L - w));
+        for (int j = 0; j < nq_heads; j++)
+            for (int t = 0; t < L - w; t++) r2[(size_t)j * (L - w) + t] = ref[(size_t)j * L + t];
+        snprintf(name, sizeof name, "attn_colsum window %s divide %d", ckv_dtype_name(dt), divide);
+        close_to(name, got, r2, (size_t)nq_heads * (L - w), 1e-7, 1e-5);
+        /* all queries in three blocks, per KV head */
+        poison(cs, sizeof(double) * nkv * L);
+        for (int r0 = 0; r0 < L; r0 += 32) {
+            const int nb = L - r0 < 32 ? L - r0 : 32;
+            CHECK_OK(be->ops->evict_attn_colsum(be, cs, L, q + (size_t)r0 * nq_heads * d, nb, r0, &s.b, nq_heads, 0, G,
+                                                scale, divide, 1, r0 == 0));
+        }
+        for (int i = 0; i < nkv * L; i++) got[i] = (float)cs[i];
+        snprintf(name, sizeof name, "attn_colsum blocks per KV head %s divide %d", ckv_dtype_name(dt), divide);
+        close_to(name, got, kvref, (size_t)nkv * L, 1e-6, 1e-5);
+        /* finish with the per-column divisor */
+        poison(got, sizeof(float) * nkv * L);
+        be->ops->evict_colsum_finish(be, got, L, cs, L, nkv, L, (double)L, 1);
+        for (int i = 0; i < nkv * L; i++) kvref[i] /= (double)(L - i % L);
+        close_to("colsum_finish minus_col", got, kvref, (size_t)nkv * L, 1e-7, 1e-5);
+        /* weights */
+        poison(p, sizeof(float) * nq_heads * w * L);
+        CHECK_OK(be->ops->evict_attn_probs(be, p, L, q + (size_t)(L - w) * nq_heads * d, w, L - w, &s.b, nq_heads, 0, G,
+                                           scale, divide));
+        snprintf(name, sizeof name, "attn_probs %s divide %d", ckv_dtype_name(dt), divide);
+        close_to(name, p, pr, (size_t)nq_heads * w * L, 1e-7, 1e-5);
+        free(r2), free(kvref);
+    }
+    /* DefensiveKV's aggregation of the last weights (divide 1), kernel 5 */
+    {
+        const int n = L - w, kern = 5;
+        double *ave = malloc(sizeof(double) * nkv * n), bias = -1, rbias = 0;
+        float *dm = malloc(sizeof(float) * nkv * n), *ga = malloc(sizeof(float) * nkv * n);
+        double *rave = calloc((size_t)nkv * n, sizeof(double)), *rdm = calloc((size_t)nkv * n, sizeof(double));
+        poison(ave, sizeof(double) * nkv * n), poison(dm, sizeof(float) * nkv * n);
+        CHECK_OK(be->ops->evict_defensive_rows(be, ave, dm, &bias, p, L, w, n, nq_heads, 0, G, kern, nkv, 1));
+        for (int j = 0; j < nq_heads; j++)
+            for (int i = 0; i < w; i++) {
+                const double *row = pr + ((size_t)j * w + i) * L;
+                double mass = 0, psum = 0, pooled[90];
+                for (int t = 0; t < n; t++) mass += row[t], rave[(j / G) * n + t] += row[t];
+                for (int t = (n > w ? n - w : 0); t < n; t++) rbias += row[t];
+                for (int t = 0; t < n; t++) {
+                    pooled[t] = 0;
+                    for (int u = t - kern / 2; u <= t + kern / 2; u++) pooled[t] += u >= 0 && u < n ? row[u] : 0;
+                    psum += (pooled[t] /= kern);
+                }
+                for (int t = 0; t < n; t++) rdm[(j / G) * n + t] = fmax(rdm[(j / G) * n + t], pooled[t] * mass / psum);
+            }
+        for (int i = 0; i < nkv * n; i++) ga[i] = (float)ave[i];
+        close_to("defensive_rows mean", ga, rave, (size_t)nkv * n, 1e-7, 1e-5);
+        close_to("defensive_rows max", dm, rdm, (size_t)nkv * n, 1e-7, 1e-5);
+        CHECK_MSG(fabs(bias - rbias) <= 1e-5 * fabs(rbias), "defensive_rows bias %.9g, reference %.9g", bias, rbias);
+        free(ave), free(dm), free(ga), free(rave), free(rdm);
+    }
+    /* row norms */
+    float *nrm = malloc(sizeof(float) * nkv * L);
+    double *nref = malloc(sizeof(double) * nkv * L);
+    for (int values = 0; values < 2; values++) {
+        poison(nrm, sizeof(float) * nkv * L);
+        be->ops->evict_row_norm(be, nrm, L, &s.b, L, values, values ? 1.0f : -1.0f);
+        for (int i = 0; i < nkv * L; i++) {
+            double ss = 0;
+            for (int a = 0; a < d; a++) ss += pow((values ? vf : kf)[(size_t)i * d + a], 2);
+            nref[i] = (values ? 1 : -1) * sqrt(ss);
+        }
+        close_to(values ? "row_norm values" : "row_norm keys (negated)", nrm, nref, (size_t)nkv * L, 0, 1e-6);
+    }
+    /* value norms: o_proj [D, nq_heads * d] as F32 and BF16 */
+    const int D = 24;
+    float *wo = malloc(sizeof(float) * D * nq_heads * d);
+    fill(wo, (size_t)D * nq_heads * d, -0.5, 0.5);
+    uint16_t *wo16 = malloc(2 * (size_t)D * nq_heads * d);
+    ckv_convert_from_f32(wo16, wo, CKV_DTYPE_BF16, (size_t)D * nq_heads * d);
+    for (int wdt = 0; wdt < 2; wdt++) {
+        if (wdt) ckv_convert_to_f32(wo, wo16, CKV_DTYPE_BF16, (size_t)D * nq_heads * d);
+        ckv_weight W = {wdt ? (void *)wo16 : (void *)wo, wdt ? CKV_DTYPE_BF16 : CKV_DTYPE_F32, D, nq_heads * d,
+                        (size_t)nq_heads * d * (wdt ? 2 : 4)};
+        be->ops->evict_fill(be, nrm, nkv, L, 0, L, 0, 0.0f);
+        CHECK_OK(be->ops->evict_value_norm(be, nrm, L, &s.b, L, &W, nq_heads, 0, G));
+        memset(nref, 0, sizeof(double) * nkv * L);
+        for (int j = 0; j < nq_heads; j++)
+            for (int t = 0; t < L; t++) {
+                double l1 = 0;
+                for (int r = 0; r < D; r++) {
+                    double y = 0;
+                    for (int a = 0; a < d; a++) y += (double)vf[((size_t)(j / G) * L + t) * d + a] * wo[(size_t)r * nq_heads * d + j * d + a];
+                    l1 += fabs(y);
+                }
+                nref[(size_t)(j / G) * L + t] += l1;
+            }
+        snprintf(name, sizeof name, "value_norm %s values, %s o_proj", ckv_dtype_name(dt), wdt ? "BF16" : "F32");
+        close_to(name, nrm, nref, (size_t)nkv * L, 1e-6, 1e-5);
+    }
+    /* expected-attention moments (two blocks, two heads) and logits */
+    {
+        const int hl = 2, nb = 20;
+        float *qq = malloc(sizeof(float) * 2 * nb * hl * d), sh[2 * 8], mu[8], cv[64], lg[90];
+        fill(qq, (size_t)2 * nb * hl * d, -1, 1), fill(mu, (size_t)d, -1, 1), fill(cv, 64, -0.3, 0.3);
+        for (int a = 0; a < d; a++)
+            for (int c = 0; c < a; c++) cv[a * d + c] = cv[c * d + a]; /* symmetric */
+        memcpy(sh, qq, sizeof(float) * hl * d);
+        double *m1 = malloc(sizeof(double) * hl * d), *m2 = malloc(sizeof(double) * hl * d * d);
+        poison(m1, sizeof(double) * hl * d), poison(m2, sizeof(double) * hl * d * d);
+        for (int blk = 0; blk < 2; blk++)
+            CHECK_OK(be->ops->evict_moments(be, m1, m2, qq + (size_t)blk * nb * hl * d, sh, nb, hl, d, blk == 0));
+        double r1[16], r2[128];
+        float g1[16], g2[128];
+        memset(r1, 0, sizeof r1), memset(r2, 0, sizeof r2);
+        for (int i = 0; i < 2 * nb; i++)
+            for (int j = 0; j < hl; j++)
+                for (int a = 0; a < d; a++) {
+                    const double xa = (double)qq[((size_t)i * hl + j) * d + a] - sh[j * d + a];
+                    r1[j * d + a] += xa;
+                    for (int c = 0; c < d; c++) r2[(j * d + a) * d + c] += xa * ((double)qq[((size_t)i * hl + j) * d + c] - sh[j * d + c]);
+                }
+        for (int i = 0; i < hl * d; i++) g1[i] = (float)m1[i];
+        for (int i = 0; i < hl * d * d; i++) g2[i] = (float)m2[i];
+        close_to("moments s1", g1, r1, (size_t)hl * d, 1e-6, 1e-5);
+        close_to("moments s2", g2, r2, (size_t)hl * d * d, 1e-6, 1e-5);
+        double lr[90];
+        const int row0 = 5, n = L - row0;
+        for (int withcov = 0; withcov < 2; withcov++) {
+            poison(lg, sizeof lg);
+            CHECK_OK(be->ops->evict_ea_logits(be, lg, &s.b, 1, row0, n, mu, withcov ? cv : NULL, sqrtf((float)d)));
+            for (int t = 0; t < n; t++) {
+                const float *k = kf + ((size_t)L + row0 + t) * d;
+                double x = 0, y = 0;
+                for (int a = 0; a < d; a++) x += (double)mu[a] * k[a];
+                for (int a = 0; a < d && withcov; a++)
+                    for (int c = 0; c < d; c++) y += (double)k[a] * cv[a * d + c] * k[c];
+                lr[t] = x / sqrt((double)d) + y / d / 2.0;
+            }
+            snprintf(name, sizeof name, "ea_logits %s cov %d", ckv_dtype_name(dt), withcov);
+            close_to(name, lg, lr, (size_t)n, 1e-6, 1e-5);
+        }
+        free(qq), free(m1), free(m2);
+    }
+    free(wo), free(wo16), free(nrm), free(nref);
+    free(kf), free(vf), free(q), free(ref), free(cs), free(p), free(got), free(pr);
+    seg_free(&s);
+}
+
+static void check_rows(ckv_backend *be) {
+    enum { R = 3, N = 40, LD = 44 };
+    float x[R * LD], y[R * LD];
+    double ref[R * N];
+    fill(x, R * LD, -2, 2);
+    for (int mx = 0; mx < 2; mx++)
+        for (int k = 1; k <= 7; k += 2) {
+            poison(y, sizeof y);
+            be->ops->evict_pool(be, y, x, R, N, LD, k, mx);
+            float g[R * N];
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < N; t++) {
+                    double acc = mx ? -INFINITY : 0;
+                    for (int u = t - k / 2; u <= t + k / 2; u++)
+                        if (u >= 0 && u < N) acc = mx ? fmax(acc, x[r * LD + u]) : acc + x[r * LD + u];
+                    ref[r * N + t] = mx ? acc : acc / k;
+                    g[r * N + t] = y[r * LD + t];
+                }
+            close_to(mx ? "pool max" : "pool avg", g, ref, R * N, 1e-6, 1e-6);
+        }
+    /* head sums: 4 query heads, head0 1, group 2 -> rows 0, 1, 1, 2 */
+    float dst[3 * N], src[4 * N];
+    fill(src, 4 * N, -1, 1);
+    fill(dst, 3 * N, -1, 1);
+    for (int i = 0; i < 3 * N; i++) ref[i] = dst[i];
+    for (int j = 0; j < 4; j++)
+        for (int t = 0; t < N; t++) ref[((1 + j) / 2) * N + t] += src[j * N + t];
+    be->ops->evict_head_sum(be, dst, N, src, N, 4, N, 1, 2);
+    close_to("head_sum", dst, ref, 3 * N, 1e-6, 1e-6);
+    for (int i = 0; i < 3 * N; i++) ref[i] = dst[i] / 3.0;
+    be->ops->evict_div(be, dst, 3 * N, 3.0f);
+    close_to("div", dst, ref, 3 * N, 0, 1e-7);
+    float m[R * LD], o[R * LD];
+    fill(m, R * LD, 0.1, 2);
+    poison(o, sizeof o);
+    be->ops->evict_add_mul(be, o, x, m, R, N, LD, 0.25f);
+    int ok = 1;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++) ok &= o[r * LD + t] == (x[r * LD + t] + 0.25f) * m[r * LD + t];
+    CHECK_MSG(ok, "add_mul differs from (s + eps) * m");
+    /* fills, max, random */
+    be->ops->evict_fill(be, o, R, LD, 0, N, 1, 0.0f);
+    be->ops->evict_fill(be, o, R, LD, 3, 5, 0, -7.5f);
+    ok = 1;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++) ok &= o[r * LD + t] == (t >= 3 && t < 5 ? -7.5f : (float)t);
+    CHECK_MSG(ok, "fill index / value");
+    float mxv = 0;
+    x[LD + 7] = NAN, x[2 * LD + 9] = 50.0f, x[2 * LD + 30] = 60.0f;
+    be->ops->evict_max(be, &mxv, x, R, LD, 0, 20);
+    CHECK_MSG(mxv == 50.0f, "max over columns 0..19 = %g, want 50 (NaN ignored)", mxv);
+    float ra[4 * N], rb[N];
+    be->ops->evict_random(be, ra, 4, N, N, 42, 3, 0);
+    be->ops->evict_random(be, rb, 1, N, N, 42, 3, 2);
+    CHECK_MSG(memcmp(ra + 2 * N, rb, sizeof rb) == 0, "random scores depend on the head split");
+    ok = 1;
+    for (int i = 0; i < 4 * N; i++) ok &= ra[i] >= 0.0f && ra[i] < 1.0f;
+    CHECK_MSG(ok && memcmp(ra, ra + N, sizeof rb) != 0, "random scores outside [0, 1) or equal across heads");
+    /* one-row softmax */
+    float sx[N], sd[N];
+    double sr[N], mm = -INFINITY, sum = 0;
+    fill(sx, N, -3, 3), fill(sd, N, -1, 1);
+    for (int t = 0; t < N; t++) mm = fmax(mm, sx[t]);
+    for (int t = 0; t < N; t++) sum += exp(sx[t] - mm);
+    for (int t = 0; t < N; t++) sr[t] = sd[t] + exp(sx[t] - mm) / sum;
+    be->ops->evict_softmax_add(be, sd, sx, N);
+    close_to("softmax_add", sd, sr, N, 1e-7, 1e-6);
+}
+
+/* rank of (s, i) under the top-k order: how many entries come before it */
+static int before(const float *s, int n, int i) {
+    int c = 0;
+    for (int u = 0; u < n; u++) {
+        if (u == i) continue;
+        const int un = s[u] != s[u], in = s[i] != s[i];
+        c += (!un && in) || (!un && !in && (s[u] > s[i] || (s[u] == s[i] && u < i))) || (un && in && u < i);
+    }
+    return c;
+}
+
+static void check_topk(ckv_backend *be) {
+    enum { R = 4, N = 37, LD = 40 };
+    float s[R * LD];
+    for (int i = 0; i < R * LD; i++) s[i] = (float)(int)(urand() * 6) - 2.0f; /* many ties */
+    s[3] = NAN, s[LD + 5] = NAN, s[LD + 6] = -INFINITY, s[2 * LD + 1] = INFINITY;
+    const int32_t k[R] = {0, 5, 17, N};
+    int32_t idx[R * LD];
+    poison(idx, sizeof idx);
+    CHECK_OK(be->ops->evict_topk(be, idx, LD, s, LD, R, N, k));
+    for (int r = 0; r < R; r++) {
+        uint8_t want[N] = {0};
+        for (int i = 0; i < N; i++) want[i] = before(s + r * LD, N, i) < k[r];
+        int ok = 1;
+        for (int i = 0; i < k[r]; i++) {
+            ok &= idx[r * LD + i] >= 0 && idx[r * LD + i] < N && want[idx[r * LD + i]];
+            if (i) ok &= idx[r * LD + i] > idx[r * LD + i - 1];
+        }
+        CHECK_MSG(ok, "topk row %d (k %d): not the tie-ruled set in ascending order", r, k[r]);
+    }
+    /* scatter the forced rows of row 1 and 2 */
+    float x[R * LD];
+    memcpy(x, s, sizeof x);
+    be->ops->evict_scatter(be, x, LD, R, idx, LD, k, FLT_MAX);
+    int forced = 0;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++) forced += x[r * LD + t] == FLT_MAX;
+    CHECK_MSG(forced == k[0] + k[1] + k[2] + k[3], "scatter set %d entries, want %d", forced, k[0] + k[1] + k[2] + k[3]);
+    /* cross-head counts against the flattened rank */
+    float flat[R * N];
+    for (int r = 0; r < R; r++) memcpy(flat + r * N, s + r * LD, sizeof(float) * N);
+    const int64_t totals[3] = {0, 61, R * N};
+    for (int c = 0; c < 3; c++) {
+        int32_t cnt[R], want[R] = {0};
+        poison(cnt, sizeof cnt);
+        CHECK_OK(be->ops->evict_topk_counts(be, cnt, s, LD, R, N, totals[c]));
+        for (int i = 0; i < R * N; i++) want[i / N] += before(flat, R * N, i) < totals[c];
+        CHECK_MSG(!memcmp(cnt, want, sizeof cnt), "topk_counts total %lld: %d %d %d %d, want %d %d %d %d",
+                  (long long)totals[c], cnt[0], cnt[1], cnt[2], cnt[3], want[0], want[1], want[2], want[3]);
+    }
+    const int32_t bad[R] = {0, 0, N + 1, 0};
+    CHECK_FAILS(be->ops->evict_topk(be, idx, LD, s, LD, R, N, bad), CKV_STATUS_ERR_ARG, "top-38 of 37");
+}
+
+int main(void) {
+    ckv_backend *be = NULL;
+    CHECK_OK(ckv_backend_init(&be, "cpu", 2));
+    if (!be) return ckv_test_finish("test_evict_ops");
+    const ckv_dtype dts[3] = {CKV_DTYPE_F32, CKV_DTYPE_F16, CKV_DTYPE_BF16};
+    for (int i = 0; i < 3; i++) check_attention(be, dts[i]);
+    check_rows(be);
+    check_topk(be);
+    fprintf(stderr, "worst |diff| over all comparisons: %.3g\n", worst);
+    ckv_backend_free(be);
+    return ckv_test_finish("test_evict_ops");
+}

@@ -1,0 +1,130 @@
+/* test_fastmath.c - core/fastmath.h: ckv_fast_expf on special values (NaN, +-inf, the edges of the
+ * fp32 range, huge magnitudes) and on a sweep over every 61st float of [-87.3, 88.72] against
+ * double-precision exp (prints the max error in ulp and fails above 1 ulp); the flush-to-zero and
+ * overflow bands; ckv_find_nonfinite_f32 on NaN / inf at several positions. Built with UBSan in
+ * the sanitize build, so an integer overflow inside the exp fails there. */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ckv_test.h"
+#include "core/fastmath.h"
+
+static float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* |y - exp(x)| in units of the fp32 spacing at exp(x). */
+static double ulp_error(float x, float y) {
+    double ref = exp((double)x);
+    float rf = (float)ref;
+    double ulp = (double)nextafterf(rf, INFINITY) - (double)rf;
+    return fabs((double)y - ref) / ulp;
+}
+
+static void test_special_values(void) {
+    CHECK(isnan(ckv_fast_expf(NAN)));
+    CHECK(isnan(ckv_fast_expf(-NAN)));
+    CHECK(isnan(ckv_fast_expf(from_bits(0x7FC12345u)))); /* a NaN with a payload */
+    CHECK(isnan(ckv_fast_expf(from_bits(0xFFFFFFFFu))));
+    CHECK(ckv_fast_expf(INFINITY) == INFINITY);
+    CHECK(ckv_fast_expf(-INFINITY) == 0.0f);
+    CHECK(ckv_fast_expf(FLT_MAX) == INFINITY);
+    CHECK(ckv_fast_expf(-FLT_MAX) == 0.0f);
+    CHECK(ckv_fast_expf(1e30f) == INFINITY);
+    CHECK(ckv_fast_expf(-1e30f) == 0.0f);
+    CHECK(ckv_fast_expf(89.0f) == INFINITY);
+    CHECK(ckv_fast_expf(88.73f) == INFINITY);
+    CHECK(ckv_fast_expf(0.0f) == 1.0f);
+    CHECK(ckv_fast_expf(-0.0f) == 1.0f);
+    CHECK(ckv_fast_expf(FLT_MIN) == 1.0f);
+    CHECK(ckv_fast_expf(from_bits(1)) == 1.0f); /* the smallest denormal */
+    float top = 88.72283f;                       /* exp(top) is just below FLT_MAX */
+    float e = ckv_fast_expf(top);
+    CHECK_MSG(isfinite(e) && ulp_error(top, e) <= 1.0, "exp(%.8g) = %g (%.3f ulp)", (double)top, (double)e,
+              ulp_error(top, e));
+    float lo = -87.3f;
+    e = ckv_fast_expf(lo);
+    CHECK_MSG(e >= FLT_MIN && ulp_error(lo, e) <= 1.0, "exp(%.8g) = %g (%.3f ulp)", (double)lo, (double)e,
+              ulp_error(lo, e));
+    CHECK(ckv_fast_expf(nextafterf(lo, -INFINITY)) == 0.0f);
+    CHECK(ckv_fast_expf(-100.0f) == 0.0f);
+}
+
+static void test_sweep(void) {
+    /* every 61st float of [-87.3, 88.72283] (both signs walked by bit pattern) */
+    const float lo = -87.3f, hi = 88.72283f;
+    double max_ulp = 0.0;
+    float worst = 0.0f;
+    size_t n = 0, bad = 0;
+    for (int sign = 0; sign < 2; sign++) {
+        float lim = sign ? -lo : hi;
+        for (uint32_t u = 0; from_bits(u) <= lim; u += 61) {
+            float x = from_bits(u | (sign ? 0x80000000u : 0u));
+            float y = ckv_fast_expf(x);
+            double err = ulp_error(x, y);
+            if (!(err <= 1.0)) {
+                if (bad < 5) fprintf(stderr, "  exp(%.9g) = %.9g, libm %.9g: %.3f ulp\n", (double)x, (double)y, exp((double)x), err);
+                bad++;
+            }
+            if (!(err <= max_ulp)) {
+                max_ulp = err;
+                worst = x;
+            }
+            n++;
+        }
+    }
+    printf("ckv_fast_expf: %zu inputs in [%.1f, %.5f], max error %.3f ulp at x = %.9g\n", n, (double)lo, (double)hi,
+           max_ulp, (double)worst);
+    CHECK_MSG(bad == 0, "%zu of %zu inputs more than 1 ulp from exp", bad, n);
+    /* the flush band and the overflow band */
+    for (float x = -87.3f; x > -200.0f; x = nextafterf(x, -INFINITY) - 0.01f) {
+        float y = ckv_fast_expf(x);
+        if (x < -87.3f) CHECK_MSG(y == 0.0f, "exp(%.9g) = %g, expected 0", (double)x, (double)y);
+    }
+    for (float x = 88.7229f; x < 200.0f; x += 0.37f) CHECK_MSG(ckv_fast_expf(x) == INFINITY, "exp(%.9g) not inf", (double)x);
+    /* every bit pattern's top 16 bits: no input may produce something that is neither the exp nor 0/inf/NaN */
+    for (uint32_t hi16 = 0; hi16 < 0x10000u; hi16++) {
+        float x = from_bits(hi16 << 16 | 0x5A5Au);
+        float y = ckv_fast_expf(x);
+        if (isnan(x)) {
+            CHECK(isnan(y));
+        } else {
+            CHECK_MSG(!isnan(y) && y >= 0.0f, "exp(%g) = %g", (double)x, (double)y);
+        }
+    }
+}
+
+static void test_find_nonfinite(void) {
+    float x[3001];
+    for (int i = 0; i < 3001; i++) x[i] = (float)i * 0.5f - 700.0f;
+    CHECK(ckv_find_nonfinite_f32(x, 3001) == -1);
+    CHECK(ckv_find_nonfinite_f32(x, 0) == -1);
+    const int at[] = {0, 1023, 1024, 2047, 3000};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        float keep = x[at[k]];
+        x[at[k]] = NAN;
+        CHECK_MSG(ckv_find_nonfinite_f32(x, 3001) == at[k], "NaN at %d", at[k]);
+        x[at[k]] = -INFINITY;
+        CHECK_MSG(ckv_find_nonfinite_f32(x, 3001) == at[k], "-inf at %d", at[k]);
+        x[at[k]] = keep;
+    }
+    x[2500] = INFINITY;
+    x[2999] = NAN;
+    CHECK(ckv_find_nonfinite_f32(x, 3001) == 2500);
+    CHECK(ckv_find_nonfinite_f32(x, 2500) == -1);
+    x[5] = FLT_MAX;
+    x[6] = from_bits(1);
+    CHECK(ckv_find_nonfinite_f32(x, 2500) == -1);
+}
+
+int main(void) {
+    test_special_values();
+    test_sweep();
+    test_find_nonfinite();
+    return ckv_test_finish("test_fastmath");
+}

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""bench_gpu.py - the GPU benchmark of tests/gpu/run.sh: ckv with random bf16 weights on the shapes
+of Llama-3.1-8B at 32K and Qwen2.5-32B (YaRN) at 128K, tp 1, full cache and critical_adakv:snapkv at
+budget 0.2, plus Hugging Face transformers (SDPA, random weights) on the 8B case on the same GPU.
+
+Figures per case: time to first token, decode ms/token, peak GPU memory, eviction share of TTFT; the
+copy bandwidth and bf16 GEMM rate are measured first in the same run (torch.cuda events, random data)
+and every figure is given as a ratio to its roofline:
+  prefill  = (FLOPs of the prefill / measured GEMM rate) / TTFT
+  decode   = (bytes read per token: weights + KV rows / measured bandwidth) / (ms per token)
+  memory   = peak GPU memory / the GPU memory plan (ckv inspect --backend cuda)
+Targets (reported, never asserted): prefill >= 0.55, decode >= 0.80, eviction <= 3% of TTFT.
+
+--dry-run does everything that needs no GPU: reads the configurations, writes the prompt files,
+computes FLOPs, bytes and the memory plans, prints the commands it would run and the table with the
+rooflines of the datasheet (H200: 989 TFLOP/s bf16 dense, 4.8 TB/s) in place of measured ones.
+Writes OUT/bench.json and prints the table last.
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CASES = [  # name, model config directory, context, press
+    ("8B@32K full", "llama-3.1-8b-instruct", 32768, None),
+    ("8B@32K critical_adakv", "llama-3.1-8b-instruct", 32768, "critical_adakv:snapkv"),
+    ("32B@128K full", "qwen2.5-32b-instruct-128k", 130000, None),
+    ("32B@128K critical_adakv", "qwen2.5-32b-instruct-128k", 130000, "critical_adakv:snapkv"),
+]
+DATASHEET = {"gemm_tflops": 989.0, "copy_gbs": 4800.0}  # H200 SXM leads (GPU-NOTES.md section 8)
+
+
+def load_config(name):
+    with open(os.path.join(ROOT, "configs", "models", name, "config.json")) as f:
+        c = json.load(f)
+    c["head_dim"] = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return c
+
+
+def matmul_params(c):
+    """Weights of the linear layers per token (embedding lookup excluded, lm_head included)."""
+    D, d, H, Hkv, F, L = (c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"],
+                          c["intermediate_size"], c["num_hidden_layers"])
+    layer = 2 * H * d * D + 2 * Hkv * d * D + 3 * F * D
+    return L * layer, c["vocab_size"] * D
+
+
+def prefill_flops(c, n):
+    """Linear layers over n tokens (lm_head for the last one), causal attention (QK^T and PV)."""
+    body, head = matmul_params(c)
+    attn = c["num_hidden_layers"] * 2 * c["num_attention_heads"] * c["head_dim"] * n * n  # 2 GEMMs x 2 FLOP x n^2/2
+    return 2 * body * n + 2 * head + attn
+
+
+def decode_bytes(c, kv_rows):
+    """Bytes one decode step must read: every bf16 weight once (+ embeddings row, ignored) and the KV
+    rows of every layer and KV head (K and V, bf16)."""
+    body, head = matmul_params(c)
+    kv = c["num_hidden_layers"] * c["num_key_value_heads"] * kv_rows * 2 * c["head_dim"] * 2
+    return 2 * (body + head) + kv
+
+
+def plan_bytes(ckv, model, context, new, press, budget):
+    """The GPU memory plan's total (GiB in ckv inspect's table, back to bytes)."""
+    cmd = [ckv, "inspect", "--model", model, "--backend", "cuda", "--context", str(context), "--new-tokens", str(new),
+           "--chunk", "2048"]
+    if press:
+        cmd += ["--press", press, "--budget", str(budget)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        if line.startswith("total"):
+            v, unit = line.split()[1:3]
+            return float(v) * {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40}[unit]
+    return None
+
+
+def measure_ceilings(torch):
+    """Device-to-device copy bandwidth (bytes read + written) and bf16 GEMM rate, random data, medians."""
+    def timed(fn, reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            s.record()
+            fn()
+            e.record()
+            torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e) / 1e3)
+        return sorted(ts)[len(ts) // 2]
+    n = 1 << 30  # 2 GiB of bf16, far past the 50 MB L2
+    src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    t = timed(lambda: dst.copy_(src), 20)
+    copy_gbs = 2 * n * 2 / t / 1e9
+    del src, dst
+    m = 8192
+    a = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    t = timed(lambda: a @ b, 20)
+    gemm = 2 * m ** 3 / t / 1e12
+    del a, b
+    torch.cuda.empty_cache()
+    return {"copy_gbs": copy_gbs, "gemm_tflops": gemm}
+
+
+class GpuMemPeak:
+    """Polls nvidia-smi for the memory used on the GPU while a child runs (peak, bytes)."""
+    def __init__(self):
+        self.peak, self.stop = 0, False
+        self.t = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop:
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                                     capture_output=True, text=True, timeout=5).stdout
+                self.peak = max(self.peak, int(out.split()[0]) * 2 ** 20)
+            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+                pass
+            time.sleep(0.2)
+
+    def __enter__(self):
+        self.t.start()
+        return self
+
+    def __exit__(self, *a):
+        self.stop = True
+        self.t.join()
+
+
+def run_ckv(ckv, case, prompt_file, new, budget, out, timeout):
+    name, cfg_dir, context, press = case
+    model = os.path.join(ROOT, "configs", "models", cfg_dir)
+    stats = os.path.join(out, name.replace(" ", "_").replace("@", "_") + ".json")
+    cmd = [ckv, "generate", "--backend", "cuda", "--model", model, "--random-weights", "1", "--prompt-ids-file",
+           prompt_file, "--max-new-tokens", str(new), "--ignore-eos", "--chunk", "2048", "--stats-json", stats]
+    if press:
+        cmd += ["--press", press, "--budget", str(budget)]
+    return cmd, stats
+
+
+def hf_sdpa(cfg_dir, context, new, seed):
+    """transformers with SDPA on random bf16 weights: TTFT, decode ms/token, peak memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.from_pretrained(os.path.join(ROOT, "configs", "models", cfg_dir))
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    ids = torch.randint(4, cfg.vocab_size, (1, context), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        o = model(ids, use_cache=True, logits_to_keep=1)
+        tok = o.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        ttft = time.perf_counter() - t0
+        past = o.past_key_values
+        t0 = time.perf_counter()
+        for _ in range(new):
+            o = model(tok, past_key_values=past, use_cache=True)
+            past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        dec = (time.perf_counter() - t0) / new
+    return {"ttft_s": ttft, "decode_ms": dec * 1e3, "peak_bytes": torch.cuda.max_memory_allocated()}
+
+
+def ratio(x):
+    return "-" if x is None else "%.2f" % x
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ckv", default=os.path.join(ROOT, "build-gpu", "ckv"))
+    ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build-gpu", "bench")))
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--budget", type=float, default=0.2)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=240, help="seconds per ckv run")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rng = random.Random(a.seed)
+    rows, ceilings, result = [], dict(DATASHEET), {"cases": []}
+    torch = None
+    if not a.dry_run:
+        import torch as _torch
+        torch = _torch
+        ceilings = measure_ceilings(torch)
+        print("ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured)" % (ceilings["copy_gbs"], ceilings["gemm_tflops"]),
+              flush=True)
+    else:
+        have = [m for m in ("torch", "transformers") if __import__("importlib").util.find_spec(m)]
+        print("dry run: no GPU call; ceilings are the datasheet's (%s); python modules here: %s" %
+              (DATASHEET, ", ".join(have) or "neither torch nor transformers"))
+    result["ceilings"] = ceilings
+    ckv_ok = os.access(a.ckv, os.X_OK)
+    if not ckv_ok:
+        print("ckv binary %s: missing (build first)" % a.ckv)
+    for case in CASES:
+        name, cfg_dir, context, press = case
+        c = load_config(cfg_dir)
+        prompt = os.path.join(a.out, "prompt_%s_%d.ids" % (cfg_dir, context))
+        with open(prompt, "w") as f:
+            f.write(",".join(str(rng.randrange(4, c["vocab_size"])) for _ in range(context)))
+        cmd, stats = run_ckv(a.ckv, case, prompt, a.new_tokens, a.budget, a.out, a.timeout)
+        kept = int(context * a.budget) if press else context
+        flops = prefill_flops(c, context)
+        t_pre = flops / (ceilings["gemm_tflops"] * 1e12)
+        t_dec = decode_bytes(c, kept + a.new_tokens // 2) / (ceilings["copy_gbs"] * 1e9)
+        plan = plan_bytes(a.ckv, os.path.join(ROOT, "configs", "models", cfg_dir), context, a.new_tokens, press,
+                          a.budget) if ckv_ok else None
+        row = {"case": name, "engine": "ckv", "flops": flops, "roof_ttft_s": t_pre, "roof_decode_ms": t_dec * 1e3,
+               "plan_bytes": plan, "cmd": " ".join(cmd)}
+        if a.dry_run:
+            print("would run: " + row["cmd"])
+        else:
+            t0 = time.time()
+            with GpuMemPeak() as mem:
+                try:
+                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+                    rc, err = p.returncode, p.stderr
+                except subprocess.TimeoutExpired:
+                    rc, err = 124, "timed out after %d s" % a.timeout
+            row["wall_s"] = time.time() - t0
+            row["peak_bytes"] = mem.peak
+            if rc == 0 and os.path.exists(stats):
+                s = json.load(open(stats))
+                row.update(ttft_s=s["ttft_s"], decode_ms=1e3 * s["decode_s"] / max(1, s["decode_tokens"]),
+                           evict_share=s.get("evict_s", 0.0) / s["ttft_s"] if s["ttft_s"] > 0 else None)
+            else:
+                row["error"] = "exit %d: %s" % (rc, (err.strip().splitlines() or [""])[-1])
+                print("%s: %s" % (name, row["error"]), flush=True)
+        rows.append(row)
+    if not a.skip_hf:
+        name, cfg_dir, context, _ = CASES[0]
+        c = load_config(cfg_dir)
+        row = {"case": name.replace("full", "HF SDPA"), "engine": "transformers", "roof_ttft_s": rows[0]["roof_ttft_s"],
+               "roof_decode_ms": rows[0]["roof_decode_ms"], "plan_bytes": None}
+        if a.dry_run:
+            print("would run: transformers %s (SDPA, random bf16 weights) at %d tokens + %d decode steps" %
+                  (cfg_dir, context, a.new_tokens))
+        else:
+            try:
+                row.update(hf_sdpa(cfg_dir, context, a.new_tokens, a.seed))
+            except Exception as e:  # reported in the table, the benchmark goes on
+                row["error"] = "%s: %s" % (type(e).__name__, e)
+        rows.append(row)
+    for r in rows:
+        r["prefill_ratio"] = r["roof_ttft_s"] / r["ttft_s"] if r.get("ttft_s") else None
+        r["decode_ratio"] = r["roof_decode_ms"] / r["decode_ms"] if r.get("decode_ms") else None
+        r["mem_ratio"] = r["peak_bytes"] / r["plan_bytes"] if r.get("peak_bytes") and r.get("plan_bytes") else None
+    result["cases"] = rows
+    with open(os.path.join(a.out, "bench.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    gb = lambda x: "-" if not x else "%.1f" % (x / 2 ** 30)
+    hdr = "%-26s %9s %6s %9s %6s %7s %7s %6s %7s" % ("case", "TTFT s", "/roof", "ms/token", "/roof", "peak GiB",
+                                                      "plan", "/plan", "evict%")
+    print("\n== benchmark (%s ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s)" %
+          ("datasheet" if a.dry_run else "measured", ceilings["copy_gbs"], ceilings["gemm_tflops"]))
+    print(hdr)
+    for r in rows:
+        ttft = r.get("ttft_s")
+        print("%-26s %9s %6s %9s %6s %7s %7s %6s %7s" % (
+            r["case"], "%.3f" % ttft if ttft else ("(%.3f)" % r["roof_ttft_s"] if a.dry_run else "-"),
+            ratio(r["prefill_ratio"]), "%.2f" % r["decode_ms"] if r.get("decode_ms") else
+            ("(%.2f)" % r["roof_decode_ms"] if a.dry_run else "-"), ratio(r["decode_ratio"]), gb(r.get("peak_bytes")),
+            gb(r.get("plan_bytes")), ratio(r["mem_ratio"]),
+            "%.1f" % (100 * r["evict_share"]) if r.get("evict_share") is not None else "-"))
+        if r.get("error"):
+            print("    %s" % r["error"][:150])
+    if a.dry_run:
+        print("(dry run: TTFT and ms/token columns show the roofline times in parentheses)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
