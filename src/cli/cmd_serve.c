@@ -71,17 +71,7 @@ static void parse_args(serve_args *a, const ckv_opts *o) {
     c->grace_seconds = ckv_opt_num(o, CKV_OPT_GRACE_SECONDS, c->grace_seconds);
     c->chat_template = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
     /* the default press of requests that name none */
-    ckv_cli_budget b;
-    ckv_cli_press_budget(o, &b);
-    const char *spec = ckv_opt_str(o, CKV_OPT_PRESS, "none");
-    ckv_cli_press_build(o, spec, &b, &a->press);
-    a->press.query_aware = ckv_opt_has(o, CKV_OPT_QUERY_AWARE);
-    if (a->press.scorer != CKV_SCORER_NONE && b.kind == CKV_CLI_BUDGET_NONE)
-        ckv_cli_usage_error("serve", "--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", spec);
-    ckv_cli_check(ckv_press_finalize(&a->press));
-    char what[160];
-    snprintf(what, sizeof what, "--press %s", spec);
-    ckv_cli_press_check_options(o, &a->press, 1, what);
+    ckv_cli_press_single(o, "serve", &a->press);
     if (!c->model_name) {
         const char *m = ckv_opt_str(o, CKV_OPT_MODEL, "");
         size_t len = strlen(m);
