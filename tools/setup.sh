@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # setup.sh - installs what ckv needs to build and run its CPU and MPI tests on a Debian-family
-# machine (compiler, CMake, OpenBLAS, cJSON, PCRE2, Open MPI; SLURM and munge for the cluster tests via
-# tests/cluster/setup.sh). Packages already present are left
+# machine (compiler, CMake, OpenBLAS, cJSON, PCRE2, Open MPI, libmicrohttpd for `ckv serve`, Python venv;
+# SLURM and munge for the cluster tests via tests/cluster/setup.sh). Packages already present are left
 # alone, so a second run does nothing. OpenBLAS serves the CPU matmul only on CPUs without AVX2
 # (ckv's own kernels run elsewhere); CMake's CKV_BLAS=blis takes BLIS (libblis-dev) instead. The
 # optional oracle tools (torch, transformers, kvpress) are installed by tools/oracle/regen.sh, never
 # here.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin python3 python3-pip)
+pkgs=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin libmicrohttpd-dev python3 python3-pip python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

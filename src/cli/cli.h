@@ -46,5 +46,6 @@ int ckv_cmd_tokenize(int argc, char **argv);
 int ckv_cmd_analyze(int argc, char **argv);
 int ckv_cmd_eval(int argc, char **argv);
 int ckv_cmd_fidelity(int argc, char **argv);
+int ckv_cmd_serve(int argc, char **argv);
 
 #endif

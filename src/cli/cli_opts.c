@@ -15,11 +15,12 @@
 #define A (CKV_CMD_ANALYZE)
 #define E (CKV_CMD_EVAL)
 #define F (CKV_CMD_FIDELITY)
-#define ALL (G | I | T | A | E | F)
+#define S (CKV_CMD_SERVE)
+#define ALL (G | I | T | A | E | F | S)
 #define BIG 1e300
 #define I64 9.2233720368547748e18
 
-static const char *const group_order[] = {"input", "model", "runtime", "sampling", "press", "output"};
+static const char *const group_order[] = {"input", "model", "runtime", "sampling", "press", "output", "server"};
 
 /* id, name, alias, kind, group, metavar, help, default, commands, min, max, choices, repeat, per_rank */
 static const ckv_opt_def table[] = {
@@ -61,17 +62,17 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_NEW_TOKENS, "new-tokens", 0, CKV_OPT_KIND_INT, "input", "N", "question + answer tokens reserved after the context", "256", I, 0, 1L << 30, NULL, 0, 0},
     /* model */
     {CKV_OPT_MODEL, "model", 'm', CKV_OPT_KIND_STR, "model", "PATH", "Hugging Face model directory (config.json + *.safetensors) or GGUF file", NULL, ALL, 0, 0, NULL, 0, 1},
-    {CKV_OPT_BACKEND, "backend", 0, CKV_OPT_KIND_STR, "model", "NAME", "compute backend: cpu or cuda", "cpu", G | E, 0, 0, "cpu|cuda", 0, 0},
+    {CKV_OPT_BACKEND, "backend", 0, CKV_OPT_KIND_STR, "model", "NAME", "compute backend: cpu or cuda", "cpu", G | E | S, 0, 0, "cpu|cuda", 0, 0},
     {CKV_OPT_BACKEND, "backend", 0, CKV_OPT_KIND_STR, "model", "NAME", "cuda: also print the GPU memory plan per rank (bf16 weights and KV)", "cpu", I, 0, 0, "cpu|cuda", 0, 0},
     {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks per group; the world is split into groups of N ranks\nthat share the work (data parallelism)", "all ranks", G | E, 1, 1 << 20, NULL, 0, 0},
     {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks to plan for", "1", I, 1, 4096, NULL, 0, 0},
-    {CKV_OPT_WEIGHTS_DTYPE, "weights-dtype", 0, CKV_OPT_KIND_STR, "model", "T", "weight type on the device: auto (what the backend prefers), f32, bf16, f16", "auto", G | E | A | F, 0, 0, "auto|f32|bf16|f16", 0, 0},
+    {CKV_OPT_WEIGHTS_DTYPE, "weights-dtype", 0, CKV_OPT_KIND_STR, "model", "T", "weight type on the device: auto (what the backend prefers), f32, bf16, f16", "auto", G | E | A | F | S, 0, 0, "auto|f32|bf16|f16", 0, 0},
     {CKV_OPT_RANDOM_WEIGHTS, "random-weights", 0, CKV_OPT_KIND_INT, "model", "SEED", "weights drawn from SEED instead of read (the model directory needs only\nconfig.json): benchmarks and scale tests; refused where scores would be meaningless", NULL, G | A | E | F, 0, 1e15, NULL, 0, 0},
     /* runtime */
-    {CKV_OPT_THREADS, "threads", 't', CKV_OPT_KIND_INT, "runtime", "N", "CPU threads per rank (capped at the cores of the machine)", "the cores, shared among a node's ranks", G | A | E | F, 1, 4096, NULL, 0, 1},
-    {CKV_OPT_CHUNK, "chunk", 0, CKV_OPT_KIND_INT, "runtime", "N", "prefill chunk length in tokens", "512", G | I | A | E | F, 1, 1 << 24, NULL, 0, 0},
-    {CKV_OPT_DEVICE, "device", 0, CKV_OPT_KIND_INT, "runtime", "N", "GPU index (--backend cuda)", "the node-local rank", G | E, 0, 4096, NULL, 0, 1},
-    {CKV_OPT_KV_DTYPE, "kv-dtype", 0, CKV_OPT_KIND_STR, "runtime", "T", "KV cache element type: f32, f16, bf16", "f32 on cpu, bf16 on cuda", G | E | A | F, 0, 0, "f32|f16|bf16", 0, 0},
+    {CKV_OPT_THREADS, "threads", 't', CKV_OPT_KIND_INT, "runtime", "N", "CPU threads per rank (capped at the cores of the machine)", "the cores, shared among a node's ranks", G | A | E | F | S, 1, 4096, NULL, 0, 1},
+    {CKV_OPT_CHUNK, "chunk", 0, CKV_OPT_KIND_INT, "runtime", "N", "prefill chunk length in tokens", "512", G | I | A | E | F | S, 1, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_DEVICE, "device", 0, CKV_OPT_KIND_INT, "runtime", "N", "GPU index (--backend cuda)", "the node-local rank", G | E | S, 0, 4096, NULL, 0, 1},
+    {CKV_OPT_KV_DTYPE, "kv-dtype", 0, CKV_OPT_KIND_STR, "runtime", "T", "KV cache element type: f32, f16, bf16", "f32 on cpu, bf16 on cuda", G | E | A | F | S, 0, 0, "f32|f16|bf16", 0, 0},
     {CKV_OPT_GPU_MEM_LIMIT, "gpu-mem-limit", 0, CKV_OPT_KIND_NUM, "runtime", "BYTES", "fail unless every rank's GPU memory plan fits in BYTES (--backend cuda)", "the GPU's memory", I, 1, 1e18, NULL, 0, 0},
     /* sampling */
     {CKV_OPT_MAX_NEW_TOKENS, "max-new-tokens", 'n', CKV_OPT_KIND_INT, "sampling", "N", "tokens to generate", "32", G, 0, 1 << 24, NULL, 0, 0},
@@ -82,24 +83,24 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_SEED, "seed", 0, CKV_OPT_KIND_INT, "sampling", "S", "sampling seed", "0", G, 0, I64, NULL, 0, 0},
     {CKV_OPT_IGNORE_EOS, "ignore-eos", 0, CKV_OPT_KIND_FLAG, "sampling", NULL, "do not stop at end-of-sequence ids", NULL, G, 0, 0, NULL, 0, 0},
     /* press */
-    {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "SPEC", "none, snapkv, snapkv_paper, pyramidkv, tova, knorm, streaming_llm,\nobserved_attention, expected_attention, random, defensivekv, optionally\nwrapped: critical:, adakv:, critical_adakv:, headkv:, critical_headkv:", "none", G | I, 0, 0, NULL, 0, 0},
+    {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "SPEC", "none, snapkv, snapkv_paper, pyramidkv, tova, knorm, streaming_llm,\nobserved_attention, expected_attention, random, defensivekv, optionally\nwrapped: critical:, adakv:, critical_adakv:, headkv:, critical_headkv:", "none", G | I | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated presses, e.g. snapkv,adakv:snapkv,critical:snapkv", "none", E, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated presses (the full cache is the reference)", NULL, F, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS_A, "press-a", 0, CKV_OPT_KIND_STR, "press", "SPEC", "first press", "snapkv", A, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS_B, "press-b", 0, CKV_OPT_KIND_STR, "press", "SPEC", "second press", "critical:snapkv", A, 0, 0, NULL, 0, 0},
-    {CKV_OPT_BUDGET, "budget", 0, CKV_OPT_KIND_NUM, "press", "B", "kept fraction in (0, 1] (compression ratio 1 - B)", NULL, G | I | A, -BIG, BIG, NULL, 0, 0},
+    {CKV_OPT_BUDGET, "budget", 0, CKV_OPT_KIND_NUM, "press", "B", "kept fraction in (0, 1] (compression ratio 1 - B)", NULL, G | I | A | S, -BIG, BIG, NULL, 0, 0},
     {CKV_OPT_BUDGET, "budget", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated kept fractions in (0, 1], e.g. 0.1,0.2,0.4", NULL, E | F, 0, 0, NULL, 0, 0},
-    {CKV_OPT_COMPRESSION_RATIO, "compression-ratio", 0, CKV_OPT_KIND_NUM, "press", "R", "fraction removed in [0, 1) (kvpress's spelling)", NULL, G | I | A, -BIG, BIG, NULL, 0, 0},
-    {CKV_OPT_BUDGET_TOKENS, "budget-tokens", 0, CKV_OPT_KIND_INT, "press", "N", "keep N tokens per head", NULL, G | I | A, -(1L << 30), 1L << 30, NULL, 0, 0},
-    {CKV_OPT_WINDOW, "window", 0, CKV_OPT_KIND_STR, "press", "N", "observation window (snapkv, pyramidkv, defensivekv)", "64", G | A | E | F, 0, 0, NULL, 0, 0},
-    {CKV_OPT_KERNEL, "kernel", 0, CKV_OPT_KIND_STR, "press", "K", "pooling kernel, odd (snapkv, pyramidkv)", "5", G | A | E | F, 0, 0, NULL, 0, 0},
-    {CKV_OPT_POOL, "pool", 0, CKV_OPT_KIND_STR, "press", "avg|max", "pooling (snapkv, pyramidkv)", "avg", G | A | E | F, 0, 0, NULL, 0, 0},
-    {CKV_OPT_ALPHA, "alpha", 0, CKV_OPT_KIND_STR, "press", "A", "first-stage ratio of critical:", "0.5", G | A | E | F, 0, 0, NULL, 0, 0},
-    {CKV_OPT_EPS, "eps", 0, CKV_OPT_KIND_STR, "press", "E", "epsilon of critical:", "1e-4", G | A | E | F, 0, 0, NULL, 0, 0},
-    {CKV_OPT_SAFEGUARD, "safeguard", 0, CKV_OPT_KIND_STR, "press", "S", "alpha_safeguard of adakv:", "0.2", G | A | E | F, 0, 0, NULL, 0, 0},
-    {CKV_OPT_PROFILE, "profile", 0, CKV_OPT_KIND_STR, "press", "F", "head-importance profile (JSON) of headkv:", NULL, G | A | E | F, 0, 0, NULL, 0, 0},
-    {CKV_OPT_PRESS_OPT, "press-opt", 0, CKV_OPT_KIND_STR, "press", "KEY=VALUE", "any press option (repeatable): n_sink, n_future, covariance, vnorm, beta,\nepsilon, seed, and the ones above", NULL, G | A | E | F, 0, 0, NULL, 1, 0},
-    {CKV_OPT_QUERY_AWARE, "query-aware", 0, CKV_OPT_KIND_FLAG, "press", NULL, "compress context + question together", "the context only: one compressed cache\nanswers every question of a context", G | E, 0, 0, NULL, 0, 0},
+    {CKV_OPT_COMPRESSION_RATIO, "compression-ratio", 0, CKV_OPT_KIND_NUM, "press", "R", "fraction removed in [0, 1) (kvpress's spelling)", NULL, G | I | A | S, -BIG, BIG, NULL, 0, 0},
+    {CKV_OPT_BUDGET_TOKENS, "budget-tokens", 0, CKV_OPT_KIND_INT, "press", "N", "keep N tokens per head", NULL, G | I | A | S, -(1L << 30), 1L << 30, NULL, 0, 0},
+    {CKV_OPT_WINDOW, "window", 0, CKV_OPT_KIND_STR, "press", "N", "observation window (snapkv, pyramidkv, defensivekv)", "64", G | A | E | F | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_KERNEL, "kernel", 0, CKV_OPT_KIND_STR, "press", "K", "pooling kernel, odd (snapkv, pyramidkv)", "5", G | A | E | F | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_POOL, "pool", 0, CKV_OPT_KIND_STR, "press", "avg|max", "pooling (snapkv, pyramidkv)", "avg", G | A | E | F | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_ALPHA, "alpha", 0, CKV_OPT_KIND_STR, "press", "A", "first-stage ratio of critical:", "0.5", G | A | E | F | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_EPS, "eps", 0, CKV_OPT_KIND_STR, "press", "E", "epsilon of critical:", "1e-4", G | A | E | F | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_SAFEGUARD, "safeguard", 0, CKV_OPT_KIND_STR, "press", "S", "alpha_safeguard of adakv:", "0.2", G | A | E | F | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_PROFILE, "profile", 0, CKV_OPT_KIND_STR, "press", "F", "head-importance profile (JSON) of headkv:", NULL, G | A | E | F | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_PRESS_OPT, "press-opt", 0, CKV_OPT_KIND_STR, "press", "KEY=VALUE", "any press option (repeatable): n_sink, n_future, covariance, vnorm, beta,\nepsilon, seed, and the ones above", NULL, G | A | E | F | S, 0, 0, NULL, 1, 0},
+    {CKV_OPT_QUERY_AWARE, "query-aware", 0, CKV_OPT_KIND_FLAG, "press", NULL, "compress context + question together", "the context only: one compressed cache\nanswers every question of a context", G | E | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_NO_BASELINE, "no-baseline", 0, CKV_OPT_KIND_FLAG, "press", NULL, "do not run the full cache", NULL, E, 0, 0, NULL, 0, 0},
     /* output */
     {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "DIR", "results.jsonl, summary.md, summary.json, score_vs_budget.svg; a rerun with the\nsame arguments resumes (what is done is skipped)", NULL, E, 0, 0, NULL, 0, 0},
@@ -112,6 +113,23 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_PROGRESS, "progress", 0, CKV_OPT_KIND_STR, "output", "MODE", "auto, bar, lines or none (auto: a bar on a terminal, lines otherwise)", "auto", E, 0, 0, "auto|bar|lines|none", 0, 1},
     {CKV_OPT_REPORT_ONLY, "report-only", 0, CKV_OPT_KIND_FLAG, "output", NULL, "rebuild the summary and the plot from DIR's results (no model needed)", NULL, E, 0, 0, NULL, 0, 0},
     {CKV_OPT_COUNT, "count", 0, CKV_OPT_KIND_FLAG, "output", NULL, "print only the number of tokens", NULL, T, 0, 0, NULL, 0, 0},
+    /* server (ckv serve) */
+    {CKV_OPT_TEMPLATE, "template", 0, CKV_OPT_KIND_STR, "server", "NAME", "chat template instead of the model's own (llama3, chatml, smollm2, qwen2.5,\nmistral, ...)", "the tokenizer's own", S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_MODEL_NAME, "model-name", 0, CKV_OPT_KIND_STR, "server", "NAME", "the model id clients send and /v1/models reports", "the model's file name", S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_HOST, "host", 0, CKV_OPT_KIND_STR, "server", "ADDR", "address to bind", "127.0.0.1 (this machine only)", S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_PORT, "port", 0, CKV_OPT_KIND_INT, "server", "N", "TCP port (0: any free port)", "8080", S, 0, 65535, NULL, 0, 0},
+    {CKV_OPT_PORT_FILE, "port-file", 0, CKV_OPT_KIND_STR, "server", "F", "write \"host:port\" to F once listening", NULL, S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_API_KEY, "api-key", 0, CKV_OPT_KIND_STR, "server", "KEY", "require \"Authorization: Bearer KEY\" (every endpoint but /health)", "$CKV_API_KEY, else none", S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_MAX_BATCH, "max-batch", 0, CKV_OPT_KIND_INT, "server", "N", "sequences decoded together in one forward", "8", S, 1, 32, NULL, 0, 0},
+    {CKV_OPT_MAX_QUEUE, "max-queue", 0, CKV_OPT_KIND_INT, "server", "N", "requests waiting for a batch slot before 429", "64", S, 1, 1 << 20, NULL, 0, 0},
+    {CKV_OPT_MAX_CONNECTIONS, "max-connections", 0, CKV_OPT_KIND_INT, "server", "N", "concurrent HTTP connections", "256", S, 1, 1 << 16, NULL, 0, 0},
+    {CKV_OPT_MAX_BODY_BYTES, "max-body-bytes", 0, CKV_OPT_KIND_STR, "server", "N", "larger request bodies get 413 (K/M/G suffixes)", "8M", S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_MAX_PROMPT_TOKENS, "max-prompt-tokens", 0, CKV_OPT_KIND_INT, "server", "N", "longer prompts get 400", "the model's window", S, 1, 1L << 30, NULL, 0, 0},
+    {CKV_OPT_MAX_TOKENS_LIMIT, "max-tokens-limit", 0, CKV_OPT_KIND_INT, "server", "N", "larger max_tokens get 400", "4096", S, 1, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_DEFAULT_MAX_TOKENS, "default-max-tokens", 0, CKV_OPT_KIND_INT, "server", "N", "max_tokens of chat requests that name none", "16", S, 0, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_CACHE_BYTES, "cache-bytes", 0, CKV_OPT_KIND_STR, "server", "N", "memory for compressed contexts reused across requests (K/M/G suffixes;\n0: no reuse)", "256M", S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_CACHE_DIR, "cache-dir", 0, CKV_OPT_KIND_STR, "server", "DIR", "also keep compressed contexts as cache files in DIR (they survive restarts)", NULL, S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_GRACE_SECONDS, "grace-seconds", 0, CKV_OPT_KIND_NUM, "server", "S", "on SIGTERM, in-flight requests get S seconds before they are cancelled", "30", S, 0, 86400, NULL, 0, 0},
 };
 
 #define N_TABLE (sizeof table / sizeof table[0])

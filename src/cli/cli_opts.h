@@ -1,6 +1,6 @@
 /* cli_opts.h - the one flag table of the `ckv` command line: every option with its long name, the
  * short alias llama.cpp users expect (-m, -p, -f, -n, -c, -t), its group (input, model, runtime,
- * sampling, press, output), meaning, default and the commands that take it; a parser for
+ * sampling, press, output, server), meaning, default and the commands that take it; a parser for
  * `--flag value`, `--flag=value` and `-x value` that validates every value (integer and number
  * ranges, choices) before any work starts; and --help generated from the table. Commands read the
  * parsed values by option id. It does not know what the options do. */
@@ -16,7 +16,8 @@ typedef enum { /* commands, as bits of an option's command mask */
     CKV_CMD_TOKENIZE = 1 << 2,
     CKV_CMD_ANALYZE = 1 << 3,
     CKV_CMD_EVAL = 1 << 4,
-    CKV_CMD_FIDELITY = 1 << 5
+    CKV_CMD_FIDELITY = 1 << 5,
+    CKV_CMD_SERVE = 1 << 6
 } ckv_cli_cmd;
 
 typedef enum {
@@ -40,6 +41,10 @@ typedef enum {
     /* output */
     CKV_OPT_OUT, CKV_OPT_STATS_JSON, CKV_OPT_DUMP_LOGITS, CKV_OPT_DUMP_KEPT, CKV_OPT_SAVE_CACHE, CKV_OPT_PROGRESS,
     CKV_OPT_REPORT_ONLY, CKV_OPT_COUNT,
+    /* server */
+    CKV_OPT_HOST, CKV_OPT_PORT, CKV_OPT_PORT_FILE, CKV_OPT_API_KEY, CKV_OPT_MODEL_NAME, CKV_OPT_MAX_BATCH, CKV_OPT_MAX_QUEUE,
+    CKV_OPT_MAX_CONNECTIONS, CKV_OPT_MAX_BODY_BYTES, CKV_OPT_MAX_PROMPT_TOKENS, CKV_OPT_MAX_TOKENS_LIMIT,
+    CKV_OPT_DEFAULT_MAX_TOKENS, CKV_OPT_CACHE_BYTES, CKV_OPT_CACHE_DIR, CKV_OPT_GRACE_SECONDS,
     CKV_OPT_N_
 } ckv_opt_id;
 

@@ -104,3 +104,17 @@ void ckv_cli_press_check_options(const ckv_opts *o, const ckv_press_config *cfgs
             ckv_cli_usage_error(o->cmd_name, "none of the presses of %s takes %s", what, flag);
     }
 }
+
+void ckv_cli_press_single(const ckv_opts *o, const char *cmd, ckv_press_config *c) {
+    ckv_cli_budget b;
+    ckv_cli_press_budget(o, &b);
+    const char *spec = ckv_opt_str(o, CKV_OPT_PRESS, "none");
+    ckv_cli_press_build(o, spec, &b, c);
+    c->query_aware = ckv_opt_has(o, CKV_OPT_QUERY_AWARE);
+    if (c->scorer != CKV_SCORER_NONE && b.kind == CKV_CLI_BUDGET_NONE)
+        ckv_cli_usage_error(cmd, "--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", spec);
+    ckv_cli_check(ckv_press_finalize(c));
+    char what[160];
+    snprintf(what, sizeof what, "--press %s", spec);
+    ckv_cli_press_check_options(o, c, 1, what);
+}

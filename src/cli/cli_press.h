@@ -27,4 +27,8 @@ void ckv_cli_press_build(const ckv_opts *o, const char *spec, const ckv_cli_budg
  * (`what` names them in the error, e.g. "--press knorm"). */
 void ckv_cli_press_check_options(const ckv_opts *o, const ckv_press_config *cfgs, int n, const char *what);
 
+/* The one press of a command (--press, its options, the budget, --query-aware), finalised and checked:
+ * a press without a budget or an option no press takes is a usage error of command `cmd`. */
+void ckv_cli_press_single(const ckv_opts *o, const char *cmd, ckv_press_config *c);
+
 #endif

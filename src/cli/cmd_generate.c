@@ -84,17 +84,7 @@ static void parse_args(generate_args *a, ckv_opts *o, int argc, char **argv) {
     if (a->chat && (a->prompt_ids || a->prompt_file))
         ckv_cli_usage_error("generate", "--chat needs a text prompt (--prompt or --prompt-file)");
     /* the press */
-    ckv_cli_budget b;
-    ckv_cli_press_budget(o, &b);
-    const char *spec = ckv_opt_str(o, CKV_OPT_PRESS, "none");
-    ckv_cli_press_build(o, spec, &b, &a->press);
-    a->press.query_aware = ckv_opt_has(o, CKV_OPT_QUERY_AWARE);
-    if (a->press.scorer != CKV_SCORER_NONE && b.kind == CKV_CLI_BUDGET_NONE)
-        ckv_cli_usage_error("generate", "--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", spec);
-    ckv_cli_check(ckv_press_finalize(&a->press));
-    char what[160];
-    snprintf(what, sizeof what, "--press %s", spec);
-    ckv_cli_press_check_options(o, &a->press, 1, what);
+    ckv_cli_press_single(o, "generate", &a->press);
     if (a->save_cache && a->press.query_aware) ckv_cli_usage_error("generate", "--save-cache stores a context-only compression; drop --query-aware");
     if (a->load_cache && a->press.scorer != CKV_SCORER_NONE)
         ckv_cli_usage_error("generate", "--load-cache uses the press the cache was made with: drop --press");

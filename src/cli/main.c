@@ -17,6 +17,7 @@ static void print_usage(FILE *f) {
             "  analyze    per-head attention-output perturbation of two presses (CriticalKV analysis)\n"
             "  eval       score presses x budgets on RULER-style tasks or a JSONL dataset (resumable)\n"
             "  fidelity   KL divergence and top-1 agreement of compressed vs full cache on long text\n"
+            "  serve      an OpenAI-compatible HTTP server with per-request eviction and context reuse\n"
             "\n"
             "'ckv <command> --help' lists a command's flags.\n",
             CKV_VERSION);
@@ -42,6 +43,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "analyze")) return ckv_cmd_analyze(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return ckv_cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "fidelity")) return ckv_cmd_fidelity(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return ckv_cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "ckv: error: unknown command '%s' (expected generate, inspect, tokenize, analyze, eval or fidelity; see 'ckv --help')\n", cmd);
     return 2;
 }

@@ -1,0 +1,131 @@
+/* cmd_serve.c - `ckv serve`: reads the server's flags from the shared flag table (cli_opts.h), loads
+ * the model and its tokenizer, installs the SIGTERM/SIGINT drain, and hands over to src/server. */
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+#ifndef CKV_HAVE_SERVER
+int ckv_cmd_serve(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    ckv_cli_die("ckv serve is not built: libmicrohttpd was not found when ckv was configured (install libmicrohttpd-dev, "
+                "tools/setup.sh does, and configure again)");
+}
+#else
+#include "cli/cli_opts.h"
+#include "cli/cli_press.h"
+#include "engine/request.h"
+#include "engine/text.h"
+#include "server/server.h"
+
+static const ckv_cli_command serve_cmd = {
+    CKV_CMD_SERVE, "serve", "-m PATH [flags]",
+    "An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize;\n"
+    "GET /v1/models, /health, /metrics (docs/openapi.yaml). Requests may choose their own press (extension\n"
+    "fields \"press\", \"budget\" or \"compression_ratio\", \"query_aware\") and name the context to compress\n"
+    "once and reuse (\"context\"); the press flags below are the default. SIGTERM drains and exits 0."};
+
+typedef struct {
+    ckv_server_config cfg;
+    ckv_press_config press;
+} serve_args;
+
+static size_t parse_bytes(const char *flag, const char *v) {
+    char *end = NULL;
+    double d = strtod(v, &end);
+    double mul = 1;
+    if (end && *end) {
+        if (!strcmp(end, "K") || !strcmp(end, "k")) mul = 1024.0;
+        else if (!strcmp(end, "M") || !strcmp(end, "m")) mul = 1024.0 * 1024;
+        else if (!strcmp(end, "G") || !strcmp(end, "g")) mul = 1024.0 * 1024 * 1024;
+        else ckv_cli_usage_error("serve", "%s: expected a byte count like 512M, got '%s'", flag, v);
+    }
+    if (!end || end == v || !(d >= 0) || d * mul > 1e15) ckv_cli_usage_error("serve", "%s: expected a byte count like 512M, got '%s'", flag, v);
+    return (size_t)(d * mul);
+}
+
+static void parse_args(serve_args *a, const ckv_opts *o) {
+    memset(a, 0, sizeof *a);
+    ckv_server_config *c = &a->cfg;
+    ckv_server_config_defaults(c);
+    const char *env_key = getenv("CKV_API_KEY");
+    c->api_key = ckv_opt_str(o, CKV_OPT_API_KEY, env_key && env_key[0] ? env_key : NULL);
+    if (c->api_key && !c->api_key[0]) ckv_cli_usage_error("serve", "--api-key: the key is empty");
+    c->host = ckv_opt_str(o, CKV_OPT_HOST, c->host);
+    c->port = (int)ckv_opt_long(o, CKV_OPT_PORT, c->port);
+    c->port_file = ckv_opt_str(o, CKV_OPT_PORT_FILE, NULL);
+    c->model_name = ckv_opt_str(o, CKV_OPT_MODEL_NAME, NULL);
+    c->max_batch = (int)ckv_opt_long(o, CKV_OPT_MAX_BATCH, c->max_batch);
+    c->max_queue = (int)ckv_opt_long(o, CKV_OPT_MAX_QUEUE, c->max_queue);
+    c->max_connections = (int)ckv_opt_long(o, CKV_OPT_MAX_CONNECTIONS, c->max_connections);
+    if (ckv_opt_has(o, CKV_OPT_MAX_BODY_BYTES)) c->max_body_bytes = parse_bytes("--max-body-bytes", ckv_opt_str(o, CKV_OPT_MAX_BODY_BYTES, ""));
+    c->max_prompt_tokens = (int)ckv_opt_long(o, CKV_OPT_MAX_PROMPT_TOKENS, 0);
+    c->max_tokens_limit = (int)ckv_opt_long(o, CKV_OPT_MAX_TOKENS_LIMIT, c->max_tokens_limit);
+    c->default_max_tokens = (int)ckv_opt_long(o, CKV_OPT_DEFAULT_MAX_TOKENS, c->default_max_tokens);
+    if (ckv_opt_has(o, CKV_OPT_CACHE_BYTES)) c->cache_bytes = parse_bytes("--cache-bytes", ckv_opt_str(o, CKV_OPT_CACHE_BYTES, ""));
+    c->cache_dir = ckv_opt_str(o, CKV_OPT_CACHE_DIR, NULL);
+    c->grace_seconds = ckv_opt_num(o, CKV_OPT_GRACE_SECONDS, c->grace_seconds);
+    c->chat_template = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
+    /* the default press of requests that name none */
+    ckv_cli_press_single(o, "serve", &a->press);
+    if (!c->model_name) {
+        const char *m = ckv_opt_str(o, CKV_OPT_MODEL, "");
+        size_t len = strlen(m);
+        while (len > 1 && m[len - 1] == '/') len--; /* a directory given with a trailing slash */
+        static char name[256];
+        size_t start = len;
+        while (start > 0 && m[start - 1] != '/') start--;
+        snprintf(name, sizeof name, "%.*s", (int)(len - start), m + start);
+        c->model_name = name;
+    }
+}
+
+static void on_signal(int sig) {
+    (void)sig;
+    ckv_server_request_stop();
+}
+
+/* Tensor-parallel serving is not there yet: refuse to start one server per rank of a larger job. */
+static void check_single_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 1)
+            ckv_cli_die("ckv serve runs on one rank for now (%s=%s): tensor-parallel serving is not implemented; start one "
+                        "server per rank group with one task each", vars[i], v);
+    }
+}
+
+int ckv_cmd_serve(int argc, char **argv) {
+    ckv_opts opts;
+    ckv_opts_parse(&opts, &serve_cmd, argc, argv);
+    if (!ckv_opt_has(&opts, CKV_OPT_MODEL)) ckv_cli_usage_error("serve", "--model is required");
+    serve_args a;
+    parse_args(&a, &opts);
+    check_single_rank();
+    ckv_engine_config ec;
+    ckv_cli_engine_config(&opts, NULL, &ec);
+    ckv_tokenizer *tok = NULL;
+    ckv_cli_check(ckv_text_open_tokenizer(&tok, ec.model_path));
+    ec.tokenizer = tok;
+    ckv_engine eng;
+    ckv_cli_check(ckv_engine_init(&eng, &ec, NULL));
+    a.cfg.default_press = a.press.scorer == CKV_SCORER_NONE && !a.press.query_aware ? NULL : &a.press;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    ckv_status st = ckv_server_run(&eng, &a.cfg);
+    ckv_engine_free(&eng);
+    ckv_tokenizer_free(tok);
+    ckv_cli_check(st);
+    return 0;
+}
+#endif

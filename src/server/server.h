@@ -1,0 +1,47 @@
+/* server.h - `ckv serve`: an OpenAI-compatible HTTP server over one engine (rank 0 of its
+ * tensor-parallel group). The public entry: a configuration (address, limits, defaults, the
+ * compressed-context store) and ckv_server_run, which serves until ckv_server_request_stop (e.g. from
+ * a SIGTERM handler), then drains within the grace period and returns. It does not parse the command
+ * line (src/cli does) or load the model (the engine does). */
+#ifndef CKV_SERVER_H
+#define CKV_SERVER_H
+
+#include <stddef.h>
+
+#include "core/status.h"
+#include "engine/request.h"
+#include "evict/press.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct {
+    const char *host;          /* address to bind ("127.0.0.1" by default) */
+    int port;                  /* 0: any free port (the bound one is printed and written to port_file) */
+    const char *port_file;     /* where "host:port" is written once listening (NULL: nowhere) */
+    const char *api_key;       /* NULL: no authentication; else "Authorization: Bearer <key>" is required */
+    const char *model_name;    /* the id /v1/models reports and requests may name */
+    int max_batch;             /* sequences decoded together in one forward (1..32) */
+    int max_queue;             /* requests waiting for a batch slot before 429 */
+    int max_connections;       /* concurrent HTTP connections */
+    size_t max_body_bytes;     /* request bodies above this get 413 */
+    int max_prompt_tokens;     /* prompts above this get 400 (0: the model's window) */
+    int max_tokens_limit;      /* max_tokens above this get 400 */
+    int default_max_tokens;    /* when a request names none */
+    size_t cache_bytes;        /* byte limit of the in-memory compressed-context store (0: no store) */
+    const char *cache_dir;     /* cache files of compressed contexts (NULL: memory only) */
+    double grace_seconds;      /* SIGTERM: in-flight requests get this long to finish, then are cancelled */
+    const ckv_press_config *default_press; /* the press of requests that name none (NULL: full cache) */
+    const char *chat_template; /* template name instead of the tokenizer's own (NULL) */
+} ckv_server_config;
+
+/* Fills the defaults (127.0.0.1, port 8080, batch 8, queue 64, 256 connections, 8 MiB bodies,
+ * 4096 max_tokens, 16 default tokens, 256 MiB store, 30 s grace). */
+void ckv_server_config_defaults(ckv_server_config *cfg);
+
+/* Serves until ckv_server_request_stop; returns OK after a clean drain. The engine must have a
+ * tokenizer (engine->cfg.tokenizer). */
+ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg);
+
+/* Async-signal-safe: asks the running server to stop accepting and drain. */
+void ckv_server_request_stop(void);
+
+#endif

@@ -1,0 +1,732 @@
+/* srv_api.c - request validation, prompt splitting and response writing (see srv_api.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "server/srv_api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/timer.h"
+#include "engine/text.h"
+
+#define INVALID "invalid_request_error"
+
+void ckv_srv_error_set(ckv_srv_error *e, int http, const char *type, const char *param, const char *code, const char *fmt, ...) {
+    e->http = http;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+ckv_status ckv_srv_api_init(ckv_srv_api *a, ckv_engine *e, const ckv_server_config *cfg, size_t piece_cap) {
+    memset(a, 0, sizeof *a);
+    a->engine = e;
+    a->tok = e->cfg.tokenizer;
+    a->cfg = cfg;
+    a->piece_cap = piece_cap;
+    int W = e->model->cfg.max_context;
+    a->max_prompt = cfg->max_prompt_tokens > 0 && cfg->max_prompt_tokens < W ? cfg->max_prompt_tokens : W;
+    if (cfg->chat_template) {
+        CKV_TRY(ckv_chat_template_by_name(cfg->chat_template, &a->tmpl));
+    } else {
+        const ckv_chat_template *t = ckv_tokenizer_chat_template(a->tok);
+        if (t) a->tmpl = *t;
+        else a->tmpl.family = CKV_CHAT_NONE;
+    }
+    return CKV_STATUS_OK;
+}
+
+/* ---- field readers: 0 ok (absent or null leaves *out alone), -1 with err set ----------------------- */
+
+static int bad_type(ckv_srv_error *err, const char *field, const char *want) {
+    ckv_srv_error_set(err, 400, INVALID, field, "invalid_type", "'%s' must be %s", field, want);
+    return -1;
+}
+
+static int get_number(const cJSON *o, const char *field, double lo, double hi, double *out, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v)) return bad_type(err, field, "a number");
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi) {
+        ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' is %g, expected a number in [%g, %g]", field, d, lo, hi);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+static int get_int(const cJSON *o, const char *field, double lo, double hi, long long *out, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return bad_type(err, field, "an integer");
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi) {
+        ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' is %.17g, expected an integer in [%.0f, %.0f]", field,
+                          d, lo, hi);
+        return -1;
+    }
+    *out = (long long)d;
+    return 0;
+}
+
+static int get_bool(const cJSON *o, const char *field, int *out, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return bad_type(err, field, "a boolean");
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int get_string(const cJSON *o, const char *field, const char **out, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) return bad_type(err, field, "a string");
+    *out = v->valuestring;
+    return 0;
+}
+
+/* ---- prompts ----------------------------------------------------------------------------------------- */
+
+static int encode_text(const ckv_srv_api *a, const char *text, int special, const char *field, int32_t **ids, int *n,
+                       ckv_srv_error *err) {
+    size_t nn = 0;
+    *ids = NULL;
+    *n = 0;
+    ckv_status st = ckv_tokenizer_encode(a->tok, text, strlen(text), special ? CKV_TOKENIZE_ADD_SPECIAL : 0, ids, &nn);
+    if (st != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s': %s", field, ckv_error_message());
+        ckv_error_clear();
+        return -1;
+    }
+    if (nn > (size_t)a->max_prompt) {
+        free(*ids);
+        *ids = NULL;
+        ckv_srv_error_set(err, 400, INVALID, field, "context_length_exceeded", "'%s' has %zu tokens, more than the limit of %d",
+                          field, nn, a->max_prompt);
+        return -1;
+    }
+    *n = (int)nn;
+    return 0;
+}
+
+/* Token ids given as a JSON array. */
+static int parse_ids(const ckv_srv_api *a, const cJSON *arr, const char *field, int32_t **ids, int *n, ckv_srv_error *err) {
+    int len = cJSON_GetArraySize(arr);
+    *ids = NULL;
+    *n = 0;
+    if (len > a->max_prompt) {
+        ckv_srv_error_set(err, 400, INVALID, field, "context_length_exceeded", "'%s' has %d tokens, more than the limit of %d",
+                          field, len, a->max_prompt);
+        return -1;
+    }
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)(len > 0 ? len : 1));
+    if (!v) {
+        ckv_srv_error_set(err, 500, "server_error", field, NULL, "out of memory");
+        return -1;
+    }
+    int V = a->engine->model->cfg.vocab_size, i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 || it->valuedouble >= V) {
+            free(v);
+            ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s'[%d] is not a token id in [0, %d)", field, i, V);
+            return -1;
+        }
+        v[i++] = (int32_t)it->valuedouble;
+    }
+    *ids = v;
+    *n = len;
+    return 0;
+}
+
+/* A text-or-ids field: a string, an array of token ids, or an array holding one of those. */
+static int parse_text_or_ids(const ckv_srv_api *a, const cJSON *v, const char *field, int special, int32_t **ids, int *n,
+                             ckv_srv_error *err) {
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) >= 1) {
+        const cJSON *first = cJSON_GetArrayItem(v, 0);
+        if (cJSON_IsString(first) || cJSON_IsArray(first)) {
+            if (cJSON_GetArraySize(v) != 1) {
+                ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s': one prompt per request (got %d)", field,
+                                  cJSON_GetArraySize(v));
+                return -1;
+            }
+            v = first;
+        }
+    }
+    if (cJSON_IsString(v)) return encode_text(a, v->valuestring, special, field, ids, n, err);
+    if (cJSON_IsArray(v)) return parse_ids(a, v, field, ids, n, err);
+    return bad_type(err, field, "a string or an array of token ids");
+}
+
+static int concat(int32_t **a, int *na, int32_t *b, int nb, ckv_srv_error *err) {
+    int32_t *v = realloc(*a, sizeof(int32_t) * (size_t)(*na + nb + 1));
+    if (!v) {
+        ckv_srv_error_set(err, 500, "server_error", "", NULL, "out of memory");
+        return -1;
+    }
+    if (nb) memcpy(v + *na, b, sizeof(int32_t) * (size_t)nb);
+    *a = v;
+    *na += nb;
+    return 0;
+}
+
+static int completion_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "context");
+    if (!p || cJSON_IsNull(p)) {
+        ckv_srv_error_set(err, 400, INVALID, "prompt", "missing_field", "'prompt' is required");
+        return -1;
+    }
+    if (c && !cJSON_IsNull(c)) {
+        if (parse_text_or_ids(a, c, "context", 1, &j->ctx_ids, &j->n_ctx, err)) return -1;
+        if (parse_text_or_ids(a, p, "prompt", 0, &j->q_ids, &j->n_q, err)) return -1;
+    } else if (parse_text_or_ids(a, p, "prompt", 1, &j->ctx_ids, &j->n_ctx, err)) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The text of a message's content: a string or an array of {"type": "text", "text": ...} parts. */
+static char *message_text(const cJSON *content, int i, ckv_srv_error *err) {
+    char field[64];
+    snprintf(field, sizeof field, "messages[%d].content", i);
+    if (cJSON_IsString(content)) return strdup(content->valuestring);
+    if (!cJSON_IsArray(content)) {
+        bad_type(err, field, "a string or an array of text parts");
+        return NULL;
+    }
+    size_t len = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "text") || !cJSON_IsString(t)) {
+            ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s': only {\"type\": \"text\", \"text\": ...} parts are supported", field);
+            return NULL;
+        }
+        len += strlen(t->valuestring);
+    }
+    char *s = malloc(len + 1);
+    if (!s) return NULL;
+    s[0] = '\0';
+    cJSON_ArrayForEach(part, content) strcat(s, cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring);
+    return s;
+}
+
+static int encode_rendered(const ckv_srv_api *a, const char *text, size_t len, int32_t **ids, int *n, ckv_srv_error *err) {
+    char *t = strndup(text, len);
+    if (!t) {
+        ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
+        return -1;
+    }
+    int r = encode_text(a, t, 0, "messages", ids, n, err);
+    free(t);
+    return r;
+}
+
+static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    if (!msgs || cJSON_IsNull(msgs)) {
+        ckv_srv_error_set(err, 400, INVALID, "messages", "missing_field", "'messages' is required");
+        return -1;
+    }
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1) return bad_type(err, "messages", "a non-empty array of messages");
+    if (a->tmpl.family == CKV_CHAT_NONE) {
+        ckv_srv_error_set(err, 400, INVALID, "messages", "no_chat_template",
+                          "the model has no chat template: use /v1/completions (or start the server with --template)");
+        return -1;
+    }
+    int n = cJSON_GetArraySize(msgs), last_user = -1, rc = -1;
+    ckv_chat_message *m = calloc((size_t)n, sizeof *m);
+    char **texts = calloc((size_t)n, sizeof *texts);
+    char *full = NULL, *prefix = NULL;
+    const char *context = NULL;
+    if (!m || !texts) {
+        ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const cJSON *msg = cJSON_GetArrayItem(msgs, i);
+        char field[64];
+        snprintf(field, sizeof field, "messages[%d]", i);
+        if (!cJSON_IsObject(msg)) {
+            bad_type(err, field, "an object with 'role' and 'content'");
+            goto done;
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        snprintf(field, sizeof field, "messages[%d].role", i);
+        if (!cJSON_IsString(role)) {
+            bad_type(err, field, "one of 'system', 'developer', 'user', 'assistant'");
+            goto done;
+        }
+        const char *r = role->valuestring;
+        if (!strcmp(r, "developer")) r = "system";
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+            ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' is '%s', expected system, developer, user or assistant",
+                              field, role->valuestring);
+            goto done;
+        }
+        if (!(texts[i] = message_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err))) {
+            if (!err->http) ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
+            goto done;
+        }
+        m[i] = (ckv_chat_message){r, texts[i]};
+        if (!strcmp(r, "user")) last_user = i;
+    }
+    if (get_string(o, "context", &context, err)) goto done;
+    if (context) { /* kvpress's split: one user turn "context + question" */
+        int sys = n == 2 && !strcmp(m[0].role, "system");
+        if (!(n == 1 || sys) || strcmp(m[n - 1].role, "user")) {
+            ckv_srv_error_set(err, 400, INVALID, "context", "invalid_value",
+                              "with 'context', 'messages' must be one user message (the question), optionally after a system message");
+            goto done;
+        }
+        ckv_status st = ckv_text_encode_split(a->tok, context, m[n - 1].content, 1, a->cfg->chat_template,
+                                              sys ? m[0].content : NULL, &j->ctx_ids, &j->n_ctx, &j->q_ids, &j->n_q);
+        if (st != CKV_STATUS_OK) {
+            ckv_srv_error_set(err, 400, INVALID, "context", "invalid_value", "%s", ckv_error_message());
+            ckv_error_clear();
+            goto done;
+        }
+        if (j->n_ctx + j->n_q > a->max_prompt) {
+            ckv_srv_error_set(err, 400, INVALID, "context", "context_length_exceeded", "the prompt has %d tokens, more than the limit of %d",
+                              j->n_ctx + j->n_q, a->max_prompt);
+            goto done;
+        }
+        rc = 0;
+        goto done;
+    }
+    if (ckv_chat_apply(&a->tmpl, m, n, 1, &full) != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, "messages", "invalid_value", "%s", ckv_error_message());
+        ckv_error_clear();
+        goto done;
+    }
+    size_t lp = 0;
+    if (last_user > 0 && ckv_chat_apply(&a->tmpl, m, last_user, 0, &prefix) == CKV_STATUS_OK) {
+        lp = strlen(prefix);
+        if (strncmp(full, prefix, lp) != 0) lp = 0;
+    }
+    ckv_error_clear();
+    if (lp > 0) {
+        if (encode_rendered(a, full, lp, &j->ctx_ids, &j->n_ctx, err)) goto done;
+        if (encode_rendered(a, full + lp, strlen(full + lp), &j->q_ids, &j->n_q, err)) goto done;
+    } else if (encode_rendered(a, full, strlen(full), &j->ctx_ids, &j->n_ctx, err)) {
+        goto done;
+    }
+    if (j->n_ctx + j->n_q > a->max_prompt) {
+        ckv_srv_error_set(err, 400, INVALID, "messages", "context_length_exceeded", "the prompt has %d tokens, more than the limit of %d",
+                          j->n_ctx + j->n_q, a->max_prompt);
+        goto done;
+    }
+    rc = 0;
+done:
+    for (int i = 0; texts && i < n; i++) free(texts[i]);
+    free(texts);
+    free(m);
+    free(full);
+    free(prefix);
+    return rc;
+}
+
+/* ---- press ------------------------------------------------------------------------------------------ */
+
+static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
+    const char *spec = NULL;
+    double budget = -1, cr = -1;
+    int qa = -1;
+    if (get_string(o, "press", &spec, err) || get_number(o, "budget", 1e-9, 1, &budget, err) ||
+        get_number(o, "compression_ratio", 0, 1 - 1e-9, &cr, err) || get_bool(o, "query_aware", &qa, err))
+        return -1;
+    if (budget >= 0 && cr >= 0) {
+        ckv_srv_error_set(err, 400, INVALID, "compression_ratio", "invalid_value", "give 'budget' or 'compression_ratio', not both");
+        return -1;
+    }
+    const ckv_press_config *def = a->cfg->default_press;
+    if (spec) {
+        if (ckv_press_parse(&j->press, spec) != CKV_STATUS_OK) {
+            ckv_srv_error_set(err, 400, INVALID, "press", "invalid_value", "%s", ckv_error_message());
+            ckv_error_clear();
+            return -1;
+        }
+        if (def && def->scorer != CKV_SCORER_NONE && budget < 0 && cr < 0) { /* the server's budget */
+            j->press.compression_ratio = def->compression_ratio;
+            j->press.budget_tokens = def->budget_tokens;
+            j->press.budget_given_as_b = def->budget_given_as_b;
+        }
+    } else if (def) {
+        j->press = *def;
+    } else {
+        ckv_press_parse(&j->press, "none");
+    }
+    ckv_status st = CKV_STATUS_OK;
+    if (budget >= 0) st = ckv_press_set_budget(&j->press, budget);
+    else if (cr >= 0) st = ckv_press_set_compression_ratio(&j->press, cr);
+    if (st != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, budget >= 0 ? "budget" : "compression_ratio", "invalid_value", "%s", ckv_error_message());
+        ckv_error_clear();
+        return -1;
+    }
+    if (qa >= 0) j->press.query_aware = qa;
+    if (j->press.scorer != CKV_SCORER_NONE && j->press.compression_ratio == 0.0 && j->press.budget_tokens == 0 &&
+        budget < 0 && cr < 0) {
+        ckv_srv_error_set(err, 400, INVALID, "budget", "missing_field", "press '%s' needs 'budget' or 'compression_ratio'",
+                          spec ? spec : j->press.spec);
+        return -1;
+    }
+    if (ckv_press_finalize(&j->press) != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, "press", "invalid_value", "%s", ckv_error_message());
+        ckv_error_clear();
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- stop strings ------------------------------------------------------------------------------------ */
+
+static int stop_field(const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "stop");
+    if (!v || cJSON_IsNull(v)) return 0;
+    const cJSON *items[CKV_SRV_MAX_STOP];
+    int n = 0;
+    if (cJSON_IsString(v)) {
+        items[n++] = v;
+    } else if (cJSON_IsArray(v)) {
+        if (cJSON_GetArraySize(v) > CKV_SRV_MAX_STOP) {
+            ckv_srv_error_set(err, 400, INVALID, "stop", "invalid_value", "'stop' has %d strings, at most %d are allowed",
+                              cJSON_GetArraySize(v), CKV_SRV_MAX_STOP);
+            return -1;
+        }
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v) {
+            if (!cJSON_IsString(it)) return bad_type(err, "stop", "a string or an array of strings");
+            items[n++] = it;
+        }
+    } else {
+        return bad_type(err, "stop", "a string or an array of strings");
+    }
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(items[i]->valuestring);
+        if (l == 0 || l > 256) {
+            ckv_srv_error_set(err, 400, INVALID, "stop", "invalid_value", "stop strings must have 1 to 256 bytes");
+            return -1;
+        }
+        if (!(j->stop[j->n_stop] = strdup(items[i]->valuestring))) {
+            ckv_srv_error_set(err, 500, "server_error", "stop", NULL, "out of memory");
+            return -1;
+        }
+        j->n_stop++;
+        if (l > j->stop_max_len) j->stop_max_len = l;
+    }
+    return 0;
+}
+
+/* ---- requests --------------------------------------------------------------------------------------- */
+
+static unsigned long long next_id(void) {
+    static unsigned long long counter;
+    return __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+}
+
+int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out,
+                      ckv_srv_error *err) {
+    *out = NULL;
+    memset(err, 0, sizeof *err);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
+        return -1;
+    }
+    const ckv_server_config *cfg = a->cfg;
+    long long max_tokens = kind == CKV_SRV_COMPLETION ? 16 : cfg->default_max_tokens, n = 1, seed = -1, top_k = 0;
+    double temperature = 1.0, top_p = 1.0;
+    int stream = 0, include_usage = 0, ignore_eos = 0, logprobs = 0, echo = 0;
+    const char *model = NULL;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
+    int bad = get_string(o, "model", &model, err) || get_int(o, "max_tokens", 0, cfg->max_tokens_limit, &max_tokens, err) ||
+              (kind == CKV_SRV_CHAT && get_int(o, "max_completion_tokens", 0, cfg->max_tokens_limit, &max_tokens, err)) ||
+              get_number(o, "temperature", 0, 2, &temperature, err) || get_number(o, "top_p", 1e-9, 1, &top_p, err) ||
+              get_int(o, "top_k", 0, 1e9, &top_k, err) || get_int(o, "n", 1, CKV_SRV_MAX_CHOICES, &n, err) ||
+              get_int(o, "seed", -9.2e18, 9.2e18, &seed, err) || get_bool(o, "stream", &stream, err) ||
+              get_bool(o, "ignore_eos", &ignore_eos, err) || (kind == CKV_SRV_COMPLETION && get_bool(o, "echo", &echo, err));
+    if (!bad && so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) bad = bad_type(err, "stream_options", "an object");
+        else bad = get_bool(so, "include_usage", &include_usage, err);
+    }
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+    if (!bad && lp && !cJSON_IsNull(lp) && !(cJSON_IsBool(lp) && cJSON_IsFalse(lp))) logprobs = 1;
+    if (!bad && (logprobs || echo)) {
+        ckv_srv_error_set(err, 400, INVALID, logprobs ? "logprobs" : "echo", "unsupported", "'%s' is not supported",
+                          logprobs ? "logprobs" : "echo");
+        bad = 1;
+    }
+    if (!bad && model && cfg->model_name && strcmp(model, cfg->model_name) != 0) {
+        ckv_srv_error_set(err, 404, INVALID, "model", "model_not_found", "the model '%s' does not exist (this server serves '%s')",
+                          model, cfg->model_name);
+        bad = 1;
+    }
+    ckv_srv_job *j = NULL;
+    if (!bad && ckv_srv_job_create(&j, (int)max_tokens, (int)n, a->piece_cap) != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 500, "server_error", "", NULL, "%s", ckv_error_message());
+        ckv_error_clear();
+        bad = 1;
+    }
+    if (!bad) {
+        j->kind = kind;
+        bad = press_fields(a, o, j, err) || stop_field(o, j, err) ||
+              (kind == CKV_SRV_COMPLETION ? completion_prompt(a, o, j, err) : chat_prompt(a, o, j, err));
+    }
+    if (!bad && j->n_ctx < 1) {
+        ckv_srv_error_set(err, 400, INVALID, kind == CKV_SRV_CHAT ? "messages" : "prompt", "invalid_value", "the prompt is empty");
+        bad = 1;
+    }
+    if (!bad && j->press.query_aware && j->n_q > 0) { /* the question is compressed with the context */
+        bad = concat(&j->ctx_ids, &j->n_ctx, j->q_ids, j->n_q, err);
+        free(j->q_ids);
+        j->q_ids = NULL;
+        j->n_q = 0;
+    }
+    int W = a->engine->model->cfg.max_context;
+    if (!bad && (long)j->n_ctx + j->n_q + max_tokens > W) {
+        ckv_srv_error_set(err, 400, INVALID, "max_tokens", "context_length_exceeded",
+                          "the prompt (%d tokens) + max_tokens (%lld) exceed the context window of %d tokens", j->n_ctx + j->n_q,
+                          max_tokens, W);
+        bad = 1;
+    }
+    cJSON_Delete(o);
+    if (bad) {
+        if (j) {
+            j->refs = 1;
+            ckv_srv_job_release(j);
+        }
+        return -1;
+    }
+    j->sampling.temperature = (float)temperature;
+    j->sampling.top_p = (float)top_p;
+    j->sampling.top_k = (int)top_k;
+    j->sampling.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)(ckv_time_now() * 1e6) ^ next_id();
+    j->ignore_eos = ignore_eos;
+    j->stream = stream;
+    j->include_usage = include_usage;
+    j->created = (long)time(NULL);
+    j->t_submit = ckv_time_now();
+    snprintf(j->id, sizeof j->id, "%s-%llx%06llx", kind == CKV_SRV_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)j->created,
+             next_id());
+    *out = j;
+    return 0;
+}
+
+/* ---- responses --------------------------------------------------------------------------------------- */
+
+static char *print_delete(cJSON *o) {
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+char *ckv_srv_api_error_json(const ckv_srv_error *e) {
+    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(er, "message", e->message);
+    cJSON_AddStringToObject(er, "type", e->type ? e->type : INVALID);
+    if (e->param[0]) cJSON_AddStringToObject(er, "param", e->param);
+    else cJSON_AddNullToObject(er, "param");
+    if (e->code) cJSON_AddStringToObject(er, "code", e->code);
+    else cJSON_AddNullToObject(er, "code");
+    return print_delete(o);
+}
+
+static const char *finish_name(ckv_finish_reason r) {
+    switch (r) {
+    case CKV_FINISH_LENGTH: return "length";
+    case CKV_FINISH_STOP:
+    case CKV_FINISH_EOS: return "stop";
+    case CKV_FINISH_CANCELLED: return "cancelled";
+    default: return NULL;
+    }
+}
+
+static cJSON *head(const ckv_srv_api *a, const ckv_srv_job *j, const char *object) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", a->cfg->model_name ? a->cfg->model_name : "ckv");
+    return o;
+}
+
+static void add_usage(cJSON *o, const ckv_srv_job *j) {
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->prompt_tokens + j->completion_tokens));
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)j->reused_tokens);
+    cJSON_AddNumberToObject(u, "reused_tokens", (double)j->reused_tokens);
+    cJSON_AddNumberToObject(u, "context_tokens", (double)j->n_ctx);
+    cJSON_AddNumberToObject(u, "kv_entries_kept", (double)j->kept_entries);
+    cJSON_AddNumberToObject(u, "kv_entries_total", (double)j->total_entries);
+    cJSON_AddNumberToObject(u, "kv_bytes_kept", (double)j->kv_bytes_kept);
+    cJSON_AddNumberToObject(u, "kv_bytes_full", (double)j->kv_bytes_full);
+    cJSON_AddStringToObject(u, "press", j->press.scorer == CKV_SCORER_NONE ? "none" : j->press.spec);
+    cJSON_AddBoolToObject(u, "compressed", j->compressed);
+    if (j->uncompressed_reason) cJSON_AddStringToObject(u, "uncompressed_reason", j->uncompressed_reason);
+    cJSON_AddBoolToObject(u, "cache_hit", j->cache_hit);
+}
+
+char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *j) {
+    int chat = j->kind == CKV_SRV_CHAT;
+    cJSON *o = head(a, j, chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    pthread_mutex_lock(&j->mu);
+    for (int c = 0; c < j->n_choices; c++) {
+        const ckv_srv_choice *ch = &j->choices[c];
+        cJSON *it = cJSON_CreateObject();
+        cJSON_AddNumberToObject(it, "index", c);
+        if (chat) {
+            cJSON *msg = cJSON_AddObjectToObject(it, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddStringToObject(msg, "content", ch->text ? ch->text : "");
+        } else {
+            cJSON_AddStringToObject(it, "text", ch->text ? ch->text : "");
+        }
+        cJSON_AddNullToObject(it, "logprobs");
+        const char *fin = finish_name(ch->finish);
+        if (fin) cJSON_AddStringToObject(it, "finish_reason", fin);
+        else cJSON_AddNullToObject(it, "finish_reason");
+        cJSON_AddItemToArray(choices, it);
+    }
+    add_usage(o, j);
+    pthread_mutex_unlock(&j->mu);
+    return print_delete(o);
+}
+
+char *ckv_srv_api_chunk(const ckv_srv_api *a, const ckv_srv_job *j, int c, const char *delta, size_t n, int role,
+                        ckv_finish_reason finish) {
+    int chat = j->kind == CKV_SRV_CHAT;
+    cJSON *o = head(a, j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *it = cJSON_CreateObject();
+    cJSON_AddNumberToObject(it, "index", c);
+    char *text = strndup(delta ? delta : "", delta ? n : 0);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(it, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        if (n > 0 || !finish) cJSON_AddStringToObject(d, "content", text ? text : "");
+    } else {
+        cJSON_AddStringToObject(it, "text", text ? text : "");
+    }
+    free(text);
+    cJSON_AddNullToObject(it, "logprobs");
+    const char *fin = finish_name(finish);
+    if (fin) cJSON_AddStringToObject(it, "finish_reason", fin);
+    else cJSON_AddNullToObject(it, "finish_reason");
+    cJSON_AddItemToArray(choices, it);
+    if (j->include_usage) cJSON_AddNullToObject(o, "usage");
+    return print_delete(o);
+}
+
+char *ckv_srv_api_usage_chunk(const ckv_srv_api *a, ckv_srv_job *j) {
+    cJSON *o = head(a, j, j->kind == CKV_SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(o, "choices");
+    pthread_mutex_lock(&j->mu);
+    add_usage(o, j);
+    pthread_mutex_unlock(&j->mu);
+    return print_delete(o);
+}
+
+char *ckv_srv_api_models(const ckv_srv_api *a) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", a->cfg->model_name ? a->cfg->model_name : "ckv");
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "ckv");
+    cJSON_AddNumberToObject(m, "max_model_len", a->engine->model->cfg.max_context);
+    cJSON_AddItemToArray(data, m);
+    return print_delete(o);
+}
+
+static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {
+    memset(err, 0, sizeof *err);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+char *ckv_srv_api_tokenize(const ckv_srv_api *a, const char *body, size_t len, ckv_srv_error *err) {
+    cJSON *o = parse_object(body, len, err);
+    if (!o) return NULL;
+    const char *text = NULL, *model = NULL;
+    int add_special = 1;
+    if (get_string(o, "model", &model, err) || get_string(o, "prompt", &text, err) || get_bool(o, "add_special_tokens", &add_special, err)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    if (!text) {
+        cJSON_Delete(o);
+        ckv_srv_error_set(err, 400, INVALID, "prompt", "missing_field", "'prompt' is required");
+        return NULL;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    int r = encode_text(a, text, add_special, "prompt", &ids, &n, err);
+    cJSON_Delete(o);
+    if (r) return NULL;
+    cJSON *res = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(res, "tokens");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(res, "count", n);
+    cJSON_AddNumberToObject(res, "max_model_len", a->engine->model->cfg.max_context);
+    free(ids);
+    return print_delete(res);
+}
+
+char *ckv_srv_api_detokenize(const ckv_srv_api *a, const char *body, size_t len, ckv_srv_error *err) {
+    cJSON *o = parse_object(body, len, err);
+    if (!o) return NULL;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens");
+    const char *model = NULL;
+    if (get_string(o, "model", &model, err)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    if (!t || !cJSON_IsArray(t)) {
+        cJSON_Delete(o);
+        ckv_srv_error_set(err, 400, INVALID, "tokens", t ? "invalid_type" : "missing_field", "'tokens' must be an array of token ids");
+        return NULL;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    int r = parse_ids(a, t, "tokens", &ids, &n, err);
+    cJSON_Delete(o);
+    if (r) return NULL;
+    char *text = NULL;
+    size_t tl = 0;
+    ckv_status st = ckv_tokenizer_decode(a->tok, ids, (size_t)n, 0, &text, &tl);
+    free(ids);
+    if (st != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, "tokens", "invalid_value", "%s", ckv_error_message());
+        ckv_error_clear();
+        return NULL;
+    }
+    cJSON *res = cJSON_CreateObject();
+    cJSON_AddStringToObject(res, "prompt", text);
+    free(text);
+    return print_delete(res);
+}

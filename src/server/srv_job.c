@@ -1,0 +1,65 @@
+/* srv_job.c - job creation, failure and reference counting (see srv_job.h). */
+#include "server/srv_job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+
+ckv_status ckv_srv_job_create(ckv_srv_job **out, int max_tokens, int n_choices, size_t piece_cap) {
+    *out = NULL;
+    if (n_choices < 1 || n_choices > CKV_SRV_MAX_CHOICES) return ckv_error(CKV_STATUS_ERR_RANGE, "n must be in 1..%d", CKV_SRV_MAX_CHOICES);
+    ckv_srv_job *j = calloc(1, sizeof *j);
+    if (!j) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for a request");
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 2;
+    j->max_tokens = max_tokens;
+    j->n_choices = n_choices;
+    ckv_status st = CKV_STATUS_OK;
+    for (int c = 0; c < n_choices && st == CKV_STATUS_OK; c++) {
+        ckv_srv_choice *ch = &j->choices[c];
+        ch->text_cap = (size_t)(max_tokens + 1) * piece_cap + 1;
+        st = ckv_alloc((void **)&ch->ids, sizeof(int32_t) * (size_t)(max_tokens > 0 ? max_tokens : 1), "answer ids");
+        if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&ch->text, ch->text_cap, "answer text");
+    }
+    if (st != CKV_STATUS_OK) {
+        j->refs = 1;
+        ckv_srv_job_release(j);
+        return st;
+    }
+    *out = j;
+    return CKV_STATUS_OK;
+}
+
+static void job_free(ckv_srv_job *j) {
+    for (int c = 0; c < CKV_SRV_MAX_CHOICES; c++) {
+        ckv_free(j->choices[c].ids);
+        ckv_free(j->choices[c].text);
+    }
+    for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    free(j->ctx_ids);
+    free(j->q_ids);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void ckv_srv_job_release(ckv_srv_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left == 0) job_free(j);
+}
+
+void ckv_srv_job_fail(ckv_srv_job *j, ckv_status st) {
+    pthread_mutex_lock(&j->mu);
+    j->status = st;
+    snprintf(j->err, sizeof j->err, "%s", ckv_error_message());
+    j->done = 1;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    ckv_error_clear();
+}

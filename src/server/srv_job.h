@@ -1,0 +1,74 @@
+/* srv_job.h - one HTTP request as the engine thread sees it: the prompt already split into context and
+ * question ids, the press, sampling and limits (fixed at submit), and its progress (generated ids and
+ * text per choice, finish reasons, usage) that the engine thread writes and the HTTP thread reads
+ * under the job's mutex. Every buffer the engine thread writes is sized at creation, so nothing is
+ * allocated while decoding. Two references (HTTP side and engine side); the last release frees it.
+ * It does not parse JSON (srv_api.c) or schedule (srv_sched.c). */
+#ifndef CKV_SRV_JOB_H
+#define CKV_SRV_JOB_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/request.h"
+#include "evict/press.h"
+
+#define CKV_SRV_MAX_STOP 4
+#define CKV_SRV_MAX_CHOICES 8
+
+typedef struct {
+    int32_t *ids;           /* [max_tokens] generated ids (without the stopping token) */
+    int n_ids;
+    char *text;             /* [text_cap] generated text */
+    size_t text_len, text_cap;
+    size_t safe_len;        /* text that can be streamed: no stop string can start before it */
+    ckv_finish_reason finish; /* NONE while running */
+} ckv_srv_choice;
+
+typedef enum { CKV_SRV_COMPLETION = 0, CKV_SRV_CHAT } ckv_srv_kind;
+
+typedef struct ckv_srv_job {
+    /* the request (immutable after submit) */
+    ckv_srv_kind kind;
+    int32_t *ctx_ids;       /* [n_ctx] the context (what is compressed and reused) */
+    int n_ctx;
+    int32_t *q_ids;         /* [n_q] the question fed after the (compressed) context; may be empty */
+    int n_q;
+    ckv_press_config press; /* scorer none: the full cache */
+    ckv_sampler_config sampling;
+    int max_tokens, n_choices, ignore_eos;
+    char *stop[CKV_SRV_MAX_STOP];
+    int n_stop;
+    size_t stop_max_len;
+    int stream, include_usage;
+    char id[48];
+    long created;
+    double t_submit;
+    /* progress, written by the engine thread under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ckv_srv_choice choices[CKV_SRV_MAX_CHOICES];
+    int done;               /* every choice finished (or the job failed) */
+    ckv_status status;      /* != OK: the job failed with err */
+    char err[512];
+    int cancelled;          /* set by the HTTP side (client gone, shutdown); read by the engine thread */
+    double t_first;         /* first token produced (0: none yet) */
+    /* usage */
+    long prompt_tokens, reused_tokens, completion_tokens;
+    long kept_entries, total_entries;
+    size_t kv_bytes_full, kv_bytes_kept;
+    int compressed, cache_hit;
+    const char *uncompressed_reason;
+    int refs;
+} ckv_srv_job;
+
+/* A job for n_choices x max_tokens tokens whose text pieces are at most piece_cap bytes; ctx and q
+ * are taken over (malloc'd arrays). stop strings are copied. */
+ckv_status ckv_srv_job_create(ckv_srv_job **out, int max_tokens, int n_choices, size_t piece_cap);
+void ckv_srv_job_release(ckv_srv_job *j); /* drops one reference; NULL is fine */
+
+/* Marks the job failed with the current library error message (engine thread). */
+void ckv_srv_job_fail(ckv_srv_job *j, ckv_status st);
+
+#endif

@@ -1,0 +1,32 @@
+"""test_schema.py - a bounded schemathesis run of docs/openapi.yaml against `ckv serve` on the fixture
+model: a few dozen generated requests per operation (valid and invalid), checking that no response
+is a 5xx, that status codes and content types are the documented ones and that JSON bodies match
+their schemas; then the server must still answer /health and exit 0 on SIGTERM.
+usage: test_schema.py CKV_BINARY FIXTURES_DIR TMP_DIR"""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_util import REPO, Checks, Server, require_server, skip  # noqa: E402
+
+ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
+require_server(ckv)
+st = os.path.join(os.path.dirname(sys.executable), "schemathesis")
+if not os.path.exists(st):
+    skip("schemathesis is not installed in the test venv (tools/test.sh installs it from PyPI)")
+
+s = Server(ckv, os.path.join(fixtures, "models", "llama_gqa"), tmp, "--model-name", "llama_gqa", "--max-tokens-limit", "32",
+           "--max-body-bytes", "65536", "--template", "chatml", name="schema")
+t = Checks()
+cmd = [st, "run", os.path.join(REPO, "docs", "openapi.yaml"), "--url", s.base_url, "--max-examples", "25", "--seed", "1",
+       "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+       "--phases", "examples,coverage,fuzzing", "--request-timeout", "60", "--no-color"]
+r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+print(r.stdout[-6000:])
+print(r.stderr[-2000:])
+t.check(r.returncode == 0, "schemathesis finds no 5xx and no response outside docs/openapi.yaml", f"exit {r.returncode}")
+status, _, _ = s.request("GET", "/health")
+t.check(status == 200, "the server is up after the schemathesis run")
+t.check(s.stop() == 0, "SIGTERM: exit 0")
+t.finish()
