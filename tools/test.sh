@@ -29,11 +29,11 @@ else
   echo "warning: cannot create .venv-test; the server tests skip"
 fi
 echo "== tests (cpu, mpi, cuda-emu: the CUDA kernels on the CPU execution layer)"
-ctest --test-dir "$root/build" -L 'cpu|mpi|cuda-emu' --output-on-failure -j "$jobs"
+ctest --test-dir "$root/build" -L 'cpu|mpi|cuda-emu' -LE slow --output-on-failure -j "$jobs"
 echo "== cluster tests (network-namespace nodes, mpirun and SLURM; skipped without root or the packages)"
-ctest --test-dir "$root/build" -L cluster --output-on-failure
+ctest --test-dir "$root/build" -L cluster -LE slow --output-on-failure
 
 echo "== build (ASan + UBSan) and loader / bad-input tests"
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCKV_SANITIZE=ON -DCKV_CUDA=OFF >/dev/null
 cmake --build "$root/build-asan" -j "$jobs"
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" -L sanitize --output-on-failure -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" -L sanitize -LE slow --output-on-failure -j "$jobs"

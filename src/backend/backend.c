@@ -1,5 +1,8 @@
-/* backend.c - picks a backend by name. The backends themselves live in cpu/ and cuda/. */
+/* backend.c - picks a backend by name (cpu, cuda, and cuda-emu: the CUDA sources built against the CPU
+ * execution layer, for tests). The backends themselves live in cpu/ and cuda/. */
 #include "backend.h"
+
+#include "backend/cuda/cuda_emu.h"
 
 #include <string.h>
 
@@ -12,6 +15,8 @@ ckv_status ckv_backend_init_params(ckv_backend **out, const ckv_backend_params *
             return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--backend cuda: this build of ckv has no CUDA support (configure with -DCKV_CUDA=ON)");
         return ckv_backend_cuda_init(out, p->device < 0 ? 0 : p->device);
     }
+    /* the CUDA kernels on ckv's CPU execution layer: end-to-end tests of the CUDA path without a GPU */
+    if (strcmp(name, "cuda-emu") == 0) return ckv_backend_cuda_emu_init(out, p->device < 0 ? 0 : p->device);
     return ckv_error(CKV_STATUS_ERR_ARG, "--backend: unknown backend '%s' (expected cpu or cuda)", name);
 }
 

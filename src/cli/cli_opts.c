@@ -62,7 +62,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_NEW_TOKENS, "new-tokens", 0, CKV_OPT_KIND_INT, "input", "N", "question + answer tokens reserved after the context", "256", I, 0, 1L << 30, NULL, 0, 0},
     /* model */
     {CKV_OPT_MODEL, "model", 'm', CKV_OPT_KIND_STR, "model", "PATH", "Hugging Face model directory (config.json + *.safetensors) or GGUF file", NULL, ALL, 0, 0, NULL, 0, 1},
-    {CKV_OPT_BACKEND, "backend", 0, CKV_OPT_KIND_STR, "model", "NAME", "compute backend: cpu or cuda", "cpu", G | E | S, 0, 0, "cpu|cuda", 0, 0},
+    {CKV_OPT_BACKEND, "backend", 0, CKV_OPT_KIND_STR, "model", "NAME", "compute backend: cpu or cuda (cuda-emu: the CUDA kernels on the CPU\nexecution layer, slow, for tests)", "cpu", G | E | F | A | S, 0, 0, "cpu|cuda|cuda-emu", 0, 0},
     {CKV_OPT_BACKEND, "backend", 0, CKV_OPT_KIND_STR, "model", "NAME", "cuda: also print the GPU memory plan per rank (bf16 weights and KV)", "cpu", I, 0, 0, "cpu|cuda", 0, 0},
     {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks per group; the world is split into groups of N ranks\nthat share the work (data parallelism)", "all ranks", G | E, 1, 1 << 20, NULL, 0, 0},
     {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks to plan for", "1", I, 1, 4096, NULL, 0, 0},
@@ -71,7 +71,7 @@ static const ckv_opt_def table[] = {
     /* runtime */
     {CKV_OPT_THREADS, "threads", 't', CKV_OPT_KIND_INT, "runtime", "N", "CPU threads per rank (capped at the cores of the machine)", "the cores, shared among a node's ranks", G | A | E | F | S, 1, 4096, NULL, 0, 1},
     {CKV_OPT_CHUNK, "chunk", 0, CKV_OPT_KIND_INT, "runtime", "N", "prefill chunk length in tokens", "512", G | I | A | E | F | S, 1, 1 << 24, NULL, 0, 0},
-    {CKV_OPT_DEVICE, "device", 0, CKV_OPT_KIND_INT, "runtime", "N", "GPU index (--backend cuda)", "the node-local rank", G | E | S, 0, 4096, NULL, 0, 1},
+    {CKV_OPT_DEVICE, "device", 0, CKV_OPT_KIND_INT, "runtime", "N", "GPU index (--backend cuda)", "the node-local rank", G | E | F | A | S, 0, 4096, NULL, 0, 1},
     {CKV_OPT_KV_DTYPE, "kv-dtype", 0, CKV_OPT_KIND_STR, "runtime", "T", "KV cache element type: f32, f16, bf16", "f32 on cpu, bf16 on cuda", G | E | A | F | S, 0, 0, "f32|f16|bf16", 0, 0},
     {CKV_OPT_COMM_TIMEOUT, "comm-timeout", 0, CKV_OPT_KIND_NUM, "runtime", "SECONDS", "a collective not complete after SECONDS ends the job, naming the rank and\nthe operation (a dead or stalled peer never hangs it)", "300", G | A | E | F | I | T, 0.1, 1e7, NULL, 0, 0},
     {CKV_OPT_GPU_MEM_LIMIT, "gpu-mem-limit", 0, CKV_OPT_KIND_NUM, "runtime", "BYTES", "fail unless every rank's GPU memory plan fits in BYTES (--backend cuda)", "the GPU's memory", I, 1, 1e18, NULL, 0, 0},
