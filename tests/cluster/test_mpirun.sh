@@ -38,9 +38,10 @@ mpi_on() {
 
 # (1) node-local rank: lines "rank R of N host H local L of S"; L must count R's predecessors on H
 check_local() { # check_local HOSTS NP LABEL
-  if ! mpi_on "$1" "$2" "$probe" >"$tmp/local" 2>"$tmp/err"; then
+  if ! mpi_on "$1" "$2" "$probe" >"$tmp/local.raw" 2>"$tmp/err"; then
     echo "FAIL node-local rank ($3): the probe failed"; cat "$tmp/err"; fail=1; return
   fi
+  sort -n -k2,2 "$tmp/local.raw" >"$tmp/local"  # the ranks' lines reach mpirun in any order
   if awk -v np="$2" '{ host[$1 NR] = $6; want = seen[$6]++; if ($8 != want) bad = bad " rank " $2 " local " $8 " (want " want ")";
                        h[NR] = $6; l[NR] = $10 }
                      END { for (i = 1; i <= NR; i++) if (l[i] != seen[h[i]]) bad = bad " size " l[i] " on " h[i] " (want " seen[h[i]] ")";
