@@ -131,6 +131,9 @@ fi
 # a node failure would: no warning, a result line may be cut off; the job then ends FAILED), then a last submission
 # that must finish with every item exactly once
 export OUT=$tmp/eval
+# 40 samples (120 items of a few tens of ms each): enough work left that a stop lands mid-run on a fast,
+# idle machine too (with 10 the rest of a run could finish between two polls)
+export SAMPLES=40
 evargs=(launch/slurm/ckv-single-node.sbatch configs/fixture-llama-gqa-eval.env --max-new-tokens 24)
 total=$( (. configs/fixture-llama-gqa-eval.env; echo $((SAMPLES * ($(tr ',' '\n' <<<"$BUDGET" | wc -l) + 1)))) )
 : >"$tmp/before.jsonl"
