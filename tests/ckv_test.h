@@ -1,11 +1,13 @@
 /* ckv_test.h - the tiny test harness every test executable uses: checks that count failures and
- * print where, array comparison that prints the first mismatches and the max error, skip (exit 77).
+ * print where, array comparison that prints the first mismatches and the max error, skip (exit 77),
+ * a seeded generator of random test data.
  * Header-only; tests only. */
 #ifndef CKV_TEST_H
 #define CKV_TEST_H
 
 #include <math.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,6 +97,29 @@ static inline int ckv_test_finish(const char *name) {
     }
     fprintf(stderr, "%s: all checks passed\n", name);
     return 0;
+}
+
+/* A xorshift64 generator for test data: the next 32 random bits of *state (non-zero seed). */
+static inline uint32_t ckv_test_rng_u32(uint64_t *state) {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return (uint32_t)(*state >> 32);
+}
+
+/* A uniform float in [lo, hi) from *state. */
+static inline float ckv_test_uniform(uint64_t *state, float lo, float hi) {
+    return lo + (hi - lo) * (float)(ckv_test_rng_u32(state) >> 8) * (1.0f / 16777216.0f);
+}
+
+/* Zeroed memory, or the test exits saying so. */
+static inline void *ckv_test_calloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
 }
 
 static inline int ckv_test_skip(const char *why) {

@@ -75,6 +75,7 @@ static uint64_t model_fingerprint(const char *path) {
 
 void ckv_cli_agree_init(ckv_cli_agreement *a, const ckv_opts *o, const char *model_path) {
     memset(a, 0, sizeof *a);
+    a->comm_timeout_s = ckv_opt_num(o, CKV_OPT_COMM_TIMEOUT, 0);
     ckv_cli_agree_add(a, CKV_AGREE_COMMAND, o->cmd_name, strlen(o->cmd_name));
     if (model_path) a->h[CKV_AGREE_MODEL] = model_fingerprint(model_path);
     for (int i = 0; i < o->n; i++) {
@@ -128,7 +129,10 @@ void ckv_cli_agree_check(ckv_comm *world, const ckv_cli_agreement *a) {
 
 ckv_comm *ckv_cli_world(ckv_cli_agreement *a, int *argc, char ***argv) {
     ckv_comm *world = NULL;
-    ckv_cli_check(ckv_comm_init_world(&world, argc, argv));
+    ckv_comm_params cp;
+    ckv_comm_params_default(&cp);
+    if (a->comm_timeout_s > 0) cp.timeout_s = a->comm_timeout_s;
+    ckv_cli_check(ckv_comm_init_world_params(&world, argc, argv, &cp));
     ckv_log_set_rank(world->rank, world->size);
     ckv_cli_agree_check(world, a);
     return world;

@@ -19,6 +19,7 @@ enum { CKV_AGREE_COMMAND, CKV_AGREE_MODEL, CKV_AGREE_PROMPT, CKV_AGREE_QUESTIONS
 
 typedef struct {
     uint64_t h[CKV_AGREE_ITEMS];
+    double comm_timeout_s; /* --comm-timeout (0: the default), for the world communicator */
 } ckv_cli_agreement;
 
 /* Starts with the command and every flag of o that is not per-rank; the model path (may be NULL)

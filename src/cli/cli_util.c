@@ -10,11 +10,19 @@
 #include "cli/cli.h"
 #include "comm/comm.h"
 
+/* The message as one printable line: arguments quoted from the command line may hold control bytes. */
+static void cli_vprint_escaped(const char *fmt, va_list ap) {
+    char raw[2048], esc[8192];
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    ckv_escape_text(esc, sizeof esc, raw);
+    fputs(esc, stderr);
+}
+
 _Noreturn void ckv_cli_die(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "ckv: error: ");
-    vfprintf(stderr, fmt, ap);
+    cli_vprint_escaped(fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
     exit(1);
@@ -24,7 +32,7 @@ _Noreturn void ckv_cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "ckv %s: error: ", cmd);
-    vfprintf(stderr, fmt, ap);
+    cli_vprint_escaped(fmt, ap);
     fprintf(stderr, " (see 'ckv %s --help')\n", cmd);
     va_end(ap);
     exit(2);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/json.h"
 #include "cli/cli_agree.h"
 #include "cli/cli_opts.h"
 #include "comm/comm.h"
@@ -17,24 +18,12 @@ static const ckv_cli_command tokenize_cmd = {
     CKV_CMD_TOKENIZE, "tokenize", "-m PATH [--text T | < stdin] [flags]",
     "Prints the token ids of the text on one line (or, with --decode, the text of the ids exactly)."};
 
+/* stdin, whole, up to the input limit (CKV_MAX_INPUT_BYTES): an endless stream ends with an error. */
 static char *read_stdin(size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) ckv_cli_die("out of memory reading stdin");
-    for (;;) {
-        if (n + 1 >= cap) {
-            char *b = realloc(buf, cap * 2);
-            if (!b) ckv_cli_die("out of memory reading stdin");
-            buf = b;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, stdin);
-        n += got;
-        if (got == 0) break;
-    }
-    if (ferror(stdin)) ckv_cli_die("cannot read stdin");
-    buf[n] = '\0';
-    *len = n;
+    size_t limit = 0;
+    char *buf = NULL;
+    ckv_cli_check(ckv_input_limit(&limit));
+    ckv_cli_check(ckv_read_stream(stdin, "stdin", limit, &buf, len));
     return buf;
 }
 

@@ -52,16 +52,28 @@ const char *ckv_comm_path_name(ckv_comm_path p) {
     }
 }
 
-int ckv_comm_launched_by_mpi(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS",
-                                       "SLURM_STEP_NUM_TASKS"};
+/* 1 when a process manager interface (mpirun's, or srun's PMI/PMIx plugin) set this process up. */
+static int comm_pmi_present(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         if (getenv(vars[i])) return 1;
     return 0;
 }
 
+/* Tasks of the srun step this process belongs to (0 outside SLURM steps). */
+static long comm_slurm_step_tasks(void) {
+    const char *s = getenv("SLURM_STEP_NUM_TASKS");
+    return s ? strtol(s, NULL, 10) : 0;
+}
+
+int ckv_comm_launched_by_mpi(void) { return comm_pmi_present() || comm_slurm_step_tasks() > 1; }
+
 ckv_status ckv_comm_init_world(ckv_comm **out, int *argc, char ***argv) {
     if (ckv_comm_launched_by_mpi()) {
+        if (!comm_pmi_present()) /* srun --mpi=none (or a cluster whose default plugin is none) */
+            return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                             "srun started %ld tasks without a process manager interface: run them with "
+                             "srun --mpi=pmix (see srun --mpi=list) or mpirun", comm_slurm_step_tasks());
         if (!ckv_comm_mpi_available())
             return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                              "started by an MPI launcher but this build of ckv has no MPI (install libopenmpi-dev and rebuild)");

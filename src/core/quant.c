@@ -87,40 +87,28 @@ void ckv_quant_k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
 
 /* Q4_K: 256 elements in 8 sub-blocks of 32; fp16 d and dmin, 12 bytes of 6-bit scales and minimums,
  * 128 bytes of nibbles. Each 32-byte group of nibbles holds two sub-blocks: its low nibbles the first
- * (2g), its high nibbles the second (2g + 1); x = d * sc * q - dmin * mn. */
-static void quant_deq_q4_k(const uint8_t *b, float *y) {
+ * (2g), its high nibbles the second (2g + 1); x = d * sc * q - dmin * mn.
+ * Q5_K (fifth = 1): the same with 32 bytes of fifth bits (qh) before the nibbles: element l (< 32) of
+ * sub-block 2g takes bit 2g of qh[l], element l of sub-block 2g + 1 bit 2g + 1; x = d * sc * (nibble +
+ * 16 * bit) - dmin * mn. */
+static inline void quant_deq_k45(const uint8_t *b, float *y, int fifth) {
     float d = quant_half(b), dmin = quant_half(b + 2);
-    const uint8_t *scales = b + 4, *q = b + 16;
+    const uint8_t *scales = b + 4, *qh = b + 16, *q = b + (fifth ? 48 : 16);
     for (int g = 0; g < 4; g++) {
         int sc0, mn0, sc1, mn1;
         ckv_quant_k4_scale_min(scales, 2 * g, &sc0, &mn0);
         ckv_quant_k4_scale_min(scales, 2 * g + 1, &sc1, &mn1);
         float d0 = d * (float)sc0, m0 = dmin * (float)mn0, d1 = d * (float)sc1, m1 = dmin * (float)mn1;
         for (int l = 0; l < 32; l++) {
-            y[64 * g + l] = d0 * (float)(q[32 * g + l] & 15) - m0;
-            y[64 * g + 32 + l] = d1 * (float)(q[32 * g + l] >> 4) - m1;
+            int h0 = fifth ? ((qh[l] >> (2 * g)) & 1) << 4 : 0, h1 = fifth ? ((qh[l] >> (2 * g + 1)) & 1) << 4 : 0;
+            y[64 * g + l] = d0 * (float)((q[32 * g + l] & 15) | h0) - m0;
+            y[64 * g + 32 + l] = d1 * (float)((q[32 * g + l] >> 4) | h1) - m1;
         }
     }
 }
 
-/* Q5_K: Q4_K's layout (fp16 d and dmin, 12 bytes of scales and minimums) with 32 bytes of fifth bits
- * (qh) before the 128 bytes of nibbles: element l (< 32) of sub-block 2g takes bit 2g of qh[l], element
- * l of sub-block 2g + 1 bit 2g + 1; x = d * sc * (nibble + 16 * bit) - dmin * mn. */
-static void quant_deq_q5_k(const uint8_t *b, float *y) {
-    float d = quant_half(b), dmin = quant_half(b + 2);
-    const uint8_t *scales = b + 4, *qh = b + 16, *q = b + 48;
-    for (int g = 0; g < 4; g++) {
-        int sc0, mn0, sc1, mn1;
-        ckv_quant_k4_scale_min(scales, 2 * g, &sc0, &mn0);
-        ckv_quant_k4_scale_min(scales, 2 * g + 1, &sc1, &mn1);
-        float d0 = d * (float)sc0, m0 = dmin * (float)mn0, d1 = d * (float)sc1, m1 = dmin * (float)mn1;
-        for (int l = 0; l < 32; l++) {
-            int h0 = (qh[l] >> (2 * g)) & 1, h1 = (qh[l] >> (2 * g + 1)) & 1;
-            y[64 * g + l] = d0 * (float)((q[32 * g + l] & 15) | (h0 << 4)) - m0;
-            y[64 * g + 32 + l] = d1 * (float)((q[32 * g + l] >> 4) | (h1 << 4)) - m1;
-        }
-    }
-}
+static void quant_deq_q4_k(const uint8_t *b, float *y) { quant_deq_k45(b, y, 0); }
+static void quant_deq_q5_k(const uint8_t *b, float *y) { quant_deq_k45(b, y, 1); }
 
 /* Q6_K: 256 elements in 16 sub-blocks of 16; 128 bytes of low nibbles (ql), 64 bytes of 2-bit high
  * parts (qh), 16 int8 sub-block scales, fp16 d. Each half of 128 elements uses 64 bytes of ql and 32

@@ -4,6 +4,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/request.h"
 
+#include "engine/comm_backend.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -74,13 +76,17 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     /* the caller chose the GPU (the cli: the node-local rank's); -1 is device 0 */
     ckv_backend_params bp = {cfg->backend, cfg->threads, cfg->device};
     ckv_status st = ckv_backend_init_params(&e->be, &bp);
+    /* device buffers cross ranks through a device communicator (engine/comm_backend.h) */
+    if (st == CKV_STATUS_OK && tp && tp->size > 1 && e->be->device != CKV_DEVICE_HOST)
+        st = ckv_comm_init_backend(&e->tp_dev, tp, e->be, bp.device < 0 ? 0 : bp.device, NULL, 0);
+    ckv_comm *mtp = e->tp_dev ? e->tp_dev : tp;
     /* auto: matrices the backend computes in their stored format stay so (GGUF blocks, F16, BF16 on
      * the cpu); an explicit dtype converts every matrix to it */
     ckv_model_opts mo = {.weights_dtype = engine_weights_dtype(cfg),
                          .as_stored = cfg->weights_dtype == CKV_WEIGHTS_DTYPE_AUTO,
                          .random_weights = cfg->random_weights,
                          .random_seed = cfg->random_seed};
-    if (st == CKV_STATUS_OK) st = ckv_model_load_opts(&e->model, cfg->model_path, e->be, tp, &mo);
+    if (st == CKV_STATUS_OK) st = ckv_model_load_opts(&e->model, cfg->model_path, e->be, mtp, &mo);
     if (st == CKV_STATUS_OK && e->cfg.kv_dtype != CKV_KV_DTYPE_DEFAULT && !e->be->ops->kv_dtype_ok(e->be, engine_kv_dtype(e)))
         st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend cannot hold the KV cache in it",
                        ckv_dtype_name(engine_kv_dtype(e)), e->be->name);
@@ -109,6 +115,7 @@ void ckv_engine_free(ckv_engine *e) {
     if (!e) return;
     if (e->owns) {
         ckv_model_free(e->model);
+        ckv_comm_free(e->tp_dev);
         ckv_backend_free(e->be);
     }
     memset(e, 0, sizeof *e);

@@ -6,8 +6,9 @@
 # ckv's 32 greedy tokens must equal llama.cpp's up to the first step where llama.cpp's own top-1/top-2
 # margin is below TIE_TOL; they may differ from such a near tie on (the two arithmetics may break it
 # differently, after which the continuations legitimately part; reported, not failed). It runs once
-# per weights mode of PARITY_MODES (default "auto f32": the weights computed as stored, with 8-bit
-# activation blocks like llama.cpp, and today's dequantise-to-fp32 path). Skips (exit 77) when the
+# per weights mode of PARITY_MODES (default "auto": the weights computed as stored, with 8-bit
+# activation blocks like llama.cpp; "f32": the dequantise-to-fp32 path, registered as
+# cli_test_gguf_parity_f32). Skips (exit 77) when the
 # model file is absent: tools/models/fetch_smollm2.sh fetches it (weights are never committed). The
 # first prompt also runs on one thread: its greedy ids must equal the two-thread ones in every mode.
 # PARITY_MODEL, PARITY_FIXTURE and PARITY_FETCH point it at another model (tests/cli/test_qwen25_gguf.sh).
@@ -45,7 +46,7 @@ if [ ! -f "$fx" ]; then echo "FAIL: fixture $fx is missing"; exit 1; fi
 n=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['prompts']))" "$fx")
 n_new=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['n_new'])" "$fx")
 fail=0
-for mode in ${PARITY_MODES:-auto f32}; do
+for mode in ${PARITY_MODES:-auto}; do
 for ((i = 0; i < n; i++)); do
   ids=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['prompts'][int(sys.argv[2])]['prompt_ids'])))" "$fx" "$i")
   if ! "$ckv" generate --model "$model" --prompt-ids "$ids" --max-new-tokens "$n_new" --ignore-eos --threads 2 \

@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_emu.h"
 #include "ckv_test.h"
+#include "cuda_test_backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "engine/sampler.h"
@@ -681,7 +682,7 @@ static void test_evict_attention(ckv_dtype dt) {
     CHECK_OK(tb->ops->evict_value_norm(tb, vt, ld, &e.bt, EV_L, &wt, EV_HQ, 0, 2));
     CHECK_OK(ref->ops->evict_value_norm(ref, vr, ld, &e.br, EV_L, &wr, EV_HQ, 0, 2));
     compare_dev("evict_value_norm", ckv_dtype_name(dt), vt, vr, (size_t)EV_KV * ld, 1e-6, 1e-6);
-    /* key and value norms, expected-attention logits */
+    /* value norms, expected-attention logits */
     tb->ops->evict_row_norm(tb, vt, ld, &e.bt, EV_L, 1, -1.0f);
     ref->ops->evict_row_norm(ref, vr, ld, &e.br, EV_L, 1, -1.0f);
     compare_dev("evict_row_norm", "values", vt, vr, (size_t)EV_KV * ld, 0.0, 0.0);
@@ -709,6 +710,25 @@ static void test_evict_attention(ckv_dtype dt) {
     release2(vt, vr), release2(wt.data, wr.data), release2(qt, qr);
     free(shift), free(mu), free(cov), free(init), free(hw), free(wo), free(q);
     ev_cache_free(&e);
+}
+
+/* DefensiveKV's window aggregation: double sums in the op's order on both sides, so exact. */
+static void test_evict_defensive(void) {
+    const int w = 6, n = 37, ld = 41, heads = EV_HQ, n_kv = EV_KV;
+    float *p = rand_floats((size_t)heads * w * ld, 0.0f, 0.05f);
+    float *pt = dev_upload(tb, p, sizeof(float) * heads * w * ld), *pr = dev_upload(ref, p, sizeof(float) * heads * w * ld);
+    double *at = (double *)dev_poison(tb, (size_t)n_kv * n * 2), *ar = (double *)dev_poison(ref, (size_t)n_kv * n * 2);
+    float *mt = dev_poison(tb, (size_t)n_kv * n), *mr = dev_poison(ref, (size_t)n_kv * n);
+    double *bt = (double *)dev_poison(tb, 2), *br = (double *)dev_poison(ref, 2);
+    for (int pass = 0; pass < 2; pass++) { /* the second pass accumulates */
+        CHECK_OK(tb->ops->evict_defensive_rows(tb, at, mt, bt, pt, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0));
+        CHECK_OK(ref->ops->evict_defensive_rows(ref, ar, mr, br, pr, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0));
+    }
+    compare_dev_f64("evict_defensive_rows", "ave", at, ar, (size_t)n_kv * n, 0.0, 0.0);
+    compare_dev("evict_defensive_rows", "dmax", mt, mr, (size_t)n_kv * n, 0.0, 0.0);
+    compare_dev_f64("evict_defensive_rows", "bias", bt, br, 1, 0.0, 0.0);
+    release2(pt, pr), release2(at, ar), release2(mt, mr), release2(bt, br);
+    free(p);
 }
 
 static void test_evict_rows(void) {
@@ -865,23 +885,9 @@ static void test_emu_errors(void) {
 
 int main(int argc, char **argv) {
     tb_name = argc > 1 ? argv[1] : "cuda-emu";
-    ckv_status s;
-    if (strcmp(tb_name, "cuda-emu") == 0) {
-        test_emu_errors();
-        s = ckv_backend_cuda_emu_init(&tb, 0);
-    } else if (strcmp(tb_name, "cuda") == 0) {
-        if (!ckv_backend_cuda_available()) return ckv_test_skip("this build has no CUDA backend (nvcc not found)");
-        s = ckv_backend_init(&tb, "cuda", 0);
-        if (s == CKV_STATUS_ERR_DEVICE && strstr(ckv_error_message(), "no CUDA GPU"))
-            return ckv_test_skip(ckv_error_message());
-    } else {
-        fprintf(stderr, "usage: test_backend_ops cuda-emu|cuda\n");
-        return 2;
-    }
-    if (s != CKV_STATUS_OK) {
-        fprintf(stderr, "FAIL: %s backend: %s\n", tb_name, ckv_error_message());
-        return 1;
-    }
+    if (strcmp(tb_name, "cuda-emu") == 0) test_emu_errors();
+    const int rc = cuda_test_open(argc, argv, "test_backend_ops", &tb);
+    if (rc >= 0) return rc;
     CHECK_OK(ckv_backend_cpu_init(&ref, 1));
     CHECK(tb->weight_dtype == CKV_DTYPE_BF16 && tb->kv_dtype == CKV_DTYPE_BF16);
     CHECK(tb->ops->weight_dtype_ok(tb, CKV_DTYPE_BF16) && tb->ops->kv_dtype_ok(tb, CKV_DTYPE_BF16));
@@ -906,6 +912,7 @@ int main(int argc, char **argv) {
     test_evict_attention(CKV_DTYPE_BF16);
     test_evict_attention(CKV_DTYPE_F32);
     test_evict_rows();
+    test_evict_defensive();
     test_sample(0.0f, 0, 1.0f);
     test_sample(1.0f, 0, 1.0f);
     test_sample(0.7f, 20, 1.0f);

@@ -15,9 +15,9 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
-#include "backend/cuda/cuda_emu.h"
 #include "ckv_test.h"
 #include "core/json.h"
+#include "cuda_test_backend.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "model/model.h"
@@ -137,24 +137,9 @@ static void check_model(const char *dir, const char *name, ckv_backend *dev, ckv
 }
 
 int main(int argc, char **argv) {
-    const char *which = argc > 1 ? argv[1] : "cuda-emu";
     ckv_backend *dev = NULL, *cpu = NULL;
-    ckv_status s;
-    if (strcmp(which, "cuda-emu") == 0) {
-        s = ckv_backend_cuda_emu_init(&dev, 0);
-    } else if (strcmp(which, "cuda") == 0) {
-        if (!ckv_backend_cuda_available()) return ckv_test_skip("this build has no CUDA backend (nvcc not found)");
-        s = ckv_backend_init(&dev, "cuda", 0);
-        if (s == CKV_STATUS_ERR_DEVICE && strstr(ckv_error_message(), "no CUDA GPU"))
-            return ckv_test_skip(ckv_error_message());
-    } else {
-        fprintf(stderr, "usage: test_model_cuda cuda-emu|cuda\n");
-        return 2;
-    }
-    if (s != CKV_STATUS_OK) {
-        fprintf(stderr, "FAIL: %s backend: %s\n", which, ckv_error_message());
-        return 1;
-    }
+    const int rc = cuda_test_open(argc, argv, "test_model_cuda", &dev);
+    if (rc >= 0) return rc;
     CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
     char root[1024];
     snprintf(root, sizeof root, "%s/models", CKV_FIXTURES);

@@ -28,7 +28,7 @@
 
 #include "ckv_test.h"
 #include "comm/comm.h"
-#include "comm/comm_backend.h"
+#include "engine/comm_backend.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "model/model.h"

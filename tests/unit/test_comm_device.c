@@ -4,7 +4,7 @@
  * timeout parameters' defaults and inheritance. Multi-rank behaviour: tests/mpi/comm_ranks.c. */
 #include "ckv_test.h"
 #include "comm/comm.h"
-#include "comm/comm_backend.h"
+#include "engine/comm_backend.h"
 
 #define ID 16
 

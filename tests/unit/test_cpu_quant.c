@@ -26,23 +26,9 @@
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
-}
-
-static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() >> 8) * (1.0f / 16777216.0f); }
-
-static void *xalloc(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "test: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
+static uint32_t rng_u32(void) { return ckv_test_rng_u32(&rng_state); }
+static float rng_uniform(float lo, float hi) { return ckv_test_uniform(&rng_state, lo, hi); }
+#define xalloc ckv_test_calloc
 
 static void put_half(uint8_t *p, float v) {
     uint16_t h = ckv_f32_to_f16(v);

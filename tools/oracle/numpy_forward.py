@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import oracle_common as oc  # noqa: E402
 
 ATOL_F32 = 1e-4
 
@@ -109,7 +108,11 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 def forward(model_dir: Path, ids: list[int]) -> np.ndarray:
     cfg = json.loads((model_dir / "config.json").read_text())
-    W = load_weights(model_dir)
+    return forward_weights(cfg, load_weights(model_dir), ids)
+
+
+def forward_weights(cfg: dict, W: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """The forward over weights W (Hugging Face names, any float dtype; computed in float64)."""
     D, H, Hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or D // H
     G, eps, T = H // Hkv, cfg["rms_norm_eps"], len(ids)
@@ -118,12 +121,12 @@ def forward(model_dir: Path, ids: list[int]) -> np.ndarray:
     cos, sin = np.cos(ang) * att, np.sin(ang) * att  # yarn scales cos/sin (so q.k by att^2)
     causal = np.triu(np.full((T, T), -np.inf), 1)
 
-    x = W["model.embed_tokens.weight"][ids]  # [T, D]
+    x = W["model.embed_tokens.weight"][ids].astype(np.float64)  # [T, D]
     for layer in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{layer}."
 
         def lin(name, inp):
-            y = inp @ W[pre + name + ".weight"].T
+            y = inp @ W[pre + name + ".weight"].astype(np.float64).T
             b = W.get(pre + name + ".bias")
             return y if b is None else y + b
 
@@ -142,13 +145,15 @@ def forward(model_dir: Path, ids: list[int]) -> np.ndarray:
         x = x + lin("mlp.down_proj", g / (1 + np.exp(-g)) * lin("mlp.up_proj", h))
     x = rmsnorm(x, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else W["lm_head.weight"]
-    return x @ head.T  # [T, V]
+    return x @ head.astype(np.float64).T  # [T, V]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=None)
     args = ap.parse_args()
+    import oracle_common as oc  # torch (for the fixture models), so only here
+
     status = 0
     for name in args.only or oc.all_fixture_names():
         model_dir = oc.FIXTURE_MODELS / name

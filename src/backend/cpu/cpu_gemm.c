@@ -196,13 +196,18 @@ static void ckv_gemv_worker(void *arg, int begin, int end, int tid) {
 static void ckv_gemm_run(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
                          const ckv_gemm_wsrc *wsrc, const float *bias, int n, int k, int m);
 
+/* out [n, m] = bias (or 0): the product over k = 0. */
+static void ckv_gemm_empty(float *out, const float *bias, int n, int m) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) out[(size_t)i * (size_t)m + (size_t)j] = bias ? bias[j] : 0.0f;
+}
+
 void ckv_cpu_gemm(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x, const float *w,
                   const float *bias, int n, int k, int m) {
     if (n <= 0 || m <= 0) return;
     if (!arch) arch = ckv_gemm_best_arch();
     if (k <= 0) { /* an empty sum */
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < m; j++) out[(size_t)i * (size_t)m + (size_t)j] = bias ? bias[j] : 0.0f;
+        ckv_gemm_empty(out, bias, n, m);
         return;
     }
     if (n == 1) {
@@ -219,8 +224,7 @@ void ckv_cpu_gemm_wsrc(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *o
     if (n <= 0 || m <= 0) return;
     if (!arch) arch = ckv_gemm_best_arch();
     if (k <= 0) { /* an empty sum */
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < m; j++) out[(size_t)i * (size_t)m + (size_t)j] = bias ? bias[j] : 0.0f;
+        ckv_gemm_empty(out, bias, n, m);
         return;
     }
     ckv_gemm_run(pool, arch, out, x, NULL, src, bias, n, k, m);

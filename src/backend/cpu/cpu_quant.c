@@ -285,8 +285,8 @@ void ckv_cpu_quant_matmul(ckv_threadpool *pool, const ckv_quant_arch *arch, floa
                           const void *w, ckv_dtype t, size_t row_bytes, const float *bias, int n, int k, int m) {
     if (n <= 0 || m <= 0) return;
     if (!arch) arch = ckv_quant_best_arch();
-    /* the GEMM's k blocks must keep whole weight blocks */
-    if (n >= CKV_QUANT_GEMM_ROWS && CKV_GEMM_KC % ckv_dtype_block_elems(t) == 0) {
+    /* the GEMM's k blocks must keep whole weight blocks; it also gives the empty sum of k = 0 */
+    if ((n >= CKV_QUANT_GEMM_ROWS && CKV_GEMM_KC % ckv_dtype_block_elems(t) == 0) || k <= 0) {
         const ckv_quant_panels q = {.w = w, .t = t, .row_bytes = row_bytes, .block_bytes = ckv_dtype_block_bytes(t),
                                     .block_elems = ckv_dtype_block_elems(t)};
         const ckv_gemm_wsrc src = {.rows = ckv_quant_panel_rows, .ctx = &q};
@@ -299,11 +299,6 @@ void ckv_cpu_quant_matmul(ckv_threadpool *pool, const ckv_quant_arch *arch, floa
                          .row_bytes = row_bytes,
                          .m = m,
                          .first = 1};
-    if (k <= 0) { /* an empty sum */
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < m; j++) out[(size_t)i * (size_t)m + (size_t)j] = bias ? bias[j] : 0.0f;
-        return;
-    }
     if (t == CKV_DTYPE_F16 || t == CKV_DTYPE_BF16) { /* fp32 activations as they are */
         job.w = w;
         job.nb = k;

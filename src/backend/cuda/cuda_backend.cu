@@ -183,6 +183,7 @@ ckv_backend_ops make_ops() {
     o.evict_topk = evict_topk;
     o.evict_scatter = evict_scatter;
     o.evict_topk_counts = evict_topk_counts;
+    o.evict_defensive_rows = evict_defensive_rows;
     o.evict_moments = evict_moments;
     o.evict_ea_logits = evict_ea_logits;
     o.evict_softmax_add = evict_softmax_add;

@@ -4,7 +4,8 @@
  * them heads-then-queries in ascending order, the order the op fixes), one-row softmax
  * (evict_softmax_add), CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm: cuBLAS GEMMs over
  * blocks of 256 value rows, the L1 norm in the op's 16 fp32 lanes), and expected attention's query
- * moments and key logits (evict_moments, evict_ea_logits). fp32 dot products and fp32 GEMMs sum in
+ * moments and key logits (evict_moments, evict_ea_logits), DefensiveKV's window aggregation
+ * (evict_defensive_rows, its double sums in the op's order, so bit for bit). fp32 dot products and fp32 GEMMs sum in
  * another order than the CPU's, so scores agree with cpu/cpu_evict_*.c to a few ulp, not bit for bit.
  * The GEMM ops read the segment descriptors once on the host (a small synchronous download) and
  * allocate their scratch per call, as the op table allows. */
@@ -36,11 +37,7 @@ __global__ void attn_rowstats_kernel(float2 *stats, const float *q, int n_q, int
     const float *qv = q + ((size_t)i * n_heads_local + j) * d;
     float m = -INFINITY;
     for (int t = (int)threadIdx.x; t <= r; t += (int)blockDim.x) m = fmaxf(m, evict_logit(qv, K, t, d, scale, divide));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) redf[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = redf[0];
-    for (unsigned w = 1; w < blockDim.x / 32; w++) m = fmaxf(m, redf[w]);
+    m = block_max(m, redf);
     double s = 0.0;
     for (int t = (int)threadIdx.x; t <= r; t += (int)blockDim.x) s += (double)expf(evict_logit(qv, K, t, d, scale, divide) - m);
     s = block_sum(s, red);
@@ -87,11 +84,7 @@ __global__ void softmax_add_kernel(float *dst, float *x, int n) {
     __shared__ float redf[32];
     float m = -INFINITY;
     for (int t = (int)threadIdx.x; t < n; t += (int)blockDim.x) m = fmaxf(m, x[t]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) redf[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = redf[0];
-    for (unsigned w = 1; w < blockDim.x / 32; w++) m = fmaxf(m, redf[w]);
+    m = block_max(m, redf);
     double s = 0.0;
     for (int t = (int)threadIdx.x; t < n; t += (int)blockDim.x) {
         const float e = expf(x[t] - m);
@@ -173,6 +166,56 @@ __global__ void ea_logits_kernel(float *logit, ckv_kv_batch kv, int g, int row0,
         }
         logit[i] = x;
     }
+}
+
+/* ---- DefensiveKV window aggregation: the op's sums in its own order, per row or per column ---- */
+
+/* pooled[t] of one row: box sum in double of row[t - r .. t + r] clipped to 0 .. n-1, / kernel */
+__device__ __forceinline__ float defensive_pooled(const float *row, int t, int n, int kernel) {
+    const int r = kernel / 2, lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
+    double box = 0.0;
+    for (int u = lo; u <= hi; u++) box += row[u];
+    return (float)(box / kernel);
+}
+
+/* Block (i, j): scale = mass / psum of window row i of head j (t ascending, as the op fixes). */
+__global__ void defensive_scale_kernel(double *scale, const float *p, int ld, int w, int n, int kernel) {
+    if (threadIdx.x != 0) return; /* the sums are sequential; no collective in this kernel */
+    const int i = (int)blockIdx.x, j = (int)blockIdx.y;
+    const float *row = p + ((size_t)j * w + i) * ld;
+    double mass = 0.0, psum = 0.0;
+    for (int t = 0; t < n; t++) mass += row[t];
+    for (int t = 0; t < n; t++) psum += defensive_pooled(row, t, n, kernel);
+    scale[(size_t)j * w + i] = psum > 0.0 ? mass / psum : 0.0;
+}
+
+/* Thread per (g, t): ave and dmax over the heads of KV head g (ascending), then window rows. */
+__global__ void defensive_cols_kernel(double *ave, float *dmax, const double *scale, const float *p, int ld, int w, int n,
+                                      int n_heads_local, int head0, int group, int kernel) {
+    const int g = (int)blockIdx.y, t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (t >= n) return;
+    double av = ave[(size_t)g * n + t];
+    float dm = dmax[(size_t)g * n + t];
+    for (int j = 0; j < n_heads_local; j++) {
+        if ((head0 + j) / group != g) continue;
+        for (int i = 0; i < w; i++) {
+            const float *row = p + ((size_t)j * w + i) * ld;
+            av += row[t];
+            const float v = (float)(defensive_pooled(row, t, n, kernel) * scale[(size_t)j * w + i]);
+            dm = v > dm ? v : dm;
+        }
+    }
+    ave[(size_t)g * n + t] = av;
+    dmax[(size_t)g * n + t] = dm;
+}
+
+/* *bias += the window's own columns, heads then rows then columns ascending (one thread). */
+__global__ void defensive_bias_kernel(double *bias, const float *p, int ld, int w, int n, int n_heads_local) {
+    double b = *bias;
+    for (int j = 0; j < n_heads_local; j++)
+        for (int i = 0; i < w; i++)
+            for (int t = n > w ? n - w : 0; t < n; t++) b += p[((size_t)j * w + i) * ld + t];
+    *bias = b;
 }
 
 ckv_status kv_dtype_check(ckv_dtype t, const char *op) {
@@ -339,6 +382,29 @@ ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv
         CKV_LAUNCH(ea_logits_kernel<float>, dim3(blocks_for((size_t)n, THREADS)), dim3(THREADS), 0, c->stream, logit,
                    *kv, g, row0, n, mu, cov, sqrt_d);
     return op_status(c, "evict_ea_logits");
+}
+
+ckv_status evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld, int w,
+                                int n, int n_heads_local, int head0, int group, int kernel, int n_kv, int zero) {
+    ctx *c = ctx_of(be);
+    const char *op = "evict_defensive_rows";
+    if (zero) {
+        if (n_kv > 0 && n > 0) {
+            CKV_CUDA_CHECK(cudaMemsetAsync(ave, 0, sizeof(double) * (size_t)n_kv * n, c->stream), op);
+            CKV_CUDA_CHECK(cudaMemsetAsync(dmax, 0, sizeof(float) * (size_t)n_kv * n, c->stream), op);
+        }
+        CKV_CUDA_CHECK(cudaMemsetAsync(bias, 0, sizeof(double), c->stream), op);
+    }
+    if (w < 1 || n < 1 || n_heads_local < 1 || n_kv < 1) return op_status(c, op);
+    scratch ws; /* scale [n_heads_local, w] */
+    CKV_CUDA_CHECK(cudaMalloc(&ws.p[0], sizeof(double) * (size_t)n_heads_local * w), op);
+    CKV_LAUNCH(defensive_scale_kernel, dim3((unsigned)w, (unsigned)n_heads_local), dim3(32), 0, c->stream,
+               (double *)ws.p[0], p, ld, w, n, kernel);
+    CKV_LAUNCH(defensive_cols_kernel, dim3(blocks_for((size_t)n, THREADS), (unsigned)n_kv), dim3(THREADS), 0, c->stream,
+               ave, dmax, (const double *)ws.p[0], p, ld, w, n, n_heads_local, head0, group, kernel);
+    CKV_LAUNCH(defensive_bias_kernel, dim3(1), dim3(1), 0, c->stream, bias, p, ld, w, n, n_heads_local);
+    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), op); /* before the scratch goes */
+    return op_status(c, op);
 }
 
 } // namespace CKV_CUDA_NS

@@ -1,6 +1,5 @@
 /* cuda_evict_rows.cu - the CUDA backend's eviction ops over score rows and cached rows (semantics in
- * backend.h): colsum_finish, pool, head_sum, div, row_norm, add_mul, fill, random, max,
- * scatter, and the selections topk (per row) and topk_counts (across heads). Element-wise ops match
+ * backend.h): colsum_finish, pool, head_sum, div, row_norm, add_mul, fill, random, max, scatter, and the selections topk (per row) and topk_counts (across heads). Element-wise ops match
  * the CPU reference (cpu/cpu_evict_rows.c) bit for bit (same fp32 / double operations in the same
  * order per element). The selections sort nothing: the k-th best entry in top-k order (descending
  * score, NaN after every number, then ascending index) is found by a binary search over an
@@ -104,13 +103,8 @@ __global__ void max_kernel(float *out, const float *x, int rows, int ld, int t0,
     float m = -FLT_MAX;
     const size_t w = (size_t)(t1 > t0 ? t1 - t0 : 0), total = (size_t)rows * w;
     for (size_t e = threadIdx.x; e < total; e += blockDim.x) m = fmaxf(m, x[(e / w) * (size_t)ld + t0 + e % w]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (unsigned w2 = 1; w2 < blockDim.x / 32; w2++) m = fmaxf(m, red[w2]);
-        *out = m;
-    }
+    m = block_max(m, red);
+    if (threadIdx.x == 0) *out = m;
 }
 
 __global__ void scatter_kernel(float *x, int ld, const int32_t *idx, int ld_idx, const int32_t *k, float value) {

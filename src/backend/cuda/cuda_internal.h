@@ -89,6 +89,18 @@ template <typename T> __device__ __forceinline__ T block_sum(T v, T *red) {
     return v;
 }
 
+/* Max (fmaxf: NaN ignored) over the block, as block_sum; every thread gets it. red: [32] shared. */
+__device__ __forceinline__ float block_max(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, nw = (int)blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 /* Blocks of `threads` covering n items, capped for grid-stride loops. */
 static inline unsigned blocks_for(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;
@@ -135,6 +147,8 @@ ckv_status evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s,
 void evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx, const int32_t *k,
                    float value);
 ckv_status evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n, int64_t total);
+ckv_status evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld, int w,
+                                int n, int n_heads_local, int head0, int group, int kernel, int n_kv, int zero);
 ckv_status evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
                          int n_heads_local, int d, int zero);
 ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,

@@ -1,7 +1,7 @@
 /* comm_backend.c - the device side of a device communicator taken from a compute backend: its
  * download, upload and copy ops as ckv_comm_device_io callbacks, and the communicator of a
  * tensor-parallel group built over them. No collective logic (comm_device.c) and no CUDA here. */
-#include "comm/comm_backend.h"
+#include "engine/comm_backend.h"
 
 static ckv_status be_download(void *ctx, void *dst_host, const void *src_dev, size_t bytes) {
     ckv_backend *be = ctx;

@@ -1,7 +1,7 @@
-/* comm_backend.h - device communicators over a compute backend's memory (the glue between comm/
- * and backend/; the backend knows nothing of communication). */
-#ifndef CKV_COMM_BACKEND_H
-#define CKV_COMM_BACKEND_H
+/* comm_backend.h - device communicators over a compute backend's memory: the glue between comm/
+ * and backend/, which know nothing of each other (so it lives in engine/, which may use both). */
+#ifndef CKV_ENGINE_COMM_BACKEND_H
+#define CKV_ENGINE_COMM_BACKEND_H
 
 #include "backend/backend.h"
 #include "comm/comm.h"
