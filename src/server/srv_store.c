@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "engine/cache_io.h"
 
 #define SIDECAR_MAGIC "CKVCTX1\n"
@@ -305,6 +306,7 @@ static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *id
     pp.reserve = reserve;
     st = ckv_engine_prepare(e, &pp, pc);
     if (st != CKV_STATUS_OK) { /* a damaged or foreign file: prefill instead */
+        CKV_LOG_WARN("context store: %s is not usable, prefilling instead: %s", cache, ckv_error_message());
         ckv_free(logits);
         ckv_error_clear();
         return CKV_STATUS_OK;

@@ -5,10 +5,11 @@ On the fixture model (tests/fixtures/models/llama_gqa, token-id prompts): models
 presses (kept entries fewer than the full cache), batched decode equal to decoding each request
 alone, stop strings, the API key, a client that disconnects mid-stream (its request is cancelled),
 and a bad-request corpus (malformed JSON, wrong types, huge numbers, unknown press, over-long prompt,
-bad key, ...): every one a 4xx with an OpenAI error object naming the field, the server still up.
-On SmolLM2 (text, skipped when the model file is absent): chat, chat streaming, compress once / ask
+bad key, ...): every one a 4xx with an OpenAI error object naming the field, the server still up;
+compressed contexts kept in --cache-dir across a restart.
+On SmolLM2 (text, skipped when the model file is absent): chat (equal to `ckv generate --chat`), chat streaming, compress once / ask
 many (the second request with the same context reuses the compressed cache: faster, same answer),
-cache files that survive a restart, 429 when the queue is full, and SIGTERM draining in-flight
+429 when the queue is full, and SIGTERM draining in-flight
 requests (exit 0) or cancelling them after the grace period.
 usage: test_api.py CKV_BINARY FIXTURES_DIR TMP_DIR"""
 import json
@@ -228,6 +229,25 @@ DOC = " ".join(f"Entry {i}: the depot in district {i} opened at {i % 12 + 1} o'c
 DOC = DOC[: len(DOC) // 2] + " The vault password is 4417. " + DOC[len(DOC) // 2:]
 
 
+def cache_dir_tests():
+    """Compressed contexts in --cache-dir survive a restart (fixture model: token-id contexts)."""
+    cache_dir = os.path.join(tmp, "fixture-cache")
+    os.makedirs(cache_dir, exist_ok=True)
+    body = {"context": ids(400, 21), "prompt": ids(6, 22), "max_tokens": 8, "temperature": 0, "press": "snapkv", "budget": 0.3,
+            "ignore_eos": True}
+    answers = []
+    for run in range(2):
+        s = Server(ckv, FIXTURE, tmp, "--cache-dir", cache_dir, name=f"fixture-cache{run}")
+        st, _, resp = s.request("POST", "/v1/completions", body)
+        r = json.loads(resp)
+        answers.append((r["choices"][0]["text"], r["usage"]))
+        disk = s.metrics().get("ckv_cache_disk_hits_total", 0)
+        t.check(s.stop() == 0, f"SIGTERM: exit 0 (cache-dir run {run})")
+    (a1, u1), (a2, u2) = answers
+    t.check(not u1["cache_hit"] and u2["cache_hit"] and u2["reused_tokens"] == 400 and disk == 1 and a1 == a2,
+            "after a restart the compressed context comes from --cache-dir, same answer", f"{u1} / {u2}, disk hits {disk}")
+
+
 def smollm2_tests():
     if not os.path.exists(SMOLLM2):
         print(f"SKIP (SmolLM2 part): {SMOLLM2} is absent (tools/models/fetch_smollm2.sh fetches it)")
@@ -240,7 +260,10 @@ def smollm2_tests():
     c = s.client()
     r = c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
                                   max_tokens=16, temperature=0)
-    t.check("Paris" in r.choices[0].message.content, "chat: SmolLM2 names Paris", r.choices[0].message.content)
+    g = subprocess.run([ckv, "generate", "--model", SMOLLM2, "--chat", "--prompt", "What is the capital of France?",
+                        "--max-new-tokens", "16", "--threads", "2"], capture_output=True, text=True)
+    t.check(r.choices[0].message.content == g.stdout.rstrip("\n") and r.choices[0].message.content,
+            "chat: the answer equals `ckv generate --chat` on the same prompt", f"{r.choices[0].message.content!r} vs {g.stdout!r}")
     parts = []
     for ev in c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
                                         max_tokens=16, temperature=0, stream=True):
@@ -251,7 +274,7 @@ def smollm2_tests():
 
     # compress once, ask many
     q = [{"role": "user", "content": "What is the vault password?"}]
-    extra = {"context": DOC, "press": "critical_adakv:snapkv", "budget": 0.2}
+    extra = {"context": DOC, "press": "snapkv", "budget": 0.2}
     t0 = time.time()
     r1 = c.chat.completions.create(model="smollm2", messages=q, max_tokens=12, temperature=0, extra_body=extra)
     t1 = time.time() - t0
@@ -282,16 +305,6 @@ def smollm2_tests():
     t.check(st == 200 and st2 == 200 and json.loads(body2)["prompt"] == "Hello world", "tokenize / detokenize round trip",
             str(body2))
     t.check(s.stop() == 0, "SIGTERM: exit 0 (SmolLM2)")
-
-    # cache files survive a restart
-    s = Server(ckv, SMOLLM2, tmp, "--model-name", "smollm2", "--cache-dir", cache_dir, name="smollm2-restart")
-    c = s.client()
-    r4 = c.chat.completions.create(model="smollm2", messages=q, max_tokens=12, temperature=0, extra_body=extra)
-    u4 = r4.usage.model_dump()
-    t.check(u4["cache_hit"] and r4.choices[0].message.content == r1.choices[0].message.content and
-            s.metrics().get("ckv_cache_disk_hits_total", 0) == 1, "after a restart the context comes from --cache-dir, same answer",
-            str(u4))
-    t.check(s.stop() == 0, "SIGTERM: exit 0 (restart)")
 
     # queue full: 429 with Retry-After
     s = Server(ckv, SMOLLM2, tmp, "--model-name", "smollm2", "--max-batch", "1", "--max-queue", "1", name="smollm2-queue")
@@ -343,5 +356,6 @@ def smollm2_tests():
 
 
 fixture_tests()
+cache_dir_tests()
 smollm2_tests()
 t.finish()

@@ -156,7 +156,7 @@ def long_context(a, logdir):
     out = []
     for press in ["none", a.press]:
         port = free_port()
-        srv = start_ckv(a, port, logdir, "--max-tokens-limit", "512")
+        srv = start_ckv(a, port, logdir, "--max-tokens-limit", "512", *a.long_flags.split())
         # the context: about a.long_ctx tokens of text (the server's /tokenize sizes it)
         words = filler.split(" ")
         lo, hi = 1, len(words)
@@ -225,6 +225,8 @@ def main():
     ap.add_argument("--press", default="critical_adakv:snapkv")
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--skip-long", action="store_true")
+    ap.add_argument("--long-flags", default="--weights-dtype f32",
+                    help="extra ckv serve flags of the long-context part (CriticalKV's value norms need f32/f16/bf16 o_proj)")
     ap.add_argument("--eos-ids", default="0,2", help="end-of-sequence ids llama.cpp is kept from sampling")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
