@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "cpu_backend.h"
+#include "core/quant.h"
 
 /* x[0..n) <- exp(x - max x) in fp32 (n >= 1); returns (float)(1 / sum), the sum in double. */
 static float evict_exp_row(float *x, int n) {
@@ -159,14 +160,20 @@ void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n) {
 ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
                                     const ckv_weight *wo, int n_heads_local, int head0, int group) {
     const int d = kv->head_dim, D = (int)wo->rows;
-    if (wo->dtype != CKV_DTYPE_F32 && wo->dtype != CKV_DTYPE_F16 && wo->dtype != CKV_DTYPE_BF16)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "cpu evict_value_norm: o_proj stored as %s (needs F32, F16 or BF16)",
+    const int blocks = ckv_dtype_is_block(wo->dtype); /* GGUF blocks: dequantised whole, once per call */
+    if (wo->dtype != CKV_DTYPE_F32 && wo->dtype != CKV_DTYPE_F16 && wo->dtype != CKV_DTYPE_BF16 && !blocks)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "cpu evict_value_norm: o_proj stored as %s",
                          ckv_dtype_name(wo->dtype));
     if (wo->cols < (int64_t)n_heads_local * d)
         return ckv_error(CKV_STATUS_ERR_SHAPE, "cpu evict_value_norm: o_proj has %lld columns, %d heads x %d need more",
                          (long long)wo->cols, n_heads_local, d);
-    float *wh = NULL, *proj = NULL, *vals = NULL; // [D, d], [B, D], [B, d]
+    float *wh = NULL, *proj = NULL, *vals = NULL, *wfull = NULL; // [D, d], [B, D], [B, d], [D, cols]
     ckv_status s = ckv_alloc((void **)&wh, (size_t)D * (size_t)d * sizeof(float), "critical o_proj block");
+    if (s == CKV_STATUS_OK && blocks)
+        s = ckv_alloc((void **)&wfull, (size_t)D * (size_t)wo->cols * sizeof(float), "critical o_proj (dequantised)");
+    for (int r = 0; r < D && s == CKV_STATUS_OK && blocks; r++)
+        ckv_dequant_row(wo->dtype, (const char *)wo->data + (size_t)r * wo->row_bytes, wfull + (size_t)r * (size_t)wo->cols,
+                        (size_t)wo->cols);
     if (s == CKV_STATUS_OK)
         s = ckv_alloc((void **)&proj, (size_t)CKV_CPU_VNORM_BLOCK * (size_t)D * sizeof(float), "critical projected values");
     if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
@@ -176,7 +183,10 @@ ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const c
         /* wh[r, :] = wo[r, j*d : (j+1)*d]: (W_O^j)^T in the (out, in) layout the GEMM takes */
         for (int r = 0; r < D; r++) {
             const char *src = (const char *)wo->data + (size_t)r * wo->row_bytes + (size_t)j * (size_t)d * esz;
-            if (wo->dtype == CKV_DTYPE_F32)
+            if (blocks)
+                memcpy(wh + (size_t)r * d, wfull + (size_t)r * (size_t)wo->cols + (size_t)j * (size_t)d,
+                       (size_t)d * sizeof(float));
+            else if (wo->dtype == CKV_DTYPE_F32)
                 memcpy(wh + (size_t)r * d, src, (size_t)d * sizeof(float));
             else
                 ckv_convert_to_f32(wh + (size_t)r * d, src, wo->dtype, (size_t)d);
@@ -198,5 +208,6 @@ ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const c
     ckv_free(wh);
     ckv_free(proj);
     ckv_free(vals);
+    ckv_free(wfull);
     return s;
 }
