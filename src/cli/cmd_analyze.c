@@ -113,6 +113,8 @@ int ckv_cmd_analyze(int argc, char **argv) {
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--out: cannot write '%s'", a.out));
     ckv_engine_config ec;
     ckv_cli_engine_config(&opts, world, &ec);
+    /* the measurement reads o_proj in fp32: unless told otherwise, load every matrix as f32 */
+    if (!ckv_opt_has(&opts, CKV_OPT_WEIGHTS_DTYPE)) ec.weights_dtype = CKV_WEIGHTS_DTYPE_F32;
     ckv_engine eng;
     ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, world));
     ckv_model *m = eng.model;
