@@ -54,7 +54,7 @@ void ckv_decode_batch_free(ckv_decode_batch *b) {
  * table of a layer keeps its address for the session's life, so a steady batch uploads nothing. */
 static ckv_status batch_members(ckv_decode_batch *b, ckv_session *const *sessions, int n) {
     int same = n == b->n_members;
-    for (int i = 0; same && i < n; i++) same = b->members[i] == sessions[i];
+    for (int i = 0; same && i < n; i++) same = b->members[i] == sessions[i]->id; /* ids: addresses get reused */
     if (same) return CKV_STATUS_OK;
     const int L = b->model->cfg.n_layers;
     for (int i = 0; i < n; i++) {
@@ -64,7 +64,7 @@ static ckv_status batch_members(ckv_decode_batch *b, ckv_session *const *session
         if (sessions[i]->model != b->model)
             return ckv_error(CKV_STATUS_ERR_ARG, "decode batch: row %d's session belongs to another model", i);
         for (int l = 0; l < L; l++) b->lists_host[(size_t)l * b->max_seq + i] = sessions[i]->kv.layers[l].segs;
-        b->members[i] = sessions[i];
+        b->members[i] = sessions[i]->id;
     }
     b->n_members = 0; /* until the upload succeeded */
     ckv_backend *be = b->model->be;

@@ -20,7 +20,7 @@ typedef struct {
     int32_t *seq_of;            /* [max_seq] device: 0, 1, 2, ... (one token per sequence) */
     int32_t *seq_start;         /* [max_seq + 1] device: 0, 1, 2, ... */
     int32_t *pos;               /* [max_seq] host positions of the step */
-    ckv_session **members;      /* [max_seq] the sessions the device lists describe (host) */
+    uint64_t *members;          /* [max_seq] ids of the sessions the device lists describe (host) */
     int n_members;
     double step_seconds;        /* statistics */
     long steps, rows;

@@ -1,6 +1,7 @@
 /* session.c - layer-major chunked prefill and decode steps over one rank's KV cache. */
 #include "engine/session.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +13,9 @@ ckv_status ckv_session_init(ckv_session *s, ckv_model *m, int capacity, int chun
 }
 
 ckv_status ckv_session_init_kv(ckv_session *s, ckv_model *m, int capacity, int chunk, int compress, ckv_dtype kv_dtype) {
+    static atomic_ullong next_id = 1;
     memset(s, 0, sizeof *s);
+    s->id = atomic_fetch_add(&next_id, 1);
     const ckv_model_config *c = &m->cfg;
     if (capacity < 1) return ckv_error(CKV_STATUS_ERR_ARG, "session capacity %d must be positive", capacity);
     if (capacity > c->max_context)

@@ -18,6 +18,7 @@ typedef ckv_status (*ckv_layer_hook)(void *ctx, ckv_session *s, int layer, int n
 
 struct ckv_session {
     ckv_model *model;
+    uint64_t id;    /* unique in the process (a freed session's address may be reused; its id is not) */
     ckv_kv_cache kv;
     ckv_model_scratch scratch;
     int capacity;   /* most tokens (prompt + generated) the session holds */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/quant.h"
 #include "model/model.h"
 #include "model/rope.h"
 #include "model/source.h"
@@ -275,10 +276,21 @@ ckv_status ckv_model_fingerprint(const ckv_model *m, char out[17]) {
      * the same fingerprint on every backend up to the rounding of its weight dtype) */
     size_t n = (size_t)c->hidden_size * 4 < 1024 ? (size_t)c->hidden_size * 4 : 1024;
     if (n > (size_t)c->vocab_size * (size_t)c->hidden_size) n = (size_t)c->vocab_size * (size_t)c->hidden_size;
-    size_t es = ckv_dtype_size(m->embed.dtype);
-    unsigned char raw[4096];
-    CKV_TRY(m->be->ops->download(m->be, raw, m->embed.data, n * es));
-    ckv_convert_to_f32(sample, raw, m->embed.dtype, n);
+    {
+        /* whole rows (block types quantise along rows), dequantised as the f32 loader would */
+        const size_t D = (size_t)c->hidden_size, rows = (n + D - 1) / D;
+        unsigned char *raw = NULL; // [rows, row_bytes]
+        float *vals = NULL;        // [rows, D]
+        ckv_status st = ckv_alloc((void **)&raw, rows * m->embed.row_bytes, "fingerprint rows");
+        if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&vals, rows * D * sizeof(float), "fingerprint values");
+        if (st == CKV_STATUS_OK) st = m->be->ops->download(m->be, raw, m->embed.data, rows * m->embed.row_bytes);
+        for (size_t r = 0; r < rows && st == CKV_STATUS_OK; r++)
+            ckv_dequant_row(m->embed.dtype, raw + r * m->embed.row_bytes, vals + r * D, D);
+        if (st == CKV_STATUS_OK) memcpy(sample, vals, n * sizeof(float));
+        ckv_free(raw);
+        ckv_free(vals);
+        CKV_TRY(st);
+    }
     fp_mix(&h, sample, n * sizeof(float));
     n = (size_t)c->hidden_size < 1024 ? (size_t)c->hidden_size : 1024;
     CKV_TRY(m->be->ops->download(m->be, sample, m->final_norm, n * sizeof(float)));
