@@ -61,7 +61,7 @@ expect_error "empty prompt" "no token ids" "$ckv" generate --model "$llama" --pr
 expect_error "both prompt flags" "exactly one of" "$ckv" generate --model "$llama" --prompt-ids 1 --prompt-ids-file x
 expect_error "missing prompt file" "nope.txt" "$ckv" generate --model "$llama" --prompt-ids-file "$tmp/nope.txt"
 expect_error "token outside vocabulary" "outside the vocabulary" "$ckv" generate --model "$llama" --prompt-ids 1,99999
-expect_error "unknown backend" "--backend: expected one of cpu,cuda, got 'tpu'" "$ckv" generate --model "$llama" --prompt-ids 1 --backend tpu
+expect_error "unknown backend" "--backend: expected one of cpu,cuda,cuda-emu, got 'tpu'" "$ckv" generate --model "$llama" --prompt-ids 1 --backend tpu
 long=$(python3 -c "print(','.join(['5']*1100))")
 echo "$long" >"$tmp/long.txt"
 expect_error "prompt too long" "max_position_embeddings" "$ckv" generate --model "$llama" --prompt-ids-file "$tmp/long.txt"
