@@ -66,6 +66,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_BACKEND, "backend", 0, CKV_OPT_KIND_STR, "model", "NAME", "cuda: also print the GPU memory plan per rank (bf16 weights and KV)", "cpu", I, 0, 0, "cpu|cuda", 0, 0},
     {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks per group; the world is split into groups of N ranks\nthat share the work (data parallelism)", "all ranks", G | E, 1, 1 << 20, NULL, 0, 0},
     {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks to plan for", "1", I, 1, 4096, NULL, 0, 0},
+    {CKV_OPT_TP, "tp", 0, CKV_OPT_KIND_INT, "model", "N", "tensor-parallel ranks: a serving job is one group (rank 0 answers HTTP and\nbroadcasts every engine step to the others)", "all ranks", S, 1, 1 << 20, NULL, 0, 0},
     {CKV_OPT_WEIGHTS_DTYPE, "weights-dtype", 0, CKV_OPT_KIND_STR, "model", "T", "weight type on the device: auto (what the backend prefers), f32, bf16, f16", "auto", G | E | A | F | S, 0, 0, "auto|f32|bf16|f16", 0, 0},
     {CKV_OPT_RANDOM_WEIGHTS, "random-weights", 0, CKV_OPT_KIND_INT, "model", "SEED", "weights drawn from SEED instead of read (the model directory needs only\nconfig.json): benchmarks and scale tests; refused where scores would be meaningless", NULL, G | A | E | F, 0, 1e15, NULL, 0, 0},
     /* runtime */
@@ -73,7 +74,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_CHUNK, "chunk", 0, CKV_OPT_KIND_INT, "runtime", "N", "prefill chunk length in tokens", "512", G | I | A | E | F | S, 1, 1 << 24, NULL, 0, 0},
     {CKV_OPT_DEVICE, "device", 0, CKV_OPT_KIND_INT, "runtime", "N", "GPU index (--backend cuda)", "the node-local rank", G | E | F | A | S, 0, 4096, NULL, 0, 1},
     {CKV_OPT_KV_DTYPE, "kv-dtype", 0, CKV_OPT_KIND_STR, "runtime", "T", "KV cache element type: f32, f16, bf16", "f32 on cpu, bf16 on cuda", G | E | A | F | S, 0, 0, "f32|f16|bf16", 0, 0},
-    {CKV_OPT_COMM_TIMEOUT, "comm-timeout", 0, CKV_OPT_KIND_NUM, "runtime", "SECONDS", "a collective not complete after SECONDS ends the job, naming the rank and\nthe operation (a dead or stalled peer never hangs it)", "300", G | A | E | F | I | T, 0.1, 1e7, NULL, 0, 0},
+    {CKV_OPT_COMM_TIMEOUT, "comm-timeout", 0, CKV_OPT_KIND_NUM, "runtime", "SECONDS", "a collective not complete after SECONDS ends the job, naming the rank and\nthe operation (a dead or stalled peer never hangs it)", "300", G | A | E | F | I | T | S, 0.1, 1e7, NULL, 0, 0},
     {CKV_OPT_GPU_MEM_LIMIT, "gpu-mem-limit", 0, CKV_OPT_KIND_NUM, "runtime", "BYTES", "fail unless every rank's GPU memory plan fits in BYTES (--backend cuda)", "the GPU's memory", I, 1, 1e18, NULL, 0, 0},
     /* sampling */
     {CKV_OPT_MAX_NEW_TOKENS, "max-new-tokens", 'n', CKV_OPT_KIND_INT, "sampling", "N", "tokens to generate", "32", G, 0, 1 << 24, NULL, 0, 0},

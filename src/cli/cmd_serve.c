@@ -16,6 +16,7 @@ int ckv_cmd_serve(int argc, char **argv) {
                 "tools/setup.sh does, and configure again)");
 }
 #else
+#include "cli/cli_agree.h"
 #include "cli/cli_opts.h"
 #include "cli/cli_press.h"
 #include "engine/request.h"
@@ -89,16 +90,7 @@ static void on_signal(int sig) {
     ckv_server_request_stop();
 }
 
-/* Tensor-parallel serving is not there yet: refuse to start one server per rank of a larger job. */
-static void check_single_rank(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && atoi(v) > 1)
-            ckv_cli_die("ckv serve runs on one rank for now (%s=%s): tensor-parallel serving is not implemented; start one "
-                        "server per rank group with one task each", vars[i], v);
-    }
-}
+static void on_signal_follower(int sig) { (void)sig; } /* rank 0 drains the group and tells it when to stop */
 
 int ckv_cmd_serve(int argc, char **argv) {
     ckv_opts opts;
@@ -106,26 +98,46 @@ int ckv_cmd_serve(int argc, char **argv) {
     if (!ckv_opt_has(&opts, CKV_OPT_MODEL)) ckv_cli_usage_error("serve", "--model is required");
     serve_args a;
     parse_args(&a, &opts);
-    check_single_rank();
+    /* every rank must serve the same model with the same flags; the job is one tensor-parallel group */
+    ckv_cli_agreement ag;
+    ckv_cli_agree_init(&ag, &opts, ckv_opt_str(&opts, CKV_OPT_MODEL, NULL));
+    ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, a.press.spec, strlen(a.press.spec));
+    ckv_comm *world = ckv_cli_world(&ag, &argc, &argv);
+    int tp_size = (int)ckv_opt_long(&opts, CKV_OPT_TP, world->size);
+    if (tp_size != world->size)
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_ARG, "ckv serve runs one tensor-parallel group per job: --tp %d with %d "
+                                            "ranks (start one job per group)", tp_size, world->size));
+    if (world->size > 1 && !ckv_comm_mpi_any_thread())
+        ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "tensor-parallel serving needs an MPI library with "
+                                            "MPI_THREAD_SERIALIZED (the engine thread issues the collectives)"));
     ckv_engine_config ec;
-    ckv_cli_engine_config(&opts, NULL, &ec);
+    ckv_cli_engine_config(&opts, world, &ec);
     ckv_tokenizer *tok = NULL;
-    ckv_cli_check(ckv_text_open_tokenizer(&tok, ec.model_path));
+    ckv_cli_check_comm(world, ckv_text_open_tokenizer(&tok, ec.model_path));
     ec.tokenizer = tok;
     ckv_engine eng;
-    ckv_cli_check(ckv_engine_init(&eng, &ec, NULL));
+    ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, world->size > 1 ? world : NULL));
     a.cfg.default_press = a.press.scorer == CKV_SCORER_NONE && !a.press.query_aware ? NULL : &a.press;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
+    sa.sa_handler = world->rank == 0 ? on_signal : on_signal_follower;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if (world->rank != 0) {
+        ckv_status st = ckv_server_follow(&eng, &a.cfg);
+        ckv_engine_free(&eng);
+        ckv_tokenizer_free(tok);
+        if (st != CKV_STATUS_OK) ckv_cli_check_comm(world, st);
+        ckv_comm_free(world);
+        return 0;
+    }
     ckv_status st = ckv_server_run(&eng, &a.cfg);
     ckv_engine_free(&eng);
     ckv_tokenizer_free(tok);
-    ckv_cli_check(st);
+    if (st != CKV_STATUS_OK) ckv_cli_check_comm(world, st);
+    ckv_comm_free(world);
     return 0;
 }
 #endif

@@ -95,6 +95,7 @@ void ckv_comm_free(ckv_comm *c) {
 
 #ifndef CKV_HAVE_MPI
 int ckv_comm_mpi_available(void) { return 0; }
+int ckv_comm_mpi_any_thread(void) { return 1; }
 ckv_status ckv_comm_init_mpi(ckv_comm **out, int *argc, char ***argv) {
     (void)argc;
     (void)argv;

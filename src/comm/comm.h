@@ -158,7 +158,11 @@ ckv_status ckv_comm_init_single(ckv_comm **out);
 int ckv_comm_mpi_available(void);
 /* 1 when the process was started by mpirun/srun (launcher environment variables present). */
 int ckv_comm_launched_by_mpi(void);
-/* MPI world communicator (initialises MPI; errors return, never hang). */
+/* 1 when MPI calls may come from any one thread at a time (MPI_THREAD_SERIALIZED provided, or MPI
+ * not initialised / not built): what a server whose engine thread is not the main thread needs. */
+int ckv_comm_mpi_any_thread(void);
+/* MPI world communicator (initialises MPI asking for MPI_THREAD_SERIALIZED; errors return, never
+ * hang). */
 ckv_status ckv_comm_init_mpi(ckv_comm **out, int *argc, char ***argv);
 /* MPI when launched by an MPI launcher and available, else single process. */
 ckv_status ckv_comm_init_world(ckv_comm **out, int *argc, char ***argv);

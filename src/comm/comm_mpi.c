@@ -182,11 +182,20 @@ static void mpi_free(ckv_comm *c) {
 
 int ckv_comm_mpi_available(void) { return 1; }
 
+int ckv_comm_mpi_any_thread(void) {
+    int inited = 0, provided = MPI_THREAD_SINGLE;
+    MPI_Initialized(&inited);
+    if (!inited) return 1;
+    MPI_Query_thread(&provided);
+    return provided >= MPI_THREAD_SERIALIZED;
+}
+
 ckv_status ckv_comm_init_mpi(ckv_comm **out, int *argc, char ***argv) {
     *out = NULL;
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
-    if (!inited) CKV_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    /* serialized: the server's engine thread, not the main one, issues a serving job's collectives */
+    if (!inited) CKV_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     return mpi_wrap(out, MPI_COMM_WORLD, !inited);
 }

@@ -1,8 +1,10 @@
-/* server.h - `ckv serve`: an OpenAI-compatible HTTP server over one engine (rank 0 of its
- * tensor-parallel group). The public entry: a configuration (address, limits, defaults, the
- * compressed-context store) and ckv_server_run, which serves until ckv_server_request_stop (e.g. from
- * a SIGTERM handler), then drains within the grace period and returns. It does not parse the command
- * line (src/cli does) or load the model (the engine does). */
+/* server.h - `ckv serve`: an OpenAI-compatible HTTP server over one engine. The public entry: a
+ * configuration (address, limits, defaults, the compressed-context store) and ckv_server_run, which
+ * serves until ckv_server_request_stop (e.g. from a SIGTERM handler), then drains within the grace
+ * period and returns. In a tensor-parallel group rank 0 runs ckv_server_run (HTTP, the scheduler) and
+ * every other rank ckv_server_follow (the same engine steps, received from rank 0), with the same
+ * configuration. It does not parse the command line (src/cli does) or load the model (the engine
+ * does). */
 #ifndef CKV_SERVER_H
 #define CKV_SERVER_H
 
@@ -40,6 +42,10 @@ void ckv_server_config_defaults(ckv_server_config *cfg);
 /* Serves until ckv_server_request_stop; returns OK after a clean drain. The engine must have a
  * tokenizer (engine->cfg.tokenizer). */
 ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg);
+
+/* A rank other than 0 of the engine's tensor-parallel group: runs rank 0's engine steps until rank 0
+ * stops; returns OK when it stopped cleanly. cfg must equal rank 0's (max_batch, the store). */
+ckv_status ckv_server_follow(ckv_engine *engine, const ckv_server_config *cfg);
 
 /* Async-signal-safe: asks the running server to stop accepting and drain. */
 void ckv_server_request_stop(void);

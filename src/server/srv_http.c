@@ -426,11 +426,13 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     hints.ai_flags = AI_PASSIVE;
     char port[16];
     snprintf(port, sizeof port, "%d", cfg->port);
-    ckv_status st = CKV_STATUS_OK;
     struct MHD_Daemon *d = NULL;
-    if (getaddrinfo(cfg->host, port, &hints, &ai) != 0 || !ai)
+    /* first the part every rank of the group runs (the followers are in ckv_server_follow) */
+    ckv_status st = ckv_srv_sched_init(&s->sched, engine, &s->metrics, cfg->max_batch, cfg->max_queue, cfg->cache_bytes,
+                                       cfg->cache_dir);
+    int sched_ready = st == CKV_STATUS_OK;
+    if (st == CKV_STATUS_OK && (getaddrinfo(cfg->host, port, &hints, &ai) != 0 || !ai))
         st = ckv_error(CKV_STATUS_ERR_ARG, "--host %s: not an address this machine can bind", cfg->host);
-    if (st == CKV_STATUS_OK) st = ckv_srv_sched_init(&s->sched, engine, &s->metrics, cfg->max_batch, cfg->max_queue, cfg->cache_bytes, cfg->cache_dir);
     if (st == CKV_STATUS_OK) st = ckv_srv_api_init(&s->api, engine, cfg, s->sched.piece_cap);
     if (st == CKV_STATUS_OK) st = ckv_srv_sched_start(&s->sched);
     if (st == CKV_STATUS_OK) {
@@ -445,8 +447,10 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     if (st == CKV_STATUS_OK) {
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
         int bound = di ? di->port : cfg->port;
-        fprintf(stderr, "ckv serve: listening on http://%s:%d (model %s, batch %d, queue %d)\n", cfg->host, bound,
-                cfg->model_name ? cfg->model_name : "ckv", cfg->max_batch, cfg->max_queue);
+        int ranks = engine->tp ? engine->tp->size : 1;
+        fprintf(stderr, "ckv serve: listening on http://%s:%d (model %s, batch %d, queue %d, %d tensor-parallel rank%s)\n",
+                cfg->host, bound, cfg->model_name ? cfg->model_name : "ckv", cfg->max_batch, cfg->max_queue, ranks,
+                ranks == 1 ? "" : "s");
         if (cfg->port_file) st = write_port_file(cfg->port_file, cfg->host, bound);
     }
     while (st == CKV_STATUS_OK && !stop_requested) {
@@ -467,9 +471,18 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
         nanosleep(&ts, NULL);
     }
     if (d) MHD_stop_daemon(d);
+    if (sched_ready) ckv_srv_step_quit(&s->sched.steps, st != CKV_STATUS_OK); /* the followers return */
     ckv_srv_sched_free(&s->sched);
     ckv_srv_metrics_free(&s->metrics);
     free(s);
     if (st == CKV_STATUS_OK) fprintf(stderr, "ckv serve: stopped\n");
+    return st;
+}
+
+ckv_status ckv_server_follow(ckv_engine *engine, const ckv_server_config *cfg) {
+    ckv_srv_steps steps;
+    CKV_TRY(ckv_srv_steps_init(&steps, engine, cfg->max_batch, cfg->cache_bytes, cfg->cache_dir));
+    ckv_status st = ckv_srv_steps_follow(&steps);
+    ckv_srv_steps_free(&steps);
     return st;
 }

@@ -19,7 +19,6 @@ struct ckv_srv_slot {
     ckv_srv_job *job;
     unsigned long seq;      /* admission order (the oldest prepare runs first) */
     int choice;             /* the choice being generated */
-    ckv_prepared pc;        /* the request's session (context restored or prepared) */
     ckv_sampler sampler;
     int sampler_ready;
     ckv_detok_stream ds;
@@ -39,48 +38,46 @@ static void timespec_in(struct timespec *ts, double seconds) {
 ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *m, int max_batch, int max_queue,
                               size_t cache_bytes, const char *cache_dir) {
     memset(s, 0, sizeof *s);
-    if (max_batch < 1 || max_batch > CKV_LOGITS_ROWS)
-        return ckv_error(CKV_STATUS_ERR_RANGE, "--max-batch %d: expected 1..%d", max_batch, CKV_LOGITS_ROWS);
-    if (max_queue < 1) return ckv_error(CKV_STATUS_ERR_RANGE, "--max-queue %d: expected >= 1", max_queue);
-    if (!e->cfg.tokenizer) return ckv_error(CKV_STATUS_ERR_ARG, "ckv serve needs the model's tokenizer");
+    /* first what every rank of the group runs */
+    ckv_status st = ckv_srv_steps_init(&s->steps, e, max_batch, cache_bytes, cache_dir);
+    if (st != CKV_STATUS_OK) return st;
     s->engine = e;
     s->tok = e->cfg.tokenizer;
     s->metrics = m;
     s->max_batch = max_batch;
     s->max_queue = max_queue;
-    s->piece_cap = ckv_detok_stream_cap(s->tok);
-    s->accepting = 1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    ckv_status st = ckv_srv_store_init(&s->store, e, cache_bytes, cache_dir);
+    s->accepting = 1;
+    if (max_queue < 1) st = ckv_error(CKV_STATUS_ERR_RANGE, "--max-queue %d: expected >= 1", max_queue);
+    else if (!s->tok) st = ckv_error(CKV_STATUS_ERR_ARG, "ckv serve needs the model's tokenizer");
     if (st == CKV_STATUS_OK) {
+        s->piece_cap = ckv_detok_stream_cap(s->tok);
         s->queue = calloc((size_t)max_queue, sizeof *s->queue);
         s->slots = calloc((size_t)max_batch, sizeof *s->slots);
-        s->step_sess = calloc((size_t)max_batch, sizeof *s->step_sess);
         s->step_tok = calloc((size_t)max_batch, sizeof *s->step_tok);
         s->step_slot = calloc((size_t)max_batch, sizeof *s->step_slot);
-        if (!s->queue || !s->slots || !s->step_sess || !s->step_tok || !s->step_slot)
+        if (!s->queue || !s->slots || !s->step_tok || !s->step_slot)
             st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the scheduler");
     }
     for (int i = 0; st == CKV_STATUS_OK && i < max_batch; i++)
         st = ckv_alloc((void **)&s->slots[i].piece, s->piece_cap, "token text");
-    if (st == CKV_STATUS_OK) st = ckv_decode_batch_init(&s->batch, e->model, max_batch);
-    if (st != CKV_STATUS_OK) ckv_srv_sched_free(s);
+    if (st != CKV_STATUS_OK) {
+        ckv_srv_step_quit(&s->steps, 1);
+        ckv_srv_sched_free(s);
+    }
     return st;
 }
 
 void ckv_srv_sched_free(ckv_srv_sched *s) {
     if (!s) return;
     for (int i = 0; s->slots && i < s->max_batch; i++) {
-        ckv_prepared_free(&s->slots[i].pc);
         if (s->slots[i].sampler_ready) ckv_sampler_free(&s->slots[i].sampler);
         ckv_free(s->slots[i].piece);
     }
-    ckv_decode_batch_free(&s->batch);
-    ckv_srv_store_free(&s->store);
+    ckv_srv_steps_free(&s->steps);
     free(s->queue);
     free(s->slots);
-    free(s->step_sess);
     free(s->step_tok);
     free(s->step_slot);
     if (s->engine) {
@@ -133,13 +130,12 @@ static long find_stop(const ckv_srv_job *j, const ckv_srv_choice *ch, size_t fro
     return best;
 }
 
-/* The decode batch recognises its members by session address; a slot's session freed and created
- * again lives at the same address with other KV tables, so membership is re-read after any change. */
-static void batch_forget(ckv_srv_sched *s) { s->batch.n_members = 0; }
+static int slot_index(const ckv_srv_sched *s, const ckv_srv_slot *sl) { return (int)(sl - s->slots); }
+
+static ckv_prepared *slot_lane(ckv_srv_sched *s, const ckv_srv_slot *sl) { return &s->steps.lanes[slot_index(s, sl)]; }
 
 static void slot_release(ckv_srv_sched *s, ckv_srv_slot *sl) {
-    batch_forget(s);
-    ckv_prepared_free(&sl->pc);
+    ckv_srv_step_release(&s->steps, slot_index(s, sl));
     if (sl->sampler_ready) ckv_sampler_free(&sl->sampler);
     sl->sampler_ready = 0;
     ckv_srv_job_release(sl->job);
@@ -185,7 +181,7 @@ static void finish_choice(ckv_srv_sched *s, ckv_srv_slot *sl, ckv_finish_reason 
         slot_release(s, sl);
         return;
     }
-    ckv_status st = ckv_session_rewind(&sl->pc.sess);
+    ckv_status st = ckv_srv_step_rewind(&s->steps, slot_index(s, sl));
     if (st != CKV_STATUS_OK) {
         ckv_srv_job_fail(j, st);
         slot_release(s, sl);
@@ -260,17 +256,17 @@ static void begin_choice(ckv_srv_sched *s, ckv_srv_slot *sl) {
         finish_choice(s, sl, CKV_FINISH_LENGTH);
         return;
     }
-    const float *lg = sl->pc.logits;
+    const float *lg = slot_lane(s, sl)->logits;
     if (j->n_q > 0) {
-        ckv_status st = ckv_session_prefill(&sl->pc.sess, j->q_ids, j->n_q, NULL, &lg);
+        ckv_status st = ckv_srv_step_question(&s->steps, slot_index(s, sl), j->q_ids, j->n_q);
         if (st != CKV_STATUS_OK) {
             ckv_srv_job_fail(j, st);
             slot_release(s, sl);
             return;
         }
+        lg = s->steps.logits;
     }
     sl->phase = SLOT_DECODE;
-    batch_forget(s);
     emit_token(s, sl, ckv_sampler_sample(&sl->sampler, lg));
 }
 
@@ -283,45 +279,33 @@ static int prefill_budget(const ckv_srv_sched *s) { return s->engine->cfg.chunk 
 static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     ckv_srv_job *j = sl->job;
     ckv_engine *e = s->engine;
-    const char *spec = j->press.scorer == CKV_SCORER_NONE ? "none" : j->press.spec;
     int reserve = j->n_q + j->max_tokens;
-    ckv_srv_lookup lk = {0};
     ckv_status st = ckv_sampler_init(&sl->sampler, &j->sampling, e->model->cfg.vocab_size);
     sl->sampler_ready = st == CKV_STATUS_OK;
     /* a restored context only prefills its question: activation buffers for that many rows */
     int chunk = j->n_q < 1 ? 1 : j->n_q < prefill_budget(s) ? j->n_q : prefill_budget(s);
-    if (st == CKV_STATUS_OK) st = ckv_srv_store_get(&s->store, spec, j->ctx_ids, j->n_ctx, reserve, chunk, &sl->pc, &lk);
-    if (st == CKV_STATUS_OK && !lk.hit) {
-        ckv_prepare_params pp = {0};
-        pp.ids = j->ctx_ids;
-        pp.n = j->n_ctx;
-        pp.press = &j->press;
-        pp.reserve = reserve;
-        st = ckv_engine_prepare(e, &pp, &sl->pc);
-        if (st == CKV_STATUS_OK && ckv_srv_store_put(&s->store, spec, j->ctx_ids, j->n_ctx, &sl->pc) != CKV_STATUS_OK) {
-            CKV_LOG_WARN("context store: %s", ckv_error_message());
-            ckv_error_clear();
-        }
-    }
+    if (st == CKV_STATUS_OK) st = ckv_srv_step_prepare(&s->steps, slot_index(s, sl), &j->press, j->ctx_ids, j->n_ctx, reserve, chunk);
+    const ckv_srv_lookup lk = s->steps.lookup;
     if (st != CKV_STATUS_OK) {
         ckv_srv_job_fail(j, st);
         slot_release(s, sl);
         return j->n_ctx;
     }
-    const ckv_request_stats *rs = &sl->pc.stats;
+    const ckv_request_stats *rs = &slot_lane(s, sl)->stats;
+    const ckv_srv_steps *g = &s->steps; /* entries and bytes of the whole tensor-parallel group */
     pthread_mutex_lock(&j->mu);
     j->cache_hit = lk.hit;
     j->prompt_tokens = j->n_ctx + j->n_q;
     j->reused_tokens = lk.hit ? j->n_ctx : 0;
     j->compressed = rs->compressed;
     j->uncompressed_reason = j->press.scorer == CKV_SCORER_NONE ? NULL : rs->uncompressed_reason;
-    j->kept_entries = rs->kept_entries;
-    j->total_entries = rs->total_entries;
-    j->kv_bytes_full = rs->kv_bytes_full;
-    j->kv_bytes_kept = rs->kv_bytes_kept;
+    j->kept_entries = g->group_kept_entries;
+    j->total_entries = g->group_total_entries;
+    j->kv_bytes_full = g->group_kv_bytes_full;
+    j->kv_bytes_kept = g->group_kv_bytes_kept;
     pthread_mutex_unlock(&j->mu);
-    sl->kv_full = rs->kv_bytes_full;
-    sl->kv_kept = rs->kv_bytes_kept;
+    sl->kv_full = g->group_kv_bytes_full;
+    sl->kv_kept = g->group_kv_bytes_kept;
     ckv_srv_metrics *m = s->metrics;
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += lk.hit ? j->n_q : j->n_ctx + j->n_q;
@@ -329,7 +313,7 @@ static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     if (lk.hit) m->cache_hits++;
     else m->cache_misses++;
     if (lk.from_disk) m->cache_disk_hits++;
-    if (!lk.hit && rs->kv_bytes_full > rs->kv_bytes_kept) m->kv_bytes_saved_total += rs->kv_bytes_full - rs->kv_bytes_kept;
+    if (!lk.hit && sl->kv_full > sl->kv_kept) m->kv_bytes_saved_total += sl->kv_full - sl->kv_kept;
     pthread_mutex_unlock(&m->mu);
     sl->choice = 0;
     begin_choice(s, sl);
@@ -341,13 +325,12 @@ static void step_decode(ckv_srv_sched *s) {
     int n = 0;
     for (int i = 0; i < s->max_batch; i++)
         if (s->slots[i].phase == SLOT_DECODE) {
-            s->step_sess[n] = &s->slots[i].pc.sess;
             s->step_tok[n] = s->slots[i].next;
             s->step_slot[n++] = i;
         }
     if (n == 0) return;
-    const float *logits = NULL; // [n, V]
-    ckv_status st = ckv_decode_batch_step(&s->batch, s->step_sess, s->step_tok, n, &logits);
+    ckv_status st = ckv_srv_step_decode(&s->steps, s->step_slot, s->step_tok, n);
+    const float *logits = s->steps.logits; // [n, V]
     int V = s->engine->model->cfg.vocab_size;
     for (int r = 0; r < n; r++) {
         ckv_srv_slot *sl = &s->slots[s->step_slot[r]];
@@ -376,18 +359,20 @@ static void cancel_job_unstarted(ckv_srv_sched *s, ckv_srv_job *j) {
 
 static void update_gauges(ckv_srv_sched *s) {
     size_t used = 0, saved = 0;
+    int ranks = s->steps.group ? s->steps.group->size : 1;
     for (int i = 0; i < s->max_batch; i++) {
         ckv_srv_slot *sl = &s->slots[i];
         if (sl->phase != SLOT_DECODE) continue;
-        used += ckv_kv_cache_bytes_used(&sl->pc.sess.kv);
+        /* this rank's share times the group (the ranks hold equal shares of the heads) */
+        used += ckv_kv_cache_bytes_used(&s->steps.lanes[i].sess.kv) * (size_t)ranks;
         if (sl->kv_full > sl->kv_kept) saved += sl->kv_full - sl->kv_kept;
     }
     ckv_srv_metrics *m = s->metrics;
     pthread_mutex_lock(&m->mu);
     m->kv_bytes_in_use = used;
     m->kv_bytes_saved = saved;
-    m->store_bytes = s->store.bytes;
-    m->store_entries = s->store.n_entries;
+    m->store_bytes = s->steps.store.bytes;
+    m->store_entries = s->steps.store.n_entries;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -430,6 +415,7 @@ static void *engine_main(void *arg) {
             timespec_in(&ts, 0.05);
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
             pthread_mutex_unlock(&s->mu);
+            ckv_srv_step_idle(&s->steps);
             update_gauges(s);
             continue;
         }

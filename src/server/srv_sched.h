@@ -1,21 +1,20 @@
 /* srv_sched.h - the engine thread of `ckv serve`: the only thread that touches the model. It owns a
  * bounded queue of submitted jobs and up to max_batch slots; each turn of its loop is a sequence of
  * steps (a context prepare or store restore for one new job, then ONE batched decode step feeding the
- * next token of every running sequence, ckv_decode_batch_step), so running streams get a token after
- * every prepare. Every step is a plain function of (step kind, slots, tokens), the unit a tensor-
- * parallel rank 0 would broadcast to its group. Sampling, stop ids and stop strings, detokenisation
- * into each job's preallocated text, the compressed-context store and the gauges of /metrics live
- * here. It does not parse HTTP or JSON. */
+ * next token of every running sequence), so running streams get a token after every prepare. The
+ * steps themselves run through srv_step.h, which broadcasts each one to the other ranks of a
+ * tensor-parallel group before running it. Sampling, stop ids and stop strings, detokenisation into
+ * each job's preallocated text and the gauges of /metrics live here (rank 0 only). It does not parse
+ * HTTP or JSON. */
 #ifndef CKV_SRV_SCHED_H
 #define CKV_SRV_SCHED_H
 
 #include <pthread.h>
 
-#include "engine/batch.h"
 #include "engine/request.h"
 #include "server/srv_job.h"
 #include "server/srv_metrics.h"
-#include "server/srv_store.h"
+#include "server/srv_step.h"
 
 typedef struct ckv_srv_slot ckv_srv_slot;
 
@@ -23,7 +22,7 @@ typedef struct {
     ckv_engine *engine;
     const ckv_tokenizer *tok;
     ckv_srv_metrics *metrics;
-    ckv_srv_store store;
+    ckv_srv_steps steps;        /* the engine work, on every rank of the group */
     int max_batch, max_queue;
     size_t piece_cap;           /* bytes one detokenised token may produce */
     pthread_mutex_t mu;
@@ -36,14 +35,14 @@ typedef struct {
     int running;                /* jobs in slots */
     ckv_srv_slot *slots;        /* [max_batch] */
     unsigned long admit_seq;
-    ckv_decode_batch batch;
-    ckv_session **step_sess;    /* [max_batch] the decode step's members */
-    int32_t *step_tok;          /* [max_batch] */
+    int32_t *step_tok;          /* [max_batch] the decode step's tokens */
     int *step_slot;             /* [max_batch] */
     pthread_t thread;
     int started;
 } ckv_srv_sched;
 
+/* Every rank of the engine's group takes part (ckv_srv_steps_init); the other ranks then follow
+ * (ckv_server_follow). */
 ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *m, int max_batch, int max_queue,
                               size_t cache_bytes, const char *cache_dir);
 ckv_status ckv_srv_sched_start(ckv_srv_sched *s);
@@ -51,7 +50,8 @@ ckv_status ckv_srv_sched_start(ckv_srv_sched *s);
  * full) or 503 (shutting down). */
 int ckv_srv_sched_submit(ckv_srv_sched *s, ckv_srv_job *j);
 /* Stops accepting, waits up to grace_seconds for queued and running jobs, cancels what is left,
- * stops the engine thread. */
+ * stops the engine thread. The followers of a group are still following (ckv_srv_step_quit ends
+ * them). */
 void ckv_srv_sched_drain(ckv_srv_sched *s, double grace_seconds);
 void ckv_srv_sched_free(ckv_srv_sched *s); /* accepts zeroed objects */
 

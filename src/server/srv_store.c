@@ -1,6 +1,8 @@
 /* srv_store.c - the compressed-context store (see srv_store.h): snapshots of KV rows in host memory
  * with LRU eviction, restore into fresh sessions, and the cache-file directory (engine cache files
- * plus a sidecar "<key>.ctx": magic, context ids, last logits, entry counts). */
+ * plus a sidecar "<key>.ctx": magic, context ids, last logits, entry counts; ".rankN" appended to
+ * both in a tensor-parallel group). In a group every rank keeps its own store of its heads' rows;
+ * a lookup is a hit only when it hits on every rank. */
 #define _POSIX_C_SOURCE 200809L
 #include "server/srv_store.h"
 
@@ -283,6 +285,14 @@ static ckv_status read_sidecar(const char *path, const int32_t *ids, int n, int 
     return CKV_STATUS_OK;
 }
 
+/* "<dir>/<key>.ctx", with the rank appended in a tensor-parallel group (as its cache file has): on a
+ * shared directory every rank writes and checks its own. */
+static void sidecar_path(const ckv_srv_store *s, const char *name, char *out, size_t cap) {
+    const ckv_comm *tp = s->engine->tp;
+    if (tp && tp->size > 1) snprintf(out, cap, "%s/%s.ctx.rank%d", s->dir, name, tp->rank);
+    else snprintf(out, cap, "%s/%s.ctx", s->dir, name);
+}
+
 static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *ids, int n, int reserve, ckv_prepared *pc,
                            int *hit) {
     *hit = 0;
@@ -290,7 +300,7 @@ static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *id
     int V = e->model->cfg.vocab_size;
     char name[40], side[2200], cache[2200];
     key_name(s, spec, ids, n, name);
-    snprintf(side, sizeof side, "%s/%s.ctx", s->dir, name);
+    sidecar_path(s, name, side, sizeof side);
     snprintf(cache, sizeof cache, "%s/%s.ckv", s->dir, name);
     float *logits = NULL;
     CKV_TRY(ckv_alloc((void **)&logits, sizeof(float) * (size_t)V, "context logits"));
@@ -324,11 +334,24 @@ static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *id
 
 /* ---- public ------------------------------------------------------------------------------------------ */
 
+/* 1 when flag is set on every rank of the engine's tensor-parallel group (the ranks' stores may
+ * differ, e.g. a cache file missing on one node: then none of them uses its copy). */
+static int on_every_rank(const ckv_srv_store *s, int flag) {
+    ckv_comm *tp = s->engine->tp;
+    if (!tp || tp->size < 2) return flag;
+    int all = flag != 0;
+    if (tp->ops->allreduce_i32(tp, &all, 1, CKV_COMM_OP_MIN) != CKV_STATUS_OK) {
+        ckv_error_clear();
+        return 0;
+    }
+    return all;
+}
+
 ckv_status ckv_srv_store_get(ckv_srv_store *s, const char *spec, const int32_t *ids, int n, int reserve, int chunk,
                              ckv_prepared *pc, ckv_srv_lookup *res) {
     memset(res, 0, sizeof *res);
     ckv_srv_entry *e = s->limit ? find(s, spec, ids, n) : NULL;
-    if (e) {
+    if (on_every_rank(s, e != NULL)) {
         lru_unlink(s, e);
         lru_push_front(s, e);
         CKV_TRY(restore(s, e, reserve, chunk, pc));
@@ -337,8 +360,11 @@ ckv_status ckv_srv_store_get(ckv_srv_store *s, const char *spec, const int32_t *
     }
     if (!s->dir[0]) return CKV_STATUS_OK;
     int hit = 0;
-    CKV_TRY(disk_get(s, spec, ids, n, reserve, pc, &hit));
-    if (!hit) return CKV_STATUS_OK;
+    ckv_status st = disk_get(s, spec, ids, n, reserve, pc, &hit);
+    if (!on_every_rank(s, st == CKV_STATUS_OK && hit)) { /* prefill on every rank */
+        if (hit) ckv_prepared_free(pc);
+        return st;
+    }
     res->hit = res->from_disk = 1;
     if (s->limit) { /* keep it in memory for the next request */
         ckv_srv_entry *ne = NULL;
@@ -358,7 +384,7 @@ ckv_status ckv_srv_store_put(ckv_srv_store *s, const char *spec, const int32_t *
     if (s->dir[0]) {
         char name[40], side[2200], cache[2200];
         key_name(s, spec, ids, n, name);
-        snprintf(side, sizeof side, "%s/%s.ctx", s->dir, name);
+        sidecar_path(s, name, side, sizeof side);
         snprintf(cache, sizeof cache, "%s/%s.ckv", s->dir, name);
         if (access(side, F_OK) != 0) {
             CKV_TRY(ckv_session_save_cache((ckv_session *)&pc->sess, cache, spec));

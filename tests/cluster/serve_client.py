@@ -3,8 +3,9 @@ finds a `ckv serve` job's server from the endpoint file the job writes ("host:po
 address outside the cluster's private network, and talks to it with the standard library only.
 It does not start or stop servers or jobs.
 
-usage: serve_client.py ENDPOINT_FILE MODEL check PROMPT MAX_TOKENS
-         GET /health, then one /v1/completions; prints a line per check, exits 1 on a failure
+usage: serve_client.py ENDPOINT_FILE MODEL check PROMPT MAX_TOKENS [ANSWER_FILE]
+         GET /health, then one greedy /v1/completions; prints a line per check, exits 1 on a failure;
+         writes the completion's text and usage (JSON) to ANSWER_FILE when given
        serve_client.py ENDPOINT_FILE MODEL stream PROMPT MAX_TOKENS N MARK_FILE
          one streaming /v1/completions; creates MARK_FILE once the first event has arrived, reads to
          the end and prints one JSON line: events, finish reasons, [DONE] seen, time of the last event
@@ -37,7 +38,7 @@ def prompt_of(arg):
     return json.loads(arg) if arg.startswith("[") else arg
 
 
-def check(addr, port, model, prompt, max_tokens):
+def check(addr, port, model, prompt, max_tokens, answer_file=None):
     failed = 0
 
     def say(ok, what):
@@ -63,6 +64,10 @@ def check(addr, port, model, prompt, max_tokens):
               out["usage"]["completion_tokens"] == max_tokens)
         say(ok, f"POST /v1/completions ({max_tokens} tokens): {r.status}, finish {ch.get('finish_reason')}, "
                 f"usage {out['usage']['prompt_tokens']}+{out['usage']['completion_tokens']}, text {ch.get('text')!r}")
+        if answer_file:
+            keep = ("prompt_tokens", "completion_tokens", "kv_entries_kept", "kv_entries_total", "compressed")
+            with open(answer_file, "w") as f:
+                json.dump({"text": ch["text"], "usage": {k: out["usage"].get(k) for k in keep}}, f)
     except (ValueError, KeyError, IndexError, TypeError):
         say(False, f"POST /v1/completions: {r.status}, not a completion: {raw[:300]}")
     return failed
@@ -102,7 +107,7 @@ def main():
     model, mode, prompt, max_tokens = sys.argv[2], sys.argv[3], prompt_of(sys.argv[4]), int(sys.argv[5])
     if mode == "check":
         print(f"endpoint {text} = {addr}:{port}", flush=True)
-        return check(addr, port, model, prompt, max_tokens)
+        return check(addr, port, model, prompt, max_tokens, sys.argv[6] if len(sys.argv) > 6 else None)
     if mode == "stream" and len(sys.argv) == 8:
         return stream(addr, port, model, prompt, max_tokens, int(sys.argv[6]), sys.argv[7])
     sys.exit(__doc__)

@@ -15,6 +15,10 @@
 #     template's and the server's drain lines, ckv is gone within the grace period (well before
 #     KillWait's SIGKILL), the job ends COMPLETED (first case) or CANCELLED and the endpoint file
 #     is removed.
+#   - tensor-parallel serving: the template with 2 tasks on the 2 nodes (tp 2 on the fixture llama_gqa,
+#     rank 0 answering HTTP on the first node) answers a greedy completion with a press exactly as a
+#     1-task job does (text and kept KV entries), and a plain scancel drains it: the job ends, ckv is
+#     gone from both nodes.
 # The model is SmolLM2 (models/smollm2-135m-instruct-q4_1.gguf, CKV_SMOLLM2_GGUF overrides) when
 # present, slow enough that the stream certainly outlasts the grace period; else the fixture
 # llama_gqa. States come from `scontrol show job` (no accounting database here, so no sacct).
@@ -43,15 +47,16 @@ else
   export MODEL=$src/tests/fixtures/models/llama_gqa GRACE=0.5; name=llama_gqa; long=(1000 8); finish_want="cancelled|length"
 fi
 export CKV=$ckv
+serve_extra=()  # flags for ckv serve after the template
 submit=$tmp/user  # the user's directory: sbatch is run there
 mkdir -p "$submit"
 cd "$submit" || exit 1
 
-# submit JOB_VAR: sbatch the template as a user would; waits (at most 120 s) for the endpoint file
+# submit [SBATCH_ARGS...]: sbatch the template as a user would; waits (at most 120 s) for the endpoint file
 submit() {
   local start=$SECONDS
-  id=$(cluster_exec head sbatch --parsable --cpus-per-task=2 --gpus-per-task=1 --time=5 \
-       "$src/launch/slurm/ckv-serve.sbatch" --model-name "$name") || { echo "FAIL: sbatch refused the template"; return 1; }
+  id=$(cluster_exec head sbatch --parsable --cpus-per-task=2 --gpus-per-task=1 --time=5 "$@" \
+       "$src/launch/slurm/ckv-serve.sbatch" --model-name "$name" "${serve_extra[@]}") || { echo "FAIL: sbatch refused the template"; return 1; }
   id=${id%%;*}
   out=$submit/ckv-serve-$id.out endpoint=$submit/ckv-serve-$id.endpoint
   for _ in $(seq 1 1200); do
@@ -63,6 +68,7 @@ submit() {
     cluster_exec head scancel "$id"; return 1
   fi
   node=$(cluster_job_field "$id" NodeList)
+  node=$(cluster_exec head scontrol show hostnames "$node" | head -n 1)  # a multi-node job: rank 0 runs on the first node
   echo "ok   job $id on $node: endpoint $(cat "$endpoint") after $((SECONDS - start))s ($name, GRACE=$GRACE)"
   case "$(cat "$endpoint")" in "$node":[0-9]*) ;; *) echo "FAIL: the endpoint does not name the job's node $node"; return 1 ;; esac
 }
@@ -120,4 +126,33 @@ drain "SIGTERM to the batch shell (scancel --batch --signal=TERM)" "COMPLETED ex
 # (3) a plain scancel (SIGTERM to every process of the job, SIGKILL after KillWait), as preemption
 submit || exit 1
 drain "scancel" "CANCELLED exit 0:[0-9]+" || fail=1
+
+# (4) tensor-parallel serving across the two nodes equals one task (the fixture: 2 KV heads, tp 2)
+if [ "${5:-OFF}" = ON ]; then
+  export MODEL=$src/tests/fixtures/models/llama_gqa; name=llama_gqa
+  serve_extra=(--press critical_adakv:snapkv --budget 0.3)  # budgets agreed across the ranks
+  ctx='['$(seq -s, 3 2 460)']'  # 229 token ids (the vocabulary has 512): long enough for the press to compress
+  ask() { cluster_exec head "${client[@]}" "$endpoint" "$name" check "$ctx" 12 "$1"; }
+  submit || exit 1
+  ask "$tmp/one.json" || fail=1
+  cluster_exec head scancel "$id"; cluster_wait_job "$id" 30
+  submit --nodes=2 --ntasks=2 --ntasks-per-node=1 || exit 1
+  ask "$tmp/tp2.json" || fail=1
+  if cmp -s "$tmp/one.json" "$tmp/tp2.json" && grep -q '"text"' "$tmp/one.json"; then
+    echo "ok   tp 2 over 2 nodes answers as 1 task: $(cat "$tmp/tp2.json")"
+  else
+    echo "FAIL tp 2 over 2 nodes: $(cat "$tmp/tp2.json" 2>/dev/null) vs 1 task: $(cat "$tmp/one.json" 2>/dev/null)"; fail=1
+  fi
+  grep -q "2 tensor-parallel ranks" "$submit/ckv-serve-$id.out" || { echo "FAIL: the job's server is not 2 ranks"; cat "$submit/ckv-serve-$id.out"; fail=1; }
+  cluster_exec head scancel "$id"; cluster_wait_job "$id" 30
+  left=""
+  for nd in "${CLUSTER_NODES[@]}"; do [ -n "$(cluster_pids_of "$nd" "$ckv")" ] && left="$left $nd"; done
+  if [ -z "$left" ] && grep -q '^ckv serve: stopped' "$submit/ckv-serve-$id.out"; then
+    echo "ok   scancel drained the tp 2 job ($(cluster_job_state "$id")); ckv gone from every node"
+  else
+    echo "FAIL scancel of the tp 2 job: ckv left on:${left:- none}; output:"; cat "$submit/ckv-serve-$id.out"; fail=1
+  fi
+else
+  echo "skip tensor-parallel serving: this ckv has no MPI"
+fi
 exit $fail

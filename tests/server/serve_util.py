@@ -36,13 +36,16 @@ def require_openai():
 class Server:
     """One `ckv serve` process."""
 
-    def __init__(self, ckv, model, tmp, *args, name="srv", api_key=None, threads=2):
+    def __init__(self, ckv, model, tmp, *args, name="srv", api_key=None, threads=2, launcher=None):
+        """launcher: a command prefix such as [mpirun, -np, 2] (a tensor-parallel server)."""
         self.api_key = api_key
+        self.launcher = launcher
         self.port_file = os.path.join(tmp, f"{name}.port")
         self.log_path = os.path.join(tmp, f"{name}.log")
         if os.path.exists(self.port_file):
             os.unlink(self.port_file)
-        cmd = [ckv, "serve", "-m", model, "--port", "0", "--port-file", self.port_file, "-t", str(threads), *args]
+        cmd = [*(launcher or []), ckv, "serve", "-m", model, "--port", "0", "--port-file", self.port_file, "-t", str(threads),
+               *args]
         if api_key:
             cmd += ["--api-key", api_key]
         self.log = open(self.log_path, "w")
@@ -102,10 +105,29 @@ class Server:
                     return int(line.split()[1]) * 1024
         return 0
 
+    def rank0_pid(self):
+        """The pid of rank 0 under the launcher (the child whose environment says rank 0)."""
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid != self.proc.pid:
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                if b"OMPI_COMM_WORLD_RANK=0" in env or b"PMIX_RANK=0" in env:
+                    return int(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+        return None
+
     def stop(self, timeout=60):
-        """SIGTERM; returns the exit code."""
+        """SIGTERM (to rank 0 under a launcher: it drains and stops the other ranks); returns the exit code."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            pid = self.rank0_pid() if self.launcher else self.proc.pid
+            os.kill(pid or self.proc.pid, signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
