@@ -70,6 +70,7 @@ static void parse_args(serve_args *a, const ckv_opts *o) {
     if (ckv_opt_has(o, CKV_OPT_CACHE_BYTES)) c->cache_bytes = parse_bytes("--cache-bytes", ckv_opt_str(o, CKV_OPT_CACHE_BYTES, ""));
     c->cache_dir = ckv_opt_str(o, CKV_OPT_CACHE_DIR, NULL);
     c->grace_seconds = ckv_opt_num(o, CKV_OPT_GRACE_SECONDS, c->grace_seconds);
+    c->interleave_seconds = ckv_opt_num(o, CKV_OPT_INTERLEAVE_MS, c->interleave_seconds * 1e3) / 1e3;
     c->chat_template = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
     /* the default press of requests that name none */
     ckv_cli_press_single(o, "serve", &a->press);

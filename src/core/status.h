@@ -19,6 +19,7 @@
     X(ERR_DEVICE, "device error")                  \
     X(ERR_NUMERIC, "non-finite values")            \
     X(ERR_CONTEXT_TOO_LONG, "context too long")    \
+    X(ERR_CANCELLED, "cancelled")                  \
     X(ERR_INTERNAL, "internal error")
 
 typedef enum {

@@ -196,6 +196,22 @@ static void fill_prepare_stats(ckv_prepared *pc, int prefilled) {
     s->kv_bytes_peak = ckv_kv_cache_bytes_used(&pc->sess.kv);
 }
 
+/* The layer hook of a prefill with a between-layers callback: the press's (or analysis') hook, then
+ * the callback. */
+typedef struct {
+    ckv_layer_hook hook;
+    void *hook_ctx;
+    const ckv_prepare_params *p;
+} layer_chain;
+
+static ckv_status chained_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
+    layer_chain *ch = ctx;
+    if (ch->hook) CKV_TRY(ch->hook(ch->hook_ctx, s, layer, n_prompt));
+    if (ch->p->between_layers(ch->p->between_ctx, layer))
+        return ckv_error(CKV_STATUS_ERR_CANCELLED, "the context's prefill was cancelled after layer %d", layer);
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc) {
     memset(pc, 0, sizeof *pc);
     pc->engine = e;
@@ -231,6 +247,8 @@ ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_pr
         const float *lg = NULL;
         ckv_layer_hook hook = p->hook ? p->hook : compress ? ckv_compress_layer_hook : NULL;
         void *hctx = p->hook ? p->hook_ctx : &pc->cz;
+        layer_chain chain = {hook, hctx, p};
+        if (p->between_layers) hook = chained_layer_hook, hctx = &chain;
         CKV_TRY_GOTO(st, ckv_session_prefill_hook(&pc->sess, p->ids, n, NULL, &lg, hook, hctx), fail);
         pc->n_context = n;
         CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);

@@ -112,6 +112,12 @@ typedef struct {
     /* analysis: a layer hook run instead of the press's (the session keeps the attention inputs) */
     ckv_layer_hook hook;
     void *hook_ctx;
+    /* called after each layer of the context's prefill (after that layer's compression): a server
+     * runs the decode steps of its other sessions here, so their streams keep flowing during a long
+     * prefill (layer-major prefill has no earlier point where the context's work pauses). Non-zero
+     * ends the prepare with ERR_CANCELLED. It must not touch this prepared context. */
+    int (*between_layers)(void *ctx, int layer);
+    void *between_ctx;
 } ckv_prepare_params;
 
 typedef enum {

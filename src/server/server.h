@@ -31,12 +31,14 @@ typedef struct {
     size_t cache_bytes;        /* byte limit of the in-memory compressed-context store (0: no store) */
     const char *cache_dir;     /* cache files of compressed contexts (NULL: memory only) */
     double grace_seconds;      /* SIGTERM: in-flight requests get this long to finish, then are cancelled */
+    double interleave_seconds; /* a prefill pauses for the running streams after a layer ending this long after
+                                * their last token (0: after every layer) */
     const ckv_press_config *default_press; /* the press of requests that name none (NULL: full cache) */
     const char *chat_template; /* template name instead of the tokenizer's own (NULL) */
 } ckv_server_config;
 
 /* Fills the defaults (127.0.0.1, port 8080, batch 8, queue 64, 256 connections, 8 MiB bodies,
- * 4096 max_tokens, 16 default tokens, 256 MiB store, 30 s grace). */
+ * 4096 max_tokens, 16 default tokens, 256 MiB store, 30 s grace, 50 ms interleave). */
 void ckv_server_config_defaults(ckv_server_config *cfg);
 
 /* Serves until ckv_server_request_stop; returns OK after a clean drain. The engine must have a

@@ -41,6 +41,7 @@ void ckv_server_config_defaults(ckv_server_config *c) {
     c->default_max_tokens = 16;
     c->cache_bytes = 256u << 20;
     c->grace_seconds = 30;
+    c->interleave_seconds = 0.05;
 }
 
 typedef struct {
@@ -431,6 +432,7 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     ckv_status st = ckv_srv_sched_init(&s->sched, engine, &s->metrics, cfg->max_batch, cfg->max_queue, cfg->cache_bytes,
                                        cfg->cache_dir);
     int sched_ready = st == CKV_STATUS_OK;
+    if (sched_ready) s->sched.interleave_s = cfg->interleave_seconds;
     if (st == CKV_STATUS_OK && (getaddrinfo(cfg->host, port, &hints, &ai) != 0 || !ai))
         st = ckv_error(CKV_STATUS_ERR_ARG, "--host %s: not an address this machine can bind", cfg->host);
     if (st == CKV_STATUS_OK) st = ckv_srv_api_init(&s->api, engine, cfg, s->sched.piece_cap);

@@ -28,6 +28,8 @@ struct ckv_srv_slot {
     size_t kv_full, kv_kept;
 };
 
+static int sched_between_layers(void *ctx, int layer);
+
 static void timespec_in(struct timespec *ts, double seconds) {
     clock_gettime(CLOCK_REALTIME, ts);
     long ns = ts->tv_nsec + (long)(seconds * 1e9);
@@ -41,6 +43,8 @@ ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *
     /* first what every rank of the group runs */
     ckv_status st = ckv_srv_steps_init(&s->steps, e, max_batch, cache_bytes, cache_dir);
     if (st != CKV_STATUS_OK) return st;
+    s->steps.between_layers = sched_between_layers;
+    s->steps.between_ctx = s;
     s->engine = e;
     s->tok = e->cfg.tokenizer;
     s->metrics = m;
@@ -49,6 +53,7 @@ ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->accepting = 1;
+    s->interleave_s = 0.05;
     if (max_queue < 1) st = ckv_error(CKV_STATUS_ERR_RANGE, "--max-queue %d: expected >= 1", max_queue);
     else if (!s->tok) st = ckv_error(CKV_STATUS_ERR_ARG, "ckv serve needs the model's tokenizer");
     if (st == CKV_STATUS_OK) {
@@ -270,6 +275,26 @@ static void begin_choice(ckv_srv_sched *s, ckv_srv_slot *sl) {
     emit_token(s, sl, ckv_sampler_sample(&sl->sampler, lg));
 }
 
+static void step_decode(ckv_srv_sched *s);
+
+static int grace_over(ckv_srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    int c = s->cancel_all;
+    pthread_mutex_unlock(&s->mu);
+    return c;
+}
+
+/* The between-layers callback of a prepare (srv_step.h): a decode step for the running streams when
+ * they have waited long enough; non-zero cancels the prepare (its client left, or the grace period
+ * of a drain is over). */
+static int sched_between_layers(void *ctx, int layer) {
+    (void)layer;
+    ckv_srv_sched *s = ctx;
+    if ((s->preparing && job_cancelled(s->preparing->job)) || grace_over(s)) return 1;
+    if (ckv_time_now() - s->t_last_decode >= s->interleave_s) step_decode(s);
+    return 0;
+}
+
 /* Prefill tokens a turn of the loop may spend before the running sequences get their next token (the
  * engine's prefill chunk). */
 static int prefill_budget(const ckv_srv_sched *s) { return s->engine->cfg.chunk > 0 ? s->engine->cfg.chunk : 512; }
@@ -284,8 +309,16 @@ static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     sl->sampler_ready = st == CKV_STATUS_OK;
     /* a restored context only prefills its question: activation buffers for that many rows */
     int chunk = j->n_q < 1 ? 1 : j->n_q < prefill_budget(s) ? j->n_q : prefill_budget(s);
+    s->preparing = sl;
     if (st == CKV_STATUS_OK) st = ckv_srv_step_prepare(&s->steps, slot_index(s, sl), &j->press, j->ctx_ids, j->n_ctx, reserve, chunk);
+    s->preparing = NULL;
     const ckv_srv_lookup lk = s->steps.lookup;
+    if (st == CKV_STATUS_ERR_CANCELLED) { /* stopped between two layers of its prefill */
+        ckv_error_clear();
+        ckv_detok_stream_init(&sl->ds, s->tok, CKV_DETOKENIZE_SKIP_SPECIAL);
+        finish_choice(s, sl, CKV_FINISH_CANCELLED);
+        return j->n_ctx;
+    }
     if (st != CKV_STATUS_OK) {
         ckv_srv_job_fail(j, st);
         slot_release(s, sl);
@@ -328,6 +361,7 @@ static void step_decode(ckv_srv_sched *s) {
             s->step_tok[n] = s->slots[i].next;
             s->step_slot[n++] = i;
         }
+    s->t_last_decode = ckv_time_now();
     if (n == 0) return;
     ckv_status st = ckv_srv_step_decode(&s->steps, s->step_slot, s->step_tok, n);
     const float *logits = s->steps.logits; // [n, V]

@@ -1,7 +1,8 @@
 /* srv_sched.h - the engine thread of `ckv serve`: the only thread that touches the model. It owns a
  * bounded queue of submitted jobs and up to max_batch slots; each turn of its loop is a sequence of
  * steps (a context prepare or store restore for one new job, then ONE batched decode step feeding the
- * next token of every running sequence), so running streams get a token after every prepare. The
+ * next token of every running sequence), so running streams get a token after every prepare, and
+ * also between the layers of a long prefill (a decode step whenever they waited interleave_s). The
  * steps themselves run through srv_step.h, which broadcasts each one to the other ranks of a
  * tensor-parallel group before running it. Sampling, stop ids and stop strings, detokenisation into
  * each job's preallocated text and the gauges of /metrics live here (rank 0 only). It does not parse
@@ -37,6 +38,9 @@ typedef struct {
     unsigned long admit_seq;
     int32_t *step_tok;          /* [max_batch] the decode step's tokens */
     int *step_slot;             /* [max_batch] */
+    ckv_srv_slot *preparing;    /* the slot whose context is being prepared (NULL: none) */
+    double t_last_decode;       /* when the last decode step began */
+    double interleave_s;        /* a prefill pauses for a decode step after a layer ending this long after it */
     pthread_t thread;
     int started;
 } ckv_srv_sched;

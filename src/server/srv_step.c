@@ -11,15 +11,17 @@
 #include "core/log.h"
 #include "core/timer.h"
 
-typedef enum { STEP_NOP = 0, STEP_PREPARE, STEP_QUESTION, STEP_DECODE, STEP_REWIND, STEP_RELEASE, STEP_QUIT } step_kind;
+typedef enum {
+    STEP_NOP = 0, STEP_PREPARE, STEP_QUESTION, STEP_DECODE, STEP_REWIND, STEP_RELEASE, STEP_CONTINUE, STEP_QUIT
+} step_kind;
 
-static const char *const step_names[] = {"heartbeat", "prepare", "question", "decode", "rewind", "release", "quit"};
+static const char *const step_names[] = {"heartbeat", "prepare", "question", "decode", "rewind", "release", "continue", "quit"};
 
 typedef struct {
     int32_t kind, slot;
     int32_t n;              /* ids (prepare, question) or sequences (decode) */
     int32_t reserve, chunk; /* prepare */
-    int32_t failed;         /* quit: the leader stopped because of an error */
+    int32_t failed;         /* quit: the leader stopped because of an error; continue: cancel the prepare */
     uint64_t payload;       /* bytes that follow */
 } step_head;
 
@@ -34,6 +36,7 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, si
     s->group = e->tp;
     s->leader = !s->group || s->group->rank == 0;
     s->max_batch = max_batch;
+    s->preparing = -1;
     /* a heartbeat well inside the followers' timeout (and at least every second) */
     s->heartbeat_s = s->group && s->group->timeout_s > 0 && s->group->timeout_s / 4 < 1.0 ? s->group->timeout_s / 4 : 1.0;
     int ctx_max = e->model->cfg.max_context;
@@ -106,6 +109,9 @@ static int valid_slot(const ckv_srv_steps *s, int slot) { return slot >= 0 && sl
 
 /* ---- the executor (every rank) ------------------------------------------------------------------------ */
 
+static int between_leader(void *ctx, int layer);
+static int between_follower(void *ctx, int layer);
+
 static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const int32_t *ids, int n,
                                int reserve, int chunk) {
     ckv_prepared *pc = &s->lanes[slot];
@@ -119,7 +125,13 @@ static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_confi
         pp.n = n;
         pp.press = press;
         pp.reserve = reserve;
+        if (s->leader ? s->between_layers != NULL || multi(s) : 1) {
+            pp.between_layers = s->leader ? between_leader : between_follower;
+            pp.between_ctx = s;
+        }
+        s->preparing = slot;
         st = ckv_engine_prepare(s->engine, &pp, pc);
+        s->preparing = -1;
         if (st == CKV_STATUS_OK && ckv_srv_store_put(&s->store, spec, ids, n, pc) != CKV_STATUS_OK) {
             CKV_LOG_WARN("context store: %s", ckv_error_message());
             ckv_error_clear();
@@ -170,10 +182,24 @@ static ckv_status exec_rewind(ckv_srv_steps *s, int slot) {
 
 /* ---- the leader's side --------------------------------------------------------------------------------- */
 
+/* Between two layers of a prepare on the leader: the scheduler's steps, then continue (or cancel). */
+static int between_leader(void *ctx, int layer) {
+    ckv_srv_steps *s = ctx;
+    int cancel = s->between_layers ? s->between_layers(s->between_ctx, layer) : 0;
+    if (multi(s)) {
+        step_head h = {STEP_CONTINUE, 0, 0, 0, 0, cancel != 0, 0};
+        if (send_step(s, &h, NULL) != CKV_STATUS_OK) {
+            ckv_error_clear();
+            cancel = 1;
+        }
+    }
+    return cancel;
+}
+
 ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const int32_t *ids, int n,
                                 int reserve, int chunk) {
     size_t payload = sizeof *press + sizeof(int32_t) * (size_t)n;
-    if (!valid_slot(s, slot) || n < 1 || payload > s->msg_cap)
+    if (!valid_slot(s, slot) || s->preparing >= 0 || n < 1 || payload > s->msg_cap)
         return ckv_error(CKV_STATUS_ERR_ARG, "prepare step: slot %d, %d context ids (window %d)", slot, n,
                          s->engine->model->cfg.max_context);
     if (multi(s)) {
@@ -187,7 +213,7 @@ ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_conf
 
 ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n) {
     size_t payload = sizeof(int32_t) * (size_t)n;
-    if (!valid_slot(s, slot) || n < 1 || payload > s->msg_cap)
+    if (!valid_slot(s, slot) || slot == s->preparing || n < 1 || payload > s->msg_cap)
         return ckv_error(CKV_STATUS_ERR_ARG, "question step: slot %d, %d ids", slot, n);
     if (multi(s)) {
         step_head h = {STEP_QUESTION, slot, n, 0, 0, 0, payload};
@@ -200,7 +226,7 @@ ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t
     if (n < 1 || n > s->max_batch) return ckv_error(CKV_STATUS_ERR_ARG, "decode step: %d sequences (batch %d)", n, s->max_batch);
     int32_t *msg = (int32_t *)(void *)s->msg; // [2, n] slots, then tokens
     for (int i = 0; i < n; i++) {
-        if (!valid_slot(s, slots[i])) return ckv_error(CKV_STATUS_ERR_ARG, "decode step: slot %d", slots[i]);
+        if (!valid_slot(s, slots[i]) || slots[i] == s->preparing) return ckv_error(CKV_STATUS_ERR_ARG, "decode step: slot %d", slots[i]);
         msg[i] = slots[i];
         msg[n + i] = tokens[i];
     }
@@ -212,7 +238,7 @@ ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t
 }
 
 ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot) {
-    if (!valid_slot(s, slot)) return ckv_error(CKV_STATUS_ERR_ARG, "rewind step: slot %d", slot);
+    if (!valid_slot(s, slot) || slot == s->preparing) return ckv_error(CKV_STATUS_ERR_ARG, "rewind step: slot %d", slot);
     if (multi(s)) {
         step_head h = {STEP_REWIND, slot, 0, 0, 0, 0, 0};
         CKV_TRY(send_step(s, &h, NULL));
@@ -221,7 +247,7 @@ ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot) {
 }
 
 void ckv_srv_step_release(ckv_srv_steps *s, int slot) {
-    if (!valid_slot(s, slot)) return;
+    if (!valid_slot(s, slot) || slot == s->preparing) return;
     if (multi(s)) {
         step_head h = {STEP_RELEASE, slot, 0, 0, 0, 0, 0};
         if (send_step(s, &h, NULL) != CKV_STATUS_OK) ckv_error_clear();
@@ -243,23 +269,27 @@ void ckv_srv_step_quit(ckv_srv_steps *s, int failed) {
 
 /* ---- the followers' side -------------------------------------------------------------------------------- */
 
-ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
-    if (!multi(s) || s->leader) return ckv_error(CKV_STATUS_ERR_ARG, "only a follower rank of a tensor-parallel group follows steps");
+/* Receives and runs the leader's steps until one of kind `until` (QUIT at the top, CONTINUE between
+ * the layers of a prepare, where no prepare or quit may come); *failed gets that step's flag. */
+static ckv_status follow_until(ckv_srv_steps *s, step_kind until, int *failed) {
     for (;;) {
         step_head h;
         CKV_TRY(s->group->ops->bcast(s->group, &h, sizeof h, 0));
+        int nested = until == STEP_CONTINUE;
         if (h.kind < STEP_NOP || h.kind > STEP_QUIT || h.payload > s->msg_cap ||
-            (h.kind != STEP_DECODE && h.kind != STEP_NOP && h.kind != STEP_QUIT && !valid_slot(s, h.slot)) ||
-            (h.kind == STEP_DECODE && (h.n < 1 || h.n > s->max_batch)))
-            return ckv_error(CKV_STATUS_ERR_FORMAT, "a malformed server step from rank 0 (kind %d, slot %d, %d items)", h.kind,
-                             h.slot, h.n);
+            (h.kind != STEP_DECODE && h.kind != STEP_NOP && h.kind != STEP_QUIT && h.kind != STEP_CONTINUE &&
+             !valid_slot(s, h.slot)) ||
+            (h.kind == STEP_DECODE && (h.n < 1 || h.n > s->max_batch)) ||
+            (nested ? h.kind == STEP_PREPARE || h.kind == STEP_QUIT : h.kind == STEP_CONTINUE) ||
+            (h.kind != STEP_NOP && h.kind != STEP_QUIT && h.kind != STEP_CONTINUE && h.slot == s->preparing))
+            return ckv_error(CKV_STATUS_ERR_FORMAT, "a server step from rank 0 out of order or malformed (%s, slot %d, %d items)",
+                             h.kind >= STEP_NOP && h.kind <= STEP_QUIT ? step_names[h.kind] : "unknown", h.slot, h.n);
         if (h.payload > 0) CKV_TRY(s->group->ops->bcast(s->group, s->msg, (size_t)h.payload, 0));
         ckv_status st = CKV_STATUS_OK;
         switch ((step_kind)h.kind) {
         case STEP_NOP: break;
         case STEP_QUIT:
-            if (h.failed) return ckv_error(CKV_STATUS_ERR_ARG, "rank 0 of the tensor-parallel group stopped serving with an error");
-            return CKV_STATUS_OK;
+        case STEP_CONTINUE: *failed = h.failed; return CKV_STATUS_OK;
         case STEP_PREPARE: {
             ckv_press_config press;
             memcpy(&press, s->msg, sizeof press);
@@ -271,7 +301,8 @@ ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
         case STEP_DECODE: {
             const int32_t *m = (const int32_t *)(const void *)s->msg;
             for (int i = 0; i < h.n; i++)
-                if (!valid_slot(s, m[i])) return ckv_error(CKV_STATUS_ERR_FORMAT, "a server decode step from rank 0 names slot %d", m[i]);
+                if (!valid_slot(s, m[i]) || m[i] == s->preparing)
+                    return ckv_error(CKV_STATUS_ERR_FORMAT, "a server decode step from rank 0 names slot %d", m[i]);
             st = exec_decode(s, m, m + h.n, h.n);
             break;
         }
@@ -283,4 +314,25 @@ ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
             ckv_error_clear();
         }
     }
+}
+
+/* Between two layers of a prepare on a follower: the leader's steps until it says continue. */
+static int between_follower(void *ctx, int layer) {
+    (void)layer;
+    ckv_srv_steps *s = ctx;
+    int cancel = 0;
+    if (follow_until(s, STEP_CONTINUE, &cancel) != CKV_STATUS_OK) {
+        CKV_LOG_WARN("between layers of a prefill: %s", ckv_error_message());
+        ckv_error_clear();
+        return 1;
+    }
+    return cancel;
+}
+
+ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
+    if (!multi(s) || s->leader) return ckv_error(CKV_STATUS_ERR_ARG, "only a follower rank of a tensor-parallel group follows steps");
+    int failed = 0;
+    CKV_TRY(follow_until(s, STEP_QUIT, &failed));
+    if (failed) return ckv_error(CKV_STATUS_ERR_ARG, "rank 0 of the tensor-parallel group stopped serving with an error");
+    return CKV_STATUS_OK;
 }

@@ -7,7 +7,10 @@
  * computes, the ranks exchange their status, so a failure on any rank fails the step everywhere and
  * the leader's scheduler fails the request; the ranks never diverge. With one rank nothing is sent.
  * While idle the leader sends a heartbeat step, so that the followers' waits never reach the
- * communicator's timeout. It does not sample, detokenise or know about HTTP jobs (srv_sched.c does);
+ * communicator's timeout. A context's prefill pauses after every layer: the leader's between-layers
+ * callback may run other steps there (decode steps of the running streams), each broadcast as usual,
+ * then a "continue" step (or "cancel") that lets the followers' prefill go on (or end) as the
+ * leader's does. It does not sample, detokenise or know about HTTP jobs (srv_sched.c does);
  * it does not choose what runs. */
 #ifndef CKV_SRV_STEP_H
 #define CKV_SRV_STEP_H
@@ -34,6 +37,11 @@ typedef struct {
     int64_t *stats_all;     /* [group size, 4] every rank's context entries and bytes (prepare) */
     double t_last_sent;     /* when the leader last sent a step (heartbeats) */
     double heartbeat_s;     /* the leader sends a heartbeat after this long without a step */
+    /* leader: called after every layer of a prepare's prefill; may run steps (not a prepare); non-zero
+     * cancels the prepare (ERR_CANCELLED on every rank). NULL: nothing runs between layers. */
+    int (*between_layers)(void *ctx, int layer);
+    void *between_ctx;
+    int preparing;          /* the slot whose prepare is running (-1: none); no other step may name it */
     /* outputs of the last step (leader) */
     const float *logits;    /* question: [V]; decode: [n, V] (host, valid until the next step) */
     ckv_srv_lookup lookup;  /* prepare: whether the context came from the store */

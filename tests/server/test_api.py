@@ -304,6 +304,30 @@ def smollm2_tests():
     st2, _, body2 = s.request("POST", "/detokenize", {"tokens": toks})
     t.check(st == 200 and st2 == 200 and json.loads(body2)["prompt"] == "Hello world", "tokenize / detokenize round trip",
             str(body2))
+    # a long prefill pauses between layers for the running streams (--interleave-ms, 50 by default)
+    events = []
+
+    def streamer():
+        for ev in s.client().completions.create(model="smollm2", prompt="Once upon a time", max_tokens=250, stream=True,
+                                                temperature=0, extra_body={"ignore_eos": True}):
+            events.append(time.time())
+    th = threading.Thread(target=streamer)
+    th.start()
+    while len(events) < 5 and th.is_alive():
+        time.sleep(0.05)
+    p0 = time.time()
+    rp = c.chat.completions.create(model="smollm2", messages=q, max_tokens=1, temperature=0,
+                                   extra_body={"context": DOC, "press": "knorm", "budget": 0.5})
+    p1 = time.time()
+    th.join()
+    during = [b - a for a, b in zip(events, events[1:]) if a >= p0 and b <= p1]
+    gap = max(during) if during else p1 - p0
+    print(f"prefill of {rp.usage.model_dump()['context_tokens']} context tokens took {p1 - p0:.2f} s; the running stream got "
+          f"{len(during)} tokens meanwhile, longest gap {gap:.2f} s")
+    t.check(rp.usage.model_dump()["compressed"] and not rp.usage.model_dump()["cache_hit"], "the long context was prefilled",
+            str(rp.usage))
+    t.check(len(during) >= 5 and gap < max(0.6, (p1 - p0) / 4), "a running stream keeps getting tokens during another "
+            "request's long prefill", f"{len(during)} tokens, longest gap {gap:.2f} s of a {p1 - p0:.2f} s prefill")
     t.check(s.stop() == 0, "SIGTERM: exit 0 (SmolLM2)")
 
     # queue full: 429 with Retry-After
@@ -353,6 +377,25 @@ def smollm2_tests():
     fin = json.loads(body)["choices"][0]["finish_reason"] if st == 200 else None
     t.check(rc == 0 and fin == "cancelled" and time.time() - t0 < 20, "past --grace-seconds in-flight requests are cancelled",
             f"rc {rc}, status {st}, finish {fin}")
+
+    # a prefill in progress when the grace period ends is cancelled between two of its layers
+    s = Server(ckv, SMOLLM2, tmp, "--model-name", "smollm2", "--grace-seconds", "0.3", name="smollm2-grace-prefill")
+    res = {}
+
+    def prefill():
+        res["r"] = s.request("POST", "/v1/chat/completions", {"messages": q, "max_tokens": 4, "context": DOC,
+                                                               "press": "snapkv", "budget": 0.3})
+    th = threading.Thread(target=prefill)
+    th.start()
+    time.sleep(0.8)
+    t0 = time.time()
+    rc = s.stop()
+    took = time.time() - t0
+    th.join()
+    st, _, body = res.get("r", (0, None, b""))
+    fin = json.loads(body)["choices"][0]["finish_reason"] if st == 200 else None
+    t.check(rc == 0 and fin == "cancelled" and took < t1 / 2 + 1, "past --grace-seconds a prefill in progress is cancelled "
+            "between layers", f"rc {rc}, status {st}, finish {fin}, stopped in {took:.2f} s (the prefill takes {t1:.2f} s)")
 
 
 fixture_tests()

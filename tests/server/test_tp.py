@@ -57,7 +57,7 @@ def same(a, b, what):
 
 
 one = Server(ckv, FIXTURE, tmp, "--max-batch", "4", name="one", threads=1)
-tp2 = Server(ckv, FIXTURE, tmp, "--max-batch", "4", "--comm-timeout", "2", name="tp2", threads=1, launcher=launcher(2))
+tp2 = Server(ckv, FIXTURE, tmp, "--max-batch", "4", "--comm-timeout", "2", "--interleave-ms", "0", name="tp2", threads=1, launcher=launcher(2))
 t.check("2 tensor-parallel ranks" in tp2.log_text(), "the server reports its 2 tensor-parallel ranks", tp2.log_text())
 c1, c2 = one.client(), tp2.client()
 
