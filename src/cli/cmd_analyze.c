@@ -113,8 +113,10 @@ int ckv_cmd_analyze(int argc, char **argv) {
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--out: cannot write '%s'", a.out));
     ckv_engine_config ec;
     ckv_cli_engine_config(&opts, world, &ec);
-    /* the measurement reads o_proj in fp32: unless told otherwise, load every matrix as f32 */
-    if (!ckv_opt_has(&opts, CKV_OPT_WEIGHTS_DTYPE)) ec.weights_dtype = CKV_WEIGHTS_DTYPE_F32;
+    /* on the cpu backend the analysis is of the f32 model unless told otherwise (every matrix dequantised
+     * at load, the parity reference); a device backend keeps its default (bf16 on cuda), which the
+     * measurement converts to fp32 */
+    if (!ckv_opt_has(&opts, CKV_OPT_WEIGHTS_DTYPE) && !strcmp(ec.backend, "cpu")) ec.weights_dtype = CKV_WEIGHTS_DTYPE_F32;
     ckv_engine eng;
     ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, world));
     ckv_model *m = eng.model;
@@ -124,7 +126,7 @@ int ckv_cmd_analyze(int argc, char **argv) {
                                "context (%d) + question (%d) tokens exceed the context window of %d tokens "
                                "(max_position_embeddings) of %s", n_ctx, n_q, c->max_context, a.model));
     ckv_analyzer an;
-    ckv_cli_check_comm(world, ckv_analyzer_init(&an, m, &a.press[0], &a.press[1], n_ctx, n_q));
+    ckv_cli_check_comm(world, ckv_analyzer_init(&an, m, &a.press[0], &a.press[1], n_ctx, n_q, ec.threads));
     int32_t *budgets[CKV_ANALYZE_PRESSES] = {NULL};
     for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
         if (a.press[p].alloc == CKV_ALLOC_HEADKV) an.head_budgets[p] = budgets[p] = headkv_budgets(world, m, &a.press[p], n_ctx);

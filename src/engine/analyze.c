@@ -5,13 +5,16 @@
  * values projected through the head's o_proj block in blocks of CKV_ANALYZE_BLOCK rows, and from the
  * same projections o - o^ of each press and the bounds. It never compacts or otherwise changes the
  * cache, prints nothing and allocates only in ckv_analyzer_init / ckv_analyze_ws_init (the per-layer
- * selections allocate their own sort scratch, as in compression). Host memory only. */
+ * selections allocate their own sort scratch, as in compression, and reading a 16-bit cache its
+ * staging). Any backend: what the measurement reads (queries, rows, o_proj) is downloaded to host
+ * scratch unless the backend's memory is the host's. */
 #include "engine/analyze.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/quant.h"
 #include "core/timer.h"
 #include "engine/compress.h"
 
@@ -159,19 +162,68 @@ void ckv_analyzer_free(ckv_analyzer *a) {
     ckv_free(a->hv);
     ckv_free(a->hpos);
     ckv_free(a->keep);
-    ckv_free(a->q);
+    if (a->q != a->dq) ckv_free(a->q);
     ckv_free(a->mine);
     ckv_free(a->all);
     ckv_analyze_ws_free(&a->ws);
+    if (a->be) {
+        a->be->ops->release(a->be, a->dq);
+        a->be->ops->release(a->be, a->dpos);
+    }
+    ckv_free(a->hwo);
+    ckv_free(a->wo_raw);
+    if (a->owns_host_be) ckv_backend_free(a->host_be);
     memset(a, 0, sizeof *a);
 }
 
+/* The host scratch for o_proj: hwo unless every layer's o_proj is F32 in host memory, wo_raw for
+ * typed weights that live on a device. */
+static ckv_status analyzer_wo_init(ckv_analyzer *a, const ckv_model *m) {
+    const int host = m->be->device == CKV_DEVICE_HOST;
+    const size_t D = (size_t)m->cfg.hidden_size, hq = (size_t)m->plan.n_q_local * (size_t)m->cfg.head_dim;
+    size_t raw = 0;
+    int need = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const ckv_weight *w = &m->layers[l].wo;
+        if ((size_t)w->rows != D || (size_t)w->cols != hq)
+            return ckv_error(CKV_STATUS_ERR_SHAPE, "analysis: o_proj of layer %d is [%lld, %lld], expected [%zu, %zu]", l,
+                             (long long)w->rows, (long long)w->cols, D, hq);
+        need |= !host || w->dtype != CKV_DTYPE_F32;
+        if (!host && w->dtype != CKV_DTYPE_F32 && D * w->row_bytes > raw) raw = D * w->row_bytes;
+    }
+    if (need) CKV_TRY(ckv_alloc((void **)&a->hwo, D * hq * sizeof(float), "analysis o_proj (fp32 host copy)"));
+    if (raw) CKV_TRY(ckv_alloc(&a->wo_raw, raw, "analysis o_proj staging"));
+    return CKV_STATUS_OK;
+}
+
+/* The layer's o_proj as fp32 [D, n_q_local * d] in host memory: in place (F32 on a host backend), else
+ * converted (and first downloaded when the backend's memory is not the host's) into hwo. */
+static ckv_status analyzer_wo_host(ckv_analyzer *a, const ckv_weight *w, const float **out) {
+    ckv_backend *be = a->be;
+    const int host = be->device == CKV_DEVICE_HOST;
+    if (host && w->dtype == CKV_DTYPE_F32) {
+        *out = w->data;
+        return CKV_STATUS_OK;
+    }
+    const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    if (w->dtype == CKV_DTYPE_F32) { /* a device: straight into the fp32 copy */
+        CKV_TRY(be->ops->download(be, a->hwo, w->data, rows * cols * sizeof(float)));
+    } else {
+        const char *src = w->data;
+        if (!host) {
+            CKV_TRY(be->ops->download(be, a->wo_raw, w->data, rows * w->row_bytes));
+            src = a->wo_raw;
+        }
+        for (size_t r = 0; r < rows; r++) ckv_dequant_row(w->dtype, src + r * w->row_bytes, a->hwo + r * cols, cols);
+    }
+    *out = a->hwo;
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_analyzer_init(ckv_analyzer *a, const ckv_model *m, const ckv_press_config *press_a,
-                             const ckv_press_config *press_b, int n_ctx, int n_question) {
+                             const ckv_press_config *press_b, int n_ctx, int n_question, int n_threads) {
     memset(a, 0, sizeof *a);
     if (!m || !press_a || !press_b) return ckv_error(CKV_STATUS_ERR_ARG, "analysis: needs a model and two presses");
-    if (m->be->device != CKV_DEVICE_HOST)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "the perturbation analysis needs the cpu backend (got %s)", m->be->name);
     if (n_ctx < 1 || n_question < 1)
         return ckv_error(CKV_STATUS_ERR_ARG, "analysis: %d context and %d question tokens (need >= 1 of each)", n_ctx,
                          n_question);
@@ -202,8 +254,20 @@ ckv_status ckv_analyzer_init(ckv_analyzer *a, const ckv_model *m, const ckv_pres
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->hpos, n_rows * sizeof(int32_t), "analysis positions"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->keep, (size_t)CKV_ANALYZE_PRESSES * (size_t)pl->n_kv_local * (size_t)n_ctx,
                               "analysis kept sets"), fail);
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&a->q, (size_t)pl->n_q_local * (size_t)c->head_dim * sizeof(float),
-                              "analysis queries"), fail);
+    ckv_backend *be = m->be;
+    const int host = be->device == CKV_DEVICE_HOST;
+    const size_t qbytes = (size_t)pl->n_q_local * (size_t)c->head_dim * sizeof(float);
+    a->be = be;
+    CKV_TRY_GOTO(s, be->ops->alloc(be, (void **)&a->dq, qbytes, "analysis queries"), fail);
+    CKV_TRY_GOTO(s, be->ops->alloc(be, (void **)&a->dpos, sizeof(int32_t), "analysis query position"), fail);
+    if (host) {
+        a->q = a->dq, a->host_be = be;
+    } else {
+        CKV_TRY_GOTO(s, ckv_alloc((void **)&a->q, qbytes, "analysis queries (host copy)"), fail);
+        CKV_TRY_GOTO(s, ckv_backend_cpu_init(&a->host_be, n_threads), fail);
+        a->owns_host_be = 1;
+    }
+    CKV_TRY_GOTO(s, analyzer_wo_init(a, m), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->mine, (size_t)pl->n_q_local * sizeof *a->mine, "analysis records"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->all, (size_t)tp * (size_t)pl->n_q_local * sizeof *a->all,
                               "analysis gathered records"), fail);
@@ -255,14 +319,14 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
 
     /* the analysed token's queries: q_proj (+ bias), RoPE at its position */
     const ckv_layer_weights *w = &m->layers[layer];
-    if (w->wo.dtype != CKV_DTYPE_F32)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "analysis: o_proj of layer %d is stored as %s (the measurement "
-                         "needs F32 weights)", layer, ckv_dtype_name(w->wo.dtype));
-    int32_t qpos = s->pos[n - 1];
-    be->ops->matmul(be, a->q, s->xn + (size_t)(n - 1) * D, &w->wq, w->bq, 1);
-    be->ops->rope(be, a->q, &qpos, 1, nq, d, m->inv_freq, m->rope_scale);
+    CKV_TRY(be->ops->upload(be, a->dpos, &s->pos[n - 1], sizeof(int32_t)));
+    be->ops->matmul(be, a->dq, s->xn + (size_t)(n - 1) * D, &w->wq, w->bq, 1);
+    be->ops->rope(be, a->dq, a->dpos, 1, nq, d, m->inv_freq, m->rope_scale);
+    if (a->q != a->dq) CKV_TRY(be->ops->download(be, a->q, a->dq, (size_t)hq * sizeof(float)));
     for (int g = 0; g < nkv; g++) /* fp32 host copies of the layer's rows (any KV dtype) */
         CKV_TRY(ckv_kv_head_read(&s->kv, layer, g, a->hk + (size_t)g * n * d, a->hv + (size_t)g * n * d, a->hpos));
+    const float *wo = NULL; // [D, hq] fp32 host
+    CKV_TRY(analyzer_wo_host(a, &w->wo, &wo));
     const int group = c->n_heads / c->n_kv_heads;
     for (int j = 0; j < nq; j++) {
         const int h = pl->q_head0 + j, g = h / group - pl->kv_head0;
@@ -271,12 +335,12 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
         ckv_analyze_head_in hi = {
             .n_rows = n, .n_ctx = L, .d = d, .D = D, .q = a->q + (size_t)j * d,
             .k = a->hk + (size_t)g * n * d, .v = a->hv + (size_t)g * n * d,
-            .wo = (const float *)w->wo.data + (size_t)j * d, .wo_stride = hq, .scale = 1.0f / sqrtf((float)d),
+            .wo = wo + (size_t)j * d, .wo_stride = hq, .scale = 1.0f / sqrtf((float)d),
         };
         for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) hi.keep[p] = a->keep + ((size_t)p * nkv + (size_t)g) * L;
         ckv_analyze_head *r = &a->mine[j];
         memset(r, 0, sizeof *r);
-        CKV_TRY(ckv_analyze_head_compute(&hi, be, &a->ws, r));
+        CKV_TRY(ckv_analyze_head_compute(&hi, a->host_be, &a->ws, r));
         r->layer = layer, r->head = h, r->kv_head = pl->kv_head0 + g;
     }
 

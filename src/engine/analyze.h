@@ -6,9 +6,12 @@
  * attention-weight-only bound. It runs as the layer hook of one full-cache prefill of context +
  * question and never compacts the cache. Under tensor parallelism each rank measures its own query
  * heads and every rank receives all records (one all-gather per layer). It does not print, choose
- * presses or budgets, or generate tokens. The presses select through the backend's eviction ops on
- * the cache segments (any KV dtype); the measurement reads fp32 host copies of the rows and needs a
- * host-memory (CPU) backend with F32 weights. */
+ * presses or budgets, or generate tokens. It runs on any backend: the presses select through the
+ * backend's eviction ops on the cache segments (any KV dtype); the analysed token's queries are
+ * computed on the device; the measurement runs in double on fp32 host copies of the queries, the
+ * rows and o_proj (any weight dtype), downloaded through the backend where its memory is not the
+ * host's, with host matmuls on a private CPU backend then. On a host-memory backend it reads the
+ * model's buffers in place (F32 o_proj directly, no copy). */
 #ifndef CKV_ENGINE_ANALYZE_H
 #define CKV_ENGINE_ANALYZE_H
 
@@ -87,16 +90,27 @@ typedef struct {
     float *hk, *hv;           /* [n_kv_local, n_ctx + n_question, d] fp32 host copies of the layer's keys, values */
     int32_t *hpos;            /* [n_ctx + n_question] one head's positions */
     uint8_t *keep;            /* [CKV_ANALYZE_PRESSES, n_kv_local, n_ctx] */
-    float *q;                 /* [n_q_local * d] the analysed token's roped queries */
+    float *q;                 /* [n_q_local * d] the analysed token's roped queries (host; = dq on a host backend) */
     ckv_analyze_head *mine;   /* [n_q_local] this rank's records of the layer */
     ckv_analyze_head *all;    /* [tp * n_q_local] gathered records */
     ckv_analyze_ws ws;
+    /* the backends: be is the model's; host_be runs the measurement's matmuls on host buffers (be
+     * itself when its memory is the host's, else a private CPU backend owned here) */
+    ckv_backend *be, *host_be;
+    int owns_host_be;
+    float *dq;                /* [n_q_local * d] device: the queries as q_proj and RoPE write them */
+    int32_t *dpos;            /* [1] device: the analysed token's position */
+    float *hwo;               /* [D, n_q_local * d] fp32 host copy of the layer's o_proj, or NULL when
+                               * every layer's o_proj is F32 in host memory (read in place) */
+    void *wo_raw;             /* [D, row_bytes] the layer's typed o_proj downloaded before conversion, or NULL
+                               * (host memory, or F32 weights downloaded straight into hwo) */
 } ckv_analyzer;
 
 /* Sizes everything for a prompt of n_ctx context and n_question question tokens (n_question >= 1)
- * on model m; checks both presses can compress n_ctx tokens and that the backend has host memory. */
+ * on model m; checks both presses can compress n_ctx tokens. n_threads: host threads of the private
+ * CPU backend when the model's backend memory is not the host's (<= 0: all cores); unused otherwise. */
 ckv_status ckv_analyzer_init(ckv_analyzer *a, const ckv_model *m, const ckv_press_config *press_a,
-                             const ckv_press_config *press_b, int n_ctx, int n_question);
+                             const ckv_press_config *press_b, int n_ctx, int n_question, int n_threads);
 void ckv_analyzer_free(ckv_analyzer *a); /* accepts partial objects */
 
 /* The layer hook (ctx = a ckv_analyzer). */

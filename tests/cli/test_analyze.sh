@@ -3,7 +3,8 @@
 # the --out file has one JSON line per (layer, query head) with every field; every perturbation is
 # <= theta <= the attention-only bound (Theorem 3.3 and its relaxation: asserted, up to a relative
 # 1e-9 of rounding); each press's own bound is the right one; everything is exactly 0 when the budget
-# keeps every token (--budget 1); question ids add never-evicted rows; and every bad input ends with
+# keeps every token (--budget 1); question ids add never-evicted rows; bf16 weights and KV (o_proj
+# converted for the measurement) keep the bounds; and every bad input ends with
 # exit status 1 or 2 and ONE line on stderr that names what is wrong.
 # usage: test_analyze.sh CKV_BINARY FIXTURES_DIR TMP_DIR
 set -u
@@ -88,6 +89,11 @@ assert abs(float(m.group(2)) - ratio_b) <= 1e-3 * ratio_b, (m.group(2), ratio_b)
 assert "bounds: perturbation <= theta <= attention-only bound in every head" in s, s
 print("ok   summary agrees with the per-head file:", s.splitlines()[3])
 PY
+
+# --- bf16 weights and KV on the cpu: o_proj converted to fp32 for the measurement, the bounds hold ---
+"$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget 0.3 --weights-dtype bf16 --kv-dtype bf16 \
+  --out "$tmp/bf16.jsonl" >"$tmp/sum" 2>"$tmp/err" || { echo "FAIL bf16 run"; cat "$tmp/err"; fail=1; }
+check_jsonl "$tmp/bf16.jsonl" 241 72 0 0 1 || fail=1
 
 # --- cross-head presses, a question (3 never-evicted rows), options shared by both presses ---
 "$ckv" analyze --model "$llama" --prompt-ids-file "$tmp/prompt.txt" --question-ids 5,6,7 --press-a adakv:snapkv \

@@ -313,7 +313,7 @@ static void run_model(ckv_backend *be, const char *name, const char *spec_a, con
     CHECK_OK(ckv_press_finalize(&pa));
     CHECK_OK(ckv_press_finalize(&pb));
     ckv_analyzer an;
-    CHECK_OK(ckv_analyzer_init(&an, m, &pa, &pb, L, nq));
+    CHECK_OK(ckv_analyzer_init(&an, m, &pa, &pb, L, nq, 0));
     ckv_session s;
     CHECK_OK(ckv_session_init(&s, m, n, n, 1));
     hook_check hc = {&an, n, 0, 0.0};
@@ -353,9 +353,9 @@ static void run_model(ckv_backend *be, const char *name, const char *spec_a, con
     if (check_errors) { /* a press that evicts nothing; a context the window does not fit; no question */
         ckv_press_config none;
         CHECK_OK(ckv_press_parse(&none, "none"));
-        CHECK_FAILS(ckv_analyzer_init(&an, m, &pa, &none, L, nq), CKV_STATUS_ERR_ARG, "press B is none");
-        CHECK_FAILS(ckv_analyzer_init(&an, m, &pa, &pb, 20, nq), CKV_STATUS_ERR_ARG, "window");
-        CHECK_FAILS(ckv_analyzer_init(&an, m, &pa, &pb, L, 0), CKV_STATUS_ERR_ARG, "question");
+        CHECK_FAILS(ckv_analyzer_init(&an, m, &pa, &none, L, nq, 0), CKV_STATUS_ERR_ARG, "press B is none");
+        CHECK_FAILS(ckv_analyzer_init(&an, m, &pa, &pb, 20, nq, 0), CKV_STATUS_ERR_ARG, "window");
+        CHECK_FAILS(ckv_analyzer_init(&an, m, &pa, &pb, L, 0, 0), CKV_STATUS_ERR_ARG, "question");
     }
     ckv_model_free(m);
 }
