@@ -64,6 +64,15 @@ typedef struct {
     ckv_status (*download)(ckv_backend *be, void *dst_host, const void *src_dev, size_t bytes);
     ckv_status (*copy)(ckv_backend *be, void *dst_dev, const void *src_dev, size_t bytes);
     ckv_status (*sync)(ckv_backend *be);
+    /* The queue the backend's device work runs on, as an opaque handle for code that must order its
+     * own device work behind the backend's kernels without waiting on the host (a device
+     * communicator enqueuing collectives: engine/comm_backend.c). The CUDA backend returns its
+     * compute stream (a cudaStream_t; on cuda-emu the CPU execution layer's stream, meaningful only
+     * to that layer). NULL op (the CPU backend, whose ops complete before they return) or NULL
+     * returned: no queue. Owned by the backend: valid until it is freed; the user must not
+     * synchronise, destroy or reconfigure it. Every op above that hands data to the host (download,
+     * count_nonfinite) runs on it and waits for it, so host reads stay ordered after the kernels. */
+    void *(*stream)(ckv_backend *be);
     /* 1 when matmul and embedding compute weights stored as `t` directly. */
     int (*weight_dtype_ok)(const ckv_backend *be, ckv_dtype t);
     /* 1 when the KV cache may be stored as `t` (F32, F16, BF16). */
@@ -257,6 +266,11 @@ static inline void ckv_backend_matmul_f32(ckv_backend *be, float *out, const flo
                                           const float *bias, int n, int k, int m) {
     ckv_weight wt = {(void *)w, CKV_DTYPE_F32, m, k, (size_t)k * sizeof(float)};
     be->ops->matmul(be, out, x, &wt, bias, n);
+}
+
+/* be's compute queue (the stream op), or NULL when it has none. */
+static inline void *ckv_backend_stream(ckv_backend *be) {
+    return be && be->ops && be->ops->stream ? be->ops->stream(be) : NULL;
 }
 
 /* Backend-specific constructors (backend.c dispatches to these). */

@@ -38,8 +38,8 @@ typedef struct {
     ckv_status (*dev_allreduce_f32)(ckv_comm *c, float *buf, size_t n, ckv_comm_op op);
     /* recv [size * bytes] (device) gets every rank's `bytes` of send (device), in rank order */
     ckv_status (*dev_allgather)(ckv_comm *c, const void *send, void *recv, size_t bytes);
-    /* the stream device collectives are enqueued on (an opaque cudaStream_t; NULL: the
-     * communicator's own stream, synchronised per call) */
+    /* the stream device collectives are enqueued on (an opaque cudaStream_t, borrowed; NULL: the
+     * communicator's own stream, synchronised per call); see ckv_comm_set_stream */
     void (*set_stream)(ckv_comm *c, void *stream);
 } ckv_comm_ops;
 
@@ -81,10 +81,19 @@ ckv_status ckv_comm_dev_allgather(ckv_comm *c, const void *send, void *recv, siz
  * operands are not contiguous, e.g. the padded vocabulary slices): allocated on the first call that
  * needs more, then reused, so steady-state calls allocate nothing. Valid until the next call. */
 ckv_status ckv_comm_dev_workspace(ckv_comm *c, size_t bytes, void **dev);
-/* Makes device collectives run on `stream` (an opaque cudaStream_t, the backend's compute stream),
- * so no host synchronisation happens per collective. Set once, before the first collective; a
- * no-op for communicators without device ops. */
+/* Makes device collectives run on `stream` (an opaque cudaStream_t: the backend's compute stream,
+ * engine/comm_backend.c), so no host synchronisation happens per collective: each is enqueued
+ * behind the kernels producing its input, the kernels after it wait for it on the stream, and the
+ * host sees its result through the backend's download (on the same stream). The stream stays the
+ * caller's: the communicator only enqueues on it and records events (a watchdog thread polls them
+ * against the timeout, so a dead peer still ends the job); it must outlive the communicator, which
+ * waits for it when freed. Set once, before the first collective. Only the NCCL path takes it; the
+ * staged path (whose transfers are the io callbacks, ordered on the backend's stream) and
+ * communicators without device ops ignore it. */
 void ckv_comm_set_stream(ckv_comm *c, void *stream);
+/* 1 when the device communicator c enqueues its collectives on the stream of ckv_comm_set_stream
+ * (the NCCL path, once it took it); 0 otherwise. */
+int ckv_comm_device_on_stream(const ckv_comm *c);
 
 /* How a device communicator moves device buffers between ranks. */
 typedef enum {
@@ -100,6 +109,9 @@ const char *ckv_comm_path_name(ckv_comm_path p);
 typedef struct {
     void *ctx;
     int host_memory; /* 1 when device memory is host memory (the CPU backend) */
+    /* download must return with dst_host filled, after the device work queued before it (the
+     * kernels producing src_dev): the CUDA backend's runs on its compute stream and waits for it,
+     * which orders the staged path without a separate sync; upload must have read src_host on return */
     ckv_status (*download)(void *ctx, void *dst_host, const void *src_dev, size_t bytes);
     ckv_status (*upload)(void *ctx, void *dst_dev, const void *src_host, size_t bytes);
     ckv_status (*copy)(void *ctx, void *dst_dev, const void *src_dev, size_t bytes);

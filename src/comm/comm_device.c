@@ -142,6 +142,9 @@ static ckv_status dev_allgather(ckv_comm *c, const void *send, void *recv, size_
     return x->io.upload(x->io.ctx, recv, hr, all);
 }
 
+/* Only NCCL enqueues device work of its own: the staged path's transfers are the io callbacks (the
+ * backend's download and upload, queued on its compute stream and waited for) and the host path
+ * reads host memory, so for them there is nothing to hand the stream to. */
 static void dev_set_stream(ckv_comm *c, void *stream) {
     if (!dctx(c)->nccl || !stream) return;
     ckv_comm_set_stream(dctx(c)->nccl, stream);
@@ -181,6 +184,10 @@ ckv_status ckv_comm_dev_workspace(ckv_comm *c, size_t bytes, void **dev) {
     CKV_TRY(work_reserve(dctx(c), bytes));
     *dev = dctx(c)->work;
     return CKV_STATUS_OK;
+}
+
+int ckv_comm_device_on_stream(const ckv_comm *c) {
+    return c && c->ops == &dev_ops && ((const dev_ctx *)c->ctx)->on_stream;
 }
 
 ckv_comm_path ckv_comm_device_path(const ckv_comm *c) {

@@ -2,7 +2,8 @@
  * MPI_ERRORS_RETURN is set so a failing call reports instead of killing silently, and abort() ends
  * every rank with MPI_Abort so a failure on one rank never leaves the others hanging. Collectives
  * are started non-blocking and polled against the communicator's timeout: a rank that stops
- * participating ends the job with the operation named instead of a hang. */
+ * participating ends the job with the operation named instead of a hang. The splits, which MPI
+ * offers only blocking, are preceded by a timed barrier (mpi_arrive). */
 #define _POSIX_C_SOURCE 200809L /* gethostname, nanosleep: before any system header */
 #include <mpi.h>
 #include <stdint.h>
@@ -107,9 +108,20 @@ static ckv_status mpi_barrier(ckv_comm *c) {
 static void mpi_free(ckv_comm *c);
 static ckv_status mpi_wrap(ckv_comm **out, MPI_Comm comm, int is_world);
 
+/* MPI has no non-blocking communicator split: a timed barrier first makes sure every rank has
+ * reached the split, so a stalled or dead peer ends the job naming `op` instead of hanging it in
+ * the blocking call (which then only runs among ranks that are all there). */
+static ckv_status mpi_arrive(ckv_comm *c, const char *op) {
+    if (c->size == 1) return CKV_STATUS_OK;
+    MPI_Request req;
+    CKV_MPI_CHECK(MPI_Ibarrier(mpi_comm_of(c), &req));
+    return mpi_complete(c, &req, op, 0);
+}
+
 static ckv_status mpi_split(ckv_comm *c, int color, int key, ckv_comm **out) {
     MPI_Comm sub;
     *out = NULL;
+    CKV_TRY(mpi_arrive(c, "MPI split"));
     CKV_MPI_CHECK(MPI_Comm_split(mpi_comm_of(c), color, key, &sub));
     MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
     ckv_status s = mpi_wrap(out, sub, 0);
@@ -125,6 +137,7 @@ static void mpi_abort(ckv_comm *c, int code) {
 
 static ckv_status mpi_node_local(ckv_comm *c, int *local_rank, int *local_size) {
     MPI_Comm node;
+    CKV_TRY(mpi_arrive(c, "MPI split by node"));
     CKV_MPI_CHECK(MPI_Comm_split_type(mpi_comm_of(c), MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node));
     MPI_Comm_rank(node, local_rank);
     MPI_Comm_size(node, local_size);

@@ -2,10 +2,11 @@
  * the NCCL unique id over another communicator (MPI). Without a stream set, every call runs on the
  * communicator's own stream and is waited for by polling (cudaStreamQuery, ncclCommGetAsyncError)
  * against the timeout, so the engine's ordering guarantees are the same as with MPI. With a stream
- * set (ckv_comm_set_stream: the backend's compute stream) calls are only enqueued, and an event
- * recorded after each goes to a ring a watchdog thread polls: a collective not done within the
- * timeout, or an asynchronous NCCL error, aborts the NCCL communicator and ends the job naming the
- * rank and the operation. The communicator is created non-blocking, so its init is bounded too.
+ * set (ckv_comm_set_stream: the backend's compute stream, which stays the caller's) calls are only
+ * enqueued, between two events recorded on that stream, into a ring a watchdog thread polls: a
+ * collective not done within the timeout of its start (the first event: the kernels queued before
+ * it are not counted), or an asynchronous NCCL error, aborts the NCCL communicator and ends the job
+ * naming the rank and the operation. The communicator is created non-blocking, so its init is bounded too.
  * Nothing is allocated per call. This is the only file that includes nccl.h; it and src/backend/cuda
  * are the only ones with CUDA headers. */
 #define _POSIX_C_SOURCE 200809L /* gethostname, nanosleep: before any system header */
@@ -38,10 +39,12 @@
 #define CKV_NCCL_RING 256 /* collectives in flight on the compute stream before the caller waits */
 
 typedef struct {
-    cudaEvent_t done;
+    cudaEvent_t start;  /* recorded before the collective: the kernels producing its input are done */
+    cudaEvent_t done;   /* recorded after it */
     const char *op;
     size_t bytes;
-    double t0;
+    double t0;          /* when the watchdog first saw `start` complete (the deadline counts from it) */
+    int started;
 } nccl_pending;
 
 typedef struct {
@@ -118,6 +121,13 @@ static void ring_poll(ckv_comm *c) {
         nccl_pending *p = &x->ring[x->head];
         cudaError_t e = cudaEventQuery(p->done);
         if (e == cudaErrorNotReady) {
+            if (!p->started) { /* still behind the compute kernels queued before it */
+                cudaError_t es = cudaEventQuery(p->start);
+                if (es != cudaSuccess && es != cudaErrorNotReady) nccl_fail(c, p->op, p->bytes, cudaGetErrorString(es));
+                if (es != cudaSuccess) break;
+                p->started = 1;
+                p->t0 = ckv_time_now();
+            }
             if (c->timeout_s > 0 && ckv_time_now() - p->t0 > c->timeout_s)
                 nccl_fail(c, p->op, p->bytes, "not complete within --comm-timeout: a peer rank stopped participating or died");
             break;
@@ -145,15 +155,12 @@ static void *watchdog_main(void *arg) {
     }
 }
 
-/* After an enqueue: synchronous mode waits; asynchronous mode records an event in the ring (waiting
- * for the oldest when the ring is full). */
-static ckv_status nccl_after(ckv_comm *c, ncclResult_t r, const char *op, size_t bytes) {
+/* Before an enqueue in asynchronous mode: waits for a free slot of the ring (the oldest collective
+ * to complete when it is full) and records the slot's start event. Only the calling thread fills
+ * slots; the watchdog reads the `count` of them from the head, so the free slot is the caller's. */
+static ckv_status nccl_before(ckv_comm *c) {
     nccl_ctx *x = ctx_of(c);
-    if (r != ncclSuccess && r != ncclInProgress)
-        return ckv_error(CKV_STATUS_ERR_COMM, "%s of %zu bytes on GPU %d failed: %s", op, bytes, x->device,
-                         ncclGetErrorString(r));
-    nccl_settle(c, r, op, bytes);
-    if (!x->async) return nccl_wait(c, op, bytes);
+    if (!x->async) return CKV_STATUS_OK;
     struct timespec ts = {0, 20 * 1000};
     pthread_mutex_lock(&x->lock);
     while (x->count == CKV_NCCL_RING) {
@@ -165,11 +172,28 @@ static ckv_status nccl_after(ckv_comm *c, ncclResult_t r, const char *op, size_t
         }
     }
     nccl_pending *p = &x->ring[(x->head + x->count) % CKV_NCCL_RING];
+    pthread_mutex_unlock(&x->lock);
+    CKV_CUDA_CHECK(cudaEventRecord(p->start, x->stream));
+    return CKV_STATUS_OK;
+}
+
+/* After an enqueue: synchronous mode waits; asynchronous mode records the completion event of the
+ * slot nccl_before prepared and hands it to the watchdog. */
+static ckv_status nccl_after(ckv_comm *c, ncclResult_t r, const char *op, size_t bytes) {
+    nccl_ctx *x = ctx_of(c);
+    if (r != ncclSuccess && r != ncclInProgress)
+        return ckv_error(CKV_STATUS_ERR_COMM, "%s of %zu bytes on GPU %d failed: %s", op, bytes, x->device,
+                         ncclGetErrorString(r));
+    nccl_settle(c, r, op, bytes);
+    if (!x->async) return nccl_wait(c, op, bytes);
+    pthread_mutex_lock(&x->lock);
+    nccl_pending *p = &x->ring[(x->head + x->count) % CKV_NCCL_RING];
     cudaError_t e = cudaEventRecord(p->done, x->stream);
     if (e == cudaSuccess) {
         p->op = op;
         p->bytes = bytes;
-        p->t0 = ckv_time_now();
+        p->t0 = 0;
+        p->started = 0;
         x->count++;
     }
     pthread_mutex_unlock(&x->lock);
@@ -203,6 +227,7 @@ static ncclRedOp_t nccl_op(ckv_comm_op op) {
 static ckv_status nccl_allreduce_f32(ckv_comm *c, float *buf, size_t n, ckv_comm_op op) {
     if (c->size == 1 || n == 0) return CKV_STATUS_OK;
     c->bytes += n * sizeof(float);
+    CKV_TRY(nccl_before(c));
     return nccl_after(c, ncclAllReduce(buf, buf, n, ncclFloat32, nccl_op(op), ctx_of(c)->comm, ctx_of(c)->stream),
                       "NCCL all-reduce (float)", n * sizeof(float));
 }
@@ -210,12 +235,14 @@ static ckv_status nccl_allreduce_f32(ckv_comm *c, float *buf, size_t n, ckv_comm
 static ckv_status nccl_allreduce_i32(ckv_comm *c, int *buf, size_t n, ckv_comm_op op) {
     if (c->size == 1 || n == 0) return CKV_STATUS_OK;
     c->bytes += n * sizeof(int);
+    CKV_TRY(nccl_before(c));
     return nccl_after(c, ncclAllReduce(buf, buf, n, ncclInt32, nccl_op(op), ctx_of(c)->comm, ctx_of(c)->stream),
                       "NCCL all-reduce (int)", n * sizeof(int));
 }
 
 static ckv_status nccl_allgather(ckv_comm *c, const void *send, void *recv, size_t bytes) {
     c->bytes += bytes;
+    CKV_TRY(nccl_before(c));
     return nccl_after(c, ncclAllGather(send, recv, bytes, ncclUint8, ctx_of(c)->comm, ctx_of(c)->stream),
                       "NCCL all-gather", bytes);
 }
@@ -223,6 +250,7 @@ static ckv_status nccl_allgather(ckv_comm *c, const void *send, void *recv, size
 static ckv_status nccl_bcast(ckv_comm *c, void *buf, size_t bytes, int root) {
     if (root < 0 || root >= c->size) return ckv_error(CKV_STATUS_ERR_ARG, "broadcast root %d outside %d ranks", root, c->size);
     c->bytes += bytes;
+    CKV_TRY(nccl_before(c));
     return nccl_after(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, ctx_of(c)->comm, ctx_of(c)->stream),
                       "NCCL broadcast", bytes);
 }
@@ -230,6 +258,7 @@ static ckv_status nccl_bcast(ckv_comm *c, void *buf, size_t bytes, int root) {
 static ckv_status nccl_barrier(ckv_comm *c) {
     /* NCCL has no barrier: a one-element all-reduce on the device orders every rank the same way */
     if (c->size == 1) return CKV_STATUS_OK;
+    CKV_TRY(nccl_before(c));
     return nccl_after(c, ncclAllReduce(ctx_of(c)->one, ctx_of(c)->one, 1, ncclFloat32, ncclSum, ctx_of(c)->comm,
                                        ctx_of(c)->stream), "NCCL barrier", sizeof(float));
 }
@@ -266,11 +295,20 @@ static void nccl_set_stream(ckv_comm *c, void *stream) {
     nccl_ctx *x = ctx_of(c);
     if (!stream || x->async) return;
     cudaStreamSynchronize(x->own);
-    for (int i = 0; i < CKV_NCCL_RING; i++)
-        if (cudaEventCreateWithFlags(&x->ring[i].done, cudaEventDisableTiming) != cudaSuccess) {
-            for (int j = 0; j < i; j++) cudaEventDestroy(x->ring[j].done);
+    for (int i = 0; i < CKV_NCCL_RING; i++) {
+        cudaError_t e = cudaEventCreateWithFlags(&x->ring[i].start, cudaEventDisableTiming);
+        if (e == cudaSuccess) {
+            e = cudaEventCreateWithFlags(&x->ring[i].done, cudaEventDisableTiming);
+            if (e != cudaSuccess) cudaEventDestroy(x->ring[i].start);
+        }
+        if (e != cudaSuccess) {
+            for (int j = 0; j < i; j++) {
+                cudaEventDestroy(x->ring[j].start);
+                cudaEventDestroy(x->ring[j].done);
+            }
             return; /* stays synchronous on its own stream */
         }
+    }
     x->stream = (cudaStream_t)stream;
     x->async = 1;
     x->watching = pthread_create(&x->watchdog, NULL, watchdog_main, c) == 0;
@@ -340,7 +378,10 @@ static void nccl_free(ckv_comm *c) {
         }
         if (x->async) {
             cudaStreamSynchronize(x->stream);
-            for (int i = 0; i < CKV_NCCL_RING; i++) cudaEventDestroy(x->ring[i].done);
+            for (int i = 0; i < CKV_NCCL_RING; i++) {
+                cudaEventDestroy(x->ring[i].start);
+                cudaEventDestroy(x->ring[i].done);
+            }
         }
         if (x->comm) ncclCommDestroy(x->comm);
         if (x->own) cudaStreamDestroy(x->own);

@@ -1,7 +1,10 @@
 /* comm_backend.c - the device side of a device communicator taken from a compute backend: its
- * download, upload and copy ops as ckv_comm_device_io callbacks, and the communicator of a
- * tensor-parallel group built over them. No collective logic (comm_device.c) and no CUDA here. */
+ * download, upload and copy ops as ckv_comm_device_io callbacks, its compute stream handed to the
+ * communicator, and the communicator of a tensor-parallel group built over them. No collective
+ * logic (comm_device.c) and no CUDA here: the stream is an opaque handle. */
 #include "engine/comm_backend.h"
+
+#include "core/log.h"
 
 static ckv_status be_download(void *ctx, void *dst_host, const void *src_dev, size_t bytes) {
     ckv_backend *be = ctx;
@@ -42,13 +45,25 @@ void ckv_comm_device_io_from_backend(ckv_comm_device_io *io, ckv_backend *be) {
     io->device_id = NULL; /* the GPU's PCI bus id (ckv_comm_gpu_id) */
 }
 
-ckv_status ckv_comm_init_backend(ckv_comm **out, ckv_comm *host, ckv_backend *be, int device, void *stream,
-                                 size_t workspace_bytes) {
+void ckv_comm_use_backend_stream(ckv_comm *c, ckv_backend *be) {
+    void *stream = ckv_backend_stream(be);
+    ckv_comm_set_stream(c, stream);
+    if (!c || c->rank != 0 || ckv_comm_device_path(c) != CKV_COMM_PATH_NCCL) return;
+    if (ckv_comm_device_on_stream(c))
+        CKV_LOG_INFO("NCCL collectives enqueued on the %s backend's compute stream (no host synchronisation per "
+                     "collective; a watchdog ends the job when one is not done within --comm-timeout %g s)",
+                     be->name, c->timeout_s);
+    else
+        CKV_LOG_INFO("NCCL collectives on their own stream, synchronised per call (%s)",
+                     stream ? "its completion events could not be created" : "the backend has no compute stream");
+}
+
+ckv_status ckv_comm_init_backend(ckv_comm **out, ckv_comm *host, ckv_backend *be, int device, size_t workspace_bytes) {
     ckv_comm_device_io io;
     ckv_comm_device_io_from_backend(&io, be);
     ckv_comm_device_params p = {.device = device < 0 ? 0 : device, .path = CKV_COMM_PATH_AUTO, .staging_bytes = 0,
                                 .workspace_bytes = workspace_bytes};
     CKV_TRY(ckv_comm_init_device(out, host, &io, &p));
-    ckv_comm_set_stream(*out, stream);
+    ckv_comm_use_backend_stream(*out, be);
     return CKV_STATUS_OK;
 }

@@ -78,7 +78,7 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     ckv_status st = ckv_backend_init_params(&e->be, &bp);
     /* device buffers cross ranks through a device communicator (engine/comm_backend.h) */
     if (st == CKV_STATUS_OK && tp && tp->size > 1 && e->be->device != CKV_DEVICE_HOST)
-        st = ckv_comm_init_backend(&e->tp_dev, tp, e->be, bp.device < 0 ? 0 : bp.device, NULL, 0);
+        st = ckv_comm_init_backend(&e->tp_dev, tp, e->be, bp.device < 0 ? 0 : bp.device, 0);
     ckv_comm *mtp = e->tp_dev ? e->tp_dev : tp;
     /* auto: matrices the backend computes in their stored format stay so (GGUF blocks, F16, BF16 on
      * the cpu); an explicit dtype converts every matrix to it */

@@ -1,11 +1,13 @@
 /* comm_ranks.c - the communicator tests that need several MPI ranks (run by the test_comm_*.sh
  * scripts under mpirun):
- *   comm_ranks timeout SECONDS [cuda]
+ *   comm_ranks timeout SECONDS [cuda|split|node]
  *                                every rank takes part in one all-reduce, then the last rank stops
  *                                calling collectives (sleeps); the others must end the job, naming
- *                                the operation, once SECONDS have passed (the script times it);
- *                                with cuda on the device communicator of the CUDA backend (staged
- *                                on one GPU, NCCL on several)
+ *                                the operation, once SECONDS have passed (the script times it):
+ *                                in a second all-reduce; with cuda on the device communicator of
+ *                                the CUDA backend (staged on one GPU, NCCL on several, enqueued on
+ *                                the backend's compute stream); with split in a communicator
+ *                                split, with node in the split by node (ckv_comm_node_local)
  *   comm_ranks staged            the device communicator on the CPU backend with fake device ids:
  *                                equal ids choose the staged path on every rank and its all-reduce
  *                                and all-gather equal the host communicator's; host memory chooses
@@ -17,8 +19,8 @@
  *                                on the CUDA backend through the communicator chosen for its GPUs
  *                                (ranks sharing a GPU: staged; one GPU each: NCCL); with emu on the
  *                                CUDA backend's CPU execution layer (device memory that is not the
- *                                host's to the model) through the staged path (exit 77 where the
- *                                build has no such layer)
+ *                                host's to the model) through the staged path with the backend's
+ *                                stream handed to it (exit 77 where the build has no such layer)
  * Exit 0 when every check passed. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -97,14 +99,14 @@ static ckv_backend *cuda_backend(ckv_comm *world, int *dev) {
     return be;
 }
 
-static int run_timeout(ckv_comm *world, double seconds, int cuda) {
+static int run_timeout(ckv_comm *world, double seconds, int cuda, const char *stall_in) {
     world->timeout_s = seconds;
     ckv_comm *c = world;
     ckv_backend *be = NULL;
     int dev = 0;
     if (cuda) { /* the device communicator over the CUDA backend's buffers */
         be = cuda_backend(world, &dev);
-        if (be) CHECK_OK(ckv_comm_init_backend(&c, world, be, dev, NULL, 0));
+        if (be) CHECK_OK(ckv_comm_init_backend(&c, world, be, dev, 0));
         if (ckv_test_failures) return 1;
     }
     float v = 1.0f, *buf = &v;
@@ -122,10 +124,21 @@ static int run_timeout(ckv_comm *world, double seconds, int cuda) {
         return 0;
     }
     float w[64] = {0};
-    ckv_status s = be ? ckv_comm_dev_allreduce_f32(c, buf, 64, CKV_COMM_OP_SUM) /* must not return */
-                      : world->ops->allreduce_f32(world, w, 64, CKV_COMM_OP_SUM);
+    ckv_status s = CKV_STATUS_OK;
+    if (!strcmp(stall_in, "split")) { /* must not return */
+        ckv_comm *sub = NULL;
+        s = world->ops->split(world, 0, world->rank, &sub);
+        ckv_comm_free(sub);
+    } else if (!strcmp(stall_in, "node")) {
+        int lr = 0, ls = 0;
+        s = ckv_comm_node_local(world, &lr, &ls);
+    } else {
+        s = be ? ckv_comm_dev_allreduce_f32(c, buf, 64, CKV_COMM_OP_SUM)
+               : world->ops->allreduce_f32(world, w, 64, CKV_COMM_OP_SUM);
+    }
     if (be) CHECK_OK(be->ops->sync(be)); /* NCCL on the compute stream: the watchdog ends the job */
-    fprintf(stderr, "rank %d: the second all-reduce returned %d instead of ending the job\n", world->rank, (int)s);
+    fprintf(stderr, "rank %d: the %s returned %d instead of ending the job\n", world->rank,
+            !strcmp(stall_in, "allreduce") ? "second all-reduce" : stall_in, (int)s);
     return 1;
 }
 
@@ -266,10 +279,17 @@ static int run_tp(ckv_comm *world, const char *dir, int cuda, int emu) {
     for (int i = 0; i < world->size; i++) strcat(ids, i ? ",gpu0" : "gpu0");
     ckv_comm_device_io io = make_io(&x, ids, 0);
     ckv_comm *dc = NULL;
-    if (cuda) CHECK_OK(ckv_comm_init_backend(&dc, world, be, dev, NULL, ckv_plan_comm_workspace_bytes(&cfg, world->size)));
+    if (cuda) CHECK_OK(ckv_comm_init_backend(&dc, world, be, dev, ckv_plan_comm_workspace_bytes(&cfg, world->size)));
     else CHECK_OK(ckv_comm_init_device(&dc, world, &io, NULL));
+    if (dc && !cuda) {
+        /* what ckv_comm_init_backend does after the init: the backend's stream (cuda-emu: the
+         * execution layer's; cpu: none) goes to the communicator, which stays staged and off it */
+        CHECK_MSG((ckv_backend_stream(be) != NULL) == (be->device != CKV_DEVICE_HOST), "%s backend stream %p",
+                  be->name, ckv_backend_stream(be));
+        ckv_comm_use_backend_stream(dc, be);
+        CHECK(ckv_comm_device_path(dc) == CKV_COMM_PATH_STAGED && !ckv_comm_device_on_stream(dc));
+    }
     if (dc) {
-        if (!cuda) CHECK(ckv_comm_device_path(dc) == CKV_COMM_PATH_STAGED);
         run_model(dir, be, dc, t, gt);
         char what[128];
         snprintf(what, sizeof what, "rank %d: tp %d (%s, %s) logits vs tp 1", world->rank, world->size, be->name,
@@ -292,7 +312,7 @@ static int run_tp(ckv_comm *world, const char *dir, int cuda, int emu) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: comm_ranks timeout SECONDS [cuda] | staged | tp MODEL_DIR [cuda]\n");
+        fprintf(stderr, "usage: comm_ranks timeout SECONDS [cuda|split|node] | staged | tp MODEL_DIR [cuda|emu]\n");
         return 2;
     }
     ckv_comm *world = NULL;
@@ -300,7 +320,8 @@ int main(int argc, char **argv) {
     if (!world) return 1;
     int rc = 1;
     const int cuda = argc > 3 && !strcmp(argv[3], "cuda"), emu = argc > 3 && !strcmp(argv[3], "emu");
-    if (!strcmp(argv[1], "timeout") && argc > 2) rc = run_timeout(world, atof(argv[2]), cuda);
+    const char *stall_in = argc > 3 && (!strcmp(argv[3], "split") || !strcmp(argv[3], "node")) ? argv[3] : "allreduce";
+    if (!strcmp(argv[1], "timeout") && argc > 2) rc = run_timeout(world, atof(argv[2]), cuda, stall_in);
     else if (!strcmp(argv[1], "staged")) rc = run_staged(world);
     else if (!strcmp(argv[1], "tp") && argc > 2) rc = run_tp(world, argv[2], cuda, emu);
     else fprintf(stderr, "comm_ranks: unknown mode '%s'\n", argv[1]);

@@ -58,6 +58,9 @@ static void test_one_rank(void) {
         CHECK_OK(ckv_comm_dev_workspace(dc, 256, &w2));
         CHECK(w1 && w1 == w2); /* preallocated: reused, not reallocated */
         ckv_comm_set_stream(dc, NULL);
+        CHECK(ckv_backend_stream(be) == NULL); /* the CPU backend has no queue */
+        ckv_comm_use_backend_stream(dc, be);
+        CHECK(!ckv_comm_device_on_stream(dc) && !ckv_comm_device_on_stream(single));
     }
     void *w = NULL;
     CHECK_FAILS(ckv_comm_dev_workspace(single, 16, &w), CKV_STATUS_ERR_ARG, "device communicator");

@@ -77,6 +77,7 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .download = ckv_cpu_download,
     .copy = ckv_cpu_copy,
     .sync = ckv_cpu_sync,
+    .stream = NULL, /* every op completes before it returns: no queue to order behind */
     .weight_dtype_ok = ckv_cpu_weight_dtype_ok,
     .kv_dtype_ok = ckv_cpu_kv_dtype_ok,
     .embedding = ckv_cpu_embedding,

@@ -136,6 +136,10 @@ ckv_status be_sync(ckv_backend *be) {
     return CKV_STATUS_OK;
 }
 
+/* the compute stream every op is queued on (device communicators enqueue their collectives behind
+ * the kernels on it); the backend keeps ownership */
+void *be_stream(ckv_backend *be) { return (void *)ctx_of(be)->stream; }
+
 int be_weight_dtype_ok(const ckv_backend *be, ckv_dtype t) {
     (void)be;
     return t == CKV_DTYPE_BF16 || t == CKV_DTYPE_F32;
@@ -156,6 +160,7 @@ ckv_backend_ops make_ops() {
     o.download = be_download;
     o.copy = be_copy;
     o.sync = be_sync;
+    o.stream = be_stream;
     o.weight_dtype_ok = be_weight_dtype_ok;
     o.kv_dtype_ok = be_kv_dtype_ok;
     o.embedding = embedding;
