@@ -4,6 +4,9 @@
  * logic (comm_device.c) and no CUDA here: the stream is an opaque handle. */
 #include "engine/comm_backend.h"
 
+#include <stdio.h>
+#include <string.h>
+
 #include "core/log.h"
 
 static ckv_status be_download(void *ctx, void *dst_host, const void *src_dev, size_t bytes) {
@@ -33,6 +36,14 @@ static ckv_status be_sync(void *ctx) {
     return be->ops->sync(be);
 }
 
+/* The emulated GPU of cuda-emu lives in each process's host memory and has no PCI bus id: every rank
+ * names the same pretend device, so a group on it always takes the staged path (never NCCL). */
+static ckv_status emu_device_id(void *ctx, char *id, size_t cap) {
+    (void)ctx;
+    snprintf(id, cap, "cuda-emu (host memory)");
+    return CKV_STATUS_OK;
+}
+
 void ckv_comm_device_io_from_backend(ckv_comm_device_io *io, ckv_backend *be) {
     io->ctx = be;
     io->host_memory = be->device == CKV_DEVICE_HOST;
@@ -42,7 +53,7 @@ void ckv_comm_device_io_from_backend(ckv_comm_device_io *io, ckv_backend *be) {
     io->alloc = be_alloc;
     io->release = be_release;
     io->sync = be_sync;
-    io->device_id = NULL; /* the GPU's PCI bus id (ckv_comm_gpu_id) */
+    io->device_id = strcmp(be->name, "cuda-emu") == 0 ? emu_device_id : NULL; /* NULL: the GPU's PCI bus id (ckv_comm_gpu_id) */
 }
 
 void ckv_comm_use_backend_stream(ckv_comm *c, ckv_backend *be) {

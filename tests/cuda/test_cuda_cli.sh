@@ -2,7 +2,8 @@
 # test_cuda_cli.sh - the commands end to end through the CUDA backend: `--backend cuda` on a GPU, or
 # `--backend cuda-emu` (the same CUDA sources on ckv's CPU execution layer) everywhere else.
 #   quick (label cuda-emu, CI): generate on every fixture model (bf16 weights and KV, the backend's
-#     default, and f32) gives the CPU backend's greedy ids; a press runs.
+#     default, and f32) gives the CPU backend's greedy ids; a press runs; with CKV_MPIRUN, 2 ranks
+#     --tp 2 on the one device (the staged path) give tp 1's ids.
 #   analyze (label cuda-emu, CI): `ckv analyze` through the backend equals the CPU backend's f32
 #     analysis on two fixture models and two press pairs (every per-head value of --out; kept-row
 #     counts and head indices exactly): with --weights-dtype f32 --kv-dtype f32 within a relative
@@ -43,6 +44,20 @@ if [ "$mode" = quick ]; then
     echo "ok   critical_adakv:snapkv on --backend $be: compressed and answered ($(tr '\n' ' ' <"$tmp/dev"))"
   else
     echo "FAIL critical_adakv:snapkv on --backend $be: $(tail -1 "$tmp/err")"; fail=1
+  fi
+  # two ranks on one device (cuda-emu, or one GPU): tp 2 through the staged path equals tp 1
+  if [ -n "${CKV_MPIRUN:-}" ]; then
+    cp "$tmp/dev" "$tmp/tp1"
+    if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$CKV_MPIRUN" -np 2 --oversubscribe "$ckv" generate \
+        -m "$fx/llama_gqa" --prompt-ids "$ids" --question-ids 5,6,7 -n 6 --ignore-eos --backend "$be" --tp 2 \
+        --press critical_adakv:snapkv --budget 0.3 --window 8 >"$tmp/tp2" 2>"$tmp/err" && cmp -s "$tmp/tp1" "$tmp/tp2" &&
+        grep -q "staged over 2 ranks" "$tmp/err"; then
+      echo "ok   2 ranks --tp 2 on one --backend $be device (staged path) give tp 1's ids ($(tr '\n' ' ' <"$tmp/tp2"))"
+    else
+      echo "FAIL 2 ranks --tp 2 on --backend $be: ids $(cat "$tmp/tp2") vs tp 1 $(cat "$tmp/tp1"); $(grep -m2 "staged\|error" "$tmp/err")"; fail=1
+    fi
+  else
+    echo "skip tp 2 on one device: no MPI launcher (CKV_MPIRUN)"
   fi
   exit $fail
 fi
