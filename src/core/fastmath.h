@@ -1,6 +1,7 @@
-/* fastmath.h - the project's one fast fp32 exp (softmax, SiLU, scorers) and a scan for non-finite
- * floats (weights at load, cache files). Header-only and branch-free so that the loops calling it
- * auto-vectorise (libm's expf does not without -ffast-math). It holds no other math and no state. */
+/* fastmath.h - the project's one fast fp32 exp (softmax, SiLU, scorers; a scalar and a vector form)
+ * and a scan for non-finite floats (weights at load, cache files). Header-only and branch-free so
+ * that the loops calling it auto-vectorise (libm's expf does not without -ffast-math). It holds no
+ * other math and no state. */
 #ifndef CKV_FASTMATH_H
 #define CKV_FASTMATH_H
 
@@ -56,6 +57,13 @@ static inline float ckv_fast_expf(float x) {
     float y = (p * sa) * sb;
     y = ckv_fast_select(x < -87.3f, 0.0f, y);
     return ckv_fast_select(x != x, x, y);
+}
+
+/* The vector form: y[i] = ckv_fast_expf(x[i]) for i < n (y may be x), the same result lane by lane.
+ * The loop is branch-free, so the vectoriser turns it into the SIMD code of the function it is inlined
+ * into (a kernel compiled for AVX-512 gets 16-lane code) without any intrinsic here. */
+static inline void ckv_fast_expf_n(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = ckv_fast_expf(x[i]);
 }
 
 /* Index of the first NaN or infinity among x[0 .. n), or -1 when all are finite. Scans in blocks

@@ -70,7 +70,8 @@ int32_t ckv_sampler_sample(ckv_sampler *s, const float *logits) {
         sum += p[i];
     }
     for (int i = 0; i < V; i++) p[i] = (float)(p[i] / sum);
-    /* candidates: all tokens, or those above a cut-off that cannot change the top-p set */
+    /* candidates: all tokens, or (top-p alone) those at or above a cut-off: the tokens below it hold
+     * less than 1 - top_p of the mass together, so the nucleus ends before reaching them */
     int n = 0;
     float cutoff = s->cfg.top_p < 1.0f && s->cfg.top_k == 0 ? (1.0f - s->cfg.top_p) / (float)(V > 1 ? V - 1 : 1) : 0.0f;
     for (int i = 0; i < V; i++)
@@ -78,14 +79,21 @@ int32_t ckv_sampler_sample(ckv_sampler *s, const float *logits) {
     ckv_sort_probs = p;
     qsort(idx, (size_t)n, sizeof *idx, ckv_cmp_desc);
     if (s->cfg.top_k > 0 && s->cfg.top_k < n) n = s->cfg.top_k;
+    /* the distribution top-p measures: the top-k candidates renormalised (top_k > 0), else the whole
+     * softmax, the tokens below the cut-off included (they are never in the nucleus, but their mass
+     * counts towards the whole) */
     double mass = 0.0;
-    for (int i = 0; i < n; i++) mass += p[idx[i]];
-    if (s->cfg.top_p < 1.0f) { /* smallest prefix whose renormalised mass reaches top_p (at least one token) */
+    if (s->cfg.top_k > 0)
+        for (int i = 0; i < n; i++) mass += p[idx[i]];
+    else
+        for (int i = 0; i < V; i++) mass += p[i];
+    if (s->cfg.top_p < 1.0f) { /* smallest prefix whose mass reaches top_p of that (at least one token) */
+        const double target = (double)s->cfg.top_p * mass;
         double acc = 0.0;
         int keep = n;
         for (int i = 0; i < n; i++) {
-            acc += p[idx[i]] / mass;
-            if (acc >= s->cfg.top_p) {
+            acc += p[idx[i]];
+            if (acc >= target) {
                 keep = i + 1;
                 break;
             }

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "model/gguf.h"
+#include "model/gguf_file.h"
 
 /* Copies a GGUF string value into a NUL-terminated buffer ("" when absent). */
 static void meta_cstr(const ckv_gguf_meta *m, const char *key, char *buf, size_t cap) {

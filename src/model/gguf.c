@@ -1,19 +1,11 @@
-/* gguf.c - memory-mapped GGUF reader (versions 2 and 3) and the weight source over it.
- *
- * A GGUF file is: "GGUF", a uint32 version, uint64 tensor and metadata counts, the metadata
- * (key string, uint32 value type, value; strings are a uint64 length and bytes, arrays a uint32 element
- * type, a uint64 count and the elements), the tensor table (name, uint32 n_dims, n_dims uint64 extents
- * ne[] with ne[0] the fastest-varying, uint32 ggml type, uint64 offset), padding to the alignment
- * (general.alignment, default 32), then the data section the offsets are relative to. Everything is
- * checked against the file size before any tensor is handed out: counts and string lengths that cannot
- * fit, value and tensor types, dimensions, offsets that are misaligned, past the end or overlapping,
- * duplicate keys and names. Each error is one line naming the file and the problem.
+/* gguf.c - the weight source over a parsed GGUF file (gguf_file.h) and ckv_model_config from its metadata.
  *
  * Dequantisation to fp32: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, following
- * the published ggml block layouts (other known types are listed with their sizes, so such files parse, but are
- * refused when read). A 2-D GGUF tensor with extents (ne0, ne1) is the row-major [ne1, ne0] matrix
- * of Hugging Face's (out, in) layout, quantised along rows; slices dequantise only the rows asked for
- * and only the blocks that cover the columns asked for.
+ * the published ggml block layouts (core/quant.c; other known types parse, but are refused when read).
+ * A 2-D GGUF tensor with extents (ne0, ne1) is the row-major [ne1, ne0] matrix of Hugging Face's
+ * (out, in) layout, quantised along rows; slices (a tensor-parallel shard's rows or columns) dequantise
+ * only the rows asked for and only the blocks that cover the columns asked for; read_raw hands out the
+ * stored blocks of whole-block column ranges for the typed-weight path, stored_dtype says their type.
  *
  * The llama and qwen2 architectures: metadata (keys prefixed with the architecture's name) maps onto
  * ckv_model_config, Hugging Face tensor names map onto GGUF names, and for llama the rotary row
@@ -21,567 +13,47 @@
  * transposed to (d/2, 2)) is undone on read, so ckv's rotate_half RoPE applies (qwen2 files keep
  * Hugging Face's order). Other architectures, mixture-of-experts files and per-dimension rope frequency
  * factors are refused by name; a read whose values dequantise to NaN or infinity is refused naming the
- * tensor. No tokenizer is built here (tokenizer/ reads the vocabulary); this file
- * never writes GGUF. Assumes a little-endian host, as GGUF files are (big-endian ones are refused). */
+ * tensor.
+ *
+ * It does not parse or validate the file's layout (gguf_file.c does, before anything here sees it),
+ * builds no tokenizer (tokenizer/ reads the vocabulary through ckv_gguf_meta_*) and never writes GGUF. */
 #define _DEFAULT_SOURCE /* madvise / MADV_DONTNEED */
 #include "model/gguf.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/fastmath.h"
 #include "core/quant.h"
 #include "core/tensor.h"
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "gguf.c assumes a little-endian host"
-#endif
-
-#define GGUF_DEFAULT_ALIGNMENT 32
-#define GGUF_MAX_DIMS 4
-#define GGUF_MAX_KEY_LEN 65535u   /* the format's limit on key length */
-#define GGUF_MAX_NAME_LEN 65535u  /* names are short in practice (ggml allows 63 bytes) */
-#define GGUF_HEADER_MIN 24        /* magic, version, two counts */
-#define GGUF_KV_MIN_BYTES 13      /* empty key (8) + type (4) + a 1-byte value */
-#define GGUF_TENSOR_MIN_BYTES 32  /* empty name (8) + n_dims (4) + one extent (8) + type (4) + offset (8) */
-
-/* ---- ggml tensor types ------------------------------------------------------------------------- */
-
-enum {
-    GGUF_TYPE_F32 = 0,
-    GGUF_TYPE_F16 = 1,
-    GGUF_TYPE_Q4_0 = 2,
-    GGUF_TYPE_Q4_1 = 3,
-    GGUF_TYPE_Q5_0 = 6,
-    GGUF_TYPE_Q5_1 = 7,
-    GGUF_TYPE_Q8_0 = 8,
-    GGUF_TYPE_Q4_K = 12,
-    GGUF_TYPE_Q5_K = 13,
-    GGUF_TYPE_Q6_K = 14,
-    GGUF_TYPE_BF16 = 30,
-    GGUF_TYPE_COUNT = 40
-};
-
-typedef struct {
-    const char *name; /* NULL: no such type (never assigned, or retired from ggml) */
-    uint32_t block;   /* elements per block */
-    uint32_t bytes;   /* bytes per block */
-    int readable;     /* ckv dequantises it */
-} gguf_type_info;
-
-static const gguf_type_info gguf_types[GGUF_TYPE_COUNT] = {
-    [0] = {"F32", 1, 4, 1},         [1] = {"F16", 1, 2, 1},         [2] = {"Q4_0", 32, 18, 1},
-    [3] = {"Q4_1", 32, 20, 1},      [6] = {"Q5_0", 32, 22, 1},      [7] = {"Q5_1", 32, 24, 1},
-    [8] = {"Q8_0", 32, 34, 1},      [9] = {"Q8_1", 32, 36, 0},      [10] = {"Q2_K", 256, 84, 0},
-    [11] = {"Q3_K", 256, 110, 0},   [12] = {"Q4_K", 256, 144, 1},   [13] = {"Q5_K", 256, 176, 1},
-    [14] = {"Q6_K", 256, 210, 1},   [15] = {"Q8_K", 256, 292, 0},   [16] = {"IQ2_XXS", 256, 66, 0},
-    [17] = {"IQ2_XS", 256, 74, 0},  [18] = {"IQ3_XXS", 256, 98, 0}, [19] = {"IQ1_S", 256, 50, 0},
-    [20] = {"IQ4_NL", 32, 18, 0},   [21] = {"IQ3_S", 256, 110, 0},  [22] = {"IQ2_S", 256, 82, 0},
-    [23] = {"IQ4_XS", 256, 136, 0}, [24] = {"I8", 1, 1, 0},         [25] = {"I16", 1, 2, 0},
-    [26] = {"I32", 1, 4, 0},        [27] = {"I64", 1, 8, 0},        [28] = {"F64", 1, 8, 0},
-    [29] = {"IQ1_M", 256, 56, 0},   [30] = {"BF16", 1, 2, 1},       [34] = {"TQ1_0", 256, 54, 0},
-    [35] = {"TQ2_0", 256, 66, 0},   [39] = {"MXFP4", 32, 17, 0},
-};
-
-static const gguf_type_info *gguf_type_find(uint32_t t) {
-    return t < GGUF_TYPE_COUNT && gguf_types[t].name ? &gguf_types[t] : NULL;
-}
-
-/* ---- metadata value types ---------------------------------------------------------------------- */
-
-enum {
-    GGUF_V_U8 = 0,
-    GGUF_V_I8,
-    GGUF_V_U16,
-    GGUF_V_I16,
-    GGUF_V_U32,
-    GGUF_V_I32,
-    GGUF_V_F32,
-    GGUF_V_BOOL,
-    GGUF_V_STRING,
-    GGUF_V_ARRAY,
-    GGUF_V_U64,
-    GGUF_V_I64,
-    GGUF_V_F64,
-    GGUF_V_COUNT
-};
-
-static const char *const gguf_vtype_names[GGUF_V_COUNT] = {"uint8",  "int8",  "uint16", "int16", "uint32",
-                                                          "int32",  "float32", "bool", "string", "array",
-                                                          "uint64", "int64", "float64"};
-static const uint8_t gguf_vtype_sizes[GGUF_V_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-
-static const char *gguf_vtype_name(uint32_t t) { return t < GGUF_V_COUNT ? gguf_vtype_names[t] : "unknown"; }
-
-/* ---- the parsed file --------------------------------------------------------------------------- */
-
-typedef struct {
-    char *key;
-    uint32_t type;
-    uint32_t elem_type;  /* arrays */
-    uint64_t count;      /* arrays: element count */
-    const uint8_t *val;  /* scalars: the value; strings: the length field; arrays: the first element */
-} gguf_kv;
-
-typedef struct {
-    char *name;
-    int ndim;
-    int64_t ne[GGUF_MAX_DIMS]; /* ne[0] varies fastest */
-    uint32_t type;
-    uint64_t offset;           /* relative to the data section */
-    const uint8_t *data;
-    size_t nbytes;
-} gguf_tensor;
-
-typedef struct {
-    int *slots; /* entry index, -1 when empty */
-    size_t mask;
-} gguf_index;
-
-typedef struct {
-    char path[1024];
-    uint8_t *map;
-    size_t size;
-    uint32_t version;
-    size_t alignment;
-    size_t data_start;
-    gguf_kv *kvs;
-    int n_kv;
-    gguf_tensor *tensors;
-    int n_tensors;
-    gguf_index kv_index, tensor_index;
-} gguf_file;
-
-/* ---- name index (open addressing, FNV-1a) ------------------------------------------------------ */
-
-static uint64_t gguf_hash(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-/* The i-th string of an array of gguf_kv (stride = sizeof(gguf_kv)) or gguf_tensor. */
-typedef const char *(*gguf_name_fn)(const void *base, int i);
-static const char *gguf_kv_name(const void *base, int i) { return ((const gguf_kv *)base)[i].key; }
-static const char *gguf_tensor_name(const void *base, int i) { return ((const gguf_tensor *)base)[i].name; }
-
-/* Builds the index; on a duplicate stores the second occurrence in *dup (else -1). */
-static ckv_status gguf_index_build(gguf_index *ix, const void *base, int n, gguf_name_fn name, int *dup,
-                                   const char *path) {
-    *dup = -1;
-    size_t cap = 16;
-    while (cap < (size_t)n * 2) cap *= 2;
-    ix->slots = malloc(cap * sizeof *ix->slots);
-    if (!ix->slots) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory for a name index", path);
-    ix->mask = cap - 1;
-    for (size_t i = 0; i < cap; i++) ix->slots[i] = -1;
-    for (int i = 0; i < n; i++) {
-        const char *s = name(base, i);
-        size_t h = (size_t)gguf_hash(s) & ix->mask;
-        while (ix->slots[h] >= 0) {
-            if (strcmp(name(base, ix->slots[h]), s) == 0) {
-                *dup = i;
-                return CKV_STATUS_OK;
-            }
-            h = (h + 1) & ix->mask;
-        }
-        ix->slots[h] = i;
-    }
-    return CKV_STATUS_OK;
-}
-
-static int gguf_index_find(const gguf_index *ix, const void *base, gguf_name_fn name, const char *s) {
-    if (!ix->slots) return -1;
-    size_t h = (size_t)gguf_hash(s) & ix->mask;
-    while (ix->slots[h] >= 0) {
-        if (strcmp(name(base, ix->slots[h]), s) == 0) return ix->slots[h];
-        h = (h + 1) & ix->mask;
-    }
-    return -1;
-}
-
-/* ---- bounded reading --------------------------------------------------------------------------- */
-
-typedef struct {
-    const uint8_t *base;
-    size_t size, pos;
-    const char *path;
-} gguf_cursor;
-
-static ckv_status gguf_past_end(const gguf_cursor *c, const char *what, uint64_t need) {
-    return ckv_error(CKV_STATUS_ERR_FORMAT,
-                     "%s: %s (%" PRIu64 " bytes at offset %zu) runs past the end of the file (%zu bytes)", c->path,
-                     what, need, c->pos, c->size);
-}
-
-static ckv_status gguf_read(gguf_cursor *c, void *out, size_t n, const char *what) {
-    if (n > c->size - c->pos) return gguf_past_end(c, what, n);
-    memcpy(out, c->base + c->pos, n);
-    c->pos += n;
-    return CKV_STATUS_OK;
-}
-
-static ckv_status gguf_u32(gguf_cursor *c, uint32_t *v, const char *what) { return gguf_read(c, v, 4, what); }
-static ckv_status gguf_u64(gguf_cursor *c, uint64_t *v, const char *what) { return gguf_read(c, v, 8, what); }
-
-/* A length-prefixed string: *s points into the map (not terminated). */
-static ckv_status gguf_string(gguf_cursor *c, const uint8_t **s, uint64_t *len, const char *what) {
-    CKV_TRY(gguf_u64(c, len, what));
-    if (*len > c->size - c->pos)
-        return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: %s: string length %" PRIu64 " at offset %zu runs past the end of the file (%zu bytes)",
-                         c->path, what, *len, c->pos, c->size);
-    *s = c->base + c->pos;
-    c->pos += (size_t)*len;
-    return CKV_STATUS_OK;
-}
-
-/* A key or tensor name: non-empty, at most `max` bytes, no NUL; copied to a terminated string. */
-static ckv_status gguf_name(gguf_cursor *c, char **out, uint64_t max, const char *what) {
-    const uint8_t *s = NULL;
-    uint64_t len = 0;
-    CKV_TRY(gguf_string(c, &s, &len, what));
-    if (len == 0) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s is empty", c->path, what);
-    if (len > max)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s is %" PRIu64 " bytes long (at most %" PRIu64 ")", c->path,
-                         what, len, max);
-    for (uint64_t i = 0; i < len; i++)
-        if (s[i] < 0x20 || s[i] == 0x7f) /* keeps every message that names it on one line */
-            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %s contains the control character 0x%02x", c->path, what,
-                             s[i]);
-    *out = malloc((size_t)len + 1);
-    if (!*out) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory for %s", c->path, what);
-    memcpy(*out, s, (size_t)len);
-    (*out)[len] = 0;
-    return CKV_STATUS_OK;
-}
-
-/* Skips one value of type `t` (not an array), checking it fits. */
-static ckv_status gguf_skip_value(gguf_cursor *c, uint32_t t, const char *key) {
-    char what[320];
-    if (t == GGUF_V_STRING) {
-        const uint8_t *s = NULL;
-        uint64_t len = 0;
-        snprintf(what, sizeof what, "metadata key '%.200s'", key);
-        return gguf_string(c, &s, &len, what);
-    }
-    size_t n = gguf_vtype_sizes[t];
-    if (n > c->size - c->pos) {
-        snprintf(what, sizeof what, "metadata key '%.200s': %s value", key, gguf_vtype_names[t]);
-        return gguf_past_end(c, what, n);
-    }
-    if (t == GGUF_V_BOOL && c->base[c->pos] > 1)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%.200s': bool value %u is neither 0 nor 1", c->path,
-                         key, c->base[c->pos]);
-    c->pos += n;
-    return CKV_STATUS_OK;
-}
-
-static ckv_status gguf_parse_kv(gguf_cursor *c, gguf_kv *kv, uint64_t i) {
-    char what[96];
-    snprintf(what, sizeof what, "metadata key %" PRIu64 " of the header", i);
-    CKV_TRY(gguf_name(c, &kv->key, GGUF_MAX_KEY_LEN, what));
-    snprintf(what, sizeof what, "metadata key '%.60s': value type", kv->key);
-    CKV_TRY(gguf_u32(c, &kv->type, what));
-    if (kv->type >= GGUF_V_COUNT)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%.200s': unknown value type %u", c->path, kv->key,
-                         kv->type);
-    if (kv->type != GGUF_V_ARRAY) {
-        kv->val = c->base + c->pos;
-        return gguf_skip_value(c, kv->type, kv->key);
-    }
-    snprintf(what, sizeof what, "metadata key '%.60s': array header", kv->key);
-    CKV_TRY(gguf_u32(c, &kv->elem_type, what));
-    CKV_TRY(gguf_u64(c, &kv->count, what));
-    if (kv->elem_type >= GGUF_V_COUNT)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%.200s': unknown array element type %u", c->path,
-                         kv->key, kv->elem_type);
-    if (kv->elem_type == GGUF_V_ARRAY)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: metadata key '%.200s': arrays of arrays are not supported",
-                         c->path, kv->key);
-    /* every element takes at least its fixed size (a string at least its 8-byte length) */
-    uint64_t min_elem = kv->elem_type == GGUF_V_STRING ? 8 : gguf_vtype_sizes[kv->elem_type];
-    if (kv->count > (c->size - c->pos) / min_elem)
-        return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: metadata key '%.200s': array of %" PRIu64 " %s values runs past the end of the file "
-                         "(%zu bytes)",
-                         c->path, kv->key, kv->count, gguf_vtype_names[kv->elem_type], c->size);
-    kv->val = c->base + c->pos;
-    if (kv->elem_type == GGUF_V_STRING || kv->elem_type == GGUF_V_BOOL) {
-        for (uint64_t k = 0; k < kv->count; k++) CKV_TRY(gguf_skip_value(c, kv->elem_type, kv->key));
-    } else {
-        c->pos += (size_t)(kv->count * min_elem);
-    }
-    return CKV_STATUS_OK;
-}
-
-static ckv_status gguf_parse_tensor(gguf_cursor *c, gguf_tensor *t, uint64_t i) {
-    char what[96];
-    snprintf(what, sizeof what, "tensor %" PRIu64 "'s name", i);
-    CKV_TRY(gguf_name(c, &t->name, GGUF_MAX_NAME_LEN, what));
-    snprintf(what, sizeof what, "tensor '%.60s': header", t->name);
-    uint32_t nd = 0;
-    CKV_TRY(gguf_u32(c, &nd, what));
-    if (nd < 1 || nd > GGUF_MAX_DIMS)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s': %u dimensions (GGUF allows 1 to %d)", c->path,
-                         t->name, nd, GGUF_MAX_DIMS);
-    t->ndim = (int)nd;
-    uint64_t nelem = 1;
-    for (int d = 0; d < t->ndim; d++) {
-        uint64_t ne = 0;
-        CKV_TRY(gguf_u64(c, &ne, what));
-        if (ne == 0 || ne > (uint64_t)INT64_MAX / nelem)
-            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s': extent %" PRIu64 " of dimension %d is %s",
-                             c->path, t->name, ne, d, ne == 0 ? "zero" : "too large");
-        t->ne[d] = (int64_t)ne;
-        nelem *= ne;
-    }
-    CKV_TRY(gguf_u32(c, &t->type, what));
-    CKV_TRY(gguf_u64(c, &t->offset, what));
-    const gguf_type_info *ti = gguf_type_find(t->type);
-    if (!ti) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s': unknown type %u", c->path, t->name, t->type);
-    if ((uint64_t)t->ne[0] % ti->block != 0)
-        return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: tensor '%.200s': first extent %" PRId64 " is not a multiple of the %s block size %u",
-                         c->path, t->name, t->ne[0], ti->name, ti->block);
-    uint64_t blocks = nelem / ti->block;
-    if (blocks > (uint64_t)SIZE_MAX / ti->bytes || blocks * ti->bytes > c->size)
-        return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: tensor '%.200s': %" PRIu64 " %s elements are larger than the file (%zu bytes)", c->path,
-                         t->name, nelem, ti->name, c->size);
-    t->nbytes = (size_t)(blocks * ti->bytes);
-    return CKV_STATUS_OK;
-}
-
-typedef struct {
-    uint64_t begin, end;
-    int idx;
-} gguf_span;
-
-static int gguf_span_cmp(const void *a, const void *b) {
-    const gguf_span *x = a, *y = b;
-    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    return x->idx - y->idx;
-}
-
-static const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key) {
-    int i = gguf_index_find(&f->kv_index, f->kvs, gguf_kv_name, key);
-    return i < 0 ? NULL : &f->kvs[i];
-}
-
-static const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name) {
-    int i = gguf_index_find(&f->tensor_index, f->tensors, gguf_tensor_name, name);
-    return i < 0 ? NULL : &f->tensors[i];
-}
-
-/* An integer-typed value (any integer type, or bool) as int64; 0 when not one. */
-static int gguf_scalar_int(uint32_t type, const uint8_t *p, int64_t *out) {
-    switch (type) {
-    case GGUF_V_U8: *out = *p; return 1;
-    case GGUF_V_I8: *out = (int8_t)*p; return 1;
-    case GGUF_V_BOOL: *out = *p; return 1;
-    case GGUF_V_U16: { uint16_t v; memcpy(&v, p, 2); *out = v; return 1; }
-    case GGUF_V_I16: { int16_t v; memcpy(&v, p, 2); *out = v; return 1; }
-    case GGUF_V_U32: { uint32_t v; memcpy(&v, p, 4); *out = v; return 1; }
-    case GGUF_V_I32: { int32_t v; memcpy(&v, p, 4); *out = v; return 1; }
-    case GGUF_V_U64: {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        if (v > (uint64_t)INT64_MAX) return 0;
-        *out = (int64_t)v;
-        return 1;
-    }
-    case GGUF_V_I64: { int64_t v; memcpy(&v, p, 8); *out = v; return 1; }
-    default: return 0;
-    }
-}
-
-static ckv_status gguf_parse(gguf_file *f) {
-    gguf_cursor c = {f->map, f->size, 0, f->path};
-    if (f->size < GGUF_HEADER_MIN)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the file is too short (%zu bytes) to be a GGUF file", f->path,
-                         f->size);
-    if (memcmp(f->map, "GGUF", 4) != 0)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: bad magic (the file does not start with 'GGUF')", f->path);
-    c.pos = 4;
-    CKV_TRY(gguf_u32(&c, &f->version, "the version"));
-    if (f->version != 2 && f->version != 3) {
-        uint32_t v = f->version;
-        uint32_t swapped = (v >> 24) | ((v >> 8) & 0xff00u) | ((v << 8) & 0xff0000u) | (v << 24);
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: GGUF version %u is not supported (ckv reads versions 2 and 3%s)",
-                         f->path, v, swapped >= 1 && swapped <= 3 ? "; this looks like a big-endian file" : "");
-    }
-    uint64_t n_tensors = 0, n_kv = 0;
-    CKV_TRY(gguf_u64(&c, &n_tensors, "the tensor count"));
-    CKV_TRY(gguf_u64(&c, &n_kv, "the metadata count"));
-    size_t left = f->size - c.pos;
-    if (n_kv > left / GGUF_KV_MIN_BYTES || n_kv > INT32_MAX)
-        return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: metadata count %" PRIu64 " runs past the end of the file (%zu bytes)", f->path, n_kv,
-                         f->size);
-    if (n_tensors > (left - n_kv * GGUF_KV_MIN_BYTES) / GGUF_TENSOR_MIN_BYTES || n_tensors > INT32_MAX)
-        return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: tensor count %" PRIu64 " runs past the end of the file (%zu bytes)", f->path, n_tensors,
-                         f->size);
-
-    f->kvs = calloc(n_kv ? (size_t)n_kv : 1, sizeof *f->kvs);
-    f->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *f->tensors);
-    if (!f->kvs || !f->tensors) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory for the header", f->path);
-    for (uint64_t i = 0; i < n_kv; i++) {
-        f->n_kv = (int)i + 1; /* so close() frees the key even when parsing it fails half-way */
-        CKV_TRY(gguf_parse_kv(&c, &f->kvs[i], i));
-    }
-    int dup;
-    CKV_TRY(gguf_index_build(&f->kv_index, f->kvs, f->n_kv, gguf_kv_name, &dup, f->path));
-    if (dup >= 0)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: duplicate metadata key '%.200s'", f->path, f->kvs[dup].key);
-
-    f->alignment = GGUF_DEFAULT_ALIGNMENT;
-    const gguf_kv *al = gguf_find_kv(f, "general.alignment");
-    if (al) {
-        int64_t a = 0;
-        if (al->type == GGUF_V_ARRAY || al->type == GGUF_V_BOOL || !gguf_scalar_int(al->type, al->val, &a))
-            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'general.alignment' must be an integer (it is %s)",
-                             f->path, gguf_vtype_name(al->type));
-        if (a <= 0 || a > (1 << 30) || (a & (a - 1)) != 0)
-            return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: general.alignment %" PRId64 " is not a power of two", f->path,
-                             a);
-        f->alignment = (size_t)a;
-    }
-
-    for (uint64_t i = 0; i < n_tensors; i++) {
-        f->n_tensors = (int)i + 1;
-        CKV_TRY(gguf_parse_tensor(&c, &f->tensors[i], i));
-    }
-    CKV_TRY(gguf_index_build(&f->tensor_index, f->tensors, f->n_tensors, gguf_tensor_name, &dup, f->path));
-    if (dup >= 0)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: duplicate tensor name '%.200s'", f->path, f->tensors[dup].name);
-
-    /* the data section starts at the next multiple of the alignment */
-    size_t header_end = c.pos;
-    f->data_start = (header_end + f->alignment - 1) / f->alignment * f->alignment;
-    if (n_tensors == 0) return CKV_STATUS_OK;
-    if (f->data_start > f->size)
-        return ckv_error(CKV_STATUS_ERR_FORMAT,
-                         "%s: the data section (offset %zu after alignment to %zu) starts past the end of the file "
-                         "(%zu bytes)",
-                         f->path, f->data_start, f->alignment, f->size);
-    size_t data_size = f->size - f->data_start;
-    gguf_span *spans = malloc((size_t)n_tensors * sizeof *spans);
-    if (!spans) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory checking tensor offsets", f->path);
-    ckv_status s = CKV_STATUS_OK;
-    for (int i = 0; i < f->n_tensors && s == CKV_STATUS_OK; i++) {
-        gguf_tensor *t = &f->tensors[i];
-        if (t->offset % f->alignment != 0)
-            s = ckv_error(CKV_STATUS_ERR_FORMAT,
-                          "%s: tensor '%.200s': offset %" PRIu64 " is not a multiple of the alignment %zu", f->path,
-                          t->name, t->offset, f->alignment);
-        else if (t->offset > data_size || t->nbytes > data_size - t->offset)
-            s = ckv_error(CKV_STATUS_ERR_FORMAT,
-                          "%s: tensor '%.200s': data [%" PRIu64 ", +%zu) runs past the end of the file (data section "
-                          "of %zu bytes)",
-                          f->path, t->name, t->offset, t->nbytes, data_size);
-        if (s != CKV_STATUS_OK) break;
-        t->data = f->map + f->data_start + (size_t)t->offset;
-        spans[i] = (gguf_span){t->offset, t->offset + t->nbytes, i};
-    }
-    if (s == CKV_STATUS_OK) {
-        qsort(spans, (size_t)f->n_tensors, sizeof *spans, gguf_span_cmp);
-        for (int i = 1; i < f->n_tensors && s == CKV_STATUS_OK; i++)
-            if (spans[i].begin < spans[i - 1].end)
-                s = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensors '%.200s' and '%.200s' overlap", f->path,
-                              f->tensors[spans[i - 1].idx].name, f->tensors[spans[i].idx].name);
-    }
-    free(spans);
-    return s;
-}
-
-static void gguf_file_close(gguf_file *f) {
-    if (!f) return;
-    if (f->kvs)
-        for (int i = 0; i < f->n_kv; i++) free(f->kvs[i].key);
-    if (f->tensors)
-        for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
-    free(f->kvs);
-    free(f->tensors);
-    free(f->kv_index.slots);
-    free(f->tensor_index.slots);
-    if (f->map) munmap(f->map, f->size);
-    free(f);
-}
-
-static ckv_status gguf_file_open(gguf_file **out, const char *path) {
-    *out = NULL;
-    gguf_file *f = calloc(1, sizeof *f);
-    if (!f) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory", path);
-    snprintf(f->path, sizeof f->path, "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        free(f);
-        return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        free(f);
-        return ckv_error(CKV_STATUS_ERR_IO, "%s: not a regular file", path);
-    }
-    f->size = (size_t)sb.st_size;
-    if (f->size < GGUF_HEADER_MIN) {
-        close(fd);
-        free(f);
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the file is too short (%jd bytes) to be a GGUF file", path,
-                         (intmax_t)sb.st_size);
-    }
-    void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (map == MAP_FAILED) {
-        free(f);
-        return ckv_error(CKV_STATUS_ERR_IO, "%s: mmap of %zu bytes failed: %s", path, (size_t)sb.st_size,
-                         strerror(e));
-    }
-    f->map = map;
-    ckv_status s = gguf_parse(f);
-    if (s != CKV_STATUS_OK) {
-        gguf_file_close(f);
-        return s;
-    }
-    *out = f;
-    return CKV_STATUS_OK;
-}
-
-/* ---- dequantisation ---------------------------------------------------------------------------- */
+#include "model/gguf_file.h"
 
 /* The ckv dtype of a readable ggml type (core/quant.c dequantises them all). */
 static ckv_dtype gguf_ckv_dtype(uint32_t type) {
     switch (type) {
-    case GGUF_TYPE_F16: return CKV_DTYPE_F16;
-    case GGUF_TYPE_BF16: return CKV_DTYPE_BF16;
-    case GGUF_TYPE_Q8_0: return CKV_DTYPE_Q8_0;
-    case GGUF_TYPE_Q4_0: return CKV_DTYPE_Q4_0;
-    case GGUF_TYPE_Q4_1: return CKV_DTYPE_Q4_1;
-    case GGUF_TYPE_Q5_0: return CKV_DTYPE_Q5_0;
-    case GGUF_TYPE_Q5_1: return CKV_DTYPE_Q5_1;
-    case GGUF_TYPE_Q4_K: return CKV_DTYPE_Q4_K;
-    case GGUF_TYPE_Q5_K: return CKV_DTYPE_Q5_K;
-    case GGUF_TYPE_Q6_K: return CKV_DTYPE_Q6_K;
+    case CKV_GGUF_TYPE_F16: return CKV_DTYPE_F16;
+    case CKV_GGUF_TYPE_BF16: return CKV_DTYPE_BF16;
+    case CKV_GGUF_TYPE_Q8_0: return CKV_DTYPE_Q8_0;
+    case CKV_GGUF_TYPE_Q4_0: return CKV_DTYPE_Q4_0;
+    case CKV_GGUF_TYPE_Q4_1: return CKV_DTYPE_Q4_1;
+    case CKV_GGUF_TYPE_Q5_0: return CKV_DTYPE_Q5_0;
+    case CKV_GGUF_TYPE_Q5_1: return CKV_DTYPE_Q5_1;
+    case CKV_GGUF_TYPE_Q4_K: return CKV_DTYPE_Q4_K;
+    case CKV_GGUF_TYPE_Q5_K: return CKV_DTYPE_Q5_K;
+    case CKV_GGUF_TYPE_Q6_K: return CKV_DTYPE_Q6_K;
     default: return CKV_DTYPE_F32;
     }
 }
 
 /* Dequantises `nblocks` consecutive blocks of type `type` at src into dst. */
 static void gguf_dequant(uint32_t type, const uint8_t *src, size_t nblocks, float *dst) {
-    ckv_dequant_row(gguf_ckv_dtype(type), src, dst, nblocks * gguf_types[type].block);
+    ckv_dequant_row(gguf_ckv_dtype(type), src, dst, nblocks * ckv_gguf_type_find(type)->block);
 }
 
 /* ---- the weight source ------------------------------------------------------------------------- */
@@ -589,7 +61,7 @@ static void gguf_dequant(uint32_t type, const uint8_t *src, size_t nblocks, floa
 typedef enum { GGUF_PERM_NONE = 0, GGUF_PERM_Q, GGUF_PERM_K } gguf_perm;
 
 typedef struct {
-    gguf_file *f;
+    ckv_gguf_file *f;
     int n_head, n_head_kv; /* head counts of the q / k rows the conversion permuted (0: not permuted) */
 } gguf_source;
 
@@ -643,7 +115,7 @@ static void gguf_format_shape(char *buf, size_t cap, int ndim, const int64_t *sh
 }
 
 /* Tells the OS the mapped pages of a tensor just converted are not needed any more. */
-static void gguf_drop_pages(const gguf_tensor *t) {
+static void gguf_drop_pages(const ckv_gguf_tensor *t) {
     long page = sysconf(_SC_PAGESIZE);
     if (page <= 0 || t->nbytes == 0) return;
     uintptr_t a = (uintptr_t)t->data & ~((uintptr_t)page - 1);
@@ -662,8 +134,8 @@ static int64_t gguf_unpermute_row(int64_t r, int64_t d) {
 /* A tensor slice located and checked: the tensor, its rows x cols view, the slice, and the head count
  * and head size of a permuted q/k tensor (0 when not permuted). */
 typedef struct {
-    const gguf_tensor *t;
-    const gguf_type_info *ti;
+    const ckv_gguf_tensor *t;
+    const ckv_gguf_type_info *ti;
     char gname[160];
     int64_t R, C, r0, r1, c0, c1;
     int64_t perm_heads, head_rows;
@@ -673,23 +145,23 @@ typedef struct {
  * NULL) and the slice (whole tensor when row1 = col1 = -1) against the shape. */
 static ckv_status gguf_src_locate(const gguf_source *src, const char *name, int ndim, const int64_t *shape,
                                   int64_t row0, int64_t row1, int64_t col0, int64_t col1, gguf_slice *sl) {
-    const gguf_file *f = src->f;
+    const ckv_gguf_file *f = src->f;
     gguf_perm perm;
     char *gname = sl->gname;
     if (!gguf_map_name(name, gname, sizeof sl->gname, &perm))
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s' has no GGUF counterpart", f->path, name);
-    const gguf_tensor *t = gguf_find_tensor(f, gname);
+    const ckv_gguf_tensor *t = ckv_gguf_file_find_tensor(f, gname);
     if (!t)
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: tensor '%.200s' (GGUF '%s') is not in the file", f->path, name,
                          gname);
-    const gguf_type_info *ti = &gguf_types[t->type];
+    const ckv_gguf_type_info *ti = ckv_gguf_type_find(t->type);
     if (!ti->readable)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                          "%s: tensor '%s' has type %s, which ckv cannot dequantise (it reads F32, F16, BF16, Q8_0, "
                          "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K)",
                          f->path, gname, ti->name);
     /* the Hugging Face shape is the GGUF extents reversed */
-    int64_t hf[GGUF_MAX_DIMS];
+    int64_t hf[CKV_GGUF_MAX_DIMS];
     for (int d = 0; d < t->ndim; d++) hf[d] = t->ne[t->ndim - 1 - d];
     if (shape) {
         int same = ndim == t->ndim;
@@ -748,11 +220,11 @@ static ckv_status gguf_src_read(void *ctx, const char *name, int ndim, const int
     gguf_source *src = ctx;
     if (!src || !name || !dst)
         return ckv_error(CKV_STATUS_ERR_ARG, "gguf: NULL argument reading '%.200s'", name ? name : "(null)");
-    const gguf_file *f = src->f;
+    const ckv_gguf_file *f = src->f;
     gguf_slice sl;
     CKV_TRY(gguf_src_locate(src, name, ndim, shape, row0, row1, col0, col1, &sl));
-    const gguf_tensor *t = sl.t;
-    const gguf_type_info *ti = sl.ti;
+    const ckv_gguf_tensor *t = sl.t;
+    const ckv_gguf_type_info *ti = sl.ti;
     const char *gname = sl.gname;
     const int64_t C = sl.C, r0 = sl.r0, r1 = sl.r1, c0 = sl.c0, c1 = sl.c1;
     const int64_t perm_heads = sl.perm_heads, head_rows = sl.head_rows;
@@ -799,9 +271,10 @@ static ckv_dtype gguf_src_stored_dtype(void *ctx, const char *name) {
     const gguf_source *src = ctx;
     char gname[160];
     gguf_perm perm;
-    const gguf_tensor *t =
-        src && name && gguf_map_name(name, gname, sizeof gname, &perm) ? gguf_find_tensor(src->f, gname) : NULL;
-    return t && gguf_types[t->type].readable ? gguf_ckv_dtype(t->type) : CKV_DTYPE_F32;
+    const ckv_gguf_tensor *t =
+        src && name && gguf_map_name(name, gname, sizeof gname, &perm) ? ckv_gguf_file_find_tensor(src->f, gname)
+                                                                        : NULL;
+    return t && ckv_gguf_type_find(t->type)->readable ? gguf_ckv_dtype(t->type) : CKV_DTYPE_F32;
 }
 
 static ckv_status gguf_src_read_raw(void *ctx, const char *name, const int64_t *shape, int64_t row0, int64_t row1,
@@ -832,7 +305,7 @@ static int gguf_src_has(void *ctx, const char *name) {
     gguf_source *src = ctx;
     char gname[160];
     gguf_perm perm;
-    return src && name && gguf_map_name(name, gname, sizeof gname, &perm) && gguf_find_tensor(src->f, gname);
+    return src && name && gguf_map_name(name, gname, sizeof gname, &perm) && ckv_gguf_file_find_tensor(src->f, gname);
 }
 
 static void gguf_src_release(void *ctx) {
@@ -843,7 +316,7 @@ static void gguf_src_release(void *ctx) {
 static void gguf_src_close(void *ctx) {
     gguf_source *src = ctx;
     if (!src) return;
-    gguf_file_close(src->f);
+    ckv_gguf_file_close(src->f);
     free(src);
 }
 
@@ -851,9 +324,9 @@ static void gguf_src_close(void *ctx) {
 
 /* An integer key (any integer type; a uniform per-layer array is taken as its common value).
  * *present = 0 and *out = def when absent and not required. */
-static ckv_status gguf_meta_int(const gguf_file *f, const char *key, int required, int64_t def, int64_t lo,
+static ckv_status gguf_meta_int(const ckv_gguf_file *f, const char *key, int required, int64_t def, int64_t lo,
                                 int64_t hi, int64_t *out, int *present) {
-    const gguf_kv *kv = gguf_find_kv(f, key);
+    const ckv_gguf_kv *kv = ckv_gguf_file_find_kv(f, key);
     if (present) *present = kv != NULL;
     if (!kv) {
         if (required) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key '%s'", f->path, key);
@@ -862,23 +335,23 @@ static ckv_status gguf_meta_int(const gguf_file *f, const char *key, int require
     }
     int64_t v = 0;
     int ok = 0;
-    if (kv->type == GGUF_V_ARRAY && kv->count > 0 && kv->elem_type != GGUF_V_BOOL) {
-        size_t es = gguf_vtype_sizes[kv->elem_type];
-        ok = es > 0 && gguf_scalar_int(kv->elem_type, kv->val, &v);
+    if (kv->type == CKV_GGUF_V_ARRAY && kv->count > 0 && kv->elem_type != CKV_GGUF_V_BOOL) {
+        size_t es = ckv_gguf_value_type_size(kv->elem_type);
+        ok = es > 0 && ckv_gguf_value_int(kv->elem_type, kv->val, &v);
         for (uint64_t i = 1; ok && i < kv->count; i++) {
             int64_t x = 0;
-            ok = gguf_scalar_int(kv->elem_type, kv->val + i * es, &x);
+            ok = ckv_gguf_value_int(kv->elem_type, kv->val + i * es, &x);
             if (ok && x != v)
                 return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                                  "%s: metadata key '%s' differs between layers (ckv needs one value for all)", f->path,
                                  key);
         }
-    } else if (kv->type != GGUF_V_BOOL) {
-        ok = gguf_scalar_int(kv->type, kv->val, &v);
+    } else if (kv->type != CKV_GGUF_V_BOOL) {
+        ok = ckv_gguf_value_int(kv->type, kv->val, &v);
     }
     if (!ok)
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' must be an integer (it is %s)", f->path, key,
-                         gguf_vtype_name(kv->type));
+                         ckv_gguf_value_type_name(kv->type));
     if (v < lo || v > hi)
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' is %" PRId64 " (expected %" PRId64 " to %" PRId64
                          ")", f->path, key, v, lo, hi);
@@ -886,7 +359,7 @@ static ckv_status gguf_meta_int(const gguf_file *f, const char *key, int require
     return CKV_STATUS_OK;
 }
 
-static ckv_status gguf_meta_pos_int(const gguf_file *f, const char *key, int required, int def, int *out,
+static ckv_status gguf_meta_pos_int(const ckv_gguf_file *f, const char *key, int required, int def, int *out,
                                     int *present) {
     int64_t v;
     CKV_TRY(gguf_meta_int(f, key, required, def, 1, INT32_MAX, &v, present));
@@ -895,9 +368,9 @@ static ckv_status gguf_meta_pos_int(const gguf_file *f, const char *key, int req
 }
 
 /* A floating-point key (float32, float64 or an integer type). */
-static ckv_status gguf_meta_float(const gguf_file *f, const char *key, int required, double def, double *out,
+static ckv_status gguf_meta_float(const ckv_gguf_file *f, const char *key, int required, double def, double *out,
                                   int *present) {
-    const gguf_kv *kv = gguf_find_kv(f, key);
+    const ckv_gguf_kv *kv = ckv_gguf_file_find_kv(f, key);
     if (present) *present = kv != NULL;
     if (!kv) {
         if (required) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: missing metadata key '%s'", f->path, key);
@@ -905,17 +378,18 @@ static ckv_status gguf_meta_float(const gguf_file *f, const char *key, int requi
         return CKV_STATUS_OK;
     }
     int64_t iv;
-    if (kv->type == GGUF_V_F32) {
+    if (kv->type == CKV_GGUF_V_F32) {
         float v;
         memcpy(&v, kv->val, 4);
         *out = v;
-    } else if (kv->type == GGUF_V_F64) {
+    } else if (kv->type == CKV_GGUF_V_F64) {
         memcpy(out, kv->val, 8);
-    } else if (kv->type != GGUF_V_BOOL && kv->type != GGUF_V_ARRAY && gguf_scalar_int(kv->type, kv->val, &iv)) {
+    } else if (kv->type != CKV_GGUF_V_BOOL && kv->type != CKV_GGUF_V_ARRAY &&
+               ckv_gguf_value_int(kv->type, kv->val, &iv)) {
         *out = (double)iv;
     } else {
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' must be a number (it is %s)", f->path, key,
-                         gguf_vtype_name(kv->type));
+                         ckv_gguf_value_type_name(kv->type));
     }
     if (!isfinite(*out))
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' is not finite", f->path, key);
@@ -923,14 +397,14 @@ static ckv_status gguf_meta_float(const gguf_file *f, const char *key, int requi
 }
 
 /* A string key: *s (not terminated) and *len; *s = NULL when absent. */
-static ckv_status gguf_meta_string(const gguf_file *f, const char *key, const char **s, size_t *len) {
-    const gguf_kv *kv = gguf_find_kv(f, key);
+static ckv_status gguf_meta_string(const ckv_gguf_file *f, const char *key, const char **s, size_t *len) {
+    const ckv_gguf_kv *kv = ckv_gguf_file_find_kv(f, key);
     *s = NULL;
     *len = 0;
     if (!kv) return CKV_STATUS_OK;
-    if (kv->type != GGUF_V_STRING)
+    if (kv->type != CKV_GGUF_V_STRING)
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key '%s' must be a string (it is %s)", f->path, key,
-                         gguf_vtype_name(kv->type));
+                         ckv_gguf_value_type_name(kv->type));
     uint64_t n;
     memcpy(&n, kv->val, 8);
     *s = (const char *)kv->val + 8;
@@ -949,9 +423,9 @@ static const char *gguf_printable(char *buf, size_t cap, const char *s, size_t l
 
 static int gguf_str_is(const char *s, size_t len, const char *lit) { return s && strlen(lit) == len && !memcmp(s, lit, len); }
 
-static ckv_status gguf_add_eos(ckv_model_config *cfg, const gguf_file *f, const char *key) {
-    int64_t id;
-    int present;
+static ckv_status gguf_add_eos(ckv_model_config *cfg, const ckv_gguf_file *f, const char *key) {
+    int64_t id = -1;
+    int present = 0;
     CKV_TRY(gguf_meta_int(f, key, 0, -1, 0, INT32_MAX, &id, &present));
     if (!present) return CKV_STATUS_OK;
     for (int k = 0; k < cfg->n_eos; k++)
@@ -967,7 +441,7 @@ static const char *gguf_arch_key(char *buf, size_t cap, const char *ar, const ch
 }
 #define K(suffix) gguf_arch_key(key, sizeof key, ar, suffix)
 
-static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f, const char *ar) {
+static ckv_status gguf_config_rope(ckv_model_config *cfg, const ckv_gguf_file *f, const char *ar) {
     char key[96];
     ckv_rope_config *r = &cfg->rope;
     memset(r, 0, sizeof *r);
@@ -987,7 +461,7 @@ static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f, co
                          "%s: %s.rope.dimension_count %d differs from the head size %d (partial rotary is not "
                          "supported)",
                          f->path, ar, rot, cfg->head_dim);
-    if (gguf_find_tensor(f, "rope_freqs.weight"))
+    if (ckv_gguf_file_find_tensor(f, "rope_freqs.weight"))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                          "%s: tensor 'rope_freqs.weight' (per-dimension rope frequency factors, Llama 3 style scaling) "
                          "is not supported",
@@ -1042,7 +516,7 @@ static ckv_status gguf_config_rope(ckv_model_config *cfg, const gguf_file *f, co
     return CKV_STATUS_OK;
 }
 
-static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_source *src) {
+static ckv_status gguf_config(ckv_model_config *cfg, const ckv_gguf_file *f, gguf_source *src) {
     memset(cfg, 0, sizeof *cfg);
     const char *arch;
     size_t alen;
@@ -1099,10 +573,10 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
                          cfg->rms_norm_eps);
 
     /* vocabulary: the tokenizer's token list, else <arch>.vocab_size, else the embedding's rows */
-    const gguf_kv *tokens = gguf_find_kv(f, "tokenizer.ggml.tokens");
-    const gguf_tensor *embd = gguf_find_tensor(f, "token_embd.weight");
+    const ckv_gguf_kv *tokens = ckv_gguf_file_find_kv(f, "tokenizer.ggml.tokens");
+    const ckv_gguf_tensor *embd = ckv_gguf_file_find_tensor(f, "token_embd.weight");
     if (tokens) {
-        if (tokens->type != GGUF_V_ARRAY || tokens->elem_type != GGUF_V_STRING)
+        if (tokens->type != CKV_GGUF_V_ARRAY || tokens->elem_type != CKV_GGUF_V_STRING)
             return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata key 'tokenizer.ggml.tokens' must be an array of "
                              "strings", f->path);
         if (tokens->count < 1 || tokens->count > INT32_MAX)
@@ -1124,9 +598,9 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
                          "from embedding_length and the vocabulary",
                          f->path, embd->ne[0], embd->ndim > 1 ? embd->ne[1] : 1, cfg->hidden_size, cfg->vocab_size);
 
-    cfg->tie_word_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
-    cfg->attention_bias = gguf_find_tensor(f, "blk.0.attn_q.bias") != NULL;
-    const int o_bias = gguf_find_tensor(f, "blk.0.attn_output.bias") != NULL;
+    cfg->tie_word_embeddings = ckv_gguf_file_find_tensor(f, "output.weight") == NULL;
+    cfg->attention_bias = ckv_gguf_file_find_tensor(f, "blk.0.attn_q.bias") != NULL;
+    const int o_bias = ckv_gguf_file_find_tensor(f, "blk.0.attn_output.bias") != NULL;
     if (cfg->arch == CKV_ARCH_LLAMA && cfg->attention_bias && !o_bias)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                          "%s: q/k/v biases without an attn_output bias are not supported for architecture llama",
@@ -1137,8 +611,8 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
                          "%s: architecture qwen2 needs q/k/v biases (tensor 'blk.0.attn_q.bias') and no attn_output "
                          "bias (this file has %s)",
                          f->path, o_bias ? "an attn_output bias" : "no attn_q bias");
-    if (gguf_find_tensor(f, "blk.0.ffn_gate.bias") || gguf_find_tensor(f, "blk.0.ffn_up.bias") ||
-        gguf_find_tensor(f, "blk.0.ffn_down.bias"))
+    if (ckv_gguf_file_find_tensor(f, "blk.0.ffn_gate.bias") || ckv_gguf_file_find_tensor(f, "blk.0.ffn_up.bias") ||
+        ckv_gguf_file_find_tensor(f, "blk.0.ffn_down.bias"))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: MLP biases are not supported (ckv has none)", f->path);
     cfg->sliding_window = 0;
 
@@ -1150,10 +624,10 @@ static ckv_status gguf_config(ckv_model_config *cfg, const gguf_file *f, gguf_so
     }
 
     /* what the weights are stored as: F16 / BF16 files keep that dtype, quantised ones are F32 to ckv */
-    const gguf_tensor *wq = gguf_find_tensor(f, "blk.0.attn_q.weight");
+    const ckv_gguf_tensor *wq = ckv_gguf_file_find_tensor(f, "blk.0.attn_q.weight");
     cfg->dtype = CKV_DTYPE_F32;
-    if (wq && wq->type == GGUF_TYPE_F16) cfg->dtype = CKV_DTYPE_F16;
-    if (wq && wq->type == GGUF_TYPE_BF16) cfg->dtype = CKV_DTYPE_BF16;
+    if (wq && wq->type == CKV_GGUF_TYPE_F16) cfg->dtype = CKV_DTYPE_F16;
+    if (wq && wq->type == CKV_GGUF_TYPE_BF16) cfg->dtype = CKV_DTYPE_BF16;
 
     int64_t bos;
     CKV_TRY(gguf_meta_int(f, "tokenizer.ggml.bos_token_id", 0, -1, 0, INT32_MAX, &bos, NULL));
@@ -1176,7 +650,7 @@ ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, c
     snprintf(src->path, sizeof src->path, "%s", path);
     gguf_source *g = calloc(1, sizeof *g);
     if (!g) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory", path);
-    ckv_status s = gguf_file_open(&g->f, path);
+    ckv_status s = ckv_gguf_file_open(&g->f, path);
     if (s == CKV_STATUS_OK) s = gguf_config(cfg, g->f, g);
     if (s != CKV_STATUS_OK) {
         gguf_src_close(g);
@@ -1189,123 +663,5 @@ ckv_status ckv_gguf_open_source(ckv_weight_source *src, ckv_model_config *cfg, c
     src->read_raw = gguf_src_read_raw;
     src->release_pages = gguf_src_release;
     src->close = gguf_src_close;
-    return CKV_STATUS_OK;
-}
-
-/* ---- metadata access ------------------------------------------------------------------------------ */
-
-struct ckv_gguf_meta {
-    gguf_file *f;
-};
-
-ckv_status ckv_gguf_meta_open(ckv_gguf_meta **out, const char *path) {
-    *out = NULL;
-    ckv_gguf_meta *m = calloc(1, sizeof *m);
-    if (!m) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory", path);
-    ckv_status s = gguf_file_open(&m->f, path);
-    if (s != CKV_STATUS_OK) {
-        free(m);
-        return s;
-    }
-    *out = m;
-    return CKV_STATUS_OK;
-}
-
-void ckv_gguf_meta_close(ckv_gguf_meta *m) {
-    if (!m) return;
-    gguf_file_close(m->f);
-    free(m);
-}
-
-const char *ckv_gguf_meta_string(const ckv_gguf_meta *m, const char *key, uint64_t *len) {
-    const gguf_kv *kv = gguf_find_kv(m->f, key);
-    if (!kv || kv->type != GGUF_V_STRING) return NULL;
-    memcpy(len, kv->val, 8); /* the string's length field, then its bytes (validated at parse) */
-    return (const char *)kv->val + 8;
-}
-
-int ckv_gguf_meta_int(const ckv_gguf_meta *m, const char *key, int64_t *out) {
-    const gguf_kv *kv = gguf_find_kv(m->f, key);
-    return kv && kv->type != GGUF_V_ARRAY && gguf_scalar_int(kv->type, kv->val, out);
-}
-
-/* The array stored under key, checked for its element type; NULL (and *n = 0) when absent. */
-static ckv_status meta_array(const ckv_gguf_meta *m, const char *key, const gguf_kv **out, int64_t *n) {
-    *out = NULL;
-    *n = 0;
-    const gguf_kv *kv = gguf_find_kv(m->f, key);
-    if (!kv) return CKV_STATUS_OK;
-    if (kv->type != GGUF_V_ARRAY)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' is a %s, expected an array", m->f->path, key,
-                         gguf_vtype_name(kv->type));
-    if (kv->count > (uint64_t)INT32_MAX)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' has %llu elements", m->f->path, key,
-                         (unsigned long long)kv->count);
-    *out = kv;
-    *n = (int64_t)kv->count;
-    return CKV_STATUS_OK;
-}
-
-ckv_status ckv_gguf_meta_strings(const ckv_gguf_meta *m, const char *key, int64_t *n, const char ***strs,
-                                 uint64_t **lens) {
-    const gguf_kv *kv;
-    *strs = NULL;
-    *lens = NULL;
-    CKV_TRY(meta_array(m, key, &kv, n));
-    if (!kv) return CKV_STATUS_OK;
-    if (kv->elem_type != GGUF_V_STRING)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' holds %s, expected strings", m->f->path, key,
-                         gguf_vtype_name(kv->elem_type));
-    const char **s = malloc(sizeof *s * (size_t)(*n > 0 ? *n : 1));
-    uint64_t *l = malloc(sizeof *l * (size_t)(*n > 0 ? *n : 1));
-    if (!s || !l) {
-        free(s);
-        free(l);
-        return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory reading '%s'", m->f->path, key);
-    }
-    const uint8_t *p = kv->val; /* each element: u64 length then bytes (bounds checked at parse) */
-    for (int64_t i = 0; i < *n; i++) {
-        memcpy(&l[i], p, 8);
-        s[i] = (const char *)p + 8;
-        p += 8 + l[i];
-    }
-    *strs = s;
-    *lens = l;
-    return CKV_STATUS_OK;
-}
-
-ckv_status ckv_gguf_meta_f32s(const ckv_gguf_meta *m, const char *key, int64_t *n, float **out) {
-    const gguf_kv *kv;
-    *out = NULL;
-    CKV_TRY(meta_array(m, key, &kv, n));
-    if (!kv) return CKV_STATUS_OK;
-    if (kv->elem_type != GGUF_V_F32)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' holds %s, expected float32", m->f->path, key,
-                         gguf_vtype_name(kv->elem_type));
-    float *v = malloc(sizeof *v * (size_t)(*n > 0 ? *n : 1));
-    if (!v) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory reading '%s'", m->f->path, key);
-    memcpy(v, kv->val, sizeof *v * (size_t)*n);
-    *out = v;
-    return CKV_STATUS_OK;
-}
-
-ckv_status ckv_gguf_meta_i32s(const ckv_gguf_meta *m, const char *key, int64_t *n, int32_t **out) {
-    const gguf_kv *kv;
-    *out = NULL;
-    CKV_TRY(meta_array(m, key, &kv, n));
-    if (!kv) return CKV_STATUS_OK;
-    uint32_t t = kv->elem_type;
-    size_t es = t < GGUF_V_COUNT ? gguf_vtype_sizes[t] : 0;
-    if (es == 0 || t == GGUF_V_F32 || t == GGUF_V_F64 || t == GGUF_V_STRING)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: metadata '%s' holds %s, expected integers", m->f->path, key,
-                         gguf_vtype_name(t));
-    int32_t *v = malloc(sizeof *v * (size_t)(*n > 0 ? *n : 1));
-    if (!v) return ckv_error(CKV_STATUS_ERR_NOMEM, "%s: out of memory reading '%s'", m->f->path, key);
-    for (int64_t i = 0; i < *n; i++) {
-        int64_t x = 0;
-        gguf_scalar_int(t, kv->val + (size_t)i * es, &x);
-        v[i] = (int32_t)x;
-    }
-    *out = v;
     return CKV_STATUS_OK;
 }

@@ -6,11 +6,10 @@
 
 #include "backend/backend.h"
 #include "ckv_test.h"
+#include "common/fixture.h"
 #include "kv/kv_cache.h"
 
 enum { NKV = 3, D = 4, NTOK = 6 };
-
-static float kval(int tok, int h, int j) { return (float)(tok * 100 + h * 10 + j); }
 
 /* The value x as the cache stores it. */
 static float stored(float x, ckv_dtype dt) {
@@ -48,14 +47,7 @@ static void run(ckv_backend *be, ckv_dtype dt) {
     check_segs(&c, 1);
     float k[NTOK * NKV * D], v[NTOK * NKV * D]; /* [n, n_kv, d] */
     int32_t pos[NTOK];
-    for (int t = 0; t < NTOK; t++) {
-        pos[t] = t;
-        for (int h = 0; h < NKV; h++)
-            for (int j = 0; j < D; j++) {
-                k[(t * NKV + h) * D + j] = kval(t, h, j);
-                v[(t * NKV + h) * D + j] = -kval(t, h, j);
-            }
-    }
+    ckv_fixture_kv_rows(NTOK, NKV, D, k, v, pos);
     CHECK_OK(ckv_kv_layer_append(&c, 1, k, v, pos, 4));
     CHECK_OK(ckv_kv_layer_append(&c, 1, k + 4 * NKV * D, v + 4 * NKV * D, pos + 4, 2));
     check_segs(&c, 1);
@@ -67,8 +59,8 @@ static void run(ckv_backend *be, ckv_dtype dt) {
         read_head(&c, 1, h, hk, hv, hp);
         for (int t = 0; t < NTOK; t++) {
             CHECK(hp[t] == t);
-            CHECK(hk[t * D + 2] == stored(kval(t, h, 2), dt));
-            CHECK(hv[t * D + 3] == stored(-kval(t, h, 3), dt));
+            CHECK(hk[t * D + 2] == stored(ckv_fixture_kval(t, h, 2), dt));
+            CHECK(hv[t * D + 3] == stored(-ckv_fixture_kval(t, h, 3), dt));
         }
     }
     size_t before = ckv_kv_cache_bytes_reserved(&c);
@@ -87,8 +79,8 @@ static void run(ckv_backend *be, ckv_dtype dt) {
         for (int i = 0; i < nk[h]; i++) {
             int t = keep[h * 8 + i];
             CHECK_MSG(hp[i] == t, "head %d row %d: pos %d, expected %d", h, i, hp[i], t);
-            CHECK(hk[i * D + 1] == stored(kval(t, h, 1), dt));
-            CHECK(hv[i * D + 0] == stored(-kval(t, h, 0), dt));
+            CHECK(hk[i * D + 1] == stored(ckv_fixture_kval(t, h, 1), dt));
+            CHECK(hv[i * D + 0] == stored(-ckv_fixture_kval(t, h, 0), dt));
         }
     }
     int32_t snap[2 * NKV];
@@ -99,7 +91,7 @@ static void run(ckv_backend *be, ckv_dtype dt) {
     for (int h = 0; h < NKV; h++) {
         read_head(&c, 1, h, hk, hv, hp);
         CHECK(hp[nk[h]] == 6 && hp[nk[h] + 1] == 7);
-        CHECK(hk[(nk[h] + 1) * D] == stored(kval(1, h, 0), dt));
+        CHECK(hk[(nk[h] + 1) * D] == stored(ckv_fixture_kval(1, h, 0), dt));
     }
     CHECK_FAILS(ckv_kv_layer_append(&c, 1, k, v, qpos, 1), CKV_STATUS_ERR_RANGE, "is full");
     CHECK_OK(ckv_kv_cache_truncate(&c, snap));

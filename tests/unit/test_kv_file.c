@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "ckv_test.h"
+#include "common/fixture.h"
 #include "core/alloc.h"
 #include "core/atomic_file.h"
 #include "kv/kv_cache.h"
@@ -36,21 +37,12 @@ static const char *at(const char *name) {
     return buf[k];
 }
 
-static float kval(int t, int h, int j) { return (float)(t * 100 + h * 10 + j); }
-
 /* Layer 0 full (6 rows per head), layer 1 compacted to 3, 1 and 4 rows. */
 static void build(ckv_kv_cache *c) {
     CHECK_OK(ckv_kv_cache_init(c, be, NL, NKV, D, CKV_DTYPE_F32));
     float k[NTOK * NKV * D], v[NTOK * NKV * D]; /* [n, n_kv, d] */
     int32_t pos[NTOK];
-    for (int t = 0; t < NTOK; t++) {
-        pos[t] = t;
-        for (int h = 0; h < NKV; h++)
-            for (int j = 0; j < D; j++) {
-                k[(t * NKV + h) * D + j] = kval(t, h, j);
-                v[(t * NKV + h) * D + j] = -kval(t, h, j);
-            }
-    }
+    ckv_fixture_kv_rows(NTOK, NKV, D, k, v, pos);
     for (int l = 0; l < NL; l++) {
         CHECK_OK(ckv_kv_layer_reserve(c, l, NTOK));
         CHECK_OK(ckv_kv_layer_append(c, l, k, v, pos, NTOK));

@@ -1,5 +1,6 @@
 /* test_sampler.c - greedy picks the argmax (lowest index on ties); sampling is reproducible by
- * seed, respects top-k and top-p, and follows the softmax distribution; bad settings are refused. */
+ * seed, respects top-k and top-p (the nucleus measured over the whole softmax, or over the
+ * renormalised top-k candidates), and follows the softmax distribution; bad settings are refused. */
 #include "ckv_test.h"
 #include "engine/sampler.h"
 
@@ -56,6 +57,38 @@ int main(void) {
     for (int i = 0; i < 20000; i++) c2[ckv_sampler_sample(&a, lp)]++;
     CHECK_MSG(c2[2] == 0 && c2[3] == 0, "top-p 0.75 sampled outside the nucleus (%d, %d)", c2[2], c2[3]);
     CHECK_MSG(fabs(c2[0] / 20000.0 - 0.625) < 0.02, "top-p renormalisation: %.3f vs 0.625", c2[0] / 20000.0);
+    ckv_sampler_free(&a);
+
+    /* top-p measures the nucleus over the whole softmax (Hugging Face's TopPLogitsWarper: the smallest
+     * set whose cumulative probability reaches top_p), also for the tokens the sampler never sorts.
+     * Probabilities {0.4, 0.19, 0.17, 0.16, 0.08}, top_p 0.6: cumulative 0.4, 0.59, 0.76, so the kept
+     * set is {0, 1, 2}, sampled as 0.4 : 0.19 : 0.17 (/ 0.76). Measured over the four tokens above the
+     * sampler's cut-off ((1 - 0.6) / 4 = 0.1) only, 0.4 / 0.92 and 0.59 / 0.92 = 0.64 would already
+     * reach 0.6 and drop token 2. */
+    float lq[5] = {logf(0.4f), logf(0.19f), logf(0.17f), logf(0.16f), logf(0.08f)};
+    ckv_sampler_config nucleus = {1.0f, 0, 0.6f, 11};
+    CHECK_OK(ckv_sampler_init(&a, &nucleus, 5));
+    int c3[5] = {0};
+    const int N3 = 20000;
+    for (int i = 0; i < N3; i++) c3[ckv_sampler_sample(&a, lq)]++;
+    CHECK_MSG(c3[3] == 0 && c3[4] == 0, "top-p 0.6 sampled outside the kept set {0, 1, 2} (%d, %d)", c3[3], c3[4]);
+    const double kept_p[3] = {0.4 / 0.76, 0.19 / 0.76, 0.17 / 0.76};
+    for (int i = 0; i < 3; i++) {
+        const double f = (double)c3[i] / N3, sd = sqrt(kept_p[i] * (1 - kept_p[i]) / N3);
+        CHECK_MSG(c3[i] > 0 && fabs(f - kept_p[i]) <= 5 * sd, "top-p 0.6, token %d of the kept set {0, 1, 2}: "
+                  "frequency %.4f vs %.4f", i, f, kept_p[i]);
+    }
+    ckv_sampler_free(&a);
+    /* with top-k, top-p measures the renormalised top-k distribution (top-k runs first): top-3 of the
+     * same probabilities is {0.4, 0.19, 0.17} / 0.76 = {0.526, 0.25, 0.224}, cumulative 0.526, 0.776,
+     * so top_p 0.7 keeps {0, 1} (over the whole softmax 0.4, 0.59, 0.76 it would keep token 2 too) */
+    ckv_sampler_config kp = {1.0f, 3, 0.7f, 12};
+    CHECK_OK(ckv_sampler_init(&a, &kp, 5));
+    int c4[5] = {0};
+    for (int i = 0; i < N3; i++) c4[ckv_sampler_sample(&a, lq)]++;
+    CHECK_MSG(c4[0] > 0 && c4[1] > 0 && c4[2] == 0 && c4[3] == 0 && c4[4] == 0,
+              "top-k 3, top-p 0.7: counts %d %d %d %d %d, expected only the kept set {0, 1}", c4[0], c4[1], c4[2],
+              c4[3], c4[4]);
     ckv_sampler_free(&a);
 
     ckv_sampler_config bad1 = {-1.0f, 0, 1.0f, 0}, bad2 = {1.0f, -1, 1.0f, 0}, bad3 = {1.0f, 0, 0.0f, 0};

@@ -298,26 +298,13 @@ static CKV_ATTN_AVX512 void ckv_attn_lane_pv_avx512(float *restrict acc, const f
     }
 }
 
-/* ckv_cpu_expf on 16 lanes: the same steps (clamp, range reduction, degree-7 polynomial, 2^n). */
+/* ckv_cpu_expf on 16 lanes: the project's exp through its vector form (core/fastmath.h), which the
+ * vectoriser compiles to AVX-512 code inside this target. */
 static inline CKV_ATTN_AVX512 __m512 ckv_attn_exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    const __m512 kf = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic);
-    const __m512i ki = _mm512_sub_epi32(_mm512_castps_si512(kf), _mm512_set1_epi32(0x4B400000));
-    const __m512 nf = _mm512_sub_ps(kf, magic);
-    __m512 r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(1.42860676533018704e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(ki, _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+    float t[CKV_ATTN_LANES] __attribute__((aligned(64)));
+    _mm512_store_ps(t, x);
+    ckv_fast_expf_n(t, t, CKV_ATTN_LANES);
+    return _mm512_load_ps(t);
 }
 
 /* ckv_attn_lane_softmax with the 16 lanes in one register. */
