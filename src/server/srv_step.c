@@ -281,7 +281,8 @@ static ckv_status follow_until(ckv_srv_steps *s, step_kind until, int *failed) {
              !valid_slot(s, h.slot)) ||
             (h.kind == STEP_DECODE && (h.n < 1 || h.n > s->max_batch)) ||
             (nested ? h.kind == STEP_PREPARE || h.kind == STEP_QUIT : h.kind == STEP_CONTINUE) ||
-            (h.kind != STEP_NOP && h.kind != STEP_QUIT && h.kind != STEP_CONTINUE && h.slot == s->preparing))
+            (h.kind != STEP_NOP && h.kind != STEP_QUIT && h.kind != STEP_CONTINUE && h.kind != STEP_DECODE &&
+             h.slot == s->preparing))
             return ckv_error(CKV_STATUS_ERR_FORMAT, "a server step from rank 0 out of order or malformed (%s, slot %d, %d items)",
                              h.kind >= STEP_NOP && h.kind <= STEP_QUIT ? step_names[h.kind] : "unknown", h.slot, h.n);
         if (h.payload > 0) CKV_TRY(s->group->ops->bcast(s->group, s->msg, (size_t)h.payload, 0));

@@ -99,6 +99,26 @@ th = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
 t.check(together == solo, "6 concurrent requests on tp 2 (batched decode) answer as 1 rank alone",
         str([(a, b) for a, b in zip(together, solo) if a != b][:2]))
 
+# a prefill into slot 0 while slot 1 streams: decode steps between its layers (--interleave-ms 0)
+kw_a = dict(prompt=ids(12, 20), max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+kw_b = dict(prompt=ids(10, 21), max_tokens=900, n=8, temperature=0, extra_body={"ignore_eos": True})
+kw_c = dict(prompt=ids(500, 22), max_tokens=6, temperature=0, extra_body={"ignore_eos": True, "press": "critical_adakv:snapkv",
+                                                                          "budget": 0.3})
+want = [answer(c1, **k)[0] for k in (kw_a, kw_b, kw_c)]
+got = {}
+ta = threading.Thread(target=lambda: got.__setitem__("a", answer(c2, **kw_a)[0]))
+tb = threading.Thread(target=lambda: got.__setitem__("b", answer(c2, **kw_b)[0]))
+ta.start()
+time.sleep(0.05)
+tb.start()
+ta.join()
+time.sleep(0.2)  # a's slot 0 is free again, b decodes in slot 1
+running = tb.is_alive()
+got["c"] = answer(c2, **kw_c)[0]
+tb.join()
+t.check(running and [got.get("a"), got.get("b"), got.get("c")] == want, "a prefill into a freed slot while another slot "
+        "streams (nested decode steps on tp 2) answers as 1 rank", f"b still running: {running}; {got} vs {want}")
+
 # compress once, ask many: the context comes from every rank's store
 shared = ids(260, 7)
 q1 = {"context": shared, "press": "critical_adakv:snapkv", "budget": 0.3, "ignore_eos": True}
@@ -118,6 +138,15 @@ t.check(400 <= status < 500, "an unknown press on tp 2 is a 4xx", f"{status} {bo
 time.sleep(4)
 same(answer(c1, prompt=ids(15, 9), max_tokens=4, temperature=0), answer(c2, prompt=ids(15, 9), max_tokens=4, temperature=0),
      "after 4 s idle (comm timeout 2 s) tp 2 still answers")
+# the same server on the CUDA backend's sources (cuda-emu: the CPU execution layer; f32 so that it
+# must match the CPU exactly): its group's collectives on device buffers take the staged path
+emu = Server(ckv, FIXTURE, tmp, "--backend", "cuda-emu", "--weights-dtype", "f32", "--kv-dtype", "f32", name="emu-tp2",
+             threads=1, launcher=launcher(2))
+body = {"ignore_eos": True, "press": "critical_adakv:snapkv", "budget": 0.25}
+same(answer(c1, prompt=ctx, max_tokens=8, temperature=0, extra_body=body),
+     answer(emu.client(), prompt=ctx, max_tokens=8, temperature=0, extra_body=body),
+     "--backend cuda-emu with tp 2 (staged collectives) answers as the 1-rank CPU server")
+t.check(emu.stop() == 0 and "staged over 2 ranks" in open(emu.log_path).read(), "the cuda-emu group took the staged path")
 rc = tp2.stop()
 with open(tp2.log_path) as f:
     log = f.read()
