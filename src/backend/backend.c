@@ -10,11 +10,7 @@ ckv_status ckv_backend_init_params(ckv_backend **out, const ckv_backend_params *
     *out = NULL;
     const char *name = p ? p->name : NULL;
     if (!name || strcmp(name, "cpu") == 0) return ckv_backend_cpu_init(out, p ? p->n_threads : 0);
-    if (strcmp(name, "cuda") == 0) {
-        if (!ckv_backend_cuda_available())
-            return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--backend cuda: this build of ckv has no CUDA support (configure with -DCKV_CUDA=ON)");
-        return ckv_backend_cuda_init(out, p->device < 0 ? 0 : p->device);
-    }
+    if (strcmp(name, "cuda") == 0) return ckv_backend_cuda_init(out, p->device < 0 ? 0 : p->device);
     /* the CUDA kernels on ckv's CPU execution layer: end-to-end tests of the CUDA path without a GPU */
     if (strcmp(name, "cuda-emu") == 0) return ckv_backend_cuda_emu_init(out, p->device < 0 ? 0 : p->device);
     return ckv_error(CKV_STATUS_ERR_ARG, "--backend: unknown backend '%s' (expected cpu or cuda)", name);

@@ -275,7 +275,10 @@ static inline void *ckv_backend_stream(ckv_backend *be) {
 
 /* Backend-specific constructors (backend.c dispatches to these). */
 ckv_status ckv_backend_cpu_init(ckv_backend **out, int n_threads);
-int ckv_backend_cuda_available(void); /* 1 when built with CUDA */
+/* The CUDA backend lives in the GPU module (core/gpu_module.h), loaded on first use: available is 1
+ * when it loads here (a GPU may still be missing: init says so); init's errors name what is missing
+ * (no CUDA in this build, the module, a GPU). */
+int ckv_backend_cuda_available(void);
 ckv_status ckv_backend_cuda_init(ckv_backend **out, int device_index);
 
 #endif

@@ -3,6 +3,8 @@
  * communicator has none). */
 #include "comm/comm.h"
 
+#include "core/gpu_module.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -104,25 +106,47 @@ ckv_status ckv_comm_init_mpi(ckv_comm **out, int *argc, char ***argv) {
 }
 #endif
 
-#ifndef CKV_HAVE_NCCL
-int ckv_comm_nccl_available(void) { return 0; }
+/* ---- NCCL: in the GPU module (core/gpu_module.h), loaded on first use ---- */
+
+static const ckv_gpu_module *nccl_module(void) {
+    const ckv_gpu_module *m = NULL;
+    if (ckv_gpu_module_get(&m) != CKV_STATUS_OK || !m->has_nccl) m = NULL;
+    ckv_error_clear();
+    return m;
+}
+
+int ckv_comm_nccl_available(void) { return nccl_module() != NULL; }
+
 int ckv_comm_nccl_on_stream(const ckv_comm *c) {
-    (void)c;
-    return 0;
+    const ckv_gpu_module *m = nccl_module();
+    return m ? m->nccl_on_stream(c) : 0;
 }
+
+/* Why there is no NCCL: the module's own message, or that it was built without NCCL. */
+static ckv_status no_nccl(const char *what) {
+    const ckv_gpu_module *m = NULL;
+    ckv_status st = ckv_gpu_module_get(&m);
+    if (st != CKV_STATUS_OK) return ckv_error(st, "%s: %s", what, ckv_error_message());
+    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: the CUDA module of this build has no NCCL (install NCCL and configure again)", what);
+}
+
 ckv_status ckv_comm_init_nccl(ckv_comm **out, ckv_comm *bootstrap, int device) {
-    (void)bootstrap;
-    (void)device;
     *out = NULL;
-    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "this build of ckv has no NCCL support (configure with CUDA and NCCL)");
+    const ckv_gpu_module *m = nccl_module();
+    return m ? m->init_nccl(out, bootstrap, device) : no_nccl("NCCL");
 }
+
 ckv_status ckv_comm_select_gpu(ckv_comm *world, int *device) {
-    (void)world;
     *device = -1;
-    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "this build of ckv has no GPU support");
+    const ckv_gpu_module *m = nccl_module();
+    return m ? m->select_gpu(world, device) : no_nccl("choosing a GPU");
 }
+
 ckv_status ckv_comm_gpu_id(int device, char *id, size_t cap) {
     if (cap) id[0] = 0;
-    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "GPU %d: this build of ckv has no GPU support (no PCI bus id)", device);
+    const ckv_gpu_module *m = nccl_module();
+    if (m) return m->gpu_id(device, id, cap);
+    char what[64];
+    snprintf(what, sizeof what, "the PCI bus id of GPU %d", device);
+    return no_nccl(what);
 }
-#endif
