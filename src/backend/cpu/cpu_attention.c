@@ -5,16 +5,18 @@
  * over fixed blocks of keys; all state lives in fixed-size stack arrays, so it allocates nothing.
  * Work items are tiles of query rows that share one KV head (a GQA group's heads and neighbouring
  * tokens), claimed dynamically by the pool's threads; a tile goes through the lane kernel (rows in
- * vector lanes, no horizontal sums) or, for 1-2 rows or head_dim > 256, the row kernel. The tiling
+ * vector lanes, no horizontal sums) or, for 1-2 rows or head_dim > 256, the row kernel; on CPUs with
+ * AVX2 but no AVX-512, tiles of up to CKV_ATTN_GQA_ROWS rows (decode: one token's GQA group) go
+ * through the GQA kernel of cpu_attention_avx2.c. The tiling
  * depends on the shapes only and a row's arithmetic not on the thread that runs it, so results are
  * identical for any thread count. It does not write the cache (kv_store, cpu_ops.c) and knows
  * nothing of eviction scores or sliding windows. */
 #include <math.h>
 #include <stdatomic.h>
 
+#include "cpu_attention.h"
 #include "cpu_backend.h"
 
-#define CKV_ATTN_BLOCK 32     /* keys per online-softmax step */
 #define CKV_ATTN_LANES 16     /* most query rows per work item: one vector lane each in the lane kernel */
 #define CKV_ATTN_LANE_HD 256  /* largest head_dim of the lane kernel (its stack arrays are [hd, lanes]) */
 #define CKV_ATTN_LANE_MIN_ROWS 3 /* fewer rows in a tile: the row kernel wastes fewer lanes (measured) */
@@ -24,6 +26,7 @@
 #define CKV_ATTN_MIN_TILE 4
 #define CKV_ATTN_MIN_ITEMS 16
 _Static_assert(CKV_ATTN_BLOCK % 4 == 0, "the lane kernel takes keys in groups of 4");
+_Static_assert(CKV_ATTN_LANES == CKV_ATTN_TILE_ROWS, "a tile's rows are the lane kernel's lanes");
 
 #define CKV_ATTN_MAX_SEQ 64   /* sequences per pass over the thread pool (larger batches take several) */
 #define CKV_ATTN_CONV_HD 512  /* largest head_dim of an F16/BF16 cache (its block buffers are thread-local) */
@@ -58,20 +61,6 @@ typedef struct {
     atomic_int next;    /* next work item to claim */
 } ckv_attn_job;
 
-/* One work item: up to CKV_ATTN_LANES query rows over the keys of one KV head. */
-typedef struct {
-    const void *k, *v;                  // [len, hd] the head's keys and values (dtype)
-    ckv_dtype dtype;
-    const float *q[CKV_ATTN_LANES];     // each [hd]
-    float *out[CKV_ATTN_LANES];         // each [hd]
-    int cnt[CKV_ATTN_LANES];            /* visible keys of each row (0 for unused lanes) */
-    float *ms[CKV_ATTN_LANES];          /* split-K: each [2] receives (max, sum) and out[r] the unnormalised
-                                           accumulator; NULL: out[r] gets the normalised row */
-    int nr;                             /* rows in use */
-    int maxcnt;                         /* keys to visit: the largest cnt */
-    int hd;
-    float scale;
-} ckv_attn_tile;
 
 /* Keys or values j0 .. j0 + nb - 1 of a head as fp32: the cache itself when it is F32, else widened
  * into buf [nb, hd]. */
@@ -551,6 +540,7 @@ static void ckv_attn_item(const ckv_attn_job *job, int item) {
         }
         if (tl.cnt[r] > tl.maxcnt) tl.maxcnt = tl.cnt[r];
     }
+    if (tl.nr <= CKV_ATTN_GQA_ROWS && ckv_attn_tile_gqa_avx2(&tl)) return; /* decode: a GQA group's rows on AVX2 */
     if (hd <= CKV_ATTN_LANE_HD && tl.nr >= CKV_ATTN_LANE_MIN_ROWS)
         ckv_attn_tile_lanes(&tl);
     else
