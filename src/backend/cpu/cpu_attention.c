@@ -369,9 +369,13 @@ static void ckv_attn_lane_softmax(float st[][CKV_ATTN_LANES], int nb, int jb, co
         mx[r] = m;
         bs[r] = 0.0f;
     }
+    /* the exps of the whole block in one branch-free pass (the vectoriser's SIMD code), then the mask */
+    for (int j = 0; j < nb; j++)
+        for (int r = 0; r < CKV_ATTN_LANES; r++) st[j][r] -= mx[r];
+    ckv_fast_expf_n(&st[0][0], &st[0][0], (size_t)nb * CKV_ATTN_LANES);
     for (int j = 0; j < nb; j++)
         for (int r = 0; r < CKV_ATTN_LANES; r++) {
-            float w = jb + j < cnt[r] ? ckv_cpu_expf(st[j][r] - mx[r]) : 0.0f;
+            float w = jb + j < cnt[r] ? st[j][r] : 0.0f;
             st[j][r] = w;
             bs[r] += w;
         }
