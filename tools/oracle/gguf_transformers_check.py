@@ -10,7 +10,9 @@ runs `generate --max-new-tokens 1 --dump-logits` on the prompts of the llama.cpp
                         ~3-5; a wrong block layout, scale, bias, rope or permutation moves them by units)
                         with the same argmax;
   --weights-dtype auto  the weights as stored, the last position's lm_head through the 8-bit activation
-                        dot of decode: reported (max difference, same argmax), bounded by --tol-auto.
+                        dot of decode (as llama.cpp does): bounded by --tol-auto, the same argmax unless
+                        transformers' own top-two margin is within twice the largest difference (a
+                        near-tie, printed).
 Run (a Python with torch, transformers and gguf; not part of the tests: CI has no torch):
   V/bin/python tools/oracle/gguf_transformers_check.py --ckv build/ckv --preset qwen25
 """
@@ -61,12 +63,17 @@ def main() -> int:
         for wdtype, tol in (("f32", args.tol), ("auto", args.tol_auto)):
             got = ckv_logits(args.ckv, model, ids, wdtype, ref.shape[0])
             diff = np.abs(got - ref)
-            same = int(np.argmax(got)) == int(np.argmax(ref))
+            a, b = int(np.argmax(got)), int(np.argmax(ref))
+            margin = float(ref[b] - ref[a])  # how far transformers ranks ckv's pick below its own
+            # the f32 path must pick the same token; the as-stored path may differ only at a near-tie,
+            # a margin within twice its largest logit difference
+            same = a == b or (wdtype == "auto" and margin <= 2 * diff.max())
             ok = diff.max() <= tol and same
             status |= 0 if ok else 1
+            tie = f", a near-tie: transformers' margin {margin:.3f}" if a != b else ""
             print(f"{'ok  ' if ok else 'FAIL'} {p['name']} --weights-dtype {wdtype}: max |ckv - transformers| "
                   f"{diff.max():.2e} (bound {tol:g}) over {ref.shape[0]} logits (std {ref.std():.2f}), argmax "
-                  f"{int(np.argmax(got))} / {int(np.argmax(ref))}")
+                  f"{a} / {b}{tie}")
     return status
 
 
