@@ -328,6 +328,24 @@ def smollm2_tests():
             str(rp.usage))
     t.check(len(during) >= 5 and gap < max(0.6, (p1 - p0) / 4), "a running stream keeps getting tokens during another "
             "request's long prefill", f"{len(during)} tokens, longest gap {gap:.2f} s of a {p1 - p0:.2f} s prefill")
+    # a client that goes away during its context's prefill: the prefill stops between two layers
+    before = s.metrics().get("ckv_requests_cancelled_total", 0)
+    body = json.dumps({"messages": q, "max_tokens": 4, "context": DOC, "press": "snapkv", "budget": 0.25}).encode()
+    sock = socket.create_connection((s.host, s.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                 str(len(body)).encode() + b"\r\n\r\n" + body)
+    time.sleep(0.6)
+    sock.close()
+    t0 = time.time()
+    while s.metrics().get("ckv_requests_cancelled_total", 0) == before and time.time() - t0 < 20:
+        time.sleep(0.05)
+    gone = time.time() - t0
+    t0 = time.time()
+    c.completions.create(model="smollm2", prompt="Hi", max_tokens=1)
+    after = time.time() - t0
+    t.check(s.metrics().get("ckv_requests_cancelled_total", 0) > before and gone < t1 / 2 and after < t1 / 2,
+            "a client gone during its prefill cancels it between layers", f"cancelled after {gone:.2f} s, the next request "
+            f"answered in {after:.2f} s (the prefill takes {t1:.2f} s)")
     t.check(s.stop() == 0, "SIGTERM: exit 0 (SmolLM2)")
 
     # queue full: 429 with Retry-After
