@@ -13,6 +13,14 @@
 
 static int ckv_test_failures = 0;
 
+/* The tests' xorshift64 generator: the next 32 random bits of *state (never 0). */
+static inline uint32_t ckv_test_xorshift(uint64_t *state) {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return (uint32_t)(*state >> 32);
+}
+
 #define CKV_SKIP_CODE 77
 
 #define CHECK(cond)                                                                   \

@@ -73,6 +73,10 @@ typedef struct {
      * synchronise, destroy or reconfigure it. Every op above that hands data to the host (download,
      * count_nonfinite) runs on it and waits for it, so host reads stay ordered after the kernels. */
     void *(*stream)(ckv_backend *be);
+    /* (optional) id [cap] names the physical device, equal for two backends exactly when they share
+     * it (a GPU's PCI bus id; the emulated GPU of cuda-emu, host memory of each process, names one
+     * pretend device for all); NULL on the CPU backend. Device communicators use it to pick their path. */
+    ckv_status (*device_id)(ckv_backend *be, char *id, size_t cap);
     /* 1 when matmul and embedding compute weights stored as `t` directly. */
     int (*weight_dtype_ok)(const ckv_backend *be, ckv_dtype t);
     /* 1 when the KV cache may be stored as `t` (F32, F16, BF16). */

@@ -126,15 +126,8 @@ int ckv_cmd_serve(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (world->rank != 0) {
-        ckv_status st = ckv_server_follow(&eng, &a.cfg);
-        ckv_engine_free(&eng);
-        ckv_tokenizer_free(tok);
-        if (st != CKV_STATUS_OK) ckv_cli_check_comm(world, st);
-        ckv_comm_free(world);
-        return 0;
-    }
-    ckv_status st = ckv_server_run(&eng, &a.cfg);
+    /* rank 0 answers HTTP; the others run its engine steps */
+    ckv_status st = world->rank == 0 ? ckv_server_run(&eng, &a.cfg) : ckv_server_follow(&eng, &a.cfg);
     ckv_engine_free(&eng);
     ckv_tokenizer_free(tok);
     if (st != CKV_STATUS_OK) ckv_cli_check_comm(world, st);

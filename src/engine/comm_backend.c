@@ -4,9 +4,6 @@
  * logic (comm_device.c) and no CUDA here: the stream is an opaque handle. */
 #include "engine/comm_backend.h"
 
-#include <stdio.h>
-#include <string.h>
-
 #include "core/log.h"
 
 static ckv_status be_download(void *ctx, void *dst_host, const void *src_dev, size_t bytes) {
@@ -36,12 +33,9 @@ static ckv_status be_sync(void *ctx) {
     return be->ops->sync(be);
 }
 
-/* The emulated GPU of cuda-emu lives in each process's host memory and has no PCI bus id: every rank
- * names the same pretend device, so a group on it always takes the staged path (never NCCL). */
-static ckv_status emu_device_id(void *ctx, char *id, size_t cap) {
-    (void)ctx;
-    snprintf(id, cap, "cuda-emu (host memory)");
-    return CKV_STATUS_OK;
+static ckv_status be_device_id(void *ctx, char *id, size_t cap) {
+    ckv_backend *be = ctx;
+    return be->ops->device_id(be, id, cap);
 }
 
 void ckv_comm_device_io_from_backend(ckv_comm_device_io *io, ckv_backend *be) {
@@ -53,7 +47,7 @@ void ckv_comm_device_io_from_backend(ckv_comm_device_io *io, ckv_backend *be) {
     io->alloc = be_alloc;
     io->release = be_release;
     io->sync = be_sync;
-    io->device_id = strcmp(be->name, "cuda-emu") == 0 ? emu_device_id : NULL; /* NULL: the GPU's PCI bus id (ckv_comm_gpu_id) */
+    io->device_id = be->ops->device_id ? be_device_id : NULL; /* NULL: ckv_comm_gpu_id of the device index */
 }
 
 void ckv_comm_use_backend_stream(ckv_comm *c, ckv_backend *be) {

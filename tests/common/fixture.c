@@ -76,6 +76,21 @@ void ckv_fixture_ref_free(ckv_fixture_ref *r) {
     r->logits = r->logits_f32 = NULL;
 }
 
+ckv_fixture_ref *ckv_fixture_ref_new(const char *dir) {
+    ckv_fixture_ref *r = calloc(1, sizeof *r);
+    if (!r || ckv_fixture_ref_load(r, dir) != CKV_STATUS_OK) {
+        fprintf(stderr, "FAIL %s\n", r ? ckv_error_message() : "out of memory");
+        ckv_fixture_ref_delete(r);
+        return NULL;
+    }
+    return r;
+}
+
+void ckv_fixture_ref_delete(ckv_fixture_ref *r) {
+    ckv_fixture_ref_free(r);
+    free(r);
+}
+
 const float *ckv_fixture_ref_strict(const ckv_fixture_ref *r) { return r->logits_f32 ? r->logits_f32 : r->logits; }
 
 ckv_status ckv_fixture_models_list(ckv_fixture_models *out, const char *fixtures) {

@@ -33,6 +33,10 @@ typedef struct {
  * fixture without logits_file_f32compute included), ERR_IO when a file is missing or short. */
 ckv_status ckv_fixture_ref_load(ckv_fixture_ref *r, const char *dir);
 void ckv_fixture_ref_free(ckv_fixture_ref *r); /* zeroed is fine */
+/* A heap reference loaded from dir, or NULL after printing "FAIL <why>" (the caller counts the
+ * failure); ckv_fixture_ref_delete frees it (NULL is fine). */
+ckv_fixture_ref *ckv_fixture_ref_new(const char *dir);
+void ckv_fixture_ref_delete(ckv_fixture_ref *r);
 /* HF computing in fp32: logits_f32 for bf16 checkpoints, else logits. */
 const float *ckv_fixture_ref_strict(const ckv_fixture_ref *r);
 

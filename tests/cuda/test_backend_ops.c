@@ -32,12 +32,7 @@ static const char *tb_name;
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
 
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
-}
+static uint32_t rng_u32(void) { return ckv_test_xorshift(&rng_state); }
 
 /* uniform in [lo, hi), never exactly 0 */
 static float rng_uniform(float lo, float hi) {

@@ -20,12 +20,9 @@
 #define BF16_LOGIT_BOUND 0.25
 
 static void check_model(const char *dir, const char *name, ckv_backend *dev, ckv_backend *cpu) {
-    ckv_fixture_ref *r = calloc(1, sizeof *r);
-    if (!r || ckv_fixture_ref_load(r, dir) != CKV_STATUS_OK) {
-        fprintf(stderr, "FAIL %s\n", r ? ckv_error_message() : "out of memory");
+    ckv_fixture_ref *r = ckv_fixture_ref_new(dir);
+    if (!r) {
         ckv_test_failures++;
-        if (r) ckv_fixture_ref_free(r);
-        free(r);
         return;
     }
     /* HF in fp32 (bf16 fixtures: their weights upcast to fp32) */
@@ -66,8 +63,7 @@ static void check_model(const char *dir, const char *name, ckv_backend *dev, ckv
     }
     ckv_model_free(md);
     ckv_model_free(mc);
-    ckv_fixture_ref_free(r);
-    free(r);
+    ckv_fixture_ref_delete(r);
 }
 
 int main(int argc, char **argv) {

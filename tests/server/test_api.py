@@ -21,7 +21,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import SMOLLM2, Checks, Server, require_openai, require_server  # noqa: E402
+from serve_util import SMOLLM2, Checks, Server, ids, require_openai, require_server  # noqa: E402
 
 ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
 require_server(ckv)
@@ -31,10 +31,6 @@ import openai  # noqa: E402
 FIXTURE = os.path.join(fixtures, "models", "llama_gqa")
 KEY = "test-key-1234"
 t = Checks()
-
-
-def ids(n, seed):
-    return [(seed * 7919 + i * 104729) % 500 + 3 for i in range(n)]
 
 
 def error_of(body):

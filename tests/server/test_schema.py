@@ -4,6 +4,7 @@ is a 5xx, that status codes and content types are the documented ones and that J
 their schemas; then the server must still answer /health and exit 0 on SIGTERM.
 usage: test_schema.py CKV_BINARY FIXTURES_DIR TMP_DIR"""
 import os
+import re
 import subprocess
 import sys
 
@@ -26,6 +27,13 @@ r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
 print(r.stdout[-6000:])
 print(r.stderr[-2000:])
 t.check(r.returncode == 0, "schemathesis finds no 5xx and no response outside docs/openapi.yaml", f"exit {r.returncode}")
+# and it did test: every documented operation, and a few hundred generated cases (not a vacuous run)
+ops = re.search(r"Operations:\s+(\d+) selected / (\d+) total", r.stdout)
+cases = re.search(r"(\d+) generated, (\d+) passed", r.stdout)
+t.check(ops is not None and int(ops.group(1)) == int(ops.group(2)) >= 7, "every operation of docs/openapi.yaml was tested",
+        ops.group(0) if ops else "no operation count in the output")
+t.check(cases is not None and int(cases.group(1)) >= 200 and cases.group(1) == cases.group(2),
+        "at least 200 generated cases, all passed", cases.group(0) if cases else "no case count in the output")
 status, _, _ = s.request("GET", "/health")
 t.check(status == 200, "the server is up after the schemathesis run")
 t.check(s.stop() == 0, "SIGTERM: exit 0")

@@ -19,7 +19,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Checks, Server, require_openai, require_server, skip  # noqa: E402
+from serve_util import Checks, Server, ids, require_openai, require_server, skip  # noqa: E402
 
 ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
 require_server(ckv)
@@ -34,10 +34,6 @@ os.environ.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
 FIXTURE = os.path.join(fixtures, "models", "llama_gqa")
 MODEL = "llama_gqa"
 t = Checks()
-
-
-def ids(n, seed):
-    return [(seed * 7919 + i * 104729) % 500 + 3 for i in range(n)]
 
 
 def launcher(n):

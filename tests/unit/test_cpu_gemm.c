@@ -18,12 +18,7 @@
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
-}
+static uint32_t rng_u32(void) { return ckv_test_xorshift(&rng_state); }
 
 static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() >> 8) * (1.0f / 16777216.0f); }
 

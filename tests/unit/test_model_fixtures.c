@@ -22,19 +22,15 @@ static void compare_rows(const char *what, const float *got, const float *ref, i
 }
 
 static void check_model(const char *dir, ckv_backend *be) {
-    ckv_fixture_ref *r = calloc(1, sizeof *r);
-    if (!r || ckv_fixture_ref_load(r, dir) != CKV_STATUS_OK) {
-        fprintf(stderr, "FAIL %s\n", r ? ckv_error_message() : "out of memory");
+    ckv_fixture_ref *r = ckv_fixture_ref_new(dir);
+    if (!r) {
         ckv_test_failures++;
-        if (r) ckv_fixture_ref_free(r);
-        free(r);
         return;
     }
     ckv_model *m = NULL;
     CHECK_OK(ckv_model_load(&m, dir, be, NULL));
     if (!m) {
-        ckv_fixture_ref_free(r);
-        free(r);
+        ckv_fixture_ref_delete(r);
         return;
     }
     CHECK(m->cfg.vocab_size == r->vocab);
@@ -73,8 +69,7 @@ static void check_model(const char *dir, ckv_backend *be) {
     free(full);
     free(chunked);
     ckv_model_free(m);
-    ckv_fixture_ref_free(r);
-    free(r);
+    ckv_fixture_ref_delete(r);
 }
 
 int main(void) {

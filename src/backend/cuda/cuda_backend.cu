@@ -140,6 +140,13 @@ ckv_status be_sync(ckv_backend *be) {
  * the kernels on it); the backend keeps ownership */
 void *be_stream(ckv_backend *be) { return (void *)ctx_of(be)->stream; }
 
+ckv_status be_device_id(ckv_backend *be, char *id, size_t cap) {
+    char bus[64] = "";
+    CKV_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, (int)sizeof bus, ctx_of(be)->device), "device id");
+    snprintf(id, cap, "%s", bus);
+    return CKV_STATUS_OK;
+}
+
 int be_weight_dtype_ok(const ckv_backend *be, ckv_dtype t) {
     (void)be;
     return t == CKV_DTYPE_BF16 || t == CKV_DTYPE_F32;
@@ -161,6 +168,7 @@ ckv_backend_ops make_ops() {
     o.copy = be_copy;
     o.sync = be_sync;
     o.stream = be_stream;
+    o.device_id = be_device_id;
     o.weight_dtype_ok = be_weight_dtype_ok;
     o.kv_dtype_ok = be_kv_dtype_ok;
     o.embedding = embedding;

@@ -84,6 +84,13 @@ cudaError_t cudaGetDeviceCount(int *count) {
     return dev().count > 0 ? cudaSuccess : set_last(cudaErrorNoDevice);
 }
 
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device) {
+    if (device < 0 || device >= dev().count) return set_last(cudaErrorInvalidDevice);
+    if (len < 1) return set_last(cudaErrorInvalidValue);
+    snprintf(id, (size_t)len, "cuda-emu (host memory)");
+    return cudaSuccess;
+}
+
 cudaError_t cudaSetDevice(int device) {
     if (dev().count == 0) return set_last(cudaErrorNoDevice);
     if (device < 0 || device >= dev().count) return set_last(cudaErrorInvalidDevice);

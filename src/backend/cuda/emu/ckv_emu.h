@@ -69,6 +69,9 @@ typedef ckv_emu_stream *cudaStream_t;
 
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaSetDevice(int device);
+/* The emulated GPUs live in each process's host memory: every one (of every rank) names the same
+ * pretend bus, so device communicators over them take the staged path, never NCCL. */
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device);
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t cudaMalloc(void **ptr, size_t bytes);
