@@ -14,7 +14,8 @@ Targets (reported, never asserted): prefill >= 0.55, decode >= 0.80, eviction <=
 --dry-run does everything that needs no GPU: reads the configurations, writes the prompt files,
 computes FLOPs, bytes and the memory plans, prints the commands it would run and the table with the
 rooflines of the datasheet (H200: 989 TFLOP/s bf16 dense, 4.8 TB/s) in place of measured ones.
-Writes OUT/bench.json and prints the table last.
+Both runs end with the per-kernel roofline of tools/bench/roofline.py (measured ceilings when
+measured; the dry run adds the A100's datasheet). Writes OUT/bench.json.
 """
 import argparse
 import json
@@ -24,6 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roofline  # noqa: E402  (tools/bench/roofline.py: the per-kernel model)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = [  # name, model config directory, context, press
@@ -283,6 +287,17 @@ def main():
             print("    %s" % r["error"][:150])
     if a.dry_run:
         print("(dry run: TTFT and ms/token columns show the roofline times in parentheses)")
+    # per kernel and per step (tools/bench/roofline.py): the datasheets' H200 and A100, or this run's
+    # measured ceilings in place of the H200's
+    gpu = dict(roofline.GPUS["H200"])
+    if not a.dry_run:
+        gpu.update(tc=ceilings["gemm_tflops"], hbm_gbs=ceilings["copy_gbs"], source="measured in this run")
+    gpus = [("H200", gpu)] + ([("A100", dict(roofline.GPUS["A100"]))] if a.dry_run else [])
+    roofline.print_tables([c for c in roofline.CASES if c[0] in ("8B@32K critical_adakv",)], gpus[:1], False)
+    roofline.print_summary(roofline.CASES, gpus, False)
+    result["roofline"] = roofline.summary_rows(roofline.CASES, gpus)
+    with open(os.path.join(a.out, "bench.json"), "w") as f:
+        json.dump(result, f, indent=1)
     return 0
 
 
