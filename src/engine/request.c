@@ -66,8 +66,9 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     /* the caller chose the GPU (the cli: the node-local rank's); -1 is device 0 */
     ckv_backend_params bp = {cfg->backend, cfg->threads, cfg->device};
     ckv_status st = ckv_backend_init_params(&e->be, &bp);
-    /* device buffers cross ranks through a device communicator (engine/comm_backend.h) */
-    if (st == CKV_STATUS_OK && tp && tp->size > 1 && e->be->device != CKV_DEVICE_HOST)
+    /* the model and the presses cross ranks only through a device communicator (engine/comm_backend.h),
+     * which decides how device buffers move (directly where device memory is host memory) */
+    if (st == CKV_STATUS_OK && tp && tp->size > 1)
         st = ckv_comm_init_backend(&e->tp_dev, tp, e->be, bp.device < 0 ? 0 : bp.device, 0);
     ckv_comm *mtp = e->tp_dev ? e->tp_dev : tp;
     /* auto: matrices the backend computes in their stored format stay so (GGUF blocks, F16, BF16 on

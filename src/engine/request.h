@@ -75,8 +75,9 @@ typedef struct {
     ckv_backend *be;        /* owned unless the engine wraps a model (ckv_engine_wrap) */
     ckv_model *model;
     ckv_comm *tp;           /* the tensor-parallel group (not owned; NULL: one rank) */
-    ckv_comm *tp_dev;       /* owned: the group's device communicator (NCCL, or staged when ranks share
-                             * a GPU) when the backend's memory is not the host's; the model uses it */
+    ckv_comm *tp_dev;       /* owned: the group's device communicator (host memory moved directly, NCCL,
+                             * or staged when ranks share a GPU) with more than one rank; the model and
+                             * the presses use it */
     int owns;               /* 1: ckv_engine_free frees model and backend */
     int32_t stop_ids[CKV_ENGINE_MAX_STOP_IDS]; /* model eos ids, then the tokenizer's end-of-turn ids */
     int n_stop_ids;
