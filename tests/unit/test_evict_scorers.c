@@ -23,17 +23,6 @@
 
 static uint64_t rng_state = 0x1234567887654321ull;
 
-static double rng_uniform(void) { /* [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static void fill(float *x, size_t n, double lo, double hi) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rng_uniform());
-}
-
 /* One layer's problem, whole model (tp = 1 view). */
 typedef struct {
     int L, D, d, H, Hkv;
@@ -60,12 +49,12 @@ static prob prob_make(int L, int D, int d, int H, int Hkv, float rope_scale) {
     p.inv_freq = malloc(sizeof(float) * (size_t)(d / 2));
     p.pos = malloc(sizeof(int32_t) * (size_t)L);
     p.ppool = malloc(sizeof(int32_t) * (size_t)Hkv * L);
-    fill(p.xn, (size_t)L * D, -1.5, 1.5);
-    fill(p.wq, (size_t)H * d * D, -0.6, 0.6);
-    fill(p.bq, (size_t)H * d, -0.5, 0.5);
-    fill(p.wo, (size_t)D * H * d, -0.5, 0.5);
-    fill(p.k, (size_t)Hkv * L * d, -1.5, 1.5);
-    fill(p.v, (size_t)Hkv * L * d, -1.0, 1.0);
+    ckv_test_fill(&rng_state, p.xn, (size_t)L * D, -1.5, 1.5);
+    ckv_test_fill(&rng_state, p.wq, (size_t)H * d * D, -0.6, 0.6);
+    ckv_test_fill(&rng_state, p.bq, (size_t)H * d, -0.5, 0.5);
+    ckv_test_fill(&rng_state, p.wo, (size_t)D * H * d, -0.5, 0.5);
+    ckv_test_fill(&rng_state, p.k, (size_t)Hkv * L * d, -1.5, 1.5);
+    ckv_test_fill(&rng_state, p.v, (size_t)Hkv * L * d, -1.0, 1.0);
     for (int i = 0; i < d / 2; i++) p.inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)d);
     for (int t = 0; t < L; t++) p.pos[t] = t;
     for (int g = 0; g < Hkv; g++)
