@@ -32,7 +32,7 @@ CASES = [  # name, model config directory, context, press
     ("32B@128K full", "qwen2.5-32b-instruct-128k", 130000, None),
     ("32B@128K critical_adakv", "qwen2.5-32b-instruct-128k", 130000, "critical_adakv:snapkv"),
 ]
-DATASHEET = {"gemm_tflops": 989.0, "copy_gbs": 4800.0}  # H200 SXM leads (GPU-NOTES.md section 8)
+DATASHEET = {"gemm_tflops": 989.0, "copy_gbs": 4800.0}  # H200 SXM leads (docs/gpu.md section 8)
 
 
 def load_config(name):

@@ -256,7 +256,7 @@ namespace {
 
 /* A fiber's saved context. On x86-64 (without sanitizers) a switch saves the callee-saved registers
  * on the fiber's own stack and swaps stack pointers: a few ns, against ~150 ns for glibc's
- * swapcontext, which also saves the signal mask through a system call (GPU-NOTES §9). Elsewhere
+ * swapcontext, which also saves the signal mask through a system call (docs/gpu.md §9). Elsewhere
  * ucontext. Fibers share the OS thread's floating-point environment and TLS. */
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define CKV_EMU_FAST_SWITCH 1
@@ -491,7 +491,7 @@ void __syncwarp(unsigned mask) {
     ckv_emu_warp_collective(syncwarp_fn, &dummy, mask);
 }
 
-/* GPU-NOTES §2: lanes form groups of `width`; a source outside the group or the mask gives the
+/* docs/gpu.md §2: lanes form groups of `width`; a source outside the group or the mask gives the
  * caller's own value (outside the mask the hardware value is undefined: we poison it with NaN). */
 static void shfl_fn(void *lanes[32], unsigned mask) {
     uint32_t in[32] = {};

@@ -4,7 +4,7 @@
  * GPU. A block runs as one cooperatively scheduled fiber per thread (ucontext); every collective
  * (__syncthreads, __syncwarp, shuffles, the mma wrapper) is a rendezvous: a fiber runs until it
  * reaches one and waits there until every thread the collective names has arrived, which is a legal
- * schedule of independent thread scheduling (GPU-NOTES §2). Blocks of a launch run one after the
+ * schedule of independent thread scheduling (docs/gpu.md §2). Blocks of a launch run one after the
  * other, so __shared__ variables are per-block static storage. A barrier that can never complete
  * (divergent __syncthreads, a shuffle mask naming an exited lane) is reported as a launch failure,
  * never a hang. Streams are ordered and synchronous, device memory is host memory (tracked, so
@@ -157,7 +157,7 @@ void ckv_emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaSt
     ckv_emu_run(name, grid, block, smem, s, [&]() { std::apply(kernel, params); });
 }
 
-/* ---- warp shuffles (GPU-NOTES §2): 4-byte types ----------------------------------------------- */
+/* ---- warp shuffles (docs/gpu.md §2): 4-byte types --------------------------------------------- */
 
 enum ckv_emu_shfl_kind { CKV_EMU_SHFL_IDX, CKV_EMU_SHFL_UP, CKV_EMU_SHFL_DOWN, CKV_EMU_SHFL_XOR };
 struct ckv_emu_shfl_lane {
