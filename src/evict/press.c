@@ -208,9 +208,9 @@ static ckv_status set_budget(ckv_press_config *c, const ckv_press_budget *b) {
     case CKV_BUDGET_FRACTION: return ckv_press_set_budget(c, b->value);
     case CKV_BUDGET_RATIO: return ckv_press_set_compression_ratio(c, b->value);
     case CKV_BUDGET_TOKENS:
-        if (!(b->value >= 1.0 && b->value <= 2147483647.0 && b->value == floor(b->value)))
-            return ckv_error(CKV_STATUS_ERR_ARG, "budget_tokens %g must be an integer >= 1", b->value);
-        return ckv_press_set_budget_tokens(c, (int)b->value);
+        if (!(b->value == floor(b->value) && b->value <= 2147483647.0))
+            return ckv_error(CKV_STATUS_ERR_ARG, "budget_tokens %g must be an integer", b->value);
+        return ckv_press_set_budget_tokens(c, b->value < 0 ? 0 : (int)b->value);
     }
     return ckv_error(CKV_STATUS_ERR_ARG, "budget: unknown kind %d", (int)b->kind);
 }
