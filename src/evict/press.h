@@ -26,6 +26,7 @@ typedef enum {
     CKV_SCORER_PYRAMIDKV,         /* snapkv scores, per-layer kept counts */
     CKV_SCORER_RANDOM,
     CKV_SCORER_DEFENSIVEKV,       /* defensive aggregation (FFY0/DefensiveKV); global top-k */
+    CKV_SCORER_KEYDIFF,           /* kvpress KeyDiffPress (attention-free) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 

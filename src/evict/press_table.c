@@ -61,6 +61,8 @@ const ckv_press_def ckv_press_table[] = {
     {"defensivekv", CKV_SCORER_DEFENSIVEKV, "window,kernel,pool", "window=32", 0, CKV_ALLOC_GLOBAL, 0,
      CKV_PROTECT_WINDOW, CKV_KEPT_LAYER_FRACTION, score_defensivekv,
      "defensive aggregation of the window's attention, one top-k over the layer"},
+    {"keydiff", CKV_SCORER_KEYDIFF, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM,
+     ckv_score_keydiff, "minus the cosine of each key to its head's mean normalised key (attention-free)"},
 };
 const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
 

@@ -114,5 +114,7 @@ ckv_status ckv_score_random(const ckv_score_inputs *in, const ckv_press_config *
 ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* expected_attention: kvpress ExpectedAttentionPress; entries 0 .. n_sink - 1 are left 0. */
 ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* keydiff: -cos(k, mean normalised key of the head) (kvpress KeyDiffPress); needs evict_keydiff. */
+ckv_status ckv_score_keydiff(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 
 #endif
