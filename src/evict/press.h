@@ -5,7 +5,7 @@
  * types, defaults and ranges), how they stack, what each protects and how it counts what it keeps
  * is the press registry (press_registry.h, press_table.c): adding a press adds its scorer kind
  * below, its registry entry and its scorer, nothing else. The semantics of every scorer and wrapper
- * are those of docs/presses.md. Parsing, validation and counting only; scoring is in scorer.h,
+ * are those of docs/spec-eviction.md. Parsing, validation and counting only; scoring is in scorer.h,
  * selection in select.h. Errors name the press, the option or the budget field, never a
  * command-line flag. */
 #ifndef CKV_EVICT_PRESS_H
