@@ -74,7 +74,7 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
     ckv_model *m = s->model;
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
-    if (cz->cfg->scorer == CKV_SCORER_NONE) return CKV_STATUS_OK;
+    if (!ckv_press_evicts(cz->cfg)) return CKV_STATUS_OK;
     if (s->n_past != 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "compression applies to the first prefill of a session (the context)");
     int L = n_prompt;
@@ -113,14 +113,9 @@ ckv_status ckv_compress_headkv_budgets(const ckv_press_config *pr, const ckv_mod
     *out = NULL;
     ckv_headkv_profile prof;
     CKV_TRY(ckv_headkv_load(&prof, pr->profile, mc->n_layers, mc->n_kv_heads));
-    switch (pr->scorer) { /* the tokens the base scorer protects are kept beside each head's share */
-    case CKV_SCORER_SNAPKV:
-    case CKV_SCORER_PYRAMIDKV: prof.window = pr->window; break;
-    case CKV_SCORER_TOVA: prof.window = 1; break;
-    case CKV_SCORER_STREAMING_LLM:
-    case CKV_SCORER_EXPECTED_ATTENTION: prof.window = pr->n_sink; break;
-    default: prof.window = 0; break;
-    }
+    int head = 0, tail = 0; /* the tokens the base scorer protects are kept beside each head's share */
+    ckv_press_protected(pr, &head, &tail);
+    prof.window = head + tail;
     int32_t *b = malloc(sizeof *b * (size_t)mc->n_layers * (size_t)mc->n_kv_heads);
     ckv_status st = b ? ckv_headkv_budgets(&prof, L, ckv_press_n_kept(pr, L), b)
                       : ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for headkv budgets");
