@@ -94,7 +94,7 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
             2 * w * n * d * H, n * Hkv * d * BF16 + n * H * F32, "tc", "fp32x2")
         if press.startswith("critical"):
             # ||V[t] W_O^h||_1 for every head h: the FLOPs of one more o projection over the context
-            add("evict", "value norms ||V W_O^h||_1", "to_f32 + fp32 cuBLAS + l1_rows", 2 * n * d * D * H,
+            add("evict", "value norms (L1 of V W_O^h)", "to_f32, value_rows, fp32 cuBLAS, l1_rows", 2 * n * d * D * H,
                 n * Hkv * d * BF16 + H * d * D * BF16 + n * H * F32, "tc", "fp32")
         add("evict", "pool, head mean, AdaKV top-k", "pool, head_sum, topk_counts, topk", 0,
             n * H * F32 + 6 * n * Hkv * F32, "mem", "mem")

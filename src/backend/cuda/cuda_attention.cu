@@ -53,8 +53,8 @@ __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t
     return lo;
 }
 
-/* Elements at, at + 1 of a row as a bf16x2 register (at even): a bf16 cache's pair is one 4-byte
- * load of the stored bits (bf16 -> fp32 -> bf16 is exact), an f32 cache's is rounded. */
+/* Elements at, at + 1 of a bf16 row as a bf16x2 register (at even): one 4-byte load of the stored
+ * bits (the same bits as widening to fp32 and rounding back). */
 __device__ __forceinline__ uint32_t ld_bf16x2(const ckv_bf16 *p, size_t at) {
 #if defined(CKV_CUDA_EMU)
     uint32_t v;
@@ -64,7 +64,6 @@ __device__ __forceinline__ uint32_t ld_bf16x2(const ckv_bf16 *p, size_t at) {
     return *reinterpret_cast<const uint32_t *>(p + at); /* 4-byte aligned: the rows hold an even head dim */
 #endif
 }
-__device__ __forceinline__ uint32_t ld_bf16x2(const float *p, size_t at) { return ckv_pack_bf16x2(p[at], p[at + 1]); }
 
 /* ---- prefill: flash attention on tensor cores ------------------------------------------------
  * grid (ceil(n / 64), n_heads, n_seq), block 128. Lane (g = lane >> 2, t = lane & 3) of warp w owns
