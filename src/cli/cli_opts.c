@@ -104,6 +104,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_PRESS_OPT, "press-opt", 0, CKV_OPT_KIND_STR, "press", "KEY=VALUE", "any press option (repeatable): n_sink, n_future, covariance, vnorm, beta,\nepsilon, seed, and the ones above", NULL, G | A | E | F | S, 0, 0, NULL, 1, 0},
     {CKV_OPT_QUERY_AWARE, "query-aware", 0, CKV_OPT_KIND_FLAG, "press", NULL, "compress context + question together", "the context only: one compressed cache\nanswers every question of a context", G | E | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_NO_BASELINE, "no-baseline", 0, CKV_OPT_KIND_FLAG, "press", NULL, "do not run the full cache", NULL, E, 0, 0, NULL, 0, 0},
+    {CKV_OPT_SEPARATE_PREFILL, "separate-prefill", 0, CKV_OPT_KIND_FLAG, "press", NULL, "prefill the context again for every press x budget (the same results, slower)", "one prefill per context serves every press x budget", A | E | F, 0, 0, NULL, 0, 0},
     /* output */
     {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "DIR", "results.jsonl, summary.md, summary.json, score_vs_budget.svg; a rerun with the\nsame arguments resumes (what is done is skipped)", NULL, E, 0, 0, NULL, 0, 0},
     {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "F", "one JSON line per (layer, query head)", NULL, A, 0, 0, NULL, 0, 0},
