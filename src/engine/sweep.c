@@ -129,18 +129,3 @@ fail:
     ckv_prepared_free(pc);
     return st;
 }
-
-size_t ckv_sweep_bytes_for(const ckv_model *m, int L, int reserve, int chunk, int xn_first, double kept_frac) {
-    const ckv_model_config *c = &m->cfg;
-    int cap = L + reserve;
-    size_t D = (size_t)c->hidden_size;
-    size_t full = ckv_session_bytes_for(m, cap, chunk) + (size_t)cap * D * sizeof(float); /* + its attention inputs */
-    size_t inputs = (size_t)c->n_layers * (size_t)(L - xn_first) * D * sizeof(float);
-    /* the derived session: its buffers without the full cache, then the kept rows plus room */
-    size_t row = (size_t)c->n_layers * (size_t)m->plan.n_kv_local *
-                 (2 * (size_t)c->head_dim * ckv_dtype_size(m->be->kv_dtype) + sizeof(int32_t));
-    size_t derived_act = ckv_session_bytes_for(m, cap, chunk) - row * (size_t)cap;
-    double f = kept_frac < 0 ? 0 : kept_frac > 1 ? 1 : kept_frac;
-    size_t derived_kv = row * (size_t)((double)L * f + reserve);
-    return full + inputs + derived_act + derived_kv;
-}

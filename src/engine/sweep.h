@@ -48,8 +48,4 @@ void ckv_sweep_free(ckv_sweep *sw); /* accepts zeroed and partial objects */
 ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int dump_kept, FILE *dump_file,
                             ckv_prepared *pc, ckv_prepared **use);
 
-/* Device bytes of a sweep over a context of L tokens with `reserve` more: the full session, the kept
- * attention inputs (rows xn_first ..) and one derived session keeping kept_frac of the context. */
-size_t ckv_sweep_bytes_for(const ckv_model *m, int L, int reserve, int chunk, int xn_first, double kept_frac);
-
 #endif

@@ -151,9 +151,6 @@ static void run_model(const char *name, ckv_kv_dtype kv) {
     CHECK(use == &der && der.compressed);
     ckv_prepared_free(&der);
     ckv_sweep_free(&sw);
-    /* the memory estimate holds the full session, the inputs and one copy */
-    size_t est = ckv_sweep_bytes_for(e.model, NCTX, reserve, 64, 0, 0.3);
-    CHECK(est > ckv_session_bytes_for(e.model, NCTX + reserve, 64));
     free(lf);
     free(presses);
     ckv_engine_free(&e);
