@@ -16,7 +16,8 @@
 #define E (CKV_CMD_EVAL)
 #define F (CKV_CMD_FIDELITY)
 #define S (CKV_CMD_SERVE)
-#define ALL (G | I | T | A | E | F | S)
+#define P (CKV_CMD_PROFILE_HEADS)
+#define ALL (G | I | T | A | E | F | S | P)
 #define BIG 1e300
 #define I64 9.2233720368547748e18
 
@@ -104,6 +105,16 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_PRESS_OPT, "press-opt", 0, CKV_OPT_KIND_STR, "press", "KEY=VALUE", "any press option (repeatable): n_sink, n_future, covariance, vnorm, beta,\nepsilon, seed, and the ones above", NULL, G | A | E | F | S, 0, 0, NULL, 1, 0},
     {CKV_OPT_QUERY_AWARE, "query-aware", 0, CKV_OPT_KIND_FLAG, "press", NULL, "compress context + question together", "the context only: one compressed cache\nanswers every question of a context", G | E | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_NO_BASELINE, "no-baseline", 0, CKV_OPT_KIND_FLAG, "press", NULL, "do not run the full cache", NULL, E, 0, 0, NULL, 0, 0},
+    /* profile-heads */
+    {CKV_OPT_SAMPLES, "samples", 0, CKV_OPT_KIND_INT, "input", "N", "needle probes", "20", P, 1, 1 << 20, NULL, 0, 0},
+    {CKV_OPT_LENGTH, "length", 0, CKV_OPT_KIND_INT, "input", "T", "tokens of each probe", "2048", P, 64, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_SEED, "seed", 0, CKV_OPT_KIND_INT, "input", "S", "seed of the probes", "42", P, 0, I64, NULL, 0, 0},
+    {CKV_OPT_HAYSTACK, "haystack", 0, CKV_OPT_KIND_STR, "input", "FILE", "prose around the needles", "built in, The Devil's Dictionary (public domain)", P, 0, 0, NULL, 0, 0},
+    {CKV_OPT_TOPK, "topk", 0, CKV_OPT_KIND_INT, "input", "K", "rows of each head's attention searched for the copied needle token", "20", P, 1, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_THREADS, "threads", 't', CKV_OPT_KIND_INT, "runtime", "N", "CPU threads (capped at the cores of the machine)", "the cores", P, 1, 4096, NULL, 0, 1},
+    {CKV_OPT_CHUNK, "chunk", 0, CKV_OPT_KIND_INT, "runtime", "N", "prefill chunk length in tokens", "512", P, 1, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "F", "the head-importance profile (JSON) of the headkv presses", NULL, P, 0, 0, NULL, 0, 0},
+    {CKV_OPT_PROBES_OUT, "probes-out", 0, CKV_OPT_KIND_STR, "output", "F", "the probes as JSON lines (token ids, needle span)", NULL, P, 0, 0, NULL, 0, 0},
     {CKV_OPT_SEPARATE_PREFILL, "separate-prefill", 0, CKV_OPT_KIND_FLAG, "press", NULL, "prefill the context again for every press x budget (the same results, slower)", "one prefill per context serves every press x budget", E | F, 0, 0, NULL, 0, 0},
     /* output */
     {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "DIR", "results.jsonl, summary.md, summary.json, score_vs_budget.svg; a rerun with the\nsame arguments resumes (what is done is skipped)", NULL, E, 0, 0, NULL, 0, 0},
