@@ -90,16 +90,12 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
         pc->cz.headkv_budgets = pc->headkv;
     }
     CKV_TRY_GOTO(st, ckv_session_init_kv(&pc->sess, m, src->capacity, src->chunk, CKV_SESSION_DERIVED, src->kv.dtype), fail);
-    /* the selection runs on the full session before its context counts as cached, as during a prefill */
-    int past = src->n_past;
-    src->n_past = 0;
     size_t D = (size_t)c->hidden_size, rows = (size_t)(L - sw->xn_first);
     for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) {
         if (rows) st = m->be->ops->copy(m->be, src->xn + (size_t)sw->xn_first * D, sw->xn + (size_t)l * rows * D,
                                         rows * D * sizeof(float));
         if (st == CKV_STATUS_OK) st = ckv_compress_layer_from(&pc->cz, &pc->sess, src, l, L);
     }
-    src->n_past = past;
     CKV_TRY_GOTO(st, st, fail);
     CKV_TRY_GOTO(st, m->be->ops->sync(m->be), fail);
     pc->sess.n_past = L;

@@ -130,14 +130,13 @@ typedef struct {
     float *v;        // [N, d] host values (read with the keys; unused)
     int32_t *pos;    // [N]
     double *w;       // [N] attention weights of one (query, head)
-    int *order;      // [N] rows by weight
+    struct ranked { double w; int row; } *order; // [N] rows by weight
 } probe_ctx;
 
-static const double *sort_w;
 static int by_weight(const void *a, const void *b) { /* descending weight, then ascending row */
-    int i = *(const int *)a, j = *(const int *)b;
-    if (sort_w[i] != sort_w[j]) return sort_w[i] > sort_w[j] ? -1 : 1;
-    return i - j;
+    const struct ranked *x = a, *y = b;
+    if (x->w != y->w) return x->w > y->w ? -1 : 1;
+    return x->row - y->row;
 }
 
 /* The layer hook: the answer rows' queries against every key of the layer. */
@@ -168,13 +167,12 @@ static ckv_status probe_layer(void *ctx, ckv_session *s, int layer, int N) {
                 if (c->w[i] > mx) mx = c->w[i];
             }
             for (int i = 0; i < n_rows; i++) z += (c->w[i] = exp(c->w[i] - mx));
-            for (int i = 0; i < n_rows; i++) c->w[i] /= z, c->order[i] = i;
+            for (int i = 0; i < n_rows; i++) c->w[i] /= z, c->order[i].w = c->w[i], c->order[i].row = i;
             int k = c->topk < n_rows ? c->topk : n_rows;
-            sort_w = c->w;
             qsort(c->order, (size_t)n_rows, sizeof *c->order, by_weight);
             double add = 0;
             for (int r = 0; r < k; r++) {
-                int i = c->order[r];
+                int i = c->order[r].row;
                 if (i >= c->p->needle_lo && i < c->p->needle_hi && c->p->ids[i] == target) add += c->w[i];
             }
             c->scores[(size_t)layer * H + h] += add / A;
@@ -198,7 +196,7 @@ ckv_status ckv_headscore_probe_run(ckv_engine *e, const ckv_headscore_probe *p, 
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&c.v, sizeof(float) * (size_t)N * d, "probe values");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&c.pos, sizeof(int32_t) * (size_t)N, "probe positions (host)");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&c.w, sizeof(double) * (size_t)N, "probe weights");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&c.order, sizeof(int) * (size_t)N, "probe order");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&c.order, sizeof *c.order * (size_t)N, "probe order");
     if (st == CKV_STATUS_OK) {
         int32_t *pos = malloc(sizeof *pos * (size_t)A);
         if (!pos) st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");

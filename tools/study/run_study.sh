@@ -9,13 +9,15 @@
 #   3. per-head, budget-wise (0.025 .. 0.4) and layer-wise perturbation (ckv analyze) of snapkv vs
 #      critical:snapkv and adakv:snapkv vs critical_adakv:snapkv on RULER prompts.
 #   4. the same RULER sweep on SmolLM2-135M for contrast, then the plots (tools/plot_study.py).
+#   0. first, each model's HeadKV profile (ckv profile-heads) for headkv:snapkv and critical_headkv:snapkv.
 # The eval steps resume (a killed run continues where it was); the others rerun.
 #
 # usage: run_study.sh [--scale K] [--tiny] [--out DIR] [--ckv BIN] [--model GGUF] [--contrast GGUF]
 #                     [--profile HEADKV_PROFILE.json] [--threads N]
 #   --scale K   K times the samples (default 1: sized for about two hours on 2 idle cores, see
 #               docs/results.md); --tiny: a short run of every step (2 tasks, 1024 tokens) that
-#               proves the pipeline end to end; --profile adds headkv:snapkv and critical_headkv:snapkv.
+#               proves the pipeline end to end; --profile F uses F for the headkv presses instead of
+#               the profile step 0 computes.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ckv=$root/build/ckv
@@ -43,20 +45,28 @@ for f in "$ckv" "$model"; do [ -e "$f" ] || { echo "run_study.sh: $f does not ex
 # sizes: samples per task (context-only, query-aware, contrast model), analyzed prompts
 if [ $tiny = 1 ]; then
   tasks=niah_single_1,fwe; length=1024; s_ctx=1; s_qa=1; s_smol=1; n_analyze=1; fid_ctx=384; fid_cont=64
-  budgets=0.5,0.125; an_budgets=0.1,0.4
+  budgets=0.5,0.125; an_budgets=0.1,0.4; n_probes=2; probe_len=1024
 else
   tasks=all; length=4096; s_ctx=$((2 * scale)); s_qa=$((1 * scale)); s_smol=$((1 * scale)); n_analyze=$((2 * scale))
   fid_ctx=4096; fid_cont=256; budgets=0.75,0.5,0.25,0.125; an_budgets=0.025,0.05,0.1,0.2,0.4
+  n_probes=$((10 * scale)); probe_len=4096
 fi
 presses=knorm,streaming_llm,tova,snapkv,pyramidkv,adakv:expected_attention,observed_attention,adakv:snapkv
 presses=$presses,critical:snapkv,critical_adakv:snapkv,defensivekv,random
-[ -n "$profile" ] && presses=$presses,headkv:snapkv,critical_headkv:snapkv
+presses=$presses,headkv:snapkv,critical_headkv:snapkv
 qa_presses=snapkv,pyramidkv,adakv:snapkv,critical:snapkv,critical_adakv:snapkv
 th=(); [ "$threads" -gt 0 ] && th=(--threads "$threads")
-prof=(); [ -n "$profile" ] && prof=(--profile "$profile")
 mkdir -p "$out"
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 start=$(date +%s)
+
+if [ -z "$profile" ]; then
+  log "0. HeadKV profile of $(basename "$model"): $n_probes needle probes of $probe_len tokens"
+  profile=$out/headkv_profile.json
+  [ -s "$profile" ] || "$ckv" profile-heads --model "$model" --samples "$n_probes" --length "$probe_len" "${th[@]}" \
+    --out "$profile" --probes-out "$out/headkv_probes.jsonl" 2>"$out/headkv_profile.log"
+fi
+prof=(--profile "$profile")
 
 log "1. RULER $length, $tasks, $s_ctx sample(s) per task, context-only: $presses x $budgets"
 "$ckv" eval --model "$model" --task "$tasks" --length "$length" --samples "$s_ctx" --press "$presses" \
@@ -97,8 +107,11 @@ done
 
 if [ -e "$contrast" ]; then
   log "4. contrast: the same RULER sweep on $(basename "$contrast"), $s_smol sample(s) per task"
+  cprofile=$out/headkv_profile_contrast.json
+  [ -s "$cprofile" ] || "$ckv" profile-heads --model "$contrast" --samples "$n_probes" --length "$probe_len" "${th[@]}" \
+    --out "$cprofile" 2>"$out/headkv_profile_contrast.log"
   "$ckv" eval --model "$contrast" --task "$tasks" --length "$length" --samples "$s_smol" --press "$presses" \
-    --budget "$budgets" "${prof[@]}" "${th[@]}" --progress lines --out "$out/ruler_contrast" >"$out/ruler_contrast.txt"
+    --budget "$budgets" --profile "$cprofile" "${th[@]}" --progress lines --out "$out/ruler_contrast" >"$out/ruler_contrast.txt"
 fi
 
 log "plots"
