@@ -12,7 +12,8 @@ int ckv_sweep_xn_first(const ckv_press_config *p, int L) {
     case CKV_SCORER_NONE:
     case CKV_SCORER_KNORM:
     case CKV_SCORER_STREAMING_LLM:
-    case CKV_SCORER_RANDOM: first = L; break;
+    case CKV_SCORER_RANDOM:
+    case CKV_SCORER_KEYDIFF: first = L; break;
     case CKV_SCORER_SNAPKV:
     case CKV_SCORER_PYRAMIDKV:
     case CKV_SCORER_DEFENSIVEKV: first = L - p->window; break;
@@ -63,7 +64,7 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
     memset(pc, 0, sizeof *pc);
     *use = NULL;
     const int L = sw->L;
-    if (press && press->scorer == CKV_SCORER_NONE) press = NULL;
+    if (press && !ckv_press_evicts(press)) press = NULL;
     const char *why = press ? ckv_compress_skip_reason(press, L) : NULL;
     if (!press || why) { /* the full cache, as a separate run leaves it */
         sw->full.uncompressed_reason = why;
@@ -81,6 +82,7 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
     double t0 = ckv_time_now();
     pc->engine = e;
     pc->compressed = 1;
+    pc->press_spec = press->spec;
     pc->cz.cfg = press;
     pc->cz.dump = dump_kept;
     pc->cz.dump_kept = dump_file;
@@ -103,6 +105,7 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
     CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);
     memcpy(pc->logits, sw->full.logits, sizeof(float) * (size_t)c->vocab_size);
     CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);
+    pc->ready = 1;
     pc->prepare_seconds = ckv_time_now() - t0;
     ckv_request_stats *s = &pc->stats;
     s->context_tokens = L;

@@ -31,7 +31,8 @@ typedef struct {
 
 /* The first context row of the attention input that press p's scorer reads for a context of L tokens
  * (L when it reads none): windowed scorers read the last `window` rows, tova the last, knorm,
- * streaming_llm and random none, observed and expected attention all. */
+ * streaming_llm, random and keydiff none, observed and expected attention (and any scorer not
+ * listed) all. */
 int ckv_sweep_xn_first(const ckv_press_config *p, int L);
 
 /* Prefills ids[n] once with the full cache in a session of n + reserve tokens, keeping the attention
