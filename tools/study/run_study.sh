@@ -88,7 +88,7 @@ essay, k, n = open(sys.argv[1], encoding="utf-8").read(), int(sys.argv[2]), int(
 rng = random.Random(k)
 words = essay.split()
 start = rng.randrange(0, len(words) - n)
-hay = words[start:start + int(n * 0.7)]  # about 0.75 words per token: the prompt stays under n tokens
+hay = words[start:start + int(n * 0.65)]  # about 0.7 words per token: the prompt stays near n tokens
 key, value = rng.choice(["harbor", "lantern", "orchid", "falcon"]), rng.randrange(1000000, 9999999)
 at = rng.randrange(len(hay))
 hay[at:at] = f"One of the special magic numbers for {key} is: {value}.".split()
