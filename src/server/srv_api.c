@@ -340,6 +340,31 @@ done:
 
 /* ---- press ------------------------------------------------------------------------------------------ */
 
+/* The press library's message with its command-line flag names as the request's field names. */
+static void press_error(ckv_srv_error *err, const char *field) {
+    static const char *const flags[][2] = {{"--press", "'press'"}, {"--budget-tokens", "'budget'"}, {"--budget", "'budget'"},
+                                           {"--compression-ratio", "'compression_ratio'"}, {"--profile", "'press' profile"},
+                                           {"--window", "'press' window"}};
+    const char *m = ckv_error_message();
+    char out[sizeof err->message];
+    size_t o = 0;
+    while (*m && o + 1 < sizeof out) {
+        int hit = -1;
+        for (int i = 0; i < 6 && hit < 0; i++)
+            if (!strncmp(m, flags[i][0], strlen(flags[i][0]))) hit = i;
+        if (hit < 0) {
+            out[o++] = *m++;
+            continue;
+        }
+        o += (size_t)snprintf(out + o, sizeof out - o, "%s", flags[hit][1]);
+        if (o >= sizeof out) o = sizeof out - 1;
+        m += strlen(flags[hit][0]);
+    }
+    out[o] = '\0';
+    ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "%s", out);
+    ckv_error_clear();
+}
+
 static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
     const char *spec = NULL;
     double budget = -1, cr = -1;
@@ -354,11 +379,11 @@ static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ck
     const ckv_press_config *def = a->cfg->default_press;
     if (spec) {
         if (ckv_press_parse(&j->press, spec) != CKV_STATUS_OK) {
-            ckv_srv_error_set(err, 400, INVALID, "press", "invalid_value", "%s", ckv_error_message());
-            ckv_error_clear();
+            press_error(err, "press");
             return -1;
         }
-        if (def && def->scorer != CKV_SCORER_NONE && budget < 0 && cr < 0) { /* the server's budget */
+        /* the server's budget for a press named without one ("none" needs none) */
+        if (def && def->scorer != CKV_SCORER_NONE && j->press.scorer != CKV_SCORER_NONE && budget < 0 && cr < 0) {
             j->press.compression_ratio = def->compression_ratio;
             j->press.budget_tokens = def->budget_tokens;
             j->press.budget_given_as_b = def->budget_given_as_b;
@@ -372,8 +397,7 @@ static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ck
     if (budget >= 0) st = ckv_press_set_budget(&j->press, budget);
     else if (cr >= 0) st = ckv_press_set_compression_ratio(&j->press, cr);
     if (st != CKV_STATUS_OK) {
-        ckv_srv_error_set(err, 400, INVALID, budget >= 0 ? "budget" : "compression_ratio", "invalid_value", "%s", ckv_error_message());
-        ckv_error_clear();
+        press_error(err, budget >= 0 ? "budget" : "compression_ratio");
         return -1;
     }
     if (qa >= 0) j->press.query_aware = qa;
@@ -384,8 +408,7 @@ static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ck
         return -1;
     }
     if (ckv_press_finalize(&j->press) != CKV_STATUS_OK) {
-        ckv_srv_error_set(err, 400, INVALID, "press", "invalid_value", "%s", ckv_error_message());
-        ckv_error_clear();
+        press_error(err, "press");
         return -1;
     }
     return 0;
@@ -430,6 +453,177 @@ static int stop_field(const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
     return 0;
 }
 
+/* ---- sampling fields ------------------------------------------------------------------------------- */
+
+/* The request fields each endpoint knows (everything else is refused, as OpenAI does). */
+static const char *const common_fields[] = {
+    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stream", "stream_options",
+    "ignore_eos", "logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty", "user",
+    "context", "press", "budget", "compression_ratio", "query_aware", NULL};
+static const char *const completion_fields[] = {"prompt", "echo", "best_of", "suffix", NULL};
+static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+                                          "tool_choice", "parallel_tool_calls", "functions", "function_call", NULL};
+
+static int in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return 1;
+    return 0;
+}
+
+static int known_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const char *k = it->string ? it->string : "";
+        if (in_list(common_fields, k) || in_list(kind == CKV_SRV_CHAT ? chat_fields : completion_fields, k)) continue;
+        ckv_srv_error_set(err, 400, INVALID, k, "unknown_field", "unrecognized request argument '%.60s' (%s)", k,
+                          kind == CKV_SRV_CHAT ? "/v1/chat/completions" : "/v1/completions");
+        return -1;
+    }
+    return 0;
+}
+
+/* "logit_bias": {"token id": bias in [-100, 100], ...} (OpenAI). */
+static int logit_bias_field(const ckv_srv_api *a, const cJSON *o, ckv_logits_config *lc, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsObject(v)) return bad_type(err, "logit_bias", "an object mapping token ids to numbers");
+    int V = a->engine->model->cfg.vocab_size;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        char *end = NULL;
+        long id = strtol(it->string, &end, 10);
+        if (!it->string[0] || *end || id < 0 || id >= V) {
+            ckv_srv_error_set(err, 400, INVALID, "logit_bias", "invalid_value", "'logit_bias': '%.40s' is not a token id in [0, %d)",
+                              it->string, V);
+            return -1;
+        }
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 || it->valuedouble > 100) {
+            ckv_srv_error_set(err, 400, INVALID, "logit_bias", "invalid_value", "'logit_bias'[%ld] must be a number in [-100, 100]", id);
+            return -1;
+        }
+        if (lc->n_bias >= CKV_LOGITS_MAX_BIAS) {
+            ckv_srv_error_set(err, 400, INVALID, "logit_bias", "invalid_value", "'logit_bias' has more than %d entries",
+                              CKV_LOGITS_MAX_BIAS);
+            return -1;
+        }
+        lc->bias_ids[lc->n_bias] = (int32_t)id;
+        lc->bias[lc->n_bias++] = (float)it->valuedouble;
+    }
+    return 0;
+}
+
+/* Penalties, logit_bias and the fields refused because they would otherwise do nothing. */
+static int sampling_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind, long long n, ckv_srv_job *j,
+                           ckv_srv_error *err) {
+    double fp = 0, pp = 0, rp = 1, min_p = 0;
+    long long best_of = n;
+    const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(o, "suffix");
+    if (get_number(o, "frequency_penalty", -2, 2, &fp, err) || get_number(o, "presence_penalty", -2, 2, &pp, err) ||
+        get_number(o, "repetition_penalty", 1e-6, 1e6, &rp, err) || get_number(o, "min_p", 0, 1, &min_p, err) ||
+        (kind == CKV_SRV_COMPLETION && get_int(o, "best_of", 1, CKV_SRV_MAX_CHOICES, &best_of, err)) ||
+        logit_bias_field(a, o, &j->logits, err))
+        return -1;
+    if (best_of != n) {
+        ckv_srv_error_set(err, 400, INVALID, "best_of", "unsupported",
+                          "'best_of' other than 'n' is not supported (ask for n choices and rank them by their logprobs)");
+        return -1;
+    }
+    if (suffix && !cJSON_IsNull(suffix) && !(cJSON_IsString(suffix) && !suffix->valuestring[0])) {
+        ckv_srv_error_set(err, 400, INVALID, "suffix", "unsupported", "'suffix' needs an infill template, which this model does not have");
+        return -1;
+    }
+    j->logits.frequency_penalty = (float)fp;
+    j->logits.presence_penalty = (float)pp;
+    j->logits.repetition_penalty = (float)rp;
+    j->sampling.min_p = (float)min_p;
+    return 0;
+}
+
+/* The fields the constrained decoder and tool calls would honour: refused until they do. */
+static int unsupported_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err) {
+    if (kind != CKV_SRV_CHAT) return 0;
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(ty)) return bad_type(err, "response_format", "an object with a 'type'");
+        if (strcmp(ty->valuestring, "text") != 0) {
+            int known = !strcmp(ty->valuestring, "json_object") || !strcmp(ty->valuestring, "json_schema");
+            ckv_srv_error_set(err, 400, INVALID, "response_format.type", known ? "unsupported" : "invalid_value",
+                              known ? "'response_format' '%s' is not supported by this server" : "'response_format.type' is '%.40s', expected 'text'",
+                              ty->valuestring);
+            return -1;
+        }
+    }
+    static const char *const tool_fields[] = {"tools", "functions", "tool_choice", "function_call", "parallel_tool_calls"};
+    for (int i = 0; i < 5; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, tool_fields[i]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (i == 2 && cJSON_IsString(v) && !strcmp(v->valuestring, "none")) continue; /* no tools: honoured */
+        if ((i == 0 || i == 1) && cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0) continue;
+        ckv_srv_error_set(err, 400, INVALID, tool_fields[i], "unsupported", "'%s': tool calls are not supported by this server",
+                          tool_fields[i]);
+        return -1;
+    }
+    return 0;
+}
+
+/* logprobs (completions: an integer, the legacy API's count of alternatives; chat: a boolean with
+ * "top_logprobs") and echo. */
+static int logprob_fields(const cJSON *o, ckv_srv_kind kind, int *want, int *top, int *echo, ckv_srv_error *err) {
+    *want = 0;
+    *top = 0;
+    *echo = 0;
+    if (kind == CKV_SRV_COMPLETION) {
+        long long k = -1;
+        if (get_int(o, "logprobs", 0, CKV_LOGPROBS_MAX_TOP, &k, err) || get_bool(o, "echo", echo, err)) return -1;
+        *want = k >= 0;
+        *top = k > 0 ? (int)k : 0;
+        return 0;
+    }
+    long long k = -1;
+    if (get_bool(o, "logprobs", want, err) || get_int(o, "top_logprobs", 0, CKV_LOGPROBS_MAX_TOP, &k, err)) return -1;
+    if (k >= 0 && !*want) {
+        ckv_srv_error_set(err, 400, INVALID, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true");
+        return -1;
+    }
+    *top = k > 0 ? (int)k : 0;
+    return 0;
+}
+
+/* Echo: the echoed ids (the "prompt" part) and, with logprobs, a question holding them so that each
+ * gets its row of logits: without "context" the prompt's first token becomes the context and the rest
+ * the question (scored with the full cache, as a prefill sees it; nothing is compressed). */
+static int echo_setup(const ckv_srv_api *a, ckv_srv_job *j, int with_logprobs, ckv_srv_error *err) {
+    int whole = j->n_q == 0; /* the prompt is the context */
+    j->n_echo = whole ? j->n_ctx : j->n_q;
+    j->echo_ids = malloc(sizeof(int32_t) * (size_t)(j->n_echo > 0 ? j->n_echo : 1));
+    if (!j->echo_ids) {
+        ckv_srv_error_set(err, 500, "server_error", "echo", NULL, "out of memory");
+        return -1;
+    }
+    memcpy(j->echo_ids, whole ? j->ctx_ids : j->q_ids, sizeof(int32_t) * (size_t)j->n_echo);
+    if (ckv_tokenizer_decode(a->tok, j->echo_ids, (size_t)j->n_echo, 0, &j->echo_text, &j->echo_len) != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, "prompt", "invalid_value", "'prompt': %s", ckv_error_message());
+        ckv_error_clear();
+        return -1;
+    }
+    if (!with_logprobs) return 0;
+    j->echo_scored = 1;
+    if (whole && j->n_ctx > 1) {
+        int32_t *q = malloc(sizeof(int32_t) * (size_t)(j->n_ctx - 1));
+        if (!q) {
+            ckv_srv_error_set(err, 500, "server_error", "echo", NULL, "out of memory");
+            return -1;
+        }
+        memcpy(q, j->ctx_ids + 1, sizeof(int32_t) * (size_t)(j->n_ctx - 1));
+        free(j->q_ids);
+        j->q_ids = q;
+        j->n_q = j->n_ctx - 1;
+        j->n_ctx = 1;
+    }
+    return 0;
+}
+
 /* ---- requests --------------------------------------------------------------------------------------- */
 
 static unsigned long long next_id(void) {
@@ -448,33 +642,36 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
         return -1;
     }
     const ckv_server_config *cfg = a->cfg;
-    long long max_tokens = kind == CKV_SRV_COMPLETION ? 16 : cfg->default_max_tokens, n = 1, seed = -1, top_k = 0;
+    long long max_tokens = -1, n = 1, seed = -1, top_k = 0;
     double temperature = 1.0, top_p = 1.0;
-    int stream = 0, include_usage = 0, ignore_eos = 0, logprobs = 0, echo = 0;
+    int stream = 0, include_usage = 0, ignore_eos = 0, logprobs = 0, top_logprobs = 0, echo = 0;
     const char *model = NULL;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
-    int bad = get_string(o, "model", &model, err) || get_int(o, "max_tokens", 0, cfg->max_tokens_limit, &max_tokens, err) ||
+    int bad = known_fields(o, kind, err) || get_string(o, "model", &model, err) ||
+              get_int(o, "max_tokens", 0, cfg->max_tokens_limit, &max_tokens, err) ||
               (kind == CKV_SRV_CHAT && get_int(o, "max_completion_tokens", 0, cfg->max_tokens_limit, &max_tokens, err)) ||
               get_number(o, "temperature", 0, 2, &temperature, err) || get_number(o, "top_p", 1e-9, 1, &top_p, err) ||
               get_int(o, "top_k", 0, 1e9, &top_k, err) || get_int(o, "n", 1, CKV_SRV_MAX_CHOICES, &n, err) ||
               get_int(o, "seed", -9.2e18, 9.2e18, &seed, err) || get_bool(o, "stream", &stream, err) ||
-              get_bool(o, "ignore_eos", &ignore_eos, err) || (kind == CKV_SRV_COMPLETION && get_bool(o, "echo", &echo, err));
+              get_bool(o, "ignore_eos", &ignore_eos, err) || logprob_fields(o, kind, &logprobs, &top_logprobs, &echo, err) ||
+              unsupported_fields(o, kind, err);
     if (!bad && so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so)) bad = bad_type(err, "stream_options", "an object");
         else bad = get_bool(so, "include_usage", &include_usage, err);
-    }
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
-    if (!bad && lp && !cJSON_IsNull(lp) && !(cJSON_IsBool(lp) && cJSON_IsFalse(lp))) logprobs = 1;
-    if (!bad && (logprobs || echo)) {
-        ckv_srv_error_set(err, 400, INVALID, logprobs ? "logprobs" : "echo", "unsupported", "'%s' is not supported",
-                          logprobs ? "logprobs" : "echo");
-        bad = 1;
     }
     if (!bad && model && cfg->model_name && strcmp(model, cfg->model_name) != 0) {
         ckv_srv_error_set(err, 404, INVALID, "model", "model_not_found", "the model '%s' does not exist (this server serves '%s')",
                           model, cfg->model_name);
         bad = 1;
     }
+    int W = a->engine->model->cfg.max_context;
+    /* the job is sized before the prompt is known: the longest answer that can fit (a request naming no
+     * max_tokens gets the rest of the window, at most --default-max-tokens when set, and at most
+     * --max-tokens-limit) */
+    long long cap = cfg->max_tokens_limit < W ? cfg->max_tokens_limit : W;
+    if (max_tokens < 0 && cfg->default_max_tokens > 0 && cfg->default_max_tokens < cap) cap = cfg->default_max_tokens;
+    int default_max = max_tokens < 0;
+    if (default_max) max_tokens = cap;
     ckv_srv_job *j = NULL;
     if (!bad && ckv_srv_job_create(&j, (int)max_tokens, (int)n, a->piece_cap) != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 500, "server_error", "", NULL, "%s", ckv_error_message());
@@ -483,7 +680,7 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
     }
     if (!bad) {
         j->kind = kind;
-        bad = press_fields(a, o, j, err) || stop_field(o, j, err) ||
+        bad = press_fields(a, o, j, err) || stop_field(o, j, err) || sampling_fields(a, o, kind, n, j, err) ||
               (kind == CKV_SRV_COMPLETION ? completion_prompt(a, o, j, err) : chat_prompt(a, o, j, err));
     }
     if (!bad && j->n_ctx < 1) {
@@ -496,11 +693,24 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
         j->q_ids = NULL;
         j->n_q = 0;
     }
-    int W = a->engine->model->cfg.max_context;
+    if (!bad && default_max && (long)j->n_ctx + j->n_q + max_tokens > W) { /* the rest of the window */
+        max_tokens = W - (long)(j->n_ctx + j->n_q);
+        if (max_tokens < 0) max_tokens = 0;
+        j->max_tokens = (int)max_tokens;
+    }
     if (!bad && (long)j->n_ctx + j->n_q + max_tokens > W) {
         ckv_srv_error_set(err, 400, INVALID, "max_tokens", "context_length_exceeded",
                           "the prompt (%d tokens) + max_tokens (%lld) exceed the context window of %d tokens", j->n_ctx + j->n_q,
                           max_tokens, W);
+        bad = 1;
+    }
+    if (!bad && echo) {
+        j->echo = 1;
+        bad = echo_setup(a, j, logprobs, err);
+    }
+    if (!bad && logprobs && ckv_srv_job_alloc_logprobs(j, top_logprobs) != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 500, "server_error", "logprobs", NULL, "%s", ckv_error_message());
+        ckv_error_clear();
         bad = 1;
     }
     cJSON_Delete(o);
@@ -524,138 +734,6 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
              next_id());
     *out = j;
     return 0;
-}
-
-/* ---- responses --------------------------------------------------------------------------------------- */
-
-static char *print_delete(cJSON *o) {
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    return s;
-}
-
-char *ckv_srv_api_error_json(const ckv_srv_error *e) {
-    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(er, "message", e->message);
-    cJSON_AddStringToObject(er, "type", e->type ? e->type : INVALID);
-    if (e->param[0]) cJSON_AddStringToObject(er, "param", e->param);
-    else cJSON_AddNullToObject(er, "param");
-    if (e->code) cJSON_AddStringToObject(er, "code", e->code);
-    else cJSON_AddNullToObject(er, "code");
-    return print_delete(o);
-}
-
-static const char *finish_name(ckv_finish_reason r) {
-    switch (r) {
-    case CKV_FINISH_LENGTH: return "length";
-    case CKV_FINISH_STOP:
-    case CKV_FINISH_EOS: return "stop";
-    case CKV_FINISH_CANCELLED: return "cancelled";
-    default: return NULL;
-    }
-}
-
-static cJSON *head(const ckv_srv_api *a, const ckv_srv_job *j, const char *object) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", j->id);
-    cJSON_AddStringToObject(o, "object", object);
-    cJSON_AddNumberToObject(o, "created", (double)j->created);
-    cJSON_AddStringToObject(o, "model", a->cfg->model_name ? a->cfg->model_name : "ckv");
-    return o;
-}
-
-static void add_usage(cJSON *o, const ckv_srv_job *j) {
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->prompt_tokens + j->completion_tokens));
-    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", (double)j->reused_tokens);
-    cJSON_AddNumberToObject(u, "reused_tokens", (double)j->reused_tokens);
-    cJSON_AddNumberToObject(u, "context_tokens", (double)j->n_ctx);
-    cJSON_AddNumberToObject(u, "kv_entries_kept", (double)j->kept_entries);
-    cJSON_AddNumberToObject(u, "kv_entries_total", (double)j->total_entries);
-    cJSON_AddNumberToObject(u, "kv_bytes_kept", (double)j->kv_bytes_kept);
-    cJSON_AddNumberToObject(u, "kv_bytes_full", (double)j->kv_bytes_full);
-    cJSON_AddStringToObject(u, "press", j->press.scorer == CKV_SCORER_NONE ? "none" : j->press.spec);
-    cJSON_AddBoolToObject(u, "compressed", j->compressed);
-    if (j->uncompressed_reason) cJSON_AddStringToObject(u, "uncompressed_reason", j->uncompressed_reason);
-    cJSON_AddBoolToObject(u, "cache_hit", j->cache_hit);
-}
-
-char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *j) {
-    int chat = j->kind == CKV_SRV_CHAT;
-    cJSON *o = head(a, j, chat ? "chat.completion" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    pthread_mutex_lock(&j->mu);
-    for (int c = 0; c < j->n_choices; c++) {
-        const ckv_srv_choice *ch = &j->choices[c];
-        cJSON *it = cJSON_CreateObject();
-        cJSON_AddNumberToObject(it, "index", c);
-        if (chat) {
-            cJSON *msg = cJSON_AddObjectToObject(it, "message");
-            cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", ch->text ? ch->text : "");
-        } else {
-            cJSON_AddStringToObject(it, "text", ch->text ? ch->text : "");
-        }
-        cJSON_AddNullToObject(it, "logprobs");
-        const char *fin = finish_name(ch->finish);
-        if (fin) cJSON_AddStringToObject(it, "finish_reason", fin);
-        else cJSON_AddNullToObject(it, "finish_reason");
-        cJSON_AddItemToArray(choices, it);
-    }
-    add_usage(o, j);
-    pthread_mutex_unlock(&j->mu);
-    return print_delete(o);
-}
-
-char *ckv_srv_api_chunk(const ckv_srv_api *a, const ckv_srv_job *j, int c, const char *delta, size_t n, int role,
-                        ckv_finish_reason finish) {
-    int chat = j->kind == CKV_SRV_CHAT;
-    cJSON *o = head(a, j, chat ? "chat.completion.chunk" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *it = cJSON_CreateObject();
-    cJSON_AddNumberToObject(it, "index", c);
-    char *text = strndup(delta ? delta : "", delta ? n : 0);
-    if (chat) {
-        cJSON *d = cJSON_AddObjectToObject(it, "delta");
-        if (role) cJSON_AddStringToObject(d, "role", "assistant");
-        if (n > 0 || !finish) cJSON_AddStringToObject(d, "content", text ? text : "");
-    } else {
-        cJSON_AddStringToObject(it, "text", text ? text : "");
-    }
-    free(text);
-    cJSON_AddNullToObject(it, "logprobs");
-    const char *fin = finish_name(finish);
-    if (fin) cJSON_AddStringToObject(it, "finish_reason", fin);
-    else cJSON_AddNullToObject(it, "finish_reason");
-    cJSON_AddItemToArray(choices, it);
-    if (j->include_usage) cJSON_AddNullToObject(o, "usage");
-    return print_delete(o);
-}
-
-char *ckv_srv_api_usage_chunk(const ckv_srv_api *a, ckv_srv_job *j) {
-    cJSON *o = head(a, j, j->kind == CKV_SRV_CHAT ? "chat.completion.chunk" : "text_completion");
-    cJSON_AddArrayToObject(o, "choices");
-    pthread_mutex_lock(&j->mu);
-    add_usage(o, j);
-    pthread_mutex_unlock(&j->mu);
-    return print_delete(o);
-}
-
-char *ckv_srv_api_models(const ckv_srv_api *a) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(o, "data");
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", a->cfg->model_name ? a->cfg->model_name : "ckv");
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", 0);
-    cJSON_AddStringToObject(m, "owned_by", "ckv");
-    cJSON_AddNumberToObject(m, "max_model_len", a->engine->model->cfg.max_context);
-    cJSON_AddItemToArray(data, m);
-    return print_delete(o);
 }
 
 static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {
@@ -694,7 +772,7 @@ char *ckv_srv_api_tokenize(const ckv_srv_api *a, const char *body, size_t len, c
     cJSON_AddNumberToObject(res, "count", n);
     cJSON_AddNumberToObject(res, "max_model_len", a->engine->model->cfg.max_context);
     free(ids);
-    return print_delete(res);
+    return ckv_srv_json_print(res);
 }
 
 char *ckv_srv_api_detokenize(const ckv_srv_api *a, const char *body, size_t len, ckv_srv_error *err) {
@@ -728,5 +806,5 @@ char *ckv_srv_api_detokenize(const ckv_srv_api *a, const char *body, size_t len,
     cJSON *res = cJSON_CreateObject();
     cJSON_AddStringToObject(res, "prompt", text);
     free(text);
-    return print_delete(res);
+    return ckv_srv_json_print(res);
 }

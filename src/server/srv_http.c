@@ -38,7 +38,7 @@ void ckv_server_config_defaults(ckv_server_config *c) {
     c->max_connections = 256;
     c->max_body_bytes = 8u << 20;
     c->max_tokens_limit = 4096;
-    c->default_max_tokens = 16;
+    c->default_max_tokens = 0; /* the rest of the window, at most max_tokens_limit */
     c->cache_bytes = 256u << 20;
     c->grace_seconds = 30;
     c->interleave_seconds = 0.05;

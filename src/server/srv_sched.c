@@ -4,6 +4,7 @@
 #include "server/srv_sched.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -21,6 +22,7 @@ struct ckv_srv_slot {
     int choice;             /* the choice being generated */
     ckv_sampler sampler;
     int sampler_ready;
+    ckv_logits lp;          /* the request's logit bias and penalties */
     ckv_detok_stream ds;
     char *piece;            /* [piece_cap] one token's text */
     int32_t next;           /* the token the next decode step feeds */
@@ -78,6 +80,7 @@ void ckv_srv_sched_free(ckv_srv_sched *s) {
     if (!s) return;
     for (int i = 0; s->slots && i < s->max_batch; i++) {
         if (s->slots[i].sampler_ready) ckv_sampler_free(&s->slots[i].sampler);
+        ckv_logits_free(&s->slots[i].lp);
         ckv_free(s->slots[i].piece);
     }
     ckv_srv_steps_free(&s->steps);
@@ -143,6 +146,7 @@ static void slot_release(ckv_srv_sched *s, ckv_srv_slot *sl) {
     ckv_srv_step_release(&s->steps, slot_index(s, sl));
     if (sl->sampler_ready) ckv_sampler_free(&sl->sampler);
     sl->sampler_ready = 0;
+    ckv_logits_free(&sl->lp);
     ckv_srv_job_release(sl->job);
     sl->job = NULL;
     sl->phase = SLOT_FREE;
@@ -226,6 +230,7 @@ static int emit_token(ckv_srv_sched *s, ckv_srv_slot *sl, int32_t tok) {
         memcpy(ch->text + ch->text_len, sl->piece, n);
         ch->text_len += n;
     }
+    if (ch->tok_end) ch->tok_end[ch->n_ids - 1] = (uint32_t)ch->text_len;
     if (j->n_stop) {
         size_t from = before > j->stop_max_len ? before - j->stop_max_len : 0;
         long at = find_stop(j, ch, from);
@@ -253,26 +258,71 @@ static int emit_token(ckv_srv_sched *s, ckv_srv_slot *sl, int32_t tok) {
 
 /* ---- steps --------------------------------------------------------------------------------------- */
 
+/* The one place a slot's next token is chosen from the model's row of logits [V]: the request's logit
+ * processing, then the sampler; the token's log-probability (of the model's row, as the request's
+ * context and press produced it) is recorded when asked. */
+static int32_t slot_sample(ckv_srv_sched *s, ckv_srv_slot *sl, const float *logits) {
+    ckv_srv_job *j = sl->job;
+    int32_t tok = ckv_sampler_sample(&sl->sampler, ckv_logits_apply(&sl->lp, logits));
+    ckv_logits_accept(&sl->lp, tok);
+    ckv_srv_choice *ch = &j->choices[sl->choice];
+    if (j->logprobs && ch->n_ids < j->max_tokens) { /* the entry of the id emit_token stores next */
+        size_t k = (size_t)j->top_logprobs, at = (size_t)ch->n_ids;
+        ch->lp[at] = ckv_logprobs_row(logits, s->engine->model->cfg.vocab_size, tok, (int)k, ch->top_ids + at * k, ch->top_lp + at * k);
+    }
+    return tok;
+}
+
+/* Feeds the question scoring every echoed id (echo with logprobs) in steps of at most CKV_LOGITS_ROWS
+ * ids: the first question id from the context's last logits, the others from the question's own rows;
+ * an echoed id before the question (the prompt's first token, the whole context) has none (NaN).
+ * *last: the row after the question. */
+static ckv_status score_question(ckv_srv_sched *s, ckv_srv_slot *sl, const float **last) {
+    ckv_srv_job *j = sl->job;
+    const int V = s->engine->model->cfg.vocab_size, k = j->top_logprobs, off = j->n_echo - j->n_q;
+    const float *prev = slot_lane(s, sl)->logits; /* the row predicting q[0] */
+    for (int e = 0; e < off; e++) j->echo_lp[e] = NAN;
+    for (int t0 = 0; t0 < j->n_q; t0 += CKV_LOGITS_ROWS) {
+        int n = j->n_q - t0 < CKV_LOGITS_ROWS ? j->n_q - t0 : CKV_LOGITS_ROWS;
+        for (int t = 0; t < n; t++) { /* q[t0 + t] follows prev (t = 0), else row t - 1 of this step */
+            if (t == 1) CKV_TRY(ckv_srv_step_score(&s->steps, slot_index(s, sl), j->q_ids + t0, n));
+            const float *row = t == 0 ? prev : s->steps.score_logits + (size_t)(t - 1) * V;
+            size_t e = (size_t)(off + t0 + t);
+            j->echo_lp[e] = ckv_logprobs_row(row, V, j->q_ids[t0 + t], k, j->echo_top_ids + e * k, j->echo_top_lp + e * k);
+        }
+        if (n == 1) CKV_TRY(ckv_srv_step_score(&s->steps, slot_index(s, sl), j->q_ids + t0, n));
+        prev = s->steps.score_logits + (size_t)(n - 1) * V;
+    }
+    *last = prev;
+    return CKV_STATUS_OK;
+}
+
 /* Step: feed the question of the slot's job (if any) and sample the first token of a choice. */
 static void begin_choice(ckv_srv_sched *s, ckv_srv_slot *sl) {
     ckv_srv_job *j = sl->job;
     ckv_detok_stream_init(&sl->ds, s->tok, CKV_DETOKENIZE_SKIP_SPECIAL);
-    if (j->max_tokens == 0) {
+    ckv_logits_begin(&sl->lp);
+    int score = j->echo_scored && sl->choice == 0;
+    if (j->max_tokens == 0 && !score) {
         finish_choice(s, sl, CKV_FINISH_LENGTH);
         return;
     }
     const float *lg = slot_lane(s, sl)->logits;
-    if (j->n_q > 0) {
-        ckv_status st = ckv_srv_step_question(&s->steps, slot_index(s, sl), j->q_ids, j->n_q);
+    if (j->n_q > 0 || score) {
+        ckv_status st = score ? score_question(s, sl, &lg) : ckv_srv_step_question(&s->steps, slot_index(s, sl), j->q_ids, j->n_q);
         if (st != CKV_STATUS_OK) {
             ckv_srv_job_fail(j, st);
             slot_release(s, sl);
             return;
         }
-        lg = s->steps.logits;
+        if (!score) lg = s->steps.logits;
+    }
+    if (j->max_tokens == 0) {
+        finish_choice(s, sl, CKV_FINISH_LENGTH);
+        return;
     }
     sl->phase = SLOT_DECODE;
-    emit_token(s, sl, ckv_sampler_sample(&sl->sampler, lg));
+    emit_token(s, sl, slot_sample(s, sl, lg));
 }
 
 static void step_decode(ckv_srv_sched *s);
@@ -307,6 +357,11 @@ static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     int reserve = j->n_q + j->max_tokens;
     ckv_status st = ckv_sampler_init(&sl->sampler, &j->sampling, e->model->cfg.vocab_size);
     sl->sampler_ready = st == CKV_STATUS_OK;
+    if (st == CKV_STATUS_OK) st = ckv_logits_init(&sl->lp, &j->logits, e->model->cfg.vocab_size);
+    if (st == CKV_STATUS_OK) {
+        ckv_logits_prompt(&sl->lp, j->ctx_ids, j->n_ctx);
+        ckv_logits_prompt(&sl->lp, j->q_ids, j->n_q);
+    }
     /* a restored context only prefills its question: activation buffers for that many rows */
     int chunk = j->n_q < 1 ? 1 : j->n_q < prefill_budget(s) ? j->n_q : prefill_budget(s);
     s->preparing = sl;
@@ -373,7 +428,7 @@ static void step_decode(ckv_srv_sched *s) {
             slot_release(s, sl);
             continue;
         }
-        emit_token(s, sl, ckv_sampler_sample(&sl->sampler, logits + (size_t)r * V));
+        emit_token(s, sl, slot_sample(s, sl, logits + (size_t)r * V));
     }
 }
 

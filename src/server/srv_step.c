@@ -20,7 +20,7 @@ static const char *const step_names[] = {"heartbeat", "prepare", "question", "de
 typedef struct {
     int32_t kind, slot;
     int32_t n;              /* ids (prepare, question) or sequences (decode) */
-    int32_t reserve, chunk; /* prepare */
+    int32_t reserve, chunk; /* prepare; reserve of a question: 1 keeps every position's logits (score) */
     int32_t failed;         /* quit: the leader stopped because of an error; continue: cancel the prepare */
     uint64_t payload;       /* bytes that follow */
 } step_head;
@@ -52,6 +52,9 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, si
             st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the server's engine steps");
     }
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->msg, s->msg_cap, "server step messages");
+    if (st == CKV_STATUS_OK)
+        st = ckv_alloc((void **)&s->score_logits, sizeof(float) * CKV_LOGITS_ROWS * (size_t)e->model->cfg.vocab_size,
+                       "scored question logits");
     if (st == CKV_STATUS_OK) st = ckv_decode_batch_init(&s->batch, e->model, max_batch);
     if (multi(s)) { /* every rank starts, or none does */
         int32_t ok = st == CKV_STATUS_OK, self = ok;
@@ -75,6 +78,7 @@ void ckv_srv_steps_free(ckv_srv_steps *s) {
     free(s->status_all);
     free(s->stats_all);
     ckv_free(s->msg);
+    ckv_free(s->score_logits);
     memset(s, 0, sizeof *s);
 }
 
@@ -158,9 +162,10 @@ static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_confi
     return CKV_STATUS_OK;
 }
 
-static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n) {
+static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, int score) {
     const float *lg = NULL;
-    ckv_status st = ckv_session_prefill(&s->lanes[slot].sess, ids, n, NULL, &lg);
+    if (score && (n < 1 || n > CKV_LOGITS_ROWS)) return agree(s, ckv_error(CKV_STATUS_ERR_ARG, "score step: %d ids", n), STEP_QUESTION);
+    ckv_status st = ckv_session_prefill(&s->lanes[slot].sess, ids, n, score ? s->score_logits : NULL, &lg);
     s->logits = lg;
     return agree(s, st, STEP_QUESTION);
 }
@@ -211,16 +216,20 @@ ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_conf
     return exec_prepare(s, slot, press, ids, n, reserve, chunk);
 }
 
-ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n) {
+static ckv_status step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, int score) {
     size_t payload = sizeof(int32_t) * (size_t)n;
-    if (!valid_slot(s, slot) || slot == s->preparing || n < 1 || payload > s->msg_cap)
+    if (!valid_slot(s, slot) || slot == s->preparing || n < 1 || payload > s->msg_cap || (score && n > CKV_LOGITS_ROWS))
         return ckv_error(CKV_STATUS_ERR_ARG, "question step: slot %d, %d ids", slot, n);
     if (multi(s)) {
-        step_head h = {STEP_QUESTION, slot, n, 0, 0, 0, payload};
+        step_head h = {STEP_QUESTION, slot, n, score, 0, 0, payload};
         CKV_TRY(send_step(s, &h, ids));
     }
-    return exec_question(s, slot, ids, n);
+    return exec_question(s, slot, ids, n, score);
 }
+
+ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n) { return step_question(s, slot, ids, n, 0); }
+
+ckv_status ckv_srv_step_score(ckv_srv_steps *s, int slot, const int32_t *ids, int n) { return step_question(s, slot, ids, n, 1); }
 
 ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n) {
     if (n < 1 || n > s->max_batch) return ckv_error(CKV_STATUS_ERR_ARG, "decode step: %d sequences (batch %d)", n, s->max_batch);
@@ -298,7 +307,7 @@ static ckv_status follow_until(ckv_srv_steps *s, step_kind until, int *failed) {
             st = exec_prepare(s, h.slot, &press, (const int32_t *)(const void *)(s->msg + sizeof press), h.n, h.reserve, h.chunk);
             break;
         }
-        case STEP_QUESTION: st = exec_question(s, h.slot, (const int32_t *)(const void *)s->msg, h.n); break;
+        case STEP_QUESTION: st = exec_question(s, h.slot, (const int32_t *)(const void *)s->msg, h.n, h.reserve != 0); break;
         case STEP_DECODE: {
             const int32_t *m = (const int32_t *)(const void *)s->msg;
             for (int i = 0; i < h.n; i++)

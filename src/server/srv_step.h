@@ -42,6 +42,7 @@ typedef struct {
     int (*between_layers)(void *ctx, int layer);
     void *between_ctx;
     int preparing;          /* the slot whose prepare is running (-1: none); no other step may name it */
+    float *score_logits;    /* [CKV_LOGITS_ROWS, V] every position's logits of a scored question step */
     /* outputs of the last step (leader) */
     const float *logits;    /* question: [V]; decode: [n, V] (host, valid until the next step) */
     ckv_srv_lookup lookup;  /* prepare: whether the context came from the store */
@@ -65,6 +66,9 @@ ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_conf
                                 int reserve, int chunk);
 /* Feeds the question ids [n] (n >= 1) to lane `slot`; s->logits: the last position's [V]. */
 ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n);
+/* The same for n <= CKV_LOGITS_ROWS ids, keeping every position's logits: s->score_logits [n, V]
+ * (row t follows ids[t]), s->logits its last row (scoring a prompt: echo with logprobs). */
+ckv_status ckv_srv_step_score(ckv_srv_steps *s, int slot, const int32_t *ids, int n);
 /* One forward feeding tokens[i] to lane slots[i] (i < n); s->logits: [n, V]. */
 ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n);
 /* Drops what lane `slot` holds after its context (the next choice starts from the context). */
