@@ -111,11 +111,9 @@ int32_t ckv_sampler_sample(ckv_sampler *s, const float *logits) {
     if (s->cfg.min_p > 0.0f) { /* HF's MinPLogitsWarper, after top-p: a prefix of the sorted candidates */
         int keep = 1;
         while (keep < n && p[idx[keep]] >= min_cut) keep++;
-        if (keep < n) {
-            n = keep;
-            mass = 0.0;
-            for (int i = 0; i < n; i++) mass += p[idx[i]];
-        }
+        n = keep;
+        mass = 0.0;
+        for (int i = 0; i < n; i++) mass += p[idx[i]];
     }
     double r = ckv_sampler_uniform(s) * mass, acc = 0.0;
     for (int i = 0; i < n; i++) {
