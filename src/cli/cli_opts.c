@@ -133,6 +133,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_CACHE_DIR, "cache-dir", 0, CKV_OPT_KIND_STR, "server", "DIR", "also keep compressed contexts as cache files in DIR (they survive restarts)", NULL, S, 0, 0, NULL, 0, 0},
     {CKV_OPT_GRACE_SECONDS, "grace-seconds", 0, CKV_OPT_KIND_NUM, "server", "S", "on SIGTERM, in-flight requests get S seconds before they are cancelled", "30", S, 0, 86400, NULL, 0, 0},
     {CKV_OPT_INTERLEAVE_MS, "interleave-ms", 0, CKV_OPT_KIND_NUM, "server", "MS", "a context's prefill pauses after any layer that ends MS or more after the\nrunning streams' last token, for their next one (0: after every layer)", "50", S, 0, 1e7, NULL, 0, 0},
+    {CKV_OPT_CORS_ORIGIN, "cors-origin", 0, CKV_OPT_KIND_STR, "server", "ORIGIN", "answer browsers from ORIGIN (or *): CORS headers and OPTIONS preflights (off by default)", NULL, S, 0, 0, NULL, 0, 0},
 };
 
 #define N_TABLE (sizeof table / sizeof table[0])

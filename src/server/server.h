@@ -35,6 +35,7 @@ typedef struct {
                                 * their last token (0: after every layer) */
     const ckv_press_config *default_press; /* the press of requests that name none (NULL: full cache) */
     const char *chat_template; /* template name instead of the tokenizer's own (NULL) */
+    const char *cors_origin;   /* Access-Control-Allow-Origin of every response and preflight (NULL: no CORS) */
 } ckv_server_config;
 
 /* Fills the defaults (127.0.0.1, port 8080, batch 8, queue 64, 256 connections, 8 MiB bodies,

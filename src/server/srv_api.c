@@ -631,16 +631,8 @@ static unsigned long long next_id(void) {
     return __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
 }
 
-int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out,
-                      ckv_srv_error *err) {
-    *out = NULL;
-    memset(err, 0, sizeof *err);
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o || !cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
-        return -1;
-    }
+/* One job from a request object (deleted here). */
+static int parse_job(const ckv_srv_api *a, ckv_srv_kind kind, cJSON *o, ckv_srv_job **out, ckv_srv_error *err) {
     const ckv_server_config *cfg = a->cfg;
     long long max_tokens = -1, n = 1, seed = -1, top_k = 0;
     double temperature = 1.0, top_p = 1.0;
@@ -734,6 +726,64 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
              next_id());
     *out = j;
     return 0;
+}
+
+/* A list of prompts in /v1/completions: one job per prompt (the other fields shared). */
+static int is_prompt_list(const cJSON *p) {
+    if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) < 2) return 0;
+    const cJSON *first = cJSON_GetArrayItem(p, 0);
+    return cJSON_IsString(first) || cJSON_IsArray(first);
+}
+
+int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out, int cap,
+                      int *n_out, ckv_srv_error *err) {
+    *n_out = 0;
+    memset(err, 0, sizeof *err);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
+        return -1;
+    }
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    if (kind != CKV_SRV_COMPLETION || !is_prompt_list(p)) {
+        if (parse_job(a, kind, o, &out[0], err)) return -1;
+        *n_out = 1;
+        return 0;
+    }
+    int k = cJSON_GetArraySize(p);
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "stream");
+    if (k > cap) {
+        ckv_srv_error_set(err, 400, INVALID, "prompt", "invalid_value", "'prompt' lists %d prompts, at most %d are allowed", k, cap);
+    } else if (cJSON_IsTrue(st)) {
+        ckv_srv_error_set(err, 400, INVALID, "stream", "unsupported", "'stream' with a list of prompts is not supported (one request per prompt)");
+    } else {
+        for (int i = 0; i < k; i++) {
+            cJSON *one = cJSON_Duplicate(o, 1);
+            cJSON *item = one ? cJSON_Duplicate(cJSON_GetArrayItem(p, i), 1) : NULL;
+            if (!one || !item || !cJSON_ReplaceItemInObjectCaseSensitive(one, "prompt", item)) {
+                cJSON_Delete(one);
+                cJSON_Delete(item);
+                ckv_srv_error_set(err, 500, "server_error", "prompt", NULL, "out of memory");
+                break;
+            }
+            if (parse_job(a, kind, one, &out[i], err)) {
+                if (err->param[0] == 'p' && !strcmp(err->param, "prompt")) snprintf(err->param, sizeof err->param, "prompt[%d]", i);
+                break;
+            }
+            if (i > 0) memcpy(out[i]->id, out[0]->id, sizeof out[i]->id); /* one response */
+            *n_out = i + 1;
+        }
+    }
+    cJSON_Delete(o);
+    if (*n_out == k) return 0;
+    for (int i = 0; i < *n_out; i++) {
+        out[i]->refs = 1;
+        ckv_srv_job_release(out[i]);
+    }
+    *n_out = 0;
+    if (!err->http) ckv_srv_error_set(err, 500, "server_error", "prompt", NULL, "out of memory");
+    return -1;
 }
 
 static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {

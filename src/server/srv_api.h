@@ -43,9 +43,11 @@ void ckv_srv_error_set(ckv_srv_error *e, int http, const char *type, const char 
 #endif
     ;
 
-/* Parses a completion or chat body into a job ready to submit; 0, or -1 with *err filled. */
-int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out,
-                      ckv_srv_error *err);
+/* Parses a completion or chat body into jobs ready to submit: one, or one per prompt of a list of
+ * prompts in /v1/completions (at most cap; they share the response id); 0 with *n_out jobs in
+ * out[], or -1 with *err filled (and no job). */
+int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out, int cap,
+                      int *n_out, ckv_srv_error *err);
 
 struct cJSON;
 /* Prints o as compact JSON (malloc'd; NULL when o is NULL or out of memory) and deletes it. */
@@ -53,7 +55,11 @@ char *ckv_srv_json_print(struct cJSON *o);
 
 /* Response bodies (malloc'd JSON text, NULL when out of memory; srv_response.c). */
 char *ckv_srv_api_error_json(const ckv_srv_error *e);
-char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *j);      /* takes j->mu */
+/* The whole response of jobs [n] (a list of prompts: choice indices prompt * n + c, usage summed);
+ * takes each job's mu. */
+char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *const *jobs, int n);
+/* GET /v1/models/{id}: the model object, or NULL with *err filled (404). */
+char *ckv_srv_api_model(const ckv_srv_api *a, const char *id, ckv_srv_error *err);
 /* One stream chunk: `delta` [n] of choice c (role: chat's first chunk carries the role), finish
  * (NONE while running). */
 char *ckv_srv_api_chunk(const ckv_srv_api *a, const ckv_srv_job *j, int c, const char *delta, size_t n, int role,

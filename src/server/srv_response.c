@@ -196,34 +196,47 @@ static cJSON *head(const ckv_srv_api *a, const ckv_srv_job *j, const char *objec
     return o;
 }
 
-static void add_usage(cJSON *o, const ckv_srv_job *j) {
+/* Usage of jobs [n] (the prompts of one request), summed; the press and flags of the first. */
+static void add_usage_n(cJSON *o, ckv_srv_job *const *jobs, int n) {
+    long pt = 0, ct = 0, re = 0, cx = 0, kept = 0, total = 0;
+    double kb = 0, fb = 0;
+    for (int i = 0; i < n; i++) {
+        const ckv_srv_job *j = jobs[i];
+        pt += j->prompt_tokens, ct += j->completion_tokens, re += j->reused_tokens, cx += j->n_ctx;
+        kept += j->kept_entries, total += j->total_entries, kb += (double)j->kv_bytes_kept, fb += (double)j->kv_bytes_full;
+    }
+    const ckv_srv_job *j = jobs[0];
     cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->prompt_tokens + j->completion_tokens));
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)pt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)ct);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(pt + ct));
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", (double)j->reused_tokens);
-    cJSON_AddNumberToObject(u, "reused_tokens", (double)j->reused_tokens);
-    cJSON_AddNumberToObject(u, "context_tokens", (double)j->n_ctx);
-    cJSON_AddNumberToObject(u, "kv_entries_kept", (double)j->kept_entries);
-    cJSON_AddNumberToObject(u, "kv_entries_total", (double)j->total_entries);
-    cJSON_AddNumberToObject(u, "kv_bytes_kept", (double)j->kv_bytes_kept);
-    cJSON_AddNumberToObject(u, "kv_bytes_full", (double)j->kv_bytes_full);
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)re);
+    cJSON_AddNumberToObject(u, "reused_tokens", (double)re);
+    cJSON_AddNumberToObject(u, "context_tokens", (double)cx);
+    cJSON_AddNumberToObject(u, "kv_entries_kept", (double)kept);
+    cJSON_AddNumberToObject(u, "kv_entries_total", (double)total);
+    cJSON_AddNumberToObject(u, "kv_bytes_kept", kb);
+    cJSON_AddNumberToObject(u, "kv_bytes_full", fb);
     cJSON_AddStringToObject(u, "press", j->press.scorer == CKV_SCORER_NONE ? "none" : j->press.spec);
     cJSON_AddBoolToObject(u, "compressed", j->compressed);
     if (j->uncompressed_reason) cJSON_AddStringToObject(u, "uncompressed_reason", j->uncompressed_reason);
     cJSON_AddBoolToObject(u, "cache_hit", j->cache_hit);
 }
 
-char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *j) {
-    int chat = j->kind == CKV_SRV_CHAT;
-    cJSON *o = head(a, j, chat ? "chat.completion" : "text_completion");
+static void add_usage(cJSON *o, ckv_srv_job *j) { add_usage_n(o, &j, 1); }
+
+char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *const *jobs, int n_jobs) {
+    int chat = jobs[0]->kind == CKV_SRV_CHAT;
+    cJSON *o = head(a, jobs[0], chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    pthread_mutex_lock(&j->mu);
+    for (int q = 0; q < n_jobs; q++) pthread_mutex_lock(&jobs[q]->mu);
+    for (int q = 0; q < n_jobs; q++) {
+    ckv_srv_job *j = jobs[q];
     for (int c = 0; c < j->n_choices; c++) {
         const ckv_srv_choice *ch = &j->choices[c];
         cJSON *it = cJSON_CreateObject();
-        cJSON_AddNumberToObject(it, "index", c);
+        cJSON_AddNumberToObject(it, "index", q * j->n_choices + c);
         size_t base = 0;
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(it, "message");
@@ -252,8 +265,9 @@ char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *j) {
         add_finish(it, ch->finish);
         cJSON_AddItemToArray(choices, it);
     }
-    add_usage(o, j);
-    pthread_mutex_unlock(&j->mu);
+    }
+    add_usage_n(o, jobs, n_jobs);
+    for (int q = n_jobs - 1; q >= 0; q--) pthread_mutex_unlock(&jobs[q]->mu);
     return ckv_srv_json_print(o);
 }
 
@@ -306,17 +320,31 @@ char *ckv_srv_api_usage_chunk(const ckv_srv_api *a, ckv_srv_job *j) {
     return ckv_srv_json_print(o);
 }
 
-char *ckv_srv_api_models(const ckv_srv_api *a) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(o, "data");
+static cJSON *model_object(const ckv_srv_api *a) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", a->cfg->model_name ? a->cfg->model_name : "ckv");
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", 0);
     cJSON_AddStringToObject(m, "owned_by", "ckv");
     cJSON_AddNumberToObject(m, "max_model_len", a->engine->model->cfg.max_context);
-    cJSON_AddItemToArray(data, m);
+    return m;
+}
+
+char *ckv_srv_api_models(const ckv_srv_api *a) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON_AddItemToArray(data, model_object(a));
     return ckv_srv_json_print(o);
+}
+
+char *ckv_srv_api_model(const ckv_srv_api *a, const char *id, ckv_srv_error *err) {
+    const char *name = a->cfg->model_name ? a->cfg->model_name : "ckv";
+    if (strcmp(id, name) != 0) {
+        ckv_srv_error_set(err, 404, INVALID, "model", "model_not_found", "the model '%.200s' does not exist (this server serves '%s')",
+                          id, name);
+        return NULL;
+    }
+    return ckv_srv_json_print(model_object(a));
 }
 
