@@ -241,4 +241,20 @@ t.check(r[0] == 200 and idx == [0, 1, 2, 3] and r[1]["usage"]["prompt_tokens"] =
 same = comp(prompt=ids(12, 2))
 t.check(r[0] == 200 and r[1]["choices"][2]["text"] == text(same), "the second prompt's choice equals asking it alone")
 t.check(s.stop() == 0, "SIGTERM: exit 0")
+
+# CORS: off by default (OPTIONS is 405, no header); with --cors-origin a preflight needs no key and
+# every response names the origin
+c = Server(ckv, FIXTURE, tmp, "--model-name", "llama_gqa", "--cors-origin", "https://app.example", name="cors", api_key="k1")
+st, h, _ = c.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "https://app.example",
+                                                                "Access-Control-Request-Method": "POST"})
+t.check(st == 204 and h.get("access-control-allow-origin") == "https://app.example" and "POST" in h.get(
+    "access-control-allow-methods", "") and "Authorization" in h.get("access-control-allow-headers", ""),
+        "--cors-origin: the preflight is answered (no key needed)", f"{st} {h}")
+st, h, _ = c.request("GET", "/v1/models")
+t.check(st == 200 and h.get("access-control-allow-origin") == "https://app.example", "--cors-origin: responses carry the header")
+t.check(c.stop() == 0, "SIGTERM: exit 0 (CORS server)")
+d = Server(ckv, FIXTURE, tmp, "--model-name", "llama_gqa", name="nocors")
+st, h, _ = d.request("OPTIONS", "/v1/models")
+t.check(st == 405 and "access-control-allow-origin" not in h, "without --cors-origin: no CORS (OPTIONS 405)", f"{st} {h}")
+t.check(d.stop() == 0, "SIGTERM: exit 0 (no-CORS server)")
 t.finish()
