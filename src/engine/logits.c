@@ -47,30 +47,49 @@ void ckv_logits_prompt(ckv_logits *p, const int32_t *ids, int n) {
         if (ids[i] >= 0 && ids[i] < p->vocab) p->prompt[ids[i]] = 1;
 }
 
+ckv_status ckv_logits_json(ckv_logits *p, const ckv_grammar_vocab *gv, const int32_t *eos, int n_eos) {
+    if (gv->vocab != p->vocab)
+        return ckv_error(CKV_STATUS_ERR_ARG, "response_format: the grammar's vocabulary (%d) is not the model's (%d)", gv->vocab, p->vocab);
+    CKV_TRY(ckv_alloc((void **)&p->allowed, (size_t)p->vocab, "grammar mask"));
+    if (!p->work) CKV_TRY(ckv_alloc((void **)&p->work, sizeof(float) * (size_t)p->vocab, "processed logits"));
+    p->gv = gv;
+    p->eos = eos;
+    p->n_eos = n_eos;
+    ckv_json_init(&p->js, 1);
+    return CKV_STATUS_OK;
+}
+
 void ckv_logits_free(ckv_logits *p) {
     if (!p) return;
     ckv_free(p->counts);
     ckv_free(p->prompt);
     ckv_free(p->work);
-    p->counts = NULL;
-    p->prompt = NULL;
-    p->work = NULL;
-    p->active = 0;
+    ckv_free(p->allowed);
+    memset(p, 0, sizeof *p);
 }
 
 void ckv_logits_begin(ckv_logits *p) {
     if (p->active) memset(p->counts, 0, sizeof(int32_t) * (size_t)p->vocab);
+    if (p->gv) ckv_json_init(&p->js, 1);
+    p->json_failed = 0;
 }
 
 void ckv_logits_accept(ckv_logits *p, int32_t token) {
     if (p->active && token >= 0 && token < p->vocab) p->counts[token]++;
+    if (p->gv && !ckv_json_complete(&p->js) && !ckv_grammar_accept(p->gv, &p->js, token)) p->json_failed = 1;
 }
 
 const float *ckv_logits_apply(ckv_logits *p, const float *logits) {
-    if (!p->active) return logits;
+    if (!p->active && !p->gv) return logits;
     const ckv_logits_config *c = &p->cfg;
     float *w = p->work;
     memcpy(w, logits, sizeof(float) * (size_t)p->vocab);
+    if (p->gv) { /* the grammar: disallowed tokens can never be chosen */
+        ckv_grammar_mask(p->gv, &p->js, p->eos, p->n_eos, p->allowed);
+        for (int i = 0; i < p->vocab; i++)
+            if (!p->allowed[i]) w[i] = -INFINITY;
+    }
+    if (!p->active) return w;
     /* HF's RepetitionPenaltyLogitsProcessor first (it runs on the raw scores), over prompt + answer */
     if (c->repetition_penalty != 1.0f) {
         const float r = c->repetition_penalty;

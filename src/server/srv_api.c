@@ -539,17 +539,20 @@ static int sampling_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind ki
     return 0;
 }
 
-/* The fields the constrained decoder and tool calls would honour: refused until they do. */
-static int unsupported_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err) {
+/* response_format (json_object: the constrained decoder) and the tool-call fields (refused). */
+static int unsupported_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err) {
     if (kind != CKV_SRV_CHAT) return 0;
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
         if (!cJSON_IsString(ty)) return bad_type(err, "response_format", "an object with a 'type'");
-        if (strcmp(ty->valuestring, "text") != 0) {
-            int known = !strcmp(ty->valuestring, "json_object") || !strcmp(ty->valuestring, "json_schema");
-            ckv_srv_error_set(err, 400, INVALID, "response_format.type", known ? "unsupported" : "invalid_value",
-                              known ? "'response_format' '%s' is not supported by this server" : "'response_format.type' is '%.40s', expected 'text'",
+        if (!strcmp(ty->valuestring, "json_object")) {
+            j->logits.json_object = 1;
+        } else if (strcmp(ty->valuestring, "text") != 0) {
+            int schema = !strcmp(ty->valuestring, "json_schema");
+            ckv_srv_error_set(err, 400, INVALID, "response_format.type", schema ? "unsupported" : "invalid_value",
+                              schema ? "'response_format' json_schema is not supported by this server (json_object is)"
+                                     : "'response_format.type' is '%.40s', expected 'text' or 'json_object'",
                               ty->valuestring);
             return -1;
         }
@@ -645,8 +648,7 @@ static int parse_job(const ckv_srv_api *a, ckv_srv_kind kind, cJSON *o, ckv_srv_
               get_number(o, "temperature", 0, 2, &temperature, err) || get_number(o, "top_p", 1e-9, 1, &top_p, err) ||
               get_int(o, "top_k", 0, 1e9, &top_k, err) || get_int(o, "n", 1, CKV_SRV_MAX_CHOICES, &n, err) ||
               get_int(o, "seed", -9.2e18, 9.2e18, &seed, err) || get_bool(o, "stream", &stream, err) ||
-              get_bool(o, "ignore_eos", &ignore_eos, err) || logprob_fields(o, kind, &logprobs, &top_logprobs, &echo, err) ||
-              unsupported_fields(o, kind, err);
+              get_bool(o, "ignore_eos", &ignore_eos, err) || logprob_fields(o, kind, &logprobs, &top_logprobs, &echo, err);
     if (!bad && so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so)) bad = bad_type(err, "stream_options", "an object");
         else bad = get_bool(so, "include_usage", &include_usage, err);
@@ -672,7 +674,8 @@ static int parse_job(const ckv_srv_api *a, ckv_srv_kind kind, cJSON *o, ckv_srv_
     }
     if (!bad) {
         j->kind = kind;
-        bad = press_fields(a, o, j, err) || stop_field(o, j, err) || sampling_fields(a, o, kind, n, j, err) ||
+        bad = unsupported_fields(o, kind, j, err) || press_fields(a, o, j, err) || stop_field(o, j, err) ||
+              sampling_fields(a, o, kind, n, j, err) ||
               (kind == CKV_SRV_COMPLETION ? completion_prompt(a, o, j, err) : chat_prompt(a, o, j, err));
     }
     if (!bad && j->n_ctx < 1) {

@@ -69,6 +69,7 @@ ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *
     }
     for (int i = 0; st == CKV_STATUS_OK && i < max_batch; i++)
         st = ckv_alloc((void **)&s->slots[i].piece, s->piece_cap, "token text");
+    if (st == CKV_STATUS_OK && s->steps.leader) st = ckv_grammar_vocab_init(&s->grammar, s->tok, e->model->cfg.vocab_size);
     if (st != CKV_STATUS_OK) {
         ckv_srv_step_quit(&s->steps, 1);
         ckv_srv_sched_free(s);
@@ -84,6 +85,7 @@ void ckv_srv_sched_free(ckv_srv_sched *s) {
         ckv_free(s->slots[i].piece);
     }
     ckv_srv_steps_free(&s->steps);
+    ckv_grammar_vocab_free(&s->grammar);
     free(s->queue);
     free(s->slots);
     free(s->step_tok);
@@ -362,6 +364,7 @@ static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
         ckv_logits_prompt(&sl->lp, j->ctx_ids, j->n_ctx);
         ckv_logits_prompt(&sl->lp, j->q_ids, j->n_q);
     }
+    if (st == CKV_STATUS_OK && j->logits.json_object) st = ckv_logits_json(&sl->lp, &s->grammar, e->stop_ids, e->n_stop_ids);
     /* a restored context only prefills its question: activation buffers for that many rows */
     int chunk = j->n_q < 1 ? 1 : j->n_q < prefill_budget(s) ? j->n_q : prefill_budget(s);
     s->preparing = sl;

@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 
+#include "engine/grammar.h"
 #include "engine/request.h"
 #include "server/srv_job.h"
 #include "server/srv_metrics.h"
@@ -35,6 +36,7 @@ typedef struct {
     int quit;                   /* leave the loop once idle */
     int running;                /* jobs in slots */
     ckv_srv_slot *slots;        /* [max_batch] */
+    ckv_grammar_vocab grammar;  /* the vocabulary's bytes for response_format json_object (built at init) */
     unsigned long admit_seq;
     int32_t *step_tok;          /* [max_batch] the decode step's tokens */
     int *step_slot;             /* [max_batch] */
