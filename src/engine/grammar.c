@@ -15,6 +15,7 @@ enum {
     S_STR,            /* inside a string */
     S_STR_ESC,        /* after '\' */
     S_STR_U,          /* inside \uXXXX (sub: hex digits read) */
+    S_STR_U8,         /* inside a multi-byte UTF-8 character (u8: continuation bytes to come) */
     S_COLON,          /* after a key */
     S_AFTER,          /* after a value inside a container: ',' or the closing bracket */
     S_NUM_MINUS,      /* '-' read: a digit */
@@ -122,7 +123,18 @@ static int step(ckv_json_state *s, uint8_t b) {
             s->st = S_STR_ESC;
             return 1;
         }
-        return b >= 0x20; /* bytes of multi-byte characters pass as they come (tokens may split them) */
+        if (b < 0x80) return b >= 0x20;
+        /* a multi-byte character (its bytes may be split over tokens): lead byte, then continuations */
+        if (b >= 0xC2 && b <= 0xDF) s->u8 = 1;
+        else if (b >= 0xE0 && b <= 0xEF) s->u8 = 2;
+        else if (b >= 0xF0 && b <= 0xF4) s->u8 = 3;
+        else return 0;
+        s->st = S_STR_U8;
+        return 1;
+    case S_STR_U8:
+        if ((b & 0xC0) != 0x80) return 0;
+        if (--s->u8 == 0) s->st = S_STR;
+        return 1;
     case S_STR_ESC:
         if (b == 'u') {
             s->st = S_STR_U, s->sub = 0;
@@ -186,7 +198,7 @@ static int step(ckv_json_state *s, uint8_t b) {
 }
 
 int ckv_json_step(ckv_json_state *s, uint8_t b) {
-    int in_str = s->st == S_STR || s->st == S_STR_ESC || s->st == S_STR_U;
+    int in_str = s->st == S_STR || s->st == S_STR_ESC || s->st == S_STR_U || s->st == S_STR_U8;
     if (!step(s, b)) return 0;
     if (!in_str && is_ws(b)) { /* a bounded run of blanks between tokens of the value */
         if (++s->ws > CKV_JSON_MAX_WS) return 0;
@@ -220,11 +232,13 @@ ckv_status ckv_grammar_vocab_init(ckv_grammar_vocab *gv, const ckv_tokenizer *to
         if (n < 0) n = 0;
         gv->off[t] = (uint32_t)at;
         memcpy(gv->bytes + at, piece, (size_t)n);
+        /* plain: accepted inside a string from any state between characters, leaving it there */
+        ckv_json_state probe;
+        ckv_json_init(&probe, 0);
+        probe.st = S_STR;
         int plain = n > 0;
-        for (int i = 0; i < n && plain; i++) {
-            uint8_t b = (uint8_t)piece[i];
-            plain = b >= 0x20 && b != '"' && b != '\\';
-        }
+        for (int i = 0; i < n && plain; i++) plain = piece[i] != '"' && piece[i] != '\\' && ckv_json_step(&probe, (uint8_t)piece[i]);
+        plain = plain && probe.st == S_STR;
         gv->plain[t] = (uint8_t)plain;
         if (n > 0) count[(uint8_t)piece[0]]++;
         at += (size_t)n;

@@ -1,6 +1,6 @@
 /* grammar.h - constrained decoding for JSON output: an incremental pushdown automaton over bytes
  * that accepts exactly one JSON value (RFC 8259; the top level an object for response_format
- * json_object), and the vocabulary mask it implies at each step (a token is allowed when every one of
+ * json_object; strings are valid UTF-8), and the vocabulary mask it implies at each step (a token is allowed when every one of
  * its bytes is accepted from the current state; end-of-sequence only once the value is complete).
  * The per-vocabulary structures (every token's bytes, the tokens that are plain string content, the
  * tokens grouped by first byte) are built once at load; a request's state is a fixed-size struct, so
@@ -20,7 +20,8 @@ typedef struct {
     int vocab;
     uint32_t *off;         /* [vocab + 1] token t's bytes are bytes[off[t] .. off[t + 1]) */
     uint8_t *bytes;
-    uint8_t *plain;        /* [vocab] 1: non-empty plain string content (no '"', '\\', control bytes) */
+    uint8_t *plain;        /* [vocab] 1: non-empty plain string content (no '"', '\\', control bytes; whole
+                            * UTF-8 characters) */
     int32_t *by_first;     /* [vocab] token ids ordered by first byte (empty and special tokens left out) */
     uint32_t first_off[257]; /* tokens with first byte b: by_first[first_off[b] .. first_off[b + 1]) */
 } ckv_grammar_vocab;
@@ -36,6 +37,7 @@ typedef struct {
     uint8_t sub;     /* progress inside a literal or a \uXXXX escape */
     uint8_t key;     /* the string being read is an object key */
     uint8_t ws;      /* whitespace bytes in a row */
+    uint8_t u8;      /* continuation bytes the string's current UTF-8 character still needs */
     uint8_t top_object; /* the top-level value must be an object */
 } ckv_json_state;
 

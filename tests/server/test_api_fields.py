@@ -126,8 +126,10 @@ C["chat.context"] = lambda: (chat(context="some document text " * 10)[1]["usage"
 C["chat.logprobs"] = lambda: (len(chat(logprobs=True)[1]["choices"][0]["logprobs"]["content"]) == 8, "eight entries")
 C["chat.top_logprobs"] = lambda: (len(chat(logprobs=True, top_logprobs=3)[1]["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 3
                                   and refused(chat(top_logprobs=3), "top_logprobs"), "three alternatives; needs logprobs")
-C["chat.response_format"] = lambda: (chat(response_format={"type": "text"})[0] == 200 and
-                                     refused(chat(response_format={"type": "json_object"}), "response_format.type"), "text ok, json 400")
+C["chat.response_format"] = lambda: (chat(response_format={"type": "text"})[0] == 200 and json_case() and
+                                     refused(chat(response_format={"type": "json_schema"}), "response_format.type") and
+                                     refused(chat(response_format={"type": "bogus"}), "response_format.type"),
+                                     "text; json_object answers are JSON objects (or prefixes of one); json_schema and bogus 400")
 C["chat.tools"] = lambda: (refused(chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"), "400 naming it")
 C["chat.tool_choice"] = lambda: (chat(tool_choice="none")[0] == 200 and refused(chat(tool_choice="auto"), "tool_choice"), "none ok")
 C["chat.parallel_tool_calls"] = lambda: (refused(chat(parallel_tool_calls=True), "parallel_tool_calls"), "400 naming it")
@@ -147,6 +149,22 @@ def penalty_case(field):
     plain, pen = toks(), toks(**{field: 2.0})
     rep = next((i for i in range(len(plain)) if plain[i] in plain[:i]), None)
     return rep is not None and plain[:rep] == pen[:rep] and pen[rep] != plain[rep]
+
+
+def json_case():
+    """Answers that end (eos) parse as JSON objects; those cut by max_tokens start one; some end."""
+    done = 0
+    for seed in range(1, 7):
+        r = chat(response_format={"type": "json_object"}, temperature=1.0, seed=seed, max_tokens=60, ignore_eos=False)
+        c = r[1]["choices"][0]
+        txt = c["message"]["content"]
+        if c["finish_detail"] == "eos":
+            if not isinstance(json.loads(txt), dict):
+                return False
+            done += 1
+        elif not txt.lstrip().startswith("{"):
+            return False
+    return done >= 1
 
 
 def echo_case():
