@@ -54,7 +54,9 @@ static int value_start(ckv_json_state *s, uint8_t b) {
     case '{':
     case '[':
         if (s->depth >= CKV_JSON_MAX_DEPTH) return 0;
-        s->stack[s->depth++] = b;
+        if (b == '{') s->objects |= 1ull << s->depth;
+        else s->objects &= ~(1ull << s->depth);
+        s->depth++;
         s->st = b == '{' ? S_KEY_OR_CLOSE : S_VALUE_OR_CLOSE;
         return 1;
     case '"': s->st = S_STR, s->key = 0; return 1;
@@ -74,7 +76,7 @@ static int value_start(ckv_json_state *s, uint8_t b) {
 
 /* The closing bracket of the innermost container. */
 static int close_container(ckv_json_state *s, uint8_t b) {
-    if (s->depth == 0 || (b == '}' ? '{' : '[') != s->stack[s->depth - 1]) return 0;
+    if (s->depth == 0 || (b == '}') != (int)((s->objects >> (s->depth - 1)) & 1)) return 0;
     s->depth--;
     value_done(s);
     return 1;
@@ -88,7 +90,7 @@ static int after_value(ckv_json_state *s, uint8_t b) {
         return 1;
     }
     if (b == ',') {
-        s->st = s->stack[s->depth - 1] == '{' ? S_KEY : S_VALUE;
+        s->st = (s->objects >> (s->depth - 1)) & 1 ? S_KEY : S_VALUE;
         return 1;
     }
     if (b == '}' || b == ']') return close_container(s, b);
@@ -247,10 +249,26 @@ ckv_status ckv_grammar_vocab_init(ckv_grammar_vocab *gv, const ckv_tokenizer *to
         gv->off[vocab] = (uint32_t)at;
         gv->first_off[0] = 0;
         for (int b = 0; b < 256; b++) gv->first_off[b + 1] = gv->first_off[b] + count[b];
+        gv->n_first = gv->first_off[256];
         uint32_t fill[256];
         memcpy(fill, gv->first_off, sizeof fill);
         for (int t = 0; t < vocab; t++)
             if (gv->off[t + 1] > gv->off[t]) gv->by_first[fill[gv->bytes[gv->off[t]]]++] = t;
+        st = ckv_alloc((void **)&gv->k_off, sizeof(uint32_t) * ((size_t)gv->n_first + 1), "grammar ordered offsets");
+    }
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&gv->k_bytes, at > 0 ? at : 1, "grammar ordered bytes");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&gv->k_plain, gv->n_first > 0 ? gv->n_first : 1, "grammar ordered plain");
+    if (st == CKV_STATUS_OK) {
+        size_t o = 0;
+        for (uint32_t k = 0; k < gv->n_first; k++) {
+            int32_t t = gv->by_first[k];
+            size_t n = gv->off[t + 1] - gv->off[t];
+            gv->k_off[k] = (uint32_t)o;
+            memcpy(gv->k_bytes + o, gv->bytes + gv->off[t], n);
+            gv->k_plain[k] = gv->plain[t];
+            o += n;
+        }
+        gv->k_off[gv->n_first] = (uint32_t)o;
     }
     free(piece);
     if (st != CKV_STATUS_OK) ckv_grammar_vocab_free(gv);
@@ -263,13 +281,16 @@ void ckv_grammar_vocab_free(ckv_grammar_vocab *gv) {
     ckv_free(gv->bytes);
     ckv_free(gv->plain);
     ckv_free(gv->by_first);
+    ckv_free(gv->k_off);
+    ckv_free(gv->k_bytes);
+    ckv_free(gv->k_plain);
     memset(gv, 0, sizeof *gv);
 }
 
-/* 1 when token t's bytes after its first are accepted from s (s advanced past the first byte). */
-static int accepts_rest(const ckv_grammar_vocab *gv, ckv_json_state s, int32_t t) {
-    for (uint32_t i = gv->off[t] + 1; i < gv->off[t + 1]; i++)
-        if (!ckv_json_step(&s, gv->bytes[i])) return 0;
+/* 1 when the bytes of ordered token k after its first are accepted from s (advanced past the first). */
+static int accepts_rest(const ckv_grammar_vocab *gv, ckv_json_state s, uint32_t k) {
+    for (uint32_t i = gv->k_off[k] + 1; i < gv->k_off[k + 1]; i++)
+        if (!ckv_json_step(&s, gv->k_bytes[i])) return 0;
     return 1;
 }
 
@@ -287,10 +308,8 @@ int ckv_grammar_mask(const ckv_grammar_vocab *gv, const ckv_json_state *s, const
         if (lo == hi) continue;
         ckv_json_state s1 = *s;
         if (!ckv_json_step(&s1, (uint8_t)b)) continue;
-        for (uint32_t k = lo; k < hi; k++) {
-            int32_t t = gv->by_first[k];
-            if ((in_str && gv->plain[t]) || accepts_rest(gv, s1, t)) allowed[t] = 1, n++;
-        }
+        for (uint32_t k = lo; k < hi; k++)
+            if ((in_str && gv->k_plain[k]) || accepts_rest(gv, s1, k)) allowed[gv->by_first[k]] = 1, n++;
     }
     return n;
 }

@@ -22,7 +22,12 @@ typedef struct {
     uint8_t *bytes;
     uint8_t *plain;        /* [vocab] 1: non-empty plain string content (no '"', '\\', control bytes; whole
                             * UTF-8 characters) */
-    int32_t *by_first;     /* [vocab] token ids ordered by first byte (empty and special tokens left out) */
+    int32_t *by_first;     /* [n_first] token ids ordered by first byte (empty and special tokens left out) */
+    uint32_t n_first;
+    /* the same tokens in that order, so the mask reads memory in sequence: */
+    uint32_t *k_off;       /* [n_first + 1] bytes of by_first[k]: k_bytes[k_off[k] .. k_off[k + 1]) */
+    uint8_t *k_bytes;
+    uint8_t *k_plain;      /* [n_first] plain[by_first[k]] */
     uint32_t first_off[257]; /* tokens with first byte b: by_first[first_off[b] .. first_off[b + 1]) */
 } ckv_grammar_vocab;
 
@@ -31,7 +36,8 @@ ckv_status ckv_grammar_vocab_init(ckv_grammar_vocab *gv, const ckv_tokenizer *to
 void ckv_grammar_vocab_free(ckv_grammar_vocab *gv); /* accepts zeroed and partial objects */
 
 typedef struct {
-    uint8_t stack[CKV_JSON_MAX_DEPTH]; /* '{' or '[' per open container */
+    uint64_t objects; /* bit d: the container at depth d is an object (else an array); 16 bytes in all, so
+                       * the mask copies a state per token cheaply */
     int depth;
     uint8_t st;      /* lexical state (grammar.c) */
     uint8_t sub;     /* progress inside a literal or a \uXXXX escape */
