@@ -85,9 +85,11 @@ const float *ckv_logits_apply(ckv_logits *p, const float *logits) {
     float *w = p->work;
     memcpy(w, logits, sizeof(float) * (size_t)p->vocab);
     if (p->gv) { /* the grammar: disallowed tokens can never be chosen */
-        ckv_grammar_mask(p->gv, &p->js, p->eos, p->n_eos, p->allowed);
-        for (int i = 0; i < p->vocab; i++)
-            if (!p->allowed[i]) w[i] = -INFINITY;
+        /* (a state no token continues cannot occur with a byte-complete vocabulary; the row is then left
+         * unmasked rather than all -inf) */
+        if (ckv_grammar_mask(p->gv, &p->js, p->eos, p->n_eos, p->allowed) > 0)
+            for (int i = 0; i < p->vocab; i++)
+                if (!p->allowed[i]) w[i] = -INFINITY;
     }
     if (!p->active) return w;
     /* HF's RepetitionPenaltyLogitsProcessor first (it runs on the raw scores), over prompt + answer */

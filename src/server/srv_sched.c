@@ -250,6 +250,10 @@ static int emit_token(ckv_srv_sched *s, ckv_srv_slot *sl, int32_t tok) {
         finish_choice(s, sl, CKV_FINISH_STOP);
         return 1;
     }
+    if (sl->lp.gv && ckv_json_complete(&sl->lp.js)) { /* response_format json_object: the object is whole */
+        finish_choice(s, sl, CKV_FINISH_EOS);
+        return 1;
+    }
     if (ch->n_ids >= j->max_tokens) {
         finish_choice(s, sl, CKV_FINISH_LENGTH);
         return 1;

@@ -159,7 +159,7 @@ def json_case():
         c = r[1]["choices"][0]
         txt = c["message"]["content"]
         if c["finish_detail"] == "eos":
-            if not isinstance(json.loads(txt), dict):
+            if not isinstance(json.loads(txt), dict):  # the answer ends once the object is whole
                 return False
             done += 1
         elif not txt.lstrip().startswith("{"):
