@@ -151,20 +151,27 @@ def penalty_case(field):
     return rep is not None and plain[:rep] == pen[:rep] and pen[rep] != plain[rep]
 
 
+def tok1(text):
+    _, _, raw = s.request("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+    return json.loads(raw)["tokens"][0]
+
+
 def json_case():
-    """Answers that end (eos) parse as JSON objects; those cut by max_tokens start one; some end."""
-    done = 0
-    for seed in range(1, 7):
-        r = chat(response_format={"type": "json_object"}, temperature=1.0, seed=seed, max_tokens=60, ignore_eos=False)
+    """json_object answers start an object and, when they end, parse as one; driven by logit_bias (+100
+    dominates any logit) the answers are exactly {} and {"": ""} whatever the CPU's arithmetic."""
+    close, quote = tok1("}"), tok1('"')
+    for bias, want in (({str(close): 100}, {}), ({str(quote): 100, str(close): 50}, {"": ""})):
+        r = chat(response_format={"type": "json_object"}, max_tokens=60, ignore_eos=False, logit_bias=bias)
+        c = r[1]["choices"][0]
+        if c["finish_detail"] != "eos" or json.loads(c["message"]["content"]) != want:
+            return False
+    for seed in range(1, 5):
+        r = chat(response_format={"type": "json_object"}, temperature=1.0, seed=seed, max_tokens=40, ignore_eos=False)
         c = r[1]["choices"][0]
         txt = c["message"]["content"]
-        if c["finish_detail"] == "eos":
-            if not isinstance(json.loads(txt), dict):  # the answer ends once the object is whole
-                return False
-            done += 1
-        elif not txt.lstrip().startswith("{"):
+        if not txt.lstrip().startswith("{") or (c["finish_detail"] == "eos" and not isinstance(json.loads(txt), dict)):
             return False
-    return done >= 1
+    return True
 
 
 def echo_case():
