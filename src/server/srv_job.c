@@ -1,6 +1,7 @@
 /* srv_job.c - job creation, failure and reference counting (see srv_job.h). */
 #include "server/srv_job.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,9 @@ ckv_status ckv_srv_job_alloc_logprobs(ckv_srv_job *j, int top_logprobs) {
         CKV_TRY(ckv_alloc((void **)&j->echo_lp, sizeof(float) * e, "prompt logprobs"));
         CKV_TRY(ckv_alloc((void **)&j->echo_top_ids, sizeof(int32_t) * e * k, "prompt top logprob ids"));
         CKV_TRY(ckv_alloc((void **)&j->echo_top_lp, sizeof(float) * e * k, "prompt top logprobs"));
+        size_t off = (size_t)(j->n_echo - j->n_q);
+        for (size_t i = 0; i < off; i++) j->echo_lp[i] = NAN;
+        j->score = (ckv_sched_score){j->echo_lp + off, j->echo_top_ids + off * k, j->echo_top_lp + off * k, top_logprobs};
     }
     return CKV_STATUS_OK;
 }

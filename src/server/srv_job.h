@@ -13,6 +13,7 @@
 
 #include "engine/logits.h"
 #include "engine/request.h"
+#include "engine/sched.h"
 #include "evict/press.h"
 
 #define CKV_SRV_MAX_STOP 4
@@ -55,6 +56,8 @@ typedef struct ckv_srv_job {
     float *echo_lp;         /* [n_echo] their log-probabilities (echo_scored; NaN: the first token of the prompt) */
     int32_t *echo_top_ids;  /* [n_echo, top_logprobs] */
     float *echo_top_lp;     /* [n_echo, top_logprobs] */
+    ckv_sched_score score;  /* echo_scored: where the scheduler writes the question's (the echo after its
+                             * first n_echo - n_q ids, which have none: NaN) */
     int max_tokens, n_choices, ignore_eos;
     char *stop[CKV_SRV_MAX_STOP];
     int n_stop;

@@ -68,7 +68,7 @@ int main(void) {
     enum { V = 5000, K = 20 };
     static float big[V];
     uint64_t st = 99;
-    for (int i = 0; i < V; i++) big[i] = (float)(ckv_test_xorshift(&st) % 100000) / 1000.0f;
+    for (int i = 0; i < V; i++) big[i] = (float)(ckv_test_rng_u32(&st) % 100000) / 1000.0f;
     int32_t bi[K];
     float bl[K];
     ckv_logprobs_row(big, V, 0, K, bi, bl);
