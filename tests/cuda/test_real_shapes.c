@@ -9,9 +9,9 @@
  *            device and host agree within test_backend_ops' bound (4e-6 x scale x |x|max).
  *   decode   the attention op over 8 sequences whose ragged, compacted segments hold 4,096-4,607
  *            keys at positions up to ~140,000 (a 128K context kept at a few percent), one query each
- *            past the last key: the split-KV kernel with the split count of the device's SMs (on
- *            the CPU execution layer, the count it reports) within the split kernel's bound 2e-5
- *            absolute + 1e-4 relative.
+ *            past the last key: the split-KV kernel with the split count of the device's SMs (the
+ *            CPU execution layer reports an H200's 132: 5 splits of ~29 tiles for 8 KV heads, 17
+ *            for Qwen2.5-0.5B's 2) within the split kernel's bound 2e-5 absolute + 1e-4 relative.
  *   sample   rows over Qwen2.5's 152,064-token vocabulary (distinct logits and rows of many exact
  *            ties): the same token as the CPU op and the engine's sampler for greedy, top-p and
  *            top-k draws.
