@@ -456,6 +456,15 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t st)
     return cudaSuccess;
 }
 
+cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
+    LOCKED;
+    cudaError_t e = cudaMemsetAsync(dst, value, bytes, NULL);
+    if (e) return e;
+    ckv_emu_stream *s = stream_of(NULL);
+    run_stream_now(s, s->next - 1);
+    return sync_status(tl_device);
+}
+
 /* ---- launches ---------------------------------------------------------------------------------- */
 
 void ckv_emu_submit(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void (*tramp)(void *),
