@@ -137,7 +137,7 @@ static void test_findings() {
         expect_finding("missing __syncthreads",
                        [&] { CKV_LAUNCH(missing_sync_kernel, dim3(2), dim3(128), 0, (cudaStream_t)NULL, out, in); },
                        cudaErrorLaunchFailure, "kernel missing_sync_kernel", "racecheck: ",
-                       "(__shared__, offset");
+                       "(__shared__ missing_sync_kernel(float*, float const*)::s, byte ");
     } else {
         fprintf(stderr, "skip racecheck / initcheck / host-memory cases: kernels not instrumented (CKV_EMU_INSTRUMENT=OFF)\n");
     }
@@ -158,8 +158,9 @@ static void test_findings() {
         upload_iota(in, 64);
         expect_finding("an unwritten __shared__ word",
                        [&] { CKV_LAUNCH(unwritten_shared_kernel, dim3(1), dim3(64), 0, (cudaStream_t)NULL, out, in); },
-                       cudaErrorLaunchFailure, "kernel unwritten_shared_kernel", "initcheck: read of 4 bytes",
-                       "not written by this block (uninitialised __shared__ memory)");
+                       cudaErrorLaunchFailure, "kernel unwritten_shared_kernel",
+                       "initcheck: read of 4 bytes at 0x",
+                       "::s, byte 252 of 256) by thread (0,0,0): byte 0 was not written by this block");
 
         out = dev_floats(1);
         expect_finding("a cross-block write race",
