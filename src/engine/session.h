@@ -1,6 +1,6 @@
 /* session.h - one inference session on one rank: a KV cache and activation buffers sized once for
  * `capacity` tokens, layer-major chunked prefill (every chunk of the prompt through layer l, then
- * layer l + 1; DESIGN.md data flow step 1) and single-token decode steps that allocate nothing.
+ * layer l + 1; docs/architecture.md, "One request today") and single-token decode steps that allocate nothing.
  * It does not tokenise, sample or print. */
 #ifndef CKV_SESSION_H
 #define CKV_SESSION_H

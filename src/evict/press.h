@@ -1,6 +1,6 @@
 /* press.h - what a run compresses and how: the press configuration parsed from a spec string such
  * as "critical_adakv:snapkv" plus options, and its canonical form (echoed in every output). The
- * semantics of every scorer and wrapper are those of ../shared/SPEC-eviction.md. Parsing and
+ * semantics of every scorer and wrapper are those of docs/spec-eviction.md. Parsing and
  * validation only; scoring is in scorer.h, selection in select.h. */
 #ifndef CKV_EVICT_PRESS_H
 #define CKV_EVICT_PRESS_H

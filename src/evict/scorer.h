@@ -1,5 +1,5 @@
 /* scorer.h - per-token importance scores of one layer, one score per (local KV head, context
- * token), exactly as SPEC-eviction.md defines each scorer. A scorer sees the layer's attention
+ * token), exactly as docs/spec-eviction.md defines each scorer. A scorer sees the layer's attention
  * input, its KV segments, its weights and the rope tables, all in the backend's device memory; it
  * drives the backend's eviction ops (backend.h) for the arithmetic and uses the communicators it is
  * given for what crosses ranks (replica groups when tp > Hkv, TOVA's mean over all heads). Only

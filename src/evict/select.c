@@ -1,7 +1,7 @@
 /* select.c - protected tokens, kept counts, CriticalKV two-stage selection and cross-head
  * allocation (see select.h), driven through the backend's eviction ops (evict_max, evict_fill,
  * evict_topk, evict_scatter, evict_add_mul, evict_topk_counts) and the score collectives of
- * evict_comm.c. The formulas follow SPEC-eviction.md; where kvpress evaluates a budget in a
+ * evict_comm.c. The formulas follow docs/spec-eviction.md; where kvpress evaluates a budget in a
  * particular order (b1 = int((1 - cr) * L * alpha)) that order is kept. The host computes only
  * per-head counts. */
 #include "evict/select.h"

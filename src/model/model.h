@@ -91,7 +91,7 @@ typedef struct {
 } ckv_model_scratch;
 
 /* Loads rank plan->rank's share of the model in `dir`. tp may be NULL (one rank). opts may be NULL
- * (defaults). */
+ * (defaults); opts->random_weights loads as ckv_model_load_random with opts->random_seed. */
 ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp);
 ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
                                const ckv_model_opts *opts);

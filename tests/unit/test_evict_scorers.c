@@ -1,5 +1,5 @@
 /* test_evict_scorers.c - every scorer of src/evict against a naive double-precision reimplementation
- * written here from the formulas of SPEC-eviction.md (snapkv avg/max/no pooling, tova, knorm,
+ * written here from the formulas of docs/spec-eviction.md (snapkv avg/max/no pooling, tova, knorm,
  * streaming_llm, observed_attention on the full L x L matrix, expected_attention with an explicit
  * averaged RoPE matrix, CriticalKV's value norm on the full [L, D] product), on random small inputs
  * with G = 1, 2, 3; tensor-parallel splits (query heads split, KV heads replicated over a replica

@@ -16,7 +16,7 @@ How every kept set is proven, not assumed:
     attention patch has overwritten exactly those cached keys with its fake keys, which is checked;
   - a replay (a per-head key mask in float64 attention, its own code) of the question against the
     full cache restricted to the kept sets must reproduce kvpress's question logits;
-  - press_reference.py (written from SPEC-eviction.md) recomputes every scorer and selection from
+  - press_reference.py (written from docs/spec-eviction.md) recomputes every scorer and selection from
     the layer inputs and must keep the same tokens (differences are reported, never hidden).
 
 Context seeds are tried in order until every selection boundary that is not a tie by construction

@@ -1,6 +1,6 @@
 """An independent float64 reference of ckv's eviction scorers and selections.
 
-Written from SPEC-eviction.md (the contract ckv implements), not from kvpress: press_fixtures.py
+Written from docs/spec-eviction.md (the contract ckv implements), not from kvpress: press_fixtures.py
 feeds it the same per-layer inputs kvpress sees (attention input, post-RoPE keys, values, weights,
 RoPE tables) and checks that it keeps the same tokens as kvpress did. Its selection functions also
 run on kvpress's own recorded scores, to measure how close each selection is to a tie and whether

@@ -211,7 +211,7 @@ void ckv_emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaSt
     ckv_emu_submit(name, grid, block, smem, s, ckv_emu_tramp<args_t>, a, sizeof *a, ckv_emu_destroy<args_t>, ptrs, n);
 }
 
-/* ---- warp shuffles (GPU-NOTES §2): 4-byte types ----------------------------------------------- */
+/* ---- warp shuffles (docs/gpu.md §2): 4-byte types ----------------------------------------------- */
 
 enum ckv_emu_shfl_kind { CKV_EMU_SHFL_IDX, CKV_EMU_SHFL_UP, CKV_EMU_SHFL_DOWN, CKV_EMU_SHFL_XOR };
 struct ckv_emu_shfl_lane {
