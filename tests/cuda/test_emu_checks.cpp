@@ -123,6 +123,12 @@ struct wrapped {
 };
 __global__ void wrapped_kernel(float *out, wrapped w) { out[threadIdx.x] = w.p[threadIdx.x]; }
 
+/* A constant table in kernel code (constant memory on a device): no finding. */
+__global__ void table_kernel(float *out) {
+    static const float table[4] = {1.0f, 2.0f, 4.0f, 8.0f};
+    out[threadIdx.x] = table[threadIdx.x % 4];
+}
+
 /* Writes one element past its buffer. */
 __global__ void write_past_kernel(float *out, int n) {
     const int i = (int)threadIdx.x;
@@ -187,6 +193,10 @@ static void test_findings() {
     cudaMemsetAsync(count, 0, sizeof *count, NULL);
     expect_clean("atomicAdd from every block",
                  [&] { CKV_LAUNCH(atomic_kernel, dim3(16), dim3(32), 0, (cudaStream_t)NULL, count); });
+
+    out = dev_floats(32);
+    expect_clean("a constant table read by a kernel",
+                 [&] { CKV_LAUNCH(table_kernel, dim3(1), dim3(32), 0, (cudaStream_t)NULL, out); });
 
     /* run-time checks: with or without the instrumentation */
     float host[64] = {0};

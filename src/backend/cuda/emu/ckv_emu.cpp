@@ -259,6 +259,13 @@ ckv_emu_stream *stream_of(cudaStream_t s) {
     return mach().legacy[d];
 }
 
+/* A stream another one waits on may have been destroyed since (after its work ran). */
+static bool stream_alive(const ckv_emu_stream *s) {
+    for (const ckv_emu_stream *o : mach().streams)
+        if (o == s) return true;
+    return false;
+}
+
 void stream_run(ckv_emu_stream *s, uint64_t upto) {
     while (!s->q.empty() && s->q.front().seq <= upto) {
         work w = std::move(s->q.front());
@@ -282,7 +289,8 @@ uint64_t stream_push(cudaStream_t st, std::function<void()> fn) {
     }
     if (!deps.empty()) {
         fn = [deps, f = std::move(fn)]() {
-            for (auto &d : deps) stream_run(d.first, d.second);
+            for (auto &d : deps)
+                if (stream_alive(d.first)) stream_run(d.first, d.second);
             f();
         };
     }
@@ -366,7 +374,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
 
 /* Work that completes event e (as recorded now). */
 static void event_run(ckv_emu_stream *s, uint64_t seq) {
-    if (s) stream_run(s, seq);
+    if (s && stream_alive(s)) stream_run(s, seq);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {

@@ -37,6 +37,7 @@ namespace {
 const ckv_emu_observer *g_observer = NULL;
 bool g_instrumented = false;
 bool g_active = false; /* checks or an observer: the access hook does work */
+bool g_check = false;  /* CKV_EMU_CHECK */
 bool g_in_observer = false; /* the observer's own (possibly instrumented) code runs */
 
 struct launch_info {
@@ -51,7 +52,10 @@ std::vector<race_cell> g_shared_shadow; /* per byte of the device thread's stati
 uintptr_t g_hit_lo = 0, g_hit_hi = 0;
 alloc *g_hit = NULL;
 
-void update_active() { g_active = config().check || (g_observer && g_observer->access); }
+void update_active() {
+    g_check = config().check;
+    g_active = g_check || (g_observer && g_observer->access);
+}
 
 const uint32_t MULTI = 0xffffffffu; /* several threads read in the interval */
 
@@ -256,12 +260,14 @@ void check_global(const thread_ctx *t, uintptr_t a, unsigned size, ckv_emu_acces
 
 inline void on_access(void *addr, unsigned size, ckv_emu_access_kind k, void *site) {
     if (!g_active || g_in_observer) return;
-    thread_ctx *t = running();
-    if (!t || !on_device_thread()) return; /* host code, or the scheduler between fibers */
+    thread_ctx *t = g_running;
+    if (!t || !pthread_equal(pthread_self(), g_device_tid)) return; /* host code, or between fibers */
     const uintptr_t a = (uintptr_t)addr;
     const ranges &r = exec_ranges();
     if ((a >= r.stacks_lo && a < r.stacks_hi) || (a >= r.self_lo && a < r.self_hi) || (a >= r.args_lo && a < r.args_hi))
         return;
+    for (int i = 0; i < 4; i++)
+        if (a >= r.const_lo[i] && a < r.const_hi[i] && k == CKV_EMU_READ) return; /* constants */
     const bool shared = a >= r.shared_lo && a < r.shared_hi;
     if (g_observer && g_observer->access) {
         ckv_emu_access ev;
@@ -282,7 +288,7 @@ inline void on_access(void *addr, unsigned size, ckv_emu_access_kind k, void *si
         g_in_observer = false;
     }
     t->seq++;
-    if (!config().check) return;
+    if (!g_check) return;
     if (shared) check_shared(t, a, size, k);
     else check_global(t, a, size, k);
 }
