@@ -5,21 +5,21 @@
  * runs as one cooperatively scheduled fiber per thread; every collective (__syncthreads,
  * __syncwarp, shuffles, the mma wrapper) is a rendezvous: a fiber runs until it reaches one and
  * waits there until every thread the collective names has arrived, which is a legal schedule of
- * independent thread scheduling (CUDA C++ Programming Guide, "Independent Thread Scheduling"). Threads between two collectives run in the order
- * CKV_EMU_SCHEDULE names (forward, reverse, random:SEED), blocks too. A barrier that can never
- * complete is a launch failure, never a hang. Work queued on a stream (launches, asynchronous
- * copies and memsets, GEMMs, event records and waits) runs on the layer's device thread when the
- * host forces it (a stream, event or device synchronisation, a copy to pageable host memory, a
- * free), not at the call, so a missing cudaStreamWaitEvent gives wrong data as on a GPU. Device
- * memory is host memory in exact-sized allocations between red zones; the current device is per
- * host thread. CKV_EMU_CHECK=1 turns on the checks: racecheck, memcheck and initcheck on every
- * load and store of kernel code built with the CKV_EMU_INSTRUMENT CMake option (the accesses reach
- * the layer through the ThreadSanitizer call ABI, see emu_check.cpp), and without it the pointer
- * arguments of every launch, red-zone canaries and poisoned memory; a finding is a failed launch
- * naming the kernel, the address, the block and the thread. cuBLAS GEMM is a plain CPU GEMM with
- * fp32 products summed in double. It models no timing and no memory hierarchy. Everything lives in
- * namespace ckv_emu, so it never clashes with the real CUDA runtime linked into the same program.
- * Included only through cuda/cuda_rt.h. */
+ * independent thread scheduling (docs/gpu.md, section 2). Threads between two collectives run in
+ * the order CKV_EMU_SCHEDULE names (forward, reverse, random:SEED), blocks too. A barrier that can
+ * never complete is a launch failure, never a hang. Work queued on a stream (launches,
+ * asynchronous copies and memsets, GEMMs, event records and waits) runs on the layer's device
+ * thread when the host forces it (a stream, event or device synchronisation, a copy to pageable
+ * host memory, a free), not at the call, so a missing cudaStreamWaitEvent gives wrong data as on a
+ * GPU. Device memory is host memory in exact-sized allocations between red zones; the current
+ * device is per host thread. CKV_EMU_CHECK=1 turns on the checks: racecheck, memcheck and
+ * initcheck on every load and store of kernel code built with the CKV_EMU_INSTRUMENT CMake option
+ * (the accesses reach the layer through the ThreadSanitizer call ABI, see emu_check.cpp), and
+ * without it the pointer arguments of every launch, red-zone canaries and poisoned memory; a
+ * finding is a failed launch naming the kernel, the address, the block and the thread. cuBLAS
+ * GEMM is a plain CPU GEMM with fp32 products summed in double. It models no timing and no memory
+ * hierarchy. Everything lives in namespace ckv_emu, so it never clashes with the real CUDA runtime
+ * linked into the same program. Included only through cuda/cuda_rt.h. */
 #ifndef CKV_EMU_H
 #define CKV_EMU_H
 
