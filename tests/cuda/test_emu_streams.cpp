@@ -5,12 +5,15 @@
  * the right data); the legacy stream orders blocking streams; cudaSetDevice is per host thread; a
  * launch on a stream of another device than the current one fails; the devices report 132 SMs
  * (an H200). Then the CUDA backend on device 1 driven from a thread whose current device is 0
- * (as the server's engine thread drives it): every op must still run on device 1. Built only for
- * the emulator (label cuda-emu). */
+ * (as the server's engine thread drives it): every op must still run on device 1. Last, backend
+ * ops give identical bytes under the forward, reverse and random schedules. Built only for the
+ * emulator (label cuda-emu). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <vector>
 
 #include "cuda_rt.h"
 
@@ -203,10 +206,86 @@ static void test_backend_other_thread() {
     ckv_cuda_emu_set_devices(1, 9, 0);
 }
 
+/* ---- results identical under every schedule ------------------------------------------------------ */
+
+/* rmsnorm (block reductions over shuffles and __shared__), softmax_add (one block), evict_max
+ * (a grid-stride reduction) and evict_topk (per-row selection with ties) of fixed inputs, as bytes. */
+static std::vector<unsigned char> run_ops(ckv_backend *be) {
+    constexpr int ROWS = 3, DIM = 300;
+    std::vector<float> x(ROWS * DIM), w(DIM);
+    uint32_t r = 12345;
+    for (float &v : x) r = r * 1664525u + 1013904223u, v = (float)(r >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < DIM; i++) w[i] = 1.0f + 0.01f * (float)(i % 7);
+    for (int i = 0; i < DIM; i += 10) x[DIM + i] = 0.25f; /* ties in row 1 */
+    const int32_t k[ROWS] = {17, 40, 299};
+    float *dx = NULL, *dw = NULL, *dout = NULL, *dsm = NULL, *dmax = NULL;
+    int32_t *dk = NULL, *didx = NULL;
+    std::vector<unsigned char> out;
+    if (be->ops->alloc(be, (void **)&dx, x.size() * 4, "x") || be->ops->alloc(be, (void **)&dw, w.size() * 4, "w") ||
+        be->ops->alloc(be, (void **)&dout, x.size() * 4, "out") || be->ops->alloc(be, (void **)&dsm, DIM * 4, "sm") ||
+        be->ops->alloc(be, (void **)&dmax, 4, "max") || be->ops->alloc(be, (void **)&dk, sizeof k, "k") ||
+        be->ops->alloc(be, (void **)&didx, ROWS * DIM * 4, "idx"))
+        return out;
+    be->ops->upload(be, dx, x.data(), x.size() * 4);
+    be->ops->upload(be, dw, w.data(), w.size() * 4);
+    be->ops->upload(be, dk, k, sizeof k);
+    be->ops->upload(be, dsm, x.data(), DIM * 4);
+    be->ops->rmsnorm(be, dout, dx, dw, ROWS, DIM, 1e-6f);
+    be->ops->evict_softmax_add(be, dsm, dx + DIM, DIM);
+    be->ops->evict_max(be, dmax, dx, ROWS, DIM, 3, DIM - 5);
+    ckv_status st = be->ops->evict_topk(be, didx, DIM, dx, DIM, ROWS, DIM, dk);
+    if (st == CKV_STATUS_OK) st = be->ops->sync(be);
+    std::vector<float> o(x.size() + DIM + 1);
+    std::vector<int32_t> idx(ROWS * DIM, -1);
+    if (st == CKV_STATUS_OK) {
+        be->ops->download(be, o.data(), dout, x.size() * 4);
+        be->ops->download(be, o.data() + x.size(), dsm, DIM * 4);
+        be->ops->download(be, o.data() + x.size() + DIM, dmax, 4);
+        for (int row = 0; row < ROWS; row++)
+            be->ops->download(be, idx.data() + row * DIM, didx + row * DIM, (size_t)k[row] * 4);
+        out.resize(o.size() * 4 + idx.size() * 4);
+        memcpy(out.data(), o.data(), o.size() * 4);
+        memcpy(out.data() + o.size() * 4, idx.data(), idx.size() * 4);
+    } else {
+        fprintf(stderr, "  ops failed: %s\n", ckv_error_message());
+    }
+    for (void *p : {(void *)dx, (void *)dw, (void *)dout, (void *)dsm, (void *)dmax, (void *)dk, (void *)didx})
+        be->ops->release(be, p);
+    return out;
+}
+
+static void test_schedules() {
+    ckv_backend *be = NULL;
+    ckv_status st = ckv_backend_cuda_emu_init(&be, 0);
+    EXPECT(st == CKV_STATUS_OK, "cuda-emu backend: %s", ckv_error_message());
+    if (st != CKV_STATUS_OK) return;
+    const char *schedules[] = {"forward", "reverse", "random:7", "random:12345"};
+    std::vector<unsigned char> first;
+    int same = 0;
+    for (const char *sch : schedules) {
+        EXPECT(ckv_emu_set_schedule(sch) == 0, "schedule %s refused", sch);
+        std::vector<unsigned char> got = run_ops(be);
+        EXPECT(!got.empty(), "schedule %s: the ops failed", sch);
+        if (first.empty()) first = got;
+        else if (got == first) same++;
+        else {
+            size_t i = 0;
+            while (i < got.size() && got[i] == first[i]) i++;
+            EXPECT(false, "schedule %s: results differ from forward's, first at byte %zu of %zu", sch, i, got.size());
+        }
+    }
+    EXPECT(ckv_emu_set_schedule("sideways") == -1, "a bad schedule was accepted");
+    ckv_emu_set_schedule("forward");
+    if (same == 3) fprintf(stderr, "ok   rmsnorm, softmax, max, top-k: identical bytes under forward, reverse and 2 random schedules\n");
+    be->ops->free(be);
+    ckv_cuda_emu_reset();
+}
+
 int main() {
     test_stream_order();
     test_devices();
     test_backend_other_thread();
+    test_schedules();
     if (failures) {
         fprintf(stderr, "test_emu_streams: %d check(s) FAILED\n", failures);
         return 1;

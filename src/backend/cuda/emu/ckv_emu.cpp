@@ -16,6 +16,8 @@ namespace ckv_emu {
 
 /* ---- settings --------------------------------------------------------------------------------- */
 
+static bool parse_schedule(const char *v, settings *c);
+
 static settings parse_settings() {
     settings c;
     const char *v = getenv("CKV_EMU_CHECK");
@@ -26,18 +28,8 @@ static settings parse_settings() {
         c.seed = 1;
     }
     v = getenv("CKV_EMU_SCHEDULE");
-    if (v && *v) {
-        char *end = NULL;
-        if (strcmp(v, "forward") == 0) {
-            c.schedule = SCHED_FORWARD;
-        } else if (strcmp(v, "reverse") == 0) {
-            c.schedule = SCHED_REVERSE;
-        } else if (strncmp(v, "random:", 7) == 0 && v[7] && (c.seed = strtoull(v + 7, &end, 10), *end == '\0')) {
-            c.schedule = SCHED_RANDOM;
-        } else {
-            c.error = std::string("CKV_EMU_SCHEDULE=") + v + ": expected forward, reverse or random:SEED";
-        }
-    }
+    if (v && *v && !parse_schedule(v, &c))
+        c.error = std::string("CKV_EMU_SCHEDULE=") + v + ": expected forward, reverse or random:SEED";
     v = getenv("CKV_EMU_POISON");
     if (v && *v) {
         char *end = NULL;
@@ -48,9 +40,30 @@ static settings parse_settings() {
     return c;
 }
 
-const settings &config(void) {
-    static const settings c = parse_settings();
+static settings &mutable_config(void) {
+    static settings c = parse_settings();
     return c;
+}
+
+const settings &config(void) { return mutable_config(); }
+
+/* Parses forward | reverse | random:SEED into c; false when it is none of them. */
+static bool parse_schedule(const char *v, settings *c) {
+    char *end = NULL;
+    if (strcmp(v, "forward") == 0) c->schedule = SCHED_FORWARD;
+    else if (strcmp(v, "reverse") == 0) c->schedule = SCHED_REVERSE;
+    else if (strncmp(v, "random:", 7) == 0 && v[7] && (c->seed = strtoull(v + 7, &end, 10), *end == '\0'))
+        c->schedule = SCHED_RANDOM;
+    else return false;
+    return true;
+}
+
+int ckv_emu_set_schedule(const char *spec) {
+    LOCKED;
+    settings c = mutable_config();
+    if (!spec || !parse_schedule(spec, &c)) return -1;
+    mutable_config() = c;
+    return 0;
 }
 
 /* ---- machine state ------------------------------------------------------------------------------ */

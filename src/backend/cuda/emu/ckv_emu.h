@@ -291,6 +291,9 @@ void ckv_emu_set_devices(int count, int major, int minor);
 void ckv_emu_inject_fault(const char *kernel);
 /* Clears the sticky errors, drops queued work and frees every device allocation (cudaDeviceReset). */
 void ckv_emu_reset(void);
+/* The thread and block order from now on, as CKV_EMU_SCHEDULE spells it (forward, reverse,
+ * random:SEED); -1 (nothing changed) for anything else. */
+int ckv_emu_set_schedule(const char *spec);
 
 /* ---- observing kernels (not CUDA) ----------------------------------------------------------------
  * The per-access interface the checks are built on, open to tools such as memory-traffic counters.
