@@ -325,14 +325,14 @@ void check_red_zones(int device, const char *kernel) {
         for (size_t i = 0; i < RED_ZONE; i++)
             if (p[-1 - (long)i] != CANARY) {
                 fault(device, cudaErrorIllegalAddress,
-                      "ckv-emu: kernel %s: memcheck: a write %zu bytes before a %zu-byte device allocation at %p "
+                      "ckv-emu: kernel %s: memcheck: a write at byte %zu before a %zu-byte device allocation at %p "
                       "(its red zone was overwritten)", kernel, i + 1, a.bytes, (const void *)p);
                 return;
             }
         for (size_t i = 0; i < tail; i++)
             if (p[a.bytes + i] != CANARY) {
                 fault(device, cudaErrorIllegalAddress,
-                      "ckv-emu: kernel %s: memcheck: a write %zu bytes past the end of a %zu-byte device allocation "
+                      "ckv-emu: kernel %s: memcheck: a write at byte %zu past the end of a %zu-byte device allocation "
                       "at %p (its red zone was overwritten)", kernel, i + 1, a.bytes, (const void *)p);
                 return;
             }
