@@ -37,9 +37,9 @@ fi
 echo "== tests (cpu, mpi)"
 ctest --test-dir "$root/build" -L 'cpu|mpi' -LE 'cuda-emu|slow' --output-on-failure -j "$jobs"
 echo "== cuda-emu tests (the CUDA kernels on the CPU execution layer) under its checks: racecheck, memcheck, initcheck, random schedule"
-CKV_EMU_CHECK=1 ctest --test-dir "$root/build" -L cuda-emu -LE slow -E '^gpu_run_rehearsal$' --output-on-failure -j "$jobs"
-echo "== the GPU script's rehearsal on cuda-emu (its commands at real geometry; the kernels are checked above)"
-ctest --test-dir "$root/build" -R '^gpu_run_rehearsal$' --output-on-failure
+CKV_EMU_CHECK=1 ctest --test-dir "$root/build" -L cuda-emu -LE slow -E '^(gpu_run_rehearsal|test_emu_profile)$' --output-on-failure -j "$jobs"
+echo "== cuda-emu without the checks: the GPU script's rehearsal (its commands at real geometry) and the traffic counters' test"
+ctest --test-dir "$root/build" -R '^(gpu_run_rehearsal|test_emu_profile)$' --output-on-failure
 echo "== cluster tests (network-namespace nodes, mpirun and SLURM; skipped without root or the packages)"
 ctest --test-dir "$root/build" -L cluster -LE slow --output-on-failure
 
