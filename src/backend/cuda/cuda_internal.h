@@ -36,7 +36,15 @@ struct ctx {
     int sync_each;            /* CKV_CUDA_SYNC=1: synchronise after every op (exact fault attribution) */
 };
 
-static inline ctx *ctx_of(ckv_backend *be) { return (ctx *)be->ctx; }
+/* The backend's ctx, with the backend's device made current on the calling thread: the current
+ * device is per host thread, and the backend may be driven from another thread than the one that
+ * created it (the server's engine thread), which would otherwise allocate and launch on device 0. */
+static inline ctx *ctx_of(ckv_backend *be) {
+    ctx *c = (ctx *)be->ctx;
+    int cur = -1;
+    if (c && (cudaGetDevice(&cur) != cudaSuccess || cur != c->device)) (void)cudaSetDevice(c->device);
+    return c;
+}
 
 /* One-line status for a failed CUDA / cuBLAS call made for `what`. */
 ckv_status status_cuda(cudaError_t e, const char *what);

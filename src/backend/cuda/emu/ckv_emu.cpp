@@ -16,6 +16,8 @@ namespace ckv_emu {
 
 /* ---- settings --------------------------------------------------------------------------------- */
 
+static bool parse_schedule(const char *v, settings *c);
+
 static settings parse_settings() {
     settings c;
     const char *v = getenv("CKV_EMU_CHECK");
@@ -26,18 +28,8 @@ static settings parse_settings() {
         c.seed = 1;
     }
     v = getenv("CKV_EMU_SCHEDULE");
-    if (v && *v) {
-        char *end = NULL;
-        if (strcmp(v, "forward") == 0) {
-            c.schedule = SCHED_FORWARD;
-        } else if (strcmp(v, "reverse") == 0) {
-            c.schedule = SCHED_REVERSE;
-        } else if (strncmp(v, "random:", 7) == 0 && v[7] && (c.seed = strtoull(v + 7, &end, 10), *end == '\0')) {
-            c.schedule = SCHED_RANDOM;
-        } else {
-            c.error = std::string("CKV_EMU_SCHEDULE=") + v + ": expected forward, reverse or random:SEED";
-        }
-    }
+    if (v && *v && !parse_schedule(v, &c))
+        c.error = std::string("CKV_EMU_SCHEDULE=") + v + ": expected forward, reverse or random:SEED";
     v = getenv("CKV_EMU_POISON");
     if (v && *v) {
         char *end = NULL;
@@ -48,9 +40,30 @@ static settings parse_settings() {
     return c;
 }
 
-const settings &config(void) {
-    static const settings c = parse_settings();
+static settings &mutable_config(void) {
+    static settings c = parse_settings();
     return c;
+}
+
+const settings &config(void) { return mutable_config(); }
+
+/* Parses forward | reverse | random:SEED into c; false when it is none of them. */
+static bool parse_schedule(const char *v, settings *c) {
+    char *end = NULL;
+    if (strcmp(v, "forward") == 0) c->schedule = SCHED_FORWARD;
+    else if (strcmp(v, "reverse") == 0) c->schedule = SCHED_REVERSE;
+    else if (strncmp(v, "random:", 7) == 0 && v[7] && (c->seed = strtoull(v + 7, &end, 10), *end == '\0'))
+        c->schedule = SCHED_RANDOM;
+    else return false;
+    return true;
+}
+
+int ckv_emu_set_schedule(const char *spec) {
+    LOCKED;
+    settings c = mutable_config();
+    if (!spec || !parse_schedule(spec, &c)) return -1;
+    mutable_config() = c;
+    return 0;
 }
 
 /* ---- machine state ------------------------------------------------------------------------------ */
@@ -259,6 +272,13 @@ ckv_emu_stream *stream_of(cudaStream_t s) {
     return mach().legacy[d];
 }
 
+/* A stream another one waits on may have been destroyed since (after its work ran). */
+static bool stream_alive(const ckv_emu_stream *s) {
+    for (const ckv_emu_stream *o : mach().streams)
+        if (o == s) return true;
+    return false;
+}
+
 void stream_run(ckv_emu_stream *s, uint64_t upto) {
     while (!s->q.empty() && s->q.front().seq <= upto) {
         work w = std::move(s->q.front());
@@ -282,7 +302,8 @@ uint64_t stream_push(cudaStream_t st, std::function<void()> fn) {
     }
     if (!deps.empty()) {
         fn = [deps, f = std::move(fn)]() {
-            for (auto &d : deps) stream_run(d.first, d.second);
+            for (auto &d : deps)
+                if (stream_alive(d.first)) stream_run(d.first, d.second);
             f();
         };
     }
@@ -366,7 +387,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
 
 /* Work that completes event e (as recorded now). */
 static void event_run(ckv_emu_stream *s, uint64_t seq) {
-    if (s) stream_run(s, seq);
+    if (s && stream_alive(s)) stream_run(s, seq);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -454,6 +475,15 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t st)
         mark_written(dst, bytes);
     });
     return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
+    LOCKED;
+    cudaError_t e = cudaMemsetAsync(dst, value, bytes, NULL);
+    if (e) return e;
+    ckv_emu_stream *s = stream_of(NULL);
+    run_stream_now(s, s->next - 1);
+    return sync_status(tl_device);
 }
 
 /* ---- launches ---------------------------------------------------------------------------------- */

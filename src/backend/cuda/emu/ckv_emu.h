@@ -5,21 +5,21 @@
  * runs as one cooperatively scheduled fiber per thread; every collective (__syncthreads,
  * __syncwarp, shuffles, the mma wrapper) is a rendezvous: a fiber runs until it reaches one and
  * waits there until every thread the collective names has arrived, which is a legal schedule of
- * independent thread scheduling (CUDA C++ Programming Guide, "Independent Thread Scheduling"). Threads between two collectives run in the order
- * CKV_EMU_SCHEDULE names (forward, reverse, random:SEED), blocks too. A barrier that can never
- * complete is a launch failure, never a hang. Work queued on a stream (launches, asynchronous
- * copies and memsets, GEMMs, event records and waits) runs on the layer's device thread when the
- * host forces it (a stream, event or device synchronisation, a copy to pageable host memory, a
- * free), not at the call, so a missing cudaStreamWaitEvent gives wrong data as on a GPU. Device
- * memory is host memory in exact-sized allocations between red zones; the current device is per
- * host thread. CKV_EMU_CHECK=1 turns on the checks: racecheck, memcheck and initcheck on every
- * load and store of kernel code built with the CKV_EMU_INSTRUMENT CMake option (the accesses reach
- * the layer through the ThreadSanitizer call ABI, see emu_check.cpp), and without it the pointer
- * arguments of every launch, red-zone canaries and poisoned memory; a finding is a failed launch
- * naming the kernel, the address, the block and the thread. cuBLAS GEMM is a plain CPU GEMM with
- * fp32 products summed in double. It models no timing and no memory hierarchy. Everything lives in
- * namespace ckv_emu, so it never clashes with the real CUDA runtime linked into the same program.
- * Included only through cuda/cuda_rt.h. */
+ * independent thread scheduling (docs/gpu.md, section 2). Threads between two collectives run in
+ * the order CKV_EMU_SCHEDULE names (forward, reverse, random:SEED), blocks too. A barrier that can
+ * never complete is a launch failure, never a hang. Work queued on a stream (launches,
+ * asynchronous copies and memsets, GEMMs, event records and waits) runs on the layer's device
+ * thread when the host forces it (a stream, event or device synchronisation, a copy to pageable
+ * host memory, a free), not at the call, so a missing cudaStreamWaitEvent gives wrong data as on a
+ * GPU. Device memory is host memory in exact-sized allocations between red zones; the current
+ * device is per host thread. CKV_EMU_CHECK=1 turns on the checks: racecheck, memcheck and
+ * initcheck on every load and store of kernel code built with the CKV_EMU_INSTRUMENT CMake option
+ * (the accesses reach the layer through the ThreadSanitizer call ABI, see emu_check.cpp), and
+ * without it the pointer arguments of every launch, red-zone canaries and poisoned memory; a
+ * finding is a failed launch naming the kernel, the address, the block and the thread. cuBLAS
+ * GEMM is a plain CPU GEMM with fp32 products summed in double. It models no timing and no memory
+ * hierarchy. Everything lives in namespace ckv_emu, so it never clashes with the real CUDA runtime
+ * linked into the same program. Included only through cuda/cuda_rt.h. */
 #ifndef CKV_EMU_H
 #define CKV_EMU_H
 
@@ -95,6 +95,7 @@ cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaMemset(void *dst, int value, size_t bytes);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
@@ -290,6 +291,9 @@ void ckv_emu_set_devices(int count, int major, int minor);
 void ckv_emu_inject_fault(const char *kernel);
 /* Clears the sticky errors, drops queued work and frees every device allocation (cudaDeviceReset). */
 void ckv_emu_reset(void);
+/* The thread and block order from now on, as CKV_EMU_SCHEDULE spells it (forward, reverse,
+ * random:SEED); -1 (nothing changed) for anything else. */
+int ckv_emu_set_schedule(const char *spec);
 
 /* ---- observing kernels (not CUDA) ----------------------------------------------------------------
  * The per-access interface the checks are built on, open to tools such as memory-traffic counters.

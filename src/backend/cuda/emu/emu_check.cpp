@@ -24,6 +24,8 @@
  * and (per block) __shared__ memory poisoned. Not itself instrumented. */
 #include "emu_internal.h"
 
+#include <cxxabi.h>
+#include <elf.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +37,7 @@ namespace {
 const ckv_emu_observer *g_observer = NULL;
 bool g_instrumented = false;
 bool g_active = false; /* checks or an observer: the access hook does work */
+bool g_check = false;  /* CKV_EMU_CHECK */
 bool g_in_observer = false; /* the observer's own (possibly instrumented) code runs */
 
 struct launch_info {
@@ -49,7 +52,10 @@ std::vector<race_cell> g_shared_shadow; /* per byte of the device thread's stati
 uintptr_t g_hit_lo = 0, g_hit_hi = 0;
 alloc *g_hit = NULL;
 
-void update_active() { g_active = config().check || (g_observer && g_observer->access); }
+void update_active() {
+    g_check = config().check;
+    g_active = g_check || (g_observer && g_observer->access);
+}
 
 const uint32_t MULTI = 0xffffffffu; /* several threads read in the interval */
 
@@ -108,9 +114,16 @@ std::string why_not_device(uintptr_t a, unsigned size) {
     return "host memory, not a device allocation (a host pointer reached the kernel)";
 }
 
-/* One byte's race shadow against an access of thread t. `global`: blocks of a launch share it. */
-void race_byte(race_cell &c, const thread_ctx *t, ckv_emu_access_kind k, bool global, uintptr_t a, unsigned size,
-               const std::string &where) {
+/* A race found in one byte's shadow: with whom, and why they are unordered. */
+struct race {
+    const char *why = NULL;
+    uint32_t other = 0;
+    bool other_wrote = false;
+};
+
+/* One byte's race shadow against an access of thread t (and updated by it). `global`: blocks of
+ * a launch share the memory. */
+inline race race_byte(race_cell &c, const thread_ctx *t, ckv_emu_access_kind k, bool global) {
     const uint32_t me = t->gtid, floor = global ? t->launch_first : t->block_first;
     const unsigned warp = t->tid / 32;
     auto conflict = [&](uint32_t g, uint32_t serial, uint16_t wsync) -> const char * {
@@ -120,34 +133,94 @@ void race_byte(race_cell &c, const thread_ctx *t, ckv_emu_access_kind k, bool gl
         if (g != MULTI && (g - 1) % t->threads / 32 == warp && wsync != t->wsync) return NULL;
         return "in the same interval between __syncthreads";
     };
-    const char *why = conflict(c.w_gtid, c.w_serial, c.w_wsync);
-    if (why)
-        report(cudaErrorLaunchFailure, "racecheck", t, k, a, size, where,
-               std::string("races with a write by ") + who(c.w_gtid) + " " + why);
+    race r;
+    if ((r.why = conflict(c.w_gtid, c.w_serial, c.w_wsync))) {
+        r.other = c.w_gtid, r.other_wrote = true;
+        return r;
+    }
     if (k == CKV_EMU_WRITE) {
-        why = conflict(c.r_gtid, c.r_serial, c.r_wsync);
-        if (why)
-            report(cudaErrorLaunchFailure, "racecheck", t, k, a, size, where,
-                   std::string("races with a read by ") + who(c.r_gtid) + " " + why);
+        if ((r.why = conflict(c.r_gtid, c.r_serial, c.r_wsync))) {
+            r.other = c.r_gtid;
+            return r;
+        }
         c.w_gtid = me, c.w_serial = t->serial, c.w_wsync = t->wsync;
     } else if (c.r_serial == t->serial && c.r_gtid != me && c.r_serial >= floor) {
         c.r_gtid = MULTI;
     } else {
         c.r_gtid = me, c.r_serial = t->serial, c.r_wsync = t->wsync;
     }
+    return r;
+}
+
+[[noreturn]] void report_race(const race &r, const thread_ctx *t, ckv_emu_access_kind k, uintptr_t a, unsigned size,
+                              const std::string &where) {
+    report(cudaErrorLaunchFailure, "racecheck", t, k, a, size, where,
+           std::string("races with a ") + (r.other_wrote ? "write" : "read") + " by " + who(r.other) + " " + r.why);
+}
+
+/* The __shared__ variables (TLS symbols of the executable): offset in the TLS block -> size, name. */
+struct tls_symbol {
+    size_t size;
+    std::string name;
+};
+std::map<size_t, tls_symbol> read_tls_symbols() {
+    std::map<size_t, tls_symbol> out;
+    FILE *f = fopen("/proc/self/exe", "rb");
+    if (!f) return out;
+    Elf64_Ehdr eh;
+    std::vector<Elf64_Shdr> sh;
+    if (fread(&eh, sizeof eh, 1, f) == 1 && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
+        eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_shentsize == sizeof(Elf64_Shdr)) {
+        sh.resize(eh.e_shnum);
+        if (fseek(f, (long)eh.e_shoff, SEEK_SET) != 0 || fread(sh.data(), sizeof(Elf64_Shdr), sh.size(), f) != sh.size())
+            sh.clear();
+    }
+    for (const Elf64_Shdr &s : sh) {
+        if (s.sh_type != SHT_SYMTAB || s.sh_link >= sh.size() || s.sh_entsize != sizeof(Elf64_Sym)) continue;
+        const Elf64_Shdr &strs = sh[s.sh_link];
+        std::vector<Elf64_Sym> syms(s.sh_size / sizeof(Elf64_Sym));
+        std::vector<char> names(strs.sh_size + 1, '\0');
+        if (fseek(f, (long)s.sh_offset, SEEK_SET) != 0 || fread(syms.data(), sizeof(Elf64_Sym), syms.size(), f) != syms.size() ||
+            fseek(f, (long)strs.sh_offset, SEEK_SET) != 0 || fread(names.data(), 1, strs.sh_size, f) != strs.sh_size)
+            break;
+        for (const Elf64_Sym &y : syms) {
+            if (ELF64_ST_TYPE(y.st_info) != STT_TLS || y.st_name >= strs.sh_size || y.st_size == 0) continue;
+            const char *raw = names.data() + y.st_name;
+            int status = 1;
+            char *dem = abi::__cxa_demangle(raw, NULL, NULL, &status);
+            out[y.st_value] = tls_symbol{y.st_size, status == 0 && dem ? dem : raw};
+            free(dem);
+        }
+    }
+    fclose(f);
+    return out;
+}
+
+std::string shared_where(uintptr_t a) {
+    static const std::map<size_t, tls_symbol> syms = read_tls_symbols();
+    const size_t off = (size_t)(a - exec_ranges().shared_lo);
+    char where[512];
+    auto it = syms.upper_bound(off);
+    if (it != syms.begin() && off < std::prev(it)->first + std::prev(it)->second.size) {
+        --it;
+        snprintf(where, sizeof where, " (__shared__ %s, byte %zu of %zu)", it->second.name.c_str(), off - it->first,
+                 it->second.size);
+    } else {
+        snprintf(where, sizeof where, " (__shared__, offset %zu of the block's static storage)", off);
+    }
+    return where;
 }
 
 void check_shared(const thread_ctx *t, uintptr_t a, unsigned size, ckv_emu_access_kind k) {
-    const ranges &r = exec_ranges();
-    if (g_shared_shadow.empty()) g_shared_shadow.assign(r.shared_hi - r.shared_lo, race_cell{0, 0, 0, 0, 0, 0});
-    char where[64];
-    snprintf(where, sizeof where, " (__shared__, offset %zu of the block's static storage)", (size_t)(a - r.shared_lo));
+    const ranges &rg = exec_ranges();
+    if (g_shared_shadow.empty()) g_shared_shadow.assign(rg.shared_hi - rg.shared_lo, race_cell{0, 0, 0, 0, 0, 0});
     for (unsigned i = 0; i < size; i++) {
-        race_cell &c = g_shared_shadow[a - r.shared_lo + i];
+        race_cell &c = g_shared_shadow[a - rg.shared_lo + i];
         if (k == CKV_EMU_READ && c.w_serial < t->block_first)
-            report(cudaErrorLaunchFailure, "initcheck", t, k, a, size, where,
+            report(cudaErrorLaunchFailure, "initcheck", t, k, a, size, shared_where(a),
                    "byte " + std::to_string(i) + " was not written by this block (uninitialised __shared__ memory)");
-        race_byte(c, t, k, false, a, size, where);
+        race r = race_byte(c, t, k, false);
+        if (r.why) report_race(r, t, k, a, size, shared_where(a));
     }
 }
 
@@ -180,18 +253,21 @@ void check_global(const thread_ctx *t, uintptr_t a, unsigned size, ckv_emu_acces
             page = (race_cell *)calloc(4096, sizeof(race_cell));
             if (!page) report(cudaErrorLaunchFailure, "racecheck", t, k, a, size, "", "no memory for the shadow");
         }
-        race_byte(page[o & 4095], t, k, true, a, size, global_where(a, g_hit_lo, al));
+        race r = race_byte(page[o & 4095], t, k, true);
+        if (r.why) report_race(r, t, k, a, size, global_where(a, g_hit_lo, al));
     }
 }
 
 inline void on_access(void *addr, unsigned size, ckv_emu_access_kind k, void *site) {
     if (!g_active || g_in_observer) return;
-    thread_ctx *t = running();
-    if (!t || !on_device_thread()) return; /* host code, or the scheduler between fibers */
+    thread_ctx *t = g_running;
+    if (!t || !pthread_equal(pthread_self(), g_device_tid)) return; /* host code, or between fibers */
     const uintptr_t a = (uintptr_t)addr;
     const ranges &r = exec_ranges();
     if ((a >= r.stacks_lo && a < r.stacks_hi) || (a >= r.self_lo && a < r.self_hi) || (a >= r.args_lo && a < r.args_hi))
         return;
+    for (int i = 0; i < 4; i++)
+        if (a >= r.const_lo[i] && a < r.const_hi[i] && k == CKV_EMU_READ) return; /* constants */
     const bool shared = a >= r.shared_lo && a < r.shared_hi;
     if (g_observer && g_observer->access) {
         ckv_emu_access ev;
@@ -212,7 +288,7 @@ inline void on_access(void *addr, unsigned size, ckv_emu_access_kind k, void *si
         g_in_observer = false;
     }
     t->seq++;
-    if (!config().check) return;
+    if (!g_check) return;
     if (shared) check_shared(t, a, size, k);
     else check_global(t, a, size, k);
 }
@@ -249,14 +325,14 @@ void check_red_zones(int device, const char *kernel) {
         for (size_t i = 0; i < RED_ZONE; i++)
             if (p[-1 - (long)i] != CANARY) {
                 fault(device, cudaErrorIllegalAddress,
-                      "ckv-emu: kernel %s: memcheck: a write %zu bytes before a %zu-byte device allocation at %p "
+                      "ckv-emu: kernel %s: memcheck: a write at byte %zu before a %zu-byte device allocation at %p "
                       "(its red zone was overwritten)", kernel, i + 1, a.bytes, (const void *)p);
                 return;
             }
         for (size_t i = 0; i < tail; i++)
             if (p[a.bytes + i] != CANARY) {
                 fault(device, cudaErrorIllegalAddress,
-                      "ckv-emu: kernel %s: memcheck: a write %zu bytes past the end of a %zu-byte device allocation "
+                      "ckv-emu: kernel %s: memcheck: a write at byte %zu past the end of a %zu-byte device allocation "
                       "at %p (its red zone was overwritten)", kernel, i + 1, a.bytes, (const void *)p);
                 return;
             }

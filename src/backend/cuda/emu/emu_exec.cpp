@@ -37,26 +37,30 @@ device_thread &dthread() {
     return *t;
 }
 
-ranges g_ranges;
-
-/* The static TLS block of the executable in the calling thread: where its __shared__ variables
- * (static thread_local) live. */
-int find_tls(struct dl_phdr_info *info, size_t, void *out) {
-    for (int i = 0; i < info->dlpi_phnum; i++)
-        if (info->dlpi_phdr[i].p_type == PT_TLS && info->dlpi_tls_data) {
-            uintptr_t *r = (uintptr_t *)out;
-            r[0] = (uintptr_t)info->dlpi_tls_data;
-            r[1] = r[0] + info->dlpi_phdr[i].p_memsz;
-            return 1; /* the first object with TLS: the executable, which links the layer */
+/* The executable (the first object; it links the layer): its static TLS block in the calling
+ * thread, where the __shared__ variables (static thread_local) live, and its read-only segments,
+ * where constant tables of kernel code live (constant memory on a device). */
+int find_segments(struct dl_phdr_info *info, size_t, void *out) {
+    ranges *r = (ranges *)out;
+    int n_const = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+        if (ph.p_type == PT_TLS && info->dlpi_tls_data) {
+            r->shared_lo = (uintptr_t)info->dlpi_tls_data;
+            r->shared_hi = r->shared_lo + ph.p_memsz;
         }
-    return 0;
+        if (ph.p_type == PT_LOAD && !(ph.p_flags & PF_W) && n_const < 4) {
+            r->const_lo[n_const] = info->dlpi_addr + ph.p_vaddr;
+            r->const_hi[n_const] = r->const_lo[n_const] + ph.p_memsz;
+            n_const++;
+        }
+    }
+    return 1;
 }
 
 void *device_main(void *) {
     device_thread &t = dthread();
-    uintptr_t tls[2] = {0, 0};
-    dl_iterate_phdr(find_tls, tls);
-    g_ranges.shared_lo = tls[0], g_ranges.shared_hi = tls[1];
+    dl_iterate_phdr(find_segments, &g_ranges);
     std::unique_lock<std::mutex> l(t.m);
     for (;;) {
         t.cv.wait(l, [&] { return t.job != NULL; });
@@ -70,7 +74,9 @@ void *device_main(void *) {
 
 } // namespace
 
-ranges &exec_ranges(void) { return g_ranges; }
+ranges g_ranges;
+thread_ctx *g_running = NULL;
+pthread_t g_device_tid;
 
 bool on_device_thread(void) {
     device_thread &t = dthread();
@@ -94,6 +100,7 @@ void device_exec(const std::function<void()> &fn) {
         }
         pthread_attr_destroy(&at);
         pthread_detach(t.id);
+        g_device_tid = t.id;
         t.started = true;
     }
     t.job = &fn;
@@ -324,8 +331,10 @@ bool run_block(scheduler &s, std::string *bad, uint64_t *rng) {
             fiber &f = s.fibers[order[k]];
             if (f.state != F_READY) continue;
             s.cur = &f;
+            g_running = &f.tc;
             switch_to(&s.main, &f.ctx);
             s.cur = NULL;
+            g_running = NULL;
             if (f.state == F_FAULT) {
                 *bad = s.kill_message;
                 return false;
@@ -358,11 +367,6 @@ bool run_block(scheduler &s, std::string *bad, uint64_t *rng) {
 }
 
 } // namespace
-
-thread_ctx *running(void) {
-    fiber *f = sched().cur;
-    return f ? &f->tc : NULL;
-}
 
 void kill_running(cudaError_t e, const std::string &message) {
     scheduler &s = sched();

@@ -8,6 +8,8 @@
 
 #include "ckv_emu.h"
 
+#include <pthread.h>
+
 #include <deque>
 #include <functional>
 #include <map>
@@ -120,8 +122,11 @@ struct thread_ctx {
     uint16_t wsync;                      /* full-warp collectives passed since the block started */
     uint64_t seq;                        /* accesses made so far */
 };
-/* The running kernel thread, or NULL outside kernel code (host code, the scheduler). */
-thread_ctx *running(void);
+/* The running kernel thread, or NULL outside kernel code (host code, the scheduler); meaningful on
+ * the device thread only (g_device_tid). Globals, not calls: the access hook reads them. */
+extern thread_ctx *g_running;
+extern pthread_t g_device_tid;
+inline thread_ctx *running(void) { return g_running; }
 /* Abandons the running fiber: the launch fails with e and message (never resumes the thread). */
 [[noreturn]] void kill_running(cudaError_t e, const std::string &message);
 /* Address ranges the access hook treats as the emulator's own (fiber stacks, built-in variables,
@@ -131,8 +136,10 @@ struct ranges {
     uintptr_t self_lo = 0, self_hi = 0;
     uintptr_t args_lo = 0, args_hi = 0;
     uintptr_t shared_lo = 0, shared_hi = 0;
+    uintptr_t const_lo[4] = {}, const_hi[4] = {}; /* the executable's read-only segments: constants */
 };
-ranges &exec_ranges(void);
+extern ranges g_ranges;
+inline ranges &exec_ranges(void) { return g_ranges; }
 
 /* ---- checks (emu_check.cpp) -------------------------------------------------------------------- */
 
