@@ -69,6 +69,10 @@ int ckv_score_head0(const ckv_score_inputs *in) {
     return in->q_head0 - in->kv_head0 * (in->n_heads / in->n_kv_heads);
 }
 
+int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank) {
+    return rank / (in->kv_replicas > 1 ? in->kv_replicas : 1) * in->n_kv_local;
+}
+
 ckv_status ckv_score_group_mean(const ckv_score_inputs *in, float *scores) {
     size_t n = (size_t)in->n_kv_local * (size_t)in->L;
     CKV_TRY(ckv_evict_allreduce(in->be, in->replica, scores, n, CKV_COMM_OP_SUM, 1));

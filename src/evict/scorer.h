@@ -25,6 +25,7 @@ typedef struct {
     int n_heads, n_kv_heads;        /* whole model */
     int n_q_local, n_kv_local;      /* this rank */
     int q_head0, kv_head0;          /* global index of the first local head */
+    int kv_replicas;                /* ranks holding the same KV heads (the shard plan's; 0 or 1: one) */
     const float *xn;        /* [L, D] attention input (post input-RMSNorm) of the context tokens (device) */
     ckv_kv_batch kv;        /* the layer's segments (one sequence, n_kv_local heads): rows 0 .. L-1 of each
                              * are the context, post-RoPE keys and values in the batch dtype (device) */
@@ -72,6 +73,9 @@ ckv_status ckv_score_check_inputs(const ckv_score_inputs *in, const char *who);
 int ckv_score_local_kv(const ckv_score_inputs *in, int j);
 /* The ops' head mapping: local query head j reads local KV head (ckv_score_head0(in) + j) / group. */
 int ckv_score_head0(const ckv_score_inputs *in);
+/* The first global KV head of rank `rank` of the group, from the shard layout the inputs carry (every
+ * rank holds n_kv_local heads; kv_replicas consecutive ranks hold the same ones). */
+int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank);
 /* scores [n_kv_local, L] (device) hold this rank's sums over its query heads: all-reduce them over
  * in->replica (when size > 1) and divide by the group size n_heads / n_kv_heads. */
 ckv_status ckv_score_group_mean(const ckv_score_inputs *in, float *scores);
@@ -87,9 +91,9 @@ ckv_status ckv_score_dev_alloc(ckv_score_dev *d, void **out, size_t bytes, const
 void ckv_score_dev_free(ckv_score_dev *d);
 
 /* The one place where eviction data crosses ranks. `buf` is device memory when on_device, else host
- * memory; the collective runs where the communicator wants its buffers (device memory for NCCL,
- * host memory otherwise), staging through the other side when they differ (the GPU-at-scale path
- * replaces the staging by NCCL on device buffers). Nothing happens for a NULL or one-rank comm. */
+ * memory; c is a device communicator (engine/comm_backend.h: the engine hands every press its
+ * group's), which moves device buffers itself (directly, NCCL, or staged through host memory); host
+ * buffers take its host collectives. Nothing happens for a NULL or one-rank comm. */
 ckv_status ckv_evict_allreduce(ckv_backend *be, ckv_comm *c, float *buf, size_t n, ckv_comm_op op, int on_device);
 /* recv [size * bytes] gets every rank's send [bytes], in rank order; both device memory. */
 ckv_status ckv_evict_allgather(ckv_backend *be, ckv_comm *c, const void *send, void *recv, size_t bytes);

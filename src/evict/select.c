@@ -106,12 +106,6 @@ static ckv_status topk_rows(ckv_backend *be, ckv_selection *sel, const float *s,
     return be->ops->evict_topk(be, sel->rows, L, s, L, nr, L, sel->k2_dev);
 }
 
-/* First global KV head held by rank r of a tp-way group (shard/ plan, restated: evict must not
- * depend on shard/). */
-static int rank_kv_head0(int r, int tp, int n_kv) {
-    return tp <= n_kv ? r * (n_kv / tp) : r / (tp / n_kv);
-}
-
 /* All-gathers the local scores [n_kv_local, L] into sel->all [n_kv_heads, L] (global head order). */
 static ckv_status gather_heads(const ckv_score_inputs *in, ckv_selection *sel) {
     ckv_backend *be = in->be;
@@ -122,7 +116,7 @@ static ckv_status gather_heads(const ckv_score_inputs *in, ckv_selection *sel) {
     CKV_TRY(be->ops->alloc(be, (void **)&buf, per * (size_t)tp, "score all-gather"));
     ckv_status st = ckv_evict_allgather(be, in->tp, sel->scores, buf, per);
     for (int r = 0; r < tp && st == CKV_STATUS_OK; r++) /* replicas write the same head: identical rows */
-        st = be->ops->copy(be, sel->all + (size_t)rank_kv_head0(r, tp, in->n_kv_heads) * in->L,
+        st = be->ops->copy(be, sel->all + (size_t)ckv_score_rank_kv_head0(in, r) * in->L,
                            (const char *)buf + (size_t)r * per, per);
     be->ops->release(be, buf);
     return st;

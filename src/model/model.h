@@ -85,7 +85,6 @@ typedef struct {
     float *logits; /* [n_logits, n_vocab_local] */
     int32_t *pos;  /* [n_max] positions (device) */
     int32_t *ids;  /* [n_max] token ids (device) */
-    float *host_proj;   /* [n_max, D] host staging for all-reduce when the device is not the host */
     float *host_logits; /* [n_logits, V] gathered logits (host) */
     float *host_part;   /* [n_logits, padded vocab slice * tp] all-gather staging (host) */
 } ckv_model_scratch;
