@@ -233,6 +233,18 @@ typedef struct {
      * max(||a||, 1e-8))), everything in double from the keys read in the batch's dtype.
      * out [n_kv_heads, ld]; errors when head_dim > 1024. NULL on backends without it. */
     ckv_status (*evict_keydiff)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
+    /* LagKV (kvpress LagKVPress) on n_rows rows, per segment g, lag = lag_size. When n_rows < n_sink +
+     * 2 lag: out[t] = (t - n_sink) / (n_rows - n_sink) for t >= n_sink. Else the P = (n_rows - n_sink) / lag
+     * partitions from row n_sink: for partition p < P - 1 and x = keys (then values), with lo[a], hi[a]
+     * the min and max of channel a over partition p + 1, s_t = the unbiased standard deviation over a
+     * of (x_t[a] - lo[a]) / (hi[a] - lo[a]) (fp32 differences and quotient, the rest in double), then
+     * the softmax of s over the partition's rows; r_t = (r_keys + r_values) / 2; out[t] = r_t when
+     * cross, else (the number of rows u of the partition with r_u < r_t, or r_u == r_t and u < t) / lag.
+     * Sinks and the rows after partition P - 2 get 1 (kvpress's "always keep" score; every other
+     * score is below 1).
+     * out [n_kv_heads, ld]; errors when head_dim > 1024. NULL on backends without it. */
+    ckv_status (*evict_lagkv)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
+                              int lag, int cross);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:

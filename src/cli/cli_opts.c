@@ -86,7 +86,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_SEED, "seed", 0, CKV_OPT_KIND_INT, "sampling", "S", "sampling seed", "0", G, 0, I64, NULL, 0, 0},
     {CKV_OPT_IGNORE_EOS, "ignore-eos", 0, CKV_OPT_KIND_FLAG, "sampling", NULL, "do not stop at end-of-sequence ids", NULL, G, 0, 0, NULL, 0, 0},
     /* press */
-    {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "SPEC", "none, snapkv, snapkv_paper, pyramidkv, tova, knorm, streaming_llm,\nobserved_attention, expected_attention, random, defensivekv, optionally\nwrapped: critical:, adakv:, critical_adakv:, headkv:, critical_headkv:", "none", G | I | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "SPEC", "a press of the registry (docs/presses.md), optionally behind one wrapper,\ne.g. snapkv, keydiff, critical_adakv:snapkv; an unknown name lists them all", "none", G | I | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated presses, e.g. snapkv,adakv:snapkv,critical:snapkv", "none", E, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated presses (the full cache is the reference)", NULL, F, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS_A, "press-a", 0, CKV_OPT_KIND_STR, "press", "SPEC", "first press", "snapkv", A, 0, 0, NULL, 0, 0},
@@ -102,7 +102,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_EPS, "eps", 0, CKV_OPT_KIND_STR, "press", "E", "epsilon of critical:", "1e-4", G | A | E | F | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_SAFEGUARD, "safeguard", 0, CKV_OPT_KIND_STR, "press", "S", "alpha_safeguard of adakv:", "0.2", G | A | E | F | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_PROFILE, "profile", 0, CKV_OPT_KIND_STR, "press", "F", "head-importance profile (JSON) of headkv:", NULL, G | A | E | F | S, 0, 0, NULL, 0, 0},
-    {CKV_OPT_PRESS_OPT, "press-opt", 0, CKV_OPT_KIND_STR, "press", "KEY=VALUE", "any press option (repeatable): n_sink, n_future, covariance, vnorm, beta,\nepsilon, seed, and the ones above", NULL, G | A | E | F | S, 0, 0, NULL, 1, 0},
+    {CKV_OPT_PRESS_OPT, "press-opt", 0, CKV_OPT_KIND_STR, "press", "KEY=VALUE", "any press option (repeatable), e.g. n_sink=8, lag_size=64, seed=1, and the\nones above; an unknown key lists them all", NULL, G | A | E | F | S, 0, 0, NULL, 1, 0},
     {CKV_OPT_QUERY_AWARE, "query-aware", 0, CKV_OPT_KIND_FLAG, "press", NULL, "compress context + question together", "the context only: one compressed cache\nanswers every question of a context", G | E | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_NO_BASELINE, "no-baseline", 0, CKV_OPT_KIND_FLAG, "press", NULL, "do not run the full cache", NULL, E, 0, 0, NULL, 0, 0},
     /* profile-heads */

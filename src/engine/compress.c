@@ -129,7 +129,7 @@ ckv_status ckv_compress_headkv_budgets(const ckv_press_config *pr, const ckv_mod
     ckv_headkv_profile prof;
     CKV_TRY(ckv_headkv_load(&prof, pr->profile, mc->n_layers, mc->n_kv_heads));
     int head = 0, tail = 0; /* the tokens the base scorer protects are kept beside each head's share */
-    ckv_press_protected(pr, &head, &tail);
+    ckv_press_protected(pr, L, &head, &tail);
     prof.window = head + tail;
     int32_t *b = malloc(sizeof *b * (size_t)mc->n_layers * (size_t)mc->n_kv_heads);
     ckv_status st = b ? ckv_headkv_budgets(&prof, L, ckv_press_n_kept(pr, L), b)

@@ -382,7 +382,8 @@ int ckv_press_first_stage(const ckv_press_config *c, int k) {
     return (int)((float)k * (float)c->alpha);
 }
 
-void ckv_press_protected(const ckv_press_config *c, int *head, int *tail) {
+void ckv_press_protected(const ckv_press_config *c, int L, int *head, int *tail) {
+    (void)L; /* every rule so far is a fixed count */
     const ckv_press_def *d = ckv_press_def_of(c->scorer);
     *head = 0;
     *tail = 0;

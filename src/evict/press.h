@@ -27,6 +27,7 @@ typedef enum {
     CKV_SCORER_RANDOM,
     CKV_SCORER_DEFENSIVEKV,       /* defensive aggregation (FFY0/DefensiveKV); global top-k */
     CKV_SCORER_KEYDIFF,           /* kvpress KeyDiffPress (attention-free) */
+    CKV_SCORER_LAGKV,             /* kvpress LagKVPress (attention-free) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -54,6 +55,8 @@ typedef struct {
     double epsilon_ea;         /* expected_attention epsilon (0) */
     uint64_t seed;             /* random */
     double beta;               /* pyramidkv: ratio of the largest to the smallest layer budget (20) */
+    int lag_size;              /* lagkv: partition length (128) */
+    int cross_scoring;         /* lagkv: rank raw scores across partitions (0) */
     /* wrapper options */
     double alpha;              /* critical first-stage ratio (0.5) */
     double eps;                /* critical epsilon (1e-4) */
@@ -157,10 +160,10 @@ void ckv_press_layer_kept(const ckv_press_config *cfg, int layer, int n_layers, 
 /* CriticalKV's stage-1 count of a head whose budget was allocated across heads (k rows). */
 int ckv_press_first_stage(const ckv_press_config *cfg, int k);
 
-/* The tokens the press's scorer protects: the first *head and the last *tail of the context (window,
- * sinks, the last token). Selection ranks them above every other token; HeadKV keeps them beside
- * each head's share. */
-void ckv_press_protected(const ckv_press_config *cfg, int *head, int *tail);
+/* The tokens the press's scorer protects on a context of L tokens: the first *head and the last
+ * *tail (window, sinks, the last token). Selection ranks them above
+ * every other token; HeadKV keeps them beside each head's share. */
+void ckv_press_protected(const ckv_press_config *cfg, int L, int *head, int *tail);
 
 /* Checks the press can compress a context of L tokens (windowed scorers need L > window). */
 ckv_status ckv_press_check_context(const ckv_press_config *cfg, int L);

@@ -22,6 +22,8 @@ const ckv_option_def ckv_press_option_table[] = {
     {"covariance", CKV_OPTION_BOOL, F(use_covariance), "1", 0, 1, 0, "ExpectedAttention: use the query covariance"},
     {"vnorm", CKV_OPTION_BOOL, F(use_vnorm), "1", 0, 1, 0, "ExpectedAttention: rescale by the value norms"},
     {"epsilon", CKV_OPTION_REAL, F(epsilon_ea), "0", 0, 1e6, 0, "ExpectedAttention: added to the scores"},
+    {"lag_size", CKV_OPTION_INT, F(lag_size), "128", 1, 1 << 16, 0, "LagKV: partition length"},
+    {"cross_scoring", CKV_OPTION_BOOL, F(cross_scoring), "0", 0, 1, 0, "LagKV: rank raw scores across partitions"},
     {"seed", CKV_OPTION_SEED, F(seed), "0", 0, 0x7fffffff, 0, "random: generator seed"},
     {"alpha", CKV_OPTION_REAL, F(alpha), "0.5", 0, 1, 0, "CriticalKV: first-stage share of the budget"},
     {"eps", CKV_OPTION_REAL, F(eps), "0.0001", 0, 1e6, 0, "CriticalKV: epsilon added to the scores"},
@@ -63,6 +65,9 @@ const ckv_press_def ckv_press_table[] = {
      "defensive aggregation of the window's attention, one top-k over the layer"},
     {"keydiff", CKV_SCORER_KEYDIFF, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM,
      ckv_score_keydiff, "minus the cosine of each key to its head's mean normalised key (attention-free)"},
+    {"lagkv", CKV_SCORER_LAGKV, "n_sink,lag_size,cross_scoring", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL,
+     CKV_PROTECT_NONE, CKV_KEPT_UNIFORM, ckv_score_lagkv,
+     "spread of keys and values against the next partition's range, ranked per partition (attention-free)"},
 };
 const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
 

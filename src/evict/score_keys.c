@@ -1,8 +1,11 @@
 /* score_keys.c - the attention-free key scorers: keydiff (kvpress KeyDiffPress: minus the cosine
  * similarity of each post-RoPE key to its head's mean normalised key, so the most distinctive keys
- * are kept). One backend op over the layer's segments (evict_keydiff); per KV head, so it needs no
- * communication (replicas of a head compute the same scores). It protects nothing and selects
- * nothing. */
+ * are kept) and lagkv (kvpress LagKVPress: each partition of lag_size tokens after the sinks is
+ * scored against the next one's per-channel range of keys and values). One backend op each over
+ * the layer's segments (evict_keydiff, evict_lagkv); per KV head, so they need no communication
+ * (replicas of a head compute the same scores). keydiff protects nothing; lagkv gives its sinks and
+ * the tail after its last scored partition kvpress's score 1 (above every other score), so nothing
+ * is protected by rule either. They select nothing. */
 #include "core/status.h"
 #include "evict/scorer.h"
 
@@ -12,4 +15,15 @@ ckv_status ckv_score_keydiff(const ckv_score_inputs *in, const ckv_press_config 
     if (!in->be->ops->evict_keydiff)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press keydiff: the %s backend has no keydiff op", in->be->name);
     return in->be->ops->evict_keydiff(in->be, scores, in->L, &in->kv, in->L);
+}
+
+ckv_status ckv_score_lagkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
+    CKV_TRY(ckv_score_check_inputs(in, "lagkv"));
+    if (!in->be->ops->evict_lagkv)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press lagkv: the %s backend has no lagkv op", in->be->name);
+    if (in->L <= cfg->n_sink)
+        return ckv_error(CKV_STATUS_ERR_ARG, "n_sink %d needs a context longer than %d tokens, got %d", cfg->n_sink,
+                         cfg->n_sink, in->L);
+    return in->be->ops->evict_lagkv(in->be, scores, in->L, &in->kv, in->L, cfg->n_sink, cfg->lag_size,
+                                    cfg->cross_scoring);
 }

@@ -103,6 +103,6 @@ ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *c
     if (!d) return ckv_error(CKV_STATUS_ERR_ARG, "ckv_score_layer: unknown scorer kind %d", (int)cfg->scorer);
     if (!d->score) return ckv_error(CKV_STATUS_ERR_ARG, "press %s: nothing to score (the cache is kept whole)", d->name);
     CKV_TRY(d->score(in, cfg, scores));
-    ckv_press_protected(cfg, &info->protect_head, &info->protect_tail);
+    ckv_press_protected(cfg, in->L, &info->protect_head, &info->protect_tail);
     return CKV_STATUS_OK;
 }

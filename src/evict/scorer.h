@@ -120,5 +120,7 @@ ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, const ckv_pr
 ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* keydiff: -cos(k, mean normalised key of the head) (kvpress KeyDiffPress); needs evict_keydiff. */
 ckv_status ckv_score_keydiff(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* lagkv: kvpress LagKVPress's lag-relative scores; needs evict_lagkv. */
+ckv_status ckv_score_lagkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 
 #endif

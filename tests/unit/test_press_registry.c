@@ -237,11 +237,12 @@ static void check_protected(void) {
     } cases[] = {{"snapkv", 0, 64},       {"snapkv_paper", 0, 32},      {"pyramidkv", 0, 64},
                  {"tova", 0, 1},          {"streaming_llm", 4, 0},      {"expected_attention", 4, 0},
                  {"knorm", 0, 0},         {"observed_attention", 0, 0}, {"random", 0, 0},
-                 {"defensivekv", 0, 32},   {"critical_adakv:snapkv", 0, 64}};
+                 {"defensivekv", 0, 32},   {"critical_adakv:snapkv", 0, 64}, {"keydiff", 0, 0},
+                 {"lagkv", 0, 0}}; /* its sinks and tail score 1, kvpress's "always keep" */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ckv_press_config c = built(cases[i].spec, CKV_BUDGET_FRACTION, 0.5);
         int h = -1, t = -1;
-        ckv_press_protected(&c, &h, &t);
+        ckv_press_protected(&c, 300, &h, &t);
         CHECK_MSG(h == cases[i].head && t == cases[i].tail, "%s protects %d + %d, expected %d + %d", cases[i].spec, h, t,
                   cases[i].head, cases[i].tail);
     }

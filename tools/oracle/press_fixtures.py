@@ -110,6 +110,12 @@ def _defs() -> list[PressDef]:
         PressDef("keydiff", "keydiff", "keydiff", "uniform", {}, "sdpa", lambda cr: kp.KeyDiffPress(compression_ratio=cr)),
         PressDef("adakv-keydiff", "adakv:keydiff", "keydiff", "adakv", dict(safeguard=0.2), "sdpa",
                  lambda cr: kp.AdaKVPress(kp.KeyDiffPress(compression_ratio=cr), alpha_safeguard=0.2)),
+        # kvpress's defaults (one scored partition at L = 300), and lag 32 ranked across its 8 partitions
+        # (without cross_scoring the per-partition ranks i / 32 tie across partitions by construction)
+        PressDef("lagkv", "lagkv", "lagkv", "uniform", dict(n_sink=4, lag_size=128, cross_scoring=False), "sdpa",
+                 lambda cr: kp.LagKVPress(compression_ratio=cr, n_sink=4, lag_size=128, cross_scoring=False)),
+        PressDef("lagkv_l32x", "lagkv", "lagkv", "uniform", dict(n_sink=4, lag_size=32, cross_scoring=True), "sdpa",
+                 lambda cr: kp.LagKVPress(compression_ratio=cr, n_sink=4, lag_size=32, cross_scoring=True)),
         PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
@@ -143,6 +149,11 @@ def protected_mask(d: PressDef, L: int, n_kv: int, scores: torch.Tensor) -> torc
         m[:, L - 1:] = True
     elif d.scorer == "expected_attention":
         m[:, : d.options["n_sink"]] = True
+    elif d.scorer == "lagkv":
+        m[:, : d.options["n_sink"]] = True
+        tail = ref.lagkv_tail(L, d.options["n_sink"], d.options["lag_size"])
+        if tail:
+            m[:, L - tail:] = True
     elif d.scorer == "streaming_llm":
         m = scores > 0
     return m
@@ -380,6 +391,8 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
         return ref.score_knorm(inp)
     if d.scorer == "keydiff":
         return ref.score_keydiff(inp)
+    if d.scorer == "lagkv":
+        return ref.score_lagkv(inp, o["n_sink"], o["lag_size"], o["cross_scoring"])
     if d.scorer == "streaming_llm":
         return ref.score_streaming(inp, ref.n_kept_uniform(inp.L, cr), o["n_sink"])
     if d.scorer == "observed_attention":

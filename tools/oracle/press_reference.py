@@ -163,6 +163,44 @@ def score_keydiff(inp: LayerInputs) -> Scored:
     return Scored(s, torch.zeros_like(s, dtype=torch.bool))
 
 
+def lagkv_tail(L: int, n_sink: int, lag: int) -> int:
+    """Tokens after LagKV's last scored partition (0 when the context is too short to score)."""
+    return 0 if L < n_sink + 2 * lag else lag + (L - n_sink) % lag
+
+
+def score_lagkv(inp: LayerInputs, n_sink: int, lag: int, cross: bool) -> Scored:
+    """Partitions of `lag` tokens after the sinks; each but the last is scored by the spread of its
+    keys and values normalised by the next partition's per-channel range (unbiased std over the
+    channels, softmax over the partition, keys and values averaged), ranked within the partition
+    (rank / lag) unless `cross`. Sinks and the tail are protected; a context shorter than
+    n_sink + 2 lag ranks the non-sink tokens by position."""
+    L = inp.L
+    if L < n_sink + 2 * lag:
+        body = (torch.arange(L - n_sink, dtype=F64) / (L - n_sink))[None].repeat(inp.n_kv, 1)
+        return _always_keep(_with_protected(body, L, n_sink, 0))
+    tail = lagkv_tail(L, n_sink, lag)
+    P = (L - n_sink) // lag
+
+    def spread(x: torch.Tensor) -> torch.Tensor:  # x [Hkv, P, lag, d] -> [Hkv, P - 1, lag]
+        ref_, v = x[:, 1:], x[:, :-1]
+        lo = ref_.min(dim=2, keepdim=True).values
+        hi = ref_.max(dim=2, keepdim=True).values
+        return torch.softmax(((v - lo) / (hi - lo)).std(dim=-1), dim=-1)
+
+    k = inp.keys.to(F64)[:, n_sink: n_sink + P * lag].reshape(inp.n_kv, P, lag, inp.d)
+    v = inp.values.to(F64)[:, n_sink: n_sink + P * lag].reshape(inp.n_kv, P, lag, inp.d)
+    r = (spread(k) + spread(v)) / 2
+    if not cross:
+        r = r.argsort(dim=-1, stable=True).argsort(dim=-1).to(F64) / lag
+    return _always_keep(_with_protected(r.reshape(inp.n_kv, -1), L, n_sink, tail))
+
+
+def _always_keep(sc: Scored) -> Scored:
+    """LagKV scores its sinks and tail 1 (above every other score) instead of the layer max + 1."""
+    sc.scores[sc.protected] = 1.0
+    return sc
+
+
 def score_streaming(inp: LayerInputs, n_kept: int, n_sink: int) -> Scored:
     """1 for the n_sink first and the n_kept - n_sink last tokens, 0 elsewhere."""
     L = inp.L

@@ -1,17 +1,20 @@
 /* cpu_evict_keys.c - the attention-free key scorers' ops on the CPU (backend.h): KeyDiff's cosine
- * distance of each key to the head's mean normalised key. Double accumulation, keys converted from
- * the cache dtype row by row through a fixed buffer; no allocation. It scores only; selection is
- * evict_topk's. */
+ * distance of each key to the head's mean normalised key, and LagKV's lag-relative spread of keys
+ * and values ranked per partition. Double accumulation, rows converted from the cache dtype through
+ * fixed buffers; LagKV allocates its per-partition scratch once per call. It scores only; selection
+ * is evict_topk's. */
 #include <math.h>
 
+#include "core/alloc.h"
 #include "cpu_backend.h"
 
 #define KEYS_MAX_DIM 1024
 
-/* Row t of segment g's keys as fp32 (a view of the cache for f32, else converted into buf). */
-static const float *key_row(const ckv_kv_batch *kv, int g, int t, float *buf) {
+/* Row t of segment g's keys (values when values != 0) as fp32 (a view of the cache for f32, else
+ * converted into buf). */
+static const float *seg_row(const ckv_kv_batch *kv, int g, int t, int values, float *buf) {
     const size_t rowb = (size_t)kv->head_dim * ckv_dtype_size(kv->dtype);
-    const char *row = (const char *)kv->segs[0][g].k + (size_t)t * rowb;
+    const char *row = (const char *)(values ? kv->segs[0][g].v : kv->segs[0][g].k) + (size_t)t * rowb;
     if (kv->dtype == CKV_DTYPE_F32) return (const float *)(const void *)row;
     ckv_convert_to_f32(buf, row, kv->dtype, (size_t)kv->head_dim);
     return buf;
@@ -33,7 +36,7 @@ ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_
     for (int g = 0; g < kv->n_kv_heads; g++) {
         for (int a = 0; a < d; a++) anchor[a] = 0.0;
         for (int t = 0; t < n_rows; t++) { /* F.normalize(keys, p=2, dim=-1).mean(tokens) */
-            const float *k = key_row(kv, g, t, buf);
+            const float *k = seg_row(kv, g, t, 0, buf);
             const double n = fmax(row_norm(k, d), 1e-12);
             for (int a = 0; a < d; a++) anchor[a] += (double)k[a] / n;
         }
@@ -45,11 +48,85 @@ ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_
         an = fmax(sqrt(an), 1e-8);
         float *dst = out + (size_t)g * (size_t)ld;
         for (int t = 0; t < n_rows; t++) { /* -F.cosine_similarity(keys, anchor) */
-            const float *k = key_row(kv, g, t, buf);
+            const float *k = seg_row(kv, g, t, 0, buf);
             double dot = 0.0;
             for (int a = 0; a < d; a++) dot += (double)k[a] * anchor[a];
             dst[t] = (float)(-dot / (fmax(row_norm(k, d), 1e-8) * an));
         }
     }
     return CKV_STATUS_OK;
+}
+
+/* LagKV's softmax-normalised spread of partition rows t0 .. t0 + lag - 1 of segment g against the
+ * channel range of the next partition, added (times 0.5) into r[lag]. */
+static void lag_spread(const ckv_kv_batch *kv, int g, int t0, int lag, int values, float *buf, float *lo, float *hi,
+                       double *s, double *r) {
+    const int d = kv->head_dim;
+    for (int t = t0 + lag; t < t0 + 2 * lag; t++) {
+        const float *x = seg_row(kv, g, t, values, buf);
+        for (int a = 0; a < d; a++) {
+            if (t == t0 + lag || x[a] < lo[a]) lo[a] = x[a];
+            if (t == t0 + lag || x[a] > hi[a]) hi[a] = x[a];
+        }
+    }
+    double mx = -INFINITY;
+    for (int i = 0; i < lag; i++) {
+        const float *x = seg_row(kv, g, t0 + i, values, buf);
+        double mean = 0.0, var = 0.0;
+        for (int a = 0; a < d; a++) mean += (double)((x[a] - lo[a]) / (hi[a] - lo[a]));
+        mean /= (double)d;
+        for (int a = 0; a < d; a++) {
+            const double e = (double)((x[a] - lo[a]) / (hi[a] - lo[a])) - mean;
+            var += e * e;
+        }
+        s[i] = d > 1 ? sqrt(var / (double)(d - 1)) : NAN; /* torch.std: unbiased */
+        if (s[i] > mx) mx = s[i];
+    }
+    double sum = 0.0;
+    for (int i = 0; i < lag; i++) sum += (s[i] = exp(s[i] - mx));
+    for (int i = 0; i < lag; i++) r[i] += 0.5 * (s[i] / sum);
+}
+
+ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
+                               int lag, int cross) {
+    (void)be;
+    const int d = kv->head_dim;
+    if (d < 1 || d > KEYS_MAX_DIM)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_lagkv: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
+    if (n_sink < 0 || lag < 1 || n_rows <= n_sink)
+        return ckv_error(CKV_STATUS_ERR_ARG, "evict_lagkv: %d rows, %d sinks, lag %d", n_rows, n_sink, lag);
+    for (int g = 0; g < kv->n_kv_heads; g++) /* sinks and the unscored tail: 1 */
+        for (int t = 0; t < n_rows; t++) out[(size_t)g * (size_t)ld + t] = 1.0f;
+    if (n_rows < n_sink + 2 * lag) { /* kvpress: no compression, the most recent rows rank highest */
+        for (int g = 0; g < kv->n_kv_heads; g++)
+            for (int t = n_sink; t < n_rows; t++)
+                out[(size_t)g * (size_t)ld + t] = (float)(t - n_sink) / (float)(n_rows - n_sink);
+        return CKV_STATUS_OK;
+    }
+    double *s = NULL, *r = NULL; // [lag] each
+    CKV_TRY(ckv_alloc((void **)&s, (size_t)lag * sizeof(double), "lagkv spreads"));
+    ckv_status st = ckv_alloc((void **)&r, (size_t)lag * sizeof(double), "lagkv scores");
+    float buf[KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM];
+    const int P = (n_rows - n_sink) / lag;
+    for (int g = 0; g < kv->n_kv_heads && st == CKV_STATUS_OK; g++) {
+        float *dst = out + (size_t)g * (size_t)ld;
+        for (int p = 0; p + 1 < P; p++) {
+            const int t0 = n_sink + p * lag;
+            for (int i = 0; i < lag; i++) r[i] = 0.0;
+            lag_spread(kv, g, t0, lag, 0, buf, lo, hi, s, r);
+            lag_spread(kv, g, t0, lag, 1, buf, lo, hi, s, r);
+            for (int i = 0; i < lag; i++) {
+                if (cross) {
+                    dst[t0 + i] = (float)r[i];
+                    continue;
+                }
+                int rank = 0; /* argsort of argsort: the row's place in ascending order */
+                for (int u = 0; u < lag; u++) rank += r[u] < r[i] || (r[u] == r[i] && u < i);
+                dst[t0 + i] = (float)rank / (float)lag;
+            }
+        }
+    }
+    ckv_free(s);
+    ckv_free(r);
+    return st;
 }
