@@ -48,7 +48,7 @@ typedef struct {
 /* Writes scores [n_kv_local, L] (device, higher = keep) for cfg->scorer. The KV-head scores are means over
  * the group's query heads (replica partial sums already reduced). Entries of protected tokens are
  * left as computed (any finite value) and reported in *info. Errors: L <= window for windowed
- * scorers ("--window 64 needs a context longer than 64 tokens, got 50"). */
+ * scorers ("window 64 needs a context longer than 64 tokens, got 50"). */
 ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores,
                            ckv_score_info *info);
 
@@ -59,7 +59,8 @@ ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *c
 ckv_status ckv_critical_value_norm(const ckv_score_inputs *in, float *out);
 
 /* PyramidKV's kept count for `layer` (kvpress PyramidKVPress formula, Python banker's rounding,
- * falling back to round(L * (1 - cr)) when the schedule is infeasible). */
+ * falling back to round(L * (1 - cr)) when the schedule is infeasible); ckv_press_layer_kept's rule
+ * for pyramidkv. */
 int ckv_pyramidkv_n_kept(int layer, int n_layers, int L, double compression_ratio, int window, double beta);
 
 /* ---- internal to src/evict: the scorer families behind ckv_score_layer and their shared helpers.
@@ -102,19 +103,22 @@ ckv_status ckv_evict_allgather(ckv_backend *be, ckv_comm *c, const void *send, v
 ckv_status ckv_evict_host_view(ckv_backend *be, const void *dev, size_t bytes, void **host);
 ckv_status ckv_evict_host_release(ckv_backend *be, void *dev, void *host, size_t bytes, int write_back);
 
-/* snapkv / pyramidkv: window queries, pooled (kernel 1 = none); errors when L <= window. */
-ckv_status ckv_score_snapkv(const ckv_score_inputs *in, int window, int kernel, ckv_pool_kind pool, float *scores);
+/* The scorer families (registered in press_table.c), one signature: scores [n_kv_local, L] (device).
+ * snapkv / pyramidkv: window queries, pooled (kernel 1 = none); errors when L <= window. */
+ckv_status ckv_score_snapkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* tova: the last token's attention averaged over all query heads of the layer (in->tp). */
-ckv_status ckv_score_tova(const ckv_score_inputs *in, float *scores);
+ckv_status ckv_score_tova(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* knorm: -||k||_2. */
-ckv_status ckv_score_knorm(const ckv_score_inputs *in, float *scores);
+ckv_status ckv_score_knorm(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* streaming_llm: score = position index (later tokens rank higher); the caller protects n_sink. */
-ckv_status ckv_score_streaming_llm(const ckv_score_inputs *in, int n_sink, float *scores);
+ckv_status ckv_score_streaming_llm(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* random: uniform [0, 1) from (seed, layer, global KV head, token), independent of tp. */
-ckv_status ckv_score_random(const ckv_score_inputs *in, uint64_t seed, float *scores);
+ckv_status ckv_score_random(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* observed_attention: causal attention column sums over all L queries / (L - j), blockwise. */
-ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, float *scores);
+ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* expected_attention: kvpress ExpectedAttentionPress; entries 0 .. n_sink - 1 are left 0. */
 ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* keydiff: -cos(k, mean normalised key of the head) (kvpress KeyDiffPress); needs evict_keydiff. */
+ckv_status ckv_score_keydiff(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 
 #endif

@@ -53,10 +53,10 @@ expect_error "prompt too long" "max_position_embeddings" "$ckv" generate --model
 expect_error "prompt + new too long" "--max-new-tokens 100" "$ckv" generate --model "$llama" --prompt-ids-file <(python3 -c "print(','.join(['5']*1000))") --max-new-tokens 100
 
 # --- presses ---
-expect_error "budget above one" "--budget: 1.5 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 1.5
-expect_error "budget zero" "--budget: 0 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 0
-expect_error "compression ratio one" "--compression-ratio: 1 is outside [0, 1)" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --compression-ratio 1
-expect_error "budget tokens zero" "--budget-tokens: 0 must be >= 1" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget-tokens 0
+expect_error "budget above one" "budget 1.5 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 1.5
+expect_error "budget zero" "budget 0 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 0
+expect_error "compression ratio one" "compression_ratio 1 is outside [0, 1)" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --compression-ratio 1
+expect_error "budget tokens zero" "budget_tokens 0 must be >= 1" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget-tokens 0
 expect_error "unknown press" "unknown press 'nonsense'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press nonsense --budget 0.5
 expect_error "unknown wrapper" "unknown wrapper 'super'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press super:snapkv --budget 0.5
 expect_error "unknown press option" "unknown press option 'foo'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical:snapkv --press-opt foo=1 --budget 0.5

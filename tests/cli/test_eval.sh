@@ -142,7 +142,7 @@ expect_error "unknown task" "unknown task 'niah_single_9'" "$ckv" eval --model "
 expect_error "task and data" "exactly one of --task" "$ckv" eval --model "$model" --out "$tmp/x"
 expect_error "no out" "--out DIR is required" "$ckv" eval --model "$model" --task niah_single_1 --length 700
 expect_error "press without budget" "--press needs --budget" "$ckv" eval --model "$model" --task niah_single_1 --length 700 --press snapkv --out "$tmp/x"
-expect_error "budget out of range" "--budget: 1.5 is outside (0, 1]" "$ckv" eval --model "$model" --task niah_single_1 --length 700 --press snapkv --budget 1.5 --out "$tmp/x"
+expect_error "budget out of range" "budget 1.5 is outside (0, 1]" "$ckv" eval --model "$model" --task niah_single_1 --length 700 --press snapkv --budget 1.5 --out "$tmp/x"
 expect_error "unknown press" "unknown press 'snapkw'" "$ckv" eval --model "$model" --task niah_single_1 --length 700 --press snapkw --budget 0.5 --out "$tmp/x"
 expect_error "unknown metric" "unknown metric 'bleu'" "$ckv" eval --model "$model" --data "$fx/eval/longbench_mini.jsonl" --metric bleu --out "$tmp/x"
 expect_error "length above the window" "--length 5000 exceeds the context window" "$ckv" eval --model "$model" --task niah_single_1 --length 5000 --samples 1 --out "$tmp/x5"

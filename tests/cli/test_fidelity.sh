@@ -31,7 +31,7 @@ fi
 . "$(dirname "$0")/../common/expect.sh" # expect_error
 expect_error "too short" "fewer than --context" "$ckv" fidelity --model "$model" --text-file "$tmp/text.txt" --context 5000 --continuation 40 --press snapkv --budget 0.5
 expect_error "press none" "'none' is the reference" "$ckv" fidelity --model "$model" --text-file "$tmp/text.txt" --press none --budget 0.5
-expect_error "bad budget" "--budget: 2 is outside" "$ckv" fidelity --model "$model" --text-file "$tmp/text.txt" --press snapkv --budget 2
+expect_error "bad budget" "budget 2 is outside" "$ckv" fidelity --model "$model" --text-file "$tmp/text.txt" --press snapkv --budget 2
 expect_error "missing text" "nope.txt" "$ckv" fidelity --model "$model" --text-file "$tmp/nope.txt" --press snapkv --budget 0.5
 expect_error "missing flags" "are required" "$ckv" fidelity --model "$model"
 exit $fail

@@ -353,9 +353,9 @@ static void check_errors(ckv_backend *be) {
     ckv_score_info info;
     ckv_press_config c = press_def(40, 5, 0.5);
     CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG,
-                "--window 40 needs a context longer than 40 tokens, got 40");
+                "window 40 needs a context longer than 40 tokens, got 40");
     c = press_def(8, 4, 0.5);
-    CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--kernel 4");
+    CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "kernel 4");
     c = press_def(8, 5, 0.5);
     c.pool = CKV_POOL_MAX;
     CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "avg only");

@@ -526,20 +526,20 @@ static void check_errors(ckv_backend *be) {
     ckv_score_info info;
     ckv_press_config c = press(CKV_SCORER_SNAPKV); /* window 64 > L 50 */
     CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG,
-                "--window 64 needs a context longer than 64 tokens, got 50");
+                "window 64 needs a context longer than 64 tokens, got 50");
     c.window = 50; /* L == window is refused too */
     CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG,
-                "--window 50 needs a context longer than 50 tokens, got 50");
+                "window 50 needs a context longer than 50 tokens, got 50");
     c.scorer = CKV_SCORER_PYRAMIDKV;
-    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--window 50");
+    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "window 50");
     c.scorer = CKV_SCORER_SNAPKV, c.window = 8, c.kernel = 4;
-    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--kernel 4");
+    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "kernel 4");
     c = press(CKV_SCORER_STREAMING_LLM);
     c.n_sink = 50;
-    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--n_sink 50");
+    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "n_sink 50");
     c = press(CKV_SCORER_EXPECTED_ATTENTION);
     c.n_sink = 60;
-    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--n_sink 60");
+    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "n_sink 60");
     c = press(CKV_SCORER_NONE);
     CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "none");
     /* a query head outside the local KV heads */

@@ -152,6 +152,17 @@ def score_knorm(inp: LayerInputs) -> Scored:
     return Scored(s, torch.zeros_like(s, dtype=torch.bool))
 
 
+def score_keydiff(inp: LayerInputs) -> Scored:
+    """Minus the cosine of each key to the head's mean unit key (protects nothing)."""
+    k = inp.keys.to(F64)  # [Hkv, L, d]
+    unit = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(1e-12)
+    anchor = unit.mean(dim=1, keepdim=True)  # [Hkv, 1, d]
+    cos = (k * anchor).sum(-1) / (torch.linalg.vector_norm(k, dim=-1).clamp_min(1e-8) *
+                                   torch.linalg.vector_norm(anchor, dim=-1).clamp_min(1e-8))
+    s = -cos
+    return Scored(s, torch.zeros_like(s, dtype=torch.bool))
+
+
 def score_streaming(inp: LayerInputs, n_kept: int, n_sink: int) -> Scored:
     """1 for the n_sink first and the n_kept - n_sink last tokens, 0 elsewhere."""
     L = inp.L
