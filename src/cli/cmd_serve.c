@@ -72,6 +72,9 @@ static void parse_args(serve_args *a, const ckv_opts *o) {
     c->grace_seconds = ckv_opt_num(o, CKV_OPT_GRACE_SECONDS, c->grace_seconds);
     c->interleave_seconds = ckv_opt_num(o, CKV_OPT_INTERLEAVE_MS, c->interleave_seconds * 1e3) / 1e3;
     c->chat_template = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
+    c->cors_origin = ckv_opt_str(o, CKV_OPT_CORS_ORIGIN, NULL);
+    if (c->cors_origin && (!c->cors_origin[0] || strpbrk(c->cors_origin, "\r\n ,")))
+        ckv_cli_usage_error("serve", "--cors-origin: one origin such as https://app.example.com, or *");
     /* the default press of requests that name none */
     ckv_cli_press_single(o, "serve", &a->press);
     if (!c->model_name) {

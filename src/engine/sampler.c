@@ -1,4 +1,4 @@
-/* sampler.c - greedy / temperature / top-k / top-p sampling (see sampler.h). */
+/* sampler.c - greedy / temperature / top-k / top-p / min-p sampling (see sampler.h). */
 #include "engine/sampler.h"
 
 #include <math.h>
@@ -14,6 +14,8 @@ ckv_status ckv_sampler_init(ckv_sampler *s, const ckv_sampler_config *cfg, int v
     if (cfg->top_k < 0) return ckv_error(CKV_STATUS_ERR_ARG, "--top-k must be >= 0, got %d", cfg->top_k);
     if (!(cfg->top_p > 0.0f && cfg->top_p <= 1.0f))
         return ckv_error(CKV_STATUS_ERR_ARG, "--top-p must be in (0, 1], got %g", cfg->top_p);
+    if (!(cfg->min_p >= 0.0f && cfg->min_p <= 1.0f))
+        return ckv_error(CKV_STATUS_ERR_ARG, "min_p must be in [0, 1], got %g", cfg->min_p);
     if (vocab < 1) return ckv_error(CKV_STATUS_ERR_ARG, "sampler vocabulary %d is empty", vocab);
     s->cfg = *cfg;
     s->vocab = vocab;
@@ -74,6 +76,10 @@ int32_t ckv_sampler_sample(ckv_sampler *s, const float *logits) {
      * less than 1 - top_p of the mass together, so the nucleus ends before reaching them */
     int n = 0;
     float cutoff = s->cfg.top_p < 1.0f && s->cfg.top_k == 0 ? (1.0f - s->cfg.top_p) / (float)(V > 1 ? V - 1 : 1) : 0.0f;
+    /* min-p drops everything below min_p x the top probability whatever else runs; without top-k (whose
+     * renormalised mass top-p measures) those tokens need not be sorted */
+    const float pmax = (float)(1.0 / sum), min_cut = s->cfg.min_p * pmax;
+    if (s->cfg.top_k == 0 && min_cut > cutoff) cutoff = min_cut;
     for (int i = 0; i < V; i++)
         if (p[i] >= cutoff) idx[n++] = i;
     ckv_sort_probs = p;
@@ -98,6 +104,13 @@ int32_t ckv_sampler_sample(ckv_sampler *s, const float *logits) {
                 break;
             }
         }
+        n = keep;
+        mass = 0.0;
+        for (int i = 0; i < n; i++) mass += p[idx[i]];
+    }
+    if (s->cfg.min_p > 0.0f) { /* HF's MinPLogitsWarper, after top-p: a prefix of the sorted candidates */
+        int keep = 1;
+        while (keep < n && p[idx[keep]] >= min_cut) keep++;
         n = keep;
         mass = 0.0;
         for (int i = 0; i < n; i++) mass += p[idx[i]];

@@ -35,6 +35,7 @@ ckv_status ckv_sched_init(ckv_sched *s, ckv_engine *e, const ckv_sched_exec *exe
 static void slot_clear(ckv_sched_slot *sl) {
     if (sl->sampler_ready) ckv_sampler_free(&sl->sampler);
     ckv_answer_state_free(&sl->answer);
+    ckv_logits_free(&sl->lp);
     memset(sl, 0, sizeof *sl);
 }
 
@@ -66,10 +67,20 @@ ckv_status ckv_sched_admit(ckv_sched *s, const ckv_sched_request *r, int *slot) 
     ckv_status st = ckv_sampler_init(&sl->sampler, &r->sampling, e->model->cfg.vocab_size);
     sl->sampler_ready = st == CKV_STATUS_OK;
     if (st == CKV_STATUS_OK) st = ckv_answer_state_init(&sl->answer, &ac);
+    ckv_logits_config none = {.repetition_penalty = 1.0f};
+    const ckv_logits_config *lc = r->logits ? r->logits : &none;
+    if (st == CKV_STATUS_OK) st = ckv_logits_init(&sl->lp, lc, e->model->cfg.vocab_size);
+    if (st == CKV_STATUS_OK && lc->json_object)
+        st = r->grammar ? ckv_logits_json(&sl->lp, r->grammar, e->stop_ids, e->n_stop_ids)
+                        : ckv_error(CKV_STATUS_ERR_ARG, "response_format json_object needs the vocabulary's grammar");
+    if (st == CKV_STATUS_OK && r->score && !s->exec.score)
+        st = ckv_error(CKV_STATUS_ERR_ARG, "this executor cannot score a question (echo with logprobs)");
     if (st != CKV_STATUS_OK) {
         slot_clear(sl);
         return st;
     }
+    ckv_logits_prompt(&sl->lp, r->ctx_ids, r->n_ctx);
+    ckv_logits_prompt(&sl->lp, r->q_ids, r->n_q);
     sl->req = *r;
     sl->seq = s->admit_seq++;
     sl->phase = CKV_SLOT_PREPARE;
@@ -142,12 +153,39 @@ static void answer_event(ckv_sched *s, int slot, int32_t token) {
     sl->phase = CKV_SLOT_QUESTION;
 }
 
-/* The one place a request's next token is chosen: sampled from logits [V] and pushed into its answer. */
+/* The one place a request's next token is chosen: the model's row of logits [V] through the request's
+ * logit processing (bias, penalties, the JSON mask), sampled and pushed into its answer; the event
+ * carries the model's row (logprobs are of it). A json_object answer ends once the object is whole. */
 static void sample_token(ckv_sched *s, int slot, const float *logits) {
     ckv_sched_slot *sl = &s->slots[slot];
     int32_t tok;
-    ckv_answer_state_sample(&sl->answer, &sl->sampler, logits, &tok);
+    ckv_answer_state_sample(&sl->answer, &sl->sampler, ckv_logits_apply(&sl->lp, logits), &tok);
+    ckv_logits_accept(&sl->lp, tok);
+    if (sl->lp.gv && ckv_json_complete(&sl->lp.js)) ckv_answer_state_end(&sl->answer, CKV_FINISH_EOS);
     answer_event(s, slot, tok);
+    s->events[s->n_events - 1].logits = logits;
+}
+
+/* Feeds the question scored (r->score: echo with logprobs) in steps of at most CKV_LOGITS_ROWS ids:
+ * question id t's log-probability from the row before it; *last: the row after the question. */
+static ckv_status score_question(ckv_sched *s, int slot, const float **last) {
+    const ckv_sched_request *r = &s->slots[slot].req;
+    const ckv_sched_score *sc = r->score;
+    const int V = s->engine->model->cfg.vocab_size, k = sc->top;
+    const float *prev = *last, *rows = NULL; /* prev predicts the next id */
+    for (int t0 = 0; t0 < r->n_q; t0 += CKV_LOGITS_ROWS) {
+        int n = r->n_q - t0 < CKV_LOGITS_ROWS ? r->n_q - t0 : CKV_LOGITS_ROWS;
+        /* prev may live in the rows the step overwrites: the first id is scored before it */
+        sc->lp[t0] = ckv_logprobs_row(prev, V, r->q_ids[t0], k, sc->top_ids + (size_t)t0 * k, sc->top_lp + (size_t)t0 * k);
+        CKV_TRY(s->exec.score(s->exec.ctx, slot, r->q_ids + t0, n, &rows));
+        for (int t = 1; t < n; t++) {
+            size_t e = (size_t)(t0 + t);
+            sc->lp[e] = ckv_logprobs_row(rows + (size_t)(t - 1) * V, V, r->q_ids[e], k, sc->top_ids + e * k, sc->top_lp + e * k);
+        }
+        prev = rows + (size_t)(n - 1) * V;
+    }
+    *last = prev;
+    return CKV_STATUS_OK;
 }
 
 /* ---- units of work ------------------------------------------------------------------------------------ */
@@ -162,14 +200,24 @@ static void begin_choice(ckv_sched *s, int slot) {
         return;
     }
     ckv_answer_state_reset(&sl->answer);
-    if (r->max_tokens == 0) {
+    ckv_logits_begin(&sl->lp);
+    const int score = r->score && sl->choice == 0;
+    if (r->max_tokens == 0 && !score) {
         ckv_answer_state_end(&sl->answer, CKV_FINISH_LENGTH);
         answer_event(s, slot, -1);
         return;
     }
     const float *lg = s->exec.context_logits(s->exec.ctx, slot);
-    if (r->n_q > 0 && (st = s->exec.question(s->exec.ctx, slot, r->q_ids, r->n_q, &lg)) != CKV_STATUS_OK) {
-        slot_fail(s, slot, st);
+    if (r->n_q > 0) {
+        st = score ? score_question(s, slot, &lg) : s->exec.question(s->exec.ctx, slot, r->q_ids, r->n_q, &lg);
+        if (st != CKV_STATUS_OK) {
+            slot_fail(s, slot, st);
+            return;
+        }
+    }
+    if (r->max_tokens == 0) {
+        ckv_answer_state_end(&sl->answer, CKV_FINISH_LENGTH);
+        answer_event(s, slot, -1);
         return;
     }
     sample_token(s, slot, lg);

@@ -16,7 +16,8 @@
  * Lifetimes are explicit: a request belongs to the scheduler from ckv_sched_admit until the event
  * with `done` set (then its slot is free and its lane released); the scheduler never reads a
  * request's `user` pointer, and the caller must keep the request's arrays alive until `done`.
- * Sampling happens in one place (ckv_answer_state_sample on the slot's sampler and answer state).
+ * Sampling happens in one place (the request's logit processing, then ckv_answer_state_sample on the
+ * slot's sampler and answer state).
  * It does not own the queue of waiting requests, parse anything, or lock: one thread drives it. */
 #ifndef CKV_ENGINE_SCHED_H
 #define CKV_ENGINE_SCHED_H
@@ -25,6 +26,7 @@
 #include <stdint.h>
 
 #include "engine/answer.h"
+#include "engine/logits.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 
@@ -51,7 +53,19 @@ typedef struct {
     ckv_status (*rewind)(void *ctx, int slot);                      /* back to the context */
     void (*release)(void *ctx, int slot);                           /* frees the lane */
     void *ctx;
+    /* a question of n <= CKV_LOGITS_ROWS ids keeping every position's logits: *rows [n, V] (NULL: no
+     * request may ask for scored questions) */
+    ckv_status (*score)(void *ctx, int slot, const int32_t *ids, int n, const float **rows);
 } ckv_sched_exec;
+
+/* Where a scored question's log-probabilities go (echo with logprobs): entry t is question id t's,
+ * from the row before it (the context's last logits for t = 0), with its `top` most likely ids. */
+typedef struct {
+    float *lp;                      /* [n_q] */
+    int32_t *top_ids;               /* [n_q, top] */
+    float *top_lp;                  /* [n_q, top] */
+    int top;
+} ckv_sched_score;
 
 /* One request (the pointers must stay valid until its `done` event). */
 typedef struct {
@@ -64,6 +78,9 @@ typedef struct {
     int max_tokens, n_choices, ignore_eos;
     const char *const *stop_strings;
     int n_stop_strings;
+    const ckv_logits_config *logits; /* logit_bias, penalties, json_object (NULL: none) */
+    const ckv_grammar_vocab *grammar; /* the vocabulary's bytes when logits->json_object */
+    const ckv_sched_score *score;   /* non-NULL: the first choice's question is fed scored (exec.score) */
     void *user;                     /* the caller's (never read) */
 } ckv_sched_request;
 
@@ -78,6 +95,7 @@ typedef struct {
     int slot, choice;
     void *user;
     int32_t token;                  /* ANSWER: the sampled id (-1: the answer ended without one) */
+    const float *logits;            /* ANSWER with a token: the model's row [V] that chose it (until the next turn) */
     const ckv_answer_state *answer; /* ANSWER: valid until the next turn or admit */
     int done;                       /* the request is over: its slot is free */
     ckv_sched_prepared info;        /* PREPARED */
@@ -96,6 +114,7 @@ typedef struct {
     ckv_sampler sampler;
     int sampler_ready;
     ckv_answer_state answer;
+    ckv_logits lp;                  /* the request's logit processing */
     int32_t next;                   /* the token the next decode step feeds */
 } ckv_sched_slot;
 

@@ -27,7 +27,7 @@ typedef struct {
     size_t max_body_bytes;     /* request bodies above this get 413 */
     int max_prompt_tokens;     /* prompts above this get 400 (0: the model's window) */
     int max_tokens_limit;      /* max_tokens above this get 400 */
-    int default_max_tokens;    /* when a request names none */
+    int default_max_tokens;    /* cap on max_tokens when a request names none (0: none; the rest of the window) */
     size_t cache_bytes;        /* byte limit of the in-memory compressed-context store (0: no store) */
     const char *cache_dir;     /* cache files of compressed contexts (NULL: memory only) */
     double grace_seconds;      /* SIGTERM: in-flight requests get this long to finish, then are cancelled */
@@ -35,10 +35,11 @@ typedef struct {
                                 * their last token (0: after every layer) */
     const ckv_press_config *default_press; /* the press of requests that name none (NULL: full cache) */
     const char *chat_template; /* template name instead of the tokenizer's own (NULL) */
+    const char *cors_origin;   /* Access-Control-Allow-Origin of every response and preflight (NULL: no CORS) */
 } ckv_server_config;
 
 /* Fills the defaults (127.0.0.1, port 8080, batch 8, queue 64, 256 connections, 8 MiB bodies,
- * 4096 max_tokens, 16 default tokens, 256 MiB store, 30 s grace, 50 ms interleave). */
+ * 4096 max_tokens, default max_tokens the rest of the window, 256 MiB store, 30 s grace, 50 ms interleave). */
 void ckv_server_config_defaults(ckv_server_config *cfg);
 
 /* Serves until ckv_server_request_stop; returns OK after a clean drain. The engine must have a

@@ -13,6 +13,7 @@
 
 #include "core/timer.h"
 #include "engine/text.h"
+#include "server/srv_fields.h"
 
 #define INVALID "invalid_request_error"
 
@@ -43,56 +44,6 @@ ckv_status ckv_srv_api_init(ckv_srv_api *a, ckv_engine *e, const ckv_server_conf
         else a->tmpl.family = CKV_CHAT_NONE;
     }
     return CKV_STATUS_OK;
-}
-
-/* ---- field readers: 0 ok (absent or null leaves *out alone), -1 with err set ----------------------- */
-
-static int bad_type(ckv_srv_error *err, const char *field, const char *want) {
-    ckv_srv_error_set(err, 400, INVALID, field, "invalid_type", "'%s' must be %s", field, want);
-    return -1;
-}
-
-static int get_number(const cJSON *o, const char *field, double lo, double hi, double *out, ckv_srv_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v)) return bad_type(err, field, "a number");
-    double d = v->valuedouble;
-    if (!isfinite(d) || d < lo || d > hi) {
-        ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' is %g, expected a number in [%g, %g]", field, d, lo, hi);
-        return -1;
-    }
-    *out = d;
-    return 0;
-}
-
-static int get_int(const cJSON *o, const char *field, double lo, double hi, long long *out, ckv_srv_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return bad_type(err, field, "an integer");
-    double d = v->valuedouble;
-    if (!isfinite(d) || d < lo || d > hi) {
-        ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' is %.17g, expected an integer in [%.0f, %.0f]", field,
-                          d, lo, hi);
-        return -1;
-    }
-    *out = (long long)d;
-    return 0;
-}
-
-static int get_bool(const cJSON *o, const char *field, int *out, ckv_srv_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsBool(v)) return bad_type(err, field, "a boolean");
-    *out = cJSON_IsTrue(v);
-    return 0;
-}
-
-static int get_string(const cJSON *o, const char *field, const char **out, ckv_srv_error *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsString(v)) return bad_type(err, field, "a string");
-    *out = v->valuestring;
-    return 0;
 }
 
 /* ---- prompts ----------------------------------------------------------------------------------------- */
@@ -165,7 +116,7 @@ static int parse_text_or_ids(const ckv_srv_api *a, const cJSON *v, const char *f
     }
     if (cJSON_IsString(v)) return encode_text(a, v->valuestring, special, field, ids, n, err);
     if (cJSON_IsArray(v)) return parse_ids(a, v, field, ids, n, err);
-    return bad_type(err, field, "a string or an array of token ids");
+    return ckv_srv_bad_type(err, field, "a string or an array of token ids");
 }
 
 static int concat(int32_t **a, int *na, int32_t *b, int nb, ckv_srv_error *err) {
@@ -202,7 +153,7 @@ static char *message_text(const cJSON *content, int i, ckv_srv_error *err) {
     snprintf(field, sizeof field, "messages[%d].content", i);
     if (cJSON_IsString(content)) return strdup(content->valuestring);
     if (!cJSON_IsArray(content)) {
-        bad_type(err, field, "a string or an array of text parts");
+        ckv_srv_bad_type(err, field, "a string or an array of text parts");
         return NULL;
     }
     size_t len = 0;
@@ -240,7 +191,7 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         ckv_srv_error_set(err, 400, INVALID, "messages", "missing_field", "'messages' is required");
         return -1;
     }
-    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1) return bad_type(err, "messages", "a non-empty array of messages");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1) return ckv_srv_bad_type(err, "messages", "a non-empty array of messages");
     if (a->tmpl.family == CKV_CHAT_NONE) {
         ckv_srv_error_set(err, 400, INVALID, "messages", "no_chat_template",
                           "the model has no chat template: use /v1/completions (or start the server with --template)");
@@ -260,13 +211,13 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         char field[64];
         snprintf(field, sizeof field, "messages[%d]", i);
         if (!cJSON_IsObject(msg)) {
-            bad_type(err, field, "an object with 'role' and 'content'");
+            ckv_srv_bad_type(err, field, "an object with 'role' and 'content'");
             goto done;
         }
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
         snprintf(field, sizeof field, "messages[%d].role", i);
         if (!cJSON_IsString(role)) {
-            bad_type(err, field, "one of 'system', 'developer', 'user', 'assistant'");
+            ckv_srv_bad_type(err, field, "one of 'system', 'developer', 'user', 'assistant'");
             goto done;
         }
         const char *r = role->valuestring;
@@ -283,7 +234,7 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         m[i] = (ckv_chat_message){r, texts[i]};
         if (!strcmp(r, "user")) last_user = i;
     }
-    if (get_string(o, "context", &context, err)) goto done;
+    if (ckv_srv_get_string(o, "context", &context, err)) goto done;
     if (context) { /* kvpress's split: one user turn "context + question" */
         int sys = n == 2 && !strcmp(m[0].role, "system");
         if (!(n == 1 || sys) || strcmp(m[n - 1].role, "user")) {
@@ -344,15 +295,16 @@ static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ck
     const char *spec = NULL;
     double budget = -1, cr = -1;
     int qa = -1;
-    if (get_string(o, "press", &spec, err) || get_number(o, "budget", 1e-9, 1, &budget, err) ||
-        get_number(o, "compression_ratio", 0, 1 - 1e-9, &cr, err) || get_bool(o, "query_aware", &qa, err))
+    if (ckv_srv_get_string(o, "press", &spec, err) || ckv_srv_get_number(o, "budget", 1e-9, 1, &budget, err) ||
+        ckv_srv_get_number(o, "compression_ratio", 0, 1 - 1e-9, &cr, err) || ckv_srv_get_bool(o, "query_aware", &qa, err))
         return -1;
     if (budget >= 0 && cr >= 0) {
         ckv_srv_error_set(err, 400, INVALID, "compression_ratio", "invalid_value", "give 'budget' or 'compression_ratio', not both");
         return -1;
     }
-    ckv_press_request rq = {.defaults = a->cfg->default_press, .spec = spec, .query_aware = qa,
-                            .flags = CKV_PRESS_NEED_BUDGET | CKV_PRESS_NEED_FILES};
+    /* "none" takes nothing from the server's defaults (their budget would be refused with it) */
+    ckv_press_request rq = {.defaults = spec && !strcmp(spec, "none") ? NULL : a->cfg->default_press, .spec = spec,
+                            .query_aware = qa, .flags = CKV_PRESS_NEED_BUDGET | CKV_PRESS_NEED_FILES};
     if (budget >= 0) rq.budget = (ckv_press_budget){CKV_BUDGET_FRACTION, budget};
     else if (cr >= 0) rq.budget = (ckv_press_budget){CKV_BUDGET_RATIO, cr};
     ckv_press_error pe;
@@ -382,11 +334,11 @@ static int stop_field(const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
         }
         const cJSON *it;
         cJSON_ArrayForEach(it, v) {
-            if (!cJSON_IsString(it)) return bad_type(err, "stop", "a string or an array of strings");
+            if (!cJSON_IsString(it)) return ckv_srv_bad_type(err, "stop", "a string or an array of strings");
             items[n++] = it;
         }
     } else {
-        return bad_type(err, "stop", "a string or an array of strings");
+        return ckv_srv_bad_type(err, "stop", "a string or an array of strings");
     }
     for (int i = 0; i < n; i++) {
         size_t l = strlen(items[i]->valuestring);
@@ -411,44 +363,38 @@ static unsigned long long next_id(void) {
     return __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
 }
 
-int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out,
-                      ckv_srv_error *err) {
-    *out = NULL;
-    memset(err, 0, sizeof *err);
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o || !cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
-        return -1;
-    }
+/* One job from a request object (deleted here). */
+static int parse_job(const ckv_srv_api *a, ckv_srv_kind kind, cJSON *o, ckv_srv_job **out, ckv_srv_error *err) {
     const ckv_server_config *cfg = a->cfg;
-    long long max_tokens = kind == CKV_SRV_COMPLETION ? 16 : cfg->default_max_tokens, n = 1, seed = -1, top_k = 0;
+    long long max_tokens = -1, n = 1, seed = -1, top_k = 0;
     double temperature = 1.0, top_p = 1.0;
-    int stream = 0, include_usage = 0, ignore_eos = 0, logprobs = 0, echo = 0;
+    int stream = 0, include_usage = 0, ignore_eos = 0, logprobs = 0, top_logprobs = 0, echo = 0;
     const char *model = NULL;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
-    int bad = get_string(o, "model", &model, err) || get_int(o, "max_tokens", 0, cfg->max_tokens_limit, &max_tokens, err) ||
-              (kind == CKV_SRV_CHAT && get_int(o, "max_completion_tokens", 0, cfg->max_tokens_limit, &max_tokens, err)) ||
-              get_number(o, "temperature", 0, 2, &temperature, err) || get_number(o, "top_p", 1e-9, 1, &top_p, err) ||
-              get_int(o, "top_k", 0, 1e9, &top_k, err) || get_int(o, "n", 1, CKV_SRV_MAX_CHOICES, &n, err) ||
-              get_int(o, "seed", -9.2e18, 9.2e18, &seed, err) || get_bool(o, "stream", &stream, err) ||
-              get_bool(o, "ignore_eos", &ignore_eos, err) || (kind == CKV_SRV_COMPLETION && get_bool(o, "echo", &echo, err));
+    int bad = ckv_srv_known_fields(o, kind, err) || ckv_srv_get_string(o, "model", &model, err) ||
+              ckv_srv_get_int(o, "max_tokens", 0, cfg->max_tokens_limit, &max_tokens, err) ||
+              (kind == CKV_SRV_CHAT && ckv_srv_get_int(o, "max_completion_tokens", 0, cfg->max_tokens_limit, &max_tokens, err)) ||
+              ckv_srv_get_number(o, "temperature", 0, 2, &temperature, err) || ckv_srv_get_number(o, "top_p", 1e-9, 1, &top_p, err) ||
+              ckv_srv_get_int(o, "top_k", 0, 1e9, &top_k, err) || ckv_srv_get_int(o, "n", 1, CKV_SRV_MAX_CHOICES, &n, err) ||
+              ckv_srv_get_int(o, "seed", -9.2e18, 9.2e18, &seed, err) || ckv_srv_get_bool(o, "stream", &stream, err) ||
+              ckv_srv_get_bool(o, "ignore_eos", &ignore_eos, err) || ckv_srv_logprob_fields(o, kind, &logprobs, &top_logprobs, &echo, err);
     if (!bad && so && !cJSON_IsNull(so)) {
-        if (!cJSON_IsObject(so)) bad = bad_type(err, "stream_options", "an object");
-        else bad = get_bool(so, "include_usage", &include_usage, err);
-    }
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
-    if (!bad && lp && !cJSON_IsNull(lp) && !(cJSON_IsBool(lp) && cJSON_IsFalse(lp))) logprobs = 1;
-    if (!bad && (logprobs || echo)) {
-        ckv_srv_error_set(err, 400, INVALID, logprobs ? "logprobs" : "echo", "unsupported", "'%s' is not supported",
-                          logprobs ? "logprobs" : "echo");
-        bad = 1;
+        if (!cJSON_IsObject(so)) bad = ckv_srv_bad_type(err, "stream_options", "an object");
+        else bad = ckv_srv_get_bool(so, "include_usage", &include_usage, err);
     }
     if (!bad && model && cfg->model_name && strcmp(model, cfg->model_name) != 0) {
         ckv_srv_error_set(err, 404, INVALID, "model", "model_not_found", "the model '%s' does not exist (this server serves '%s')",
                           model, cfg->model_name);
         bad = 1;
     }
+    int W = a->engine->model->cfg.max_context;
+    /* the job is sized before the prompt is known: the longest answer that can fit (a request naming no
+     * max_tokens gets the rest of the window, at most --default-max-tokens when set, and at most
+     * --max-tokens-limit) */
+    long long cap = cfg->max_tokens_limit < W ? cfg->max_tokens_limit : W;
+    if (max_tokens < 0 && cfg->default_max_tokens > 0 && cfg->default_max_tokens < cap) cap = cfg->default_max_tokens;
+    int default_max = max_tokens < 0;
+    if (default_max) max_tokens = cap;
     ckv_srv_job *j = NULL;
     if (!bad && ckv_srv_job_create(&j, (int)max_tokens, (int)n, a->piece_cap) != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 500, "server_error", "", NULL, "%s", ckv_error_message());
@@ -457,7 +403,8 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
     }
     if (!bad) {
         j->kind = kind;
-        bad = press_fields(a, o, j, err) || stop_field(o, j, err) ||
+        bad = ckv_srv_format_fields(o, kind, j, err) || press_fields(a, o, j, err) || stop_field(o, j, err) ||
+              ckv_srv_sampling_fields(a, o, kind, n, j, err) ||
               (kind == CKV_SRV_COMPLETION ? completion_prompt(a, o, j, err) : chat_prompt(a, o, j, err));
     }
     if (!bad && j->n_ctx < 1) {
@@ -470,11 +417,24 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
         j->q_ids = NULL;
         j->n_q = 0;
     }
-    int W = a->engine->model->cfg.max_context;
+    if (!bad && default_max && (long)j->n_ctx + j->n_q + max_tokens > W) { /* the rest of the window */
+        max_tokens = W - (long)(j->n_ctx + j->n_q);
+        if (max_tokens < 0) max_tokens = 0;
+        j->max_tokens = (int)max_tokens;
+    }
     if (!bad && (long)j->n_ctx + j->n_q + max_tokens > W) {
         ckv_srv_error_set(err, 400, INVALID, "max_tokens", "context_length_exceeded",
                           "the prompt (%d tokens) + max_tokens (%lld) exceed the context window of %d tokens", j->n_ctx + j->n_q,
                           max_tokens, W);
+        bad = 1;
+    }
+    if (!bad && echo) {
+        j->echo = 1;
+        bad = ckv_srv_echo_setup(a, j, logprobs, err);
+    }
+    if (!bad && logprobs && ckv_srv_job_alloc_logprobs(j, top_logprobs) != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 500, "server_error", "logprobs", NULL, "%s", ckv_error_message());
+        ckv_error_clear();
         bad = 1;
     }
     cJSON_Delete(o);
@@ -500,136 +460,62 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
     return 0;
 }
 
-/* ---- responses --------------------------------------------------------------------------------------- */
-
-static char *print_delete(cJSON *o) {
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-    cJSON_Delete(o);
-    return s;
+/* A list of prompts in /v1/completions: one job per prompt (the other fields shared). */
+static int is_prompt_list(const cJSON *p) {
+    if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) < 2) return 0;
+    const cJSON *first = cJSON_GetArrayItem(p, 0);
+    return cJSON_IsString(first) || cJSON_IsArray(first);
 }
 
-char *ckv_srv_api_error_json(const ckv_srv_error *e) {
-    cJSON *o = cJSON_CreateObject(), *er = cJSON_AddObjectToObject(o, "error");
-    cJSON_AddStringToObject(er, "message", e->message);
-    cJSON_AddStringToObject(er, "type", e->type ? e->type : INVALID);
-    if (e->param[0]) cJSON_AddStringToObject(er, "param", e->param);
-    else cJSON_AddNullToObject(er, "param");
-    if (e->code) cJSON_AddStringToObject(er, "code", e->code);
-    else cJSON_AddNullToObject(er, "code");
-    return print_delete(o);
-}
-
-static const char *finish_name(ckv_finish_reason r) {
-    switch (r) {
-    case CKV_FINISH_LENGTH: return "length";
-    case CKV_FINISH_STOP:
-    case CKV_FINISH_EOS: return "stop";
-    case CKV_FINISH_CANCELLED: return "cancelled";
-    default: return NULL;
+int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out, int cap,
+                      int *n_out, ckv_srv_error *err) {
+    *n_out = 0;
+    memset(err, 0, sizeof *err);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
+        return -1;
     }
-}
-
-static cJSON *head(const ckv_srv_api *a, const ckv_srv_job *j, const char *object) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", j->id);
-    cJSON_AddStringToObject(o, "object", object);
-    cJSON_AddNumberToObject(o, "created", (double)j->created);
-    cJSON_AddStringToObject(o, "model", a->cfg->model_name ? a->cfg->model_name : "ckv");
-    return o;
-}
-
-static void add_usage(cJSON *o, const ckv_srv_job *j) {
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)j->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)j->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(j->prompt_tokens + j->completion_tokens));
-    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", (double)j->reused_tokens);
-    cJSON_AddNumberToObject(u, "reused_tokens", (double)j->reused_tokens);
-    cJSON_AddNumberToObject(u, "context_tokens", (double)j->n_ctx);
-    cJSON_AddNumberToObject(u, "kv_entries_kept", (double)j->kept_entries);
-    cJSON_AddNumberToObject(u, "kv_entries_total", (double)j->total_entries);
-    cJSON_AddNumberToObject(u, "kv_bytes_kept", (double)j->kv_bytes_kept);
-    cJSON_AddNumberToObject(u, "kv_bytes_full", (double)j->kv_bytes_full);
-    cJSON_AddStringToObject(u, "press", j->press.scorer == CKV_SCORER_NONE ? "none" : j->press.spec);
-    cJSON_AddBoolToObject(u, "compressed", j->compressed);
-    if (j->uncompressed_reason) cJSON_AddStringToObject(u, "uncompressed_reason", j->uncompressed_reason);
-    cJSON_AddBoolToObject(u, "cache_hit", j->cache_hit);
-}
-
-char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *j) {
-    int chat = j->kind == CKV_SRV_CHAT;
-    cJSON *o = head(a, j, chat ? "chat.completion" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    pthread_mutex_lock(&j->mu);
-    for (int c = 0; c < j->n_choices; c++) {
-        const ckv_srv_choice *ch = &j->choices[c];
-        cJSON *it = cJSON_CreateObject();
-        cJSON_AddNumberToObject(it, "index", c);
-        if (chat) {
-            cJSON *msg = cJSON_AddObjectToObject(it, "message");
-            cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", ch->text ? ch->text : "");
-        } else {
-            cJSON_AddStringToObject(it, "text", ch->text ? ch->text : "");
-        }
-        cJSON_AddNullToObject(it, "logprobs");
-        const char *fin = finish_name(ch->finish);
-        if (fin) cJSON_AddStringToObject(it, "finish_reason", fin);
-        else cJSON_AddNullToObject(it, "finish_reason");
-        cJSON_AddItemToArray(choices, it);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    if (kind != CKV_SRV_COMPLETION || !is_prompt_list(p)) {
+        if (parse_job(a, kind, o, &out[0], err)) return -1;
+        *n_out = 1;
+        return 0;
     }
-    add_usage(o, j);
-    pthread_mutex_unlock(&j->mu);
-    return print_delete(o);
-}
-
-char *ckv_srv_api_chunk(const ckv_srv_api *a, const ckv_srv_job *j, int c, const char *delta, size_t n, int role,
-                        ckv_finish_reason finish) {
-    int chat = j->kind == CKV_SRV_CHAT;
-    cJSON *o = head(a, j, chat ? "chat.completion.chunk" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *it = cJSON_CreateObject();
-    cJSON_AddNumberToObject(it, "index", c);
-    char *text = strndup(delta ? delta : "", delta ? n : 0);
-    if (chat) {
-        cJSON *d = cJSON_AddObjectToObject(it, "delta");
-        if (role) cJSON_AddStringToObject(d, "role", "assistant");
-        if (n > 0 || !finish) cJSON_AddStringToObject(d, "content", text ? text : "");
+    int k = cJSON_GetArraySize(p);
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "stream");
+    if (k > cap) {
+        ckv_srv_error_set(err, 400, INVALID, "prompt", "invalid_value", "'prompt' lists %d prompts, at most %d are allowed", k, cap);
+    } else if (cJSON_IsTrue(st)) {
+        ckv_srv_error_set(err, 400, INVALID, "stream", "unsupported", "'stream' with a list of prompts is not supported (one request per prompt)");
     } else {
-        cJSON_AddStringToObject(it, "text", text ? text : "");
+        for (int i = 0; i < k; i++) {
+            cJSON *one = cJSON_Duplicate(o, 1);
+            cJSON *item = one ? cJSON_Duplicate(cJSON_GetArrayItem(p, i), 1) : NULL;
+            if (!one || !item || !cJSON_ReplaceItemInObjectCaseSensitive(one, "prompt", item)) {
+                cJSON_Delete(one);
+                cJSON_Delete(item);
+                ckv_srv_error_set(err, 500, "server_error", "prompt", NULL, "out of memory");
+                break;
+            }
+            if (parse_job(a, kind, one, &out[i], err)) {
+                if (err->param[0] == 'p' && !strcmp(err->param, "prompt")) snprintf(err->param, sizeof err->param, "prompt[%d]", i);
+                break;
+            }
+            if (i > 0) memcpy(out[i]->id, out[0]->id, sizeof out[i]->id); /* one response */
+            *n_out = i + 1;
+        }
     }
-    free(text);
-    cJSON_AddNullToObject(it, "logprobs");
-    const char *fin = finish_name(finish);
-    if (fin) cJSON_AddStringToObject(it, "finish_reason", fin);
-    else cJSON_AddNullToObject(it, "finish_reason");
-    cJSON_AddItemToArray(choices, it);
-    if (j->include_usage) cJSON_AddNullToObject(o, "usage");
-    return print_delete(o);
-}
-
-char *ckv_srv_api_usage_chunk(const ckv_srv_api *a, ckv_srv_job *j) {
-    cJSON *o = head(a, j, j->kind == CKV_SRV_CHAT ? "chat.completion.chunk" : "text_completion");
-    cJSON_AddArrayToObject(o, "choices");
-    pthread_mutex_lock(&j->mu);
-    add_usage(o, j);
-    pthread_mutex_unlock(&j->mu);
-    return print_delete(o);
-}
-
-char *ckv_srv_api_models(const ckv_srv_api *a) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(o, "data");
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", a->cfg->model_name ? a->cfg->model_name : "ckv");
-    cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", 0);
-    cJSON_AddStringToObject(m, "owned_by", "ckv");
-    cJSON_AddNumberToObject(m, "max_model_len", a->engine->model->cfg.max_context);
-    cJSON_AddItemToArray(data, m);
-    return print_delete(o);
+    cJSON_Delete(o);
+    if (*n_out == k) return 0;
+    for (int i = 0; i < *n_out; i++) {
+        out[i]->refs = 1;
+        ckv_srv_job_release(out[i]);
+    }
+    *n_out = 0;
+    if (!err->http) ckv_srv_error_set(err, 500, "server_error", "prompt", NULL, "out of memory");
+    return -1;
 }
 
 static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {
@@ -648,7 +534,7 @@ char *ckv_srv_api_tokenize(const ckv_srv_api *a, const char *body, size_t len, c
     if (!o) return NULL;
     const char *text = NULL, *model = NULL;
     int add_special = 1;
-    if (get_string(o, "model", &model, err) || get_string(o, "prompt", &text, err) || get_bool(o, "add_special_tokens", &add_special, err)) {
+    if (ckv_srv_get_string(o, "model", &model, err) || ckv_srv_get_string(o, "prompt", &text, err) || ckv_srv_get_bool(o, "add_special_tokens", &add_special, err)) {
         cJSON_Delete(o);
         return NULL;
     }
@@ -668,7 +554,7 @@ char *ckv_srv_api_tokenize(const ckv_srv_api *a, const char *body, size_t len, c
     cJSON_AddNumberToObject(res, "count", n);
     cJSON_AddNumberToObject(res, "max_model_len", a->engine->model->cfg.max_context);
     free(ids);
-    return print_delete(res);
+    return ckv_srv_json_print(res);
 }
 
 char *ckv_srv_api_detokenize(const ckv_srv_api *a, const char *body, size_t len, ckv_srv_error *err) {
@@ -676,7 +562,7 @@ char *ckv_srv_api_detokenize(const ckv_srv_api *a, const char *body, size_t len,
     if (!o) return NULL;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens");
     const char *model = NULL;
-    if (get_string(o, "model", &model, err)) {
+    if (ckv_srv_get_string(o, "model", &model, err)) {
         cJSON_Delete(o);
         return NULL;
     }
@@ -702,5 +588,5 @@ char *ckv_srv_api_detokenize(const ckv_srv_api *a, const char *body, size_t len,
     cJSON *res = cJSON_CreateObject();
     cJSON_AddStringToObject(res, "prompt", text);
     free(text);
-    return print_delete(res);
+    return ckv_srv_json_print(res);
 }

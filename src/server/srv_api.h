@@ -1,8 +1,8 @@
 /* srv_api.h - the OpenAI-compatible JSON side of `ckv serve`: validates request bodies of
  * /v1/completions, /v1/chat/completions, /tokenize and /detokenize (every bad field becomes an
  * OpenAI-style error naming it), turns prompts into context + question ids (see below), and writes
- * responses, stream chunks, error objects and the model list, all through cJSON. It does not do
- * HTTP (srv_http.c) or run the model (srv_sched.c).
+ * responses, stream chunks, error objects and the model list (srv_response.c), all through cJSON. It
+ * does not do HTTP (srv_http.c) or run the model (srv_sched.c).
  *
  * What the "context" of a request is (the part compressed once and reused): for completions, the
  * extension field "context" (text or token ids) when given, with "prompt" as the question; else the
@@ -43,13 +43,23 @@ void ckv_srv_error_set(ckv_srv_error *e, int http, const char *type, const char 
 #endif
     ;
 
-/* Parses a completion or chat body into a job ready to submit; 0, or -1 with *err filled. */
-int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out,
-                      ckv_srv_error *err);
+/* Parses a completion or chat body into jobs ready to submit: one, or one per prompt of a list of
+ * prompts in /v1/completions (at most cap; they share the response id); 0 with *n_out jobs in
+ * out[], or -1 with *err filled (and no job). */
+int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body, size_t len, ckv_srv_job **out, int cap,
+                      int *n_out, ckv_srv_error *err);
 
-/* Response bodies (malloc'd JSON text, NULL when out of memory). */
+struct cJSON;
+/* Prints o as compact JSON (malloc'd; NULL when o is NULL or out of memory) and deletes it. */
+char *ckv_srv_json_print(struct cJSON *o);
+
+/* Response bodies (malloc'd JSON text, NULL when out of memory; srv_response.c). */
 char *ckv_srv_api_error_json(const ckv_srv_error *e);
-char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *j);      /* takes j->mu */
+/* The whole response of jobs [n] (a list of prompts: choice indices prompt * n + c, usage summed);
+ * takes each job's mu. */
+char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *const *jobs, int n);
+/* GET /v1/models/{id}: the model object, or NULL with *err filled (404). */
+char *ckv_srv_api_model(const ckv_srv_api *a, const char *id, ckv_srv_error *err);
 /* One stream chunk: `delta` [n] of choice c (role: chat's first chunk carries the role), finish
  * (NONE while running). */
 char *ckv_srv_api_chunk(const ckv_srv_api *a, const ckv_srv_job *j, int c, const char *delta, size_t n, int role,

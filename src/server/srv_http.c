@@ -38,7 +38,7 @@ void ckv_server_config_defaults(ckv_server_config *c) {
     c->max_connections = 256;
     c->max_body_bytes = 8u << 20;
     c->max_tokens_limit = 4096;
-    c->default_max_tokens = 16;
+    c->default_max_tokens = 0; /* the rest of the window, at most max_tokens_limit */
     c->cache_bytes = 256u << 20;
     c->grace_seconds = 30;
     c->interleave_seconds = 0.05;
@@ -61,6 +61,27 @@ typedef struct {
 
 /* ---- responses ---------------------------------------------------------------------------------------- */
 
+/* --cors-origin: every response names the allowed origin (browsers then read it). */
+static void add_cors(const server *s, struct MHD_Response *r) {
+    if (!s->cfg->cors_origin) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", s->cfg->cors_origin);
+    if (strcmp(s->cfg->cors_origin, "*") != 0) MHD_add_response_header(r, "Vary", "Origin");
+}
+
+/* A CORS preflight (OPTIONS with --cors-origin): 204 allowing the API's methods and headers. */
+static enum MHD_Result send_preflight(server *s, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    add_cors(s, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    ckv_srv_metrics_status(&s->metrics, 204);
+    return ret;
+}
+
 static enum MHD_Result send_body(server *s, struct MHD_Connection *c, int code, char *body, const char *type) {
     if (!body) {
         code = 500;
@@ -73,6 +94,7 @@ static enum MHD_Result send_body(server *s, struct MHD_Connection *c, int code, 
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
+    add_cors(s, r);
     if (code == 429 || code == 503) MHD_add_response_header(r, "Retry-After", code == 429 ? "1" : "5");
     if (code == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)code, r);
@@ -255,6 +277,7 @@ static enum MHD_Result serve_stream(server *s, struct MHD_Connection *c, ckv_srv
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
+    add_cors(s, r);
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);
     ckv_srv_metrics_status(&s->metrics, 200);
@@ -263,42 +286,74 @@ static enum MHD_Result serve_stream(server *s, struct MHD_Connection *c, ckv_srv
 
 /* ---- endpoints ------------------------------------------------------------------------------------------ */
 
-static enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, ckv_srv_kind kind, const conn_ctx *cc) {
-    ckv_srv_job *j = NULL;
-    ckv_srv_error err;
-    if (ckv_srv_api_parse(&s->api, kind, cc->body ? cc->body : "", cc->len, &j, &err)) return send_error(s, c, &err);
-    int code = s->draining ? 503 : ckv_srv_sched_submit(&s->sched, j);
-    if (code) {
-        j->refs = 1;
-        ckv_srv_job_release(j);
-        return send_simple_error(s, c, code, code == 429 ? "rate_limit_error" : "server_error", "",
-                                 code == 429 ? "queue_full" : "shutting_down",
-                                 code == 429 ? "the request queue is full; retry later" : "the server is shutting down");
+/* Releases the parse's references of jobs [n] that were never submitted. */
+static void drop_jobs(ckv_srv_job **jobs, int n) {
+    for (int i = 0; i < n; i++) {
+        jobs[i]->refs = 1;
+        ckv_srv_job_release(jobs[i]);
     }
-    if (j->stream) return serve_stream(s, c, j);
-    int fd = connection_fd(c);
+}
+
+/* Waits for job j; 0 when the client went away (j cancelled). */
+static int wait_done(ckv_srv_job *j, int fd) {
     for (;;) {
         pthread_mutex_lock(&j->mu);
         int done = j->done;
         pthread_mutex_unlock(&j->mu);
-        if (done) break;
-        if (!wait_job(j, fd)) { /* the client went away: cancel and drop the connection */
+        if (done) return 1;
+        if (!wait_job(j, fd)) {
             cancel_job(j);
-            ckv_srv_job_release(j);
-            return MHD_NO;
+            return 0;
         }
     }
+}
+
+static enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, ckv_srv_kind kind, const conn_ctx *cc) {
+    ckv_srv_job *jobs[CKV_SRV_MAX_CHOICES];
+    int n_jobs = 0;
+    ckv_srv_error err;
+    if (ckv_srv_api_parse(&s->api, kind, cc->body ? cc->body : "", cc->len, jobs, CKV_SRV_MAX_CHOICES, &n_jobs, &err))
+        return send_error(s, c, &err);
+    int submitted = 0, code = 0;
+    while (submitted < n_jobs && !code) { /* a list of prompts: every job or none (the queue's answer) */
+        code = s->draining ? 503 : ckv_srv_sched_submit(&s->sched, jobs[submitted]);
+        if (!code) submitted++;
+    }
+    if (code) {
+        for (int i = 0; i < submitted; i++) { /* already queued: cancelled, their engine reference dropped there */
+            cancel_job(jobs[i]);
+            ckv_srv_job_release(jobs[i]);
+        }
+        drop_jobs(jobs + submitted, n_jobs - submitted);
+        return send_simple_error(s, c, code, code == 429 ? "rate_limit_error" : "server_error", "",
+                                 code == 429 ? "queue_full" : "shutting_down",
+                                 code == 429 ? "the request queue is full; retry later" : "the server is shutting down");
+    }
+    ckv_srv_job *j = jobs[0];
+    if (j->stream) return serve_stream(s, c, j); /* one job: a list of prompts cannot stream */
+    int fd = connection_fd(c), alive = 1;
+    for (int i = 0; i < n_jobs; i++) {
+        if (alive) alive = wait_done(jobs[i], fd);
+        else cancel_job(jobs[i]);
+    }
+    if (!alive) { /* the client went away: cancel and drop the connection */
+        for (int i = 0; i < n_jobs; i++) ckv_srv_job_release(jobs[i]);
+        return MHD_NO;
+    }
     enum MHD_Result ret;
-    if (j->status != CKV_STATUS_OK) { /* what the request asked for cannot be done: 400; else the server failed */
-        ckv_status e = j->status;
+    ckv_srv_job *failed = NULL;
+    for (int i = 0; i < n_jobs && !failed; i++)
+        if (jobs[i]->status != CKV_STATUS_OK) failed = jobs[i];
+    if (failed) { /* what the request asked for cannot be done: 400; else the server failed */
+        ckv_status e = failed->status;
         int ctx = e == CKV_STATUS_ERR_CONTEXT_TOO_LONG;
         int client = ctx || e == CKV_STATUS_ERR_ARG || e == CKV_STATUS_ERR_RANGE || e == CKV_STATUS_ERR_UNSUPPORTED;
         ret = send_simple_error(s, c, client ? 400 : 500, client ? "invalid_request_error" : "server_error",
-                                ctx ? "max_tokens" : "", ctx ? "context_length_exceeded" : client ? "unsupported" : NULL, j->err);
+                                ctx ? "max_tokens" : "", ctx ? "context_length_exceeded" : client ? "unsupported" : NULL, failed->err);
     } else {
-        ret = send_json(s, c, 200, ckv_srv_api_response(&s->api, j));
+        ret = send_json(s, c, 200, ckv_srv_api_response(&s->api, jobs, n_jobs));
     }
-    ckv_srv_job_release(j);
+    for (int i = 0; i < n_jobs; i++) ckv_srv_job_release(jobs[i]);
     return ret;
 }
 
@@ -315,6 +370,14 @@ static int authorized(const server *s, struct MHD_Connection *c) {
 
 static enum MHD_Result route(server *s, struct MHD_Connection *c, const char *url, const char *method, const conn_ctx *cc) {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (s->cfg->cors_origin && !strcmp(method, "OPTIONS")) return send_preflight(s, c); /* browsers send no key */
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) { /* GET /v1/models/{id} */
+        if (!authorized(s, c)) return send_simple_error(s, c, 401, "invalid_request_error", "", "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
+        if (!get) return send_simple_error(s, c, 405, "invalid_request_error", "", "method_not_allowed", "use GET /v1/models/{id}");
+        ckv_srv_error err;
+        char *body = ckv_srv_api_model(&s->api, url + 11, &err);
+        return body ? send_json(s, c, 200, body) : send_error(s, c, &err);
+    }
     if (!strcmp(url, "/health")) {
         if (!get) return send_simple_error(s, c, 405, "invalid_request_error", "", "method_not_allowed", "use GET /health");
         return send_json(s, c, s->draining ? 503 : 200, strdup(s->draining ? "{\"status\": \"draining\"}" : "{\"status\": \"ok\"}"));

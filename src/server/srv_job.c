@@ -1,6 +1,7 @@
 /* srv_job.c - job creation, failure and reference counting (see srv_job.h). */
 #include "server/srv_job.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,11 +34,44 @@ ckv_status ckv_srv_job_create(ckv_srv_job **out, int max_tokens, int n_choices, 
     return CKV_STATUS_OK;
 }
 
+ckv_status ckv_srv_job_alloc_logprobs(ckv_srv_job *j, int top_logprobs) {
+    j->logprobs = 1;
+    j->top_logprobs = top_logprobs;
+    size_t n = (size_t)(j->max_tokens > 0 ? j->max_tokens : 1), k = (size_t)(top_logprobs > 0 ? top_logprobs : 1);
+    for (int c = 0; c < j->n_choices; c++) {
+        ckv_srv_choice *ch = &j->choices[c];
+        CKV_TRY(ckv_alloc((void **)&ch->lp, sizeof(float) * n, "token logprobs"));
+        CKV_TRY(ckv_alloc((void **)&ch->top_ids, sizeof(int32_t) * n * k, "top logprob ids"));
+        CKV_TRY(ckv_alloc((void **)&ch->top_lp, sizeof(float) * n * k, "top logprobs"));
+        CKV_TRY(ckv_alloc((void **)&ch->tok_end, sizeof(uint32_t) * n, "token text offsets"));
+    }
+    if (j->echo_scored) {
+        size_t e = (size_t)(j->n_echo > 0 ? j->n_echo : 1);
+        CKV_TRY(ckv_alloc((void **)&j->echo_lp, sizeof(float) * e, "prompt logprobs"));
+        CKV_TRY(ckv_alloc((void **)&j->echo_top_ids, sizeof(int32_t) * e * k, "prompt top logprob ids"));
+        CKV_TRY(ckv_alloc((void **)&j->echo_top_lp, sizeof(float) * e * k, "prompt top logprobs"));
+        size_t off = (size_t)(j->n_echo - j->n_q);
+        for (size_t i = 0; i < off; i++) j->echo_lp[i] = NAN;
+        j->score = (ckv_sched_score){j->echo_lp + off, j->echo_top_ids + off * k, j->echo_top_lp + off * k, top_logprobs};
+    }
+    return CKV_STATUS_OK;
+}
+
 static void job_free(ckv_srv_job *j) {
     for (int c = 0; c < CKV_SRV_MAX_CHOICES; c++) {
-        ckv_free(j->choices[c].ids);
-        ckv_free(j->choices[c].text);
+        ckv_srv_choice *ch = &j->choices[c];
+        ckv_free(ch->ids);
+        ckv_free(ch->text);
+        ckv_free(ch->lp);
+        ckv_free(ch->top_ids);
+        ckv_free(ch->top_lp);
+        ckv_free(ch->tok_end);
     }
+    free(j->echo_ids);
+    free(j->echo_text);
+    ckv_free(j->echo_lp);
+    ckv_free(j->echo_top_ids);
+    ckv_free(j->echo_top_lp);
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->ctx_ids);
     free(j->q_ids);

@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/logits.h"
 #include "engine/request.h"
+#include "engine/sched.h"
 #include "evict/press.h"
 
 #define CKV_SRV_MAX_STOP 4
@@ -24,6 +26,11 @@ typedef struct {
     size_t text_len, text_cap;
     size_t safe_len;        /* text that can be streamed: no stop string can start before it */
     ckv_finish_reason finish; /* NONE while running */
+    /* logprobs (NULL unless the request asked for them), one entry per generated id */
+    float *lp;              /* [max_tokens] log-probability of each generated token */
+    int32_t *top_ids;       /* [max_tokens, top_logprobs] the most likely tokens at each step */
+    float *top_lp;          /* [max_tokens, top_logprobs] */
+    uint32_t *tok_end;      /* [max_tokens] text_len after each token (which text a token's logprob goes with) */
 } ckv_srv_choice;
 
 typedef enum { CKV_SRV_COMPLETION = 0, CKV_SRV_CHAT } ckv_srv_kind;
@@ -37,6 +44,20 @@ typedef struct ckv_srv_job {
     int n_q;
     ckv_press_config press; /* scorer none: the full cache */
     ckv_sampler_config sampling;
+    ckv_logits_config logits; /* logit_bias and penalties */
+    int logprobs;           /* 1: report each token's log-probability (values: log-softmax of the model's row) */
+    int top_logprobs;       /* 0..CKV_LOGPROBS_MAX_TOP most likely alternatives per token */
+    int echo;               /* completions: the answer starts with the prompt (the "prompt" field) */
+    int32_t *echo_ids;      /* [n_echo] the echoed prompt ids (a copy) */
+    int n_echo;
+    char *echo_text;        /* [echo_len] their text */
+    size_t echo_len;
+    int echo_scored;        /* the echoed ids are the question fed with all its logits (echo + logprobs) */
+    float *echo_lp;         /* [n_echo] their log-probabilities (echo_scored; NaN: the first token of the prompt) */
+    int32_t *echo_top_ids;  /* [n_echo, top_logprobs] */
+    float *echo_top_lp;     /* [n_echo, top_logprobs] */
+    ckv_sched_score score;  /* echo_scored: where the scheduler writes the question's (the echo after its
+                             * first n_echo - n_q ids, which have none: NaN) */
     int max_tokens, n_choices, ignore_eos;
     char *stop[CKV_SRV_MAX_STOP];
     int n_stop;
@@ -66,6 +87,9 @@ typedef struct ckv_srv_job {
 /* A job for n_choices x max_tokens tokens whose text pieces are at most piece_cap bytes; ctx and q
  * are taken over (malloc'd arrays). stop strings are copied. */
 ckv_status ckv_srv_job_create(ckv_srv_job **out, int max_tokens, int n_choices, size_t piece_cap);
+/* Sizes the logprob buffers of every choice (top_logprobs alternatives per token) and, when
+ * echo_scored, those of the n_echo echoed ids; sets j->logprobs. */
+ckv_status ckv_srv_job_alloc_logprobs(ckv_srv_job *j, int top_logprobs);
 void ckv_srv_job_release(ckv_srv_job *j); /* drops one reference; NULL is fine */
 
 /* Marks the job failed with the current library error message (engine thread). */

@@ -49,6 +49,8 @@ ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *
         if (!s->queue || !s->kv_full || !s->kv_kept || !s->t_last)
             st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the scheduler");
     }
+    /* response_format json_object: the vocabulary's bytes, once (the leader samples) */
+    if (st == CKV_STATUS_OK) st = ckv_grammar_vocab_init(&s->grammar, s->tok, e->model->cfg.vocab_size);
     if (st != CKV_STATUS_OK) {
         ckv_srv_step_quit(&s->steps, 1);
         ckv_srv_sched_free(s);
@@ -60,6 +62,7 @@ void ckv_srv_sched_free(ckv_srv_sched *s) {
     if (!s) return;
     ckv_sched_free(&s->core);
     ckv_srv_steps_free(&s->steps);
+    ckv_grammar_vocab_free(&s->grammar);
     free(s->queue);
     free(s->kv_full);
     free(s->kv_kept);
@@ -147,6 +150,13 @@ static void on_answer(ckv_srv_sched *s, const ckv_sched_event *ev) {
         s->t_last[ev->slot] = now;
     }
     pthread_mutex_lock(&j->mu);
+    if (j->logprobs && ev->token >= 0 && ev->logits && a->n_ids > ch->n_ids && a->n_ids <= j->max_tokens) {
+        /* the new id's log-probability (of the model's row) and the text it ends at */
+        size_t k = (size_t)j->top_logprobs, at = (size_t)a->n_ids - 1;
+        ch->lp[at] = ckv_logprobs_row(ev->logits, s->engine->model->cfg.vocab_size, a->ids[at], (int)k, ch->top_ids + at * k,
+                                      ch->top_lp + at * k);
+        ch->tok_end[at] = (uint32_t)a->text_len;
+    }
     if (a->n_ids > ch->n_ids) memcpy(ch->ids + ch->n_ids, a->ids + ch->n_ids, sizeof(int32_t) * (size_t)(a->n_ids - ch->n_ids));
     ch->n_ids = a->n_ids;
     size_t len = a->text_len < ch->text_cap ? a->text_len : ch->text_cap - 1;
@@ -235,7 +245,8 @@ static void admit_queued(ckv_srv_sched *s) {
         ckv_sched_request r = {.ctx_ids = j->ctx_ids, .n_ctx = j->n_ctx, .q_ids = j->q_ids, .n_q = j->n_q, .press = &j->press,
                                .sampling = j->sampling, .max_tokens = j->max_tokens, .n_choices = j->n_choices,
                                .ignore_eos = j->ignore_eos, .stop_strings = (const char *const *)j->stop,
-                               .n_stop_strings = j->n_stop, .user = j};
+                               .n_stop_strings = j->n_stop, .logits = &j->logits, .grammar = &s->grammar,
+                               .score = j->echo_scored ? &j->score : NULL, .user = j};
         int slot = -1;
         ckv_status st = ckv_sched_admit(&s->core, &r, &slot);
         if (st == CKV_STATUS_OK && slot < 0) st = ckv_error(CKV_STATUS_ERR_INTERNAL, "no free slot for an admitted request");

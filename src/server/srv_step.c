@@ -20,7 +20,7 @@ static const char *const step_names[] = {"heartbeat", "prepare", "advance", "que
 typedef struct {
     int32_t kind, slot;
     int32_t n;              /* ids (prepare, question) or sequences (decode) */
-    int32_t reserve, chunk; /* prepare */
+    int32_t reserve, chunk; /* prepare; reserve of a question: 1 keeps every position's logits (score) */
     int32_t failed;         /* quit: the leader stopped because of an error */
     uint64_t payload;       /* bytes that follow */
 } step_head;
@@ -51,6 +51,9 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, si
             st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the server's engine steps");
     }
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->msg, s->msg_cap, "server step messages");
+    if (st == CKV_STATUS_OK)
+        st = ckv_alloc((void **)&s->score_logits, sizeof(float) * CKV_LOGITS_ROWS * (size_t)e->model->cfg.vocab_size,
+                       "scored question logits");
     if (st == CKV_STATUS_OK) st = ckv_decode_batch_init(&s->batch, e->model, max_batch);
     if (multi(s)) { /* every rank starts, or none does */
         int32_t ok = st == CKV_STATUS_OK, self = ok;
@@ -80,6 +83,7 @@ void ckv_srv_steps_free(ckv_srv_steps *s) {
     free(s->status_all);
     free(s->stats_all);
     ckv_free(s->msg);
+    ckv_free(s->score_logits);
     memset(s, 0, sizeof *s);
 }
 
@@ -207,8 +211,10 @@ static ckv_status exec_advance(ckv_srv_steps *s, int slot, int *ready) {
     return st;
 }
 
-static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **logits) {
-    ckv_status st = ckv_session_prefill(&s->lanes[slot].pc.sess, ids, n, NULL, logits);
+static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, int score, const float **logits) {
+    ckv_status st = score && n > CKV_LOGITS_ROWS ? ckv_error(CKV_STATUS_ERR_ARG, "score step: %d ids", n)
+                                                 : ckv_session_prefill(&s->lanes[slot].pc.sess, ids, n, score ? s->score_logits : NULL, logits);
+    if (score) *logits = s->score_logits;
     return agree(s, st, STEP_QUESTION);
 }
 
@@ -258,15 +264,24 @@ ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready) {
     return exec_advance(s, slot, ready);
 }
 
-ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **logits) {
+static ckv_status step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, int score, const float **logits) {
     size_t payload = sizeof(int32_t) * (size_t)n;
     if (!step_fits(s, STEP_QUESTION, slot)) return misfit(s, STEP_QUESTION, slot);
-    if (n < 1 || payload > s->msg_cap) return ckv_error(CKV_STATUS_ERR_ARG, "question step: slot %d, %d ids", slot, n);
+    if (n < 1 || payload > s->msg_cap || (score && n > CKV_LOGITS_ROWS))
+        return ckv_error(CKV_STATUS_ERR_ARG, "question step: slot %d, %d ids", slot, n);
     if (multi(s)) {
-        step_head h = {STEP_QUESTION, slot, n, 0, 0, 0, payload};
+        step_head h = {STEP_QUESTION, slot, n, score, 0, 0, payload};
         CKV_TRY(send_step(s, &h, ids));
     }
-    return exec_question(s, slot, ids, n, logits);
+    return exec_question(s, slot, ids, n, score, logits);
+}
+
+ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **logits) {
+    return step_question(s, slot, ids, n, 0, logits);
+}
+
+ckv_status ckv_srv_step_score(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **rows) {
+    return step_question(s, slot, ids, n, 1, rows);
 }
 
 ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n, const float **logits) {
@@ -326,6 +341,9 @@ static const float *x_context_logits(void *ctx, int slot) { return ((ckv_srv_ste
 static ckv_status x_question(void *ctx, int slot, const int32_t *ids, int n, const float **logits) {
     return ckv_srv_step_question(ctx, slot, ids, n, logits);
 }
+static ckv_status x_score(void *ctx, int slot, const int32_t *ids, int n, const float **rows) {
+    return ckv_srv_step_score(ctx, slot, ids, n, rows);
+}
 static ckv_status x_decode(void *ctx, const int *slots, const int32_t *tokens, int n, const float **logits) {
     return ckv_srv_step_decode(ctx, slots, tokens, n, logits);
 }
@@ -333,7 +351,8 @@ static ckv_status x_rewind(void *ctx, int slot) { return ckv_srv_step_rewind(ctx
 static void x_release(void *ctx, int slot) { ckv_srv_step_release(ctx, slot); }
 
 void ckv_srv_steps_exec(ckv_srv_steps *s, ckv_sched_exec *out) {
-    *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, s};
+    *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, s,
+                            x_score};
 }
 
 /* ---- the followers' side -------------------------------------------------------------------------------- */
@@ -370,7 +389,7 @@ ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
             break;
         }
         case STEP_ADVANCE: st = exec_advance(s, h.slot, &ready); break;
-        case STEP_QUESTION: st = exec_question(s, h.slot, (const int32_t *)(const void *)s->msg, h.n, &lg); break;
+        case STEP_QUESTION: st = exec_question(s, h.slot, (const int32_t *)(const void *)s->msg, h.n, h.reserve != 0, &lg); break;
         case STEP_DECODE: {
             const int32_t *m = (const int32_t *)(const void *)s->msg;
             for (int i = 0; i < h.n; i++)

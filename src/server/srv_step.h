@@ -41,6 +41,7 @@ typedef struct {
     ckv_session **step_sess; /* [max_batch] */
     int32_t *step_tok;      /* [max_batch] */
     unsigned char *msg;     /* [msg_cap] a step's payload as sent / received */
+    float *score_logits;    /* [CKV_LOGITS_ROWS, V] every position's logits of a scored question step */
     size_t msg_cap;
     int32_t *status_all;    /* [group size] every rank's status of the last step */
     int64_t *stats_all;     /* [group size, 4] every rank's context entries and bytes (prepare) */
@@ -66,6 +67,9 @@ ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_conf
 ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready);
 /* Feeds the question ids [n] (n >= 1) to ready lane `slot`; *logits: the last position's [V]. */
 ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **logits);
+/* The same for n <= CKV_LOGITS_ROWS ids keeping every position's logits: *rows [n, V] (row t follows
+ * ids[t]; scoring a prompt: echo with logprobs). */
+ckv_status ckv_srv_step_score(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **rows);
 /* One forward feeding tokens[i] to ready lane slots[i] (i < n); *logits: [n, V] (host, until the next step). */
 ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n, const float **logits);
 /* Drops what ready lane `slot` holds after its context (the next choice starts from the context). */

@@ -795,7 +795,7 @@ static void test_sample(float temperature, int top_k, float top_p) {
     enum { ROWS = 4, V = 300 };
     float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
     for (int i = 2 * V; i < ROWS * V; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f; /* rows 2, 3: ties */
-    ckv_sampler_config cfg = {temperature, top_k, top_p, rng_u32()};
+    ckv_sampler_config cfg = {temperature, top_k, top_p, rng_u32(), 0.0f};
     ckv_sampler smp;
     CHECK_OK(ckv_sampler_init(&smp, &cfg, V));
     double u[ROWS];

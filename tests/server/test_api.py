@@ -170,7 +170,8 @@ def bad_request_corpus(s):
         ("token id huge", "/v1/completions", {"prompt": [1e12]}, 400, "prompt"),
         ("token id negative", "/v1/completions", {"prompt": [-1]}, 400, "prompt"),
         ("empty prompt", "/v1/completions", {"prompt": []}, 400, "prompt"),
-        ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+        ("nine prompts", "/v1/completions", {"prompt": ["a"] * 9}, 400, "prompt"),
+        ("two prompts streamed", "/v1/completions", {"prompt": ["a", "b"], "stream": True}, 400, "stream"),
         ("max_tokens a string", "/v1/completions", {**big, "max_tokens": "8"}, 400, "max_tokens"),
         ("max_tokens huge", "/v1/completions", {**big, "max_tokens": 1e30}, 400, "max_tokens"),
         ("max_tokens over the limit", "/v1/completions", {**big, "max_tokens": 65}, 400, "max_tokens"),
@@ -195,7 +196,7 @@ def bad_request_corpus(s):
         ("over-long prompt", "/v1/completions", {"prompt": ids(700, 1), "max_tokens": 1}, 400, "prompt"),
         ("prompt + max_tokens over the window", "/v1/completions", {"prompt": ids(590, 1), "max_tokens": 64, "context":
                                                                      ids(400, 2)}, 400, "max_tokens"),
-        ("logprobs unsupported", "/v1/completions", {**big, "logprobs": 2}, 400, "logprobs"),
+        ("logprobs above 20", "/v1/completions", {**big, "logprobs": 21}, 400, "logprobs"),
         ("wrong model", "/v1/completions", {**big, "model": "gpt-4"}, 404, "model"),
         ("messages missing", "/v1/chat/completions", {"max_tokens": 2}, 400, "messages"),
         ("messages not a list", "/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
@@ -388,8 +389,10 @@ def smollm2_tests():
     rc = s.stop()
     th.join()
     st, _, body = res.get("r", (0, None, b""))
-    fin = json.loads(body)["choices"][0]["finish_reason"] if st == 200 else None
-    t.check(rc == 0 and fin == "cancelled" and time.time() - t0 < 20, "past --grace-seconds in-flight requests are cancelled",
+    ch0 = json.loads(body)["choices"][0] if st == 200 else {}
+    fin = (ch0.get("finish_reason"), ch0.get("finish_detail"))
+    t.check(rc == 0 and fin == ("length", "cancelled") and time.time() - t0 < 20,
+            "past --grace-seconds in-flight requests are cut (finish_reason length, finish_detail cancelled)",
             f"rc {rc}, status {st}, finish {fin}")
 
     # a prefill in progress when the grace period ends is cancelled between two of its layers
@@ -407,7 +410,7 @@ def smollm2_tests():
     took = time.time() - t0
     th.join()
     st, _, body = res.get("r", (0, None, b""))
-    fin = json.loads(body)["choices"][0]["finish_reason"] if st == 200 else None
+    fin = json.loads(body)["choices"][0].get("finish_detail") if st == 200 else None
     t.check(rc == 0 and fin == "cancelled" and took < t1 / 2 + 1, "past --grace-seconds a prefill in progress is cancelled "
             "between layers", f"rc {rc}, status {st}, finish {fin}, stopped in {took:.2f} s (the prefill takes {t1:.2f} s)")
 

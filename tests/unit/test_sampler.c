@@ -8,13 +8,13 @@ int main(void) {
     float logits[8] = {0.1f, 2.0f, -1.0f, 2.0f, 0.5f, 1.5f, -3.0f, 0.0f};
     CHECK(ckv_argmax(logits, 8) == 1);
     ckv_sampler s;
-    ckv_sampler_config g = {0.0f, 0, 1.0f, 0};
+    ckv_sampler_config g = {0.0f, 0, 1.0f, 0, 0.0f};
     CHECK_OK(ckv_sampler_init(&s, &g, 8));
     CHECK(ckv_sampler_sample(&s, logits) == 1);
     ckv_sampler_free(&s);
 
     /* same seed, same sequence; different seed, (almost surely) a different one */
-    ckv_sampler_config t = {1.0f, 0, 1.0f, 42};
+    ckv_sampler_config t = {1.0f, 0, 1.0f, 42, 0.0f};
     ckv_sampler a, b;
     CHECK_OK(ckv_sampler_init(&a, &t, 8));
     CHECK_OK(ckv_sampler_init(&b, &t, 8));
@@ -25,7 +25,7 @@ int main(void) {
     ckv_sampler_free(&b);
 
     /* frequencies follow softmax(logits / T) */
-    ckv_sampler_config t2 = {0.7f, 0, 1.0f, 7};
+    ckv_sampler_config t2 = {0.7f, 0, 1.0f, 7, 0.0f};
     CHECK_OK(ckv_sampler_init(&a, &t2, 8));
     int counts[8] = {0};
     const int N = 200000;
@@ -40,7 +40,7 @@ int main(void) {
     ckv_sampler_free(&a);
 
     /* top-k 2 only ever returns the two best (1 and 3 tie at 2.0) */
-    ckv_sampler_config tk = {1.0f, 2, 1.0f, 3};
+    ckv_sampler_config tk = {1.0f, 2, 1.0f, 3, 0.0f};
     CHECK_OK(ckv_sampler_init(&a, &tk, 8));
     for (int i = 0; i < 2000; i++) {
         int x = ckv_sampler_sample(&a, logits);
@@ -51,7 +51,7 @@ int main(void) {
 
     /* top-p: probabilities {0.5, 0.3, 0.15, 0.05}: p 0.75 keeps the first two */
     float lp[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
-    ckv_sampler_config tp = {1.0f, 0, 0.75f, 9};
+    ckv_sampler_config tp = {1.0f, 0, 0.75f, 9, 0.0f};
     CHECK_OK(ckv_sampler_init(&a, &tp, 4));
     int c2[4] = {0};
     for (int i = 0; i < 20000; i++) c2[ckv_sampler_sample(&a, lp)]++;
@@ -66,7 +66,7 @@ int main(void) {
      * sampler's cut-off ((1 - 0.6) / 4 = 0.1) only, 0.4 / 0.92 and 0.59 / 0.92 = 0.64 would already
      * reach 0.6 and drop token 2. */
     float lq[5] = {logf(0.4f), logf(0.19f), logf(0.17f), logf(0.16f), logf(0.08f)};
-    ckv_sampler_config nucleus = {1.0f, 0, 0.6f, 11};
+    ckv_sampler_config nucleus = {1.0f, 0, 0.6f, 11, 0.0f};
     CHECK_OK(ckv_sampler_init(&a, &nucleus, 5));
     int c3[5] = {0};
     const int N3 = 20000;
@@ -82,7 +82,7 @@ int main(void) {
     /* with top-k, top-p measures the renormalised top-k distribution (top-k runs first): top-3 of the
      * same probabilities is {0.4, 0.19, 0.17} / 0.76 = {0.526, 0.25, 0.224}, cumulative 0.526, 0.776,
      * so top_p 0.7 keeps {0, 1} (over the whole softmax 0.4, 0.59, 0.76 it would keep token 2 too) */
-    ckv_sampler_config kp = {1.0f, 3, 0.7f, 12};
+    ckv_sampler_config kp = {1.0f, 3, 0.7f, 12, 0.0f};
     CHECK_OK(ckv_sampler_init(&a, &kp, 5));
     int c4[5] = {0};
     for (int i = 0; i < N3; i++) c4[ckv_sampler_sample(&a, lq)]++;
@@ -91,7 +91,7 @@ int main(void) {
               c4[3], c4[4]);
     ckv_sampler_free(&a);
 
-    ckv_sampler_config bad1 = {-1.0f, 0, 1.0f, 0}, bad2 = {1.0f, -1, 1.0f, 0}, bad3 = {1.0f, 0, 0.0f, 0};
+    ckv_sampler_config bad1 = {-1.0f, 0, 1.0f, 0, 0.0f}, bad2 = {1.0f, -1, 1.0f, 0, 0.0f}, bad3 = {1.0f, 0, 0.0f, 0, 0.0f};
     CHECK_FAILS(ckv_sampler_init(&a, &bad1, 8), CKV_STATUS_ERR_ARG, "--temperature");
     CHECK_FAILS(ckv_sampler_init(&a, &bad2, 8), CKV_STATUS_ERR_ARG, "--top-k");
     CHECK_FAILS(ckv_sampler_init(&a, &bad3, 8), CKV_STATUS_ERR_ARG, "--top-p");

@@ -101,7 +101,8 @@ static void exec_init(local_exec *x, ckv_engine *e, ckv_sched_exec *out) {
     memset(x, 0, sizeof *x);
     x->e = e;
     CHECK_OK(ckv_decode_batch_init(&x->batch, e->model, NSLOT));
-    *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, x};
+    *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, x,
+                            NULL};
 }
 
 static void exec_free(local_exec *x) {

@@ -20,7 +20,8 @@ size 128 and intermediate size 256 (heads, KV heads, head_dim, vocabulary and Ro
 model), a 128-token context and 4 new tokens; transformers runs on the CPU when torch is installed.
 The figures of a rehearsal are meaningless; it fails (exit 1) when any command fails or its output
 cannot be read, which is what would stop the first GPU run.
-Writes OUT/bench.json and prints the table last.
+Every mode ends with the per-kernel roofline of tools/bench/roofline.py (measured ceilings when
+measured; a dry run or rehearsal adds the A100's datasheet). Writes OUT/bench.json.
 """
 import argparse
 import importlib.util
@@ -31,6 +32,9 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roofline  # noqa: E402  (tools/bench/roofline.py: the per-kernel model)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = [  # name, model config directory, context, press
@@ -333,6 +337,17 @@ def main():
             print("    %s" % r["error"][:150])
     if a.dry_run:
         print("(dry run: TTFT and ms/token columns show the roofline times in parentheses)")
+    # per kernel and per step (tools/bench/roofline.py): the datasheets' H200 and A100, or this run's
+    # measured ceilings in place of the H200's
+    gpu = dict(roofline.GPUS["H200"])
+    if not a.dry_run and not a.rehearse:
+        gpu.update(tc=ceilings["gemm_tflops"], hbm_gbs=ceilings["copy_gbs"], source="measured in this run")
+    gpus = [("H200", gpu)] + ([("A100", dict(roofline.GPUS["A100"]))] if a.dry_run or a.rehearse else [])
+    roofline.print_tables([c for c in roofline.CASES if c[0] in ("8B@32K critical_adakv",)], gpus[:1], False)
+    roofline.print_summary(roofline.CASES, gpus, False)
+    result["roofline"] = roofline.summary_rows(roofline.CASES, gpus)
+    with open(os.path.join(a.out, "bench.json"), "w") as f:
+        json.dump(result, f, indent=1)
     if a.rehearse:
         print("rehearsal: %s" % ("FAILED (see the errors above)" if failed else "every command ran and its output was read"))
     return 1 if failed else 0

@@ -15,6 +15,7 @@
  * fp32 softmax and accumulation in both; q and the softmax weights are rounded to bf16 for the
  * tensor cores in the prefill kernel only. The cache is not written here (cuda_kv.cu). */
 #include <limits.h>
+#include <string.h>
 
 #include "ckv_mma.h"
 #include "cuda_internal.h"
@@ -50,6 +51,18 @@ __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t
             hi = mid;
     }
     return lo;
+}
+
+/* Elements at, at + 1 of a bf16 row as a bf16x2 register (at even): one 4-byte load of the stored
+ * bits (the same bits as widening to fp32 and rounding back). */
+__device__ __forceinline__ uint32_t ld_bf16x2(const ckv_bf16 *p, size_t at) {
+#if defined(CKV_CUDA_EMU)
+    uint32_t v;
+    memcpy(&v, p + at, sizeof v); /* one 4-byte load, without type punning on the host */
+    return v;
+#else
+    return *reinterpret_cast<const uint32_t *>(p + at); /* 4-byte aligned: the rows hold an even head dim */
+#endif
 }
 
 /* ---- prefill: flash attention on tensor cores ------------------------------------------------
@@ -104,7 +117,7 @@ CKV_UNROLL
         for (int e = tid; e < FA_BN * (HD / 2); e += FA_THREADS) {
             const int r = e / (HD / 2), w = e % (HD / 2), key = kb + r;
             const size_t at = (size_t)key * HD + (size_t)(2 * w);
-            ks[r * KW + w] = key < len ? ckv_pack_bf16x2(ld_f32(K, at), ld_f32(K, at + 1)) : 0u;
+            ks[r * KW + w] = key < len ? ld_bf16x2(K, at) : 0u;
         }
         for (int e = tid; e < HD * (FA_BN / 2); e += FA_THREADS) {
             const int d = e % HD, p = e / HD, key = kb + 2 * p;
@@ -193,8 +206,8 @@ CKV_UNROLL
 CKV_UNROLL
     for (int nd = 0; nd < HD / 8; nd++) {
         const int d = nd * 8 + 2 * tq;
-        if (ok0) o0[d] = o[nd][0] * inv0, o0[d + 1] = o[nd][1] * inv0;
-        if (ok1) o1[d] = o[nd][2] * inv1, o1[d + 1] = o[nd][3] * inv1;
+        if (ok0) *(float2 *)(o0 + d) = make_float2(o[nd][0] * inv0, o[nd][1] * inv0); /* 8-byte stores */
+        if (ok1) *(float2 *)(o1 + d) = make_float2(o[nd][2] * inv1, o[nd][3] * inv1);
     }
 }
 

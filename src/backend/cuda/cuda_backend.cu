@@ -64,6 +64,7 @@ void be_free(ckv_backend *be) {
         cudaFree(c->blas_ws);
         cudaFree(c->xbf);
         cudaFree(c->part);
+        cudaFree(c->evict_ws);
         cudaFree(c->count);
         if (c->stream) cudaStreamDestroy(c->stream);
     }
@@ -277,10 +278,12 @@ ckv_status backend_init(ckv_backend **out, int device) {
 
 #if defined(CKV_CUDA_EMU)
 /* The emulated backend: tests only (tests/cuda). */
+#include "emu/emu_profile.h"
 extern "C" {
 #include "cuda_emu.h"
 }
 ckv_status ckv_backend_cuda_emu_init(ckv_backend **out, int device_index) {
+    ckv_emu::ckv_emu_profile_from_env(); /* CKV_EMU_PROFILE=1: per-kernel traffic counters, printed at exit */
     return CKV_CUDA_NS::backend_init(out, device_index);
 }
 void ckv_cuda_emu_set_devices(int count, int major, int minor) { ckv_emu::ckv_emu_set_devices(count, major, minor); }

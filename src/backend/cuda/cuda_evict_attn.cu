@@ -7,8 +7,9 @@
  * moments and key logits (evict_moments, evict_ea_logits), DefensiveKV's window aggregation
  * (evict_defensive_rows, its double sums in the op's order, so bit for bit). fp32 dot products and fp32 GEMMs sum in
  * another order than the CPU's, so scores agree with cpu/cpu_evict_*.c to a few ulp, not bit for bit.
- * The GEMM ops read the segment descriptors once on the host (a small synchronous download) and
- * allocate their scratch per call, as the op table allows. */
+ * Scratch comes from the backend's eviction workspace (ctx evict_ws, grown by the first call that
+ * needs more: only then does an op wait for the stream); value rows are read through the device
+ * segment table, so no op downloads, allocates or synchronises per call. */
 #include "cuda_internal.h"
 
 namespace CKV_CUDA_NS {
@@ -101,6 +102,17 @@ __global__ void to_f32_kernel(float *dst, const T *src, size_t ld, size_t c0, in
     const size_t total = (size_t)rows * (size_t)cols;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
         dst[e] = ld_f32(src, (e / (size_t)cols) * ld + c0 + e % (size_t)cols);
+}
+
+/* dst [rows, d] = value rows [t0, t0 + rows) of KV head g (sequence 0) as fp32, read through the
+ * device segment table. */
+template <typename T>
+__global__ void value_rows_kernel(float *dst, ckv_kv_batch kv, int g, int t0, int rows) {
+    const int d = kv.head_dim;
+    const T *V = (const T *)kv.segs[0][g].v + (size_t)t0 * (size_t)d;
+    const size_t total = (size_t)rows * (size_t)d;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
+        dst[e] = ld_f32(V, e);
 }
 
 /* dst[t] += (float)L1(proj row t): 16 fp32 lanes (lane l: columns l, l + 16, ..), lanes in double in
@@ -224,25 +236,32 @@ ckv_status kv_dtype_check(ckv_dtype t, const char *op) {
                      op, ckv_dtype_name(t));
 }
 
-/* Scratch of one op call, freed on every path. */
-struct scratch {
-    void *p[4] = {NULL, NULL, NULL, NULL};
-    ~scratch() {
-        for (void *q : p) cudaFree(q);
+/* parts[i] of bytes[i] (256-byte aligned) in the eviction workspace. The ops run in stream order,
+ * so each reuses the workspace at once; grow() waits for the stream only when it reallocates. */
+ckv_status scratch_parts(ctx *c, const size_t *bytes, void **parts, int n, const char *op) {
+    size_t at[4], total = 0;
+    for (int i = 0; i < n; i++) {
+        at[i] = total;
+        total += (bytes[i] + 255) / 256 * 256;
     }
-};
+    CKV_TRY(grow(c, &c->evict_ws, &c->evict_ws_cap, total, op));
+    for (int i = 0; i < n; i++) parts[i] = (char *)c->evict_ws + at[i];
+    return CKV_STATUS_OK;
+}
 
-ckv_status attn_stats(ctx *c, scratch *ws, const float *q, int n_q, int q_row0, const ckv_kv_batch *kv,
+/* The rows' softmax max and 1 / sum: stats [n_heads_local, n_q] in the workspace. */
+ckv_status attn_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row0, const ckv_kv_batch *kv,
                       int n_heads_local, int head0, int group, float scale, int divide, const char *op) {
     CKV_TRY(kv_dtype_check(kv->dtype, op));
-    CKV_CUDA_CHECK(cudaMalloc(&ws->p[0], sizeof(float2) * (size_t)n_q * n_heads_local), op);
+    const size_t bytes = sizeof(float2) * (size_t)n_q * (size_t)n_heads_local;
+    CKV_TRY(scratch_parts(c, &bytes, (void **)stats, 1, op));
     const dim3 grid((unsigned)n_q, (unsigned)n_heads_local);
     if (kv->dtype == CKV_DTYPE_BF16)
-        CKV_LAUNCH(attn_rowstats_kernel<ckv_bf16>, grid, dim3(THREADS), 0, c->stream, (float2 *)ws->p[0], q, n_q, q_row0,
-                   *kv, n_heads_local, head0, group, scale, divide);
+        CKV_LAUNCH(attn_rowstats_kernel<ckv_bf16>, grid, dim3(THREADS), 0, c->stream, *stats, q, n_q, q_row0, *kv,
+                   n_heads_local, head0, group, scale, divide);
     else
-        CKV_LAUNCH(attn_rowstats_kernel<float>, grid, dim3(THREADS), 0, c->stream, (float2 *)ws->p[0], q, n_q, q_row0,
-                   *kv, n_heads_local, head0, group, scale, divide);
+        CKV_LAUNCH(attn_rowstats_kernel<float>, grid, dim3(THREADS), 0, c->stream, *stats, q, n_q, q_row0, *kv,
+                   n_heads_local, head0, group, scale, divide);
     return CKV_STATUS_OK;
 }
 
@@ -256,16 +275,15 @@ ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const 
     if (zero && n_out > 0 && n_cols > 0)
         CKV_CUDA_CHECK(cudaMemsetAsync(colsum, 0, sizeof(double) * (size_t)n_out * n_cols, c->stream), "evict_attn_colsum");
     if (n_q < 1 || n_heads_local < 1 || n_cols < 1) return op_status(c, "evict_attn_colsum");
-    scratch ws;
-    CKV_TRY(attn_stats(c, &ws, q, n_q, q_row0, kv, n_heads_local, head0, group, scale, divide, "evict_attn_colsum"));
+    float2 *stats = NULL;
+    CKV_TRY(attn_stats(c, &stats, q, n_q, q_row0, kv, n_heads_local, head0, group, scale, divide, "evict_attn_colsum"));
     const dim3 grid(blocks_for((size_t)n_cols, THREADS), (unsigned)n_out);
     if (kv->dtype == CKV_DTYPE_BF16)
-        CKV_LAUNCH(attn_colsum_kernel<ckv_bf16>, grid, dim3(THREADS), 0, c->stream, colsum, n_cols,
-                   (const float2 *)ws.p[0], q, n_q, q_row0, *kv, n_heads_local, head0, group, scale, divide, per_kv);
+        CKV_LAUNCH(attn_colsum_kernel<ckv_bf16>, grid, dim3(THREADS), 0, c->stream, colsum, n_cols, stats, q, n_q,
+                   q_row0, *kv, n_heads_local, head0, group, scale, divide, per_kv);
     else
-        CKV_LAUNCH(attn_colsum_kernel<float>, grid, dim3(THREADS), 0, c->stream, colsum, n_cols, (const float2 *)ws.p[0],
-                   q, n_q, q_row0, *kv, n_heads_local, head0, group, scale, divide, per_kv);
-    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), "evict_attn_colsum"); /* before the scratch goes */
+        CKV_LAUNCH(attn_colsum_kernel<float>, grid, dim3(THREADS), 0, c->stream, colsum, n_cols, stats, q, n_q, q_row0,
+                   *kv, n_heads_local, head0, group, scale, divide, per_kv);
     return op_status(c, "evict_attn_colsum");
 }
 
@@ -273,16 +291,15 @@ ckv_status evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, i
                             const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide) {
     ctx *c = ctx_of(be);
     if (n_q < 1 || n_heads_local < 1) return CKV_STATUS_OK;
-    scratch ws;
-    CKV_TRY(attn_stats(c, &ws, q, n_q, q_row0, kv, n_heads_local, head0, group, scale, divide, "evict_attn_probs"));
+    float2 *stats = NULL;
+    CKV_TRY(attn_stats(c, &stats, q, n_q, q_row0, kv, n_heads_local, head0, group, scale, divide, "evict_attn_probs"));
     const dim3 grid(blocks_for((size_t)ld, THREADS), (unsigned)n_q, (unsigned)n_heads_local);
     if (kv->dtype == CKV_DTYPE_BF16)
-        CKV_LAUNCH(attn_probs_kernel<ckv_bf16>, grid, dim3(THREADS), 0, c->stream, p, ld, (const float2 *)ws.p[0], q, n_q,
-                   q_row0, *kv, n_heads_local, head0, group, scale, divide);
+        CKV_LAUNCH(attn_probs_kernel<ckv_bf16>, grid, dim3(THREADS), 0, c->stream, p, ld, stats, q, n_q, q_row0, *kv,
+                   n_heads_local, head0, group, scale, divide);
     else
-        CKV_LAUNCH(attn_probs_kernel<float>, grid, dim3(THREADS), 0, c->stream, p, ld, (const float2 *)ws.p[0], q, n_q,
-                   q_row0, *kv, n_heads_local, head0, group, scale, divide);
-    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), "evict_attn_probs");
+        CKV_LAUNCH(attn_probs_kernel<float>, grid, dim3(THREADS), 0, c->stream, p, ld, stats, q, n_q, q_row0, *kv,
+                   n_heads_local, head0, group, scale, divide);
     return op_status(c, "evict_attn_probs");
 }
 
@@ -306,22 +323,12 @@ ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_ba
         return ckv_error(CKV_STATUS_ERR_SHAPE, "%s backend: %s: o_proj has %lld columns, %d heads x %d need more",
                          CKV_CUDA_BACKEND_NAME, op, (long long)wo->cols, n_heads_local, d);
     if (n_rows < 1 || n_heads_local < 1) return CKV_STATUS_OK;
-    /* the segment descriptors, to hand cuBLAS the value rows */
-    ckv_kv_seg *const *list = NULL;
-    ckv_kv_seg segs[64];
-    if (kv->n_kv_heads > 64)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s backend: %s: %d KV heads (at most 64 per rank)",
-                         CKV_CUDA_BACKEND_NAME, op, kv->n_kv_heads);
-    CKV_CUDA_CHECK(cudaMemcpyAsync(&list, kv->segs, sizeof list, cudaMemcpyDeviceToHost, c->stream), op);
-    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), op);
-    CKV_CUDA_CHECK(cudaMemcpyAsync(segs, list, sizeof(ckv_kv_seg) * (size_t)kv->n_kv_heads, cudaMemcpyDeviceToHost,
-                                   c->stream), op);
-    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), op);
-    scratch ws; /* wh [D, d], vb [B, d], proj [B, D] fp32 */
-    CKV_CUDA_CHECK(cudaMalloc(&ws.p[0], sizeof(float) * (size_t)D * d), op);
-    CKV_CUDA_CHECK(cudaMalloc(&ws.p[1], sizeof(float) * (size_t)VNORM_BLOCK * d), op);
-    CKV_CUDA_CHECK(cudaMalloc(&ws.p[2], sizeof(float) * (size_t)VNORM_BLOCK * D), op);
-    float *wh = (float *)ws.p[0], *vb = (float *)ws.p[1], *proj = (float *)ws.p[2];
+    /* wh [D, d], vb [B, d], proj [B, D] fp32 */
+    const size_t bytes[3] = {sizeof(float) * (size_t)D * d, sizeof(float) * (size_t)VNORM_BLOCK * d,
+                             sizeof(float) * (size_t)VNORM_BLOCK * D};
+    void *parts[3];
+    CKV_TRY(scratch_parts(c, bytes, parts, 3, op));
+    float *wh = (float *)parts[0], *vb = (float *)parts[1], *proj = (float *)parts[2];
     const size_t wes = ckv_dtype_size(wo->dtype), wld = wo->row_bytes / wes;
     const float one = 1.0f, zero = 0.0f;
     for (int j = 0; j < n_heads_local; j++) {
@@ -335,13 +342,12 @@ ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_ba
         const int g = (head0 + j) / group;
         for (int t0 = 0; t0 < n_rows; t0 += VNORM_BLOCK) {
             const int nb = n_rows - t0 < VNORM_BLOCK ? n_rows - t0 : VNORM_BLOCK;
-            const size_t off = (size_t)t0 * d;
             if (kv->dtype == CKV_DTYPE_BF16)
-                CKV_LAUNCH(to_f32_kernel<ckv_bf16>, dim3(blocks_for((size_t)nb * d, THREADS)), dim3(THREADS), 0,
-                           c->stream, vb, (const ckv_bf16 *)segs[g].v + off, (size_t)d, (size_t)0, nb, d);
+                CKV_LAUNCH(value_rows_kernel<ckv_bf16>, dim3(blocks_for((size_t)nb * d, THREADS)), dim3(THREADS), 0,
+                           c->stream, vb, *kv, g, t0, nb);
             else
-                CKV_LAUNCH(to_f32_kernel<float>, dim3(blocks_for((size_t)nb * d, THREADS)), dim3(THREADS), 0, c->stream,
-                           vb, (const float *)segs[g].v + off, (size_t)d, (size_t)0, nb, d);
+                CKV_LAUNCH(value_rows_kernel<float>, dim3(blocks_for((size_t)nb * d, THREADS)), dim3(THREADS), 0,
+                           c->stream, vb, *kv, g, t0, nb);
             /* proj [nb, D] = vb [nb, d] @ wh^T (docs/gpu.md §5 operand order) */
             CKV_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, D, nb, d, &one, wh, CUDA_R_32F, d, vb,
                                           CUDA_R_32F, d, &zero, proj, CUDA_R_32F, D, CUBLAS_COMPUTE_32F,
@@ -351,7 +357,6 @@ ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_ba
                        out + (size_t)g * ld + t0, proj, nb, D);
         }
     }
-    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), op);
     return op_status(c, op);
 }
 
@@ -396,14 +401,14 @@ ckv_status evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, doubl
         CKV_CUDA_CHECK(cudaMemsetAsync(bias, 0, sizeof(double), c->stream), op);
     }
     if (w < 1 || n < 1 || n_heads_local < 1 || n_kv < 1) return op_status(c, op);
-    scratch ws; /* scale [n_heads_local, w] */
-    CKV_CUDA_CHECK(cudaMalloc(&ws.p[0], sizeof(double) * (size_t)n_heads_local * w), op);
-    CKV_LAUNCH(defensive_scale_kernel, dim3((unsigned)w, (unsigned)n_heads_local), dim3(32), 0, c->stream,
-               (double *)ws.p[0], p, ld, w, n, kernel);
+    const size_t bytes = sizeof(double) * (size_t)n_heads_local * w; /* scale [n_heads_local, w] */
+    double *scale = NULL;
+    CKV_TRY(scratch_parts(c, &bytes, (void **)&scale, 1, op));
+    CKV_LAUNCH(defensive_scale_kernel, dim3((unsigned)w, (unsigned)n_heads_local), dim3(32), 0, c->stream, scale, p, ld,
+               w, n, kernel);
     CKV_LAUNCH(defensive_cols_kernel, dim3(blocks_for((size_t)n, THREADS), (unsigned)n_kv), dim3(THREADS), 0, c->stream,
-               ave, dmax, (const double *)ws.p[0], p, ld, w, n, n_heads_local, head0, group, kernel);
+               ave, dmax, scale, p, ld, w, n, n_heads_local, head0, group, kernel);
     CKV_LAUNCH(defensive_bias_kernel, dim3(1), dim3(1), 0, c->stream, bias, p, ld, w, n, n_heads_local);
-    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), op); /* before the scratch goes */
     return op_status(c, op);
 }
 

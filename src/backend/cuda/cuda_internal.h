@@ -28,6 +28,8 @@ struct ctx {
     float *part;              /* split-KV partials: per row and split, o [hd], m, l */
     size_t part_cap;          /* bytes */
     unsigned long long *count; /* [1] count_nonfinite's counter */
+    void *evict_ws;           /* scratch of the eviction ops (cuda_evict_attn.cu): one op at a time */
+    size_t evict_ws_cap;      /* bytes */
     ckv_status pending;       /* first error of a void op, reported by sync() */
     char pending_msg[320];
     const char *last_op;      /* the op launched last (named when an asynchronous fault surfaces) */

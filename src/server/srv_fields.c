@@ -1,0 +1,239 @@
+/* srv_fields.c - the request fields' readers (type and range checks, errors naming the field) and the
+ * fields beside the prompt and the press: the list of known fields, sampling (penalties, logit_bias,
+ * min_p, best_of, suffix), response_format and the tool fields, logprobs and echo (see
+ * srv_fields.h). It does not tokenise prompts or build jobs (srv_api.c). */
+#define _POSIX_C_SOURCE 200809L
+#include "server/srv_fields.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#define INVALID "invalid_request_error"
+
+/* ---- field readers: 0 ok (absent or null leaves *out alone), -1 with err set ----------------------- */
+
+int ckv_srv_bad_type(ckv_srv_error *err, const char *field, const char *want) {
+    ckv_srv_error_set(err, 400, INVALID, field, "invalid_type", "'%s' must be %s", field, want);
+    return -1;
+}
+
+int ckv_srv_get_number(const cJSON *o, const char *field, double lo, double hi, double *out, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v)) return ckv_srv_bad_type(err, field, "a number");
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi) {
+        ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' is %g, expected a number in [%g, %g]", field, d, lo, hi);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+int ckv_srv_get_int(const cJSON *o, const char *field, double lo, double hi, long long *out, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return ckv_srv_bad_type(err, field, "an integer");
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi) {
+        ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' is %.17g, expected an integer in [%.0f, %.0f]", field,
+                          d, lo, hi);
+        return -1;
+    }
+    *out = (long long)d;
+    return 0;
+}
+
+int ckv_srv_get_bool(const cJSON *o, const char *field, int *out, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return ckv_srv_bad_type(err, field, "a boolean");
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+int ckv_srv_get_string(const cJSON *o, const char *field, const char **out, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) return ckv_srv_bad_type(err, field, "a string");
+    *out = v->valuestring;
+    return 0;
+}
+
+/* ---- sampling fields ------------------------------------------------------------------------------- */
+
+/* The request fields each endpoint knows (everything else is refused, as OpenAI does). */
+static const char *const common_fields[] = {
+    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stream", "stream_options",
+    "ignore_eos", "logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty", "user",
+    "context", "press", "budget", "compression_ratio", "query_aware", NULL};
+static const char *const completion_fields[] = {"prompt", "echo", "best_of", "suffix", NULL};
+static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+                                          "tool_choice", "parallel_tool_calls", "functions", "function_call", NULL};
+
+static int in_list(const char *const *l, const char *k) {
+    for (; *l; l++)
+        if (!strcmp(*l, k)) return 1;
+    return 0;
+}
+
+int ckv_srv_known_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const char *k = it->string ? it->string : "";
+        if (in_list(common_fields, k) || in_list(kind == CKV_SRV_CHAT ? chat_fields : completion_fields, k)) continue;
+        ckv_srv_error_set(err, 400, INVALID, k, "unknown_field", "unrecognized request argument '%.60s' (%s)", k,
+                          kind == CKV_SRV_CHAT ? "/v1/chat/completions" : "/v1/completions");
+        return -1;
+    }
+    return 0;
+}
+
+/* "logit_bias": {"token id": bias in [-100, 100], ...} (OpenAI). */
+static int logit_bias_field(const ckv_srv_api *a, const cJSON *o, ckv_logits_config *lc, ckv_srv_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsObject(v)) return ckv_srv_bad_type(err, "logit_bias", "an object mapping token ids to numbers");
+    int V = a->engine->model->cfg.vocab_size;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        char *end = NULL;
+        long id = strtol(it->string, &end, 10);
+        if (!it->string[0] || *end || id < 0 || id >= V) {
+            ckv_srv_error_set(err, 400, INVALID, "logit_bias", "invalid_value", "'logit_bias': '%.40s' is not a token id in [0, %d)",
+                              it->string, V);
+            return -1;
+        }
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 || it->valuedouble > 100) {
+            ckv_srv_error_set(err, 400, INVALID, "logit_bias", "invalid_value", "'logit_bias'[%ld] must be a number in [-100, 100]", id);
+            return -1;
+        }
+        if (lc->n_bias >= CKV_LOGITS_MAX_BIAS) {
+            ckv_srv_error_set(err, 400, INVALID, "logit_bias", "invalid_value", "'logit_bias' has more than %d entries",
+                              CKV_LOGITS_MAX_BIAS);
+            return -1;
+        }
+        lc->bias_ids[lc->n_bias] = (int32_t)id;
+        lc->bias[lc->n_bias++] = (float)it->valuedouble;
+    }
+    return 0;
+}
+
+/* Penalties, logit_bias and the fields refused because they would otherwise do nothing. */
+int ckv_srv_sampling_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind, long long n, ckv_srv_job *j,
+                           ckv_srv_error *err) {
+    double fp = 0, pp = 0, rp = 1, min_p = 0;
+    long long best_of = n;
+    const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(o, "suffix");
+    if (ckv_srv_get_number(o, "frequency_penalty", -2, 2, &fp, err) || ckv_srv_get_number(o, "presence_penalty", -2, 2, &pp, err) ||
+        ckv_srv_get_number(o, "repetition_penalty", 1e-6, 1e6, &rp, err) || ckv_srv_get_number(o, "min_p", 0, 1, &min_p, err) ||
+        (kind == CKV_SRV_COMPLETION && ckv_srv_get_int(o, "best_of", 1, CKV_SRV_MAX_CHOICES, &best_of, err)) ||
+        logit_bias_field(a, o, &j->logits, err))
+        return -1;
+    if (best_of != n) {
+        ckv_srv_error_set(err, 400, INVALID, "best_of", "unsupported",
+                          "'best_of' other than 'n' is not supported (ask for n choices and rank them by their logprobs)");
+        return -1;
+    }
+    if (suffix && !cJSON_IsNull(suffix) && !(cJSON_IsString(suffix) && !suffix->valuestring[0])) {
+        ckv_srv_error_set(err, 400, INVALID, "suffix", "unsupported", "'suffix' needs an infill template, which this model does not have");
+        return -1;
+    }
+    j->logits.frequency_penalty = (float)fp;
+    j->logits.presence_penalty = (float)pp;
+    j->logits.repetition_penalty = (float)rp;
+    j->sampling.min_p = (float)min_p;
+    return 0;
+}
+
+/* response_format (json_object: the constrained decoder) and the tool-call fields (refused). */
+int ckv_srv_format_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err) {
+    if (kind != CKV_SRV_CHAT) return 0;
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(ty)) return ckv_srv_bad_type(err, "response_format", "an object with a 'type'");
+        if (!strcmp(ty->valuestring, "json_object")) {
+            j->logits.json_object = 1;
+        } else if (strcmp(ty->valuestring, "text") != 0) {
+            int schema = !strcmp(ty->valuestring, "json_schema");
+            ckv_srv_error_set(err, 400, INVALID, "response_format.type", schema ? "unsupported" : "invalid_value",
+                              schema ? "'response_format' json_schema is not supported by this server (json_object is)"
+                                     : "'response_format.type' is '%.40s', expected 'text' or 'json_object'",
+                              ty->valuestring);
+            return -1;
+        }
+    }
+    static const char *const tool_fields[] = {"tools", "functions", "tool_choice", "function_call", "parallel_tool_calls"};
+    for (int i = 0; i < 5; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, tool_fields[i]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (i == 2 && cJSON_IsString(v) && !strcmp(v->valuestring, "none")) continue; /* no tools: honoured */
+        if ((i == 0 || i == 1) && cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0) continue;
+        ckv_srv_error_set(err, 400, INVALID, tool_fields[i], "unsupported", "'%s': tool calls are not supported by this server",
+                          tool_fields[i]);
+        return -1;
+    }
+    return 0;
+}
+
+/* logprobs (completions: an integer, the legacy API's count of alternatives; chat: a boolean with
+ * "top_logprobs") and echo. */
+int ckv_srv_logprob_fields(const cJSON *o, ckv_srv_kind kind, int *want, int *top, int *echo, ckv_srv_error *err) {
+    *want = 0;
+    *top = 0;
+    *echo = 0;
+    if (kind == CKV_SRV_COMPLETION) {
+        long long k = -1;
+        if (ckv_srv_get_int(o, "logprobs", 0, CKV_LOGPROBS_MAX_TOP, &k, err) || ckv_srv_get_bool(o, "echo", echo, err)) return -1;
+        *want = k >= 0;
+        *top = k > 0 ? (int)k : 0;
+        return 0;
+    }
+    long long k = -1;
+    if (ckv_srv_get_bool(o, "logprobs", want, err) || ckv_srv_get_int(o, "top_logprobs", 0, CKV_LOGPROBS_MAX_TOP, &k, err)) return -1;
+    if (k >= 0 && !*want) {
+        ckv_srv_error_set(err, 400, INVALID, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true");
+        return -1;
+    }
+    *top = k > 0 ? (int)k : 0;
+    return 0;
+}
+
+/* Echo: the echoed ids (the "prompt" part) and, with logprobs, a question holding them so that each
+ * gets its row of logits: without "context" the prompt's first token becomes the context and the rest
+ * the question (scored with the full cache, as a prefill sees it; nothing is compressed). */
+int ckv_srv_echo_setup(const ckv_srv_api *a, ckv_srv_job *j, int with_logprobs, ckv_srv_error *err) {
+    int whole = j->n_q == 0; /* the prompt is the context */
+    j->n_echo = whole ? j->n_ctx : j->n_q;
+    j->echo_ids = malloc(sizeof(int32_t) * (size_t)(j->n_echo > 0 ? j->n_echo : 1));
+    if (!j->echo_ids) {
+        ckv_srv_error_set(err, 500, "server_error", "echo", NULL, "out of memory");
+        return -1;
+    }
+    memcpy(j->echo_ids, whole ? j->ctx_ids : j->q_ids, sizeof(int32_t) * (size_t)j->n_echo);
+    if (ckv_tokenizer_decode(a->tok, j->echo_ids, (size_t)j->n_echo, 0, &j->echo_text, &j->echo_len) != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, "prompt", "invalid_value", "'prompt': %s", ckv_error_message());
+        ckv_error_clear();
+        return -1;
+    }
+    if (!with_logprobs) return 0;
+    j->echo_scored = 1;
+    if (whole && j->n_ctx > 1) {
+        int32_t *q = malloc(sizeof(int32_t) * (size_t)(j->n_ctx - 1));
+        if (!q) {
+            ckv_srv_error_set(err, 500, "server_error", "echo", NULL, "out of memory");
+            return -1;
+        }
+        memcpy(q, j->ctx_ids + 1, sizeof(int32_t) * (size_t)(j->n_ctx - 1));
+        free(j->q_ids);
+        j->q_ids = q;
+        j->n_q = j->n_ctx - 1;
+        j->n_ctx = 1;
+    }
+    return 0;
+}
+

@@ -1,0 +1,32 @@
+/* srv_fields.h - reading a request's fields for srv_api.c: typed readers that leave *out alone when
+ * the field is absent or null and fill an OpenAI-style error naming it otherwise (0 ok, -1 error), and
+ * the groups of fields beside the prompt and the press. Internal to src/server. */
+#ifndef CKV_SRV_FIELDS_H
+#define CKV_SRV_FIELDS_H
+
+#include <cjson/cJSON.h>
+
+#include "server/srv_api.h"
+
+int ckv_srv_bad_type(ckv_srv_error *err, const char *field, const char *want); /* always -1 */
+int ckv_srv_get_number(const cJSON *o, const char *field, double lo, double hi, double *out, ckv_srv_error *err);
+int ckv_srv_get_int(const cJSON *o, const char *field, double lo, double hi, long long *out, ckv_srv_error *err);
+int ckv_srv_get_bool(const cJSON *o, const char *field, int *out, ckv_srv_error *err);
+int ckv_srv_get_string(const cJSON *o, const char *field, const char **out, ckv_srv_error *err);
+
+/* Refuses a field the endpoint does not know (as OpenAI does: 400 naming it). */
+int ckv_srv_known_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err);
+/* frequency/presence/repetition penalties, min_p, logit_bias into j; best_of other than n and a
+ * non-empty suffix refused. */
+int ckv_srv_sampling_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind, long long n, ckv_srv_job *j,
+                            ckv_srv_error *err);
+/* response_format (text, or json_object: j->logits.json_object) and the tool-call fields (refused
+ * unless they ask for no tools). */
+int ckv_srv_format_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err);
+/* logprobs (completions: the legacy integer; chat: a boolean with top_logprobs) and echo. */
+int ckv_srv_logprob_fields(const cJSON *o, ckv_srv_kind kind, int *want, int *top, int *echo, ckv_srv_error *err);
+/* Echo: the echoed ids and text; with logprobs a question holding them so that each gets its row of
+ * logits (without "context" the prompt's first token becomes the context, the rest the question). */
+int ckv_srv_echo_setup(const ckv_srv_api *a, ckv_srv_job *j, int with_logprobs, ckv_srv_error *err);
+
+#endif

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""roofline.py - the roofline model of ckv's CUDA backend: per kernel and per step (prefill of the
+whole prompt, one decode step, the eviction ops of a press) the floating-point work and the bytes
+that must cross HBM for a model shape, and the time they take at the ceilings of a GPU:
+    time = max(FLOPs / compute peak of the kernel's class, bytes / HBM bandwidth)
+Classes: 'tc' (bf16 tensor cores), 'fp32' (CUDA-core FMA), 'mem' (bandwidth only). Each kernel is
+timed at the class it should run at ('ideal') and at the class today's kernel runs at ('today'),
+e.g. CriticalKV's value norms are fp32 cuBLAS GEMMs today and bf16 tensor-core work ideally.
+Bytes are compulsory traffic: each operand once per use as the code is organised (weights once per
+prefill chunk, K/V once per chunk of queries, kept K/V once per decode step), so L2 reuse inside a
+kernel is assumed; element-wise kernels and launch overheads are left out (small at these shapes,
+but not at batch 1 decode: a CUDA graph is what removes the launches).
+
+Ceilings: the datasheets (NVIDIA H200 Tensor Core GPU and A100 Tensor Core GPU datasheets: dense
+bf16 tensor-core rate, fp32 rate, HBM bandwidth and capacity), or measured ones (--ceilings FILE: a
+bench.json of tools/bench/bench_gpu.py, whose copy bandwidth and bf16 GEMM rate replace the H200's).
+
+  roofline.py [--cases all|NAME..] [--gpu H200|A100|all] [--ceilings bench.json] [--markdown]
+  roofline.py --check     the model's own checks (parameter counts against the published ones)
+Used by bench_gpu.py --dry-run and for docs/benchmarks.md (--markdown prints its tables).
+"""
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GPUS = {  # datasheet figures: dense bf16 tensor core TFLOP/s, fp32 TFLOP/s, HBM GB/s, HBM bytes
+    "H200": {"tc": 989.4, "fp32": 67.0, "hbm_gbs": 4800.0, "mem": 141e9, "source": "datasheet (H200 SXM)"},
+    "A100": {"tc": 312.0, "fp32": 19.5, "hbm_gbs": 2039.0, "mem": 80e9, "source": "datasheet (A100 80GB SXM)"},
+}
+CASES = [  # name, model config directory, context, press
+    ("8B@32K full", "llama-3.1-8b-instruct", 32768, None),
+    ("8B@32K critical_adakv", "llama-3.1-8b-instruct", 32768, "critical_adakv:snapkv"),
+    ("8B@128K full", "llama-3.1-8b-instruct", 131072, None),
+    ("8B@128K critical_adakv", "llama-3.1-8b-instruct", 131072, "critical_adakv:snapkv"),
+    ("32B@128K full", "qwen2.5-32b-instruct-128k", 130000, None),
+    ("32B@128K critical_adakv", "qwen2.5-32b-instruct-128k", 130000, "critical_adakv:snapkv"),
+]
+BF16, F32 = 2, 4
+WINDOW = 64  # snapkv's observation window (kvpress default)
+
+
+def load_config(name):
+    with open(os.path.join(ROOT, "configs", "models", name, "config.json")) as f:
+        c = json.load(f)
+    c["head_dim"] = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return c
+
+
+def shape(c):
+    return (c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"],
+            c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"])
+
+
+def param_count(c):
+    """Parameters of the checkpoint: embeddings, layers (projections, qkv biases, norms), final
+    norm, lm_head unless tied."""
+    D, d, H, Hkv, F, L, V = shape(c)
+    bias = (H + 2 * Hkv) * d if c.get("model_type") == "qwen2" else 0
+    layer = D * H * d * 2 + D * Hkv * d * 2 + 3 * D * F + 2 * D + bias
+    return V * D + L * layer + D + (0 if c.get("tie_word_embeddings") else V * D)
+
+
+def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
+    """[(step, kernel, today's ckv kernel, FLOPs, bytes, ideal class, today's class)] summed over
+    the layers, for one prefill of `context` tokens (chunks of `chunk`), the eviction ops of
+    `press` at `budget` (once per layer, after the prefill), and one decode step of `batch`
+    sequences at the cache length they see halfway through `new_tokens`."""
+    D, d, H, Hkv, F, L, V = shape(c)
+    n, w = context, WINDOW
+    chunks = (n + chunk - 1) // chunk
+    rows = [(i + 1) * chunk if (i + 1) * chunk < n else n for i in range(chunks)]  # keys seen by chunk i
+    out = []
+
+    def add(step, name, today, flops, nbytes, ideal, now):
+        out.append((step, name, today, float(L * flops), float(L * nbytes), ideal, now))
+
+    # ---- prefill (per layer, then x L) ----
+    for name, m, k in (("q/k/v projection", (H + 2 * Hkv) * d, D), ("o projection", D, H * d),
+                       ("gate/up projection", 2 * F, D), ("down projection", D, F)):
+        add("prefill", name, "cuBLAS bf16", 2 * n * m * k, chunks * m * k * BF16 + n * k * BF16 + n * m * F32, "tc", "tc")
+    pairs = n * (n + 1) // 2  # causal (query, key) pairs
+    kv_reads = sum(rows) * Hkv * d * 2 * BF16
+    add("prefill", "attention", "flash_kernel", 4 * H * d * pairs, kv_reads + 2 * n * H * d * F32, "tc", "tc")
+    out.append(("prefill", "lm_head (last token)", "cuBLAS bf16", 2.0 * D * V, float(D * V * BF16), "tc", "tc"))
+    # ---- eviction (critical_adakv:snapkv and the other snapkv-scored presses) ----
+    if press:
+        kept = int(n * budget)
+        add("evict", "window queries (q_proj, RoPE)", "cuBLAS", 2 * w * H * d * D, H * d * D * BF16, "tc", "tc")
+        # logits q.k of the window's queries over all keys; softmax and column sums from the same tiles
+        # (today: attn_rowstats then attn_colsum recompute every dot product in fp32: 2 passes over K)
+        add("evict", "window scores (QK^T, softmax, column sums)", "attn_rowstats + attn_colsum",
+            2 * w * n * d * H, n * Hkv * d * BF16 + n * H * F32, "tc", "fp32x2")
+        if press.startswith("critical"):
+            # ||V[t] W_O^h||_1 for every head h: the FLOPs of one more o projection over the context
+            add("evict", "value norms (L1 of V W_O^h)", "to_f32, value_rows, fp32 cuBLAS, l1_rows", 2 * n * d * D * H,
+                n * Hkv * d * BF16 + H * d * D * BF16 + n * H * F32, "tc", "fp32")
+        add("evict", "pool, head mean, AdaKV top-k", "pool, head_sum, topk_counts, topk", 0,
+            n * H * F32 + 6 * n * Hkv * F32, "mem", "mem")
+        add("evict", "gather kept rows", "kv_gather", 0, 2 * kept * Hkv * d * 2 * BF16, "mem", "mem")
+        ctx_rows = kept + new_tokens // 2
+    else:
+        ctx_rows = n + new_tokens // 2
+    # ---- one decode step ----
+    for name, m, k in (("q/k/v projection", (H + 2 * Hkv) * d, D), ("o projection", D, H * d),
+                       ("gate/up projection", 2 * F, D), ("down projection", D, F)):
+        add("decode", name, "cuBLAS bf16", 2 * batch * m * k, m * k * BF16, "tc", "tc")
+    add("decode", "attention", "split_kernel + merge", 4 * batch * H * d * ctx_rows,
+        batch * ctx_rows * Hkv * d * 2 * BF16, "mem", "mem")
+    out.append(("decode", "lm_head", "cuBLAS bf16", 2.0 * batch * D * V, float(D * V * BF16), "tc", "tc"))
+    return out
+
+
+def seconds(flops, nbytes, cls, gpu):
+    """Roofline time of one kernel at a class; 'fp32x2': fp32 with the FLOPs done twice."""
+    rate = {"tc": gpu["tc"], "fp32": gpu["fp32"], "fp32x2": gpu["fp32"] / 2, "mem": None}[cls]
+    t_mem = nbytes / (gpu["hbm_gbs"] * 1e9)
+    return max(flops / (rate * 1e12) if rate else 0.0, t_mem)
+
+
+def memory_need(c, context, press, budget=0.2, new_tokens=64):
+    """Bytes the GPU holds at the peak: bf16 weights and the full cache before eviction (plus the
+    new tokens); workspaces are left out (ckv inspect --backend cuda plans them)."""
+    D, d, H, Hkv, F, L, V = shape(c)
+    return param_count(c) * BF16 + L * (context + new_tokens) * Hkv * d * 2 * BF16
+
+
+def ceilings_from(path):
+    """H200 ceilings replaced by the measured ones of a bench_gpu.py bench.json."""
+    with open(path) as f:
+        m = json.load(f).get("ceilings", {})
+    if not m.get("gemm_tflops") or not m.get("copy_gbs"):
+        sys.exit("roofline: %s has no measured ceilings (ceilings.gemm_tflops, ceilings.copy_gbs)" % path)
+    g = dict(GPUS["H200"])
+    g.update(tc=m["gemm_tflops"], hbm_gbs=m["copy_gbs"], source="measured (%s)" % os.path.basename(path))
+    return g
+
+
+def case_table(case, gpu):
+    """Rows (step, kernel, today's kernel, FLOPs, bytes, ideal s, today s) and the step totals."""
+    name, cfg_dir, context, press = case
+    c = load_config(cfg_dir)
+    rows = [(st, k, today, fl, by, seconds(fl, by, ideal, gpu), seconds(fl, by, now, gpu))
+            for st, k, today, fl, by, ideal, now in kernels(c, context, press)]
+    tot = {}
+    for st, _, _, _, _, si, sn in rows:
+        a = tot.setdefault(st, [0.0, 0.0])
+        a[0] += si
+        a[1] += sn
+    need = memory_need(c, context, press)
+    return rows, tot, need
+
+
+def fmt_t(s):
+    return "%.2f ms" % (s * 1e3) if s < 1 else "%.2f s" % s
+
+
+def summary_rows(cases, gpus):
+    """One row per (gpu, case): TTFT, eviction share, decode ms/token (ideal and today's classes)."""
+    out = []
+    for gname, gpu in gpus:
+        for case in cases:
+            rows, tot, need = case_table(case, gpu)
+            pre, ev, dec = tot["prefill"], tot.get("evict", [0.0, 0.0]), tot["decode"]
+            out.append({"gpu": gname, "case": case[0], "ttft_ideal": pre[0] + ev[0], "ttft_today": pre[1] + ev[1],
+                        "evict_ideal": ev[0] / pre[0], "evict_today": ev[1] / pre[1], "decode_ideal": dec[0],
+                        "decode_today": dec[1], "fits": need <= gpu["mem"], "need": need})
+    return out
+
+
+def print_tables(cases, gpus, markdown):
+    for gname, gpu in gpus:
+        for case in cases:
+            rows, tot, need = case_table(case, gpu)
+            fit = "" if need <= gpu["mem"] else " - does not fit at tp 1: %.0f GB of weights and cache > %.0f GB" % (
+                need / 1e9, gpu["mem"] / 1e9)
+            title = "%s on %s (%s: %.0f TFLOP/s bf16, %.1f fp32, %.0f GB/s)%s" % (
+                case[0], gname, gpu["source"], gpu["tc"], gpu["fp32"], gpu["hbm_gbs"], fit)
+            if markdown:
+                print("\n**%s**\n" % title)
+                print("| step | kernel | today's kernel | GFLOP | GB | roofline | at today's class |")
+                print("|---|---|---|---:|---:|---:|---:|")
+            else:
+                print("\n== roofline: " + title)
+                print("%-8s %-44s %-34s %10s %8s %10s %10s" % ("step", "kernel", "today's kernel", "GFLOP", "GB",
+                                                               "roofline", "today"))
+            for st, k, today, fl, by, si, sn in rows:
+                cells = (st, k, today, "%.1f" % (fl / 1e9), "%.2f" % (by / 1e9), fmt_t(si), fmt_t(sn))
+                if markdown:
+                    print("| %s |" % " | ".join(cells))
+                else:
+                    print("%-8s %-44s %-34s %10s %8s %10s %10s" % cells)
+            for st, (si, sn) in tot.items():
+                cells = ("**%s**" % st if markdown else st, "total", "", "", "", fmt_t(si), fmt_t(sn))
+                print(("| %s |" % " | ".join(cells)) if markdown else "%-8s %-44s %-34s %10s %8s %10s %10s" % cells)
+
+
+def print_summary(cases, gpus, markdown):
+    rows = summary_rows(cases, gpus)
+    hdr = ("GPU", "case", "TTFT roofline", "today's classes", "eviction / prefill", "today's classes",
+           "decode ms/token", "fits tp 1")
+    if markdown:
+        print("| %s |" % " | ".join(hdr))
+        print("|---|---|---:|---:|---:|---:|---:|---|")
+    else:
+        print("\n== roofline summary (per step; 'today's classes': each kernel at the class it runs at today)")
+        print("%-5s %-24s %13s %15s %18s %15s %15s %9s" % hdr)
+    for r in rows:
+        cells = (r["gpu"], r["case"], fmt_t(r["ttft_ideal"]), fmt_t(r["ttft_today"]),
+                 "%.1f%%" % (100 * r["evict_ideal"]) if r["evict_ideal"] else "-",
+                 "%.1f%%" % (100 * r["evict_today"]) if r["evict_today"] else "-",
+                 "%.2f" % (r["decode_ideal"] * 1e3), "yes" if r["fits"] else "no (%.0f GB)" % (r["need"] / 1e9))
+        print(("| %s |" % " | ".join(cells)) if markdown else "%-5s %-24s %13s %15s %18s %15s %15s %9s" % cells)
+
+
+def check():
+    """Parameter counts against the published ones; FLOPs of a prefill against 2 N P + attention."""
+    fails = 0
+    for cfg, want in (("llama-3.1-8b-instruct", 8030261248), ("qwen2.5-32b-instruct-128k", 32763876352),
+                      ("qwen2.5-7b-instruct", 7615616512), ("mistral-7b-instruct-v0.3", 7248023552)):
+        got = param_count(load_config(cfg))
+        ok = got == want
+        fails += not ok
+        print("%s %s: %d parameters (published %d)" % ("ok  " if ok else "FAIL", cfg, got, want))
+    c = load_config("llama-3.1-8b-instruct")
+    D, d, H, Hkv, F, L, V = shape(c)
+    n = 4096
+    ks = kernels(c, n, None, chunk=n)
+    body = sum(fl for st, k, _, fl, _, _, _ in ks if st == "prefill" and "projection" in k)
+    attn = sum(fl for st, k, _, fl, _, _, _ in ks if st == "prefill" and k == "attention")
+    want_body = 2 * n * (param_count(c) - 2 * V * D - (2 * L + 1) * D)  # every layer weight, once per token
+    want_attn = L * 2 * 2 * H * d * n * (n + 1) / 2                     # QK^T and PV over the causal pairs
+    for what, got, want in (("prefill projection FLOPs", body, want_body), ("prefill attention FLOPs", attn, want_attn)):
+        ok = abs(got - want) <= 1e-9 * want
+        fails += not ok
+        print("%s %s at 4K: %.6g (expected %.6g)" % ("ok  " if ok else "FAIL", what, got, want))
+    dec = sum(by for st, k, _, _, by, _, _ in kernels(c, n, None) if st == "decode")
+    want_dec = (param_count(c) - V * D - (2 * L + 1) * D) * BF16 + L * (n + 32) * Hkv * d * 2 * BF16
+    ok = abs(dec - want_dec) <= 1e-9 * want_dec
+    fails += not ok
+    print("%s decode bytes at 4K: %.6g (expected every weight but the embeddings and norms, and the cache: %.6g)" %
+          ("ok  " if ok else "FAIL", dec, want_dec))
+    print("roofline check: %d failures" % fails)
+    return 1 if fails else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", nargs="*", default=["all"], help="case names (default all): " +
+                    ", ".join(c[0] for c in CASES))
+    ap.add_argument("--gpu", default="all", choices=["all"] + list(GPUS))
+    ap.add_argument("--ceilings", help="bench.json with measured ceilings (replace the H200's datasheet)")
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--summary", action="store_true", help="the summary table only")
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    if a.check:
+        return check()
+    cases = CASES if a.cases == ["all"] else [c for c in CASES if c[0] in a.cases]
+    unknown = set(a.cases) - {"all"} - {c[0] for c in CASES}
+    if unknown:
+        sys.exit("roofline: unknown case %s (known: %s)" % (", ".join(sorted(unknown)), ", ".join(c[0] for c in CASES)))
+    gpus = [(g, dict(GPUS[g])) for g in GPUS if a.gpu in ("all", g)]
+    if a.ceilings:
+        gpus = [("H200", ceilings_from(a.ceilings)) if g == "H200" else (g, v) for g, v in gpus]
+    if not a.summary:
+        print_tables(cases, gpus, a.markdown)
+    print_summary(cases, gpus, a.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
