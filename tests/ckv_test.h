@@ -1,6 +1,6 @@
 /* ckv_test.h - the tiny test harness every test executable uses: checks that count failures and
  * print where, array comparison that prints the first mismatches and the max error, skip (exit 77),
- * the one seeded generator of random test data and the one allocation helper.
+ * the one seeded generator of random test data and the one allocation function.
  * Header-only; tests only. */
 #ifndef CKV_TEST_H
 #define CKV_TEST_H
