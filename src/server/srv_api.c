@@ -11,10 +11,12 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/json.h"
 #include "core/timer.h"
 #include "engine/text.h"
 
 #define INVALID "invalid_request_error"
+#define CKV_SRV_MAX_MESSAGES 16384 /* messages of one chat request */
 
 void ckv_srv_error_set(ckv_srv_error *e, int http, const char *type, const char *param, const char *code, const char *fmt, ...) {
     e->http = http;
@@ -43,6 +45,22 @@ ckv_status ckv_srv_api_init(ckv_srv_api *a, ckv_engine *e, const ckv_server_conf
         else a->tmpl.family = CKV_CHAT_NONE;
     }
     return CKV_STATUS_OK;
+}
+
+/* The request body as a JSON object, strictly: nothing after it, no key twice in one object, no NUL
+ * byte raw or as \u0000 (a C string would be cut there: "user\u0000x" would pass as "user"). */
+static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {
+    memset(err, 0, sizeof *err);
+    ckv_json *o = NULL;
+    ckv_status st = ckv_json_check_no_nul(body, len, "the request body");
+    if (st == CKV_STATUS_OK) st = ckv_json_parse_buffer(&o, body, len, "the request body");
+    if (st != CKV_STATUS_OK || !cJSON_IsObject(o)) {
+        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "%s", st != CKV_STATUS_OK ? ckv_error_message() : "the request body is not a JSON object");
+        ckv_error_clear();
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
 }
 
 /* ---- field readers: 0 ok (absent or null leaves *out alone), -1 with err set ----------------------- */
@@ -218,8 +236,14 @@ static char *message_text(const cJSON *content, int i, ckv_srv_error *err) {
     }
     char *s = malloc(len + 1);
     if (!s) return NULL;
-    s[0] = '\0';
-    cJSON_ArrayForEach(part, content) strcat(s, cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring);
+    size_t o = 0;
+    cJSON_ArrayForEach(part, content) { /* appended at the end (strcat would rescan the text per part) */
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t l = strlen(t);
+        memcpy(s + o, t, l);
+        o += l;
+    }
+    s[o] = '\0';
     return s;
 }
 
@@ -247,6 +271,11 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         return -1;
     }
     int n = cJSON_GetArraySize(msgs), last_user = -1, rc = -1;
+    if (n > CKV_SRV_MAX_MESSAGES) {
+        ckv_srv_error_set(err, 400, INVALID, "messages", "too_many_messages", "'messages' has %d messages, more than the limit of %d",
+                          n, CKV_SRV_MAX_MESSAGES);
+        return -1;
+    }
     ckv_chat_message *m = calloc((size_t)n, sizeof *m);
     char **texts = calloc((size_t)n, sizeof *texts);
     char *full = NULL, *prefix = NULL;
@@ -255,8 +284,8 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
         goto done;
     }
-    for (int i = 0; i < n; i++) {
-        const cJSON *msg = cJSON_GetArrayItem(msgs, i);
+    const cJSON *msg = msgs->child; /* walked once: cJSON_GetArrayItem(i) would walk from the start each time */
+    for (int i = 0; i < n; i++, msg = msg->next) {
         char field[64];
         snprintf(field, sizeof field, "messages[%d]", i);
         if (!cJSON_IsObject(msg)) {
@@ -441,12 +470,8 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
                       ckv_srv_error *err) {
     *out = NULL;
     memset(err, 0, sizeof *err);
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o || !cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
-        return -1;
-    }
+    cJSON *o = parse_object(body, len, err);
+    if (!o) return -1;
     const ckv_server_config *cfg = a->cfg;
     long long max_tokens = kind == CKV_SRV_COMPLETION ? 16 : cfg->default_max_tokens, n = 1, seed = -1, top_k = 0;
     double temperature = 1.0, top_p = 1.0;
@@ -658,16 +683,6 @@ char *ckv_srv_api_models(const ckv_srv_api *a) {
     return print_delete(o);
 }
 
-static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {
-    memset(err, 0, sizeof *err);
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o || !cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
-        return NULL;
-    }
-    return o;
-}
 
 char *ckv_srv_api_tokenize(const ckv_srv_api *a, const char *body, size_t len, ckv_srv_error *err) {
     cJSON *o = parse_object(body, len, err);

@@ -304,6 +304,8 @@ static int prefill_budget(const ckv_srv_sched *s) { return s->engine->cfg.chunk 
 static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     ckv_srv_job *j = sl->job;
     ckv_engine *e = s->engine;
+    /* finish_choice and slot_release may drop the last reference to j: read what is returned first */
+    const int n_ctx = j->n_ctx, n_q = j->n_q;
     int reserve = j->n_q + j->max_tokens;
     ckv_status st = ckv_sampler_init(&sl->sampler, &j->sampling, e->model->cfg.vocab_size);
     sl->sampler_ready = st == CKV_STATUS_OK;
@@ -317,12 +319,12 @@ static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
         ckv_error_clear();
         ckv_detok_stream_init(&sl->ds, s->tok, CKV_DETOKENIZE_SKIP_SPECIAL);
         finish_choice(s, sl, CKV_FINISH_CANCELLED);
-        return j->n_ctx;
+        return n_ctx;
     }
     if (st != CKV_STATUS_OK) {
         ckv_srv_job_fail(j, st);
         slot_release(s, sl);
-        return j->n_ctx;
+        return n_ctx;
     }
     const ckv_request_stats *rs = &slot_lane(s, sl)->stats;
     const ckv_srv_steps *g = &s->steps; /* entries and bytes of the whole tensor-parallel group */
@@ -350,7 +352,7 @@ static int step_prepare(ckv_srv_sched *s, ckv_srv_slot *sl) {
     pthread_mutex_unlock(&m->mu);
     sl->choice = 0;
     begin_choice(s, sl);
-    return lk.hit ? j->n_q : j->n_ctx + j->n_q;
+    return lk.hit ? n_q : n_ctx + n_q;
 }
 
 /* Step: one forward for the next token of every decoding slot. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -45,13 +46,21 @@ static void entry_free(ckv_srv_entry *e) {
     free(e);
 }
 
+ckv_status ckv_srv_store_check_dir(const char *dir) {
+    struct stat sb;
+    if (strlen(dir) + 64 >= sizeof ((ckv_srv_store *)0)->dir) return ckv_error(CKV_STATUS_ERR_ARG, "--cache-dir: path too long");
+    if (stat(dir, &sb) != 0) return ckv_error(CKV_STATUS_ERR_IO, "--cache-dir %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return ckv_error(CKV_STATUS_ERR_ARG, "--cache-dir %s: not a directory", dir);
+    if (access(dir, W_OK | X_OK) != 0) return ckv_error(CKV_STATUS_ERR_IO, "--cache-dir %s: not writable: %s", dir, strerror(errno));
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_srv_store_init(ckv_srv_store *s, ckv_engine *e, size_t limit, const char *dir) {
     memset(s, 0, sizeof *s);
     s->engine = e;
     s->limit = limit;
     if (dir) {
-        if (strlen(dir) + 64 >= sizeof s->dir) return ckv_error(CKV_STATUS_ERR_ARG, "--cache-dir: path too long");
-        if (access(dir, W_OK) != 0) return ckv_error(CKV_STATUS_ERR_IO, "--cache-dir %s: %s", dir, strerror(errno));
+        CKV_TRY(ckv_srv_store_check_dir(dir));
         snprintf(s->dir, sizeof s->dir, "%s", dir);
     }
     return ckv_model_fingerprint(e->model, s->fingerprint);
