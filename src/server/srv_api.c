@@ -120,7 +120,8 @@ static int encode_text(const ckv_srv_api *a, const char *text, int special, cons
     size_t nn = 0;
     *ids = NULL;
     *n = 0;
-    ckv_status st = ckv_tokenizer_encode(a->tok, text, strlen(text), special ? CKV_TOKENIZE_ADD_SPECIAL : 0, ids, &nn);
+    ckv_status st = ckv_tokenizer_encode_max(a->tok, text, strlen(text), special ? CKV_TOKENIZE_ADD_SPECIAL : 0,
+                                             (size_t)a->max_prompt, ids, &nn);
     if (st != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s': %s", field, ckv_error_message());
         ckv_error_clear();
@@ -129,8 +130,8 @@ static int encode_text(const ckv_srv_api *a, const char *text, int special, cons
     if (nn > (size_t)a->max_prompt) {
         free(*ids);
         *ids = NULL;
-        ckv_srv_error_set(err, 400, INVALID, field, "context_length_exceeded", "'%s' has %zu tokens, more than the limit of %d",
-                          field, nn, a->max_prompt);
+        ckv_srv_error_set(err, 400, INVALID, field, "context_length_exceeded", "'%s' has more than the limit of %d tokens",
+                          field, a->max_prompt);
         return -1;
     }
     *n = (int)nn;

@@ -1,8 +1,10 @@
 /* encode.c - text -> ids, in HF tokenizers' order: UTF-8 check (or lossy repair), added tokens
  * that are not normalized matched on the raw text (leftmost-longest, with single_word / lstrip /
  * rstrip), the normalizer on each remaining split, normalized added tokens matched on the normalized
- * text, the pre-tokenizer, the model (bpe.c) on each piece, then the post-processor's ids. It does
- * not parse files or decode. */
+ * text, the pre-tokenizer, the model (bpe.c) on each piece, then the post-processor's ids; optionally
+ * stopping once more ids than a caller's limit came out (a request over its limit costs no more than
+ * the limit). It does not parse files or decode. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,8 +106,8 @@ static ckv_status find_added(const ckv_tokenizer *t, const char *s, size_t len, 
 }
 
 /* normalize -> normalized added tokens -> pre-tokenize -> model, for one raw split */
-static ckv_status encode_split(const ckv_tokenizer *t, const char *s, size_t len, int first, int split_special,
-                               enc_ctx *c, ckv_tk_ids *out) {
+static ckv_status encode_split_all(const ckv_tokenizer *t, const char *s, size_t len, int first, int split_special,
+                                   size_t max_ids, enc_ctx *c, ckv_tk_ids *out) {
     c->norm.n = 0;
     CKV_TRY(ckv_tk_normalize(t, s, len, &c->norm));
     c->split2.n = 0;
@@ -126,14 +128,58 @@ static ckv_status encode_split(const ckv_tokenizer *t, const char *s, size_t len
         c->pieces.n = 0;
         CKV_TRY(ckv_tk_pretokenize(t, c->norm.p + sp->off, sp->len, sp->first, &c->pre_text, &c->pieces, &c->sa,
                                    &c->sb, &c->s1, &c->s2));
-        for (size_t p = 0; p < c->pieces.n; p++)
+        for (size_t p = 0; p < c->pieces.n && out->n <= max_ids; p++)
             CKV_TRY(ckv_tk_bpe_word(t, c->pre_text.p + c->pieces.p[p].off, c->pieces.p[p].len, out, &c->work));
     }
     return CKV_STATUS_OK;
 }
 
+#define PROBE_BYTES ((size_t)64 << 10)
+
+static int is_space(char ch) { return ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r'; }
+
+/* The first offset at or after `at` where a single space sits between two other characters: a piece
+ * boundary for every pre-tokenizer ckv knows (the space opens the next word's piece); len if none. */
+static size_t word_boundary(const char *s, size_t len, size_t at) {
+    for (size_t i = at > 0 ? at : 1; i + 1 < len; i++)
+        if (s[i] == ' ' && !is_space(s[i - 1]) && !is_space(s[i + 1])) return i;
+    return len;
+}
+
+/* One raw split, with a limit: a long split is first encoded in pieces of about PROBE_BYTES cut at
+ * word boundaries, and once those alone give more than max_ids ids the rest is not encoded (the
+ * caller refuses the text anyway); a split that stays within the limit is then encoded whole, so
+ * its ids are exactly what encoding it at once gives. */
+static ckv_status encode_split(const ckv_tokenizer *t, const char *s, size_t len, int first, int split_special,
+                               size_t max_ids, enc_ctx *c, ckv_tk_ids *out) {
+    if (max_ids >= SIZE_MAX - 1 || len <= PROBE_BYTES) return encode_split_all(t, s, len, first, split_special, max_ids, c, out);
+    ckv_tk_ids probe = {0};
+    size_t count = out->n;
+    ckv_status st = CKV_STATUS_OK;
+    for (size_t off = 0; off < len && st == CKV_STATUS_OK;) {
+        size_t end = word_boundary(s, len, off + PROBE_BYTES);
+        probe.n = 0;
+        st = encode_split_all(t, s + off, end - off, first && off == 0, split_special, max_ids, c, &probe);
+        count += probe.n;
+        if (st == CKV_STATUS_OK && count > max_ids) { /* over the limit: the caller sees max_ids + 1 ids */
+            for (size_t i = 0; i < probe.n && out->n <= max_ids && st == CKV_STATUS_OK; i++) st = ckv_tk_ids_push(out, probe.p[i]);
+            free(probe.p);
+            return st;
+        }
+        off = end;
+    }
+    free(probe.p);
+    CKV_TRY(st);
+    return encode_split_all(t, s, len, first, split_special, max_ids, c, out);
+}
+
 ckv_status ckv_tokenizer_encode(const ckv_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **ids,
                                 size_t *n_ids) {
+    return ckv_tokenizer_encode_max(t, text, len, flags, SIZE_MAX - 1, ids, n_ids);
+}
+
+ckv_status ckv_tokenizer_encode_max(const ckv_tokenizer *t, const char *text, size_t len, unsigned flags, size_t max_ids,
+                                    int32_t **ids, size_t *n_ids) {
     *ids = NULL;
     *n_ids = 0;
     if (!t || (!text && len)) return ckv_error(CKV_STATUS_ERR_ARG, "tokenizer encode: NULL tokenizer or text");
@@ -155,13 +201,14 @@ ckv_status ckv_tokenizer_encode(const ckv_tokenizer *t, const char *text, size_t
     if (flags & CKV_TOKENIZE_ADD_SPECIAL)
         for (int i = 0; i < t->n_post_pre && st == CKV_STATUS_OK; i++) st = ckv_tk_ids_push(&out, t->post_pre[i]);
     if (st == CKV_STATUS_OK) st = find_added(t, text ? text : "", len, 0, split_special, 0, 1, &c.split1);
-    for (size_t k = 0; k < c.split1.n && st == CKV_STATUS_OK; k++) {
+    for (size_t k = 0; k < c.split1.n && st == CKV_STATUS_OK && out.n <= max_ids; k++) {
         const ckv_tk_span *sp = &c.split1.p[k];
         if (sp->token >= 0)
             st = ckv_tk_ids_push(&out, sp->token);
         else
-            st = encode_split(t, text + sp->off, sp->len, sp->first, split_special, &c, &out);
+            st = encode_split(t, text + sp->off, sp->len, sp->first, split_special, max_ids, &c, &out);
     }
+    if (out.n > max_ids) out.n = max_ids + 1; /* more than the caller takes: the rest was not encoded */
     if (flags & CKV_TOKENIZE_ADD_SPECIAL)
         for (int i = 0; i < t->n_post_post && st == CKV_STATUS_OK; i++) st = ckv_tk_ids_push(&out, t->post_post[i]);
     ctx_free(&c);

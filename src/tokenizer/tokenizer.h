@@ -89,6 +89,11 @@ enum {
  * Invalid UTF-8: an error naming the offset unless CKV_TOKENIZE_UTF8_REPLACE. */
 ckv_status ckv_tokenizer_encode(const ckv_tokenizer *tok, const char *text, size_t len, unsigned flags,
                                 int32_t **ids, size_t *n_ids);
+/* The same, but stops once more than max_ids ids came out: then *n_ids is max_ids + 1 and the text
+ * after them was not encoded (for callers that refuse a text over max_ids tokens anyway: the work is
+ * bounded by the limit, not by the text). */
+ckv_status ckv_tokenizer_encode_max(const ckv_tokenizer *tok, const char *text, size_t len, unsigned flags, size_t max_ids,
+                                    int32_t **ids, size_t *n_ids);
 
 /* ---- decoding --------------------------------------------------------------------------------- */
 
