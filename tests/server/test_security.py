@@ -9,14 +9,21 @@ with chunked, 220,000 chat messages (refused at once; SIGTERM obeyed within the 
 large request is parsed), NUL bytes in strings, roles, the body, headers, the path and the API key,
 trailing data and duplicate keys, the 404 for /%ff%fe (valid UTF-8 JSON), a request followed by
 shutdown(SHUT_WR) (answered), and the start-up refusals (empty CKV_API_KEY, --max-body-bytes 0,
---cache-dir that is a file or missing; a warning for a non-loopback --host without a key).
+--cache-dir that is a file or missing; a warning for a non-loopback --host without a key), and the
+context store under attack (a cache file copied or linked in from another context, sidecar logits and
+counts edited (without and with a recomputed checksum: the checksum catches damage, not forgery, so
+what a valid record may hold is checked too), a byte flipped, a FIFO or a link in place of a sidecar, links
+planted at temporary names): each is skipped with a warning, the context is prefilled with the right
+answer, and the next request uses the good files that prefill wrote.
 On the fixture model (token-id prompts); loopback only; bounded in time and sockets.
 usage: test_security.py CKV_BINARY FIXTURES_DIR TMP_DIR"""
 import json
 import os
 import select
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -306,6 +313,92 @@ def start_refusals():
             log[-600:])
 
 
+def fnv64(b):
+    h = 0xcbf29ce484222325
+    for x in b:
+        h = ((h ^ x) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def edit(path, off, data):
+    """Overwrites bytes of a file in place (its checksum no longer matches)."""
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(data)
+
+
+def reseal(path, edit):
+    """Applies edit(bytearray) to a sidecar and recomputes its checksum (an attacker who knows the format)."""
+    b = bytearray(open(path, "rb").read())
+    edit(b)
+    b[-8:] = struct.pack("<Q", fnv64(b[:-8]))
+    open(path, "wb").write(bytes(b))
+
+
+def store_attacks():
+    d = os.path.join(tmp, "store-attacks")
+    os.makedirs(d, exist_ok=True)
+    victim = os.path.join(tmp, "victim.txt")
+    open(victim, "w").write("precious\n")
+    s = Server(ckv, FIXTURE, tmp, "--cache-dir", d, "--cache-bytes", "0", name="store", api_key=KEY)
+
+    def ask(seed):
+        body = {"context": ids(300, seed), "prompt": ids(6, seed + 1), "max_tokens": 6, "temperature": 0, "press": "snapkv",
+                "budget": 0.3, "ignore_eos": True}
+        t0 = time.time()
+        st, _, r = s.request("POST", "/v1/completions", body, timeout=60)
+        r = json.loads(r)
+        return st, r["choices"][0]["text"] if st == 200 else r, r.get("usage", {}).get("cache_hit"), time.time() - t0
+
+    def pair(before):
+        new = sorted(set(os.listdir(d)) - before)
+        return [os.path.join(d, f) for f in new if f.endswith(".ckv")][0], [os.path.join(d, f) for f in new if f.endswith(".ctx")][0]
+
+    st, a0, hit, _ = ask(31)
+    a_ckv, a_ctx = pair(set())
+    before = set(os.listdir(d))
+    st, b0, _, _ = ask(41)
+    b_ckv, b_ctx = pair(before)
+    st, a1, hit, _ = ask(31)
+    t.check(a0 != b0 and a1 == a0 and hit, "store: a context comes back from --cache-dir with the same answer", f"{a0!r} {a1!r} {hit}")
+    b_bytes = open(b_ckv, "rb").read()
+    attacks = [
+        ("B's cache file copied over A's", lambda: shutil.copyfile(b_ckv, a_ckv)),
+        ("A's cache file a symbolic link to B's", lambda: (os.unlink(a_ckv), os.symlink(b_ckv, a_ckv))),
+        ("A's sidecar logits edited", lambda: edit(a_ctx, os.path.getsize(a_ctx) - 40, b"\x00\x00\x20\x41" * 8)),
+        ("A's sidecar logits all NaN", lambda: reseal(a_ctx, lambda b: b.__setitem__(slice(len(b) - 8 - 4 * 64, len(b) - 8), b"\x00\x00\xc0\x7f" * 64))),
+        ("A's sidecar kv_entries_total -5", lambda: reseal(a_ctx, lambda b: b.__setitem__(slice(32, 40), struct.pack("<q", -5)))),
+        ("A's sidecar a byte flipped", lambda: open(a_ctx, "r+b").write(b"\xff")),
+        ("A's sidecar a FIFO", lambda: (os.unlink(a_ctx), os.mkfifo(a_ctx))),
+        ("A's sidecar a symbolic link to B's", lambda: (os.unlink(a_ctx), os.symlink(b_ctx, a_ctx))),
+    ]
+    for what, attack in attacks:
+        attack()
+        st, a, hit, dt = ask(31)
+        t.check(st == 200 and a == a0 and not hit and dt < 30, f"store: {what}: not used, the context is prefilled, right answer",
+                f"{st} {a!r} (want {a0!r}) hit {hit} in {dt:.1f} s")
+        st, a, hit, _ = ask(31)
+        regular = not os.path.islink(a_ckv) and not os.path.islink(a_ctx) and os.path.isfile(a_ctx)
+        t.check(st == 200 and a == a0 and hit and regular, f"store: {what}: the next request uses the good files the prefill wrote",
+                f"{a!r} hit {hit}, regular files {regular}")
+    t.check(open(b_ckv, "rb").read() == b_bytes, "store: B's cache file was never written through A's links")
+    # symbolic links planted at the old temporary names of A's pair: the prefill writes beside them, never through
+    for f in (a_ckv, a_ctx):
+        os.unlink(f)
+        os.symlink(victim, f + ".tmp")
+    st, a, hit, _ = ask(31)
+    t.check(st == 200 and a == a0 and open(victim).read() == "precious\n" and os.path.isfile(a_ctx) and not os.path.islink(a_ctx),
+            "store: links planted at the temporaries' names do not make the server overwrite their target",
+            f"victim now {open(victim).read()!r}")
+    log = s.log_text()
+    t.check("context store" in log and ("symbolic link" in log or "not a regular file" in log), "store: the skipped files are named "
+            "in a warning", log[-800:])
+    t.check(s.stop() == 0, "SIGTERM: exit 0 after the store attacks")
+    s = Server(ckv, FIXTURE, tmp, "--cache-dir", d, "--cache-bytes", "0", name="store2", api_key=KEY)
+    st, a, hit, _ = ask(31)
+    t.check(a == a0 and hit and s.stop() == 0, "store: after a restart the repaired files are used, same answer", f"{a!r} {hit}")
+
+
 def main():
     start_refusals()
     s = Server(ckv, FIXTURE, tmp, "--max-connections", "300", "--max-client-connections", "16", "--request-timeout", "3",
@@ -318,6 +411,7 @@ def main():
     quick_ok(s, "the server is up and answering after every attack")
     t.check(s.stop() == 0, "SIGTERM: exit 0 after the attacks")
     drain_during_parse()
+    store_attacks()
     t.finish()
 
 
