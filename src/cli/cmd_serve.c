@@ -108,6 +108,7 @@ static void parse_args(serve_args *a, const ckv_opts *o) {
     c->grace_seconds = ckv_opt_num(o, CKV_OPT_GRACE_SECONDS, c->grace_seconds);
     c->interleave_seconds = ckv_opt_num(o, CKV_OPT_INTERLEAVE_MS, c->interleave_seconds * 1e3) / 1e3;
     c->chat_template = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
+    c->special_in_content = ckv_opt_has(o, CKV_OPT_SPECIAL_IN_CONTENT) > 0;
     if (!c->api_key && !host_is_loopback(c->host))
         fprintf(stderr, "ckv serve: warning: --host %s accepts connections from other machines and no API key is set: anyone "
                         "who can reach the port can use the model and read its answers (set --api-key or CKV_API_KEY)\n", c->host);

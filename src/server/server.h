@@ -38,6 +38,8 @@ typedef struct {
                                 * their last token (0: after every layer) */
     const ckv_press_config *default_press; /* the press of requests that name none (NULL: full cache) */
     const char *chat_template; /* template name instead of the tokenizer's own (NULL) */
+    int special_in_content;    /* 1: special-token text in message content becomes special tokens (the old
+                                * behaviour); 0: content is plain text, only the template's markers are special */
 } ckv_server_config;
 
 /* Fills the defaults (127.0.0.1, port 8080, batch 8, queue 64, 256 connections (a quarter of them

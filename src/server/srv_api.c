@@ -115,13 +115,14 @@ static int get_string(const cJSON *o, const char *field, const char **out, ckv_s
 
 /* ---- prompts ----------------------------------------------------------------------------------------- */
 
-static int encode_text(const ckv_srv_api *a, const char *text, int special, const char *field, int32_t **ids, int *n,
-                       ckv_srv_error *err) {
+/* text[len] (plain[n_plain]: its ranges where special-token text stays text) */
+static int encode_ranges(const ckv_srv_api *a, const char *text, size_t len, const ckv_text_range *plain, size_t n_plain, int special,
+                         const char *field, int32_t **ids, int *n, ckv_srv_error *err) {
     size_t nn = 0;
     *ids = NULL;
     *n = 0;
-    ckv_status st = ckv_tokenizer_encode_max(a->tok, text, strlen(text), special ? CKV_TOKENIZE_ADD_SPECIAL : 0,
-                                             (size_t)a->max_prompt, ids, &nn);
+    ckv_status st = ckv_tokenizer_encode_ranges(a->tok, text, len, special ? CKV_TOKENIZE_ADD_SPECIAL : 0, (size_t)a->max_prompt,
+                                                plain, n_plain, ids, &nn);
     if (st != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s': %s", field, ckv_error_message());
         ckv_error_clear();
@@ -136,6 +137,11 @@ static int encode_text(const ckv_srv_api *a, const char *text, int special, cons
     }
     *n = (int)nn;
     return 0;
+}
+
+static int encode_text(const ckv_srv_api *a, const char *text, int special, const char *field, int32_t **ids, int *n,
+                       ckv_srv_error *err) {
+    return encode_ranges(a, text, strlen(text), NULL, 0, special, field, ids, n, err);
 }
 
 /* Token ids given as a JSON array. */
@@ -248,15 +254,27 @@ static char *message_text(const cJSON *content, int i, ckv_srv_error *err) {
     return s;
 }
 
-static int encode_rendered(const ckv_srv_api *a, const char *text, size_t len, int32_t **ids, int *n, ckv_srv_error *err) {
-    char *t = strndup(text, len);
-    if (!t) {
+/* full[off, off + len) of a rendered chat; its content ranges are plain text unless the server was
+ * started with --special-in-content. */
+static int encode_rendered(const ckv_srv_api *a, const char *full, size_t off, size_t len, const ckv_text_range *plain,
+                           size_t n_plain, int32_t **ids, int *n, ckv_srv_error *err) {
+    if (a->cfg->special_in_content) n_plain = 0;
+    ckv_text_range *r = n_plain ? malloc(n_plain * sizeof *r) : NULL;
+    if (n_plain && !r) {
         ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
         return -1;
     }
-    int r = encode_text(a, t, 0, "messages", ids, n, err);
-    free(t);
-    return r;
+    size_t k = 0;
+    for (size_t i = 0; i < n_plain; i++) { /* the ranges inside the slice, relative to it */
+        size_t lo = plain[i].off, hi = plain[i].off + plain[i].len;
+        if (hi <= off || lo >= off + len) continue;
+        lo = lo < off ? off : lo;
+        hi = hi > off + len ? off + len : hi;
+        r[k++] = (ckv_text_range){lo - off, hi - lo};
+    }
+    int rc = encode_ranges(a, full + off, len, r, k, 0, "messages", ids, n, err);
+    free(r);
+    return rc;
 }
 
 static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
@@ -280,6 +298,8 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
     ckv_chat_message *m = calloc((size_t)n, sizeof *m);
     char **texts = calloc((size_t)n, sizeof *texts);
     char *full = NULL, *prefix = NULL;
+    ckv_text_range *plain = NULL; /* [n_plain] the messages' content in full */
+    size_t n_plain = 0;
     const char *context = NULL;
     if (!m || !texts) {
         ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
@@ -336,7 +356,7 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         rc = 0;
         goto done;
     }
-    if (ckv_chat_apply(&a->tmpl, m, n, 1, &full) != CKV_STATUS_OK) {
+    if (ckv_chat_apply_ranges(&a->tmpl, m, n, 1, &full, &plain, &n_plain) != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 400, INVALID, "messages", "invalid_value", "%s", ckv_error_message());
         ckv_error_clear();
         goto done;
@@ -348,9 +368,9 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
     }
     ckv_error_clear();
     if (lp > 0) {
-        if (encode_rendered(a, full, lp, &j->ctx_ids, &j->n_ctx, err)) goto done;
-        if (encode_rendered(a, full + lp, strlen(full + lp), &j->q_ids, &j->n_q, err)) goto done;
-    } else if (encode_rendered(a, full, strlen(full), &j->ctx_ids, &j->n_ctx, err)) {
+        if (encode_rendered(a, full, 0, lp, plain, n_plain, &j->ctx_ids, &j->n_ctx, err)) goto done;
+        if (encode_rendered(a, full, lp, strlen(full + lp), plain, n_plain, &j->q_ids, &j->n_q, err)) goto done;
+    } else if (encode_rendered(a, full, 0, strlen(full), plain, n_plain, &j->ctx_ids, &j->n_ctx, err)) {
         goto done;
     }
     if (j->n_ctx + j->n_q > a->max_prompt) {
@@ -365,6 +385,7 @@ done:
     free(m);
     free(full);
     free(prefix);
+    free(plain);
     return rc;
 }
 

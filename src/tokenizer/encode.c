@@ -47,8 +47,15 @@ static int next_char_is(const char *s, size_t pos, size_t len, int (*pred)(uint3
 
 /* HF AddedVocabulary::find_matches over s[0..len) for the tokens with normalized == want_norm.
  * Pushes gaps (token -1) and tokens onto out, offsets relative to s plus base. */
+/* Whether [a, b) overlaps one of the sorted plain ranges (*cur: the first that may still matter). */
+static int in_plain(const ckv_text_range *plain, size_t n_plain, size_t *cur, size_t a, size_t b) {
+    while (*cur < n_plain && plain[*cur].off + plain[*cur].len <= a) (*cur)++;
+    return *cur < n_plain && plain[*cur].off < b;
+}
+
 static ckv_status find_added(const ckv_tokenizer *t, const char *s, size_t len, int want_norm, int split_special,
-                             size_t base, int first, ckv_tk_spans *out) {
+                             const ckv_text_range *plain, size_t n_plain, size_t base, int first, ckv_tk_spans *out) {
+    size_t cur = 0;
     if (len == 0) return CKV_STATUS_OK;
     size_t start_offset = 0;
     size_t i = 0;
@@ -76,6 +83,10 @@ static ckv_status find_added(const ckv_tokenizer *t, const char *s, size_t len, 
         size_t start = i, stop = i + plen;
         i = stop; /* the match is consumed even when it is discarded below */
         if (split_special && a->special) continue;
+        if (a->special && in_plain(plain, n_plain, &cur, base + start, base + stop)) {
+            i = start + 1; /* plain text: a marker of the template may still start inside this match */
+            continue;
+        }
         if (a->single_word) {
             int start_space = start == 0 || !prev_char_is(s, start, ckv_unicode_is_word);
             int stop_space = stop == len || !next_char_is(s, stop, len, ckv_unicode_is_word);
@@ -114,7 +125,7 @@ static ckv_status encode_split_all(const ckv_tokenizer *t, const char *s, size_t
     int have_norm_tokens = 0;
     for (int i = 0; i < t->n_added && !have_norm_tokens; i++) have_norm_tokens = t->added[i].normalized;
     if (have_norm_tokens) {
-        CKV_TRY(find_added(t, c->norm.p, c->norm.n, 1, split_special, 0, first, &c->split2));
+        CKV_TRY(find_added(t, c->norm.p, c->norm.n, 1, split_special, NULL, 0, 0, first, &c->split2));
     } else if (c->norm.n) {
         CKV_TRY(ckv_tk_spans_push(&c->split2, 0, c->norm.n, -1, first));
     }
@@ -180,13 +191,18 @@ ckv_status ckv_tokenizer_encode(const ckv_tokenizer *t, const char *text, size_t
 
 ckv_status ckv_tokenizer_encode_max(const ckv_tokenizer *t, const char *text, size_t len, unsigned flags, size_t max_ids,
                                     int32_t **ids, size_t *n_ids) {
+    return ckv_tokenizer_encode_ranges(t, text, len, flags, max_ids, NULL, 0, ids, n_ids);
+}
+
+ckv_status ckv_tokenizer_encode_ranges(const ckv_tokenizer *t, const char *text, size_t len, unsigned flags, size_t max_ids,
+                                       const ckv_text_range *plain, size_t n_plain, int32_t **ids, size_t *n_ids) {
     *ids = NULL;
     *n_ids = 0;
     if (!t || (!text && len)) return ckv_error(CKV_STATUS_ERR_ARG, "tokenizer encode: NULL tokenizer or text");
     ckv_tk_buf fixed = {0};
     size_t bad = ckv_utf8_first_invalid((const uint8_t *)text, len);
     if (bad < len) {
-        if (!(flags & CKV_TOKENIZE_UTF8_REPLACE))
+        if (!(flags & CKV_TOKENIZE_UTF8_REPLACE) || n_plain) /* a repair would move the ranges */
             return ckv_error(CKV_STATUS_ERR_FORMAT, "input text is not valid UTF-8: byte 0x%02x at offset %zu",
                              (uint8_t)text[bad], bad);
         CKV_TRY(ckv_utf8_append_lossy(&fixed, (const uint8_t *)text, len));
@@ -200,13 +216,16 @@ ckv_status ckv_tokenizer_encode_max(const ckv_tokenizer *t, const char *text, si
     ckv_status st = CKV_STATUS_OK;
     if (flags & CKV_TOKENIZE_ADD_SPECIAL)
         for (int i = 0; i < t->n_post_pre && st == CKV_STATUS_OK; i++) st = ckv_tk_ids_push(&out, t->post_pre[i]);
-    if (st == CKV_STATUS_OK) st = find_added(t, text ? text : "", len, 0, split_special, 0, 1, &c.split1);
+    if (st == CKV_STATUS_OK) st = find_added(t, text ? text : "", len, 0, split_special, plain, n_plain, 0, 1, &c.split1);
+    size_t cur = 0;
     for (size_t k = 0; k < c.split1.n && st == CKV_STATUS_OK && out.n <= max_ids; k++) {
         const ckv_tk_span *sp = &c.split1.p[k];
+        /* normalized special tokens are not recognised in a split that holds plain text */
+        int split_k = split_special || in_plain(plain, n_plain, &cur, sp->off, sp->off + sp->len);
         if (sp->token >= 0)
             st = ckv_tk_ids_push(&out, sp->token);
         else
-            st = encode_split(t, text + sp->off, sp->len, sp->first, split_special, max_ids, &c, &out);
+            st = encode_split(t, text + sp->off, sp->len, sp->first, split_k, max_ids, &c, &out);
     }
     if (out.n > max_ids) out.n = max_ids + 1; /* more than the caller takes: the rest was not encoded */
     if (flags & CKV_TOKENIZE_ADD_SPECIAL)
