@@ -1,6 +1,6 @@
 /* ckv_test.h - the tiny test harness every test executable uses: checks that count failures and
  * print where, array comparison that prints the first mismatches and the max error, skip (exit 77),
- * a seeded generator of random test data.
+ * the one seeded generator of random test data and the one allocation helper.
  * Header-only; tests only. */
 #ifndef CKV_TEST_H
 #define CKV_TEST_H
@@ -13,13 +13,6 @@
 
 static int ckv_test_failures = 0;
 
-/* The tests' xorshift64 generator: the next 32 random bits of *state (never 0). */
-static inline uint32_t ckv_test_xorshift(uint64_t *state) {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    return (uint32_t)(*state >> 32);
-}
 
 #define CKV_SKIP_CODE 77
 
@@ -107,12 +100,26 @@ static inline int ckv_test_finish(const char *name) {
     return 0;
 }
 
-/* A xorshift64 generator for test data: the next 32 random bits of *state (non-zero seed). */
-static inline uint32_t ckv_test_rng_u32(uint64_t *state) {
+/* The tests' one random generator: xorshift64 over *state (a non-zero seed); every draw below steps it
+ * once, so a test's data is a fixed function of its seed. */
+static inline uint64_t ckv_test_rng_next(uint64_t *state) {
     *state ^= *state << 13;
     *state ^= *state >> 7;
     *state ^= *state << 17;
-    return (uint32_t)(*state >> 32);
+    return *state;
+}
+
+/* The next 32 random bits. */
+static inline uint32_t ckv_test_rng_u32(uint64_t *state) { return (uint32_t)(ckv_test_rng_next(state) >> 32); }
+
+/* A uniform double in [0, 1) (53 bits). */
+static inline double ckv_test_rng_double(uint64_t *state) {
+    return (double)(ckv_test_rng_next(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* x[i] uniform in [lo, hi), drawn in double precision. */
+static inline void ckv_test_fill(uint64_t *state, float *x, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * ckv_test_rng_double(state));
 }
 
 /* A uniform float in [lo, hi) from *state. */

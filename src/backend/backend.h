@@ -228,6 +228,11 @@ typedef struct {
     /* Softmax of one row, accumulated: x <- exp(x - max x) in fp32 (x may be rewritten), sum in double,
      * inv = (float)(1 / sum); dst[t] += x[t] * inv in fp32.   x, dst [n], n >= 1 */
     void (*evict_softmax_add)(ckv_backend *be, float *dst, float *x, int n);
+    /* KeyDiff (kvpress KeyDiffPress): per segment g, the anchor a = mean over rows t < n_rows of
+     * k_t / max(||k_t||_2, 1e-12), then out[g * ld + t] = (float)(-(k_t . a) / (max(||k_t||, 1e-8) *
+     * max(||a||, 1e-8))), everything in double from the keys read in the batch's dtype.
+     * out [n_kv_heads, ld]; errors when head_dim > 1024. NULL on backends without it. */
+    ckv_status (*evict_keydiff)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:

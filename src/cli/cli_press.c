@@ -1,7 +1,8 @@
-/* cli_press.c - press flags -> press configurations for every command: the spec checked for the
- * mistakes users make (options written into the name), the budget flags that exclude each other,
- * the press options applied in command-line order and refused when no press of the command takes
- * them (derived from the canonical spec, which lists exactly the options a press uses). */
+/* cli_press.c - press flags -> press configurations for every command, through the library's one
+ * builder (evict/press.h): the spec checked for the mistake users make (options written into the
+ * name), the budget flags that exclude each other, the press options handed over in command-line
+ * order and refused, naming the flag, when no press of the command takes them (the registry says
+ * which options a press takes). It knows no press by name. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,35 +15,10 @@ static const ckv_opt_id option_flags[] = {CKV_OPT_WINDOW, CKV_OPT_KERNEL, CKV_OP
 static const char *const option_keys[] = {"window", "kernel", "pool", "alpha", "eps", "safeguard", "profile"};
 #define N_OPTION_FLAGS (sizeof option_flags / sizeof option_flags[0])
 
-static int is_scorer_name(const char *s, size_t n) {
-    for (int k = 1; k < CKV_SCORER_COUNT_; k++) {
-        const char *name = ckv_scorer_name((ckv_scorer_kind)k);
-        if (strlen(name) == n && !strncmp(name, s, n)) return 1;
-    }
-    return n == 12 && !strncmp(s, "snapkv_paper", 12);
-}
-
 void ckv_cli_press_check_spec(const ckv_opts *o, const char *flag, const char *spec) {
-    const char *colon = strrchr(spec, ':');
     if (strchr(spec, '=') || strchr(spec, '('))
         ckv_cli_usage_error(o->cmd_name, "%s '%s': options are not part of the press name; give them as flags "
                             "(e.g. --window 4) or --press-opt KEY=VALUE", flag, spec);
-    if (colon) {
-        const char *first = strchr(spec, ':');
-        if (is_scorer_name(spec, (size_t)(first - spec)))
-            ckv_cli_usage_error(o->cmd_name, "%s '%s': '%.*s' is a press, not a wrapper; wrappers (critical, adakv, "
-                                "critical_adakv, headkv, critical_headkv) come first, as in critical:snapkv", flag, spec,
-                                (int)(first - spec), spec);
-    }
-}
-
-/* 1 when the finalised press uses option `key` (its canonical spec lists it). */
-static int press_takes(const ckv_press_config *c, const char *key) {
-    char pat[40];
-    snprintf(pat, sizeof pat, "(%s=", key);
-    if (strstr(c->spec, pat)) return 1;
-    snprintf(pat, sizeof pat, ",%s=", key);
-    return strstr(c->spec, pat) != NULL;
 }
 
 static void split_kv(const ckv_opts *o, const char *kv, char *key, size_t cap, const char **value) {
@@ -52,22 +28,46 @@ static void split_kv(const ckv_opts *o, const char *kv, char *key, size_t cap, c
     *value = eq + 1;
 }
 
-void ckv_cli_press_build(const ckv_opts *o, const char *spec, const ckv_cli_budget *budget, ckv_press_config *c) {
-    ckv_cli_press_check_spec(o, "--press", spec);
-    ckv_cli_check(ckv_press_parse(c, spec));
-    for (int i = 0; i < o->n; i++) { /* options in command-line order */
+/* The press options of the command line, in order, as (key, value) pairs into kv[cap] (keys in keys[]). */
+static int collect_options(const ckv_opts *o, ckv_press_option_value *kv, char (*keys)[64], int cap) {
+    int n = 0;
+    for (int i = 0; i < o->n && n < cap; i++) {
         for (size_t k = 0; k < N_OPTION_FLAGS; k++)
-            if (o->occ[i].id == option_flags[k]) ckv_cli_check(ckv_press_set_option(c, option_keys[k], o->occ[i].value));
+            if (o->occ[i].id == option_flags[k]) kv[n++] = (ckv_press_option_value){option_keys[k], o->occ[i].value};
         if (o->occ[i].id == CKV_OPT_PRESS_OPT) {
-            char key[64];
             const char *v = NULL;
-            split_kv(o, o->occ[i].value, key, sizeof key, &v);
-            ckv_cli_check(ckv_press_set_option(c, key, v));
+            split_kv(o, o->occ[i].value, keys[n], sizeof keys[n], &v);
+            kv[n] = (ckv_press_option_value){keys[n], v};
+            n++;
         }
     }
-    if (budget && budget->kind == CKV_CLI_BUDGET_FRACTION) ckv_cli_check(ckv_press_set_budget(c, budget->value));
-    if (budget && budget->kind == CKV_CLI_BUDGET_RATIO) ckv_cli_check(ckv_press_set_compression_ratio(c, budget->value));
-    if (budget && budget->kind == CKV_CLI_BUDGET_TOKENS) ckv_cli_check(ckv_press_set_budget_tokens(c, (int)budget->value));
+    if (n == cap) ckv_cli_usage_error(o->cmd_name, "too many press options (at most %d)", cap - 1);
+    return n;
+}
+
+static const ckv_budget_kind budget_kinds[] = {
+    [CKV_CLI_BUDGET_NONE] = CKV_BUDGET_NONE, [CKV_CLI_BUDGET_FRACTION] = CKV_BUDGET_FRACTION,
+    [CKV_CLI_BUDGET_RATIO] = CKV_BUDGET_RATIO, [CKV_CLI_BUDGET_TOKENS] = CKV_BUDGET_TOKENS};
+
+/* The library's builder on the command line's spec, options and budget. */
+static void build(const ckv_opts *o, const char *spec, const ckv_cli_budget *budget, int query_aware, unsigned flags,
+                  ckv_press_config *c) {
+    enum { MAX_OPTIONS = 64 };
+    ckv_press_option_value kv[MAX_OPTIONS];
+    char keys[MAX_OPTIONS][64];
+    ckv_cli_press_check_spec(o, "--press", spec);
+    ckv_press_request rq = {.spec = spec, .options = kv, .n_options = collect_options(o, kv, keys, MAX_OPTIONS),
+                            .query_aware = query_aware, .flags = flags | CKV_PRESS_ANY_OPTIONS};
+    if (budget) rq.budget = (ckv_press_budget){budget_kinds[budget->kind], budget->value};
+    if (ckv_press_build(c, &rq, NULL) != CKV_STATUS_OK) ckv_cli_usage_error(o->cmd_name, "%s", ckv_error_message());
+}
+
+void ckv_cli_press_build(const ckv_opts *o, const char *spec, const ckv_cli_budget *budget, ckv_press_config *c) {
+    build(o, spec, budget, 0, CKV_PRESS_NEED_FILES, c);
+}
+
+void ckv_cli_press_plan(const ckv_opts *o, const char *spec, const ckv_cli_budget *budget, ckv_press_config *c) {
+    build(o, spec, budget, 0, 0, c);
 }
 
 void ckv_cli_press_budget(const ckv_opts *o, ckv_cli_budget *b) {
@@ -96,7 +96,7 @@ void ckv_cli_press_check_options(const ckv_opts *o, const ckv_press_config *cfgs
         }
         if (!key) continue;
         int taken = 0;
-        for (int c = 0; c < n && !taken; c++) taken = cfgs[c].scorer == CKV_SCORER_NONE ? 0 : press_takes(&cfgs[c], key);
+        for (int c = 0; c < n && !taken; c++) taken = ckv_press_takes(&cfgs[c], key);
         if (!taken && n == 1)
             ckv_cli_usage_error(o->cmd_name, "%s does not take %s (its options are those its spec lists: %s)", what, flag,
                                 cfgs[0].spec);
@@ -109,11 +109,8 @@ void ckv_cli_press_single(const ckv_opts *o, const char *cmd, ckv_press_config *
     ckv_cli_budget b;
     ckv_cli_press_budget(o, &b);
     const char *spec = ckv_opt_str(o, CKV_OPT_PRESS, "none");
-    ckv_cli_press_build(o, spec, &b, c);
-    c->query_aware = ckv_opt_has(o, CKV_OPT_QUERY_AWARE);
-    if (c->scorer != CKV_SCORER_NONE && b.kind == CKV_CLI_BUDGET_NONE)
-        ckv_cli_usage_error(cmd, "--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", spec);
-    ckv_cli_check(ckv_press_finalize(c));
+    (void)cmd; /* o->cmd_name names the command in errors */
+    build(o, spec, &b, ckv_opt_has(o, CKV_OPT_QUERY_AWARE), CKV_PRESS_NEED_FILES | CKV_PRESS_NEED_BUDGET, c);
     char what[160];
     snprintf(what, sizeof what, "--press %s", spec);
     ckv_cli_press_check_options(o, c, 1, what);

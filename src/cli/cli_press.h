@@ -17,11 +17,15 @@ typedef struct {
  * naming both). */
 void ckv_cli_press_budget(const ckv_opts *o, ckv_cli_budget *b);
 
-/* Refuses specs with options written into them ("snapkv:window=4") or a press used as a wrapper. */
+/* Refuses specs with options written into them ("snapkv:window=4"), naming `flag`. */
 void ckv_cli_press_check_spec(const ckv_opts *o, const char *flag, const char *spec);
 
-/* Parses `spec`, applies every press option flag in order and the budget (NULL: none); not finalised. */
+/* Builds `spec` with every press option flag in order and the budget (NULL: none) through the library's
+ * builder (finalised; callers that change query_aware finalise again); options no press of the
+ * command takes are left to ckv_cli_press_check_options. A bad spec, option or budget is a usage error. */
 void ckv_cli_press_build(const ckv_opts *o, const char *spec, const ckv_cli_budget *budget, ckv_press_config *c);
+/* The same for commands that only plan memory (inspect): options naming input files may be missing. */
+void ckv_cli_press_plan(const ckv_opts *o, const char *spec, const ckv_cli_budget *budget, ckv_press_config *c);
 
 /* After finalising: every press option flag given must be taken by at least one of cfgs[n]
  * (`what` names them in the error, e.g. "--press knorm"). */

@@ -72,8 +72,8 @@ int ckv_cmd_fidelity(int argc, char **argv) {
     for (int i = 0; i < np; i++)
         for (int j = 0; j < nb; j++) { /* validate every combination before any work */
             ckv_cli_budget bud = {CKV_CLI_BUDGET_FRACTION, ckv_cli_parse_double("--budget", budgets[j], -1e300, 1e300)};
+            if (!strcmp(presses[i], "none")) ckv_cli_die("--press: 'none' is the reference, list presses only");
             ckv_cli_press_build(&opts, presses[i], &bud, &cfgs[i][j]);
-            if (cfgs[i][j].scorer == CKV_SCORER_NONE) ckv_cli_die("--press: 'none' is the reference, list presses only");
             ckv_cli_check(ckv_press_finalize(&cfgs[i][j]));
             ckv_cli_check(ckv_press_check_context(&cfgs[i][j], n_ctx));
         }

@@ -46,11 +46,9 @@ int ckv_cmd_inspect(int argc, char **argv) {
     ckv_cli_budget b;
     ckv_cli_press_budget(&opts, &b);
     ckv_press_config press;
-    ckv_cli_press_build(&opts, press_spec, &b, &press);
+    ckv_cli_press_plan(&opts, press_spec, &b, &press);
     if (press.scorer != CKV_SCORER_NONE && b.kind == CKV_CLI_BUDGET_NONE)
         ckv_cli_usage_error("inspect", "--press %s needs a budget: --budget B, --compression-ratio R or --budget-tokens N", press_spec);
-    if (press.alloc == CKV_ALLOC_HEADKV && !press.profile[0]) snprintf(press.profile, sizeof press.profile, "(profile)");
-    ckv_cli_check(ckv_press_finalize(&press));
     ckv_cli_agreement ag; /* one process; under mpirun every rank must run the same */
     ckv_cli_agree_init(&ag, &opts, model);
     if (ckv_comm_launched_by_mpi()) ckv_comm_free(ckv_cli_world(&ag, &argc, &argv));
@@ -118,7 +116,7 @@ int ckv_cmd_inspect(int argc, char **argv) {
     double gpu_limit = ckv_opt_num(&opts, CKV_OPT_GPU_MEM_LIMIT, 0);
     if (gpu_limit > 0 && strcmp(backend, "cuda")) ckv_cli_usage_error("inspect", "--gpu-mem-limit needs --backend cuda");
     if (!strcmp(backend, "cuda")) {
-        int windowed = press.scorer == CKV_SCORER_SNAPKV || press.scorer == CKV_SCORER_PYRAMIDKV;
+        int windowed = ckv_press_takes(&press, "window");
         ckv_plan_params gp = {.tp = tp, .context = context, .new_tokens = new_tokens, .chunk = chunk,
                               .weight_dtype = CKV_DTYPE_BF16, .kv_dtype = CKV_DTYPE_BF16,
                               .kept = compress ? (long)kept : 0, .window = windowed ? press.window : 0, .nccl = tp > 1};

@@ -17,7 +17,8 @@
 #define CKV_DEVICE_ID_LEN 160 /* host name + '/' + device id, NUL-terminated */
 
 typedef struct {
-    ckv_comm *host;  /* borrowed */
+    ckv_comm *host;  /* borrowed (owned by a split: owns_host) */
+    int owns_host;
     ckv_comm *nccl;  /* owned (NCCL path) */
     ckv_comm_device_io io;
     ckv_comm_path path;
@@ -95,9 +96,23 @@ static ckv_status dev_h_bcast(ckv_comm *c, void *buf, size_t bytes, int root) {
     return dctx(c)->host->ops->bcast(dctx(c)->host, buf, bytes, root);
 }
 static ckv_status dev_h_barrier(ckv_comm *c) { return dctx(c)->host->ops->barrier(dctx(c)->host); }
-/* a split is a host communicator (the replica groups reduce host statistics) */
+static ckv_status dev_wrap(ckv_comm **out, ckv_comm *host, const ckv_comm_device_io *io, ckv_comm_path path);
+
+/* A split is a device communicator over the split of the host communicator (the replica groups
+ * reduce device scores too): device memory that is host memory moves directly, anything else is
+ * staged (the groups' payloads are a layer's scores; no NCCL communicator is made for them). */
 static ckv_status dev_h_split(ckv_comm *c, int color, int key, ckv_comm **out) {
-    return dctx(c)->host->ops->split(dctx(c)->host, color, key, out);
+    *out = NULL;
+    ckv_comm *hs = NULL;
+    CKV_TRY(dctx(c)->host->ops->split(dctx(c)->host, color, key, &hs));
+    ckv_comm_path path = dctx(c)->path == CKV_COMM_PATH_HOST ? CKV_COMM_PATH_HOST : CKV_COMM_PATH_STAGED;
+    ckv_status st = dev_wrap(out, hs, &dctx(c)->io, path);
+    if (st != CKV_STATUS_OK) {
+        ckv_comm_free(hs);
+        return st;
+    }
+    dctx(*out)->owns_host = 1;
+    return CKV_STATUS_OK;
 }
 static ckv_status dev_h_node_local(ckv_comm *c, int *local_rank, int *local_size) {
     return ckv_comm_node_local(dctx(c)->host, local_rank, local_size);
@@ -158,6 +173,7 @@ static void dev_free(ckv_comm *c) {
         ckv_comm_free(x->nccl);
         ckv_free(x->stage);
         if (x->work) x->io.release(x->io.ctx, x->work);
+        if (x->owns_host) ckv_comm_free(x->host);
         free(x);
     }
     free(c);
@@ -207,6 +223,29 @@ static ckv_status local_device_id(const ckv_comm_device_io *io, int device, char
     return CKV_STATUS_OK;
 }
 
+/* A device communicator taking `path` over `host` (no collective, nothing else set up). */
+static ckv_status dev_wrap(ckv_comm **out, ckv_comm *host, const ckv_comm_device_io *io, ckv_comm_path path) {
+    *out = NULL;
+    ckv_comm *c = calloc(1, sizeof *c);
+    dev_ctx *x = calloc(1, sizeof *x);
+    if (!c || !x) {
+        free(c);
+        free(x);
+        return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory creating a device communicator");
+    }
+    x->host = host;
+    x->io = *io;
+    x->path = path;
+    c->ops = &dev_ops;
+    c->ctx = x;
+    c->rank = host->rank;
+    c->size = host->size;
+    c->timeout_s = host->timeout_s;
+    c->kind = path == CKV_COMM_PATH_NCCL ? "nccl" : path == CKV_COMM_PATH_STAGED ? "staged" : host->kind;
+    *out = c;
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_comm_init_device(ckv_comm **out, ckv_comm *host, const ckv_comm_device_io *io,
                                 const ckv_comm_device_params *p) {
     *out = NULL;
@@ -230,22 +269,9 @@ ckv_status ckv_comm_init_device(ckv_comm **out, ckv_comm *host, const ckv_comm_d
     }
     ckv_free(ids);
     CKV_TRY(s);
-    ckv_comm *c = calloc(1, sizeof *c);
-    dev_ctx *x = calloc(1, sizeof *x);
-    if (!c || !x) {
-        free(c);
-        free(x);
-        return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory creating a device communicator");
-    }
-    x->host = host;
-    x->io = *io;
-    x->path = path;
-    c->ops = &dev_ops;
-    c->ctx = x;
-    c->rank = host->rank;
-    c->size = host->size;
-    c->timeout_s = host->timeout_s;
-    c->kind = path == CKV_COMM_PATH_NCCL ? "nccl" : path == CKV_COMM_PATH_STAGED ? "staged" : host->kind;
+    ckv_comm *c = NULL;
+    CKV_TRY(dev_wrap(&c, host, io, path));
+    dev_ctx *x = dctx(c);
     if (path == CKV_COMM_PATH_NCCL) s = ckv_comm_init_nccl(&x->nccl, host, p->device);
     if (s == CKV_STATUS_OK && path == CKV_COMM_PATH_STAGED && p->staging_bytes) s = stage_reserve(x, p->staging_bytes);
     if (s == CKV_STATUS_OK && p->workspace_bytes) s = work_reserve(x, p->workspace_bytes);
@@ -253,7 +279,7 @@ ckv_status ckv_comm_init_device(ckv_comm **out, ckv_comm *host, const ckv_comm_d
         dev_free(c);
         return s;
     }
-    if (host->rank == 0)
+    if (host->rank == 0 && path != CKV_COMM_PATH_HOST)
         CKV_LOG_INFO("tensor-parallel collectives on device buffers: %s over %d ranks (%s)", ckv_comm_path_name(path),
                      host->size, why);
     *out = c;

@@ -81,6 +81,7 @@ ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessio
     if (n < 1 || n > b->max_seq)
         return ckv_error(CKV_STATUS_ERR_ARG, "decode batch of %d sessions: expected 1 .. %d", n, b->max_seq);
     for (int i = 0; i < n; i++) {
+        if (sessions[i]->pf_n > 0) return ckv_error(CKV_STATUS_ERR_ARG, "decode batch row %d: a prefill is in progress", i);
         if (sessions[i]->n_past + 1 > sessions[i]->capacity)
             return ckv_error(CKV_STATUS_ERR_RANGE, "decode batch row %d: past the session capacity of %d tokens", i,
                              sessions[i]->capacity);

@@ -9,7 +9,8 @@
 #include "evict/headkv.h"
 
 /* Writes one JSON line per KV head of the model: rank 0 gathers every rank's kept positions. */
-static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, const ckv_selection *sel) {
+static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, const ckv_selection *sel,
+                             const ckv_score_inputs *in) {
     ckv_model *m = s->model;
     ckv_comm *tp = m->tp;
     int L = sel->L, nkv = sel->n_kv_local, size = tp ? tp->size : 1;
@@ -31,9 +32,9 @@ static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, cons
             memcpy(all, mine, per * sizeof(int32_t));
     }
     if (st == CKV_STATUS_OK && cz->dump_kept) {
-        int Hkv = m->cfg.n_kv_heads, last = -1;
+        int last = -1;
         for (int r = 0; r < size; r++) {
-            int tpn = size, head0 = tpn <= Hkv ? r * (Hkv / tpn) : r / (tpn / Hkv);
+            int head0 = ckv_score_rank_kv_head0(in, r);
             for (int h = 0; h < nkv; h++) {
                 int g = head0 + h;
                 if (g <= last) continue; /* replicas hold the same head */
@@ -60,7 +61,7 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
     ckv_score_inputs v = {
         .layer = layer, .n_layers = c->n_layers, .L = L, .D = c->hidden_size, .head_dim = c->head_dim,
         .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .n_q_local = p->n_q_local, .n_kv_local = p->n_kv_local,
-        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .xn = s->xn, .kv = ckv_kv_layer_batch(&s->kv, layer, 0),
+        .q_head0 = p->q_head0, .kv_head0 = p->kv_head0, .kv_replicas = p->kv_replicas, .xn = s->xn, .kv = ckv_kv_layer_batch(&s->kv, layer, 0),
         .pos = s->kv.layers[layer].segs_host[0].pos, /* the context rows' device positions (any head) */
         .wq = &m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = &m->layers[layer].wo,
         .inv_freq = m->inv_freq, .rope_scale = m->rope_scale, .be = m->be, .replica = m->replica, .tp = m->tp,
@@ -73,7 +74,7 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
     ckv_model *m = s->model;
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
-    if (cz->cfg->scorer == CKV_SCORER_NONE) return CKV_STATUS_OK;
+    if (!ckv_press_evicts(cz->cfg)) return CKV_STATUS_OK;
     if (s->n_past != 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "compression applies to the first prefill of a session (the context)");
     int L = n_prompt;
@@ -103,7 +104,7 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
     }
     if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, &sel);
     cz->comm_bytes += (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0) - bytes0;
-    if (st == CKV_STATUS_OK && cz->dump) st = dump_layer(cz, s, layer, &sel);
+    if (st == CKV_STATUS_OK && cz->dump) st = dump_layer(cz, s, layer, &sel, &in);
     ckv_selection_free(&sel);
     return st;
 }
@@ -112,14 +113,9 @@ ckv_status ckv_compress_headkv_budgets(const ckv_press_config *pr, const ckv_mod
     *out = NULL;
     ckv_headkv_profile prof;
     CKV_TRY(ckv_headkv_load(&prof, pr->profile, mc->n_layers, mc->n_kv_heads));
-    switch (pr->scorer) { /* the tokens the base scorer protects are kept beside each head's share */
-    case CKV_SCORER_SNAPKV:
-    case CKV_SCORER_PYRAMIDKV: prof.window = pr->window; break;
-    case CKV_SCORER_TOVA: prof.window = 1; break;
-    case CKV_SCORER_STREAMING_LLM:
-    case CKV_SCORER_EXPECTED_ATTENTION: prof.window = pr->n_sink; break;
-    default: prof.window = 0; break;
-    }
+    int head = 0, tail = 0; /* the tokens the base scorer protects are kept beside each head's share */
+    ckv_press_protected(pr, &head, &tail);
+    prof.window = head + tail;
     int32_t *b = malloc(sizeof *b * (size_t)mc->n_layers * (size_t)mc->n_kv_heads);
     ckv_status st = b ? ckv_headkv_budgets(&prof, L, ckv_press_n_kept(pr, L), b)
                       : ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for headkv budgets");

@@ -20,16 +20,6 @@
 
 #define DEFAULT_CHUNK 512
 
-const char *ckv_finish_reason_name(ckv_finish_reason r) {
-    switch (r) {
-    case CKV_FINISH_LENGTH: return "length";
-    case CKV_FINISH_STOP: return "stop";
-    case CKV_FINISH_EOS: return "eos";
-    case CKV_FINISH_CANCELLED: return "cancelled";
-    default: return "none";
-    }
-}
-
 /* ---- engine --------------------------------------------------------------------------------------- */
 
 static void engine_default_stops(ckv_engine *e) {
@@ -76,8 +66,9 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     /* the caller chose the GPU (the cli: the node-local rank's); -1 is device 0 */
     ckv_backend_params bp = {cfg->backend, cfg->threads, cfg->device};
     ckv_status st = ckv_backend_init_params(&e->be, &bp);
-    /* device buffers cross ranks through a device communicator (engine/comm_backend.h) */
-    if (st == CKV_STATUS_OK && tp && tp->size > 1 && e->be->device != CKV_DEVICE_HOST)
+    /* the model and the presses cross ranks only through a device communicator (engine/comm_backend.h),
+     * which decides how device buffers move (directly where device memory is host memory) */
+    if (st == CKV_STATUS_OK && tp && tp->size > 1)
         st = ckv_comm_init_backend(&e->tp_dev, tp, e->be, bp.device < 0 ? 0 : bp.device, 0);
     ckv_comm *mtp = e->tp_dev ? e->tp_dev : tp;
     /* auto: matrices the backend computes in their stored format stay so (GGUF blocks, F16, BF16 on
@@ -196,23 +187,7 @@ static void fill_prepare_stats(ckv_prepared *pc, int prefilled) {
     s->kv_bytes_peak = ckv_kv_cache_bytes_used(&pc->sess.kv);
 }
 
-/* The layer hook of a prefill with a between-layers callback: the press's (or analysis') hook, then
- * the callback. */
-typedef struct {
-    ckv_layer_hook hook;
-    void *hook_ctx;
-    const ckv_prepare_params *p;
-} layer_chain;
-
-static ckv_status chained_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
-    layer_chain *ch = ctx;
-    if (ch->hook) CKV_TRY(ch->hook(ch->hook_ctx, s, layer, n_prompt));
-    if (ch->p->between_layers(ch->p->between_ctx, layer))
-        return ckv_error(CKV_STATUS_ERR_CANCELLED, "the context's prefill was cancelled after layer %d", layer);
-    return CKV_STATUS_OK;
-}
-
-ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc) {
+ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc) {
     memset(pc, 0, sizeof *pc);
     pc->engine = e;
     ckv_model *m = e->model;
@@ -232,6 +207,10 @@ ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_pr
     pc->cz.cfg = press;
     pc->cz.dump = p->dump_kept && compress;
     pc->cz.dump_kept = compress ? p->dump_file : NULL;
+    pc->cache_out = p->cache_out;
+    pc->press_spec = press ? press->spec : "none";
+    pc->hook = p->hook ? p->hook : compress ? ckv_compress_layer_hook : NULL;
+    pc->hook_ctx = p->hook ? p->hook_ctx : &pc->cz;
     ckv_status st = CKV_STATUS_OK;
     if (compress && press->alloc == CKV_ALLOC_HEADKV) {
         CKV_TRY(ckv_compress_headkv_budgets(press, c, n, &pc->headkv));
@@ -243,26 +222,54 @@ ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_pr
     if (p->cache_in) {
         CKV_TRY_GOTO(st, ckv_session_load_cache(&pc->sess, p->cache_in, pc->cache_press, sizeof pc->cache_press), fail);
         pc->n_context = pc->sess.n_past;
+        CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);
+        pc->ready = 1;
+        fill_prepare_stats(pc, 0);
     } else {
-        const float *lg = NULL;
-        ckv_layer_hook hook = p->hook ? p->hook : compress ? ckv_compress_layer_hook : NULL;
-        void *hctx = p->hook ? p->hook_ctx : &pc->cz;
-        layer_chain chain = {hook, hctx, p};
-        if (p->between_layers) hook = chained_layer_hook, hctx = &chain;
-        CKV_TRY_GOTO(st, ckv_session_prefill_hook(&pc->sess, p->ids, n, NULL, &lg, hook, hctx), fail);
+        CKV_TRY_GOTO(st, ckv_session_prefill_begin(&pc->sess, p->ids, n), fail);
         pc->n_context = n;
-        CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);
-        memcpy(pc->logits, lg, sizeof(float) * (size_t)c->vocab_size);
     }
-    if (p->cache_out)
-        CKV_TRY_GOTO(st, ckv_session_save_cache(&pc->sess, p->cache_out, press ? press->spec : "none"), fail);
-    CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);
     pc->prepare_seconds = ckv_time_now() - t0;
-    fill_prepare_stats(pc, !p->cache_in);
     return CKV_STATUS_OK;
 fail:
     ckv_prepared_free(pc);
     return st;
+}
+
+ckv_status ckv_prepared_advance(ckv_prepared *pc, int *ready) {
+    *ready = pc->ready;
+    if (pc->ready) return CKV_STATUS_OK;
+    if (!pc->engine) return ckv_error(CKV_STATUS_ERR_ARG, "advance of an empty prepared context");
+    const ckv_model_config *c = &pc->engine->model->cfg;
+    double t0 = ckv_time_now();
+    int done = 0;
+    const float *lg = NULL;
+    ckv_status st = ckv_session_prefill_layer(&pc->sess, pc->hook, pc->hook_ctx, &done);
+    if (st == CKV_STATUS_OK && done) st = ckv_session_prefill_end(&pc->sess, NULL, &lg);
+    if (st == CKV_STATUS_OK && done) st = ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits");
+    if (st == CKV_STATUS_OK && done) {
+        memcpy(pc->logits, lg, sizeof(float) * (size_t)c->vocab_size);
+        if (pc->cache_out) st = ckv_session_save_cache(&pc->sess, pc->cache_out, pc->press_spec);
+    }
+    if (st == CKV_STATUS_OK && done) st = ckv_session_mark(&pc->sess);
+    pc->prepare_seconds += ckv_time_now() - t0;
+    if (st != CKV_STATUS_OK) {
+        ckv_prepared_free(pc);
+        return st;
+    }
+    if (done) {
+        pc->ready = 1;
+        pc->cache_out = NULL;
+        fill_prepare_stats(pc, 1);
+    }
+    *ready = pc->ready;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc) {
+    CKV_TRY(ckv_engine_prepare_begin(e, p, pc));
+    for (int ready = pc->ready; !ready;) CKV_TRY(ckv_prepared_advance(pc, &ready));
+    return CKV_STATUS_OK;
 }
 
 void ckv_prepared_free(ckv_prepared *pc) {
@@ -281,75 +288,6 @@ void ckv_answer_free(ckv_answer *a) {
 
 /* ---- answers ------------------------------------------------------------------------------------- */
 
-/* Stop strings over streamed text: the last max_len - 1 bytes plus each new piece are searched. */
-typedef struct {
-    const char *const *s;
-    int n;
-    size_t max_len, cap, len;
-    char *tail;   /* [cap] recent text */
-    char *piece;  /* [piece_cap] one push of the stream decoder */
-    size_t piece_cap;
-    ckv_detok_stream ds;
-} stop_text;
-
-static ckv_status stop_text_init(stop_text *t, const ckv_tokenizer *tok, const char *const *s, int n) {
-    memset(t, 0, sizeof *t);
-    if (n <= 0) return CKV_STATUS_OK;
-    if (!tok) return ckv_error(CKV_STATUS_ERR_ARG, "stop strings need the model's tokenizer");
-    for (int i = 0; i < n; i++) {
-        size_t l = s[i] ? strlen(s[i]) : 0;
-        if (l == 0) return ckv_error(CKV_STATUS_ERR_ARG, "stop string %d is empty", i);
-        if (l > t->max_len) t->max_len = l;
-    }
-    t->s = s;
-    t->n = n;
-    t->piece_cap = ckv_detok_stream_cap(tok);
-    t->cap = t->max_len + t->piece_cap + 1;
-    ckv_status st = ckv_alloc((void **)&t->tail, t->cap, "stop strings");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&t->piece, t->piece_cap, "stop strings");
-    if (st != CKV_STATUS_OK) {
-        ckv_free(t->tail);
-        ckv_free(t->piece);
-        return st;
-    }
-    ckv_detok_stream_init(&t->ds, tok, CKV_DETOKENIZE_SKIP_SPECIAL);
-    return CKV_STATUS_OK;
-}
-
-static void stop_text_free(stop_text *t) {
-    ckv_free(t->tail);
-    ckv_free(t->piece);
-}
-
-/* 1 when the text after `id` contains a stop string. */
-static int stop_text_push(stop_text *t, int32_t id) {
-    if (t->n == 0) return 0;
-    size_t n = 0;
-    if (ckv_detok_stream_push(&t->ds, id, t->piece, t->piece_cap, &n) != CKV_STATUS_OK) {
-        ckv_error_clear();
-        return 0;
-    }
-    memcpy(t->tail + t->len, t->piece, n);
-    t->len += n;
-    for (int i = 0; i < t->n; i++) {
-        size_t l = strlen(t->s[i]);
-        for (size_t o = 0; o + l <= t->len; o++)
-            if (!memcmp(t->tail + o, t->s[i], l)) return 1;
-    }
-    size_t keep = t->max_len - 1;
-    if (t->len > keep) {
-        memmove(t->tail, t->tail + t->len - keep, keep);
-        t->len = keep;
-    }
-    return 0;
-}
-
-static int in_list(const int32_t *v, int n, int32_t x) {
-    for (int i = 0; i < n; i++)
-        if (v[i] == x) return 1;
-    return 0;
-}
-
 ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *ids, int n, const ckv_gen_params *g,
                                ckv_sampler *sampler, ckv_answer *out) {
     memset(out, 0, sizeof *out);
@@ -357,6 +295,7 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
     ckv_engine *e = pc->engine;
     ckv_session *s = &pc->sess;
     int V = e->model->cfg.vocab_size;
+    if (!pc->ready) return ckv_error(CKV_STATUS_ERR_ARG, "question %d: the context is still being prepared", question);
     if (g->max_new_tokens < 0) return ckv_error(CKV_STATUS_ERR_ARG, "--max-new-tokens must be >= 0, got %d", g->max_new_tokens);
     if (n < 0 || (n > 0 && !ids)) return ckv_error(CKV_STATUS_ERR_ARG, "bad question of %d tokens", n);
     if ((long)pc->n_context + n + g->max_new_tokens > s->capacity)
@@ -365,46 +304,42 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
                          g->max_new_tokens, s->capacity - pc->n_context);
     if (n == 0 && !pc->logits && g->max_new_tokens > 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "a context loaded from a cache file needs a question to answer");
+    ckv_answer_config ac = {.max_tokens = g->max_new_tokens, .eos_ids = e->stop_ids, .n_eos_ids = e->n_stop_ids,
+                            .ignore_eos = g->ignore_eos, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
+                            .stop_strings = g->stop_strings, .n_stop_strings = g->n_stop_strings,
+                            .tok = g->n_stop_strings > 0 ? e->cfg.tokenizer : NULL};
+    ckv_answer_state as;
+    CKV_TRY(ckv_answer_state_init(&as, &ac));
     ckv_sampler own;
     int own_sampler = sampler == NULL;
+    ckv_status st = CKV_STATUS_OK;
     if (own_sampler) {
-        CKV_TRY(ckv_sampler_init(&own, &g->sampling, V));
+        st = ckv_sampler_init(&own, &g->sampling, V);
         sampler = &own;
     }
-    stop_text stx;
-    ckv_status st = stop_text_init(&stx, e->cfg.tokenizer, g->stop_strings, g->n_stop_strings);
-    if (st == CKV_STATUS_OK && g->max_new_tokens > 0)
-        st = ckv_alloc((void **)&out->ids, sizeof(int32_t) * (size_t)g->max_new_tokens, "answer ids");
     double t0 = ckv_time_now();
     const float *lg = pc->logits;
     if (st == CKV_STATUS_OK && n > 0) st = ckv_session_prefill(s, ids, n, NULL, &lg);
-    out->finish = CKV_FINISH_LENGTH;
-    for (int t = 0; t < g->max_new_tokens && st == CKV_STATUS_OK; t++) {
-        int32_t tok = ckv_sampler_sample(sampler, lg);
+    if (g->max_new_tokens == 0) ckv_answer_state_end(&as, CKV_FINISH_LENGTH);
+    for (int t = 0; st == CKV_STATUS_OK && as.finish == CKV_FINISH_NONE; t++) {
+        int32_t tok;
+        ckv_finish_reason fin = ckv_answer_state_sample(&as, sampler, lg, &tok);
         if (t == 0) out->ttft_seconds = ckv_time_now() - t0;
-        ckv_finish_reason fin = CKV_FINISH_NONE;
-        if (!g->ignore_eos && in_list(e->stop_ids, e->n_stop_ids, tok)) fin = CKV_FINISH_EOS;
-        else if (in_list(g->stop_ids, g->n_stop_ids, tok)) fin = CKV_FINISH_STOP;
-        if (g->on_token && g->on_token(g->cb_ctx, question, tok, fin != CKV_FINISH_NONE, lg)) {
-            if (fin == CKV_FINISH_NONE) out->ids[out->n++] = tok;
-            else out->stop_id = tok;
-            out->finish = CKV_FINISH_CANCELLED;
+        if (g->on_token && g->on_token(g->cb_ctx, question, tok, as.stop_id >= 0, lg)) {
+            as.finish = CKV_FINISH_CANCELLED;
             break;
         }
-        if (fin != CKV_FINISH_NONE) {
-            out->stop_id = tok;
-            out->finish = fin;
-            break;
-        }
-        out->ids[out->n++] = tok;
-        if (stop_text_push(&stx, tok)) {
-            out->finish = CKV_FINISH_STOP;
-            break;
-        }
-        if (t + 1 == g->max_new_tokens) break;
-        st = ckv_session_decode(s, tok, &lg);
+        if (fin == CKV_FINISH_NONE) st = ckv_session_decode(s, tok, &lg);
     }
     out->seconds = ckv_time_now() - t0;
+    if (st == CKV_STATUS_OK) { /* the answer takes over the state's ids */
+        out->ids = as.ids;
+        out->n = as.n_ids;
+        out->stop_id = as.stop_id;
+        out->finish = as.finish;
+        as.ids = NULL;
+    }
+    ckv_answer_state_free(&as);
     if (st == CKV_STATUS_OK && g->on_answer_end) g->on_answer_end(g->cb_ctx, question, out);
     size_t kvb = ckv_kv_cache_bytes_used(&s->kv);
     if (kvb > pc->stats.kv_bytes_peak) pc->stats.kv_bytes_peak = kvb;
@@ -413,13 +348,13 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
         pc->stats.prompt_tokens += n;
         st = ckv_session_rewind(s);
     }
-    stop_text_free(&stx);
     if (own_sampler) ckv_sampler_free(&own);
     if (st != CKV_STATUS_OK) ckv_answer_free(out);
     return st;
 }
 
 ckv_status ckv_prepared_forward(ckv_prepared *pc, const int32_t *ids, int n, float *all_logits) {
+    if (!pc->ready) return ckv_error(CKV_STATUS_ERR_ARG, "the context is still being prepared");
     if (n < 1) return ckv_error(CKV_STATUS_ERR_ARG, "nothing to feed after the context");
     if ((long)pc->sess.n_past + n > pc->sess.capacity)
         return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "%d tokens exceed the %d reserved after the context", n,

@@ -5,7 +5,8 @@
  * result is the generated ids of every question with a finish reason, plus statistics.
  *
  * Compress once, ask many: ckv_engine_prepare prefills (and compresses) a context into a prepared
- * context (ckv_prepared) that keeps the compressed cache; ckv_prepared_answer then answers any number
+ * context (ckv_prepared) that keeps the compressed cache (or, resumable, ckv_engine_prepare_begin
+ * and then one layer per ckv_prepared_advance, so a scheduler can run other work between layers); ckv_prepared_answer then answers any number
  * of questions from it, each rewound afterwards so the next one sees the same compressed cache.
  * ckv_engine_run does a whole request with those two calls (query-aware: one prepared context per
  * question, context + question compressed together).
@@ -27,6 +28,7 @@
 
 #include "comm/comm.h"
 #include "core/status.h"
+#include "engine/answer.h"
 #include "engine/compress.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -73,8 +75,9 @@ typedef struct {
     ckv_backend *be;        /* owned unless the engine wraps a model (ckv_engine_wrap) */
     ckv_model *model;
     ckv_comm *tp;           /* the tensor-parallel group (not owned; NULL: one rank) */
-    ckv_comm *tp_dev;       /* owned: the group's device communicator (NCCL, or staged when ranks share
-                             * a GPU) when the backend's memory is not the host's; the model uses it */
+    ckv_comm *tp_dev;       /* owned: the group's device communicator (host memory moved directly, NCCL,
+                             * or staged when ranks share a GPU) with more than one rank; the model and
+                             * the presses use it */
     int owns;               /* 1: ckv_engine_free frees model and backend */
     int32_t stop_ids[CKV_ENGINE_MAX_STOP_IDS]; /* model eos ids, then the tokenizer's end-of-turn ids */
     int n_stop_ids;
@@ -112,23 +115,7 @@ typedef struct {
     /* analysis: a layer hook run instead of the press's (the session keeps the attention inputs) */
     ckv_layer_hook hook;
     void *hook_ctx;
-    /* called after each layer of the context's prefill (after that layer's compression): a server
-     * runs the decode steps of its other sessions here, so their streams keep flowing during a long
-     * prefill (layer-major prefill has no earlier point where the context's work pauses). Non-zero
-     * ends the prepare with ERR_CANCELLED. It must not touch this prepared context. */
-    int (*between_layers)(void *ctx, int layer);
-    void *between_ctx;
 } ckv_prepare_params;
-
-typedef enum {
-    CKV_FINISH_NONE = 0,
-    CKV_FINISH_LENGTH,     /* max_new_tokens reached */
-    CKV_FINISH_STOP,       /* a stop id or stop string of the request */
-    CKV_FINISH_EOS,        /* an end-of-sequence / end-of-turn id of the model or tokenizer */
-    CKV_FINISH_CANCELLED   /* the token callback asked to stop */
-} ckv_finish_reason;
-
-const char *ckv_finish_reason_name(ckv_finish_reason r); /* "length", "stop", "eos", "cancelled" */
 
 typedef struct ckv_answer ckv_answer;
 
@@ -186,11 +173,26 @@ typedef struct {
     char cache_press[512];  /* the press recorded in cache_in's file */
     double prepare_seconds;
     ckv_request_stats stats;
+    /* a prepare in progress (ckv_engine_prepare_begin .. the last ckv_prepared_advance) */
+    int ready;              /* 1: prefilled (or loaded), compressed and marked: questions may follow */
+    ckv_layer_hook hook;    /* run after each layer of the context (the press's or the caller's) */
+    void *hook_ctx;
+    const char *cache_out;  /* the caller's (kept until the prepare is ready) */
+    const char *press_spec;
 } ckv_prepared;
 
 /* Prefills (and compresses) a context into *pc (a fresh session of n + reserve tokens). The request
  * must fit the model: n + reserve > max_position_embeddings is ERR_CONTEXT_TOO_LONG. */
 ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc);
+
+/* The same in steps: begin validates, sizes the session and embeds the context (p->ids are not read
+ * afterwards; p->press, p->hook_ctx and p->cache_out must live until pc->ready); a context loaded
+ * from cache_in is ready at once. Each ckv_prepared_advance then runs one layer of the context (and
+ * its compression) and, after the last, the logits, cache_out and the mark: *ready = pc->ready.
+ * A prepare that is not ready takes no question and no decode; ckv_prepared_free drops it at any
+ * point. Every rank of the group must make the same calls. On an error *pc is freed. */
+ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc);
+ckv_status ckv_prepared_advance(ckv_prepared *pc, int *ready);
 
 /* Answers one question (ids [n], n may be 0: continue from the context's last logits) from the
  * prepared context, then rewinds to it. `question` is passed to the callback. A question that does

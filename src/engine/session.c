@@ -58,32 +58,55 @@ void ckv_session_free(ckv_session *s) {
     memset(s, 0, sizeof *s);
 }
 
-ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, float *all_logits, const float **last,
-                                    ckv_layer_hook hook, void *hook_ctx) {
+ckv_status ckv_session_prefill_begin(ckv_session *s, const int32_t *ids, int n) {
     ckv_model *m = s->model;
-    const ckv_model_config *c = &m->cfg;
     if (n < 1) return ckv_error(CKV_STATUS_ERR_ARG, "empty prompt");
+    if (s->pf_n > 0) return ckv_error(CKV_STATUS_ERR_ARG, "a prefill of %d tokens is still in progress", s->pf_n);
     if (s->n_past + n > s->capacity)
         return ckv_error(CKV_STATUS_ERR_RANGE, "prompt of %d tokens after %d cached exceeds the session capacity %d", n,
                          s->n_past, s->capacity);
     double t0 = ckv_time_now();
-    size_t D = (size_t)c->hidden_size;
-    int chunk = s->chunk;
+    size_t D = (size_t)m->cfg.hidden_size;
     for (int i = 0; i < n; i++) s->pos[i] = s->n_past + i;
-    for (int c0 = 0; c0 < n; c0 += chunk) {
-        int cn = n - c0 < chunk ? n - c0 : chunk;
+    for (int c0 = 0; c0 < n; c0 += s->chunk) {
+        int cn = n - c0 < s->chunk ? n - c0 : s->chunk;
         CKV_TRY(ckv_model_embed(m, &s->scratch, s->x + (size_t)c0 * D, ids + c0, cn));
     }
-    for (int l = 0; l < c->n_layers; l++) {
-        if (!ckv_kv_layer_has_pool(&s->kv, l)) CKV_TRY(ckv_kv_layer_reserve(&s->kv, l, s->capacity)); /* compress: lazily */
-        for (int c0 = 0; c0 < n; c0 += chunk) {
-            int cn = n - c0 < chunk ? n - c0 : chunk;
-            CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x + (size_t)c0 * D, s->pos + c0, cn, &s->kv,
-                                    s->xn ? s->xn + (size_t)c0 * D : NULL));
-        }
-        CKV_TRY(ckv_model_check_finite(m, s->x, n, l)); /* one synchronisation per layer of a prefill */
-        if (hook) CKV_TRY(hook(hook_ctx, s, l, n));
+    s->pf_n = n;
+    s->pf_layer = 0;
+    s->prefill_seconds += ckv_time_now() - t0;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_session_prefill_layer(ckv_session *s, ckv_layer_hook hook, void *hook_ctx, int *done) {
+    ckv_model *m = s->model;
+    int n = s->pf_n, l = s->pf_layer;
+    *done = 0;
+    if (n < 1 || l >= m->cfg.n_layers) return ckv_error(CKV_STATUS_ERR_ARG, "no prefill layer left to run");
+    double t0 = ckv_time_now();
+    size_t D = (size_t)m->cfg.hidden_size;
+    ckv_status st = CKV_STATUS_OK;
+    if (!ckv_kv_layer_has_pool(&s->kv, l)) st = ckv_kv_layer_reserve(&s->kv, l, s->capacity); /* compress: lazily */
+    for (int c0 = 0; c0 < n && st == CKV_STATUS_OK; c0 += s->chunk) {
+        int cn = n - c0 < s->chunk ? n - c0 : s->chunk;
+        st = ckv_model_layer(m, &s->scratch, l, s->x + (size_t)c0 * D, s->pos + c0, cn, &s->kv, s->xn ? s->xn + (size_t)c0 * D : NULL);
     }
+    if (st == CKV_STATUS_OK) st = ckv_model_check_finite(m, s->x, n, l); /* one synchronisation per layer of a prefill */
+    if (st == CKV_STATUS_OK && hook) st = hook(hook_ctx, s, l, n);
+    s->prefill_seconds += ckv_time_now() - t0;
+    if (st != CKV_STATUS_OK) return st;
+    s->pf_layer = l + 1;
+    *done = s->pf_layer == m->cfg.n_layers;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_session_prefill_end(ckv_session *s, float *all_logits, const float **last) {
+    ckv_model *m = s->model;
+    const ckv_model_config *c = &m->cfg;
+    int n = s->pf_n;
+    if (n < 1 || s->pf_layer != c->n_layers) return ckv_error(CKV_STATUS_ERR_ARG, "the prefill has layers left to run");
+    double t0 = ckv_time_now();
+    size_t D = (size_t)c->hidden_size;
     const float *lg = NULL;
     if (all_logits) {
         int rows = s->scratch.n_logits;
@@ -97,11 +120,27 @@ ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, f
         CKV_TRY(ckv_model_logits(m, &s->scratch, s->x + (size_t)(n - 1) * D, 1, &lg));
     }
     CKV_TRY(m->be->ops->sync(m->be));
+    s->pf_n = 0;
+    s->pf_layer = 0;
     s->n_past += n;
     s->prefill_tokens += n;
     s->prefill_seconds += ckv_time_now() - t0;
     if (last) *last = lg;
     return CKV_STATUS_OK;
+}
+
+void ckv_session_prefill_abort(ckv_session *s) {
+    s->pf_n = 0;
+    s->pf_layer = 0;
+}
+
+ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, float *all_logits, const float **last,
+                                    ckv_layer_hook hook, void *hook_ctx) {
+    ckv_status st = ckv_session_prefill_begin(s, ids, n);
+    for (int done = 0; st == CKV_STATUS_OK && !done;) st = ckv_session_prefill_layer(s, hook, hook_ctx, &done);
+    if (st == CKV_STATUS_OK) st = ckv_session_prefill_end(s, all_logits, last);
+    if (st != CKV_STATUS_OK) ckv_session_prefill_abort(s);
+    return st;
 }
 
 ckv_status ckv_session_prefill(ckv_session *s, const int32_t *ids, int n, float *all_logits, const float **last) {
@@ -110,6 +149,7 @@ ckv_status ckv_session_prefill(ckv_session *s, const int32_t *ids, int n, float 
 
 ckv_status ckv_session_decode(ckv_session *s, int32_t token, const float **logits) {
     ckv_model *m = s->model;
+    if (s->pf_n > 0) return ckv_error(CKV_STATUS_ERR_ARG, "decode during a prefill in progress");
     if (s->n_past + 1 > s->capacity)
         return ckv_error(CKV_STATUS_ERR_RANGE, "decode past the session capacity of %d tokens", s->capacity);
     double t0 = ckv_time_now();

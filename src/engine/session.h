@@ -1,6 +1,6 @@
 /* session.h - one inference session on one rank: a KV cache and activation buffers sized once for
  * `capacity` tokens, layer-major chunked prefill (every chunk of the prompt through layer l, then
- * layer l + 1; DESIGN.md data flow step 1) and single-token decode steps that allocate nothing.
+ * layer l + 1; docs/architecture.md, "One request today") and single-token decode steps that allocate nothing.
  * It does not tokenise, sample or print. */
 #ifndef CKV_SESSION_H
 #define CKV_SESSION_H
@@ -30,6 +30,8 @@ struct ckv_session {
     int32_t *pos;   /* [capacity] host positions */
     int32_t *mark_lens; /* [n_layers * n_kv_local] cache lengths at ckv_session_mark */
     int mark_past;      /* n_past at ckv_session_mark (-1: none) */
+    int pf_n;           /* tokens of the prefill in progress (0: none) */
+    int pf_layer;       /* the next layer it runs */
     /* statistics */
     double prefill_seconds, decode_seconds;
     long prefill_tokens, decode_tokens;
@@ -53,6 +55,18 @@ ckv_status ckv_session_prefill(ckv_session *s, const int32_t *ids, int n, float 
 /* Same with a hook run after each layer (eviction). */
 ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, float *all_logits, const float **last,
                                     ckv_layer_hook hook, void *hook_ctx);
+
+/* The same prefill one layer per call, so that a caller can run other work between two layers of a
+ * long prompt (a server's decode steps): begin embeds ids[n] (they are not needed afterwards), each
+ * ckv_session_prefill_layer runs the next layer over every chunk (then `hook`, may be NULL) and
+ * sets *done after the last one; ckv_session_prefill_end then computes the logits as
+ * ckv_session_prefill does and advances n_past. Nothing else may be fed to the session in between;
+ * a prefill left unfinished is dropped by ckv_session_prefill_abort, after which the layers it ran hold
+ * part of the prompt: rewind the session to a mark or free it. */
+ckv_status ckv_session_prefill_begin(ckv_session *s, const int32_t *ids, int n);
+ckv_status ckv_session_prefill_layer(ckv_session *s, ckv_layer_hook hook, void *hook_ctx, int *done);
+ckv_status ckv_session_prefill_end(ckv_session *s, float *all_logits, const float **last);
+void ckv_session_prefill_abort(ckv_session *s);
 
 /* Feeds one token at position n_past; *logits points at its [V] logits. */
 ckv_status ckv_session_decode(ckv_session *s, int32_t token, const float **logits);

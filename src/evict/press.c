@@ -1,5 +1,8 @@
-/* press.c - parses and validates press specs ("critical_adakv:snapkv"), their options and the
- * budget, and writes the canonical spec string echoed in outputs. No scoring, no selection. */
+/* press.c - the press builder and the budget -> kept-count rule, both driven by the registry
+ * (press_table.c): parses specs ("critical_adakv:snapkv") against the press and wrapper tables,
+ * applies defaults and options by their table entries, sets the budget, checks what a request must
+ * give, writes the canonical spec echoed in outputs, and turns a budget into kept counts, stage-1
+ * counts, safeguards and protected tokens. No scoring, no selection. */
 #include "evict/press.h"
 
 #include <errno.h>
@@ -8,99 +11,62 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const scorer_names[CKV_SCORER_COUNT_] = {
-    "none", "snapkv", "tova", "knorm", "streaming_llm", "observed_attention", "expected_attention",
-    "pyramidkv", "random", "defensivekv",
-};
+#include "evict/press_registry.h"
+
+/* "a, b, c" of the table's names, for errors. */
+static const char *known_presses(char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < ckv_press_count && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", ckv_press_table[i].name);
+    for (int i = 0; i < ckv_wrapper_count && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s:", i ? ", " : "; optionally behind one wrapper: ",
+                              ckv_wrapper_table[i].name);
+    if (n < cap) snprintf(buf + n, cap - n, " (e.g. critical_adakv:snapkv)");
+    return buf;
+}
+
+static const char *known_options(char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < ckv_press_option_count && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", ckv_press_option_table[i].key);
+    return buf;
+}
+
+static const ckv_wrapper_def *wrapper_of(const ckv_press_config *c) {
+    return ckv_wrapper_def_of(c->critical, c->alloc);
+}
 
 const char *ckv_scorer_name(ckv_scorer_kind k) {
-    return (int)k >= 0 && k < CKV_SCORER_COUNT_ ? scorer_names[k] : "?";
+    const ckv_press_def *d = ckv_press_def_of(k);
+    return d ? d->name : "?";
 }
 
-#define CKV_PRESS_KNOWN                                                                                        \
-    "none, snapkv, snapkv_paper, pyramidkv, tova, knorm, streaming_llm, observed_attention, expected_attention, " \
-    "random, defensivekv, optionally wrapped as critical:, adakv:, critical_adakv:, headkv:, critical_headkv: "  \
-    "(e.g. critical_adakv:snapkv)"
-
-static void press_defaults(ckv_press_config *c) {
-    memset(c, 0, sizeof *c);
-    c->window = 64;
-    c->kernel = 5;
-    c->pool = CKV_POOL_AVG;
-    c->n_sink = 4;
-    c->n_future = 512;
-    c->beta = 20.0;
-    c->use_covariance = 1;
-    c->use_vnorm = 1;
-    c->alpha = 0.5;
-    c->eps = 1e-4;
-    c->safeguard = 0.2;
-    c->compression_ratio = 0.0;
+int ckv_press_evicts(const ckv_press_config *c) {
+    return c->scorer != CKV_SCORER_NONE;
 }
 
-static int parse_base(ckv_press_config *c, const char *name) {
-    if (!strcmp(name, "snapkv_paper")) { /* the CriticalKV paper's SnapKV preset */
-        c->scorer = CKV_SCORER_SNAPKV;
-        c->window = 32;
-        c->kernel = 7;
-        c->pool = CKV_POOL_MAX;
-        return 1;
-    }
-    for (int k = 0; k < CKV_SCORER_COUNT_; k++)
-        if (!strcmp(name, scorer_names[k])) {
-            c->scorer = (ckv_scorer_kind)k;
-            return 1;
-        }
-    return 0;
+int ckv_press_is_press(const char *name, int len) {
+    return len >= 0 && ckv_press_def_find(name, (size_t)len) != NULL;
 }
 
-ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
-    press_defaults(c);
-    if (!spec || !*spec) return ckv_error(CKV_STATUS_ERR_ARG, "--press: empty press spec (known: " CKV_PRESS_KNOWN ")");
-    char buf[256];
-    if (strlen(spec) >= sizeof buf) return ckv_error(CKV_STATUS_ERR_ARG, "--press: spec '%.40s...' is too long", spec);
-    strcpy(buf, spec);
-    char *colon = strchr(buf, ':');
-    const char *base = buf;
-    if (colon) {
-        *colon = '\0';
-        base = colon + 1;
-        const char *w = buf;
-        if (!strcmp(w, "critical")) {
-            c->critical = 1;
-        } else if (!strcmp(w, "adakv")) {
-            c->alloc = CKV_ALLOC_ADAKV;
-        } else if (!strcmp(w, "critical_adakv")) {
-            c->critical = 1;
-            c->alloc = CKV_ALLOC_ADAKV;
-        } else if (!strcmp(w, "headkv")) {
-            c->alloc = CKV_ALLOC_HEADKV;
-        } else if (!strcmp(w, "critical_headkv")) {
-            c->critical = 1;
-            c->alloc = CKV_ALLOC_HEADKV;
-        } else {
-            return ckv_error(CKV_STATUS_ERR_ARG, "--press '%s': unknown wrapper '%s' (known: " CKV_PRESS_KNOWN ")", spec, w);
-        }
-        if (strchr(base, ':'))
-            return ckv_error(CKV_STATUS_ERR_ARG, "--press '%s': only one wrapper may be given", spec);
-    }
-    if (!parse_base(c, base))
-        return ckv_error(CKV_STATUS_ERR_ARG, "--press '%s': unknown press '%s' (known: " CKV_PRESS_KNOWN ")", spec, base);
-    if (colon && (c->scorer == CKV_SCORER_NONE || c->scorer == CKV_SCORER_DEFENSIVEKV || c->scorer == CKV_SCORER_PYRAMIDKV))
-        return ckv_error(CKV_STATUS_ERR_ARG, "--press '%s': %s cannot be wrapped (its kept counts are its own)", spec, base);
-    if (c->scorer == CKV_SCORER_DEFENSIVEKV) { /* DefensiveKV's defaults: window 32, avg pool, kernel 5 */
-        c->alloc = CKV_ALLOC_GLOBAL;
-        c->window = 32;
-    }
-    return CKV_STATUS_OK;
+int ckv_press_takes(const ckv_press_config *c, const char *key) {
+    const ckv_press_def *d = ckv_press_def_of(c->scorer);
+    const ckv_wrapper_def *w = wrapper_of(c);
+    const size_t n = strlen(key);
+    return (d && ckv_option_listed(d->options, key, n)) || (w && ckv_option_listed(w->options, key, n));
 }
 
-static ckv_status parse_int(const char *key, const char *v, long lo, long hi, long *out) {
+/* ---- options -------------------------------------------------------------------------------------- */
+
+static ckv_status parse_int(const char *key, const char *v, double lo, double hi, long *out) {
     char *end = NULL;
     errno = 0;
     long x = strtol(v, &end, 10);
     if (errno || end == v || *end) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected an integer, got '%s'", key, v);
-    if (x < lo || x > hi) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: %ld is outside [%ld, %ld]", key, x, lo, hi);
+    if ((double)x < lo || (double)x > hi)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: %ld is outside [%.0f, %.0f]", key, x, lo, hi);
     *out = x;
     return CKV_STATUS_OK;
 }
@@ -116,59 +82,103 @@ static ckv_status parse_real(const char *key, const char *v, double lo, double h
     return CKV_STATUS_OK;
 }
 
-ckv_status ckv_press_set_option(ckv_press_config *c, const char *key, const char *v) {
+static ckv_status option_set(ckv_press_config *c, const ckv_option_def *o, const char *v) {
+    char *field = (char *)c + o->offset;
     long i = 0;
-    double d = 0;
-    if (!strcmp(key, "window")) {
-        CKV_TRY(parse_int(key, v, 1, 1 << 20, &i));
-        c->window = (int)i;
-    } else if (!strcmp(key, "kernel")) {
-        CKV_TRY(parse_int(key, v, 1, 1 << 12, &i));
-        if (i % 2 == 0) return ckv_error(CKV_STATUS_ERR_ARG, "press option kernel: %ld must be odd", i);
-        c->kernel = (int)i;
-    } else if (!strcmp(key, "pool")) {
-        if (!strcmp(v, "avg")) c->pool = CKV_POOL_AVG;
-        else if (!strcmp(v, "max")) c->pool = CKV_POOL_MAX;
-        else return ckv_error(CKV_STATUS_ERR_ARG, "press option pool: '%s' is not avg or max", v);
-    } else if (!strcmp(key, "alpha")) {
-        CKV_TRY(parse_real(key, v, 0.0, 1.0, &c->alpha));
-    } else if (!strcmp(key, "eps")) {
-        CKV_TRY(parse_real(key, v, 0.0, 1e6, &c->eps));
-    } else if (!strcmp(key, "safeguard")) {
-        CKV_TRY(parse_real(key, v, 0.0, 1.0, &c->safeguard));
-    } else if (!strcmp(key, "n_sink")) {
-        CKV_TRY(parse_int(key, v, 0, 1 << 20, &i));
-        c->n_sink = (int)i;
-    } else if (!strcmp(key, "n_future")) {
-        CKV_TRY(parse_int(key, v, 1, 1 << 24, &i));
-        c->n_future = (int)i;
-    } else if (!strcmp(key, "covariance")) {
-        CKV_TRY(parse_int(key, v, 0, 1, &i));
-        c->use_covariance = (int)i;
-    } else if (!strcmp(key, "vnorm")) {
-        CKV_TRY(parse_int(key, v, 0, 1, &i));
-        c->use_vnorm = (int)i;
-    } else if (!strcmp(key, "beta")) {
-        CKV_TRY(parse_real(key, v, 1.0, 1e6, &c->beta));
-    } else if (!strcmp(key, "epsilon")) { /* expected_attention's epsilon */
-        CKV_TRY(parse_real(key, v, 0.0, 1e6, &c->epsilon_ea));
-    } else if (!strcmp(key, "seed")) {
-        CKV_TRY(parse_int(key, v, 0, 0x7fffffffL, &i));
-        c->seed = (uint64_t)i;
-    } else if (!strcmp(key, "profile")) {
-        if (strlen(v) >= sizeof c->profile) return ckv_error(CKV_STATUS_ERR_ARG, "press option profile: path too long");
-        strcpy(c->profile, v);
-    } else {
-        (void)d;
-        return ckv_error(CKV_STATUS_ERR_ARG,
-                         "unknown press option '%s' (known: window, kernel, pool, alpha, eps, safeguard, n_sink, "
-                         "n_future, covariance, vnorm, epsilon, beta, seed, profile)", key);
+    switch (o->type) {
+    case CKV_OPTION_INT:
+    case CKV_OPTION_BOOL:
+        CKV_TRY(parse_int(o->key, v, o->type == CKV_OPTION_BOOL ? 0 : o->lo, o->type == CKV_OPTION_BOOL ? 1 : o->hi, &i));
+        if (o->odd && i % 2 == 0) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: %ld must be odd", o->key, i);
+        *(int *)field = (int)i;
+        return CKV_STATUS_OK;
+    case CKV_OPTION_SEED:
+        CKV_TRY(parse_int(o->key, v, o->lo, o->hi, &i));
+        *(uint64_t *)field = (uint64_t)i;
+        return CKV_STATUS_OK;
+    case CKV_OPTION_REAL: return parse_real(o->key, v, o->lo, o->hi, (double *)field);
+    case CKV_OPTION_POOL:
+        if (!strcmp(v, "avg")) *(ckv_pool_kind *)field = CKV_POOL_AVG;
+        else if (!strcmp(v, "max")) *(ckv_pool_kind *)field = CKV_POOL_MAX;
+        else return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: '%s' is not avg or max", o->key, v);
+        return CKV_STATUS_OK;
+    case CKV_OPTION_FILE:
+        if (strlen(v) >= sizeof c->profile) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: path too long", o->key);
+        strcpy(field, v);
+        return CKV_STATUS_OK;
+    }
+    return ckv_error(CKV_STATUS_ERR_INTERNAL, "press option %s: unknown type", o->key);
+}
+
+ckv_status ckv_press_set_option(ckv_press_config *c, const char *key, const char *v) {
+    const ckv_option_def *o = ckv_option_def_find(key, strlen(key));
+    char buf[512];
+    if (!o) return ckv_error(CKV_STATUS_ERR_ARG, "unknown press option '%s' (known: %s)", key, known_options(buf, sizeof buf));
+    return option_set(c, o, v);
+}
+
+/* Applies "k=v,k=v" (a press's own defaults). */
+static ckv_status apply_list(ckv_press_config *c, const char *list) {
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ','), *eq = strchr(p, '=');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        char key[64], value[192];
+        if (!eq || eq >= p + n || (size_t)(eq - p) >= sizeof key || n - (size_t)(eq - p) > sizeof value)
+            return ckv_error(CKV_STATUS_ERR_INTERNAL, "press registry: default '%.*s' is not KEY=VALUE", (int)n, p);
+        snprintf(key, sizeof key, "%.*s", (int)(eq - p), p);
+        snprintf(value, sizeof value, "%.*s", (int)(n - (size_t)(eq - p) - 1), eq + 1);
+        CKV_TRY(ckv_press_set_option(c, key, value));
+        p = end ? end + 1 : NULL;
     }
     return CKV_STATUS_OK;
 }
 
+static void press_defaults(ckv_press_config *c) {
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < ckv_press_option_count; i++) /* the table's defaults are valid by construction */
+        if (ckv_press_option_table[i].type != CKV_OPTION_FILE) option_set(c, &ckv_press_option_table[i], ckv_press_option_table[i].dflt);
+}
+
+/* ---- specs ---------------------------------------------------------------------------------------- */
+
+ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
+    press_defaults(c);
+    char known[1024];
+    if (!spec || !*spec) return ckv_error(CKV_STATUS_ERR_ARG, "press: empty press spec (known: %s)", known_presses(known, sizeof known));
+    if (strlen(spec) >= 256) return ckv_error(CKV_STATUS_ERR_ARG, "press: spec '%.40s...' is too long", spec);
+    if (strchr(spec, '=') || strchr(spec, '('))
+        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': options are not part of the press name; give them as press "
+                         "options (KEY=VALUE)", spec);
+    const char *colon = strchr(spec, ':'), *base = colon ? colon + 1 : spec;
+    const ckv_wrapper_def *w = NULL;
+    if (colon) {
+        const size_t n = (size_t)(colon - spec);
+        w = ckv_wrapper_def_find(spec, n);
+        if (!w && ckv_press_def_find(spec, n))
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': '%.*s' is a press, not a wrapper; wrappers come first, as "
+                             "in critical:snapkv (known: %s)", spec, (int)n, spec, known_presses(known, sizeof known));
+        if (!w)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown wrapper '%.*s' (known: %s)", spec, (int)n, spec,
+                             known_presses(known, sizeof known));
+        if (strchr(base, ':')) return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': only one wrapper may be given", spec);
+    }
+    const ckv_press_def *d = ckv_press_def_find(base, strlen(base));
+    if (!d)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown press '%s' (known: %s)", spec, base,
+                         known_presses(known, sizeof known));
+    if (w && (d->wrappers & w->needs) != w->needs)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be wrapped by %s (its kept counts are its own)", spec,
+                         base, w->name);
+    c->scorer = d->scorer;
+    c->alloc = w ? w->alloc : d->alloc;
+    c->critical = w ? w->critical : 0;
+    return apply_list(c, d->defaults);
+}
+
+/* ---- budget --------------------------------------------------------------------------------------- */
+
 ckv_status ckv_press_set_budget(ckv_press_config *c, double b) {
-    if (!(b > 0.0 && b <= 1.0)) return ckv_error(CKV_STATUS_ERR_ARG, "--budget: %g is outside (0, 1] (the kept fraction)", b);
+    if (!(b > 0.0 && b <= 1.0)) return ckv_error(CKV_STATUS_ERR_ARG, "budget %g is outside (0, 1] (the kept fraction)", b);
     c->compression_ratio = 1.0 - b;
     c->budget_given_as_b = 1;
     c->budget_tokens = 0;
@@ -177,7 +187,7 @@ ckv_status ckv_press_set_budget(ckv_press_config *c, double b) {
 
 ckv_status ckv_press_set_compression_ratio(ckv_press_config *c, double cr) {
     if (!(cr >= 0.0 && cr < 1.0))
-        return ckv_error(CKV_STATUS_ERR_ARG, "--compression-ratio: %g is outside [0, 1) (the fraction removed)", cr);
+        return ckv_error(CKV_STATUS_ERR_ARG, "compression_ratio %g is outside [0, 1) (the fraction removed)", cr);
     c->compression_ratio = cr;
     c->budget_given_as_b = 0;
     c->budget_tokens = 0;
@@ -185,55 +195,77 @@ ckv_status ckv_press_set_compression_ratio(ckv_press_config *c, double cr) {
 }
 
 ckv_status ckv_press_set_budget_tokens(ckv_press_config *c, int n) {
-    if (n < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--budget-tokens: %d must be >= 1", n);
+    if (n < 1) return ckv_error(CKV_STATUS_ERR_ARG, "budget_tokens %d must be >= 1", n);
     c->budget_tokens = n;
     c->compression_ratio = 0.0;
     c->budget_given_as_b = 0;
     return CKV_STATUS_OK;
 }
 
-int ckv_press_n_kept(const ckv_press_config *c, int L) {
-    if (c->budget_tokens > 0) return c->budget_tokens < L ? c->budget_tokens : L;
-    double k = floor((double)L * (1.0 - c->compression_ratio));
-    int n = (int)k;
-    return n < 1 ? 1 : n > L ? L : n;
+static ckv_status set_budget(ckv_press_config *c, const ckv_press_budget *b) {
+    switch (b->kind) {
+    case CKV_BUDGET_NONE: return CKV_STATUS_OK;
+    case CKV_BUDGET_FRACTION: return ckv_press_set_budget(c, b->value);
+    case CKV_BUDGET_RATIO: return ckv_press_set_compression_ratio(c, b->value);
+    case CKV_BUDGET_TOKENS:
+        if (!(b->value == floor(b->value) && b->value <= 2147483647.0))
+            return ckv_error(CKV_STATUS_ERR_ARG, "budget_tokens %g must be an integer", b->value);
+        return ckv_press_set_budget_tokens(c, b->value < 0 ? 0 : (int)b->value);
+    }
+    return ckv_error(CKV_STATUS_ERR_ARG, "budget: unknown kind %d", (int)b->kind);
+}
+
+static const char *budget_field(ckv_budget_kind k) {
+    return k == CKV_BUDGET_RATIO ? "compression_ratio" : k == CKV_BUDGET_TOKENS ? "budget_tokens" : "budget";
+}
+
+/* ---- canonical spec ------------------------------------------------------------------------------- */
+
+static int print_options(char *buf, size_t cap, const ckv_press_config *c, const char *keys) {
+    int n = 0;
+    for (const char *p = keys; p && *p && (size_t)n < cap;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        const ckv_option_def *o = ckv_option_def_find(p, len);
+        const char *field = (const char *)c + (o ? o->offset : 0);
+        const char *sep = p == keys ? "" : ",";
+        if (o) switch (o->type) {
+            case CKV_OPTION_INT:
+            case CKV_OPTION_BOOL: n += snprintf(buf + n, cap - (size_t)n, "%s%s=%d", sep, o->key, *(const int *)field); break;
+            case CKV_OPTION_REAL: n += snprintf(buf + n, cap - (size_t)n, "%s%s=%g", sep, o->key, *(const double *)field); break;
+            case CKV_OPTION_SEED:
+                n += snprintf(buf + n, cap - (size_t)n, "%s%s=%llu", sep, o->key, (unsigned long long)*(const uint64_t *)field);
+                break;
+            case CKV_OPTION_POOL:
+                n += snprintf(buf + n, cap - (size_t)n, "%s%s=%s", sep, o->key,
+                              *(const ckv_pool_kind *)field == CKV_POOL_MAX ? "max" : "avg");
+                break;
+            case CKV_OPTION_FILE: n += snprintf(buf + n, cap - (size_t)n, "%s%s=%s", sep, o->key, field); break;
+            }
+        p = end ? end + 1 : NULL;
+    }
+    return n;
 }
 
 ckv_status ckv_press_finalize(ckv_press_config *c) {
-    if (c->alloc == CKV_ALLOC_HEADKV && !c->profile[0])
-        return ckv_error(CKV_STATUS_ERR_ARG, "--press headkv needs a head-importance profile (--profile FILE)");
-    if (c->scorer == CKV_SCORER_NONE && (c->compression_ratio > 0 || c->budget_tokens > 0))
-        return ckv_error(CKV_STATUS_ERR_ARG, "a budget was given but --press is none");
-    char wrap[160] = "", base[200] = "", budget[120] = "";
-    const char *wname = c->critical ? (c->alloc == CKV_ALLOC_ADAKV ? "critical_adakv" : c->alloc == CKV_ALLOC_HEADKV ? "critical_headkv" : "critical")
-                                    : (c->alloc == CKV_ALLOC_ADAKV ? "adakv" : c->alloc == CKV_ALLOC_HEADKV ? "headkv" : NULL);
-    if (wname) {
-        int n = snprintf(wrap, sizeof wrap, "%s(", wname);
-        if (c->critical) n += snprintf(wrap + n, sizeof wrap - (size_t)n, "alpha=%g,eps=%g%s", c->alpha, c->eps,
-                                       c->alloc != CKV_ALLOC_UNIFORM ? "," : "");
-        if (c->alloc == CKV_ALLOC_ADAKV) n += snprintf(wrap + n, sizeof wrap - (size_t)n, "safeguard=%g", c->safeguard);
-        if (c->alloc == CKV_ALLOC_HEADKV) n += snprintf(wrap + n, sizeof wrap - (size_t)n, "profile=%s", c->profile);
-        snprintf(wrap + n, sizeof wrap - (size_t)n, "):");
+    const ckv_press_def *d = ckv_press_def_of(c->scorer);
+    if (!d) return ckv_error(CKV_STATUS_ERR_ARG, "press: unknown scorer kind %d", (int)c->scorer);
+    if (!ckv_press_evicts(c) && (c->compression_ratio > 0 || c->budget_tokens > 0))
+        return ckv_error(CKV_STATUS_ERR_ARG, "a budget was given but the press is none (the full cache)");
+    char wrap[640] = "", base[400] = "", budget[120] = "";
+    const ckv_wrapper_def *w = wrapper_of(c);
+    if (w) {
+        int n = snprintf(wrap, sizeof wrap, "%s(", w->name);
+        n += print_options(wrap + n, sizeof wrap - (size_t)n, c, w->options);
+        if ((size_t)n < sizeof wrap) snprintf(wrap + n, sizeof wrap - (size_t)n, "):");
     }
-    switch (c->scorer) {
-    case CKV_SCORER_SNAPKV:
-    case CKV_SCORER_DEFENSIVEKV:
-        snprintf(base, sizeof base, "%s(window=%d,kernel=%d,pool=%s)", ckv_scorer_name(c->scorer), c->window, c->kernel,
-                 c->pool == CKV_POOL_MAX ? "max" : "avg");
-        break;
-    case CKV_SCORER_PYRAMIDKV:
-        snprintf(base, sizeof base, "pyramidkv(window=%d,kernel=%d,pool=%s,beta=%g)", c->window, c->kernel,
-                 c->pool == CKV_POOL_MAX ? "max" : "avg", c->beta);
-        break;
-    case CKV_SCORER_STREAMING_LLM: snprintf(base, sizeof base, "streaming_llm(n_sink=%d)", c->n_sink); break;
-    case CKV_SCORER_EXPECTED_ATTENTION:
-        snprintf(base, sizeof base, "expected_attention(n_future=%d,n_sink=%d,covariance=%d,vnorm=%d,epsilon=%g)",
-                 c->n_future, c->n_sink, c->use_covariance, c->use_vnorm, c->epsilon_ea);
-        break;
-    case CKV_SCORER_RANDOM: snprintf(base, sizeof base, "random(seed=%llu)", (unsigned long long)c->seed); break;
-    default: snprintf(base, sizeof base, "%s", ckv_scorer_name(c->scorer)); break;
+    int n = snprintf(base, sizeof base, "%s", d->name);
+    if (d->options[0]) {
+        n += snprintf(base + n, sizeof base - (size_t)n, "(");
+        n += print_options(base + n, sizeof base - (size_t)n, c, d->options);
+        if ((size_t)n < sizeof base) snprintf(base + n, sizeof base - (size_t)n, ")");
     }
-    if (c->scorer == CKV_SCORER_NONE)
+    if (!ckv_press_evicts(c))
         snprintf(budget, sizeof budget, " full cache");
     else if (c->budget_tokens > 0)
         snprintf(budget, sizeof budget, " budget_tokens=%d per head", c->budget_tokens);
@@ -246,12 +278,127 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     return CKV_STATUS_OK;
 }
 
+/* ---- the builder ---------------------------------------------------------------------------------- */
+
+static ckv_status fail(ckv_press_config *out, ckv_press_error *err, const char *field, int missing, ckv_status st) {
+    if (err) {
+        err->field = field;
+        err->missing = missing;
+    }
+    press_defaults(out); /* a valid full-cache press; the error message stays */
+    snprintf(out->spec, sizeof out->spec, "none full cache context-only");
+    return st;
+}
+
+ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, ckv_press_error *err) {
+    if (err) err->field = NULL, err->missing = 0;
+    if (!out || !rq) return ckv_error(CKV_STATUS_ERR_ARG, "ckv_press_build: no press or request");
+    const ckv_press_config *def = rq->defaults;
+    ckv_status st = CKV_STATUS_OK;
+    if (rq->spec) {
+        if ((st = ckv_press_parse(out, rq->spec)) != CKV_STATUS_OK) return fail(out, err, "press", 0, st);
+        if (def && ckv_press_evicts(def) && rq->budget.kind == CKV_BUDGET_NONE) { /* the defaults' budget */
+            out->compression_ratio = def->compression_ratio;
+            out->budget_tokens = def->budget_tokens;
+            out->budget_given_as_b = def->budget_given_as_b;
+        }
+    } else if (def) {
+        *out = *def;
+    } else {
+        press_defaults(out);
+    }
+    for (int i = 0; i < rq->n_options; i++) {
+        const ckv_press_option_value *o = &rq->options[i];
+        const ckv_option_def *od = o->key ? ckv_option_def_find(o->key, strlen(o->key)) : NULL;
+        if ((st = ckv_press_set_option(out, o->key ? o->key : "", o->value ? o->value : "")) != CKV_STATUS_OK)
+            return fail(out, err, od ? od->key : "press", 0, st);
+        if (!(rq->flags & CKV_PRESS_ANY_OPTIONS) && !ckv_press_takes(out, o->key)) {
+            ckv_press_finalize(out);
+            st = ckv_error(CKV_STATUS_ERR_ARG, "press %s does not take option %s (its options are those its spec lists: "
+                           "%s)", rq->spec ? rq->spec : ckv_scorer_name(out->scorer), o->key, out->spec);
+            return fail(out, err, od->key, 0, st);
+        }
+    }
+    if ((st = set_budget(out, &rq->budget)) != CKV_STATUS_OK) return fail(out, err, budget_field(rq->budget.kind), 0, st);
+    if (rq->query_aware >= 0) out->query_aware = rq->query_aware != 0;
+    const char *name = rq->spec ? rq->spec : ckv_scorer_name(out->scorer);
+    if ((rq->flags & CKV_PRESS_NEED_BUDGET) && ckv_press_evicts(out) && rq->budget.kind == CKV_BUDGET_NONE &&
+        out->compression_ratio == 0.0 && out->budget_tokens == 0) {
+        st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs a budget (budget, compression_ratio or budget_tokens)", name);
+        return fail(out, err, "budget", 1, st);
+    }
+    if (rq->flags & CKV_PRESS_NEED_FILES)
+        for (int i = 0; i < ckv_press_option_count; i++) {
+            const ckv_option_def *o = &ckv_press_option_table[i];
+            if (o->type == CKV_OPTION_FILE && ckv_press_takes(out, o->key) && !((const char *)out + o->offset)[0]) {
+                st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs option %s (%s)", name, o->key, o->what);
+                return fail(out, err, o->key, 1, st);
+            }
+        }
+    if (!ckv_press_evicts(out) && (out->compression_ratio > 0 || out->budget_tokens > 0)) {
+        st = ckv_error(CKV_STATUS_ERR_ARG, "a budget was given but the press is none (the full cache)");
+        return fail(out, err, budget_field(rq->budget.kind), 0, st);
+    }
+    if ((st = ckv_press_finalize(out)) != CKV_STATUS_OK) return fail(out, err, "press", 0, st);
+    return CKV_STATUS_OK;
+}
+
+/* ---- budget -> kept counts ------------------------------------------------------------------------ */
+
+int ckv_press_n_kept(const ckv_press_config *c, int L) {
+    if (c->budget_tokens > 0) return c->budget_tokens < L ? c->budget_tokens : L;
+    double k = floor((double)L * (1.0 - c->compression_ratio));
+    int n = (int)k;
+    return n < 1 ? 1 : n > L ? L : n;
+}
+
+void ckv_press_layer_kept(const ckv_press_config *c, int layer, int n_layers, int L, int n_kv, ckv_press_kept *out) {
+    const ckv_press_def *d = ckv_press_def_of(c->scorer);
+    const ckv_kept_rule rule = d ? d->kept : CKV_KEPT_UNIFORM;
+    int n = rule == CKV_KEPT_PYRAMID ? ckv_pyramidkv_n_kept(layer, n_layers, L, c->compression_ratio, c->window, c->beta)
+                                     : ckv_press_n_kept(c, L);
+    if (n > L) n = L;
+    out->per_head = n;
+    /* the layer's total: Hkv * n_kept, except DefensiveKV's own int(L * (1 - cr) * Hkv) */
+    long total = rule == CKV_KEPT_LAYER_FRACTION && c->budget_tokens <= 0
+                     ? (long)((double)L * (1.0 - c->compression_ratio) * (double)n_kv)
+                     : (long)n_kv * n;
+    if (total > (long)n_kv * L) total = (long)n_kv * L;
+    out->layer_total = total;
+    /* b1 in kvpress's evaluation order: int((1 - cr) * L * alpha), at least 1 */
+    int b = c->budget_tokens > 0 ? (int)((double)n * c->alpha) : (int)((1.0 - c->compression_ratio) * (double)L * c->alpha);
+    if (c->alpha > 0 && b < 1) b = 1;
+    out->first_stage = b > n ? n : b;
+    int n_safe = 0;
+    if (c->alloc == CKV_ALLOC_ADAKV) { /* each head's top n_safe are forced */
+        n_safe = (int)((double)n * c->safeguard);
+        if (c->safeguard > 0 && n_safe < 1) n_safe = 1;
+        if (n_safe > L) n_safe = L;
+    }
+    out->safeguard = n_safe;
+}
+
+int ckv_press_first_stage(const ckv_press_config *c, int k) {
+    return (int)((float)k * (float)c->alpha);
+}
+
+void ckv_press_protected(const ckv_press_config *c, int *head, int *tail) {
+    const ckv_press_def *d = ckv_press_def_of(c->scorer);
+    *head = 0;
+    *tail = 0;
+    switch (d ? d->protect : CKV_PROTECT_NONE) {
+    case CKV_PROTECT_WINDOW: *tail = c->window; break;
+    case CKV_PROTECT_LAST: *tail = 1; break;
+    case CKV_PROTECT_SINKS: *head = c->n_sink; break;
+    case CKV_PROTECT_NONE: break;
+    }
+}
+
 ckv_status ckv_press_check_context(const ckv_press_config *c, int L) {
-    if ((c->scorer == CKV_SCORER_SNAPKV || c->scorer == CKV_SCORER_PYRAMIDKV || c->scorer == CKV_SCORER_DEFENSIVEKV) &&
-        L <= c->window)
-        return ckv_error(CKV_STATUS_ERR_ARG, "--window %d needs a context longer than %d tokens, got %d", c->window,
+    if (ckv_press_takes(c, "window") && L <= c->window)
+        return ckv_error(CKV_STATUS_ERR_ARG, "window %d needs a context longer than %d tokens, got %d", c->window,
                          c->window, L);
-    if (c->scorer != CKV_SCORER_NONE && L < 2)
+    if (ckv_press_evicts(c) && L < 2)
         return ckv_error(CKV_STATUS_ERR_ARG, "a context of %d token cannot be compressed", L);
     return CKV_STATUS_OK;
 }

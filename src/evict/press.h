@@ -1,7 +1,13 @@
-/* press.h - what a run compresses and how: the press configuration parsed from a spec string such
- * as "critical_adakv:snapkv" plus options, and its canonical form (echoed in every output). The
- * semantics of every scorer and wrapper are those of ../shared/SPEC-eviction.md. Parsing and
- * validation only; scoring is in scorer.h, selection in select.h. */
+/* press.h - what a run compresses and how: the press configuration, built from a spec string such
+ * as "critical_adakv:snapkv", options, a budget and defaults by ONE builder that every caller (the
+ * command line, the server, eval) uses; its canonical form (echoed in every output); and the ONE
+ * rule from a budget to kept counts. Which presses and wrappers exist, the options each takes (with
+ * types, defaults and ranges), how they stack, what each protects and how it counts what it keeps
+ * is the press registry (press_registry.h, press_table.c): adding a press adds its scorer kind
+ * below, its registry entry and its scorer, nothing else. The semantics of every scorer and wrapper
+ * are those of docs/spec-eviction.md. Parsing, validation and counting only; scoring is in scorer.h,
+ * selection in select.h. Errors name the press, the option or the budget field, never a
+ * command-line flag. */
 #ifndef CKV_EVICT_PRESS_H
 #define CKV_EVICT_PRESS_H
 
@@ -20,6 +26,7 @@ typedef enum {
     CKV_SCORER_PYRAMIDKV,         /* snapkv scores, per-layer kept counts */
     CKV_SCORER_RANDOM,
     CKV_SCORER_DEFENSIVEKV,       /* defensive aggregation (FFY0/DefensiveKV); global top-k */
+    CKV_SCORER_KEYDIFF,           /* kvpress KeyDiffPress (attention-free) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -36,7 +43,7 @@ typedef struct {
     ckv_scorer_kind scorer;
     ckv_alloc_kind alloc;
     int critical;              /* CriticalKV two-stage selection on top */
-    /* scorer options */
+    /* scorer options (defaults and ranges: the registry's option table) */
     int window;                /* snapkv/pyramidkv observation window w (kvpress 64, paper 32) */
     int kernel;                /* pooling kernel (kvpress 5, paper 7); 1 = none */
     ckv_pool_kind pool;        /* avg (kvpress) or max (paper) */
@@ -55,32 +62,105 @@ typedef struct {
     /* budget: exactly one of compression_ratio (kvpress cr) and budget_tokens is in force */
     double compression_ratio;  /* fraction removed; kept = floor(L * (1 - cr)) */
     int budget_tokens;         /* > 0: fixed kept count per head */
-    int budget_given_as_b;     /* the user wrote --budget b (cr = 1 - b); echoed with the formula */
+    int budget_given_as_b;     /* the budget was given as a kept fraction b (cr = 1 - b); echoed with the formula */
     int query_aware;           /* compress context + question together */
     char spec[512];            /* canonical spec string, echoed in outputs */
 } ckv_press_config;
 
-/* Fills defaults for `spec` ("none", "snapkv", "snapkv_paper", "critical:snapkv",
- * "adakv:snapkv", "critical_adakv:snapkv", "headkv:snapkv", "critical_headkv:snapkv",
- * "pyramidkv", "tova", "knorm", "streaming_llm", "observed_attention", "expected_attention",
- * "random", "defensivekv", ...). Unknown names are an error naming the spec and the known names. */
+/* ---- the builder ---------------------------------------------------------------------------------- */
+
+typedef enum {
+    CKV_BUDGET_NONE = 0,
+    CKV_BUDGET_FRACTION, /* kept fraction b in (0, 1]: cr = 1 - b ("budget") */
+    CKV_BUDGET_RATIO,    /* kvpress's compression ratio cr in [0, 1) ("compression_ratio") */
+    CKV_BUDGET_TOKENS    /* kept tokens per head, >= 1 ("budget_tokens") */
+} ckv_budget_kind;
+
+typedef struct {
+    ckv_budget_kind kind;
+    double value;
+} ckv_press_budget;
+
+typedef struct {
+    const char *key, *value; /* "window", "32" */
+} ckv_press_option_value;
+
+enum {
+    CKV_PRESS_NEED_BUDGET = 1u << 0,  /* a press that evicts must have a budget (given or from the defaults) */
+    CKV_PRESS_NEED_FILES = 1u << 1,   /* options naming input files (headkv's profile) must be given */
+    CKV_PRESS_ANY_OPTIONS = 1u << 2   /* options this press does not take are validated and ignored (the
+                                       * caller checks that some press of its set takes each) */
+};
+
+typedef struct {
+    const ckv_press_config *defaults; /* what the request leaves out (NULL: the full cache, no budget) */
+    const char *spec;                 /* NULL: the defaults' press; else a spec whose budget, when the
+                                       * request gives none, is the defaults' (when they evict) */
+    ckv_press_budget budget;          /* kind NONE: as above */
+    const ckv_press_option_value *options; /* applied in order, after the press's own defaults */
+    int n_options;
+    int query_aware;                  /* -1: the defaults' (0 without defaults or with a spec) */
+    unsigned flags;                   /* CKV_PRESS_NEED_* / CKV_PRESS_ANY_OPTIONS */
+} ckv_press_request;
+
+typedef struct {
+    const char *field; /* what was wrong: "press", "budget", "compression_ratio", "budget_tokens",
+                        * "query_aware" or an option key (static strings) */
+    int missing;       /* 1: the field is required and absent, 0: its value is invalid */
+} ckv_press_error;
+
+/* Builds and finalises a press from a request: the spec (or the defaults' press), the press's own
+ * defaults, the options in order, the budget (or the defaults'), query_aware, then the canonical
+ * spec. On error *out is a valid "none" press, the message names the field and *err (may be NULL)
+ * says which. */
+ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, ckv_press_error *err);
+
+/* The steps of the builder, for callers that change one thing of a built press. */
+/* Fills the defaults of `spec` ("none", "snapkv", "snapkv_paper", "critical:snapkv", ...; see the
+ * registry). Unknown names are an error naming the spec and the known names. */
 ckv_status ckv_press_parse(ckv_press_config *cfg, const char *spec);
-
-/* Sets one option by name ("window", "kernel", "pool", "alpha", "eps", "safeguard", "n_sink",
- * "n_future", "seed", "profile", ...); errors name the option and the value. */
+/* Sets one option by name; errors name the option and the value. Options the press does not take are
+ * validated and stored (they have no effect). */
 ckv_status ckv_press_set_option(ckv_press_config *cfg, const char *key, const char *value);
-
-/* Budget: --budget b in (0, 1] (cr = 1 - b), --compression-ratio cr in [0, 1), --budget-tokens N. */
+/* Budget: b in (0, 1] (cr = 1 - b), cr in [0, 1), N >= 1 tokens per head. */
 ckv_status ckv_press_set_budget(ckv_press_config *cfg, double budget);
 ckv_status ckv_press_set_compression_ratio(ckv_press_config *cfg, double cr);
 ckv_status ckv_press_set_budget_tokens(ckv_press_config *cfg, int n);
-
 /* Checks the options against each other and writes cfg->spec (canonical, with every option). */
 ckv_status ckv_press_finalize(ckv_press_config *cfg);
+
+/* 1 when the press of cfg (its scorer or its wrapper) takes option `key`. */
+int ckv_press_takes(const ckv_press_config *cfg, const char *key);
+/* 1 when `name` is a press (not a wrapper) of the registry. */
+int ckv_press_is_press(const char *name, int len);
+/* 1 when the press evicts (is not "none"). */
+int ckv_press_evicts(const ckv_press_config *cfg);
+
+/* ---- budget -> kept counts (the one rule) ------------------------------------------------------------ */
 
 /* Kept count per head for a uniform press on L tokens: kvpress's max(1, floor(L * (1 - cr))) in
  * double precision, or min(budget_tokens, L). */
 int ckv_press_n_kept(const ckv_press_config *cfg, int L);
+
+typedef struct {
+    int per_head;     /* what one head keeps (uniform presses), the mean for cross-head allocation;
+                       * pyramidkv: its layer's count */
+    long layer_total; /* entries kept over the layer's n_kv_heads heads (cross-head allocation) */
+    int first_stage;  /* CriticalKV's stage-1 count b1 of a head keeping per_head (uniform presses) */
+    int safeguard;    /* AdaKV's per-head safeguard count (adakv presses), else 0 */
+} ckv_press_kept;
+
+/* The kept counts of `layer` (of n_layers) for a context of L tokens over n_kv_heads KV heads, in
+ * the registry's kept-count rule of the press and kvpress's (or the reference's) evaluation order. */
+void ckv_press_layer_kept(const ckv_press_config *cfg, int layer, int n_layers, int L, int n_kv_heads,
+                          ckv_press_kept *out);
+/* CriticalKV's stage-1 count of a head whose budget was allocated across heads (k rows). */
+int ckv_press_first_stage(const ckv_press_config *cfg, int k);
+
+/* The tokens the press's scorer protects: the first *head and the last *tail of the context (window,
+ * sinks, the last token). Selection ranks them above every other token; HeadKV keeps them beside
+ * each head's share. */
+void ckv_press_protected(const ckv_press_config *cfg, int *head, int *tail);
 
 /* Checks the press can compress a context of L tokens (windowed scorers need L > window). */
 ckv_status ckv_press_check_context(const ckv_press_config *cfg, int L);

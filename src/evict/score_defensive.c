@@ -95,14 +95,14 @@ static ckv_status def_check(const ckv_score_inputs *in, const ckv_press_config *
         return ckv_error(CKV_STATUS_ERR_ARG, "scorer defensivekv: layer %d needs the attention input, q_proj, o_proj, "
                          "positions and rope tables", in->layer);
     const int w = cfg->window, k = cfg->kernel;
-    if (w < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--window %d must be at least 1", w);
+    if (w < 1) return ckv_error(CKV_STATUS_ERR_ARG, "window %d must be at least 1", w);
     if (in->L <= w)
-        return ckv_error(CKV_STATUS_ERR_ARG, "--window %d needs a context longer than %d tokens, got %d", w, w, in->L);
+        return ckv_error(CKV_STATUS_ERR_ARG, "window %d needs a context longer than %d tokens, got %d", w, w, in->L);
     if (k < 1 || k % 2 == 0)
-        return ckv_error(CKV_STATUS_ERR_ARG, "--kernel %d must be odd and at least 1 (1 = no pooling)", k);
+        return ckv_error(CKV_STATUS_ERR_ARG, "kernel %d must be odd and at least 1 (1 = no pooling)", k);
     if (cfg->pool != CKV_POOL_AVG)
         return ckv_error(CKV_STATUS_ERR_ARG, "press defensivekv pools with avg only (DefensiveKV has no max pooling); "
-                         "--pool max is not supported");
+                         "pool max is not supported");
     if (cfg->budget_tokens > 0) {
         *keep_frac = (double)(cfg->budget_tokens < in->L ? cfg->budget_tokens : in->L) / (double)in->L;
     } else {

@@ -4,7 +4,7 @@
  * window attention, floored at the per-head mean), value-norm weighting normalised across the KV heads
  * of the layer, and a CriticalKV-like first stage that lifts each head's most attended tokens to the
  * layer max. The scores are ranked by ONE top-k over all KV heads of the layer (CKV_ALLOC_GLOBAL in
- * select.c). Semantics, defaults (window 32, avg pooling, kernel 5) and every quirk: SPEC-eviction.md
+ * select.c). Semantics, defaults (window 32, avg pooling, kernel 5) and every quirk: docs/spec-eviction.md
  * "defensivekv", docs/presses.md and score_defensive.c. It selects nothing itself. */
 #ifndef CKV_EVICT_SCORE_DEFENSIVE_H
 #define CKV_EVICT_SCORE_DEFENSIVE_H

@@ -142,10 +142,10 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
         return ckv_error(CKV_STATUS_ERR_ARG, "scorer expected_attention: layer %d needs the attention input, q_proj, "
                          "positions and rope tables", in->layer);
     const int n_sink = cfg->n_sink, n_future = cfg->n_future, cov = cfg->use_covariance != 0;
-    if (n_sink < 0) return ckv_error(CKV_STATUS_ERR_ARG, "--n_sink %d must be >= 0", n_sink);
-    if (n_future < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--n_future %d must be >= 1", n_future);
+    if (n_sink < 0) return ckv_error(CKV_STATUS_ERR_ARG, "n_sink %d must be >= 0", n_sink);
+    if (n_future < 1) return ckv_error(CKV_STATUS_ERR_ARG, "n_future %d must be >= 1", n_future);
     if (in->L <= n_sink)
-        return ckv_error(CKV_STATUS_ERR_ARG, "--n_sink %d needs a context longer than %d tokens, got %d", n_sink,
+        return ckv_error(CKV_STATUS_ERR_ARG, "n_sink %d needs a context longer than %d tokens, got %d", n_sink,
                          n_sink, in->L);
     const int L = in->L, d = in->head_dim, h = d / 2, hl = in->n_q_local, n = L - n_sink, nkv = in->n_kv_local;
     ckv_backend *be = in->be;

@@ -17,7 +17,8 @@ static int observed_block(int L) {
     return b > L ? L : (int)b;
 }
 
-ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, float *scores) {
+ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
+    (void)cfg;
     CKV_TRY(ckv_score_check_inputs(in, "observed_attention"));
     if (!in->xn || !in->wq || !in->pos || !in->inv_freq)
         return ckv_error(CKV_STATUS_ERR_ARG, "scorer observed_attention: layer %d needs the attention input, q_proj, "

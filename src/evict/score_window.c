@@ -37,17 +37,19 @@ static ckv_status window_means(const ckv_score_inputs *in, int w, float *q, doub
     return CKV_STATUS_OK;
 }
 
-ckv_status ckv_score_snapkv(const ckv_score_inputs *in, int window, int kernel, ckv_pool_kind pool, float *scores) {
+ckv_status ckv_score_snapkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
+    const int window = cfg->window, kernel = cfg->kernel;
+    const ckv_pool_kind pool = cfg->pool;
     CKV_TRY(ckv_score_check_inputs(in, "snapkv"));
     CKV_TRY(window_need(in, "snapkv"));
-    if (window < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--window %d must be at least 1", window);
+    if (window < 1) return ckv_error(CKV_STATUS_ERR_ARG, "window %d must be at least 1", window);
     if (in->L <= window)
-        return ckv_error(CKV_STATUS_ERR_ARG, "--window %d needs a context longer than %d tokens, got %d", window,
+        return ckv_error(CKV_STATUS_ERR_ARG, "window %d needs a context longer than %d tokens, got %d", window,
                          window, in->L);
     if (kernel < 1 || kernel % 2 == 0)
-        return ckv_error(CKV_STATUS_ERR_ARG, "--kernel %d must be odd and at least 1 (1 = no pooling)", kernel);
+        return ckv_error(CKV_STATUS_ERR_ARG, "kernel %d must be odd and at least 1 (1 = no pooling)", kernel);
     if (pool != CKV_POOL_AVG && pool != CKV_POOL_MAX)
-        return ckv_error(CKV_STATUS_ERR_ARG, "--pool %d: expected avg or max", (int)pool);
+        return ckv_error(CKV_STATUS_ERR_ARG, "pool %d: expected avg or max", (int)pool);
     const int L = in->L, n_out = L - window, nq = in->n_q_local, hq = nq * in->head_dim;
     ckv_backend *be = in->be;
     ckv_score_dev dev = {be, {0}, 0};
@@ -76,7 +78,8 @@ done:
     return s;
 }
 
-ckv_status ckv_score_tova(const ckv_score_inputs *in, float *scores) {
+ckv_status ckv_score_tova(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
+    (void)cfg;
     CKV_TRY(ckv_score_check_inputs(in, "tova"));
     CKV_TRY(window_need(in, "tova"));
     if (in->L < 2)

@@ -1,6 +1,6 @@
-/* scorer.c - ckv_score_layer: dispatches on cfg->scorer to the scorer families (score_window.c,
- * score_simple.c, score_observed.c, score_expected.c, score_defensive.c) and reports which tokens
- * each scorer protects; also the helpers they share (input checks, the local query head -> local KV
+/* scorer.c - ckv_score_layer: dispatches through the press registry (press_table.c) to the scorer
+ * families (score_window.c, score_simple.c, score_observed.c, score_expected.c, score_defensive.c)
+ * and reports which tokens each scorer protects (the registry's rule); also the helpers they share (input checks, the local query head -> local KV
  * head map, the group mean with its replica all-reduce through the backend's ops, device scratch
  * bookkeeping). It computes no scores itself, does not set protected scores (the caller does, after
  * the cross-head reduction) and selects nothing. */
@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
-#include "evict/score_defensive.h"
+#include "evict/press_registry.h"
 
 ckv_status ckv_score_check_inputs(const ckv_score_inputs *in, const char *who) {
     if (!in) return ckv_error(CKV_STATUS_ERR_ARG, "scorer %s: no inputs", who);
@@ -69,6 +69,10 @@ int ckv_score_head0(const ckv_score_inputs *in) {
     return in->q_head0 - in->kv_head0 * (in->n_heads / in->n_kv_heads);
 }
 
+int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank) {
+    return rank / (in->kv_replicas > 1 ? in->kv_replicas : 1) * in->n_kv_local;
+}
+
 ckv_status ckv_score_group_mean(const ckv_score_inputs *in, float *scores) {
     size_t n = (size_t)in->n_kv_local * (size_t)in->L;
     CKV_TRY(ckv_evict_allreduce(in->be, in->replica, scores, n, CKV_COMM_OP_SUM, 1));
@@ -95,31 +99,10 @@ ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *c
     if (!cfg || !scores || !info) return ckv_error(CKV_STATUS_ERR_ARG, "ckv_score_layer: missing config/scores/info");
     info->protect_head = 0;
     info->protect_tail = 0;
-    switch (cfg->scorer) {
-    case CKV_SCORER_SNAPKV:
-    case CKV_SCORER_PYRAMIDKV:
-        CKV_TRY(ckv_score_snapkv(in, cfg->window, cfg->kernel, cfg->pool, scores));
-        info->protect_tail = cfg->window;
-        return CKV_STATUS_OK;
-    case CKV_SCORER_TOVA:
-        CKV_TRY(ckv_score_tova(in, scores));
-        info->protect_tail = 1;
-        return CKV_STATUS_OK;
-    case CKV_SCORER_KNORM: return ckv_score_knorm(in, scores);
-    case CKV_SCORER_STREAMING_LLM:
-        CKV_TRY(ckv_score_streaming_llm(in, cfg->n_sink, scores));
-        info->protect_head = cfg->n_sink;
-        return CKV_STATUS_OK;
-    case CKV_SCORER_OBSERVED_ATTENTION: return ckv_score_observed_attention(in, scores);
-    case CKV_SCORER_EXPECTED_ATTENTION:
-        CKV_TRY(ckv_score_expected_attention(in, cfg, scores));
-        info->protect_head = cfg->n_sink;
-        return CKV_STATUS_OK;
-    case CKV_SCORER_RANDOM: return ckv_score_random(in, cfg->seed, scores);
-    case CKV_SCORER_NONE:
-        return ckv_error(CKV_STATUS_ERR_ARG, "press none: nothing to score (the cache is kept whole)");
-    case CKV_SCORER_DEFENSIVEKV: return ckv_score_defensivekv(in, cfg, scores, info);
-    default: break;
-    }
-    return ckv_error(CKV_STATUS_ERR_ARG, "ckv_score_layer: unknown scorer kind %d", (int)cfg->scorer);
+    const ckv_press_def *d = ckv_press_def_of(cfg->scorer);
+    if (!d) return ckv_error(CKV_STATUS_ERR_ARG, "ckv_score_layer: unknown scorer kind %d", (int)cfg->scorer);
+    if (!d->score) return ckv_error(CKV_STATUS_ERR_ARG, "press %s: nothing to score (the cache is kept whole)", d->name);
+    CKV_TRY(d->score(in, cfg, scores));
+    ckv_press_protected(cfg, &info->protect_head, &info->protect_tail);
+    return CKV_STATUS_OK;
 }

@@ -1,5 +1,5 @@
 /* scorer.h - per-token importance scores of one layer, one score per (local KV head, context
- * token), exactly as SPEC-eviction.md defines each scorer. A scorer sees the layer's attention
+ * token), exactly as docs/spec-eviction.md defines each scorer. A scorer sees the layer's attention
  * input, its KV segments, its weights and the rope tables, all in the backend's device memory; it
  * drives the backend's eviction ops (backend.h) for the arithmetic and uses the communicators it is
  * given for what crosses ranks (replica groups when tp > Hkv, TOVA's mean over all heads). Only
@@ -25,6 +25,7 @@ typedef struct {
     int n_heads, n_kv_heads;        /* whole model */
     int n_q_local, n_kv_local;      /* this rank */
     int q_head0, kv_head0;          /* global index of the first local head */
+    int kv_replicas;                /* ranks holding the same KV heads (the shard plan's; 0 or 1: one) */
     const float *xn;        /* [L, D] attention input (post input-RMSNorm) of the context tokens (device) */
     ckv_kv_batch kv;        /* the layer's segments (one sequence, n_kv_local heads): rows 0 .. L-1 of each
                              * are the context, post-RoPE keys and values in the batch dtype (device) */
@@ -47,7 +48,7 @@ typedef struct {
 /* Writes scores [n_kv_local, L] (device, higher = keep) for cfg->scorer. The KV-head scores are means over
  * the group's query heads (replica partial sums already reduced). Entries of protected tokens are
  * left as computed (any finite value) and reported in *info. Errors: L <= window for windowed
- * scorers ("--window 64 needs a context longer than 64 tokens, got 50"). */
+ * scorers ("window 64 needs a context longer than 64 tokens, got 50"). */
 ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores,
                            ckv_score_info *info);
 
@@ -58,7 +59,8 @@ ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *c
 ckv_status ckv_critical_value_norm(const ckv_score_inputs *in, float *out);
 
 /* PyramidKV's kept count for `layer` (kvpress PyramidKVPress formula, Python banker's rounding,
- * falling back to round(L * (1 - cr)) when the schedule is infeasible). */
+ * falling back to round(L * (1 - cr)) when the schedule is infeasible); ckv_press_layer_kept's rule
+ * for pyramidkv. */
 int ckv_pyramidkv_n_kept(int layer, int n_layers, int L, double compression_ratio, int window, double beta);
 
 /* ---- internal to src/evict: the scorer families behind ckv_score_layer and their shared helpers.
@@ -71,6 +73,9 @@ ckv_status ckv_score_check_inputs(const ckv_score_inputs *in, const char *who);
 int ckv_score_local_kv(const ckv_score_inputs *in, int j);
 /* The ops' head mapping: local query head j reads local KV head (ckv_score_head0(in) + j) / group. */
 int ckv_score_head0(const ckv_score_inputs *in);
+/* The first global KV head of rank `rank` of the group, from the shard layout the inputs carry (every
+ * rank holds n_kv_local heads; kv_replicas consecutive ranks hold the same ones). */
+int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank);
 /* scores [n_kv_local, L] (device) hold this rank's sums over its query heads: all-reduce them over
  * in->replica (when size > 1) and divide by the group size n_heads / n_kv_heads. */
 ckv_status ckv_score_group_mean(const ckv_score_inputs *in, float *scores);
@@ -86,9 +91,9 @@ ckv_status ckv_score_dev_alloc(ckv_score_dev *d, void **out, size_t bytes, const
 void ckv_score_dev_free(ckv_score_dev *d);
 
 /* The one place where eviction data crosses ranks. `buf` is device memory when on_device, else host
- * memory; the collective runs where the communicator wants its buffers (device memory for NCCL,
- * host memory otherwise), staging through the other side when they differ (the GPU-at-scale path
- * replaces the staging by NCCL on device buffers). Nothing happens for a NULL or one-rank comm. */
+ * memory; c is a device communicator (engine/comm_backend.h: the engine hands every press its
+ * group's), which moves device buffers itself (directly, NCCL, or staged through host memory); host
+ * buffers take its host collectives. Nothing happens for a NULL or one-rank comm. */
 ckv_status ckv_evict_allreduce(ckv_backend *be, ckv_comm *c, float *buf, size_t n, ckv_comm_op op, int on_device);
 /* recv [size * bytes] gets every rank's send [bytes], in rank order; both device memory. */
 ckv_status ckv_evict_allgather(ckv_backend *be, ckv_comm *c, const void *send, void *recv, size_t bytes);
@@ -98,19 +103,22 @@ ckv_status ckv_evict_allgather(ckv_backend *be, ckv_comm *c, const void *send, v
 ckv_status ckv_evict_host_view(ckv_backend *be, const void *dev, size_t bytes, void **host);
 ckv_status ckv_evict_host_release(ckv_backend *be, void *dev, void *host, size_t bytes, int write_back);
 
-/* snapkv / pyramidkv: window queries, pooled (kernel 1 = none); errors when L <= window. */
-ckv_status ckv_score_snapkv(const ckv_score_inputs *in, int window, int kernel, ckv_pool_kind pool, float *scores);
+/* The scorer families (registered in press_table.c), one signature: scores [n_kv_local, L] (device).
+ * snapkv / pyramidkv: window queries, pooled (kernel 1 = none); errors when L <= window. */
+ckv_status ckv_score_snapkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* tova: the last token's attention averaged over all query heads of the layer (in->tp). */
-ckv_status ckv_score_tova(const ckv_score_inputs *in, float *scores);
+ckv_status ckv_score_tova(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* knorm: -||k||_2. */
-ckv_status ckv_score_knorm(const ckv_score_inputs *in, float *scores);
+ckv_status ckv_score_knorm(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* streaming_llm: score = position index (later tokens rank higher); the caller protects n_sink. */
-ckv_status ckv_score_streaming_llm(const ckv_score_inputs *in, int n_sink, float *scores);
+ckv_status ckv_score_streaming_llm(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* random: uniform [0, 1) from (seed, layer, global KV head, token), independent of tp. */
-ckv_status ckv_score_random(const ckv_score_inputs *in, uint64_t seed, float *scores);
+ckv_status ckv_score_random(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* observed_attention: causal attention column sums over all L queries / (L - j), blockwise. */
-ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, float *scores);
+ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* expected_attention: kvpress ExpectedAttentionPress; entries 0 .. n_sink - 1 are left 0. */
 ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* keydiff: -cos(k, mean normalised key of the head) (kvpress KeyDiffPress); needs evict_keydiff. */
+ckv_status ckv_score_keydiff(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 
 #endif

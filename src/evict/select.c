@@ -1,7 +1,7 @@
 /* select.c - protected tokens, kept counts, CriticalKV two-stage selection and cross-head
  * allocation (see select.h), driven through the backend's eviction ops (evict_max, evict_fill,
  * evict_topk, evict_scatter, evict_add_mul, evict_topk_counts) and the score collectives of
- * evict_comm.c. The formulas follow SPEC-eviction.md; where kvpress evaluates a budget in a
+ * evict_comm.c. The formulas follow docs/spec-eviction.md; where kvpress evaluates a budget in a
  * particular order (b1 = int((1 - cr) * L * alpha)) that order is kept. The host computes only
  * per-head counts. */
 #include "evict/select.h"
@@ -106,12 +106,6 @@ static ckv_status topk_rows(ckv_backend *be, ckv_selection *sel, const float *s,
     return be->ops->evict_topk(be, sel->rows, L, s, L, nr, L, sel->k2_dev);
 }
 
-/* First global KV head held by rank r of a tp-way group (shard/ plan, restated: evict must not
- * depend on shard/). */
-static int rank_kv_head0(int r, int tp, int n_kv) {
-    return tp <= n_kv ? r * (n_kv / tp) : r / (tp / n_kv);
-}
-
 /* All-gathers the local scores [n_kv_local, L] into sel->all [n_kv_heads, L] (global head order). */
 static ckv_status gather_heads(const ckv_score_inputs *in, ckv_selection *sel) {
     ckv_backend *be = in->be;
@@ -122,7 +116,7 @@ static ckv_status gather_heads(const ckv_score_inputs *in, ckv_selection *sel) {
     CKV_TRY(be->ops->alloc(be, (void **)&buf, per * (size_t)tp, "score all-gather"));
     ckv_status st = ckv_evict_allgather(be, in->tp, sel->scores, buf, per);
     for (int r = 0; r < tp && st == CKV_STATUS_OK; r++) /* replicas write the same head: identical rows */
-        st = be->ops->copy(be, sel->all + (size_t)rank_kv_head0(r, tp, in->n_kv_heads) * in->L,
+        st = be->ops->copy(be, sel->all + (size_t)ckv_score_rank_kv_head0(in, r) * in->L,
                            (const char *)buf + (size_t)r * per, per);
     be->ops->release(be, buf);
     return st;
@@ -130,22 +124,14 @@ static ckv_status gather_heads(const ckv_score_inputs *in, ckv_selection *sel) {
 
 /* Cross-head allocation over all heads of the layer (sel->all): per-head budgets (global heads, host). */
 static ckv_status allocate_budgets(const ckv_press_config *cfg, ckv_backend *be, ckv_selection *sel, int n_kv, int L,
-                                   int n_kept, int32_t *budget) {
+                                   const ckv_press_kept *kept, int32_t *budget) {
     if (cfg->alloc == CKV_ALLOC_ADAKV) { /* safeguard: each head's top n_safe are forced */
-        int n_safe = (int)((double)n_kept * cfg->safeguard);
-        if (cfg->safeguard > 0 && n_safe < 1) n_safe = 1;
-        if (n_safe > L) n_safe = L;
-        for (int h = 0; h < n_kv; h++) sel->k_host[h] = n_safe;
+        for (int h = 0; h < n_kv; h++) sel->k_host[h] = kept->safeguard;
         CKV_TRY(put_counts(be, sel->k_dev, sel->k_host, n_kv));
         CKV_TRY(be->ops->evict_topk(be, sel->idx, L, sel->all, L, n_kv, L, sel->k_dev));
         be->ops->evict_scatter(be, sel->all, L, n_kv, sel->idx, L, sel->k_dev, FLT_MAX);
     }
-    /* the layer's total: Hkv * n_kept, except DefensiveKV's own int(L * (1 - cr) * Hkv) */
-    long total = cfg->alloc == CKV_ALLOC_GLOBAL && cfg->budget_tokens <= 0
-                     ? (long)((double)L * (1.0 - cfg->compression_ratio) * (double)n_kv)
-                     : (long)n_kv * n_kept;
-    if (total > (long)n_kv * L) total = (long)n_kv * L;
-    CKV_TRY(be->ops->evict_topk_counts(be, sel->counts_dev, sel->all, L, n_kv, L, (int64_t)total));
+    CKV_TRY(be->ops->evict_topk_counts(be, sel->counts_dev, sel->all, L, n_kv, L, (int64_t)kept->layer_total));
     CKV_TRY(be->ops->sync(be));
     return be->ops->download(be, budget, sel->counts_dev, (size_t)n_kv * sizeof(int32_t));
 }
@@ -160,10 +146,9 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
     ckv_score_info info = {0, 0};
     CKV_TRY(ckv_score_layer(in, cfg, out->scores, &info));
     CKV_TRY(protect(in, &info, out));
-    int n_kept = cfg->scorer == CKV_SCORER_PYRAMIDKV
-                     ? ckv_pyramidkv_n_kept(in->layer, in->n_layers, L, cfg->compression_ratio, cfg->window, cfg->beta)
-                     : ckv_press_n_kept(cfg, L);
-    if (n_kept > L) n_kept = L;
+    ckv_press_kept kept;
+    ckv_press_layer_kept(cfg, in->layer, in->n_layers, L, H, &kept);
+    const int n_kept = kept.per_head;
     out->n_kept = n_kept;
     if (cfg->critical) CKV_TRY(ckv_critical_value_norm(in, out->norms));
     CKV_TRY(be->ops->sync(be));
@@ -175,13 +160,8 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
     ckv_status st = ckv_alloc((void **)&b1, (size_t)H * sizeof(int32_t), "stage-1 counts");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&budget, (size_t)H * sizeof(int32_t), "head budgets");
     if (st == CKV_STATUS_OK && cfg->alloc == CKV_ALLOC_UNIFORM) {
-        /* b1 in kvpress's evaluation order: int((1 - cr) * L * alpha), at least 1 */
-        int b = cfg->budget_tokens > 0 ? (int)((double)n_kept * cfg->alpha)
-                                       : (int)((1.0 - cfg->compression_ratio) * (double)L * cfg->alpha);
-        if (cfg->alpha > 0 && b < 1) b = 1;
-        if (b > n_kept) b = n_kept;
         for (int h = 0; h < nkv; h++) {
-            b1[h] = b;
+            b1[h] = kept.first_stage;
             out->n_keep[h] = n_kept;
         }
         st = cfg->critical ? critical_rows(be, out, out->scores, out->norms, nkv, L, b1, out->n_keep, eps)
@@ -192,14 +172,14 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
             if (!hb || hb->n_kv_heads != H) st = ckv_error(CKV_STATUS_ERR_ARG, "headkv: no budgets for layer %d", in->layer);
             for (int h = 0; h < H && st == CKV_STATUS_OK; h++) budget[h] = hb->budget[h] < L ? hb->budget[h] : L;
         } else if (st == CKV_STATUS_OK) {
-            st = allocate_budgets(cfg, be, out, H, L, n_kept, budget);
+            st = allocate_budgets(cfg, be, out, H, L, &kept, budget);
         }
         /* the local heads' rows of the safeguarded scores (adakv), else of the base scores */
         const float *s = out->all + (size_t)in->kv_head0 * (size_t)L;
         for (int h = 0; h < nkv && st == CKV_STATUS_OK; h++) {
             const int k = budget[in->kv_head0 + h];
             out->n_keep[h] = k;
-            b1[h] = (int)((float)k * (float)cfg->alpha);
+            b1[h] = ckv_press_first_stage(cfg, k);
         }
         if (st == CKV_STATUS_OK)
             st = cfg->critical ? critical_rows(be, out, s, out->norms, nkv, L, b1, out->n_keep, eps)

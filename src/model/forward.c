@@ -17,6 +17,9 @@ static size_t padded_vocab(const ckv_model *m) {
 ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int n_max) {
     memset(s, 0, sizeof *s);
     if (n_max < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--chunk must be >= 1, got %d", n_max);
+    if (m->plan.tp > 1 && !ckv_comm_has_device_ops(m->tp))
+        return ckv_error(CKV_STATUS_ERR_ARG, "a model split over %d ranks needs the group's device communicator "
+                         "(engine/comm_backend.h), not a host one", m->plan.tp);
     ckv_backend *be = m->be;
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
@@ -52,8 +55,6 @@ ckv_status ckv_model_scratch_init(ckv_model_scratch *s, const ckv_model *m, int 
     ckv_status st = ckv_alloc((void **)&s->host_logits, nl * (size_t)c->vocab_size * 4, "host logits");
     if (st == CKV_STATUS_OK && p->tp > 1)
         st = ckv_alloc((void **)&s->host_part, nl * padded_vocab(m) * (size_t)p->tp * 4, "logit gather buffer");
-    if (st == CKV_STATUS_OK && p->tp > 1 && be->device != CKV_DEVICE_HOST)
-        st = ckv_alloc((void **)&s->host_proj, n * D * 4, "all-reduce staging");
     if (st != CKV_STATUS_OK) ckv_model_scratch_free(s, m);
     return st;
 }
@@ -67,7 +68,6 @@ void ckv_model_scratch_free(ckv_model_scratch *s, const ckv_model *m) {
     }
     ckv_free(s->host_logits);
     ckv_free(s->host_part);
-    ckv_free(s->host_proj);
     memset(s, 0, sizeof *s);
 }
 
@@ -83,17 +83,11 @@ ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const i
     return CKV_STATUS_OK;
 }
 
-/* Sums a row-parallel projection's partial output over the TP group: on device buffers through a
- * device communicator (NCCL enqueued on the compute stream, or staged when ranks share a GPU), on
- * host buffers for the CPU backend, else staged here through host_proj. */
-static ckv_status allreduce_hidden(ckv_model *m, ckv_model_scratch *s, float *buf, size_t count) {
+/* Sums a row-parallel projection's partial output over the TP group through its device
+ * communicator (which decides how device buffers move: directly, NCCL, or staged). */
+static ckv_status allreduce_hidden(ckv_model *m, float *buf, size_t count) {
     if (!m->tp || m->tp->size == 1) return CKV_STATUS_OK;
-    ckv_backend *be = m->be;
-    if (ckv_comm_has_device_ops(m->tp) || be->device == CKV_DEVICE_HOST || m->tp->device_buffers)
-        return ckv_comm_dev_allreduce_f32(m->tp, buf, count, CKV_COMM_OP_SUM);
-    CKV_TRY(be->ops->download(be, s->host_proj, buf, count * sizeof(float)));
-    CKV_TRY(m->tp->ops->allreduce_f32(m->tp, s->host_proj, count, CKV_COMM_OP_SUM));
-    return be->ops->upload(be, buf, s->host_proj, count * sizeof(float));
+    return ckv_comm_dev_allreduce_f32(m->tp, buf, count, CKV_COMM_OP_SUM);
 }
 
 /* One decoder layer over n tokens whose keys/values go to `caches` (batch view kv); see model.h. */
@@ -121,7 +115,7 @@ static ckv_status model_layer(ckv_model *m, ckv_model_scratch *s, int layer, flo
     CKV_TRY(ckv_kv_append_batch(caches, n_seq, seq_start, layer, kv, s->k, s->v, s->pos, n));
     op->attention(be, s->att, s->q, s->pos, kv, n, nq, 1.0f / sqrtf((float)d));
     op->matmul(be, s->proj, s->att, &w->wo, w->bo, n);
-    CKV_TRY(allreduce_hidden(m, s, s->proj, (size_t)n * D));
+    CKV_TRY(allreduce_hidden(m, s->proj, (size_t)n * D));
     op->add(be, x, s->proj, (size_t)n * D);
     /* MLP block */
     op->rmsnorm(be, s->xn, x, w->mlp_norm, n, D, eps);
@@ -129,7 +123,7 @@ static ckv_status model_layer(ckv_model *m, ckv_model_scratch *s, int layer, flo
     op->matmul(be, s->up, s->xn, &w->wup, NULL, n);
     op->swiglu(be, s->gate, s->gate, s->up, (size_t)n * ff);
     op->matmul(be, s->proj, s->gate, &w->wdown, NULL, n);
-    CKV_TRY(allreduce_hidden(m, s, s->proj, (size_t)n * D));
+    CKV_TRY(allreduce_hidden(m, s->proj, (size_t)n * D));
     op->add(be, x, s->proj, (size_t)n * D);
     return CKV_STATUS_OK;
 }
@@ -182,25 +176,16 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
     /* gather the vocabulary slices: every rank sends [n, pad] (its slice padded to the largest) */
     size_t pad = padded_vocab(m);
     const size_t send_bytes = (size_t)n * pad * sizeof(float);
-    if (ckv_comm_has_device_ops(m->tp) && ckv_comm_device_path(m->tp) != CKV_COMM_PATH_HOST) {
-        /* on the device: pack the rows into the communicator's workspace, gather, one download */
-        float *ws = NULL; // [n, pad] send + [tp, n, pad] receive (device)
-        CKV_TRY(ckv_comm_dev_workspace(m->tp, send_bytes * (size_t)(p->tp + 1), (void **)&ws));
-        if ((size_t)vl == pad)
-            CKV_TRY(be->ops->copy(be, ws, s->logits, send_bytes));
-        else
-            for (int t = 0; t < n; t++)
-                CKV_TRY(be->ops->copy(be, ws + (size_t)t * pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
-        CKV_TRY(ckv_comm_dev_allgather(m->tp, ws, ws + (size_t)n * pad, send_bytes));
-        CKV_TRY(be->ops->download(be, s->host_part, ws + (size_t)n * pad, send_bytes * (size_t)p->tp));
-    } else {
-        float *send = s->host_logits; /* [n, pad] staging */
-        for (int t = 0; t < n; t++) {
-            CKV_TRY(be->ops->download(be, send + (size_t)t * pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
-            for (size_t j = (size_t)vl; j < pad; j++) send[(size_t)t * pad + j] = 0.0f;
-        }
-        CKV_TRY(m->tp->ops->allgather(m->tp, send, s->host_part, send_bytes));
-    }
+    /* pack the rows into the communicator's workspace, gather, one download */
+    float *ws = NULL; // [n, pad] send + [tp, n, pad] receive (device)
+    CKV_TRY(ckv_comm_dev_workspace(m->tp, send_bytes * (size_t)(p->tp + 1), (void **)&ws));
+    if ((size_t)vl == pad)
+        CKV_TRY(be->ops->copy(be, ws, s->logits, send_bytes));
+    else
+        for (int t = 0; t < n; t++)
+            CKV_TRY(be->ops->copy(be, ws + (size_t)t * pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
+    CKV_TRY(ckv_comm_dev_allgather(m->tp, ws, ws + (size_t)n * pad, send_bytes));
+    CKV_TRY(be->ops->download(be, s->host_part, ws + (size_t)n * pad, send_bytes * (size_t)p->tp));
     for (int r = 0; r < p->tp; r++) {
         int v0, cnt;
         ckv_shard_range(V, p->tp, r, &v0, &cnt);

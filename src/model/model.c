@@ -214,6 +214,8 @@ static ckv_status model_load(ckv_model **out, const char *dir, ckv_backend *be, 
 
 ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
                                const ckv_model_opts *opts) {
+    /* --random-weights: dir needs only config.json */
+    if (opts && opts->random_weights) return model_load(out, dir, be, tp, opts, &opts->random_seed);
     return model_load(out, dir, be, tp, opts, NULL);
 }
 

@@ -85,13 +85,12 @@ typedef struct {
     float *logits; /* [n_logits, n_vocab_local] */
     int32_t *pos;  /* [n_max] positions (device) */
     int32_t *ids;  /* [n_max] token ids (device) */
-    float *host_proj;   /* [n_max, D] host staging for all-reduce when the device is not the host */
     float *host_logits; /* [n_logits, V] gathered logits (host) */
     float *host_part;   /* [n_logits, padded vocab slice * tp] all-gather staging (host) */
 } ckv_model_scratch;
 
 /* Loads rank plan->rank's share of the model in `dir`. tp may be NULL (one rank). opts may be NULL
- * (defaults). */
+ * (defaults); opts->random_weights loads as ckv_model_load_random with opts->random_seed. */
 ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp);
 ckv_status ckv_model_load_opts(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp,
                                const ckv_model_opts *opts);

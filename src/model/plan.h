@@ -15,7 +15,7 @@
 #include "shard/shard.h"
 
 /* The CUDA runtime's own use that the plan cannot see: context, cuBLAS workspace (32 MiB on
- * Hopper), allocator rounding. An estimate; see GPU-NOTES.md. */
+ * Hopper), allocator rounding. An estimate; see docs/gpu.md §8. */
 #define CKV_PLAN_RUNTIME_RESERVE ((size_t)1 << 30)
 /* NCCL's internal buffers per peer (channels x protocols at the default NCCL_BUFFSIZE): an
  * estimate to be measured on the GPU machine. */

@@ -402,40 +402,14 @@ static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ck
         ckv_srv_error_set(err, 400, INVALID, "compression_ratio", "invalid_value", "give 'budget' or 'compression_ratio', not both");
         return -1;
     }
-    const ckv_press_config *def = a->cfg->default_press;
-    if (spec) {
-        if (ckv_press_parse(&j->press, spec) != CKV_STATUS_OK) {
-            ckv_srv_error_set(err, 400, INVALID, "press", "invalid_value", "%s", ckv_error_message());
-            ckv_error_clear();
-            return -1;
-        }
-        if (def && def->scorer != CKV_SCORER_NONE && budget < 0 && cr < 0) { /* the server's budget */
-            j->press.compression_ratio = def->compression_ratio;
-            j->press.budget_tokens = def->budget_tokens;
-            j->press.budget_given_as_b = def->budget_given_as_b;
-        }
-    } else if (def) {
-        j->press = *def;
-    } else {
-        ckv_press_parse(&j->press, "none");
-    }
-    ckv_status st = CKV_STATUS_OK;
-    if (budget >= 0) st = ckv_press_set_budget(&j->press, budget);
-    else if (cr >= 0) st = ckv_press_set_compression_ratio(&j->press, cr);
-    if (st != CKV_STATUS_OK) {
-        ckv_srv_error_set(err, 400, INVALID, budget >= 0 ? "budget" : "compression_ratio", "invalid_value", "%s", ckv_error_message());
-        ckv_error_clear();
-        return -1;
-    }
-    if (qa >= 0) j->press.query_aware = qa;
-    if (j->press.scorer != CKV_SCORER_NONE && j->press.compression_ratio == 0.0 && j->press.budget_tokens == 0 &&
-        budget < 0 && cr < 0) {
-        ckv_srv_error_set(err, 400, INVALID, "budget", "missing_field", "press '%s' needs 'budget' or 'compression_ratio'",
-                          spec ? spec : j->press.spec);
-        return -1;
-    }
-    if (ckv_press_finalize(&j->press) != CKV_STATUS_OK) {
-        ckv_srv_error_set(err, 400, INVALID, "press", "invalid_value", "%s", ckv_error_message());
+    ckv_press_request rq = {.defaults = a->cfg->default_press, .spec = spec, .query_aware = qa,
+                            .flags = CKV_PRESS_NEED_BUDGET | CKV_PRESS_NEED_FILES};
+    if (budget >= 0) rq.budget = (ckv_press_budget){CKV_BUDGET_FRACTION, budget};
+    else if (cr >= 0) rq.budget = (ckv_press_budget){CKV_BUDGET_RATIO, cr};
+    ckv_press_error pe;
+    if (ckv_press_build(&j->press, &rq, &pe) != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, pe.field ? pe.field : "press", pe.missing ? "missing_field" : "invalid_value",
+                          "%s", ckv_error_message());
         ckv_error_clear();
         return -1;
     }

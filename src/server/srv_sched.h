@@ -1,23 +1,21 @@
 /* srv_sched.h - the engine thread of `ckv serve`: the only thread that touches the model. It owns a
- * bounded queue of submitted jobs and up to max_batch slots; each turn of its loop is a sequence of
- * steps (a context prepare or store restore for one new job, then ONE batched decode step feeding the
- * next token of every running sequence), so running streams get a token after every prepare, and
- * also between the layers of a long prefill (a decode step whenever they waited interleave_s). The
- * steps themselves run through srv_step.h, which broadcasts each one to the other ranks of a
- * tensor-parallel group before running it. Sampling, stop ids and stop strings, detokenisation into
- * each job's preallocated text and the gauges of /metrics live here (rank 0 only). It does not parse
- * HTTP or JSON. */
+ * bounded queue of submitted jobs, admits them into the engine scheduler's slots (engine/sched.h,
+ * up to max_batch), turns the scheduler (one prefill layer, question or batched decode step per
+ * turn, through srv_step.h, which broadcasts each step to the other ranks of a tensor-parallel
+ * group) and turns its events into the jobs' progress: tokens and text (what a stream may send),
+ * finish reasons, usage, failures, and the gauges of /metrics (rank 0 only). A job the engine thread
+ * admitted is released exactly once, when the scheduler reports its request done. It does not parse
+ * HTTP or JSON, and it does not sample or apply stops (the scheduler's answer state does). */
 #ifndef CKV_SRV_SCHED_H
 #define CKV_SRV_SCHED_H
 
 #include <pthread.h>
 
 #include "engine/request.h"
+#include "engine/sched.h"
 #include "server/srv_job.h"
 #include "server/srv_metrics.h"
 #include "server/srv_step.h"
-
-typedef struct ckv_srv_slot ckv_srv_slot;
 
 typedef struct {
     ckv_engine *engine;
@@ -33,14 +31,12 @@ typedef struct {
     int accepting;              /* 0: submissions get 503 */
     int cancel_all;             /* grace period over: cancel everything */
     int quit;                   /* leave the loop once idle */
-    int running;                /* jobs in slots */
-    ckv_srv_slot *slots;        /* [max_batch] */
-    unsigned long admit_seq;
-    int32_t *step_tok;          /* [max_batch] the decode step's tokens */
-    int *step_slot;             /* [max_batch] */
-    ckv_srv_slot *preparing;    /* the slot whose context is being prepared (NULL: none) */
-    double t_last_decode;       /* when the last decode step began */
-    double interleave_s;        /* a prefill pauses for a decode step after a layer ending this long after it */
+    int running;                /* jobs in the scheduler's slots */
+    ckv_sched core;             /* the engine scheduler (engine thread only) */
+    size_t *kv_full, *kv_kept;  /* [max_batch] each slot's context bytes before / after its press */
+    double *t_last;             /* [max_batch] when each slot's previous token came */
+    double interleave_s;        /* a decode step is due this long after the last one began, between two
+                                 * layers of a prefill (set before ckv_srv_sched_start) */
     pthread_t thread;
     int started;
 } ckv_srv_sched;

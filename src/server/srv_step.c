@@ -12,16 +12,16 @@
 #include "core/timer.h"
 
 typedef enum {
-    STEP_NOP = 0, STEP_PREPARE, STEP_QUESTION, STEP_DECODE, STEP_REWIND, STEP_RELEASE, STEP_CONTINUE, STEP_QUIT
+    STEP_NOP = 0, STEP_PREPARE, STEP_ADVANCE, STEP_QUESTION, STEP_DECODE, STEP_REWIND, STEP_RELEASE, STEP_QUIT
 } step_kind;
 
-static const char *const step_names[] = {"heartbeat", "prepare", "question", "decode", "rewind", "release", "continue", "quit"};
+static const char *const step_names[] = {"heartbeat", "prepare", "advance", "question", "decode", "rewind", "release", "quit"};
 
 typedef struct {
     int32_t kind, slot;
     int32_t n;              /* ids (prepare, question) or sequences (decode) */
     int32_t reserve, chunk; /* prepare */
-    int32_t failed;         /* quit: the leader stopped because of an error; continue: cancel the prepare */
+    int32_t failed;         /* quit: the leader stopped because of an error */
     uint64_t payload;       /* bytes that follow */
 } step_head;
 
@@ -36,7 +36,6 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, si
     s->group = e->tp;
     s->leader = !s->group || s->group->rank == 0;
     s->max_batch = max_batch;
-    s->preparing = -1;
     /* a heartbeat well inside the followers' timeout (and at least every second) */
     s->heartbeat_s = s->group && s->group->timeout_s > 0 && s->group->timeout_s / 4 < 1.0 ? s->group->timeout_s / 4 : 1.0;
     int ctx_max = e->model->cfg.max_context;
@@ -64,9 +63,15 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, si
     return st;
 }
 
+static void lane_free(ckv_srv_lane *l) {
+    ckv_prepared_free(&l->pc);
+    free(l->ids);
+    memset(l, 0, sizeof *l);
+}
+
 void ckv_srv_steps_free(ckv_srv_steps *s) {
     if (!s) return;
-    for (int i = 0; s->lanes && i < s->max_batch; i++) ckv_prepared_free(&s->lanes[i]);
+    for (int i = 0; s->lanes && i < s->max_batch; i++) lane_free(&s->lanes[i]);
     ckv_decode_batch_free(&s->batch);
     ckv_srv_store_free(&s->store);
     free(s->lanes);
@@ -107,40 +112,42 @@ static ckv_status agree(ckv_srv_steps *s, ckv_status st, int kind) {
 
 static int valid_slot(const ckv_srv_steps *s, int slot) { return slot >= 0 && slot < s->max_batch; }
 
+typedef enum { LANE_EMPTY = 0, LANE_PREPARING, LANE_READY } lane_state;
+
+static lane_state lane_of(const ckv_srv_steps *s, int slot) {
+    const ckv_prepared *pc = &s->lanes[slot].pc;
+    return !pc->engine ? LANE_EMPTY : pc->ready ? LANE_READY : LANE_PREPARING;
+}
+
+/* 1 when step `kind` may run on lane `slot` (decode: each of its lanes), on every rank alike. */
+static int step_fits(const ckv_srv_steps *s, int kind, int slot) {
+    switch ((step_kind)kind) {
+    case STEP_NOP:
+    case STEP_QUIT: return 1;
+    case STEP_PREPARE:
+    case STEP_RELEASE: return valid_slot(s, slot);
+    case STEP_ADVANCE: return valid_slot(s, slot) && lane_of(s, slot) == LANE_PREPARING;
+    case STEP_QUESTION:
+    case STEP_DECODE:
+    case STEP_REWIND: return valid_slot(s, slot) && lane_of(s, slot) == LANE_READY;
+    }
+    return 0;
+}
+
 /* ---- the executor (every rank) ------------------------------------------------------------------------ */
 
-static int between_leader(void *ctx, int layer);
-static int between_follower(void *ctx, int layer);
-
-static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const int32_t *ids, int n,
-                               int reserve, int chunk) {
-    ckv_prepared *pc = &s->lanes[slot];
-    ckv_prepared_free(pc);
-    const char *spec = press->scorer == CKV_SCORER_NONE ? "none" : press->spec;
-    ckv_srv_lookup lk = {0};
-    ckv_status st = ckv_srv_store_get(&s->store, spec, ids, n, reserve, chunk, pc, &lk);
-    if (st == CKV_STATUS_OK && !lk.hit) {
-        ckv_prepare_params pp = {0};
-        pp.ids = ids;
-        pp.n = n;
-        pp.press = press;
-        pp.reserve = reserve;
-        if (s->leader ? s->between_layers != NULL || multi(s) : 1) {
-            pp.between_layers = s->leader ? between_leader : between_follower;
-            pp.between_ctx = s;
-        }
-        s->preparing = slot;
-        st = ckv_engine_prepare(s->engine, &pp, pc);
-        s->preparing = -1;
-        if (st == CKV_STATUS_OK && ckv_srv_store_put(&s->store, spec, ids, n, pc) != CKV_STATUS_OK) {
-            CKV_LOG_WARN("context store: %s", ckv_error_message());
-            ckv_error_clear();
-        }
+/* A lane's context became ready: it goes into the store (a prefilled one) and the group's entries
+ * and bytes are summed for its usage. */
+static ckv_status lane_ready(ckv_srv_steps *s, int slot) {
+    ckv_srv_lane *l = &s->lanes[slot];
+    const char *spec = l->press.scorer == CKV_SCORER_NONE ? "none" : l->press.spec;
+    if (l->ids && ckv_srv_store_put(&s->store, spec, l->ids, l->n, &l->pc) != CKV_STATUS_OK) {
+        CKV_LOG_WARN("context store: %s", ckv_error_message());
+        ckv_error_clear();
     }
-    st = agree(s, st, STEP_PREPARE);
-    s->lookup = lk;
-    if (st != CKV_STATUS_OK) return st;
-    const ckv_request_stats *rs = &pc->stats;
+    free(l->ids);
+    l->ids = NULL;
+    const ckv_request_stats *rs = &l->pc.stats;
     int64_t mine[4] = {rs->kept_entries, rs->total_entries, (int64_t)rs->kv_bytes_full, (int64_t)rs->kv_bytes_kept};
     int64_t sum[4] = {mine[0], mine[1], mine[2], mine[3]};
     if (multi(s)) { /* usage reports the whole group's entries and bytes */
@@ -151,55 +158,85 @@ static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_confi
         int rep = s->engine->model->plan.kv_replicas > 1 ? s->engine->model->plan.kv_replicas : 1;
         for (int k = 0; k < 4; k++) sum[k] /= rep; /* a KV head held by several ranks counts once */
     }
-    s->group_kept_entries = (long)sum[0];
-    s->group_total_entries = (long)sum[1];
-    s->group_kv_bytes_full = (size_t)sum[2];
-    s->group_kv_bytes_kept = (size_t)sum[3];
+    ckv_sched_prepared *in = &l->info;
+    in->compressed = rs->compressed;
+    in->uncompressed_reason = l->press.scorer == CKV_SCORER_NONE ? NULL : rs->uncompressed_reason;
+    in->kept_entries = (long)sum[0];
+    in->total_entries = (long)sum[1];
+    in->kv_bytes_full = (size_t)sum[2];
+    in->kv_bytes_kept = (size_t)sum[3];
     return CKV_STATUS_OK;
 }
 
-static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n) {
-    const float *lg = NULL;
-    ckv_status st = ckv_session_prefill(&s->lanes[slot].sess, ids, n, NULL, &lg);
-    s->logits = lg;
+static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const int32_t *ids, int n,
+                               int reserve, int chunk, int *ready) {
+    ckv_srv_lane *l = &s->lanes[slot];
+    lane_free(l);
+    l->press = *press;
+    l->press.spec[sizeof l->press.spec - 1] = l->press.profile[sizeof l->press.profile - 1] = '\0';
+    const char *spec = l->press.scorer == CKV_SCORER_NONE ? "none" : l->press.spec;
+    ckv_srv_lookup lk = {0};
+    ckv_status st = ckv_srv_store_get(&s->store, spec, ids, n, reserve, chunk, &l->pc, &lk);
+    if (st == CKV_STATUS_OK && lk.hit) l->pc.ready = 1; /* a restored context is marked and answers at once */
+    if (st == CKV_STATUS_OK && !lk.hit) { /* the ids stay for the store until the prefill is done */
+        l->ids = malloc(sizeof(int32_t) * (size_t)n);
+        if (!l->ids) st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for a context of %d ids", n);
+        else memcpy(l->ids, ids, sizeof(int32_t) * (size_t)n);
+        l->n = n;
+        ckv_prepare_params pp = {0};
+        pp.ids = ids;
+        pp.n = n;
+        pp.press = &l->press;
+        pp.reserve = reserve;
+        if (st == CKV_STATUS_OK) st = ckv_engine_prepare_begin(s->engine, &pp, &l->pc);
+    }
+    st = agree(s, st, STEP_PREPARE);
+    l->info.hit = lk.hit;
+    l->info.from_disk = lk.from_disk;
+    *ready = st == CKV_STATUS_OK && l->pc.ready;
+    if (st == CKV_STATUS_OK && *ready) st = lane_ready(s, slot);
+    if (st != CKV_STATUS_OK) lane_free(l);
+    return st;
+}
+
+static ckv_status exec_advance(ckv_srv_steps *s, int slot, int *ready) {
+    ckv_srv_lane *l = &s->lanes[slot];
+    ckv_status st = agree(s, ckv_prepared_advance(&l->pc, ready), STEP_ADVANCE);
+    if (st == CKV_STATUS_OK && *ready) st = lane_ready(s, slot);
+    if (st != CKV_STATUS_OK) lane_free(l);
+    return st;
+}
+
+static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **logits) {
+    ckv_status st = ckv_session_prefill(&s->lanes[slot].pc.sess, ids, n, NULL, logits);
     return agree(s, st, STEP_QUESTION);
 }
 
-static ckv_status exec_decode(ckv_srv_steps *s, const int32_t *slots, const int32_t *tokens, int n) {
+static ckv_status exec_decode(ckv_srv_steps *s, const int32_t *slots, const int32_t *tokens, int n, const float **logits) {
     for (int i = 0; i < n; i++) {
-        s->step_sess[i] = &s->lanes[slots[i]].sess;
+        s->step_sess[i] = &s->lanes[slots[i]].pc.sess;
         s->step_tok[i] = tokens[i];
     }
-    const float *lg = NULL;
-    ckv_status st = ckv_decode_batch_step(&s->batch, s->step_sess, s->step_tok, n, &lg);
-    s->logits = lg;
+    ckv_status st = ckv_decode_batch_step(&s->batch, s->step_sess, s->step_tok, n, logits);
     return agree(s, st, STEP_DECODE);
 }
 
 static ckv_status exec_rewind(ckv_srv_steps *s, int slot) {
-    return agree(s, ckv_session_rewind(&s->lanes[slot].sess), STEP_REWIND);
+    return agree(s, ckv_session_rewind(&s->lanes[slot].pc.sess), STEP_REWIND);
 }
 
 /* ---- the leader's side --------------------------------------------------------------------------------- */
 
-/* Between two layers of a prepare on the leader: the scheduler's steps, then continue (or cancel). */
-static int between_leader(void *ctx, int layer) {
-    ckv_srv_steps *s = ctx;
-    int cancel = s->between_layers ? s->between_layers(s->between_ctx, layer) : 0;
-    if (multi(s)) {
-        step_head h = {STEP_CONTINUE, 0, 0, 0, 0, cancel != 0, 0};
-        if (send_step(s, &h, NULL) != CKV_STATUS_OK) {
-            ckv_error_clear();
-            cancel = 1;
-        }
-    }
-    return cancel;
+static ckv_status misfit(const ckv_srv_steps *s, int kind, int slot) {
+    return ckv_error(CKV_STATUS_ERR_ARG, "%s step on slot %d: the lane is %s", step_names[kind], slot,
+                     !valid_slot(s, slot) ? "out of range" : (const char *[]){"empty", "being prepared", "ready"}[lane_of(s, slot)]);
 }
 
 ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const int32_t *ids, int n,
-                                int reserve, int chunk) {
+                                int reserve, int chunk, int *ready) {
+    *ready = 0;
     size_t payload = sizeof *press + sizeof(int32_t) * (size_t)n;
-    if (!valid_slot(s, slot) || s->preparing >= 0 || n < 1 || payload > s->msg_cap)
+    if (!step_fits(s, STEP_PREPARE, slot) || n < 1 || payload > s->msg_cap)
         return ckv_error(CKV_STATUS_ERR_ARG, "prepare step: slot %d, %d context ids (window %d)", slot, n,
                          s->engine->model->cfg.max_context);
     if (multi(s)) {
@@ -208,25 +245,35 @@ ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_conf
         memcpy(s->msg + sizeof *press, ids, sizeof(int32_t) * (size_t)n);
         CKV_TRY(send_step(s, &h, s->msg));
     }
-    return exec_prepare(s, slot, press, ids, n, reserve, chunk);
+    return exec_prepare(s, slot, press, ids, n, reserve, chunk, ready);
 }
 
-ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n) {
+ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready) {
+    *ready = 0;
+    if (!step_fits(s, STEP_ADVANCE, slot)) return misfit(s, STEP_ADVANCE, slot);
+    if (multi(s)) {
+        step_head h = {STEP_ADVANCE, slot, 0, 0, 0, 0, 0};
+        CKV_TRY(send_step(s, &h, NULL));
+    }
+    return exec_advance(s, slot, ready);
+}
+
+ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **logits) {
     size_t payload = sizeof(int32_t) * (size_t)n;
-    if (!valid_slot(s, slot) || slot == s->preparing || n < 1 || payload > s->msg_cap)
-        return ckv_error(CKV_STATUS_ERR_ARG, "question step: slot %d, %d ids", slot, n);
+    if (!step_fits(s, STEP_QUESTION, slot)) return misfit(s, STEP_QUESTION, slot);
+    if (n < 1 || payload > s->msg_cap) return ckv_error(CKV_STATUS_ERR_ARG, "question step: slot %d, %d ids", slot, n);
     if (multi(s)) {
         step_head h = {STEP_QUESTION, slot, n, 0, 0, 0, payload};
         CKV_TRY(send_step(s, &h, ids));
     }
-    return exec_question(s, slot, ids, n);
+    return exec_question(s, slot, ids, n, logits);
 }
 
-ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n) {
+ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n, const float **logits) {
     if (n < 1 || n > s->max_batch) return ckv_error(CKV_STATUS_ERR_ARG, "decode step: %d sequences (batch %d)", n, s->max_batch);
     int32_t *msg = (int32_t *)(void *)s->msg; // [2, n] slots, then tokens
     for (int i = 0; i < n; i++) {
-        if (!valid_slot(s, slots[i]) || slots[i] == s->preparing) return ckv_error(CKV_STATUS_ERR_ARG, "decode step: slot %d", slots[i]);
+        if (!step_fits(s, STEP_DECODE, slots[i])) return misfit(s, STEP_DECODE, slots[i]);
         msg[i] = slots[i];
         msg[n + i] = tokens[i];
     }
@@ -234,11 +281,11 @@ ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t
         step_head h = {STEP_DECODE, 0, n, 0, 0, 0, sizeof(int32_t) * 2 * (size_t)n};
         CKV_TRY(send_step(s, &h, msg));
     }
-    return exec_decode(s, msg, msg + n, n);
+    return exec_decode(s, msg, msg + n, n, logits);
 }
 
 ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot) {
-    if (!valid_slot(s, slot) || slot == s->preparing) return ckv_error(CKV_STATUS_ERR_ARG, "rewind step: slot %d", slot);
+    if (!step_fits(s, STEP_REWIND, slot)) return misfit(s, STEP_REWIND, slot);
     if (multi(s)) {
         step_head h = {STEP_REWIND, slot, 0, 0, 0, 0, 0};
         CKV_TRY(send_step(s, &h, NULL));
@@ -247,12 +294,12 @@ ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot) {
 }
 
 void ckv_srv_step_release(ckv_srv_steps *s, int slot) {
-    if (!valid_slot(s, slot) || slot == s->preparing) return;
+    if (!step_fits(s, STEP_RELEASE, slot)) return;
     if (multi(s)) {
         step_head h = {STEP_RELEASE, slot, 0, 0, 0, 0, 0};
         if (send_step(s, &h, NULL) != CKV_STATUS_OK) ckv_error_clear();
     }
-    ckv_prepared_free(&s->lanes[slot]);
+    lane_free(&s->lanes[slot]);
 }
 
 void ckv_srv_step_idle(ckv_srv_steps *s) {
@@ -267,73 +314,77 @@ void ckv_srv_step_quit(ckv_srv_steps *s, int failed) {
     if (send_step(s, &h, NULL) != CKV_STATUS_OK) ckv_error_clear();
 }
 
+/* ---- the scheduler's executor ----------------------------------------------------------------------------- */
+
+static ckv_status x_prepare(void *ctx, int slot, const ckv_press_config *press, const int32_t *ids, int n, int reserve,
+                            int chunk, int *ready) {
+    return ckv_srv_step_prepare(ctx, slot, press, ids, n, reserve, chunk, ready);
+}
+static ckv_status x_advance(void *ctx, int slot, int *ready) { return ckv_srv_step_advance(ctx, slot, ready); }
+static void x_prepared(void *ctx, int slot, ckv_sched_prepared *out) { *out = ((ckv_srv_steps *)ctx)->lanes[slot].info; }
+static const float *x_context_logits(void *ctx, int slot) { return ((ckv_srv_steps *)ctx)->lanes[slot].pc.logits; }
+static ckv_status x_question(void *ctx, int slot, const int32_t *ids, int n, const float **logits) {
+    return ckv_srv_step_question(ctx, slot, ids, n, logits);
+}
+static ckv_status x_decode(void *ctx, const int *slots, const int32_t *tokens, int n, const float **logits) {
+    return ckv_srv_step_decode(ctx, slots, tokens, n, logits);
+}
+static ckv_status x_rewind(void *ctx, int slot) { return ckv_srv_step_rewind(ctx, slot); }
+static void x_release(void *ctx, int slot) { ckv_srv_step_release(ctx, slot); }
+
+void ckv_srv_steps_exec(ckv_srv_steps *s, ckv_sched_exec *out) {
+    *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, s};
+}
+
 /* ---- the followers' side -------------------------------------------------------------------------------- */
 
-/* Receives and runs the leader's steps until one of kind `until` (QUIT at the top, CONTINUE between
- * the layers of a prepare, where no prepare or quit may come); *failed gets that step's flag. */
-static ckv_status follow_until(ckv_srv_steps *s, step_kind until, int *failed) {
+ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
+    if (!multi(s) || s->leader) return ckv_error(CKV_STATUS_ERR_ARG, "only a follower rank of a tensor-parallel group follows steps");
     for (;;) {
         step_head h;
         CKV_TRY(s->group->ops->bcast(s->group, &h, sizeof h, 0));
-        int nested = until == STEP_CONTINUE;
-        if (h.kind < STEP_NOP || h.kind > STEP_QUIT || h.payload > s->msg_cap ||
-            (h.kind != STEP_DECODE && h.kind != STEP_NOP && h.kind != STEP_QUIT && h.kind != STEP_CONTINUE &&
-             !valid_slot(s, h.slot)) ||
-            (h.kind == STEP_DECODE && (h.n < 1 || h.n > s->max_batch)) ||
-            (nested ? h.kind == STEP_PREPARE || h.kind == STEP_QUIT : h.kind == STEP_CONTINUE) ||
-            (h.kind != STEP_NOP && h.kind != STEP_QUIT && h.kind != STEP_CONTINUE && h.kind != STEP_DECODE &&
-             h.slot == s->preparing))
+        int bad = h.kind < STEP_NOP || h.kind > STEP_QUIT || h.payload > s->msg_cap ||
+                  (h.kind == STEP_DECODE ? h.n < 1 || h.n > s->max_batch || h.payload != sizeof(int32_t) * 2 * (size_t)h.n
+                                         : !step_fits(s, h.kind, h.slot)) ||
+                  (h.kind == STEP_QUESTION && (h.n < 1 || h.payload != sizeof(int32_t) * (size_t)h.n));
+        if (bad)
             return ckv_error(CKV_STATUS_ERR_FORMAT, "a server step from rank 0 out of order or malformed (%s, slot %d, %d items)",
                              h.kind >= STEP_NOP && h.kind <= STEP_QUIT ? step_names[h.kind] : "unknown", h.slot, h.n);
         if (h.payload > 0) CKV_TRY(s->group->ops->bcast(s->group, s->msg, (size_t)h.payload, 0));
         ckv_status st = CKV_STATUS_OK;
+        const float *lg = NULL;
+        int ready = 0;
         switch ((step_kind)h.kind) {
         case STEP_NOP: break;
         case STEP_QUIT:
-        case STEP_CONTINUE: *failed = h.failed; return CKV_STATUS_OK;
+            if (h.failed) return ckv_error(CKV_STATUS_ERR_ARG, "rank 0 of the tensor-parallel group stopped serving with an error");
+            return CKV_STATUS_OK;
         case STEP_PREPARE: {
             ckv_press_config press;
             memcpy(&press, s->msg, sizeof press);
-            press.spec[sizeof press.spec - 1] = press.profile[sizeof press.profile - 1] = '\0';
-            st = exec_prepare(s, h.slot, &press, (const int32_t *)(const void *)(s->msg + sizeof press), h.n, h.reserve, h.chunk);
+            if (h.payload != sizeof press + sizeof(int32_t) * (size_t)h.n || h.n < 1)
+                return ckv_error(CKV_STATUS_ERR_FORMAT, "a server prepare step from rank 0 of %d ids in %llu bytes", h.n,
+                                 (unsigned long long)h.payload);
+            st = exec_prepare(s, h.slot, &press, (const int32_t *)(const void *)(s->msg + sizeof press), h.n, h.reserve, h.chunk,
+                              &ready);
             break;
         }
-        case STEP_QUESTION: st = exec_question(s, h.slot, (const int32_t *)(const void *)s->msg, h.n); break;
+        case STEP_ADVANCE: st = exec_advance(s, h.slot, &ready); break;
+        case STEP_QUESTION: st = exec_question(s, h.slot, (const int32_t *)(const void *)s->msg, h.n, &lg); break;
         case STEP_DECODE: {
             const int32_t *m = (const int32_t *)(const void *)s->msg;
             for (int i = 0; i < h.n; i++)
-                if (!valid_slot(s, m[i]) || m[i] == s->preparing)
+                if (!step_fits(s, STEP_DECODE, m[i]))
                     return ckv_error(CKV_STATUS_ERR_FORMAT, "a server decode step from rank 0 names slot %d", m[i]);
-            st = exec_decode(s, m, m + h.n, h.n);
+            st = exec_decode(s, m, m + h.n, h.n, &lg);
             break;
         }
         case STEP_REWIND: st = exec_rewind(s, h.slot); break;
-        case STEP_RELEASE: ckv_prepared_free(&s->lanes[h.slot]); break;
+        case STEP_RELEASE: lane_free(&s->lanes[h.slot]); break;
         }
         if (st != CKV_STATUS_OK) { /* the leader fails the request and releases the lane */
             CKV_LOG_WARN("server %s step on slot %d: %s", step_names[h.kind], h.slot, ckv_error_message());
             ckv_error_clear();
         }
     }
-}
-
-/* Between two layers of a prepare on a follower: the leader's steps until it says continue. */
-static int between_follower(void *ctx, int layer) {
-    (void)layer;
-    ckv_srv_steps *s = ctx;
-    int cancel = 0;
-    if (follow_until(s, STEP_CONTINUE, &cancel) != CKV_STATUS_OK) {
-        CKV_LOG_WARN("between layers of a prefill: %s", ckv_error_message());
-        ckv_error_clear();
-        return 1;
-    }
-    return cancel;
-}
-
-ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
-    if (!multi(s) || s->leader) return ckv_error(CKV_STATUS_ERR_ARG, "only a follower rank of a tensor-parallel group follows steps");
-    int failed = 0;
-    CKV_TRY(follow_until(s, STEP_QUIT, &failed));
-    if (failed) return ckv_error(CKV_STATUS_ERR_ARG, "rank 0 of the tensor-parallel group stopped serving with an error");
-    return CKV_STATUS_OK;
 }

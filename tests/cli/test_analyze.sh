@@ -17,22 +17,7 @@ if "$ckv" analyze --help 2>&1 | grep -q "unknown command"; then
   echo "SKIP: this ckv has no 'analyze' command (src/cli/main.c does not dispatch it yet)"; exit 77
 fi
 
-# expect_error NAME EXPECTED_SUBSTRING CMD...: non-zero exit below 128, one stderr line containing the text
-expect_error() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  local lines; lines=$(wc -l <"$tmp/err")
-  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then
-    echo "FAIL $name: exit status $rc (expected 1 or 2)"; cat "$tmp/err"; fail=1
-  elif [ "$lines" -ne 1 ]; then
-    echo "FAIL $name: $lines lines on stderr, expected one:"; cat "$tmp/err"; fail=1
-  elif ! grep -qF -- "$want" "$tmp/err"; then
-    echo "FAIL $name: stderr lacks '$want':"; cat "$tmp/err"; fail=1
-  else
-    echo "ok   $name: $(cat "$tmp/err")"
-  fi
-}
+. "$(dirname "$0")/../common/expect.sh" # expect_error
 
 ids=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(','.join(map(str,r['prompt_ids'])))" "$llama/reference.json")
 echo "$ids" >"$tmp/prompt.txt"
@@ -149,17 +134,17 @@ expect_error "bad prompt ids" "'x' at token 1" "$ckv" analyze --model "$llama" -
 expect_error "bad question ids" "--question-ids: '-4' at token 1" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --question-ids 3,-4 --budget 0.5
 expect_error "two questions" "--question-ids given twice" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --question-ids 3 --question-ids 4 --budget 0.5
 expect_error "no budget" "needs a budget" "$ckv" analyze --model "$llama" --prompt-ids "$ids"
-expect_error "budget zero" "--budget: 0 is outside (0, 1]" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget 0
-expect_error "budget above one" "--budget: 1.5 is outside (0, 1]" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget 1.5
-expect_error "compression ratio one" "--compression-ratio: 1 is outside [0, 1)" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --compression-ratio 1
-expect_error "budget tokens zero" "--budget-tokens: 0 must be >= 1" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget-tokens 0
+expect_error "budget zero" "budget 0 is outside (0, 1]" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget 0
+expect_error "budget above one" "budget 1.5 is outside (0, 1]" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget 1.5
+expect_error "compression ratio one" "compression_ratio 1 is outside [0, 1)" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --compression-ratio 1
+expect_error "budget tokens zero" "budget_tokens 0 must be >= 1" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget-tokens 0
 expect_error "unknown press" "unknown press 'nonsense'" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --press-b nonsense --budget 0.5
 expect_error "press none" "--press-a none" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --press-a none --budget 0.5
 expect_error "headkv without profile" "profile" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --press-b headkv:snapkv --budget 0.5
 expect_error "even kernel" "kernel: 4 must be odd" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --kernel 4 --budget 0.5
 expect_error "unknown press option" "unknown press option 'foo'" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --press-opt foo=1 --budget 0.5
 expect_error "malformed press option" "expected KEY=VALUE" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --press-opt foo --budget 0.5
-expect_error "window longer than context" "--window 64 needs a context longer than 64 tokens, got 20" "$ckv" analyze --model "$llama" --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --budget 0.5
+expect_error "window longer than context" "window 64 needs a context longer than 64 tokens, got 20" "$ckv" analyze --model "$llama" --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --budget 0.5
 expect_error "chunk zero" "--chunk: 0 is outside" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget 0.5 --chunk 0
 expect_error "threads word" "--threads: expected an integer, got 'two'" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget 0.5 --threads two
 expect_error "flag without value" "--out needs a value" "$ckv" analyze --model "$llama" --prompt-ids "$ids" --budget 0.5 --out

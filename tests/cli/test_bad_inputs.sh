@@ -16,29 +16,10 @@ P=$(seq -s, 1 200)
 unset CKV_MAX_INPUT_BYTES
 export ckv M P tmp
 
-# expect_error NAME EXPECTED_SUBSTRING CMD...: exit status in [1, 127] within 120 s (not 124: the
-# time limit); on stderr exactly one error line, the last one, containing the text, and no control
-# bytes anywhere (informational lines such as "ckv: press ..." may precede the error). CMD may be one
-# of the exported shell functions below (gen, ev, lc, sc).
-expect_error() {
-  local name=$1 want=$2; shift 2
-  timeout -k 5 120 bash -c '"$@"' expect_error "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
-  local rc=$?
-  local lines; lines=$(grep -c 'error' "$tmp/err")
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-    echo "FAIL $name: did not finish within 120 s"; fail=1
-  elif [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then
-    echo "FAIL $name: exit status $rc (expected 1..127)"; head -c 2000 "$tmp/err"; fail=1
-  elif [ "$lines" -ne 1 ] || ! tail -n 1 "$tmp/err" | grep -q 'error'; then
-    echo "FAIL $name: $lines error lines on stderr, expected one, the last:"; head -c 2000 "$tmp/err"; fail=1
-  elif LC_ALL=C grep -q '[[:cntrl:]]' <(tr -d '\n' <"$tmp/err"); then
-    echo "FAIL $name: control bytes on stderr:"; od -c "$tmp/err" | head; fail=1
-  elif ! tail -n 1 "$tmp/err" | grep -qF -- "$want"; then
-    echo "FAIL $name: stderr lacks '$want':"; cat "$tmp/err"; fail=1
-  else
-    echo "ok   $name: $(tail -n 1 "$tmp/err" | cut -c1-200)"
-  fi
-}
+# expect_error (tests/common/expect.sh); informational lines such as "ckv: press ..." may precede the
+# error line here, and CMD may be one of the exported shell functions below (gen, ev, lc, sc).
+EXPECT_ERROR_LOGS=1
+. "$(dirname "$0")/../common/expect.sh" # expect_error
 
 copy_model() { rm -rf "$tmp/$1"; cp -r "$M" "$tmp/$1"; }
 gen() { "$ckv" generate --model "$1" --prompt-ids "$P" --max-new-tokens 2 --threads 1 "${@:2}"; }

@@ -11,15 +11,7 @@ fail=0
 M=$fx/llama_gqa
 P=$(seq -s, 1 120)
 
-expect_error() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$? lines; lines=$(wc -l <"$tmp/err")
-  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then echo "FAIL $name: exit status $rc (expected 1 or 2)"; cat "$tmp/err"; fail=1
-  elif [ "$lines" -ne 1 ]; then echo "FAIL $name: $lines lines on stderr, expected one:"; cat "$tmp/err"; fail=1
-  elif ! grep -qF -- "$want" "$tmp/err"; then echo "FAIL $name: stderr lacks '$want':"; cat "$tmp/err"; fail=1
-  else echo "ok   $name: $(cat "$tmp/err")"; fi
-}
+. "$(dirname "$0")/../common/expect.sh" # expect_error
 
 # --- spellings: the same run three ways ---
 "$ckv" generate --model "$M" --prompt-ids "$P" --max-new-tokens 5 --threads 1 >"$tmp/a" 2>/dev/null

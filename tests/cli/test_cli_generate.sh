@@ -9,22 +9,7 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0
 llama=$fx/llama_gqa
 
-# expect_error NAME EXPECTED_SUBSTRING CMD...: non-zero exit below 128, one stderr line containing the text
-expect_error() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  local lines; lines=$(wc -l <"$tmp/err")
-  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then
-    echo "FAIL $name: exit status $rc (expected 1 or 2)"; cat "$tmp/err"; fail=1
-  elif [ "$lines" -ne 1 ]; then
-    echo "FAIL $name: $lines lines on stderr, expected one:"; cat "$tmp/err"; fail=1
-  elif ! grep -qF -- "$want" "$tmp/err"; then
-    echo "FAIL $name: stderr lacks '$want':"; cat "$tmp/err"; fail=1
-  else
-    echo "ok   $name: $(cat "$tmp/err")"
-  fi
-}
+. "$(dirname "$0")/../common/expect.sh" # expect_error
 
 # --- a good run: greedy ids equal the reference ---
 ids=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(','.join(map(str,r['prompt_ids'])))" "$llama/reference.json")
@@ -68,10 +53,10 @@ expect_error "prompt too long" "max_position_embeddings" "$ckv" generate --model
 expect_error "prompt + new too long" "--max-new-tokens 100" "$ckv" generate --model "$llama" --prompt-ids-file <(python3 -c "print(','.join(['5']*1000))") --max-new-tokens 100
 
 # --- presses ---
-expect_error "budget above one" "--budget: 1.5 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 1.5
-expect_error "budget zero" "--budget: 0 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 0
-expect_error "compression ratio one" "--compression-ratio: 1 is outside [0, 1)" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --compression-ratio 1
-expect_error "budget tokens zero" "--budget-tokens: 0 must be >= 1" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget-tokens 0
+expect_error "budget above one" "budget 1.5 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 1.5
+expect_error "budget zero" "budget 0 is outside (0, 1]" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget 0
+expect_error "compression ratio one" "compression_ratio 1 is outside [0, 1)" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --compression-ratio 1
+expect_error "budget tokens zero" "budget_tokens 0 must be >= 1" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --budget-tokens 0
 expect_error "unknown press" "unknown press 'nonsense'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press nonsense --budget 0.5
 expect_error "unknown wrapper" "unknown wrapper 'super'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press super:snapkv --budget 0.5
 expect_error "unknown press option" "unknown press option 'foo'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical:snapkv --press-opt foo=1 --budget 0.5

@@ -16,21 +16,7 @@ if "$ckv" tokenize --help 2>&1 | grep -q "unknown command"; then
   echo "SKIP: this ckv binary has no 'tokenize' command yet"; exit 77
 fi
 
-expect_error() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
-  local rc=$?
-  local lines; lines=$(wc -l <"$tmp/err")
-  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then
-    echo "FAIL $name: exit status $rc (expected 1 or 2)"; cat "$tmp/err"; fail=1
-  elif [ "$lines" -ne 1 ]; then
-    echo "FAIL $name: $lines lines on stderr, expected one:"; cat "$tmp/err"; fail=1
-  elif ! grep -qF -- "$want" "$tmp/err"; then
-    echo "FAIL $name: stderr lacks '$want':"; cat "$tmp/err"; fail=1
-  else
-    echo "ok   $name: $(cat "$tmp/err")"
-  fi
-}
+. "$(dirname "$0")/../common/expect.sh" # expect_error
 
 expect_out() {
   local name=$1 want=$2; shift 2

@@ -13,16 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 model=$fx/models/llama_gqa
 fail=0
 
-# expect_error NAME EXPECTED_SUBSTRING CMD...: exit status 1 or 2, one stderr line containing the text
-expect_error() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$? lines; lines=$(wc -l <"$tmp/err")
-  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then echo "FAIL $name: exit status $rc (expected 1 or 2)"; cat "$tmp/err"; fail=1
-  elif [ "$lines" -ne 1 ]; then echo "FAIL $name: $lines lines on stderr, expected one:"; cat "$tmp/err"; fail=1
-  elif ! grep -qF -- "$want" "$tmp/err"; then echo "FAIL $name: stderr lacks '$want':"; cat "$tmp/err"; fail=1
-  else echo "ok   $name: $(cat "$tmp/err")"; fi
-}
+. "$(dirname "$0")/../common/expect.sh" # expect_error
 
 gen=(--model "$model" --task niah_single_1,niah_multikey_2 --length 700 --samples 2 --press snapkv,critical:snapkv
      --budget 0.3,0.6 --max-new-tokens 4 --threads 1 --progress lines)
@@ -151,7 +142,7 @@ expect_error "unknown task" "unknown task 'niah_single_9'" "$ckv" eval --model "
 expect_error "task and data" "exactly one of --task" "$ckv" eval --model "$model" --out "$tmp/x"
 expect_error "no out" "--out DIR is required" "$ckv" eval --model "$model" --task niah_single_1 --length 700
 expect_error "press without budget" "--press needs --budget" "$ckv" eval --model "$model" --task niah_single_1 --length 700 --press snapkv --out "$tmp/x"
-expect_error "budget out of range" "--budget: 1.5 is outside (0, 1]" "$ckv" eval --model "$model" --task niah_single_1 --length 700 --press snapkv --budget 1.5 --out "$tmp/x"
+expect_error "budget out of range" "budget 1.5 is outside (0, 1]" "$ckv" eval --model "$model" --task niah_single_1 --length 700 --press snapkv --budget 1.5 --out "$tmp/x"
 expect_error "unknown press" "unknown press 'snapkw'" "$ckv" eval --model "$model" --task niah_single_1 --length 700 --press snapkw --budget 0.5 --out "$tmp/x"
 expect_error "unknown metric" "unknown metric 'bleu'" "$ckv" eval --model "$model" --data "$fx/eval/longbench_mini.jsonl" --metric bleu --out "$tmp/x"
 expect_error "length above the window" "--length 5000 exceeds the context window" "$ckv" eval --model "$model" --task niah_single_1 --length 5000 --samples 1 --out "$tmp/x5"

@@ -28,16 +28,10 @@ PY
 else
   echo "FAIL fidelity run"; cat "$tmp/err"; fail=1
 fi
-expect_error() {
-  local name=$1 want=$2; shift 2
-  "$@" >/dev/null 2>"$tmp/e"; local rc=$?
-  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ] || [ "$(wc -l <"$tmp/e")" -ne 1 ] || ! grep -qF -- "$want" "$tmp/e"; then
-    echo "FAIL $name (exit $rc):"; cat "$tmp/e"; fail=1
-  else echo "ok   $name: $(cat "$tmp/e")"; fi
-}
+. "$(dirname "$0")/../common/expect.sh" # expect_error
 expect_error "too short" "fewer than --context" "$ckv" fidelity --model "$model" --text-file "$tmp/text.txt" --context 5000 --continuation 40 --press snapkv --budget 0.5
 expect_error "press none" "'none' is the reference" "$ckv" fidelity --model "$model" --text-file "$tmp/text.txt" --press none --budget 0.5
-expect_error "bad budget" "--budget: 2 is outside" "$ckv" fidelity --model "$model" --text-file "$tmp/text.txt" --press snapkv --budget 2
+expect_error "bad budget" "budget 2 is outside" "$ckv" fidelity --model "$model" --text-file "$tmp/text.txt" --press snapkv --budget 2
 expect_error "missing text" "nope.txt" "$ckv" fidelity --model "$model" --text-file "$tmp/nope.txt" --press snapkv --budget 0.5
 expect_error "missing flags" "are required" "$ckv" fidelity --model "$model"
 exit $fail

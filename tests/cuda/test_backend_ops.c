@@ -32,24 +32,17 @@ static const char *tb_name;
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
 
-static uint32_t rng_u32(void) { return ckv_test_xorshift(&rng_state); }
+static uint32_t rng_u32(void) { return ckv_test_rng_u32(&rng_state); }
 
 /* uniform in [lo, hi), never exactly 0 */
 static float rng_uniform(float lo, float hi) {
-    float x = lo + (hi - lo) * (float)(rng_u32() >> 8) * (1.0f / 16777216.0f);
+    float x = ckv_test_uniform(&rng_state, lo, hi);
     return x == 0.0f ? 0.5f * hi : x;
 }
 
 static int rng_int(int lo, int hi) { return lo + (int)(rng_u32() % (uint32_t)(hi - lo + 1)); }
 
-static void *xalloc(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "test: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
+#define xalloc ckv_test_calloc
 
 static float *rand_floats(size_t n, float lo, float hi) {
     float *x = xalloc(n * sizeof(float));

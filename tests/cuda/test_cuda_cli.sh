@@ -3,7 +3,10 @@
 # `--backend cuda-emu` (the same CUDA sources on ckv's CPU execution layer) everywhere else.
 #   quick (label cuda-emu, CI): generate on every fixture model (bf16 weights and KV, the backend's
 #     default, and f32) gives the CPU backend's greedy ids; a press runs; with CKV_MPIRUN, 2 ranks
-#     --tp 2 on the one device (the staged path) give tp 1's ids.
+#     --tp 2 on the one device (the staged path) give tp 1's ids; `--random-weights 7` on a directory
+#     holding only config.json (what tools/bench/bench_gpu.py runs) generates on both backends, the
+#     backend's logits (f32 weights and KV) within 1e-3 of the CPU backend's, and without the flag
+#     the same directory is refused naming the missing checkpoint.
 #   analyze (label cuda-emu, CI): `ckv analyze` through the backend equals the CPU backend's f32
 #     analysis on two fixture models and two press pairs (every per-head value of --out; kept-row
 #     counts and head indices exactly): with --weights-dtype f32 --kv-dtype f32 within a relative
@@ -58,6 +61,37 @@ if [ "$mode" = quick ]; then
     fi
   else
     echo "skip tp 2 on one device: no MPI launcher (CKV_MPIRUN)"
+  fi
+  # random weights from a directory holding only config.json
+  mkdir -p "$tmp/rw" && cp "$fx/qwen2_bias/config.json" "$tmp/rw/"
+  if ! "$ckv" generate -m "$tmp/rw" --random-weights 7 --prompt-ids "$ids" -n 4 --ignore-eos \
+      --dump-logits "$tmp/rw_cpu.logits" >"$tmp/rw_cpu" 2>"$tmp/err"; then
+    echo "FAIL --random-weights 7 on the cpu backend (config.json only): $(tail -1 "$tmp/err")"; fail=1
+  elif ! "$ckv" generate -m "$tmp/rw" --random-weights 7 --prompt-ids "$ids" -n 4 --ignore-eos --backend "$be" \
+      --weights-dtype f32 --kv-dtype f32 --dump-logits "$tmp/rw_dev.logits" >"$tmp/rw_dev" 2>"$tmp/err"; then
+    echo "FAIL --random-weights 7 --backend $be (config.json only): $(tail -1 "$tmp/err")"; fail=1
+  else
+    python3 - "$tmp/rw_cpu.logits" "$tmp/rw_dev.logits" "random weights --backend $be" <<'PY' || fail=1
+import sys
+from array import array
+c, d = array('f'), array('f')
+c.frombytes(open(sys.argv[1], 'rb').read()); d.frombytes(open(sys.argv[2], 'rb').read())
+if len(c) != len(d) or not c:
+    print(f"FAIL {sys.argv[3]}: {len(d)} logits, the cpu backend wrote {len(c)}"); sys.exit(1)
+worst = max(abs(a - b) for a, b in zip(c, d))
+big = max(abs(a) for a in c)
+ok = worst <= 1e-3 and big > 0
+print(("ok  " if ok else "FAIL") + f" {sys.argv[3]} from config.json alone: {len(c)} logits (max |logit| {big:.3g}) within "
+      f"{worst:.2g} of the cpu backend's (bound 1e-3)")
+sys.exit(0 if ok else 1)
+PY
+  fi
+  if "$ckv" generate -m "$tmp/rw" --prompt-ids "$ids" -n 1 --backend "$be" >/dev/null 2>"$tmp/err"; then
+    echo "FAIL a directory with only config.json and no --random-weights was accepted"; fail=1
+  elif grep -q "model.safetensors" "$tmp/err"; then
+    echo "ok   without --random-weights the config.json-only directory is refused: $(tail -1 "$tmp/err")"
+  else
+    echo "FAIL config.json only, no --random-weights: unclear error: $(tail -1 "$tmp/err")"; fail=1
   fi
   exit $fail
 fi
@@ -142,7 +176,8 @@ if "$ckv" fidelity -m "$smol" --text-file "$tmp/text.txt" --press snapkv --budge
 else
   echo "FAIL fidelity --backend $be: $(tail -1 "$tmp/err")"; fail=1
 fi
-if "$ckv" eval -m "$smol" --task niah_single_1 --length 256 --samples 1 --press snapkv --budget 0.5 --backend "$be" \
+# niah_single_1 needs at least 366 tokens of SmolLM2's tokenizer: 512 is the smallest power of two above
+if "$ckv" eval -m "$smol" --task niah_single_1 --length 512 --samples 1 --press snapkv --budget 0.5 --backend "$be" \
     --out "$tmp/eval" >/dev/null 2>"$tmp/err" && [ -s "$tmp/eval/results.jsonl" ]; then
   echo "ok   eval --backend $be: $(wc -l <"$tmp/eval/results.jsonl") result lines"
 else

@@ -1,7 +1,7 @@
 /* test_cuda_emu.cpp - the CPU execution layer itself (src/backend/cuda/emu), on kernels written
- * here: warp shuffles against the rules of GPU-NOTES §2 (widths, sources outside the group or the
+ * here: warp shuffles against the rules of docs/gpu.md §2 (widths, sources outside the group or the
  * mask), __syncthreads as a block barrier, per-block __shared__ storage, the mma wrapper against a
- * naive product with fragments loaded by the PTX ISA layouts of GPU-NOTES §1, the cuBLAS GEMM
+ * naive product with fragments loaded by the PTX ISA layouts of docs/gpu.md §1, the cuBLAS GEMM
  * against a naive column-major product (both transposes, padded leading dimensions, bf16 and f32),
  * and the faults that must never hang: a divergent __syncthreads, a shuffle whose mask names an
  * exited lane, a bad launch configuration, copies that name host memory as device memory. Built
@@ -62,7 +62,7 @@ static void test_shuffles() {
             }
     }
     EXPECT(bad == 0, "%d shuffle results wrong", bad);
-    if (!bad) fprintf(stderr, "ok   shuffles: idx/up/down/xor with widths 4-32 follow GPU-NOTES §2\n");
+    if (!bad) fprintf(stderr, "ok   shuffles: idx/up/down/xor with widths 4-32 follow docs/gpu.md §2\n");
     cudaFree(d);
 }
 

@@ -8,11 +8,19 @@
 # rank ends the job within the timeout) and the benchmark (tools/bench/bench_gpu.py), in at most
 # 8 minutes, and prints a summary table last. Nothing is installed; apt-get is never called.
 #   tests/gpu/run.sh [--dry-run] [OUT_DIR]     (OUT_DIR: $OUT, else build-gpu/results)
+#   tests/gpu/run.sh --rehearse BUILD_DIR [OUT_DIR]
 # --dry-run runs every step up to the first GPU call (unpack, configure, build, the benchmark's
-# dry run) and stops. Exits non-zero if a step failed.
+# dry run) and stops. --rehearse (CI: test gpu_run_rehearsal) runs every step after the build on an
+# existing build without a GPU: the same commands with the CUDA backend's CPU execution layer in
+# place of the GPU (--backend cuda-emu, comm_ranks `emu`) and the benchmark on small shapes
+# (bench_gpu.py --rehearse), after checking that tools/gpu/prepare.sh resolves its package list.
+# Exits non-zero if a step failed.
 set -uo pipefail
-dry=0
+dry=0 rehearse=0
 if [ "${1:-}" = "--dry-run" ]; then dry=1; shift; fi
+if [ "${1:-}" = "--rehearse" ]; then
+  rehearse=1; build=$(cd "${2:?--rehearse needs the build directory}" && pwd) || exit 1; shift 2
+fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${1:-${OUT:-$root/build-gpu/results}}
 mkdir -p "$out"
@@ -39,8 +47,21 @@ step() {
   return $rc
 }
 
+dev=cuda # what comm_ranks and the timeout test run on; a rehearsal: the CPU execution layer
+if [ $rehearse -eq 1 ]; then
+  dev=emu
+  mpirun=${CKV_MPIRUN:-$(command -v mpirun || true)}
+  [ -x "$build/ckv" ] || { log "--rehearse: $build/ckv is missing (build first)"; exit 1; }
+  [ -n "$mpirun" ] || { log "--rehearse: no MPI launcher (mpirun, or CKV_MPIRUN)"; exit 1; }
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  log "== rehearsal of the GPU run on $build: --backend cuda-emu, small shapes"
+  if command -v apt-cache >/dev/null; then
+    step "prepare.sh --list" 120 bash -c "n=\$(bash '$root/tools/gpu/prepare.sh' --list | grep -c .) && [ \"\$n\" -gt 0 ] && echo \"\$n packages to download\""
+  fi
+fi
 # ---- private prefix from the downloaded packages ----
 debs=$root/build-deps/debs
+if [ $rehearse -eq 0 ]; then
 prefix=$root/build-gpu/prefix
 if ! ls "$debs"/*.deb >/dev/null 2>&1; then
   log "no packages in build-deps/debs: run tools/gpu/prepare.sh on the development machine first"; exit 1
@@ -97,6 +118,7 @@ if ! step "build" 300 cmake --build "$build" -j "$(nproc)"; then
   log "build failed:"; grep -m5 -E "error|Error" "$(logof build)"; exit 1
 fi
 log "ckv links: $(ldd "$build/ckv" | grep -E 'libmpi|libcjson|libpcre2|libnccl|libcudart' | awk '{print $1 "->" $3}' | tr '\n' ' ')"
+fi # rehearse -eq 0
 if [ $dry -eq 1 ]; then
   step "benchmark (dry run)" 60 python3 "$root/tools/bench/bench_gpu.py" --dry-run --ckv "$build/ckv" --out "$out/bench"
   cat "$(logof "benchmark (dry run)")"
@@ -107,23 +129,29 @@ fi
 
 # ---- on the GPU ----
 log "== device"
-(nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv 2>&1 || echo "nvidia-smi not available") | tee -a "$out/summary.txt"
-ngpu=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
-step "ctest -L cuda" 150 ctest --test-dir "$build" -L cuda --output-on-failure
+if [ $rehearse -eq 1 ]; then
+  log "none: a rehearsal on the CPU execution layer"; ngpu=0
+else
+  (nvidia-smi --query-gpu=name,memory.total,driver_version,pci.bus_id --format=csv 2>&1 || echo "nvidia-smi not available") | tee -a "$out/summary.txt"
+  ngpu=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+fi
+# the label exactly: `-L cuda` would also match cuda-emu, the kernels on the CPU (the slow ones too)
+step "ctest -L cuda" 150 ctest --test-dir "$build" -L '^cuda$' --output-on-failure
 ranks=$build/tests/comm_ranks
 fx=$root/tests/fixtures/random/tiny_qwen2
-step "tp 2 x 1 GPU (staged) = tp 1" 60 env CUDA_VISIBLE_DEVICES=0 "$mpirun" --oversubscribe -np 2 "$ranks" tp "$fx" cuda
+step "tp 2 x 1 GPU (staged) = tp 1" 60 env CUDA_VISIBLE_DEVICES=0 "$mpirun" --oversubscribe -np 2 "$ranks" tp "$fx" $dev
 grep -h "logits vs tp 1" "$(logof "tp 2 x 1 GPU (staged) = tp 1")" | head -2 | tee -a "$out/summary.txt"
 step "stalled rank, 1 GPU (staged)" 40 env CUDA_VISIBLE_DEVICES=0 bash "$root/tests/mpi/test_comm_timeout.sh" "$ranks" \
-  "$root/tests/fixtures" "$out" "$mpirun" cuda 2
+  "$root/tests/fixtures" "$out" "$mpirun" $dev 2
 if [ "${ngpu:-0}" -ge 2 ]; then
   step "tp $ngpu x $ngpu GPUs (NCCL) = tp 1" 60 "$mpirun" --oversubscribe -np "$ngpu" "$ranks" tp "$fx" cuda
   step "stalled rank, $ngpu GPUs (NCCL)" 40 bash "$root/tests/mpi/test_comm_timeout.sh" "$ranks" "$root/tests/fixtures" \
     "$out" "$mpirun" cuda "$ngpu"
 fi
 step "ctest -L mpi (CPU reference)" 90 ctest --test-dir "$build" -L mpi -R 'comm_|tp_generate'
-step "benchmark" "$(( $(left) - 5 ))" python3 "$root/tools/bench/bench_gpu.py" --ckv "$build/ckv" --out "$out/bench" \
-  --timeout 200
+bench_mode=(); [ $rehearse -eq 1 ] && bench_mode=(--rehearse)
+step "benchmark" "$(( $(left) - 5 ))" python3 "$root/tools/bench/bench_gpu.py" "${bench_mode[@]}" --ckv "$build/ckv" \
+  --out "$out/bench" --timeout 200
 sed -n '/^== benchmark/,$p' "$(logof benchmark)" | tee -a "$out/summary.txt"
 log "== summary ($(( $(date +%s) - t_start )) s of ${budget} s)"
 { printf '%-34s %-8s %6s  %s\n' step result time "last line"; printf '%s\n' "${rows[@]}"; } | tee -a "$out/summary.txt"

@@ -1,12 +1,14 @@
 /* comm_ranks.c - the communicator tests that need several MPI ranks (run by the test_comm_*.sh
  * scripts under mpirun):
- *   comm_ranks timeout SECONDS [cuda|split|node]
+ *   comm_ranks timeout SECONDS [cuda|emu|split|node]
  *                                every rank takes part in one all-reduce, then the last rank stops
  *                                calling collectives (sleeps); the others must end the job, naming
  *                                the operation, once SECONDS have passed (the script times it):
  *                                in a second all-reduce; with cuda on the device communicator of
  *                                the CUDA backend (staged on one GPU, NCCL on several, enqueued on
- *                                the backend's compute stream); with split in a communicator
+ *                                the backend's compute stream); with emu the same on the CUDA
+ *                                backend's CPU execution layer (staged: one pretend GPU); with
+ *                                split in a communicator
  *                                split, with node in the split by node (ckv_comm_node_local)
  *   comm_ranks staged            the device communicator on the CPU backend with fake device ids:
  *                                equal ids choose the staged path on every rank and its all-reduce
@@ -99,13 +101,18 @@ static ckv_backend *cuda_backend(ckv_comm *world, int *dev) {
     return be;
 }
 
-static int run_timeout(ckv_comm *world, double seconds, int cuda, const char *stall_in) {
+static int run_timeout(ckv_comm *world, double seconds, int cuda, int emu, const char *stall_in) {
     world->timeout_s = seconds;
     ckv_comm *c = world;
     ckv_backend *be = NULL;
     int dev = 0;
-    if (cuda) { /* the device communicator over the CUDA backend's buffers */
-        be = cuda_backend(world, &dev);
+#ifdef CKV_TEST_CUDA_EMU
+    if (emu) CHECK_OK(ckv_backend_cuda_emu_init(&be, 0));
+#else
+    if (emu) return CKV_SKIP_CODE;
+#endif
+    if (cuda || emu) { /* the device communicator over the CUDA backend's buffers */
+        if (cuda) be = cuda_backend(world, &dev);
         if (be) CHECK_OK(ckv_comm_init_backend(&c, world, be, dev, 0));
         if (ckv_test_failures) return 1;
     }
@@ -312,7 +319,7 @@ static int run_tp(ckv_comm *world, const char *dir, int cuda, int emu) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: comm_ranks timeout SECONDS [cuda|split|node] | staged | tp MODEL_DIR [cuda|emu]\n");
+        fprintf(stderr, "usage: comm_ranks timeout SECONDS [cuda|emu|split|node] | staged | tp MODEL_DIR [cuda|emu]\n");
         return 2;
     }
     ckv_comm *world = NULL;
@@ -321,7 +328,7 @@ int main(int argc, char **argv) {
     int rc = 1;
     const int cuda = argc > 3 && !strcmp(argv[3], "cuda"), emu = argc > 3 && !strcmp(argv[3], "emu");
     const char *stall_in = argc > 3 && (!strcmp(argv[3], "split") || !strcmp(argv[3], "node")) ? argv[3] : "allreduce";
-    if (!strcmp(argv[1], "timeout") && argc > 2) rc = run_timeout(world, atof(argv[2]), cuda, stall_in);
+    if (!strcmp(argv[1], "timeout") && argc > 2) rc = run_timeout(world, atof(argv[2]), cuda, emu, stall_in);
     else if (!strcmp(argv[1], "staged")) rc = run_staged(world);
     else if (!strcmp(argv[1], "tp") && argc > 2) rc = run_tp(world, argv[2], cuda, emu);
     else fprintf(stderr, "comm_ranks: unknown mode '%s'\n", argv[1]);

@@ -4,8 +4,9 @@
 # timeout plus a few seconds, and the error names the rank and the operation; the same when the
 # others wait in a communicator split or the split by node (2 ranks).
 # With `cuda` (tests/gpu/run.sh) the collective runs on the CUDA backend's device communicator
-# (staged when the ranks share a GPU, NCCL when each has its own) on NP ranks.
-# usage: test_comm_timeout.sh COMM_RANKS FIXTURES_DIR TMP_DIR MPIRUN [cuda [NP]]
+# (staged when the ranks share a GPU, NCCL when each has its own) on NP ranks; with `emu` (its
+# rehearsal) on the CUDA backend's CPU execution layer (staged).
+# usage: test_comm_timeout.sh COMM_RANKS FIXTURES_DIR TMP_DIR MPIRUN [cuda|emu [NP]]
 set -u
 bin=$1; tmp=$(mktemp -d "$3/timeout.XXXXXX"); mpirun=$4; dev=${5:-}; nps="2 3"
 [ -n "$dev" ] && nps=${6:-2}

@@ -24,17 +24,6 @@
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static double rng_uniform(void) { /* [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static void fill(float *x, size_t n, double lo, double hi) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rng_uniform());
-}
-
 /* ---- (1) one head against a naive reference -------------------------------------------------- */
 
 typedef struct {
@@ -107,10 +96,10 @@ static head_prob head_make(int n, int L, int d, int D, int n_heads_wo, int head)
     h.k = malloc(sizeof(float) * (size_t)n * d);
     h.v = malloc(sizeof(float) * (size_t)n * d);
     h.wo = malloc(sizeof(float) * (size_t)D * h.stride);
-    fill(h.q, (size_t)d, -2.0, 2.0);
-    fill(h.k, (size_t)n * d, -1.5, 1.5);
-    fill(h.v, (size_t)n * d, -1.0, 1.0);
-    fill(h.wo, (size_t)D * h.stride, -0.5, 0.5);
+    ckv_test_fill(&rng_state, h.q, (size_t)d, -2.0, 2.0);
+    ckv_test_fill(&rng_state, h.k, (size_t)n * d, -1.5, 1.5);
+    ckv_test_fill(&rng_state, h.v, (size_t)n * d, -1.0, 1.0);
+    ckv_test_fill(&rng_state, h.wo, (size_t)D * h.stride, -0.5, 0.5);
     for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) h.keep[p] = calloc((size_t)(L > 0 ? L : 1), 1);
     return h;
 }
@@ -196,14 +185,14 @@ static void test_head_math(ckv_backend *be) {
         for (int trial = 0; trial < 4; trial++) {
             double dens = 0.15 + 0.25 * trial;
             for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
-                for (int i = 0; i < L; i++) h.keep[p][i] = rng_uniform() < dens;
+                for (int i = 0; i < L; i++) h.keep[p][i] = ckv_test_rng_double(&rng_state) < dens;
             snprintf(name, sizeof name, "n=%d L=%d d=%d D=%d random %.2f", n, L, d, D, dens);
             check_head(name, &h, be, &ws);
         }
         if (L > 0) {
             /* top attention against random; everything evicted from the context against a single row */
             keep_top_attention(&h, 0, L / 3 > 0 ? L / 3 : 1);
-            for (int i = 0; i < L; i++) h.keep[1][i] = rng_uniform() < 0.33;
+            for (int i = 0; i < L; i++) h.keep[1][i] = ckv_test_rng_double(&rng_state) < 0.33;
             snprintf(name, sizeof name, "n=%d L=%d top-attention", n, L);
             check_head(name, &h, be, &ws);
             memset(h.keep[0], 0, (size_t)L);
@@ -226,9 +215,9 @@ static void test_head_math(ckv_backend *be) {
         /* the theorem on many random selections (computed values only) */
         int broken = 0;
         for (int trial = 0; trial < 200 && L > 0; trial++) {
-            double dens = rng_uniform();
+            double dens = ckv_test_rng_double(&rng_state);
             for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
-                for (int i = 0; i < L; i++) h.keep[p][i] = rng_uniform() < dens;
+                for (int i = 0; i < L; i++) h.keep[p][i] = ckv_test_rng_double(&rng_state) < dens;
             in = head_in(&h);
             CHECK_OK(ckv_analyze_head_compute(&in, be, &ws, &got));
             for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
@@ -304,7 +293,7 @@ static void run_model(ckv_backend *be, const char *name, const char *spec_a, con
     if (!m) return;
     const int L = 150, nq = 3, n = L + nq;
     int32_t ids[153];
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)(3 + (int)(rng_uniform() * (m->cfg.vocab_size - 3)));
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(3 + (int)(ckv_test_rng_double(&rng_state) * (m->cfg.vocab_size - 3)));
     ckv_press_config pa, pb;
     CHECK_OK(ckv_press_parse(&pa, spec_a));
     CHECK_OK(ckv_press_parse(&pb, spec_b));

@@ -19,20 +19,13 @@
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-static uint32_t rng_u32(void) { return ckv_test_xorshift(&rng_state); }
+static uint32_t rng_u32(void) { return ckv_test_rng_u32(&rng_state); }
 
-static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() >> 8) * (1.0f / 16777216.0f); }
+static float rng_uniform(float lo, float hi) { return ckv_test_uniform(&rng_state, lo, hi); }
 
 static int rng_int(int lo, int hi) { return lo + (int)(rng_u32() % (uint32_t)(hi - lo + 1)); } /* inclusive */
 
-static void *xalloc(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "test: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
+#define xalloc ckv_test_calloc
 
 static float *new_floats(size_t n) { return xalloc(n * sizeof(float)); }
 

@@ -18,18 +18,10 @@
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 
-static uint32_t rng_u32(void) { return ckv_test_xorshift(&rng_state); }
 
-static float rng_uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng_u32() >> 8) * (1.0f / 16777216.0f); }
+static float rng_uniform(float lo, float hi) { return ckv_test_uniform(&rng_state, lo, hi); }
 
-static void *xalloc(size_t bytes) {
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "test: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
+#define xalloc ckv_test_calloc
 
 static void fill_uniform(float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = rng_uniform(lo, hi);

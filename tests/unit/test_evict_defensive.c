@@ -22,103 +22,11 @@
 #include "evict/press.h"
 #include "evict/score_defensive.h"
 #include "evict/scorer.h"
+#include "common/rank_view.h"
 
 /* ---- random inputs --------------------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static double rng_uniform(void) { /* [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static void fill(float *x, size_t n, double lo, double hi) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rng_uniform());
-}
-
-typedef struct {
-    int L, D, d, H, Hkv;
-    float rope_scale;
-    float *xn, *wq, *bq, *wo, *k, *v, *inv_freq;
-    int32_t *pos, *ppool;
-} prob;
-
-/* sharp scales q_proj: larger logits, attention concentrated on few tokens */
-static prob prob_make(int L, int D, int d, int H, int Hkv, float rope_scale, double sharp) {
-    prob p;
-    memset(&p, 0, sizeof p);
-    p.L = L, p.D = D, p.d = d, p.H = H, p.Hkv = Hkv, p.rope_scale = rope_scale;
-    p.xn = malloc(sizeof(float) * (size_t)L * D);
-    p.wq = malloc(sizeof(float) * (size_t)H * d * D);
-    p.bq = malloc(sizeof(float) * (size_t)H * d);
-    p.wo = malloc(sizeof(float) * (size_t)D * H * d);
-    p.k = malloc(sizeof(float) * (size_t)Hkv * L * d);
-    p.v = malloc(sizeof(float) * (size_t)Hkv * L * d);
-    p.inv_freq = malloc(sizeof(float) * (size_t)(d / 2));
-    p.pos = malloc(sizeof(int32_t) * (size_t)L);
-    p.ppool = malloc(sizeof(int32_t) * (size_t)Hkv * L);
-    fill(p.xn, (size_t)L * D, -1.5, 1.5);
-    fill(p.wq, (size_t)H * d * D, -0.6 * sharp, 0.6 * sharp);
-    fill(p.bq, (size_t)H * d, -0.5, 0.5);
-    fill(p.wo, (size_t)D * H * d, -0.5, 0.5);
-    fill(p.k, (size_t)Hkv * L * d, -1.5, 1.5);
-    fill(p.v, (size_t)Hkv * L * d, -1.0, 1.0);
-    for (int i = 0; i < d / 2; i++) p.inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)d);
-    for (int t = 0; t < L; t++) p.pos[t] = t;
-    for (int g = 0; g < Hkv; g++)
-        for (int t = 0; t < L; t++) p.ppool[g * L + t] = t;
-    return p;
-}
-
-static void prob_free(prob *p) {
-    free(p->xn), free(p->wq), free(p->bq), free(p->wo), free(p->k), free(p->v), free(p->inv_freq), free(p->pos),
-        free(p->ppool);
-}
-
-/* One rank's view: query heads q0 .. q0+nq-1, KV heads kv0 .. kv0+nkv-1. */
-typedef struct {
-    ckv_score_inputs in;
-    float *wo;
-    ckv_weight wq, wo_w; // typed views of the q_proj rows and o_proj columns
-    ckv_kv_seg segs[8];     // [nkv] the local KV heads' segments (host memory is the cpu backend's device)
-    ckv_kv_seg *seg_list[1]; // the one sequence
-} rank_view;
-
-static void view_make(rank_view *r, const prob *p, ckv_backend *be, int q0, int nq, int kv0, int nkv,
-                      ckv_comm *replica, ckv_comm *tp) {
-    memset(r, 0, sizeof *r);
-    const int d = p->d, hq = nq * d;
-    r->wo = malloc(sizeof(float) * (size_t)p->D * hq);
-    for (int c = 0; c < p->D; c++)
-        memcpy(r->wo + (size_t)c * hq, p->wo + (size_t)c * p->H * d + (size_t)q0 * d, sizeof(float) * (size_t)hq);
-    for (int g = 0; g < nkv; g++) {
-        const size_t row0 = (size_t)(kv0 + g) * (size_t)p->L;
-        r->segs[g] = (ckv_kv_seg){p->k + row0 * d, p->v + row0 * d, p->ppool + row0, p->L, p->L};
-    }
-    r->seg_list[0] = r->segs;
-    ckv_score_inputs *in = &r->in;
-    in->layer = 1, in->n_layers = 4, in->L = p->L, in->D = p->D, in->head_dim = d;
-    in->n_heads = p->H, in->n_kv_heads = p->Hkv, in->n_q_local = nq, in->n_kv_local = nkv;
-    in->q_head0 = q0, in->kv_head0 = kv0;
-    in->xn = p->xn;
-    in->kv = (ckv_kv_batch){.dtype = CKV_DTYPE_F32, .head_dim = d, .n_kv_heads = nkv, .n_seq = 1,
-                            .segs = r->seg_list, .max_len = p->L};
-    in->pos = p->pos;
-    r->wq = (ckv_weight){p->wq + (size_t)q0 * d * p->D, CKV_DTYPE_F32, (int64_t)nq * d, p->D, (size_t)p->D * sizeof(float)};
-    r->wo_w = (ckv_weight){r->wo, CKV_DTYPE_F32, p->D, (int64_t)nq * d, (size_t)nq * d * sizeof(float)};
-    in->wq = &r->wq;
-    in->bq = p->bq + (size_t)q0 * d;
-    in->wo = &r->wo_w;
-    in->inv_freq = p->inv_freq;
-    in->rope_scale = p->rope_scale;
-    in->be = be;
-    in->replica = replica;
-    in->tp = tp;
-}
-
-static void view_free(rank_view *r) { free(r->wo); }
 
 static ckv_press_config press_def(int w, int kernel, double cr) {
     ckv_press_config c;
@@ -132,10 +40,10 @@ static ckv_press_config press_def(int w, int kernel, double cr) {
 
 /* ---- the naive reference (double) ------------------------------------------------------------ */
 
-static const float *key(const prob *p, int g, int t) { return p->k + ((size_t)g * p->L + t) * p->d; }
-static const float *val(const prob *p, int g, int t) { return p->v + ((size_t)g * p->L + t) * p->d; }
+static const float *key(const ckv_test_prob *p, int g, int t) { return p->k + ((size_t)g * p->L + t) * p->d; }
+static const float *val(const ckv_test_prob *p, int g, int t) { return p->v + ((size_t)g * p->L + t) * p->d; }
 
-static void naive_q(const prob *p, int t, int h, double *q) {
+static void naive_q(const ckv_test_prob *p, int t, int h, double *q) {
     const int d = p->d, hf = d / 2;
     for (int a = 0; a < d; a++) {
         double s = p->bq[h * d + a];
@@ -171,7 +79,7 @@ static int ranked_cmp(const void *a, const void *b) {
 }
 
 /* out [Hkv, L]: DefensiveKV scores of the L - w context tokens (forced tokens = M); window entries 0. */
-static void naive_defensive(const prob *p, int w, int kernel, double cr, double *out, naive_info *ni) {
+static void naive_defensive(const ckv_test_prob *p, int w, int kernel, double cr, double *out, naive_info *ni) {
     const int L = p->L, n = L - w, G = p->H / p->Hkv, Hkv = p->Hkv, d = p->d, D = p->D, r = kernel / 2;
     double *q = malloc(sizeof(double) * d), *wt = malloc(sizeof(double) * L), *pooled = malloc(sizeof(double) * n);
     double *ave = calloc((size_t)Hkv * n, sizeof(double)), *dmax = calloc((size_t)Hkv * n, sizeof(double));
@@ -330,7 +238,7 @@ static double worst_err = 0.0;
 static void note(double e) { worst_err = e > worst_err ? e : worst_err; }
 
 /* Splits the heads over tp ranks as the sharding does and compares every rank's rows with full. */
-static void check_tp(const prob *p, ckv_backend *be, const ckv_press_config *c, int tp, const float *full) {
+static void check_tp(const ckv_test_prob *p, ckv_backend *be, const ckv_press_config *c, int tp, const float *full) {
     const int L = p->L, nq = p->H / tp;
     const int nkv = tp <= p->Hkv ? p->Hkv / tp : 1, reps = tp <= p->Hkv ? 1 : tp / p->Hkv;
     mock_ctx *rep = calloc(MOCK_RANKS, sizeof(mock_ctx)), *tpx = calloc(1, sizeof(mock_ctx));
@@ -346,11 +254,11 @@ static void check_tp(const prob *p, ckv_backend *be, const ckv_press_config *c, 
             ckv_comm repc = {.ops = &mock_ops, .ctx = &rep[kv0], .rank = r % reps, .size = reps, .kind = "mock"};
             mock_cur_rank = r;
             mock_seq[r] = 0;
-            rank_view v;
-            view_make(&v, p, be, r * nq, nq, kv0, nkv, reps > 1 ? &repc : NULL, &tpc);
+            ckv_test_rank_view v;
+            ckv_test_view_make(&v, p, be, r * nq, nq, kv0, nkv, reps > 1 ? &repc : NULL, &tpc);
             ckv_score_info info;
             CHECK_OK(ckv_score_defensivekv(&v.in, c, out[r], &info));
-            view_free(&v);
+            ckv_test_view_free(&v);
         }
         mock_end_pass(tpx);
         for (int g = 0; g < MOCK_RANKS; g++) mock_end_pass(&rep[g]);
@@ -382,10 +290,10 @@ typedef struct {
 static int seen_threshold = 0, seen_negative_cap = 0, seen_zero_cap = 0, seen_short = 0;
 
 static void check_case(ckv_backend *be, const dcase *k) {
-    prob p = prob_make(k->L, k->D, k->d, k->H, k->Hkv, k->rope_scale, k->sharp);
+    ckv_test_prob p = ckv_test_prob_make(k->L, k->D, k->d, k->H, k->Hkv, k->rope_scale, k->sharp, &rng_state);
     const int L = p.L, Hkv = p.Hkv, n = L - k->w;
-    rank_view v;
-    view_make(&v, &p, be, 0, p.H, 0, Hkv, NULL, NULL);
+    ckv_test_rank_view v;
+    ckv_test_view_make(&v, &p, be, 0, p.H, 0, Hkv, NULL, NULL);
     ckv_press_config c = press_def(k->w, k->kernel, k->cr);
     float *got = malloc(sizeof(float) * (size_t)Hkv * L);
     double *ref = malloc(sizeof(double) * (size_t)Hkv * L);
@@ -433,21 +341,21 @@ static void check_case(ckv_backend *be, const dcase *k) {
     check_tp(&p, be, &c, p.H, got);
     if (Hkv > 1 && Hkv < p.H) check_tp(&p, be, &c, Hkv, got);
     free(got), free(ref), free(reff);
-    view_free(&v);
-    prob_free(&p);
+    ckv_test_view_free(&v);
+    ckv_test_prob_free(&p);
 }
 
 static void check_errors(ckv_backend *be) {
-    prob p = prob_make(40, 16, 8, 4, 2, 1.0f, 1.0);
-    rank_view v;
-    view_make(&v, &p, be, 0, 4, 0, 2, NULL, NULL);
+    ckv_test_prob p = ckv_test_prob_make(40, 16, 8, 4, 2, 1.0f, 1.0, &rng_state);
+    ckv_test_rank_view v;
+    ckv_test_view_make(&v, &p, be, 0, 4, 0, 2, NULL, NULL);
     float *got = malloc(sizeof(float) * 2 * 40);
     ckv_score_info info;
     ckv_press_config c = press_def(40, 5, 0.5);
     CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG,
-                "--window 40 needs a context longer than 40 tokens, got 40");
+                "window 40 needs a context longer than 40 tokens, got 40");
     c = press_def(8, 4, 0.5);
-    CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--kernel 4");
+    CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "kernel 4");
     c = press_def(8, 5, 0.5);
     c.pool = CKV_POOL_MAX;
     CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "avg only");
@@ -457,8 +365,8 @@ static void check_errors(ckv_backend *be) {
     v.in.wo = NULL;
     CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "o_proj");
     free(got);
-    view_free(&v);
-    prob_free(&p);
+    ckv_test_view_free(&v);
+    ckv_test_prob_free(&p);
 }
 
 /* ---- headkv ---------------------------------------------------------------------------------- */

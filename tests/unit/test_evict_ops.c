@@ -18,13 +18,6 @@
 #include "core/tensor.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double urand(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
-}
-static void fill(float *x, size_t n, double lo, double hi) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand());
-}
 static void poison(void *p, size_t bytes) { memset(p, 0x7f, bytes); }
 
 /* One sequence's segments over n_kv heads of L rows in dtype dt, from fp32 k, v [n_kv, L, d]; kf, vf
@@ -66,11 +59,11 @@ static void close_to(const char *what, const float *got, const double *ref, size
 static void check_attention(ckv_backend *be, ckv_dtype dt) {
     const int L = 90, d = 8, nkv = 2, nq_heads = 4, G = 2, w = 12;
     float *kf = malloc(sizeof(float) * nkv * L * d), *vf = malloc(sizeof(float) * nkv * L * d);
-    fill(kf, (size_t)nkv * L * d, -1.5, 1.5), fill(vf, (size_t)nkv * L * d, -1, 1);
+    ckv_test_fill(&rng, kf, (size_t)nkv * L * d, -1.5, 1.5), ckv_test_fill(&rng, vf, (size_t)nkv * L * d, -1, 1);
     segset s;
     seg_make(&s, dt, nkv, L, d, kf, vf);
     float *q = malloc(sizeof(float) * L * nq_heads * d); /* queries of every context row */
-    fill(q, (size_t)L * nq_heads * d, -1.5, 1.5);
+    ckv_test_fill(&rng, q, (size_t)L * nq_heads * d, -1.5, 1.5);
     double *ref = calloc((size_t)nq_heads * L, sizeof(double)), *cs = malloc(sizeof(double) * nq_heads * L);
     float *p = malloc(sizeof(float) * nq_heads * w * L), *got = malloc(sizeof(float) * nq_heads * L);
     double *pr = calloc((size_t)nq_heads * w * L, sizeof(double));
@@ -176,7 +169,7 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
     /* value norms: o_proj [D, nq_heads * d] as F32 and BF16 */
     const int D = 24;
     float *wo = malloc(sizeof(float) * D * nq_heads * d);
-    fill(wo, (size_t)D * nq_heads * d, -0.5, 0.5);
+    ckv_test_fill(&rng, wo, (size_t)D * nq_heads * d, -0.5, 0.5);
     uint16_t *wo16 = malloc(2 * (size_t)D * nq_heads * d);
     ckv_convert_from_f32(wo16, wo, CKV_DTYPE_BF16, (size_t)D * nq_heads * d);
     for (int wdt = 0; wdt < 2; wdt++) {
@@ -203,7 +196,7 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
     {
         const int hl = 2, nb = 20;
         float *qq = malloc(sizeof(float) * 2 * nb * hl * d), sh[2 * 8], mu[8], cv[64], lg[90];
-        fill(qq, (size_t)2 * nb * hl * d, -1, 1), fill(mu, (size_t)d, -1, 1), fill(cv, 64, -0.3, 0.3);
+        ckv_test_fill(&rng, qq, (size_t)2 * nb * hl * d, -1, 1), ckv_test_fill(&rng, mu, (size_t)d, -1, 1), ckv_test_fill(&rng, cv, 64, -0.3, 0.3);
         for (int a = 0; a < d; a++)
             for (int c = 0; c < a; c++) cv[a * d + c] = cv[c * d + a]; /* symmetric */
         memcpy(sh, qq, sizeof(float) * hl * d);
@@ -252,7 +245,7 @@ static void check_rows(ckv_backend *be) {
     enum { R = 3, N = 40, LD = 44 };
     float x[R * LD], y[R * LD];
     double ref[R * N];
-    fill(x, R * LD, -2, 2);
+    ckv_test_fill(&rng, x, R * LD, -2, 2);
     for (int mx = 0; mx < 2; mx++)
         for (int k = 1; k <= 7; k += 2) {
             poison(y, sizeof y);
@@ -270,8 +263,8 @@ static void check_rows(ckv_backend *be) {
         }
     /* head sums: 4 query heads, head0 1, group 2 -> rows 0, 1, 1, 2 */
     float dst[3 * N], src[4 * N];
-    fill(src, 4 * N, -1, 1);
-    fill(dst, 3 * N, -1, 1);
+    ckv_test_fill(&rng, src, 4 * N, -1, 1);
+    ckv_test_fill(&rng, dst, 3 * N, -1, 1);
     for (int i = 0; i < 3 * N; i++) ref[i] = dst[i];
     for (int j = 0; j < 4; j++)
         for (int t = 0; t < N; t++) ref[((1 + j) / 2) * N + t] += src[j * N + t];
@@ -281,7 +274,7 @@ static void check_rows(ckv_backend *be) {
     be->ops->evict_div(be, dst, 3 * N, 3.0f);
     close_to("div", dst, ref, 3 * N, 0, 1e-7);
     float m[R * LD], o[R * LD];
-    fill(m, R * LD, 0.1, 2);
+    ckv_test_fill(&rng, m, R * LD, 0.1, 2);
     poison(o, sizeof o);
     be->ops->evict_add_mul(be, o, x, m, R, N, LD, 0.25f);
     int ok = 1;
@@ -309,7 +302,7 @@ static void check_rows(ckv_backend *be) {
     /* one-row softmax */
     float sx[N], sd[N];
     double sr[N], mm = -INFINITY, sum = 0;
-    fill(sx, N, -3, 3), fill(sd, N, -1, 1);
+    ckv_test_fill(&rng, sx, N, -3, 3), ckv_test_fill(&rng, sd, N, -1, 1);
     for (int t = 0; t < N; t++) mm = fmax(mm, sx[t]);
     for (int t = 0; t < N; t++) sum += exp(sx[t] - mm);
     for (int t = 0; t < N; t++) sr[t] = sd[t] + exp(sx[t] - mm) / sum;
@@ -331,7 +324,7 @@ static int before(const float *s, int n, int i) {
 static void check_topk(ckv_backend *be) {
     enum { R = 4, N = 37, LD = 40 };
     float s[R * LD];
-    for (int i = 0; i < R * LD; i++) s[i] = (float)(int)(urand() * 6) - 2.0f; /* many ties */
+    for (int i = 0; i < R * LD; i++) s[i] = (float)(int)(ckv_test_rng_double(&rng) * 6) - 2.0f; /* many ties */
     s[3] = NAN, s[LD + 5] = NAN, s[LD + 6] = -INFINITY, s[2 * LD + 1] = INFINITY;
     const int32_t k[R] = {0, 5, 17, N};
     int32_t idx[R * LD];

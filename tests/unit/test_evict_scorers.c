@@ -1,5 +1,5 @@
 /* test_evict_scorers.c - every scorer of src/evict against a naive double-precision reimplementation
- * written here from the formulas of SPEC-eviction.md (snapkv avg/max/no pooling, tova, knorm,
+ * written here from the formulas of docs/spec-eviction.md (snapkv avg/max/no pooling, tova, knorm,
  * streaming_llm, observed_attention on the full L x L matrix, expected_attention with an explicit
  * averaged RoPE matrix, CriticalKV's value norm on the full [L, D] product), on random small inputs
  * with G = 1, 2, 3; tensor-parallel splits (query heads split, KV heads replicated over a replica
@@ -18,108 +18,11 @@
 #include "core/alloc.h"
 #include "evict/press.h"
 #include "evict/scorer.h"
+#include "common/rank_view.h"
 
 /* ---- random inputs --------------------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x1234567887654321ull;
-
-static double rng_uniform(void) { /* [0, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static void fill(float *x, size_t n, double lo, double hi) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * rng_uniform());
-}
-
-/* One layer's problem, whole model (tp = 1 view). */
-typedef struct {
-    int L, D, d, H, Hkv;
-    float rope_scale;
-    float *xn;       // [L, D]
-    float *wq, *bq;  // [H * d, D], [H * d]
-    float *wo;       // [D, H * d]
-    float *k, *v;    // [Hkv * L, d] pools, head g at rows g * L
-    float *inv_freq; // [d / 2]
-    int32_t *pos;    // [L]
-    int32_t *ppool;  // [Hkv * L]
-} prob;
-
-static prob prob_make(int L, int D, int d, int H, int Hkv, float rope_scale) {
-    prob p;
-    memset(&p, 0, sizeof p);
-    p.L = L, p.D = D, p.d = d, p.H = H, p.Hkv = Hkv, p.rope_scale = rope_scale;
-    p.xn = malloc(sizeof(float) * (size_t)L * D);
-    p.wq = malloc(sizeof(float) * (size_t)H * d * D);
-    p.bq = malloc(sizeof(float) * (size_t)H * d);
-    p.wo = malloc(sizeof(float) * (size_t)D * H * d);
-    p.k = malloc(sizeof(float) * (size_t)Hkv * L * d);
-    p.v = malloc(sizeof(float) * (size_t)Hkv * L * d);
-    p.inv_freq = malloc(sizeof(float) * (size_t)(d / 2));
-    p.pos = malloc(sizeof(int32_t) * (size_t)L);
-    p.ppool = malloc(sizeof(int32_t) * (size_t)Hkv * L);
-    fill(p.xn, (size_t)L * D, -1.5, 1.5);
-    fill(p.wq, (size_t)H * d * D, -0.6, 0.6);
-    fill(p.bq, (size_t)H * d, -0.5, 0.5);
-    fill(p.wo, (size_t)D * H * d, -0.5, 0.5);
-    fill(p.k, (size_t)Hkv * L * d, -1.5, 1.5);
-    fill(p.v, (size_t)Hkv * L * d, -1.0, 1.0);
-    for (int i = 0; i < d / 2; i++) p.inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)d);
-    for (int t = 0; t < L; t++) p.pos[t] = t;
-    for (int g = 0; g < Hkv; g++)
-        for (int t = 0; t < L; t++) p.ppool[g * L + t] = t;
-    return p;
-}
-
-static void prob_free(prob *p) {
-    free(p->xn), free(p->wq), free(p->bq), free(p->wo), free(p->k), free(p->v), free(p->inv_freq), free(p->pos),
-        free(p->ppool);
-}
-
-/* One rank's view: query heads q0 .. q0+nq-1, KV heads kv0 .. kv0+nkv-1. */
-typedef struct {
-    ckv_score_inputs in;
-    float *wo;      // [D, nq * d] this rank's o_proj columns
-    ckv_weight wq, wo_w; // typed views of the q_proj rows and o_proj columns
-    ckv_kv_seg segs[8];     // [nkv] the local KV heads' segments (host memory is the cpu backend's device)
-    ckv_kv_seg *seg_list[1]; // the one sequence
-} rank_view;
-
-static void view_make(rank_view *r, const prob *p, ckv_backend *be, int q0, int nq, int kv0, int nkv,
-                      ckv_comm *replica, ckv_comm *tp) {
-    memset(r, 0, sizeof *r);
-    const int d = p->d, hq = nq * d;
-    r->wo = malloc(sizeof(float) * (size_t)p->D * hq);
-    for (int c = 0; c < p->D; c++)
-        memcpy(r->wo + (size_t)c * hq, p->wo + (size_t)c * p->H * d + (size_t)q0 * d, sizeof(float) * (size_t)hq);
-    for (int g = 0; g < nkv; g++) {
-        const size_t row0 = (size_t)(kv0 + g) * (size_t)p->L;
-        r->segs[g] = (ckv_kv_seg){p->k + row0 * d, p->v + row0 * d, p->ppool + row0, p->L, p->L};
-    }
-    r->seg_list[0] = r->segs;
-    ckv_score_inputs *in = &r->in;
-    in->layer = 3, in->n_layers = 8, in->L = p->L, in->D = p->D, in->head_dim = d;
-    in->n_heads = p->H, in->n_kv_heads = p->Hkv, in->n_q_local = nq, in->n_kv_local = nkv;
-    in->q_head0 = q0, in->kv_head0 = kv0;
-    in->xn = p->xn;
-    in->kv = (ckv_kv_batch){.dtype = CKV_DTYPE_F32, .head_dim = d, .n_kv_heads = nkv, .n_seq = 1,
-                            .segs = r->seg_list, .max_len = p->L};
-    in->pos = p->pos;
-    r->wq = (ckv_weight){p->wq + (size_t)q0 * d * p->D, CKV_DTYPE_F32, (int64_t)nq * d, p->D, (size_t)p->D * sizeof(float)};
-    r->wo_w = (ckv_weight){r->wo, CKV_DTYPE_F32, p->D, (int64_t)nq * d, (size_t)nq * d * sizeof(float)};
-    in->wq = &r->wq;
-    in->bq = p->bq + (size_t)q0 * d;
-    in->wo = &r->wo_w;
-    in->inv_freq = p->inv_freq;
-    in->rope_scale = p->rope_scale;
-    in->be = be;
-    in->replica = replica;
-    in->tp = tp;
-}
-
-static void view_free(rank_view *r) { free(r->wo); }
 
 static ckv_press_config press(ckv_scorer_kind kind) {
     ckv_press_config c;
@@ -133,10 +36,10 @@ static ckv_press_config press(ckv_scorer_kind kind) {
 
 /* ---- naive references (double) --------------------------------------------------------------- */
 
-static int group_of(const prob *p) { return p->H / p->Hkv; }
+static int group_of(const ckv_test_prob *p) { return p->H / p->Hkv; }
 
 /* query of token t, head h: xn[t] @ wq_h^T + bq_h, optionally RoPE at pos[t] */
-static void naive_q(const prob *p, int t, int h, int rope, double *q) {
+static void naive_q(const ckv_test_prob *p, int t, int h, int rope, double *q) {
     const int d = p->d, hf = d / 2;
     for (int a = 0; a < d; a++) {
         double s = p->bq[h * d + a];
@@ -153,11 +56,11 @@ static void naive_q(const prob *p, int t, int h, int rope, double *q) {
     }
 }
 
-static const float *key(const prob *p, int g, int t) { return p->k + ((size_t)g * p->L + t) * p->d; }
-static const float *val(const prob *p, int g, int t) { return p->v + ((size_t)g * p->L + t) * p->d; }
+static const float *key(const ckv_test_prob *p, int g, int t) { return p->k + ((size_t)g * p->L + t) * p->d; }
+static const float *val(const ckv_test_prob *p, int g, int t) { return p->v + ((size_t)g * p->L + t) * p->d; }
 
 /* softmax of query q (head h) over keys 0 .. n-1 of its KV head, logits times `scale` */
-static void naive_softmax(const prob *p, const double *q, int g, int n, double scale, double *w) {
+static void naive_softmax(const ckv_test_prob *p, const double *q, int g, int n, double scale, double *w) {
     double m = -INFINITY, s = 0.0;
     for (int t = 0; t < n; t++) {
         const float *k = key(p, g, t);
@@ -172,7 +75,7 @@ static void naive_softmax(const prob *p, const double *q, int g, int n, double s
 
 /* snapkv (all_heads = 0) or tova-like mean over all heads (all_heads = 1): out [Hkv, L], entries
  * L-w .. L-1 zero */
-static void naive_window(const prob *p, int w, int kernel, ckv_pool_kind pool, int all_heads, double *out) {
+static void naive_window(const ckv_test_prob *p, int w, int kernel, ckv_pool_kind pool, int all_heads, double *out) {
     const int L = p->L, n = L - w, G = group_of(p), r = kernel / 2;
     double *q = malloc(sizeof(double) * p->d), *wt = malloc(sizeof(double) * L);
     double *mean = malloc(sizeof(double) * L), *pooled = malloc(sizeof(double) * L);
@@ -205,7 +108,7 @@ static void naive_window(const prob *p, int w, int kernel, ckv_pool_kind pool, i
 }
 
 /* observed attention from the full causal L x L attention matrix of every head */
-static void naive_observed(const prob *p, double *out) {
+static void naive_observed(const ckv_test_prob *p, double *out) {
     const int L = p->L, G = group_of(p);
     double *A = malloc(sizeof(double) * (size_t)L * L), *q = malloc(sizeof(double) * p->d);
     memset(out, 0, sizeof(double) * (size_t)p->Hkv * L);
@@ -226,7 +129,7 @@ static void naive_observed(const prob *p, double *out) {
 }
 
 /* expected attention with the averaged rotation built as an explicit d x d matrix */
-static void naive_expected(const prob *p, const ckv_press_config *c, double *out) {
+static void naive_expected(const ckv_test_prob *p, const ckv_press_config *c, double *out) {
     const int L = p->L, d = p->d, hf = d / 2, G = group_of(p), ns = c->n_sink, n = L - ns;
     double *Q = malloc(sizeof(double) * (size_t)n * d), *mu = malloc(sizeof(double) * d);
     double *cov = malloc(sizeof(double) * d * d), *R = malloc(sizeof(double) * d * d);
@@ -309,7 +212,7 @@ static void naive_expected(const prob *p, const ckv_press_config *c, double *out
 }
 
 /* CriticalKV value norm from the full [L, D] product per head */
-static void naive_critical(const prob *p, double *out) {
+static void naive_critical(const ckv_test_prob *p, double *out) {
     const int L = p->L, d = p->d, D = p->D, G = group_of(p);
     double *VW = malloc(sizeof(double) * (size_t)L * D);
     memset(out, 0, sizeof(double) * (size_t)p->Hkv * L);
@@ -401,7 +304,7 @@ static ckv_status tp_run(tp_kind k, const ckv_score_inputs *in, const ckv_press_
 
 /* Splits the heads over `tp` ranks like the sharding does (query heads evenly; KV heads split when
  * tp <= Hkv, else replicated over tp / Hkv ranks) and checks each rank's rows equal the tp = 1 rows. */
-static void check_tp(const prob *p, ckv_backend *be, tp_kind k, const ckv_press_config *c, int tp,
+static void check_tp(const ckv_test_prob *p, ckv_backend *be, tp_kind k, const ckv_press_config *c, int tp,
                      const float *full, const char *what) {
     const int L = p->L, nq = p->H / tp;
     const int nkv = tp <= p->Hkv ? p->Hkv / tp : 1, reps = tp <= p->Hkv ? 1 : tp / p->Hkv;
@@ -419,10 +322,10 @@ static void check_tp(const prob *p, ckv_backend *be, tp_kind k, const ckv_press_
             const int kv0 = tp <= p->Hkv ? r * nkv : r / reps, rep_group = kv0, rep_rank = r % reps;
             tpc[r] = (ckv_comm){.ops = &mock_ops, .ctx = &tp_ctx, .rank = r, .size = tp, .kind = "mock"};
             repc[r] = (ckv_comm){.ops = &mock_ops, .ctx = &rep_ctx[rep_group], .rank = rep_rank, .size = reps, .kind = "mock"};
-            rank_view v;
-            view_make(&v, p, be, r * nq, nq, kv0, nkv, reps > 1 ? &repc[r] : NULL, &tpc[r]);
+            ckv_test_rank_view v;
+            ckv_test_view_make(&v, p, be, r * nq, nq, kv0, nkv, reps > 1 ? &repc[r] : NULL, &tpc[r]);
             CHECK_OK(tp_run(k, &v.in, c, out[r]));
-            view_free(&v);
+            ckv_test_view_free(&v);
         }
     }
     char name[128];
@@ -455,13 +358,13 @@ typedef struct {
 } shape;
 
 static void check_shape(ckv_backend *be, const shape *s) {
-    prob p = prob_make(s->L, s->D, s->d, s->H, s->Hkv, s->rope_scale);
+    ckv_test_prob p = ckv_test_prob_make(s->L, s->D, s->d, s->H, s->Hkv, s->rope_scale, 1.0, &rng_state);
     const int L = p.L, Hkv = p.Hkv;
     char name[160];
     fprintf(stderr, "-- L %d, D %d, d %d, H %d, Hkv %d (G %d), window %d, rope_scale %g\n", L, p.D, p.d, p.H, Hkv,
             p.H / Hkv, s->w, (double)s->rope_scale);
-    rank_view v;
-    view_make(&v, &p, be, 0, p.H, 0, Hkv, NULL, NULL);
+    ckv_test_rank_view v;
+    ckv_test_view_make(&v, &p, be, 0, p.H, 0, Hkv, NULL, NULL);
     float *got = malloc(sizeof(float) * (size_t)Hkv * L);
     double *ref = malloc(sizeof(double) * (size_t)Hkv * L);
     ckv_score_info info;
@@ -587,12 +490,12 @@ static void check_shape(ckv_backend *be, const shape *s) {
         CHECK_MSG(in_range, "random scores outside [0, 1)");
         float *other = malloc(sizeof(float) * (size_t)Hkv * L); /* [Hkv, L] */
         for (int g = 0; g < Hkv; g++) {
-            rank_view v1;
-            view_make(&v1, &p, be, g * (p.H / Hkv), p.H / Hkv, g, 1, NULL, NULL);
+            ckv_test_rank_view v1;
+            ckv_test_view_make(&v1, &p, be, g * (p.H / Hkv), p.H / Hkv, g, 1, NULL, NULL);
             CHECK_OK(ckv_score_layer(&v1.in, &c, other, &info));
             CHECK_MSG(memcmp(other, got + (size_t)g * L, sizeof(float) * (size_t)L) == 0,
                       "random scores of KV head %d depend on the split", g);
-            view_free(&v1);
+            ckv_test_view_free(&v1);
         }
         if (Hkv > 1) CHECK(memcmp(got, got + L, sizeof(float) * (size_t)L) != 0);
         c.seed = 43;
@@ -611,32 +514,32 @@ static void check_shape(ckv_backend *be, const shape *s) {
     }
 
     free(got), free(ref);
-    view_free(&v);
-    prob_free(&p);
+    ckv_test_view_free(&v);
+    ckv_test_prob_free(&p);
 }
 
 static void check_errors(ckv_backend *be) {
-    prob p = prob_make(50, 16, 8, 4, 2, 1.0f);
-    rank_view v;
-    view_make(&v, &p, be, 0, 4, 0, 2, NULL, NULL);
+    ckv_test_prob p = ckv_test_prob_make(50, 16, 8, 4, 2, 1.0f, 1.0, &rng_state);
+    ckv_test_rank_view v;
+    ckv_test_view_make(&v, &p, be, 0, 4, 0, 2, NULL, NULL);
     float *got = malloc(sizeof(float) * 2 * 50);
     ckv_score_info info;
     ckv_press_config c = press(CKV_SCORER_SNAPKV); /* window 64 > L 50 */
     CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG,
-                "--window 64 needs a context longer than 64 tokens, got 50");
+                "window 64 needs a context longer than 64 tokens, got 50");
     c.window = 50; /* L == window is refused too */
     CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG,
-                "--window 50 needs a context longer than 50 tokens, got 50");
+                "window 50 needs a context longer than 50 tokens, got 50");
     c.scorer = CKV_SCORER_PYRAMIDKV;
-    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--window 50");
+    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "window 50");
     c.scorer = CKV_SCORER_SNAPKV, c.window = 8, c.kernel = 4;
-    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--kernel 4");
+    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "kernel 4");
     c = press(CKV_SCORER_STREAMING_LLM);
     c.n_sink = 50;
-    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--n_sink 50");
+    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "n_sink 50");
     c = press(CKV_SCORER_EXPECTED_ATTENTION);
     c.n_sink = 60;
-    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "--n_sink 60");
+    CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "n_sink 60");
     c = press(CKV_SCORER_NONE);
     CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "none");
     /* a query head outside the local KV heads */
@@ -644,8 +547,8 @@ static void check_errors(ckv_backend *be) {
     v.in.n_kv_local = 1, v.in.kv.n_kv_heads = 1;
     CHECK_FAILS(ckv_score_layer(&v.in, &c, got, &info), CKV_STATUS_ERR_SHAPE, "query head 2");
     free(got);
-    view_free(&v);
-    prob_free(&p);
+    ckv_test_view_free(&v);
+    ckv_test_prob_free(&p);
 }
 
 /* kvpress PyramidKVPress.get_layer_budget, values computed with kvpress 0.5.5 itself:
@@ -687,11 +590,11 @@ static void check_pyramid(void) {
 /* A longer context: several query blocks in observed attention and several statistics blocks in
  * expected attention. */
 static void check_long(ckv_backend *be) {
-    prob p = prob_make(700, 24, 8, 4, 2, 1.0f);
+    ckv_test_prob p = ckv_test_prob_make(700, 24, 8, 4, 2, 1.0f, 1.0, &rng_state);
     const int L = p.L;
     fprintf(stderr, "-- long context: L %d (several blocks)\n", L);
-    rank_view v;
-    view_make(&v, &p, be, 0, p.H, 0, p.Hkv, NULL, NULL);
+    ckv_test_rank_view v;
+    ckv_test_view_make(&v, &p, be, 0, p.H, 0, p.Hkv, NULL, NULL);
     float *got = malloc(sizeof(float) * (size_t)p.Hkv * L);
     double *ref = malloc(sizeof(double) * (size_t)p.Hkv * L);
     ckv_score_info info;
@@ -707,8 +610,8 @@ static void check_long(ckv_backend *be) {
     naive_critical(&p, ref);
     note(compare_rows("critical value norm L 700", got, ref, p.Hkv, L, 0, L, 1e-6, 1e-5));
     free(got), free(ref);
-    view_free(&v);
-    prob_free(&p);
+    ckv_test_view_free(&v);
+    ckv_test_prob_free(&p);
 }
 
 int main(void) {

@@ -14,9 +14,16 @@ Targets (reported, never asserted): prefill >= 0.55, decode >= 0.80, eviction <=
 --dry-run does everything that needs no GPU: reads the configurations, writes the prompt files,
 computes FLOPs, bytes and the memory plans, prints the commands it would run and the table with the
 rooflines of the datasheet (H200: 989 TFLOP/s bf16 dense, 4.8 TB/s) in place of measured ones.
+--rehearse runs every command of a GPU run on small shapes, with --backend cuda-emu (the CUDA
+kernels on ckv's CPU execution layer) by default: each case's configuration cut to 2 layers, hidden
+size 128 and intermediate size 256 (heads, KV heads, head_dim, vocabulary and RoPE as in the real
+model), a 128-token context and 4 new tokens; transformers runs on the CPU when torch is installed.
+The figures of a rehearsal are meaningless; it fails (exit 1) when any command fails or its output
+cannot be read, which is what would stop the first GPU run.
 Writes OUT/bench.json and prints the table last.
 """
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -32,14 +39,29 @@ CASES = [  # name, model config directory, context, press
     ("32B@128K full", "qwen2.5-32b-instruct-128k", 130000, None),
     ("32B@128K critical_adakv", "qwen2.5-32b-instruct-128k", 130000, "critical_adakv:snapkv"),
 ]
-DATASHEET = {"gemm_tflops": 989.0, "copy_gbs": 4800.0}  # H200 SXM leads (GPU-NOTES.md section 8)
+DATASHEET = {"gemm_tflops": 989.0, "copy_gbs": 4800.0}  # H200 SXM leads (docs/gpu.md section 8)
 
 
-def load_config(name):
-    with open(os.path.join(ROOT, "configs", "models", name, "config.json")) as f:
+def load_config(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
     c["head_dim"] = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return c
+
+
+REHEARSAL = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256}  # the small shape
+REHEARSAL_CONTEXT = 128  # above snapkv's window (64), so the press compresses
+
+
+def rehearsal_model(cfg_dir, out):
+    """A copy of the case's config.json with REHEARSAL's sizes (head_dim kept explicit): its directory."""
+    c = load_config(os.path.join(ROOT, "configs", "models", cfg_dir))
+    c.update(REHEARSAL)
+    d = os.path.join(out, "rehearsal_models", cfg_dir)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f, indent=1)
+    return d
 
 
 def matmul_params(c):
@@ -66,20 +88,21 @@ def decode_bytes(c, kv_rows):
 
 
 def plan_bytes(ckv, model, context, new, press, budget):
-    """The GPU memory plan's total (GiB in ckv inspect's table, back to bytes)."""
+    """The GPU memory plan's total (GiB in ckv inspect's table, back to bytes), or an error string. The
+    plan is computed from the configuration (no GPU needed), also in a rehearsal."""
     cmd = [ckv, "inspect", "--model", model, "--backend", "cuda", "--context", str(context), "--new-tokens", str(new),
            "--chunk", "2048"]
     if press:
         cmd += ["--press", press, "--budget", str(budget)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.splitlines():
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "ckv inspect: %s" % e
+    for line in p.stdout.splitlines():
         if line.startswith("total"):
             v, unit = line.split()[1:3]
             return float(v) * {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40}[unit]
-    return None
+    return "ckv inspect exit %d, no 'total' line: %s" % (p.returncode, (p.stderr.strip().splitlines() or [""])[-1])
 
 
 def measure_ceilings(torch):
@@ -137,43 +160,45 @@ class GpuMemPeak:
         self.t.join()
 
 
-def run_ckv(ckv, case, prompt_file, new, budget, out, timeout):
-    name, cfg_dir, context, press = case
-    model = os.path.join(ROOT, "configs", "models", cfg_dir)
+def run_ckv(ckv, backend, model, case, prompt_file, new, budget, out):
+    name, press = case[0], case[3]
     stats = os.path.join(out, name.replace(" ", "_").replace("@", "_") + ".json")
-    cmd = [ckv, "generate", "--backend", "cuda", "--model", model, "--random-weights", "1", "--prompt-ids-file",
+    cmd = [ckv, "generate", "--backend", backend, "--model", model, "--random-weights", "1", "--prompt-ids-file",
            prompt_file, "--max-new-tokens", str(new), "--ignore-eos", "--chunk", "2048", "--stats-json", stats]
     if press:
         cmd += ["--press", press, "--budget", str(budget)]
     return cmd, stats
 
 
-def hf_sdpa(cfg_dir, context, new, seed):
-    """transformers with SDPA on random bf16 weights: TTFT, decode ms/token, peak memory."""
+def hf_sdpa(model_dir, context, new, seed, device="cuda"):
+    """transformers with SDPA on random bf16 weights: TTFT, decode ms/token, peak memory (GPU only)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = AutoConfig.from_pretrained(os.path.join(ROOT, "configs", "models", cfg_dir))
+    cfg = AutoConfig.from_pretrained(model_dir)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    gpu = device == "cuda"
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa").eval()
-    ids = torch.randint(4, cfg.vocab_size, (1, context), device="cuda")
-    torch.cuda.reset_peak_memory_stats()
+    ids = torch.randint(4, cfg.vocab_size, (1, context), device=device)
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         o = model(ids, use_cache=True, logits_to_keep=1)
         tok = o.logits[:, -1:].argmax(-1)
-        torch.cuda.synchronize()
+        sync()
         ttft = time.perf_counter() - t0
         past = o.past_key_values
         t0 = time.perf_counter()
         for _ in range(new):
             o = model(tok, past_key_values=past, use_cache=True)
             past, tok = o.past_key_values, o.logits[:, -1:].argmax(-1)
-        torch.cuda.synchronize()
+        sync()
         dec = (time.perf_counter() - t0) / new
-    return {"ttft_s": ttft, "decode_ms": dec * 1e3, "peak_bytes": torch.cuda.max_memory_allocated()}
+    return {"ttft_s": ttft, "decode_ms": dec * 1e3, "peak_bytes": torch.cuda.max_memory_allocated() if gpu else None}
 
 
 def ratio(x):
@@ -184,46 +209,56 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ckv", default=os.path.join(ROOT, "build-gpu", "ckv"))
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(ROOT, "build-gpu", "bench")))
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--backend", default=None, help="ckv's --backend (cuda; a rehearsal: cuda-emu)")
+    ap.add_argument("--new-tokens", type=int, default=None, help="decode steps (64; a rehearsal: 4)")
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=240, help="seconds per ckv run")
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--dry-run", action="store_true")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true")
+    mode.add_argument("--rehearse", action="store_true")
     a = ap.parse_args()
+    backend = a.backend or ("cuda-emu" if a.rehearse else "cuda")
+    new_tokens = a.new_tokens if a.new_tokens is not None else (4 if a.rehearse else 64)
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
-    rows, ceilings, result = [], dict(DATASHEET), {"cases": []}
-    torch = None
-    if not a.dry_run:
-        import torch as _torch
-        torch = _torch
+    rows, ceilings, result = [], dict(DATASHEET), {"cases": [], "rehearsal": a.rehearse, "backend": backend}
+    have = [m for m in ("torch", "transformers") if importlib.util.find_spec(m)]
+    if not a.dry_run and not a.rehearse:
+        import torch
         ceilings = measure_ceilings(torch)
         print("ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s (measured)" % (ceilings["copy_gbs"], ceilings["gemm_tflops"]),
               flush=True)
     else:
-        have = [m for m in ("torch", "transformers") if __import__("importlib").util.find_spec(m)]
-        print("dry run: no GPU call; ceilings are the datasheet's (%s); python modules here: %s" %
-              (DATASHEET, ", ".join(have) or "neither torch nor transformers"))
+        print("%s: no GPU call; ceilings are the datasheet's (%s); python modules here: %s" %
+              ("rehearsal on small shapes with --backend " + backend if a.rehearse else "dry run", DATASHEET,
+               ", ".join(have) or "neither torch nor transformers"))
     result["ceilings"] = ceilings
     ckv_ok = os.access(a.ckv, os.X_OK)
     if not ckv_ok:
         print("ckv binary %s: missing (build first)" % a.ckv)
+    failed = not ckv_ok and a.rehearse
     for case in CASES:
         name, cfg_dir, context, press = case
-        c = load_config(cfg_dir)
+        model = rehearsal_model(cfg_dir, a.out) if a.rehearse else os.path.join(ROOT, "configs", "models", cfg_dir)
+        context = REHEARSAL_CONTEXT if a.rehearse else context
+        c = load_config(model)
         prompt = os.path.join(a.out, "prompt_%s_%d.ids" % (cfg_dir, context))
         with open(prompt, "w") as f:
             f.write(",".join(str(rng.randrange(4, c["vocab_size"])) for _ in range(context)))
-        cmd, stats = run_ckv(a.ckv, case, prompt, a.new_tokens, a.budget, a.out, a.timeout)
+        cmd, stats = run_ckv(a.ckv, backend, model, case, prompt, new_tokens, a.budget, a.out)
         kept = int(context * a.budget) if press else context
         flops = prefill_flops(c, context)
         t_pre = flops / (ceilings["gemm_tflops"] * 1e12)
-        t_dec = decode_bytes(c, kept + a.new_tokens // 2) / (ceilings["copy_gbs"] * 1e9)
-        plan = plan_bytes(a.ckv, os.path.join(ROOT, "configs", "models", cfg_dir), context, a.new_tokens, press,
-                          a.budget) if ckv_ok else None
+        t_dec = decode_bytes(c, kept + new_tokens // 2) / (ceilings["copy_gbs"] * 1e9)
+        plan = plan_bytes(a.ckv, model, context, new_tokens, press, a.budget) if ckv_ok else None
         row = {"case": name, "engine": "ckv", "flops": flops, "roof_ttft_s": t_pre, "roof_decode_ms": t_dec * 1e3,
-               "plan_bytes": plan, "cmd": " ".join(cmd)}
+               "plan_bytes": plan if isinstance(plan, float) else None, "cmd": " ".join(cmd)}
+        if isinstance(plan, str):
+            row["error"] = plan
+            print("%s: %s" % (name, plan), flush=True)
+            failed = True
         if a.dry_run:
             print("would run: " + row["cmd"])
         else:
@@ -236,27 +271,41 @@ def main():
                     rc, err = 124, "timed out after %d s" % a.timeout
             row["wall_s"] = time.time() - t0
             row["peak_bytes"] = mem.peak
-            if rc == 0 and os.path.exists(stats):
-                s = json.load(open(stats))
+            try:
+                if rc != 0:
+                    raise ValueError("exit %d: %s" % (rc, (err.strip().splitlines() or [""])[-1]))
+                with open(stats) as f:
+                    s = json.load(f)
                 row.update(ttft_s=s["ttft_s"], decode_ms=1e3 * s["decode_s"] / max(1, s["decode_tokens"]),
                            evict_share=s.get("evict_s", 0.0) / s["ttft_s"] if s["ttft_s"] > 0 else None)
-            else:
-                row["error"] = "exit %d: %s" % (rc, (err.strip().splitlines() or [""])[-1])
+                if press and not s.get("compressed"):
+                    raise ValueError("--stats-json says the context was not compressed")
+                if a.rehearse:
+                    print("rehearsed: " + row["cmd"], flush=True)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                row["error"] = "%s: %s" % (type(e).__name__, e) if not isinstance(e, ValueError) else str(e)
                 print("%s: %s" % (name, row["error"]), flush=True)
+                failed = True
         rows.append(row)
     if not a.skip_hf:
         name, cfg_dir, context, _ = CASES[0]
-        c = load_config(cfg_dir)
+        model = rehearsal_model(cfg_dir, a.out) if a.rehearse else os.path.join(ROOT, "configs", "models", cfg_dir)
+        context = REHEARSAL_CONTEXT if a.rehearse else context
         row = {"case": name.replace("full", "HF SDPA"), "engine": "transformers", "roof_ttft_s": rows[0]["roof_ttft_s"],
                "roof_decode_ms": rows[0]["roof_decode_ms"], "plan_bytes": None}
+        what = "transformers %s (SDPA, random bf16 weights) at %d tokens + %d decode steps" % (cfg_dir, context, new_tokens)
         if a.dry_run:
-            print("would run: transformers %s (SDPA, random bf16 weights) at %d tokens + %d decode steps" %
-                  (cfg_dir, context, a.new_tokens))
+            print("would run: " + what)
+        elif a.rehearse and len(have) < 2:
+            print("rehearsal: skipped %s (needs torch and transformers here)" % what)
         else:
             try:
-                row.update(hf_sdpa(cfg_dir, context, a.new_tokens, a.seed))
+                row.update(hf_sdpa(model, context, new_tokens, a.seed, "cpu" if a.rehearse else "cuda"))
+                if a.rehearse:
+                    print("rehearsed on the CPU: " + what, flush=True)
             except Exception as e:  # reported in the table, the benchmark goes on
                 row["error"] = "%s: %s" % (type(e).__name__, e)
+                failed = failed or a.rehearse
         rows.append(row)
     for r in rows:
         r["prefill_ratio"] = r["roof_ttft_s"] / r["ttft_s"] if r.get("ttft_s") else None
@@ -268,8 +317,9 @@ def main():
     gb = lambda x: "-" if not x else "%.1f" % (x / 2 ** 30)
     hdr = "%-26s %9s %6s %9s %6s %7s %7s %6s %7s" % ("case", "TTFT s", "/roof", "ms/token", "/roof", "peak GiB",
                                                       "plan", "/plan", "evict%")
-    print("\n== benchmark (%s ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s)" %
-          ("datasheet" if a.dry_run else "measured", ceilings["copy_gbs"], ceilings["gemm_tflops"]))
+    print("\n== benchmark (%s ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s)%s" %
+          ("measured" if not (a.dry_run or a.rehearse) else "datasheet", ceilings["copy_gbs"], ceilings["gemm_tflops"],
+           " - a rehearsal on small shapes with --backend %s: the figures mean nothing" % backend if a.rehearse else ""))
     print(hdr)
     for r in rows:
         ttft = r.get("ttft_s")
@@ -283,7 +333,9 @@ def main():
             print("    %s" % r["error"][:150])
     if a.dry_run:
         print("(dry run: TTFT and ms/token columns show the roofline times in parentheses)")
-    return 0
+    if a.rehearse:
+        print("rehearsal: %s" % ("FAILED (see the errors above)" if failed else "every command ran and its output was read"))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

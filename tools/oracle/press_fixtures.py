@@ -16,7 +16,7 @@ How every kept set is proven, not assumed:
     attention patch has overwritten exactly those cached keys with its fake keys, which is checked;
   - a replay (a per-head key mask in float64 attention, its own code) of the question against the
     full cache restricted to the kept sets must reproduce kvpress's question logits;
-  - press_reference.py (written from SPEC-eviction.md) recomputes every scorer and selection from
+  - press_reference.py (written from docs/spec-eviction.md) recomputes every scorer and selection from
     the layer inputs and must keep the same tokens (differences are reported, never hidden).
 
 Context seeds are tried in order until every selection boundary that is not a tie by construction
@@ -29,6 +29,7 @@ Usage: press_fixtures.py [--only MODEL ...] [--max-seed-tries N]   (run by tools
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import sys
@@ -106,6 +107,9 @@ def _defs() -> list[PressDef]:
                  "sdpa", lambda cr: kp.PyramidKVPress(compression_ratio=cr, window_size=16, kernel_size=5, beta=4)),
         PressDef("critical-snapkv", "critical:snapkv", "snapkv", "critical", dict(snap, **crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(snapkv()(cr), epsilon=1e-4, first_stage_ratio=0.5)),
+        PressDef("keydiff", "keydiff", "keydiff", "uniform", {}, "sdpa", lambda cr: kp.KeyDiffPress(compression_ratio=cr)),
+        PressDef("adakv-keydiff", "adakv:keydiff", "keydiff", "adakv", dict(safeguard=0.2), "sdpa",
+                 lambda cr: kp.AdaKVPress(kp.KeyDiffPress(compression_ratio=cr), alpha_safeguard=0.2)),
         PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
@@ -374,6 +378,8 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
         return ref.score_tova(inp)
     if d.scorer == "knorm":
         return ref.score_knorm(inp)
+    if d.scorer == "keydiff":
+        return ref.score_keydiff(inp)
     if d.scorer == "streaming_llm":
         return ref.score_streaming(inp, ref.n_kept_uniform(inp.L, cr), o["n_sink"])
     if d.scorer == "observed_attention":
@@ -739,6 +745,11 @@ def write_model(run: ModelRun, k: int, ctx, q_ids, results: list[CaseResult], wo
         "transformers": transformers.__version__,
         "torch": torch.__version__.split("+")[0],
     })
+    return problems + write_cases(run, out, results)
+
+
+def write_cases(run: ModelRun, out: Path, results: list[CaseResult]) -> list[str]:
+    problems: list[str] = []
     for r in results:
         stem = f"{r.d.case}_cr{round(r.cr * 100):02d}"
         r.base_scores.astype("<f4").tofile(out / f"{stem}.scores.f32")
@@ -786,6 +797,28 @@ def write_model(run: ModelRun, k: int, ctx, q_ids, results: list[CaseResult], wo
     return problems
 
 
+def add_cases(run: ModelRun, defs: list[PressDef]) -> list[str]:
+    """Records `defs` at the context recorded in the model's context.json (same seed, same ids),
+    without touching the other cases; the new cases must clear the same score-gap bar."""
+    out = FIXTURE_PRESSES / run.name
+    ctx_json = json.loads((out / "context.json").read_text())
+    k = ctx_json["context_seed"] - oc.stable_seed(f"press-context:{run.name}")
+    ctx, q_ids = context_ids(run.name, run.vocab, k)
+    if ctx != ctx_json["context_ids"] or q_ids != ctx_json["question_ids"]:
+        return [f"{run.name}: context seed {k} does not reproduce context.json"]
+    capture_inputs(run, ctx)
+    results = [run_case(run, d, cr, ctx, q_ids) for d in defs for cr in RATIOS]
+    problems = []
+    for r in results:
+        print(summary_line(run, r))
+        rel = min((g[1] for g in r.gaps.values()), default=math.inf)
+        if not rel > MIN_REL_GAP:
+            problems.append(f"{r.d.case} cr {r.cr}: relative score gap {rel:.3g} <= {MIN_REL_GAP} at the recorded context")
+    if problems:
+        return problems
+    return write_cases(run, out, results)
+
+
 def _dist_version(name: str) -> str:
     from importlib.metadata import version
 
@@ -808,15 +841,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(MODELS)})")
     ap.add_argument("--max-seed-tries", type=int, default=16)
+    ap.add_argument("--cases", nargs="*", default=None,
+                    help="record only these cases (file stems such as keydiff, adakv-keydiff) at the context "
+                         "the model's directory already holds, leaving its other files as they are")
     args = ap.parse_args()
     oc.setup_torch()
     import kvpress  # noqa: F401  (importing kvpress patches the attention functions, as in its pipeline)
 
     register_replay_attention()
     defs = _defs()
+    if args.cases is not None:
+        unknown = sorted(set(args.cases) - {d.case for d in defs})
+        if unknown:
+            print(f"[press_fixtures] unknown cases {unknown}", file=sys.stderr)
+            return 2
+        defs = [d for d in defs if d.case in args.cases]
     problems: list[str] = []
     for name in args.only or MODELS:
         run = load_models(name)
+        if args.cases is not None:
+            problems += add_cases(run, defs)
+            continue
         chosen = None
         for k in range(args.max_seed_tries):
             ctx, q_ids, results, worst = evaluate(run, defs, k)

@@ -1,6 +1,6 @@
 """An independent float64 reference of ckv's eviction scorers and selections.
 
-Written from SPEC-eviction.md (the contract ckv implements), not from kvpress: press_fixtures.py
+Written from docs/spec-eviction.md (the contract ckv implements), not from kvpress: press_fixtures.py
 feeds it the same per-layer inputs kvpress sees (attention input, post-RoPE keys, values, weights,
 RoPE tables) and checks that it keeps the same tokens as kvpress did. Its selection functions also
 run on kvpress's own recorded scores, to measure how close each selection is to a tie and whether
@@ -149,6 +149,17 @@ def score_tova(inp: LayerInputs) -> Scored:
 
 def score_knorm(inp: LayerInputs) -> Scored:
     s = -torch.linalg.vector_norm(inp.keys.to(F64), dim=-1)
+    return Scored(s, torch.zeros_like(s, dtype=torch.bool))
+
+
+def score_keydiff(inp: LayerInputs) -> Scored:
+    """Minus the cosine of each key to the head's mean unit key (protects nothing)."""
+    k = inp.keys.to(F64)  # [Hkv, L, d]
+    unit = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True).clamp_min(1e-12)
+    anchor = unit.mean(dim=1, keepdim=True)  # [Hkv, 1, d]
+    cos = (k * anchor).sum(-1) / (torch.linalg.vector_norm(k, dim=-1).clamp_min(1e-8) *
+                                   torch.linalg.vector_norm(anchor, dim=-1).clamp_min(1e-8))
+    s = -cos
     return Scored(s, torch.zeros_like(s, dtype=torch.bool))
 
 

@@ -109,6 +109,7 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_moments = ckv_cpu_evict_moments,
     .evict_ea_logits = ckv_cpu_evict_ea_logits,
     .evict_defensive_rows = ckv_cpu_evict_defensive_rows,
+    .evict_keydiff = ckv_cpu_evict_keydiff,
     .sample = ckv_cpu_sample,
 };
 

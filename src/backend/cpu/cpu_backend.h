@@ -63,6 +63,7 @@ void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int
 void ckv_cpu_evict_head_sum(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n,
                             int head0, int group);
 void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div);
+ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
 void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
                             float sign);
 void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,

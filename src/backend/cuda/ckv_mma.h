@@ -2,7 +2,7 @@
  * mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (D = A B + C, A 16x16 and B 16x8 bf16, C and
  * D 16x8 fp32) and the bf16x2 packing its fragments use. Under nvcc it is inline PTX (the only inline
  * PTX of ckv); under the CPU execution layer every lane hands its registers to a warp collective that
- * gathers the fragments of the 32 lanes by the PTX ISA layouts (GPU-NOTES §1), multiplies and hands
+ * gathers the fragments of the 32 lanes by the PTX ISA layouts (docs/gpu.md §1), multiplies and hands
  * each lane its D registers. With g = lane >> 2 and t = lane & 3, each 32-bit register holds two bf16,
  * the lower column/row index in the low half:
  *   A: a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..2t+1)  a2 = (g, 2t+8..2t+9)  a3 = (g+8, 2t+8..2t+9)

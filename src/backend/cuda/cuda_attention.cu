@@ -1,14 +1,14 @@
 /* cuda_attention.cu - causal attention of a batch of query tokens over the KV segments of one layer
  * (backend.h: query head h of token t reads KV head h / (n_heads / n_kv_heads) of its sequence and
  * sees the rows whose original pos <= qpos[t]; a row that sees nothing is 0). Two kernels:
- *  - prefill: a FlashAttention-2 style tiled kernel (GPU-NOTES §3): a block takes 64 query rows of
+ *  - prefill: a FlashAttention-2 style tiled kernel (docs/gpu.md §3): a block takes 64 query rows of
  *    one head (16 per warp), K/V tiles of 64 keys go through shared memory as bf16, S = Q K^T and
  *    O += P V run on tensor cores through the one mma wrapper (ckv_mma.h; fragment layouts
- *    GPU-NOTES §1), online softmax in fp32 on the accumulator fragments, masking by comparing
+ *    docs/gpu.md §1), online softmax in fp32 on the accumulator fragments, masking by comparing
  *    stored positions (so compacted caches stay causal), and the key loop stops at the first tile
  *    whose first position exceeds the block's last query position. Head dims 16, 32, 64, 128, bf16
  *    caches (an f32 cache asks for fp32 attention and takes the other kernel).
- *  - decode (and any head dim up to 256): split-KV (GPU-NOTES §4): a block takes one (sequence,
+ *  - decode (and any head dim up to 256): split-KV (docs/gpu.md §4): a block takes one (sequence,
  *    KV head) segment's chunk of rows and all query rows of that segment (the GQA group's heads of
  *    the sequence's tokens, 8 at a time), so each K/V tile is read once per group; it writes
  *    unnormalised partials (o, m, l) that a merge kernel combines.
@@ -54,7 +54,7 @@ __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t
 
 /* ---- prefill: flash attention on tensor cores ------------------------------------------------
  * grid (ceil(n / 64), n_heads, n_seq), block 128. Lane (g = lane >> 2, t = lane & 3) of warp w owns
- * query rows g and g + 8 of the warp's 16 (the C-fragment rows, GPU-NOTES §1). */
+ * query rows g and g + 8 of the warp's 16 (the C-fragment rows, docs/gpu.md §1). */
 template <typename T, int HD>
 __global__ void __launch_bounds__(FA_THREADS)
 flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale) {
@@ -315,7 +315,7 @@ CKV_UNROLL
     }
 }
 
-/* One block per output row: O = sum_s e^{m_s - M} o_s / sum_s e^{m_s - M} l_s (GPU-NOTES §4). */
+/* One block per output row: O = sum_s e^{m_s - M} o_s / sum_s e^{m_s - M} l_s (docs/gpu.md §4). */
 __global__ void merge_kernel(float *out, const float *part, int n_splits, int hd) {
     const size_t R = blockIdx.x;
     const float *pr = part + R * (size_t)n_splits * (size_t)(hd + 2); // [n_splits, hd + 2]
@@ -353,7 +353,7 @@ void launch_split(ctx *c, float *out, const float *q, const int32_t *qpos, const
                   int n_heads, float scale) {
     const int hd = kv->head_dim, n_kv = kv->n_kv_heads;
     const int long_batch = n > 4 * kv->n_seq; /* many rows per segment: one split, blocks of rows */
-    /* Splits: enough blocks for two waves over the SMs, at most one per tile of keys (GPU-NOTES §4).
+    /* Splits: enough blocks for two waves over the SMs, at most one per tile of keys (docs/gpu.md §4).
      * The partials are sized for SK_MAX_SPLITS, so a growing cache never reallocates them. */
     const int max_len = kv->max_len > 1 ? kv->max_len : 1;
     const int tiles = (max_len + SK_TK - 1) / SK_TK;

@@ -232,7 +232,7 @@ ckv_status init_device(ctx *c, int device) {
     CKV_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create the compute stream");
     CKV_CUBLAS_CHECK(cublasCreate(&c->blas), "create the cuBLAS handle");
     CKV_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream), "set the cuBLAS stream");
-    c->blas_ws_bytes = (size_t)(c->cc_major >= 9 ? 32 : 4) << 20; /* GPU-NOTES §5 */
+    c->blas_ws_bytes = (size_t)(c->cc_major >= 9 ? 32 : 4) << 20; /* docs/gpu.md §5 */
     CKV_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes), "allocate the cuBLAS workspace");
     CKV_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes), "set the cuBLAS workspace");
     CKV_TRY(grow(c, (void **)&c->xbf, &c->xbf_cap, XBF_INITIAL * sizeof(ckv_bf16), "the GEMM activation workspace"));

@@ -342,7 +342,7 @@ ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_ba
             else
                 CKV_LAUNCH(to_f32_kernel<float>, dim3(blocks_for((size_t)nb * d, THREADS)), dim3(THREADS), 0, c->stream,
                            vb, (const float *)segs[g].v + off, (size_t)d, (size_t)0, nb, d);
-            /* proj [nb, D] = vb [nb, d] @ wh^T (GPU-NOTES §5 operand order) */
+            /* proj [nb, D] = vb [nb, d] @ wh^T (docs/gpu.md §5 operand order) */
             CKV_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, D, nb, d, &one, wh, CUDA_R_32F, d, vb,
                                           CUDA_R_32F, d, &zero, proj, CUDA_R_32F, D, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT),

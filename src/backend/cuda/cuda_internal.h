@@ -21,7 +21,7 @@ struct ctx {
     int sms, cc_major, cc_minor;
     cudaStream_t stream;
     cublasHandle_t blas;
-    void *blas_ws;            /* cuBLAS workspace (GPU-NOTES §5) */
+    void *blas_ws;            /* cuBLAS workspace (docs/gpu.md §5) */
     size_t blas_ws_bytes;
     ckv_bf16 *xbf;            /* activations converted to bf16 for the GEMM */
     size_t xbf_cap;           /* bytes */

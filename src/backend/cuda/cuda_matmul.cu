@@ -1,7 +1,7 @@
 /* cuda_matmul.cu - the CUDA matmul op: out = x @ W^T (+ bias) through cuBLAS with fp32 accumulation.
  * bf16 weights: x (fp32 in the interface) is rounded to bf16 into the backend's workspace, then one
  * cublasGemmEx bf16 x bf16 -> fp32 (CUBLAS_COMPUTE_32F); fp32 weights: the same call in fp32. The
- * operand order is GPU-NOTES §5: the column-major view of y^T = W x^T. Bias is a second kernel. No
+ * operand order is docs/gpu.md §5: the column-major view of y^T = W x^T. Bias is a second kernel. No
  * quantised weights (the loader converts them to the backend's weight dtype). */
 #include "cuda_internal.h"
 

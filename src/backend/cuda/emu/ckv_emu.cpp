@@ -1,109 +1,164 @@
-/* ckv_emu.cpp - the implementation of ckv_emu.h: the fiber scheduler that runs a launch block by
- * block (one fiber per thread, collectives as rendezvous, deadlocks reported as launch
- * failures), the warp shuffle, device memory as tracked host memory, the error state of the runtime
- * API (a launch failure is sticky, as a kernel fault is on a device) and the CPU GEMM behind
- * cublasGemmEx. The mma fragment arithmetic is not here (cuda/ckv_mma.h). Not thread-safe: one OS
- * thread drives the emulated device at a time. */
-#include "ckv_emu.h"
+/* ckv_emu.cpp - the runtime API of the CPU execution layer (ckv_emu.h): the simulated devices and
+ * the current device of each host thread, device memory (exact-sized allocations between red
+ * zones, fresh memory poisoned, freed allocations remembered to name a use after free), streams
+ * and events whose work is queued and run on the device thread when the host forces it, and the
+ * error state (per-thread last error, per-device sticky fault). The fiber scheduler is
+ * emu_exec.cpp, the checks emu_check.cpp, cuBLAS emu_blas.cpp. Every call holds the machine lock,
+ * so any number of host threads may use the layer. */
+#include "emu_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
-
-#include <map>
-#include <string>
-#include <vector>
 
 namespace ckv_emu {
 
-/* ---- error state ------------------------------------------------------------------------------ */
+/* ---- settings --------------------------------------------------------------------------------- */
 
-namespace {
-
-struct device_state {
-    int count = 1, major = 9, minor = 0, sms = 4;
-    int current = 0;
-    cudaError_t sticky = cudaSuccess; /* a fault: every later call reports it */
-    cudaError_t last = cudaSuccess;   /* the last non-sticky error (cleared by cudaGetLastError) */
-    std::string message;              /* the emulator's words for the sticky error */
-    std::string inject;               /* kernel whose next launch faults */
-    bool fault_pending = false;       /* an injected fault not yet surfaced by a synchronising call */
-    std::map<uintptr_t, size_t> allocs; /* device allocations: base -> bytes */
-};
-
-device_state &dev() {
-    static device_state d;
-    return d;
+static settings parse_settings() {
+    settings c;
+    const char *v = getenv("CKV_EMU_CHECK");
+    if (v && *v && strcmp(v, "0") != 0) {
+        if (strcmp(v, "1") != 0) c.error = std::string("CKV_EMU_CHECK=") + v + ": expected 0 or 1";
+        c.check = true;
+        c.schedule = SCHED_RANDOM; /* unless CKV_EMU_SCHEDULE names another */
+        c.seed = 1;
+    }
+    v = getenv("CKV_EMU_SCHEDULE");
+    if (v && *v) {
+        char *end = NULL;
+        if (strcmp(v, "forward") == 0) {
+            c.schedule = SCHED_FORWARD;
+        } else if (strcmp(v, "reverse") == 0) {
+            c.schedule = SCHED_REVERSE;
+        } else if (strncmp(v, "random:", 7) == 0 && v[7] && (c.seed = strtoull(v + 7, &end, 10), *end == '\0')) {
+            c.schedule = SCHED_RANDOM;
+        } else {
+            c.error = std::string("CKV_EMU_SCHEDULE=") + v + ": expected forward, reverse or random:SEED";
+        }
+    }
+    v = getenv("CKV_EMU_POISON");
+    if (v && *v) {
+        char *end = NULL;
+        unsigned long p = strtoul(v, &end, 0);
+        if (*end || p > 255) c.error = std::string("CKV_EMU_POISON=") + v + ": expected a byte value (0-255, 0x00-0xff)";
+        else c.poison = (unsigned char)p;
+    }
+    return c;
 }
 
-cudaError_t set_last(cudaError_t e) {
-    if (e != cudaSuccess && dev().last == cudaSuccess) dev().last = e;
+const settings &config(void) {
+    static const settings c = parse_settings();
+    return c;
+}
+
+/* ---- machine state ------------------------------------------------------------------------------ */
+
+machine &mach(void) {
+    static machine *m = new machine; /* never destroyed: the device thread may outlive main */
+    return *m;
+}
+
+static thread_local int tl_device = 0;                 /* cudaSetDevice is per host thread */
+static thread_local cudaError_t tl_last = cudaSuccess; /* cudaGetLastError is per host thread */
+
+int current_device(void) { return tl_device; }
+
+static cudaError_t set_last(cudaError_t e) {
+    if (e != cudaSuccess && tl_last == cudaSuccess) tl_last = e;
     return e;
 }
 
-void fault(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void fault(cudaError_t e, const char *fmt, ...) {
-    device_state &d = dev();
-    if (d.sticky != cudaSuccess) return;
-    char buf[512];
+static device_state &dev(int d) { return mach().devs[d]; }
+
+void fault(int d, cudaError_t e, const char *fmt, ...) {
+    device_state &s = dev(d);
+    if (s.sticky != cudaSuccess) return;
+    char buf[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    d.sticky = e;
-    d.message = buf;
+    s.sticky = e;
+    s.message = buf;
+}
+
+/* A bad setting is every device's error from the start (the first call names it). */
+static cudaError_t settings_status(int d) {
+    if (config().error.empty()) return cudaSuccess;
+    fault(d, cudaErrorInvalidValue, "ckv-emu: %s", config().error.c_str());
+    return cudaErrorInvalidValue;
 }
 
 /* What a synchronising call reports: surfaces a pending injected fault first. */
-cudaError_t sync_status() {
-    device_state &d = dev();
-    if (d.fault_pending) {
-        d.fault_pending = false;
-        d.sticky = cudaErrorIllegalAddress;
+static cudaError_t sync_status(int d) {
+    device_state &s = dev(d);
+    if (s.fault_pending) {
+        s.fault_pending = false;
+        s.sticky = cudaErrorIllegalAddress;
     }
-    return d.sticky;
+    return s.sticky;
 }
 
-/* 1 when [p, p + bytes) lies inside one device allocation. */
-bool is_device(const void *p, size_t bytes) {
-    const std::map<uintptr_t, size_t> &a = dev().allocs;
+alloc *find_alloc(const void *p, size_t bytes, uintptr_t *base) {
+    std::map<uintptr_t, alloc> &a = mach().allocs;
     uintptr_t u = (uintptr_t)p;
     auto it = a.upper_bound(u);
-    if (it == a.begin()) return false;
+    if (it == a.begin()) return NULL;
     --it;
-    return u >= it->first && u + bytes <= it->first + it->second && u + bytes >= u;
+    if (!it->second.live || u < it->first || u + bytes > it->first + it->second.bytes || u + bytes < u) return NULL;
+    if (base) *base = it->first;
+    return &it->second;
 }
 
-} // namespace
+static bool is_device(const void *p, size_t bytes) { return find_alloc(p, bytes, NULL) != NULL; }
+
+void mark_written(const void *p, size_t bytes) {
+    if (!config().check || bytes == 0) return;
+    uintptr_t base = 0;
+    alloc *a = find_alloc(p, bytes, &base);
+    if (!a || a->init.empty()) return;
+    for (size_t i = (uintptr_t)p - base, e = i + bytes; i < e; i++) a->init[i >> 3] |= (uint8_t)(1u << (i & 7));
+}
+
+/* ---- devices ---------------------------------------------------------------------------------- */
 
 cudaError_t cudaGetDeviceCount(int *count) {
-    *count = dev().count;
-    return dev().count > 0 ? cudaSuccess : set_last(cudaErrorNoDevice);
+    LOCKED;
+    *count = mach().count;
+    return mach().count > 0 ? cudaSuccess : set_last(cudaErrorNoDevice);
 }
 
 cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device) {
-    if (device < 0 || device >= dev().count) return set_last(cudaErrorInvalidDevice);
+    LOCKED;
+    if (device < 0 || device >= mach().count) return set_last(cudaErrorInvalidDevice);
     if (len < 1) return set_last(cudaErrorInvalidValue);
     snprintf(id, (size_t)len, "cuda-emu (host memory)");
     return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
-    if (dev().count == 0) return set_last(cudaErrorNoDevice);
-    if (device < 0 || device >= dev().count) return set_last(cudaErrorInvalidDevice);
-    dev().current = device;
+    LOCKED;
+    if (mach().count == 0) return set_last(cudaErrorNoDevice);
+    if (device < 0 || device >= mach().count) return set_last(cudaErrorInvalidDevice);
+    if (settings_status(device)) return set_last(cudaErrorInvalidValue);
+    tl_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device) {
+    *device = tl_device;
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
-    if (device < 0 || device >= dev().count) return set_last(cudaErrorInvalidDevice);
+    LOCKED;
+    if (device < 0 || device >= mach().count) return set_last(cudaErrorInvalidDevice);
     switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = dev().sms; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = dev().major; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = dev().minor; break;
+    case cudaDevAttrMultiProcessorCount: *value = dev(device).sms; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = dev(device).major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = dev(device).minor; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
     default: return set_last(cudaErrorInvalidValue);
     }
@@ -111,38 +166,237 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) 
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    LOCKED;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     *total_bytes = (size_t)pages * (size_t)page;
     *free_bytes = *total_bytes / 2;
-    return dev().sticky;
+    return dev(tl_device).sticky;
 }
 
+/* ---- memory ----------------------------------------------------------------------------------- */
+
+static const unsigned char CANARY = 0xcb;
+
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
+    LOCKED;
     *ptr = NULL;
-    if (dev().sticky) return dev().sticky;
+    const int d = tl_device;
+    if (settings_status(d)) return set_last(cudaErrorInvalidValue);
+    if (dev(d).sticky) return dev(d).sticky;
     if (bytes == 0) return cudaSuccess;
-    size_t rounded = (bytes + 255) & ~(size_t)255;
-    if (rounded < bytes) return set_last(cudaErrorMemoryAllocation);
-    void *p = aligned_alloc(256, rounded);
-    if (!p) return set_last(cudaErrorMemoryAllocation);
-    memset(p, 0xff, rounded); /* fresh device memory is garbage: NaN in f32 and bf16 */
-    dev().allocs[(uintptr_t)p] = bytes;
+    size_t total = (RED_ZONE + bytes + RED_ZONE + 255) & ~(size_t)255;
+    if (total < bytes) return set_last(cudaErrorMemoryAllocation);
+    unsigned char *raw = (unsigned char *)aligned_alloc(256, total);
+    if (!raw) return set_last(cudaErrorMemoryAllocation);
+    unsigned char *p = raw + RED_ZONE;
+    memset(raw, CANARY, RED_ZONE);
+    memset(p, config().poison, bytes); /* fresh device memory is garbage: NaN in f32 and bf16 by default */
+    memset(p + bytes, CANARY, total - RED_ZONE - bytes);
+    /* forget freed allocations the new one overlaps */
+    std::map<uintptr_t, alloc> &a = mach().allocs;
+    const uintptr_t lo = (uintptr_t)raw, hi = lo + total;
+    auto it = a.lower_bound(lo > (1u << 30) ? lo - (1u << 30) : 0);
+    while (it != a.end() && it->first < hi + RED_ZONE) {
+        if (!it->second.live && it->first + it->second.bytes + RED_ZONE > lo) it = a.erase(it);
+        else ++it;
+    }
+    alloc &rec = a[(uintptr_t)p];
+    rec = alloc();
+    rec.bytes = bytes;
+    rec.device = d;
+    if (config().check) {
+        rec.init.assign((bytes + 7) / 8, 0);
+        rec.shadow.assign((bytes + 4095) / 4096, NULL);
+    }
     *ptr = p;
     return cudaSuccess;
 }
 
+static void drop_shadow(alloc &a) {
+    for (race_cell *c : a.shadow) free(c);
+    a.shadow.clear();
+    a.shadow.shrink_to_fit();
+    a.init.clear();
+    a.init.shrink_to_fit();
+}
+
+static void drain_device(int d);
+
 cudaError_t cudaFree(void *ptr) {
+    LOCKED;
     if (!ptr) return cudaSuccess;
-    auto it = dev().allocs.find((uintptr_t)ptr);
-    if (it == dev().allocs.end()) return set_last(cudaErrorInvalidValue);
-    dev().allocs.erase(it);
-    free(ptr);
+    auto it = mach().allocs.find((uintptr_t)ptr);
+    if (it == mach().allocs.end() || !it->second.live) return set_last(cudaErrorInvalidValue);
+    drain_device(it->second.device); /* as on a device: the work queued before the free completes */
+    if (config().check) check_red_zones(it->second.device, "(before cudaFree)");
+    it->second.live = false;
+    drop_shadow(it->second);
+    free((unsigned char *)ptr - RED_ZONE);
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
-    (void)s;
-    if (dev().sticky) return dev().sticky;
+/* ---- streams and events ------------------------------------------------------------------------ */
+
+struct ckv_emu_event {
+    int device;
+    ckv_emu_stream *stream = NULL; /* of the last record; NULL: never recorded (complete) */
+    uint64_t seq = 0;
+};
+
+static ckv_emu_stream *new_stream(int device, unsigned flags, bool legacy) {
+    ckv_emu_stream *s = new ckv_emu_stream;
+    s->device = device;
+    s->flags = flags;
+    s->legacy = legacy;
+    mach().streams.push_back(s);
+    return s;
+}
+
+ckv_emu_stream *stream_of(cudaStream_t s) {
+    if (s) return s;
+    const int d = tl_device;
+    if (!mach().legacy[d]) mach().legacy[d] = new_stream(d, 0, true);
+    return mach().legacy[d];
+}
+
+void stream_run(ckv_emu_stream *s, uint64_t upto) {
+    while (!s->q.empty() && s->q.front().seq <= upto) {
+        work w = std::move(s->q.front());
+        s->q.pop_front();
+        w.fn();
+        s->done = w.seq;
+    }
+}
+
+uint64_t stream_push(cudaStream_t st, std::function<void()> fn) {
+    ckv_emu_stream *s = stream_of(st);
+    /* the legacy stream waits for the blocking streams of its device and they for it */
+    std::vector<std::pair<ckv_emu_stream *, uint64_t>> deps;
+    if (s->legacy) {
+        for (ckv_emu_stream *b : mach().streams)
+            if (b != s && b->device == s->device && !(b->flags & cudaStreamNonBlocking) && !b->q.empty())
+                deps.push_back({b, b->next - 1});
+    } else if (!(s->flags & cudaStreamNonBlocking)) {
+        ckv_emu_stream *l = mach().legacy[s->device];
+        if (l && !l->q.empty()) deps.push_back({l, l->next - 1});
+    }
+    if (!deps.empty()) {
+        fn = [deps, f = std::move(fn)]() {
+            for (auto &d : deps) stream_run(d.first, d.second);
+            f();
+        };
+    }
+    const uint64_t seq = s->next++;
+    s->q.push_back(work{seq, std::move(fn)});
+    return seq;
+}
+
+static void run_stream_now(ckv_emu_stream *s, uint64_t upto) {
+    device_exec([&] { stream_run(s, upto); });
+}
+
+static void drain_device(int d) {
+    device_exec([&] {
+        for (bool more = true; more;) {
+            more = false;
+            for (ckv_emu_stream *s : mach().streams)
+                if (s->device == d && !s->q.empty()) stream_run(s, s->next - 1), more = true;
+        }
+    });
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    LOCKED;
+    *s = new_stream(tl_device, flags, false);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    LOCKED;
+    if (!s) return set_last(cudaErrorInvalidResourceHandle);
+    run_stream_now(s, s->next - 1); /* as CUDA: queued work completes, then the stream goes */
+    std::vector<ckv_emu_stream *> &v = mach().streams;
+    for (size_t i = 0; i < v.size(); i++)
+        if (v[i] == s) v.erase(v.begin() + (long)i), i = v.size();
+    delete s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t st) {
+    LOCKED;
+    ckv_emu_stream *s = stream_of(st);
+    run_stream_now(s, s->next - 1);
+    return sync_status(s->device);
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t st) { return cudaStreamSynchronize(st); }
+
+cudaError_t cudaDeviceSynchronize(void) {
+    LOCKED;
+    drain_device(tl_device);
+    return sync_status(tl_device);
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    LOCKED;
+    (void)flags;
+    *e = new ckv_emu_event;
+    (*e)->device = tl_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    LOCKED;
+    delete e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
+    LOCKED;
+    if (!e) return set_last(cudaErrorInvalidResourceHandle);
+    ckv_emu_stream *s = stream_of(st);
+    if (s->device != e->device) return set_last(cudaErrorInvalidResourceHandle);
+    if (dev(s->device).sticky) return dev(s->device).sticky;
+    e->stream = s;
+    e->seq = stream_push(s, [] {});
+    return cudaSuccess;
+}
+
+/* Work that completes event e (as recorded now). */
+static void event_run(ckv_emu_stream *s, uint64_t seq) {
+    if (s) stream_run(s, seq);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    LOCKED;
+    if (!e) return set_last(cudaErrorInvalidResourceHandle);
+    ckv_emu_stream *s = e->stream;
+    uint64_t seq = e->seq;
+    device_exec([&] { event_run(s, seq); });
+    return sync_status(e->device);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned flags) {
+    LOCKED;
+    (void)flags;
+    if (!e) return set_last(cudaErrorInvalidResourceHandle);
+    ckv_emu_stream *s = e->stream;
+    const uint64_t seq = e->seq;
+    if (s) stream_push(st, [s, seq] { event_run(s, seq); });
+    return dev(stream_of(st)->device).sticky;
+}
+
+/* ---- copies ---------------------------------------------------------------------------------- */
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t st) {
+    LOCKED;
+    ckv_emu_stream *s = stream_of(st);
+    const int d = s->device;
+    if (dev(d).sticky) return dev(d).sticky;
     if (bytes == 0) return cudaSuccess;
     bool dst_dev = is_device(dst, bytes), src_dev = is_device(src, bytes);
     bool ok = true;
@@ -154,54 +408,94 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     case cudaMemcpyDefault: ok = dst && src; break;
     }
     if (!ok || !dst || !src) return set_last(cudaErrorInvalidValue);
-    memmove(dst, src, bytes);
+    if (!src_dev) {
+        /* pageable host memory is staged at the call (the host may reuse it at once) */
+        std::shared_ptr<std::vector<unsigned char>> staged =
+            std::make_shared<std::vector<unsigned char>>((const unsigned char *)src, (const unsigned char *)src + bytes);
+        stream_push(s, [=] {
+            if (dev(d).sticky) return;
+            memcpy(dst, staged->data(), bytes);
+            mark_written(dst, bytes);
+        });
+        if (!dst_dev) run_stream_now(s, s->next - 1);
+        return cudaSuccess;
+    }
+    const uint64_t seq = stream_push(s, [=] {
+        if (dev(d).sticky) return;
+        memmove(dst, src, bytes);
+        mark_written(dst, bytes);
+    });
+    /* into pageable host memory the call returns once the copy is done */
+    if (!dst_dev) run_stream_now(s, seq);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
-    cudaError_t e = sync_status();
+    LOCKED;
+    cudaError_t e = sync_status(tl_device);
     if (e) return e;
-    return cudaMemcpyAsync(dst, src, bytes, kind, NULL);
+    e = cudaMemcpyAsync(dst, src, bytes, kind, NULL);
+    if (e) return e;
+    ckv_emu_stream *s = stream_of(NULL);
+    run_stream_now(s, s->next - 1); /* synchronous: after the legacy stream's work */
+    return sync_status(tl_device);
 }
 
-cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s) {
-    (void)s;
-    if (dev().sticky) return dev().sticky;
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t st) {
+    LOCKED;
+    ckv_emu_stream *s = stream_of(st);
+    const int d = s->device;
+    if (dev(d).sticky) return dev(d).sticky;
     if (bytes == 0) return cudaSuccess;
     if (!is_device(dst, bytes)) return set_last(cudaErrorInvalidValue);
-    memset(dst, value, bytes);
+    stream_push(s, [=] {
+        if (dev(d).sticky) return;
+        memset(dst, value, bytes);
+        mark_written(dst, bytes);
+    });
     return cudaSuccess;
 }
 
-struct ckv_emu_stream {
-    unsigned flags;
-};
+/* ---- launches ---------------------------------------------------------------------------------- */
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
-    *s = new ckv_emu_stream{flags};
-    return cudaSuccess;
+void ckv_emu_submit(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void (*tramp)(void *),
+                    void *args, size_t args_bytes, void (*destroy)(void *), const void *const *ptrs, int n_ptrs) {
+    LOCKED;
+    ckv_emu_stream *s = stream_of(st);
+    const int d = s->device;
+    unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    cudaError_t bad = cudaSuccess;
+    if (dev(d).sticky) bad = dev(d).sticky;
+    else if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+             grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 || smem > 48 * 1024)
+        bad = set_last(cudaErrorInvalidConfiguration);
+    else if (d != tl_device)
+        bad = set_last(cudaErrorInvalidResourceHandle); /* a stream of another device than the current one */
+    if (bad) {
+        destroy(args);
+        return;
+    }
+    std::vector<const void *> p(ptrs, ptrs + n_ptrs);
+    stream_push(s, [=] {
+        exec_launch(d, kernel, grid, block, tramp, args, args_bytes, p.data(), (int)p.size());
+        destroy(args);
+    });
 }
 
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    delete s;
-    return cudaSuccess;
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    (void)s;
-    return sync_status();
-}
-
-cudaError_t cudaDeviceSynchronize(void) { return sync_status(); }
+/* ---- errors ---------------------------------------------------------------------------------- */
 
 cudaError_t cudaGetLastError(void) {
-    if (dev().sticky) return dev().sticky;
-    cudaError_t e = dev().last;
-    dev().last = cudaSuccess;
+    LOCKED;
+    if (dev(tl_device).sticky) return dev(tl_device).sticky;
+    cudaError_t e = tl_last;
+    tl_last = cudaSuccess;
     return e;
 }
 
-cudaError_t cudaPeekAtLastError(void) { return dev().sticky ? dev().sticky : dev().last; }
+cudaError_t cudaPeekAtLastError(void) {
+    LOCKED;
+    return dev(tl_device).sticky ? dev(tl_device).sticky : tl_last;
+}
 
 const char *cudaGetErrorName(cudaError_t e) {
     switch (e) {
@@ -211,6 +505,8 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     }
@@ -218,7 +514,9 @@ const char *cudaGetErrorName(cudaError_t e) {
 }
 
 const char *cudaGetErrorString(cudaError_t e) {
-    if (e == dev().sticky && !dev().message.empty()) return dev().message.c_str();
+    LOCKED;
+    device_state &s = dev(tl_device);
+    if (e != cudaSuccess && e == s.sticky && !s.message.empty()) return s.message.c_str();
     switch (e) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
@@ -226,434 +524,44 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     }
     return "unknown error";
 }
 
+/* ---- test hooks ------------------------------------------------------------------------------ */
+
 void ckv_emu_set_devices(int count, int major, int minor) {
-    dev().count = count;
-    dev().major = major;
-    dev().minor = minor;
+    LOCKED;
+    mach().count = count < 0 ? 0 : count > MAX_DEVICES ? MAX_DEVICES : count;
+    for (int d = 0; d < MAX_DEVICES; d++) dev(d).major = major, dev(d).minor = minor;
 }
 
-void ckv_emu_inject_fault(const char *kernel) { dev().inject = kernel ? kernel : ""; }
+void ckv_emu_inject_fault(const char *kernel) {
+    LOCKED;
+    dev(tl_device).inject = kernel ? kernel : "";
+}
 
 void ckv_emu_reset(void) {
-    device_state &d = dev();
-    for (auto &a : d.allocs) free((void *)a.first);
-    d.allocs.clear();
-    d.sticky = d.last = cudaSuccess;
-    d.message.clear();
-    d.inject.clear();
-    d.fault_pending = false;
-}
-
-/* ---- fibers ----------------------------------------------------------------------------------- */
-
-namespace {
-
-/* A fiber's saved context. On x86-64 (without sanitizers) a switch saves the callee-saved registers
- * on the fiber's own stack and swaps stack pointers: a few ns, against ~150 ns for glibc's
- * swapcontext, which also saves the signal mask through a system call (GPU-NOTES §9). Elsewhere
- * ucontext. Fibers share the OS thread's floating-point environment and TLS. */
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define CKV_EMU_FAST_SWITCH 1
-extern "C" void ckv_emu_switch_x86_64(void **save_sp, void *load_sp);
-asm(".text\n"
-    ".globl ckv_emu_switch_x86_64\n"
-    ".type ckv_emu_switch_x86_64, @function\n"
-    "ckv_emu_switch_x86_64:\n"
-    "    pushq %rbp\n"
-    "    pushq %rbx\n"
-    "    pushq %r12\n"
-    "    pushq %r13\n"
-    "    pushq %r14\n"
-    "    pushq %r15\n"
-    "    movq %rsp, (%rdi)\n"
-    "    movq %rsi, %rsp\n"
-    "    popq %r15\n"
-    "    popq %r14\n"
-    "    popq %r13\n"
-    "    popq %r12\n"
-    "    popq %rbx\n"
-    "    popq %rbp\n"
-    "    ret\n"
-    ".size ckv_emu_switch_x86_64, .-ckv_emu_switch_x86_64\n");
-struct context {
-    void *sp;
-};
-#else
-struct context {
-    ucontext_t uc;
-};
-#endif
-
-enum fiber_state { F_READY, F_BARRIER, F_WARP, F_DONE };
-
-struct fiber {
-    context ctx;
-    ckv_emu_thread self;
-    fiber_state state;
-    ckv_emu_warp_fn fn; /* F_WARP: the collective, this lane's data and mask */
-    void *data;
-    unsigned mask;
-};
-
-constexpr size_t STACK_BYTES = 128 * 1024; /* per fiber, plus a guard page below it */
-constexpr int MAX_THREADS = 1024;
-
-struct scheduler {
-    context main;
-    fiber fibers[MAX_THREADS];
-    int n = 0;
-    fiber *cur = NULL;
-    const std::function<void()> *body = NULL;
-    char *stacks = NULL; /* MAX_THREADS x (guard page + stack), mapped once */
-    size_t slot = 0;
-    ckv_emu_thread host; /* what a call from outside a kernel sees */
-};
-
-scheduler &sched() {
-    static scheduler s;
-    return s;
-}
-
-void switch_to(context *save, context *load) {
-#if CKV_EMU_FAST_SWITCH
-    ckv_emu_switch_x86_64(&save->sp, load->sp);
-#else
-    swapcontext(&save->uc, &load->uc);
-#endif
-}
-
-void fiber_entry() {
-    scheduler &s = sched();
-    fiber *f = s.cur;
-    (*s.body)();
-    f->state = F_DONE;
-    switch_to(&f->ctx, &s.main); /* never resumed */
-    abort();
-}
-
-/* A fresh context that starts fiber_entry on the stack [lo, lo + bytes). */
-void context_init(context *c, char *lo, size_t bytes, context *link) {
-#if CKV_EMU_FAST_SWITCH
-    (void)link;
-    uintptr_t top = ((uintptr_t)(lo + bytes)) & ~(uintptr_t)15;
-    void **sp = (void **)top;
-    *--sp = NULL;                        /* fiber_entry's return address: it never returns */
-    *--sp = (void *)(uintptr_t)fiber_entry; /* where the first switch's ret lands */
-    for (int i = 0; i < 6; i++) *--sp = NULL; /* rbp rbx r12 r13 r14 r15 */
-    c->sp = sp;
-#else
-    getcontext(&c->uc);
-    c->uc.uc_stack.ss_sp = lo;
-    c->uc.uc_stack.ss_size = bytes;
-    c->uc.uc_link = &link->uc;
-    makecontext(&c->uc, fiber_entry, 0);
-#endif
-}
-
-void yield(fiber *f) { switch_to(&f->ctx, &sched().main); }
-
-bool map_stacks(scheduler &s) {
-    if (s.stacks) return true;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    s.slot = STACK_BYTES + page;
-    void *p = mmap(NULL, s.slot * MAX_THREADS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    if (p == MAP_FAILED) return false;
-    s.stacks = (char *)p;
-    for (int i = 0; i < MAX_THREADS; i++) mprotect(s.stacks + (size_t)i * s.slot, page, PROT_NONE);
-    return true;
-}
-
-/* Resolves the warp collectives that every lane of their mask has reached. Returns how many groups
- * were released; sets *bad (with a message) when one can never complete. */
-int resolve_warps(scheduler &s, std::string *bad) {
-    int released = 0;
-    for (int w = 0; w * 32 < s.n; w++) {
-        int base = w * 32, lanes = s.n - base < 32 ? s.n - base : 32;
-        unsigned done_groups = 0; /* lanes already handled this round */
-        for (int l = 0; l < lanes; l++) {
-            fiber &f = s.fibers[base + l];
-            if (f.state != F_WARP || (done_groups >> l & 1u)) continue;
-            unsigned mask = f.mask;
-            bool complete = true;
-            void *data[32] = {};
-            for (int m = 0; m < 32; m++) {
-                if (!(mask >> m & 1u)) continue;
-                if (m >= lanes) {
-                    *bad = "a warp collective's mask names lane " + std::to_string(m) + " beyond the block";
-                    return released;
-                }
-                fiber &o = s.fibers[base + m];
-                if (o.state == F_DONE) {
-                    *bad = "a warp collective's mask names lane " + std::to_string(m) + ", which has exited";
-                    return released;
-                }
-                if (o.state != F_WARP) {
-                    complete = false;
-                    continue;
-                }
-                if (o.mask != mask || o.fn != f.fn) {
-                    *bad = "lanes " + std::to_string(l) + " and " + std::to_string(m) + " of warp " +
-                           std::to_string(w) + " wait in different warp collectives";
-                    return released;
-                }
-                data[m] = o.data;
-            }
-            if (!(mask >> l & 1u)) {
-                *bad = "a warp collective's mask lacks the calling lane " + std::to_string(l);
-                return released;
-            }
-            if (!complete) continue;
-            f.fn(data, mask);
-            for (int m = 0; m < 32; m++)
-                if (mask >> m & 1u) s.fibers[base + m].state = F_READY;
-            done_groups |= mask;
-            released++;
+    LOCKED;
+    for (ckv_emu_stream *s : mach().streams) s->q.clear(), s->done = s->next - 1;
+    for (auto &a : mach().allocs)
+        if (a.second.live) {
+            drop_shadow(a.second);
+            free((unsigned char *)a.first - RED_ZONE);
         }
+    mach().allocs.clear();
+    for (int d = 0; d < MAX_DEVICES; d++) {
+        device_state &s = dev(d);
+        s.sticky = cudaSuccess;
+        s.message.clear();
+        s.inject.clear();
+        s.fault_pending = false;
     }
-    return released;
-}
-
-/* Runs one block; returns false (message in *bad) when its threads cannot all finish. */
-bool run_block(scheduler &s, std::string *bad) {
-    for (int i = 0; i < s.n; i++) {
-        fiber &f = s.fibers[i];
-        context_init(&f.ctx, s.stacks + (size_t)i * s.slot + (s.slot - STACK_BYTES), STACK_BYTES, &s.main);
-        f.state = F_READY;
-    }
-    for (;;) {
-        for (int i = 0; i < s.n; i++) {
-            if (s.fibers[i].state != F_READY) continue;
-            s.cur = &s.fibers[i];
-            switch_to(&s.main, &s.fibers[i].ctx);
-        }
-        s.cur = NULL;
-        int done = 0, barrier = 0, warp = 0;
-        for (int i = 0; i < s.n; i++) {
-            done += s.fibers[i].state == F_DONE;
-            barrier += s.fibers[i].state == F_BARRIER;
-            warp += s.fibers[i].state == F_WARP;
-        }
-        if (done == s.n) return true;
-        if (warp && resolve_warps(s, bad)) continue;
-        if (!bad->empty()) return false;
-        if (barrier + done == s.n) {
-            if (done) {
-                *bad = "__syncthreads reached by " + std::to_string(barrier) + " of " + std::to_string(s.n) +
-                       " threads; the others have exited";
-                return false;
-            }
-            for (int i = 0; i < s.n; i++) s.fibers[i].state = F_READY;
-            continue;
-        }
-        *bad = "threads cannot proceed: " + std::to_string(barrier) + " at __syncthreads, " + std::to_string(warp) +
-               " in warp collectives, " + std::to_string(done) + " exited";
-        return false;
-    }
-}
-
-} // namespace
-
-const ckv_emu_thread *ckv_emu_self(void) {
-    scheduler &s = sched();
-    return s.cur ? &s.cur->self : &s.host;
-}
-
-unsigned ckv_emu_lane(void) { return ckv_emu_self()->thread_idx.x & 31u; }
-
-void ckv_emu_warp_collective(ckv_emu_warp_fn fn, void *data, unsigned mask) {
-    fiber *f = sched().cur;
-    if (!f) abort(); /* a device function called from host code: a bug in the caller */
-    f->state = F_WARP;
-    f->fn = fn;
-    f->data = data;
-    f->mask = mask;
-    yield(f);
-}
-
-void ckv_emu_syncthreads(void) {
-    fiber *f = sched().cur;
-    if (!f) abort();
-    f->state = F_BARRIER;
-    yield(f);
-}
-
-static void syncwarp_fn(void *lanes[32], unsigned mask) { (void)lanes, (void)mask; }
-
-void __syncwarp(unsigned mask) {
-    int dummy = 0;
-    ckv_emu_warp_collective(syncwarp_fn, &dummy, mask);
-}
-
-/* GPU-NOTES §2: lanes form groups of `width`; a source outside the group or the mask gives the
- * caller's own value (outside the mask the hardware value is undefined: we poison it with NaN). */
-static void shfl_fn(void *lanes[32], unsigned mask) {
-    uint32_t in[32] = {};
-    for (int l = 0; l < 32; l++)
-        if (lanes[l]) in[l] = ((ckv_emu_shfl_lane *)lanes[l])->in;
-    for (int l = 0; l < 32; l++) {
-        if (!lanes[l]) continue;
-        ckv_emu_shfl_lane *me = (ckv_emu_shfl_lane *)lanes[l];
-        int w = me->width, base = l & ~(w - 1), src = l;
-        switch (me->kind) {
-        case CKV_EMU_SHFL_IDX: src = base + (me->arg % w + w) % w; break;
-        case CKV_EMU_SHFL_UP: src = l - me->arg >= base ? l - me->arg : l; break;
-        case CKV_EMU_SHFL_DOWN: src = l + me->arg < base + w ? l + me->arg : l; break;
-        case CKV_EMU_SHFL_XOR: src = (l ^ me->arg) < base + w ? (l ^ me->arg) : l; break;
-        }
-        me->out = (mask >> src & 1u) ? in[src] : 0x7fc00000u;
-    }
-}
-
-uint32_t ckv_emu_shfl(unsigned mask, uint32_t v, int kind, int arg, int width) {
-    if (width < 1 || width > 32 || (width & (width - 1))) width = 32;
-    ckv_emu_shfl_lane me = {v, 0, kind, arg, width};
-    ckv_emu_warp_collective(shfl_fn, &me, mask);
-    return me.out;
-}
-
-void ckv_emu_run(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                 const std::function<void()> &body) {
-    (void)st;
-    device_state &d = dev();
-    scheduler &s = sched();
-    if (d.sticky) return;
-    unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
-    if (threads == 0 || threads > MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-        grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 || smem > 48 * 1024) {
-        set_last(cudaErrorInvalidConfiguration);
-        return;
-    }
-    if (!d.inject.empty() && d.inject == kernel) {
-        d.inject.clear();
-        d.fault_pending = true;
-        d.message = std::string("ckv-emu: injected fault: an illegal memory access in kernel ") + kernel;
-        return;
-    }
-    if (s.cur || !map_stacks(s)) {
-        fault(cudaErrorLaunchFailure, "ckv-emu: cannot launch %s (%s)", kernel,
-              s.cur ? "launch from device code" : "no memory for fiber stacks");
-        return;
-    }
-    s.n = (int)threads;
-    s.body = &body;
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++) {
-                for (int i = 0; i < s.n; i++) {
-                    ckv_emu_thread &t = s.fibers[i].self;
-                    t.thread_idx = {(unsigned)i % block.x, (unsigned)i / block.x % block.y,
-                                    (unsigned)i / (block.x * block.y)};
-                    t.block_idx = {bx, by, bz};
-                    t.block_dim = block;
-                    t.grid_dim = grid;
-                }
-                std::string bad;
-                if (!run_block(s, &bad)) {
-                    fault(cudaErrorLaunchFailure, "ckv-emu: kernel %s, block (%u,%u,%u): %s", kernel, bx, by, bz,
-                          bad.c_str());
-                    s.n = 0;
-                    return;
-                }
-            }
-    s.n = 0;
-    s.body = NULL;
-}
-
-/* ---- cuBLAS ----------------------------------------------------------------------------------- */
-
-struct ckv_emu_cublas {
-    cudaStream_t stream;
-};
-
-cublasStatus_t cublasCreate(cublasHandle_t *h) {
-    if (dev().count == 0) return CUBLAS_STATUS_NOT_INITIALIZED;
-    *h = new ckv_emu_cublas{NULL};
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasDestroy(cublasHandle_t h) {
-    delete h;
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
-    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    h->stream = s;
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes) {
-    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (bytes && !is_device(ws, bytes)) return CUBLAS_STATUS_INVALID_VALUE;
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-static size_t type_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
-
-static double load(const void *p, cudaDataType_t t, size_t i) {
-    if (t == CUDA_R_32F) return ((const float *)p)[i];
-    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-}
-
-/* Bytes spanned by a column-major rows x cols matrix with leading dimension ld. */
-static size_t extent(int rows, int cols, int ld, cudaDataType_t t) {
-    if (rows == 0 || cols == 0) return 0;
-    return ((size_t)(cols - 1) * (size_t)ld + (size_t)rows) * type_size(t);
-}
-
-cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
-                            cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
-                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
-    (void)algo;
-    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
-    const int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m; /* stored A: ar x ac */
-    const int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
-    if (lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    if (compute != CUBLAS_COMPUTE_32F || at != bt || (ct != CUDA_R_32F && ct != CUDA_R_16BF))
-        return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-    if (!is_device(C, extent(m, n, ldc, ct)) || (k > 0 && (!is_device(A, extent(ar, ac, lda, at)) ||
-                                                          !is_device(B, extent(br, bc, ldb, bt)))))
-        return CUBLAS_STATUS_INVALID_VALUE; /* on a GPU: an illegal address */
-    if (dev().sticky) return CUBLAS_STATUS_NOT_INITIALIZED;
-    const float a = *(const float *)alpha, b = *(const float *)beta;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            double acc = 0.0; /* each fp32 product is exact in double */
-            for (int l = 0; l < k; l++) {
-                size_t ai = ta == CUBLAS_OP_N ? (size_t)i + (size_t)l * lda : (size_t)l + (size_t)i * lda;
-                size_t bi = tb == CUBLAS_OP_N ? (size_t)l + (size_t)j * ldb : (size_t)j + (size_t)l * ldb;
-                acc += (double)(float)(load(A, at, ai) * load(B, bt, bi));
-            }
-            size_t ci = (size_t)i + (size_t)j * ldc;
-            float r = a * (float)acc;
-            if (b != 0.0f) r += b * (float)load(C, ct, ci);
-            if (ct == CUDA_R_32F)
-                ((float *)C)[ci] = r;
-            else
-                ((__nv_bfloat16 *)C)[ci] = __float2bfloat16(r);
-        }
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-const char *cublasGetStatusString(cublasStatus_t s) {
-    switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    }
-    return "CUBLAS_STATUS_UNKNOWN";
+    tl_last = cudaSuccess;
 }
 
 } // namespace ckv_emu

@@ -1,17 +1,25 @@
 /* ckv_emu.h - ckv's CPU execution layer for its CUDA sources: exactly the CUDA runtime, device and
  * cuBLAS constructs that the kernels of src/backend/cuda use, implemented on the host so that the
  * same .cu files compile with the host C++ compiler (CKV_CUDA_EMU defined) and run in CI without a
- * GPU. A block runs as one cooperatively scheduled fiber per thread (ucontext); every collective
- * (__syncthreads, __syncwarp, shuffles, the mma wrapper) is a rendezvous: a fiber runs until it
- * reaches one and waits there until every thread the collective names has arrived, which is a legal
- * schedule of independent thread scheduling (GPU-NOTES §2). Blocks of a launch run one after the
- * other, so __shared__ variables are per-block static storage. A barrier that can never complete
- * (divergent __syncthreads, a shuffle mask naming an exited lane) is reported as a launch failure,
- * never a hang. Streams are ordered and synchronous, device memory is host memory (tracked, so
- * copies into or out of memory that is not a device allocation fail), cuBLAS GEMM is a plain CPU
- * GEMM with fp32 products summed in double. It models no timing, no memory hierarchy and no
- * concurrency between blocks. Everything lives in namespace ckv_emu, so it never clashes with the
- * real CUDA runtime linked into the same program. Included only through cuda/cuda_rt.h. */
+ * GPU, and a compute-sanitizer for them (docs/architecture.md, "The CPU execution layer"). A block
+ * runs as one cooperatively scheduled fiber per thread; every collective (__syncthreads,
+ * __syncwarp, shuffles, the mma wrapper) is a rendezvous: a fiber runs until it reaches one and
+ * waits there until every thread the collective names has arrived, which is a legal schedule of
+ * independent thread scheduling (CUDA C++ Programming Guide, "Independent Thread Scheduling"). Threads between two collectives run in the order
+ * CKV_EMU_SCHEDULE names (forward, reverse, random:SEED), blocks too. A barrier that can never
+ * complete is a launch failure, never a hang. Work queued on a stream (launches, asynchronous
+ * copies and memsets, GEMMs, event records and waits) runs on the layer's device thread when the
+ * host forces it (a stream, event or device synchronisation, a copy to pageable host memory, a
+ * free), not at the call, so a missing cudaStreamWaitEvent gives wrong data as on a GPU. Device
+ * memory is host memory in exact-sized allocations between red zones; the current device is per
+ * host thread. CKV_EMU_CHECK=1 turns on the checks: racecheck, memcheck and initcheck on every
+ * load and store of kernel code built with the CKV_EMU_INSTRUMENT CMake option (the accesses reach
+ * the layer through the ThreadSanitizer call ABI, see emu_check.cpp), and without it the pointer
+ * arguments of every launch, red-zone canaries and poisoned memory; a finding is a failed launch
+ * naming the kernel, the address, the block and the thread. cuBLAS GEMM is a plain CPU GEMM with
+ * fp32 products summed in double. It models no timing and no memory hierarchy. Everything lives in
+ * namespace ckv_emu, so it never clashes with the real CUDA runtime linked into the same program.
+ * Included only through cuda/cuda_rt.h. */
 #ifndef CKV_EMU_H
 #define CKV_EMU_H
 
@@ -47,6 +55,8 @@ enum cudaError_t {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
     cudaErrorNoDevice = 100,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchFailure = 719,
 };
@@ -65,10 +75,16 @@ enum cudaDeviceAttr {
 };
 struct ckv_emu_stream;
 typedef ckv_emu_stream *cudaStream_t;
+struct ckv_emu_event;
+typedef ckv_emu_event *cudaEvent_t;
+#define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventDisableTiming 0x02
 
 cudaError_t cudaGetDeviceCount(int *count);
-cudaError_t cudaSetDevice(int device);
+cudaError_t cudaSetDevice(int device); /* per host thread, as in CUDA */
+cudaError_t cudaGetDevice(int *device);
 /* The emulated GPUs live in each process's host memory: every one (of every rank) names the same
  * pretend bus, so device communicators over them take the staged path, never NCCL. */
 cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device);
@@ -82,6 +98,14 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s); /* runs the stream's work (a polling host loop ends) */
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e); /* runs the work before the event */
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
@@ -115,7 +139,14 @@ static inline float __bfloat162float(__nv_bfloat16 h) {
 /* ---- device math the kernels call ------------------------------------------------------------- */
 
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+#if defined(CKV_EMU_DEVICE_MATH)
+/* As the device computes it: ex2.approx of x * log2(e) with the product rounded to fp32 (the
+ * approximation's own last-bit error is not modelled). Built with -ffp-contract=fast, a*b+c
+ * contracts to an FMA as nvcc contracts it. */
+static inline float __expf(float x) { return exp2f(x * 1.44269504088896341f); }
+#else
 static inline float __expf(float x) { return expf(x); }
+#endif
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline uint32_t __float_as_uint(float f) {
     uint32_t u;
@@ -144,20 +175,42 @@ void ckv_emu_warp_collective(ckv_emu_warp_fn fn, void *data, unsigned mask);
 void ckv_emu_syncthreads(void);
 unsigned ckv_emu_lane(void);
 
-/* Runs `body` for every thread of every block (the launch of CKV_LAUNCH). A bad configuration sets
- * cudaErrorInvalidConfiguration; a collective that cannot complete, cudaErrorLaunchFailure (sticky,
- * as a kernel fault is on a device). */
-void ckv_emu_run(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                 const std::function<void()> &body);
+/* Queues a launch on stream s (the launch of CKV_LAUNCH): `tramp(args)` runs one thread's kernel
+ * call; `args` (args_bytes, freed by `destroy`) holds the kernel and its parameters; `ptrs` are the
+ * pointer parameters, checked against live device memory when the launch runs. A bad configuration
+ * sets cudaErrorInvalidConfiguration; a fault of the kernel (a collective that cannot complete, a
+ * finding of the checks) is cudaErrorLaunchFailure or cudaErrorIllegalAddress, sticky as on a
+ * device and surfaced by the next synchronising call. */
+void ckv_emu_submit(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, void (*tramp)(void *),
+                    void *args, size_t args_bytes, void (*destroy)(void *), const void *const *ptrs, int n_ptrs);
+
+template <typename K, typename Tuple> struct ckv_emu_args {
+    K kernel;
+    Tuple params;
+};
+template <typename A> static void ckv_emu_tramp(void *p) {
+    A *a = (A *)p;
+    std::apply(a->kernel, a->params);
+}
+template <typename A> static void ckv_emu_destroy(void *p) { delete (A *)p; }
+template <typename T> static inline void ckv_emu_ptr_arg(const T &v, const void **out, int *n) {
+    if constexpr (std::is_pointer<T>::value) out[(*n)++] = (const void *)v;
+    else (void)v, (void)out, (void)n;
+}
 
 template <typename... P, typename... A>
 void ckv_emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s, void (*kernel)(P...),
                     A &&...args) {
-    std::tuple<typename std::decay<P>::type...> params(std::forward<A>(args)...);
-    ckv_emu_run(name, grid, block, smem, s, [&]() { std::apply(kernel, params); });
+    typedef std::tuple<typename std::decay<P>::type...> tuple_t;
+    typedef ckv_emu_args<void (*)(P...), tuple_t> args_t;
+    args_t *a = new args_t{kernel, tuple_t(std::forward<A>(args)...)};
+    const void *ptrs[sizeof...(P) + 1];
+    int n = 0;
+    std::apply([&](const auto &...v) { (ckv_emu_ptr_arg(v, ptrs, &n), ...); }, a->params);
+    ckv_emu_submit(name, grid, block, smem, s, ckv_emu_tramp<args_t>, a, sizeof *a, ckv_emu_destroy<args_t>, ptrs, n);
 }
 
-/* ---- warp shuffles (GPU-NOTES §2): 4-byte types ----------------------------------------------- */
+/* ---- warp shuffles (docs/gpu.md §2): 4-byte types ----------------------------------------------- */
 
 enum ckv_emu_shfl_kind { CKV_EMU_SHFL_IDX, CKV_EMU_SHFL_UP, CKV_EMU_SHFL_DOWN, CKV_EMU_SHFL_XOR };
 struct ckv_emu_shfl_lane {
@@ -191,10 +244,12 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int m,
 }
 void __syncwarp(unsigned mask = 0xffffffffu);
 
-/* ---- atomics: fibers of one OS thread never interleave inside a call, so plain updates are
- * atomic; launches from several OS threads at once are not supported ---------------------------- */
+/* ---- atomics: threads of a launch never interleave inside a call, so a plain update is atomic.
+ * Not instrumented (an atomic is no race); the checks see it through ckv_emu_atomic_access. ---- */
 
-template <typename T> static inline T atomicAdd(T *p, T v) {
+void ckv_emu_atomic_access(const void *p, unsigned bytes);
+template <typename T> __attribute__((no_sanitize("thread"))) static inline T atomicAdd(T *p, T v) {
+    ckv_emu_atomic_access(p, sizeof(T));
     T old = *p;
     *p = old + v;
     return old;
@@ -228,13 +283,52 @@ const char *cublasGetStatusString(cublasStatus_t s);
 
 /* ---- test hooks (not CUDA): the simulated device and injected faults --------------------------- */
 
-/* count devices of compute capability major.minor (default: 1 device, 9.0, 4 SMs). */
+/* count devices of compute capability major.minor (default: 1 device, 9.0, 132 SMs as an H200). */
 void ckv_emu_set_devices(int count, int major, int minor);
 /* The next launch of the kernel named `kernel` (as written in CKV_LAUNCH) fails like an illegal
  * address; NULL cancels. */
 void ckv_emu_inject_fault(const char *kernel);
-/* Clears the sticky error and frees every device allocation (cudaDeviceReset). */
+/* Clears the sticky errors, drops queued work and frees every device allocation (cudaDeviceReset). */
 void ckv_emu_reset(void);
+
+/* ---- observing kernels (not CUDA) ----------------------------------------------------------------
+ * The per-access interface the checks are built on, open to tools such as memory-traffic counters.
+ * With the CKV_EMU_INSTRUMENT build every load and store of kernel code (global and __shared__
+ * memory; locals on the thread's stack are not reported) reaches `access` before it happens, on
+ * the device thread, one emulated thread at a time. The lanes of a warp run one after the other
+ * between collectives, so a warp-wide access is the lanes' accesses with equal (launch, block,
+ * warp, site, seq): `site` is the instrumented instruction (the same in every lane) and `seq` the
+ * thread's count of accesses so far (equal in lanes that took the same path). */
+enum ckv_emu_space { CKV_EMU_SPACE_GLOBAL, CKV_EMU_SPACE_SHARED };
+enum ckv_emu_access_kind { CKV_EMU_READ, CKV_EMU_WRITE, CKV_EMU_ATOMIC };
+struct ckv_emu_access {
+    const char *kernel;   /* as written in CKV_LAUNCH */
+    uint64_t launch;      /* serial number of the launch in this process */
+    uint3 block, thread;  /* blockIdx, threadIdx */
+    unsigned warp, lane;  /* linear thread index in the block / 32, % 32 */
+    const void *addr;
+    unsigned size;        /* bytes: 1, 2, 4, 8 or 16 */
+    ckv_emu_access_kind kind;
+    ckv_emu_space space;
+    uintptr_t site;       /* return address of the instrumentation call in the kernel's code */
+    uint64_t seq;         /* accesses this thread made before this one */
+};
+struct ckv_emu_observer {
+    void *user;
+    void (*launch_begin)(void *user, const char *kernel, uint64_t launch, dim3 grid, dim3 block);
+    void (*launch_end)(void *user, const char *kernel, uint64_t launch);
+    void (*access)(void *user, const ckv_emu_access *a);
+    /* a completed collective of block `block_linear`: a warp one (fn as passed to
+     * ckv_emu_warp_collective, e.g. ckv_mma_16816_fn for an mma; index = the warp) or
+     * __syncthreads (fn NULL, index = the number of threads) */
+    void (*collective)(void *user, const char *kernel, unsigned block_linear, unsigned index, ckv_emu_warp_fn fn,
+                       unsigned mask);
+};
+/* Installs an observer (NULL removes it); it must outlive its use. Any member may be NULL. */
+void ckv_emu_observe(const ckv_emu_observer *o);
+/* 1 when the kernels were built with the instrumentation (CKV_EMU_INSTRUMENT), so `access` and
+ * the racecheck / memcheck / initcheck of every access are available. */
+int ckv_emu_instrumented(void);
 
 } // namespace ckv_emu
 

@@ -1,0 +1,156 @@
+/* emu_internal.h - private to the CPU execution layer (src/backend/cuda/emu): the state its files
+ * share. ckv_emu.cpp owns the runtime API (devices, memory, streams, events, errors), emu_exec.cpp
+ * the device thread and the fiber scheduler that runs launches, emu_check.cpp the checks
+ * (racecheck, memcheck, initcheck) and the observer behind the instrumented kernels' loads and
+ * stores, emu_blas.cpp the GEMM. Nothing here is seen by kernels or tests. */
+#ifndef CKV_EMU_INTERNAL_H
+#define CKV_EMU_INTERNAL_H
+
+#include "ckv_emu.h"
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ckv_emu {
+
+constexpr int MAX_DEVICES = 16;
+constexpr size_t RED_ZONE = 256; /* bytes of canary before and after every device allocation */
+
+/* ---- settings: read once from the environment -------------------------------------------------- */
+
+enum schedule_kind { SCHED_FORWARD, SCHED_REVERSE, SCHED_RANDOM };
+struct settings {
+    bool check = false;         /* CKV_EMU_CHECK=1: every check below */
+    schedule_kind schedule = SCHED_FORWARD;
+    uint64_t seed = 0;          /* random:SEED */
+    unsigned char poison = 0xff; /* fresh device memory and __shared__ at block start */
+    std::string error;          /* a bad variable: every device reports it */
+};
+const settings &config(void);
+
+/* ---- devices, memory ------------------------------------------------------------------------------ */
+
+struct alloc {
+    size_t bytes = 0;
+    int device = 0;
+    bool live = true;           /* false: freed (kept to name a use after free) */
+    std::vector<uint8_t> init;  /* checks: bit per byte written since allocation */
+    std::vector<struct race_cell *> shadow; /* checks: race shadow per 4 KiB page, lazily */
+};
+
+struct ckv_emu_event_rec;
+
+struct device_state {
+    int major = 9, minor = 0, sms = 132;
+    cudaError_t sticky = cudaSuccess; /* a fault: every later call reports it */
+    std::string message;              /* the emulator's words for the sticky error */
+    std::string inject;               /* kernel whose next launch faults */
+    bool fault_pending = false;       /* an injected fault not yet surfaced by a synchronising call */
+};
+
+struct machine {
+    std::recursive_mutex lock;        /* every API call; the device thread runs while a caller holds it */
+    int count = 1;
+    device_state devs[MAX_DEVICES];
+    std::map<uintptr_t, alloc> allocs; /* user base -> allocation (freed ones too, until reused) */
+    std::vector<ckv_emu_stream *> streams;
+    ckv_emu_stream *legacy[MAX_DEVICES] = {}; /* the NULL stream of each device */
+};
+machine &mach(void);
+/* API calls hold the machine lock; work running on the device thread (its caller holds it) not. */
+#define LOCKED                                                                       \
+    std::unique_lock<std::recursive_mutex> lock_(mach().lock, std::defer_lock);      \
+    if (!on_device_thread()) lock_.lock()
+int current_device(void);
+
+/* The allocation holding [p, p + bytes) on any device (live only), or NULL. */
+alloc *find_alloc(const void *p, size_t bytes, uintptr_t *base);
+/* Marks [p, p + bytes) of device memory as written (copies, memsets, GEMM). */
+void mark_written(const void *p, size_t bytes);
+/* Sets the sticky error of device `d` (the first one wins). */
+void fault(int d, cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+bool on_device_thread(void);
+
+/* ---- streams: work runs when the host forces it ----------------------------------------------- */
+
+struct work {
+    uint64_t seq;
+    std::function<void()> fn;
+};
+struct ckv_emu_stream {
+    int device;
+    unsigned flags;
+    bool legacy;
+    std::deque<work> q;
+    uint64_t next = 1, done = 0; /* seq of the next item; the last executed */
+};
+/* Runs (on the device thread) stream s's queued work up to and including seq `upto`. */
+void stream_run(ckv_emu_stream *s, uint64_t upto);
+/* Enqueues fn on s (NULL: the current device's legacy stream, ordered with its blocking streams);
+ * returns its seq. */
+uint64_t stream_push(cudaStream_t s, std::function<void()> fn);
+ckv_emu_stream *stream_of(cudaStream_t s);
+
+/* ---- execution (emu_exec.cpp) ------------------------------------------------------------------ */
+
+/* Runs fn on the device thread (the one OS thread that executes device work) and waits for it. */
+void device_exec(const std::function<void()> &fn);
+bool on_device_thread(void);
+/* Executes one launch (called in stream order on the device thread). */
+void exec_launch(int device, const char *kernel, dim3 grid, dim3 block, void (*tramp)(void *), void *args,
+                 size_t args_bytes, const void *const *ptrs, int n_ptrs);
+
+/* What the checks need of the running fiber. */
+struct thread_ctx {
+    const char *kernel;
+    uint64_t launch;
+    int device;
+    uint3 block, thread;
+    unsigned block_linear, tid, threads; /* linear thread index in the block, threads per block */
+    uint32_t gtid;                       /* block_linear * threads + tid + 1 (0: nobody) */
+    uint32_t serial;                     /* the block's current barrier interval (unique) */
+    uint32_t block_first;                /* the block's first interval */
+    uint32_t launch_first;               /* the launch's first interval */
+    uint16_t wsync;                      /* full-warp collectives passed since the block started */
+    uint64_t seq;                        /* accesses made so far */
+};
+/* The running kernel thread, or NULL outside kernel code (host code, the scheduler). */
+thread_ctx *running(void);
+/* Abandons the running fiber: the launch fails with e and message (never resumes the thread). */
+[[noreturn]] void kill_running(cudaError_t e, const std::string &message);
+/* Address ranges the access hook treats as the emulator's own (fiber stacks, built-in variables,
+ * launch arguments) and as __shared__ (the device thread's static TLS block). */
+struct ranges {
+    uintptr_t stacks_lo = 0, stacks_hi = 0;
+    uintptr_t self_lo = 0, self_hi = 0;
+    uintptr_t args_lo = 0, args_hi = 0;
+    uintptr_t shared_lo = 0, shared_hi = 0;
+};
+ranges &exec_ranges(void);
+
+/* ---- checks (emu_check.cpp) -------------------------------------------------------------------- */
+
+struct race_cell { /* per byte: the last write and a read since, of the current launch */
+    uint32_t w_gtid, w_serial, r_gtid, r_serial;
+    uint16_t w_wsync, r_wsync;
+};
+/* Launch begin / end for the checks and the observer. */
+void check_launch_begin(const char *kernel, uint64_t launch, dim3 grid, dim3 block);
+void check_launch_end(const char *kernel, uint64_t launch);
+/* A completed collective (fn NULL: __syncthreads) for the observer. */
+void check_collective(const char *kernel, unsigned block_linear, unsigned index, ckv_emu_warp_fn fn, unsigned mask);
+/* Red zones of every allocation intact? Else faults naming the kernel just run. */
+void check_red_zones(int device, const char *kernel);
+/* Every pointer argument of a launch names live device memory of `device` (or is NULL). */
+bool check_pointer_args(int device, const char *kernel, const void *const *ptrs, int n, std::string *bad);
+bool instrumented(void);
+
+} // namespace ckv_emu
+
+#endif

@@ -1,0 +1,246 @@
+/* sched.c - the serving loop's scheduler (see sched.h): admission into slots, the choice of the
+ * next unit of work, the answer of each choice, cancellation and failure events. */
+#define _POSIX_C_SOURCE 200809L
+#include "engine/sched.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/timer.h"
+
+#define DEFAULT_CHUNK 512
+
+ckv_status ckv_sched_init(ckv_sched *s, ckv_engine *e, const ckv_sched_exec *exec, int max_slots, double interleave_s) {
+    memset(s, 0, sizeof *s);
+    if (max_slots < 1) return ckv_error(CKV_STATUS_ERR_RANGE, "scheduler of %d slots: expected >= 1", max_slots);
+    if (!(interleave_s >= 0)) return ckv_error(CKV_STATUS_ERR_RANGE, "interleave of %g s: expected >= 0", interleave_s);
+    s->engine = e;
+    s->exec = *exec;
+    s->max_slots = max_slots;
+    s->chunk = e->cfg.chunk > 0 ? e->cfg.chunk : DEFAULT_CHUNK;
+    s->interleave_s = interleave_s;
+    s->slots = calloc((size_t)max_slots, sizeof *s->slots);
+    s->events = calloc(2 * (size_t)max_slots + 2, sizeof *s->events);
+    s->step_slot = calloc((size_t)max_slots, sizeof *s->step_slot);
+    s->step_tok = calloc((size_t)max_slots, sizeof *s->step_tok);
+    if (!s->slots || !s->events || !s->step_slot || !s->step_tok) {
+        ckv_sched_free(s);
+        return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for a scheduler of %d slots", max_slots);
+    }
+    return CKV_STATUS_OK;
+}
+
+static void slot_clear(ckv_sched_slot *sl) {
+    if (sl->sampler_ready) ckv_sampler_free(&sl->sampler);
+    ckv_answer_state_free(&sl->answer);
+    memset(sl, 0, sizeof *sl);
+}
+
+void ckv_sched_free(ckv_sched *s) {
+    if (!s) return;
+    for (int i = 0; s->slots && i < s->max_slots; i++) slot_clear(&s->slots[i]);
+    free(s->slots);
+    free(s->events);
+    free(s->step_slot);
+    free(s->step_tok);
+    memset(s, 0, sizeof *s);
+}
+
+ckv_status ckv_sched_admit(ckv_sched *s, const ckv_sched_request *r, int *slot) {
+    *slot = -1;
+    if (r->n_ctx < 1 || !r->ctx_ids || r->n_q < 0 || (r->n_q > 0 && !r->q_ids) || r->n_choices < 1 || !r->press)
+        return ckv_error(CKV_STATUS_ERR_ARG, "a request of %d context ids, %d question ids and %d choices", r->n_ctx, r->n_q,
+                         r->n_choices);
+    int free_slot = -1;
+    for (int i = 0; i < s->max_slots && free_slot < 0; i++)
+        if (s->slots[i].phase == CKV_SLOT_FREE) free_slot = i;
+    if (free_slot < 0) return CKV_STATUS_OK;
+    ckv_sched_slot *sl = &s->slots[free_slot];
+    slot_clear(sl); /* the answer state of the slot's previous request */
+    const ckv_engine *e = s->engine;
+    ckv_answer_config ac = {.max_tokens = r->max_tokens, .eos_ids = e->stop_ids, .n_eos_ids = e->n_stop_ids,
+                            .ignore_eos = r->ignore_eos, .stop_strings = r->stop_strings, .n_stop_strings = r->n_stop_strings,
+                            .tok = e->cfg.tokenizer, .keep_text = 1};
+    ckv_status st = ckv_sampler_init(&sl->sampler, &r->sampling, e->model->cfg.vocab_size);
+    sl->sampler_ready = st == CKV_STATUS_OK;
+    if (st == CKV_STATUS_OK) st = ckv_answer_state_init(&sl->answer, &ac);
+    if (st != CKV_STATUS_OK) {
+        slot_clear(sl);
+        return st;
+    }
+    sl->req = *r;
+    sl->seq = s->admit_seq++;
+    sl->phase = CKV_SLOT_PREPARE;
+    *slot = free_slot;
+    return CKV_STATUS_OK;
+}
+
+void ckv_sched_cancel(ckv_sched *s, int slot) {
+    if (slot >= 0 && slot < s->max_slots && s->slots[slot].phase != CKV_SLOT_FREE) s->slots[slot].cancel = 1;
+}
+
+int ckv_sched_busy(const ckv_sched *s) {
+    int n = 0;
+    for (int i = 0; i < s->max_slots; i++) n += s->slots[i].phase != CKV_SLOT_FREE;
+    return n;
+}
+
+/* ---- events ---------------------------------------------------------------------------------------- */
+
+static ckv_sched_event *event_new(ckv_sched *s, ckv_sched_event_kind kind, int slot) {
+    ckv_sched_event *ev = &s->events[s->n_events++];
+    memset(ev, 0, sizeof *ev);
+    ev->kind = kind;
+    ev->slot = slot;
+    ev->choice = s->slots[slot].choice;
+    ev->user = s->slots[slot].req.user;
+    ev->token = -1;
+    return ev;
+}
+
+/* The slot's request is over: its lane is released and the slot is free (the answer state stays
+ * readable until the slot is taken again). */
+static void slot_end(ckv_sched *s, int slot) {
+    s->exec.release(s->exec.ctx, slot);
+    ckv_sched_slot *sl = &s->slots[slot];
+    if (sl->sampler_ready) ckv_sampler_free(&sl->sampler);
+    sl->sampler_ready = 0;
+    sl->phase = CKV_SLOT_FREE;
+    sl->cancel = 0;
+}
+
+static void slot_fail(ckv_sched *s, int slot, ckv_status st) {
+    ckv_sched_event *ev = event_new(s, CKV_SCHED_FAILED, slot);
+    ev->status = st;
+    snprintf(ev->err, sizeof ev->err, "%s", ckv_error_message());
+    ev->done = 1;
+    ckv_error_clear();
+    slot_end(s, slot);
+}
+
+/* The answer of the slot's choice changed (token >= 0: it took that token); when it ended, the next
+ * choice waits for a turn, or the request is done. */
+static void answer_event(ckv_sched *s, int slot, int32_t token) {
+    ckv_sched_slot *sl = &s->slots[slot];
+    ckv_sched_event *ev = event_new(s, CKV_SCHED_ANSWER, slot);
+    ev->token = token;
+    ev->answer = &sl->answer;
+    ckv_finish_reason fin = sl->answer.finish;
+    if (fin == CKV_FINISH_NONE) {
+        sl->phase = CKV_SLOT_DECODE;
+        sl->next = token;
+        return;
+    }
+    ev->done = sl->choice + 1 >= sl->req.n_choices || fin == CKV_FINISH_CANCELLED;
+    if (ev->done) {
+        slot_end(s, slot);
+        return;
+    }
+    sl->choice++;
+    sl->phase = CKV_SLOT_QUESTION;
+}
+
+/* The one place a request's next token is chosen: sampled from logits [V] and pushed into its answer. */
+static void sample_token(ckv_sched *s, int slot, const float *logits) {
+    ckv_sched_slot *sl = &s->slots[slot];
+    int32_t tok;
+    ckv_answer_state_sample(&sl->answer, &sl->sampler, logits, &tok);
+    answer_event(s, slot, tok);
+}
+
+/* ---- units of work ------------------------------------------------------------------------------------ */
+
+/* The question (if any) of the slot's choice and its first token. */
+static void begin_choice(ckv_sched *s, int slot) {
+    ckv_sched_slot *sl = &s->slots[slot];
+    const ckv_sched_request *r = &sl->req;
+    ckv_status st = CKV_STATUS_OK;
+    if (sl->choice > 0 && (st = s->exec.rewind(s->exec.ctx, slot)) != CKV_STATUS_OK) {
+        slot_fail(s, slot, st);
+        return;
+    }
+    ckv_answer_state_reset(&sl->answer);
+    if (r->max_tokens == 0) {
+        ckv_answer_state_end(&sl->answer, CKV_FINISH_LENGTH);
+        answer_event(s, slot, -1);
+        return;
+    }
+    const float *lg = s->exec.context_logits(s->exec.ctx, slot);
+    if (r->n_q > 0 && (st = s->exec.question(s->exec.ctx, slot, r->q_ids, r->n_q, &lg)) != CKV_STATUS_OK) {
+        slot_fail(s, slot, st);
+        return;
+    }
+    sample_token(s, slot, lg);
+}
+
+static void prepared(ckv_sched *s, int slot) {
+    ckv_sched_event *ev = event_new(s, CKV_SCHED_PREPARED, slot);
+    s->exec.prepared(s->exec.ctx, slot, &ev->info);
+    s->slots[slot].phase = CKV_SLOT_QUESTION;
+    begin_choice(s, slot); /* the first token right away: time to first token is prepare + question */
+}
+
+static void prepare_unit(ckv_sched *s, int slot) {
+    ckv_sched_slot *sl = &s->slots[slot];
+    const ckv_sched_request *r = &sl->req;
+    int ready = 0;
+    ckv_status st;
+    if (sl->phase == CKV_SLOT_PREPARE) {
+        /* a restored context only prefills its question: activation buffers for that many rows */
+        int chunk = r->n_q < 1 ? 1 : r->n_q < s->chunk ? r->n_q : s->chunk;
+        st = s->exec.prepare(s->exec.ctx, slot, r->press, r->ctx_ids, r->n_ctx, r->n_q + r->max_tokens, chunk, &ready);
+        sl->phase = CKV_SLOT_PREFILL;
+    } else {
+        st = s->exec.advance(s->exec.ctx, slot, &ready);
+    }
+    if (st != CKV_STATUS_OK) slot_fail(s, slot, st);
+    else if (ready) prepared(s, slot);
+}
+
+static void decode_unit(ckv_sched *s) {
+    int n = 0;
+    for (int i = 0; i < s->max_slots; i++)
+        if (s->slots[i].phase == CKV_SLOT_DECODE) {
+            s->step_slot[n] = i;
+            s->step_tok[n++] = s->slots[i].next;
+        }
+    s->t_last_decode = ckv_time_now();
+    const float *logits = NULL; // [n, V]
+    ckv_status st = s->exec.decode(s->exec.ctx, s->step_slot, s->step_tok, n, &logits);
+    size_t V = (size_t)s->engine->model->cfg.vocab_size;
+    for (int r = 0; r < n; r++) {
+        if (st != CKV_STATUS_OK) slot_fail(s, s->step_slot[r], st);
+        else sample_token(s, s->step_slot[r], logits + (size_t)r * V);
+    }
+}
+
+int ckv_sched_turn(ckv_sched *s) {
+    s->n_events = 0;
+    for (int i = 0; i < s->max_slots; i++) {
+        ckv_sched_slot *sl = &s->slots[i];
+        if (sl->phase == CKV_SLOT_FREE || !sl->cancel) continue;
+        if (sl->phase == CKV_SLOT_QUESTION) ckv_answer_state_reset(&sl->answer); /* it holds the previous choice */
+        ckv_answer_state_end(&sl->answer, CKV_FINISH_CANCELLED);
+        answer_event(s, i, -1);
+    }
+    ckv_sched_slot *oldest = NULL;
+    int n_dec = 0;
+    for (int i = 0; i < s->max_slots; i++) {
+        ckv_sched_slot *sl = &s->slots[i];
+        n_dec += sl->phase == CKV_SLOT_DECODE;
+        if (sl->phase != CKV_SLOT_FREE && sl->phase != CKV_SLOT_DECODE && (!oldest || sl->seq < oldest->seq)) oldest = sl;
+    }
+    int decode = n_dec > 0 &&
+                 (!oldest || (!s->last_was_decode && ckv_time_now() - s->t_last_decode >= s->interleave_s));
+    if (decode) {
+        decode_unit(s);
+    } else if (oldest) {
+        int slot = (int)(oldest - s->slots);
+        if (oldest->phase == CKV_SLOT_QUESTION) begin_choice(s, slot);
+        else prepare_unit(s, slot);
+    }
+    s->last_was_decode = decode;
+    return s->n_events;
+}

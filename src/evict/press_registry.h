@@ -1,0 +1,94 @@
+/* press_registry.h - the press registry, internal to src/evict: one table of options (key, type,
+ * field, default, range), one entry per press (name, scorer, the options it takes in canonical
+ * order, its own defaults, which wrappers may stack on it, what it protects, its kept-count rule,
+ * its scorer) and one entry per wrapper (name, CriticalKV or not, allocation, options). The tables
+ * are in press_table.c; press.c builds, validates, prints and counts from them, scorer.c dispatches
+ * through them. Nothing else restates the list of presses. */
+#ifndef CKV_EVICT_PRESS_REGISTRY_H
+#define CKV_EVICT_PRESS_REGISTRY_H
+
+#include <stddef.h>
+
+#include "evict/press.h"
+#include "evict/scorer.h"
+
+typedef enum {
+    CKV_OPTION_INT,  /* int field, integer in [lo, hi] */
+    CKV_OPTION_REAL, /* double field, finite number in [lo, hi] */
+    CKV_OPTION_BOOL, /* int field, 0 or 1 */
+    CKV_OPTION_POOL, /* ckv_pool_kind field, "avg" or "max" */
+    CKV_OPTION_SEED, /* uint64_t field, integer in [lo, hi] */
+    CKV_OPTION_FILE  /* char[512] field, a path (CKV_PRESS_NEED_FILES: required when taken) */
+} ckv_option_type;
+
+typedef struct {
+    const char *key;      /* "window" */
+    ckv_option_type type;
+    size_t offset;        /* of the field in ckv_press_config */
+    const char *dflt;     /* default, in the option's own syntax ("" for a file: none) */
+    double lo, hi;        /* range of INT / REAL / SEED */
+    int odd;              /* INT: must be odd */
+    const char *what;     /* one line for errors and docs */
+} ckv_option_def;
+
+/* What a scorer protects (selection ranks it above every other token). */
+typedef enum {
+    CKV_PROTECT_NONE,
+    CKV_PROTECT_WINDOW, /* the last `window` tokens */
+    CKV_PROTECT_LAST,   /* the last token */
+    CKV_PROTECT_SINKS   /* the first `n_sink` tokens */
+} ckv_protect_rule;
+
+/* How a budget becomes kept counts. */
+typedef enum {
+    CKV_KEPT_UNIFORM,       /* every head max(1, floor(L * (1 - cr))) or min(budget_tokens, L) */
+    CKV_KEPT_PYRAMID,       /* PyramidKV's per-layer schedule (pyramid.c) */
+    CKV_KEPT_LAYER_FRACTION /* one layer total int(L * (1 - cr) * Hkv) over all heads (DefensiveKV) */
+} ckv_kept_rule;
+
+enum { CKV_WRAP_CRITICAL = 1u << 0, CKV_WRAP_ADAKV = 1u << 1, CKV_WRAP_HEADKV = 1u << 2,
+       CKV_WRAP_ALL = CKV_WRAP_CRITICAL | CKV_WRAP_ADAKV | CKV_WRAP_HEADKV };
+
+/* scores [n_kv_local, L] (device) for the press of cfg; see ckv_score_layer. */
+typedef ckv_status (*ckv_score_fn)(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+
+typedef struct {
+    const char *name;       /* as written in a spec */
+    ckv_scorer_kind scorer;
+    const char *options;    /* the option keys it takes, in canonical order ("window,kernel,pool") */
+    const char *defaults;   /* its own defaults over the option table's ("window=32"); NULL: none */
+    int preset;             /* 1: another name for the scorer's first entry with other defaults */
+    ckv_alloc_kind alloc;   /* the allocation the press itself implies (defensivekv: global top-k) */
+    unsigned wrappers;      /* CKV_WRAP_* that may stack on it */
+    ckv_protect_rule protect;
+    ckv_kept_rule kept;
+    ckv_score_fn score;     /* NULL for none */
+    const char *summary;    /* one line: what it scores */
+} ckv_press_def;
+
+typedef struct {
+    const char *name;       /* "critical_adakv" */
+    int critical;
+    ckv_alloc_kind alloc;
+    unsigned needs;         /* the CKV_WRAP_* bits the wrapped press must allow */
+    const char *options;    /* in canonical order */
+    const char *summary;
+} ckv_wrapper_def;
+
+extern const ckv_option_def ckv_press_option_table[];
+extern const int ckv_press_option_count;
+extern const ckv_press_def ckv_press_table[];
+extern const int ckv_press_count;
+extern const ckv_wrapper_def ckv_wrapper_table[];
+extern const int ckv_wrapper_count;
+
+/* Lookups: NULL when unknown. ckv_press_def_of gives the scorer's first (canonical) entry. */
+const ckv_press_def *ckv_press_def_find(const char *name, size_t len);
+const ckv_press_def *ckv_press_def_of(ckv_scorer_kind k);
+const ckv_wrapper_def *ckv_wrapper_def_find(const char *name, size_t len);
+const ckv_wrapper_def *ckv_wrapper_def_of(int critical, ckv_alloc_kind alloc);
+const ckv_option_def *ckv_option_def_find(const char *key, size_t len);
+/* 1 when the comma-separated key list `keys` holds `key`. */
+int ckv_option_listed(const char *keys, const char *key, size_t len);
+
+#endif

@@ -1,0 +1,123 @@
+/* press_table.c - the press registry's tables (see press_registry.h): every option with its type,
+ * default and range; every press with the options it takes, its own defaults, the wrappers that may
+ * stack on it, what it protects, its kept-count rule and its scorer; every wrapper. Data and lookups
+ * only: building, printing and counting are in press.c, dispatch in scorer.c. Defaults are kvpress
+ * 0.5.5's (or the reference repository's where the press is not in kvpress). */
+#include "evict/press_registry.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#include "evict/score_defensive.h"
+
+#define F(field) offsetof(ckv_press_config, field)
+
+const ckv_option_def ckv_press_option_table[] = {
+    {"window", CKV_OPTION_INT, F(window), "64", 1, 1 << 20, 0, "observation window: the last w tokens' queries score"},
+    {"kernel", CKV_OPTION_INT, F(kernel), "5", 1, 1 << 12, 1, "pooling kernel along the tokens (odd, 1 = none)"},
+    {"pool", CKV_OPTION_POOL, F(pool), "avg", 0, 0, 0, "pooling: avg (kvpress) or max (the CriticalKV paper)"},
+    {"beta", CKV_OPTION_REAL, F(beta), "20", 1, 1e6, 0, "PyramidKV: ratio of the largest to the smallest layer budget"},
+    {"n_sink", CKV_OPTION_INT, F(n_sink), "4", 0, 1 << 20, 0, "sink tokens kept at the start"},
+    {"n_future", CKV_OPTION_INT, F(n_future), "512", 1, 1 << 24, 0, "ExpectedAttention: future positions averaged"},
+    {"covariance", CKV_OPTION_BOOL, F(use_covariance), "1", 0, 1, 0, "ExpectedAttention: use the query covariance"},
+    {"vnorm", CKV_OPTION_BOOL, F(use_vnorm), "1", 0, 1, 0, "ExpectedAttention: rescale by the value norms"},
+    {"epsilon", CKV_OPTION_REAL, F(epsilon_ea), "0", 0, 1e6, 0, "ExpectedAttention: added to the scores"},
+    {"seed", CKV_OPTION_SEED, F(seed), "0", 0, 0x7fffffff, 0, "random: generator seed"},
+    {"alpha", CKV_OPTION_REAL, F(alpha), "0.5", 0, 1, 0, "CriticalKV: first-stage share of the budget"},
+    {"eps", CKV_OPTION_REAL, F(eps), "0.0001", 0, 1e6, 0, "CriticalKV: epsilon added to the scores"},
+    {"safeguard", CKV_OPTION_REAL, F(safeguard), "0.2", 0, 1, 0, "AdaKV: share of a head's budget it keeps anyway"},
+    {"profile", CKV_OPTION_FILE, F(profile), "", 0, 0, 0, "HeadKV: head-importance profile (JSON file)"},
+};
+const int ckv_press_option_count = (int)(sizeof ckv_press_option_table / sizeof ckv_press_option_table[0]);
+
+/* DefensiveKV through the generic signature (it reports the window it protects, as the registry says). */
+static ckv_status score_defensivekv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
+    ckv_score_info info;
+    return ckv_score_defensivekv(in, cfg, scores, &info);
+}
+
+const ckv_press_def ckv_press_table[] = {
+    {"none", CKV_SCORER_NONE, "", NULL, 0, CKV_ALLOC_UNIFORM, 0, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM, NULL,
+     "no compression: the full cache"},
+    {"snapkv", CKV_SCORER_SNAPKV, "window,kernel,pool", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_WINDOW,
+     CKV_KEPT_UNIFORM, ckv_score_snapkv, "attention of the last window's queries, pooled"},
+    {"snapkv_paper", CKV_SCORER_SNAPKV, "window,kernel,pool", "window=32,kernel=7,pool=max", 1, CKV_ALLOC_UNIFORM,
+     CKV_WRAP_ALL, CKV_PROTECT_WINDOW, CKV_KEPT_UNIFORM, ckv_score_snapkv, "snapkv with the CriticalKV paper's preset"},
+    {"pyramidkv", CKV_SCORER_PYRAMIDKV, "window,kernel,pool,beta", NULL, 0, CKV_ALLOC_UNIFORM, 0, CKV_PROTECT_WINDOW,
+     CKV_KEPT_PYRAMID, ckv_score_snapkv, "snapkv's scores, budgets shrinking with depth"},
+    {"tova", CKV_SCORER_TOVA, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_LAST, CKV_KEPT_UNIFORM,
+     ckv_score_tova, "the last token's attention, averaged over the layer's query heads"},
+    {"knorm", CKV_SCORER_KNORM, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM,
+     ckv_score_knorm, "minus the key norm"},
+    {"streaming_llm", CKV_SCORER_STREAMING_LLM, "n_sink", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_SINKS,
+     CKV_KEPT_UNIFORM, ckv_score_streaming_llm, "sinks and the most recent tokens"},
+    {"observed_attention", CKV_SCORER_OBSERVED_ATTENTION, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE,
+     CKV_KEPT_UNIFORM, ckv_score_observed_attention, "mean attention received from every context query"},
+    {"expected_attention", CKV_SCORER_EXPECTED_ATTENTION, "n_future,n_sink,covariance,vnorm,epsilon", NULL, 0,
+     CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_SINKS, CKV_KEPT_UNIFORM, ckv_score_expected_attention,
+     "attention expected from future queries (their statistics)"},
+    {"random", CKV_SCORER_RANDOM, "seed", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM,
+     ckv_score_random, "uniform random scores"},
+    {"defensivekv", CKV_SCORER_DEFENSIVEKV, "window,kernel,pool", "window=32", 0, CKV_ALLOC_GLOBAL, 0,
+     CKV_PROTECT_WINDOW, CKV_KEPT_LAYER_FRACTION, score_defensivekv,
+     "defensive aggregation of the window's attention, one top-k over the layer"},
+    {"keydiff", CKV_SCORER_KEYDIFF, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM,
+     ckv_score_keydiff, "minus the cosine of each key to its head's mean normalised key (attention-free)"},
+};
+const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
+
+const ckv_wrapper_def ckv_wrapper_table[] = {
+    {"critical", 1, CKV_ALLOC_UNIFORM, CKV_WRAP_CRITICAL, "alpha,eps", "CriticalKV two-stage selection"},
+    {"adakv", 0, CKV_ALLOC_ADAKV, CKV_WRAP_ADAKV, "safeguard", "AdaKV cross-head budgets"},
+    {"critical_adakv", 1, CKV_ALLOC_ADAKV, CKV_WRAP_CRITICAL | CKV_WRAP_ADAKV, "alpha,eps,safeguard",
+     "CriticalKV selection within AdaKV budgets"},
+    {"headkv", 0, CKV_ALLOC_HEADKV, CKV_WRAP_HEADKV, "profile", "HeadKV budgets from a head-importance profile"},
+    {"critical_headkv", 1, CKV_ALLOC_HEADKV, CKV_WRAP_CRITICAL | CKV_WRAP_HEADKV, "alpha,eps,profile",
+     "CriticalKV selection within HeadKV budgets"},
+};
+const int ckv_wrapper_count = (int)(sizeof ckv_wrapper_table / sizeof ckv_wrapper_table[0]);
+
+static int name_is(const char *name, const char *s, size_t len) {
+    return strlen(name) == len && !strncmp(name, s, len);
+}
+
+const ckv_press_def *ckv_press_def_find(const char *name, size_t len) {
+    for (int i = 0; i < ckv_press_count; i++)
+        if (name_is(ckv_press_table[i].name, name, len)) return &ckv_press_table[i];
+    return NULL;
+}
+
+const ckv_press_def *ckv_press_def_of(ckv_scorer_kind k) {
+    for (int i = 0; i < ckv_press_count; i++)
+        if (ckv_press_table[i].scorer == k && !ckv_press_table[i].preset) return &ckv_press_table[i];
+    return NULL;
+}
+
+const ckv_wrapper_def *ckv_wrapper_def_find(const char *name, size_t len) {
+    for (int i = 0; i < ckv_wrapper_count; i++)
+        if (name_is(ckv_wrapper_table[i].name, name, len)) return &ckv_wrapper_table[i];
+    return NULL;
+}
+
+const ckv_wrapper_def *ckv_wrapper_def_of(int critical, ckv_alloc_kind alloc) {
+    for (int i = 0; i < ckv_wrapper_count; i++)
+        if (ckv_wrapper_table[i].critical == (critical != 0) && ckv_wrapper_table[i].alloc == alloc)
+            return &ckv_wrapper_table[i];
+    return NULL;
+}
+
+const ckv_option_def *ckv_option_def_find(const char *key, size_t len) {
+    for (int i = 0; i < ckv_press_option_count; i++)
+        if (name_is(ckv_press_option_table[i].key, key, len)) return &ckv_press_option_table[i];
+    return NULL;
+}
+
+int ckv_option_listed(const char *keys, const char *key, size_t len) {
+    for (const char *p = keys; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == len && !strncmp(p, key, len)) return 1;
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}

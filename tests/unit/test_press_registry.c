@@ -1,0 +1,262 @@
+/* test_press_registry.c - the press registry and its one builder: every registered press and wrapper
+ * parses, takes exactly its options and echoes the canonical spec it always did; the builder applies
+ * defaults, options, budgets and query_aware as the server and the command line need, and its errors
+ * name the field (never a command-line flag); the budget -> kept-count rule gives kvpress's counts;
+ * protected tokens follow each scorer. No model, no backend. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ckv_test.h"
+#include "core/status.h"
+#include "evict/press.h"
+#include "evict/press_registry.h"
+
+static ckv_press_config built(const char *spec, ckv_budget_kind kind, double value) {
+    ckv_press_config c;
+    ckv_press_request rq = {.spec = spec, .budget = {kind, value}, .query_aware = -1, .flags = CKV_PRESS_NEED_BUDGET};
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    return c;
+}
+
+/* The canonical specs as every earlier release printed them (fixtures, saved caches and the server's
+ * context store key on them). */
+static void check_canonical(void) {
+    static const struct {
+        const char *spec, *want;
+    } cases[] = {
+        {"snapkv", "snapkv(window=64,kernel=5,pool=avg)"},
+        {"snapkv_paper", "snapkv(window=32,kernel=7,pool=max)"},
+        {"pyramidkv", "pyramidkv(window=64,kernel=5,pool=avg,beta=20)"},
+        {"tova", "tova"},
+        {"knorm", "knorm"},
+        {"streaming_llm", "streaming_llm(n_sink=4)"},
+        {"observed_attention", "observed_attention"},
+        {"expected_attention", "expected_attention(n_future=512,n_sink=4,covariance=1,vnorm=1,epsilon=0)"},
+        {"random", "random(seed=0)"},
+        {"defensivekv", "defensivekv(window=32,kernel=5,pool=avg)"},
+        {"critical:snapkv", "critical(alpha=0.5,eps=0.0001):snapkv(window=64,kernel=5,pool=avg)"},
+        {"adakv:tova", "adakv(safeguard=0.2):tova"},
+        {"critical_adakv:snapkv_paper", "critical_adakv(alpha=0.5,eps=0.0001,safeguard=0.2):snapkv(window=32,kernel=7,pool=max)"},
+        {"critical:random", "critical(alpha=0.5,eps=0.0001):random(seed=0)"},
+    };
+    const char *tail = " budget=0.25 (cr=0.75, kept=max(1,floor(L*(1-cr)))) context-only";
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ckv_press_config c = built(cases[i].spec, CKV_BUDGET_FRACTION, 0.25);
+        char want[600];
+        snprintf(want, sizeof want, "%s%s", cases[i].want, tail);
+        CHECK_MSG(!strcmp(c.spec, want), "%s: got '%s', expected '%s'", cases[i].spec, c.spec, want);
+    }
+    ckv_press_config c = built("knorm", CKV_BUDGET_RATIO, 0.3);
+    CHECK_MSG(!strcmp(c.spec, "knorm cr=0.3 (kept=max(1,floor(L*(1-cr)))) context-only"), "got '%s'", c.spec);
+    c = built("snapkv", CKV_BUDGET_TOKENS, 40);
+    CHECK_MSG(!strcmp(c.spec, "snapkv(window=64,kernel=5,pool=avg) budget_tokens=40 per head context-only"), "got '%s'",
+              c.spec);
+    ckv_press_request rq = {.spec = "headkv:snapkv", .budget = {CKV_BUDGET_FRACTION, 0.5}, .query_aware = 1,
+                            .options = (ckv_press_option_value[]){{"profile", "p.json"}, {"window", "8"}}, .n_options = 2,
+                            .flags = CKV_PRESS_NEED_FILES | CKV_PRESS_NEED_BUDGET};
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK_MSG(!strcmp(c.spec, "headkv(profile=p.json):snapkv(window=8,kernel=5,pool=avg) budget=0.5 (cr=0.5, "
+                              "kept=max(1,floor(L*(1-cr)))) query-aware"), "got '%s'", c.spec);
+    c = built("none", CKV_BUDGET_NONE, 0);
+    CHECK_MSG(!strcmp(c.spec, "none full cache context-only"), "got '%s'", c.spec);
+}
+
+/* Every entry parses and finalises with its defaults, takes exactly its (and its wrapper's) options,
+ * and every wrapper stacks exactly where the press allows it. */
+static void check_table(void) {
+    int n_checked = 0;
+    for (int i = 0; i < ckv_press_count; i++) {
+        const ckv_press_def *d = &ckv_press_table[i];
+        ckv_press_config c;
+        CHECK_OK(ckv_press_parse(&c, d->name));
+        CHECK_OK(ckv_press_finalize(&c));
+        CHECK_MSG(c.scorer == d->scorer, "%s parses to scorer %d", d->name, (int)c.scorer);
+        CHECK_MSG(!strncmp(c.spec, ckv_scorer_name(d->scorer), strlen(ckv_scorer_name(d->scorer))), "%s: spec '%s'",
+                  d->name, c.spec);
+        CHECK_MSG(ckv_press_is_press(d->name, (int)strlen(d->name)), "%s is a press", d->name);
+        CHECK_MSG((d->score == NULL) == (d->scorer == CKV_SCORER_NONE), "%s: scorer present iff it evicts", d->name);
+        for (int o = 0; o < ckv_press_option_count; o++) {
+            const char *key = ckv_press_option_table[o].key;
+            const int want = ckv_option_listed(d->options, key, strlen(key));
+            CHECK_MSG(ckv_press_takes(&c, key) == want, "%s takes %s: %d, expected %d", d->name, key, !want, want);
+            char pat[80];
+            snprintf(pat, sizeof pat, "%s=", key);
+            if (want) CHECK_MSG(strstr(c.spec, pat) != NULL, "%s: spec '%s' lacks %s", d->name, c.spec, key);
+            n_checked++;
+        }
+        for (int w = 0; w < ckv_wrapper_count; w++) {
+            const ckv_wrapper_def *wd = &ckv_wrapper_table[w];
+            char spec[128];
+            snprintf(spec, sizeof spec, "%s:%s", wd->name, d->name);
+            ckv_press_config cw;
+            ckv_status st = ckv_press_parse(&cw, spec);
+            const int allowed = (d->wrappers & wd->needs) == wd->needs;
+            CHECK_MSG((st == CKV_STATUS_OK) == allowed, "%s: parse %s, expected %s (%s)", spec,
+                      st == CKV_STATUS_OK ? "ok" : "error", allowed ? "ok" : "an error", ckv_error_message());
+            ckv_error_clear();
+            if (st != CKV_STATUS_OK) continue;
+            CHECK(cw.critical == wd->critical && cw.alloc == wd->alloc);
+            for (const char *k = wd->options; *k;) {
+                const char *end = strchr(k, ',');
+                char key[32];
+                snprintf(key, sizeof key, "%.*s", (int)(end ? end - k : (long)strlen(k)), k);
+                CHECK_MSG(ckv_press_takes(&cw, key), "%s takes its wrapper's %s", spec, key);
+                k = end ? end + 1 : k + strlen(k);
+            }
+        }
+    }
+    for (int o = 0; o < ckv_press_option_count; o++) { /* defaults lie in their ranges */
+        const ckv_option_def *od = &ckv_press_option_table[o];
+        ckv_press_config c;
+        CHECK_OK(ckv_press_parse(&c, "none"));
+        if (od->type != CKV_OPTION_FILE) CHECK_OK(ckv_press_set_option(&c, od->key, od->dflt));
+    }
+    fprintf(stderr, "ok   registry: %d presses x %d options, %d wrappers (%d checks)\n", ckv_press_count,
+            ckv_press_option_count, ckv_wrapper_count, n_checked);
+}
+
+static void expect_build_error(const ckv_press_request *rq, const char *field, int missing, const char *needle) {
+    ckv_press_config c;
+    ckv_press_error e;
+    ckv_error_clear();
+    ckv_status st = ckv_press_build(&c, rq, &e);
+    const char *msg = ckv_error_message();
+    CHECK_MSG(st != CKV_STATUS_OK, "spec '%s' built; expected an error on %s", rq->spec ? rq->spec : "(defaults)", field);
+    if (st == CKV_STATUS_OK) return;
+    CHECK_MSG(e.field && !strcmp(e.field, field), "error field %s, expected %s (%s)", e.field ? e.field : "NULL", field, msg);
+    CHECK_MSG(e.missing == missing, "missing %d, expected %d (%s)", e.missing, missing, msg);
+    CHECK_MSG(strstr(msg, needle) != NULL, "message '%s' lacks '%s'", msg, needle);
+    CHECK_MSG(strstr(msg, "--") == NULL, "message '%s' names a command-line flag", msg);
+    CHECK_MSG(c.scorer == CKV_SCORER_NONE, "a failed build leaves a full-cache press");
+    fprintf(stderr, "ok   error on %s: %s\n", field, msg);
+}
+
+static void check_builder(void) {
+    /* the server's rules: no spec = the defaults; a spec without a budget takes the defaults' budget */
+    ckv_press_config def = built("critical:snapkv", CKV_BUDGET_FRACTION, 0.3), c;
+    ckv_press_request rq = {.defaults = &def, .query_aware = -1, .flags = CKV_PRESS_NEED_BUDGET};
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK(!strcmp(c.spec, def.spec));
+    rq.spec = "knorm";
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK(c.scorer == CKV_SCORER_KNORM && c.compression_ratio == def.compression_ratio && c.budget_given_as_b);
+    rq.budget = (ckv_press_budget){CKV_BUDGET_RATIO, 0.5};
+    rq.query_aware = 1;
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK(c.compression_ratio == 0.5 && !c.budget_given_as_b && c.query_aware);
+    CHECK(strstr(c.spec, " query-aware") != NULL);
+    rq.spec = NULL; /* the defaults' press with the request's budget */
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK(c.scorer == CKV_SCORER_SNAPKV && c.critical && c.compression_ratio == 0.5);
+
+    /* options: applied in order after the press's defaults; strict by default */
+    ckv_press_option_value opts[] = {{"window", "16"}, {"window", "8"}, {"pool", "max"}};
+    ckv_press_request ro = {.spec = "defensivekv", .budget = {CKV_BUDGET_FRACTION, 0.5}, .options = opts, .n_options = 3,
+                            .query_aware = -1};
+    CHECK_OK(ckv_press_build(&c, &ro, NULL));
+    CHECK(c.window == 8 && c.pool == CKV_POOL_MAX && c.kernel == 5);
+    ro.spec = "knorm";
+    expect_build_error(&ro, "window", 0, "does not take option window");
+    ro.flags = CKV_PRESS_ANY_OPTIONS; /* validated, ignored */
+    CHECK_OK(ckv_press_build(&c, &ro, NULL));
+    CHECK(!strcmp(c.spec, "knorm budget=0.5 (cr=0.5, kept=max(1,floor(L*(1-cr)))) context-only"));
+    ckv_press_option_value bad[] = {{"kernel", "4"}};
+    ro.options = bad, ro.n_options = 1, ro.spec = "snapkv";
+    expect_build_error(&ro, "kernel", 0, "kernel: 4 must be odd");
+    ckv_press_option_value unknown[] = {{"foo", "1"}};
+    ro.options = unknown;
+    expect_build_error(&ro, "press", 0, "unknown press option 'foo'");
+
+    /* what a request must give, and what it may not */
+    ckv_press_request rb = {.spec = "snapkv", .query_aware = -1, .flags = CKV_PRESS_NEED_BUDGET};
+    expect_build_error(&rb, "budget", 1, "needs a budget");
+    rb.budget = (ckv_press_budget){CKV_BUDGET_FRACTION, 1.5};
+    expect_build_error(&rb, "budget", 0, "budget 1.5 is outside (0, 1]");
+    rb.budget = (ckv_press_budget){CKV_BUDGET_RATIO, 1.0};
+    expect_build_error(&rb, "compression_ratio", 0, "compression_ratio 1 is outside [0, 1)");
+    rb.budget = (ckv_press_budget){CKV_BUDGET_TOKENS, 0};
+    expect_build_error(&rb, "budget_tokens", 0, "budget_tokens 0 must be");
+    rb.budget = (ckv_press_budget){CKV_BUDGET_FRACTION, 0.5};
+    rb.spec = "none";
+    expect_build_error(&rb, "budget", 0, "the press is none");
+    rb.spec = "critical_headkv:tova";
+    rb.flags = CKV_PRESS_NEED_FILES;
+    expect_build_error(&rb, "profile", 1, "needs option profile");
+    rb.flags = 0; /* planning: the file may be missing */
+    CHECK_OK(ckv_press_build(&c, &rb, NULL));
+    rb.spec = "snapkv:knorm";
+    expect_build_error(&rb, "press", 0, "'snapkv' is a press, not a wrapper");
+    rb.spec = "super:snapkv";
+    expect_build_error(&rb, "press", 0, "unknown wrapper 'super'");
+    rb.spec = "snapkw";
+    expect_build_error(&rb, "press", 0, "unknown press 'snapkw'");
+    rb.spec = "critical:pyramidkv";
+    expect_build_error(&rb, "press", 0, "cannot be wrapped");
+    rb.spec = "adakv:critical:snapkv";
+    expect_build_error(&rb, "press", 0, "only one wrapper");
+    rb.spec = "snapkv(window=4)";
+    expect_build_error(&rb, "press", 0, "options are not part of the press name");
+}
+
+/* kvpress's counts at hand-computed points. */
+static void check_kept(void) {
+    ckv_press_kept k;
+    ckv_press_config c = built("critical_adakv:snapkv", CKV_BUDGET_RATIO, 0.75);
+    ckv_press_layer_kept(&c, 0, 3, 300, 4, &k);
+    CHECK_MSG(k.per_head == 75 && k.layer_total == 300 && k.first_stage == 37 && k.safeguard == 15,
+              "per head %d, total %ld, b1 %d, safeguard %d", k.per_head, k.layer_total, k.first_stage, k.safeguard);
+    CHECK(ckv_press_first_stage(&c, 75) == 37);
+    c = built("critical:snapkv", CKV_BUDGET_TOKENS, 40);
+    ckv_press_layer_kept(&c, 0, 3, 300, 4, &k);
+    CHECK_MSG(k.per_head == 40 && k.layer_total == 160 && k.first_stage == 20 && k.safeguard == 0,
+              "per head %d, total %ld, b1 %d, safeguard %d", k.per_head, k.layer_total, k.first_stage, k.safeguard);
+    c = built("critical:knorm", CKV_BUDGET_RATIO, 0.9); /* L 3: max(1, floor(0.3)) = 1; b1 at least 1 */
+    ckv_press_layer_kept(&c, 0, 3, 3, 2, &k);
+    CHECK_MSG(k.per_head == 1 && k.first_stage == 1, "per head %d, b1 %d", k.per_head, k.first_stage);
+    c = built("snapkv", CKV_BUDGET_FRACTION, 0.2); /* cr = 0.8000000000000000444: 0.2 x 130000 keeps 25999 */
+    ckv_press_layer_kept(&c, 0, 1, 130000, 8, &k);
+    CHECK_MSG(k.per_head == 25999, "per head %d", k.per_head);
+    c = built("defensivekv", CKV_BUDGET_RATIO, 0.7); /* int(L * (1 - cr) * Hkv) over the layer */
+    ckv_press_layer_kept(&c, 0, 3, 301, 4, &k);
+    CHECK_MSG(k.layer_total == (long)(301.0 * (1.0 - 0.7) * 4.0) && k.per_head == 90, "total %ld, per head %d",
+              k.layer_total, k.per_head);
+    c = built("pyramidkv", CKV_BUDGET_RATIO, 0.5);
+    for (int layer = 0; layer < 24; layer++) {
+        ckv_press_layer_kept(&c, layer, 24, 1000, 2, &k);
+        CHECK_MSG(k.per_head == ckv_pyramidkv_n_kept(layer, 24, 1000, 0.5, 64, 20.0), "pyramid layer %d: %d", layer,
+                  k.per_head);
+    }
+    ckv_press_layer_kept(&c, 0, 24, 1000, 2, &k);
+    CHECK_MSG(k.per_head > 500, "pyramidkv's first layer keeps more than the mean (%d)", k.per_head);
+}
+
+static void check_protected(void) {
+    static const struct {
+        const char *spec;
+        int head, tail;
+    } cases[] = {{"snapkv", 0, 64},       {"snapkv_paper", 0, 32},      {"pyramidkv", 0, 64},
+                 {"tova", 0, 1},          {"streaming_llm", 4, 0},      {"expected_attention", 4, 0},
+                 {"knorm", 0, 0},         {"observed_attention", 0, 0}, {"random", 0, 0},
+                 {"defensivekv", 0, 32},   {"critical_adakv:snapkv", 0, 64}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ckv_press_config c = built(cases[i].spec, CKV_BUDGET_FRACTION, 0.5);
+        int h = -1, t = -1;
+        ckv_press_protected(&c, &h, &t);
+        CHECK_MSG(h == cases[i].head && t == cases[i].tail, "%s protects %d + %d, expected %d + %d", cases[i].spec, h, t,
+                  cases[i].head, cases[i].tail);
+    }
+    ckv_press_config c = built("snapkv", CKV_BUDGET_FRACTION, 0.5);
+    CHECK_FAILS(ckv_press_check_context(&c, 64), CKV_STATUS_ERR_ARG, "window 64 needs a context longer than 64 tokens");
+    CHECK_OK(ckv_press_check_context(&c, 65));
+    c = built("knorm", CKV_BUDGET_FRACTION, 0.5);
+    CHECK_FAILS(ckv_press_check_context(&c, 1), CKV_STATUS_ERR_ARG, "cannot be compressed");
+}
+
+int main(void) {
+    check_canonical();
+    check_table();
+    check_builder();
+    check_kept();
+    check_protected();
+    return ckv_test_finish("test_press_registry");
+}
