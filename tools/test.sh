@@ -4,7 +4,7 @@
 # openai/schemathesis packages of the server tests into .venv-test) and the cluster tests (label cluster, 1.5 to 3
 # minutes), then rebuilds ckv with AddressSanitizer + UBSan and runs the loader, bad-input and server
 # tests there (label sanitize: the server's threads and jobs under ASan for every request the API,
-# load, schema, security and tensor-parallel tests send; leaks checked at each server's exit).
+# load, schema, lifetimes and security tests send; leaks checked at each server's exit).
 # Exits non-zero on the first failure.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -165,16 +165,16 @@ static void report_upstream(void) {
 /* Checks every response in r[0..n); aborts on a malformed one. */
 static void check_reply(const char *r, size_t n, int reset) {
     static char body[1 << 20];
-    const char *end0 = find(r, n, "\r\n\r\n");
-    if (end0) {
-        size_t hl = (size_t)(end0 - r) + 4;
-        if (2 * hl <= n && !memcmp(r, r + hl, hl) && find(r, hl, "Connection: close")) {
-            if (!upstream_duplicates++) atexit(report_upstream);
-            r += hl;
-            n -= hl;
-        }
-    }
     while (n > 0) {
+        const char *end0 = find(r, n, "\r\n\r\n");
+        if (end0) { /* the upstream duplicate (see above): skip the first copy */
+            size_t hl = (size_t)(end0 - r) + 4;
+            if (2 * hl <= n && !memcmp(r, r + hl, hl) && find(r, hl, "Connection: close")) {
+                if (!upstream_duplicates++) atexit(report_upstream);
+                r += hl;
+                n -= hl;
+            }
+        }
         if (n < 12) SHORT();
         if (memcmp(r, "HTTP/1.", 7) != 0 || r[8] != ' ') abort();
         int code = atoi(r + 9);
