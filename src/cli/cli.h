@@ -47,5 +47,6 @@ int ckv_cmd_analyze(int argc, char **argv);
 int ckv_cmd_eval(int argc, char **argv);
 int ckv_cmd_fidelity(int argc, char **argv);
 int ckv_cmd_serve(int argc, char **argv);
+int ckv_cmd_profile_heads(int argc, char **argv);
 
 #endif

@@ -16,7 +16,8 @@
 #define E (CKV_CMD_EVAL)
 #define F (CKV_CMD_FIDELITY)
 #define S (CKV_CMD_SERVE)
-#define ALL (G | I | T | A | E | F | S)
+#define P (CKV_CMD_PROFILE_HEADS)
+#define ALL (G | I | T | A | E | F | S | P)
 #define BIG 1e300
 #define I64 9.2233720368547748e18
 
@@ -90,8 +91,8 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated presses (the full cache is the reference)", NULL, F, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS_A, "press-a", 0, CKV_OPT_KIND_STR, "press", "SPEC", "first press", "snapkv", A, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS_B, "press-b", 0, CKV_OPT_KIND_STR, "press", "SPEC", "second press", "critical:snapkv", A, 0, 0, NULL, 0, 0},
-    {CKV_OPT_BUDGET, "budget", 0, CKV_OPT_KIND_NUM, "press", "B", "kept fraction in (0, 1] (compression ratio 1 - B)", NULL, G | I | A | S, -BIG, BIG, NULL, 0, 0},
-    {CKV_OPT_BUDGET, "budget", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated kept fractions in (0, 1], e.g. 0.1,0.2,0.4", NULL, E | F, 0, 0, NULL, 0, 0},
+    {CKV_OPT_BUDGET, "budget", 0, CKV_OPT_KIND_NUM, "press", "B", "kept fraction in (0, 1] (compression ratio 1 - B)", NULL, G | I | S, -BIG, BIG, NULL, 0, 0},
+    {CKV_OPT_BUDGET, "budget", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated kept fractions in (0, 1], e.g. 0.1,0.2,0.4", NULL, A | E | F, 0, 0, NULL, 0, 0},
     {CKV_OPT_COMPRESSION_RATIO, "compression-ratio", 0, CKV_OPT_KIND_NUM, "press", "R", "fraction removed in [0, 1) (kvpress's spelling)", NULL, G | I | A | S, -BIG, BIG, NULL, 0, 0},
     {CKV_OPT_BUDGET_TOKENS, "budget-tokens", 0, CKV_OPT_KIND_INT, "press", "N", "keep N tokens per head", NULL, G | I | A | S, -(1L << 30), 1L << 30, NULL, 0, 0},
     {CKV_OPT_WINDOW, "window", 0, CKV_OPT_KIND_STR, "press", "N", "observation window (snapkv, pyramidkv, defensivekv)", "64", G | A | E | F | S, 0, 0, NULL, 0, 0},
@@ -104,10 +105,23 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_PRESS_OPT, "press-opt", 0, CKV_OPT_KIND_STR, "press", "KEY=VALUE", "any press option (repeatable): n_sink, n_future, covariance, vnorm, beta,\nepsilon, seed, and the ones above", NULL, G | A | E | F | S, 0, 0, NULL, 1, 0},
     {CKV_OPT_QUERY_AWARE, "query-aware", 0, CKV_OPT_KIND_FLAG, "press", NULL, "compress context + question together", "the context only: one compressed cache\nanswers every question of a context", G | E | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_NO_BASELINE, "no-baseline", 0, CKV_OPT_KIND_FLAG, "press", NULL, "do not run the full cache", NULL, E, 0, 0, NULL, 0, 0},
+    /* profile-heads */
+    {CKV_OPT_SAMPLES, "samples", 0, CKV_OPT_KIND_INT, "input", "N", "needle probes", "20", P, 1, 1 << 20, NULL, 0, 0},
+    {CKV_OPT_LENGTH, "length", 0, CKV_OPT_KIND_INT, "input", "T", "tokens of each probe", "2048", P, 64, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_SEED, "seed", 0, CKV_OPT_KIND_INT, "input", "S", "seed of the probes", "42", P, 0, I64, NULL, 0, 0},
+    {CKV_OPT_HAYSTACK, "haystack", 0, CKV_OPT_KIND_STR, "input", "FILE", "prose around the needles", "built in, The Devil's Dictionary (public domain)", P, 0, 0, NULL, 0, 0},
+    {CKV_OPT_TOPK, "topk", 0, CKV_OPT_KIND_INT, "input", "K", "rows of each head's attention searched for the copied needle token", "20", P, 1, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_THREADS, "threads", 't', CKV_OPT_KIND_INT, "runtime", "N", "CPU threads (capped at the cores of the machine)", "the cores", P, 1, 4096, NULL, 0, 1},
+    {CKV_OPT_CHUNK, "chunk", 0, CKV_OPT_KIND_INT, "runtime", "N", "prefill chunk length in tokens", "512", P, 1, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "F", "the head-importance profile (JSON) of the headkv presses", NULL, P, 0, 0, NULL, 0, 0},
+    {CKV_OPT_PROBES_OUT, "probes-out", 0, CKV_OPT_KIND_STR, "output", "F", "the probes as JSON lines (token ids, needle span)", NULL, P, 0, 0, NULL, 0, 0},
+    {CKV_OPT_SEPARATE_PREFILL, "separate-prefill", 0, CKV_OPT_KIND_FLAG, "press", NULL, "prefill the context again for every press x budget (the same results, slower)", "one prefill per context serves every press x budget", E | F, 0, 0, NULL, 0, 0},
     /* output */
     {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "DIR", "results.jsonl, summary.md, summary.json, score_vs_budget.svg; a rerun with the\nsame arguments resumes (what is done is skipped)", NULL, E, 0, 0, NULL, 0, 0},
     {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "F", "one JSON line per (layer, query head)", NULL, A, 0, 0, NULL, 0, 0},
     {CKV_OPT_OUT, "out", 0, CKV_OPT_KIND_STR, "output", "F", "JSON lines, one per press x budget", NULL, F, 0, 0, NULL, 0, 0},
+    {CKV_OPT_STATS_JSON, "stats-json", 0, CKV_OPT_KIND_STR, "output", "F", "per budget: the share of heads where B perturbs less, mean perturbations and\nbound tightness, as JSON", NULL, A, 0, 0, NULL, 0, 0},
+    {CKV_OPT_LAYERWISE, "layerwise", 0, CKV_OPT_KIND_STR, "output", "F", "JSON lines: per press, budget and layer, ||h_c - h_f|| / ||h_f|| of the\nhidden state of the last question token (compressed vs full cache)", NULL, A, 0, 0, NULL, 0, 0},
     {CKV_OPT_STATS_JSON, "stats-json", 0, CKV_OPT_KIND_STR, "output", "F", "write speed and memory figures to F as JSON", NULL, G, 0, 0, NULL, 0, 0},
     {CKV_OPT_DUMP_LOGITS, "dump-logits", 0, CKV_OPT_KIND_STR, "output", "F", "write the logits [new tokens, vocab] (float32) that chose each token", NULL, G, 0, 0, NULL, 0, 0},
     {CKV_OPT_DUMP_KEPT, "dump-kept", 0, CKV_OPT_KIND_STR, "output", "F", "JSON lines {layer, kv_head, positions} of what each head kept", NULL, G, 0, 0, NULL, 0, 0},

@@ -2,6 +2,7 @@
  * ||o - o^||_1 of every (layer, query head) under two presses, with the CriticalKV paper's bounds
  * (docs/presses.md, "Perturbation analysis"). Prints a summary on stdout (rank 0) and writes one JSON
  * line per head with --out. It does not generate tokens or compress a cache for later use. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "engine/analyze.h"
 #include "engine/compress.h"
 #include "engine/request.h"
+#include "eval/perturb.h"
 #include "evict/headkv.h"
 #include "model/model.h"
 
@@ -27,10 +29,14 @@ static const ckv_cli_command analyze_cmd = {
     "press A and press B, the bound theta (CriticalKV Theorem 3.3) and the attention-weight-only bound.\n"
     "Press options and the budget apply to both presses."};
 
+#define MAX_BUDGETS 32
+
 typedef struct {
-    const char *model, *prompt_ids, *prompt_file, *question, *out;
+    const char *model, *prompt_ids, *prompt_file, *question, *out, *stats_json, *layerwise;
     const char *spec[CKV_ANALYZE_PRESSES];
-    ckv_press_config press[CKV_ANALYZE_PRESSES];
+    int n_budgets;                                         /* one analysis per budget, all from one prefill */
+    double budget[MAX_BUDGETS];                            /* kept fractions (0: --compression-ratio / --budget-tokens) */
+    ckv_press_config press[MAX_BUDGETS][CKV_ANALYZE_PRESSES];
 } analyze_args;
 
 static void parse_args(analyze_args *a, ckv_opts *o, int argc, char **argv) {
@@ -46,24 +52,57 @@ static void parse_args(analyze_args *a, ckv_opts *o, int argc, char **argv) {
     if (!a->model) ckv_cli_usage_error("analyze", "--model is required");
     if (!a->prompt_ids == !a->prompt_file)
         ckv_cli_usage_error("analyze", "give exactly one of --prompt-ids and --prompt-ids-file");
-    ckv_cli_budget b;
-    ckv_cli_press_budget(o, &b);
+    a->stats_json = ckv_opt_str(o, CKV_OPT_STATS_JSON, NULL);
+    a->layerwise = ckv_opt_str(o, CKV_OPT_LAYERWISE, NULL);
+    ckv_cli_budget bs[MAX_BUDGETS];
+    if (ckv_opt_has(o, CKV_OPT_BUDGET)) { /* a list of kept fractions */
+        static const ckv_opt_id ids[] = {CKV_OPT_BUDGET, CKV_OPT_COMPRESSION_RATIO, CKV_OPT_BUDGET_TOKENS};
+        ckv_opts_exclusive(o, ids, 3, "both set the budget");
+        char list[1024];
+        snprintf(list, sizeof list, "%s", ckv_opt_str(o, CKV_OPT_BUDGET, ""));
+        for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
+            if (a->n_budgets == MAX_BUDGETS) ckv_cli_usage_error("analyze", "--budget: at most %d budgets", MAX_BUDGETS);
+            a->budget[a->n_budgets] = ckv_cli_parse_double("--budget", t, -1e300, 1e300);
+            bs[a->n_budgets].kind = CKV_CLI_BUDGET_FRACTION;
+            bs[a->n_budgets].value = a->budget[a->n_budgets];
+            a->n_budgets++;
+        }
+        if (!a->n_budgets) ckv_cli_usage_error("analyze", "--budget: empty list");
+    } else {
+        ckv_cli_press_budget(o, &bs[0]);
+        a->n_budgets = 1;
+    }
     for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) {
         char flag[16];
         snprintf(flag, sizeof flag, "--press-%c", 'a' + p);
         ckv_cli_press_check_spec(o, flag, a->spec[p]);
-        ckv_cli_check(ckv_press_parse(&a->press[p], a->spec[p]));
-        if (a->press[p].scorer == CKV_SCORER_NONE)
+        ckv_cli_check(ckv_press_parse(&a->press[0][p], a->spec[p]));
+        if (a->press[0][p].scorer == CKV_SCORER_NONE)
             ckv_cli_usage_error("analyze", "--press-%c none: the analysis compares two presses that evict (the full "
                                 "cache is the reference)", 'a' + p);
     }
-    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_press_build(o, a->spec[p], &b, &a->press[p]);
-    if (b.kind == CKV_CLI_BUDGET_NONE)
-        ckv_cli_usage_error("analyze", "needs a budget: --budget B, --compression-ratio R or --budget-tokens N");
-    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_check(ckv_press_finalize(&a->press[p]));
+    if (bs[0].kind == CKV_CLI_BUDGET_NONE)
+        ckv_cli_usage_error("analyze", "needs a budget: --budget B[,B2...], --compression-ratio R or --budget-tokens N");
+    for (int k = 0; k < a->n_budgets; k++)
+        for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) {
+            ckv_cli_press_build(o, a->spec[p], &bs[k], &a->press[k][p]);
+            ckv_cli_check(ckv_press_finalize(&a->press[k][p]));
+        }
     char what[300];
     snprintf(what, sizeof what, "--press-a %s and --press-b %s", a->spec[0], a->spec[1]);
-    ckv_cli_press_check_options(o, a->press, CKV_ANALYZE_PRESSES, what);
+    ckv_cli_press_check_options(o, a->press[0], CKV_ANALYZE_PRESSES, what);
+}
+
+/* The analyses of every budget as the layer hook of one prefill: each selects on the same full cache. */
+typedef struct {
+    ckv_analyzer *an;
+    int n;
+} analyzer_chain;
+
+static ckv_status chain_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
+    analyzer_chain *c = ctx;
+    for (int i = 0; i < c->n; i++) CKV_TRY(ckv_analyze_layer_hook(&c->an[i], s, layer, n_prompt));
+    return CKV_STATUS_OK;
 }
 
 /* A headkv press's kept rows per (layer, KV head) from its profile. */
@@ -82,7 +121,85 @@ static int32_t *read_prompt(const analyze_args *a, int *n) {
     return ids;
 }
 
-/* Also declared in cli.h with the other subcommands; repeated here so this file builds on its own. */
+/* One summary line per budget of the analysis (rank 0). */
+static void print_summary(const analyze_args *a, int k, const ckv_analyze_summary *sum) {
+    const char *bname[CKV_ANALYZE_PRESSES];
+    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) bname[p] = a->press[k][p].critical ? "theta" : "attention-only bound";
+    if (a->n_budgets > 1) printf("\nbudget %g\n", a->budget[k]);
+    printf("B perturbs less than A in %d of %d heads (%.1f%%); equal in %d\n", sum->n_b_less, sum->n_heads,
+           100.0 * sum->n_b_less / (sum->n_heads ? sum->n_heads : 1), sum->n_equal);
+    printf("mean ||o - o^||_1: A %.6g, B %.6g", sum->mean_perturbation[0], sum->mean_perturbation[1]);
+    if (sum->mean_perturbation[0] > 0) printf(" (B/A %.4g)", sum->mean_perturbation[1] / sum->mean_perturbation[0]);
+    printf("\n");
+    printf("mean bound ratio (bound / perturbation):");
+    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) {
+        if (sum->n_ratio[p]) printf(" %c %.4g (%s, %d heads)", 'A' + p, sum->mean_bound_ratio[p], bname[p], sum->n_ratio[p]);
+        else printf(" %c n/a (%s, no head perturbed)", 'A' + p, bname[p]);
+        printf(p + 1 < CKV_ANALYZE_PRESSES ? ";" : "\n");
+    }
+    if (sum->n_theta_ratio) printf("mean theta B / theta A: %.4g (%d heads)\n", sum->mean_theta_ratio, sum->n_theta_ratio);
+    else printf("mean theta B / theta A: n/a (theta A is 0 in every head)\n");
+}
+
+/* --stats-json: the summaries of every budget (Figure 6's share of heads, Table 9's bound tightness). */
+static ckv_status write_stats(const analyze_args *a, const ckv_analyze_summary *sums, int n_ctx, int n_q) {
+    cJSON *o = cJSON_CreateObject(), *rows = o ? cJSON_AddArrayToObject(o, "budgets") : NULL;
+    if (!rows) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
+    cJSON_AddStringToObject(o, "press_a", a->press[0][0].spec);
+    cJSON_AddStringToObject(o, "press_b", a->press[0][1].spec);
+    cJSON_AddNumberToObject(o, "context", n_ctx);
+    cJSON_AddNumberToObject(o, "question", n_q);
+    for (int k = 0; k < a->n_budgets; k++) {
+        const ckv_analyze_summary *m = &sums[k];
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddItemToArray(rows, r);
+        cJSON_AddNumberToObject(r, "budget", a->budget[k]);
+        cJSON_AddStringToObject(r, "spec_a", a->press[k][0].spec);
+        cJSON_AddStringToObject(r, "spec_b", a->press[k][1].spec);
+        cJSON_AddNumberToObject(r, "n_heads", m->n_heads);
+        cJSON_AddNumberToObject(r, "n_b_less", m->n_b_less);
+        cJSON_AddNumberToObject(r, "n_equal", m->n_equal);
+        cJSON_AddNumberToObject(r, "frac_b_less", m->n_heads ? (double)m->n_b_less / m->n_heads : 0.0);
+        cJSON_AddNumberToObject(r, "mean_perturbation_a", m->mean_perturbation[0]);
+        cJSON_AddNumberToObject(r, "mean_perturbation_b", m->mean_perturbation[1]);
+        cJSON_AddNumberToObject(r, "mean_bound_ratio_a", m->mean_bound_ratio[0]);
+        cJSON_AddNumberToObject(r, "mean_bound_ratio_b", m->mean_bound_ratio[1]);
+        cJSON_AddNumberToObject(r, "mean_theta_ratio", m->mean_theta_ratio);
+        cJSON_AddNumberToObject(r, "max_perturbation_over_theta", m->max_pert_over_theta);
+    }
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
+    FILE *f = fopen(a->stats_json, "w");
+    ckv_status st = CKV_STATUS_OK;
+    if (!f) st = ckv_error(CKV_STATUS_ERR_IO, "--stats-json: cannot write '%s'", a->stats_json);
+    else if (fprintf(f, "%s\n", text) < 0 || fclose(f) != 0) st = ckv_error(CKV_STATUS_ERR_IO, "--stats-json: error writing '%s'", a->stats_json);
+    cJSON_free(text);
+    return st;
+}
+
+/* --layerwise: both presses at every budget, one prefill of the context (eval/perturb.h). */
+static ckv_status write_layerwise(const analyze_args *a, ckv_engine *e, const int32_t *ctx, int n_ctx, const int32_t *q,
+                                  int n_q, int rank) {
+    const int nl = e->model->cfg.n_layers, n = a->n_budgets * CKV_ANALYZE_PRESSES;
+    const ckv_press_config *ps[MAX_BUDGETS * CKV_ANALYZE_PRESSES];
+    for (int k = 0; k < a->n_budgets; k++)
+        for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ps[k * CKV_ANALYZE_PRESSES + p] = &a->press[k][p];
+    double *rel = malloc(sizeof(double) * (size_t)n * (size_t)(nl + 1)), *kept = rel ? rel + (size_t)n * nl : NULL;
+    if (!rel) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
+    ckv_status st = ckv_perturb_layerwise(e, ctx, n_ctx, q, n_q, ps, n, rel, kept);
+    FILE *f = NULL;
+    if (st == CKV_STATUS_OK && rank == 0 && !(f = fopen(a->layerwise, "w")))
+        st = ckv_error(CKV_STATUS_ERR_IO, "--layerwise: cannot write '%s'", a->layerwise);
+    for (int i = 0; f && i < n; i++)
+        for (int l = 0; l < nl; l++)
+            fprintf(f, "{\"press\": \"%s\", \"budget\": %.17g, \"spec\": \"%s\", \"layer\": %d, \"kept_fraction\": %.6f, "
+                    "\"rel_perturbation\": %.17g}\n", a->spec[i % CKV_ANALYZE_PRESSES], a->budget[i / CKV_ANALYZE_PRESSES],
+                    ps[i]->spec, l, kept[i], rel[(size_t)i * nl + l]);
+    if (f && (ferror(f) | fclose(f))) st = ckv_error(CKV_STATUS_ERR_IO, "--layerwise: error writing '%s'", a->layerwise);
+    free(rel);
+    return st;
+}
 
 int ckv_cmd_analyze(int argc, char **argv) {
     analyze_args a;
@@ -97,7 +214,7 @@ int ckv_cmd_analyze(int argc, char **argv) {
         if (!q) ckv_cli_die("out of memory");
         q[0] = ctx[n_ctx - 1];
     }
-    int n = n_ctx + n_q;
+    int n = n_ctx + n_q, nb = a.n_budgets;
     int32_t *ids = malloc(sizeof *ids * (size_t)n);
     if (!ids) ckv_cli_die("out of memory");
     memcpy(ids, ctx, sizeof *ids * (size_t)n_ctx);
@@ -106,7 +223,9 @@ int ckv_cmd_analyze(int argc, char **argv) {
     ckv_cli_agreement ag;
     ckv_cli_agree_init(&ag, &opts, a.model);
     ckv_cli_agree_add(&ag, CKV_AGREE_PROMPT, ids, sizeof *ids * (size_t)n);
-    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, a.press[p].spec, strlen(a.press[p].spec));
+    for (int k = 0; k < nb; k++)
+        for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
+            ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, a.press[k][p].spec, strlen(a.press[k][p].spec));
     ckv_comm *world = ckv_cli_world(&ag, &argc, &argv);
     FILE *out = NULL;
     if (a.out && world->rank == 0 && !(out = fopen(a.out, "w")))
@@ -125,55 +244,60 @@ int ckv_cmd_analyze(int argc, char **argv) {
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_RANGE,
                                "context (%d) + question (%d) tokens exceed the context window of %d tokens "
                                "(max_position_embeddings) of %s", n_ctx, n_q, c->max_context, a.model));
-    ckv_analyzer an;
-    ckv_cli_check_comm(world, ckv_analyzer_init(&an, m, &a.press[0], &a.press[1], n_ctx, n_q, ec.threads));
-    int32_t *budgets[CKV_ANALYZE_PRESSES] = {NULL};
-    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
-        if (a.press[p].alloc == CKV_ALLOC_HEADKV) an.head_budgets[p] = budgets[p] = headkv_budgets(world, m, &a.press[p], n_ctx);
-    /* one full-cache prefill of context + question with the analysis as the layer hook */
-    ckv_prepare_params pp = {.ids = ids, .n = n, .hook = ckv_analyze_layer_hook, .hook_ctx = &an};
+    ckv_analyzer *an = calloc((size_t)nb, sizeof *an);
+    int32_t **budgets = calloc((size_t)nb * CKV_ANALYZE_PRESSES, sizeof *budgets);
+    ckv_analyze_summary *sums = calloc((size_t)nb, sizeof *sums);
+    if (!an || !budgets || !sums) ckv_cli_die("out of memory");
+    for (int k = 0; k < nb; k++) {
+        ckv_cli_check_comm(world, ckv_analyzer_init(&an[k], m, &a.press[k][0], &a.press[k][1], n_ctx, n_q, ec.threads));
+        an[k].budget = a.budget[k] > 0 && nb > 1 ? a.budget[k] : 0.0;
+        for (int p = 0; p < CKV_ANALYZE_PRESSES; p++)
+            if (a.press[k][p].alloc == CKV_ALLOC_HEADKV)
+                an[k].head_budgets[p] = budgets[k * CKV_ANALYZE_PRESSES + p] = headkv_budgets(world, m, &a.press[k][p], n_ctx);
+    }
+    /* one full-cache prefill of context + question with every budget's analysis as the layer hook */
+    analyzer_chain chain = {an, nb};
+    ckv_prepare_params pp = {.ids = ids, .n = n, .hook = chain_hook, .hook_ctx = &chain};
     ckv_prepared pc;
     ckv_cli_check_comm(world, ckv_engine_prepare(&eng, &pp, &pc));
-    ckv_analyze_summary sum;
-    ckv_cli_check_comm(world, ckv_analyze_summarize(&an, &sum));
+    for (int k = 0; k < nb; k++) ckv_cli_check_comm(world, ckv_analyze_summarize(&an[k], &sums[k]));
+    if (a.layerwise) ckv_cli_check_comm(world, write_layerwise(&a, &eng, ctx, n_ctx, q, n_q, world->rank));
 
     if (world->rank == 0) {
         if (out) {
-            ckv_cli_check_comm(world, ckv_analyze_write_jsonl(&an, out, a.out));
+            for (int k = 0; k < nb; k++) ckv_cli_check_comm(world, ckv_analyze_write_jsonl(&an[k], out, a.out));
             if (fclose(out) != 0) ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--out: error writing '%s'", a.out));
         }
-        const char *bname[CKV_ANALYZE_PRESSES];
-        for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) bname[p] = a.press[p].critical ? "theta" : "attention-only bound";
-        printf("press A: %s\n", a.press[0].spec);
-        printf("press B: %s\n", a.press[1].spec);
+        if (a.stats_json) ckv_cli_check_comm(world, write_stats(&a, sums, n_ctx, n_q));
+        printf("press A: %s\n", a.press[0][0].spec);
+        printf("press B: %s\n", a.press[0][1].spec);
         printf("context %d tokens, question %d token%s; %d layers x %d query heads = %d heads\n", n_ctx, n_q,
-               n_q == 1 ? "" : "s", c->n_layers, c->n_heads, sum.n_heads);
-        printf("B perturbs less than A in %d of %d heads (%.1f%%); equal in %d\n", sum.n_b_less, sum.n_heads,
-               100.0 * sum.n_b_less / (sum.n_heads ? sum.n_heads : 1), sum.n_equal);
-        printf("mean ||o - o^||_1: A %.6g, B %.6g", sum.mean_perturbation[0], sum.mean_perturbation[1]);
-        if (sum.mean_perturbation[0] > 0) printf(" (B/A %.4g)", sum.mean_perturbation[1] / sum.mean_perturbation[0]);
-        printf("\n");
-        printf("mean bound ratio (bound / perturbation):");
-        for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) {
-            if (sum.n_ratio[p]) printf(" %c %.4g (%s, %d heads)", 'A' + p, sum.mean_bound_ratio[p], bname[p], sum.n_ratio[p]);
-            else printf(" %c n/a (%s, no head perturbed)", 'A' + p, bname[p]);
-            printf(p + 1 < CKV_ANALYZE_PRESSES ? ";" : "\n");
+               n_q == 1 ? "" : "s", c->n_layers, c->n_heads, sums[0].n_heads);
+        int violations = 0;
+        double max_ratio = 0;
+        for (int k = 0; k < nb; k++) {
+            print_summary(&a, k, &sums[k]);
+            violations += sums[k].n_bound_violations;
+            if (sums[k].max_pert_over_theta > max_ratio) max_ratio = sums[k].max_pert_over_theta;
         }
-        if (sum.n_theta_ratio) printf("mean theta B / theta A: %.4g (%d heads)\n", sum.mean_theta_ratio, sum.n_theta_ratio);
-        else printf("mean theta B / theta A: n/a (theta A is 0 in every head)\n");
         fflush(stdout);
-        if (sum.n_bound_violations)
+        if (violations)
             ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_INTERNAL, "%d (head, press) pairs break perturbation <= theta <= "
-                                   "attention-only bound beyond rounding (see --out)", sum.n_bound_violations));
+                                   "attention-only bound beyond rounding (see --out)", violations));
         printf("bounds: perturbation <= theta <= attention-only bound in every head (max perturbation / theta %.4g)\n",
-               sum.max_pert_over_theta);
+               max_ratio);
         fflush(stdout);
-        fprintf(stderr, "ckv: analyzed %d tokens in %.3f s (selection %.3f s, measurement %.3f s)\n", n,
-                pc.sess.prefill_seconds, an.select_seconds, an.measure_seconds);
+        double sel = 0, meas = 0;
+        for (int k = 0; k < nb; k++) sel += an[k].select_seconds, meas += an[k].measure_seconds;
+        fprintf(stderr, "ckv: analyzed %d tokens x %d budget%s in one prefill of %.3f s (selection %.3f s, measurement %.3f s)\n",
+                n, nb, nb == 1 ? "" : "s", pc.sess.prefill_seconds, sel, meas);
     }
     ckv_prepared_free(&pc);
-    ckv_analyzer_free(&an);
-    for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) free(budgets[p]);
+    for (int k = 0; k < nb; k++) ckv_analyzer_free(&an[k]);
+    for (int k = 0; k < nb * CKV_ANALYZE_PRESSES; k++) free(budgets[k]);
+    free(an);
+    free(budgets);
+    free(sums);
     ckv_engine_free(&eng);
     ckv_comm_free(world);
     free(ctx);

@@ -33,7 +33,7 @@ static const ckv_cli_command eval_cmd = {
 typedef struct {
     const char *model, *task, *length, *data, *press, *budget, *out, *haystack, *metric, *template_name, *system, *backend;
     const char *progress;
-    int samples, max_new, tp, threads, chunk, no_baseline, query_aware, skip_bad, report_only;
+    int samples, max_new, tp, threads, chunk, no_baseline, query_aware, skip_bad, report_only, separate_prefill;
     long long seed;
 } eval_args;
 
@@ -66,6 +66,7 @@ static void parse_args(eval_args *a, ckv_opts *o, int argc, char **argv) {
     a->data = ckv_opt_str(o, CKV_OPT_DATA, NULL);
     a->metric = ckv_opt_str(o, CKV_OPT_METRIC, NULL);
     a->skip_bad = !strcmp(ckv_opt_str(o, CKV_OPT_BAD_INPUT, "stop"), "skip");
+    a->separate_prefill = ckv_opt_has(o, CKV_OPT_SEPARATE_PREFILL) > 0;
     a->press = ckv_opt_str(o, CKV_OPT_PRESS, NULL);
     a->budget = ckv_opt_str(o, CKV_OPT_BUDGET, NULL);
     a->no_baseline = ckv_opt_has(o, CKV_OPT_NO_BASELINE);
@@ -285,6 +286,7 @@ int ckv_cmd_eval(int argc, char **argv) {
     job.system = a.system;
     job.max_new_tokens = a.max_new;
     job.skip_bad = a.skip_bad;
+    job.separate_prefill = a.separate_prefill;
     job.model_path = a.model;
     job.backend = a.backend;
     ckv_engine_config ec;

@@ -49,6 +49,23 @@ static void write_line(FILE *out, const char *press, double budget, const char *
     cJSON_free(line);
 }
 
+typedef struct {
+    FILE *out;
+    char **presses, **budgets;
+    int nb;
+    ckv_press_config (*cfgs)[32];
+    int n_ctx, n_cont;
+} fidelity_printer;
+
+/* One table row (and --out line) for press x budget k = i * nb + j. */
+static void print_result(void *ctx, int k, const ckv_fidelity *r) {
+    const fidelity_printer *p = ctx;
+    int i = k / p->nb, j = k % p->nb;
+    printf("%-28s %7s %10.4f %7.3f %9.4f %9.4f\n", p->presses[i], p->budgets[j], r->kl, r->top1, r->nll_full, r->nll_press);
+    fflush(stdout);
+    if (p->out) write_line(p->out, p->presses[i], strtod(p->budgets[j], NULL), p->cfgs[i][j].spec, p->n_ctx, p->n_cont, r);
+}
+
 static int split_list(char *s, char **items, int cap) {
     int n = 0;
     for (char *tok = strtok(s, ","); tok && n < cap; tok = strtok(NULL, ",")) items[n++] = tok;
@@ -109,20 +126,27 @@ int ckv_cmd_fidelity(int argc, char **argv) {
                     m->cfg.max_context);
     FILE *out = NULL;
     if (out_path && !(out = fopen(out_path, "w"))) ckv_cli_die("--out: cannot write '%s'", out_path);
-    float *ref = NULL;
-    ckv_cli_check(ckv_fidelity_reference(m, ids, n_ctx, n_cont, chunk, &ref));
     printf("context %d tokens, continuation %d tokens of %s\n", n_ctx, n_cont, text_file);
     printf("%-28s %7s %10s %7s %9s %9s\n", "press", "budget", "KL (nats)", "top-1", "NLL full", "NLL press");
-    for (int i = 0; i < np; i++)
-        for (int j = 0; j < nb; j++) {
-            ckv_fidelity r;
-            ckv_cli_check(ckv_fidelity_measure(m, &cfgs[i][j], ids, n_ctx, n_cont, chunk, ref, &r));
-            printf("%-28s %7s %10.4f %7.3f %9.4f %9.4f\n", presses[i], budgets[j], r.kl, r.top1, r.nll_full, r.nll_press);
-            fflush(stdout);
-            if (out) write_line(out, presses[i], strtod(budgets[j], NULL), cfgs[i][j].spec, n_ctx, n_cont, &r);
-        }
+    fidelity_printer pr = {out, presses, budgets, nb, cfgs, n_ctx, n_cont};
+    if (ckv_opt_has(&opts, CKV_OPT_SEPARATE_PREFILL)) { /* a prefill per press x budget */
+        float *ref = NULL;
+        ckv_cli_check(ckv_fidelity_reference(m, ids, n_ctx, n_cont, chunk, &ref));
+        for (int i = 0; i < np; i++)
+            for (int j = 0; j < nb; j++) {
+                ckv_fidelity r;
+                ckv_cli_check(ckv_fidelity_measure(m, &cfgs[i][j], ids, n_ctx, n_cont, chunk, ref, &r));
+                print_result(&pr, i * nb + j, &r);
+            }
+        free(ref);
+    } else { /* one prefill of the context serves them all */
+        const ckv_press_config *flat[32 * 32];
+        ckv_fidelity res[32 * 32];
+        for (int i = 0; i < np; i++)
+            for (int j = 0; j < nb; j++) flat[i * nb + j] = &cfgs[i][j];
+        ckv_cli_check(ckv_fidelity_sweep(m, flat, np * nb, ids, n_ctx, n_cont, chunk, res, print_result, &pr));
+    }
     if (out && fclose(out) != 0) ckv_cli_die("--out: error writing '%s'", out_path);
-    free(ref);
     free(ids);
     ckv_engine_free(&eng);
     ckv_tokenizer_free(tok);

@@ -12,6 +12,7 @@
 #include "cli/cli_press.h"
 #include "comm/comm.h"
 #include "core/alloc.h"
+#include "engine/sweep.h"
 #include "evict/press.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -111,6 +112,20 @@ int ckv_cmd_inspect(int argc, char **argv) {
     printf("chunk buffers    %14s %14s  (--chunk %zu)\n", fmt((double)act * 4, b1, sizeof b1), fmt((double)act * 2, b2, sizeof b2), n);
     size_t total32 = w32 + kv_peak * 4 + hidden * 4 + act * 4;
     printf("peak total       %14s %14s\n", fmt((double)total32, b3, sizeof b3), fmt((double)total32 / 2, b4, sizeof b4));
+    if (compress) { /* eval, fidelity and analyze sweeps: one prefill serves every press x budget (engine/sweep.h) */
+        size_t xn_rows = L - (size_t)ckv_sweep_xn_first(&press, (int)context);
+        size_t inputs = (size_t)c.n_layers * xn_rows * D;               /* kept attention inputs */
+        size_t sweep_hidden = (L + room) * D * 2;                        /* the full session's x and xn */
+        size_t sweep32 = w32 + (kv_full + kv_kept) * 4 + (inputs + sweep_hidden + room * D) * 4 + act * 8;
+        printf("sweep of presses (one prefill per context; eval, fidelity, analyze):\n");
+        printf("  full cache     %14s %14s\n", fmt((double)kv_full * 4, b1, sizeof b1), fmt((double)kv_full * 2, b2, sizeof b2));
+        printf("  one compressed %14s %14s  (one press at a time)\n", fmt((double)kv_kept * 4, b1, sizeof b1),
+               fmt((double)kv_kept * 2, b2, sizeof b2));
+        printf("  attn inputs    %14s %14s  (%zu rows x %d layers the scorer reads; F32)\n", fmt((double)inputs * 4, b1, sizeof b1),
+               fmt((double)inputs * 4, b2, sizeof b2), xn_rows, c.n_layers);
+        printf("  peak total     %14s %14s\n", fmt((double)sweep32, b3, sizeof b3),
+               fmt((double)sweep32 / 2 + (double)inputs * 2, b4, sizeof b4));
+    }
     /* ---- GPU memory plan (model/plan.h): printed per rank, checked against --gpu-mem-limit ---- */
     const char *backend = ckv_opt_str(&opts, CKV_OPT_BACKEND, "cpu");
     double gpu_limit = ckv_opt_num(&opts, CKV_OPT_GPU_MEM_LIMIT, 0);

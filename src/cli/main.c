@@ -18,6 +18,7 @@ static void print_usage(FILE *f) {
             "  eval       score presses x budgets on RULER-style tasks or a JSONL dataset (resumable)\n"
             "  fidelity   KL divergence and top-1 agreement of compressed vs full cache on long text\n"
             "  serve      an OpenAI-compatible HTTP server with per-request eviction and context reuse\n"
+            "  profile-heads  score every head's retrieval-and-copy ability: the profile of the headkv presses\n"
             "\n"
             "'ckv <command> --help' lists a command's flags.\n",
             CKV_VERSION);
@@ -44,6 +45,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval")) return ckv_cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "fidelity")) return ckv_cmd_fidelity(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return ckv_cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "profile-heads")) return ckv_cmd_profile_heads(argc - 1, argv + 1);
     fprintf(stderr, "ckv: error: unknown command '%s' (expected generate, inspect, tokenize, analyze, eval or fidelity; see 'ckv --help')\n", cmd);
     return 2;
 }

@@ -411,12 +411,13 @@ ckv_status ckv_analyze_write_jsonl(const ckv_analyzer *a, FILE *f, const char *p
         return ckv_error(CKV_STATUS_ERR_ARG, "analysis: %d of %d layers measured", a->layers_done, a->n_layers);
     for (int i = 0; i < a->n_layers * a->n_heads; i++) {
         const ckv_analyze_head *h = &a->heads[i];
+        if (a->budget > 0) fprintf(f, "{\"budget\": %.17g, ", a->budget);
         fprintf(f,
-                "{\"layer\": %d, \"head\": %d, \"kv_head\": %d, \"n_rows\": %d, \"kept_a\": %d, \"kept_b\": %d, "
+                "%s\"layer\": %d, \"head\": %d, \"kv_head\": %d, \"n_rows\": %d, \"kept_a\": %d, \"kept_b\": %d, "
                 "\"mass_a\": %.17g, \"mass_b\": %.17g, \"out_l1\": %.17g, \"max_norm\": %.17g, "
                 "\"perturbation_a\": %.17g, \"perturbation_b\": %.17g, \"theta_a\": %.17g, \"theta_b\": %.17g, "
                 "\"attn_bound_a\": %.17g, \"attn_bound_b\": %.17g, \"bound_a\": %.17g, \"bound_b\": %.17g}\n",
-                h->layer, h->head, h->kv_head, h->n_rows, h->n_kept[0], h->n_kept[1], h->kept_mass[0], h->kept_mass[1],
+                a->budget > 0 ? "" : "{", h->layer, h->head, h->kv_head, h->n_rows, h->n_kept[0], h->n_kept[1], h->kept_mass[0], h->kept_mass[1],
                 h->out_l1, h->max_norm, h->perturbation[0], h->perturbation[1], h->theta[0], h->theta[1],
                 h->attn_bound[0], h->attn_bound[1], ckv_analyze_bound(a, h, 0), ckv_analyze_bound(a, h, 1));
     }

@@ -80,6 +80,7 @@ typedef struct {
     const int32_t *head_budgets[CKV_ANALYZE_PRESSES];
     int n_ctx, n_question;
     int n_layers, n_heads;
+    double budget;            /* > 0: written as "budget" in every JSON line (a sweep of budgets) */
     ckv_analyze_head *heads;  /* [n_layers * n_heads] results (every rank), filled layer by layer */
     int layers_done;
     /* statistics */

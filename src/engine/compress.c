@@ -9,7 +9,7 @@
 #include "evict/headkv.h"
 
 /* Writes one JSON line per KV head of the model: rank 0 gathers every rank's kept positions. */
-static ckv_status dump_layer(ckv_compressor *cz, ckv_session *s, int layer, const ckv_selection *sel,
+static ckv_status dump_layer(ckv_compressor *cz, const ckv_session *s, int layer, const ckv_selection *sel,
                              const ckv_score_inputs *in) {
     ckv_model *m = s->model;
     ckv_comm *tp = m->tp;
@@ -69,20 +69,20 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
     *in = v;
 }
 
-ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
-    ckv_compressor *cz = ctx;
-    ckv_model *m = s->model;
+ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L) {
+    ckv_model *m = src->model;
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
     if (!ckv_press_evicts(cz->cfg)) return CKV_STATUS_OK;
-    if (s->n_past != 0)
+    if (dst->n_past != 0) /* (src may hold its context already: its layer's rows are checked below) */
         return ckv_error(CKV_STATUS_ERR_ARG, "compression applies to the first prefill of a session (the context)");
-    int L = n_prompt;
-    ckv_kv_layer *kl = &s->kv.layers[layer];
+    if (dst->model != m || dst->capacity < L)
+        return ckv_error(CKV_STATUS_ERR_ARG, "compression into a session of another model or fewer than %d tokens", L);
+    const ckv_kv_layer *kl = &src->kv.layers[layer];
     for (int h = 0; h < p->n_kv_local; h++)
         if (kl->len[h] != L) return ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", layer, h, kl->len[h], L);
     ckv_score_inputs in;
-    ckv_compress_score_inputs(s, layer, L, &in);
+    ckv_compress_score_inputs(src, layer, L, &in);
     ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
     ckv_selection sel;
     CKV_TRY(ckv_selection_init(&sel, m->be, p->n_kv_local, c->n_kv_heads, L));
@@ -92,21 +92,36 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
         cz->score_seconds += sel.score_seconds;
         cz->select_seconds += sel.select_seconds;
         double t0 = ckv_time_now();
-        size_t row_bytes = (size_t)c->head_dim * 2 * ckv_dtype_size(s->kv.dtype);
+        size_t row_bytes = (size_t)c->head_dim * 2 * ckv_dtype_size(dst->kv.dtype);
         for (int h = 0; h < p->n_kv_local; h++) {
             cz->kv_bytes_full += (size_t)L * row_bytes;
             cz->kv_bytes_kept += (size_t)sel.n_keep[h] * row_bytes;
             cz->kept_entries += sel.n_keep[h];
             cz->total_entries += L;
         }
-        st = ckv_kv_layer_compact_dev(&s->kv, layer, sel.rows, L, sel.n_keep, s->capacity - L);
+        if (dst == src)
+            st = ckv_kv_layer_compact_dev(&dst->kv, layer, sel.rows, L, sel.n_keep, dst->capacity - L);
+        else
+            st = ckv_kv_layer_gather_from(&dst->kv, &src->kv, layer, sel.rows, L, sel.n_keep, dst->capacity - L);
         cz->compact_seconds += ckv_time_now() - t0;
     }
     if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, &sel);
     cz->comm_bytes += (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0) - bytes0;
-    if (st == CKV_STATUS_OK && cz->dump) st = dump_layer(cz, s, layer, &sel, &in);
+    if (st == CKV_STATUS_OK && cz->dump) st = dump_layer(cz, src, layer, &sel, &in);
     ckv_selection_free(&sel);
     return st;
+}
+
+ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
+    return ckv_compress_layer_from(ctx, s, s, layer, n_prompt);
+}
+
+const char *ckv_compress_skip_reason(const ckv_press_config *p, int L) {
+    ckv_status st = ckv_press_check_context(p, L);
+    ckv_error_clear();
+    if (st != CKV_STATUS_OK) return L < 2 ? "the context is too short to compress" : "the context is not longer than the press window";
+    if (p->alloc != CKV_ALLOC_HEADKV && ckv_press_n_kept(p, L) >= L) return "the budget keeps every token of the context";
+    return NULL;
 }
 
 ckv_status ckv_compress_headkv_budgets(const ckv_press_config *pr, const ckv_model_config *mc, int L, int32_t **out) {

@@ -43,4 +43,14 @@ ckv_status ckv_compress_headkv_budgets(const ckv_press_config *cfg, const ckv_mo
 /* The layer hook to pass to ckv_session_prefill_hook (ctx = a ckv_compressor). */
 ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt);
 
+/* The same selection made on src's full layer (its cache rows 0..L-1 and attention inputs) with the
+ * kept rows written into dst's layer (room for dst->capacity - L more); src is left untouched unless
+ * it is dst (then this is the hook). Both sessions are of the same model; dst has nothing cached
+ * yet, src's layer holds exactly the L context rows. */
+ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L);
+
+/* Why press p leaves a context of L tokens uncompressed (static text), or NULL when it compresses it:
+ * too short for its window, or a budget that keeps every token. */
+const char *ckv_compress_skip_reason(const ckv_press_config *p, int L);
+
 #endif

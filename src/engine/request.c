@@ -146,15 +146,6 @@ static ckv_status cache_context_len(const char *path, int *n) {
     return CKV_STATUS_OK;
 }
 
-/* Why the press leaves a context of L tokens uncompressed, or NULL when it compresses it. */
-static const char *skip_reason(const ckv_press_config *p, int L) {
-    ckv_status st = ckv_press_check_context(p, L);
-    ckv_error_clear();
-    if (st != CKV_STATUS_OK) return L < 2 ? "the context is too short to compress" : "the context is not longer than the press window";
-    if (p->alloc != CKV_ALLOC_HEADKV && ckv_press_n_kept(p, L) >= L) return "the budget keeps every token of the context";
-    return NULL;
-}
-
 static void context_entries(ckv_prepared *pc, int L) {
     const ckv_model *m = pc->engine->model;
     long entries = (long)m->cfg.n_layers * m->plan.n_kv_local * L;
@@ -202,7 +193,7 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
                          "(max_position_embeddings)", n, p->reserve, c->max_context);
     const ckv_press_config *press = p->press && p->press->scorer != CKV_SCORER_NONE ? p->press : NULL;
     int compress = press && !p->hook && !p->cache_in;
-    if (compress && (pc->uncompressed_reason = skip_reason(press, n)) != NULL) compress = 0;
+    if (compress && (pc->uncompressed_reason = ckv_compress_skip_reason(press, n)) != NULL) compress = 0;
     pc->compressed = compress;
     pc->cz.cfg = press;
     pc->cz.dump = p->dump_kept && compress;

@@ -32,7 +32,7 @@ ckv_status ckv_session_init_kv(ckv_session *s, ckv_model *m, int capacity, int c
     ckv_backend *be = m->be;
     ckv_status st = ckv_kv_cache_init(&s->kv, be, c->n_layers, m->plan.n_kv_local, c->head_dim, kv_dtype);
     for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK && !compress; l++) st = ckv_kv_layer_reserve(&s->kv, l, capacity);
-    if (st == CKV_STATUS_OK && compress)
+    if (st == CKV_STATUS_OK && compress && compress != CKV_SESSION_DERIVED)
         st = be->ops->alloc(be, (void **)&s->xn, (size_t)capacity * c->hidden_size * sizeof(float), "attention inputs");
     if (st == CKV_STATUS_OK)
         st = ckv_alloc((void **)&s->mark_lens, (size_t)c->n_layers * (size_t)m->plan.n_kv_local * sizeof(int32_t),

@@ -37,6 +37,10 @@ struct ckv_session {
     long prefill_tokens, decode_tokens;
 };
 
+/* `compress` of a session whose layers are compacted from another session's full cache (engine/sweep.h):
+ * pools reserved lazily as with compress = 1, but no attention inputs (the scorers read the other's). */
+#define CKV_SESSION_DERIVED 2
+
 /* Reserves everything for up to `capacity` tokens with prefill chunks of `chunk` tokens. With
  * `compress`, the KV pool of a layer is reserved only when the first prefill reaches it (full
  * capacity) so that the layer hook can compact it before the next layer: peak KV is the compressed

@@ -27,6 +27,14 @@ ckv_status ckv_fidelity_reference(ckv_model *m, const int32_t *ids, int n_ctx, i
 ckv_status ckv_fidelity_measure(ckv_model *m, const ckv_press_config *press, const int32_t *ids, int n_ctx, int n_cont,
                                 int chunk, const float *reference, ckv_fidelity *out);
 
+/* Every press of a sweep from one prefill of the context (engine/sweep.h): the reference rows from
+ * its full cache, then each press's compressed context derived from it; out [n_presses]. The same
+ * results as ckv_fidelity_reference + ckv_fidelity_measure per press. on_result (may be NULL) is
+ * called after each press. */
+ckv_status ckv_fidelity_sweep(ckv_model *m, const ckv_press_config *const *presses, int n_presses, const int32_t *ids,
+                              int n_ctx, int n_cont, int chunk, ckv_fidelity *out,
+                              void (*on_result)(void *ctx, int i, const ckv_fidelity *r), void *cb_ctx);
+
 /* KL(p || q) in nats of the softmax distributions of two logit rows [V]. */
 double ckv_kl_logits(const float *p_logits, const float *q_logits, int V);
 

@@ -251,15 +251,26 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                         goto done;
                     }
                 }
-                answer *ans = NULL;
+                answer *ans = NULL;  /* [n_configs, n_q] (shared prefill) or [n_q] */
                 int32_t *tokbuf = NULL;
+                int shared = !job->separate_prefill;
+                size_t n_ans = (size_t)pk.n_q * (size_t)(shared ? job->n_configs : 1);
+                ckv_status sweep_st = CKV_STATUS_OK;
                 if (!skip) {
                     int maxn = 1;
                     for (int q = 0; q < pk.n_q; q++) maxn = pk.max_new[q] > maxn ? pk.max_new[q] : maxn;
-                    ans = calloc((size_t)pk.n_q, sizeof *ans);
-                    tokbuf = malloc(sizeof(int32_t) * (size_t)maxn * (size_t)pk.n_q);
+                    ans = calloc(n_ans ? n_ans : 1, sizeof *ans);
+                    tokbuf = malloc(sizeof(int32_t) * (size_t)maxn * (n_ans ? n_ans : 1));
                     if (!ans || !tokbuf) st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
-                    for (int q = 0; ans && tokbuf && q < pk.n_q; q++) ans[q].toks = tokbuf + (size_t)q * maxn;
+                    for (size_t q = 0; ans && tokbuf && q < n_ans; q++) ans[q].toks = tokbuf + q * (size_t)maxn;
+                    if (st == CKV_STATUS_OK && shared) { /* one prefill per unit layout for every configuration */
+                        sweep_st = ckv_runner_run_sweep(r, &pk, qa_job ? &pk_ctx : NULL,
+                                                        r->done + (size_t)s * job->n_configs, ans);
+                        if (sweep_st == CKV_STATUS_ERR_CONTEXT_TOO_LONG && job->skip_bad)
+                            snprintf(msg, sizeof msg, "%s", ckv_error_message());
+                        else if (sweep_st != CKV_STATUS_OK)
+                            st = sweep_st;
+                    }
                 }
                 for (int c = 0; c < job->n_configs && st == CKV_STATUS_OK; c++) {
                     if (r->done[(size_t)s * job->n_configs + c]) continue;
@@ -274,10 +285,11 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                         ev.skipped = msg;
                         out->items_skipped++;
                     } else {
-                        const packed *p = cf->cfg.query_aware || !qa_job ? &pk : &pk_ctx;
-                        ckv_status is = ckv_runner_run_item(r, p, cf, ans);
+                        const packed *p = ckv_runner_packet_of(cf, &pk, qa_job ? &pk_ctx : NULL);
+                        answer *ca = shared ? ans + (size_t)c * pk.n_q : ans;
+                        ckv_status is = shared ? sweep_st : ckv_runner_run_item(r, p, cf, ca);
                         if (is == CKV_STATUS_ERR_CONTEXT_TOO_LONG && job->skip_bad) { /* does not fit the model */
-                            snprintf(msg, sizeof msg, "%s", ckv_error_message());
+                            if (!shared) snprintf(msg, sizeof msg, "%s", ckv_error_message());
                             ev.skipped = msg;
                             out->items_skipped++;
                         } else if (is != CKV_STATUS_OK) {
@@ -287,7 +299,7 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                             ckv_strbuf lines;
                             ckv_strbuf_init(&lines);
                             double mean = 0.0;
-                            st = ckv_runner_result_lines(r, smp, smp->length ? (int)(s % job->n_samples) : s, p, cf, ans, &lines, &mean);
+                            st = ckv_runner_result_lines(r, smp, smp->length ? (int)(s % job->n_samples) : s, p, cf, ca, &lines, &mean);
                             if (st == CKV_STATUS_OK) st = ckv_eval_append(r->results_path, lines.s, lines.len);
                             ckv_strbuf_free(&lines);
                             ev.score = mean;
@@ -302,6 +314,11 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                         ev.sample = r->tp->rank == 0 && smp ? smp->id : "";
                         ev.n_questions = r->tp->rank == 0 && smp ? smp->n_questions : 0;
                         ev.seconds = ckv_time_now() - t0;
+                        if (shared && ans && !ev.skipped) { /* the sweep ran before: its share of the time */
+                            const answer *ca = ans + (size_t)c * pk.n_q;
+                            ev.seconds = pk.n_q ? ca[0].prefill_s : 0.0;
+                            for (int q = 0; q < pk.n_q; q++) ev.seconds += ca[q].answer_s;
+                        }
                         job->on_event(job->cb_ctx, &ev);
                     }
                     if (c + 1 < job->n_configs && group_stop(r) != CKV_STATUS_OK) {

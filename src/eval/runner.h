@@ -6,7 +6,9 @@
  * tensor-parallel ranks load the model and run each (sample, configuration): the context prefilled
  * layer-major and compressed by the press (context-only; with query_aware the question joins the
  * compressed part, as kvpress does), every question answered greedily from the same compressed cache,
- * the answers scored (metrics.h). Each group's first rank appends the sample's lines to its results
+ * the answers scored (metrics.h). The context of a sample is prefilled once for all configurations
+ * and each press derives its compressed cache from that prefill (engine/sweep.h; bit-identical to a
+ * prefill per configuration, which separate_prefill asks for). Each group's first rank appends the sample's lines to its results
  * file in one write + fsync, so a killed job loses at most the sample in flight; a stop request (a
  * signal flag) ends the loop at the next sample boundary. At the end world rank 0 merges the files
  * into one sorted results.jsonl and writes the report (report.h).
@@ -61,6 +63,8 @@ typedef struct {
     const char *system;          /* system message with a chat template (NULL: none) */
     int max_new_tokens;          /* for every question (0: the sample's) */
     int skip_bad;                /* skip samples that cannot run (too long for the model) instead of failing */
+    int separate_prefill;        /* prefill every (sample, configuration) on its own instead of once per sample
+                                  * for all configurations (engine/sweep.h; the same results, slower) */
     /* model and parallelism */
     const char *model_path;
     const char *backend;         /* "cpu" (default) or "cuda" */

@@ -77,6 +77,9 @@ ckv_status ckv_runner_compute_done(runner *r, long *n_done);
 /* runner_prompt.c */
 void ckv_runner_decode_sample(const ckv_eval_job *j, int s, int *t, int *l, int *i); /* generated s -> (task, length, index) */
 int ckv_runner_query_aware(const ckv_eval_job *j);  /* some configuration is query-aware */
+/* The packet configuration c runs on: pk, or pk_ctx (context-only) in a query-aware job for the
+ * configurations that are not. */
+const packed *ckv_runner_packet_of(const ckv_eval_config *c, const packed *pk, const packed *pk_ctx);
 void ckv_runner_packed_free(packed *p);
 ckv_status ckv_runner_packed_index(packed *p);     /* fills the views of p->v */
 /* Packs the prompts of sample s; query_aware selects the unit layout. */
@@ -90,6 +93,11 @@ ckv_status ckv_runner_check_tasks(runner *r);
 
 /* runner_item.c */
 ckv_status ckv_runner_run_item(runner *r, const packed *pk, const ckv_eval_config *c, answer *ans);
+/* Every configuration c not done[c] of the job on one sample from one prefill per unit layout
+ * (engine/sweep.h): pk the job's packet, pk_ctx its context-only layout in a query-aware job (or
+ * NULL); answers of configuration c at ans[c * pk->n_q ..]. */
+ckv_status ckv_runner_run_sweep(runner *r, const packed *pk, const packed *pk_ctx, const unsigned char *done,
+                                answer *ans);
 /* The results lines of one (sample, configuration) (leader). */
 ckv_status ckv_runner_result_lines(const runner *r, const ckv_eval_sample *s, int sample_index, const packed *pk,
                                    const ckv_eval_config *c, const answer *ans, ckv_strbuf *b, double *mean);

@@ -9,43 +9,94 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/sweep.h"
 #include "eval/metrics.h"
 #include "tokenizer/tokenizer.h"
+
+/* Answers questions q0 .. q1 - 1 of the packet greedily from a prepared unit of L tokens. */
+static ckv_status answer_unit(ckv_prepared *pc, const packed *pk, int q0, int q1, int L, double prefill_s, answer *ans) {
+    double kept = pc->stats.total_entries ? (double)pc->stats.kept_entries / (double)pc->stats.total_entries : 1.0;
+    for (int q = q0; q < q1; q++) {
+        ckv_gen_params g = {.max_new_tokens = pk->max_new[q]};
+        g.sampling.top_p = 1.0f; /* greedy */
+        ckv_answer a;
+        CKV_TRY(ckv_prepared_answer(pc, q, pk->q_ids[q], pk->q_len[q], &g, NULL, &a));
+        memcpy(ans[q].toks, a.ids, sizeof(int32_t) * (size_t)a.n);
+        ans[q].n_new = a.n;
+        ans[q].stopped = a.finish == CKV_FINISH_EOS;
+        ans[q].answer_s = a.seconds;
+        ans[q].prefill_s = prefill_s;
+        ans[q].unit_len = L;
+        ans[q].kept = kept;
+        ans[q].compressed = pc->compressed;
+        ckv_answer_free(&a);
+    }
+    return CKV_STATUS_OK;
+}
+
+/* Unit u's questions [q0, q1) and the session room they need (longest question + answer). */
+static int unit_questions(const packed *pk, int u, int *q0, int *q1) {
+    *q0 = pk->n_units == 1 ? 0 : u;
+    *q1 = pk->n_units == 1 ? pk->n_q : u + 1;
+    int max_q = 0, max_new = 1;
+    for (int q = *q0; q < *q1; q++) {
+        if (pk->q_len[q] > max_q) max_q = pk->q_len[q];
+        if (pk->max_new[q] > max_new) max_new = pk->max_new[q];
+    }
+    return max_q + max_new;
+}
 
 /* One configuration on one prompt packet: each unit (the context, or context + question when
  * query-aware) is prepared once and answers its questions greedily (engine/request.h). */
 ckv_status ckv_runner_run_item(runner *r, const packed *pk, const ckv_eval_config *c, answer *ans) {
     ckv_status st = CKV_STATUS_OK;
     for (int u = 0; u < pk->n_units && st == CKV_STATUS_OK; u++) {
-        int L = pk->unit_len[u], q0 = pk->n_units == 1 ? 0 : u, q1 = pk->n_units == 1 ? pk->n_q : u + 1;
-        int max_q = 0, max_new = 1;
-        for (int q = q0; q < q1; q++) {
-            if (pk->q_len[q] > max_q) max_q = pk->q_len[q];
-            if (pk->max_new[q] > max_new) max_new = pk->max_new[q];
-        }
-        ckv_prepare_params pp = {.ids = pk->unit_ids[u], .n = L, .press = &c->cfg, .reserve = max_q + max_new};
+        int q0, q1, reserve = unit_questions(pk, u, &q0, &q1);
+        ckv_prepare_params pp = {.ids = pk->unit_ids[u], .n = pk->unit_len[u], .press = &c->cfg, .reserve = reserve};
         ckv_prepared pc;
         CKV_TRY(ckv_engine_prepare(&r->eng, &pp, &pc));
-        double kept = pc.stats.total_entries ? (double)pc.stats.kept_entries / (double)pc.stats.total_entries : 1.0;
-        for (int q = q0; q < q1 && st == CKV_STATUS_OK; q++) {
-            ckv_gen_params g = {.max_new_tokens = pk->max_new[q]};
-            g.sampling.top_p = 1.0f; /* greedy */
-            ckv_answer a;
-            st = ckv_prepared_answer(&pc, q, pk->q_ids[q], pk->q_len[q], &g, NULL, &a);
-            if (st != CKV_STATUS_OK) break;
-            memcpy(ans[q].toks, a.ids, sizeof(int32_t) * (size_t)a.n);
-            ans[q].n_new = a.n;
-            ans[q].stopped = a.finish == CKV_FINISH_EOS;
-            ans[q].answer_s = a.seconds;
-            ans[q].prefill_s = pc.prepare_seconds;
-            ans[q].unit_len = L;
-            ans[q].kept = kept;
-            ans[q].compressed = pc.compressed;
-            ckv_answer_free(&a);
-        }
+        st = answer_unit(&pc, pk, q0, q1, pk->unit_len[u], pc.prepare_seconds, ans);
         ckv_prepared_free(&pc);
     }
     return st;
+}
+
+ckv_status ckv_runner_run_sweep(runner *r, const packed *pk, const packed *pk_ctx, const unsigned char *done,
+                                answer *ans) {
+    const ckv_eval_job *j = r->job;
+    const int n_q = pk->n_q;
+    for (int x = 0; x < 2; x++) {
+        const packed *p = x ? pk_ctx : pk;
+        if (!p) continue;
+        for (int u = 0; u < p->n_units; u++) {
+            int q0, q1, reserve = unit_questions(p, u, &q0, &q1), L = p->unit_len[u];
+            int xn_first = INT_MAX, any = 0; /* the earliest attention input any configuration reads */
+            for (int c = 0; c < j->n_configs; c++) {
+                const ckv_eval_config *cf = &j->configs[c];
+                if (done[c] || ckv_runner_packet_of(cf, pk, pk_ctx) != p) continue;
+                int f = ckv_sweep_xn_first(&cf->cfg, L);
+                if (f < xn_first) xn_first = f;
+                any = 1;
+            }
+            if (!any) break;
+            ckv_sweep sw;
+            CKV_TRY(ckv_sweep_init(&sw, &r->eng, p->unit_ids[u], L, reserve, xn_first));
+            ckv_status st = CKV_STATUS_OK;
+            for (int c = 0; c < j->n_configs && st == CKV_STATUS_OK; c++) {
+                const ckv_eval_config *cf = &j->configs[c];
+                if (done[c] || ckv_runner_packet_of(cf, pk, pk_ctx) != p) continue;
+                ckv_prepared pc, *use = NULL;
+                st = ckv_sweep_derive(&sw, &cf->cfg, 0, NULL, &pc, &use);
+                if (st == CKV_STATUS_OK)
+                    st = answer_unit(use, p, q0, q1, L, sw.prefill_seconds + (use == &pc ? pc.prepare_seconds : 0.0),
+                                     ans + (size_t)c * n_q);
+                ckv_prepared_free(&pc);
+            }
+            ckv_sweep_free(&sw);
+            CKV_TRY(st);
+        }
+    }
+    return CKV_STATUS_OK;
 }
 
 /* v rounded to `digits` decimals (timings and fractions need no more). */

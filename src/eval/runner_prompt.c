@@ -86,6 +86,10 @@ int ckv_runner_query_aware(const ckv_eval_job *j) {
     return 0;
 }
 
+const packed *ckv_runner_packet_of(const ckv_eval_config *c, const packed *pk, const packed *pk_ctx) {
+    return c->cfg.query_aware || !pk_ctx ? pk : pk_ctx;
+}
+
 static char *concat2(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     char *s = malloc(la + lb + 1);

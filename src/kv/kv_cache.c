@@ -172,11 +172,14 @@ static void kv_gather_ws_free(ckv_backend *be, kv_gather_ws *w) {
 
 /* The compaction behind both entry points: keep_host (validated, uploaded) or keep_dev (device rows,
  * trusted) holds the kept rows. */
-static ckv_status kv_compact(ckv_kv_cache *c, int layer, const int32_t *keep_host, const int32_t *keep_dev, int stride,
-                             const int32_t *n_keep, int room) {
+static ckv_status kv_compact(ckv_kv_cache *c, const ckv_kv_cache *from, int layer, const int32_t *keep_host,
+                             const int32_t *keep_dev, int stride, const int32_t *n_keep, int room) {
     if (layer < 0 || layer >= c->n_layers) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache layer %d out of range", layer);
     if (room < 0) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache room %d is negative", room);
-    ckv_kv_layer *old = &c->layers[layer];
+    if (from->n_layers != c->n_layers || from->n_kv != c->n_kv || from->head_dim != c->head_dim || from->dtype != c->dtype)
+        return ckv_error(CKV_STATUS_ERR_SHAPE, "KV gather between caches of different shapes or dtypes");
+    const ckv_kv_layer *old = &from->layers[layer]; /* the rows are read here ... */
+    ckv_kv_layer *dst = &c->layers[layer];          /* ... and the new pool replaces this layer's (old when c == from) */
     if (!old->kbuf) return ckv_error(CKV_STATUS_ERR_INTERNAL, "KV cache layer %d has no pool to compact", layer);
     int64_t rows = 0;
     for (int h = 0; h < c->n_kv; h++) {
@@ -228,31 +231,38 @@ static ckv_status kv_compact(ckv_kv_cache *c, int layer, const int32_t *keep_hos
         kv_pool_release(be, &nl);
         return s;
     }
-    kv_pool_release(be, old);
-    old->kbuf = nl.kbuf;
-    old->vbuf = nl.vbuf;
-    old->pos = nl.pos;
-    old->rows = nl.rows;
+    kv_pool_release(be, dst);
+    dst->kbuf = nl.kbuf;
+    dst->vbuf = nl.vbuf;
+    dst->pos = nl.pos;
+    dst->rows = nl.rows;
     int64_t at = 0;
     for (int h = 0; h < c->n_kv; h++) {
-        old->off[h] = at;
-        old->cap[h] = n_keep[h] + room;
-        old->len[h] = n_keep[h];
+        dst->off[h] = at;
+        dst->cap[h] = n_keep[h] + room;
+        dst->len[h] = n_keep[h];
         at += n_keep[h] + room;
     }
-    return kv_segs_sync(c, old);
+    return kv_segs_sync(c, dst);
 }
 
 ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep, int stride, const int32_t *n_keep,
                                 int room) {
     if (!keep) return ckv_error(CKV_STATUS_ERR_ARG, "KV compact of layer %d without kept rows", layer);
-    return kv_compact(c, layer, keep, NULL, stride, n_keep, room);
+    return kv_compact(c, c, layer, keep, NULL, stride, n_keep, room);
 }
 
 ckv_status ckv_kv_layer_compact_dev(ckv_kv_cache *c, int layer, const int32_t *keep_dev, int stride,
                                     const int32_t *n_keep, int room) {
     if (!keep_dev) return ckv_error(CKV_STATUS_ERR_ARG, "KV compact of layer %d without kept rows", layer);
-    return kv_compact(c, layer, NULL, keep_dev, stride, n_keep, room);
+    return kv_compact(c, c, layer, NULL, keep_dev, stride, n_keep, room);
+}
+
+ckv_status ckv_kv_layer_gather_from(ckv_kv_cache *c, const ckv_kv_cache *from, int layer, const int32_t *keep_dev,
+                                    int stride, const int32_t *n_keep, int room) {
+    if (!keep_dev) return ckv_error(CKV_STATUS_ERR_ARG, "KV gather of layer %d without kept rows", layer);
+    if (from == c) return ckv_error(CKV_STATUS_ERR_ARG, "KV gather of layer %d from its own cache (compact it)", layer);
+    return kv_compact(c, from, layer, NULL, keep_dev, stride, n_keep, room);
 }
 
 ckv_status ckv_kv_head_read(const ckv_kv_cache *c, int layer, int h, float *k, float *v, int32_t *pos) {

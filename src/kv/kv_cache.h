@@ -76,6 +76,12 @@ ckv_status ckv_kv_layer_compact(ckv_kv_cache *c, int layer, const int32_t *keep,
 ckv_status ckv_kv_layer_compact_dev(ckv_kv_cache *c, int layer, const int32_t *keep_dev, int stride,
                                     const int32_t *n_keep, int room);
 
+/* The same kept rows read from another cache `from` of the same shape and dtype (left untouched): the
+ * layer of c gets a pool of exactly sum(n_keep[h] + room) rows holding them (its old pool, if any, is
+ * released). One full cache can so serve several compressed copies (a sweep of presses). */
+ckv_status ckv_kv_layer_gather_from(ckv_kv_cache *c, const ckv_kv_cache *from, int layer, const int32_t *keep_dev,
+                                    int stride, const int32_t *n_keep, int room);
+
 /* The attention/kv_store ops' view of a layer as a one-sequence batch; `extra` rows about to be
  * appended count in max_len. */
 ckv_kv_batch ckv_kv_layer_batch(const ckv_kv_cache *c, int layer, int extra);

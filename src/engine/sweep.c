@@ -1,0 +1,130 @@
+/* sweep.c - one full-cache prefill per context, every press of a sweep derived from it (see sweep.h). */
+#include "engine/sweep.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/timer.h"
+
+int ckv_sweep_xn_first(const ckv_press_config *p, int L) {
+    int first = 0;
+    switch (p ? p->scorer : CKV_SCORER_NONE) {
+    case CKV_SCORER_NONE:
+    case CKV_SCORER_KNORM:
+    case CKV_SCORER_STREAMING_LLM:
+    case CKV_SCORER_RANDOM:
+    case CKV_SCORER_KEYDIFF: first = L; break;
+    case CKV_SCORER_SNAPKV:
+    case CKV_SCORER_PYRAMIDKV:
+    case CKV_SCORER_DEFENSIVEKV: first = L - p->window; break;
+    case CKV_SCORER_TOVA: first = L - 1; break;
+    default: first = 0; break; /* observed / expected attention, and any scorer not listed: every row */
+    }
+    return first < 0 ? 0 : first > L ? L : first;
+}
+
+/* The layer hook of the shared prefill: keeps rows xn_first .. L-1 of the layer's attention input. */
+static ckv_status keep_inputs(void *ctx, ckv_session *s, int layer, int n_prompt) {
+    ckv_sweep *sw = ctx;
+    size_t D = (size_t)s->model->cfg.hidden_size, rows = (size_t)(n_prompt - sw->xn_first);
+    if (!rows) return CKV_STATUS_OK;
+    ckv_backend *be = s->model->be;
+    return be->ops->copy(be, sw->xn + (size_t)layer * rows * D, s->xn + (size_t)sw->xn_first * D, rows * D * sizeof(float));
+}
+
+ckv_status ckv_sweep_init(ckv_sweep *sw, ckv_engine *e, const int32_t *ids, int n, int reserve, int xn_first) {
+    memset(sw, 0, sizeof *sw);
+    sw->engine = e;
+    if (n < 1 || !ids) return ckv_error(CKV_STATUS_ERR_ARG, "empty context");
+    if (xn_first < 0 || xn_first > n) return ckv_error(CKV_STATUS_ERR_ARG, "sweep: first kept row %d outside 0..%d", xn_first, n);
+    const ckv_model *m = e->model;
+    sw->L = n;
+    sw->reserve = reserve;
+    sw->xn_first = xn_first;
+    size_t bytes = (size_t)m->cfg.n_layers * (size_t)(n - xn_first) * (size_t)m->cfg.hidden_size * sizeof(float);
+    ckv_status st = CKV_STATUS_OK;
+    if (bytes) st = m->be->ops->alloc(m->be, (void **)&sw->xn, bytes, "sweep attention inputs");
+    double t0 = ckv_time_now();
+    ckv_prepare_params pp = {.ids = ids, .n = n, .reserve = reserve, .hook = keep_inputs, .hook_ctx = sw};
+    if (st == CKV_STATUS_OK) st = ckv_engine_prepare(e, &pp, &sw->full);
+    sw->prefill_seconds = ckv_time_now() - t0;
+    if (st != CKV_STATUS_OK) ckv_sweep_free(sw);
+    return st;
+}
+
+void ckv_sweep_free(ckv_sweep *sw) {
+    if (!sw) return;
+    ckv_prepared_free(&sw->full);
+    if (sw->engine && sw->engine->model) sw->engine->model->be->ops->release(sw->engine->model->be, sw->xn);
+    memset(sw, 0, sizeof *sw);
+}
+
+ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int dump_kept, FILE *dump_file,
+                            ckv_prepared *pc, ckv_prepared **use) {
+    memset(pc, 0, sizeof *pc);
+    *use = NULL;
+    const int L = sw->L;
+    if (press && !ckv_press_evicts(press)) press = NULL;
+    const char *why = press ? ckv_compress_skip_reason(press, L) : NULL;
+    if (!press || why) { /* the full cache, as a separate run leaves it */
+        sw->full.uncompressed_reason = why;
+        sw->full.stats.uncompressed_reason = why;
+        *use = &sw->full;
+        return CKV_STATUS_OK;
+    }
+    if (ckv_sweep_xn_first(press, L) < sw->xn_first)
+        return ckv_error(CKV_STATUS_ERR_ARG, "sweep: press %s reads attention inputs from row %d, the sweep kept them from row %d",
+                         press->spec, ckv_sweep_xn_first(press, L), sw->xn_first);
+    ckv_engine *e = sw->engine;
+    ckv_model *m = e->model;
+    const ckv_model_config *c = &m->cfg;
+    ckv_session *src = &sw->full.sess;
+    double t0 = ckv_time_now();
+    pc->engine = e;
+    pc->compressed = 1;
+    pc->press_spec = press->spec;
+    pc->cz.cfg = press;
+    pc->cz.dump = dump_kept;
+    pc->cz.dump_kept = dump_file;
+    ckv_status st = CKV_STATUS_OK;
+    if (press->alloc == CKV_ALLOC_HEADKV) {
+        CKV_TRY_GOTO(st, ckv_compress_headkv_budgets(press, c, L, &pc->headkv), fail);
+        pc->cz.headkv_budgets = pc->headkv;
+    }
+    CKV_TRY_GOTO(st, ckv_session_init_kv(&pc->sess, m, src->capacity, src->chunk, CKV_SESSION_DERIVED, src->kv.dtype), fail);
+    size_t D = (size_t)c->hidden_size, rows = (size_t)(L - sw->xn_first);
+    for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) {
+        if (rows) st = m->be->ops->copy(m->be, src->xn + (size_t)sw->xn_first * D, sw->xn + (size_t)l * rows * D,
+                                        rows * D * sizeof(float));
+        if (st == CKV_STATUS_OK) st = ckv_compress_layer_from(&pc->cz, &pc->sess, src, l, L);
+    }
+    CKV_TRY_GOTO(st, st, fail);
+    CKV_TRY_GOTO(st, m->be->ops->sync(m->be), fail);
+    pc->sess.n_past = L;
+    pc->n_context = L;
+    CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);
+    memcpy(pc->logits, sw->full.logits, sizeof(float) * (size_t)c->vocab_size);
+    CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);
+    pc->ready = 1;
+    pc->prepare_seconds = ckv_time_now() - t0;
+    ckv_request_stats *s = &pc->stats;
+    s->context_tokens = L;
+    s->reused_tokens = L; /* prefilled once for the sweep */
+    s->compressed = 1;
+    s->kept_entries = pc->cz.kept_entries;
+    s->total_entries = pc->cz.total_entries;
+    s->kv_bytes_full = pc->cz.kv_bytes_full;
+    s->kv_bytes_kept = pc->cz.kv_bytes_kept;
+    s->score_seconds = pc->cz.score_seconds;
+    s->select_seconds = pc->cz.select_seconds;
+    s->compact_seconds = pc->cz.compact_seconds;
+    s->comm_bytes_compression = pc->cz.comm_bytes;
+    s->chunk = pc->sess.chunk;
+    s->session_bytes = ckv_session_bytes(&pc->sess);
+    s->kv_bytes_peak = ckv_kv_cache_bytes_used(&pc->sess.kv);
+    *use = pc;
+    return CKV_STATUS_OK;
+fail:
+    ckv_prepared_free(pc);
+    return st;
+}
