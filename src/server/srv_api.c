@@ -11,11 +11,13 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/json.h"
 #include "core/timer.h"
 #include "engine/text.h"
 #include "server/srv_fields.h"
 
 #define INVALID "invalid_request_error"
+#define CKV_SRV_MAX_MESSAGES 16384 /* messages of one chat request */
 
 void ckv_srv_error_set(ckv_srv_error *e, int http, const char *type, const char *param, const char *code, const char *fmt, ...) {
     e->http = http;
@@ -46,14 +48,32 @@ ckv_status ckv_srv_api_init(ckv_srv_api *a, ckv_engine *e, const ckv_server_conf
     return CKV_STATUS_OK;
 }
 
+/* The request body as a JSON object, strictly: nothing after it, no key twice in one object, no NUL
+ * byte raw or as \u0000 (a C string would be cut there: "user\u0000x" would pass as "user"). */
+static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {
+    memset(err, 0, sizeof *err);
+    ckv_json *o = NULL;
+    ckv_status st = ckv_json_check_no_nul(body, len, "the request body");
+    if (st == CKV_STATUS_OK) st = ckv_json_parse_buffer(&o, body, len, "the request body");
+    if (st != CKV_STATUS_OK || !cJSON_IsObject(o)) {
+        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "%s", st != CKV_STATUS_OK ? ckv_error_message() : "the request body is not a JSON object");
+        ckv_error_clear();
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
 /* ---- prompts ----------------------------------------------------------------------------------------- */
 
-static int encode_text(const ckv_srv_api *a, const char *text, int special, const char *field, int32_t **ids, int *n,
-                       ckv_srv_error *err) {
+/* text[len] (plain[n_plain]: its ranges where special-token text stays text) */
+static int encode_ranges(const ckv_srv_api *a, const char *text, size_t len, const ckv_text_range *plain, size_t n_plain, int special,
+                         const char *field, int32_t **ids, int *n, ckv_srv_error *err) {
     size_t nn = 0;
     *ids = NULL;
     *n = 0;
-    ckv_status st = ckv_tokenizer_encode(a->tok, text, strlen(text), special ? CKV_TOKENIZE_ADD_SPECIAL : 0, ids, &nn);
+    ckv_status st = ckv_tokenizer_encode_ranges(a->tok, text, len, special ? CKV_TOKENIZE_ADD_SPECIAL : 0, (size_t)a->max_prompt,
+                                                plain, n_plain, ids, &nn);
     if (st != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s': %s", field, ckv_error_message());
         ckv_error_clear();
@@ -62,12 +82,17 @@ static int encode_text(const ckv_srv_api *a, const char *text, int special, cons
     if (nn > (size_t)a->max_prompt) {
         free(*ids);
         *ids = NULL;
-        ckv_srv_error_set(err, 400, INVALID, field, "context_length_exceeded", "'%s' has %zu tokens, more than the limit of %d",
-                          field, nn, a->max_prompt);
+        ckv_srv_error_set(err, 400, INVALID, field, "context_length_exceeded", "'%s' has more than the limit of %d tokens",
+                          field, a->max_prompt);
         return -1;
     }
     *n = (int)nn;
     return 0;
+}
+
+static int encode_text(const ckv_srv_api *a, const char *text, int special, const char *field, int32_t **ids, int *n,
+                       ckv_srv_error *err) {
+    return encode_ranges(a, text, strlen(text), NULL, 0, special, field, ids, n, err);
 }
 
 /* Token ids given as a JSON array. */
@@ -169,20 +194,38 @@ static char *message_text(const cJSON *content, int i, ckv_srv_error *err) {
     }
     char *s = malloc(len + 1);
     if (!s) return NULL;
-    s[0] = '\0';
-    cJSON_ArrayForEach(part, content) strcat(s, cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring);
+    size_t o = 0;
+    cJSON_ArrayForEach(part, content) { /* appended at the end (strcat would rescan the text per part) */
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t l = strlen(t);
+        memcpy(s + o, t, l);
+        o += l;
+    }
+    s[o] = '\0';
     return s;
 }
 
-static int encode_rendered(const ckv_srv_api *a, const char *text, size_t len, int32_t **ids, int *n, ckv_srv_error *err) {
-    char *t = strndup(text, len);
-    if (!t) {
+/* full[off, off + len) of a rendered chat; its content ranges are plain text unless the server was
+ * started with --special-in-content. */
+static int encode_rendered(const ckv_srv_api *a, const char *full, size_t off, size_t len, const ckv_text_range *plain,
+                           size_t n_plain, int32_t **ids, int *n, ckv_srv_error *err) {
+    if (a->cfg->special_in_content) n_plain = 0;
+    ckv_text_range *r = n_plain ? malloc(n_plain * sizeof *r) : NULL;
+    if (n_plain && !r) {
         ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
         return -1;
     }
-    int r = encode_text(a, t, 0, "messages", ids, n, err);
-    free(t);
-    return r;
+    size_t k = 0;
+    for (size_t i = 0; i < n_plain; i++) { /* the ranges inside the slice, relative to it */
+        size_t lo = plain[i].off, hi = plain[i].off + plain[i].len;
+        if (hi <= off || lo >= off + len) continue;
+        lo = lo < off ? off : lo;
+        hi = hi > off + len ? off + len : hi;
+        r[k++] = (ckv_text_range){lo - off, hi - lo};
+    }
+    int rc = encode_ranges(a, full + off, len, r, k, 0, "messages", ids, n, err);
+    free(r);
+    return rc;
 }
 
 static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
@@ -198,16 +241,23 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         return -1;
     }
     int n = cJSON_GetArraySize(msgs), last_user = -1, rc = -1;
+    if (n > CKV_SRV_MAX_MESSAGES) {
+        ckv_srv_error_set(err, 400, INVALID, "messages", "too_many_messages", "'messages' has %d messages, more than the limit of %d",
+                          n, CKV_SRV_MAX_MESSAGES);
+        return -1;
+    }
     ckv_chat_message *m = calloc((size_t)n, sizeof *m);
     char **texts = calloc((size_t)n, sizeof *texts);
     char *full = NULL, *prefix = NULL;
+    ckv_text_range *plain = NULL; /* [n_plain] the messages' content in full */
+    size_t n_plain = 0;
     const char *context = NULL;
     if (!m || !texts) {
         ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
         goto done;
     }
-    for (int i = 0; i < n; i++) {
-        const cJSON *msg = cJSON_GetArrayItem(msgs, i);
+    const cJSON *msg = msgs->child; /* walked once: cJSON_GetArrayItem(i) would walk from the start each time */
+    for (int i = 0; i < n; i++, msg = msg->next) {
         char field[64];
         snprintf(field, sizeof field, "messages[%d]", i);
         if (!cJSON_IsObject(msg)) {
@@ -257,7 +307,7 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         rc = 0;
         goto done;
     }
-    if (ckv_chat_apply(&a->tmpl, m, n, 1, &full) != CKV_STATUS_OK) {
+    if (ckv_chat_apply_ranges(&a->tmpl, m, n, 1, &full, &plain, &n_plain) != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 400, INVALID, "messages", "invalid_value", "%s", ckv_error_message());
         ckv_error_clear();
         goto done;
@@ -269,9 +319,9 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
     }
     ckv_error_clear();
     if (lp > 0) {
-        if (encode_rendered(a, full, lp, &j->ctx_ids, &j->n_ctx, err)) goto done;
-        if (encode_rendered(a, full + lp, strlen(full + lp), &j->q_ids, &j->n_q, err)) goto done;
-    } else if (encode_rendered(a, full, strlen(full), &j->ctx_ids, &j->n_ctx, err)) {
+        if (encode_rendered(a, full, 0, lp, plain, n_plain, &j->ctx_ids, &j->n_ctx, err)) goto done;
+        if (encode_rendered(a, full, lp, strlen(full + lp), plain, n_plain, &j->q_ids, &j->n_q, err)) goto done;
+    } else if (encode_rendered(a, full, 0, strlen(full), plain, n_plain, &j->ctx_ids, &j->n_ctx, err)) {
         goto done;
     }
     if (j->n_ctx + j->n_q > a->max_prompt) {
@@ -286,6 +336,7 @@ done:
     free(m);
     free(full);
     free(prefix);
+    free(plain);
     return rc;
 }
 
@@ -471,12 +522,8 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
                       int *n_out, ckv_srv_error *err) {
     *n_out = 0;
     memset(err, 0, sizeof *err);
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o || !cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
-        return -1;
-    }
+    cJSON *o = parse_object(body, len, err);
+    if (!o) return -1;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
     if (kind != CKV_SRV_COMPLETION || !is_prompt_list(p)) {
         if (parse_job(a, kind, o, &out[0], err)) return -1;
@@ -518,16 +565,6 @@ int ckv_srv_api_parse(const ckv_srv_api *a, ckv_srv_kind kind, const char *body,
     return -1;
 }
 
-static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {
-    memset(err, 0, sizeof *err);
-    cJSON *o = cJSON_ParseWithLength(body, len);
-    if (!o || !cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "the request body is not a JSON object");
-        return NULL;
-    }
-    return o;
-}
 
 char *ckv_srv_api_tokenize(const ckv_srv_api *a, const char *body, size_t len, ckv_srv_error *err) {
     cJSON *o = parse_object(body, len, err);

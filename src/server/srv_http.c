@@ -1,13 +1,20 @@
 /* srv_http.c - the HTTP side of `ckv serve` on libmicrohttpd (one thread per connection, so a
  * handler may wait for its job): routing, bearer-key authentication, body limits, JSON and
  * server-sent-event responses, client-disconnect detection (the job is cancelled and its memory
- * freed), Retry-After on 429/503, and the serve loop with its SIGTERM drain. It does not validate
- * request fields (srv_api.c) or touch the model (srv_sched.c). */
+ * freed; a client that only half-closed is answered), Retry-After on 429/503, the defences against
+ * slow and oversized clients (an absolute deadline for a request's headers and body, a per-address
+ * connection cap, 413 from Content-Length before any body byte is read), a path with %00 kept whole
+ * (it matches no endpoint), and the serve loop with its SIGTERM drain. It does not validate request fields
+ * (srv_api.c) or touch the model (srv_sched.c). */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* struct tcp_info */
 #include "server/server.h"
 
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +43,8 @@ void ckv_server_config_defaults(ckv_server_config *c) {
     c->max_batch = 8;
     c->max_queue = 64;
     c->max_connections = 256;
+    c->max_client_connections = 0; /* a quarter of max_connections */
+    c->request_timeout = 30;
     c->max_body_bytes = 8u << 20;
     c->max_tokens_limit = 4096;
     c->default_max_tokens = 0; /* the rest of the window, at most max_tokens_limit */
@@ -44,6 +53,16 @@ void ckv_server_config_defaults(ckv_server_config *c) {
     c->interleave_seconds = 0.05;
 }
 
+/* One TCP connection (libmicrohttpd's socket context), in the server's list while it is open: the
+ * deadline watchdog shuts down the socket of a request that has not fully arrived in time. */
+typedef struct conn_state {
+    int fd;
+    double t_start;         /* when the current request could start: the connection opened, or the previous
+                             * request on it completed */
+    int receiving;          /* 1 until the request is complete (then it is being answered) */
+    struct conn_state *prev, *next;
+} conn_state;
+
 typedef struct {
     const ckv_server_config *cfg;
     ckv_srv_api api;
@@ -51,12 +70,20 @@ typedef struct {
     ckv_srv_sched sched;
     volatile int draining;
     int in_flight;          /* requests between their first byte and their completion (atomic) */
+    pthread_mutex_t conns_mu;
+    conn_state *conns;      /* open connections (under conns_mu) */
+    pthread_t watchdog;
+    int watchdog_started, watchdog_quit;
 } server;
 
 typedef struct {
     char *body;             /* [cap] the request body */
     size_t len, cap;
     int too_big;
+    int http11;             /* an HTTP/1.1 request (it may get an interim 1xx reply) */
+    int probed;             /* the peer half-closed and was sent a probe (srv_http.c: peer_check) */
+    int endpoint;           /* index in known_paths, -1: /health */
+    int answered;           /* refused from its headers (precheck): the body is not read */
 } conn_ctx;
 
 /* ---- responses ---------------------------------------------------------------------------------------- */
@@ -118,14 +145,22 @@ static enum MHD_Result send_simple_error(server *s, struct MHD_Connection *c, in
     return send_error(s, c, &e);
 }
 
-/* 1 while the peer of connection fd is still there. */
-static int client_alive(int fd) {
-    if (fd < 0) return 1;
+typedef enum { PEER_HERE = 0, PEER_HALF_CLOSED, PEER_GONE } peer_state;
+
+/* Whether the peer of connection fd is still there. An end of file alone cannot tell a client that
+ * closed from one that only shut down its sending side (shutdown(SHUT_WR), as `nc -N` and some
+ * HTTP/1.0 clients do, and still reads): that is PEER_HALF_CLOSED until a byte sent to it (a probe,
+ * see the callers) comes back as a reset, which leaves the socket in TCP_CLOSE: PEER_GONE. */
+static peer_state peer_check(int fd) {
+    if (fd < 0) return PEER_HERE;
     char b;
     ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (r > 0) return 1;
-    if (r == 0) return 0;
-    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    if (r > 0) return PEER_HERE;
+    if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? PEER_HERE : PEER_GONE;
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_state == TCP_CLOSE) return PEER_GONE;
+    return PEER_HALF_CLOSED;
 }
 
 static int connection_fd(struct MHD_Connection *c) {
@@ -139,8 +174,8 @@ static void cancel_job(ckv_srv_job *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
-/* Waits (100 ms at a time) until the job has news; 0 when the client went away. */
-static int wait_job(ckv_srv_job *j, int fd) {
+/* Waits (100 ms at a time) until the job has news; returns the state of the client. */
+static peer_state wait_job(ckv_srv_job *j, int fd) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 100 * 1000 * 1000;
@@ -151,7 +186,7 @@ static int wait_job(ckv_srv_job *j, int fd) {
     pthread_mutex_lock(&j->mu);
     if (!j->done) pthread_cond_timedwait(&j->cv, &j->mu, &ts);
     pthread_mutex_unlock(&j->mu);
-    return client_alive(fd);
+    return peer_check(fd);
 }
 
 /* ---- streaming (server-sent events) ---------------------------------------------------------------- */
@@ -165,6 +200,7 @@ typedef struct {
     size_t sent[CKV_SRV_MAX_CHOICES];
     int started[CKV_SRV_MAX_CHOICES], fin_sent[CKV_SRV_MAX_CHOICES];
     int finished;
+    int probed;             /* the client half-closed and was sent an event-stream comment */
 } stream_ctx;
 
 static int stream_put(stream_ctx *sc, const char *a, size_t na, const char *b, size_t nb, const char *c, size_t nc) {
@@ -245,9 +281,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (sc->finished) return MHD_CONTENT_READER_END_OF_STREAM;
         if (stream_fill(sc)) continue;
-        if (!wait_job(sc->job, sc->fd)) {
+        peer_state ps = wait_job(sc->job, sc->fd);
+        if (ps == PEER_GONE) {
             cancel_job(sc->job);
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (ps == PEER_HALF_CLOSED && !sc->probed) { /* the probe: a comment line, which event-stream readers ignore */
+            sc->probed = 1;
+            if (stream_put(sc, ":\n\n", 3, "", 0, "", 0) != 0) return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
 }
@@ -294,21 +335,34 @@ static void drop_jobs(ckv_srv_job **jobs, int n) {
     }
 }
 
+/* The probe of a half-closed client waiting for a whole answer: an interim "100 Continue", which
+ * HTTP/1.1 clients must accept before the final response (RFC 9110, section 15.2; HTTP/1.0 clients
+ * get none and are answered regardless). Written directly: the connection's thread is this one and
+ * libmicrohttpd has sent nothing of the response yet. */
+static void probe_half_closed(int fd, conn_ctx *cc) {
+    static const char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    if (cc->probed || !cc->http11 || fd < 0) return;
+    cc->probed = 1;
+    if (send(fd, interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) CKV_LOG_DEBUG("probe of a half-closed client: %s", strerror(errno));
+}
+
 /* Waits for job j; 0 when the client went away (j cancelled). */
-static int wait_done(ckv_srv_job *j, int fd) {
+static int wait_done(ckv_srv_job *j, int fd, conn_ctx *cc) {
     for (;;) {
         pthread_mutex_lock(&j->mu);
         int done = j->done;
         pthread_mutex_unlock(&j->mu);
         if (done) return 1;
-        if (!wait_job(j, fd)) {
+        peer_state ps = wait_job(j, fd);
+        if (ps == PEER_GONE) { /* the client went away */
             cancel_job(j);
             return 0;
         }
+        if (ps == PEER_HALF_CLOSED) probe_half_closed(fd, cc);
     }
 }
 
-static enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, ckv_srv_kind kind, const conn_ctx *cc) {
+static enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, ckv_srv_kind kind, conn_ctx *cc) {
     ckv_srv_job *jobs[CKV_SRV_MAX_CHOICES];
     int n_jobs = 0;
     ckv_srv_error err;
@@ -333,7 +387,7 @@ static enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, ckv_s
     if (j->stream) return serve_stream(s, c, j); /* one job: a list of prompts cannot stream */
     int fd = connection_fd(c), alive = 1;
     for (int i = 0; i < n_jobs; i++) {
-        if (alive) alive = wait_done(jobs[i], fd);
+        if (alive) alive = wait_done(jobs[i], fd, cc);
         else cancel_job(jobs[i]);
     }
     if (!alive) { /* the client went away: cancel and drop the connection */
@@ -357,19 +411,60 @@ static enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, ckv_s
     return ret;
 }
 
+/* The value of header `key` with its length (a NUL byte inside is kept, not a cut); NULL when absent. */
+static const char *header_n(struct MHD_Connection *c, const char *key, size_t *len) {
+    const char *v = NULL;
+    *len = 0;
+    if (MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, key, strlen(key), &v, len) != MHD_YES) return NULL;
+    return v;
+}
+
+/* The bearer key compared in constant time over the full length of both keys. */
 static int authorized(const server *s, struct MHD_Connection *c) {
     if (!s->cfg->api_key) return 1;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
+    size_t lh = 0;
+    const char *h = header_n(c, "Authorization", &lh);
+    if (!h || lh < 7 || memcmp(h, "Bearer ", 7) != 0) return 0;
     const char *k = h + 7, *want = s->cfg->api_key;
-    size_t lk = strlen(k), lw = strlen(want);
-    unsigned diff = (unsigned)(lk ^ lw);
-    for (size_t i = 0; i < lw; i++) diff |= (unsigned)(unsigned char)want[i] ^ (unsigned)(unsigned char)(i < lk ? k[i] : 0);
+    size_t lk = lh - 7, lw = strlen(want), n = lk > lw ? lk : lw;
+    unsigned diff = lk != lw;
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned)(unsigned char)(i < lw ? want[i] : 0) ^ (unsigned)(unsigned char)(i < lk ? k[i] : 0xff);
     return diff == 0;
 }
 
-static enum MHD_Result route(server *s, struct MHD_Connection *c, const char *url, const char *method, const conn_ctx *cc) {
+/* The path as it may appear in a JSON message: printable ASCII as is, every other byte as %XX (an
+ * error body stays valid UTF-8 whatever the client sent). */
+static void printable_path(const char *url, char *out, size_t cap) {
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)url; *p && o + 4 < cap; p++) {
+        if (*p >= 0x20 && *p < 0x7f) {
+            out[o++] = (char)*p;
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[*p >> 4];
+            out[o++] = hex[*p & 15];
+        }
+    }
+    out[o] = '\0';
+}
+
+static const char *const known_paths[] = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/metrics"};
+#define N_KNOWN_PATHS 6
+
+/* Everything decided from the request line and the headers alone: a response is queued (and the
+ * body never read) when the request is refused; MHD_YES with nothing queued lets it continue.
+ * *k is the endpoint (-1: /health). */
+static enum MHD_Result precheck(server *s, struct MHD_Connection *c, const char *url, const char *method, int *k, int *queued) {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    *queued = 1;
+    *k = -2;
+    size_t lcl = 0, lte = 0;
+    const char *cl = header_n(c, "Content-Length", &lcl), *te = header_n(c, "Transfer-Encoding", &lte);
+    if (cl && te)
+        return send_simple_error(s, c, 400, "invalid_request_error", "", "invalid_header",
+                                 "a request may not have both Content-Length and Transfer-Encoding");
     if (s->cfg->cors_origin && !strcmp(method, "OPTIONS")) return send_preflight(s, c); /* browsers send no key */
     if (!strncmp(url, "/v1/models/", 11) && url[11]) { /* GET /v1/models/{id} */
         if (!authorized(s, c)) return send_simple_error(s, c, 401, "invalid_request_error", "", "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
@@ -379,25 +474,46 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, const char *ur
         return body ? send_json(s, c, 200, body) : send_error(s, c, &err);
     }
     if (!strcmp(url, "/health")) {
+        *k = -1;
         if (!get) return send_simple_error(s, c, 405, "invalid_request_error", "", "method_not_allowed", "use GET /health");
-        return send_json(s, c, s->draining ? 503 : 200, strdup(s->draining ? "{\"status\": \"draining\"}" : "{\"status\": \"ok\"}"));
+        *queued = 0;
+        return MHD_YES;
     }
-    static const char *const known[] = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/metrics"};
-    int k = -1;
-    for (int i = 0; i < 6; i++)
-        if (!strcmp(url, known[i])) k = i;
-    if (k < 0) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "no such endpoint: %.200s", url);
+    for (int i = 0; i < N_KNOWN_PATHS; i++)
+        if (!strcmp(url, known_paths[i])) *k = i;
+    if (*k < 0) {
+        char path[200], msg[256];
+        printable_path(url, path, sizeof path);
+        snprintf(msg, sizeof msg, "no such endpoint: %s", path);
         return send_simple_error(s, c, 404, "invalid_request_error", "", "not_found", msg);
     }
     if (!authorized(s, c)) return send_simple_error(s, c, 401, "invalid_request_error", "", "invalid_api_key", "missing or wrong API key (Authorization: Bearer KEY)");
-    int want_get = k == 0 || k == 5;
+    int want_get = *k == 0 || *k == 5;
     if ((want_get && !get) || (!want_get && !post)) {
         char msg[128];
         snprintf(msg, sizeof msg, "use %s %s", want_get ? "GET" : "POST", url);
         return send_simple_error(s, c, 405, "invalid_request_error", "", "method_not_allowed", msg);
     }
+    if (cl) { /* refused before any byte of the body is read (and before a 100 Continue) */
+        char *end = NULL;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (!lcl || cl[0] < '0' || cl[0] > '9' || errno || end != cl + lcl)
+            return send_simple_error(s, c, 400, "invalid_request_error", "", "invalid_header", "Content-Length is not a byte count");
+        if (n > s->cfg->max_body_bytes) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "the request body (%llu bytes) exceeds the limit of %zu bytes", n, s->cfg->max_body_bytes);
+            return send_simple_error(s, c, 413, "invalid_request_error", "", "request_too_large", msg);
+        }
+    }
+    *queued = 0;
+    return MHD_YES;
+}
+
+/* The complete request, past precheck. */
+static enum MHD_Result route(server *s, struct MHD_Connection *c, conn_ctx *cc) {
+    int k = cc->endpoint;
+    if (k == -1) return send_json(s, c, s->draining ? 503 : 200, strdup(s->draining ? "{\"status\": \"draining\"}" : "{\"status\": \"ok\"}"));
     if (cc->too_big) {
         char msg[128];
         snprintf(msg, sizeof msg, "the request body exceeds the limit of %zu bytes", s->cfg->max_body_bytes);
@@ -422,17 +538,43 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, const char *ur
     }
 }
 
+static int hexval(char ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+static conn_state *connection_state(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void set_receiving(server *s, struct MHD_Connection *c, int receiving) {
+    conn_state *cs = connection_state(c);
+    if (!cs) return;
+    pthread_mutex_lock(&s->conns_mu);
+    cs->receiving = receiving;
+    if (receiving) cs->t_start = ckv_time_now();
+    pthread_mutex_unlock(&s->conns_mu);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
     server *s = cls;
     conn_ctx *cc = *con_cls;
-    if (!cc) {
+    if (!cc) { /* the headers are in: decide what needs no body */
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         *con_cls = cc;
         __atomic_add_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > s->cfg->max_body_bytes) cc->too_big = 1;
+        cc->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
+        enum MHD_Result r = precheck(s, c, url, method, &cc->endpoint, &cc->answered);
+        if (cc->answered) set_receiving(s, c, 0);
+        return r;
+    }
+    if (cc->answered) {
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size > 0) {
@@ -454,17 +596,97 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc->body[cc->len] = '\0';
         return MHD_YES;
     }
-    return route(s, c, url, method, cc);
+    set_receiving(s, c, 0); /* the whole request arrived in time: the deadline no longer applies */
+    return route(s, c, cc);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)toe;
     server *s = cls;
     conn_ctx *cc = *con_cls;
+    set_receiving(s, c, 1); /* the next request on this connection has its own deadline */
     if (!cc) return;
     __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
     free(cc->body);
     free(cc);
     *con_cls = NULL;
+}
+
+/* Opened and closed connections: the list the deadline watchdog walks. MHD calls CLOSED before it
+ * closes the socket, so the watchdog never touches a descriptor that was reused. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_state *cs = calloc(1, sizeof *cs);
+        *socket_context = cs;
+        if (!cs) return; /* no deadline for this one: MHD's inactivity timeout still applies */
+        cs->fd = connection_fd(c);
+        cs->t_start = ckv_time_now();
+        cs->receiving = 1;
+        pthread_mutex_lock(&s->conns_mu);
+        cs->next = s->conns;
+        if (s->conns) s->conns->prev = cs;
+        s->conns = cs;
+        pthread_mutex_unlock(&s->conns_mu);
+        return;
+    }
+    conn_state *cs = *socket_context;
+    if (!cs) return;
+    pthread_mutex_lock(&s->conns_mu);
+    if (cs->prev) cs->prev->next = cs->next;
+    else s->conns = cs->next;
+    if (cs->next) cs->next->prev = cs->prev;
+    pthread_mutex_unlock(&s->conns_mu);
+    free(cs);
+    *socket_context = NULL;
+}
+
+/* The deadline watchdog: a request whose headers and body have not all arrived request_timeout
+ * seconds after it could start has its socket shut down (its thread then sees the end and closes it),
+ * however slowly its bytes keep coming. */
+static void *watchdog_main(void *arg) {
+    server *s = arg;
+    const double limit = s->cfg->request_timeout;
+    for (;;) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        if (__atomic_load_n(&s->watchdog_quit, __ATOMIC_SEQ_CST)) break;
+        double now = ckv_time_now();
+        int n = 0;
+        pthread_mutex_lock(&s->conns_mu);
+        for (conn_state *cs = s->conns; cs; cs = cs->next)
+            if (cs->receiving && cs->fd >= 0 && now - cs->t_start > limit) {
+                shutdown(cs->fd, SHUT_RDWR);
+                cs->receiving = 0;
+                n++;
+            }
+        pthread_mutex_unlock(&s->conns_mu);
+        if (n) {
+            pthread_mutex_lock(&s->metrics.mu);
+            s->metrics.request_timeouts += n;
+            pthread_mutex_unlock(&s->metrics.mu);
+        }
+    }
+    return NULL;
+}
+
+/* The URL decoder: %XX as usual, except %00, which stays as written (a path with it matches no
+ * endpoint instead of being cut there). */
+static size_t unescape_url(void *cls, struct MHD_Connection *c, char *uri) {
+    (void)cls;
+    (void)c;
+    size_t o = 0;
+    for (size_t i = 0; uri[i]; i++) {
+        int hi, lo;
+        if (uri[i] == '%' && uri[i + 1] && uri[i + 2] && (hi = hexval(uri[i + 1])) >= 0 && (lo = hexval(uri[i + 2])) >= 0 && (hi | lo)) {
+            uri[o++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else {
+            uri[o++] = uri[i];
+        }
+    }
+    uri[o] = '\0';
+    return o;
 }
 
 /* ---- the serve loop ----------------------------------------------------------------------------------- */
@@ -484,6 +706,7 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     if (!s) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
     s->cfg = cfg;
     ckv_srv_metrics_init(&s->metrics);
+    pthread_mutex_init(&s->conns_mu, NULL);
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -503,10 +726,19 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     if (st == CKV_STATUS_OK) {
         unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG;
         if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+        unsigned per_client = cfg->max_client_connections > 0 ? (unsigned)cfg->max_client_connections
+                                                               : (unsigned)(cfg->max_connections / 4 > 0 ? cfg->max_connections / 4 : 1);
         d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, 600u,
-                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                             per_client, MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, s,
+                             MHD_OPTION_END);
         if (!d) st = ckv_error(CKV_STATUS_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)", cfg->host, cfg->port);
+    }
+    if (st == CKV_STATUS_OK && cfg->request_timeout > 0) {
+        int rc = pthread_create(&s->watchdog, NULL, watchdog_main, s);
+        if (rc != 0) st = ckv_error(CKV_STATUS_ERR_INTERNAL, "cannot start the request-deadline thread: %s", strerror(rc));
+        else s->watchdog_started = 1;
     }
     if (ai) freeaddrinfo(ai);
     if (st == CKV_STATUS_OK) {
@@ -528,14 +760,22 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
         if (ls != MHD_INVALID_SOCKET) close(ls);
         fprintf(stderr, "ckv serve: draining (grace %.0f s)\n", cfg->grace_seconds);
     }
+    double t_drain = ckv_time_now();
     ckv_srv_sched_drain(&s->sched, cfg->grace_seconds);
-    /* every job has ended: let the handlers send what they hold (bounded) before closing connections */
-    double t_end = ckv_time_now() + 5;
+    /* every job has ended: let the handlers send what they hold before closing connections, within the
+     * grace period (at least a second for the answers of jobs that just finished) */
+    double t_end = t_drain + (cfg->grace_seconds > 1 ? cfg->grace_seconds : 1);
+    if (t_end < ckv_time_now() + 1) t_end = ckv_time_now() + 1;
     while (d && __atomic_load_n(&s->in_flight, __ATOMIC_SEQ_CST) > 0 && ckv_time_now() < t_end) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     if (d) MHD_stop_daemon(d);
+    if (s->watchdog_started) {
+        __atomic_store_n(&s->watchdog_quit, 1, __ATOMIC_SEQ_CST);
+        pthread_join(s->watchdog, NULL);
+    }
+    pthread_mutex_destroy(&s->conns_mu);
     if (sched_ready) ckv_srv_step_quit(&s->sched.steps, st != CKV_STATUS_OK); /* the followers return */
     ckv_srv_sched_free(&s->sched);
     ckv_srv_metrics_free(&s->metrics);

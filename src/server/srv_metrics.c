@@ -92,6 +92,8 @@ int ckv_srv_metrics_render(ckv_srv_metrics *m, char **res, size_t *len) {
     for (int c = 100; c < 600; c++)
         if (m->status_codes[c]) out(&o, "ckv_requests_total{status=\"%d\"} %ld\n", c, m->status_codes[c]);
     scalar(&o, "ckv_requests_cancelled_total", "counter", "requests cancelled (client gone or shutdown)", (double)m->requests_cancelled);
+    scalar(&o, "ckv_request_timeouts_total", "counter", "connections closed because a request's headers and body did not arrive within --request-timeout",
+           (double)m->request_timeouts);
     scalar(&o, "ckv_prompt_tokens_total", "counter", "prompt tokens prefilled", (double)m->prompt_tokens);
     scalar(&o, "ckv_reused_tokens_total", "counter", "context tokens taken from the compressed-context store", (double)m->reused_tokens);
     scalar(&o, "ckv_completion_tokens_total", "counter", "tokens generated", (double)m->completion_tokens);

@@ -21,6 +21,7 @@ typedef struct {
     long prompt_tokens, completion_tokens, reused_tokens;
     long cache_hits, cache_misses, cache_disk_hits;
     long requests_cancelled;
+    long request_timeouts;  /* connections shut down because a request did not arrive in time */
     ckv_srv_hist ttft, itl, e2e;
     /* gauges (engine thread) */
     long queue_length, running;

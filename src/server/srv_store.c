@@ -1,22 +1,29 @@
 /* srv_store.c - the compressed-context store (see srv_store.h): snapshots of KV rows in host memory
  * with LRU eviction, restore into fresh sessions, and the cache-file directory (engine cache files
- * plus a sidecar "<key>.ctx": magic, context ids, last logits, entry counts; ".rankN" appended to
- * both in a tensor-parallel group). In a group every rank keeps its own store of its heads' rows;
+ * plus a sidecar "<key>.ctx": model, press, ids digest, the cache file's checksum, context ids, last
+ * logits, entry counts, its own checksum; ".rankN" appended to both in a tensor-parallel group). The
+ * directory is not trusted: files are read only when regular and not links, every record is verified
+ * before use, and a damaged or planted pair is replaced by the next prefill. In a group every rank keeps its own store of its heads' rows;
  * a lookup is a hit only when it hits on every rank. */
 #define _POSIX_C_SOURCE 200809L
 #include "server/srv_store.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/atomic_file.h"
 #include "core/log.h"
 #include "engine/cache_io.h"
+#include "kv/kv_file.h"
 
-#define SIDECAR_MAGIC "CKVCTX1\n"
+#define SIDECAR_MAGIC "CKVCTX2\n"
 
 struct ckv_srv_entry {
     ckv_srv_entry *prev, *next;
@@ -45,13 +52,21 @@ static void entry_free(ckv_srv_entry *e) {
     free(e);
 }
 
+ckv_status ckv_srv_store_check_dir(const char *dir) {
+    struct stat sb;
+    if (strlen(dir) + 64 >= sizeof ((ckv_srv_store *)0)->dir) return ckv_error(CKV_STATUS_ERR_ARG, "--cache-dir: path too long");
+    if (stat(dir, &sb) != 0) return ckv_error(CKV_STATUS_ERR_IO, "--cache-dir %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return ckv_error(CKV_STATUS_ERR_ARG, "--cache-dir %s: not a directory", dir);
+    if (access(dir, W_OK | X_OK) != 0) return ckv_error(CKV_STATUS_ERR_IO, "--cache-dir %s: not writable: %s", dir, strerror(errno));
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_srv_store_init(ckv_srv_store *s, ckv_engine *e, size_t limit, const char *dir) {
     memset(s, 0, sizeof *s);
     s->engine = e;
     s->limit = limit;
     if (dir) {
-        if (strlen(dir) + 64 >= sizeof s->dir) return ckv_error(CKV_STATUS_ERR_ARG, "--cache-dir: path too long");
-        if (access(dir, W_OK) != 0) return ckv_error(CKV_STATUS_ERR_IO, "--cache-dir %s: %s", dir, strerror(errno));
+        CKV_TRY(ckv_srv_store_check_dir(dir));
         snprintf(s->dir, sizeof s->dir, "%s", dir);
     }
     return ckv_model_fingerprint(e->model, s->fingerprint);
@@ -242,46 +257,119 @@ static void insert(ckv_srv_store *s, ckv_srv_entry *e) {
 
 /* ---- cache files ----------------------------------------------------------------------------------- */
 
+/* The sidecar "<key>.ctx" (little-endian): SIDECAR_MAGIC | sidecar_head | press spec [spec_len] |
+ * ids [n] | logits [vocab] | u64 FNV-1a of every byte before it. The head names the model
+ * (fingerprint), the press (its spec follows), a digest of the context ids and the checksum of the
+ * cache file written with it: a sidecar is used only when all of them match the request, the ids
+ * compare equal, the checksum is right, the logits are finite and the counts make sense, and the
+ * cache file's own checksum is the one recorded (a cache file copied, linked or edited in from another
+ * context is refused). */
 typedef struct {
-    int32_t n, vocab, compressed, pad;
+    int32_t n, vocab, compressed, spec_len;
     int64_t kept_entries, total_entries, kv_bytes_full, kv_bytes_kept;
+    char fingerprint[16];
+    uint64_t ids_digest, cache_checksum;
 } sidecar_head;
 
-static ckv_status write_sidecar(const char *path, const int32_t *ids, int n, const float *logits, int vocab,
-                                const ckv_prepared *pc) {
-    char tmp[2200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return ckv_error(CKV_STATUS_ERR_IO, "%s: %s", tmp, strerror(errno));
-    sidecar_head h = {n, vocab, pc->stats.compressed, 0, pc->stats.kept_entries, pc->stats.total_entries,
-                      (int64_t)pc->stats.kv_bytes_full, (int64_t)pc->stats.kv_bytes_kept};
-    int ok = fwrite(SIDECAR_MAGIC, 1, 8, f) == 8 && fwrite(&h, sizeof h, 1, f) == 1 &&
-             fwrite(ids, sizeof(int32_t), (size_t)n, f) == (size_t)n && fwrite(logits, sizeof(float), (size_t)vocab, f) == (size_t)vocab;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
+static uint64_t ids_digest(const int32_t *ids, int n) { return fnv(0xcbf29ce484222325ull, ids, sizeof(int32_t) * (size_t)n); }
+
+static ckv_status write_sidecar(const ckv_srv_store *s, const char *path, const char *cache, const char *spec, const int32_t *ids,
+                                int n, const float *logits, int vocab, const ckv_prepared *pc) {
+    sidecar_head h;
+    memset(&h, 0, sizeof h);
+    h.n = n;
+    h.vocab = vocab;
+    h.compressed = pc->stats.compressed;
+    h.spec_len = (int32_t)strlen(spec);
+    h.kept_entries = pc->stats.kept_entries;
+    h.total_entries = pc->stats.total_entries;
+    h.kv_bytes_full = (int64_t)pc->stats.kv_bytes_full;
+    h.kv_bytes_kept = (int64_t)pc->stats.kv_bytes_kept;
+    memcpy(h.fingerprint, s->fingerprint, sizeof h.fingerprint);
+    h.ids_digest = ids_digest(ids, n);
+    CKV_TRY(ckv_kv_file_checksum(cache, &h.cache_checksum));
+    uint64_t sum = 0xcbf29ce484222325ull;
+    sum = fnv(sum, SIDECAR_MAGIC, 8);
+    sum = fnv(sum, &h, sizeof h);
+    sum = fnv(sum, spec, (size_t)h.spec_len);
+    sum = fnv(sum, ids, sizeof(int32_t) * (size_t)n);
+    sum = fnv(sum, logits, sizeof(float) * (size_t)vocab);
+    ckv_atomic_file af; /* a temporary created exclusively beside the target, then renamed */
+    CKV_TRY(ckv_atomic_file_open(&af, path, "context store"));
+    int ok = fwrite(SIDECAR_MAGIC, 1, 8, af.f) == 8 && fwrite(&h, sizeof h, 1, af.f) == 1 &&
+             fwrite(spec, 1, (size_t)h.spec_len, af.f) == (size_t)h.spec_len &&
+             fwrite(ids, sizeof(int32_t), (size_t)n, af.f) == (size_t)n &&
+             fwrite(logits, sizeof(float), (size_t)vocab, af.f) == (size_t)vocab && fwrite(&sum, 8, 1, af.f) == 1;
+    if (!ok) {
+        ckv_atomic_file_abort(&af);
         return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot write the context sidecar", path);
     }
-    return CKV_STATUS_OK;
+    return ckv_atomic_file_commit(&af);
 }
 
-/* Reads a sidecar; *match = 0 when it belongs to other ids (a hash collision) or does not exist. */
-static ckv_status read_sidecar(const char *path, const int32_t *ids, int n, int vocab, float *logits, sidecar_head *h,
-                               int *match) {
-    *match = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return CKV_STATUS_OK;
-    char magic[8];
-    int ok = fread(magic, 1, 8, f) == 8 && !memcmp(magic, SIDECAR_MAGIC, 8) && fread(h, sizeof *h, 1, f) == 1 &&
-             h->n == n && h->vocab == vocab;
-    int32_t buf[1024];
-    for (int i = 0; ok && i < n; i += 1024) {
-        int k = n - i < 1024 ? n - i : 1024;
-        ok = fread(buf, sizeof(int32_t), (size_t)k, f) == (size_t)k && !memcmp(buf, ids + i, sizeof(int32_t) * (size_t)k);
+/* Opens path only if it is a regular file that is not a symbolic link (non-blocking first: a FIFO in
+ * its place does not hang the engine thread); NULL otherwise, with a warning unless it is missing. */
+static FILE *open_store_file(const char *path) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) CKV_LOG_WARN("context store: skipping %s: %s", path, errno == ELOOP ? "a symbolic link" : strerror(errno));
+        return NULL;
     }
-    ok = ok && fread(logits, sizeof(float), (size_t)vocab, f) == (size_t)vocab;
+    struct stat sb;
+    int fl = -1;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        CKV_LOG_WARN("context store: skipping %s: not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) close(fd);
+    return f;
+}
+
+/* Reads and verifies a sidecar (see sidecar_head); *match = 0 when it is missing, belongs to other ids
+ * or another model or press, or is damaged (then with a warning: the next prefill replaces it). */
+static ckv_status read_sidecar(const ckv_srv_store *s, const char *path, const char *spec, const int32_t *ids, int n, int vocab,
+                               float *logits, sidecar_head *h, int *match) {
+    *match = 0;
+    FILE *f = open_store_file(path);
+    if (!f) return CKV_STATUS_OK;
+    char magic[8], sp[sizeof ((ckv_srv_entry *)0)->spec];
+    uint64_t sum = 0xcbf29ce484222325ull, want = 0;
+    const char *bad = NULL;
+    int same = 0;
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, SIDECAR_MAGIC, 8) != 0 || fread(h, sizeof *h, 1, f) != 1) bad = "not a sidecar of this version";
+    else if (memcmp(h->fingerprint, s->fingerprint, sizeof h->fingerprint) != 0) bad = "made with another model";
+    else if (h->n != n || h->vocab != vocab || h->spec_len != (int32_t)strlen(spec) || h->ids_digest != ids_digest(ids, n))
+        same = 0; /* another context under the same name (a hash collision): not damage */
+    else if ((size_t)h->spec_len >= sizeof sp || fread(sp, 1, (size_t)h->spec_len, f) != (size_t)h->spec_len || memcmp(sp, spec, (size_t)h->spec_len) != 0) same = 0;
+    else same = 1;
+    if (!bad && same) {
+        sum = fnv(sum, magic, 8);
+        sum = fnv(sum, h, sizeof *h);
+        sum = fnv(sum, spec, (size_t)h->spec_len);
+        int32_t buf[1024];
+        for (int i = 0; same && i < n; i += 1024) {
+            int k = n - i < 1024 ? n - i : 1024;
+            same = fread(buf, sizeof(int32_t), (size_t)k, f) == (size_t)k && !memcmp(buf, ids + i, sizeof(int32_t) * (size_t)k);
+            sum = fnv(sum, buf, sizeof(int32_t) * (size_t)k);
+        }
+        if (same && (fread(logits, sizeof(float), (size_t)vocab, f) != (size_t)vocab || fread(&want, 8, 1, f) != 1))
+            bad = "truncated";
+        if (same && !bad) {
+            sum = fnv(sum, logits, sizeof(float) * (size_t)vocab);
+            int finite = 1;
+            for (int i = 0; i < vocab && finite; i++) finite = isfinite(logits[i]);
+            if (sum != want || fgetc(f) != EOF) bad = "checksum mismatch (the file is corrupted)";
+            else if (!finite) bad = "non-finite logits";
+            else if (h->kept_entries < 0 || h->total_entries < h->kept_entries || h->kv_bytes_kept < 0 ||
+                     h->kv_bytes_full < h->kv_bytes_kept || (h->compressed != 0 && h->compressed != 1))
+                bad = "impossible entry counts";
+        }
+    }
     fclose(f);
-    *match = ok;
+    if (bad) CKV_LOG_WARN("context store: ignoring %s (%s); the next prefill of its context replaces it", path, bad);
+    *match = !bad && same;
     return CKV_STATUS_OK;
 }
 
@@ -291,6 +379,13 @@ static void sidecar_path(const ckv_srv_store *s, const char *name, char *out, si
     const ckv_comm *tp = s->engine->tp;
     if (tp && tp->size > 1) snprintf(out, cap, "%s/%s.ctx.rank%d", s->dir, name, tp->rank);
     else snprintf(out, cap, "%s/%s.ctx", s->dir, name);
+}
+
+/* The file the engine writes for cache path `cache` on this rank (cache_io.h: ".rank<r>" in a group). */
+static void rank_file(const ckv_srv_store *s, const char *cache, char *out, size_t cap) {
+    const ckv_comm *tp = s->engine->tp;
+    if (tp && tp->size > 1) snprintf(out, cap, "%s.rank%d", cache, tp->rank);
+    else snprintf(out, cap, "%s", cache);
 }
 
 static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *ids, int n, int reserve, ckv_prepared *pc,
@@ -306,15 +401,32 @@ static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *id
     CKV_TRY(ckv_alloc((void **)&logits, sizeof(float) * (size_t)V, "context logits"));
     sidecar_head h;
     int match = 0;
-    ckv_status st = read_sidecar(side, ids, n, V, logits, &h, &match);
+    ckv_status st = read_sidecar(s, side, spec, ids, n, V, logits, &h, &match);
     if (st != CKV_STATUS_OK || !match) {
         ckv_free(logits);
         return st;
+    }
+    /* the cache file must be the one the sidecar recorded: a regular file, not a link, with the
+     * recorded checksum (the loader then checks the content against that checksum) before and after */
+    char file[2300];
+    rank_file(s, cache, file, sizeof file);
+    FILE *cf = open_store_file(file);
+    uint64_t sum0 = 0, sum1 = 0;
+    if (cf) fclose(cf);
+    if (!cf || ckv_kv_file_checksum(file, &sum0) != CKV_STATUS_OK || sum0 != h.cache_checksum) {
+        if (cf) CKV_LOG_WARN("context store: %s is not the cache file its sidecar recorded; prefilling instead", file);
+        ckv_error_clear();
+        ckv_free(logits);
+        return CKV_STATUS_OK;
     }
     ckv_prepare_params pp = {0};
     pp.cache_in = cache;
     pp.reserve = reserve;
     st = ckv_engine_prepare(e, &pp, pc);
+    if (st == CKV_STATUS_OK && (ckv_kv_file_checksum(file, &sum1) != CKV_STATUS_OK || sum1 != h.cache_checksum)) {
+        ckv_prepared_free(pc);
+        st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: replaced while it was read", file);
+    }
     if (st != CKV_STATUS_OK) { /* a damaged or foreign file: prefill instead */
         CKV_LOG_WARN("context store: %s is not usable, prefilling instead: %s", cache, ckv_error_message());
         ckv_free(logits);
@@ -386,10 +498,26 @@ ckv_status ckv_srv_store_put(ckv_srv_store *s, const char *spec, const int32_t *
         key_name(s, spec, ids, n, name);
         sidecar_path(s, name, side, sizeof side);
         snprintf(cache, sizeof cache, "%s/%s.ckv", s->dir, name);
-        if (access(side, F_OK) != 0) {
-            CKV_TRY(ckv_session_save_cache((ckv_session *)&pc->sess, cache, spec));
-            CKV_TRY(write_sidecar(side, ids, n, pc->logits, s->engine->model->cfg.vocab_size, pc));
+        /* written unless a valid pair is there already (a damaged, foreign or planted one is replaced:
+         * the temporaries are created exclusively and renamed over it) */
+        int V = s->engine->model->cfg.vocab_size, match = 0;
+        float *scratch = NULL;
+        sidecar_head h;
+        CKV_TRY(ckv_alloc((void **)&scratch, sizeof(float) * (size_t)V, "context logits"));
+        ckv_status st = read_sidecar(s, side, spec, ids, n, V, scratch, &h, &match);
+        uint64_t sum = 0;
+        char file[2300];
+        rank_file(s, cache, file, sizeof file);
+        if (st == CKV_STATUS_OK && match && (ckv_kv_file_checksum(file, &sum) != CKV_STATUS_OK || sum != h.cache_checksum)) match = 0;
+        ckv_error_clear();
+        ckv_free(scratch);
+        if (st == CKV_STATUS_OK && !match) {
+            unlink(side); /* no sidecar while its cache file is rewritten: nothing pairs a new file with an old record */
+            unlink(file); /* a link or a foreign file in its place is replaced, never written through */
+            st = ckv_session_save_cache((ckv_session *)&pc->sess, cache, spec);
+            if (st == CKV_STATUS_OK) st = write_sidecar(s, side, file, spec, ids, n, pc->logits, V, pc);
         }
+        CKV_TRY(st);
     }
     return CKV_STATUS_OK;
 }

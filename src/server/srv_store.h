@@ -30,6 +30,9 @@ typedef struct {
     int from_disk;          /* the hit came from a cache file */
 } ckv_srv_lookup;
 
+/* Whether dir can hold cache files: an existing directory this process may write (checked at start). */
+ckv_status ckv_srv_store_check_dir(const char *dir);
+
 ckv_status ckv_srv_store_init(ckv_srv_store *s, ckv_engine *e, size_t limit, const char *dir);
 void ckv_srv_store_free(ckv_srv_store *s); /* accepts zeroed objects */
 

@@ -15,7 +15,7 @@ static void set_name(ckv_chat_template *t, const char *name) { snprintf(t->name,
 
 /* Finds the default system prompt a ChatML template writes when the conversation has none: the text
  * of a string literal after "<|im_start|>system\n" up to "<|im_end|>". */
-static void chatml_default_system(const char *jinja, char *out, size_t cap) {
+static ckv_status chatml_default_system(const char *jinja, char *out, size_t cap) {
     out[0] = '\0';
     static const char *const heads[] = {"<|im_start|>system\\n", "<|im_start|>system\n"};
     for (size_t h = 0; h < 2; h++) {
@@ -29,7 +29,12 @@ static void chatml_default_system(const char *jinja, char *out, size_t cap) {
             for (size_t i = 0; i < n && literal; i++)
                 if (p[i] == '\'' || p[i] == '"' || p[i] == '{' || p[i] == '}' || p[i] == '+') literal = 0;
             if (literal) {
-                size_t k = 0;
+                size_t k = 0, need = 0;
+                for (size_t i = 0; i < n; i++, need++)
+                    if (p[i] == '\\' && i + 1 < n && p[i + 1] == 'n') i++;
+                if (need + 1 > cap)
+                    return ckv_error(CKV_STATUS_ERR_RANGE, "chat template: its default system prompt is %zu bytes, more "
+                                     "than the limit of %zu (it is never cut)", need, cap - 1);
                 for (size_t i = 0; i < n && k + 1 < cap; i++) {
                     if (p[i] == '\\' && i + 1 < n && p[i + 1] == 'n') {
                         out[k++] = '\n';
@@ -39,10 +44,11 @@ static void chatml_default_system(const char *jinja, char *out, size_t cap) {
                     }
                 }
                 out[k] = '\0';
-                return;
+                return CKV_STATUS_OK;
             }
         }
     }
+    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_chat_template_detect(const char *jinja, ckv_chat_template *out) {
@@ -57,7 +63,7 @@ ckv_status ckv_chat_template_detect(const char *jinja, ckv_chat_template *out) {
     }
     if (strstr(jinja, "<|im_start|>")) {
         out->family = CKV_CHAT_CHATML;
-        chatml_default_system(jinja, out->default_system, sizeof out->default_system);
+        CKV_TRY(chatml_default_system(jinja, out->default_system, sizeof out->default_system));
         set_name(out, strstr(out->default_system, "Qwen") ? "qwen2.5"
                       : strstr(out->default_system, "SmolLM") ? "smollm2" : "chatml");
         return CKV_STATUS_OK;
@@ -107,33 +113,64 @@ ckv_status ckv_chat_template_by_name(const char *name, ckv_chat_template *out) {
     return CKV_STATUS_OK;
 }
 
-void ckv_tk_chat_from_config(ckv_tokenizer *t, const char *jinja) {
+ckv_status ckv_tk_chat_from_config(ckv_tokenizer *t, const char *jinja) {
     ckv_chat_template ct;
-    if (ckv_chat_template_detect(jinja, &ct) == CKV_STATUS_OK) t->chat = ct;
-    ckv_error_clear();
+    ckv_status st = ckv_chat_template_detect(jinja, &ct);
+    if (st == CKV_STATUS_OK) t->chat = ct;
+    if (st == CKV_STATUS_ERR_RANGE) return st; /* a literal over a limit: never cut silently */
+    ckv_error_clear(); /* an unknown template: the model has none ckv can render */
+    return CKV_STATUS_OK;
 }
 
 const ckv_chat_template *ckv_tokenizer_chat_template(const ckv_tokenizer *tok) { return &tok->chat; }
 
 static ckv_status app(ckv_tk_buf *b, const char *s) { return ckv_tk_buf_append(b, s, strlen(s)); }
 
-/* Jinja's |trim: strips whitespace at both ends. */
-static ckv_status app_trim(ckv_tk_buf *b, const char *s) {
-    size_t len = strlen(s), i = 0;
-    while (i < len && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r' || s[i] == '\f' || s[i] == '\v')) i++;
-    while (len > i && (s[len - 1] == ' ' || s[len - 1] == '\n' || s[len - 1] == '\t' || s[len - 1] == '\r' ||
-                       s[len - 1] == '\f' || s[len - 1] == '\v'))
-        len--;
-    return ckv_tk_buf_append(b, s + i, len - i);
+/* The ranges of the rendered text that are message content (NULL p: not recorded). */
+typedef struct {
+    ckv_text_range *p;
+    size_t n, cap;
+    int record;
+} content_ranges;
+
+static ckv_status note_range(content_ranges *r, size_t off, size_t len) {
+    if (!r || !r->record || len == 0) return CKV_STATUS_OK;
+    if (r->n && r->p[r->n - 1].off + r->p[r->n - 1].len == off) { /* adjacent: one range */
+        r->p[r->n - 1].len += len;
+        return CKV_STATUS_OK;
+    }
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 16;
+        ckv_text_range *q = realloc(r->p, cap * sizeof *q);
+        if (!q) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory rendering the chat");
+        r->p = q;
+        r->cap = cap;
+    }
+    r->p[r->n++] = (ckv_text_range){off, len};
+    return CKV_STATUS_OK;
 }
 
-static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, int n, int gen, ckv_tk_buf *b) {
+/* A message's content (trimmed like Jinja's |trim when asked), recorded as a plain range. */
+static ckv_status app_content(ckv_tk_buf *b, content_ranges *r, const char *s, int trim) {
+    size_t len = strlen(s), i = 0;
+    if (trim) {
+        while (i < len && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r' || s[i] == '\f' || s[i] == '\v')) i++;
+        while (len > i && (s[len - 1] == ' ' || s[len - 1] == '\n' || s[len - 1] == '\t' || s[len - 1] == '\r' ||
+                           s[len - 1] == '\f' || s[len - 1] == '\v'))
+            len--;
+    }
+    size_t off = b->n;
+    CKV_TRY(ckv_tk_buf_append(b, s + i, len - i));
+    return note_range(r, off, len - i);
+}
+
+static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, int n, int gen, ckv_tk_buf *b, content_ranges *r) {
     for (int i = 0; i < n; i++)
         if (!m[i].role || !m[i].content)
             return ckv_error(CKV_STATUS_ERR_ARG, "chat message %d has no role or content", i);
     switch (t->family) {
     case CKV_CHAT_NONE:
-        for (int i = 0; i < n; i++) CKV_TRY(app(b, m[i].content));
+        for (int i = 0; i < n; i++) CKV_TRY(app_content(b, r, m[i].content, 0));
         return CKV_STATUS_OK;
     case CKV_CHAT_LLAMA3: {
         CKV_TRY(app(b, "<|begin_of_text|>"));
@@ -154,7 +191,7 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
             CKV_TRY(app(b, date));
             CKV_TRY(app(b, "\n\n"));
             if (n > 0 && !strcmp(m[0].role, "system")) {
-                CKV_TRY(app_trim(b, m[0].content));
+                CKV_TRY(app_content(b, r, m[0].content, 1));
                 first = 1;
             }
             CKV_TRY(app(b, "<|eot_id|>"));
@@ -163,7 +200,7 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
             CKV_TRY(app(b, "<|start_header_id|>"));
             CKV_TRY(app(b, m[i].role));
             CKV_TRY(app(b, "<|end_header_id|>\n\n"));
-            CKV_TRY(app_trim(b, m[i].content));
+            CKV_TRY(app_content(b, r, m[i].content, 1));
             CKV_TRY(app(b, "<|eot_id|>"));
         }
         if (gen) CKV_TRY(app(b, "<|start_header_id|>assistant<|end_header_id|>\n\n"));
@@ -179,7 +216,7 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
             CKV_TRY(app(b, "<|im_start|>"));
             CKV_TRY(app(b, m[i].role));
             CKV_TRY(app(b, "\n"));
-            CKV_TRY(app(b, m[i].content));
+            CKV_TRY(app_content(b, r, m[i].content, 0));
             CKV_TRY(app(b, "<|im_end|>\n"));
         }
         if (gen) CKV_TRY(app(b, "<|im_start|>assistant\n"));
@@ -198,17 +235,17 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
             if (!strcmp(m[i].role, "user")) {
                 CKV_TRY(app(b, "[INST] "));
                 if (system && i == last_user) {
-                    CKV_TRY(app(b, system));
+                    CKV_TRY(app_content(b, r, system, 0));
                     CKV_TRY(app(b, "\n\n"));
                 }
-                CKV_TRY(app(b, m[i].content));
+                CKV_TRY(app_content(b, r, m[i].content, 0));
                 CKV_TRY(app(b, t->mistral_space ? " [/INST]" : "[/INST]"));
             } else if (!strcmp(m[i].role, "assistant")) {
                 if (t->mistral_space) {
-                    CKV_TRY(app(b, m[i].content));
+                    CKV_TRY(app_content(b, r, m[i].content, 0));
                 } else {
                     CKV_TRY(app(b, " "));
-                    CKV_TRY(app_trim(b, m[i].content));
+                    CKV_TRY(app_content(b, r, m[i].content, 1));
                 }
                 CKV_TRY(app(b, "</s>"));
             } else {
@@ -225,17 +262,37 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
     return ckv_error(CKV_STATUS_ERR_ARG, "chat template: unknown family %d", (int)t->family);
 }
 
-ckv_status ckv_chat_apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs,
-                          int add_generation_prompt, char **out) {
+static ckv_status apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs, int add_generation_prompt,
+                        char **out, content_ranges *r) {
     *out = NULL;
     if (!t || n_msgs < 0 || (n_msgs && !msgs)) return ckv_error(CKV_STATUS_ERR_ARG, "chat template: bad arguments");
     ckv_tk_buf b = {0};
     ckv_status s = ckv_tk_buf_reserve(&b, 64);
-    if (s == CKV_STATUS_OK) s = render(t, msgs, n_msgs, add_generation_prompt, &b);
+    if (s == CKV_STATUS_OK) s = render(t, msgs, n_msgs, add_generation_prompt, &b, r);
     if (s != CKV_STATUS_OK) {
         ckv_tk_buf_free(&b);
         return s;
     }
     *out = b.p;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_chat_apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs,
+                          int add_generation_prompt, char **out) {
+    return apply(t, msgs, n_msgs, add_generation_prompt, out, NULL);
+}
+
+ckv_status ckv_chat_apply_ranges(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs, int add_generation_prompt,
+                                 char **out, ckv_text_range **content, size_t *n_content) {
+    content_ranges r = {NULL, 0, 0, 1};
+    *content = NULL;
+    *n_content = 0;
+    ckv_status s = apply(t, msgs, n_msgs, add_generation_prompt, out, &r);
+    if (s != CKV_STATUS_OK) {
+        free(r.p);
+        return s;
+    }
+    *content = r.p;
+    *n_content = r.n;
     return CKV_STATUS_OK;
 }

@@ -211,7 +211,7 @@ ckv_status ckv_tokenizer_load_gguf_vocab(ckv_tokenizer **out, const ckv_tokenize
         } else {
             memcpy(j, v->chat_template, n);
             j[n] = '\0';
-            ckv_tk_chat_from_config(t, j);
+            s = ckv_tk_chat_from_config(t, j);
             free(j);
         }
     }

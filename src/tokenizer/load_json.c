@@ -519,7 +519,7 @@ static const char *token_name(const ckv_json *v) {
     return ckv_json_string(ckv_json_get(v, "content"));
 }
 
-static void apply_config(ckv_tokenizer *t, const ckv_json *cfg) {
+static ckv_status apply_config(ckv_tokenizer *t, const ckv_json *cfg) {
     const char *bos = token_name(ckv_json_get(cfg, "bos_token"));
     const char *eos = token_name(ckv_json_get(cfg, "eos_token"));
     const char *pad = token_name(ckv_json_get(cfg, "pad_token"));
@@ -535,7 +535,7 @@ static void apply_config(ckv_tokenizer *t, const ckv_json *cfg) {
             if (name && !strcmp(name, "default")) jinja = ckv_json_string(ckv_json_get(e, "template"));
         }
     }
-    if (jinja) ckv_tk_chat_from_config(t, jinja);
+    return jinja ? ckv_tk_chat_from_config(t, jinja) : CKV_STATUS_OK;
 }
 
 static void default_specials(ckv_tokenizer *t) {
@@ -581,7 +581,7 @@ ckv_status ckv_tokenizer_load_json_buffer(ckv_tokenizer **out, const char *json,
         char cwhat[320];
         snprintf(cwhat, sizeof cwhat, "%s (tokenizer_config.json)", what);
         s = ckv_json_parse_buffer(&cfg, config_json, config_len, cwhat);
-        if (s == CKV_STATUS_OK) apply_config(t, cfg);
+        if (s == CKV_STATUS_OK) s = apply_config(t, cfg);
     }
     if (s == CKV_STATUS_OK) default_specials(t);
     ckv_json_free(root);

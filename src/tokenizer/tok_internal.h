@@ -261,6 +261,6 @@ void ckv_tk_bpe_work_free(ckv_tk_bpe_work *w);
 
 /* ---- chat template (chat_template.c) ---------------------------------------------------------- */
 
-void ckv_tk_chat_from_config(ckv_tokenizer *t, const char *jinja);
+ckv_status ckv_tk_chat_from_config(ckv_tokenizer *t, const char *jinja); /* fails only on a literal over a limit */
 
 #endif

@@ -89,6 +89,23 @@ enum {
  * Invalid UTF-8: an error naming the offset unless CKV_TOKENIZE_UTF8_REPLACE. */
 ckv_status ckv_tokenizer_encode(const ckv_tokenizer *tok, const char *text, size_t len, unsigned flags,
                                 int32_t **ids, size_t *n_ids);
+/* The same, but stops once more than max_ids ids came out: then *n_ids is max_ids + 1 and the text
+ * after them was not encoded (for callers that refuse a text over max_ids tokens anyway: the work is
+ * bounded by the limit, not by the text). */
+ckv_status ckv_tokenizer_encode_max(const ckv_tokenizer *tok, const char *text, size_t len, unsigned flags, size_t max_ids,
+                                    int32_t **ids, size_t *n_ids);
+
+/* A byte range [off, off + len) of a text. */
+typedef struct {
+    size_t off, len;
+} ckv_text_range;
+
+/* ckv_tokenizer_encode_max where special added tokens are recognised only outside the plain ranges
+ * (sorted, disjoint): in a rendered chat the messages' content is plain text, so "<|im_start|>"
+ * typed by a user stays text while the template's own markers become special tokens (what
+ * tiktoken's disallowed_special does for input). Invalid UTF-8 is always an error here. */
+ckv_status ckv_tokenizer_encode_ranges(const ckv_tokenizer *tok, const char *text, size_t len, unsigned flags, size_t max_ids,
+                                       const ckv_text_range *plain, size_t n_plain, int32_t **ids, size_t *n_ids);
 
 /* ---- decoding --------------------------------------------------------------------------------- */
 
@@ -157,7 +174,8 @@ typedef enum {
 typedef struct {
     ckv_chat_family family;
     char name[32];              /* "llama3", "llama3.1", "llama3.2", "chatml", "qwen2.5", "smollm2", "mistral" */
-    char default_system[256];   /* system prompt used when the conversation has none ("" = none) */
+    char default_system[4096];  /* system prompt used when the conversation has none ("" = none); a longer
+                                 * literal in a template is an error, never cut */
     int llama31_preamble;       /* Llama 3.1+: system turn opens with the knowledge/today dates */
     int llama_date_today;       /* Llama 3.2 (template calls strftime_now): today's date, else 26 Jul 2024 */
     int mistral_space;          /* Mistral v0.1/v0.2 style "[INST] x [/INST]" (1) or v0.3 "[INST] x[/INST]" (0) */
@@ -181,5 +199,10 @@ const ckv_chat_template *ckv_tokenizer_chat_template(const ckv_tokenizer *tok);
  * puts it), so encode it WITHOUT CKV_TOKENIZE_ADD_SPECIAL. */
 ckv_status ckv_chat_apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs,
                           int add_generation_prompt, char **out);
+/* The same, also returning the ranges of *out that are the messages' content (*content malloc'd, free
+ * with free(); sorted): encode with ckv_tokenizer_encode_ranges so that only the template's own
+ * markers become special tokens. */
+ckv_status ckv_chat_apply_ranges(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs, int add_generation_prompt,
+                                 char **out, ckv_text_range **content, size_t *n_content);
 
 #endif

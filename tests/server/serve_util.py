@@ -14,6 +14,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SMOLLM2 = os.environ.get("CKV_SMOLLM2_GGUF", os.path.join(REPO, "models", "smollm2-135m-instruct-q4_1.gguf"))
 
 
+SANITIZED = os.environ.get("CKV_TEST_SANITIZE", "0") not in ("", "0")  # the ASan + UBSan build (slow, more memory)
+
+
 def ids(n, seed):
     """n token ids of the fixture vocabulary (3..502), a fixed function of seed: distinct prompts."""
     return [(seed * 7919 + i * 104729) % 500 + 3 for i in range(n)]

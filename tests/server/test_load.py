@@ -10,14 +10,14 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import SMOLLM2, Checks, Server, require_openai, require_server  # noqa: E402
+from serve_util import SANITIZED, SMOLLM2, Checks, Server, require_openai, require_server  # noqa: E402
 
 ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
 require_server(ckv)
 require_openai()
 
 CLIENTS, REQUESTS, WARMUP = 16, 200, 100
-text = os.path.exists(SMOLLM2)
+text = os.path.exists(SMOLLM2) and not SANITIZED  # the sanitizer build is too slow for SmolLM2 here
 model = SMOLLM2 if text else os.path.join(fixtures, "models", "llama_gqa")
 s = Server(ckv, model, tmp, "--model-name", "m", "--max-batch", "16", "--max-queue", "64", name="load")
 t = Checks()
@@ -70,7 +70,8 @@ print(f"{len(lat)}/{REQUESTS} requests ok in {wall:.1f} s ({len(lat) / wall:.1f}
       f"p99 {p99 * 1000:.0f} ms; RSS after warm-up {rss_warm[0] / 2**20:.1f} MiB, at the end {rss_end / 2**20:.1f} MiB; "
       f"cache hits {m.get('ckv_cache_hits_total', 0):.0f}, misses {m.get('ckv_cache_misses_total', 0):.0f}")
 t.check(not errors and len(lat) == REQUESTS, f"all {REQUESTS} requests of {CLIENTS} concurrent clients succeed", str(errors[:3]))
-t.check(rss_end - rss_warm[0] < 48 * 2**20, "RSS stays flat after the warm-up (< 48 MiB growth)",
+slack = 48 + (256 if SANITIZED else 0)  # ASan keeps up to 256 MiB of freed memory in quarantine
+t.check(rss_end - rss_warm[0] < slack * 2**20, f"RSS stays flat after the warm-up (< {slack} MiB growth)",
         f"{rss_warm[0] / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB")
 for _ in range(100):  # the engine thread updates its gauges when it goes idle
     m = s.metrics()
