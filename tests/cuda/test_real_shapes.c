@@ -280,7 +280,7 @@ static void test_sample_vocab(float temperature, int top_k, float top_p) {
     enum { ROWS = 2, V = 152064 };
     float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
     for (int i = V; i < ROWS * V; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f; /* row 1: ~17 values, many ties */
-    ckv_sampler_config cfg = {temperature, top_k, top_p, ckv_test_rng_u32(&rng)};
+    ckv_sampler_config cfg = {temperature, top_k, top_p, ckv_test_rng_u32(&rng), 0.0f};
     ckv_sampler smp;
     CHECK_OK(ckv_sampler_init(&smp, &cfg, V));
     double u[ROWS];
