@@ -30,8 +30,8 @@ if [ -x "$root/.venv-test/bin/python" ] || python3 -m venv "$root/.venv-test"; t
     || echo "warning: openai/schemathesis were not installed; the server tests skip"
   # cuobjdump of the SASS checks (test cuda_sass; only where nvcc built the GPU module)
   if [ -f "$root/build/libckv_cuda.so" ]; then
-    "$root/.venv-test/bin/python" -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump \
-      || echo "warning: nvidia-cuda-cuobjdump was not installed; the SASS checks skip"
+    "$root/.venv-test/bin/python" -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm \
+      || echo "warning: nvidia-cuda-cuobjdump/nvdisasm were not installed; the SASS checks skip"
   fi
 else
   echo "warning: cannot create .venv-test; the server tests skip"

@@ -14,7 +14,8 @@ It needs no GPU. Exit 0 when every check passes, 1 on a failure, 77 (skip) when 
 cuobjdump is absent, saying which.
   test_sass.py --module build/libckv_cuda.so --expect tests/cuda/sass_expect.txt [--cuobjdump PATH]
 cuobjdump is looked up as --cuobjdump, $CKV_CUOBJDUMP, next to nvcc, on PATH, then in the Python
-package nvidia-cuda-cuobjdump of .venv-test (tools/test.sh installs it there).
+package nvidia-cuda-cuobjdump of .venv-test (tools/test.sh installs it there); nvdisasm, which
+cuobjdump -sass runs, beside it (PyPI nvidia-cuda-nvdisasm) or on PATH.
 """
 import argparse
 import fnmatch
@@ -42,6 +43,16 @@ def find_cuobjdump(explicit):
     cands += sorted(glob.glob(os.path.join(ROOT, ".venv-test", "lib", "python3*", "site-packages", "nvidia", "cu*",
                                            "bin", "cuobjdump")))
     for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def find_nvdisasm(cuobjdump):
+    """nvdisasm, which cuobjdump -sass runs: beside cuobjdump (the PyPI packages share a bin folder), on PATH or beside nvcc."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    for c in (os.path.join(os.path.dirname(cuobjdump), "nvdisasm"), shutil.which("nvdisasm"),
+              os.path.join(os.path.dirname(nvcc), "nvdisasm")):
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     return None
@@ -190,6 +201,12 @@ def main():
         print("test_sass: skipped: cuobjdump not found (install the PyPI package nvidia-cuda-cuobjdump into .venv-test, "
               "as tools/test.sh does, or set CKV_CUOBJDUMP)")
         return 77
+    disasm = find_nvdisasm(tool)
+    if not disasm:
+        print("test_sass: skipped: nvdisasm not found (cuobjdump -sass runs it; install the PyPI package "
+              "nvidia-cuda-nvdisasm into .venv-test, as tools/test.sh does)")
+        return 77
+    os.environ["PATH"] = os.path.dirname(disasm) + os.pathsep + os.environ.get("PATH", "")
     budgets, checks, stacks = load_expect(a.expect)
     res = parse_resources(run([tool, "-res-usage", a.module]))
     code = parse_sass(run([tool, "-sass", a.module]))
