@@ -92,7 +92,9 @@ def stream(addr, port, model, prompt, max_tokens, n, mark):
             got["events"] += 1
             if got["events"] == 1:
                 open(mark, "w").close()
-            got["finish"] += [ch["finish_reason"] for ch in ev.get("choices", []) if ch.get("finish_reason")]
+            # a stream cut by the drain ends with finish_reason "length" and the extension finish_detail "cancelled"
+            got["finish"] += ["cancelled" if ch.get("finish_detail") == "cancelled" else ch["finish_reason"]
+                              for ch in ev.get("choices", []) if ch.get("finish_reason")]
         c.close()
     except (OSError, http.client.HTTPException, ValueError) as e:
         got["error"] = f"{type(e).__name__}: {e}"

@@ -10,7 +10,7 @@
 #   - SIGTERM to the batch shell alone (what the template's --signal=B:TERM@120 sends at the time
 #     limit), and in a second job a plain scancel (SIGTERM to every process of the job, SIGKILL after
 #     KillWait, as preemption), each while a long streaming request is in flight, drain the server:
-#     the stream is ended cleanly (finish_reason "cancelled" at the end
+#     the stream is ended cleanly (finish_detail "cancelled", with finish_reason "length", at the end
 #     of the grace period, or "length" if it finished first, then [DONE]), the output shows the
 #     template's and the server's drain lines, ckv is gone within the grace period (well before
 #     KillWait's SIGKILL), the job ends COMPLETED (first case) or CANCELLED and the endpoint file
