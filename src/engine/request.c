@@ -154,7 +154,7 @@ static void context_entries(ckv_prepared *pc, int L) {
     pc->stats.kv_bytes_full = pc->stats.kv_bytes_kept = (size_t)entries * row;
 }
 
-static void fill_prepare_stats(ckv_prepared *pc, int prefilled) {
+void ckv_prepared_fill_stats(ckv_prepared *pc, int prefilled) {
     ckv_request_stats *s = &pc->stats;
     s->context_tokens = pc->n_context;
     s->prompt_tokens = prefilled ? pc->n_context : 0;
@@ -215,7 +215,7 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
         pc->n_context = pc->sess.n_past;
         CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);
         pc->ready = 1;
-        fill_prepare_stats(pc, 0);
+        ckv_prepared_fill_stats(pc, 0);
     } else {
         CKV_TRY_GOTO(st, ckv_session_prefill_begin(&pc->sess, p->ids, n), fail);
         pc->n_context = n;
@@ -251,7 +251,7 @@ ckv_status ckv_prepared_advance(ckv_prepared *pc, int *ready) {
     if (done) {
         pc->ready = 1;
         pc->cache_out = NULL;
-        fill_prepare_stats(pc, 1);
+        ckv_prepared_fill_stats(pc, 1);
     }
     *ready = pc->ready;
     return CKV_STATUS_OK;

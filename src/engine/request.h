@@ -207,6 +207,10 @@ ckv_status ckv_prepared_forward(ckv_prepared *pc, const int32_t *ids, int n, flo
 
 void ckv_prepared_free(ckv_prepared *pc); /* accepts zeroed and partial objects */
 
+/* Fills pc->stats from a ready context: token counts (prefilled: the context was computed here, else
+ * reused), compression and its costs, session and KV bytes. */
+void ckv_prepared_fill_stats(ckv_prepared *pc, int prefilled);
+
 /* ---- a whole request ------------------------------------------------------------------------------- */
 
 typedef struct {

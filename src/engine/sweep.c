@@ -107,21 +107,7 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
     CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);
     pc->ready = 1;
     pc->prepare_seconds = ckv_time_now() - t0;
-    ckv_request_stats *s = &pc->stats;
-    s->context_tokens = L;
-    s->reused_tokens = L; /* prefilled once for the sweep */
-    s->compressed = 1;
-    s->kept_entries = pc->cz.kept_entries;
-    s->total_entries = pc->cz.total_entries;
-    s->kv_bytes_full = pc->cz.kv_bytes_full;
-    s->kv_bytes_kept = pc->cz.kv_bytes_kept;
-    s->score_seconds = pc->cz.score_seconds;
-    s->select_seconds = pc->cz.select_seconds;
-    s->compact_seconds = pc->cz.compact_seconds;
-    s->comm_bytes_compression = pc->cz.comm_bytes;
-    s->chunk = pc->sess.chunk;
-    s->session_bytes = ckv_session_bytes(&pc->sess);
-    s->kv_bytes_peak = ckv_kv_cache_bytes_used(&pc->sess.kv);
+    ckv_prepared_fill_stats(pc, 0); /* prefilled once for the sweep: the context counts as reused */
     *use = pc;
     return CKV_STATUS_OK;
 fail:
