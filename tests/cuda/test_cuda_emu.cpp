@@ -14,23 +14,7 @@
 #include "ckv_mma.h"
 #include "cuda_rt.h"
 
-static int failures = 0;
-
-#define EXPECT(cond, ...)                                                    \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-            failures++;                                                      \
-        }                                                                    \
-    } while (0)
-
-static float *dev_floats(size_t n) {
-    void *p = NULL;
-    if (cudaMalloc(&p, n * sizeof(float)) != cudaSuccess) abort();
-    return (float *)p;
-}
+#include "emu_test.h"
 
 /* ---- shuffles --------------------------------------------------------------------------------- */
 

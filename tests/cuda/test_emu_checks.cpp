@@ -12,23 +12,7 @@
 
 #include "cuda_rt.h"
 
-static int failures = 0;
-
-#define EXPECT(cond, ...)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, "\n");                                          \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
-
-static float *dev_floats(size_t n) {
-    void *p = NULL;
-    if (cudaMalloc(&p, n * sizeof(float)) != cudaSuccess) abort();
-    return (float *)p;
-}
+#include "emu_test.h"
 
 static void upload_iota(float *d, size_t n) {
     float *h = (float *)malloc(n * sizeof(float));

@@ -22,17 +22,7 @@ extern "C" {
 #include "core/status.h"
 }
 
-static int failures = 0;
-
-#define EXPECT(cond, ...)                                                   \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, "\n");                                          \
-            failures++;                                                     \
-        }                                                                   \
-    } while (0)
+#include "emu_test.h"
 
 constexpr int N = 256;
 
