@@ -147,6 +147,8 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_CACHE_DIR, "cache-dir", 0, CKV_OPT_KIND_STR, "server", "DIR", "also keep compressed contexts as cache files in DIR (they survive restarts)", NULL, S, 0, 0, NULL, 0, 0},
     {CKV_OPT_GRACE_SECONDS, "grace-seconds", 0, CKV_OPT_KIND_NUM, "server", "S", "on SIGTERM, in-flight requests get S seconds before they are cancelled", "30", S, 0, 86400, NULL, 0, 0},
     {CKV_OPT_INTERLEAVE_MS, "interleave-ms", 0, CKV_OPT_KIND_NUM, "server", "MS", "a context's prefill pauses after any layer that ends MS or more after the\nrunning streams' last token, for their next one (0: after every layer)", "50", S, 0, 1e7, NULL, 0, 0},
+    {CKV_OPT_MAX_BATCH_TOKENS, "max-batch-tokens", 0, CKV_OPT_KIND_INT, "server", "N", "contexts waiting to be prefilled go through the model together, up to N\ntokens in one forward, each with its own press (0: each alone)", "512", S, 0, 1 << 20, NULL, 0, 0},
+    {CKV_OPT_LONG_PROMPT_TOKENS, "long-prompt-tokens", 0, CKV_OPT_KIND_INT, "server", "N", "a context of more than N tokens is prefilled alone, one layer at a time\nbetween the running streams' steps (at most --max-batch-tokens)", "256", S, 1, 1 << 20, NULL, 0, 0},
     {CKV_OPT_CORS_ORIGIN, "cors-origin", 0, CKV_OPT_KIND_STR, "server", "ORIGIN", "answer browsers from ORIGIN (or *): CORS headers and OPTIONS preflights (off by default)", NULL, S, 0, 0, NULL, 0, 0},
     /* server: hostile and slow clients */
     {CKV_OPT_REQUEST_TIMEOUT, "request-timeout", 0, CKV_OPT_KIND_NUM, "server", "S", "a request's headers and body must arrive within S seconds of its start\n(not reset per byte; 0: no deadline)", "30", S, 0, 86400, NULL, 0, 0},

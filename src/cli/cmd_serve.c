@@ -107,6 +107,14 @@ static void parse_args(serve_args *a, const ckv_opts *o) {
     }
     c->grace_seconds = ckv_opt_num(o, CKV_OPT_GRACE_SECONDS, c->grace_seconds);
     c->interleave_seconds = ckv_opt_num(o, CKV_OPT_INTERLEAVE_MS, c->interleave_seconds * 1e3) / 1e3;
+    c->max_batch_tokens = (int)ckv_opt_long(o, CKV_OPT_MAX_BATCH_TOKENS, c->max_batch_tokens);
+    c->long_prompt_tokens = (int)ckv_opt_long(o, CKV_OPT_LONG_PROMPT_TOKENS, c->long_prompt_tokens);
+    if (c->max_batch_tokens > 0 && c->long_prompt_tokens > c->max_batch_tokens) {
+        if (ckv_opt_has(o, CKV_OPT_LONG_PROMPT_TOKENS))
+            ckv_cli_usage_error("serve", "--long-prompt-tokens %d exceeds --max-batch-tokens %d: such contexts could never be "
+                                "prefilled together", c->long_prompt_tokens, c->max_batch_tokens);
+        c->long_prompt_tokens = c->max_batch_tokens; /* a smaller budget alone: every context it can take */
+    }
     c->chat_template = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
     c->cors_origin = ckv_opt_str(o, CKV_OPT_CORS_ORIGIN, NULL);
     if (c->cors_origin && (!c->cors_origin[0] || strpbrk(c->cors_origin, "\r\n ,")))

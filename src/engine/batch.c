@@ -108,7 +108,7 @@ ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessio
         ckv_kv_batch view = {.dtype = c0->dtype, .head_dim = c0->head_dim, .n_kv_heads = c0->n_kv, .n_seq = n,
                              .segs = b->lists + (size_t)l * b->max_seq, .seq_of = b->seq_of,
                              .seq_start = b->seq_start, .max_len = max_len + 1};
-        CKV_TRY(ckv_model_layer_batch(m, &b->scratch, l, b->x, b->pos, n, caches, n, split, &view));
+        CKV_TRY(ckv_model_layer_batch(m, &b->scratch, l, b->x, b->pos, n, caches, n, split, &view, NULL));
     }
     CKV_TRY(ckv_model_logits(m, &b->scratch, b->x, n, logits));
     CKV_TRY(m->be->ops->sync(m->be));

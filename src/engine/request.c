@@ -227,34 +227,67 @@ fail:
     return st;
 }
 
+/* The context's prefill is over (lg: its last logits [V]): the logits kept, cache_out written, the
+ * cache marked, the stats filled; the context takes questions. */
+static ckv_status prepared_finish(ckv_prepared *pc, const float *lg) {
+    const ckv_model_config *c = &pc->engine->model->cfg;
+    CKV_TRY(ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"));
+    memcpy(pc->logits, lg, sizeof(float) * (size_t)c->vocab_size);
+    if (pc->cache_out) CKV_TRY(ckv_session_save_cache(&pc->sess, pc->cache_out, pc->press_spec));
+    CKV_TRY(ckv_session_mark(&pc->sess));
+    pc->ready = 1;
+    pc->cache_out = NULL;
+    ckv_prepared_fill_stats(pc, 1);
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_prepared_advance(ckv_prepared *pc, int *ready) {
     *ready = pc->ready;
     if (pc->ready) return CKV_STATUS_OK;
     if (!pc->engine) return ckv_error(CKV_STATUS_ERR_ARG, "advance of an empty prepared context");
-    const ckv_model_config *c = &pc->engine->model->cfg;
     double t0 = ckv_time_now();
     int done = 0;
     const float *lg = NULL;
     ckv_status st = ckv_session_prefill_layer(&pc->sess, pc->hook, pc->hook_ctx, &done);
     if (st == CKV_STATUS_OK && done) st = ckv_session_prefill_end(&pc->sess, NULL, &lg);
-    if (st == CKV_STATUS_OK && done) st = ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits");
-    if (st == CKV_STATUS_OK && done) {
-        memcpy(pc->logits, lg, sizeof(float) * (size_t)c->vocab_size);
-        if (pc->cache_out) st = ckv_session_save_cache(&pc->sess, pc->cache_out, pc->press_spec);
-    }
-    if (st == CKV_STATUS_OK && done) st = ckv_session_mark(&pc->sess);
     pc->prepare_seconds += ckv_time_now() - t0;
+    if (st == CKV_STATUS_OK && done) st = prepared_finish(pc, lg);
     if (st != CKV_STATUS_OK) {
         ckv_prepared_free(pc);
         return st;
     }
-    if (done) {
-        pc->ready = 1;
-        pc->cache_out = NULL;
-        ckv_prepared_fill_stats(pc, 1);
-    }
     *ready = pc->ready;
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_prepared_advance_batch(ckv_prepared *const *pcs, int n, ckv_prefill_batch *b) {
+    ckv_session *sess[CKV_LOGITS_ROWS];
+    ckv_layer_hook hooks[CKV_LOGITS_ROWS];
+    void *ctx[CKV_LOGITS_ROWS];
+    ckv_status st = n < 1 || n > CKV_LOGITS_ROWS
+                        ? ckv_error(CKV_STATUS_ERR_ARG, "a batched prefill of %d contexts: expected 1 .. %d", n, CKV_LOGITS_ROWS)
+                        : CKV_STATUS_OK;
+    for (int i = 0; i < n && st == CKV_STATUS_OK; i++) {
+        const ckv_prepared *pc = pcs[i];
+        if (!pc->engine || pc->ready || pc->sess.pf_layer != 0)
+            st = ckv_error(CKV_STATUS_ERR_ARG, "batched prefill: context %d is %s", i,
+                           !pc->engine ? "empty" : pc->ready ? "ready already" : "part way through its layers");
+        sess[i] = &pcs[i]->sess;
+        hooks[i] = pcs[i]->hook;
+        ctx[i] = pcs[i]->hook_ctx;
+    }
+    const float *lg = NULL; // [n, V]
+    double t0 = ckv_time_now();
+    if (st == CKV_STATUS_OK) st = ckv_prefill_batch_run(b, sess, hooks, ctx, n, &lg);
+    double dt = ckv_time_now() - t0;
+    const size_t V = st == CKV_STATUS_OK ? (size_t)pcs[0]->engine->model->cfg.vocab_size : 0;
+    for (int i = 0; i < n; i++) {
+        pcs[i]->prepare_seconds += dt;
+        if (st == CKV_STATUS_OK) st = prepared_finish(pcs[i], lg + (size_t)i * V);
+    }
+    if (st != CKV_STATUS_OK)
+        for (int i = 0; i < n; i++) ckv_prepared_free(pcs[i]);
+    return st;
 }
 
 ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc) {

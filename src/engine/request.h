@@ -30,6 +30,7 @@
 #include "core/status.h"
 #include "engine/answer.h"
 #include "engine/compress.h"
+#include "engine/prefill_batch.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "evict/press.h"
@@ -193,6 +194,12 @@ ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_pr
  * point. Every rank of the group must make the same calls. On an error *pc is freed. */
 ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, ckv_prepared *pc);
 ckv_status ckv_prepared_advance(ckv_prepared *pc, int *ready);
+
+/* The prefills of several contexts begun with ckv_engine_prepare_begin (no layer advanced yet; each
+ * with its own press) in one forward (engine/prefill_batch.h): each context ends ready as after its
+ * own last ckv_prepared_advance, with the same kept rows and logits. On an error every one of them is
+ * freed. Every rank of the group must make the same call. */
+ckv_status ckv_prepared_advance_batch(ckv_prepared *const *pcs, int n, ckv_prefill_batch *b);
 
 /* Answers one question (ids [n], n may be 0: continue from the context's last logits) from the
  * prepared context, then rewinds to it. `question` is passed to the callback. A question that does

@@ -32,6 +32,18 @@ ckv_status ckv_sched_init(ckv_sched *s, ckv_engine *e, const ckv_sched_exec *exe
     return CKV_STATUS_OK;
 }
 
+ckv_status ckv_sched_batch_prefill(ckv_sched *s, int max_tokens, int long_prompt) {
+    if (max_tokens < 0) return ckv_error(CKV_STATUS_ERR_RANGE, "batched prefill of %d tokens: expected >= 0", max_tokens);
+    if (max_tokens > 0 && !s->exec.prefill)
+        return ckv_error(CKV_STATUS_ERR_ARG, "this executor cannot prefill several contexts in one forward");
+    if (max_tokens > 0 && (long_prompt < 1 || long_prompt > max_tokens))
+        return ckv_error(CKV_STATUS_ERR_RANGE, "a batched prefill of %d tokens cannot take contexts of up to %d tokens "
+                         "(expected 1 .. %d)", max_tokens, long_prompt, max_tokens);
+    s->prefill_tokens = max_tokens;
+    s->long_prompt = max_tokens > 0 ? long_prompt : 0;
+    return CKV_STATUS_OK;
+}
+
 static void slot_clear(ckv_sched_slot *sl) {
     if (sl->sampler_ready) ckv_sampler_free(&sl->sampler);
     ckv_answer_state_free(&sl->answer);
@@ -129,6 +141,16 @@ static void slot_fail(ckv_sched *s, int slot, ckv_status st) {
     ev->done = 1;
     ckv_error_clear();
     slot_end(s, slot);
+}
+
+/* Every slot of a batched step fails with the step's error (each event carries its message). */
+static void slots_fail(ckv_sched *s, const int *slots, int n, ckv_status st) {
+    char msg[sizeof s->events[0].err];
+    snprintf(msg, sizeof msg, "%s", ckv_error_message());
+    for (int i = 0; i < n; i++) {
+        ckv_error(st, "%s", msg);
+        slot_fail(s, slots[i], st);
+    }
 }
 
 /* The answer of the slot's choice changed (token >= 0: it took that token); when it ended, the next
@@ -230,21 +252,55 @@ static void prepared(ckv_sched *s, int slot) {
     begin_choice(s, slot); /* the first token right away: time to first token is prepare + question */
 }
 
-static void prepare_unit(ckv_sched *s, int slot) {
+/* The slot's context is looked up or its prefill begun (exec.prepare); *ready: restored, nothing to prefill. */
+static ckv_status prepare_begin(ckv_sched *s, int slot, int *ready) {
     ckv_sched_slot *sl = &s->slots[slot];
     const ckv_sched_request *r = &sl->req;
+    /* a restored context only prefills its question: activation buffers for that many rows */
+    int chunk = r->n_q < 1 ? 1 : r->n_q < s->chunk ? r->n_q : s->chunk;
+    sl->phase = CKV_SLOT_PREFILL;
+    return s->exec.prepare(s->exec.ctx, slot, r->press, r->ctx_ids, r->n_ctx, r->n_q + r->max_tokens, chunk, ready);
+}
+
+static void prepare_unit(ckv_sched *s, int slot) {
     int ready = 0;
-    ckv_status st;
-    if (sl->phase == CKV_SLOT_PREPARE) {
-        /* a restored context only prefills its question: activation buffers for that many rows */
-        int chunk = r->n_q < 1 ? 1 : r->n_q < s->chunk ? r->n_q : s->chunk;
-        st = s->exec.prepare(s->exec.ctx, slot, r->press, r->ctx_ids, r->n_ctx, r->n_q + r->max_tokens, chunk, &ready);
-        sl->phase = CKV_SLOT_PREFILL;
-    } else {
-        st = s->exec.advance(s->exec.ctx, slot, &ready);
-    }
+    ckv_status st = s->slots[slot].phase == CKV_SLOT_PREPARE ? prepare_begin(s, slot, &ready)
+                                                              : s->exec.advance(s->exec.ctx, slot, &ready);
     if (st != CKV_STATUS_OK) slot_fail(s, slot, st);
     else if (ready) prepared(s, slot);
+}
+
+static int batchable(const ckv_sched *s, const ckv_sched_slot *sl) {
+    return s->prefill_tokens > 0 && sl->phase == CKV_SLOT_PREPARE && sl->req.n_ctx <= s->long_prompt;
+}
+
+/* The waiting short contexts, oldest first, as many as fit prefill_tokens, in one forward; a context
+ * restored from the executor's store needs none and answers at once. */
+static void batch_prefill_unit(ckv_sched *s) {
+    int n = 0, tokens = 0;
+    for (;;) {
+        ckv_sched_slot *next = NULL; /* the oldest waiting short context that still fits */
+        for (int i = 0; i < s->max_slots; i++) {
+            ckv_sched_slot *sl = &s->slots[i];
+            if (batchable(s, sl) && tokens + sl->req.n_ctx <= s->prefill_tokens && (!next || sl->seq < next->seq)) next = sl;
+        }
+        if (!next) break;
+        int slot = (int)(next - s->slots), ready = 0;
+        ckv_status st = prepare_begin(s, slot, &ready);
+        if (st != CKV_STATUS_OK) {
+            slot_fail(s, slot, st);
+        } else if (ready) {
+            prepared(s, slot);
+        } else {
+            s->step_slot[n++] = slot;
+            tokens += next->req.n_ctx;
+        }
+    }
+    if (n == 0) return;
+    ckv_status st = s->exec.prefill(s->exec.ctx, s->step_slot, n);
+    if (st != CKV_STATUS_OK) slots_fail(s, s->step_slot, n, st);
+    else
+        for (int i = 0; i < n; i++) prepared(s, s->step_slot[i]);
 }
 
 static void decode_unit(ckv_sched *s) {
@@ -258,10 +314,9 @@ static void decode_unit(ckv_sched *s) {
     const float *logits = NULL; // [n, V]
     ckv_status st = s->exec.decode(s->exec.ctx, s->step_slot, s->step_tok, n, &logits);
     size_t V = (size_t)s->engine->model->cfg.vocab_size;
-    for (int r = 0; r < n; r++) {
-        if (st != CKV_STATUS_OK) slot_fail(s, s->step_slot[r], st);
-        else sample_token(s, s->step_slot[r], logits + (size_t)r * V);
-    }
+    if (st != CKV_STATUS_OK) slots_fail(s, s->step_slot, n, st);
+    else
+        for (int r = 0; r < n; r++) sample_token(s, s->step_slot[r], logits + (size_t)r * V);
 }
 
 int ckv_sched_turn(ckv_sched *s) {
@@ -287,6 +342,7 @@ int ckv_sched_turn(ckv_sched *s) {
     } else if (oldest) {
         int slot = (int)(oldest - s->slots);
         if (oldest->phase == CKV_SLOT_QUESTION) begin_choice(s, slot);
+        else if (batchable(s, oldest)) batch_prefill_unit(s);
         else prepare_unit(s, slot);
     }
     s->last_was_decode = decode;

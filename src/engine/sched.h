@@ -7,6 +7,12 @@
  * interleave_s 0 prefill layers and decode steps alternate), or when nothing is being prepared: the
  * running streams keep flowing during a long prefill, and no work runs inside another.
  *
+ * Short contexts are prefilled together (ckv_sched_batch_prefill): when the oldest request being
+ * prepared has a context of at most long_prompt tokens, that turn takes every waiting context that
+ * short, oldest first, within prefill_tokens tokens in all, and prefills them in ONE forward (each
+ * with its own press, exec.prefill); their first tokens follow in the same turn. A longer context
+ * prefills alone, one layer per turn as above.
+ *
  * The work goes through an executor (ckv_sched_exec: a table of the engine steps over the slots'
  * lanes), which a server implements by broadcasting each step to its tensor-parallel group before
  * running it, so every rank runs the same steps in the same order and none recurses. What a turn
@@ -56,6 +62,9 @@ typedef struct {
     /* a question of n <= CKV_LOGITS_ROWS ids keeping every position's logits: *rows [n, V] (NULL: no
      * request may ask for scored questions) */
     ckv_status (*score)(void *ctx, int slot, const int32_t *ids, int n, const float **rows);
+    /* the lanes slots[n], each begun by `prepare` and not ready, prefilled in one forward (all ready
+     * after it; on an error all are dropped). NULL: contexts are prefilled one layer per turn only. */
+    ckv_status (*prefill)(void *ctx, const int *slots, int n);
 } ckv_sched_exec;
 
 /* Where a scored question's log-probabilities go (echo with logprobs): entry t is question id t's,
@@ -124,6 +133,8 @@ typedef struct {
     int max_slots;
     int chunk;                      /* prefill chunk of a question after a restored context */
     double interleave_s;
+    int prefill_tokens;             /* a batched prefill takes at most this many context tokens (0: none) */
+    int long_prompt;                /* a longer context prefills alone, one layer per turn */
     ckv_sched_slot *slots;          /* [max_slots] */
     ckv_sched_event *events;        /* [2 * max_slots + 2] the last turn's */
     int n_events;
@@ -135,6 +146,10 @@ typedef struct {
 } ckv_sched;
 
 ckv_status ckv_sched_init(ckv_sched *s, ckv_engine *e, const ckv_sched_exec *exec, int max_slots, double interleave_s);
+/* Short contexts of at most long_prompt tokens are prefilled together, at most max_tokens tokens in
+ * one forward (see above; the executor's prefill must take that many); max_tokens 0: every context
+ * prefills alone. Refused: long_prompt outside 1 .. max_tokens, or an executor without prefill. */
+ckv_status ckv_sched_batch_prefill(ckv_sched *s, int max_tokens, int long_prompt);
 /* Frees the slots (no events; the lanes are the executor's to free). Accepts zeroed and partial
  * objects. */
 void ckv_sched_free(ckv_sched *s);

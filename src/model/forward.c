@@ -136,10 +136,10 @@ ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float 
 
 ckv_status ckv_model_layer_batch(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
                                  ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start,
-                                 const ckv_kv_batch *kv) {
+                                 const ckv_kv_batch *kv, float *xn_out) {
     if (n_seq < 1 || (n_seq > 1 && !seq_start) || kv->n_seq != n_seq)
         return ckv_error(CKV_STATUS_ERR_ARG, "layer batch: %d caches, a view of %d sequences", n_seq, kv->n_seq);
-    return model_layer(m, s, layer, x, pos, n, caches, n_seq, seq_start, kv, NULL);
+    return model_layer(m, s, layer, x, pos, n, caches, n_seq, seq_start, kv, xn_out);
 }
 
 /* Non-finite logits end the run with an error instead of sampling garbage. */

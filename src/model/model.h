@@ -114,12 +114,13 @@ ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const i
 ckv_status ckv_model_layer(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
                            ckv_kv_cache *kv, float *xn_out);
 
-/* The same over several KV caches at once (batched decode): the tokens of caches[i] are rows
- * seq_start[i] .. seq_start[i + 1] - 1 (host) of x, at host positions pos; kv is the layer's batch
- * view over these caches (its seq_of/seq_start device arrays describe the same split). */
+/* The same over several KV caches at once (batched decode and prefill): the tokens of caches[i] are
+ * rows seq_start[i] .. seq_start[i + 1] - 1 (host) of x, at host positions pos; kv is the layer's
+ * batch view over these caches (its seq_of/seq_start device arrays describe the same split).
+ * xn_out [n, D] as for ckv_model_layer (may be NULL). */
 ckv_status ckv_model_layer_batch(ckv_model *m, ckv_model_scratch *s, int layer, float *x, const int32_t *pos, int n,
                                  ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start,
-                                 const ckv_kv_batch *kv);
+                                 const ckv_kv_batch *kv, float *xn_out);
 
 /* Fails with CKV_STATUS_ERR_NUMERIC naming `layer` when x [n, D] (device) holds a NaN or Inf;
  * synchronises the backend (prefill calls it once per layer). */

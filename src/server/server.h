@@ -36,6 +36,8 @@ typedef struct {
     double grace_seconds;      /* SIGTERM: in-flight requests get this long to finish, then are cancelled */
     double interleave_seconds; /* a prefill pauses for the running streams after a layer ending this long after
                                 * their last token (0: after every layer) */
+    int max_batch_tokens;      /* context tokens prefilled together in one forward (0: each context alone) */
+    int long_prompt_tokens;    /* a longer context is prefilled alone, one layer per turn (1..max_batch_tokens) */
     const ckv_press_config *default_press; /* the press of requests that name none (NULL: full cache) */
     const char *chat_template; /* template name instead of the tokenizer's own (NULL) */
     const char *cors_origin;   /* Access-Control-Allow-Origin of every response and preflight (NULL: no CORS) */
@@ -45,7 +47,8 @@ typedef struct {
 
 /* Fills the defaults (127.0.0.1, port 8080, batch 8, queue 64, 256 connections (a quarter of them
  * per client address), 30 s for a request to arrive, 8 MiB bodies, 4096 max_tokens, default
- * max_tokens the rest of the window, 256 MiB store, 30 s grace, 50 ms interleave). */
+ * max_tokens the rest of the window, 256 MiB store, 30 s grace, 50 ms interleave, contexts of up to
+ * 256 tokens prefilled together up to 512 tokens per forward). */
 void ckv_server_config_defaults(ckv_server_config *cfg);
 
 /* Serves until ckv_server_request_stop; returns OK after a clean drain. The engine must have a

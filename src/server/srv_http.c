@@ -51,6 +51,8 @@ void ckv_server_config_defaults(ckv_server_config *c) {
     c->cache_bytes = 256u << 20;
     c->grace_seconds = 30;
     c->interleave_seconds = 0.05;
+    c->max_batch_tokens = 512;
+    c->long_prompt_tokens = 256;
 }
 
 /* One TCP connection (libmicrohttpd's socket context), in the server's list while it is open: the
@@ -715,7 +717,8 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     snprintf(port, sizeof port, "%d", cfg->port);
     struct MHD_Daemon *d = NULL;
     /* first the part every rank of the group runs (the followers are in ckv_server_follow) */
-    ckv_status st = ckv_srv_sched_init(&s->sched, engine, &s->metrics, cfg->max_batch, cfg->max_queue, cfg->cache_bytes,
+    ckv_status st = ckv_srv_sched_init(&s->sched, engine, &s->metrics, cfg->max_batch, cfg->max_queue,
+                                       cfg->max_batch_tokens, cfg->long_prompt_tokens, cfg->cache_bytes,
                                        cfg->cache_dir);
     int sched_ready = st == CKV_STATUS_OK;
     if (sched_ready) s->sched.interleave_s = cfg->interleave_seconds;
@@ -786,7 +789,7 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
 
 ckv_status ckv_server_follow(ckv_engine *engine, const ckv_server_config *cfg) {
     ckv_srv_steps steps;
-    CKV_TRY(ckv_srv_steps_init(&steps, engine, cfg->max_batch, cfg->cache_bytes, cfg->cache_dir));
+    CKV_TRY(ckv_srv_steps_init(&steps, engine, cfg->max_batch, cfg->max_batch_tokens, cfg->cache_bytes, cfg->cache_dir));
     ckv_status st = ckv_srv_steps_follow(&steps);
     ckv_srv_steps_free(&steps);
     return st;

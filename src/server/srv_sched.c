@@ -21,10 +21,10 @@ static void timespec_in(struct timespec *ts, double seconds) {
 }
 
 ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *m, int max_batch, int max_queue,
-                              size_t cache_bytes, const char *cache_dir) {
+                              int max_batch_tokens, int long_prompt, size_t cache_bytes, const char *cache_dir) {
     memset(s, 0, sizeof *s);
     /* first what every rank of the group runs */
-    ckv_status st = ckv_srv_steps_init(&s->steps, e, max_batch, cache_bytes, cache_dir);
+    ckv_status st = ckv_srv_steps_init(&s->steps, e, max_batch, max_batch_tokens, cache_bytes, cache_dir);
     if (st != CKV_STATUS_OK) return st;
     s->engine = e;
     s->tok = e->cfg.tokenizer;
@@ -40,6 +40,7 @@ ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *
     ckv_sched_exec x;
     ckv_srv_steps_exec(&s->steps, &x);
     if (st == CKV_STATUS_OK) st = ckv_sched_init(&s->core, e, &x, max_batch, s->interleave_s);
+    if (st == CKV_STATUS_OK) st = ckv_sched_batch_prefill(&s->core, max_batch_tokens, long_prompt);
     if (st == CKV_STATUS_OK) {
         s->piece_cap = ckv_detok_stream_cap(s->tok);
         s->queue = calloc((size_t)max_queue, sizeof *s->queue);

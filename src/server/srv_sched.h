@@ -1,7 +1,7 @@
 /* srv_sched.h - the engine thread of `ckv serve`: the only thread that touches the model. It owns a
  * bounded queue of submitted jobs, admits them into the engine scheduler's slots (engine/sched.h,
- * up to max_batch), turns the scheduler (one prefill layer, question or batched decode step per
- * turn, through srv_step.h, which broadcasts each step to the other ranks of a tensor-parallel
+ * up to max_batch), turns the scheduler (one prefill layer, a batched prefill of short contexts, a
+ * question or a batched decode step per turn, through srv_step.h, which broadcasts each step to the other ranks of a tensor-parallel
  * group) and turns its events into the jobs' progress: tokens and text (what a stream may send),
  * finish reasons, usage, failures, and the gauges of /metrics (rank 0 only). A job the engine thread
  * admitted is released exactly once, when the scheduler reports its request done. It does not parse
@@ -44,9 +44,10 @@ typedef struct {
 } ckv_srv_sched;
 
 /* Every rank of the engine's group takes part (ckv_srv_steps_init); the other ranks then follow
- * (ckv_server_follow). */
+ * (ckv_server_follow). Contexts of at most long_prompt tokens are prefilled together, up to
+ * max_batch_tokens tokens in one forward (0: each alone; engine/sched.h). */
 ckv_status ckv_srv_sched_init(ckv_srv_sched *s, ckv_engine *e, ckv_srv_metrics *m, int max_batch, int max_queue,
-                              size_t cache_bytes, const char *cache_dir);
+                              int max_batch_tokens, int long_prompt, size_t cache_bytes, const char *cache_dir);
 ckv_status ckv_srv_sched_start(ckv_srv_sched *s);
 /* Queues a job (the scheduler takes one reference): 0, or the HTTP status to answer: 429 (queue
  * full) or 503 (shutting down). */

@@ -12,14 +12,15 @@
 #include "core/timer.h"
 
 typedef enum {
-    STEP_NOP = 0, STEP_PREPARE, STEP_ADVANCE, STEP_QUESTION, STEP_DECODE, STEP_REWIND, STEP_RELEASE, STEP_QUIT
+    STEP_NOP = 0, STEP_PREPARE, STEP_ADVANCE, STEP_QUESTION, STEP_DECODE, STEP_REWIND, STEP_RELEASE, STEP_PREFILL, STEP_QUIT
 } step_kind;
 
-static const char *const step_names[] = {"heartbeat", "prepare", "advance", "question", "decode", "rewind", "release", "quit"};
+static const char *const step_names[] = {"heartbeat", "prepare", "advance", "question", "decode", "rewind", "release",
+                                         "prefill", "quit"};
 
 typedef struct {
     int32_t kind, slot;
-    int32_t n;              /* ids (prepare, question) or sequences (decode) */
+    int32_t n;              /* ids (prepare, question) or sequences (decode, prefill) */
     int32_t reserve, chunk; /* prepare; reserve of a question: 1 keeps every position's logits (score) */
     int32_t failed;         /* quit: the leader stopped because of an error */
     uint64_t payload;       /* bytes that follow */
@@ -27,11 +28,14 @@ typedef struct {
 
 static int multi(const ckv_srv_steps *s) { return s->group && s->group->size > 1; }
 
-ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, size_t cache_bytes, const char *cache_dir) {
+ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, int max_batch_tokens, size_t cache_bytes,
+                              const char *cache_dir) {
     memset(s, 0, sizeof *s);
     /* the same on every rank, so it fails alike everywhere */
     if (max_batch < 1 || max_batch > CKV_LOGITS_ROWS)
         return ckv_error(CKV_STATUS_ERR_RANGE, "--max-batch %d: expected 1..%d", max_batch, CKV_LOGITS_ROWS);
+    if (max_batch_tokens < 0) return ckv_error(CKV_STATUS_ERR_RANGE, "--max-batch-tokens %d: expected >= 0", max_batch_tokens);
+    s->max_batch_tokens = max_batch_tokens;
     s->engine = e;
     s->group = e->tp;
     s->leader = !s->group || s->group->rank == 0;
@@ -45,9 +49,10 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, si
         s->lanes = calloc((size_t)max_batch, sizeof *s->lanes);
         s->step_sess = calloc((size_t)max_batch, sizeof *s->step_sess);
         s->step_tok = calloc((size_t)max_batch, sizeof *s->step_tok);
+        s->step_pc = calloc((size_t)max_batch, sizeof *s->step_pc);
         s->status_all = calloc(s->group ? (size_t)s->group->size : 1, sizeof *s->status_all);
         s->stats_all = calloc(4 * (s->group ? (size_t)s->group->size : 1), sizeof *s->stats_all);
-        if (!s->lanes || !s->step_sess || !s->step_tok || !s->status_all || !s->stats_all)
+        if (!s->lanes || !s->step_sess || !s->step_tok || !s->step_pc || !s->status_all || !s->stats_all)
             st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the server's engine steps");
     }
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->msg, s->msg_cap, "server step messages");
@@ -55,6 +60,8 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, si
         st = ckv_alloc((void **)&s->score_logits, sizeof(float) * CKV_LOGITS_ROWS * (size_t)e->model->cfg.vocab_size,
                        "scored question logits");
     if (st == CKV_STATUS_OK) st = ckv_decode_batch_init(&s->batch, e->model, max_batch);
+    if (st == CKV_STATUS_OK && max_batch_tokens > 0) /* as many sequences as slots, at least a token each */
+        st = ckv_prefill_batch_init(&s->prefill, e->model, max_batch_tokens, max_batch < max_batch_tokens ? max_batch : max_batch_tokens);
     if (multi(s)) { /* every rank starts, or none does */
         int32_t ok = st == CKV_STATUS_OK, self = ok;
         ckv_status cs = s->group->ops->allreduce_i32(s->group, (int *)&ok, 1, CKV_COMM_OP_MIN);
@@ -76,10 +83,12 @@ void ckv_srv_steps_free(ckv_srv_steps *s) {
     if (!s) return;
     for (int i = 0; s->lanes && i < s->max_batch; i++) lane_free(&s->lanes[i]);
     ckv_decode_batch_free(&s->batch);
+    ckv_prefill_batch_free(&s->prefill);
     ckv_srv_store_free(&s->store);
     free(s->lanes);
     free(s->step_sess);
     free(s->step_tok);
+    free(s->step_pc);
     free(s->status_all);
     free(s->stats_all);
     ckv_free(s->msg);
@@ -130,7 +139,8 @@ static int step_fits(const ckv_srv_steps *s, int kind, int slot) {
     case STEP_QUIT: return 1;
     case STEP_PREPARE:
     case STEP_RELEASE: return valid_slot(s, slot);
-    case STEP_ADVANCE: return valid_slot(s, slot) && lane_of(s, slot) == LANE_PREPARING;
+    case STEP_ADVANCE:
+    case STEP_PREFILL: return valid_slot(s, slot) && lane_of(s, slot) == LANE_PREPARING;
     case STEP_QUESTION:
     case STEP_DECODE:
     case STEP_REWIND: return valid_slot(s, slot) && lane_of(s, slot) == LANE_READY;
@@ -211,6 +221,18 @@ static ckv_status exec_advance(ckv_srv_steps *s, int slot, int *ready) {
     return st;
 }
 
+static ckv_status exec_prefill(ckv_srv_steps *s, const int32_t *slots, int n) {
+    ckv_status st = s->max_batch_tokens > 0 ? CKV_STATUS_OK
+                                            : ckv_error(CKV_STATUS_ERR_ARG, "prefill step: the server has no batched prefill");
+    for (int i = 0; i < n; i++) s->step_pc[i] = &s->lanes[slots[i]].pc;
+    if (st == CKV_STATUS_OK) st = ckv_prepared_advance_batch(s->step_pc, n, &s->prefill);
+    st = agree(s, st, STEP_PREFILL);
+    for (int i = 0; i < n && st == CKV_STATUS_OK; i++) st = lane_ready(s, slots[i]);
+    if (st != CKV_STATUS_OK)
+        for (int i = 0; i < n; i++) lane_free(&s->lanes[slots[i]]);
+    return st;
+}
+
 static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, int score, const float **logits) {
     ckv_status st = score && n > CKV_LOGITS_ROWS ? ckv_error(CKV_STATUS_ERR_ARG, "score step: %d ids", n)
                                                  : ckv_session_prefill(&s->lanes[slot].pc.sess, ids, n, score ? s->score_logits : NULL, logits);
@@ -262,6 +284,20 @@ ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready) {
         CKV_TRY(send_step(s, &h, NULL));
     }
     return exec_advance(s, slot, ready);
+}
+
+ckv_status ckv_srv_step_prefill(ckv_srv_steps *s, const int *slots, int n) {
+    if (n < 1 || n > s->max_batch) return ckv_error(CKV_STATUS_ERR_ARG, "prefill step: %d contexts (batch %d)", n, s->max_batch);
+    int32_t *msg = (int32_t *)(void *)s->msg; // [n] slots
+    for (int i = 0; i < n; i++) {
+        if (!step_fits(s, STEP_PREFILL, slots[i])) return misfit(s, STEP_PREFILL, slots[i]);
+        msg[i] = slots[i];
+    }
+    if (multi(s)) {
+        step_head h = {STEP_PREFILL, 0, n, 0, 0, 0, sizeof(int32_t) * (size_t)n};
+        CKV_TRY(send_step(s, &h, msg));
+    }
+    return exec_prefill(s, msg, n);
 }
 
 static ckv_status step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, int score, const float **logits) {
@@ -347,12 +383,13 @@ static ckv_status x_score(void *ctx, int slot, const int32_t *ids, int n, const 
 static ckv_status x_decode(void *ctx, const int *slots, const int32_t *tokens, int n, const float **logits) {
     return ckv_srv_step_decode(ctx, slots, tokens, n, logits);
 }
+static ckv_status x_prefill(void *ctx, const int *slots, int n) { return ckv_srv_step_prefill(ctx, slots, n); }
 static ckv_status x_rewind(void *ctx, int slot) { return ckv_srv_step_rewind(ctx, slot); }
 static void x_release(void *ctx, int slot) { ckv_srv_step_release(ctx, slot); }
 
 void ckv_srv_steps_exec(ckv_srv_steps *s, ckv_sched_exec *out) {
     *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, s,
-                            x_score};
+                            x_score, s->max_batch_tokens > 0 ? x_prefill : NULL};
 }
 
 /* ---- the followers' side -------------------------------------------------------------------------------- */
@@ -363,8 +400,9 @@ ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
         step_head h;
         CKV_TRY(s->group->ops->bcast(s->group, &h, sizeof h, 0));
         int bad = h.kind < STEP_NOP || h.kind > STEP_QUIT || h.payload > s->msg_cap ||
-                  (h.kind == STEP_DECODE ? h.n < 1 || h.n > s->max_batch || h.payload != sizeof(int32_t) * 2 * (size_t)h.n
-                                         : !step_fits(s, h.kind, h.slot)) ||
+                  (h.kind == STEP_DECODE   ? h.n < 1 || h.n > s->max_batch || h.payload != sizeof(int32_t) * 2 * (size_t)h.n
+                   : h.kind == STEP_PREFILL ? h.n < 1 || h.n > s->max_batch || h.payload != sizeof(int32_t) * (size_t)h.n
+                                            : !step_fits(s, h.kind, h.slot)) ||
                   (h.kind == STEP_QUESTION && (h.n < 1 || h.payload != sizeof(int32_t) * (size_t)h.n));
         if (bad)
             return ckv_error(CKV_STATUS_ERR_FORMAT, "a server step from rank 0 out of order or malformed (%s, slot %d, %d items)",
@@ -396,6 +434,14 @@ ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
                 if (!step_fits(s, STEP_DECODE, m[i]))
                     return ckv_error(CKV_STATUS_ERR_FORMAT, "a server decode step from rank 0 names slot %d", m[i]);
             st = exec_decode(s, m, m + h.n, h.n, &lg);
+            break;
+        }
+        case STEP_PREFILL: {
+            const int32_t *m = (const int32_t *)(const void *)s->msg;
+            for (int i = 0; i < h.n; i++)
+                if (!step_fits(s, STEP_PREFILL, m[i]))
+                    return ckv_error(CKV_STATUS_ERR_FORMAT, "a server prefill step from rank 0 names slot %d", m[i]);
+            st = exec_prefill(s, m, h.n);
             break;
         }
         case STEP_REWIND: st = exec_rewind(s, h.slot); break;

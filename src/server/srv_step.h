@@ -1,6 +1,7 @@
 /* srv_step.h - the engine work of `ckv serve` as steps that every rank of the tensor-parallel group
  * runs in the same order: begin preparing a context (store restore, or the start of a prefill), the
- * next layer of a context being prepared, feed a question, one batched decode step, rewind, release.
+ * next layer of a context being prepared, the whole prefill of several begun contexts in one forward,
+ * feed a question, one batched decode step, rewind, release.
  * Each slot of the scheduler has a lane here (its prepared context) on every rank; a lane is empty,
  * preparing (layers left) or ready, and every step names what it needs (a question only on a ready
  * lane, a layer only on a preparing one), checked on every rank. On rank 0 (the leader, which owns
@@ -38,6 +39,9 @@ typedef struct {
     ckv_srv_lane *lanes;    /* [max_batch] */
     ckv_srv_store store;
     ckv_decode_batch batch;
+    ckv_prefill_batch prefill; /* sized for max_batch_tokens (unused with 0) */
+    int max_batch_tokens;
+    ckv_prepared **step_pc; /* [max_batch] */
     ckv_session **step_sess; /* [max_batch] */
     int32_t *step_tok;      /* [max_batch] */
     unsigned char *msg;     /* [msg_cap] a step's payload as sent / received */
@@ -50,9 +54,11 @@ typedef struct {
 } ckv_srv_steps;
 
 /* Sizes lanes, the decode batch and the message buffer for `max_batch` slots and contexts up to the
- * model's window; opens the store. Every rank of the group calls it; the ranks agree on the result
- * (one rank's failure fails it on all). */
-ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, size_t cache_bytes, const char *cache_dir);
+ * model's window, and the batched prefill for max_batch_tokens context tokens (0: none); opens the
+ * store. Every rank of the group calls it; the ranks agree on the result (one rank's failure fails it
+ * on all). */
+ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, int max_batch_tokens, size_t cache_bytes,
+                              const char *cache_dir);
 void ckv_srv_steps_free(ckv_srv_steps *s); /* accepts zeroed and partial objects; frees every lane */
 
 /* ---- steps (the leader calls these; followers run them from ckv_srv_steps_follow) ---- */
@@ -65,6 +71,9 @@ ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_conf
 /* The next layer of the preparing lane `slot` (with its compression); after the last one the context
  * is stored and the lane is ready. */
 ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready);
+/* The preparing lanes slots[n] (prefill begun, no layer run) prefilled in one forward, each with its
+ * own press; after it every one is ready and stored (on an error every one is freed). */
+ckv_status ckv_srv_step_prefill(ckv_srv_steps *s, const int *slots, int n);
 /* Feeds the question ids [n] (n >= 1) to ready lane `slot`; *logits: the last position's [V]. */
 ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **logits);
 /* The same for n <= CKV_LOGITS_ROWS ids keeping every position's logits: *rows [n, V] (row t follows

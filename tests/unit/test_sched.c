@@ -5,7 +5,9 @@
  * inside their first unit (max_tokens 0 and 1, a first token that is an end id) report done exactly
  * once and free their slot and lane, three times over in the same slots; a request cancelled during
  * its context's prefill ends cancelled at the next turn without a token; a failing step fails the
- * request; nothing leaks. The sanitizer build runs it too (lifetimes). */
+ * request; short contexts waiting together are prefilled in one batched step within the token budget
+ * (oldest first; a longer one alone by layers) with answers equal to ckv_engine_run's, and a failing
+ * batched step fails each of its requests once with the step's message; nothing leaks. The sanitizer build runs it too (lifetimes). */
 #include <stdio.h>
 #include <string.h>
 
@@ -24,10 +26,14 @@ typedef struct {
     ckv_prepared lanes[NSLOT];
     ckv_press_config press[NSLOT];
     ckv_decode_batch batch;
-    char log[4096];   /* one letter per step: P prepare, A advance, Q question, D decode, R rewind, X release */
+    ckv_prefill_batch prefill;
+    char log[4096];   /* one letter per step: P prepare, A advance, B batched prefill, Q question, D decode,
+                       * R rewind, X release */
     size_t n_log;
     int live;         /* lanes holding a context */
     int fail_decode;  /* 1: the next decode step fails */
+    int fail_prefill; /* 1: the next batched prefill fails */
+    int batch_sizes[8], n_batches; /* contexts of each batched prefill */
 } local_exec;
 
 static void note(local_exec *x, char c) {
@@ -84,6 +90,22 @@ static ckv_status x_decode(void *ctx, const int *slots, const int32_t *tokens, i
     return ckv_decode_batch_step(&x->batch, sess, tokens, n, logits);
 }
 
+static ckv_status x_prefill(void *ctx, const int *slots, int n) {
+    local_exec *x = ctx;
+    note(x, 'B');
+    if (x->n_batches < 8) x->batch_sizes[x->n_batches++] = n;
+    ckv_prepared *pcs[NSLOT];
+    for (int i = 0; i < n; i++) pcs[i] = &x->lanes[slots[i]];
+    ckv_status st = x->fail_prefill ? ckv_error(CKV_STATUS_ERR_NOMEM, "batched prefill failed on purpose")
+                                    : ckv_prepared_advance_batch(pcs, n, &x->prefill);
+    if (st != CKV_STATUS_OK) { /* the prepared contexts were freed */
+        for (int i = 0; i < n; i++) ckv_prepared_free(pcs[i]);
+        x->live -= n;
+        x->fail_prefill = 0;
+    }
+    return st;
+}
+
 static ckv_status x_rewind(void *ctx, int slot) {
     local_exec *x = ctx;
     note(x, 'R');
@@ -101,13 +123,15 @@ static void exec_init(local_exec *x, ckv_engine *e, ckv_sched_exec *out) {
     memset(x, 0, sizeof *x);
     x->e = e;
     CHECK_OK(ckv_decode_batch_init(&x->batch, e->model, NSLOT));
+    CHECK_OK(ckv_prefill_batch_init(&x->prefill, e->model, 128, NSLOT));
     *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, x,
-                            NULL};
+                            NULL, x_prefill};
 }
 
 static void exec_free(local_exec *x) {
     for (int i = 0; i < NSLOT; i++) ckv_prepared_free(&x->lanes[i]);
     ckv_decode_batch_free(&x->batch);
+    ckv_prefill_batch_free(&x->prefill);
 }
 
 /* ---- what a request received ---- */
@@ -331,6 +355,78 @@ static void test_cancel_and_failure(ckv_engine *e, const int32_t *ctx) {
     exec_free(&x);
 }
 
+static void test_batched_prefill(ckv_engine *e, const int32_t *ctx) {
+    ckv_press_config none, snap;
+    press_of(&none, "none", 0);
+    press_of(&snap, "snapkv", 0.5);
+    int32_t q[] = {9, 8, 7};
+    local_exec x;
+    ckv_sched_exec ex;
+    exec_init(&x, e, &ex);
+    ckv_sched s;
+    CHECK_OK(ckv_sched_init(&s, e, &ex, NSLOT, 0.0));
+    CHECK_FAILS(ckv_sched_batch_prefill(&s, 100, 101), CKV_STATUS_ERR_RANGE, "expected 1 .. 100");
+    ckv_sched_exec no_prefill = ex;
+    no_prefill.prefill = NULL;
+    ckv_sched s2;
+    CHECK_OK(ckv_sched_init(&s2, e, &no_prefill, NSLOT, 0.0));
+    CHECK_FAILS(ckv_sched_batch_prefill(&s2, 100, 50), CKV_STATUS_ERR_ARG, "cannot prefill several");
+    ckv_sched_free(&s2);
+    CHECK_OK(ckv_sched_batch_prefill(&s, 100, 60));
+    /* a (40) and b (60, snapkv, a question) fill the budget: one batched step; c (30) waits for the next;
+     * then d (120, over the threshold) prefills alone, one layer per turn */
+    got a, b, c, d;
+    ckv_sched_request ra = request_of(ctx, 40, NULL, 0, &none, 6, 1, &a);
+    ckv_sched_request rb = request_of(ctx + 10, 60, q, 3, &snap, 5, 2, &b);
+    ckv_sched_request rc = request_of(ctx + 3, 30, q, 1, &none, 4, 1, &c);
+    int slot;
+    CHECK_OK(ckv_sched_admit(&s, &ra, &slot));
+    CHECK_OK(ckv_sched_admit(&s, &rb, &slot));
+    CHECK_OK(ckv_sched_admit(&s, &rc, &slot));
+    turn(&s);
+    CHECK_MSG(!strcmp(x.log, "PPBQ"), "the first turn prepares a and b, prefills both in one step and asks b's question: %s", x.log);
+    CHECK_MSG(a.prepared == 1 && b.prepared == 1 && a.tokens == 1 && b.tokens == 1 && c.prepared == 0,
+              "after the batched step: prepared %d %d %d, tokens %d %d", a.prepared, b.prepared, c.prepared, a.tokens, b.tokens);
+    run_all(&s);
+    CHECK_MSG(x.n_batches == 2 && x.batch_sizes[0] == 2 && x.batch_sizes[1] == 1, "%d batched steps of %d and %d contexts",
+              x.n_batches, x.batch_sizes[0], x.batch_sizes[1]);
+    ckv_result ref;
+    reference(e, ctx, 40, NULL, 0, &none, 6, &ref);
+    check_same("a (batched, no press)", &a, 0, &ref.answers[0]);
+    ckv_result_free(&ref);
+    reference(e, ctx + 10, 60, q, 3, &snap, 5, &ref);
+    check_same("b (batched, snapkv, question), choice 0", &b, 0, &ref.answers[0]);
+    check_same("b (batched, snapkv, question), choice 1", &b, 1, &ref.answers[0]);
+    ckv_result_free(&ref);
+    reference(e, ctx + 3, 30, q, 1, &none, 4, &ref);
+    check_same("c (the second batch)", &c, 0, &ref.answers[0]);
+    ckv_result_free(&ref);
+    size_t from = x.n_log;
+    ckv_sched_request rd = request_of(ctx, NCTX, NULL, 0, &snap, 3, 1, &d);
+    CHECK_OK(ckv_sched_admit(&s, &rd, &slot));
+    run_all(&s);
+    CHECK_MSG(!strncmp(x.log + from, "PAAA", 4) && x.n_batches == 2, "a long context prefills alone by layers: %s", x.log + from);
+    reference(e, ctx, NCTX, NULL, 0, &snap, 3, &ref);
+    check_same("d (long, alone)", &d, 0, &ref.answers[0]);
+    ckv_result_free(&ref);
+    /* a failing batched step fails each of its requests once, with its message */
+    got f1, f2;
+    ckv_sched_request r1 = request_of(ctx, 20, NULL, 0, &snap, 3, 1, &f1);
+    ckv_sched_request r2 = request_of(ctx + 5, 20, NULL, 0, &none, 3, 1, &f2);
+    CHECK_OK(ckv_sched_admit(&s, &r1, &slot));
+    CHECK_OK(ckv_sched_admit(&s, &r2, &slot));
+    x.fail_prefill = 1;
+    ckv_sched_turn(&s);
+    int with_msg = 0;
+    for (int i = 0; i < s.n_events; i++) with_msg += s.events[i].kind == CKV_SCHED_FAILED && strstr(s.events[i].err, "on purpose");
+    take_events(&s);
+    CHECK_MSG(f1.failed == 1 && f2.failed == 1 && f1.done == 1 && f2.done == 1 && f1.status == CKV_STATUS_ERR_NOMEM && with_msg == 2,
+              "failed batched prefill: failed %d / %d, done %d / %d, %d messages", f1.failed, f2.failed, f1.done, f2.done, with_msg);
+    CHECK(ckv_sched_busy(&s) == 0 && x.live == 0);
+    ckv_sched_free(&s);
+    exec_free(&x);
+}
+
 int main(void) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/llama_gqa", CKV_FIXTURES);
@@ -344,6 +440,7 @@ int main(void) {
     test_answers_and_interleaving(&e, ctx);
     test_short_answers(&e, ctx);
     test_cancel_and_failure(&e, ctx);
+    test_batched_prefill(&e, ctx);
     ckv_engine_free(&e);
     CHECK_MSG(ckv_alloc_live_bytes() == live0, "%zu bytes live, %zu before", ckv_alloc_live_bytes(), live0);
     return ckv_test_finish("test_sched");
