@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """bench_serve.py - serving throughput and latency of `ckv serve` next to llama.cpp's server
-(llama-cpp-python[server]) on the same GGUF model, in one run, alternating the two servers round by
-round (the machine is shared: report ranges over rounds). Each level of concurrency C sends
+(llama-cpp-python[server]) on the same GGUF model, in one run, the servers taking turns round by
+round, each round in a rotated order (the machine is shared: report ranges over rounds). Besides
+this build (`ckv`) the run may hold another ckv build (--ckv-base, e.g. the main branch before a
+change: `ckv-base`) and a tensor-parallel group of this build (--tp N: `ckv tp N`, N ranks under
+--mpirun with --threads / N threads each), all with the same serving flags (--ckv-flags). Each
+level of concurrency C sends
 distinct short prompts from C client threads as streaming /v1/completions and records requests/s,
 output tokens/s, time to first token (p50/p99) and end-to-end latency. Only one server runs at a
 time. A second part runs ckv alone on a long context (default 4096 tokens) with the full cache and
@@ -9,7 +13,8 @@ with a press (default critical_adakv:snapkv at budget 0.2): time to first token 
 bytes per request (usage), server RSS, and decode tokens/s of 4 clients asking different questions
 over the reused compressed context. Prints a JSON summary and Markdown tables.
 usage: bench_serve.py --ckv build/ckv --model models/smollm2-135m-instruct-q4_1.gguf
-                      [--llama-python VENV/bin/python] [--threads 2] [--rounds 2]"""
+                      [--ckv-base OTHER/ckv] [--tp 2] [--llama-python VENV/bin/python]
+                      [--threads 2] [--rounds 2] [--skip-long]"""
 import argparse
 import http.client
 import json
@@ -134,10 +139,25 @@ def run_level(port, conc, n_req, max_tokens, tag, extra):
             "latency_p50": pct([r[1] for r in res], 0.5), "out_tokens": toks, "tokens_per_request": toks / max(1, len(res))}
 
 
-def start_ckv(a, port, logdir, *extra):
-    cmd = [a.ckv, "serve", "--model", a.model, "--port", str(port), "--threads", str(a.threads), "--max-batch", "16",
-           "--model-name", "m", *extra]
-    return Proc(cmd, port, log=os.path.join(logdir, f"ckv-{port}.log"))
+def start_ckv(a, port, logdir, *extra, binary=None, ranks=1):
+    threads = max(1, a.threads // ranks)
+    cmd = [binary or a.ckv, "serve", "--model", a.model, "--port", str(port), "--threads", str(threads), "--max-batch", "16",
+           "--model-name", "m", *a.ckv_flags.split(), *extra]
+    env = None
+    if ranks > 1:
+        cmd = [a.mpirun, "-np", str(ranks), "--oversubscribe", *cmd]
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return Proc(cmd, port, env=env, log=os.path.join(logdir, f"ckv-{port}.log"))
+
+
+def start_server(a, name, port, logdir):
+    if name == "llama.cpp":
+        return start_llama(a, port, logdir)
+    if name == "ckv-base":
+        return start_ckv(a, port, logdir, binary=a.ckv_base)
+    if name.startswith("ckv tp"):
+        return start_ckv(a, port, logdir, ranks=a.tp)
+    return start_ckv(a, port, logdir)
 
 
 def start_llama(a, port, logdir):
@@ -198,7 +218,7 @@ def long_context(a, logdir):
 def run_server(a, name, port, rnd, levels, nreq, results):
     # both generate exactly max_tokens: ckv ignores end-of-sequence ids, llama.cpp gets them banned
     # (SmolLM2's <|endoftext|> 0 and <|im_end|> 2; --eos-ids for other models)
-    extra = {"stream_options": {"include_usage": True}, "ignore_eos": True} if name == "ckv" else \
+    extra = {"stream_options": {"include_usage": True}, "ignore_eos": True} if name.startswith("ckv") else \
         {"logit_bias": {str(t): -100 for t in a.eos_ids.split(",")}}
     stream_request(port, {"prompt": "warm up", "max_tokens": 2, **extra})
     for c, n in zip(levels, nreq):
@@ -214,6 +234,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ckv", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--ckv-base", help="another ckv binary served alike (e.g. a build of main before a change)")
+    ap.add_argument("--tp", type=int, default=0, help="also serve this build as a tensor-parallel group of N ranks")
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--ckv-flags", default="", help="extra flags of every ckv server of the first part")
     ap.add_argument("--llama-python", help="a Python with llama-cpp-python[server] (omit: ckv only)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
@@ -233,12 +257,14 @@ def main():
     levels = [int(x) for x in a.levels.split(",")]
     nreq = [int(x) for x in a.requests.split(",")]
     logdir = tempfile.mkdtemp(prefix="bench_serve.")
-    servers = ["ckv"] + (["llama.cpp"] if a.llama_python else [])
+    servers = ["ckv"] + (["ckv-base"] if a.ckv_base else []) + ([f"ckv tp {a.tp}"] if a.tp > 1 else []) + \
+        (["llama.cpp"] if a.llama_python else [])
     results = {s: {c: [] for c in levels} for s in servers}
     for rnd in range(a.rounds):
-        for name in (servers if rnd % 2 == 0 else servers[::-1]):  # alternate the order
+        k = rnd % len(servers)
+        for name in servers[k:] + servers[:k]:  # each round starts with the next server
             port = free_port()
-            srv = start_ckv(a, port, logdir) if name == "ckv" else start_llama(a, port, logdir)
+            srv = start_server(a, name, port, logdir)
             try:
                 run_server(a, name, port, rnd, levels, nreq, results)
             finally:
