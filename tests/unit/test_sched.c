@@ -134,6 +134,12 @@ static void exec_free(local_exec *x) {
     ckv_prefill_batch_free(&x->prefill);
 }
 
+/* A scheduler of NSLOT slots over a fresh recording executor. */
+static void sched_setup(ckv_engine *e, local_exec *x, ckv_sched_exec *ex, ckv_sched *s, double interleave_s) {
+    exec_init(x, e, ex);
+    CHECK_OK(ckv_sched_init(s, e, ex, NSLOT, interleave_s));
+}
+
 /* ---- what a request received ---- */
 
 typedef struct {
@@ -219,9 +225,8 @@ static void test_answers_and_interleaving(ckv_engine *e, const int32_t *ctx) {
     int32_t q[] = {9, 8, 7};
     local_exec x;
     ckv_sched_exec ex;
-    exec_init(&x, e, &ex);
     ckv_sched s;
-    CHECK_OK(ckv_sched_init(&s, e, &ex, NSLOT, 0.0));
+    sched_setup(e, &x, &ex, &s, 0.0);
     got a, b, c;
     ckv_sched_request ra = request_of(ctx, 40, NULL, 0, &none, 12, 1, &a);
     ckv_sched_request rb = request_of(ctx + 10, NCTX - 10, q, 3, &snap, 5, 2, &b);
@@ -263,9 +268,8 @@ static void test_short_answers(ckv_engine *e, const int32_t *ctx) {
     press_of(&none, "none", 0);
     local_exec x;
     ckv_sched_exec ex;
-    exec_init(&x, e, &ex);
     ckv_sched s;
-    CHECK_OK(ckv_sched_init(&s, e, &ex, NSLOT, 0.05));
+    sched_setup(e, &x, &ex, &s, 0.05);
     ckv_result ref;
     reference(e, ctx, 5, NULL, 0, &none, 1, &ref);
     int32_t first = ref.answers[0].n ? ref.answers[0].ids[0] : -1;
@@ -319,9 +323,8 @@ static void test_cancel_and_failure(ckv_engine *e, const int32_t *ctx) {
     press_of(&snap, "snapkv", 0.5);
     local_exec x;
     ckv_sched_exec ex;
-    exec_init(&x, e, &ex);
     ckv_sched s;
-    CHECK_OK(ckv_sched_init(&s, e, &ex, NSLOT, 0.05));
+    sched_setup(e, &x, &ex, &s, 0.05);
     for (int round = 0; round < 3; round++) { /* cancelled after its prepare, then after one layer */
         got g;
         ckv_sched_request r = request_of(ctx, NCTX, NULL, 0, &snap, 4, 2, &g);
@@ -362,9 +365,8 @@ static void test_batched_prefill(ckv_engine *e, const int32_t *ctx) {
     int32_t q[] = {9, 8, 7};
     local_exec x;
     ckv_sched_exec ex;
-    exec_init(&x, e, &ex);
     ckv_sched s;
-    CHECK_OK(ckv_sched_init(&s, e, &ex, NSLOT, 0.0));
+    sched_setup(e, &x, &ex, &s, 0.0);
     CHECK_FAILS(ckv_sched_batch_prefill(&s, 100, 101), CKV_STATUS_ERR_RANGE, "expected 1 .. 100");
     ckv_sched_exec no_prefill = ex;
     no_prefill.prefill = NULL;
