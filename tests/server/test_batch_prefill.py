@@ -77,7 +77,9 @@ def compare(name, launcher=None):
     for i, (a, b) in enumerate(zip(ref, got)):
         t.check(a == b, f"{name}: request {i} ({LENGTHS[i]} tokens, press {PRESSES[i % len(PRESSES)]}) equals its prefill alone",
                 f"{b} vs {a}")
-    t.check(srv.stop() == 0, f"{name}: the server stops cleanly", srv.log_text())
+    log = srv.log_text()
+    rc = srv.stop()
+    t.check(rc == 0, f"{name}: the server stops cleanly", f"exit {rc}: {log}")
 
 
 compare("batched")
