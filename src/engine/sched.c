@@ -245,9 +245,12 @@ static void begin_choice(ckv_sched *s, int slot) {
     sample_token(s, slot, lg);
 }
 
-static void prepared(ckv_sched *s, int slot) {
+/* batch: contexts of the batched forward that prefilled it (0: none), first: the first of them. */
+static void prepared(ckv_sched *s, int slot, int batch, int first) {
     ckv_sched_event *ev = event_new(s, CKV_SCHED_PREPARED, slot);
     s->exec.prepared(s->exec.ctx, slot, &ev->info);
+    ev->info.batch = batch;
+    ev->info.batch_first = first;
     s->slots[slot].phase = CKV_SLOT_QUESTION;
     begin_choice(s, slot); /* the first token right away: time to first token is prepare + question */
 }
@@ -267,7 +270,7 @@ static void prepare_unit(ckv_sched *s, int slot) {
     ckv_status st = s->slots[slot].phase == CKV_SLOT_PREPARE ? prepare_begin(s, slot, &ready)
                                                               : s->exec.advance(s->exec.ctx, slot, &ready);
     if (st != CKV_STATUS_OK) slot_fail(s, slot, st);
-    else if (ready) prepared(s, slot);
+    else if (ready) prepared(s, slot, 0, 0);
 }
 
 static int batchable(const ckv_sched *s, const ckv_sched_slot *sl) {
@@ -290,7 +293,7 @@ static void batch_prefill_unit(ckv_sched *s) {
         if (st != CKV_STATUS_OK) {
             slot_fail(s, slot, st);
         } else if (ready) {
-            prepared(s, slot);
+            prepared(s, slot, 0, 0);
         } else {
             s->step_slot[n++] = slot;
             tokens += next->req.n_ctx;
@@ -300,7 +303,7 @@ static void batch_prefill_unit(ckv_sched *s) {
     ckv_status st = s->exec.prefill(s->exec.ctx, s->step_slot, n);
     if (st != CKV_STATUS_OK) slots_fail(s, s->step_slot, n, st);
     else
-        for (int i = 0; i < n; i++) prepared(s, s->step_slot[i]);
+        for (int i = 0; i < n; i++) prepared(s, s->step_slot[i], n, i == 0);
 }
 
 static void decode_unit(ckv_sched *s) {

@@ -43,6 +43,8 @@ typedef struct {
     const char *uncompressed_reason; /* static text or NULL */
     long kept_entries, total_entries;
     size_t kv_bytes_full, kv_bytes_kept;
+    int batch;                      /* contexts of the batched forward that prefilled it (0: alone, or restored) */
+    int batch_first;                /* 1 on the first context of that forward */
 } ckv_sched_prepared;
 
 /* The engine steps over lanes 0 .. max_slots-1 (one prepared context each). */

@@ -100,6 +100,9 @@ int ckv_srv_metrics_render(ckv_srv_metrics *m, char **res, size_t *len) {
     scalar(&o, "ckv_cache_hits_total", "counter", "contexts found in the compressed-context store (memory or disk)", (double)m->cache_hits);
     scalar(&o, "ckv_cache_disk_hits_total", "counter", "contexts loaded from cache files", (double)m->cache_disk_hits);
     scalar(&o, "ckv_cache_misses_total", "counter", "contexts prefilled", (double)m->cache_misses);
+    scalar(&o, "ckv_prefill_batches_total", "counter", "batched prefill forwards (the waiting short contexts, up to --max-batch-tokens)",
+           (double)m->prefill_batches);
+    scalar(&o, "ckv_prefill_batched_contexts_total", "counter", "contexts prefilled in a batched forward", (double)m->prefill_batched_contexts);
     scalar(&o, "ckv_queue_length", "gauge", "requests waiting for a batch slot", (double)m->queue_length);
     scalar(&o, "ckv_running_requests", "gauge", "requests holding a batch slot", (double)m->running);
     scalar(&o, "ckv_kv_bytes_in_use", "gauge", "KV-cache bytes of the running requests", (double)m->kv_bytes_in_use);

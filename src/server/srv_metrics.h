@@ -20,6 +20,7 @@ typedef struct {
     long status_codes[600];
     long prompt_tokens, completion_tokens, reused_tokens;
     long cache_hits, cache_misses, cache_disk_hits;
+    long prefill_batches, prefill_batched_contexts; /* batched prefill forwards, the contexts they took */
     long requests_cancelled;
     long request_timeouts;  /* connections shut down because a request did not arrive in time */
     ckv_srv_hist ttft, itl, e2e;

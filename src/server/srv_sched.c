@@ -129,6 +129,8 @@ static void on_prepared(ckv_srv_sched *s, const ckv_sched_event *ev) {
     if (in->hit) m->cache_hits++;
     else m->cache_misses++;
     if (in->from_disk) m->cache_disk_hits++;
+    m->prefill_batches += in->batch_first;
+    m->prefill_batched_contexts += in->batch > 0;
     if (!in->hit && in->kv_bytes_full > in->kv_bytes_kept) m->kv_bytes_saved_total += in->kv_bytes_full - in->kv_bytes_kept;
     pthread_mutex_unlock(&m->mu);
 }

@@ -3,7 +3,8 @@ context lengths (12..180 tokens, one of 300 that prefills alone by layers) and p
 adakv:snapkv, critical_adakv:snapkv, pyramidkv, knorm; one with a question after a "context"), sent
 at once, against a server whose budget (--max-batch-tokens 200, --long-prompt-tokens 120) splits
 them into several batched forwards, get exactly what a server prefilling each alone
-(--max-batch-tokens 0) answers: text, finish reason and usage's kept and total KV entries; the same
+(--max-batch-tokens 0) answers: text, finish reason and usage's kept and total KV entries, the seven
+of at most 120 tokens through fewer than seven batched forwards by /metrics (none with --max-batch-tokens 0); the same
 on a tensor-parallel group of 2 MPI ranks (CKV_MPIRUN; skipped without it). A --long-prompt-tokens
 above --max-batch-tokens is refused at start with one line naming both.
 usage: test_batch_prefill.py CKV_BINARY FIXTURES_DIR TMP_DIR"""
@@ -62,8 +63,13 @@ def run_all(server):
     return res
 
 
+def metric(server, name):
+    return server.metrics().get(name)
+
+
 alone = Server(ckv, FIXTURE, tmp, "--max-batch", "12", "--max-batch-tokens", "0", name="alone", threads=1)
 ref = run_all(alone)
+t.check(metric(alone, "ckv_prefill_batches_total") == 0, "--max-batch-tokens 0: no batched prefill")
 alone.stop()
 t.check(all(r is not None for r in ref), "every request answered prefilling alone", str(ref))
 compressed = sum(1 for r in ref if r and r[1]["compressed"])
@@ -77,6 +83,10 @@ def compare(name, launcher=None):
     for i, (a, b) in enumerate(zip(ref, got)):
         t.check(a == b, f"{name}: request {i} ({LENGTHS[i]} tokens, press {PRESSES[i % len(PRESSES)]}) equals its prefill alone",
                 f"{b} vs {a}")
+    batches, batched = metric(srv, "ckv_prefill_batches_total"), metric(srv, "ckv_prefill_batched_contexts_total")
+    t.check(batches is not None and 1 <= batches < batched == 7,
+            f"{name}: the 7 contexts of at most 120 tokens went through {batches} batched forwards (the 3 longer ones alone)",
+            f"{batches} forwards, {batched} contexts")
     log = srv.log_text()
     rc = srv.stop()
     t.check(rc == 0, f"{name}: the server stops cleanly", f"exit {rc}: {log}")
