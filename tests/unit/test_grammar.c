@@ -156,7 +156,9 @@ static void gbnf_tests(void) {
     ckv_grammar_free(&g);
     /* a grammar that may go on after it is complete, negated classes and . */
     CHECK_MSG(ckv_grammar_init_gbnf(&g, "root ::= [^\\n\"]+ (\"!\" .)?", err, sizeof err) == CKV_STATUS_OK, "gbnf 2 refused: %s", err);
-    CHECK_MSG(run(&g, "ab c") == 1 && run(&g, "ab!\xe2\x82\xac") == 1 && run(&g, "a\"") == 0 && run(&g, "") == 2, "gbnf 2 verdicts");
+    CHECK_MSG(run(&g, "ab c") == 1 && run(&g, "ab!\xe2\x82\xac") == 1 && run(&g, "a\"") == 0 && run(&g, "") == 2 &&
+                  run(&g, "a!\xed\xa0\x80") == 0 && run(&g, "a!\xf0\x9f\x98\x80") == 1,
+              "gbnf 2 verdicts");
     ckv_grammar_free(&g);
     static const char *const bad[][2] = {
         {"root ::= \"a\" (\"b\"", "line 1, column 18: expected ')'"},
@@ -190,7 +192,8 @@ static void json_object_tests(void) {
         "[1]", "\"x\"", "1", "{\"a\" 1}", "{\"a\":}", "{\"a\": 01}", "{\"a\": tru}", "{,}", "{\"a\":1,}", "{\"a\": \"\x01\"}",
         "{\"a\": 1]", "{\"a\": [1}", "{\"a\": .5}", "{\"a\": 1.}", "{\"a\": 1e}", "{\"a\": \"\\x\"}", "{\"a\": \"\\u12g4\"}",
         "{a: 1}", "{} {}", "{\"a\": 1}}", "{\"a\": nul}", "{\"a\": -}", "{ }", "{\"a\": \"\xff\"}", "{\"a\":  1}",
-        "{\"a\": \"\xc3\"}", "{\"a\": \"\xe2\x82\"}", "{\"a\": \"\x80\"}", "{\"a\": 12345678901234567}"};
+        "{\"a\": \"\xc3\"}", "{\"a\": \"\xe2\x82\"}", "{\"a\": \"\x80\"}", "{\"a\": 12345678901234567}",
+        "{\"a\": \"\xe0\x80\x80\"}", "{\"a\": \"\xed\xa0\x80\"}", "{\"a\": \"\xf4\x90\x80\x80\"}", "{\"a\": \"\xc0\xaf\"}", "{\"a\": \"\\ud83d\\ude00\"}"};
     for (int i = 0; i < N(invalid); i++) CHECK_MSG(run(&g, invalid[i]) != 1, "json_object: invalid document accepted: %s", invalid[i]);
     char deep[CKV_GRAMMAR_MAX_NEST + 32] = "{\"a\":";
     size_t o = strlen(deep);
