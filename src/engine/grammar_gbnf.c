@@ -282,6 +282,7 @@ static int item(gp *g, int root_rule) {
     } else {
         return fail_at(g, at, "unexpected '%c'", c);
     }
+    if (b->oom) return fail_at(g, at, "the grammar is too large (over %u elements)", CKV_GB_MAX_ELS);
     if (!next_is_postfix(g->p)) return 0;
     if (b->n_scr != before + 1) return fail_at(g, g->p, "nothing to repeat");
     ckv_grammar_el x = b->scr[--b->n_scr];
@@ -302,6 +303,7 @@ static int item(gp *g, int root_rule) {
         if (n < m) return fail_at(g, op, "repetition {%u,%u}: the maximum is under the minimum", m, n);
     }
     ckv_gb_repeat(b, x, m, n);
+    if (b->oom) return fail_at(g, op, "the grammar is too large (over %u elements)", CKV_GB_MAX_ELS);
     if (next_is_postfix(g->p)) return fail_at(g, g->p, "a repetition of a repetition (group it)");
     return 0;
 }

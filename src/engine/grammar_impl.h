@@ -9,13 +9,15 @@
 /* ---- the JSON string body: aux = characters read (low 24 bits) | progress (high 8 bits) ---------- */
 #define CKV_STR_COUNT(aux) ((aux) & 0xFFFFFFu)
 #define CKV_STR_SUB(aux) ((aux) >> 24) /* 0 between characters; 1-3 UTF-8 continuation bytes to come;
-                                        * 4 after '\'; 5-8 inside \uXXXX (hex digits read + 5) */
+                                        * 4 after '\'; 5-8 inside \uXXXX (hex digits read + 5); 9-12 the
+                                        * restricted second byte after E0, ED, F0, F4; 13 after \uD */
 /* The next aux after byte b inside a string body of at most hi characters; 0xFFFFFFFF: refused. */
 uint32_t ckv_grammar_str_step(uint32_t aux, uint8_t b, uint32_t hi);
 #define CKV_STR_REFUSED 0xFFFFFFFFu
 
 /* ---- the builder ---------------------------------------------------------------------------------- */
 #define CKV_GB_MAX_OPEN 256 /* alternatives open at once (nesting of groups / schemas) */
+#define CKV_GB_MAX_ELS (1u << 20) /* elements of one grammar (16 MiB: repetitions cannot blow it up) */
 
 typedef struct {
     ckv_grammar *g;

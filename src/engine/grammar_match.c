@@ -22,19 +22,32 @@ uint32_t ckv_grammar_str_step(uint32_t aux, uint8_t b, uint32_t hi) {
         if (b == '"' || b < 0x20 || (b >= 0x80 && b < 0xC2) || b > 0xF4) return CKV_STR_REFUSED;
         if (hi != CKV_GRAMMAR_UNBOUNDED && cnt + 1 > hi) return CKV_STR_REFUSED;
         if (cnt < 0xFFFFFFu) cnt++; /* counted at its first byte */
-        sub = b == '\\' ? 4 : b < 0x80 ? 0 : b < 0xE0 ? 1 : b < 0xF0 ? 2 : 3;
+        /* UTF-8 as RFC 3629 has it: no overlong forms, surrogates or code points past U+10FFFF */
+        sub = b == '\\' ? 4 : b < 0x80 ? 0 : b < 0xE0 ? 1 : b == 0xE0 ? 9 : b == 0xED ? 10 : b < 0xF0 ? 2 : b == 0xF0 ? 11 : b == 0xF4 ? 12 : 3;
         return cnt | sub << 24;
     case 1:
     case 2:
     case 3:
         if ((b & 0xC0) != 0x80) return CKV_STR_REFUSED;
         return cnt | (sub - 1) << 24;
+    case 9: /* after E0: A0..BF, then one more */
+    case 10: /* after ED: 80..9F */
+    case 11: /* after F0: 90..BF, then two more */
+    case 12: /* after F4: 80..8F */ {
+        static const uint8_t first[4] = {0xA0, 0x80, 0x90, 0x80}, last[4] = {0xBF, 0x9F, 0xBF, 0x8F}, rest[4] = {1, 1, 2, 2};
+        if (b < first[sub - 9] || b > last[sub - 9]) return CKV_STR_REFUSED;
+        return cnt | (uint32_t)rest[sub - 9] << 24;
+    }
     case 4:
         if (b == 'u') return cnt | 5u << 24;
         if (!b || !strchr("\"\\/bfnrt", b)) return CKV_STR_REFUSED;
         return cnt;
+    case 13: /* \uD: 0..7 (no surrogate escapes, so every escape is one character) */
+        if (b < '0' || b > '7') return CKV_STR_REFUSED;
+        return cnt | 7u << 24;
     default: /* 5..8: \u and hex digits */
         if (!((b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'))) return CKV_STR_REFUSED;
+        if (sub == 5 && (b == 'd' || b == 'D')) return cnt | 13u << 24;
         return sub == 8 ? cnt : cnt | (sub + 1) << 24;
     }
 }

@@ -45,7 +45,7 @@ void ckv_gb_begin(ckv_gb *b) {
 }
 
 void ckv_gb_el(ckv_gb *b, ckv_grammar_el e) {
-    if (grow((void **)&b->scr, &b->cap_scr, b->n_scr + 1, sizeof *b->scr)) {
+    if (b->oom || b->n_scr >= CKV_GB_MAX_ELS || grow((void **)&b->scr, &b->cap_scr, b->n_scr + 1, sizeof *b->scr)) {
         b->oom = 1;
         return;
     }
@@ -56,7 +56,7 @@ void ckv_gb_end(ckv_gb *b, int rule) {
     if (b->n_open == 0) return;
     uint32_t from = b->open[--b->n_open], n = b->n_scr - from;
     ckv_grammar *g = b->g;
-    if (grow((void **)&g->els, &b->cap_els, g->n_els + n + 1, sizeof *g->els) ||
+    if (g->n_els + n + 1 > CKV_GB_MAX_ELS || grow((void **)&g->els, &b->cap_els, g->n_els + n + 1, sizeof *g->els) ||
         grow((void **)&b->pair_rule, &b->cap_pairs, b->n_pairs + 1, sizeof(uint32_t))) {
         b->oom = 1;
         b->n_scr = from;
@@ -124,7 +124,7 @@ void ckv_gb_empty(ckv_gb *b, int rule) {
 }
 
 void ckv_gb_repeat(ckv_gb *b, ckv_grammar_el x, uint32_t m, uint32_t n) {
-    for (uint32_t i = 0; i < m; i++) ckv_gb_el(b, x);
+    for (uint32_t i = 0; i < m && !b->oom; i++) ckv_gb_el(b, x);
     if (n == CKV_GRAMMAR_UNBOUNDED) { /* star ::= x star | "" (a tail call: the stack stays flat) */
         int star = ckv_gb_rule(b);
         ckv_gb_begin(b);
@@ -137,7 +137,7 @@ void ckv_gb_repeat(ckv_gb *b, ckv_grammar_el x, uint32_t m, uint32_t n) {
     }
     if (n <= m) return;
     int next = -1; /* opt_k ::= x opt_{k-1} | "" */
-    for (uint32_t k = 0; k < n - m; k++) {
+    for (uint32_t k = 0; k < n - m && !b->oom; k++) {
         int r = ckv_gb_rule(b);
         ckv_gb_begin(b);
         ckv_gb_el(b, x);
@@ -152,7 +152,7 @@ void ckv_gb_repeat(ckv_gb *b, ckv_grammar_el x, uint32_t m, uint32_t n) {
 ckv_status ckv_gb_finish(ckv_gb *b, char *err, size_t errlen) {
     ckv_grammar *g = b->g;
     if (b->oom) {
-        snprintf(err, errlen, "the grammar is too large or too deeply nested");
+        snprintf(err, errlen, "the grammar is too large (over %u elements) or nested deeper than %d", CKV_GB_MAX_ELS, CKV_GB_MAX_OPEN);
         return ckv_error(CKV_STATUS_ERR_NOMEM, "%s", err);
     }
     g->rule_off = calloc((size_t)g->n_rules + 1, sizeof(uint32_t));
@@ -329,11 +329,15 @@ int ckv_gb_json_value(ckv_gb *b) {
 int ckv_gb_utf8_multibyte(ckv_gb *b) {
     if (b->r_utf8 >= 0) return b->r_utf8;
     int r = b->r_utf8 = ckv_gb_rule(b);
-    static const uint8_t lead[3][2] = {{0xC2, 0xDF}, {0xE0, 0xEF}, {0xF0, 0xF4}};
-    for (int k = 0; k < 3; k++) {
+    /* RFC 3629's well-formed sequences: lead range, second-byte range, continuation bytes after it */
+    static const uint8_t seq[8][5] = {{0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
+                                      {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
+                                      {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2}};
+    for (int k = 0; k < 8; k++) {
         ckv_gb_begin(b);
-        ckv_gb_range(b, lead[k][0], lead[k][1]);
-        for (int i = 0; i <= k; i++) ckv_gb_range(b, 0x80, 0xBF);
+        ckv_gb_range(b, seq[k][0], seq[k][1]);
+        ckv_gb_range(b, seq[k][2], seq[k][3]);
+        for (int i = 0; i < seq[k][4]; i++) ckv_gb_range(b, 0x80, 0xBF);
         ckv_gb_end(b, r);
     }
     return r;

@@ -178,6 +178,17 @@ static void gbnf_tests(void) {
         ckv_error_clear();
         ckv_grammar_free(&g);
     }
+    /* repetitions that would expand past the element cap: refused, not allocated */
+    size_t cap = 1200 * 12 + 16, o = 0;
+    char *big = malloc(cap);
+    o += (size_t)snprintf(big, cap, "root ::=");
+    for (int i = 0; i < 1200; i++) o += (size_t)snprintf(big + o, cap - o, " \"a\"{1000}");
+    err[0] = '\0';
+    CHECK_MSG(ckv_grammar_init_gbnf(&g, big, err, sizeof err) != CKV_STATUS_OK && strstr(err, "the grammar is too large"),
+              "a grammar of 1.2M elements: '%s'", err);
+    ckv_error_clear();
+    ckv_grammar_free(&g);
+    free(big);
 }
 
 static void json_object_tests(void) {
