@@ -314,7 +314,7 @@ static int string_alt(sc *c, const cJSON *s, int rule) {
             return fail(c, "'format' with 'minLength' or 'maxLength' is not supported");
         body = ckv_gb_rule(b);
         char e[128];
-        if (ckv_gb_gbnf(b, g, body, e, sizeof e)) return fail(c, "format '%s': %s", fmt->valuestring, e);
+        if (ckv_gb_gbnf(b, g, body, 0, e, sizeof e)) return fail(c, "format '%s': %s", fmt->valuestring, e);
     }
     ckv_gb_begin(b);
     ckv_gb_byte(b, '"');

@@ -141,6 +141,7 @@ static void schema_tests(void) {
     schema_refused("{\"type\":\"object\",\"required\":[\"x\"]}", 0, "'required' lists 'x'");
     schema_refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", 0, "'minItems' 3");
     schema_refused("{\"type\":\"widget\"}", 0, "unknown type 'widget'");
+    schema_refused("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}", 0, "left recursion");
 }
 
 static void gbnf_tests(void) {
@@ -173,6 +174,8 @@ static void gbnf_tests(void) {
         {"root := \"a\"", "line 1, column 1: expected '::='"},
         {"root ::= \"\\q\"", "unknown escape"},
         {"root ::= \"a\"{3,1}", "the maximum is under the minimum"},
+        {"root ::= expr\nexpr ::= expr \"+\" t | t\nt ::= [0-9]", "rule 'expr' is left-recursive"},
+        {"root ::= a? root \"x\" | \"y\"\na ::= \"q\"", "rule 'root' is left-recursive"},
     };
     for (int i = 0; i < N(bad); i++) {
         err[0] = '\0';
