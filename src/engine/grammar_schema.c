@@ -96,14 +96,15 @@ static void key_lit(ckv_gb *b, const char *name) {
     ckv_gb_byte(b, '"');
 }
 
-static int get_count(sc *c, const cJSON *s, const char *k, uint32_t dflt, uint32_t *out) {
+/* A count keyword (dflt when absent); limit: the largest supported (item counts become rules). */
+static int get_count(sc *c, const cJSON *s, const char *k, uint32_t dflt, double limit, uint32_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, k);
     *out = dflt;
     if (!v) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != (double)(long long)v->valuedouble)
         return fail(c, "'%s' must be a non-negative integer", k);
-    if (v->valuedouble > MAX_COUNT && dflt != CKV_GRAMMAR_UNBOUNDED) return fail(c, "'%s' over %d is not supported", k, MAX_COUNT);
-    *out = v->valuedouble > 0xFFFFFF ? 0xFFFFFF : (uint32_t)v->valuedouble;
+    if (v->valuedouble > limit) return fail(c, "'%s' over %.0f is not supported", k, limit);
+    *out = (uint32_t)v->valuedouble;
     return 0;
 }
 
@@ -220,7 +221,7 @@ static int array_alt(sc *c, const cJSON *s, int rule) {
     if (prefix && !cJSON_IsArray(prefix)) return fail(c, "'prefixItems' must be an array of schemas");
     if (items && !cJSON_IsBool(items) && !cJSON_IsObject(items)) return fail(c, "'items' must be a schema");
     uint32_t lo, hi;
-    if (get_count(c, s, "minItems", 0, &lo) || get_count(c, s, "maxItems", CKV_GRAMMAR_UNBOUNDED, &hi)) return -1;
+    if (get_count(c, s, "minItems", 0, MAX_COUNT, &lo) || get_count(c, s, "maxItems", CKV_GRAMMAR_UNBOUNDED, MAX_COUNT, &hi)) return -1;
     int np = prefix ? cJSON_GetArraySize(prefix) : 0;
     if (cJSON_IsFalse(items) && (hi == CKV_GRAMMAR_UNBOUNDED || hi > (uint32_t)np)) hi = (uint32_t)np;
     if (hi < lo) return fail(c, "'minItems' %u is over the most items the schema allows (%u)", lo, hi);
@@ -301,7 +302,8 @@ static int string_alt(sc *c, const cJSON *s, int rule) {
     ckv_gb *b = c->b;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
     uint32_t lo, hi;
-    if (get_count(c, s, "minLength", 0, &lo) || get_count(c, s, "maxLength", CKV_GRAMMAR_UNBOUNDED, &hi)) return -1;
+    if (get_count(c, s, "minLength", 0, 0xFFFFFE, &lo) || get_count(c, s, "maxLength", CKV_GRAMMAR_UNBOUNDED, 0xFFFFFE, &hi))
+        return -1;
     if (hi < lo) return fail(c, "'maxLength' %u is under 'minLength' %u", hi, lo);
     int body = -1;
     if (fmt) {

@@ -141,6 +141,8 @@ static void schema_tests(void) {
     schema_refused("{\"type\":\"object\",\"required\":[\"x\"]}", 0, "'required' lists 'x'");
     schema_refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", 0, "'minItems' 3");
     schema_refused("{\"type\":\"widget\"}", 0, "unknown type 'widget'");
+    schema_refused("{\"type\":\"array\",\"maxItems\":100000}", 0, "'maxItems' over 4096 is not supported");
+    schema_refused("{\"type\":\"string\",\"maxLength\":-1}", 0, "'maxLength' must be a non-negative integer");
     schema_refused("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}", 0, "left recursion");
 }
 
