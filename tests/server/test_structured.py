@@ -34,7 +34,7 @@ PERSON = {  # strict: every property required, no extra ones (OpenAI's rules)
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
         "home": {"$ref": "#/$defs/place"},
         "alive": {"type": ["boolean", "null"]},
@@ -51,6 +51,7 @@ LOOSE = {  # not strict: optional properties, extra properties of a schema, pref
     "properties": {
         "kind": {"const": "node"},
         "score": {"type": "number"},
+        "rank": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 40},
         "pair": {"prefixItems": [{"type": "string", "maxLength": 4}, {"type": "integer"}], "items": False},
         "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
     },
@@ -163,8 +164,8 @@ def fixture_cases():
             "grammar (completions): the answer matches", repr(r.choices[0].text))
 
     # errors
-    refused(c, "llama_gqa", fmt({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}, False),
-            "$.properties.age: unsupported keyword 'minimum'")
+    refused(c, "llama_gqa", fmt({"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 2}}}, False),
+            "$.properties.age: unsupported keyword 'multipleOf'")
     refused(c, "llama_gqa", fmt({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}, True),
             "strict: property 'a' must be listed in 'required'")
     refused(c, "llama_gqa", fmt({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}, True),

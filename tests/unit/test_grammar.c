@@ -102,6 +102,33 @@ static void schema_tests(void) {
         const int w4[] = {1, 1, 0};
         schema_case("{\"type\":\"string\",\"format\":\"date-time\"}", 0, d4, w4, N(d4));
     }
+    { /* integer bounds: every value of small ranges, and the edges of large ones */
+        static const long long rng[][2] = {{-5, 120}, {0, 9}, {1, 1}, {-1000, -999}, {7, 1999}, {-12, -3}, {95, 305}};
+        for (size_t r = 0; r < sizeof rng / sizeof *rng; r++) {
+            char sch[160];
+            snprintf(sch, sizeof sch, "{\"type\":\"integer\",\"minimum\":%lld,\"maximum\":%lld}", rng[r][0], rng[r][1]);
+            cJSON *s = parse(sch);
+            ckv_grammar g;
+            char err[300];
+            CHECK_OK(ckv_grammar_init_schema(&g, s, 0, err, sizeof err));
+            int bad = 0;
+            for (long long v = -2100; v <= 2100 && bad < 3; v++) {
+                char d[32];
+                snprintf(d, sizeof d, "%lld", v);
+                int want = v >= rng[r][0] && v <= rng[r][1], got = run(&g, d) == 1;
+                if (want != got) bad++, fprintf(stderr, "%s: %s %s\n", sch, d, got ? "accepted" : "refused");
+            }
+            CHECK_MSG(bad == 0 && run(&g, "-0") != 1 && run(&g, "007") != 1, "%s: integers accepted exactly in range", sch);
+            ckv_grammar_free(&g);
+            cJSON_Delete(s);
+        }
+        const char *d[] = {"1", "9999999999999999", "0", "-3", "10000000000000000"};
+        const int w[] = {1, 1, 0, 0, 0};
+        schema_case("{\"type\":\"integer\",\"exclusiveMinimum\":0}", 0, d, w, N(d));
+        const char *d2[] = {"-9999999999999999", "-1", "0", "1"};
+        const int w2[] = {1, 1, 0, 0};
+        schema_case("{\"exclusiveMaximum\":0}", 0, d2, w2, N(d2));
+    }
     { /* enum, const, anyOf, oneOf, type lists, nullable */
         const char *d[] = {"\"red\"", "3", "null", "\"blue\"", "4"};
         const int w[] = {1, 1, 1, 0, 0};
@@ -126,8 +153,10 @@ static void schema_tests(void) {
         schema_case("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}},"
                     "\"required\":[\"name\",\"kids\"],\"additionalProperties\":false}", 1, d, w, N(d));
     }
-    schema_refused("{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"minimum\":0}}}", 0,
-                   "$.properties.age: unsupported keyword 'minimum'");
+    schema_refused("{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integer\",\"multipleOf\":2}}}", 0,
+                   "$.properties.age: unsupported keyword 'multipleOf'");
+    schema_refused("{\"type\":\"number\",\"maximum\":1}", 0, "'maximum' is supported on integers, not on 'number'");
+    schema_refused("{\"type\":\"integer\",\"minimum\":5,\"exclusiveMaximum\":5}", 0, "no integer");
     schema_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"additionalProperties\":false}", 1,
                    "strict: property 'a' must be listed in 'required'");
     schema_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]}", 1,
