@@ -1,7 +1,7 @@
 /* grammar_schema.c - a JSON schema compiled into grammar rules (see ckv_grammar_init_schema): type
  * (and lists of types), properties in the schema's order with required / optional ones and
  * additionalProperties, items / prefixItems with minItems / maxItems, strings with minLength /
- * maxLength or the formats date, time, date-time and uuid, integers with minimum / maximum /
+ * maxLength, a pattern (grammar_pattern.c) or the formats date, time, date-time and uuid, integers with minimum / maximum /
  * exclusiveMinimum / exclusiveMaximum (digit-range rules, as regular-expression generators for
  * numeric ranges build them), enum, const, anyOf, oneOf whose
  * alternatives cannot overlap, allOf of one schema, $ref to local definitions (recursive ones too:
@@ -60,7 +60,7 @@ static const char *const annotations[] = {"title", "description", "default", "ex
 static const char *const constraints[] = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
                                           "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minItems", "maxItems",
                                           "minLength", "maxLength", "format", "nullable", "minimum", "maximum",
-                                          "exclusiveMinimum", "exclusiveMaximum", NULL};
+                                          "exclusiveMinimum", "exclusiveMaximum", "pattern", NULL};
 
 static int listed(const char *const *l, const char *k) {
     for (; *l; l++)
@@ -310,7 +310,18 @@ static int string_alt(sc *c, const cJSON *s, int rule) {
         return -1;
     if (hi < lo) return fail(c, "'maxLength' %u is under 'minLength' %u", hi, lo);
     int body = -1;
-    if (fmt) {
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+    if (pat) {
+        if (!cJSON_IsString(pat)) return fail(c, "'pattern' must be a string");
+        if (fmt || cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
+            return fail(c, "'pattern' with 'format', 'minLength' or 'maxLength' is not supported");
+        body = ckv_gb_rule(b);
+        char e[160];
+        ckv_gb_begin(b);
+        int rc = ckv_gb_pattern(b, pat->valuestring, e, sizeof e);
+        ckv_gb_end(b, body);
+        if (rc) return fail(c, "%s", e);
+    } else if (fmt) {
         if (!cJSON_IsString(fmt)) return fail(c, "'format' must be a string");
         const char *g = NULL;
         for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
@@ -635,7 +646,7 @@ static int compile_into(sc *c, const cJSON *s, int rule) {
                      cJSON_GetObjectItemCaseSensitive(s, "minItems") || cJSON_GetObjectItemCaseSensitive(s, "maxItems"))
                 implied = "array";
             else if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
-                     cJSON_GetObjectItemCaseSensitive(s, "format"))
+                     cJSON_GetObjectItemCaseSensitive(s, "format") || cJSON_GetObjectItemCaseSensitive(s, "pattern"))
                 implied = "string";
             else if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "maximum") ||
                      cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum"))

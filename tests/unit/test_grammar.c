@@ -129,6 +129,20 @@ static void schema_tests(void) {
         const int w2[] = {1, 1, 0, 0};
         schema_case("{\"exclusiveMaximum\":0}", 0, d2, w2, N(d2));
     }
+    { /* patterns: anchored or searched, classes, groups, quantifiers; characters as JSON escapes them */
+        const char *d[] = {"\"AB-123\"", "\"ab-123\"", "\"AB-12\"", "\"AB-1234\"", "\"XY-000\""};
+        const int w[] = {1, 0, 0, 0, 1};
+        schema_case("{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3}$\"}", 0, d, w, N(d));
+        const char *d2[] = {"\"xx cat yy\"", "\"cat\"", "\"dog\"", "\"a\\\"cat\\\\\"", "\"\\ncats\""};
+        const int w2[] = {1, 1, 0, 1, 1};
+        schema_case("{\"pattern\":\"ca(t|r)\"}", 0, d2, w2, N(d2));
+        const char *d3[] = {"\"a\\\"b\"", "\"a\\\\b\"", "\"ab\"", "\"a\\u0022b\""};
+        const int w3[] = {1, 1, 0, 0};
+        schema_case("{\"type\":\"string\",\"pattern\":\"^a[\\\"\\\\\\\\]b$\"}", 0, d3, w3, N(d3));
+        const char *d4[] = {"\"\"", "\"ab\"", "\"abab\"", "\"aba\"", "\"x\""};
+        const int w4[] = {1, 1, 1, 0, 0};
+        schema_case("{\"type\":\"string\",\"pattern\":\"^(?:ab)*?$\"}", 0, d4, w4, N(d4));
+    }
     { /* enum, const, anyOf, oneOf, type lists, nullable */
         const char *d[] = {"\"red\"", "3", "null", "\"blue\"", "4"};
         const int w[] = {1, 1, 1, 0, 0};
@@ -162,7 +176,9 @@ static void schema_tests(void) {
     schema_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]}", 1,
                    "$: strict: 'additionalProperties' must be false");
     schema_refused("{\"type\":\"array\"}", 1, "strict: the root schema must be of type 'object'");
-    schema_refused("{\"type\":\"string\",\"pattern\":\"^a$\"}", 0, "$: unsupported keyword 'pattern'");
+    schema_refused("{\"type\":\"string\",\"pattern\":\"(?=a)b\"}", 0, "$: pattern at offset 1: look-arounds");
+    schema_refused("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", 0, "back-references are not supported");
+    schema_refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", 0, "'pattern' with");
     schema_refused("{\"type\":\"string\",\"format\":\"email\"}", 0, "unsupported format 'email'");
     schema_refused("{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}", 0, "'oneOf' alternative 1");
     schema_refused("{\"items\":{\"$ref\":\"#/$defs/missing\"}}", 0, "$.items: '$ref' '#/$defs/missing' does not resolve");
@@ -389,6 +405,12 @@ int main(void) {
     char err[300];
     CHECK_OK(ckv_grammar_init_schema(&g, s, 1, err, sizeof err));
     check_mask(&gv, &g, nested_doc, "nested schema", 1);
+    ckv_grammar_free(&g);
+    cJSON_Delete(s);
+    s = parse("{\"type\":\"object\",\"properties\":{\"id\":{\"pattern\":\"^[A-Z]{2}-\\\\d{3}$\"},\"note\":{\"pattern\":\"ca(t|r)s?\"},"
+              "\"n\":{\"type\":\"integer\",\"minimum\":-40,\"maximum\":125}},\"required\":[\"id\",\"note\",\"n\"],\"additionalProperties\":false}");
+    CHECK_OK(ckv_grammar_init_schema(&g, s, 1, err, sizeof err));
+    check_mask(&gv, &g, "{\"id\": \"AB-123\", \"note\": \"a \\\"cat\\\" here \\u00e9\", \"n\": -12}", "pattern schema", 1);
     ckv_grammar_free(&g);
     cJSON_Delete(s);
     CHECK_OK(ckv_grammar_init_gbnf(&g, "root ::= \"ab\" [0-9]{1,3} (\" \" [a-z]+)?", err, sizeof err));
