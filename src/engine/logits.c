@@ -59,28 +59,48 @@ ckv_status ckv_logits_json(ckv_logits *p, const ckv_grammar_vocab *gv, const int
     return CKV_STATUS_OK;
 }
 
+ckv_status ckv_logits_tool(ckv_logits *p, const ckv_toolcall_grammar *g, const ckv_grammar_vocab *gv, const int32_t *eos, int n_eos) {
+    if (gv->vocab != p->vocab)
+        return ckv_error(CKV_STATUS_ERR_ARG, "tool_choice: the grammar's vocabulary (%d) is not the model's (%d)", gv->vocab, p->vocab);
+    if (!p->allowed) CKV_TRY(ckv_alloc((void **)&p->allowed, (size_t)p->vocab, "grammar mask"));
+    if (!p->work) CKV_TRY(ckv_alloc((void **)&p->work, sizeof(float) * (size_t)p->vocab, "processed logits"));
+    CKV_TRY(ckv_toolcall_vocab_init(&p->tv, gv));
+    p->tg = g;
+    p->eos = eos;
+    p->n_eos = n_eos;
+    ckv_toolcall_state_init(g, &p->ts);
+    return CKV_STATUS_OK;
+}
+
 void ckv_logits_free(ckv_logits *p) {
     if (!p) return;
     ckv_free(p->counts);
     ckv_free(p->prompt);
     ckv_free(p->work);
     ckv_free(p->allowed);
+    ckv_toolcall_vocab_free(&p->tv);
     memset(p, 0, sizeof *p);
 }
 
 void ckv_logits_begin(ckv_logits *p) {
     if (p->active) memset(p->counts, 0, sizeof(int32_t) * (size_t)p->vocab);
     if (p->gv) ckv_json_init(&p->js, 1);
+    if (p->tg) ckv_toolcall_state_init(p->tg, &p->ts);
     p->json_failed = 0;
 }
 
 void ckv_logits_accept(ckv_logits *p, int32_t token) {
     if (p->active && token >= 0 && token < p->vocab) p->counts[token]++;
     if (p->gv && !ckv_json_complete(&p->js) && !ckv_grammar_accept(p->gv, &p->js, token)) p->json_failed = 1;
+    if (p->tg && ckv_toolcall_can_end(p->tg, &p->ts) != 2 && !ckv_toolcall_accept(p->tg, p->tv.gv, &p->ts, token)) {
+        int end = 0; /* an end-of-sequence id where the calls may end is no failure */
+        for (int i = 0; i < p->n_eos; i++) end |= p->eos[i] == token;
+        if (!end || !ckv_toolcall_can_end(p->tg, &p->ts)) p->json_failed = 1;
+    }
 }
 
 const float *ckv_logits_apply(ckv_logits *p, const float *logits) {
-    if (!p->active && !p->gv) return logits;
+    if (!p->active && !p->gv && !p->tg) return logits;
     const ckv_logits_config *c = &p->cfg;
     float *w = p->work;
     memcpy(w, logits, sizeof(float) * (size_t)p->vocab);
@@ -91,6 +111,9 @@ const float *ckv_logits_apply(ckv_logits *p, const float *logits) {
             for (int i = 0; i < p->vocab; i++)
                 if (!p->allowed[i]) w[i] = -INFINITY;
     }
+    if (p->tg && ckv_toolcall_mask(p->tg, &p->tv, &p->ts, p->eos, p->n_eos, p->allowed) > 0) /* forced tool calls */
+        for (int i = 0; i < p->vocab; i++)
+            if (!p->allowed[i]) w[i] = -INFINITY;
     if (!p->active) return w;
     /* HF's RepetitionPenaltyLogitsProcessor first (it runs on the raw scores), over prompt + answer */
     if (c->repetition_penalty != 1.0f) {

@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "engine/grammar.h"
+#include "engine/toolcall_grammar.h"
 
 #define CKV_LOGITS_MAX_BIAS 300 /* logit_bias entries per request (OpenAI's limit) */
 #define CKV_LOGPROBS_MAX_TOP 20 /* top_logprobs per token (OpenAI's limit) */
@@ -23,6 +24,8 @@ typedef struct {
     float presence_penalty;          /* OpenAI: logit -= (count > 0) * p (-2..2) */
     float repetition_penalty;        /* HF: a seen token's logit / r when > 0, * r when < 0 (1 = off) */
     int json_object;                 /* the answer must be one JSON object (ckv_logits_json sets it up) */
+    const ckv_toolcall_grammar *tool; /* non-NULL: the answer must be tool calls (tool_choice required or
+                                       * named; ckv_logits_tool sets it up; kept by the caller) */
 } ckv_logits_config;
 
 typedef struct {
@@ -38,6 +41,9 @@ typedef struct {
     const int32_t *eos; /* [n_eos] ids that end the answer (allowed once the value is complete) */
     int n_eos;
     int json_failed;  /* a token outside the grammar was accepted (never, unless the row was all -inf) */
+    const ckv_toolcall_grammar *tg; /* non-NULL: the answer is forced tool calls */
+    ckv_toolcall_vocab tv;         /* the vocabulary they are decoded over */
+    ckv_toolcall_state ts;
 } ckv_logits;
 
 /* Checks the configuration (ids in [0, vocab), ranges; errors name the request field) and sizes the
@@ -50,6 +56,9 @@ void ckv_logits_free(ckv_logits *p); /* accepts zeroed and partial objects */
 /* Constrains the answer to one JSON object over vocabulary gv (built once per model); eos [n_eos]
  * (kept by the caller) end it once complete. */
 ckv_status ckv_logits_json(ckv_logits *p, const ckv_grammar_vocab *gv, const int32_t *eos, int n_eos);
+
+/* Constrains the answer to the tool calls of g over vocabulary gv; eos [n_eos] end it once they may. */
+ckv_status ckv_logits_tool(ckv_logits *p, const ckv_toolcall_grammar *g, const ckv_grammar_vocab *gv, const int32_t *eos, int n_eos);
 
 /* A new answer starts (no generated tokens counted). */
 void ckv_logits_begin(ckv_logits *p);

@@ -16,11 +16,11 @@ static const ckv_toolcall_syntax syntaxes[] = {
     /* Qwen2.5 (and Hermes 2 Pro): <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, one per call */
     {.name = "hermes", .open = "<tool_call>", .pre = "", .head = WS "{" WS "\"name\"" WS ":" WS NAME WS "," WS "\"arguments\"" WS ":" WS,
      .tail = WS "}" WS "</tool_call>", .close = "</tool_call>", .c_first = "", .c_open = "<tool_call>\n{\"name\": \"",
-     .c_mid = "\", \"arguments\": ", .c_close = "}\n</tool_call>", .c_sep = "\n"},
+     .c_mid = "\", \"arguments\": ", .c_close = "}\n</tool_call>", .c_sep = "\n", .c_last = ""},
     /* Mistral (v0.3 instruct): [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...] */
     {.name = "mistral", .open = "[TOOL_CALLS]", .pre = WS "[", .head = WS "{" WS "\"name\"" WS ":" WS NAME WS "," WS "\"arguments\"" WS ":" WS,
      .tail = WS "}", .list_sep = ',', .list_end = ']', .close = NULL, .c_first = "[TOOL_CALLS] [", .c_open = "{\"name\": \"",
-     .c_mid = "\", \"arguments\": ", .c_close = "}", .c_sep = ", "},
+     .c_mid = "\", \"arguments\": ", .c_close = "}", .c_sep = ", ", .c_last = "]"},
 };
 
 const ckv_toolcall_syntax *ckv_toolcall_syntax_find(const char *name) {

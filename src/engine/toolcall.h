@@ -36,8 +36,8 @@ typedef struct {
                               * list_end after the last (whitespace around them allowed) */
     const char *close;     /* the literal that ends a call read whole (NULL: no such reading) */
     /* the exact text the constrained decoder writes: first, then per call open + name + mid +
-     * arguments + close_text, sep between calls */
-    const char *c_first, *c_open, *c_mid, *c_close, *c_sep;
+     * arguments + close, sep between calls, last after them */
+    const char *c_first, *c_open, *c_mid, *c_close, *c_sep, *c_last;
 } ckv_toolcall_syntax;
 
 /* The syntax named `name` (NULL when unknown). */
