@@ -15,7 +15,7 @@
 static const ckv_toolcall_syntax syntaxes[] = {
     /* Qwen2.5 (and Hermes 2 Pro): <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, one per call */
     {.name = "hermes", .open = "<tool_call>", .pre = "", .head = WS "{" WS "\"name\"" WS ":" WS NAME WS "," WS "\"arguments\"" WS ":" WS,
-     .tail = WS "}" WS "</tool_call>", .close = "</tool_call>", .c_first = "", .c_open = "<tool_call>\n{\"name\": \"",
+     .tail = WS "}" WS "</tool_call>", .close = "</tool_call>", .bare_tail = WS "}", .c_first = "", .c_open = "<tool_call>\n{\"name\": \"",
      .c_mid = "\", \"arguments\": ", .c_close = "}\n</tool_call>", .c_sep = "\n", .c_last = ""},
     /* Mistral (v0.3 instruct): [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...] */
     {.name = "mistral", .open = "[TOOL_CALLS]", .pre = WS "[", .head = WS "{" WS "\"name\"" WS ":" WS NAME WS "," WS "\"arguments\"" WS ":" WS,
@@ -67,15 +67,17 @@ void ckv_toolcall_parser_free(ckv_toolcall_parser *p) {
         if (call) return ckv_error(CKV_STATUS_ERR_IO, "tool calls: the response could not be written");              \
     } while (0)
 
-/* Text outside calls: whitespace is held back until text follows (dropped before a call, and at the
- * end of an answer with calls). */
+/* Text outside calls: whitespace is held back until text follows (dropped before a call, at the end of
+ * an answer with calls, and between calls and the first text). */
 static ckv_status text_byte(ckv_toolcall_parser *p, char c, const ckv_toolcall_sink *k) {
     if (is_ws((unsigned char)c) && p->ws_len < p->cap) {
         p->ws[p->ws_len++] = c;
         return CKV_STATUS_OK;
     }
-    if (p->ws_len) EMIT(k->text(k->ctx, p->ws, p->ws_len));
+    if (p->ws_len && (p->started || !p->n_calls)) EMIT(k->text(k->ctx, p->ws, p->ws_len)); /* not first after a call */
     p->ws_len = 0;
+    p->started = 1;
+    p->after_bare = 0;
     EMIT(k->text(k->ctx, &c, 1));
     return CKV_STATUS_OK;
 }
@@ -190,11 +192,18 @@ static ckv_status step(ckv_toolcall_parser *p, char ch, const ckv_toolcall_sink 
     switch (p->mode) {
     case M_TEXT: {
         size_t ol = strlen(s->open);
+        if (s->bare_tail && !p->hold && c == '{' && (!p->started || p->after_bare)) { /* a call without the marker */
+            p->raw_len = 0;
+            p->bare = 1;
+            start_pattern(p, M_HEAD, s->head);
+            return step(p, ch, k);
+        }
         if ((unsigned char)s->open[p->hold] == c) {
             p->raw[p->hold++] = ch;
             if (p->hold == ol) { /* a marker */
                 p->raw_len = p->hold;
                 p->hold = 0;
+                p->bare = 0;
                 start_pattern(p, M_PRE, s->pre);
             }
             return CKV_STATUS_OK;
@@ -236,7 +245,7 @@ static ckv_status step(ckv_toolcall_parser *p, char ch, const ckv_toolcall_sink 
             EMIT(k->args(k->ctx, p->n_calls - 1, &ch, 1));
             return CKV_STATUS_OK;
         }
-        if (s->close && !s->list_sep) { /* another key order: read the call whole */
+        if (s->close && !s->list_sep && !p->bare) { /* another key order: read the call whole */
             p->mode = M_RAW;
             return CKV_STATUS_OK;
         }
@@ -258,7 +267,7 @@ static ckv_status step(ckv_toolcall_parser *p, char ch, const ckv_toolcall_sink 
             return step(p, ch, k);
         }
         EMIT(k->args(k->ctx, p->n_calls - 1, &ch, 1));
-        if (ckv_json_complete(&p->js)) start_pattern(p, M_TAIL, s->tail);
+        if (ckv_json_complete(&p->js)) start_pattern(p, M_TAIL, p->bare ? s->bare_tail : s->tail);
         return CKV_STATUS_OK;
     case M_TAIL: {
         if (p->raw_len < p->cap) p->raw[p->raw_len++] = ch;
@@ -266,12 +275,14 @@ static ckv_status step(ckv_toolcall_parser *p, char ch, const ckv_toolcall_sink 
         if (r == 1 && !pattern_done(p)) return CKV_STATUS_OK;
         if (r == 1) { /* the call is complete */
             p->raw_len = 0;
+            p->after_bare = p->bare;
             p->mode = s->list_sep ? M_LIST : M_TEXT;
             return CKV_STATUS_OK;
         }
         if (r == 0) { /* complete before this byte (a tail ending in whitespace) */
             p->mode = s->list_sep ? M_LIST : M_TEXT;
             p->raw_len = 0;
+            p->after_bare = p->bare;
             return step(p, ch, k);
         }
         return give_back(p, k); /* the call stays; its broken tail is text */

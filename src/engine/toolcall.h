@@ -11,7 +11,8 @@
  * tail pattern. Once the head and the arguments' first byte are read the call is reported (index, id,
  * name) and every later byte of the arguments is reported as a fragment. Arguments that break off
  * (bad JSON, or the answer cut short) end the call there; what follows is text (a broken tail
- * included). Whitespace before a call, and at the end of an answer with calls, is dropped. A Hermes call in another key order (arguments first) is read whole at its close
+ * included). Whitespace before a call, at the end of an answer with calls and between a call and the
+ * answer's first text is dropped. A Hermes call in another key order (arguments first) is read whole at its close
  * marker. */
 #ifndef CKV_TOOLCALL_H
 #define CKV_TOOLCALL_H
@@ -35,6 +36,9 @@ typedef struct {
     char list_sep, list_end; /* 0: one call per marker; else a list: list_sep before the next call's head,
                               * list_end after the last (whitespace around them allowed) */
     const char *close;     /* the literal that ends a call read whole (NULL: no such reading) */
+    const char *bare_tail; /* non-NULL: a call may also come without the marker, as a bare head + arguments +
+                            * this tail, when it opens the answer or follows such a call (small Qwen2.5
+                            * models answer so) */
     /* the exact text the constrained decoder writes: first, then per call open + name + mid +
      * arguments + close, sep between calls, last after them */
     const char *c_first, *c_open, *c_mid, *c_close, *c_sep, *c_last;
@@ -68,6 +72,8 @@ typedef struct {
     size_t raw_len, cap;
     ckv_json_state js;    /* the arguments */
     int n_calls;
+    int started;          /* text other than whitespace was reported */
+    int bare, after_bare; /* the current call came without the marker; the last one did */
 } ckv_toolcall_parser;
 
 /* A parser for answers of at most cap bytes (its buffers, allocated here once). */

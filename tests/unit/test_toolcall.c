@@ -123,6 +123,14 @@ int main(void) {
     expect("hermes", "<tool_call>{\"name\": \"f\", \"arguments\": {}} oops", "} oops", CALLS("f", "{}"));
     /* cut inside the head: text */
     expect("hermes", "<tool_call>\n{\"name\": \"f", "<tool_call>\n{\"name\": \"f", NONE);
+    /* Hermes without the marker (small Qwen2.5 models): a call when it opens the answer */
+    expect("hermes", "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", "",
+           CALLS("get_weather", "{\"city\": \"Paris\"}"));
+    expect("hermes", "{\"name\": \"a\", \"arguments\": {}}\n{\"name\": \"b\", \"arguments\": {}} then text", "then text",
+           CALLS("a", "{}", "b", "{}"));
+    expect("hermes", "{\"name\": \"a\", \"arguments\": {}}\n{\"temp\": 21}", "{\"temp\": 21}", CALLS("a", "{}"));
+    expect("hermes", "{\"city\": \"Paris\"}", "{\"city\": \"Paris\"}", NONE);
+    expect("hermes", "Here: {\"name\": \"a\", \"arguments\": {}}", "Here: {\"name\": \"a\", \"arguments\": {}}", NONE);
     /* Mistral's list */
     expect("mistral", "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"k\": true}}, {\"name\": \"b\", \"arguments\": {}}]",
            "", CALLS("a", "{\"k\": true}", "b", "{}"));
