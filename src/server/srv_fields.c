@@ -318,6 +318,8 @@ int ckv_srv_tool_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind,
             return -1;
         }
     }
+    const cJSON *pv = cJSON_GetObjectItemCaseSensitive(o, "parallel_tool_calls");
+    if (!n_tools && pv && !cJSON_IsNull(pv)) return bad_value(err, "parallel_tool_calls", "needs 'tools' (a non-empty list of functions)");
     if (!n_tools) return 0;
     const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(o, "context");
     if (ctx && !cJSON_IsNull(ctx)) {
