@@ -239,8 +239,8 @@ static ckv_status step(ckv_toolcall_parser *p, char ch, const ckv_toolcall_sink 
         if (r == 0 && c == '{') { /* the arguments start: the call is reported */
             CKV_TRY(begin_call(p, k));
             p->raw_len = 0;
-            ckv_json_init(&p->js, 1);
-            ckv_json_step(&p->js, c);
+            p->depth = 1;
+            p->in_str = p->esc = 0;
             p->mode = M_ARGS;
             EMIT(k->args(k->ctx, p->n_calls - 1, &ch, 1));
             return CKV_STATUS_OK;
@@ -262,12 +262,18 @@ static ckv_status step(ckv_toolcall_parser *p, char ch, const ckv_toolcall_sink 
         return CKV_STATUS_OK;
     }
     case M_ARGS:
-        if (!ckv_json_step(&p->js, c)) { /* the arguments broke off: the rest is text */
-            p->mode = M_TEXT;
-            return step(p, ch, k);
-        }
         EMIT(k->args(k->ctx, p->n_calls - 1, &ch, 1));
-        if (ckv_json_complete(&p->js)) start_pattern(p, M_TAIL, p->bare ? s->bare_tail : s->tail);
+        if (p->in_str) {
+            if (p->esc) p->esc = 0;
+            else if (c == '\\') p->esc = 1;
+            else if (c == '"') p->in_str = 0;
+        } else if (c == '"') {
+            p->in_str = 1;
+        } else if (c == '{' || c == '[') {
+            p->depth++;
+        } else if ((c == '}' || c == ']') && --p->depth == 0) {
+            start_pattern(p, M_TAIL, p->bare ? s->bare_tail : s->tail);
+        }
         return CKV_STATUS_OK;
     case M_TAIL: {
         if (p->raw_len < p->cap) p->raw[p->raw_len++] = ch;

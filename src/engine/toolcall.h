@@ -7,11 +7,11 @@
  * write HTTP responses (src/server) or constrain decoding (toolcall_grammar.h).
  *
  * What becomes a call: the syntax's open marker, then the head pattern with the function's name, then
- * the arguments (a JSON object, followed byte by byte with the JSON automaton of grammar.h), then the
- * tail pattern. Once the head and the arguments' first byte are read the call is reported (index, id,
- * name) and every later byte of the arguments is reported as a fragment. Arguments that break off
- * (bad JSON, or the answer cut short) end the call there; what follows is text (a broken tail
- * included). Whitespace before a call, at the end of an answer with calls and between a call and the
+ * the arguments (a JSON object, followed byte by byte to its closing brace: strings and nesting are
+ * tracked, the JSON is not validated), then the tail pattern. Once the head and the arguments' first
+ * byte are read the call is reported (index, id, name) and every later byte of the arguments is
+ * reported as a fragment. An answer cut short inside the arguments ends the call with what was
+ * written; after the arguments, a tail that does not match is text. Whitespace before a call, at the end of an answer with calls and between a call and the
  * answer's first text is dropped. A Hermes call in another key order (arguments first) is read whole at its close
  * marker. */
 #ifndef CKV_TOOLCALL_H
@@ -21,7 +21,6 @@
 #include <stdint.h>
 
 #include "core/status.h"
-#include "engine/grammar.h"
 
 #define CKV_TOOLCALL_MAX_NAME 64 /* a function name's bytes (OpenAI: ^[a-zA-Z0-9_-]{1,64}$) */
 
@@ -70,7 +69,7 @@ typedef struct {
     size_t ws_len;
     char *raw;            /* [cap] the bytes since the marker (text again if no call comes of them) */
     size_t raw_len, cap;
-    ckv_json_state js;    /* the arguments */
+    int depth, in_str, esc; /* the arguments: nesting, inside a string, after a backslash */
     int n_calls;
     int started;          /* text other than whitespace was reported */
     int bare, after_bare; /* the current call came without the marker; the last one did */

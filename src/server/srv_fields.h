@@ -20,7 +20,8 @@ int ckv_srv_known_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err);
  * non-empty suffix refused. */
 int ckv_srv_sampling_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind, long long n, ckv_srv_job *j,
                             ckv_srv_error *err);
-/* response_format (text, or json_object: j->logits.json_object). */
+/* response_format (chat: text, json_object, json_schema) and the "grammar" extension (both endpoints)
+ * compiled into j->grammar (j->logits.grammar points at it). */
 int ckv_srv_format_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err);
 /* tools, tool_choice and parallel_tool_calls (chat): checked against the template (400 naming
  * "tools" when it takes none), j->tool_syntax set unless tool_choice is "none", the constrained

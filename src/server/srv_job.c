@@ -75,9 +75,9 @@ static void job_free(ckv_srv_job *j) {
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     for (int c = 0; j->tool_parsers && c < j->n_choices; c++) ckv_toolcall_parser_free(&j->tool_parsers[c]);
     free(j->tool_parsers);
-    ckv_toolcall_grammar_free(&j->tool_grammar);
     free(j->ctx_ids);
     free(j->q_ids);
+    ckv_grammar_free(&j->grammar);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);

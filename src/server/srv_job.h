@@ -15,7 +15,6 @@
 #include "engine/request.h"
 #include "engine/sched.h"
 #include "engine/toolcall.h"
-#include "engine/toolcall_grammar.h"
 #include "evict/press.h"
 
 #define CKV_SRV_MAX_STOP 4
@@ -47,7 +46,8 @@ typedef struct ckv_srv_job {
     int n_q;
     ckv_press_config press; /* scorer none: the full cache */
     ckv_sampler_config sampling;
-    ckv_logits_config logits; /* logit_bias and penalties */
+    ckv_logits_config logits; /* logit_bias, penalties, and the grammar (logits.grammar: &grammar or NULL) */
+    ckv_grammar grammar;    /* response_format / grammar compiled (zeroed when none) */
     int logprobs;           /* 1: report each token's log-probability (values: log-softmax of the model's row) */
     int top_logprobs;       /* 0..CKV_LOGPROBS_MAX_TOP most likely alternatives per token */
     int echo;               /* completions: the answer starts with the prompt (the "prompt" field) */
@@ -72,7 +72,6 @@ typedef struct ckv_srv_job {
     const ckv_toolcall_syntax *tool_syntax;
     int parallel_tool_calls;
     ckv_toolcall_parser *tool_parsers; /* [n_choices] when streaming */
-    ckv_toolcall_grammar tool_grammar; /* tool_choice required or named: what logits.tool points to */
     char id[48];
     long created;
     double t_submit;

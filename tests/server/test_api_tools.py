@@ -122,7 +122,7 @@ err400("tool_choice", tools=[WEATHER], tool_choice={"type": "function", "functio
 err400("tool_choice", tool_choice="required")
 err400("parallel_tool_calls", tools=[WEATHER], parallel_tool_calls="yes")
 err400("functions", functions=[{"name": "f"}])
-err400("response_format", tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
+err400("tool_choice", tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
 err400("messages[1].tool_call_id", messages=ASK + [{"role": "tool", "content": "x"}], tools=[WEATHER])
 err400("messages[0].tool_calls", messages=[{"role": "user", "content": "x", "tool_calls": []}], tools=[WEATHER])
 err400("messages[1].tool_calls[0]", messages=ASK + [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}])
