@@ -78,8 +78,8 @@ int ckv_cmd_tokenize(int argc, char **argv) {
             if (memchr(text, '\0', len)) ckv_cli_die("--chat: the text contains a NUL byte");
             ckv_chat_message msgs[2];
             int nm = 0;
-            if (system) msgs[nm++] = (ckv_chat_message){"system", system, NULL};
-            msgs[nm++] = (ckv_chat_message){"user", text, NULL};
+            if (system) msgs[nm++] = (ckv_chat_message){"system", system};
+            msgs[nm++] = (ckv_chat_message){"user", text};
             ckv_cli_check(ckv_chat_apply(&ct, msgs, nm, 1, &prompt));
             text = prompt;
             len = strlen(prompt);

@@ -146,8 +146,8 @@ ckv_status ckv_text_encode_split(const ckv_tokenizer *tok, const char *context, 
         }
         ckv_chat_message msgs[2];
         int nm = 0;
-        if (system) msgs[nm++] = (ckv_chat_message){"system", system, NULL};
-        msgs[nm++] = (ckv_chat_message){"user", user, NULL};
+        if (system) msgs[nm++] = (ckv_chat_message){"system", system};
+        msgs[nm++] = (ckv_chat_message){"user", user};
         if (st == CKV_STATUS_OK) st = ckv_chat_apply(tp, msgs, nm, 1, &rendered);
         special = 0;
     } else {

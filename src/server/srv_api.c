@@ -247,12 +247,13 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         return -1;
     }
     ckv_chat_message *m = calloc((size_t)n, sizeof *m);
+    const cJSON **calls_of = calloc((size_t)n, sizeof *calls_of); /* [n] assistant tool_calls */
     char **texts = calloc((size_t)n, sizeof *texts);
     char *full = NULL, *prefix = NULL;
     ckv_text_range *plain = NULL; /* [n_plain] the messages' content in full */
     size_t n_plain = 0;
     const char *context = NULL;
-    if (!m || !texts) {
+    if (!m || !texts || !calls_of) {
         ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
         goto done;
     }
@@ -283,7 +284,8 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
             if (!err->http) ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
             goto done;
         }
-        m[i] = (ckv_chat_message){r, texts[i], calls};
+        m[i] = (ckv_chat_message){r, texts[i]};
+        calls_of[i] = calls;
         if (!strcmp(r, "user")) last_user = i;
     }
     if (ckv_srv_get_string(o, "context", &context, err)) goto done;
@@ -310,14 +312,14 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         goto done;
     }
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools"); /* checked by ckv_srv_tool_fields */
-    if (ckv_chat_apply_tools(&a->tmpl, cJSON_IsArray(tools) ? tools : NULL, m, n, 1, &full, &plain, &n_plain) != CKV_STATUS_OK) {
+    if (ckv_chat_apply_tools(&a->tmpl, cJSON_IsArray(tools) ? tools : NULL, m, calls_of, n, 1, &full, &plain, &n_plain) != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 400, INVALID, "messages", "invalid_value", "%s", ckv_error_message());
         ckv_error_clear();
         goto done;
     }
     size_t lp = 0;
     if (last_user > 0 &&
-        ckv_chat_apply_tools(&a->tmpl, cJSON_IsArray(tools) ? tools : NULL, m, last_user, 0, &prefix, NULL, NULL) == CKV_STATUS_OK) {
+        ckv_chat_apply_tools(&a->tmpl, cJSON_IsArray(tools) ? tools : NULL, m, calls_of, last_user, 0, &prefix, NULL, NULL) == CKV_STATUS_OK) {
         lp = strlen(prefix);
         if (strncmp(full, prefix, lp) != 0) lp = 0;
     }
@@ -338,6 +340,7 @@ done:
     for (int i = 0; texts && i < n; i++) free(texts[i]);
     free(texts);
     free(m);
+    free((void *)calls_of);
     free(full);
     free(prefix);
     free(plain);

@@ -209,7 +209,8 @@ static ckv_status chatml_tools_system(const ckv_chat_template *t, const cJSON *t
 }
 
 /* An assistant turn with tool calls, and tool results (one user turn for a run of them). */
-static ckv_status chatml_tool_message(const ckv_chat_message *m, int i, int n, ckv_tk_buf *b, content_ranges *r) {
+static ckv_status chatml_tool_message(const ckv_chat_message *m, const cJSON *const *calls, int i, int n, ckv_tk_buf *b,
+                                      content_ranges *r) {
     if (!strcmp(m[i].role, "tool")) {
         if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) CKV_TRY(app(b, "<|im_start|>user"));
         CKV_TRY(app(b, "\n<tool_response>\n"));
@@ -223,7 +224,7 @@ static ckv_status chatml_tool_message(const ckv_chat_message *m, int i, int n, c
         CKV_TRY(app(b, "\n"));
         CKV_TRY(app_content(b, r, m[i].content, 0));
     }
-    for (const cJSON *call = m[i].tool_calls->child; call; call = call->next) {
+    for (const cJSON *call = calls[i]->child; call; call = call->next) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(call, "function");
         if (!f) f = call;
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
@@ -241,14 +242,18 @@ static ckv_status chatml_tool_message(const ckv_chat_message *m, int i, int n, c
 
 static int has_tools(const cJSON *tools) { return tools && cJSON_IsArray(tools) && tools->child; }
 
-static ckv_status render(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *m, int n, int gen, ckv_tk_buf *b,
-                         content_ranges *r) {
+/* Message i is an assistant's with tool calls. */
+static int has_calls(const ckv_chat_message *m, const cJSON *const *calls, int i) {
+    return calls && calls[i] && cJSON_IsArray(calls[i]) && calls[i]->child && m[i].role && !strcmp(m[i].role, "assistant");
+}
+
+static ckv_status render(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *m, const cJSON *const *calls, int n,
+                         int gen, ckv_tk_buf *b, content_ranges *r) {
     int tool_turns = 0;
     for (int i = 0; i < n; i++) {
-        int calls = m[i].tool_calls && cJSON_IsArray(m[i].tool_calls) && m[i].tool_calls->child;
-        if (!m[i].role || (!m[i].content && !(calls && !strcmp(m[i].role, "assistant"))))
+        if (!m[i].role || (!m[i].content && !has_calls(m, calls, i)))
             return ckv_error(CKV_STATUS_ERR_ARG, "chat message %d has no role or content", i);
-        if (calls || !strcmp(m[i].role, "tool")) tool_turns = 1;
+        if (has_calls(m, calls, i) || !strcmp(m[i].role, "tool")) tool_turns = 1;
     }
     const int hermes = t->family == CKV_CHAT_CHATML && !strcmp(t->tool_syntax, "hermes");
     if ((has_tools(tools) || tool_turns) && !hermes)
@@ -305,9 +310,8 @@ static ckv_status render(const ckv_chat_template *t, const cJSON *tools, const c
             CKV_TRY(app(b, "<|im_end|>\n"));
         }
         for (int i = first; i < n; i++) {
-            if (!strcmp(m[i].role, "tool") || (m[i].tool_calls && cJSON_IsArray(m[i].tool_calls) && m[i].tool_calls->child &&
-                                               !strcmp(m[i].role, "assistant"))) {
-                CKV_TRY(chatml_tool_message(m, i, n, b, r));
+            if (!strcmp(m[i].role, "tool") || has_calls(m, calls, i)) {
+                CKV_TRY(chatml_tool_message(m, calls, i, n, b, r));
                 continue;
             }
             CKV_TRY(app(b, "<|im_start|>"));
@@ -360,13 +364,13 @@ static ckv_status render(const ckv_chat_template *t, const cJSON *tools, const c
     return ckv_error(CKV_STATUS_ERR_ARG, "chat template: unknown family %d", (int)t->family);
 }
 
-static ckv_status apply(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *msgs, int n_msgs,
-                        int add_generation_prompt, char **out, content_ranges *r) {
+static ckv_status apply(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *msgs, const cJSON *const *calls,
+                        int n_msgs, int add_generation_prompt, char **out, content_ranges *r) {
     *out = NULL;
     if (!t || n_msgs < 0 || (n_msgs && !msgs)) return ckv_error(CKV_STATUS_ERR_ARG, "chat template: bad arguments");
     ckv_tk_buf b = {0};
     ckv_status s = ckv_tk_buf_reserve(&b, 64);
-    if (s == CKV_STATUS_OK) s = render(t, tools, msgs, n_msgs, add_generation_prompt, &b, r);
+    if (s == CKV_STATUS_OK) s = render(t, tools, msgs, calls, n_msgs, add_generation_prompt, &b, r);
     if (s != CKV_STATUS_OK) {
         ckv_tk_buf_free(&b);
         return s;
@@ -377,17 +381,18 @@ static ckv_status apply(const ckv_chat_template *t, const cJSON *tools, const ck
 
 ckv_status ckv_chat_apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs,
                           int add_generation_prompt, char **out) {
-    return apply(t, NULL, msgs, n_msgs, add_generation_prompt, out, NULL);
+    return apply(t, NULL, msgs, NULL, n_msgs, add_generation_prompt, out, NULL);
 }
 
-ckv_status ckv_chat_apply_tools(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *msgs, int n_msgs,
-                                int add_generation_prompt, char **out, ckv_text_range **content, size_t *n_content) {
+ckv_status ckv_chat_apply_tools(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *msgs,
+                                const cJSON *const *calls, int n_msgs, int add_generation_prompt, char **out,
+                                ckv_text_range **content, size_t *n_content) {
     content_ranges r = {NULL, 0, 0, content != NULL};
     if (content) {
         *content = NULL;
         *n_content = 0;
     }
-    ckv_status s = apply(t, tools, msgs, n_msgs, add_generation_prompt, out, &r);
+    ckv_status s = apply(t, tools, msgs, calls, n_msgs, add_generation_prompt, out, &r);
     if (s != CKV_STATUS_OK || !content) {
         free(r.p);
         return s;
@@ -399,5 +404,5 @@ ckv_status ckv_chat_apply_tools(const ckv_chat_template *t, const cJSON *tools, 
 
 ckv_status ckv_chat_apply_ranges(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs, int add_generation_prompt,
                                  char **out, ckv_text_range **content, size_t *n_content) {
-    return ckv_chat_apply_tools(t, NULL, msgs, n_msgs, add_generation_prompt, out, content, n_content);
+    return ckv_chat_apply_tools(t, NULL, msgs, NULL, n_msgs, add_generation_prompt, out, content, n_content);
 }

@@ -28,18 +28,21 @@ static char *render(const ckv_chat_template *t, const cJSON *c) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(c, "messages"), *tools = cJSON_GetObjectItemCaseSensitive(c, "tools");
     int n = cJSON_GetArraySize(msgs), i = 0;
     ckv_chat_message *m = calloc((size_t)n, sizeof *m);
+    const cJSON **calls_of = calloc((size_t)n, sizeof *calls_of);
     const cJSON *it;
     cJSON_ArrayForEach(it, msgs) {
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
         const cJSON *calls = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+        calls_of[i] = cJSON_IsArray(calls) ? calls : NULL;
         m[i++] = (ckv_chat_message){cJSON_GetObjectItemCaseSensitive(it, "role")->valuestring,
-                                    cJSON_IsString(content) ? content->valuestring : NULL, cJSON_IsArray(calls) ? calls : NULL};
+                                    cJSON_IsString(content) ? content->valuestring : NULL};
     }
     char *out = NULL;
     ckv_text_range *r = NULL;
     size_t nr = 0;
-    ckv_status st = ckv_chat_apply_tools(t, cJSON_IsArray(tools) ? tools : NULL, m, n, 1, &out, &r, &nr);
+    ckv_status st = ckv_chat_apply_tools(t, cJSON_IsArray(tools) ? tools : NULL, m, calls_of, n, 1, &out, &r, &nr);
     free(m);
+    free((void *)calls_of);
     free(r);
     return st == CKV_STATUS_OK ? out : NULL;
 }
