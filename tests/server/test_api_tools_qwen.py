@@ -50,6 +50,14 @@ print(f"required: finish_reason {fin}, content {m.content!r}, calls {[(x.functio
 t.check(fin == "tool_calls" and call is not None and call.function.name == "get_weather" and isinstance(args, dict) and
         "paris" in json.dumps(args).lower(), "required: a parsed get_weather call naming Paris", str(r.choices[0]))
 
+# the README's round trip: the client's own message object back in the history, then the result
+if call is not None:
+    back = ASK + [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 21}"}]
+    rt = ask(messages=back, tool_choice="none")
+    print(f"round trip: {rt.choices[0].message.content!r}")
+    t.check(isinstance(rt.choices[0].message.content, str) and rt.choices[0].finish_reason in ("stop", "length"),
+            "the client's assistant message (model_dump) and a tool result are accepted back")
+
 r = ask(tool_choice="auto")
 m, fin = r.choices[0].message, r.choices[0].finish_reason
 print(f"auto: finish_reason {fin}, content {m.content!r}, calls {[(x.function.name, x.function.arguments) for x in m.tool_calls or []]}")
