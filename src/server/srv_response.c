@@ -423,7 +423,8 @@ char *ckv_srv_api_chunk(const ckv_srv_api *a, const ckv_srv_job *j, int c, const
         tool_sink t;
         ckv_toolcall_sink k = {&t, sink_text, sink_call, sink_args};
         int nc = 0;
-        if (sink_init(&t, dn + p->cap, 1, j->parallel_tool_calls) == 0) {
+        /* this piece's text and arguments, and what the parser holds back and may give back now */
+        if (sink_init(&t, dn + p->raw_len + p->ws_len + p->hold, 1, j->parallel_tool_calls) == 0) {
             ckv_toolcall_feed(p, delta ? delta : "", dn, &k);
             if (finish) ckv_toolcall_finish(p, &k, &nc);
             ckv_error_clear();
