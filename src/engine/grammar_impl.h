@@ -1,6 +1,7 @@
 /* grammar_impl.h - what the grammar's files share and nothing outside them uses: the rule builder
- * the schema and GBNF compilers write through (grammar_rules.c), the JSON building blocks, and the
- * JSON string body's byte step (grammar_match.c). */
+ * the schema and GBNF compilers write through (grammar_rules.c; also the forced tool calls of
+ * toolcall_grammar.c), the JSON building blocks, and the JSON string body's byte step
+ * (grammar_match.c). */
 #ifndef CKV_GRAMMAR_IMPL_H
 #define CKV_GRAMMAR_IMPL_H
 
