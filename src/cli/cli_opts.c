@@ -38,6 +38,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_CHAT, "chat", 0, CKV_OPT_KIND_FLAG, "input", NULL, "render prompt + question as a user turn in the model's chat template", NULL, G, 0, 0, NULL, 0, 0},
     {CKV_OPT_CHAT, "chat", 0, CKV_OPT_KIND_FLAG, "input", NULL, "wrap the text as one user turn with the model's chat template", NULL, T, 0, 0, NULL, 0, 0},
     {CKV_OPT_TEMPLATE, "template", 0, CKV_OPT_KIND_STR, "input", "NAME", "chat template instead of the model's own (llama3, llama3.1, llama3.2, chatml,\nqwen2.5, smollm2, mistral, mistral-v0.1); implies --chat", NULL, G | T, 0, 0, NULL, 0, 0},
+    {CKV_OPT_SPECIAL_IN_CONTENT, "special-in-content", 0, CKV_OPT_KIND_FLAG, "input", NULL, "with --chat: special-token text in the prompt, question and system text\n(\"<|im_start|>\") becomes special tokens (by default it is plain text)", NULL, G | T, 0, 0, NULL, 0, 0},
     {CKV_OPT_TEMPLATE, "template", 0, CKV_OPT_KIND_STR, "input", "NAME", "chat template (llama3, chatml, smollm2, qwen2.5, mistral, ...) or none for\nplain text", "the tokenizer's own, plain text when it has none", E, 0, 0, NULL, 0, 0},
     {CKV_OPT_SYSTEM, "system", 0, CKV_OPT_KIND_STR, "input", "TEXT", "a system turn (with a chat template)", NULL, G | T | E, 0, 0, NULL, 0, 0},
     {CKV_OPT_LOAD_CACHE, "load-cache", 0, CKV_OPT_KIND_STR, "input", "F", "answer the questions from a saved context instead of a prompt", NULL, G, 0, 0, NULL, 0, 0},
