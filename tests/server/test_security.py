@@ -130,6 +130,22 @@ def early_answers(s):
                    "repeatedly", str(codes)):
         t.finish()
     quick_ok(s, "the server answers after the early-ending answers")
+    # the second site: a client that leaves while its context is prefilled (its job is cancelled there)
+    body = json.dumps({"prompt": ids(900, 50), "max_tokens": 4, "press": "snapkv", "budget": 0.5}).encode()
+    for i in range(4):
+        sock = socket.create_connection((s.host, s.port), timeout=10)
+        sock.sendall(post("/v1/completions", body))
+        time.sleep(0.05 * (i + 1))  # inside the prefill of 900 tokens (it takes longer than 0.2 s)
+        sock.close()
+    t_end, m = time.time() + 30, {}
+    while time.time() < t_end:
+        m = s.metrics()
+        if m.get("ckv_running_requests", 1) == 0 and m.get("ckv_queue_length", 1) == 0:
+            break
+        time.sleep(0.2)
+    t.check(m.get("ckv_running_requests", 1) == 0 and m.get("ckv_queue_length", 1) == 0,
+            "clients that leave during their context's prefill: their jobs end, nothing is left running", str(m)[:300])
+    quick_ok(s, "the server answers after clients left during their prefill")
 
 
 def slow_clients(s):
