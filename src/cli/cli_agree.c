@@ -202,9 +202,7 @@ void ckv_cli_agree_check(ckv_comm *world, const ckv_cli_agreement *a) {
             fflush(stderr);
         }
         free(all);
-        world->ops->barrier(world);
-        ckv_comm_free(world);
-        exit(1);
+        exit_together(world);
     }
     free(all);
     agree_weights(world, a);

@@ -19,7 +19,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Checks, Server, ids, require_openai, require_server, skip  # noqa: E402
+from serve_util import SANITIZED, Checks, Server, ids, require_openai, require_server, skip  # noqa: E402
 
 ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
 require_server(ckv)
@@ -37,7 +37,12 @@ t = Checks()
 
 
 def launcher(n):
-    return [mpirun, "-np", str(n), "--oversubscribe"]
+    # Under the sanitizer build the ranks keep every AddressSanitizer check but the leak check at exit:
+    # Open MPI's components leak at MPI_Finalize in frames LeakSanitizer cannot name (dlclosed plugins),
+    # which failed every run's exit status. ckv's own leaks stay checked by the 1-rank servers here
+    # and by the other server tests.
+    asan = ["-x", "ASAN_OPTIONS=" + ":".join(filter(None, [os.environ.get("ASAN_OPTIONS", ""), "detect_leaks=0"]))]
+    return [mpirun, "-np", str(n), "--oversubscribe", *(asan if SANITIZED else [])]
 
 
 def answer(c, **kw):
@@ -136,13 +141,16 @@ same(answer(c1, prompt=ids(15, 9), max_tokens=4, temperature=0), answer(c2, prom
      "after 4 s idle (comm timeout 2 s) tp 2 still answers")
 # the same server on the CUDA backend's sources (cuda-emu: the CPU execution layer; f32 so that it
 # must match the CPU exactly): its group's collectives on device buffers take the staged path
-emu = Server(ckv, FIXTURE, tmp, "--backend", "cuda-emu", "--weights-dtype", "f32", "--kv-dtype", "f32", name="emu-tp2",
-             threads=1, launcher=launcher(2))
-body = {"ignore_eos": True, "press": "critical_adakv:snapkv", "budget": 0.25}
-same(answer(c1, prompt=ctx, max_tokens=8, temperature=0, extra_body=body),
-     answer(emu.client(), prompt=ctx, max_tokens=8, temperature=0, extra_body=body),
-     "--backend cuda-emu with tp 2 (staged collectives) answers as the 1-rank CPU server")
-t.check(emu.stop() == 0 and "staged over 2 ranks" in open(emu.log_path).read(), "the cuda-emu group took the staged path")
+if SANITIZED:  # the emulated kernels unoptimised under ASan take minutes for this prefill; the release build runs it
+    print("SKIP (cuda-emu group): the sanitizer build (the release build checks it)")
+else:
+    emu = Server(ckv, FIXTURE, tmp, "--backend", "cuda-emu", "--weights-dtype", "f32", "--kv-dtype", "f32", name="emu-tp2",
+                 threads=1, launcher=launcher(2))
+    body = {"ignore_eos": True, "press": "critical_adakv:snapkv", "budget": 0.25}
+    same(answer(c1, prompt=ctx, max_tokens=8, temperature=0, extra_body=body),
+         answer(emu.client(), prompt=ctx, max_tokens=8, temperature=0, extra_body=body),
+         "--backend cuda-emu with tp 2 (staged collectives) answers as the 1-rank CPU server")
+    t.check(emu.stop() == 0 and "staged over 2 ranks" in open(emu.log_path).read(), "the cuda-emu group took the staged path")
 rc = tp2.stop()
 with open(tp2.log_path) as f:
     log = f.read()
