@@ -50,6 +50,7 @@ typedef enum {
     CKV_OPT_CORS_ORIGIN,
     /* server: hostile and slow clients */
     CKV_OPT_REQUEST_TIMEOUT, CKV_OPT_MAX_CLIENT_CONNECTIONS, CKV_OPT_SPECIAL_IN_CONTENT,
+    CKV_OPT_VERIFY_WEIGHTS,
     CKV_OPT_N_
 } ckv_opt_id;
 

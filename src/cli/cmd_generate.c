@@ -32,7 +32,7 @@ typedef struct {
     const char *model, *prompt_ids, *prompt_file, *stats_json, *dump_logits, *dump_kept, *save_cache, *load_cache;
     const char *prompt_text, *prompt_text_file, *template_name, *system;
     const char *qtext[64];
-    int n_qtext, chat;
+    int n_qtext, chat; /* chat: CKV_TEXT_CHAT, and CKV_TEXT_SPECIAL_IN_CONTENT with --special-in-content */
     int max_new, ignore_eos;
     ckv_sampler_config sampling;
     ckv_press_config press;
@@ -51,7 +51,11 @@ static void parse_args(generate_args *a, ckv_opts *o, int argc, char **argv) {
     a->n_qtext = ckv_opt_all(o, CKV_OPT_QUESTION, a->qtext, 64);
     a->n_questions = ckv_opt_all(o, CKV_OPT_QUESTION_IDS, a->questions, 64);
     a->template_name = ckv_opt_str(o, CKV_OPT_TEMPLATE, NULL);
-    a->chat = ckv_opt_has(o, CKV_OPT_CHAT) || a->template_name;
+    a->chat = ckv_opt_has(o, CKV_OPT_CHAT) || a->template_name ? CKV_TEXT_CHAT : 0;
+    if (ckv_opt_has(o, CKV_OPT_SPECIAL_IN_CONTENT)) {
+        if (!a->chat) ckv_cli_usage_error("generate", "--special-in-content needs --chat");
+        a->chat |= CKV_TEXT_SPECIAL_IN_CONTENT;
+    }
     a->system = ckv_opt_str(o, CKV_OPT_SYSTEM, NULL);
     a->max_new = (int)ckv_opt_long(o, CKV_OPT_MAX_NEW_TOKENS, 32);
     a->sampling.temperature = (float)ckv_opt_num(o, CKV_OPT_TEMPERATURE, 0.0);

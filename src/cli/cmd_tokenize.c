@@ -2,6 +2,7 @@
  * tokenizer (a directory holding tokenizer.json, the tokenizer.json file itself, or a GGUF file), optionally
  * wrapped as one user turn of the model's chat template. Prints the ids on one line separated by
  * spaces; with --decode prints the text exactly (no newline added). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,12 +38,14 @@ int ckv_cmd_tokenize(int argc, char **argv) {
     int decode = ckv_opt_has(&o, CKV_OPT_DECODE), add_special = !ckv_opt_has(&o, CKV_OPT_NO_SPECIAL);
     int split_special = ckv_opt_has(&o, CKV_OPT_SPLIT_SPECIAL), skip_special = ckv_opt_has(&o, CKV_OPT_SKIP_SPECIAL);
     int utf8_replace = ckv_opt_has(&o, CKV_OPT_UTF8_REPLACE), chat = ckv_opt_has(&o, CKV_OPT_CHAT);
+    int special_in_content = ckv_opt_has(&o, CKV_OPT_SPECIAL_IN_CONTENT);
     int count = ckv_opt_has(&o, CKV_OPT_COUNT);
     ckv_cli_agreement ag; /* one process; under mpirun every rank must run the same */
     ckv_cli_agree_init(&ag, &o, model);
     if (ckv_comm_launched_by_mpi()) ckv_comm_free(ckv_cli_world(&ag, &argc, &argv));
     if (!model) ckv_cli_usage_error("tokenize", "--model is required");
     if (decode && chat) ckv_cli_usage_error("tokenize", "--decode and --chat cannot be combined");
+    if (special_in_content && !chat) ckv_cli_usage_error("tokenize", "--special-in-content needs --chat");
     ckv_tokenizer *tok = NULL;
     ckv_cli_check(ckv_text_open_tokenizer(&tok, model));
 
@@ -67,6 +70,8 @@ int ckv_cmd_tokenize(int argc, char **argv) {
         free(ids);
     } else {
         char *prompt = NULL;
+        ckv_text_range *plain = NULL; /* [n_plain] the messages' text in the rendered chat */
+        size_t n_plain = 0;
         unsigned flags = (add_special && !chat ? CKV_TOKENIZE_ADD_SPECIAL : 0) |
                          (split_special ? CKV_TOKENIZE_SPLIT_SPECIAL : 0) |
                          (utf8_replace ? CKV_TOKENIZE_UTF8_REPLACE : 0);
@@ -80,7 +85,8 @@ int ckv_cmd_tokenize(int argc, char **argv) {
             int nm = 0;
             if (system) msgs[nm++] = (ckv_chat_message){"system", system};
             msgs[nm++] = (ckv_chat_message){"user", text};
-            ckv_cli_check(ckv_chat_apply(&ct, msgs, nm, 1, &prompt));
+            ckv_cli_check(ckv_chat_apply_ranges(&ct, msgs, nm, 1, &prompt, &plain, &n_plain));
+            if (special_in_content) n_plain = 0; /* else the messages' text is plain: only the template's markers are special */
             text = prompt;
             len = strlen(prompt);
         } else if (template_name) {
@@ -88,7 +94,7 @@ int ckv_cmd_tokenize(int argc, char **argv) {
         }
         int32_t *ids = NULL;
         size_t n = 0;
-        ckv_status s = ckv_tokenizer_encode(tok, text, len, flags, &ids, &n);
+        ckv_status s = ckv_tokenizer_encode_ranges(tok, text, len, flags, SIZE_MAX, plain, n_plain, &ids, &n);
         if (s == CKV_STATUS_ERR_FORMAT && !utf8_replace) /* the input text's bytes */
             ckv_cli_die("%s (--utf8-replace turns invalid bytes into U+FFFD)", ckv_error_message());
         ckv_cli_check(s);
@@ -100,6 +106,7 @@ int ckv_cmd_tokenize(int argc, char **argv) {
         }
         free(ids);
         free(prompt);
+        free(plain);
     }
     free(owned);
     ckv_tokenizer_free(tok);

@@ -1,6 +1,7 @@
 /* text.c - a model's tokenizer and prompt rendering (see text.h). */
 #include "engine/text.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,13 +104,15 @@ ckv_status ckv_text_open_tokenizer(ckv_tokenizer **out, const char *model_path) 
     return ckv_tokenizer_load_json(out, model_path);
 }
 
-/* Encodes text; with add_special, the tokenizer's own prefix (BOS) is added. */
-static ckv_status encode(const ckv_tokenizer *tok, const char *text, size_t len, int add_special, int32_t **ids,
-                         int *n) {
+/* Encodes text[len]; with add_special, the tokenizer's own prefix (BOS) is added. plain[n_plain]:
+ * the ranges (relative to text) where special-token strings stay text. */
+static ckv_status encode(const ckv_tokenizer *tok, const char *text, size_t len, int add_special, const ckv_text_range *plain,
+                         size_t n_plain, int32_t **ids, int *n) {
     size_t cnt = 0;
     *ids = NULL;
     *n = 0;
-    CKV_TRY(ckv_tokenizer_encode(tok, text, len, add_special ? CKV_TOKENIZE_ADD_SPECIAL : 0, ids, &cnt));
+    CKV_TRY(ckv_tokenizer_encode_ranges(tok, text, len, add_special ? CKV_TOKENIZE_ADD_SPECIAL : 0, SIZE_MAX, plain, n_plain,
+                                        ids, &cnt));
     if (cnt > (size_t)0x7fffffff) {
         free(*ids);
         *ids = NULL;
@@ -119,23 +122,44 @@ static ckv_status encode(const ckv_tokenizer *tok, const char *text, size_t len,
     return CKV_STATUS_OK;
 }
 
-ckv_status ckv_text_encode_split(const ckv_tokenizer *tok, const char *context, const char *question, int chat,
+/* The content ranges r[n] of a rendered text, as ranges of its part [lo, hi) with the bytes [cut,
+ * cut + cut_len) removed from it (the question mark), relative to lo; written to out (room for n). */
+static size_t ranges_of_part(const ckv_text_range *r, size_t n, size_t lo, size_t hi, size_t cut, size_t cut_len,
+                             ckv_text_range *out) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t a = r[i].off, b = r[i].off + r[i].len;
+        /* map [a, b) through the removal, then clip to the part */
+        size_t ma = a <= cut ? a : (a >= cut + cut_len ? a - cut_len : cut);
+        size_t mb = b <= cut ? b : (b >= cut + cut_len ? b - cut_len : cut);
+        size_t mlo = lo <= cut ? lo : lo - cut_len, mhi = hi <= cut ? hi : hi - cut_len;
+        if (ma < mlo) ma = mlo;
+        if (mb > mhi) mb = mhi;
+        if (mb > ma) out[k++] = (ckv_text_range){ma - mlo, mb - ma};
+    }
+    return k;
+}
+
+ckv_status ckv_text_encode_split(const ckv_tokenizer *tok, const char *context, const char *question, unsigned flags,
                                  const char *template_name, const char *system, int32_t **ctx_ids, int *n_ctx,
                                  int32_t **q_ids, int *n_q) {
     *ctx_ids = *q_ids = NULL;
     *n_ctx = *n_q = 0;
     static const char mark[] = "\x1f" "ckv-question" "\x1f"; /* a unit separator: never in prompts */
+    const size_t ml = sizeof mark - 1;
     const char *q = question ? question : "";
     size_t lc = strlen(context), lq = strlen(q);
     char *user = malloc(lc + sizeof mark + lq + 1);
     if (!user) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory rendering the prompt");
     memcpy(user, context, lc);
-    memcpy(user + lc, mark, sizeof mark - 1);
-    memcpy(user + lc + sizeof mark - 1, q, lq + 1);
+    memcpy(user + lc, mark, ml);
+    memcpy(user + lc + ml, q, lq + 1);
     char *rendered = NULL;
+    ckv_text_range *content = NULL, *part = NULL; /* [n_content] the messages' text in rendered */
+    size_t n_content = 0;
     ckv_status st = CKV_STATUS_OK;
     int special = 1; /* plain text: the tokenizer adds its BOS; a template carries its own */
-    if (chat) {
+    if (flags & CKV_TEXT_CHAT) {
         ckv_chat_template t;
         const ckv_chat_template *tp = ckv_tokenizer_chat_template(tok);
         if (template_name) {
@@ -148,24 +172,33 @@ ckv_status ckv_text_encode_split(const ckv_tokenizer *tok, const char *context, 
         int nm = 0;
         if (system) msgs[nm++] = (ckv_chat_message){"system", system};
         msgs[nm++] = (ckv_chat_message){"user", user};
-        if (st == CKV_STATUS_OK) st = ckv_chat_apply(tp, msgs, nm, 1, &rendered);
+        if (st == CKV_STATUS_OK) st = ckv_chat_apply_ranges(tp, msgs, nm, 1, &rendered, &content, &n_content);
+        if (flags & CKV_TEXT_SPECIAL_IN_CONTENT) n_content = 0;
         special = 0;
     } else {
         rendered = user;
         user = NULL;
     }
+    if (st == CKV_STATUS_OK && n_content && !(part = malloc(n_content * sizeof *part)))
+        st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory rendering the prompt");
     if (st == CKV_STATUS_OK) {
+        size_t total = strlen(rendered);
         char *at = strstr(rendered, mark);
-        size_t head = at ? (size_t)(at - rendered) : strlen(rendered);
-        const char *tail = at ? at + sizeof mark - 1 : "";
+        size_t head = at ? (size_t)(at - rendered) : total, tail = at ? head + ml : total, cut_len = at ? ml : 0;
+        size_t k;
         if (!question) { /* one prompt: context and the template's tail together */
-            memmove(rendered + head, tail, strlen(tail) + 1);
-            st = encode(tok, rendered, strlen(rendered), special, ctx_ids, n_ctx);
+            k = ranges_of_part(content, n_content, 0, total, head, cut_len, part);
+            memmove(rendered + head, rendered + tail, total - tail + 1);
+            st = encode(tok, rendered, strlen(rendered), special, part, k, ctx_ids, n_ctx);
         } else {
-            st = encode(tok, rendered, head, special, ctx_ids, n_ctx);
-            if (st == CKV_STATUS_OK) st = encode(tok, tail, strlen(tail), 0, q_ids, n_q);
+            k = ranges_of_part(content, n_content, 0, head, head, cut_len, part);
+            st = encode(tok, rendered, head, special, part, k, ctx_ids, n_ctx);
+            k = ranges_of_part(content, n_content, tail, total, head, cut_len, part);
+            if (st == CKV_STATUS_OK) st = encode(tok, rendered + tail, total - tail, 0, part, k, q_ids, n_q);
         }
     }
+    free(content);
+    free(part);
     free(user);
     free(rendered);
     if (st != CKV_STATUS_OK) {

@@ -57,7 +57,7 @@ static ckv_status encode_pair(const runner *r, const char *cpart, const char *qp
         free(q);
         return st;
     }
-    CKV_TRY(ckv_text_encode_split(r->tok, cpart, qpart, 1, j->template_name, j->system, a, na, b, nb));
+    CKV_TRY(ckv_text_encode_split(r->tok, cpart, qpart, CKV_TEXT_CHAT, j->template_name, j->system, a, na, b, nb));
     if (!*prefix) return CKV_STATUS_OK;
     int32_t *p = NULL;
     size_t np = 0;

@@ -28,6 +28,9 @@ void ckv_srv_error_set(ckv_srv_error *e, int http, const char *type, const char 
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    /* error bodies stay valid UTF-8: a cut ('%.60s', a full buffer) may split a character */
+    e->param[ckv_utf8_first_invalid((const uint8_t *)e->param, strlen(e->param))] = '\0';
+    e->message[ckv_utf8_first_invalid((const uint8_t *)e->message, strlen(e->message))] = '\0';
 }
 
 ckv_status ckv_srv_api_init(ckv_srv_api *a, ckv_engine *e, const ckv_server_config *cfg, size_t piece_cap) {
@@ -54,6 +57,9 @@ static cJSON *parse_object(const char *body, size_t len, ckv_srv_error *err) {
     memset(err, 0, sizeof *err);
     ckv_json *o = NULL;
     ckv_status st = ckv_json_check_no_nul(body, len, "the request body");
+    size_t bad = st == CKV_STATUS_OK ? ckv_utf8_first_invalid((const uint8_t *)body, len) : len;
+    if (bad < len) /* JSON exchanged between systems is UTF-8 (RFC 8259, 8.1); a key or string is echoed in replies */
+        st = ckv_error(CKV_STATUS_ERR_FORMAT, "the request body is not valid UTF-8: byte 0x%02x at offset %zu", (uint8_t)body[bad], bad);
     if (st == CKV_STATUS_OK) st = ckv_json_parse_buffer(&o, body, len, "the request body");
     if (st != CKV_STATUS_OK || !cJSON_IsObject(o)) {
         ckv_srv_error_set(err, 400, INVALID, "", "invalid_json", "%s", st != CKV_STATUS_OK ? ckv_error_message() : "the request body is not a JSON object");
@@ -296,7 +302,8 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
                               "with 'context', 'messages' must be one user message (the question), optionally after a system message");
             goto done;
         }
-        ckv_status st = ckv_text_encode_split(a->tok, context, m[n - 1].content, 1, a->cfg->chat_template,
+        ckv_status st = ckv_text_encode_split(a->tok, context, m[n - 1].content,
+                                              CKV_TEXT_CHAT | (a->cfg->special_in_content ? CKV_TEXT_SPECIAL_IN_CONTENT : 0), a->cfg->chat_template,
                                               sys ? m[0].content : NULL, &j->ctx_ids, &j->n_ctx, &j->q_ids, &j->n_q);
         if (st != CKV_STATUS_OK) {
             ckv_srv_error_set(err, 400, INVALID, "context", "invalid_value", "%s", ckv_error_message());

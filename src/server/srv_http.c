@@ -722,10 +722,12 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
                                        cfg->cache_dir);
     int sched_ready = st == CKV_STATUS_OK;
     if (sched_ready) s->sched.interleave_s = cfg->interleave_seconds;
+    /* the engine thread at once: its heartbeats keep the followers' waits inside --comm-timeout while
+     * this thread sets up HTTP (the followers wait for the first step from here on) */
+    if (st == CKV_STATUS_OK) st = ckv_srv_sched_start(&s->sched);
     if (st == CKV_STATUS_OK && (getaddrinfo(cfg->host, port, &hints, &ai) != 0 || !ai))
         st = ckv_error(CKV_STATUS_ERR_ARG, "--host %s: not an address this machine can bind", cfg->host);
     if (st == CKV_STATUS_OK) st = ckv_srv_api_init(&s->api, engine, cfg, s->sched.piece_cap);
-    if (st == CKV_STATUS_OK) st = ckv_srv_sched_start(&s->sched);
     if (st == CKV_STATUS_OK) {
         unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG;
         if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
@@ -772,14 +774,17 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     while (d && __atomic_load_n(&s->in_flight, __ATOMIC_SEQ_CST) > 0 && ckv_time_now() < t_end) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
+        if (sched_ready) ckv_srv_step_idle(&s->sched.steps); /* the engine thread has ended: heartbeats from here */
     }
+    /* the followers go now: nothing is computed after the drain, and closing connections and threads
+     * below may take longer than their --comm-timeout */
+    if (sched_ready) ckv_srv_step_quit(&s->sched.steps, st != CKV_STATUS_OK);
     if (d) MHD_stop_daemon(d);
     if (s->watchdog_started) {
         __atomic_store_n(&s->watchdog_quit, 1, __ATOMIC_SEQ_CST);
         pthread_join(s->watchdog, NULL);
     }
     pthread_mutex_destroy(&s->conns_mu);
-    if (sched_ready) ckv_srv_step_quit(&s->sched.steps, st != CKV_STATUS_OK); /* the followers return */
     ckv_srv_sched_free(&s->sched);
     ckv_srv_metrics_free(&s->metrics);
     free(s);

@@ -53,8 +53,6 @@ int ckv_utf8_valid_len(const uint8_t *s, size_t len);
 /* Decodes one code point of VALID UTF-8; returns its byte length. */
 int ckv_utf8_decode(const uint8_t *s, uint32_t *cp);
 int ckv_utf8_encode(uint32_t cp, char *out); /* returns 1..4 */
-/* Returns the offset of the first invalid byte, or len when s is valid UTF-8. */
-size_t ckv_utf8_first_invalid(const uint8_t *s, size_t len);
 /* Appends s with every maximal invalid subpart replaced by U+FFFD (Python/Rust "lossy" rule). */
 ckv_status ckv_utf8_append_lossy(ckv_tk_buf *out, const uint8_t *s, size_t len);
 /* Length of the next unit at s: a valid sequence (*valid = 1) or a maximal invalid subpart (0). */

@@ -107,6 +107,10 @@ typedef struct {
 ckv_status ckv_tokenizer_encode_ranges(const ckv_tokenizer *tok, const char *text, size_t len, unsigned flags, size_t max_ids,
                                        const ckv_text_range *plain, size_t n_plain, int32_t **ids, size_t *n_ids);
 
+/* The offset of the first byte of s[len] that is not part of valid UTF-8 (overlong forms, surrogates
+ * and code points past U+10FFFF are invalid), or len when s is valid UTF-8. */
+size_t ckv_utf8_first_invalid(const uint8_t *s, size_t len);
+
 /* ---- decoding --------------------------------------------------------------------------------- */
 
 enum {
