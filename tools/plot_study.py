@@ -51,8 +51,8 @@ def plot_scores(plt, eval_dir: Path, out: Path) -> None:
             ax.axhline(full[0], color="black", linestyle="--", linewidth=1, label="full cache")
         ax.set_title(task)
         ax.set_xlabel("budget (kept fraction)")
-        ax.set_ylabel("score")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel("score (x100)")
+        ax.set_ylim(-2, 102)  # summary.json's scores are x100
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
@@ -140,6 +140,8 @@ def main() -> int:
     try:
         import matplotlib
         matplotlib.use("Agg")
+        matplotlib.rcParams["svg.fonttype"] = "none"  # text as text: small SVG files
+        matplotlib.rcParams["svg.hashsalt"] = "ckv-study"  # the same input gives the same file
         import matplotlib.pyplot as plt
     except ImportError:
         print("plot_study.py: needs matplotlib (pip install matplotlib)", file=sys.stderr)
