@@ -22,10 +22,13 @@
 #   --steps LIST  the steps to run, comma separated, in this order whatever the list's: profile,
 #               ruler, query, fidelity, analyze, contrast, plots (default: all). Two instances with
 #               different steps may share --out (fidelity and ruler wait for the profile file).
-#   sizes (each overrides what --scale / --tiny set): --samples N (RULER samples per task,
+#   sizes (each overrides what --scale / --tiny set): --length T (RULER and analyze prompt tokens,
+#               default 4096), --samples N (RULER samples per task,
 #               context-only), --query-samples N, --contrast-samples N (0 skips that step),
 #               --probes N and --probe-length T (profile), --fid-context T and --fid-continuation T
-#               (fidelity), --analyze N and --analyze-length T (needle prompts analyzed).
+#               (fidelity), --analyze N and --analyze-length T (needle prompts analyzed);
+#               --presses LIST and --budgets LIST replace the press and budget lists of the RULER,
+#               contrast and fidelity steps (query-aware keeps the snapkv family that LIST holds).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ckv=$root/build/ckv
@@ -39,7 +42,9 @@ while [ $# -gt 0 ]; do
     --scale) scale=$2; shift 2 ;;
     --tiny) tiny=1; shift ;;
     --steps) steps=$2; shift 2 ;;
-    --samples|--query-samples|--contrast-samples|--probes|--probe-length|--fid-context|--fid-continuation|--analyze|--analyze-length)
+    --presses) size[presses]=$2; shift 2 ;;
+    --budgets) size[budgets]=$2; shift 2 ;;
+    --length|--samples|--query-samples|--contrast-samples|--probes|--probe-length|--fid-context|--fid-continuation|--analyze|--analyze-length)
       case ${2-} in ''|*[!0-9]*) echo "run_study.sh: $1 must be a non-negative integer, got '${2-}'" >&2; exit 2 ;; esac
       size[${1#--}]=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -64,7 +69,7 @@ else
   fid_ctx=4096; fid_cont=256; budgets=0.75,0.5,0.25,0.125; an_budgets=0.025,0.05,0.1,0.2,0.4
   n_probes=$((10 * scale)); probe_len=4096
 fi
-an_len=$length
+length=${size[length]:-$length}; an_len=$length
 s_ctx=${size[samples]:-$s_ctx}; s_qa=${size[query-samples]:-$s_qa}; s_smol=${size[contrast-samples]:-$s_smol}
 n_probes=${size[probes]:-$n_probes}; probe_len=${size[probe-length]:-$probe_len}
 fid_ctx=${size[fid-context]:-$fid_ctx}; fid_cont=${size[fid-continuation]:-$fid_cont}
@@ -83,6 +88,12 @@ presses=knorm,streaming_llm,tova,snapkv,pyramidkv,adakv:expected_attention,obser
 presses=$presses,critical:snapkv,critical_adakv:snapkv,defensivekv,random
 presses=$presses,headkv:snapkv,critical_headkv:snapkv
 qa_presses=snapkv,pyramidkv,adakv:snapkv,critical:snapkv,critical_adakv:snapkv
+if [ -n "${size[presses]:-}" ]; then
+  presses=${size[presses]}; q=""
+  for p in ${qa_presses//,/ }; do case ,$presses, in *,$p,*) q=$q${q:+,}$p ;; esac; done
+  qa_presses=${q:-$presses}
+fi
+budgets=${size[budgets]:-$budgets}
 th=(); [ "$threads" -gt 0 ] && th=(--threads "$threads")
 mkdir -p "$out"
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
