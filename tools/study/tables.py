@@ -139,8 +139,10 @@ def analyze(d: Path) -> str:
                 if l.strip():
                     r = json.loads(l)
                     heads[r.get("budget", 0)].append(r)
-        out.append(f"#### {s['press_a']} (A) vs {s['press_b']} (B), {sf.stem.split('_')[-1] and sf.stem}: "
-                   f"{s['context']} context + {s['question']} question tokens\n")
+        tag, _, k = sf.stem[len("analyze_"):].rpartition("_")
+        name_a, _, name_b = tag.replace("-", ":").partition("_vs_")
+        out.append(f"#### {name_a} (A) vs {name_b} (B), prompt {k}: {s['context']} context + {s['question']} question "
+                   f"token(s), {s['budgets'][0]['n_heads']} heads\n")
         out.append("| budget | heads where B perturbs less | mean perturbation A | B | B / A | bound / perturbation A "
                    "(attention-only) | B (theta) | theta B / theta A | question's attention kept: A | B |")
         out.append("|---" * 10 + "|")
@@ -163,8 +165,10 @@ def analyze(d: Path) -> str:
         budgets = sorted({r["budget"] for r in rows})
         presses = list(dict.fromkeys(r["press"] for r in rows))
         mid = last // 2
-        out.append(f"#### Layer-wise: ||h_c - h_f|| / ||h_f|| of the last question token ({f.stem})\n")
-        out.append("| press | " + " | ".join(f"b={b:g} layer {mid} / {last}" for b in budgets) + " |")
+        tag, _, k = f.stem[len("layerwise_"):].rpartition("_")
+        out.append(f"#### Layer-wise: ||h_c - h_f|| / ||h_f|| of the last question token after layers {mid} and {last}, "
+                   f"{tag.replace('-', ':').replace('_vs_', ' vs ')}, prompt {k}\n")
+        out.append("| press | " + " | ".join(f"budget {b:g}" for b in budgets) + " |")
         out.append("|---" * (len(budgets) + 1) + "|")
         for p in presses:
             out.append(f"| {p} | " + " | ".join(
