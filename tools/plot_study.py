@@ -123,7 +123,7 @@ def plot_layers(plt, path: Path, out: Path) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{press} b={b:g}")
     ax.set_xlabel("layer")
     ax.set_ylabel("||h_c - h_f|| / ||h_f||")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     fig.savefig(out / "layerwise.svg")
 

@@ -44,8 +44,16 @@ def ruler(d: Path, title: str) -> str:
     budgets = sorted({r["budget"] for r in rows if r["press"] != "none"}, reverse=True)
     presses = list(dict.fromkeys(r["press"] for r in rows if r["press"] != "none"))
     tasks = sorted({r["task"] for r in rows if r["task"] != "(mean)"})
-    mean = {(r["press"], r["budget"]): r for r in rows if r["task"] == "(mean)"}
     per = {(r["task"], r["press"], r["budget"]): r for r in rows if r["task"] != "(mean)"}
+    mean = {}  # over the tasks (eval's own "(mean)" rows exist only with two tasks or more)
+    for p in presses:
+        for b in budgets:
+            got = [per[(t, p, b)] for t in tasks if (t, p, b) in per]
+            if got:
+                m = {"score": sum(g["score"] for g in got) / len(got)}
+                if all("loss" in g for g in got):
+                    m["loss"] = sum(g["loss"] for g in got) / len(got)
+                mean[(p, b)] = m
     full = {r["task"]: r["score"] for r in rows if r["press"] == "none" and r["task"] != "(mean)"}
     n = max((r["n"] for r in rows if r["task"] != "(mean)" and r["press"] == "none"), default=0)
     out = [f"#### {title}: mean score over {len(tasks)} tasks ({n} sample(s) each), x100\n"]
