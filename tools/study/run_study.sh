@@ -82,7 +82,7 @@ for st in ${steps//,/ }; do
 done
 want() { case ,$steps, in *,$1,*) return 0 ;; *) return 1 ;; esac; }
 # waits (at most 3 hours) for a file another instance writes
-await() { local i; for i in $(seq 1 1080); do [ -s "$1" ] && return 0; sleep 10; done
+await() { local i; [ "$1" = /dev/null ] && return 0; for i in $(seq 1 1080); do [ -s "$1" ] && return 0; sleep 10; done
   echo "run_study.sh: $1 did not appear (run the profile step)" >&2; exit 1; }
 presses=knorm,streaming_llm,tova,snapkv,pyramidkv,adakv:expected_attention,observed_attention,adakv:snapkv
 presses=$presses,critical:snapkv,critical_adakv:snapkv,defensivekv,random
@@ -108,6 +108,7 @@ if [ -z "$profile" ]; then
   fi
 fi
 prof=(--profile "$profile")
+case ,$presses, in *headkv*) ;; *) prof=(); profile=/dev/null ;; esac # no headkv press: no profile needed
 
 if want ruler; then
   await "$profile"
@@ -157,11 +158,14 @@ done
 
 if want contrast && [ "$s_smol" -gt 0 ] && [ -e "$contrast" ]; then
   log "4. contrast: the same RULER sweep on $(basename "$contrast"), $s_smol sample(s) per task"
-  cprofile=$out/headkv_profile_contrast.json
-  [ -s "$cprofile" ] || "$ckv" profile-heads --model "$contrast" --samples "$n_probes" --length "$probe_len" "${th[@]}" \
-    --out "$cprofile" 2>"$out/headkv_profile_contrast.log"
+  cprofile=$out/headkv_profile_contrast.json; cprof=()
+  if [ ${#prof[@]} -gt 0 ]; then
+    [ -s "$cprofile" ] || "$ckv" profile-heads --model "$contrast" --samples "$n_probes" --length "$probe_len" "${th[@]}" \
+      --out "$cprofile" 2>"$out/headkv_profile_contrast.log"
+    cprof=(--profile "$cprofile")
+  fi
   "$ckv" eval --model "$contrast" --task "$tasks" --length "$length" --samples "$s_smol" --press "$presses" \
-    --budget "$budgets" --profile "$cprofile" "${th[@]}" --progress lines --out "$out/ruler_contrast" >"$out/ruler_contrast.txt"
+    --budget "$budgets" "${cprof[@]}" "${th[@]}" --progress lines --out "$out/ruler_contrast" >"$out/ruler_contrast.txt"
 fi
 
 want plots || { log "done in $(( $(date +%s) - start )) s (steps $steps); results under $out"; exit 0; }
