@@ -22,8 +22,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import sys
 from pathlib import Path
+
+
+def save(fig, path: Path) -> None:
+    """Writes the SVG without its metadata block (creator and date): the same input, the same file."""
+    fig.savefig(path, metadata={"Date": None})
+    path.write_text(re.sub(r"\s*<metadata>.*?</metadata>", "", path.read_text(), flags=re.S))
 
 
 def lines(path: Path) -> list[dict]:
@@ -51,13 +58,13 @@ def plot_scores(plt, eval_dir: Path, out: Path) -> None:
             ax.axhline(full[0], color="black", linestyle="--", linewidth=1, label="full cache")
         ax.set_title(task)
         ax.set_xlabel("budget (kept fraction)")
-        ax.set_ylabel("score")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel("score (x100)")
+        ax.set_ylim(-2, 102)  # summary.json's scores are x100
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "score_vs_budget.svg")
+    save(fig, out / "score_vs_budget.svg")
 
 
 def plot_kl(plt, path: Path, out: Path) -> None:
@@ -73,7 +80,7 @@ def plot_kl(plt, path: Path, out: Path) -> None:
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "kl_vs_budget.svg")
+    save(fig, out / "kl_vs_budget.svg")
 
 
 def plot_heads(plt, path: Path, out: Path) -> None:
@@ -95,7 +102,7 @@ def plot_heads(plt, path: Path, out: Path) -> None:
         ax.set_ylabel("layer")
     fig.suptitle("blue: press B perturbs less, red: press A", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "head_grid.svg")
+    save(fig, out / "head_grid.svg")
 
 
 def plot_share(plt, path: Path, out: Path) -> None:
@@ -110,7 +117,7 @@ def plot_share(plt, path: Path, out: Path) -> None:
     ax.set_title(f"A {s['press_a'].split()[0]}  vs  B {s['press_b'].split()[0]}", fontsize=8)
     ax.set_ylim(0, 1)
     fig.tight_layout()
-    fig.savefig(out / "heads_vs_budget.svg")
+    save(fig, out / "heads_vs_budget.svg")
 
 
 def plot_layers(plt, path: Path, out: Path) -> None:
@@ -123,9 +130,9 @@ def plot_layers(plt, path: Path, out: Path) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{press} b={b:g}")
     ax.set_xlabel("layer")
     ax.set_ylabel("||h_c - h_f|| / ||h_f||")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
-    fig.savefig(out / "layerwise.svg")
+    save(fig, out / "layerwise.svg")
 
 
 def main() -> int:
@@ -140,6 +147,8 @@ def main() -> int:
     try:
         import matplotlib
         matplotlib.use("Agg")
+        matplotlib.rcParams["svg.fonttype"] = "none"  # text as text: small SVG files
+        matplotlib.rcParams["svg.hashsalt"] = "ckv-study"  # the same input gives the same file
         import matplotlib.pyplot as plt
     except ImportError:
         print("plot_study.py: needs matplotlib (pip install matplotlib)", file=sys.stderr)

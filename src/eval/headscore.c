@@ -88,19 +88,21 @@ ckv_status ckv_headscore_make_probe(const ckv_tokenizer *tok, const ckv_haystack
             st = append_text(tok, word, 0, &ids, &n, &cap);
             used += n - n0;
         }
-        if (part == 0 && st == CKV_STATUS_OK) { /* the needle */
-            CKV_TRY_GOTO(st, append_text(tok, needle_a, 0, &ids, &n, &cap), done);
+        if (part == 0 && st == CKV_STATUS_OK) { /* the needle sentence, its value inside */
             out->needle_lo = n;
+            CKV_TRY_GOTO(st, append_text(tok, needle_a, 0, &ids, &n, &cap), done);
+            out->answer_lo = n;
             CKV_TRY_GOTO(st, append_text(tok, needle_v, 0, &ids, &n, &cap), done);
-            out->needle_hi = n;
+            out->n_answer = n - out->answer_lo;
             CKV_TRY_GOTO(st, append_text(tok, ".", 0, &ids, &n, &cap), done);
+            out->needle_hi = n;
         }
     }
     CKV_TRY_GOTO(st, append_text(tok, question, 0, &ids, &n, &cap), done);
     out->n = n;
-    out->n_answer = out->needle_hi - out->needle_lo;
     CKV_TRY_GOTO(st, append_text(tok, needle_v, 0, &ids, &n, &cap), done); /* the answer: the value's ids */
-    if (out->n_answer < 1 || memcmp(ids + out->n, ids + out->needle_lo, sizeof *ids * (size_t)out->n_answer)) {
+    if (out->n_answer < 1 || n - out->n != out->n_answer ||
+        memcmp(ids + out->n, ids + out->answer_lo, sizeof *ids * (size_t)out->n_answer)) {
         st = ckv_error(CKV_STATUS_ERR_INTERNAL, "probe %d: the answer's tokens differ from the needle's", index);
         goto done;
     }
@@ -121,8 +123,9 @@ void ckv_headscore_probe_free(ckv_headscore_probe *p) {
 
 typedef struct {
     const ckv_headscore_probe *p;
-    int topk;
-    double *scores;  // [n_layers, n_heads] accumulated
+    int topk;        // rows searched per head (the needle's length when given 0)
+    int answered;    // every answer token is the greedy argmax (read at the last layer)
+    double *scores;  // [n_layers, n_heads] this probe's scores
     float *dq;       // [A, n_heads * d] device: the answer queries
     int32_t *dpos;   // [A] device
     float *q;        // [A, n_heads * d] host
@@ -139,7 +142,31 @@ static int by_weight(const void *a, const void *b) { /* descending weight, then 
     return x->row - y->row;
 }
 
-/* The layer hook: the answer rows' queries against every key of the layer. */
+/* Whether the greedy token of every answer row is the answer's: the logits of those rows from the
+ * hidden states after the last layer (the prefill computes the last row's only). */
+static ckv_status probe_answered(probe_ctx *c, ckv_session *s) {
+    ckv_model *m = s->model;
+    const int A = c->p->n_answer, q0 = c->p->n - 1, V = m->cfg.vocab_size, rows = s->scratch.n_logits;
+    const size_t D = (size_t)m->cfg.hidden_size;
+    c->answered = 1;
+    for (int t0 = 0; t0 < A && c->answered; t0 += rows) {
+        const int cn = A - t0 < rows ? A - t0 : rows;
+        const float *lg = NULL;
+        CKV_TRY(ckv_model_logits(m, &s->scratch, s->x + (size_t)(q0 + t0) * D, cn, &lg));
+        CKV_TRY(m->be->ops->sync(m->be));
+        for (int t = 0; t < cn && c->answered; t++) {
+            const float *row = lg + (size_t)t * V;
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (row[v] > row[best]) best = v;
+            c->answered = best == c->p->ids[c->p->n + t0 + t];
+        }
+    }
+    return CKV_STATUS_OK;
+}
+
+/* The layer hook: the answer rows' queries against every key of the layer; after the last layer,
+ * whether the model answers the probe. */
 static ckv_status probe_layer(void *ctx, ckv_session *s, int layer, int N) {
     probe_ctx *c = ctx;
     ckv_model *m = s->model;
@@ -147,6 +174,7 @@ static ckv_status probe_layer(void *ctx, ckv_session *s, int layer, int N) {
     const ckv_model_config *mc = &m->cfg;
     const int d = mc->head_dim, D = mc->hidden_size, H = mc->n_heads, group = H / mc->n_kv_heads;
     const int A = c->p->n_answer, q0 = c->p->n - 1; /* row q0 + t produces answer token t */
+    const int lo = c->p->needle_lo, hi = c->p->needle_hi, span = hi - lo;
     const ckv_layer_weights *w = &m->layers[layer];
     be->ops->matmul(be, c->dq, s->xn + (size_t)q0 * D, &w->wq, w->bq, A);
     be->ops->rope(be, c->dq, c->dpos, A, H, d, m->inv_freq, m->rope_scale);
@@ -156,7 +184,6 @@ static ckv_status probe_layer(void *ctx, ckv_session *s, int layer, int N) {
     const double scale = 1.0 / sqrt((double)d);
     for (int t = 0; t < A; t++) {
         const int row = q0 + t, n_rows = row + 1; /* causal: rows 0 .. row */
-        const int32_t target = c->p->ids[c->p->n + t];
         for (int h = 0; h < H; h++) {
             const float *q = c->q + ((size_t)t * H + h) * d, *K = c->k + (size_t)(h / group) * N * d;
             double mx = -INFINITY, z = 0;
@@ -168,28 +195,32 @@ static ckv_status probe_layer(void *ctx, ckv_session *s, int layer, int N) {
             }
             for (int i = 0; i < n_rows; i++) z += (c->w[i] = exp(c->w[i] - mx));
             for (int i = 0; i < n_rows; i++) c->w[i] /= z, c->order[i].w = c->w[i], c->order[i].row = i;
-            int k = c->topk < n_rows ? c->topk : n_rows;
+            const int want = c->topk > 0 ? c->topk : span, k = want < n_rows ? want : n_rows;
             qsort(c->order, (size_t)n_rows, sizeof *c->order, by_weight);
             double add = 0;
             for (int r = 0; r < k; r++) {
                 int i = c->order[r].row;
-                if (i >= c->p->needle_lo && i < c->p->needle_hi && c->p->ids[i] == target) add += c->w[i];
+                if (i >= lo && i < hi) add += c->w[i];
             }
-            c->scores[(size_t)layer * H + h] += add / A;
+            c->scores[(size_t)layer * H + h] += 10.0 * add / ((double)span * A);
         }
     }
-    return CKV_STATUS_OK;
+    return layer == mc->n_layers - 1 ? probe_answered(c, s) : CKV_STATUS_OK;
 }
 
-ckv_status ckv_headscore_probe_run(ckv_engine *e, const ckv_headscore_probe *p, int topk, double *scores) {
+ckv_status ckv_headscore_probe_run(ckv_engine *e, const ckv_headscore_probe *p, int topk, int count_all, double *scores,
+                                   int *answered) {
     ckv_model *m = e->model;
     const ckv_model_config *mc = &m->cfg;
     if (m->tp && m->tp->size > 1) return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "head scoring runs on one rank (no --tp)");
-    if (topk < 1) return ckv_error(CKV_STATUS_ERR_ARG, "--topk %d must be >= 1", topk);
+    if (topk < 0) return ckv_error(CKV_STATUS_ERR_ARG, "--topk %d must be >= 1", topk);
     const int A = p->n_answer, N = p->n + A - 1, d = mc->head_dim, H = mc->n_heads;
     ckv_backend *be = m->be;
-    probe_ctx c = {.p = p, .topk = topk, .scores = scores};
-    ckv_status st = be->ops->alloc(be, (void **)&c.dq, sizeof(float) * (size_t)A * H * d, "probe queries");
+    probe_ctx c = {.p = p, .topk = topk};
+    *answered = 0;
+    ckv_status st = ckv_alloc((void **)&c.scores, sizeof(double) * (size_t)mc->n_layers * H, "probe scores");
+    if (st == CKV_STATUS_OK) memset(c.scores, 0, sizeof(double) * (size_t)mc->n_layers * H);
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&c.dq, sizeof(float) * (size_t)A * H * d, "probe queries");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&c.dpos, sizeof(int32_t) * (size_t)A, "probe positions");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&c.q, sizeof(float) * (size_t)A * H * d, "probe queries (host)");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&c.k, sizeof(float) * (size_t)mc->n_kv_heads * N * d, "probe keys");
@@ -209,6 +240,12 @@ ckv_status ckv_headscore_probe_run(ckv_engine *e, const ckv_headscore_probe *p, 
     ckv_prepare_params pp = {.ids = p->ids, .n = N, .reserve = 0, .hook = probe_layer, .hook_ctx = &c};
     if (st == CKV_STATUS_OK) st = ckv_engine_prepare(e, &pp, &pc);
     ckv_prepared_free(&pc);
+    if (st == CKV_STATUS_OK) {
+        *answered = c.answered;
+        if (c.answered || count_all)
+            for (size_t i = 0; i < (size_t)mc->n_layers * H; i++) scores[i] += c.scores[i];
+    }
+    ckv_free(c.scores);
     be->ops->release(be, c.dq);
     be->ops->release(be, c.dpos);
     ckv_free(c.q);
