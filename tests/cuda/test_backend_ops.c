@@ -22,7 +22,6 @@
 #include "cuda_test_backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "engine/sampler.h"
 
 static ckv_backend *tb;  /* the backend under test */
 static ckv_backend *ref; /* the CPU backend */
@@ -788,41 +787,7 @@ static void test_sample(float temperature, int top_k, float top_p) {
     enum { ROWS = 4, V = 300 };
     float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
     for (int i = 2 * V; i < ROWS * V; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f; /* rows 2, 3: ties */
-    ckv_sampler_config cfg = {temperature, top_k, top_p, rng_u32(), 0.0f};
-    ckv_sampler smp;
-    CHECK_OK(ckv_sampler_init(&smp, &cfg, V));
-    double u[ROWS];
-    int32_t want[ROWS], got[ROWS], cpu[ROWS];
-    for (int r = 0; r < ROWS; r++) {
-        ckv_sampler peek = smp;
-        u[r] = temperature > 0.0f ? ckv_sampler_uniform(&peek) : 0.0;
-        want[r] = ckv_sampler_sample(&smp, x + (size_t)r * V);
-    }
-    float *xt = cuda_test_upload(tb, x, sizeof(float) * ROWS * V),
-          *xr = cuda_test_upload(ref, x, sizeof(float) * ROWS * V);
-    double *ut = cuda_test_upload(tb, u, sizeof u), *ur = cuda_test_upload(ref, u, sizeof u);
-    int32_t *ot = cuda_test_upload(tb, want, sizeof want), *orf = cuda_test_upload(ref, want, sizeof want);
-    int32_t poison[ROWS] = {-7, -7, -7, -7};
-    CHECK_OK(tb->ops->upload(tb, ot, poison, sizeof poison));
-    CHECK_OK(ref->ops->upload(ref, orf, poison, sizeof poison));
-    tb->ops->sample(tb, ot, xt, ROWS, V, temperature, top_k, top_p, ut);
-    ref->ops->sample(ref, orf, xr, ROWS, V, temperature, top_k, top_p, ur);
-    cuda_test_download(tb, got, ot, sizeof got);
-    cuda_test_download(ref, cpu, orf, sizeof cpu);
-    int bad = 0;
-    for (int r = 0; r < ROWS; r++) {
-        if (got[r] != cpu[r] || cpu[r] != want[r]) {
-            fprintf(stderr, "  row %d: %s token %d, cpu op %d, engine sampler %d\n", r, tb_name, got[r], cpu[r], want[r]);
-            bad++;
-        }
-    }
-    CHECK_MSG(bad == 0, "%s sample T=%g top_k=%d top_p=%g: %d of %d rows differ", tb_name, temperature, top_k, top_p,
-              bad, ROWS);
-    if (!bad)
-        fprintf(stderr, "ok   %s sample T=%g top_k=%d top_p=%g: %d rows, tokens %d %d %d %d identical (also to the "
-                "engine sampler)\n", tb_name, temperature, top_k, top_p, ROWS, got[0], got[1], got[2], got[3]);
-    release2(xt, xr), release2(ut, ur), release2(ot, orf);
-    ckv_sampler_free(&smp);
+    cuda_test_sample_agree(tb, ref, x, ROWS, V, temperature, top_k, top_p, rng_u32());
     free(x);
 }
 

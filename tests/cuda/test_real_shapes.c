@@ -44,7 +44,6 @@
 #include "core/tensor.h"
 #include "cuda_test_backend.h"
 #include "engine/compress.h"
-#include "engine/sampler.h"
 #include "engine/session.h"
 #include "evict/press.h"
 #include "evict/select.h"
@@ -264,38 +263,7 @@ static void test_sample_vocab(float temperature, int top_k, float top_p) {
     enum { ROWS = 2, V = 152064 };
     float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
     for (int i = V; i < ROWS * V; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f; /* row 1: ~17 values, many ties */
-    ckv_sampler_config cfg = {temperature, top_k, top_p, ckv_test_rng_u32(&rng), 0.0f};
-    ckv_sampler smp;
-    CHECK_OK(ckv_sampler_init(&smp, &cfg, V));
-    double u[ROWS];
-    int32_t want[ROWS], got[ROWS], cpu[ROWS], poison[ROWS] = {-7, -7};
-    for (int r = 0; r < ROWS; r++) {
-        ckv_sampler peek = smp;
-        u[r] = temperature > 0.0f ? ckv_sampler_uniform(&peek) : 0.0;
-        want[r] = ckv_sampler_sample(&smp, x + (size_t)r * V);
-    }
-    float *xt = cuda_test_upload(tb, x, sizeof(float) * ROWS * V),
-          *xr = cuda_test_upload(ref, x, sizeof(float) * ROWS * V);
-    double *ut = cuda_test_upload(tb, u, sizeof u), *ur = cuda_test_upload(ref, u, sizeof u);
-    int32_t *ot = cuda_test_upload(tb, poison, sizeof poison), *orf = cuda_test_upload(ref, poison, sizeof poison);
-    tb->ops->sample(tb, ot, xt, ROWS, V, temperature, top_k, top_p, ut);
-    ref->ops->sample(ref, orf, xr, ROWS, V, temperature, top_k, top_p, ur);
-    cuda_test_download(tb, got, ot, sizeof got);
-    cuda_test_download(ref, cpu, orf, sizeof cpu);
-    int bad = 0;
-    for (int r = 0; r < ROWS; r++)
-        if (got[r] != cpu[r] || cpu[r] != want[r]) {
-            fprintf(stderr, "  row %d: %s token %d, cpu op %d, engine sampler %d\n", r, tb->name, got[r], cpu[r], want[r]);
-            bad++;
-        }
-    CHECK_MSG(bad == 0, "%s sample V=%d T=%g top_k=%d top_p=%g: %d of %d rows differ", tb->name, V, temperature, top_k,
-              top_p, bad, ROWS);
-    if (!bad)
-        fprintf(stderr, "ok   %s sample V=%d T=%g top_k=%d top_p=%g: tokens %d %d identical to the cpu op and the "
-                "engine sampler\n", tb->name, V, temperature, top_k, top_p, got[0], got[1]);
-    tb->ops->release(tb, xt), tb->ops->release(tb, ut), tb->ops->release(tb, ot);
-    ref->ops->release(ref, xr), ref->ops->release(ref, ur), ref->ops->release(ref, orf);
-    ckv_sampler_free(&smp);
+    cuda_test_sample_agree(tb, ref, x, ROWS, V, temperature, top_k, top_p, ckv_test_rng_u32(&rng));
     free(x);
 }
 
