@@ -22,7 +22,6 @@
 #include "cuda_test_backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "engine/sampler.h"
 
 static ckv_backend *tb;  /* the backend under test */
 static ckv_backend *ref; /* the CPU backend */
@@ -58,30 +57,13 @@ static void round_to(float *x, size_t n, ckv_dtype t) {
 
 /* ---- device buffers on both backends ---------------------------------------------------------- */
 
-static void *dev_upload(ckv_backend *be, const void *host, size_t bytes) {
-    void *d = NULL;
-    ckv_status s = be->ops->alloc(be, &d, bytes ? bytes : 4, "test buffer");
-    if (s == CKV_STATUS_OK && bytes) s = be->ops->upload(be, d, host, bytes);
-    if (s != CKV_STATUS_OK) {
-        fprintf(stderr, "FAIL %s: cannot allocate/upload %zu bytes: %s\n", be->name, bytes, ckv_error_message());
-        exit(1);
-    }
-    return d;
-}
-
 /* n floats of NaN: an output the op must overwrite */
 static float *dev_poison(ckv_backend *be, size_t n) {
     float *h = xalloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dev_upload(be, h, n * sizeof(float));
+    float *d = cuda_test_upload(be, h, n * sizeof(float));
     free(h);
     return d;
-}
-
-static void dev_download(ckv_backend *be, void *host, const void *dev, size_t bytes) {
-    ckv_status s = be->ops->sync(be);
-    if (s == CKV_STATUS_OK) s = be->ops->download(be, host, dev, bytes);
-    CHECK_MSG(s == CKV_STATUS_OK, "%s: %s", be->name, ckv_error_message());
 }
 
 /* Typed copy of fp32 values (F32 or BF16) for upload. */
@@ -104,8 +86,8 @@ static void compare(const char *op, const char *cas, const float *got, const flo
 static void compare_dev(const char *op, const char *cas, const float *dt, const float *dr, size_t n, double atol,
                         double rtol) {
     float *a = xalloc(n * sizeof(float)), *b = xalloc(n * sizeof(float));
-    dev_download(tb, a, dt, n * sizeof(float));
-    dev_download(ref, b, dr, n * sizeof(float));
+    cuda_test_download(tb, a, dt, n * sizeof(float));
+    cuda_test_download(ref, b, dr, n * sizeof(float));
     compare(op, cas, a, b, n, atol, rtol);
     free(a);
     free(b);
@@ -126,11 +108,11 @@ static void test_embedding(ckv_dtype t) {
     int32_t ids[9];
     for (int i = 0; i < n; i++) ids[i] = rng_int(0, rows - 1);
     void *ht = typed(table, (size_t)rows * cols, t);
-    ckv_weight wt = {dev_upload(tb, ht, (size_t)rows * cols * ckv_dtype_size(t)), t, rows, cols,
+    ckv_weight wt = {cuda_test_upload(tb, ht, (size_t)rows * cols * ckv_dtype_size(t)), t, rows, cols,
                      (size_t)cols * ckv_dtype_size(t)};
-    ckv_weight wr = {dev_upload(ref, table, (size_t)rows * cols * sizeof(float)), CKV_DTYPE_F32, rows, cols,
+    ckv_weight wr = {cuda_test_upload(ref, table, (size_t)rows * cols * sizeof(float)), CKV_DTYPE_F32, rows, cols,
                      (size_t)cols * sizeof(float)};
-    int32_t *it = dev_upload(tb, ids, sizeof ids), *ir = dev_upload(ref, ids, sizeof ids);
+    int32_t *it = cuda_test_upload(tb, ids, sizeof ids), *ir = cuda_test_upload(ref, ids, sizeof ids);
     float *ot = dev_poison(tb, (size_t)n * cols), *orf = dev_poison(ref, (size_t)n * cols);
     tb->ops->embedding(tb, ot, &wt, it, n);
     ref->ops->embedding(ref, orf, &wr, ir, n);
@@ -145,8 +127,8 @@ static void test_embedding(ckv_dtype t) {
 /* fp32 sums of squares in a different order than the CPU's double sum: a few ulp. */
 static void test_rmsnorm(int n, int dim, int in_place) {
     float *x = rand_floats((size_t)n * dim, -3.0f, 3.0f), *w = rand_floats((size_t)dim, 0.5f, 1.5f);
-    float *xt = dev_upload(tb, x, (size_t)n * dim * 4), *xr = dev_upload(ref, x, (size_t)n * dim * 4);
-    float *wt = dev_upload(tb, w, (size_t)dim * 4), *wr = dev_upload(ref, w, (size_t)dim * 4);
+    float *xt = cuda_test_upload(tb, x, (size_t)n * dim * 4), *xr = cuda_test_upload(ref, x, (size_t)n * dim * 4);
+    float *wt = cuda_test_upload(tb, w, (size_t)dim * 4), *wr = cuda_test_upload(ref, w, (size_t)dim * 4);
     float *ot = in_place ? xt : dev_poison(tb, (size_t)n * dim), *orf = in_place ? xr : dev_poison(ref, (size_t)n * dim);
     tb->ops->rmsnorm(tb, ot, xt, wt, n, dim, 1e-6f);
     ref->ops->rmsnorm(ref, orf, xr, wr, n, dim, 1e-6f);
@@ -171,9 +153,10 @@ static void test_rope(int n, int n_heads, int hd, float attn_scale, int variant)
     }
     int32_t *pos = xalloc((size_t)n * sizeof(int32_t));
     for (int t = 0; t < n; t++) pos[t] = variant == 1 ? rng_int(0, 100000) : t + 3;
-    float *xt = dev_upload(tb, x, (size_t)n * n_heads * hd * 4), *xr = dev_upload(ref, x, (size_t)n * n_heads * hd * 4);
-    float *ft = dev_upload(tb, inv, (size_t)(hd / 2) * 4), *fr = dev_upload(ref, inv, (size_t)(hd / 2) * 4);
-    int32_t *pt = dev_upload(tb, pos, (size_t)n * 4), *pr = dev_upload(ref, pos, (size_t)n * 4);
+    float *xt = cuda_test_upload(tb, x, (size_t)n * n_heads * hd * 4),
+          *xr = cuda_test_upload(ref, x, (size_t)n * n_heads * hd * 4);
+    float *ft = cuda_test_upload(tb, inv, (size_t)(hd / 2) * 4), *fr = cuda_test_upload(ref, inv, (size_t)(hd / 2) * 4);
+    int32_t *pt = cuda_test_upload(tb, pos, (size_t)n * 4), *pr = cuda_test_upload(ref, pos, (size_t)n * 4);
     tb->ops->rope(tb, xt, pt, n, n_heads, hd, ft, attn_scale);
     ref->ops->rope(ref, xr, pr, n, n_heads, hd, fr, attn_scale);
     char cas[80];
@@ -191,8 +174,8 @@ static void test_rope(int n, int n_heads, int hd, float attn_scale, int variant)
 /* swiglu: expf within 1-2 ulp on both sides; add: exact. */
 static void test_elementwise(size_t n) {
     float *g = rand_floats(n, -8.0f, 8.0f), *u = rand_floats(n, -2.0f, 2.0f);
-    float *gt = dev_upload(tb, g, n * 4), *gr = dev_upload(ref, g, n * 4);
-    float *ut = dev_upload(tb, u, n * 4), *ur = dev_upload(ref, u, n * 4);
+    float *gt = cuda_test_upload(tb, g, n * 4), *gr = cuda_test_upload(ref, g, n * 4);
+    float *ut = cuda_test_upload(tb, u, n * 4), *ur = cuda_test_upload(ref, u, n * 4);
     float *ot = dev_poison(tb, n), *orf = dev_poison(ref, n);
     tb->ops->swiglu(tb, ot, gt, ut, n);
     ref->ops->swiglu(ref, orf, gr, ur, n);
@@ -214,7 +197,7 @@ static void test_count_nonfinite(size_t n) {
     float *x = rand_floats(n, -1.0f, 1.0f);
     size_t planted = 0;
     for (size_t i = 0; i < n; i += 1 + rng_u32() % 97, planted++) x[i] = (planted % 3 == 0) ? NAN : (planted % 3 == 1) ? INFINITY : -INFINITY;
-    float *xt = dev_upload(tb, x, n * 4);
+    float *xt = cuda_test_upload(tb, x, n * 4);
     size_t bad = 12345;
     CHECK_OK(tb->ops->count_nonfinite(tb, xt, n, &bad));
     CHECK_MSG(bad == planted, "%s count_nonfinite n=%zu: counted %zu, planted %zu", tb_name, n, bad, planted);
@@ -239,10 +222,11 @@ static void test_matmul(ckv_dtype t, int n, int k, int m, int with_bias) {
             worst = s > worst ? s : worst;
         }
     void *hw = typed(w, (size_t)m * k, t);
-    ckv_weight wt = {dev_upload(tb, hw, (size_t)m * k * ckv_dtype_size(t)), t, m, k, (size_t)k * ckv_dtype_size(t)};
-    ckv_weight wr = {dev_upload(ref, w, (size_t)m * k * 4), CKV_DTYPE_F32, m, k, (size_t)k * 4};
-    float *xt = dev_upload(tb, x, (size_t)n * k * 4), *xr = dev_upload(ref, x, (size_t)n * k * 4);
-    float *bt = dev_upload(tb, b, (size_t)m * 4), *br = dev_upload(ref, b, (size_t)m * 4);
+    ckv_weight wt = {cuda_test_upload(tb, hw, (size_t)m * k * ckv_dtype_size(t)), t, m, k,
+                     (size_t)k * ckv_dtype_size(t)};
+    ckv_weight wr = {cuda_test_upload(ref, w, (size_t)m * k * 4), CKV_DTYPE_F32, m, k, (size_t)k * 4};
+    float *xt = cuda_test_upload(tb, x, (size_t)n * k * 4), *xr = cuda_test_upload(ref, x, (size_t)n * k * 4);
+    float *bt = cuda_test_upload(tb, b, (size_t)m * 4), *br = cuda_test_upload(ref, b, (size_t)m * 4);
     float *ot = dev_poison(tb, (size_t)n * m), *orf = dev_poison(ref, (size_t)n * m);
     tb->ops->matmul(tb, ot, xt, &wt, with_bias ? bt : NULL, n);
     ref->ops->matmul(ref, orf, xr, &wr, with_bias ? br : NULL, n);
@@ -294,17 +278,17 @@ static void kv_build(test_kv *c, ckv_backend *be, ckv_dtype dt, int n_seq, int n
         ckv_kv_seg segs[KV_MAX_HEADS];
         for (int g = 0; g < n_kv; g++) {
             void *tk = typed(h->hk[s][g], (size_t)cap * hd, dt), *tv = typed(h->hv[s][g], (size_t)cap * hd, dt);
-            c->k[s][g] = dev_upload(be, tk, (size_t)cap * hd * ckv_dtype_size(dt));
-            c->v[s][g] = dev_upload(be, tv, (size_t)cap * hd * ckv_dtype_size(dt));
-            c->pos[s][g] = dev_upload(be, h->hp[s][g], (size_t)cap * 4);
+            c->k[s][g] = cuda_test_upload(be, tk, (size_t)cap * hd * ckv_dtype_size(dt));
+            c->v[s][g] = cuda_test_upload(be, tv, (size_t)cap * hd * ckv_dtype_size(dt));
+            c->pos[s][g] = cuda_test_upload(be, h->hp[s][g], (size_t)cap * 4);
             segs[g] = (ckv_kv_seg){c->k[s][g], c->v[s][g], c->pos[s][g], h->len[s][g], cap};
             free(tk);
             free(tv);
         }
-        c->segs[s] = dev_upload(be, segs, sizeof(ckv_kv_seg) * (size_t)n_kv);
+        c->segs[s] = cuda_test_upload(be, segs, sizeof(ckv_kv_seg) * (size_t)n_kv);
         ptrs[s] = c->segs[s];
     }
-    c->list = dev_upload(be, ptrs, sizeof(ckv_kv_seg *) * (size_t)n_seq);
+    c->list = cuda_test_upload(be, ptrs, sizeof(ckv_kv_seg *) * (size_t)n_seq);
 }
 
 static void kv_free(test_kv *c) {
@@ -360,15 +344,15 @@ static void kv_fetch(const test_kv *c, float *k, float *v, int32_t *pos, int *le
     void *tmp = xalloc(rows * es);
     for (int s = 0; s < c->n_seq; s++) {
         ckv_kv_seg segs[KV_MAX_HEADS];
-        dev_download(c->be, segs, c->segs[s], sizeof(ckv_kv_seg) * (size_t)c->n_kv);
+        cuda_test_download(c->be, segs, c->segs[s], sizeof(ckv_kv_seg) * (size_t)c->n_kv);
         for (int g = 0; g < c->n_kv; g++) {
             const size_t at = (size_t)(s * c->n_kv + g);
             len[at] = segs[g].len;
-            dev_download(c->be, tmp, c->k[s][g], rows * es);
+            cuda_test_download(c->be, tmp, c->k[s][g], rows * es);
             ckv_convert_to_f32(k + at * rows, tmp, c->dtype, rows);
-            dev_download(c->be, tmp, c->v[s][g], rows * es);
+            cuda_test_download(c->be, tmp, c->v[s][g], rows * es);
             ckv_convert_to_f32(v + at * rows, tmp, c->dtype, rows);
-            dev_download(c->be, pos + at * (size_t)c->cap, c->pos[s][g], (size_t)c->cap * 4);
+            cuda_test_download(c->be, pos + at * (size_t)c->cap, c->pos[s][g], (size_t)c->cap * 4);
         }
     }
     free(tmp);
@@ -432,12 +416,14 @@ static void test_kv_store(ckv_dtype dt, int n_seq, const int *cnt) {
     kv_build(&ct, tb, dt, n_seq, n_kv, hd, cap, &h);
     kv_build(&cr, ref, dt, n_seq, n_kv, hd, cap, &h);
     const size_t nb = (size_t)n * n_kv * hd * 4;
-    float *kt = dev_upload(tb, k, nb), *kr = dev_upload(ref, k, nb), *vt = dev_upload(tb, v, nb), *vr = dev_upload(ref, v, nb);
-    int32_t *pt = dev_upload(tb, pos, (size_t)n * 4), *pr = dev_upload(ref, pos, (size_t)n * 4);
+    float *kt = cuda_test_upload(tb, k, nb), *kr = cuda_test_upload(ref, k, nb), *vt = cuda_test_upload(tb, v, nb),
+          *vr = cuda_test_upload(ref, v, nb);
+    int32_t *pt = cuda_test_upload(tb, pos, (size_t)n * 4), *pr = cuda_test_upload(ref, pos, (size_t)n * 4);
     int32_t *sot = NULL, *sor = NULL, *sst = NULL, *ssr = NULL;
     if (n_seq > 1) {
-        sot = dev_upload(tb, seq_of, (size_t)n * 4), sor = dev_upload(ref, seq_of, (size_t)n * 4);
-        sst = dev_upload(tb, seq_start, (size_t)(n_seq + 1) * 4), ssr = dev_upload(ref, seq_start, (size_t)(n_seq + 1) * 4);
+        sot = cuda_test_upload(tb, seq_of, (size_t)n * 4), sor = cuda_test_upload(ref, seq_of, (size_t)n * 4);
+        sst = cuda_test_upload(tb, seq_start, (size_t)(n_seq + 1) * 4),
+        ssr = cuda_test_upload(ref, seq_start, (size_t)(n_seq + 1) * 4);
     }
     ckv_kv_batch bt = kv_batch(&ct, sot, sst, cap), br = kv_batch(&cr, sor, ssr, cap);
     tb->ops->kv_store(tb, &bt, kt, vt, pt, n);
@@ -471,8 +457,8 @@ static void test_kv_gather(ckv_dtype dt) {
     kv_host_random(&h2, dt, 1, n_kv, hd, cap, lens, 0);
     kv_build(&dt_, tb, dt, 1, n_kv, hd, cap, &h2);
     kv_build(&dr, ref, dt, 1, n_kv, hd, cap, &h2);
-    int32_t *kt = dev_upload(tb, keep, sizeof keep), *kr = dev_upload(ref, keep, sizeof keep);
-    int32_t *nt = dev_upload(tb, n_keep, sizeof n_keep), *nr = dev_upload(ref, n_keep, sizeof n_keep);
+    int32_t *kt = cuda_test_upload(tb, keep, sizeof keep), *kr = cuda_test_upload(ref, keep, sizeof keep);
+    int32_t *nt = cuda_test_upload(tb, n_keep, sizeof n_keep), *nr = cuda_test_upload(ref, n_keep, sizeof n_keep);
     tb->ops->kv_gather(tb, dt, hd, n_kv, dt_.segs[0], st.segs[0], kt, stride, nt);
     ref->ops->kv_gather(ref, dt, hd, n_kv, dr.segs[0], sr.segs[0], kr, stride, nr);
     char cas[64];
@@ -526,13 +512,13 @@ static void test_attention(const attn_case *ac) {
     kv_build(&ct, tb, ac->dt, ac->n_seq, n_kv, hd, cap, &h);
     kv_build(&cr, ref, ac->dt, ac->n_seq, n_kv, hd, cap, &h);
     const size_t nq = (size_t)n * n_heads * hd;
-    float *qt = dev_upload(tb, q, nq * 4), *qr = dev_upload(ref, q, nq * 4);
-    int32_t *pt = dev_upload(tb, qpos, (size_t)n * 4), *pr = dev_upload(ref, qpos, (size_t)n * 4);
+    float *qt = cuda_test_upload(tb, q, nq * 4), *qr = cuda_test_upload(ref, q, nq * 4);
+    int32_t *pt = cuda_test_upload(tb, qpos, (size_t)n * 4), *pr = cuda_test_upload(ref, qpos, (size_t)n * 4);
     int32_t *sot = NULL, *sor = NULL, *sst = NULL, *ssr = NULL;
     if (ac->n_seq > 1) {
-        sot = dev_upload(tb, seq_of, (size_t)n * 4), sor = dev_upload(ref, seq_of, (size_t)n * 4);
-        sst = dev_upload(tb, seq_start, (size_t)(ac->n_seq + 1) * 4);
-        ssr = dev_upload(ref, seq_start, (size_t)(ac->n_seq + 1) * 4);
+        sot = cuda_test_upload(tb, seq_of, (size_t)n * 4), sor = cuda_test_upload(ref, seq_of, (size_t)n * 4);
+        sst = cuda_test_upload(tb, seq_start, (size_t)(ac->n_seq + 1) * 4);
+        ssr = cuda_test_upload(ref, seq_start, (size_t)(ac->n_seq + 1) * 4);
     }
     ckv_kv_batch bt = kv_batch(&ct, sot, sst, cap), br = kv_batch(&cr, sor, ssr, cap);
     float *ot = dev_poison(tb, nq), *orf = dev_poison(ref, nq);
@@ -603,8 +589,8 @@ static void compare_dev_f64(const char *op, const char *cas, const double *dt, c
                             double rtol) {
     double *a = xalloc(n * 8), *b = xalloc(n * 8);
     float *fa = xalloc(n * 4), *fb = xalloc(n * 4);
-    dev_download(tb, a, dt, n * 8);
-    dev_download(ref, b, dr, n * 8);
+    cuda_test_download(tb, a, dt, n * 8);
+    cuda_test_download(ref, b, dr, n * 8);
     for (size_t i = 0; i < n; i++) fa[i] = (float)a[i], fb[i] = (float)b[i];
     compare(op, cas, fa, fb, n, atol, rtol);
     free(a), free(b), free(fa), free(fb);
@@ -612,8 +598,8 @@ static void compare_dev_f64(const char *op, const char *cas, const double *dt, c
 
 static void compare_dev_i32(const char *op, const char *cas, const int32_t *dt, const int32_t *dr, size_t n) {
     int32_t *a = xalloc(n * 4), *b = xalloc(n * 4);
-    dev_download(tb, a, dt, n * 4);
-    dev_download(ref, b, dr, n * 4);
+    cuda_test_download(tb, a, dt, n * 4);
+    cuda_test_download(ref, b, dr, n * 4);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         if (a[i] != b[i] && bad++ < 5) fprintf(stderr, "  %s %s[%zu]: %d, expected %d\n", op, cas, i, a[i], b[i]);
@@ -627,7 +613,8 @@ static void test_evict_attention(ckv_dtype dt) {
     ev_cache_init(&e, dt);
     const int n_q = 8, q_row0 = EV_L - n_q, ld = EV_L + 4, n_cols = EV_L - 3;
     float *q = rand_floats((size_t)n_q * EV_HQ * EV_D, -1.0f, 1.0f);
-    float *qt = dev_upload(tb, q, sizeof(float) * n_q * EV_HQ * EV_D), *qr = dev_upload(ref, q, sizeof(float) * n_q * EV_HQ * EV_D);
+    float *qt = cuda_test_upload(tb, q, sizeof(float) * n_q * EV_HQ * EV_D),
+          *qr = cuda_test_upload(ref, q, sizeof(float) * n_q * EV_HQ * EV_D);
     const float scale = 1.0f / sqrtf((float)EV_D);
     for (int per_kv = 0; per_kv < 2; per_kv++) {
         const int n_out = per_kv ? EV_KV : EV_HQ;
@@ -646,8 +633,8 @@ static void test_evict_attention(ckv_dtype dt) {
         tb->ops->evict_colsum_finish(tb, ft, ld, ct, n_cols, n_out, n_cols, 57.0, per_kv);
         ref->ops->evict_colsum_finish(ref, fr, ld, cr, n_cols, n_out, n_cols, 57.0, per_kv);
         float *a = xalloc(sizeof(float) * n_out * ld), *b = xalloc(sizeof(float) * n_out * ld);
-        dev_download(tb, a, ft, sizeof(float) * n_out * ld);
-        dev_download(ref, b, fr, sizeof(float) * n_out * ld);
+        cuda_test_download(tb, a, ft, sizeof(float) * n_out * ld);
+        cuda_test_download(ref, b, fr, sizeof(float) * n_out * ld);
         for (int r = 0; r < n_out; r++) memmove(a + r * n_cols, a + r * ld, sizeof(float) * n_cols), memmove(b + r * n_cols, b + r * ld, sizeof(float) * n_cols);
         compare("evict_colsum_finish", per_kv ? "minus_col" : "plain", a, b, (size_t)n_out * n_cols, 1e-7, 1e-6);
         free(a), free(b);
@@ -663,10 +650,11 @@ static void test_evict_attention(ckv_dtype dt) {
     float *wo = rand_floats((size_t)D * cols, -0.5f, 0.5f);
     round_to(wo, (size_t)D * cols, CKV_DTYPE_BF16);
     void *hw = typed(wo, (size_t)D * cols, CKV_DTYPE_BF16);
-    ckv_weight wt = {dev_upload(tb, hw, (size_t)D * cols * 2), CKV_DTYPE_BF16, D, cols, (size_t)cols * 2};
-    ckv_weight wr = {dev_upload(ref, hw, (size_t)D * cols * 2), CKV_DTYPE_BF16, D, cols, (size_t)cols * 2};
+    ckv_weight wt = {cuda_test_upload(tb, hw, (size_t)D * cols * 2), CKV_DTYPE_BF16, D, cols, (size_t)cols * 2};
+    ckv_weight wr = {cuda_test_upload(ref, hw, (size_t)D * cols * 2), CKV_DTYPE_BF16, D, cols, (size_t)cols * 2};
     float *init = rand_floats((size_t)EV_KV * ld, 0.0f, 1.0f);
-    float *vt = dev_upload(tb, init, sizeof(float) * EV_KV * ld), *vr = dev_upload(ref, init, sizeof(float) * EV_KV * ld);
+    float *vt = cuda_test_upload(tb, init, sizeof(float) * EV_KV * ld),
+          *vr = cuda_test_upload(ref, init, sizeof(float) * EV_KV * ld);
     CHECK_OK(tb->ops->evict_value_norm(tb, vt, ld, &e.bt, EV_L, &wt, EV_HQ, 0, 2));
     CHECK_OK(ref->ops->evict_value_norm(ref, vr, ld, &e.br, EV_L, &wr, EV_HQ, 0, 2));
     compare_dev("evict_value_norm", ckv_dtype_name(dt), vt, vr, (size_t)EV_KV * ld, 1e-6, 1e-6);
@@ -677,15 +665,16 @@ static void test_evict_attention(ckv_dtype dt) {
     float *mu = rand_floats(EV_D, -1.0f, 1.0f), *cov = rand_floats((size_t)EV_D * EV_D, -0.2f, 0.2f);
     for (int a = 0; a < EV_D; a++)
         for (int c = 0; c < a; c++) cov[a * EV_D + c] = cov[c * EV_D + a]; /* symmetric */
-    float *mt = dev_upload(tb, mu, EV_D * 4), *mr = dev_upload(ref, mu, EV_D * 4);
-    float *cvt = dev_upload(tb, cov, EV_D * EV_D * 4), *cvr = dev_upload(ref, cov, EV_D * EV_D * 4);
+    float *mt = cuda_test_upload(tb, mu, EV_D * 4), *mr = cuda_test_upload(ref, mu, EV_D * 4);
+    float *cvt = cuda_test_upload(tb, cov, EV_D * EV_D * 4), *cvr = cuda_test_upload(ref, cov, EV_D * EV_D * 4);
     float *lt = dev_poison(tb, 30), *lr = dev_poison(ref, 30);
     CHECK_OK(tb->ops->evict_ea_logits(tb, lt, &e.bt, 1, 5, 30, mt, cvt, sqrtf((float)EV_D)));
     CHECK_OK(ref->ops->evict_ea_logits(ref, lr, &e.br, 1, 5, 30, mr, cvr, sqrtf((float)EV_D)));
     compare_dev("evict_ea_logits", "with covariance", lt, lr, 30, 1e-6, 1e-6);
     /* moments of the query block, accumulated twice */
     float *shift = rand_floats((size_t)EV_HQ * EV_D, -0.3f, 0.3f);
-    float *st = dev_upload(tb, shift, sizeof(float) * EV_HQ * EV_D), *sr = dev_upload(ref, shift, sizeof(float) * EV_HQ * EV_D);
+    float *st = cuda_test_upload(tb, shift, sizeof(float) * EV_HQ * EV_D),
+          *sr = cuda_test_upload(ref, shift, sizeof(float) * EV_HQ * EV_D);
     double *s1t = (double *)dev_poison(tb, EV_HQ * EV_D * 2), *s1r = (double *)dev_poison(ref, EV_HQ * EV_D * 2);
     double *s2t = (double *)dev_poison(tb, EV_HQ * EV_D * EV_D * 2), *s2r = (double *)dev_poison(ref, EV_HQ * EV_D * EV_D * 2);
     CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, n_q, EV_HQ, EV_D, 1));
@@ -704,7 +693,8 @@ static void test_evict_attention(ckv_dtype dt) {
 static void test_evict_defensive(void) {
     const int w = 6, n = 37, ld = 41, heads = EV_HQ, n_kv = EV_KV;
     float *p = rand_floats((size_t)heads * w * ld, 0.0f, 0.05f);
-    float *pt = dev_upload(tb, p, sizeof(float) * heads * w * ld), *pr = dev_upload(ref, p, sizeof(float) * heads * w * ld);
+    float *pt = cuda_test_upload(tb, p, sizeof(float) * heads * w * ld),
+          *pr = cuda_test_upload(ref, p, sizeof(float) * heads * w * ld);
     double *at = (double *)dev_poison(tb, (size_t)n_kv * n * 2), *ar = (double *)dev_poison(ref, (size_t)n_kv * n * 2);
     float *mt = dev_poison(tb, (size_t)n_kv * n), *mr = dev_poison(ref, (size_t)n_kv * n);
     double *bt = (double *)dev_poison(tb, 2), *br = (double *)dev_poison(ref, 2);
@@ -724,18 +714,20 @@ static void test_evict_rows(void) {
     float *x = rand_floats((size_t)ROWS * LD, -2.0f, 2.0f);
     for (int i = 0; i < ROWS * LD; i += 7) x[i] = roundf(x[i]); /* exact ties */
     x[3] = NAN, x[LD + 10] = NAN;
-    float *xt = dev_upload(tb, x, sizeof(float) * ROWS * LD), *xr = dev_upload(ref, x, sizeof(float) * ROWS * LD);
+    float *xt = cuda_test_upload(tb, x, sizeof(float) * ROWS * LD),
+          *xr = cuda_test_upload(ref, x, sizeof(float) * ROWS * LD);
     float *yt = dev_poison(tb, (size_t)ROWS * LD), *yr = dev_poison(ref, (size_t)ROWS * LD);
     /* selections first, on the NaN-bearing scores */
     const int32_t k[ROWS] = {5, 0, N};
-    int32_t *kt = dev_upload(tb, k, sizeof k), *kr = dev_upload(ref, k, sizeof k);
+    int32_t *kt = cuda_test_upload(tb, k, sizeof k), *kr = cuda_test_upload(ref, k, sizeof k);
     int32_t fill_idx[ROWS * LD];
     for (int i = 0; i < ROWS * LD; i++) fill_idx[i] = -1;
-    int32_t *it = dev_upload(tb, fill_idx, sizeof fill_idx), *ir = dev_upload(ref, fill_idx, sizeof fill_idx);
+    int32_t *it = cuda_test_upload(tb, fill_idx, sizeof fill_idx),
+            *ir = cuda_test_upload(ref, fill_idx, sizeof fill_idx);
     CHECK_OK(tb->ops->evict_topk(tb, it, LD, xt, LD, ROWS, N, kt));
     CHECK_OK(ref->ops->evict_topk(ref, ir, LD, xr, LD, ROWS, N, kr));
     compare_dev_i32("evict_topk", "k 5/0/45 with ties and NaN", it, ir, (size_t)ROWS * LD);
-    int32_t *cntt = dev_upload(tb, k, sizeof k), *cntr = dev_upload(ref, k, sizeof k);
+    int32_t *cntt = cuda_test_upload(tb, k, sizeof k), *cntr = cuda_test_upload(ref, k, sizeof k);
     const int64_t totals[3] = {0, 31, ROWS * N};
     for (int i = 0; i < 3; i++) {
         CHECK_OK(tb->ops->evict_topk_counts(tb, cntt, xt, LD, ROWS, N, totals[i]));
@@ -795,40 +787,7 @@ static void test_sample(float temperature, int top_k, float top_p) {
     enum { ROWS = 4, V = 300 };
     float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
     for (int i = 2 * V; i < ROWS * V; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f; /* rows 2, 3: ties */
-    ckv_sampler_config cfg = {temperature, top_k, top_p, rng_u32(), 0.0f};
-    ckv_sampler smp;
-    CHECK_OK(ckv_sampler_init(&smp, &cfg, V));
-    double u[ROWS];
-    int32_t want[ROWS], got[ROWS], cpu[ROWS];
-    for (int r = 0; r < ROWS; r++) {
-        ckv_sampler peek = smp;
-        u[r] = temperature > 0.0f ? ckv_sampler_uniform(&peek) : 0.0;
-        want[r] = ckv_sampler_sample(&smp, x + (size_t)r * V);
-    }
-    float *xt = dev_upload(tb, x, sizeof(float) * ROWS * V), *xr = dev_upload(ref, x, sizeof(float) * ROWS * V);
-    double *ut = dev_upload(tb, u, sizeof u), *ur = dev_upload(ref, u, sizeof u);
-    int32_t *ot = dev_upload(tb, want, sizeof want), *orf = dev_upload(ref, want, sizeof want);
-    int32_t poison[ROWS] = {-7, -7, -7, -7};
-    CHECK_OK(tb->ops->upload(tb, ot, poison, sizeof poison));
-    CHECK_OK(ref->ops->upload(ref, orf, poison, sizeof poison));
-    tb->ops->sample(tb, ot, xt, ROWS, V, temperature, top_k, top_p, ut);
-    ref->ops->sample(ref, orf, xr, ROWS, V, temperature, top_k, top_p, ur);
-    dev_download(tb, got, ot, sizeof got);
-    dev_download(ref, cpu, orf, sizeof cpu);
-    int bad = 0;
-    for (int r = 0; r < ROWS; r++) {
-        if (got[r] != cpu[r] || cpu[r] != want[r]) {
-            fprintf(stderr, "  row %d: %s token %d, cpu op %d, engine sampler %d\n", r, tb_name, got[r], cpu[r], want[r]);
-            bad++;
-        }
-    }
-    CHECK_MSG(bad == 0, "%s sample T=%g top_k=%d top_p=%g: %d of %d rows differ", tb_name, temperature, top_k, top_p,
-              bad, ROWS);
-    if (!bad)
-        fprintf(stderr, "ok   %s sample T=%g top_k=%d top_p=%g: %d rows, tokens %d %d %d %d identical (also to the "
-                "engine sampler)\n", tb_name, temperature, top_k, top_p, ROWS, got[0], got[1], got[2], got[3]);
-    release2(xt, xr), release2(ut, ur), release2(ot, orf);
-    ckv_sampler_free(&smp);
+    cuda_test_sample_agree(tb, ref, x, ROWS, V, temperature, top_k, top_p, rng_u32());
     free(x);
 }
 
@@ -848,7 +807,7 @@ static void test_emu_errors(void) {
     /* a kernel fault surfaces from sync() and names the op */
     const int n = 4, dim = 64;
     float *x = rand_floats((size_t)n * dim, -1.0f, 1.0f);
-    float *xd = dev_upload(be, x, sizeof(float) * n * dim), *wd = dev_upload(be, x, sizeof(float) * dim);
+    float *xd = cuda_test_upload(be, x, sizeof(float) * n * dim), *wd = cuda_test_upload(be, x, sizeof(float) * dim);
     ckv_cuda_emu_inject_fault("rmsnorm_kernel");
     be->ops->rmsnorm(be, xd, xd, wd, n, dim, 1e-6f);
     CHECK_FAILS(be->ops->sync(be), CKV_STATUS_ERR_DEVICE, "rmsnorm: ckv-emu: injected fault");

@@ -1,7 +1,10 @@
 /* test_emu_checks.cpp - the CPU execution layer's checks (CKV_EMU_CHECK=1, set here) on planted
  * bugs: each kernel below has one bug a GPU would not report, and each must fail its launch with
- * a message naming the check, the kernel and what went wrong; the same kernels without the bug,
- * race-free reductions and atomics across blocks must pass. racecheck and initcheck need the
+ * a message naming the check, the kernel and what went wrong (a missing __syncthreads, a read past
+ * a tile, an index past one __shared__ array into the next, an unwritten shared word, a cross-block
+ * write race, a kernel memcpy past its buffer, a memset racing with reads, lanes ordered by other
+ * __syncwarp masks than the writers', host and freed pointers); the same kernels without the bug,
+ * a partial-mask __syncwarp exchange, race-free reductions and atomics across blocks must pass. racecheck and initcheck need the
  * instrumented build (CKV_EMU_INSTRUMENT): without it those cases are skipped with a note, and
  * the run-time checks (pointer arguments, red zones) still run. Also the observer interface: it
  * sees every access of a kernel with the lanes of a warp-wide load grouped by site and seq.
@@ -119,6 +122,48 @@ __global__ void write_past_kernel(float *out, int n) {
     if (i <= n) out[i] = 1.0f;
 }
 
+/* Two __shared__ arrays; the first is filled with an off-by-one bound, so thread 32 writes one word
+ * past it (into the memory beside the second on a device). */
+__global__ void shared_overrun_kernel(float *out, const float *in, int n) {
+    __shared__ float first[32];
+    __shared__ float second[32];
+    const int t = (int)threadIdx.x;
+    if (t < 32) second[t] = 0.0f;
+    if (t <= n) first[t] = in[t]; /* "<=": one element too many (n = 32) */
+    __syncthreads();
+    if (t < 32) out[t] = first[t] + second[t];
+}
+
+/* Thread 0 copies a row with memcpy and one element too many: the copy reads past the input. */
+__global__ void memcpy_past_kernel(float *out, const float *in, int n) {
+    if (threadIdx.x == 0) memcpy(out, in, (size_t)(n + 1) * sizeof(float));
+}
+
+/* __shared__ cleared by memset in thread 0, then read by all: clean (a memset is a write); without
+ * the barrier the memset races with the reads. */
+template <bool SYNC> __global__ void memset_shared_kernel(float *out, int n) {
+    __shared__ float s[64];
+    if (threadIdx.x == 0) memset(s, 0, (size_t)n * sizeof(float));
+    if (SYNC) __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x] + 1.0f;
+}
+
+/* Lanes 0-15 exchange words under __syncwarp(0x0000ffff): ordered, clean. In the planted version
+ * lanes 16-31 read what lanes 0-15 wrote, but synchronise only among themselves
+ * (__syncwarp(0xffff0000)): no collective orders the writers and the readers, a race. */
+template <bool BUG> __global__ void syncwarp_mask_kernel(float *out, const float *in) {
+    __shared__ float s[32];
+    const unsigned lane = threadIdx.x;
+    if (lane < 16) {
+        s[lane] = in[lane];
+        __syncwarp(0x0000ffffu);
+        out[lane] = s[lane ^ 1u];
+    } else {
+        __syncwarp(0xffff0000u);
+        out[lane] = BUG ? s[lane - 16] : 0.0f;
+    }
+}
+
 static void test_findings() {
     const bool inst = ckv_emu_instrumented() != 0;
     float *in = dev_floats(256), *out = dev_floats(256);
@@ -163,6 +208,45 @@ static void test_findings() {
                        [&] { CKV_LAUNCH(copy_kernel, dim3(1), dim3(64), 0, (cudaStream_t)NULL, out, in, 64); },
                        cudaErrorLaunchFailure, "kernel copy_kernel", "initcheck: read of 4 bytes",
                        "never written since cudaMalloc");
+
+        in = dev_floats(64), out = dev_floats(64);
+        upload_iota(in, 64);
+        expect_finding("an index past a __shared__ array (into the next one)",
+                       [&] { CKV_LAUNCH(shared_overrun_kernel, dim3(1), dim3(64), 0, (cudaStream_t)NULL, out, in, 32); },
+                       cudaErrorIllegalAddress, "kernel shared_overrun_kernel", "memcheck: write of 4 bytes",
+                       "__shared__ memory of no variable, 0 bytes past the end of "
+                       "shared_overrun_kernel(float*, float const*, int)::first of 128 bytes");
+
+        in = dev_floats(64), out = dev_floats(64);
+        upload_iota(in, 64);
+        expect_finding("a memcpy in a kernel reading past its buffer",
+                       [&] { CKV_LAUNCH(memcpy_past_kernel, dim3(1), dim3(32), 0, (cudaStream_t)NULL, out, in, 64); },
+                       cudaErrorIllegalAddress, "kernel memcpy_past_kernel", "memcheck: read of",
+                       "past the end of a 256-byte device allocation");
+
+        out = dev_floats(64);
+        expect_clean("a memset of __shared__ memory, then a barrier",
+                     [&] { CKV_LAUNCH(memset_shared_kernel<true>, dim3(1), dim3(64), 0, (cudaStream_t)NULL, out, 64); });
+        /* the next two in thread order (the checks' default is random:1), so the writer runs first and
+         * the finding is the race, not an uninitialised read */
+        ckv_emu_set_schedule("forward");
+        out = dev_floats(64);
+        expect_finding("a memset of __shared__ memory without a barrier",
+                       [&] { CKV_LAUNCH(memset_shared_kernel<false>, dim3(1), dim3(64), 0, (cudaStream_t)NULL, out, 64); },
+                       cudaErrorLaunchFailure, "kernel memset_shared_kernel", "racecheck: read of 4 bytes",
+                       "races with a write by thread (0,0,0) of block (0,0,0) in the same interval");
+
+        in = dev_floats(32), out = dev_floats(32);
+        upload_iota(in, 32);
+        expect_clean("an exchange among lanes 0-15 under __syncwarp(0x0000ffff)",
+                     [&] { CKV_LAUNCH(syncwarp_mask_kernel<false>, dim3(1), dim3(32), 0, (cudaStream_t)NULL, out, in); });
+        in = dev_floats(32), out = dev_floats(32);
+        upload_iota(in, 32);
+        expect_finding("lanes ordered by other __syncwarp masks than the writers'",
+                       [&] { CKV_LAUNCH(syncwarp_mask_kernel<true>, dim3(1), dim3(32), 0, (cudaStream_t)NULL, out, in); },
+                       cudaErrorLaunchFailure, "kernel syncwarp_mask_kernel", "racecheck: read of 4 bytes",
+                       "races with a write by thread (0,0,0) of block (0,0,0) in the same interval");
+        ckv_emu_set_schedule("random:1");
 
         float host[32] = {0};
         out = dev_floats(32);

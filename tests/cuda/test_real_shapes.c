@@ -20,15 +20,15 @@
  *            weights and KV on the device, then 3 decode steps fed fixed tokens: last-row and
  *            decode logits within test_model_cuda's bf16 bound (0.25) of the CPU backend's.
  *   evict    every press of the eviction tests selecting on one 4,096-token context of a 1-layer
- *            model (prefill chunks of 64, ratio 0.5: top-k over many chunks, value norms over many
- *            blocks, cross-head counts over 4,096 x Hkv scores), f32 weights and KV on both backends
- *            as in test_evict_cuda: kept rows identical. Near-ties: the scores of the two backends
- *            differ only by fp32 summation order (~1e-7 relative), so candidates that close at the
- *            cut are the only way the sets may differ; a failure lists the rows each backend kept
- *            alone, so such a tie can be told from a bug.
+ *            model (ratio 0.5: top-k over many chunks, value norms over many blocks, cross-head
+ *            counts over 4,096 x Hkv scores), f32 weights and KV: the CPU backend prefills and
+ *            selects, the device selects on the CPU's layer state (copied bit for bit). Kept rows
+ *            identical up to near-ties (the rule at kept_compare, docs/spec-eviction.md).
  * Modes: `quick` (label cuda-emu, CI: rope, decode and sample on every geometry, prefill on
- * Qwen2.5-0.5B) and `full` (label slow: everything on every geometry).
- *   test_real_shapes [cuda-emu|cuda [quick|full]]     (default: cuda-emu quick) */
+ * Qwen2.5-0.5B), `full` (everything on every geometry) and `full GEOMETRY` (that geometry's prefill
+ * and eviction: the slow tests, one per geometry). Each part prints its CPU seconds.
+ *   test_real_shapes [cuda-emu|cuda [quick|full [GEOMETRY]]]     (default: cuda-emu quick) */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdint.h>
@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "ckv_test.h"
@@ -43,7 +44,6 @@
 #include "core/tensor.h"
 #include "cuda_test_backend.h"
 #include "engine/compress.h"
-#include "engine/sampler.h"
 #include "engine/session.h"
 #include "evict/press.h"
 #include "evict/select.h"
@@ -68,23 +68,6 @@ static float *rand_floats(size_t n, float lo, float hi) {
     float *x = ckv_test_calloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) x[i] = urand(lo, hi);
     return x;
-}
-
-static void *up(ckv_backend *be, const void *host, size_t bytes) {
-    void *d = NULL;
-    ckv_status s = be->ops->alloc(be, &d, bytes ? bytes : 4, "test buffer");
-    if (s == CKV_STATUS_OK && bytes) s = be->ops->upload(be, d, host, bytes);
-    if (s != CKV_STATUS_OK) {
-        fprintf(stderr, "FAIL %s: cannot allocate/upload %zu bytes: %s\n", be->name, bytes, ckv_error_message());
-        exit(1);
-    }
-    return d;
-}
-
-static void down(ckv_backend *be, void *host, const void *dev, size_t bytes) {
-    ckv_status s = be->ops->sync(be);
-    if (s == CKV_STATUS_OK) s = be->ops->download(be, host, dev, bytes);
-    CHECK_MSG(s == CKV_STATUS_OK, "%s: %s", be->name, ckv_error_message());
 }
 
 /* The geometry's config.json with `layers` layers, hidden and MLP sizes of 256 and head_dim written
@@ -161,13 +144,13 @@ static void test_rope_far(const char *configs, const char *name) {
         pos[t] = t < 8 ? 131068 + t : t == n - 1 ? (1 << 24) : 131072 + (int32_t)(ckv_test_rng_u32(&rng) % (1u << 24));
     const size_t nx = (size_t)n * heads * hd;
     float *x = rand_floats(nx, -4.0f, 4.0f), *a = ckv_test_calloc(nx * 4), *b = ckv_test_calloc(nx * 4);
-    float *xt = up(tb, x, nx * 4), *xr = up(ref, x, nx * 4), *ft = up(tb, inv, (size_t)hd / 2 * 4),
-          *fr = up(ref, inv, (size_t)hd / 2 * 4);
-    int32_t *pt = up(tb, pos, sizeof pos), *pr = up(ref, pos, sizeof pos);
+    float *xt = cuda_test_upload(tb, x, nx * 4), *xr = cuda_test_upload(ref, x, nx * 4),
+          *ft = cuda_test_upload(tb, inv, (size_t)hd / 2 * 4), *fr = cuda_test_upload(ref, inv, (size_t)hd / 2 * 4);
+    int32_t *pt = cuda_test_upload(tb, pos, sizeof pos), *pr = cuda_test_upload(ref, pos, sizeof pos);
     tb->ops->rope(tb, xt, pt, n, heads, hd, ft, scale);
     ref->ops->rope(ref, xr, pr, n, heads, hd, fr, scale);
-    down(tb, a, xt, nx * 4);
-    down(ref, b, xr, nx * 4);
+    cuda_test_download(tb, a, xt, nx * 4);
+    cuda_test_download(ref, b, xr, nx * 4);
     char what[160];
     snprintf(what, sizeof what, "%s rope %s (%d heads, hd %d, scale %.4g) at positions 131068 .. 2^24", tb->name,
              name, heads, hd, scale);
@@ -237,24 +220,24 @@ static void test_decode(const char *configs, const char *name) {
         dec_side *d = &side[w];
         const ckv_dtype dt = w == 0 ? CKV_DTYPE_BF16 : CKV_DTYPE_F32;
         const size_t es = ckv_dtype_size(dt);
-        d->k = up(be, w == 0 ? (void *)hk : (void *)fk, rows * hd * es);
-        d->v = up(be, w == 0 ? (void *)hv : (void *)fv, rows * hd * es);
-        d->pos = up(be, hp, rows * 4);
+        d->k = cuda_test_upload(be, w == 0 ? (void *)hk : (void *)fk, rows * hd * es);
+        d->v = cuda_test_upload(be, w == 0 ? (void *)hv : (void *)fv, rows * hd * es);
+        d->pos = cuda_test_upload(be, hp, rows * 4);
         ckv_kv_seg *tab = ckv_test_calloc(segs * sizeof *tab);
         for (size_t sg = 0; sg < segs; sg++)
             tab[sg] = (ckv_kv_seg){(char *)d->k + sg * cap * hd * es, (char *)d->v + sg * cap * hd * es,
                                    (int32_t *)d->pos + sg * cap, len[sg], cap};
-        d->tables = up(be, tab, segs * sizeof *tab);
+        d->tables = cuda_test_upload(be, tab, segs * sizeof *tab);
         ckv_kv_seg *list[DEC_SEQ];
         for (int s = 0; s < DEC_SEQ; s++) list[s] = (ckv_kv_seg *)d->tables + (size_t)s * n_kv;
-        d->list = up(be, list, sizeof list);
-        d->q = up(be, q, nq * 4);
-        d->qpos = up(be, qpos, sizeof qpos);
-        d->seq_of = up(be, seq_of, sizeof seq_of);
-        d->seq_start = up(be, seq_start, sizeof seq_start);
+        d->list = cuda_test_upload(be, list, sizeof list);
+        d->q = cuda_test_upload(be, q, nq * 4);
+        d->qpos = cuda_test_upload(be, qpos, sizeof qpos);
+        d->seq_of = cuda_test_upload(be, seq_of, sizeof seq_of);
+        d->seq_start = cuda_test_upload(be, seq_start, sizeof seq_start);
         float *poison = ckv_test_calloc(nq * 4);
         for (size_t i = 0; i < nq; i++) poison[i] = NAN;
-        d->out = up(be, poison, nq * 4);
+        d->out = cuda_test_upload(be, poison, nq * 4);
         free(poison);
         free(tab);
         kb[w] = (ckv_kv_batch){dt, hd, n_kv, DEC_SEQ, (ckv_kv_seg *const *)d->list, d->seq_of, d->seq_start, max_len};
@@ -264,8 +247,8 @@ static void test_decode(const char *configs, const char *name) {
     for (int w = 0; w < 2; w++)
         bes[w]->ops->attention(bes[w], side[w].out, side[w].q, side[w].qpos, &kb[w], DEC_SEQ, heads, scale);
     float *a = ckv_test_calloc(nq * 4), *b = ckv_test_calloc(nq * 4);
-    down(tb, a, side[0].out, nq * 4);
-    down(ref, b, side[1].out, nq * 4);
+    cuda_test_download(tb, a, side[0].out, nq * 4);
+    cuda_test_download(ref, b, side[1].out, nq * 4);
     char what[200];
     snprintf(what, sizeof what, "%s decode %s: %d sequences x %d/%d heads, hd %d, %d..%d keys, positions to %d",
              tb->name, name, DEC_SEQ, heads, n_kv, hd, 4096, max_len, qpos[0]);
@@ -280,37 +263,7 @@ static void test_sample_vocab(float temperature, int top_k, float top_p) {
     enum { ROWS = 2, V = 152064 };
     float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
     for (int i = V; i < ROWS * V; i++) x[i] = roundf(x[i] * 2.0f) * 0.5f; /* row 1: ~17 values, many ties */
-    ckv_sampler_config cfg = {temperature, top_k, top_p, ckv_test_rng_u32(&rng), 0.0f};
-    ckv_sampler smp;
-    CHECK_OK(ckv_sampler_init(&smp, &cfg, V));
-    double u[ROWS];
-    int32_t want[ROWS], got[ROWS], cpu[ROWS], poison[ROWS] = {-7, -7};
-    for (int r = 0; r < ROWS; r++) {
-        ckv_sampler peek = smp;
-        u[r] = temperature > 0.0f ? ckv_sampler_uniform(&peek) : 0.0;
-        want[r] = ckv_sampler_sample(&smp, x + (size_t)r * V);
-    }
-    float *xt = up(tb, x, sizeof(float) * ROWS * V), *xr = up(ref, x, sizeof(float) * ROWS * V);
-    double *ut = up(tb, u, sizeof u), *ur = up(ref, u, sizeof u);
-    int32_t *ot = up(tb, poison, sizeof poison), *orf = up(ref, poison, sizeof poison);
-    tb->ops->sample(tb, ot, xt, ROWS, V, temperature, top_k, top_p, ut);
-    ref->ops->sample(ref, orf, xr, ROWS, V, temperature, top_k, top_p, ur);
-    down(tb, got, ot, sizeof got);
-    down(ref, cpu, orf, sizeof cpu);
-    int bad = 0;
-    for (int r = 0; r < ROWS; r++)
-        if (got[r] != cpu[r] || cpu[r] != want[r]) {
-            fprintf(stderr, "  row %d: %s token %d, cpu op %d, engine sampler %d\n", r, tb->name, got[r], cpu[r], want[r]);
-            bad++;
-        }
-    CHECK_MSG(bad == 0, "%s sample V=%d T=%g top_k=%d top_p=%g: %d of %d rows differ", tb->name, V, temperature, top_k,
-              top_p, bad, ROWS);
-    if (!bad)
-        fprintf(stderr, "ok   %s sample V=%d T=%g top_k=%d top_p=%g: tokens %d %d identical to the cpu op and the "
-                "engine sampler\n", tb->name, V, temperature, top_k, top_p, got[0], got[1]);
-    tb->ops->release(tb, xt), tb->ops->release(tb, ut), tb->ops->release(tb, ot);
-    ref->ops->release(ref, xr), ref->ops->release(ref, ur), ref->ops->release(ref, orf);
-    ckv_sampler_free(&smp);
+    cuda_test_sample_agree(tb, ref, x, ROWS, V, temperature, top_k, top_p, ckv_test_rng_u32(&rng));
     free(x);
 }
 
@@ -356,112 +309,245 @@ static void test_prefill(const char *configs, const char *name, const char *tmp)
 }
 
 /* ---- every press at 4,096 rows ----------------------------------------------------------------
- * One prefill per backend; after the layer's attention a hook runs every press's selection on the
- * same full cache (ckv_evict_layer, as `ckv analyze` does) and records the kept rows, never
- * compacting, so a single 4,096-token prefill serves all presses. */
+ * The CPU backend prefills the 4,096-token context once; after the layer's attention a hook runs
+ * every press's selection on the full cache (ckv_evict_layer, as `ckv analyze` does, never
+ * compacting) and keeps the layer's state: the attention inputs xn [L, D] and every KV head's keys,
+ * values and positions. The device gets that state bit for bit (a session of its own whose cache
+ * and xn are written from it) and runs the same selections on it. So both backends score the same
+ * fp32 numbers and differ only by the summation order of their eviction kernels, and the device
+ * never runs the 4,096-token fp32 prefill, which the emulated split-KV kernel took ~7 minutes a
+ * backend for on the 32-head geometries (the prefill kernels are checked by test_prefill). */
 
-enum { EV_L = CKV_FIXTURE_MAX_PROMPT, EV_MAX_KV = 8 };
+enum { EV_L = CKV_FIXTURE_MAX_PROMPT, EV_MAX_KV = 8, EV_MAX_PRESSES = 16 };
 
 typedef struct {
     int n_kv;
-    int32_t n_keep[16][EV_MAX_KV]; /* [press][head] */
-    int32_t *rows;                 /* [press][head][EV_L] kept rows, ascending */
+    int32_t n_keep[EV_MAX_PRESSES][EV_MAX_KV]; /* [press][head] */
+    int32_t *rows;                             /* [press][head][EV_L] kept rows, ascending */
+    float *scores;                             /* [press][head][EV_L] the base scores selection ranked */
+    float *keys2;                              /* [press][head][EV_L] CriticalKV's stage-2 keys, else 0 */
 } ev_record;
 
-static ckv_status select_all_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
-    ev_record *r = ctx;
-    const ckv_model *m = s->model;
-    ckv_score_inputs in;
-    ckv_compress_score_inputs(s, layer, n_prompt, &in);
+typedef struct {
+    float *xn;         /* [EV_L, D] */
+    float *k, *v;      /* [n_kv, EV_L, head_dim] */
+    int32_t *pos;      /* [n_kv, EV_L] */
+} ev_state;
+
+/* Every press's selection on `in` into r. */
+static ckv_status select_all(const ckv_score_inputs *in, ev_record *r) {
     ckv_selection sel;
-    CKV_TRY(ckv_selection_init(&sel, m->be, m->plan.n_kv_local, m->cfg.n_kv_heads, n_prompt));
+    CKV_TRY(ckv_selection_init(&sel, in->be, in->n_kv_local, in->n_kv_heads, in->L));
     ckv_status st = CKV_STATUS_OK;
     for (size_t p = 0; p < ckv_fixture_n_presses && st == CKV_STATUS_OK; p++) {
         ckv_press_config cfg;
         st = ckv_press_parse(&cfg, ckv_fixture_presses[p]);
         if (st == CKV_STATUS_OK) st = ckv_press_set_compression_ratio(&cfg, 0.5);
         if (st == CKV_STATUS_OK) st = ckv_press_finalize(&cfg);
-        if (st == CKV_STATUS_OK) st = ckv_evict_layer(&cfg, &in, NULL, &sel);
+        if (st == CKV_STATUS_OK) st = ckv_evict_layer(&cfg, in, NULL, &sel);
         if (st == CKV_STATUS_OK) st = ckv_selection_rows_host(&sel, r->rows + p * EV_MAX_KV * EV_L);
+        const size_t at = p * EV_MAX_KV * EV_L, bytes = sizeof(float) * (size_t)r->n_kv * EV_L;
+        if (st == CKV_STATUS_OK) st = in->be->ops->sync(in->be);
+        if (st == CKV_STATUS_OK) st = in->be->ops->download(in->be, r->scores + at, sel.scores, bytes);
+        if (st == CKV_STATUS_OK && cfg.critical) st = in->be->ops->download(in->be, r->keys2 + at, sel.tmp, bytes);
         for (int h = 0; st == CKV_STATUS_OK && h < r->n_kv; h++) r->n_keep[p][h] = sel.n_keep[h];
         if (st != CKV_STATUS_OK) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", ckv_error_message());
-            st = ckv_error(st, "%s on %s: %s", ckv_fixture_presses[p], m->be->name, msg);
+            st = ckv_error(st, "%s on %s: %s", ckv_fixture_presses[p], in->be->name, msg);
         }
     }
     ckv_selection_free(&sel);
     return st;
 }
 
-static ckv_status evict_run(ckv_model *m, const int32_t *ids, ev_record *r) {
-    ckv_session s;
-    CKV_TRY(ckv_session_init_kv(&s, m, EV_L, 64, 1, CKV_DTYPE_F32));
-    const ckv_status st = ckv_session_prefill_hook(&s, ids, EV_L, NULL, NULL, select_all_hook, r);
-    ckv_session_free(&s);
-    return st;
+typedef struct {
+    ev_record *rec;
+    ev_state *state;
+} ev_cpu_ctx;
+
+/* The CPU prefill's hook: every selection, then the layer's state for the device. */
+static ckv_status cpu_hook(void *ctx, ckv_session *s, int layer, int n_prompt) {
+    ev_cpu_ctx *c = ctx;
+    ckv_score_inputs in;
+    ckv_compress_score_inputs(s, layer, n_prompt, &in);
+    CKV_TRY(select_all(&in, c->rec));
+    const size_t hd = (size_t)in.head_dim;
+    for (int h = 0; h < in.n_kv_local; h++)
+        CKV_TRY(ckv_kv_head_read(&s->kv, layer, h, c->state->k + (size_t)h * EV_L * hd,
+                                 c->state->v + (size_t)h * EV_L * hd, c->state->pos + (size_t)h * EV_L));
+    return in.be->ops->download(in.be, c->state->xn, s->xn, sizeof(float) * (size_t)n_prompt * in.D);
 }
 
-/* Kept rows of one head on both backends: 1 when identical, else prints what each kept alone. */
-static int kept_same(const char *what, int h, const int32_t *a, int na, const int32_t *b, int nb) {
-    char only_a[160] = "", only_b[160] = "";
-    size_t la = 0, lb = 0;
-    int same = na == nb;
-    for (int x = 0, y = 0; x < na || y < nb;) {
-        if (x < na && y < nb && a[x] == b[y]) {
-            x++, y++;
-        } else if (y >= nb || (x < na && a[x] < b[y])) {
-            if (la < sizeof only_a - 12) la += (size_t)snprintf(only_a + la, sizeof only_a - la, " %d", a[x]);
-            x++, same = 0;
-        } else {
-            if (lb < sizeof only_b - 12) lb += (size_t)snprintf(only_b + lb, sizeof only_b - lb, " %d", b[y]);
-            y++, same = 0;
-        }
+/* The device's selections on the CPU's layer state. */
+static ckv_status device_select(ckv_model *m, const ev_state *st, ev_record *r) {
+    ckv_session s;
+    CKV_TRY(ckv_session_init_kv(&s, m, EV_L, 64, 1, CKV_DTYPE_F32));
+    const size_t hd = (size_t)m->cfg.head_dim;
+    ckv_status rc = ckv_kv_layer_reserve(&s.kv, 0, EV_L); /* a compressing session reserves at prefill */
+    for (int h = 0; h < m->plan.n_kv_local && rc == CKV_STATUS_OK; h++)
+        rc = ckv_kv_head_write(&s.kv, 0, h, st->k + (size_t)h * EV_L * hd, st->v + (size_t)h * EV_L * hd,
+                               st->pos + (size_t)h * EV_L, EV_L);
+    if (rc == CKV_STATUS_OK)
+        rc = m->be->ops->upload(m->be, s.xn, st->xn, sizeof(float) * (size_t)EV_L * m->cfg.hidden_size);
+    ckv_score_inputs in;
+    ckv_compress_score_inputs(&s, 0, EV_L, &in);
+    if (rc == CKV_STATUS_OK) rc = select_all(&in, r);
+    ckv_session_free(&s);
+    return rc;
+}
+
+/* ---- near-ties: how two kept sets may differ ---------------------------------------------------
+ * The backends score the same fp32 inputs and differ only by summation order, so their scores of a
+ * row agree to about 1e-6 relative. A row kept by one backend alone is therefore accepted only as a
+ * near-tie: its score on the CPU lies within EV_TIE_REL x (the largest |score| of the layer) of the
+ * CPU's cut (the gap between the lowest kept and the highest dropped score), the head's own cut for
+ * uniform allocation and, for allocations across heads (adakv, defensivekv), the head's or the
+ * layer's. For CriticalKV the stage-2 keys (scores x value norms) decide too, so a row near either
+ * cut counts. Any other difference fails; near-ties are counted and printed. Exact ties are no
+ * near-ties: both backends break them by the rule of docs/spec-eviction.md. */
+#define EV_TIE_REL 1e-5
+
+/* The CPU's cut of one head: lowest kept (lo) and highest dropped (hi) of key[] (-inf / +inf none). */
+static void cut_of(const float *key, const int32_t *kept, int n, int L, float *lo, float *hi) {
+    *lo = INFINITY, *hi = -INFINITY;
+    for (int x = 0, t = 0; t < L; t++) {
+        const int in = x < n && kept[x] == t;
+        x += in;
+        if (in && key[t] < *lo) *lo = key[t];
+        if (!in && key[t] > *hi) *hi = key[t];
     }
-    if (!same)
-        fprintf(stderr, "  %s KV head %d: the device kept %d, the cpu %d; only the device:%s; only the cpu:%s\n", what, h,
-                na, nb, only_a, only_b);
-    return same;
+}
+
+/* Is a row whose CPU key is v, kept by one backend only, within tol of the cut [lo, hi]? */
+static int near_cut(float v, float lo, float hi, double tol) {
+    return (double)v >= (double)fminf(lo, hi) - tol && (double)v <= (double)fmaxf(lo, hi) + tol;
+}
+
+typedef struct {
+    int heads_diff, near_ties, other; /* heads whose sets differ; rows that are near-ties; rows that are not */
+    double max_score_diff;            /* max |device - cpu| over the base scores */
+    double tol;
+} ev_diff;
+
+/* Compares press p's sets of the device (a) and the cpu (b) under the near-tie rule; prints every row
+ * that differs (the first few per head). */
+static ev_diff kept_compare(const char *what, const ev_record *a, const ev_record *b, size_t p, int cross_head,
+                            int critical) {
+    ev_diff d = {0, 0, 0, 0.0, 0.0};
+    const int n_kv = b->n_kv;
+    float scale = 0.0f, lo_s[EV_MAX_KV], hi_s[EV_MAX_KV], lo_c[EV_MAX_KV], hi_c[EV_MAX_KV];
+    float glo_s = INFINITY, ghi_s = -INFINITY, glo_c = INFINITY, ghi_c = -INFINITY;
+    for (int h = 0; h < n_kv; h++) {
+        const size_t at = (p * EV_MAX_KV + (size_t)h) * EV_L;
+        for (int t = 0; t < EV_L; t++) {
+            scale = fmaxf(scale, fabsf(b->scores[at + t]));
+            const double e = fabs((double)a->scores[at + t] - b->scores[at + t]);
+            d.max_score_diff = e > d.max_score_diff ? e : d.max_score_diff;
+        }
+        cut_of(b->scores + at, b->rows + at, b->n_keep[p][h], EV_L, &lo_s[h], &hi_s[h]);
+        cut_of(b->keys2 + at, b->rows + at, b->n_keep[p][h], EV_L, &lo_c[h], &hi_c[h]);
+        glo_s = fminf(glo_s, lo_s[h]), ghi_s = fmaxf(ghi_s, hi_s[h]);
+        glo_c = fminf(glo_c, lo_c[h]), ghi_c = fmaxf(ghi_c, hi_c[h]);
+    }
+    d.tol = EV_TIE_REL * scale;
+    for (int h = 0; h < n_kv; h++) {
+        const size_t at = (p * EV_MAX_KV + (size_t)h) * EV_L;
+        const int32_t *ra = a->rows + at, *rb = b->rows + at;
+        const int na = a->n_keep[p][h], nb = b->n_keep[p][h];
+        int printed = 0, differs = na != nb;
+        for (int x = 0, y = 0; x < na || y < nb;) {
+            int row, by_device;
+            if (x < na && y < nb && ra[x] == rb[y]) {
+                x++, y++;
+                continue;
+            }
+            if (y >= nb || (x < na && ra[x] < rb[y])) row = ra[x++], by_device = 1;
+            else row = rb[y++], by_device = 0;
+            differs = 1;
+            const float vs = b->scores[at + row], vc = b->keys2[at + row];
+            const int tie = near_cut(vs, lo_s[h], hi_s[h], d.tol) ||
+                            (cross_head && near_cut(vs, glo_s, ghi_s, d.tol)) ||
+                            (critical && (near_cut(vc, lo_c[h], hi_c[h], EV_TIE_REL * fabsf(lo_c[h])) ||
+                                          (cross_head && near_cut(vc, glo_c, ghi_c, EV_TIE_REL * fabsf(glo_c)))));
+            d.near_ties += tie, d.other += !tie;
+            if (printed++ < 6)
+                fprintf(stderr, "  %s KV head %d: row %d kept by the %s only: cpu score %.9g (device %.9g), cpu cut "
+                        "[%.9g, %.9g]: %s\n", what, h, row, by_device ? "device" : "cpu", vs, a->scores[at + row],
+                        hi_s[h], lo_s[h], tie ? "a near-tie" : "NOT a near-tie");
+        }
+        d.heads_diff += differs;
+    }
+    return d;
 }
 
 static void test_evict(const char *configs, const char *name, const char *tmp) {
     ckv_model *md, *mc;
     const int loaded = load_pair(configs, name, tmp, CKV_DTYPE_F32, 5, &md, &mc);
-    if (loaded && (md->cfg.n_kv_heads > EV_MAX_KV || ckv_fixture_n_presses > 16)) {
+    if (loaded && (md->cfg.n_kv_heads > EV_MAX_KV || ckv_fixture_n_presses > EV_MAX_PRESSES)) {
         CHECK_MSG(0, "%s: %d KV heads, %zu presses: more than this test records", name, md->cfg.n_kv_heads,
                   ckv_fixture_n_presses);
     } else if (loaded) {
+        const int n_kv = md->cfg.n_kv_heads, hd = md->cfg.head_dim, D = md->cfg.hidden_size;
         int32_t *ids = ckv_test_calloc(sizeof(int32_t) * EV_L);
         for (int t = 0; t < EV_L; t++) ids[t] = (int32_t)(ckv_test_rng_u32(&rng) % (uint32_t)md->cfg.vocab_size);
         static ev_record a, b; /* a: the device, b: the cpu backend */
-        a.n_kv = b.n_kv = md->cfg.n_kv_heads;
-        a.rows = ckv_test_calloc(sizeof(int32_t) * 16 * EV_MAX_KV * EV_L);
-        b.rows = ckv_test_calloc(sizeof(int32_t) * 16 * EV_MAX_KV * EV_L);
-        CHECK_OK(evict_run(mc, ids, &b));
-        CHECK_OK(evict_run(md, ids, &a));
+        const size_t cells = (size_t)EV_MAX_PRESSES * EV_MAX_KV * EV_L;
+        ev_record *both[2] = {&a, &b};
+        for (int w = 0; w < 2; w++) {
+            both[w]->n_kv = n_kv;
+            both[w]->rows = ckv_test_calloc(sizeof(int32_t) * cells);
+            both[w]->scores = ckv_test_calloc(sizeof(float) * cells);
+            both[w]->keys2 = ckv_test_calloc(sizeof(float) * cells);
+        }
+        ev_state st = {ckv_test_calloc(sizeof(float) * (size_t)EV_L * D),
+                       ckv_test_calloc(sizeof(float) * (size_t)n_kv * EV_L * hd),
+                       ckv_test_calloc(sizeof(float) * (size_t)n_kv * EV_L * hd),
+                       ckv_test_calloc(sizeof(int32_t) * (size_t)n_kv * EV_L)};
+        ev_cpu_ctx ctx = {&b, &st};
+        ckv_session s;
+        ckv_status rc = ckv_session_init_kv(&s, mc, EV_L, 64, 1, CKV_DTYPE_F32);
+        if (rc == CKV_STATUS_OK) rc = ckv_session_prefill_hook(&s, ids, EV_L, NULL, NULL, cpu_hook, &ctx);
+        ckv_session_free(&s);
+        CHECK_OK(rc);
+        if (rc == CKV_STATUS_OK) CHECK_OK(device_select(md, &st, &a));
         for (size_t p = 0; !ckv_test_failures && p < ckv_fixture_n_presses; p++) {
+            ckv_press_config cfg;
+            CHECK_OK(ckv_press_parse(&cfg, ckv_fixture_presses[p]));
             char what[160];
             snprintf(what, sizeof what, "%s %s %s at L=%d", tb->name, name, ckv_fixture_presses[p], EV_L);
-            int diff = 0;
+            const ev_diff d = kept_compare(what, &a, &b, p, cfg.alloc != CKV_ALLOC_UNIFORM, cfg.critical);
             long kept = 0;
-            for (int h = 0; h < a.n_kv; h++) {
-                const size_t at = (p * EV_MAX_KV + (size_t)h) * EV_L;
-                diff += !kept_same(what, h, a.rows + at, a.n_keep[p][h], b.rows + at, b.n_keep[p][h]);
-                kept += b.n_keep[p][h];
-            }
-            CHECK_MSG(diff == 0, "%s: %d of %d KV heads kept other rows than on the cpu backend", what, diff, a.n_kv);
-            if (!diff) fprintf(stderr, "ok   %s: %d heads, %ld kept rows identical to the cpu backend\n", what, a.n_kv, kept);
+            for (int h = 0; h < n_kv; h++) kept += b.n_keep[p][h];
+            CHECK_MSG(d.other == 0, "%s: %d kept rows differ from the cpu backend's beyond a near-tie (%d near-ties, "
+                      "score tolerance %.3g, max score diff %.3g)", what, d.other, d.near_ties, d.tol, d.max_score_diff);
+            if (!d.other)
+                fprintf(stderr, "ok   %s: %d heads, %ld kept rows; %d heads differ, by %d near-ties (tolerance %.3g); "
+                        "max score diff %.3g\n", what, n_kv, kept, d.heads_diff, d.near_ties, d.tol, d.max_score_diff);
         }
-        free(ids), free(a.rows), free(b.rows);
+        free(ids), free(st.xn), free(st.k), free(st.v), free(st.pos);
+        for (int w = 0; w < 2; w++) free(both[w]->rows), free(both[w]->scores), free(both[w]->keys2);
     }
     ckv_model_free(md);
     ckv_model_free(mc);
 }
 
+/* Seconds of CPU time used by this process so far: the per-case profile a slow run prints. */
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 int main(int argc, char **argv) {
-    const char *mode = argc > 2 ? argv[2] : "quick";
-    if (argc > 3 || (strcmp(mode, "quick") && strcmp(mode, "full"))) {
-        fprintf(stderr, "usage: test_real_shapes [cuda-emu|cuda [quick|full]]\n");
+    const char *mode = argc > 2 ? argv[2] : "quick", *only = argc > 3 ? argv[3] : NULL;
+    int pick = -1; /* full GEOMETRY: that geometry's prefill and eviction only */
+    for (int g = 0; only && g < N_GEOMETRIES; g++)
+        if (!strcmp(only, geometries[g])) pick = g;
+    if (argc > 4 || (strcmp(mode, "quick") && strcmp(mode, "full")) || (only && (pick < 0 || strcmp(mode, "full")))) {
+        fprintf(stderr, "usage: test_real_shapes [cuda-emu|cuda [quick|full [GEOMETRY]]]; GEOMETRY is one of");
+        for (int g = 0; g < N_GEOMETRIES; g++) fprintf(stderr, " %s", geometries[g]);
+        fprintf(stderr, "\n");
         return 2;
     }
     const int full = !strcmp(mode, "full");
@@ -469,20 +555,29 @@ int main(int argc, char **argv) {
     const int rc = cuda_test_open(argc, argv, "test_real_shapes", &tb);
     if (rc >= 0) return rc;
     CHECK_OK(ckv_backend_cpu_init(&ref, 2));
-    for (int g = 0; g < N_GEOMETRIES && ref; g++) {
+    double t0 = cpu_seconds();
+    for (int g = 0; g < N_GEOMETRIES && ref && pick < 0; g++) {
         test_rope_far(configs, geometries[g]);
         test_decode(configs, geometries[g]);
     }
-    if (ref) {
+    if (ref && pick < 0) {
         test_sample_vocab(0.0f, 0, 1.0f);
         test_sample_vocab(1.0f, 0, 0.9f);
         test_sample_vocab(0.7f, 40, 1.0f);
     }
+    if (pick < 0) fprintf(stderr, "time rope, decode and sample: %.1f s cpu\n", cpu_seconds() - t0);
     /* the cheapest geometry first; quick stops after its prefill */
     const int order[N_GEOMETRIES] = {SMALL, 0, 1, 2};
     for (int i = 0; i < (full ? N_GEOMETRIES : 1) && ref; i++) {
-        test_prefill(configs, geometries[order[i]], tmp);
-        if (full) test_evict(configs, geometries[order[i]], tmp);
+        const int g = order[i];
+        if (pick >= 0 && g != pick) continue;
+        t0 = cpu_seconds();
+        test_prefill(configs, geometries[g], tmp);
+        fprintf(stderr, "time prefill %s: %.1f s cpu\n", geometries[g], cpu_seconds() - t0);
+        if (!full) continue;
+        t0 = cpu_seconds();
+        test_evict(configs, geometries[g], tmp);
+        fprintf(stderr, "time evict %s: %.1f s cpu\n", geometries[g], cpu_seconds() - t0);
     }
     CHECK_OK(tb->ops->sync(tb));
     ckv_backend_free(tb);

@@ -3,7 +3,9 @@
 # ones and the cross-head ones whose budgets are agreed by exchanging scores), `ckv generate` with a
 # compressed context and two questions on 2 and 4 ranks (4 ranks on 2 KV heads: replica groups)
 # writes the same --dump-kept file as 1 rank and answers with the same tokens. Also checks DP x TP:
-# 4 ranks as 2 groups of --tp 2 share the questions and print the same answers.
+# 4 ranks as 2 groups of --tp 2 share the questions and print the same answers. No near-tie
+# tolerance: ranks compute each head's scores with one rank's code and exchange them exactly, so the
+# scores are bit-identical (docs/spec-eviction.md, "Near-ties").
 # usage: test_tp_evict.sh CKV_BINARY FIXTURES_DIR TMP_DIR MPIRUN
 set -u
 ckv=$1; fx=$2/models; tmp=$(mktemp -d "$3/tpe.XXXXXX"); mpirun=$4

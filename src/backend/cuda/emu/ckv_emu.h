@@ -139,16 +139,37 @@ static inline float __bfloat162float(__nv_bfloat16 h) {
 
 /* ---- device math the kernels call ------------------------------------------------------------- */
 
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline uint32_t __float_as_uint(float f);
 #if defined(CKV_EMU_DEVICE_MATH)
-/* As the device computes it: ex2.approx of x * log2(e) with the product rounded to fp32 (the
- * approximation's own last-bit error is not modelled). Built with -ffp-contract=fast, a*b+c
- * contracts to an FMA as nvcc contracts it. */
-static inline float __expf(float x) { return exp2f(x * 1.44269504088896341f); }
+/* The device maths modelled (CMake CKV_EMU_DEVICE_MATH; docs/gpu.md, "Device maths"): the kernel
+ * translation units are built with -ffp-contract=fast -mfma, so a*b+c contracts to one FMA as nvcc
+ * contracts it by default (--fmad=true); the device's expf, rsqrtf and the fast intrinsics are within
+ * 2 ulp of the exact result where the host's libm is within 1, and their exact bits are not public,
+ * so each returns the host's result moved by a deterministic -2..+2 ulp chosen by a hash of its
+ * input (exact results such as expf(0) = 1, 0 and infinities kept): whatever a comparison of the
+ * device with the CPU backend decides must hold for any implementation within the documented error.
+ * __expf is ex2.approx of x * log2(e) with the product rounded to fp32; __fdividef(a, b) is
+ * a * (1 / b) (an approximate reciprocal, then a multiply). */
+static inline float ckv_emu_device_ulps(float r, float x) {
+    if (x == 0.0f || !(r > 0.0f) || r == INFINITY) return r;
+    uint32_t u;
+    memcpy(&u, &r, sizeof u);
+    const int d = (int)((__float_as_uint(x) * 0x9E3779B1u) >> 29) % 5 - 2; /* -2 .. 2 */
+    if (u <= 2u || u >= 0x7f7ffffdu) return r;
+    u = (uint32_t)((int64_t)u + d);
+    memcpy(&r, &u, sizeof r);
+    return r;
+}
+static inline float ckv_emu_expf(float x) { return ckv_emu_device_ulps(::expf(x), x); }
+static inline float ckv_emu_exp2f(float x) { return ckv_emu_device_ulps(::exp2f(x), x); }
+static inline float rsqrtf(float x) { return ckv_emu_device_ulps(1.0f / sqrtf(x), x); }
+static inline float __expf(float x) { return ckv_emu_device_ulps(::exp2f(x * 1.44269504088896341f), x); }
+static inline float __fdividef(float a, float b) { return a * ckv_emu_device_ulps(1.0f / b, b); }
 #else
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline float __expf(float x) { return expf(x); }
-#endif
 static inline float __fdividef(float a, float b) { return a / b; }
+#endif
 static inline uint32_t __float_as_uint(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
@@ -328,6 +349,13 @@ struct ckv_emu_observer {
     void (*collective)(void *user, const char *kernel, unsigned block_linear, unsigned index, ckv_emu_warp_fn fn,
                        unsigned mask);
 };
+/* [p, p + bytes) read or written by kernel code outside the instrumentation (memcpy, memmove and
+ * memset in kernels; see the end of this header): checked and observed like the loads and stores
+ * it stands for, in pieces of up to 8 bytes. A no-op in host code. */
+void ckv_emu_range_access(const void *p, size_t bytes, ckv_emu_access_kind k);
+/* The copy and fill behind them, outside the instrumentation (move: overlapping ranges). */
+void *ckv_emu_copy(void *d, const void *s, size_t n, int move);
+void *ckv_emu_fill(void *d, int c, size_t n);
 /* Installs an observer (NULL removes it); it must outlive its use. Any member may be NULL. */
 void ckv_emu_observe(const ckv_emu_observer *o);
 /* 1 when the kernels were built with the instrumentation (CKV_EMU_INSTRUMENT), so `access` and
@@ -348,9 +376,43 @@ int ckv_emu_instrumented(void);
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
-#define __shared__ static thread_local /* blocks run one at a time: per-block storage */
+/* Blocks run one at a time: per-block storage. Each declaration is preceded by a 256-byte gap
+ * variable that no kernel names (the compiler lays it out beside the variable): memcheck reports an
+ * access there as an index past the end of a __shared__ array (emu_check.cpp). */
+#define CKV_EMU_SHARED_GAP_(n) \
+    [[maybe_unused]] static thread_local __attribute__((used)) unsigned char ckv_emu_shared_gap_##n[256];
+#define CKV_EMU_SHARED_GAP(n) CKV_EMU_SHARED_GAP_(n)
+#define __shared__ CKV_EMU_SHARED_GAP(__COUNTER__) static thread_local
 #define __syncthreads() ::ckv_emu::ckv_emu_syncthreads()
 
 using namespace ckv_emu; /* the kernels name the runtime unqualified, as with cuda_runtime.h */
+
+/* memcpy, memmove and memset in kernel code, seen by the checks: the compiler expands a call of
+ * constant size inline and calls libc otherwise, and neither reaches the instrumentation (GCC only
+ * instruments constant copies of up to 16 bytes, as a read and a write range, and no memset). So in
+ * the translation units that include this header they report their ranges through
+ * ckv_emu_range_access (a no-op outside kernels and with the checks off), then copy. */
+static inline void *ckv_emu_memcpy(void *d, const void *s, size_t n) {
+    if (__builtin_constant_p(n) && n <= 16) return __builtin_memcpy(d, s, n); /* instrumented as ranges */
+    ::ckv_emu::ckv_emu_range_access(s, n, ::ckv_emu::CKV_EMU_READ);
+    ::ckv_emu::ckv_emu_range_access(d, n, ::ckv_emu::CKV_EMU_WRITE);
+    return ::ckv_emu::ckv_emu_copy(d, s, n, 0);
+}
+static inline void *ckv_emu_memmove(void *d, const void *s, size_t n) {
+    ::ckv_emu::ckv_emu_range_access(s, n, ::ckv_emu::CKV_EMU_READ);
+    ::ckv_emu::ckv_emu_range_access(d, n, ::ckv_emu::CKV_EMU_WRITE);
+    return ::ckv_emu::ckv_emu_copy(d, s, n, 1);
+}
+static inline void *ckv_emu_memset(void *d, int c, size_t n) {
+    ::ckv_emu::ckv_emu_range_access(d, n, ::ckv_emu::CKV_EMU_WRITE);
+    return ::ckv_emu::ckv_emu_fill(d, c, n);
+}
+#if defined(CKV_EMU_DEVICE_MATH)
+#define expf ckv_emu_expf
+#define exp2f ckv_emu_exp2f
+#endif
+#define memcpy ckv_emu_memcpy
+#define memmove ckv_emu_memmove
+#define memset ckv_emu_memset
 
 #endif

@@ -9,12 +9,19 @@
  * (ignored), the launch's arguments and built-in variables (ignored), __shared__ memory (the
  * device thread's static TLS block) or global memory, which must lie inside a live device
  * allocation of the launch's device.
- *   racecheck: per byte, the last write and a read since (thread, barrier interval, full-warp
- *     collectives passed): two accesses of different threads of a block in one interval, one a
- *     write, race unless a full-warp collective separates them within one warp; in global memory
+ *   racecheck: per byte, the last write and a read since (thread, barrier interval, warp
+ *     epoch): two accesses of different threads of a block in one interval, one a
+ *     write, race unless a warp collective of both (a shuffle, a __syncwarp of any mask naming both
+ *     lanes) separates them within one warp (per-lane vector clocks); in global memory
  *     any write and other access of different blocks of one launch race (atomics excepted).
  *   memcheck: an access outside every live device allocation (a host pointer, the red zone past
- *     an exact-sized allocation, a freed allocation, another device's memory) fails the launch.
+ *     an exact-sized allocation, a freed allocation, another device's memory) fails the launch, and
+ *     so does a __shared__ access outside every __shared__ variable: the kernels' __shared__ macro
+ *     (ckv_emu.h) declares a 256-byte gap variable beside each one, which the compiler lays out
+ *     next to it (GCC and Clang place a function's static TLS variables in reverse declaration
+ *     order, so each gap follows the variable declared after it); the gaps and the variables are
+ *     read from the executable's symbol table, so an index past one array into the next lands in a
+ *     gap and is reported. Without symbols this part is off.
  *   initcheck: a read of device memory never written since cudaMalloc, or of __shared__ memory
  *     not written by the block, fails the launch.
  * A finding stops the offending thread before the access happens (its fiber is abandoned) and
@@ -74,7 +81,7 @@ const char *verb(ckv_emu_access_kind k) { return k == CKV_EMU_READ ? "read" : k 
 
 [[noreturn]] void report(cudaError_t e, const char *tool, const thread_ctx *t, ckv_emu_access_kind k,
                          uintptr_t a, unsigned size, const std::string &where, const std::string &what) {
-    char buf[160];
+    char buf[640];
     snprintf(buf, sizeof buf, "%s: %s of %u bytes at %p%s by thread (%u,%u,%u): ", tool, verb(k), size, (void *)a,
              where.c_str(), t->thread.x, t->thread.y, t->thread.z);
     kill_running(e, buf + what);
@@ -126,11 +133,16 @@ struct race {
 inline race race_byte(race_cell &c, const thread_ctx *t, ckv_emu_access_kind k, bool global) {
     const uint32_t me = t->gtid, floor = global ? t->launch_first : t->block_first;
     const unsigned warp = t->tid / 32;
+    /* a warp collective of both lanes since thread g's access at its epoch e */
+    auto warp_ordered = [&](uint32_t g, uint16_t e) {
+        return g != MULTI && (g - 1) % t->threads / 32 == warp &&
+               (int16_t)(uint16_t)(t->wvc[(g - 1) % t->threads % 32] - e) >= 0;
+    };
     auto conflict = [&](uint32_t g, uint32_t serial, uint16_t wsync) -> const char * {
         if (serial < floor || g == me || g == 0) return NULL;
         if (serial < t->block_first) return "of another block of the same launch (blocks are not ordered)";
         if (serial != t->serial) return NULL; /* a __syncthreads between them */
-        if (g != MULTI && (g - 1) % t->threads / 32 == warp && wsync != t->wsync) return NULL;
+        if (warp_ordered(g, wsync)) return NULL;
         return "in the same interval between __syncthreads";
     };
     race r;
@@ -144,7 +156,7 @@ inline race race_byte(race_cell &c, const thread_ctx *t, ckv_emu_access_kind k, 
             return r;
         }
         c.w_gtid = me, c.w_serial = t->serial, c.w_wsync = t->wsync;
-    } else if (c.r_serial == t->serial && c.r_gtid != me && c.r_serial >= floor) {
+    } else if (c.r_serial == t->serial && c.r_gtid != me && c.r_serial >= floor && !warp_ordered(c.r_gtid, c.r_wsync)) {
         c.r_gtid = MULTI;
     } else {
         c.r_gtid = me, c.r_serial = t->serial, c.r_wsync = t->wsync;
@@ -196,8 +208,38 @@ std::map<size_t, tls_symbol> read_tls_symbols() {
     return out;
 }
 
+/* The gap the kernels' __shared__ macro puts beside every variable (ckv_emu.h): no variable's memory. */
+bool is_gap_symbol(const std::string &name) { return name.find("ckv_emu_shared_gap_") != std::string::npos; }
+
+/* The __shared__ variables, gaps dropped; and per byte of the TLS block, whether a variable owns it
+ * (empty when the executable has no symbols: the bounds are then not checked). */
+struct shared_layout {
+    std::map<size_t, tls_symbol> vars;
+    std::vector<uint8_t> owned;
+};
+const shared_layout &layout(void) {
+    static const shared_layout l = [] {
+        shared_layout o;
+        const ranges &rg = exec_ranges();
+        bool gaps = false;
+        for (const auto &e : read_tls_symbols()) {
+            if (is_gap_symbol(e.second.name)) {
+                gaps = true;
+                continue;
+            }
+            o.vars.insert(e);
+        }
+        if (!gaps || rg.shared_hi <= rg.shared_lo) return o; /* no gaps seen: nothing to tell apart */
+        o.owned.assign(rg.shared_hi - rg.shared_lo, 0);
+        for (const auto &e : o.vars)
+            for (size_t i = e.first; i < e.first + e.second.size && i < o.owned.size(); i++) o.owned[i] = 1;
+        return o;
+    }();
+    return l;
+}
+
 std::string shared_where(uintptr_t a) {
-    static const std::map<size_t, tls_symbol> syms = read_tls_symbols();
+    const std::map<size_t, tls_symbol> &syms = layout().vars;
     const size_t off = (size_t)(a - exec_ranges().shared_lo);
     char where[512];
     auto it = syms.upper_bound(off);
@@ -205,6 +247,10 @@ std::string shared_where(uintptr_t a) {
         --it;
         snprintf(where, sizeof where, " (__shared__ %s, byte %zu of %zu)", it->second.name.c_str(), off - it->first,
                  it->second.size);
+    } else if (it != syms.begin()) {
+        --it;
+        snprintf(where, sizeof where, " (__shared__ memory of no variable, %zu bytes past the end of %s of %zu bytes)",
+                 off - (it->first + it->second.size), it->second.name.c_str(), it->second.size);
     } else {
         snprintf(where, sizeof where, " (__shared__, offset %zu of the block's static storage)", off);
     }
@@ -214,6 +260,11 @@ std::string shared_where(uintptr_t a) {
 void check_shared(const thread_ctx *t, uintptr_t a, unsigned size, ckv_emu_access_kind k) {
     const ranges &rg = exec_ranges();
     if (g_shared_shadow.empty()) g_shared_shadow.assign(rg.shared_hi - rg.shared_lo, race_cell{0, 0, 0, 0, 0, 0});
+    const std::vector<uint8_t> &owned = layout().owned;
+    for (unsigned i = 0; i < size && !owned.empty(); i++)
+        if (!owned[a - rg.shared_lo + i])
+            report(cudaErrorIllegalAddress, "memcheck", t, k, a, size, shared_where(a + i),
+                   "outside every __shared__ variable (an index past the end of an array)");
     for (unsigned i = 0; i < size; i++) {
         race_cell &c = g_shared_shadow[a - rg.shared_lo + i];
         if (k == CKV_EMU_READ && c.w_serial < t->block_first)
@@ -366,6 +417,16 @@ bool check_pointer_args(int device, const char *kernel, const void *const *ptrs,
 
 void ckv_emu_atomic_access(const void *p, unsigned bytes) { on_access((void *)p, bytes, CKV_EMU_ATOMIC, __builtin_return_address(0)); }
 
+void ckv_emu_range_access(const void *p, size_t bytes, ckv_emu_access_kind k) {
+    if (!g_active) return;
+    void *site = __builtin_return_address(0);
+    for (size_t i = 0; i < bytes; i += 8) on_access((char *)p + i, bytes - i < 8 ? (unsigned)(bytes - i) : 8, k, site);
+}
+
+void *ckv_emu_copy(void *d, const void *s, size_t n, int move) { return move ? memmove(d, s, n) : memcpy(d, s, n); }
+
+void *ckv_emu_fill(void *d, int c, size_t n) { return memset(d, c, n); }
+
 void ckv_emu_observe(const ckv_emu_observer *o) {
     std::lock_guard<std::recursive_mutex> l(mach().lock);
     g_observer = o;
@@ -400,6 +461,21 @@ extern "C" void __tsan_read_range(void *p, unsigned long n) {
 }
 extern "C" void __tsan_write_range(void *p, unsigned long n) {
     for (unsigned long i = 0; i < n; i += 8) on_access((char *)p + i, n - i < 8 ? (unsigned)(n - i) : 8, CKV_EMU_WRITE, __builtin_return_address(0));
+}
+/* Clang's instrumentation turns memcpy / memmove / memset in kernel code into these calls. */
+extern "C" void *__tsan_memcpy(void *d, const void *s, unsigned long n) {
+    ckv_emu::ckv_emu_range_access(s, n, CKV_EMU_READ);
+    ckv_emu::ckv_emu_range_access(d, n, CKV_EMU_WRITE);
+    return memcpy(d, s, n);
+}
+extern "C" void *__tsan_memmove(void *d, const void *s, unsigned long n) {
+    ckv_emu::ckv_emu_range_access(s, n, CKV_EMU_READ);
+    ckv_emu::ckv_emu_range_access(d, n, CKV_EMU_WRITE);
+    return memmove(d, s, n);
+}
+extern "C" void *__tsan_memset(void *d, int c, unsigned long n) {
+    ckv_emu::ckv_emu_range_access(d, n, CKV_EMU_WRITE);
+    return memset(d, c, n);
 }
 extern "C" void __tsan_init(void) { ckv_emu::g_instrumented = true; }
 extern "C" void __tsan_func_entry(void *) {}

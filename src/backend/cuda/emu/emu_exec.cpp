@@ -299,11 +299,21 @@ int resolve_warps(scheduler &s, std::string *bad) {
             }
             if (!complete) continue;
             f.fn(data, mask);
-            const bool full = lanes == 32 ? mask == 0xffffffffu : mask == (1u << lanes) - 1u;
+            /* the lanes of the mask (all, or part of the warp) are ordered with each other from here on,
+             * no others: join their vector clocks, then each advances its own epoch */
+            uint16_t join[32] = {};
+            for (int m = 0; m < 32; m++)
+                if (mask >> m & 1u)
+                    for (int j = 0; j < 32; j++) {
+                        const uint16_t e = s.fibers[base + m].tc.wvc[j];
+                        if ((int16_t)(uint16_t)(e - join[j]) > 0) join[j] = e;
+                    }
             for (int m = 0; m < 32; m++)
                 if (mask >> m & 1u) {
+                    thread_ctx &tc = s.fibers[base + m].tc;
                     s.fibers[base + m].state = F_READY;
-                    if (full) s.fibers[base + m].tc.wsync++; /* orders the warp's memory accesses */
+                    memcpy(tc.wvc, join, sizeof join);
+                    tc.wsync = ++tc.wvc[m];
                 }
             check_collective(s.kernel, s.fibers[0].tc.block_linear, (unsigned)w, f.fn, mask);
             done_groups |= mask;
@@ -322,7 +332,8 @@ bool run_block(scheduler &s, std::string *bad, uint64_t *rng) {
         context_init(&f.ctx, s.stacks + (size_t)i * s.slot + (s.slot - STACK_BYTES), STACK_BYTES, &s.main);
         f.state = F_READY;
         f.tc.serial = f.tc.block_first = first;
-        f.tc.wsync = 0;
+        memset(f.tc.wvc, 0, sizeof f.tc.wvc);
+        f.tc.wsync = f.tc.wvc[i % 32] = 1;
         f.tc.seq = 0;
     }
     for (;;) {

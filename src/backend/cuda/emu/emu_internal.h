@@ -8,6 +8,13 @@
 
 #include "ckv_emu.h"
 
+/* the layer's own copies are its own, not kernel code: no range reports */
+#undef memcpy
+#undef memmove
+#undef memset
+#undef expf
+#undef exp2f
+
 #include <pthread.h>
 
 #include <deque>
@@ -119,7 +126,10 @@ struct thread_ctx {
     uint32_t serial;                     /* the block's current barrier interval (unique) */
     uint32_t block_first;                /* the block's first interval */
     uint32_t launch_first;               /* the launch's first interval */
-    uint16_t wsync;                      /* full-warp collectives passed since the block started */
+    uint16_t wsync;                      /* this lane's warp epoch: 1 + its warp collectives in the block */
+    uint16_t wvc[32];                    /* the latest epoch of each lane of the warp that this lane has
+                                          * synchronised with (a vector clock; wvc[lane] = wsync): an access
+                                          * of lane j at epoch e is ordered before this lane iff e <= wvc[j] */
     uint64_t seq;                        /* accesses made so far */
 };
 /* The running kernel thread, or NULL outside kernel code (host code, the scheduler); meaningful on
