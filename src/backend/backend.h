@@ -245,6 +245,14 @@ typedef struct {
      * out [n_kv_heads, ld]; errors when head_dim > 1024. NULL on backends without it. */
     ckv_status (*evict_lagkv)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
                               int lag, int cross);
+    /* CUR (kvpress CURPress, deterministic leverage): per segment g and row t < n_rows, k2_t = ||k_t||^2 and
+     * v2_t = ||v_t||^2; when window > 0 each is divided by its sum over the window of `window` rows
+     * holding t (windows start at row 0; the last may be short); s_t = k2_t (kind 0), v2_t (1),
+     * (k2_t + v2_t) / 2 (2) or k2_t * v2_t (3); out[t] = (float)(s_t / sum over all rows of s),
+     * everything in double from the rows read in the batch's dtype; rows t < n_sink get 1 (kvpress's
+     * sink score; every other score is at most 1). out [n_kv_heads, ld]. NULL on backends without it. */
+    ckv_status (*evict_cur)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
+                            int kind, int window);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:

@@ -122,5 +122,7 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
 ckv_status ckv_score_keydiff(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* lagkv: kvpress LagKVPress's lag-relative scores; needs evict_lagkv. */
 ckv_status ckv_score_lagkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* cur: kvpress CURPress's deterministic leverage of keys and values; needs evict_cur. */
+ckv_status ckv_score_cur(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 
 #endif

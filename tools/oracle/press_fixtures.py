@@ -74,6 +74,7 @@ def _defs() -> list[PressDef]:
 
     snap = dict(window=64, kernel=5, pool="avg")
     crit = dict(alpha=0.5, eps=1e-4)
+    cur = dict(n_sink=4, leverage_type="kv_product", use_local_approximation=True, local_window_size=16)
     ea = dict(n_future=512, n_sink=4, covariance=True, vnorm=True, epsilon=0.0)
 
     def snapkv(w=64, k=5):
@@ -116,6 +117,16 @@ def _defs() -> list[PressDef]:
                  lambda cr: kp.LagKVPress(compression_ratio=cr, n_sink=4, lag_size=128, cross_scoring=False)),
         PressDef("lagkv_l32x", "lagkv", "lagkv", "uniform", dict(n_sink=4, lag_size=32, cross_scoring=True), "sdpa",
                  lambda cr: kp.LagKVPress(compression_ratio=cr, n_sink=4, lag_size=32, cross_scoring=True)),
+        # CURPress at its defaults (kv_product over windows of 16, 4 sinks), and the key-only leverage
+        # without windows; adakv:cur crosses heads, critical:cur weighs the scores by the value norms
+        PressDef("cur", "cur", "cur", "uniform", dict(cur), "sdpa", lambda cr: kp.CURPress(compression_ratio=cr)),
+        PressDef("cur_key_global", "cur", "cur", "uniform",
+                 dict(n_sink=4, leverage_type="key", use_local_approximation=False, local_window_size=16), "sdpa",
+                 lambda cr: kp.CURPress(compression_ratio=cr, leverage_type="key", use_local_approximation=False)),
+        PressDef("adakv-cur", "adakv:cur", "cur", "adakv", dict(cur, safeguard=0.2), "sdpa",
+                 lambda cr: kp.AdaKVPress(kp.CURPress(compression_ratio=cr), alpha_safeguard=0.2)),
+        PressDef("critical-cur", "critical:cur", "cur", "critical", dict(cur, **crit), "sdpa",
+                 lambda cr: kp.CriticalKVPress(kp.CURPress(compression_ratio=cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
@@ -154,6 +165,8 @@ def protected_mask(d: PressDef, L: int, n_kv: int, scores: torch.Tensor) -> torc
         tail = ref.lagkv_tail(L, d.options["n_sink"], d.options["lag_size"])
         if tail:
             m[:, L - tail:] = True
+    elif d.scorer == "cur":
+        m[:, : d.options["n_sink"]] = True
     elif d.scorer == "streaming_llm":
         m = scores > 0
     return m
@@ -393,6 +406,9 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
         return ref.score_keydiff(inp)
     if d.scorer == "lagkv":
         return ref.score_lagkv(inp, o["n_sink"], o["lag_size"], o["cross_scoring"])
+    if d.scorer == "cur":
+        return ref.score_cur(inp, o["n_sink"], o["leverage_type"],
+                             o["local_window_size"] if o["use_local_approximation"] else 0)
     if d.scorer == "streaming_llm":
         return ref.score_streaming(inp, ref.n_kept_uniform(inp.L, cr), o["n_sink"])
     if d.scorer == "observed_attention":

@@ -195,6 +195,28 @@ def score_lagkv(inp: LayerInputs, n_sink: int, lag: int, cross: bool) -> Scored:
     return _always_keep(_with_protected(r.reshape(inp.n_kv, -1), L, n_sink, tail))
 
 
+def score_cur(inp: LayerInputs, n_sink: int, kind: str, window: int) -> Scored:
+    """Squared key and value norms, each divided by its sum over its window of `window` tokens from
+    token 0 (0: no windows), combined as key, value, their mean or their product, divided by the sum
+    over the context; the first n_sink tokens score 1 (above every other score) and are protected."""
+    L = inp.L
+
+    def lev(x: torch.Tensor) -> torch.Tensor:
+        n = (x.to(F64) ** 2).sum(-1)  # [Hkv, L]
+        if window:
+            for t0 in range(0, L, window):
+                n[:, t0:t0 + window] = n[:, t0:t0 + window] / n[:, t0:t0 + window].sum(-1, keepdim=True)
+        return n
+
+    k2, v2 = lev(inp.keys), lev(inp.values)
+    s = {"key": k2, "value": v2, "kv_avg": (k2 + v2) / 2, "kv_product": k2 * v2}[kind]
+    s = s / s.sum(-1, keepdim=True)
+    protected = torch.zeros((inp.n_kv, L), dtype=torch.bool)
+    protected[:, :n_sink] = True
+    s[protected] = 1.0
+    return Scored(s, protected)
+
+
 def _always_keep(sc: Scored) -> Scored:
     """LagKV scores its sinks and tail 1 (above every other score) instead of the layer max + 1."""
     sc.scores[sc.protected] = 1.0
