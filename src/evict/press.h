@@ -29,6 +29,7 @@ typedef enum {
     CKV_SCORER_KEYDIFF,           /* kvpress KeyDiffPress (attention-free) */
     CKV_SCORER_LAGKV,             /* kvpress LagKVPress (attention-free) */
     CKV_SCORER_CUR,               /* kvpress CURPress (attention-free) */
+    CKV_SCORER_LEVERAGE,          /* kvpress LeverageScorePress (attention-free) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -56,13 +57,14 @@ typedef struct {
     int use_covariance;        /* expected_attention (1) */
     int use_vnorm;             /* expected_attention (1) */
     double epsilon_ea;         /* expected_attention epsilon (0) */
-    uint64_t seed;             /* random */
+    uint64_t seed;             /* random; leverage's sketch */
     double beta;               /* pyramidkv: ratio of the largest to the smallest layer budget (20) */
     int lag_size;              /* lagkv: partition length (128) */
     int cross_scoring;         /* lagkv: rank raw scores across partitions (0) */
     int leverage_type;         /* cur: ckv_cur_kind (kv_product) */
     int use_local_approximation; /* cur: normalise the norms per local window (1) */
     int local_window_size;     /* cur: that window (16) */
+    int sketch_dimension;      /* leverage: columns of the Gaussian sketch (48) */
     /* wrapper options */
     double alpha;              /* critical first-stage ratio (0.5) */
     double eps;                /* critical epsilon (1e-4) */

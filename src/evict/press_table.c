@@ -30,7 +30,9 @@ const ckv_option_def ckv_press_option_table[] = {
     {"use_local_approximation", CKV_OPTION_BOOL, F(use_local_approximation), "1", 0, 1, 0,
      "CUR: normalise the squared norms within windows of local_window_size tokens", NULL},
     {"local_window_size", CKV_OPTION_INT, F(local_window_size), "16", 1, 1 << 20, 0, "CUR: that window", NULL},
-    {"seed", CKV_OPTION_SEED, F(seed), "0", 0, 0x7fffffff, 0, "random: generator seed", NULL},
+    {"sketch_dimension", CKV_OPTION_INT, F(sketch_dimension), "48", 1, 256, 0,
+     "leverage: columns of the Gaussian sketch of the keys", NULL},
+    {"seed", CKV_OPTION_SEED, F(seed), "0", 0, 0x7fffffff, 0, "random, leverage: generator seed", NULL},
     {"alpha", CKV_OPTION_REAL, F(alpha), "0.5", 0, 1, 0, "CriticalKV: first-stage share of the budget", NULL},
     {"eps", CKV_OPTION_REAL, F(eps), "0.0001", 0, 1e6, 0, "CriticalKV: epsilon added to the scores", NULL},
     {"safeguard", CKV_OPTION_REAL, F(safeguard), "0.2", 0, 1, 0, "AdaKV: share of a head's budget it keeps anyway", NULL},
@@ -77,6 +79,9 @@ const ckv_press_def ckv_press_table[] = {
     {"cur", CKV_SCORER_CUR, "n_sink,leverage_type,use_local_approximation,local_window_size", NULL, 0,
      CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM, ckv_score_cur,
      "squared key and value norms (CurDKV's deterministic leverage), windowed; sinks score 1 (attention-free)", CKV_READS_NONE},
+    {"leverage", CKV_SCORER_LEVERAGE, "sketch_dimension,seed", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE,
+     CKV_KEPT_UNIFORM, ckv_score_leverage,
+     "leverage of the pre-RoPE keys under a Gaussian sketch, z-scored over the layer (attention-free)", CKV_READS_NONE},
 };
 const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
 
