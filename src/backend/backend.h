@@ -245,6 +245,30 @@ typedef struct {
      * out [n_kv_heads, ld]; errors when head_dim > 1024. NULL on backends without it. */
     ckv_status (*evict_lagkv)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
                               int lag, int cross);
+    /* CUR (kvpress CURPress, deterministic leverage): per segment g and row t < n_rows, k2_t = ||k_t||^2 and
+     * v2_t = ||v_t||^2; when window > 0 each is divided by its sum over the window of `window` rows
+     * holding t (windows start at row 0; the last may be short); s_t = k2_t (kind 0), v2_t (1),
+     * (k2_t + v2_t) / 2 (2) or k2_t * v2_t (3); out[t] = (float)(s_t / sum over all rows of s),
+     * everything in double from the rows read in the batch's dtype; rows t < n_sink get 1 (kvpress's
+     * sink score; every other score is at most 1). out [n_kv_heads, ld]. NULL on backends without it. */
+    ckv_status (*evict_cur)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
+                            int kind, int window);
+    /* Approximate leverage (kvpress LeverageScorePress's compute_leverage_scores) of rows row0 ..
+     * row0 + n - 1 of every segment g, on pre-RoPE keys: each cached key is rotated back, x1 =
+     * (y1 c + y2 s) / (c^2 + s^2), x2 = (y2 c - y1 s) / (c^2 + s^2) for pair (i, i + d/2), with c =
+     * cosf(a) * rope_scale, s = sinf(a) * rope_scale, a = (float)pos[row] * inv_freq[i] (the rope op's
+     * rotation, inverted), and stored as fp32. Then in double: the rows centred on their mean, x_t =
+     * their product with the sketch phi[g] [d, k] (fp32), G = sum_t x_t x_t^T, C = the Cholesky factor
+     * of G + j I with j = 1e-2, else 1e-1, 1, 10, 100 (the first that factors; all fail: an error),
+     * out[g * ld + t] = (float)max(0, ||C^-1 x_t||^2) (= x_t^T (G + j I)^-1 x_t), and stats[g] =
+     * {sum_t out, sum_t out^2} over the fp32 scores, t ascending.
+     * out [n_kv_heads, ld], pos [>= row0 + n], inv_freq [d / 2], phi [n_kv_heads, d, k],
+     * stats [n_kv_heads, 2] double; errors when head_dim > 1024 or k > 256. NULL on backends without it. */
+    ckv_status (*evict_leverage)(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
+                                 int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
+                                 int k);
+    /* x[r * ld + t] = (x[r * ld + t] - sub) / div in fp32, t < n.   x [rows, ld] */
+    void (*evict_affine)(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:

@@ -7,20 +7,7 @@
 #include "core/timer.h"
 
 int ckv_sweep_xn_first(const ckv_press_config *p, int L) {
-    int first = 0;
-    switch (p ? p->scorer : CKV_SCORER_NONE) {
-    case CKV_SCORER_NONE:
-    case CKV_SCORER_KNORM:
-    case CKV_SCORER_STREAMING_LLM:
-    case CKV_SCORER_RANDOM:
-    case CKV_SCORER_KEYDIFF: first = L; break;
-    case CKV_SCORER_SNAPKV:
-    case CKV_SCORER_PYRAMIDKV:
-    case CKV_SCORER_DEFENSIVEKV: first = L - p->window; break;
-    case CKV_SCORER_TOVA: first = L - 1; break;
-    default: first = 0; break; /* observed / expected attention, and any scorer not listed: every row */
-    }
-    return first < 0 ? 0 : first > L ? L : first;
+    return ckv_press_xn_first(p, L); /* the registry says which rows each scorer reads */
 }
 
 /* The layer hook of the shared prefill: keeps rows xn_first .. L-1 of the layer's attention input. */

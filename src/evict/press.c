@@ -82,6 +82,15 @@ static ckv_status parse_real(const char *key, const char *v, double lo, double h
     return CKV_STATUS_OK;
 }
 
+/* Value k of a '|'-separated choice list ("" past its end); *len its length. */
+static const char *choice_at(const char *choices, int k, int *len) {
+    const char *p = choices ? choices : "";
+    for (; k > 0 && *p; k--) p = strchr(p, '|') ? strchr(p, '|') + 1 : p + strlen(p);
+    const char *end = strchr(p, '|');
+    *len = (int)(end ? (size_t)(end - p) : strlen(p));
+    return p;
+}
+
 static ckv_status option_set(ckv_press_config *c, const ckv_option_def *o, const char *v) {
     char *field = (char *)c + o->offset;
     long i = 0;
@@ -97,11 +106,19 @@ static ckv_status option_set(ckv_press_config *c, const ckv_option_def *o, const
         *(uint64_t *)field = (uint64_t)i;
         return CKV_STATUS_OK;
     case CKV_OPTION_REAL: return parse_real(o->key, v, o->lo, o->hi, (double *)field);
-    case CKV_OPTION_POOL:
-        if (!strcmp(v, "avg")) *(ckv_pool_kind *)field = CKV_POOL_AVG;
-        else if (!strcmp(v, "max")) *(ckv_pool_kind *)field = CKV_POOL_MAX;
-        else return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: '%s' is not avg or max", o->key, v);
-        return CKV_STATUS_OK;
+    case CKV_OPTION_CHOICE: {
+        int k = 0;
+        for (const char *p = o->choices; p && *p; k++) {
+            const char *end = strchr(p, '|');
+            const size_t len = end ? (size_t)(end - p) : strlen(p);
+            if (strlen(v) == len && !strncmp(p, v, len)) {
+                *(int *)field = k;
+                return CKV_STATUS_OK;
+            }
+            p = end ? end + 1 : NULL;
+        }
+        return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: '%s' is not one of %s", o->key, v, o->choices);
+    }
     case CKV_OPTION_FILE:
         if (strlen(v) >= sizeof c->profile) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: path too long", o->key);
         strcpy(field, v);
@@ -236,10 +253,12 @@ static int print_options(char *buf, size_t cap, const ckv_press_config *c, const
             case CKV_OPTION_SEED:
                 n += snprintf(buf + n, cap - (size_t)n, "%s%s=%llu", sep, o->key, (unsigned long long)*(const uint64_t *)field);
                 break;
-            case CKV_OPTION_POOL:
-                n += snprintf(buf + n, cap - (size_t)n, "%s%s=%s", sep, o->key,
-                              *(const ckv_pool_kind *)field == CKV_POOL_MAX ? "max" : "avg");
+            case CKV_OPTION_CHOICE: {
+                int vlen = 0;
+                const char *v = choice_at(o->choices, *(const int *)field, &vlen);
+                n += snprintf(buf + n, cap - (size_t)n, "%s%s=%.*s", sep, o->key, vlen, v);
                 break;
+            }
             case CKV_OPTION_FILE: n += snprintf(buf + n, cap - (size_t)n, "%s%s=%s", sep, o->key, field); break;
             }
         p = end ? end + 1 : NULL;
@@ -393,6 +412,19 @@ void ckv_press_protected(const ckv_press_config *c, int L, int *head, int *tail)
     case CKV_PROTECT_SINKS: *head = c->n_sink; break;
     case CKV_PROTECT_NONE: break;
     }
+}
+
+int ckv_press_xn_first(const ckv_press_config *c, int L) {
+    const ckv_press_def *d = c ? ckv_press_def_of(c->scorer) : NULL;
+    int first = 0;
+    switch (d ? d->reads : CKV_READS_ALL) {
+    case CKV_READS_ALL: first = 0; break;
+    case CKV_READS_WINDOW: first = L - c->window; break;
+    case CKV_READS_LAST: first = L - 1; break;
+    case CKV_READS_NONE: first = L; break;
+    }
+    if (!c || c->scorer == CKV_SCORER_NONE) first = L;
+    return first < 0 ? 0 : first > L ? L : first;
 }
 
 ckv_status ckv_press_check_context(const ckv_press_config *c, int L) {

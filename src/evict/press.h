@@ -28,6 +28,8 @@ typedef enum {
     CKV_SCORER_DEFENSIVEKV,       /* defensive aggregation (FFY0/DefensiveKV); global top-k */
     CKV_SCORER_KEYDIFF,           /* kvpress KeyDiffPress (attention-free) */
     CKV_SCORER_LAGKV,             /* kvpress LagKVPress (attention-free) */
+    CKV_SCORER_CUR,               /* kvpress CURPress (attention-free) */
+    CKV_SCORER_LEVERAGE,          /* kvpress LeverageScorePress (attention-free) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -39,6 +41,8 @@ typedef enum {
 } ckv_alloc_kind;
 
 typedef enum { CKV_POOL_AVG = 0, CKV_POOL_MAX = 1 } ckv_pool_kind;
+/* CUR's leverage_type, in kvpress's order of the option's values */
+typedef enum { CKV_CUR_KEY = 0, CKV_CUR_VALUE, CKV_CUR_KV_AVG, CKV_CUR_KV_PRODUCT } ckv_cur_kind;
 
 typedef struct {
     ckv_scorer_kind scorer;
@@ -53,10 +57,14 @@ typedef struct {
     int use_covariance;        /* expected_attention (1) */
     int use_vnorm;             /* expected_attention (1) */
     double epsilon_ea;         /* expected_attention epsilon (0) */
-    uint64_t seed;             /* random */
+    uint64_t seed;             /* random; leverage's sketch */
     double beta;               /* pyramidkv: ratio of the largest to the smallest layer budget (20) */
     int lag_size;              /* lagkv: partition length (128) */
     int cross_scoring;         /* lagkv: rank raw scores across partitions (0) */
+    int leverage_type;         /* cur: ckv_cur_kind (kv_product) */
+    int use_local_approximation; /* cur: normalise the norms per local window (1) */
+    int local_window_size;     /* cur: that window (16) */
+    int sketch_dimension;      /* leverage: columns of the Gaussian sketch (48) */
     /* wrapper options */
     double alpha;              /* critical first-stage ratio (0.5) */
     double eps;                /* critical epsilon (1e-4) */
@@ -165,6 +173,9 @@ int ckv_press_first_stage(const ckv_press_config *cfg, int k);
  * every other token; HeadKV keeps them beside each head's share. */
 void ckv_press_protected(const ckv_press_config *cfg, int L, int *head, int *tail);
 
+/* The first row of a layer's attention input the press's scorer reads on a context of L tokens (L:
+ * none), from the registry: a prefill that scores later keeps rows first .. L - 1 only. */
+int ckv_press_xn_first(const ckv_press_config *cfg, int L);
 /* Checks the press can compress a context of L tokens (windowed scorers need L > window). */
 ckv_status ckv_press_check_context(const ckv_press_config *cfg, int L);
 

@@ -16,7 +16,7 @@ typedef enum {
     CKV_OPTION_INT,  /* int field, integer in [lo, hi] */
     CKV_OPTION_REAL, /* double field, finite number in [lo, hi] */
     CKV_OPTION_BOOL, /* int field, 0 or 1 */
-    CKV_OPTION_POOL, /* ckv_pool_kind field, "avg" or "max" */
+    CKV_OPTION_CHOICE, /* int-sized enum field: the index of the value in `choices` ("avg|max") */
     CKV_OPTION_SEED, /* uint64_t field, integer in [lo, hi] */
     CKV_OPTION_FILE  /* char[512] field, a path (CKV_PRESS_NEED_FILES: required when taken) */
 } ckv_option_type;
@@ -29,6 +29,7 @@ typedef struct {
     double lo, hi;        /* range of INT / REAL / SEED */
     int odd;              /* INT: must be odd */
     const char *what;     /* one line for errors and docs */
+    const char *choices;  /* CHOICE: the values, '|'-separated, in enum order; else NULL */
 } ckv_option_def;
 
 /* What a scorer protects (selection ranks it above every other token). */
@@ -38,6 +39,14 @@ typedef enum {
     CKV_PROTECT_LAST,   /* the last token */
     CKV_PROTECT_SINKS   /* the first `n_sink` tokens */
 } ckv_protect_rule;
+
+/* Which rows of the layer's attention input (xn) a scorer reads, so a shared prefill keeps only those. */
+typedef enum {
+    CKV_READS_ALL = 0, /* every context row (observed / expected attention) */
+    CKV_READS_WINDOW,  /* the last `window` rows */
+    CKV_READS_LAST,    /* the last row */
+    CKV_READS_NONE     /* none: keys and values only (attention-free scorers) */
+} ckv_reads_rule;
 
 /* How a budget becomes kept counts. */
 typedef enum {
@@ -64,6 +73,7 @@ typedef struct {
     ckv_kept_rule kept;
     ckv_score_fn score;     /* NULL for none */
     const char *summary;    /* one line: what it scores */
+    ckv_reads_rule reads;   /* the attention-input rows it reads */
 } ckv_press_def;
 
 typedef struct {

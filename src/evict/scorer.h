@@ -122,5 +122,16 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
 ckv_status ckv_score_keydiff(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* lagkv: kvpress LagKVPress's lag-relative scores; needs evict_lagkv. */
 ckv_status ckv_score_lagkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* cur: kvpress CURPress's deterministic leverage of keys and values; needs evict_cur. */
+ckv_status ckv_score_cur(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* leverage: kvpress LeverageScorePress (z-scored leverage of the pre-RoPE keys); needs evict_leverage. */
+ckv_status ckv_score_leverage(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* The z-scored leverage of rows row0 .. row0 + n - 1 of every local head into out [n_kv_local, ld]
+ * (statistics over those rows of every KV head of the model, across in->tp). */
+ckv_status ckv_score_leverage_rows(const ckv_score_inputs *in, int k, uint64_t seed, int row0, int n, float *out,
+                                   int ld);
+/* The sketch of (layer, global KV head): phi [d, k] = N(0, 1) / sqrt(k) from splitmix64 counters and
+ * Box-Muller (docs/spec-eviction.md gives the formula; tools/oracle replays it in kvpress). */
+void ckv_leverage_sketch(float *phi, int d, int k, uint64_t seed, int layer, int head);
 
 #endif

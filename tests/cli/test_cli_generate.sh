@@ -99,6 +99,12 @@ qa=(--question-ids 5,6 --question-ids 9 --max-new-tokens 5 --ignore-eos)
 "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv" "${qa[@]}" >"$tmp/loaded" 2>"$tmp/err" || { echo "FAIL load-cache run"; cat "$tmp/err"; fail=1; }
 if cmp -s "$tmp/direct" "$tmp/loaded" && [ -s "$tmp/loaded" ]; then echo "ok   answers from a loaded cache equal the direct run"
 else echo "FAIL loaded cache answers differ:"; cat "$tmp/direct" "$tmp/loaded"; fail=1; fi
+for p in cur adakv:leverage; do  # the attention-free presses save and load like the others
+  "$ckv" generate --model "$llama" --prompt-ids "$ids" --press "$p" --budget 0.3 "${qa[@]}" --save-cache "$tmp/p.ckv" \
+    >"$tmp/p.direct" 2>"$tmp/err" && "$ckv" generate --model "$llama" --load-cache "$tmp/p.ckv" "${qa[@]}" >"$tmp/p.loaded" 2>>"$tmp/err" \
+    && cmp -s "$tmp/p.direct" "$tmp/p.loaded" && [ -s "$tmp/p.loaded" ] && echo "ok   $p: answers from its saved cache equal the direct run" \
+    || { echo "FAIL $p save/load"; cat "$tmp/err"; fail=1; }
+done
 expect_error "cache of another model" "made with another model" "$ckv" generate --model "$fx/mistral_gqa" --load-cache "$tmp/ctx.ckv" "${qa[@]}"
 cp "$tmp/ctx.ckv" "$tmp/bad.ckv"; printf '\x55' | dd of="$tmp/bad.ckv" bs=1 seek=2000 conv=notrunc 2>/dev/null
 expect_error "corrupted cache" "checksum mismatch" "$ckv" generate --model "$llama" --load-cache "$tmp/bad.ckv" "${qa[@]}"

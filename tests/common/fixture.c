@@ -154,7 +154,8 @@ ckv_status ckv_fixture_context_load(ckv_fixture_context *c, const char *fixtures
 const char *const ckv_fixture_presses[] = {
     "snapkv",        "snapkv_paper",       "pyramidkv",          "tova",   "knorm",
     "streaming_llm", "observed_attention", "expected_attention", "random", "critical:snapkv",
-    "adakv:snapkv",  "critical_adakv:snapkv", "critical:knorm",  "defensivekv",
+    "adakv:snapkv",  "critical_adakv:snapkv", "critical:knorm",  "defensivekv", "keydiff",
+    "cur",           "adakv:cur",
 };
 const size_t ckv_fixture_n_presses = sizeof ckv_fixture_presses / sizeof ckv_fixture_presses[0];
 

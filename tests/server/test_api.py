@@ -86,7 +86,8 @@ def fixture_tests():
     ctx = ids(300, 4)
     full = c.completions.create(model="llama_gqa", prompt=ctx, max_tokens=4, temperature=0)
     for press, extra in (("snapkv", {"budget": 0.5}), ("knorm", {"compression_ratio": 0.5}),
-                         ("critical_adakv:snapkv", {"budget": 0.3})):
+                         ("critical_adakv:snapkv", {"budget": 0.3}), ("cur", {"compression_ratio": 0.5}),
+                         ("leverage", {"budget": 0.5})):
         r = c.completions.create(model="llama_gqa", prompt=ctx, max_tokens=4, temperature=0, extra_body={"press": press, **extra})
         u = r.usage.model_dump()
         t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and press.split(":")[0] in u["press"],

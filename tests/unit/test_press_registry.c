@@ -38,6 +38,8 @@ static void check_canonical(void) {
         {"adakv:tova", "adakv(safeguard=0.2):tova"},
         {"critical_adakv:snapkv_paper", "critical_adakv(alpha=0.5,eps=0.0001,safeguard=0.2):snapkv(window=32,kernel=7,pool=max)"},
         {"critical:random", "critical(alpha=0.5,eps=0.0001):random(seed=0)"},
+        {"cur", "cur(n_sink=4,leverage_type=kv_product,use_local_approximation=1,local_window_size=16)"},
+        {"adakv:leverage", "adakv(safeguard=0.2):leverage(sketch_dimension=48,seed=0)"},
     };
     const char *tail = " budget=0.25 (cr=0.75, kept=max(1,floor(L*(1-cr)))) context-only";
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -155,6 +157,14 @@ static void check_builder(void) {
                             .query_aware = -1};
     CHECK_OK(ckv_press_build(&c, &ro, NULL));
     CHECK(c.window == 8 && c.pool == CKV_POOL_MAX && c.kernel == 5);
+    /* a choice option: its values by name, echoed by name, anything else refused naming them */
+    ckv_press_option_value lt[] = {{"leverage_type", "kv_avg"}};
+    ckv_press_request rl = {.spec = "cur", .budget = {CKV_BUDGET_FRACTION, 0.5}, .options = lt, .n_options = 1,
+                            .query_aware = -1};
+    CHECK_OK(ckv_press_build(&c, &rl, NULL));
+    CHECK_MSG(c.leverage_type == CKV_CUR_KV_AVG && strstr(c.spec, "leverage_type=kv_avg,") != NULL, "got '%s'", c.spec);
+    lt[0].value = "kv";
+    expect_build_error(&rl, "leverage_type", 0, "'kv' is not one of key|value|kv_avg|kv_product");
     ro.spec = "knorm";
     expect_build_error(&ro, "window", 0, "does not take option window");
     ro.flags = CKV_PRESS_ANY_OPTIONS; /* validated, ignored */
@@ -238,13 +248,26 @@ static void check_protected(void) {
                  {"tova", 0, 1},          {"streaming_llm", 4, 0},      {"expected_attention", 4, 0},
                  {"knorm", 0, 0},         {"observed_attention", 0, 0}, {"random", 0, 0},
                  {"defensivekv", 0, 32},   {"critical_adakv:snapkv", 0, 64}, {"keydiff", 0, 0},
-                 {"lagkv", 0, 0}}; /* its sinks and tail score 1, kvpress's "always keep" */
+                 {"lagkv", 0, 0},         /* its sinks and tail score 1, kvpress's "always keep" */
+                 {"cur", 0, 0},           /* its sinks score 1 the same way */
+                 {"leverage", 0, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ckv_press_config c = built(cases[i].spec, CKV_BUDGET_FRACTION, 0.5);
         int h = -1, t = -1;
         ckv_press_protected(&c, 300, &h, &t);
         CHECK_MSG(h == cases[i].head && t == cases[i].tail, "%s protects %d + %d, expected %d + %d", cases[i].spec, h, t,
                   cases[i].head, cases[i].tail);
+    }
+    /* the attention-input rows each scorer reads (what a shared prefill keeps) */
+    static const struct {
+        const char *spec;
+        int first;
+    } reads[] = {{"snapkv", 300 - 64}, {"tova", 299}, {"observed_attention", 0}, {"expected_attention", 0},
+                 {"knorm", 300},       {"cur", 300},  {"leverage", 300},         {"critical:lagkv", 300}};
+    for (size_t i = 0; i < sizeof reads / sizeof reads[0]; i++) {
+        ckv_press_config r = built(reads[i].spec, CKV_BUDGET_FRACTION, 0.5);
+        CHECK_MSG(ckv_press_xn_first(&r, 300) == reads[i].first, "%s reads from row %d, expected %d", reads[i].spec,
+                  ckv_press_xn_first(&r, 300), reads[i].first);
     }
     ckv_press_config c = built("snapkv", CKV_BUDGET_FRACTION, 0.5);
     CHECK_FAILS(ckv_press_check_context(&c, 64), CKV_STATUS_ERR_ARG, "window 64 needs a context longer than 64 tokens");

@@ -74,6 +74,9 @@ def _defs() -> list[PressDef]:
 
     snap = dict(window=64, kernel=5, pool="avg")
     crit = dict(alpha=0.5, eps=1e-4)
+    cur = dict(n_sink=4, leverage_type="kv_product", use_local_approximation=True, local_window_size=16)
+    lev = dict(sketch_dimension=48, seed=0)
+    install_ckv_sketch()
     ea = dict(n_future=512, n_sink=4, covariance=True, vnorm=True, epsilon=0.0)
 
     def snapkv(w=64, k=5):
@@ -116,6 +119,27 @@ def _defs() -> list[PressDef]:
                  lambda cr: kp.LagKVPress(compression_ratio=cr, n_sink=4, lag_size=128, cross_scoring=False)),
         PressDef("lagkv_l32x", "lagkv", "lagkv", "uniform", dict(n_sink=4, lag_size=32, cross_scoring=True), "sdpa",
                  lambda cr: kp.LagKVPress(compression_ratio=cr, n_sink=4, lag_size=32, cross_scoring=True)),
+        # CURPress at its defaults (kv_product over windows of 16, 4 sinks), and the key-only leverage
+        # without windows; adakv:cur crosses heads, critical:cur weighs the scores by the value norms
+        PressDef("cur", "cur", "cur", "uniform", dict(cur), "sdpa", lambda cr: kp.CURPress(compression_ratio=cr)),
+        PressDef("cur_key_global", "cur", "cur", "uniform",
+                 dict(n_sink=4, leverage_type="key", use_local_approximation=False, local_window_size=16), "sdpa",
+                 lambda cr: kp.CURPress(compression_ratio=cr, leverage_type="key", use_local_approximation=False)),
+        PressDef("adakv-cur", "adakv:cur", "cur", "adakv", dict(cur, safeguard=0.2), "sdpa",
+                 lambda cr: kp.AdaKVPress(kp.CURPress(compression_ratio=cr), alpha_safeguard=0.2)),
+        PressDef("critical-cur", "critical:cur", "cur", "critical", dict(cur, **crit), "sdpa",
+                 lambda cr: kp.CriticalKVPress(kp.CURPress(compression_ratio=cr), epsilon=1e-4, first_stage_ratio=0.5)),
+        # LeverageScorePress at its defaults (sketch 48) with ckv's seeded sketch in place of torch.randn
+        # (install_ckv_sketch); adakv crosses heads, critical weighs the z-scores by the value norms
+        PressDef("leverage", "leverage", "leverage", "uniform", dict(lev), "sdpa",
+                 lambda cr: kp.LeverageScorePress(compression_ratio=cr)),
+        PressDef("leverage_k8", "leverage", "leverage", "uniform", dict(sketch_dimension=8, seed=7), "sdpa",
+                 lambda cr: _seeded(kp.LeverageScorePress(compression_ratio=cr, sketch_dimension=8), 7)),
+        PressDef("adakv-leverage", "adakv:leverage", "leverage", "adakv", dict(lev, safeguard=0.2), "sdpa",
+                 lambda cr: kp.AdaKVPress(kp.LeverageScorePress(compression_ratio=cr), alpha_safeguard=0.2)),
+        PressDef("critical-leverage", "critical:leverage", "leverage", "critical", dict(lev, **crit), "sdpa",
+                 lambda cr: kp.CriticalKVPress(kp.LeverageScorePress(compression_ratio=cr), epsilon=1e-4,
+                                               first_stage_ratio=0.5)),
         PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
@@ -129,11 +153,49 @@ def _defs() -> list[PressDef]:
     ]
 
 
+_SKETCH = {"layer": 0}
+
+
+class _TorchWithCkvSketch:
+    """kvpress's leverage module sees this in place of torch: randn(B, H, d, k) returns ckv's sketch of
+    the layer being scored (heads 0 .. H-1, seed from the press's _ckv_seed, default 0); the rest is torch."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def randn(self, *shape, device=None, dtype=None):
+        B, H, d, k = shape
+        phi = torch.stack([ref.leverage_sketch(d, k, _SKETCH["seed"], _SKETCH["layer"], h) for h in range(H)])
+        return phi[None].expand(B, H, d, k).to(device=device, dtype=dtype)
+
+
+def install_ckv_sketch() -> None:
+    from kvpress.presses import leverage_press
+
+    if isinstance(leverage_press.torch, _TorchWithCkvSketch):
+        return
+    leverage_press.torch = _TorchWithCkvSketch()
+    score = leverage_press.LeverageScorePress.score
+
+    def score_with_layer(self, module, *args, **kwargs):
+        _SKETCH["layer"], _SKETCH["seed"] = module.layer_idx, getattr(self, "_ckv_seed", 0)
+        return score(self, module, *args, **kwargs)
+
+    leverage_press.LeverageScorePress.score = score_with_layer
+
+
+def _seeded(press, seed: int):
+    object.__setattr__(press, "_ckv_seed", seed)
+    return press
+
+
 def describe(press) -> str:
     """repr of a kvpress object, complete and free of memory addresses (CriticalKVPress is not a
     dataclass of its own: its inherited repr shows only compression_ratio)."""
     import kvpress as kp
 
+    if isinstance(press, kp.LeverageScorePress):
+        return f"{press!r} with ckv's sketch (seed {getattr(press, '_ckv_seed', 0)}) for torch.randn"
     if isinstance(press, kp.CriticalKVPress):
         return (f"CriticalKVPress(press={describe(press.press)}, epsilon={press.epsilon!r}, "
                 f"first_stage_ratio={press.first_stage_ratio!r})")
@@ -154,6 +216,8 @@ def protected_mask(d: PressDef, L: int, n_kv: int, scores: torch.Tensor) -> torc
         tail = ref.lagkv_tail(L, d.options["n_sink"], d.options["lag_size"])
         if tail:
             m[:, L - tail:] = True
+    elif d.scorer == "cur":
+        m[:, : d.options["n_sink"]] = True
     elif d.scorer == "streaming_llm":
         m = scores > 0
     return m
@@ -280,7 +344,8 @@ def _capture(run: ModelRun, ctx: list[int], impl: str) -> None:
             layer=i, n_layers=run.n_layers, n_heads=run.n_heads, hidden=hidden,
             keys=keys[i], values=values[i], cos=cos, sin=sin,
             wq=attn.q_proj.weight.detach(), bq=None if attn.q_proj.bias is None else attn.q_proj.bias.detach(),
-            wo=attn.o_proj.weight.detach(), rope_table=rope_table))
+            wo=attn.o_proj.weight.detach(), rope_table=rope_table, wk=attn.k_proj.weight.detach(),
+            bk=None if attn.k_proj.bias is None else attn.k_proj.bias.detach()))
 
 
 def full_cache(run: ModelRun, impl: str, keys: list | None = None):
@@ -393,6 +458,11 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
         return ref.score_keydiff(inp)
     if d.scorer == "lagkv":
         return ref.score_lagkv(inp, o["n_sink"], o["lag_size"], o["cross_scoring"])
+    if d.scorer == "leverage":
+        return ref.score_leverage(inp, o["sketch_dimension"], o["seed"])
+    if d.scorer == "cur":
+        return ref.score_cur(inp, o["n_sink"], o["leverage_type"],
+                             o["local_window_size"] if o["use_local_approximation"] else 0)
     if d.scorer == "streaming_llm":
         return ref.score_streaming(inp, ref.n_kept_uniform(inp.L, cr), o["n_sink"])
     if d.scorer == "observed_attention":
@@ -792,6 +862,10 @@ def write_cases(run: ModelRun, out: Path, results: list[CaseResult]) -> list[str
         obj["structural_ties"] = r.structural_ties
         obj["tie_dependent"] = r.tie_dependent
         obj["scores_file"] = f"{stem}.scores.f32"
+        if r.d.scorer == "leverage":
+            # z-scores (leverage - mean) / std: fp32 rounding of the leverages is absolute at the scale
+            # of the std (about 1), so near-zero z-scores carry it unscaled (kvpress vs float64: 1.7e-6)
+            obj["scores_atol"] = 2e-5
         if r.value_norms is not None:
             r.value_norms.astype("<f4").tofile(out / f"{stem}.vnorm.f32")
             obj["value_norm_file"] = f"{stem}.vnorm.f32"

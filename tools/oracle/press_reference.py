@@ -40,6 +40,8 @@ class LayerInputs:
     bq: torch.Tensor | None  # [H*d] q_proj bias
     wo: torch.Tensor  # [D, H*d] o_proj weight
     rope_table: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # positions -> cos, sin [n, d]
+    wk: torch.Tensor | None = None  # [Hkv*d, D] k_proj weight (leverage's pre-RoPE keys)
+    bk: torch.Tensor | None = None  # [Hkv*d] k_proj bias
 
     @property
     def L(self) -> int:
@@ -193,6 +195,72 @@ def score_lagkv(inp: LayerInputs, n_sink: int, lag: int, cross: bool) -> Scored:
     if not cross:
         r = r.argsort(dim=-1, stable=True).argsort(dim=-1).to(F64) / lag
     return _always_keep(_with_protected(r.reshape(inp.n_kv, -1), L, n_sink, tail))
+
+
+def score_cur(inp: LayerInputs, n_sink: int, kind: str, window: int) -> Scored:
+    """Squared key and value norms, each divided by its sum over its window of `window` tokens from
+    token 0 (0: no windows), combined as key, value, their mean or their product, divided by the sum
+    over the context; the first n_sink tokens score 1 (above every other score) and are protected."""
+    L = inp.L
+
+    def lev(x: torch.Tensor) -> torch.Tensor:
+        n = (x.to(F64) ** 2).sum(-1)  # [Hkv, L]
+        if window:
+            for t0 in range(0, L, window):
+                n[:, t0:t0 + window] = n[:, t0:t0 + window] / n[:, t0:t0 + window].sum(-1, keepdim=True)
+        return n
+
+    k2, v2 = lev(inp.keys), lev(inp.values)
+    s = {"key": k2, "value": v2, "kv_avg": (k2 + v2) / 2, "kv_product": k2 * v2}[kind]
+    s = s / s.sum(-1, keepdim=True)
+    protected = torch.zeros((inp.n_kv, L), dtype=torch.bool)
+    protected[:, :n_sink] = True
+    s[protected] = 1.0
+    return Scored(s, protected)
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def leverage_sketch(d: int, k: int, seed: int, layer: int, head: int) -> torch.Tensor:
+    """The Gaussian sketch of (layer, KV head) as SPEC defines it: fp32 [d, k], N(0, 1) from
+    splitmix64 counters and Box-Muller (before the 1 / sqrt(k) scale kvpress applies)."""
+    kh = _mix64(_mix64(_mix64(seed) ^ layer) ^ (head << 32))
+    z = []
+    for e in range(d * k):
+        a = _mix64((kh + 2 * e * 0xD1B54A32D192ED03) & _M64)
+        b = _mix64((kh + (2 * e + 1) * 0xD1B54A32D192ED03) & _M64)
+        u1 = ((a >> 11) + 1.0) * 2.0 ** -53
+        u2 = (b >> 11) * 2.0 ** -53
+        z.append(math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2))
+    return torch.tensor(z, dtype=torch.float64).to(torch.float32).reshape(d, k)
+
+
+def score_leverage(inp: LayerInputs, k: int, seed: int) -> Scored:
+    """Leverage of the pre-RoPE keys (hidden @ wk^T + bk) centred over the context, sketched by
+    the (layer, head) sketch / sqrt(k): x_t^T (X^T X + 1e-2 I)^-1 x_t, then z-scored over all heads
+    (unbiased std, at least 1e-6). Protects nothing."""
+    pre = inp.hidden.to(F64) @ inp.wk.to(F64).T
+    if inp.bk is not None:
+        pre = pre + inp.bk.to(F64)
+    pre = pre.reshape(inp.L, inp.n_kv, inp.d).transpose(0, 1)  # [Hkv, L, d]
+    out = []
+    for h in range(inp.n_kv):
+        phi = leverage_sketch(inp.d, k, seed, inp.layer, h).to(F64) * (1.0 / math.sqrt(k))
+        X = (pre[h] - pre[h].mean(0, keepdim=True)) @ phi
+        G = X.T @ X + 1e-2 * torch.eye(k, dtype=F64)
+        out.append((X * torch.linalg.solve(G, X.T).T).sum(-1).clamp_min(0))
+    s = torch.stack(out)
+    s = (s - s.mean()) / s.std().clamp_min(1e-6)
+    return Scored(s, torch.zeros_like(s, dtype=torch.bool))
 
 
 def _always_keep(sc: Scored) -> Scored:

@@ -111,6 +111,9 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_defensive_rows = ckv_cpu_evict_defensive_rows,
     .evict_keydiff = ckv_cpu_evict_keydiff,
     .evict_lagkv = ckv_cpu_evict_lagkv,
+    .evict_cur = ckv_cpu_evict_cur,
+    .evict_leverage = ckv_cpu_evict_leverage,
+    .evict_affine = ckv_cpu_evict_affine,
     .sample = ckv_cpu_sample,
 };
 

@@ -1,8 +1,8 @@
 /* cpu_evict_keys.c - the attention-free key scorers' ops on the CPU (backend.h): KeyDiff's cosine
- * distance of each key to the head's mean normalised key, and LagKV's lag-relative spread of keys
- * and values ranked per partition. Double accumulation, rows converted from the cache dtype through
- * fixed buffers; LagKV allocates its per-partition scratch once per call. It scores only; selection
- * is evict_topk's. */
+ * distance of each key to the head's mean normalised key, LagKV's lag-relative spread of keys and
+ * values ranked per partition, and CUR's (deterministic) leverage of keys and values normalised per
+ * local window. Double accumulation, rows converted from the cache dtype through fixed buffers;
+ * LagKV and CUR allocate their scratch once per call. It scores only; selection is evict_topk's. */
 #include <math.h>
 
 #include "core/alloc.h"
@@ -129,4 +129,42 @@ ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv
     ckv_free(s);
     ckv_free(r);
     return st;
+}
+
+ckv_status ckv_cpu_evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
+                             int kind, int window) {
+    (void)be;
+    const int d = kv->head_dim;
+    if (d < 1 || d > KEYS_MAX_DIM)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_cur: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
+    if (n_rows < 1 || kind < 0 || kind > 3 || window < 0)
+        return ckv_error(CKV_STATUS_ERR_ARG, "evict_cur: %d rows, kind %d, window %d", n_rows, kind, window);
+    double *s = NULL; // [2, n_rows]: k2 then v2, normalised in place
+    CKV_TRY(ckv_alloc((void **)&s, 2 * (size_t)n_rows * sizeof(double), "cur norms"));
+    float buf[KEYS_MAX_DIM];
+    for (int g = 0; g < kv->n_kv_heads; g++) {
+        for (int values = 0; values < 2; values++) {
+            double *x = s + (size_t)values * (size_t)n_rows;
+            for (int t = 0; t < n_rows; t++) {
+                const double n = row_norm(seg_row(kv, g, t, values, buf), d);
+                x[t] = n * n;
+            }
+            for (int t0 = 0; window > 0 && t0 < n_rows; t0 += window) {
+                const int t1 = t0 + window < n_rows ? t0 + window : n_rows;
+                double sum = 0.0;
+                for (int t = t0; t < t1; t++) sum += x[t];
+                for (int t = t0; t < t1; t++) x[t] /= sum;
+            }
+        }
+        double total = 0.0;
+        for (int t = 0; t < n_rows; t++) {
+            const double k2 = s[t], v2 = s[(size_t)n_rows + t];
+            s[t] = kind == 0 ? k2 : kind == 1 ? v2 : kind == 2 ? (k2 + v2) / 2.0 : k2 * v2;
+            total += s[t];
+        }
+        float *dst = out + (size_t)g * (size_t)ld;
+        for (int t = 0; t < n_rows; t++) dst[t] = t < n_sink ? 1.0f : (float)(s[t] / total);
+    }
+    ckv_free(s);
+    return CKV_STATUS_OK;
 }

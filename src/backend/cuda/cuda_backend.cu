@@ -201,6 +201,8 @@ ckv_backend_ops make_ops() {
     o.evict_moments = evict_moments;
     o.evict_ea_logits = evict_ea_logits;
     o.evict_softmax_add = evict_softmax_add;
+    o.evict_keydiff = evict_keydiff;
+    o.evict_cur = evict_cur;
     o.sample = sample;
     return o;
 }

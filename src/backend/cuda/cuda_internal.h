@@ -1,7 +1,7 @@
 /* cuda_internal.h - private to backend/cuda: the CUDA backend's state (device, the one compute
  * stream, the cuBLAS handle, workspaces), the check macros every CUDA and cuBLAS call goes through,
  * element load/store helpers shared by the kernels, and the host entry points of the kernel files
- * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_sample.cu, cuda_evict_*.cu). Everything is in namespace
+ * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_sample.cu, cuda_evict_*.cu, cuda_score_*.cu). Everything is in namespace
  * CKV_CUDA_NS, so the GPU build and the emulated build (cuda_rt.h) can live in one program. */
 #ifndef CKV_CUDA_INTERNAL_H
 #define CKV_CUDA_INTERNAL_H
@@ -164,6 +164,9 @@ ckv_status evict_moments(ckv_backend *be, double *s1, double *s2, const float *q
 ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                            const float *mu, const float *cov, float sqrt_d);
 void evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
+ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
+ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int kind,
+                     int window);
 void sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
             float top_p, const double *u);
 

@@ -1,0 +1,131 @@
+/* cpu_evict_leverage.c - the approximate-leverage op on the CPU (backend.h evict_leverage): the
+ * cached keys rotated back to pre-RoPE keys, centred, sketched by the caller's Gaussian matrix,
+ * their Gram matrix factored by Cholesky (with kvpress's jitter schedule) and each row's leverage
+ * x^T (G + jI)^-1 x by one forward substitution; plus the affine map the scorer applies after its
+ * cross-head statistics (evict_affine). Double arithmetic after the fp32 pre-RoPE keys; one head
+ * at a time, scratch allocated once per call. It does not draw the sketch, normalise across heads
+ * or select. */
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "cpu_backend.h"
+
+#define LEV_MAX_DIM 1024
+#define LEV_MAX_K 256
+
+/* Rows row0 .. row0 + n - 1 of segment g's keys rotated back to pre-RoPE keys: pre [n, d] fp32. */
+static void prerope_rows(const ckv_kv_batch *kv, int g, int row0, int n, const int32_t *pos, const float *inv_freq,
+                         float rope_scale, float *pre) {
+    const int d = kv->head_dim, half = d / 2;
+    const size_t rowb = (size_t)d * ckv_dtype_size(kv->dtype);
+    float buf[LEV_MAX_DIM];
+    for (int t = 0; t < n; t++) {
+        const char *row = (const char *)kv->segs[0][g].k + (size_t)(row0 + t) * rowb;
+        const float *y = (const float *)(const void *)row;
+        if (kv->dtype != CKV_DTYPE_F32) {
+            ckv_convert_to_f32(buf, row, kv->dtype, (size_t)d);
+            y = buf;
+        }
+        float *x = pre + (size_t)t * (size_t)d;
+        const float p = (float)pos[row0 + t];
+        for (int i = 0; i < half; i++) {
+            const float a = p * inv_freq[i]; /* fp32, as the rope op */
+            const double c = (double)(cosf(a) * rope_scale), s = (double)(sinf(a) * rope_scale), r = c * c + s * s;
+            x[i] = (float)(((double)y[i] * c + (double)y[i + half] * s) / r);
+            x[i + half] = (float)(((double)y[i + half] * c - (double)y[i] * s) / r);
+        }
+        if (d % 2) x[d - 1] = y[d - 1];
+    }
+}
+
+/* x [k] = (pre_t - mean) @ phi, phi [d, k]. */
+static void sketch_row(const float *pre_t, const double *mean, const float *phi, int d, int k, double *x) {
+    for (int j = 0; j < k; j++) x[j] = 0.0;
+    for (int a = 0; a < d; a++) {
+        const double c = (double)pre_t[a] - mean[a];
+        const float *pa = phi + (size_t)a * (size_t)k;
+        for (int j = 0; j < k; j++) x[j] += c * (double)pa[j];
+    }
+}
+
+/* Lower Cholesky factor C of G + jitter I ([k, k]); 0 when not positive definite. */
+static int cholesky(const double *G, double jitter, int k, double *C) {
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j <= i; j++) {
+            double s = G[(size_t)i * k + j] + (i == j ? jitter : 0.0);
+            for (int m = 0; m < j; m++) s -= C[(size_t)i * k + m] * C[(size_t)j * k + m];
+            if (i == j) {
+                if (!(s > 0.0)) return 0;
+                C[(size_t)i * k + i] = sqrt(s);
+            } else {
+                C[(size_t)i * k + j] = s / C[(size_t)j * k + j];
+            }
+        }
+    return 1;
+}
+
+ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
+                                  int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
+                                  int k) {
+    (void)be;
+    const int d = kv->head_dim;
+    if (d < 2 || d > LEV_MAX_DIM || k < 1 || k > LEV_MAX_K)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_leverage: head_dim %d outside 2..%d or sketch %d outside 1..%d",
+                         d, LEV_MAX_DIM, k, LEV_MAX_K);
+    if (n < 1 || row0 < 0) return ckv_error(CKV_STATUS_ERR_ARG, "evict_leverage: %d rows from row %d", n, row0);
+    float *pre = NULL;   // [n, d] pre-RoPE keys of one head
+    double *G = NULL;    // [k, k], then its factor after it: [2, k, k]
+    CKV_TRY(ckv_alloc((void **)&pre, (size_t)n * (size_t)d * sizeof(float), "leverage keys"));
+    ckv_status st = ckv_alloc((void **)&G, 2 * (size_t)k * (size_t)k * sizeof(double), "leverage gram");
+    double mean[LEV_MAX_DIM], x[LEV_MAX_K];
+    for (int g = 0; g < kv->n_kv_heads && st == CKV_STATUS_OK; g++) {
+        const float *ph = phi + (size_t)g * (size_t)d * (size_t)k;
+        double *C = G + (size_t)k * (size_t)k;
+        prerope_rows(kv, g, row0, n, pos, inv_freq, rope_scale, pre);
+        for (int a = 0; a < d; a++) mean[a] = 0.0;
+        for (int t = 0; t < n; t++)
+            for (int a = 0; a < d; a++) mean[a] += (double)pre[(size_t)t * d + a];
+        for (int a = 0; a < d; a++) mean[a] /= (double)n;
+        memset(G, 0, (size_t)k * (size_t)k * sizeof(double));
+        for (int t = 0; t < n; t++) { /* lower triangle of X^T X */
+            sketch_row(pre + (size_t)t * d, mean, ph, d, k, x);
+            for (int i = 0; i < k; i++)
+                for (int j = 0; j <= i; j++) G[(size_t)i * k + j] += x[i] * x[j];
+        }
+        double jitter = 1e-2;
+        int ok = 0;
+        for (int tries = 0; tries < 5 && !(ok = cholesky(G, jitter, k, C)); tries++) jitter *= 10.0;
+        if (!ok) {
+            st = ckv_error(CKV_STATUS_ERR_NUMERIC, "evict_leverage: the sketched Gram matrix of KV head %d is not "
+                           "positive definite even with jitter 100", g);
+            break;
+        }
+        double s1 = 0.0, s2 = 0.0;
+        float *dst = out + (size_t)g * (size_t)ld;
+        for (int t = 0; t < n; t++) {
+            sketch_row(pre + (size_t)t * d, mean, ph, d, k, x);
+            double lev = 0.0;
+            for (int i = 0; i < k; i++) { /* y = C^-1 x, lev = ||y||^2 */
+                double s = x[i];
+                for (int m = 0; m < i; m++) s -= C[(size_t)i * k + m] * x[m];
+                x[i] = s / C[(size_t)i * k + i];
+                lev += x[i] * x[i];
+            }
+            dst[t] = (float)(lev > 0.0 ? lev : 0.0);
+            s1 += (double)dst[t];
+            s2 += (double)dst[t] * (double)dst[t];
+        }
+        stats[2 * g] = s1;
+        stats[2 * g + 1] = s2;
+    }
+    ckv_free(pre);
+    ckv_free(G);
+    return st;
+}
+
+void ckv_cpu_evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div) {
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < n; t++) x[(size_t)r * ld + t] = (x[(size_t)r * ld + t] - sub) / div;
+}
