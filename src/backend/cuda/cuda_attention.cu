@@ -77,25 +77,39 @@ template <> struct fa_tile_fill<float> {
     static __device__ __forceinline__ void chunk(uint16_t *dst, const float *src, bool valid) {
         uint32_t w[4] = {0u, 0u, 0u, 0u};
         if (valid) {
-            const float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4); /* two 16-byte loads */
-            w[0] = ckv_pack_bf16x2(a.x, a.y), w[1] = ckv_pack_bf16x2(a.z, a.w);
-            w[2] = ckv_pack_bf16x2(b.x, b.y), w[3] = ckv_pack_bf16x2(b.z, b.w);
+            const uint4 a = ckv_ldg16(src), b = ckv_ldg16(src + 4); /* two 16-byte loads */
+            w[0] = ckv_pack_bf16x2(__uint_as_float(a.x), __uint_as_float(a.y));
+            w[1] = ckv_pack_bf16x2(__uint_as_float(a.z), __uint_as_float(a.w));
+            w[2] = ckv_pack_bf16x2(__uint_as_float(b.x), __uint_as_float(b.y));
+            w[3] = ckv_pack_bf16x2(__uint_as_float(b.z), __uint_as_float(b.w));
         }
         *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]); /* one 16-byte shared store */
     }
 };
 
-/* Rows [kb, kb + FA_BN) of a [len, HD] segment into a padded tile (rows past len: zeros). */
+#if defined(__CUDACC__)
+#define FA_UNROLL_ONCE _Pragma("unroll 1")
+#else
+#define FA_UNROLL_ONCE
+#endif
+
+/* Rows [kb, kb + FA_BN) of a [len, HD] segment into a padded tile (rows past len: zeros). A bf16
+ * tile issues all its copies at once; an f32 one goes 2 chunks (4 loads; 1 chunk at head dim 80) at a time, so that its
+ * staged registers stay within the budget (all of them at once spill at head dim 128). */
 template <typename T, int HD>
 __device__ __forceinline__ void fa_load_tile(uint16_t *tile, const T *src, int kb, int len, int tid) {
     constexpr int CH = HD / 8, RS = (CH | 1) * 8; /* 16-byte chunks per row; tile row stride in values */
-    static_assert(FA_BN * CH % FA_THREADS == 0, "whole chunks per thread");
+    constexpr int PER = FA_BN * CH / FA_THREADS, STEP = sizeof(T) == 2 ? PER : PER % 2 == 0 ? 2 : 1;
+    static_assert(FA_BN * CH % FA_THREADS == 0 && PER % STEP == 0, "whole chunks per thread");
+FA_UNROLL_ONCE
+    for (int i0 = 0; i0 < PER; i0 += STEP)
 CKV_UNROLL
-    for (int i = 0; i < FA_BN * CH / FA_THREADS; i++) {
-        const int e = tid + i * FA_THREADS, r = e / CH, c = e % CH;
-        const bool valid = kb + r < len;
-        fa_tile_fill<T>::chunk(tile + r * RS + c * 8, src + (valid ? (size_t)(kb + r) * HD + (size_t)(c * 8) : 0), valid);
-    }
+        for (int i = i0; i < i0 + STEP; i++) {
+            const int e = tid + i * FA_THREADS, r = e / CH, c = e % CH;
+            const bool valid = kb + r < len;
+            fa_tile_fill<T>::chunk(tile + r * RS + c * 8, src + (valid ? (size_t)(kb + r) * HD + (size_t)(c * 8) : 0),
+                                   valid);
+        }
 }
 
 template <typename T, int HD>

@@ -43,9 +43,6 @@ struct float2 {
     float x, y;
 };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
-struct alignas(16) float4 {
-    float x, y, z, w;
-};
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
