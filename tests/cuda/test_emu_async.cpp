@@ -10,7 +10,7 @@
  *             barrier is a racecheck finding; a misaligned cp.async fails its launch naming it;
  *   counters  (emu_profile.h) a warp's 16-byte cp.async is 16 sectors at 100% load efficiency and a
  *             1-way shared write; an ldmatrix.x4 over rows padded to an odd number of 16-byte chunks
- *             is 1-way, over 128-byte rows 4-way.
+ *             is 1-way, over 128-byte rows 8-way.
  * The checks and counters need the instrumented kernels (CKV_EMU_INSTRUMENT); without them those
  * parts are skipped with a note. Label cuda-emu. */
 #include <stdio.h>
