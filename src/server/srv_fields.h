@@ -20,8 +20,9 @@ int ckv_srv_known_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err);
  * non-empty suffix refused. */
 int ckv_srv_sampling_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind, long long n, ckv_srv_job *j,
                             ckv_srv_error *err);
-/* response_format (text, or json_object: j->logits.json_object) and the tool-call fields (refused
- * unless they ask for no tools). */
+/* response_format (chat: text, json_object, json_schema) and the "grammar" extension (both endpoints)
+ * compiled into j->grammar (j->logits.grammar points at it), and the tool-call fields (refused unless
+ * they ask for no tools). */
 int ckv_srv_format_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err);
 /* logprobs (completions: the legacy integer; chat: a boolean with top_logprobs) and echo. */
 int ckv_srv_logprob_fields(const cJSON *o, ckv_srv_kind kind, int *want, int *top, int *echo, ckv_srv_error *err);

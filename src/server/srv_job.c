@@ -75,6 +75,7 @@ static void job_free(ckv_srv_job *j) {
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->ctx_ids);
     free(j->q_ids);
+    ckv_grammar_free(&j->grammar);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);

@@ -44,7 +44,8 @@ typedef struct ckv_srv_job {
     int n_q;
     ckv_press_config press; /* scorer none: the full cache */
     ckv_sampler_config sampling;
-    ckv_logits_config logits; /* logit_bias and penalties */
+    ckv_logits_config logits; /* logit_bias, penalties, and the grammar (logits.grammar: &grammar or NULL) */
+    ckv_grammar grammar;    /* response_format / grammar compiled (zeroed when none) */
     int logprobs;           /* 1: report each token's log-probability (values: log-softmax of the model's row) */
     int top_logprobs;       /* 0..CKV_LOGPROBS_MAX_TOP most likely alternatives per token */
     int echo;               /* completions: the answer starts with the prompt (the "prompt" field) */

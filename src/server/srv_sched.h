@@ -34,7 +34,7 @@ typedef struct {
     int quit;                   /* leave the loop once idle */
     int running;                /* jobs in the scheduler's slots */
     ckv_sched core;             /* the engine scheduler (engine thread only) */
-    ckv_grammar_vocab grammar;  /* the vocabulary's bytes for response_format json_object (built at init) */
+    ckv_grammar_vocab grammar;  /* the vocabulary's bytes and tries for constrained decoding (built at init) */
     size_t *kv_full, *kv_kept;  /* [max_batch] each slot's context bytes before / after its press */
     double *t_last;             /* [max_batch] when each slot's previous token came */
     double interleave_s;        /* a decode step is due this long after the last one began, between two

@@ -2,7 +2,7 @@
 # run.sh - runs one `ckv serve` test (tests/server/test_NAME.py) with the Python of the test venv
 # (.venv-test at the repository root, which tools/test.sh fills with openai and schemathesis from
 # PyPI; CKV_TEST_PYTHON overrides it). Skips (exit 77) with the reason when that Python is missing.
-# usage: run.sh NAME CKV_BINARY FIXTURES_DIR TMP_DIR
+# usage: run.sh NAME CKV_BINARY FIXTURES_DIR TMP_DIR [ARGS of the test...]
 set -u
 name=$1; ckv=$2; fixtures=$3
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -13,4 +13,4 @@ if [ ! -x "$py" ]; then
 fi
 tmp=$(mktemp -d "$4/server_$name.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-"$py" "$repo/tests/server/test_$name.py" "$ckv" "$fixtures" "$tmp"
+"$py" "$repo/tests/server/test_$name.py" "$ckv" "$fixtures" "$tmp" "${@:5}"

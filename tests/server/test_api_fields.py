@@ -126,10 +126,16 @@ C["chat.context"] = lambda: (chat(context="some document text " * 10)[1]["usage"
 C["chat.logprobs"] = lambda: (len(chat(logprobs=True)[1]["choices"][0]["logprobs"]["content"]) == 8, "eight entries")
 C["chat.top_logprobs"] = lambda: (len(chat(logprobs=True, top_logprobs=3)[1]["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 3
                                   and refused(chat(top_logprobs=3), "top_logprobs"), "three alternatives; needs logprobs")
-C["chat.response_format"] = lambda: (chat(response_format={"type": "text"})[0] == 200 and json_case() and
-                                     refused(chat(response_format={"type": "json_schema"}), "response_format.type") and
+C["chat.response_format"] = lambda: (chat(response_format={"type": "text"})[0] == 200 and json_case() and schema_case() and
+                                     refused(chat(response_format={"type": "json_schema"}), "response_format.json_schema") and
                                      refused(chat(response_format={"type": "bogus"}), "response_format.type"),
-                                     "text; json_object answers are JSON objects (or prefixes of one); json_schema and bogus 400")
+                                     "text; json_object answers are JSON objects (or prefixes of one); json_schema answers "
+                                     "follow the schema; json_schema without one and bogus 400")
+C["chat.grammar"] = lambda: (text(chat(grammar='root ::= "ok" [0-9]', ignore_eos=False, temperature=1.0, seed=2)) in
+                             [f"ok{d}" for d in range(10)] and refused(chat(grammar="root ::= ("), "grammar"),
+                             "the answer follows it; a grammar that does not parse 400")
+C["completions.grammar"] = lambda: (text(comp(grammar='root ::= "no" | "yes"', ignore_eos=False)) in ("no", "yes") and
+                                    refused(comp(grammar=7), "grammar"), "the answer follows it; a non-string 400")
 C["chat.tools"] = lambda: (refused(chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"), "400 naming it")
 C["chat.tool_choice"] = lambda: (chat(tool_choice="none")[0] == 200 and refused(chat(tool_choice="auto"), "tool_choice"), "none ok")
 C["chat.parallel_tool_calls"] = lambda: (refused(chat(parallel_tool_calls=True), "parallel_tool_calls"), "400 naming it")
@@ -172,6 +178,19 @@ def json_case():
         if not txt.lstrip().startswith("{") or (c["finish_detail"] == "eos" and not isinstance(json.loads(txt), dict)):
             return False
     return True
+
+
+def schema_case():
+    """json_schema answers (greedy, stopping by themselves) are the schema's: an enum and a bounded integer."""
+    sch = {"type": "object", "properties": {"c": {"enum": ["red", "green"]}, "n": {"type": "integer"}},
+           "required": ["c", "n"], "additionalProperties": False}
+    r = chat(response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": sch, "strict": True}},
+             max_tokens=60, ignore_eos=False)
+    c = r[1]["choices"][0]
+    if c["finish_reason"] == "length":
+        return c["message"]["content"].startswith('{"c":')
+    doc = json.loads(c["message"]["content"])
+    return list(doc) == ["c", "n"] and doc["c"] in ("red", "green") and isinstance(doc["n"], int)
 
 
 def echo_case():
