@@ -13,9 +13,7 @@
  *   ckv_ldmatrix_x4(r, p), ckv_ldmatrix_x4_trans(r, p)  ldmatrix.sync.aligned.m8n8.x4{.trans}.b16:
  *                                     lane l gives the 16-byte row address p of row l & 7 of matrix
  *                                     l >> 3; register i gets that matrix's fragment (x1 / x2:
- *                                     lanes 0-7 / 0-15, matrices 0 / 0-1);
- *   ckv_ldg16(src)                    a 16-byte read-only global load (LDG.128), the register-staged
- *                                     counterpart of a cp.async for data converted on the way.
+ *                                     lanes 0-7 / 0-15, matrices 0 / 0-1).
  * On the execution layer the copy's global read happens (and is checked and counted) at the
  * cp.async, and its shared write at the wait that completes its group, so a read of the
  * destination before the wait sees old data and the racecheck orders the write at the wait; an
@@ -146,19 +144,6 @@ template <int X, bool TRANS> __device__ __forceinline__ void ckv_ldmatrix(uint32
         asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(s) : "memory");
     else
         asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(s) : "memory");
-#endif
-}
-
-/* 16 bytes of global memory (src 16-byte aligned) through the read-only data path: LDG.128, never a
- * generic load (for data that no kernel of the launch writes) */
-__device__ __forceinline__ uint4 ckv_ldg16(const void *src) {
-#if defined(CKV_CUDA_EMU)
-    const ckv_emu_u128 v = *(const ckv_emu_u128 *)src; /* one 16-byte load */
-    uint4 r;
-    memcpy(&r, &v, 16);
-    return r;
-#else
-    return __ldg((const uint4 *)src);
 #endif
 }
 

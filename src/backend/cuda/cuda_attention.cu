@@ -2,12 +2,12 @@
  * (backend.h: query head h of token t reads KV head h / (n_heads / n_kv_heads) of its sequence and
  * sees the rows whose original pos <= qpos[t]; a row that sees nothing is 0). Two kernels:
  *  - prefill: a FlashAttention-2 style tiled kernel (docs/gpu.md §3): a block takes 64 query rows of
- *    one head (16 per warp), K/V tiles of 64 keys go through shared memory as bf16, S = Q K^T and
- *    O += P V run on tensor cores through the one mma wrapper (ckv_mma.h; fragment layouts
- *    docs/gpu.md §1), online softmax in fp32 on the accumulator fragments, masking by comparing
- *    stored positions (so compacted caches stay causal), and the key loop stops at the first tile
- *    whose first position exceeds the block's last query position. Head dims 16, 32, 64, 128, bf16
- *    caches (an f32 cache asks for fp32 attention and takes the other kernel).
+ *    one head (16 per warp), K/V tiles of 64 keys stream through shared memory as bf16 by cp.async
+ *    (ckv_async.h), S = Q K^T and O += P V run on tensor cores through the one mma wrapper
+ *    (ckv_mma.h; fragments by ldmatrix, layouts docs/gpu.md §1), online softmax in fp32 and base 2
+ *    on the accumulator fragments, masking by comparing stored positions (so compacted caches stay
+ *    causal), and the key loop ends at the last tile a row of the block sees. Head dims 16, 32, 64,
+ *    80, 96, 128, bf16 caches (an f32 cache asks for fp32 attention and takes the other kernel).
  *  - decode (and any head dim up to 256): split-KV (docs/gpu.md §4): a block takes one (sequence,
  *    KV head) segment's chunk of rows and all query rows of that segment (the GQA group's heads of
  *    the sequence's tokens, 8 at a time), so each K/V tile is read once per group; it writes
@@ -63,56 +63,24 @@ __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t
  * included (an XOR swizzle needs a power-of-two chunk count).
  * Pipeline per tile j (FlashAttention-2's order, docs/gpu.md §3): K_j and its positions are waited
  * for at the top; V_j is issued and lands while S = Q K_j^T and the softmax run; K_{j+1} is issued
- * once every warp is done with K_j and lands while O += P V_j runs. A bf16 cache is copied with
- * 16-byte cp.async; an f32 cache is read with 16-byte loads and rounded to bf16 on the way (the
- * tensor cores take bf16). K fragments come from ldmatrix, V fragments from ldmatrix.trans. */
-template <typename T> struct fa_tile_fill;
-template <> struct fa_tile_fill<ckv_bf16> {
-    /* 8 values of row `src` to the 16-byte chunk `dst`; zeros when !valid */
-    static __device__ __forceinline__ void chunk(uint16_t *dst, const ckv_bf16 *src, bool valid) {
-        ckv_cp_async<16>(dst, src, valid);
-    }
-};
-template <> struct fa_tile_fill<float> {
-    static __device__ __forceinline__ void chunk(uint16_t *dst, const float *src, bool valid) {
-        uint32_t w[4] = {0u, 0u, 0u, 0u};
-        if (valid) {
-            const uint4 a = ckv_ldg16(src), b = ckv_ldg16(src + 4); /* two 16-byte loads */
-            w[0] = ckv_pack_bf16x2(__uint_as_float(a.x), __uint_as_float(a.y));
-            w[1] = ckv_pack_bf16x2(__uint_as_float(a.z), __uint_as_float(a.w));
-            w[2] = ckv_pack_bf16x2(__uint_as_float(b.x), __uint_as_float(b.y));
-            w[3] = ckv_pack_bf16x2(__uint_as_float(b.z), __uint_as_float(b.w));
-        }
-        *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]); /* one 16-byte shared store */
-    }
-};
-
-#if defined(__CUDACC__)
-#define FA_UNROLL_ONCE _Pragma("unroll 1")
-#else
-#define FA_UNROLL_ONCE
-#endif
-
-/* Rows [kb, kb + FA_BN) of a [len, HD] segment into a padded tile (rows past len: zeros). A bf16
- * tile issues all its copies at once; an f32 one goes 2 chunks (4 loads; 1 chunk at head dim 80) at a time, so that its
- * staged registers stay within the budget (all of them at once spill at head dim 128). */
-template <typename T, int HD>
-__device__ __forceinline__ void fa_load_tile(uint16_t *tile, const T *src, int kb, int len, int tid) {
+ * once every warp is done with K_j and lands while O += P V_j runs, unless K_j's last position
+ * already reaches the block's last query (causal tile skipping without loading the next tile).
+ * Copies are 16-byte cp.async; K fragments come from ldmatrix, V fragments from ldmatrix.trans. */
+/* Rows [kb, kb + FA_BN) of a [len, HD] bf16 segment into a padded tile by 16-byte cp.async (rows
+ * past len: zeros, nothing read). */
+template <int HD>
+__device__ __forceinline__ void fa_load_tile(uint16_t *tile, const ckv_bf16 *src, int kb, int len, int tid) {
     constexpr int CH = HD / 8, RS = (CH | 1) * 8; /* 16-byte chunks per row; tile row stride in values */
-    constexpr int PER = FA_BN * CH / FA_THREADS, STEP = sizeof(T) == 2 ? PER : PER % 2 == 0 ? 2 : 1;
-    static_assert(FA_BN * CH % FA_THREADS == 0 && PER % STEP == 0, "whole chunks per thread");
-FA_UNROLL_ONCE
-    for (int i0 = 0; i0 < PER; i0 += STEP)
+    static_assert(FA_BN * CH % FA_THREADS == 0, "whole chunks per thread");
 CKV_UNROLL
-        for (int i = i0; i < i0 + STEP; i++) {
-            const int e = tid + i * FA_THREADS, r = e / CH, c = e % CH;
-            const bool valid = kb + r < len;
-            fa_tile_fill<T>::chunk(tile + r * RS + c * 8, src + (valid ? (size_t)(kb + r) * HD + (size_t)(c * 8) : 0),
-                                   valid);
-        }
+    for (int i = 0; i < FA_BN * CH / FA_THREADS; i++) {
+        const int e = tid + i * FA_THREADS, r = e / CH, c = e % CH;
+        const bool valid = kb + r < len;
+        ckv_cp_async<16>(tile + r * RS + c * 8, src + (valid ? (size_t)(kb + r) * HD + (size_t)(c * 8) : 0), valid);
+    }
 }
 
-template <typename T, int HD>
+template <int HD>
 __global__ void __launch_bounds__(FA_THREADS, 2)
 flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale_log2) {
     constexpr int RS = ((HD / 8) | 1) * 8;          /* tile row stride in bf16 values (odd chunks) */
@@ -126,7 +94,7 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     if (m0 >= ntok) return; /* uniform over the block, before any barrier */
     const int group = n_heads / kv.n_kv_heads;
     const ckv_kv_seg *seg = &kv.segs[s][h / group];
-    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
+    const ckv_bf16 *K = (const ckv_bf16 *)seg->k, *V = (const ckv_bf16 *)seg->v;
     const int32_t *kpos = seg->pos;
     const int len = seg->len;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -140,7 +108,7 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
 
     /* K_0 and its positions go first; Q is read meanwhile */
     if (len > 0) {
-        fa_load_tile<T, HD>(ks, K, 0, len, tid);
+        fa_load_tile<HD>(ks, K, 0, len, tid);
         if (tid < FA_BN) ckv_cp_async<4>(kp + tid, kpos + (tid < len ? tid : 0), tid < len);
     }
     ckv_cp_async_commit();
@@ -172,7 +140,9 @@ CKV_UNROLL
         ckv_cp_async_wait<0>(); /* K_j and its positions (V_{j-1} was waited for last tile) */
         __syncthreads();
         if (kp[0] > qmax) break; /* uniform: no key from here on is visible to any row of the block */
-        fa_load_tile<T, HD>(vs, V, kb, len, tid);
+        /* positions ascend strictly: once this tile reaches qmax, no later tile is visible (uniform) */
+        const bool more = kb + FA_BN < len && kp[FA_BN - 1] < qmax;
+        fa_load_tile<HD>(vs, V, kb, len, tid);
         ckv_cp_async_commit();
 
         /* S = Q K^T: B (k = dim, n = key) from K rows; x4 matrices (keys +0-7, dims +0-7), (+0-7,
@@ -231,8 +201,8 @@ CKV_UNROLL
                     l1 += p;
             }
         __syncthreads(); /* every warp is done with K_j and its positions */
-        if (kb + FA_BN < len) {
-            fa_load_tile<T, HD>(ks, K, kb + FA_BN, len, tid);
+        if (more) {
+            fa_load_tile<HD>(ks, K, kb + FA_BN, len, tid);
             const int key = kb + FA_BN + tid;
             if (tid < FA_BN) ckv_cp_async<4>(kp + tid, kpos + (key < len ? key : 0), key < len);
         }
@@ -258,6 +228,7 @@ CKV_UNROLL
                 ckv_mma_bf16_16816(o[2 * p + 1], a, b + 2, o[2 * p + 1]);
             }
         }
+        if (!more) break;
     }
     ckv_cp_async_wait<0>(); /* nothing in flight at exit */
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -413,18 +384,17 @@ __global__ void merge_kernel(float *out, const float *part, int n_splits, int hd
     }
 }
 
-template <typename T>
 void launch_flash(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                   int n_heads, float scale) {
     const dim3 grid((unsigned)((n + FA_BM - 1) / FA_BM), (unsigned)n_heads, (unsigned)kv->n_seq);
     const float sl2 = scale * 1.44269504088896341f; /* log2(e) folded into the scale */
     switch (kv->head_dim) {
-    case 16: CKV_LAUNCH((flash_kernel<T, 16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 32: CKV_LAUNCH((flash_kernel<T, 32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 64: CKV_LAUNCH((flash_kernel<T, 64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 80: CKV_LAUNCH((flash_kernel<T, 80>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 96: CKV_LAUNCH((flash_kernel<T, 96>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    default: CKV_LAUNCH((flash_kernel<T, 128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 16: CKV_LAUNCH((flash_kernel<16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 32: CKV_LAUNCH((flash_kernel<32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 64: CKV_LAUNCH((flash_kernel<64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 80: CKV_LAUNCH((flash_kernel<80>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 96: CKV_LAUNCH((flash_kernel<96>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    default: CKV_LAUNCH((flash_kernel<128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
     }
 }
 
@@ -476,13 +446,10 @@ void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos,
     const bool flash_hd = hd == 16 || hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128;
     const bool prefill = n > 4 * kv->n_seq; /* more than a few query tokens per sequence */
     const bool bf16 = kv->dtype == CKV_DTYPE_BF16;
-    /* prefill runs on the tensor cores for both cache types (an f32 cache is rounded to bf16 as its
-     * tiles are loaded); decode and other head dims take the split kernel, in fp32 */
-    if (flash_hd && prefill) {
-        if (bf16)
-            launch_flash<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
-        else
-            launch_flash<float>(c, out, q, qpos, kv, n, n_heads, scale);
+    /* an f32 cache asks for fp32 attention (the parity studies' reference): the tensor cores take
+     * bf16 caches only */
+    if (flash_hd && prefill && bf16) {
+        launch_flash(c, out, q, qpos, kv, n, n_heads, scale);
     } else if (bf16) {
         launch_split<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
     } else {
