@@ -100,7 +100,7 @@ void ckv_grammar_free(ckv_grammar *g); /* accepts zeroed and partial objects */
 
 /* ---- the matcher (one per request) -------------------------------------------------------------- */
 
-#define CKV_GRAMMAR_MAX_TOPS 64      /* stacks alive at once (more: the byte is refused) */
+#define CKV_GRAMMAR_MAX_TOPS 128     /* stacks alive at once (more: the byte is refused) */
 #define CKV_GRAMMAR_MAX_NEST 512     /* continuation frames on one stack (JSON nesting) */
 
 typedef struct {

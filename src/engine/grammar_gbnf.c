@@ -323,7 +323,7 @@ static int alternatives(gp *g, int rule, int root_rule) {
     }
 }
 
-int ckv_gb_gbnf(ckv_gb *b, const char *text, int root_rule, char *err, size_t errlen) {
+int ckv_gb_gbnf(ckv_gb *b, const char *text, int root_rule, int check_left, char *err, size_t errlen) {
     gp g = {.b = b, .src = text, .p = text, .err = err, .errlen = errlen};
     g.names = calloc(MAX_NAMES, sizeof *g.names);
     if (!g.names) {
@@ -357,6 +357,10 @@ int ckv_gb_gbnf(ckv_gb *b, const char *text, int root_rule, char *err, size_t er
     int has_root = 0;
     for (int i = 0; i < g.n_names; i++) has_root |= g.names[i].rule == root_rule && g.names[i].defined;
     if (rc == 0 && !has_root) rc = fail_at(&g, g.src, "no rule 'root'");
+    int lr = rc == 0 && check_left ? ckv_gb_left_recursive(b) : -1;
+    for (int i = 0; lr >= 0 && i < g.n_names; i++)
+        if (g.names[i].rule == lr) rc = fail_at(&g, g.src + g.names[i].ref_at, "rule '%s' is left-recursive (it can reach itself before reading a character)", g.names[i].name);
+    if (lr >= 0 && rc == 0) rc = fail_at(&g, g.src, "a group or repetition is left-recursive");
     free(g.names);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* grammar_impl.h - what the grammar's files share and nothing outside them uses: the rule builder
- * the schema and GBNF compilers write through (grammar_rules.c), the JSON building blocks, and the
- * JSON string body's byte step (grammar_match.c). */
+ * the schema and GBNF compilers write through (grammar_rules.c; also the forced tool calls of
+ * toolcall_grammar.c), the JSON building blocks, and the JSON string body's byte step
+ * (grammar_match.c). */
 #ifndef CKV_GRAMMAR_IMPL_H
 #define CKV_GRAMMAR_IMPL_H
 
@@ -64,7 +65,14 @@ int ckv_gb_utf8_multibyte(ckv_gb *b); /* one UTF-8 character of 2-4 bytes */
 
 /* The schema compiler into an open alternative of b (grammar_schema.c): 0 ok, -1 with err set. */
 int ckv_gb_schema(ckv_gb *b, const cJSON *schema, int strict, char *err, size_t errlen);
-/* The GBNF compiler: root becomes rule `root_rule` (grammar_gbnf.c): 0 ok, -1 with err set. */
-int ckv_gb_gbnf(ckv_gb *b, const char *text, int root_rule, char *err, size_t errlen);
+/* A schema "pattern" (an ECMA-262 regular expression) as JSON string content into the open
+ * alternative (grammar_pattern.c): 0 ok, -1 with err set. */
+int ckv_gb_pattern(ckv_gb *b, const char *pattern, char *err, size_t errlen);
+/* The GBNF compiler: root becomes rule `root_rule` (grammar_gbnf.c); check_left: refuse a rule that
+ * reaches itself before a byte, naming it. 0 ok, -1 with err set. */
+int ckv_gb_gbnf(ckv_gb *b, const char *text, int root_rule, int check_left, char *err, size_t errlen);
+/* A rule that can reach itself without reading a byte (the matcher would expand it until its budget
+ * runs out), or -1. */
+int ckv_gb_left_recursive(const ckv_gb *b);
 
 #endif

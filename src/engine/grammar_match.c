@@ -238,11 +238,20 @@ int ckv_grammar_matcher_accept(ckv_grammar_matcher *m, int32_t t) {
     return 1;
 }
 
-/* Inside a JSON string with no other stack able to start plain content: the room left (characters)
- * for plain tokens, else -1 (walk every token). */
-static long long plain_room(const ckv_grammar_matcher *m) {
+/* Inside a JSON string: the room left (characters) for plain tokens, else -1 (walk every token).
+ * Plain tokens are then allowed without a walk: all of them when a string body has room for the
+ * longest (whatever else the other stacks accept, the union holds them), else those that fit, which
+ * is exact only when no other stack can start plain content. */
+static long long plain_room(const ckv_grammar_matcher *m, long long longest) {
     const ckv_grammar *g = m->g;
     const uint32_t *tops = m->tops;
+    for (int i = 0; i < m->n_tops[0]; i++) {
+        const ckv_grammar_node *nd = &m->nodes[tops[i]];
+        const ckv_grammar_el *e = &g->els[nd->pos];
+        if (e->kind == CKV_GEL_STR && CKV_STR_SUB(nd->aux) == 0 &&
+            (e->hi == CKV_GRAMMAR_UNBOUNDED || (long long)e->hi - CKV_STR_COUNT(nd->aux) >= longest))
+            return 1ll << 40;
+    }
     long long room = -1;
     for (int i = 0; i < m->n_tops[0]; i++) {
         const ckv_grammar_node *nd = &m->nodes[tops[i]];
@@ -270,9 +279,10 @@ static int allow(const ckv_grammar_vocab *gv, int32_t t, uint8_t *allowed) {
 
 int ckv_grammar_matcher_mask(ckv_grammar_matcher *m, const int32_t *eos, int n_eos, uint8_t *allowed) {
     const ckv_grammar_vocab *gv = m->gv;
-    const long long room = m->n_tops[0] ? plain_room(m) : -1;
+    const long long longest = gv->n_plain > 0 ? gv->plain_chars[gv->n_plain - 1] : 0;
+    const long long room = m->n_tops[0] ? plain_room(m, longest) : -1;
     int n = 0;
-    if (room >= 0 && gv->n_plain > 0 && room >= gv->plain_chars[gv->n_plain - 1]) { /* every plain token fits */
+    if (room >= 0 && gv->n_plain > 0 && room >= longest) { /* every plain token fits */
         memcpy(allowed, gv->plain_mask, (size_t)gv->vocab);
         n = gv->n_plain;
     } else {

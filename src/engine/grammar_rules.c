@@ -179,6 +179,59 @@ ckv_status ckv_gb_finish(ckv_gb *b, char *err, size_t errlen) {
     return CKV_STATUS_OK;
 }
 
+/* nullable rules first, then the rules each can enter before its first byte, depth first */
+int ckv_gb_left_recursive(const ckv_gb *b) {
+    const ckv_grammar *g = b->g;
+    int n = g->n_rules, found = -1;
+    uint8_t *nullable = calloc((size_t)n + 1, 1), *color = calloc((size_t)n + 1, 1);
+    int *stack = malloc(sizeof(int) * ((size_t)n + 1)), *edge = malloc(sizeof(int) * ((size_t)n + 1));
+    uint32_t *off = calloc((size_t)n + 2, sizeof(uint32_t)), *by = malloc(sizeof(uint32_t) * ((size_t)b->n_pairs + 1));
+    if (!nullable || !color || !stack || !edge || !off || !by) {
+        free(nullable), free(color), free(stack), free(edge), free(off), free(by);
+        return -1;
+    }
+    for (uint32_t p = 0; p < b->n_pairs; p++) off[b->pair_rule[p] + 2]++; /* alternatives grouped by rule */
+    for (int r = 0; r < n; r++) off[r + 2] += off[r + 1];
+    for (uint32_t p = 0; p < b->n_pairs; p++) by[off[b->pair_rule[p] + 1]++] = b->pair_start[p];
+    for (int changed = 1; changed;) { /* nullable: some alternative of only nullable elements */
+        changed = 0;
+        for (uint32_t p = 0; p < b->n_pairs; p++) {
+            if (nullable[b->pair_rule[p]]) continue;
+            const ckv_grammar_el *e = g->els + b->pair_start[p];
+            while (e->kind == CKV_GEL_REF ? nullable[e->arg] : e->kind == CKV_GEL_STR ? e->arg == 0 : 0) e++;
+            if (e->kind == CKV_GEL_END) nullable[b->pair_rule[p]] = 1, changed = 1;
+        }
+    }
+    /* depth-first over "r enters s before a byte" edges; grey on the stack means a cycle */
+    for (int r0 = 0; r0 < n && found < 0; r0++) {
+        if (color[r0]) continue;
+        int sp = 0;
+        stack[sp] = r0, edge[sp] = 0, color[r0] = 1;
+        while (sp >= 0 && found < 0) {
+            int r = stack[sp], k = edge[sp]++, target = -1, seen = 0;
+            for (uint32_t p = off[r]; p < off[r + 1] && target < 0; p++) { /* the k-th leading reference of r */
+                for (const ckv_grammar_el *e = g->els + by[p]; e->kind != CKV_GEL_END; e++) {
+                    if (e->kind == CKV_GEL_REF && seen++ == k) {
+                        target = (int)e->arg;
+                        break;
+                    }
+                    if (!(e->kind == CKV_GEL_REF ? nullable[e->arg] : e->kind == CKV_GEL_STR && e->arg == 0)) break;
+                }
+            }
+            if (target < 0) {
+                color[r] = 2, sp--;
+            } else if (color[target] == 1) {
+                found = target;
+            } else if (!color[target]) {
+                sp++;
+                stack[sp] = target, edge[sp] = 0, color[target] = 1;
+            }
+        }
+    }
+    free(nullable), free(color), free(stack), free(edge), free(off), free(by);
+    return found;
+}
+
 /* ---- JSON building blocks ---------------------------------------------------------------------- */
 
 int ckv_gb_sp(ckv_gb *b) {
@@ -362,6 +415,10 @@ ckv_status ckv_grammar_init_parts(ckv_grammar *g, const ckv_grammar_part *parts,
         else failed = ckv_gb_schema(&b, parts[i].schema, parts[i].strict, err, errlen) != 0;
     }
     ckv_gb_end(&b, root);
+    if (!failed && !b.oom && ckv_gb_left_recursive(&b) >= 0) {
+        snprintf(err, errlen, "$: a schema reaches itself through '$ref' / 'anyOf' before writing anything (left recursion)");
+        failed = 1;
+    }
     return done(&b, failed, err, errlen);
 }
 
@@ -391,7 +448,7 @@ ckv_status ckv_grammar_init_gbnf(ckv_grammar *g, const char *text, char *err, si
     ckv_gb b;
     ckv_gb_init(&b, g);
     int root = ckv_gb_rule(&b);
-    int failed = ckv_gb_gbnf(&b, text, root, err, errlen) != 0;
+    int failed = ckv_gb_gbnf(&b, text, root, 1, err, errlen) != 0;
     return done(&b, failed, err, errlen);
 }
 

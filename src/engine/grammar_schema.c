@@ -1,11 +1,14 @@
 /* grammar_schema.c - a JSON schema compiled into grammar rules (see ckv_grammar_init_schema): type
  * (and lists of types), properties in the schema's order with required / optional ones and
  * additionalProperties, items / prefixItems with minItems / maxItems, strings with minLength /
- * maxLength or the formats date, time, date-time and uuid, enum, const, anyOf, oneOf whose
+ * maxLength, a pattern (grammar_pattern.c) or the formats date, time, date-time and uuid, integers with minimum / maximum /
+ * exclusiveMinimum / exclusiveMaximum (digit-range rules, as regular-expression generators for
+ * numeric ranges build them), enum, const, anyOf, oneOf whose
  * alternatives cannot overlap, allOf of one schema, $ref to local definitions (recursive ones too:
  * the matcher is a pushdown automaton) and nullable. Annotations (title, description, default, ...)
  * are ignored; any other keyword is refused naming it and its JSON path. Compact output: at most one
  * space after ':' and ','. It does not match (grammar_match.c) or parse GBNF (grammar_gbnf.c). */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,7 +59,8 @@ static const char *const annotations[] = {"title", "description", "default", "ex
                                           "deprecated", "readOnly", "writeOnly", "$defs", "definitions", NULL};
 static const char *const constraints[] = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
                                           "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minItems", "maxItems",
-                                          "minLength", "maxLength", "format", "nullable", NULL};
+                                          "minLength", "maxLength", "format", "nullable", "minimum", "maximum",
+                                          "exclusiveMinimum", "exclusiveMaximum", "pattern", NULL};
 
 static int listed(const char *const *l, const char *k) {
     for (; *l; l++)
@@ -96,14 +100,15 @@ static void key_lit(ckv_gb *b, const char *name) {
     ckv_gb_byte(b, '"');
 }
 
-static int get_count(sc *c, const cJSON *s, const char *k, uint32_t dflt, uint32_t *out) {
+/* A count keyword (dflt when absent); limit: the largest supported (item counts become rules). */
+static int get_count(sc *c, const cJSON *s, const char *k, uint32_t dflt, double limit, uint32_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, k);
     *out = dflt;
     if (!v) return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != (double)(long long)v->valuedouble)
         return fail(c, "'%s' must be a non-negative integer", k);
-    if (v->valuedouble > MAX_COUNT && dflt != CKV_GRAMMAR_UNBOUNDED) return fail(c, "'%s' over %d is not supported", k, MAX_COUNT);
-    *out = v->valuedouble > 0xFFFFFF ? 0xFFFFFF : (uint32_t)v->valuedouble;
+    if (v->valuedouble > limit) return fail(c, "'%s' over %.0f is not supported", k, limit);
+    *out = (uint32_t)v->valuedouble;
     return 0;
 }
 
@@ -220,7 +225,7 @@ static int array_alt(sc *c, const cJSON *s, int rule) {
     if (prefix && !cJSON_IsArray(prefix)) return fail(c, "'prefixItems' must be an array of schemas");
     if (items && !cJSON_IsBool(items) && !cJSON_IsObject(items)) return fail(c, "'items' must be a schema");
     uint32_t lo, hi;
-    if (get_count(c, s, "minItems", 0, &lo) || get_count(c, s, "maxItems", CKV_GRAMMAR_UNBOUNDED, &hi)) return -1;
+    if (get_count(c, s, "minItems", 0, MAX_COUNT, &lo) || get_count(c, s, "maxItems", CKV_GRAMMAR_UNBOUNDED, MAX_COUNT, &hi)) return -1;
     int np = prefix ? cJSON_GetArraySize(prefix) : 0;
     if (cJSON_IsFalse(items) && (hi == CKV_GRAMMAR_UNBOUNDED || hi > (uint32_t)np)) hi = (uint32_t)np;
     if (hi < lo) return fail(c, "'minItems' %u is over the most items the schema allows (%u)", lo, hi);
@@ -301,10 +306,22 @@ static int string_alt(sc *c, const cJSON *s, int rule) {
     ckv_gb *b = c->b;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
     uint32_t lo, hi;
-    if (get_count(c, s, "minLength", 0, &lo) || get_count(c, s, "maxLength", CKV_GRAMMAR_UNBOUNDED, &hi)) return -1;
+    if (get_count(c, s, "minLength", 0, 0xFFFFFE, &lo) || get_count(c, s, "maxLength", CKV_GRAMMAR_UNBOUNDED, 0xFFFFFE, &hi))
+        return -1;
     if (hi < lo) return fail(c, "'maxLength' %u is under 'minLength' %u", hi, lo);
     int body = -1;
-    if (fmt) {
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+    if (pat) {
+        if (!cJSON_IsString(pat)) return fail(c, "'pattern' must be a string");
+        if (fmt || cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength"))
+            return fail(c, "'pattern' with 'format', 'minLength' or 'maxLength' is not supported");
+        body = ckv_gb_rule(b);
+        char e[160];
+        ckv_gb_begin(b);
+        int rc = ckv_gb_pattern(b, pat->valuestring, e, sizeof e);
+        ckv_gb_end(b, body);
+        if (rc) return fail(c, "%s", e);
+    } else if (fmt) {
         if (!cJSON_IsString(fmt)) return fail(c, "'format' must be a string");
         const char *g = NULL;
         for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
@@ -314,7 +331,7 @@ static int string_alt(sc *c, const cJSON *s, int rule) {
             return fail(c, "'format' with 'minLength' or 'maxLength' is not supported");
         body = ckv_gb_rule(b);
         char e[128];
-        if (ckv_gb_gbnf(b, g, body, e, sizeof e)) return fail(c, "format '%s': %s", fmt->valuestring, e);
+        if (ckv_gb_gbnf(b, g, body, 0, e, sizeof e)) return fail(c, "format '%s': %s", fmt->valuestring, e);
     }
     ckv_gb_begin(b);
     ckv_gb_byte(b, '"');
@@ -322,6 +339,120 @@ static int string_alt(sc *c, const cJSON *s, int rule) {
     else ckv_gb_str(b, lo, hi);
     ckv_gb_byte(b, '"');
     ckv_gb_end(b, rule);
+    return 0;
+}
+
+/* ---- integer ranges ----------------------------------------------------------------------------- */
+
+#define INT_LIMIT 9999999999999999ll /* 16 digits: the integer rule's own bound */
+
+static int all_of(const char *p, int n, char c) {
+    for (int i = 0; i < n; i++)
+        if (p[i] != c) return 0;
+    return 1;
+}
+
+/* The digit strings of exactly length n from lo to hi (same length, lo <= hi) as a rule: a first digit
+ * strictly between lo's and hi's takes any tail; lo's and hi's own first digits recurse on one side
+ * only, so the rules grow with n squared. */
+static int digit_range(ckv_gb *b, const char *lo, const char *hi, int n) {
+    int r = ckv_gb_rule(b);
+    ckv_gb_begin(b);
+    if (all_of(lo, n, '0') && all_of(hi, n, '9')) { /* [0-9]{n} */
+        ckv_gb_range(b, '0', '9');
+        ckv_grammar_el digit = b->scr[--b->n_scr];
+        ckv_gb_repeat(b, digit, (uint32_t)n, (uint32_t)n);
+        ckv_gb_end(b, r);
+        return r;
+    }
+    if (n == 1 || lo[0] == hi[0]) {
+        ckv_gb_range(b, (uint8_t)lo[0], (uint8_t)hi[0]);
+        if (n > 1) ckv_gb_ref(b, digit_range(b, lo + 1, hi + 1, n - 1));
+        ckv_gb_end(b, r);
+        return r;
+    }
+    char nines[20], zeros[20];
+    memset(nines, '9', (size_t)n), memset(zeros, '0', (size_t)n);
+    int lo_whole = all_of(lo + 1, n - 1, '0'), hi_whole = all_of(hi + 1, n - 1, '9');
+    char first = (char)(lo_whole ? lo[0] : lo[0] + 1), last = (char)(hi_whole ? hi[0] : hi[0] - 1);
+    if (first <= last) { /* a first digit whose every tail is in range */
+        ckv_gb_range(b, (uint8_t)first, (uint8_t)last);
+        ckv_gb_ref(b, digit_range(b, zeros, nines, n - 1));
+        ckv_gb_end(b, r);
+    } else {
+        b->n_scr = b->open[--b->n_open]; /* nothing in between */
+    }
+    if (!lo_whole) { /* lo[0], then lo's tail .. 9s */
+        ckv_gb_begin(b);
+        ckv_gb_byte(b, (uint8_t)lo[0]);
+        ckv_gb_ref(b, digit_range(b, lo + 1, nines, n - 1));
+        ckv_gb_end(b, r);
+    }
+    if (!hi_whole) { /* hi[0], then 0s .. hi's tail */
+        ckv_gb_begin(b);
+        ckv_gb_byte(b, (uint8_t)hi[0]);
+        ckv_gb_ref(b, digit_range(b, zeros, hi + 1, n - 1));
+        ckv_gb_end(b, r);
+    }
+    return r;
+}
+
+/* Alternatives of rule: the decimal forms (no leading zeros) of a .. z, 0 <= a <= z. */
+static void nonneg_range(ckv_gb *b, int rule, long long a, long long z) {
+    long long p = 1;
+    for (int n = 1; n <= 16 && a <= z; n++, p *= 10) {
+        long long lo = n == 1 ? 0 : p, hi = p * 10 - 1;
+        if (hi < a) continue;
+        if (lo < a) lo = a;
+        if (hi > z) hi = z;
+        if (lo > hi) continue;
+        char sl[24], sh[24];
+        snprintf(sl, sizeof sl, "%lld", lo);
+        snprintf(sh, sizeof sh, "%lld", hi);
+        ckv_gb_begin(b);
+        ckv_gb_ref(b, digit_range(b, sl, sh, n));
+        ckv_gb_end(b, rule);
+    }
+}
+
+static int bound(sc *c, const cJSON *s, const char *k, double *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, k);
+    if (!x) return 0;
+    if (!cJSON_IsNumber(x)) return fail(c, "'%s' must be a number", k);
+    *v = x->valuedouble;
+    return 1;
+}
+
+/* An integer alternative of rule within the schema's bounds (absent: the integer rule). */
+static int integer_alt(sc *c, const cJSON *s, int rule) {
+    ckv_gb *b = c->b;
+    double v = 0;
+    long long lo = -INT_LIMIT, hi = INT_LIMIT;
+    int any = 0, k;
+    if ((k = bound(c, s, "minimum", &v)) < 0) return -1;
+    if (k && (any = 1) && ceil(v) > (double)lo) lo = v > (double)INT_LIMIT ? INT_LIMIT + 1 : (long long)ceil(v);
+    if ((k = bound(c, s, "exclusiveMinimum", &v)) < 0) return -1;
+    if (k && (any = 1) && floor(v) + 1 > (double)lo) lo = v >= (double)INT_LIMIT ? INT_LIMIT + 1 : (long long)floor(v) + 1;
+    if ((k = bound(c, s, "maximum", &v)) < 0) return -1;
+    if (k && (any = 1) && floor(v) < (double)hi) hi = v < (double)-INT_LIMIT ? -INT_LIMIT - 1 : (long long)floor(v);
+    if ((k = bound(c, s, "exclusiveMaximum", &v)) < 0) return -1;
+    if (k && (any = 1) && ceil(v) - 1 < (double)hi) hi = v <= (double)-INT_LIMIT ? -INT_LIMIT - 1 : (long long)ceil(v) - 1;
+    if (!any) {
+        ckv_gb_begin(b);
+        ckv_gb_ref(b, ckv_gb_json_integer(b));
+        ckv_gb_end(b, rule);
+        return 0;
+    }
+    if (lo > hi) return fail(c, "no integer of at most 16 digits satisfies the bounds");
+    if (hi >= 0) nonneg_range(b, rule, lo > 0 ? lo : 0, hi);
+    if (lo < 0) { /* "-" and a magnitude from max(1, -hi) to -lo */
+        int mag = ckv_gb_rule(b);
+        nonneg_range(b, mag, hi < 0 ? -hi : 1, -lo);
+        ckv_gb_begin(b);
+        ckv_gb_byte(b, '-');
+        ckv_gb_ref(b, mag);
+        ckv_gb_end(b, rule);
+    }
     return 0;
 }
 
@@ -388,9 +519,14 @@ static int type_alt(sc *c, const cJSON *s, const char *type, int rule) {
     if (!strcmp(type, "object")) return object_alt(c, s, rule);
     if (!strcmp(type, "array")) return array_alt(c, s, rule);
     if (!strcmp(type, "string")) return string_alt(c, s, rule);
-    if (!strcmp(type, "integer") || !strcmp(type, "number")) {
+    if (!strcmp(type, "integer")) return integer_alt(c, s, rule);
+    if (!strcmp(type, "number")) {
+        static const char *const nb[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+        for (int i = 0; i < 4; i++)
+            if (cJSON_GetObjectItemCaseSensitive(s, nb[i]))
+                return fail(c, "'%s' is supported on integers, not on 'number'", nb[i]);
         ckv_gb_begin(b);
-        ckv_gb_ref(b, type[0] == 'i' ? ckv_gb_json_integer(b) : ckv_gb_json_number(b));
+        ckv_gb_ref(b, ckv_gb_json_number(b));
         ckv_gb_end(b, rule);
         return 0;
     }
@@ -510,8 +646,11 @@ static int compile_into(sc *c, const cJSON *s, int rule) {
                      cJSON_GetObjectItemCaseSensitive(s, "minItems") || cJSON_GetObjectItemCaseSensitive(s, "maxItems"))
                 implied = "array";
             else if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
-                     cJSON_GetObjectItemCaseSensitive(s, "format"))
+                     cJSON_GetObjectItemCaseSensitive(s, "format") || cJSON_GetObjectItemCaseSensitive(s, "pattern"))
                 implied = "string";
+            else if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "maximum") ||
+                     cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum"))
+                implied = "integer"; /* bounded numbers: integers satisfy them */
             if (implied) {
                 rc = type_alt(c, s, implied, rule);
             } else {

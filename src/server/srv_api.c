@@ -247,12 +247,13 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         return -1;
     }
     ckv_chat_message *m = calloc((size_t)n, sizeof *m);
+    const cJSON **calls_of = calloc((size_t)n, sizeof *calls_of); /* [n] assistant tool_calls */
     char **texts = calloc((size_t)n, sizeof *texts);
     char *full = NULL, *prefix = NULL;
     ckv_text_range *plain = NULL; /* [n_plain] the messages' content in full */
     size_t n_plain = 0;
     const char *context = NULL;
-    if (!m || !texts) {
+    if (!m || !texts || !calls_of) {
         ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
         goto done;
     }
@@ -272,16 +273,19 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         }
         const char *r = role->valuestring;
         if (!strcmp(r, "developer")) r = "system";
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-            ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' is '%s', expected system, developer, user or assistant",
-                              field, role->valuestring);
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool")) {
+            ckv_srv_error_set(err, 400, INVALID, field, "invalid_value",
+                              "'%s' is '%s', expected system, developer, user, assistant or tool", field, role->valuestring);
             goto done;
         }
-        if (!(texts[i] = message_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err))) {
+        const cJSON *calls = NULL, *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+        if (ckv_srv_message_tools(msg, i, r, &calls, err)) goto done;
+        if (!(calls && (!content || cJSON_IsNull(content))) && !(texts[i] = message_text(content, i, err))) {
             if (!err->http) ckv_srv_error_set(err, 500, "server_error", "messages", NULL, "out of memory");
             goto done;
         }
         m[i] = (ckv_chat_message){r, texts[i]};
+        calls_of[i] = calls;
         if (!strcmp(r, "user")) last_user = i;
     }
     if (ckv_srv_get_string(o, "context", &context, err)) goto done;
@@ -307,13 +311,15 @@ static int chat_prompt(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv
         rc = 0;
         goto done;
     }
-    if (ckv_chat_apply_ranges(&a->tmpl, m, n, 1, &full, &plain, &n_plain) != CKV_STATUS_OK) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools"); /* checked by ckv_srv_tool_fields */
+    if (ckv_chat_apply_tools(&a->tmpl, cJSON_IsArray(tools) ? tools : NULL, m, calls_of, n, 1, &full, &plain, &n_plain) != CKV_STATUS_OK) {
         ckv_srv_error_set(err, 400, INVALID, "messages", "invalid_value", "%s", ckv_error_message());
         ckv_error_clear();
         goto done;
     }
     size_t lp = 0;
-    if (last_user > 0 && ckv_chat_apply(&a->tmpl, m, last_user, 0, &prefix) == CKV_STATUS_OK) {
+    if (last_user > 0 &&
+        ckv_chat_apply_tools(&a->tmpl, cJSON_IsArray(tools) ? tools : NULL, m, calls_of, last_user, 0, &prefix, NULL, NULL) == CKV_STATUS_OK) {
         lp = strlen(prefix);
         if (strncmp(full, prefix, lp) != 0) lp = 0;
     }
@@ -334,6 +340,7 @@ done:
     for (int i = 0; texts && i < n; i++) free(texts[i]);
     free(texts);
     free(m);
+    free((void *)calls_of);
     free(full);
     free(prefix);
     free(plain);
@@ -454,7 +461,7 @@ static int parse_job(const ckv_srv_api *a, ckv_srv_kind kind, cJSON *o, ckv_srv_
     }
     if (!bad) {
         j->kind = kind;
-        bad = ckv_srv_format_fields(o, kind, j, err) || press_fields(a, o, j, err) || stop_field(o, j, err) ||
+        bad = ckv_srv_format_fields(o, kind, j, err) || ckv_srv_tool_fields(a, o, kind, j, err) || press_fields(a, o, j, err) || stop_field(o, j, err) ||
               ckv_srv_sampling_fields(a, o, kind, n, j, err) ||
               (kind == CKV_SRV_COMPLETION ? completion_prompt(a, o, j, err) : chat_prompt(a, o, j, err));
     }

@@ -1,7 +1,7 @@
 /* srv_fields.c - the request fields' readers (type and range checks, errors naming the field) and the
  * fields beside the prompt and the press: the list of known fields, sampling (penalties, logit_bias,
- * min_p, best_of, suffix), response_format and the tool fields, logprobs and echo (see
- * srv_fields.h). It does not tokenise prompts or build jobs (srv_api.c). */
+ * min_p, best_of, suffix), response_format, the tool fields (tools, tool_choice,
+ * parallel_tool_calls, and the tool parts of messages), logprobs and echo (see srv_fields.h). It does not tokenise prompts or build jobs (srv_api.c). */
 #define _POSIX_C_SOURCE 200809L
 #include "server/srv_fields.h"
 
@@ -10,6 +10,9 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+
+#include "engine/toolcall.h"
+#include "engine/toolcall_grammar.h"
 
 #define INVALID "invalid_request_error"
 
@@ -182,8 +185,7 @@ static int json_schema_format(const cJSON *rf, ckv_srv_job *j, ckv_srv_error *er
     return 0;
 }
 
-/* response_format (chat) and the "grammar" extension: the constrained decoder; the tool-call fields
- * (refused). */
+/* response_format (chat) and the "grammar" extension: the constrained decoder. */
 int ckv_srv_format_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err) {
     const cJSON *gr = cJSON_GetObjectItemCaseSensitive(o, "grammar");
     const cJSON *rf = kind == CKV_SRV_CHAT ? cJSON_GetObjectItemCaseSensitive(o, "response_format") : NULL;
@@ -221,15 +223,235 @@ int ckv_srv_format_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv
             return -1;
         }
     }
-    static const char *const tool_fields[] = {"tools", "functions", "tool_choice", "function_call", "parallel_tool_calls"};
-    for (int i = 0; i < 5; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, tool_fields[i]);
-        if (!v || cJSON_IsNull(v)) continue;
-        if (i == 2 && cJSON_IsString(v) && !strcmp(v->valuestring, "none")) continue; /* no tools: honoured */
-        if ((i == 0 || i == 1) && cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0) continue;
-        ckv_srv_error_set(err, 400, INVALID, tool_fields[i], "unsupported", "'%s': tool calls are not supported by this server",
-                          tool_fields[i]);
+    return 0;
+}
+
+/* ---- tools ------------------------------------------------------------------------------------------ */
+
+static int bad_value(ckv_srv_error *err, const char *field, const char *msg) {
+    ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' %s", field, msg);
+    return -1;
+}
+
+/* OpenAI's rule for function names: ^[a-zA-Z0-9_-]{1,64}$ */
+static int good_name(const char *s) {
+    size_t n = strlen(s);
+    if (n < 1 || n > CKV_TOOLCALL_MAX_NAME) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_' ||
+              s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+/* Only the listed keys in object v (field names it). */
+static int only_keys(const cJSON *v, const char *field, const char *const *keys, ckv_srv_error *err) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (in_list(keys, it->string)) continue;
+        ckv_srv_error_set(err, 400, INVALID, field, "unknown_field", "'%s' has an unknown member '%.40s'", field, it->string);
         return -1;
+    }
+    return 0;
+}
+
+/* tools[i]: {"type": "function", "function": {"name", "description", "parameters", "strict"}}. */
+static int tool_entry(const cJSON *t, int i, ckv_srv_error *err) {
+    static const char *const keys[] = {"type", "function", NULL};
+    static const char *const fkeys[] = {"name", "description", "parameters", "strict", NULL};
+    char field[64];
+    snprintf(field, sizeof field, "tools[%d]", i);
+    if (!cJSON_IsObject(t)) return ckv_srv_bad_type(err, field, "an object {\"type\": \"function\", \"function\": {...}}");
+    if (only_keys(t, field, keys, err)) return -1;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type"), *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+    snprintf(field, sizeof field, "tools[%d].type", i);
+    if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function")) return bad_value(err, field, "must be 'function'");
+    snprintf(field, sizeof field, "tools[%d].function", i);
+    if (!cJSON_IsObject(f)) return ckv_srv_bad_type(err, field, "an object with a 'name'");
+    if (only_keys(f, field, fkeys, err)) return -1;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name"), *d = cJSON_GetObjectItemCaseSensitive(f, "description");
+    const cJSON *par = cJSON_GetObjectItemCaseSensitive(f, "parameters"), *st = cJSON_GetObjectItemCaseSensitive(f, "strict");
+    snprintf(field, sizeof field, "tools[%d].function.name", i);
+    if (!cJSON_IsString(name) || !good_name(name->valuestring))
+        return bad_value(err, field, "must be 1 to 64 letters, digits, '_' or '-'");
+    snprintf(field, sizeof field, "tools[%d].function.description", i);
+    if (d && !cJSON_IsNull(d) && !cJSON_IsString(d)) return ckv_srv_bad_type(err, field, "a string");
+    snprintf(field, sizeof field, "tools[%d].function.parameters", i);
+    if (par && !cJSON_IsNull(par) && !cJSON_IsObject(par)) return ckv_srv_bad_type(err, field, "a JSON Schema object");
+    snprintf(field, sizeof field, "tools[%d].function.strict", i);
+    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st)) return ckv_srv_bad_type(err, field, "a boolean");
+    return 0;
+}
+
+static const cJSON *tool_by_name(const cJSON *tools, const char *name) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return t;
+    }
+    return NULL;
+}
+
+/* tool_choice "required" (any of the tools) or a named function: the constrained decoder (each
+ * function's arguments follow its parameters schema; a non-strict one the compiler does not support:
+ * any object). */
+static int tool_constraint(const cJSON *tools, const char *forced, const ckv_toolcall_syntax *syn, int parallel, ckv_srv_job *j,
+                           ckv_srv_error *err) {
+    ckv_toolcall_fn fns[CKV_SRV_MAX_TOOLS];
+    int n = 0, loose = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const char *name = cJSON_GetObjectItemCaseSensitive(f, "name")->valuestring;
+        if (forced && strcmp(name, forced)) continue;
+        const cJSON *par = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        fns[n++] = (ckv_toolcall_fn){name, cJSON_IsObject(par) ? par : NULL, cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(f, "strict"))};
+    }
+    char msg[320];
+    if (ckv_toolcall_grammar_init(&j->grammar, syn, fns, n, parallel && !forced, &loose, msg, sizeof msg) != CKV_STATUS_OK) {
+        ckv_error_clear();
+        ckv_srv_error_set(err, 400, INVALID, "tools", "invalid_schema", "'tools': %s", msg);
+        return -1;
+    }
+    (void)loose; /* a schema the compiler does not support constrains nothing beyond an object */
+    j->logits.grammar = &j->grammar;
+    return 0;
+}
+
+int ckv_srv_tool_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err) {
+    if (kind != CKV_SRV_CHAT) return 0;
+    static const char *const legacy[] = {"functions", "function_call"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, legacy[i]);
+        if (v && !cJSON_IsNull(v)) {
+            ckv_srv_error_set(err, 400, INVALID, legacy[i], "unsupported", "'%s' (the deprecated function-calling API) is not "
+                              "supported: use 'tools' and 'tool_choice'", legacy[i]);
+            return -1;
+        }
+    }
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools"), *choice = cJSON_GetObjectItemCaseSensitive(o, "tool_choice");
+    int parallel = 1;
+    if (ckv_srv_get_bool(o, "parallel_tool_calls", &parallel, err)) return -1;
+    int n_tools = 0;
+    if (tools && !cJSON_IsNull(tools)) {
+        if (!cJSON_IsArray(tools)) return ckv_srv_bad_type(err, "tools", "an array of tools");
+        n_tools = cJSON_GetArraySize(tools);
+        if (n_tools > CKV_SRV_MAX_TOOLS) {
+            ckv_srv_error_set(err, 400, INVALID, "tools", "invalid_value", "'tools' has %d tools, at most %d are allowed", n_tools,
+                              CKV_SRV_MAX_TOOLS);
+            return -1;
+        }
+        int i = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, tools) {
+            if (tool_entry(t, i, err)) return -1;
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+            if (tool_by_name(tools, nm->valuestring) != t) {
+                char field[64];
+                snprintf(field, sizeof field, "tools[%d].function.name", i);
+                return bad_value(err, field, "names a function that an earlier tool already names");
+            }
+            i++;
+        }
+    }
+    /* tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}} */
+    const char *mode = n_tools ? "auto" : "none", *forced = NULL;
+    if (choice && !cJSON_IsNull(choice)) {
+        if (cJSON_IsString(choice)) {
+            mode = choice->valuestring;
+            if (strcmp(mode, "none") && strcmp(mode, "auto") && strcmp(mode, "required"))
+                return bad_value(err, "tool_choice", "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        } else if (cJSON_IsObject(choice)) {
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(choice, "type"), *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+            const cJSON *nm = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;
+            if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm))
+                return bad_value(err, "tool_choice", "as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            mode = "required";
+            forced = nm->valuestring;
+        } else {
+            return ckv_srv_bad_type(err, "tool_choice", "a string or an object");
+        }
+        if (strcmp(mode, "none") && !n_tools)
+            return bad_value(err, "tool_choice", "needs 'tools' (a non-empty list of functions)");
+        if (forced && !tool_by_name(tools, forced)) {
+            ckv_srv_error_set(err, 400, INVALID, "tool_choice", "invalid_value", "'tool_choice' names the function '%.64s', which "
+                              "is not in 'tools'", forced);
+            return -1;
+        }
+    }
+    const cJSON *pv = cJSON_GetObjectItemCaseSensitive(o, "parallel_tool_calls");
+    if (!n_tools && pv && !cJSON_IsNull(pv)) return bad_value(err, "parallel_tool_calls", "needs 'tools' (a non-empty list of functions)");
+    if (!n_tools) return 0;
+    const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(o, "context");
+    if (ctx && !cJSON_IsNull(ctx)) {
+        ckv_srv_error_set(err, 400, INVALID, "tools", "unsupported", "'tools' with 'context' is not supported (put the context in "
+                          "the messages)");
+        return -1;
+    }
+    if (!a->tmpl.tool_syntax[0]) {
+        ckv_srv_error_set(err, 400, INVALID, "tools", "unsupported", "'tools': the model's chat template (%s) takes no tools",
+                          a->tmpl.name[0] ? a->tmpl.name : "none");
+        return -1;
+    }
+    const ckv_toolcall_syntax *syn = ckv_toolcall_syntax_find(a->tmpl.tool_syntax);
+    if (!syn) {
+        ckv_srv_error_set(err, 500, "server_error", "tools", NULL, "the chat template's tool syntax '%s' is unknown", a->tmpl.tool_syntax);
+        return -1;
+    }
+    j->parallel_tool_calls = parallel;
+    if (!strcmp(mode, "none")) return 0; /* the tools are shown to the model; its answer is text */
+    j->tool_syntax = syn;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "stream"))) { /* the stream's parsers, sized now */
+        j->tool_parsers = calloc((size_t)j->n_choices, sizeof *j->tool_parsers);
+        ckv_status st = j->tool_parsers ? CKV_STATUS_OK : ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
+        for (int c = 0; st == CKV_STATUS_OK && c < j->n_choices; c++)
+            st = ckv_toolcall_parser_init(&j->tool_parsers[c], syn, j->choices[c].text_cap, 0); /* seeded at the first chunk */
+        if (st != CKV_STATUS_OK) {
+            ckv_srv_error_set(err, 500, "server_error", "tools", NULL, "%s", ckv_error_message());
+            ckv_error_clear();
+            return -1;
+        }
+    }
+    if (strcmp(mode, "required")) return 0;
+    if (j->logits.grammar) {
+        ckv_srv_error_set(err, 400, INVALID, "tool_choice", "invalid_value", "'tool_choice' %s and 'response_format' (or "
+                          "'grammar') cannot both constrain the answer", forced ? "naming a function" : "required");
+        return -1;
+    }
+    return tool_constraint(tools, forced, syn, parallel, j, err);
+}
+
+/* An assistant's tool_calls ([{"id", "type": "function", "function": {"name", "arguments"}}]) or a
+ * tool result's tool_call_id. */
+int ckv_srv_message_tools(const cJSON *msg, int i, const char *role, const cJSON **calls, ckv_srv_error *err) {
+    char field[80];
+    *calls = NULL;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
+    snprintf(field, sizeof field, "messages[%d].tool_calls", i);
+    if (tc && !cJSON_IsNull(tc)) {
+        if (strcmp(role, "assistant")) return bad_value(err, field, "is allowed in assistant messages only");
+        if (!cJSON_IsArray(tc)) return ckv_srv_bad_type(err, field, "an array of tool calls");
+        int k = 0;
+        const cJSON *c;
+        cJSON_ArrayForEach(c, tc) {
+            snprintf(field, sizeof field, "messages[%d].tool_calls[%d]", i, k++);
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(c, "type");
+            const cJSON *nm = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;
+            const cJSON *ar = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "arguments") : NULL;
+            if (!cJSON_IsObject(c) || (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "function"))) || !cJSON_IsString(nm) ||
+                !good_name(nm->valuestring) || !cJSON_IsString(ar))
+                return ckv_srv_bad_type(err, field, "{\"id\": ..., \"type\": \"function\", \"function\": {\"name\": ..., "
+                                                    "\"arguments\": a JSON string}}");
+        }
+        if (k > 0) *calls = tc;
+    }
+    snprintf(field, sizeof field, "messages[%d].tool_call_id", i);
+    if (!strcmp(role, "tool")) {
+        if (!cJSON_IsString(id)) return ckv_srv_bad_type(err, field, "a string (the id of the call this message answers)");
+    } else if (id && !cJSON_IsNull(id)) {
+        return bad_value(err, field, "is allowed in tool messages only");
     }
     return 0;
 }

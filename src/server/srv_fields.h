@@ -21,9 +21,15 @@ int ckv_srv_known_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err);
 int ckv_srv_sampling_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind, long long n, ckv_srv_job *j,
                             ckv_srv_error *err);
 /* response_format (chat: text, json_object, json_schema) and the "grammar" extension (both endpoints)
- * compiled into j->grammar (j->logits.grammar points at it), and the tool-call fields (refused unless
- * they ask for no tools). */
+ * compiled into j->grammar (j->logits.grammar points at it). */
 int ckv_srv_format_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err);
+/* tools, tool_choice and parallel_tool_calls (chat): checked against the template (400 naming
+ * "tools" when it takes none), j->tool_syntax set unless tool_choice is "none", the constrained
+ * decoder for "required" or a named function; functions / function_call refused. */
+int ckv_srv_tool_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_kind kind, ckv_srv_job *j, ckv_srv_error *err);
+/* The tool parts of chat message i of role `role`: *calls the assistant's tool_calls (NULL: none);
+ * a tool message's tool_call_id. */
+int ckv_srv_message_tools(const cJSON *msg, int i, const char *role, const cJSON **calls, ckv_srv_error *err);
 /* logprobs (completions: the legacy integer; chat: a boolean with top_logprobs) and echo. */
 int ckv_srv_logprob_fields(const cJSON *o, ckv_srv_kind kind, int *want, int *top, int *echo, ckv_srv_error *err);
 /* Echo: the echoed ids and text; with logprobs a question holding them so that each gets its row of

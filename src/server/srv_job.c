@@ -73,6 +73,8 @@ static void job_free(ckv_srv_job *j) {
     ckv_free(j->echo_top_ids);
     ckv_free(j->echo_top_lp);
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    for (int c = 0; j->tool_parsers && c < j->n_choices; c++) ckv_toolcall_parser_free(&j->tool_parsers[c]);
+    free(j->tool_parsers);
     free(j->ctx_ids);
     free(j->q_ids);
     ckv_grammar_free(&j->grammar);

@@ -14,10 +14,12 @@
 #include "engine/logits.h"
 #include "engine/request.h"
 #include "engine/sched.h"
+#include "engine/toolcall.h"
 #include "evict/press.h"
 
 #define CKV_SRV_MAX_STOP 4
 #define CKV_SRV_MAX_CHOICES 8
+#define CKV_SRV_MAX_TOOLS 128 /* tools of one request (OpenAI's limit) */
 
 typedef struct {
     int32_t *ids;           /* [max_tokens] generated ids (without the stopping token) */
@@ -64,6 +66,12 @@ typedef struct ckv_srv_job {
     int n_stop;
     size_t stop_max_len;
     int stream, include_usage;
+    /* tool calls (chat with "tools"): the syntax answers are parsed with (NULL: no parsing, as with
+     * tool_choice "none"); one call at most unless parallel; the stream's parsers, one per choice,
+     * owned by the HTTP side */
+    const ckv_toolcall_syntax *tool_syntax;
+    int parallel_tool_calls;
+    ckv_toolcall_parser *tool_parsers; /* [n_choices] when streaming */
     char id[48];
     long created;
     double t_submit;

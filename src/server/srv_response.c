@@ -1,5 +1,6 @@
 /* srv_response.c - the JSON the server answers with: completions and chat completions (whole, and
- * as stream chunks), their logprobs, usage, error objects and the model list (see srv_api.h). It
+ * as stream chunks; with tools, the answer's tool calls as message.tool_calls and as OpenAI's
+ * tool_calls deltas), their logprobs, usage, error objects and the model list (see srv_api.h). It
  * does not validate requests (srv_api.c). */
 #define _POSIX_C_SOURCE 200809L
 #include "server/srv_api.h"
@@ -10,6 +11,8 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+
+#include "engine/toolcall.h"
 
 #define INVALID "invalid_request_error"
 
@@ -44,14 +47,135 @@ static const char *finish_name(ckv_finish_reason r) {
     }
 }
 
-static void add_finish(cJSON *it, ckv_finish_reason r) {
+/* calls: tool calls were made (an answer that ended by itself then finishes with "tool_calls"). */
+static void add_finish_calls(cJSON *it, ckv_finish_reason r, int calls) {
     const char *fin = finish_name(r);
+    if (fin && calls && !strcmp(fin, "stop")) fin = "tool_calls";
     if (!fin) {
         cJSON_AddNullToObject(it, "finish_reason");
         return;
     }
     cJSON_AddStringToObject(it, "finish_reason", fin);
     cJSON_AddStringToObject(it, "finish_detail", r == CKV_FINISH_STOP ? "stop_string" : ckv_finish_reason_name(r));
+}
+
+
+/* ---- tool calls ---------------------------------------------------------------------------------------- */
+
+/* The ids of choice c's calls: a function of the response id. */
+static uint64_t tool_seed(const ckv_srv_job *j, int c) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *p = j->id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h ^ (uint64_t)(c + 1) * 0x9E3779B97F4A7C15ull;
+}
+
+/* Collects the parser's events into a message (whole: message.tool_calls with whole arguments) or a
+ * delta (stream: {index, id, type, function: {name, arguments}} on a call's first delta, then
+ * {index, function: {arguments}} fragments). Calls after the first are left out without
+ * parallel_tool_calls. */
+typedef struct {
+    char *text;          /* [cap] content */
+    size_t text_len;
+    char *args;          /* [cap] the current call's arguments so far (this piece) */
+    size_t args_len, cap;
+    cJSON *calls;        /* the array being filled (created at the first call) */
+    cJSON *fn;           /* the current call's function object */
+    int index;           /* the current call (-1: none) */
+    int stream, parallel, failed;
+} tool_sink;
+
+static void sink_flush_args(tool_sink *t) {
+    if (!t->fn) return;
+    t->args[t->args_len] = '\0';
+    cJSON_AddStringToObject(t->fn, "arguments", t->args);
+    t->args_len = 0;
+    t->fn = NULL;
+}
+
+static int sink_text(void *ctx, const char *s, size_t n) {
+    tool_sink *t = ctx;
+    if (t->text_len + n >= t->cap) return t->failed = 1;
+    memcpy(t->text + t->text_len, s, n);
+    t->text_len += n;
+    return 0;
+}
+
+static int sink_call(void *ctx, int index, const char *id, const char *name) {
+    tool_sink *t = ctx;
+    if (index > 0 && !t->parallel) return 0;
+    sink_flush_args(t);
+    if (!t->calls) t->calls = cJSON_CreateArray();
+    cJSON *c = cJSON_CreateObject();
+    if (t->stream) cJSON_AddNumberToObject(c, "index", index);
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    t->fn = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(t->fn, "name", name);
+    cJSON_AddItemToArray(t->calls, c);
+    t->index = index;
+    return 0;
+}
+
+static int sink_args(void *ctx, int index, const char *s, size_t n) {
+    tool_sink *t = ctx;
+    if (index > 0 && !t->parallel) return 0;
+    if (index != t->index || !t->fn) { /* a later piece of a call begun in an earlier chunk */
+        sink_flush_args(t);
+        if (!t->calls) t->calls = cJSON_CreateArray();
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", index);
+        t->fn = cJSON_AddObjectToObject(c, "function");
+        cJSON_AddItemToArray(t->calls, c);
+        t->index = index;
+    }
+    if (t->args_len + n >= t->cap) return t->failed = 1;
+    memcpy(t->args + t->args_len, s, n);
+    t->args_len += n;
+    return 0;
+}
+
+static int sink_init(tool_sink *t, size_t cap, int stream, int parallel) {
+    memset(t, 0, sizeof *t);
+    t->cap = cap + 1;
+    t->text = malloc(t->cap);
+    t->args = malloc(t->cap);
+    t->index = -1;
+    t->stream = stream;
+    t->parallel = parallel;
+    return t->text && t->args ? 0 : -1;
+}
+
+static void sink_free(tool_sink *t) {
+    free(t->text);
+    free(t->args);
+    cJSON_Delete(t->calls);
+}
+
+/* The message of a whole chat answer with tools: content (null when only calls) and tool_calls. */
+static void tool_message(const ckv_srv_job *j, int c, const ckv_srv_choice *ch, cJSON *msg, int *calls) {
+    tool_sink t;
+    ckv_toolcall_parser p;
+    ckv_toolcall_sink k = {&t, sink_text, sink_call, sink_args};
+    int n = 0, ok = sink_init(&t, ch->text_len, 0, j->parallel_tool_calls) == 0 &&
+                    ckv_toolcall_parser_init(&p, j->tool_syntax, ch->text_len, tool_seed(j, c)) == CKV_STATUS_OK;
+    ok = ok && ckv_toolcall_feed(&p, ch->text ? ch->text : "", ch->text_len, &k) == CKV_STATUS_OK &&
+         ckv_toolcall_finish(&p, &k, &n) == CKV_STATUS_OK && !t.failed;
+    ckv_toolcall_parser_free(&p);
+    ckv_error_clear();
+    if (!ok || n == 0) { /* no call: the text as it is */
+        cJSON_AddStringToObject(msg, "content", ch->text ? ch->text : "");
+        sink_free(&t);
+        *calls = 0;
+        return;
+    }
+    sink_flush_args(&t);
+    t.text[t.text_len] = '\0';
+    if (t.text_len) cJSON_AddStringToObject(msg, "content", t.text);
+    else cJSON_AddNullToObject(msg, "content");
+    cJSON_AddItemToObject(msg, "tool_calls", t.calls);
+    t.calls = NULL;
+    sink_free(&t);
+    *calls = 1;
 }
 
 /* ---- logprobs ----------------------------------------------------------------------------------------- */
@@ -238,10 +362,12 @@ char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *const *jobs, int n
         cJSON *it = cJSON_CreateObject();
         cJSON_AddNumberToObject(it, "index", q * j->n_choices + c);
         size_t base = 0;
+        int calls = 0;
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(it, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", ch->text ? ch->text : "");
+            if (j->tool_syntax) tool_message(j, c, ch, msg, &calls);
+            else cJSON_AddStringToObject(msg, "content", ch->text ? ch->text : "");
         } else if (j->echo) {
             base = j->echo_len;
             size_t tl = ch->text ? strlen(ch->text) : 0;
@@ -262,7 +388,7 @@ char *ckv_srv_api_response(const ckv_srv_api *a, ckv_srv_job *const *jobs, int n
         } else {
             cJSON_AddNullToObject(it, "logprobs");
         }
-        add_finish(it, ch->finish);
+        add_finish_calls(it, ch->finish, calls);
         cJSON_AddItemToArray(choices, it);
     }
     }
@@ -288,7 +414,33 @@ char *ckv_srv_api_chunk(const ckv_srv_api *a, const ckv_srv_job *j, int c, const
         memcpy(text + pre, delta ? delta : "", dn);
         text[pre + dn] = '\0';
     }
-    if (chat) {
+    int calls = 0;
+    if (chat && j->tool_parsers) { /* the piece through choice c's tool-call parser */
+        cJSON *d = cJSON_AddObjectToObject(it, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        ckv_toolcall_parser *p = &j->tool_parsers[c];
+        if (role) p->seed = tool_seed(j, c);
+        tool_sink t;
+        ckv_toolcall_sink k = {&t, sink_text, sink_call, sink_args};
+        int nc = 0;
+        /* this piece's text and arguments, and what the parser holds back and may give back now */
+        if (sink_init(&t, dn + p->raw_len + p->ws_len + p->hold, 1, j->parallel_tool_calls) == 0) {
+            ckv_toolcall_feed(p, delta ? delta : "", dn, &k);
+            if (finish) ckv_toolcall_finish(p, &k, &nc);
+            ckv_error_clear();
+            sink_flush_args(&t);
+            t.text[t.text_len] = '\0';
+        } else {
+            t.text_len = 0;
+        }
+        if (t.text_len || (!t.calls && !finish)) cJSON_AddStringToObject(d, "content", t.text_len ? t.text : "");
+        if (t.calls) {
+            cJSON_AddItemToObject(d, "tool_calls", t.calls);
+            t.calls = NULL;
+        }
+        sink_free(&t);
+        calls = p->n_calls > 0;
+    } else if (chat) {
         cJSON *d = cJSON_AddObjectToObject(it, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
         if (n > 0 || !finish) cJSON_AddStringToObject(d, "content", text ? text : "");
@@ -305,7 +457,7 @@ char *ckv_srv_api_chunk(const ckv_srv_api *a, const ckv_srv_job *j, int c, const
     } else {
         cJSON_AddNullToObject(it, "logprobs");
     }
-    add_finish(it, finish);
+    add_finish_calls(it, finish, calls);
     cJSON_AddItemToArray(choices, it);
     if (j->include_usage) cJSON_AddNullToObject(o, "usage");
     return ckv_srv_json_print(o);

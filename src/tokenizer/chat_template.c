@@ -1,13 +1,17 @@
 /* chat_template.c - the three chat template families ckv supports, rendered in C: Llama 3 header
  * tokens (3.0, and 3.1+ with the knowledge/today-date preamble), ChatML (Qwen2.5 and SmolLM2, with
- * their default system prompts) and Mistral [INST] (v0.3 spacing, and the older "[INST] x [/INST]").
- * A Jinja template from tokenizer_config.json or GGUF metadata is recognised by its markers; it is
- * never executed. Tools, images and multi-part contents are out of scope. */
+ * their default system prompts; Qwen2.5's tools block, assistant tool calls and tool results in its
+ * Hermes-style <tools>/<tool_call>/<tool_response> form) and Mistral [INST] (v0.3 spacing, and the
+ * older "[INST] x [/INST]"). A Jinja template from tokenizer_config.json or GGUF metadata is
+ * recognised by its markers; it is never executed. Images and multi-part contents are out of scope;
+ * tools only where the template takes them (the others refuse them, naming "tools"). */
 #define _POSIX_C_SOURCE 200809L /* localtime_r */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cjson/cJSON.h>
 
 #include "tokenizer/tok_internal.h"
 
@@ -64,6 +68,7 @@ ckv_status ckv_chat_template_detect(const char *jinja, ckv_chat_template *out) {
     if (strstr(jinja, "<|im_start|>")) {
         out->family = CKV_CHAT_CHATML;
         CKV_TRY(chatml_default_system(jinja, out->default_system, sizeof out->default_system));
+        if (strstr(jinja, "<tool_call>") && strstr(jinja, "<tools>")) snprintf(out->tool_syntax, sizeof out->tool_syntax, "hermes");
         set_name(out, strstr(out->default_system, "Qwen") ? "qwen2.5"
                       : strstr(out->default_system, "SmolLM") ? "smollm2" : "chatml");
         return CKV_STATUS_OK;
@@ -96,6 +101,7 @@ ckv_status ckv_chat_template_by_name(const char *name, ckv_chat_template *out) {
         out->family = CKV_CHAT_CHATML;
         snprintf(out->default_system, sizeof out->default_system, "%s",
                  "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+        snprintf(out->tool_syntax, sizeof out->tool_syntax, "hermes");
     } else if (!strcmp(name, "smollm2")) {
         out->family = CKV_CHAT_CHATML;
         snprintf(out->default_system, sizeof out->default_system, "%s",
@@ -164,10 +170,97 @@ static ckv_status app_content(ckv_tk_buf *b, content_ranges *r, const char *s, i
     return note_range(r, off, len - i);
 }
 
-static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, int n, int gen, ckv_tk_buf *b, content_ranges *r) {
-    for (int i = 0; i < n; i++)
-        if (!m[i].role || !m[i].content)
+/* JSON as the template's tojson writes it, recorded as content. */
+static ckv_status app_json(ckv_tk_buf *b, content_ranges *r, const cJSON *v) {
+    size_t off = b->n;
+    CKV_TRY(ckv_chat_tojson(v, b));
+    return note_range(r, off, b->n - off);
+}
+
+/* A tool call's arguments: a JSON string holding JSON is rendered as that value (what the model
+ * wrote), any other value as itself. */
+static ckv_status app_arguments(ckv_tk_buf *b, content_ranges *r, const cJSON *args) {
+    if (cJSON_IsString(args)) {
+        cJSON *v = cJSON_Parse(args->valuestring);
+        if (v) {
+            ckv_status st = app_json(b, r, v);
+            cJSON_Delete(v);
+            return st;
+        }
+    }
+    return app_json(b, r, args);
+}
+
+/* Qwen2.5's system turn with its tools block (the system message's content, else the default). */
+static ckv_status chatml_tools_system(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *m, int n,
+                                      ckv_tk_buf *b, content_ranges *r) {
+    CKV_TRY(app(b, "<|im_start|>system\n"));
+    if (n > 0 && !strcmp(m[0].role, "system")) CKV_TRY(app_content(b, r, m[0].content, 0));
+    else CKV_TRY(app(b, t->default_system));
+    CKV_TRY(app(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+                   "function signatures within <tools></tools> XML tags:\n<tools>"));
+    for (const cJSON *tool = tools->child; tool; tool = tool->next) {
+        CKV_TRY(app(b, "\n"));
+        CKV_TRY(app_json(b, r, tool));
+    }
+    return app(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                  "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                  "<args-json-object>}\n</tool_call><|im_end|>\n");
+}
+
+/* An assistant turn with tool calls, and tool results (one user turn for a run of them). */
+static ckv_status chatml_tool_message(const ckv_chat_message *m, const cJSON *const *calls, int i, int n, ckv_tk_buf *b,
+                                      content_ranges *r) {
+    if (!strcmp(m[i].role, "tool")) {
+        if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) CKV_TRY(app(b, "<|im_start|>user"));
+        CKV_TRY(app(b, "\n<tool_response>\n"));
+        CKV_TRY(app_content(b, r, m[i].content, 0));
+        CKV_TRY(app(b, "\n</tool_response>"));
+        if (i == n - 1 || strcmp(m[i + 1].role, "tool") != 0) CKV_TRY(app(b, "<|im_end|>\n"));
+        return CKV_STATUS_OK;
+    }
+    CKV_TRY(app(b, "<|im_start|>assistant"));
+    if (m[i].content && m[i].content[0]) {
+        CKV_TRY(app(b, "\n"));
+        CKV_TRY(app_content(b, r, m[i].content, 0));
+    }
+    for (const cJSON *call = calls[i]->child; call; call = call->next) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(call, "function");
+        if (!f) f = call;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (!cJSON_IsString(name))
+            return ckv_error(CKV_STATUS_ERR_ARG, "chat message %d: a tool call has no function name", i);
+        CKV_TRY(app(b, "\n<tool_call>\n{\"name\": \""));
+        CKV_TRY(app_content(b, r, name->valuestring, 0));
+        CKV_TRY(app(b, "\", \"arguments\": "));
+        CKV_TRY(app_arguments(b, r, args));
+        CKV_TRY(app(b, "}\n</tool_call>"));
+    }
+    return app(b, "<|im_end|>\n");
+}
+
+static int has_tools(const cJSON *tools) { return tools && cJSON_IsArray(tools) && tools->child; }
+
+/* Message i is an assistant's with tool calls. */
+static int has_calls(const ckv_chat_message *m, const cJSON *const *calls, int i) {
+    return calls && calls[i] && cJSON_IsArray(calls[i]) && calls[i]->child && m[i].role && !strcmp(m[i].role, "assistant");
+}
+
+static ckv_status render(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *m, const cJSON *const *calls, int n,
+                         int gen, ckv_tk_buf *b, content_ranges *r) {
+    int tool_turns = 0;
+    for (int i = 0; i < n; i++) {
+        if (!m[i].role || (!m[i].content && !has_calls(m, calls, i)))
             return ckv_error(CKV_STATUS_ERR_ARG, "chat message %d has no role or content", i);
+        if (has_calls(m, calls, i) || !strcmp(m[i].role, "tool")) tool_turns = 1;
+    }
+    const int hermes = t->family == CKV_CHAT_CHATML && !strcmp(t->tool_syntax, "hermes");
+    if ((has_tools(tools) || tool_turns) && !hermes)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "chat template %s takes no tools: 'tools', assistant tool_calls and role 'tool' messages need a "
+                         "template that renders them (Qwen2.5's)",
+                         t->name[0] ? t->name : "(none)");
     switch (t->family) {
     case CKV_CHAT_NONE:
         for (int i = 0; i < n; i++) CKV_TRY(app_content(b, r, m[i].content, 0));
@@ -206,13 +299,21 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
         if (gen) CKV_TRY(app(b, "<|start_header_id|>assistant<|end_header_id|>\n\n"));
         return CKV_STATUS_OK;
     }
-    case CKV_CHAT_CHATML:
-        if (t->default_system[0] && (n == 0 || strcmp(m[0].role, "system") != 0)) {
+    case CKV_CHAT_CHATML: {
+        int first = 0;
+        if (has_tools(tools)) {
+            CKV_TRY(chatml_tools_system(t, tools, m, n, b, r));
+            first = n > 0 && !strcmp(m[0].role, "system");
+        } else if (t->default_system[0] && (n == 0 || strcmp(m[0].role, "system") != 0)) {
             CKV_TRY(app(b, "<|im_start|>system\n"));
             CKV_TRY(app(b, t->default_system));
             CKV_TRY(app(b, "<|im_end|>\n"));
         }
-        for (int i = 0; i < n; i++) {
+        for (int i = first; i < n; i++) {
+            if (!strcmp(m[i].role, "tool") || has_calls(m, calls, i)) {
+                CKV_TRY(chatml_tool_message(m, calls, i, n, b, r));
+                continue;
+            }
             CKV_TRY(app(b, "<|im_start|>"));
             CKV_TRY(app(b, m[i].role));
             CKV_TRY(app(b, "\n"));
@@ -221,6 +322,7 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
         }
         if (gen) CKV_TRY(app(b, "<|im_start|>assistant\n"));
         return CKV_STATUS_OK;
+    }
     case CKV_CHAT_MISTRAL: {
         const char *system = NULL;
         int start = 0, last_user = -1;
@@ -262,13 +364,13 @@ static ckv_status render(const ckv_chat_template *t, const ckv_chat_message *m, 
     return ckv_error(CKV_STATUS_ERR_ARG, "chat template: unknown family %d", (int)t->family);
 }
 
-static ckv_status apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs, int add_generation_prompt,
-                        char **out, content_ranges *r) {
+static ckv_status apply(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *msgs, const cJSON *const *calls,
+                        int n_msgs, int add_generation_prompt, char **out, content_ranges *r) {
     *out = NULL;
     if (!t || n_msgs < 0 || (n_msgs && !msgs)) return ckv_error(CKV_STATUS_ERR_ARG, "chat template: bad arguments");
     ckv_tk_buf b = {0};
     ckv_status s = ckv_tk_buf_reserve(&b, 64);
-    if (s == CKV_STATUS_OK) s = render(t, msgs, n_msgs, add_generation_prompt, &b, r);
+    if (s == CKV_STATUS_OK) s = render(t, tools, msgs, calls, n_msgs, add_generation_prompt, &b, r);
     if (s != CKV_STATUS_OK) {
         ckv_tk_buf_free(&b);
         return s;
@@ -279,20 +381,28 @@ static ckv_status apply(const ckv_chat_template *t, const ckv_chat_message *msgs
 
 ckv_status ckv_chat_apply(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs,
                           int add_generation_prompt, char **out) {
-    return apply(t, msgs, n_msgs, add_generation_prompt, out, NULL);
+    return apply(t, NULL, msgs, NULL, n_msgs, add_generation_prompt, out, NULL);
 }
 
-ckv_status ckv_chat_apply_ranges(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs, int add_generation_prompt,
-                                 char **out, ckv_text_range **content, size_t *n_content) {
-    content_ranges r = {NULL, 0, 0, 1};
-    *content = NULL;
-    *n_content = 0;
-    ckv_status s = apply(t, msgs, n_msgs, add_generation_prompt, out, &r);
-    if (s != CKV_STATUS_OK) {
+ckv_status ckv_chat_apply_tools(const ckv_chat_template *t, const cJSON *tools, const ckv_chat_message *msgs,
+                                const cJSON *const *calls, int n_msgs, int add_generation_prompt, char **out,
+                                ckv_text_range **content, size_t *n_content) {
+    content_ranges r = {NULL, 0, 0, content != NULL};
+    if (content) {
+        *content = NULL;
+        *n_content = 0;
+    }
+    ckv_status s = apply(t, tools, msgs, calls, n_msgs, add_generation_prompt, out, &r);
+    if (s != CKV_STATUS_OK || !content) {
         free(r.p);
         return s;
     }
     *content = r.p;
     *n_content = r.n;
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_chat_apply_ranges(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs, int add_generation_prompt,
+                                 char **out, ckv_text_range **content, size_t *n_content) {
+    return ckv_chat_apply_tools(t, NULL, msgs, NULL, n_msgs, add_generation_prompt, out, content, n_content);
 }

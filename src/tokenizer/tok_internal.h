@@ -25,6 +25,10 @@ ckv_status ckv_tk_buf_reserve(ckv_tk_buf *b, size_t extra);
 ckv_status ckv_tk_buf_append(ckv_tk_buf *b, const void *data, size_t len);
 void ckv_tk_buf_free(ckv_tk_buf *b);
 
+struct cJSON;
+/* Appends v as transformers' Jinja tojson writes it (chat_template_json.c). */
+ckv_status ckv_chat_tojson(const struct cJSON *v, ckv_tk_buf *b);
+
 typedef struct {
     int32_t *p;
     size_t n, cap;

@@ -179,12 +179,15 @@ typedef struct {
     int llama31_preamble;       /* Llama 3.1+: system turn opens with the knowledge/today dates */
     int llama_date_today;       /* Llama 3.2 (template calls strftime_now): today's date, else 26 Jul 2024 */
     int mistral_space;          /* Mistral v0.1/v0.2 style "[INST] x [/INST]" (1) or v0.3 "[INST] x[/INST]" (0) */
+    char tool_syntax[16];       /* the tool-call syntax the template renders and the model writes ("hermes":
+                                 * Qwen2.5's <tools>/<tool_call>/<tool_response>); "" when it takes no tools */
 } ckv_chat_template;
 
 typedef struct {
-    const char *role;    /* "system", "user", "assistant" */
-    const char *content;
+    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *content; /* NULL only for an assistant message with tool calls (ckv_chat_apply_tools) */
 } ckv_chat_message;
+struct cJSON;
 
 /* Recognises a Jinja chat template by its markers; CKV_STATUS_ERR_UNSUPPORTED naming what was
  * seen when it fits none of the families. */
@@ -204,5 +207,15 @@ ckv_status ckv_chat_apply(const ckv_chat_template *t, const ckv_chat_message *ms
  * markers become special tokens. */
 ckv_status ckv_chat_apply_ranges(const ckv_chat_template *t, const ckv_chat_message *msgs, int n_msgs, int add_generation_prompt,
                                  char **out, ckv_text_range **content, size_t *n_content);
+/* The same with tools (OpenAI's "tools" array of {"type": "function", "function": {...}}, each
+ * written as Jinja's tojson in transformers writes it: chat_template_json.c; NULL: none) and
+ * messages that may carry tool calls (calls [n_msgs], NULL or entries NULL: none; else an assistant's
+ * OpenAI array [{"type": "function", "function": {"name", "arguments"}}], arguments a JSON string or
+ * object) or be tool results (role "tool"); CKV_STATUS_ERR_UNSUPPORTED naming "tools" when the
+ * template takes none. Tool definitions, call arguments and results are content (plain text).
+ * content may be NULL. */
+ckv_status ckv_chat_apply_tools(const ckv_chat_template *t, const struct cJSON *tools, const ckv_chat_message *msgs,
+                                const struct cJSON *const *calls, int n_msgs, int add_generation_prompt, char **out,
+                                ckv_text_range **content, size_t *n_content);
 
 #endif

@@ -136,9 +136,12 @@ C["chat.grammar"] = lambda: (text(chat(grammar='root ::= "ok" [0-9]', ignore_eos
                              "the answer follows it; a grammar that does not parse 400")
 C["completions.grammar"] = lambda: (text(comp(grammar='root ::= "no" | "yes"', ignore_eos=False)) in ("no", "yes") and
                                     refused(comp(grammar=7), "grammar"), "the answer follows it; a non-string 400")
-C["chat.tools"] = lambda: (refused(chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"), "400 naming it")
-C["chat.tool_choice"] = lambda: (chat(tool_choice="none")[0] == 200 and refused(chat(tool_choice="auto"), "tool_choice"), "none ok")
-C["chat.parallel_tool_calls"] = lambda: (refused(chat(parallel_tool_calls=True), "parallel_tool_calls"), "400 naming it")
+# (tools on a template that takes them: test_api_tools.py; this server's chatml takes none)
+C["chat.tools"] = lambda: (refused(chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+                           "400 naming it on a template without tools")
+C["chat.tool_choice"] = lambda: (chat(tool_choice="none")[0] == 200 and refused(chat(tool_choice="auto"), "tool_choice"),
+                                 "none ok; auto needs tools")
+C["chat.parallel_tool_calls"] = lambda: (refused(chat(parallel_tool_calls=True), "parallel_tool_calls"), "400 without tools")
 C["chat.functions"] = lambda: (refused(chat(functions=[{"name": "f"}]), "functions"), "400 naming it")
 C["chat.function_call"] = lambda: (refused(chat(function_call="auto"), "function_call"), "400 naming it")
 

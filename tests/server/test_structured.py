@@ -34,7 +34,7 @@ PERSON = {  # strict: every property required, no extra ones (OpenAI's rules)
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
         "home": {"$ref": "#/$defs/place"},
         "alive": {"type": ["boolean", "null"]},
@@ -46,11 +46,14 @@ PERSON = {  # strict: every property required, no extra ones (OpenAI's rules)
                                                                              {"type": "null"}]}},
                         "required": ["city", "zip"], "additionalProperties": False}},
 }
-LOOSE = {  # not strict: optional properties, extra properties of a schema, prefixItems, const, recursion
+LOOSE = {  # not strict: optional properties, extra properties of a schema, prefixItems, const, patterns, recursion
     "type": "object",
     "properties": {
         "kind": {"const": "node"},
         "score": {"type": "number"},
+        "rank": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 40},
+        "code": {"type": "string", "pattern": "^[a-z]{2}-[0-9]{1,3}$"},
+        "memo": {"pattern": "ok|fine"},
         "pair": {"prefixItems": [{"type": "string", "maxLength": 4}, {"type": "integer"}], "items": False},
         "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
     },
@@ -163,14 +166,15 @@ def fixture_cases():
             "grammar (completions): the answer matches", repr(r.choices[0].text))
 
     # errors
-    refused(c, "llama_gqa", fmt({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}, False),
-            "$.properties.age: unsupported keyword 'minimum'")
+    refused(c, "llama_gqa", fmt({"type": "object", "properties": {"age": {"type": "integer", "multipleOf": 2}}}, False),
+            "$.properties.age: unsupported keyword 'multipleOf'")
     refused(c, "llama_gqa", fmt({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}, True),
             "strict: property 'a' must be listed in 'required'")
     refused(c, "llama_gqa", fmt({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}, True),
             "strict: 'additionalProperties' must be false")
     refused(c, "llama_gqa", fmt({"type": "array", "items": {"$ref": "#/$defs/x"}}, False), "$.items: '$ref' '#/$defs/x' does not resolve")
-    refused(c, "llama_gqa", fmt({"type": "string", "pattern": "^a"}, False), "unsupported keyword 'pattern'")
+    refused(c, "llama_gqa", fmt({"type": "string", "pattern": "(?<=a)b"}, False), "look-arounds and named groups are not supported")
+    refused(c, "llama_gqa", fmt({"type": "object", "not": {"type": "null"}}, False), "$: unsupported keyword 'not'")
     refused(c, "llama_gqa", {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}}, "'response_format.json_schema.name'",
             param="response_format.json_schema.name")
     refused(c, "llama_gqa", {"type": "json_schema"}, "'response_format.json_schema' must be", param="response_format.json_schema")
