@@ -524,7 +524,8 @@ static void test_attention(const attn_case *ac) {
     float *ot = dev_poison(tb, nq), *orf = dev_poison(ref, nq);
     tb->ops->attention(tb, ot, qt, pt, &bt, n, n_heads, scale);
     ref->ops->attention(ref, orf, qr, pr, &br, n, n_heads, scale);
-    const int prefill = n > 4 * ac->n_seq && ac->dt == CKV_DTYPE_BF16 && (hd == 16 || hd == 32 || hd == 64 || hd == 128);
+    const int prefill = n > 4 * ac->n_seq && ac->dt == CKV_DTYPE_BF16 &&
+                        (hd == 16 || hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128);
     char cas[160];
     snprintf(cas, sizeof cas, "%s (%s, %s kv, %d seq, %d tokens, heads %d/%d, hd %d)", ac->name,
              prefill ? "tensor-core prefill" : "split-KV", ckv_dtype_name(ac->dt), ac->n_seq, n, n_heads, n_kv, hd);
@@ -545,6 +546,8 @@ static void test_attention_all(void) {
         {"prefill 2 seqs", CKV_DTYPE_BF16, 2, 2, 2, 16, {13, 70},       {5, 0},        1, 0},
         {"prefill hd128",  CKV_DTYPE_BF16, 1, 1, 1, 128, {17},          {0},           0, 0},
         {"prefill f32",    CKV_DTYPE_F32,  1, 2, 2, 64, {21},           {3},           0, 0},
+        {"prefill hd 80",  CKV_DTYPE_BF16, 2, 2, 2, 80, {70, 9},        {60, 3},       1, 0},
+        {"prefill hd 96",  CKV_DTYPE_BF16, 1, 1, 4, 96, {66},           {70},          0, 0},
         {"decode",         CKV_DTYPE_BF16, 1, 2, 4, 64, {1},            {140},         0, 0},
         {"decode batch",   CKV_DTYPE_BF16, 3, 2, 3, 32, {1, 1, 1},      {70, 4, 129},  2, 0},
         {"decode early",   CKV_DTYPE_F32,  2, 1, 2, 16, {1, 2},         {20, 9},       2, 1},

@@ -1,10 +1,11 @@
 /* ckv_mma.h - the one tensor-core wrapper of the CUDA backend: the warp-wide
  * mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (D = A B + C, A 16x16 and B 16x8 bf16, C and
- * D 16x8 fp32) and the bf16x2 packing its fragments use. Under nvcc it is inline PTX (the only inline
- * PTX of ckv); under the CPU execution layer every lane hands its registers to a warp collective that
- * gathers the fragments of the 32 lanes by the PTX ISA layouts (docs/gpu.md §1), multiplies and hands
- * each lane its D registers. With g = lane >> 2 and t = lane & 3, each 32-bit register holds two bf16,
- * the lower column/row index in the low half:
+ * D 16x8 fp32) and the bf16x2 packing its fragments use. Under nvcc it is inline PTX (with
+ * ckv_async.h's copies and matrix loads, the only inline PTX of ckv); under the CPU execution
+ * layer every lane hands its registers to a warp collective that gathers the fragments of the 32
+ * lanes by the PTX ISA layouts (docs/gpu.md §1), multiplies and hands each lane its D registers.
+ * With g = lane >> 2 and t = lane & 3, each 32-bit register holds two bf16, the lower column/row
+ * index in the low half:
  *   A: a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..2t+1)  a2 = (g, 2t+8..2t+9)  a3 = (g+8, 2t+8..2t+9)
  *   B (k, n): b0 = (2t..2t+1, g)  b1 = (2t+8..2t+9, g)
  *   C/D: c0 = (g, 2t) c1 = (g, 2t+1) c2 = (g+8, 2t) c3 = (g+8, 2t+1)

@@ -2,12 +2,12 @@
  * (backend.h: query head h of token t reads KV head h / (n_heads / n_kv_heads) of its sequence and
  * sees the rows whose original pos <= qpos[t]; a row that sees nothing is 0). Two kernels:
  *  - prefill: a FlashAttention-2 style tiled kernel (docs/gpu.md §3): a block takes 64 query rows of
- *    one head (16 per warp), K/V tiles of 64 keys go through shared memory as bf16, S = Q K^T and
- *    O += P V run on tensor cores through the one mma wrapper (ckv_mma.h; fragment layouts
- *    docs/gpu.md §1), online softmax in fp32 on the accumulator fragments, masking by comparing
- *    stored positions (so compacted caches stay causal), and the key loop stops at the first tile
- *    whose first position exceeds the block's last query position. Head dims 16, 32, 64, 128, bf16
- *    caches (an f32 cache asks for fp32 attention and takes the other kernel).
+ *    one head (16 per warp), K/V tiles of 64 keys stream through shared memory as bf16 by cp.async
+ *    (ckv_async.h), S = Q K^T and O += P V run on tensor cores through the one mma wrapper
+ *    (ckv_mma.h; fragments by ldmatrix, layouts docs/gpu.md §1), online softmax in fp32 and base 2
+ *    on the accumulator fragments, masking by comparing stored positions (so compacted caches stay
+ *    causal), and the key loop ends at the last tile a row of the block sees. Head dims 16, 32, 64,
+ *    80, 96, 128, bf16 caches (an f32 cache asks for fp32 attention and takes the other kernel).
  *  - decode (and any head dim up to 256): split-KV (docs/gpu.md §4): a block takes one (sequence,
  *    KV head) segment's chunk of rows and all query rows of that segment (the GQA group's heads of
  *    the sequence's tokens, 8 at a time), so each K/V tile is read once per group; it writes
@@ -15,8 +15,8 @@
  * fp32 softmax and accumulation in both; q and the softmax weights are rounded to bf16 for the
  * tensor cores in the prefill kernel only. The cache is not written here (cuda_kv.cu). */
 #include <limits.h>
-#include <string.h>
 
+#include "ckv_async.h"
 #include "ckv_mma.h"
 #include "cuda_internal.h"
 
@@ -53,37 +53,48 @@ __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t
     return lo;
 }
 
-/* Elements at, at + 1 of a bf16 row as a bf16x2 register (at even): one 4-byte load of the stored
- * bits (the same bits as widening to fp32 and rounding back). */
-__device__ __forceinline__ uint32_t ld_bf16x2(const ckv_bf16 *p, size_t at) {
-#if defined(CKV_CUDA_EMU)
-    uint32_t v;
-    memcpy(&v, p + at, sizeof v); /* one 4-byte load, without type punning on the host */
-    return v;
-#else
-    return *reinterpret_cast<const uint32_t *>(p + at); /* 4-byte aligned: the rows hold an even head dim */
-#endif
+/* ---- prefill: flash attention on tensor cores ------------------------------------------------
+ * grid (ceil(n / 64), n_heads, n_seq), block 128; the row blocks run last first (the causal ones
+ * with the most keys start first). Lane (g = lane >> 2, t = lane & 3) of warp w owns query rows g
+ * and g + 8 of the warp's 16 (the C-fragment rows, docs/gpu.md §1).
+ * Shared memory: one K and one V tile of 64 keys as bf16 rows of HD values, each row padded to an
+ * odd number of 16-byte chunks, so the 8 rows of an ldmatrix phase (and the 8 lanes of a 16-byte
+ * cp.async phase) fall in 8 distinct groups of 4 banks: conflict-free for every head dim, 80 and 96
+ * included (an XOR swizzle needs a power-of-two chunk count).
+ * Pipeline per tile j (FlashAttention-2's order, docs/gpu.md §3): K_j and its positions are waited
+ * for at the top; V_j is issued and lands while S = Q K_j^T and the softmax run; K_{j+1} is issued
+ * once every warp is done with K_j and lands while O += P V_j runs, unless K_j's last position
+ * already reaches the block's last query (causal tile skipping without loading the next tile).
+ * Copies are 16-byte cp.async; K fragments come from ldmatrix, V fragments from ldmatrix.trans. */
+/* Rows [kb, kb + FA_BN) of a [len, HD] bf16 segment into a padded tile by 16-byte cp.async (rows
+ * past len: zeros, nothing read). */
+template <int HD>
+__device__ __forceinline__ void fa_load_tile(uint16_t *tile, const ckv_bf16 *src, int kb, int len, int tid) {
+    constexpr int CH = HD / 8, RS = (CH | 1) * 8; /* 16-byte chunks per row; tile row stride in values */
+    static_assert(FA_BN * CH % FA_THREADS == 0, "whole chunks per thread");
+CKV_UNROLL
+    for (int i = 0; i < FA_BN * CH / FA_THREADS; i++) {
+        const int e = tid + i * FA_THREADS, r = e / CH, c = e % CH;
+        const bool valid = kb + r < len;
+        ckv_cp_async<16>(tile + r * RS + c * 8, src + (valid ? (size_t)(kb + r) * HD + (size_t)(c * 8) : 0), valid);
+    }
 }
 
-/* ---- prefill: flash attention on tensor cores ------------------------------------------------
- * grid (ceil(n / 64), n_heads, n_seq), block 128. Lane (g = lane >> 2, t = lane & 3) of warp w owns
- * query rows g and g + 8 of the warp's 16 (the C-fragment rows, docs/gpu.md §1). */
-template <typename T, int HD>
-__global__ void __launch_bounds__(FA_THREADS)
-flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale) {
-    constexpr int KW = HD / 2 + 4;    /* 32-bit words per key row in ks: bf16 pairs along d, padded */
-    constexpr int VW = FA_BN / 2 + 4; /* words per dim row in vt: bf16 pairs along keys, padded */
-    __shared__ uint32_t ks[FA_BN * KW]; // [key][d/2]  K tile
-    __shared__ uint32_t vt[HD * VW];    // [d][key/2]  V tile, transposed so B fragments are pairs
-    __shared__ int32_t kp[FA_BN];       // [key]       positions (INT_MAX past len)
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS, 2)
+flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale_log2) {
+    constexpr int RS = ((HD / 8) | 1) * 8;          /* tile row stride in bf16 values (odd chunks) */
+    alignas(16) __shared__ uint16_t ks[FA_BN * RS]; // [key][RS] K tile (bf16 bits, HD used)
+    alignas(16) __shared__ uint16_t vs[FA_BN * RS]; // [key][RS] V tile
+    alignas(16) __shared__ int32_t kp[FA_BN];       // [key]     positions (0 past len: masked by index)
 
-    const int s = (int)blockIdx.z, h = (int)blockIdx.y, m0 = (int)blockIdx.x * FA_BM;
+    const int s = (int)blockIdx.z, h = (int)blockIdx.y, m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * FA_BM;
     int tok0, ntok;
     seq_rows(kv, s, n, &tok0, &ntok);
     if (m0 >= ntok) return; /* uniform over the block, before any barrier */
     const int group = n_heads / kv.n_kv_heads;
     const ckv_kv_seg *seg = &kv.segs[s][h / group];
-    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
+    const ckv_bf16 *K = (const ckv_bf16 *)seg->k, *V = (const ckv_bf16 *)seg->v;
     const int32_t *kpos = seg->pos;
     const int len = seg->len;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -91,64 +102,73 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     const int r0 = m0 + warp * 16 + gq, r1 = r0 + 8; /* this lane's rows within the sequence */
     const bool ok0 = r0 < ntok, ok1 = r1 < ntok;
     const int32_t qp0 = ok0 ? qpos[tok0 + r0] : INT_MIN, qp1 = ok1 ? qpos[tok0 + r1] : INT_MIN;
-    const int32_t qmax = qpos[tok0 + (m0 + FA_BM < ntok ? m0 + FA_BM : ntok) - 1]; /* tokens ascend */
-    const float *q0 = q + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD; // [HD] (row r0)
-    const float *q1 = q0 + (size_t)8 * (size_t)n_heads * HD;                        // [HD] (row r1)
+    const int last = (m0 + FA_BM < ntok ? m0 + FA_BM : ntok) - 1;
+    const int32_t qmin = qpos[tok0 + m0], qmax = qpos[tok0 + last]; /* tokens ascend */
+    const bool rows_full = last == m0 + FA_BM - 1;                   /* every row of the block is a token */
+
+    /* K_0 and its positions go first; Q is read meanwhile */
+    if (len > 0) {
+        fa_load_tile<HD>(ks, K, 0, len, tid);
+        if (tid < FA_BN) ckv_cp_async<4>(kp + tid, kpos + (tid < len ? tid : 0), tid < len);
+    }
+    ckv_cp_async_commit();
 
     /* Q as A fragments, one per k-step of 16 dims: a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..),
-     * a3 (g+8, 2t+8..) */
+     * a3 (g+8, 2t+8..), from 8-byte loads of the fp32 rows */
+    const float *q0 = q + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD; // [HD] (row r0)
+    const float *q1 = q0 + (size_t)8 * (size_t)n_heads * HD;                        // [HD] (row r1)
     uint32_t qa[HD / 16][4];
 CKV_UNROLL
     for (int kk = 0; kk < HD / 16; kk++) {
         const int d = kk * 16 + 2 * tq;
-        qa[kk][0] = ok0 ? ckv_pack_bf16x2(q0[d], q0[d + 1]) : 0u;
-        qa[kk][1] = ok1 ? ckv_pack_bf16x2(q1[d], q1[d + 1]) : 0u;
-        qa[kk][2] = ok0 ? ckv_pack_bf16x2(q0[d + 8], q0[d + 9]) : 0u;
-        qa[kk][3] = ok1 ? ckv_pack_bf16x2(q1[d + 8], q1[d + 9]) : 0u;
+        const float2 x0 = ok0 ? *(const float2 *)(q0 + d) : make_float2(0.0f, 0.0f);
+        const float2 x1 = ok1 ? *(const float2 *)(q1 + d) : make_float2(0.0f, 0.0f);
+        const float2 x2 = ok0 ? *(const float2 *)(q0 + d + 8) : make_float2(0.0f, 0.0f);
+        const float2 x3 = ok1 ? *(const float2 *)(q1 + d + 8) : make_float2(0.0f, 0.0f);
+        qa[kk][0] = ckv_pack_bf16x2(x0.x, x0.y), qa[kk][1] = ckv_pack_bf16x2(x1.x, x1.y);
+        qa[kk][2] = ckv_pack_bf16x2(x2.x, x2.y), qa[kk][3] = ckv_pack_bf16x2(x3.x, x3.y);
     }
     float o[HD / 8][4]; /* O accumulator: C fragments of the HD / 8 dim tiles */
 CKV_UNROLL
     for (int nd = 0; nd < HD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-    float mx0 = -INFINITY, mx1 = -INFINITY; /* running row max (rows r0, r1) */
+    float mx0 = -INFINITY, mx1 = -INFINITY; /* running row max of the raw scores (rows r0, r1) */
     float l0 = 0.0f, l1 = 0.0f;             /* this lane's part of the running row sums */
 
+    /* ldmatrix lane roles: lane l gives row l & 7 of matrix l >> 3 */
+    const int lm = lane >> 3, lr = lane & 7;
     for (int kb = 0; kb < len; kb += FA_BN) {
-        if (kpos[kb] > qmax) break; /* uniform: no later key is visible to any row of the block */
-        for (int e = tid; e < FA_BN * (HD / 2); e += FA_THREADS) {
-            const int r = e / (HD / 2), w = e % (HD / 2), key = kb + r;
-            const size_t at = (size_t)key * HD + (size_t)(2 * w);
-            ks[r * KW + w] = key < len ? ld_bf16x2(K, at) : 0u;
-        }
-        for (int e = tid; e < HD * (FA_BN / 2); e += FA_THREADS) {
-            const int d = e % HD, p = e / HD, key = kb + 2 * p;
-            const float a = key < len ? ld_f32(V, (size_t)key * HD + (size_t)d) : 0.0f;
-            const float b = key + 1 < len ? ld_f32(V, (size_t)(key + 1) * HD + (size_t)d) : 0.0f;
-            vt[d * VW + p] = ckv_pack_bf16x2(a, b);
-        }
-        for (int e = tid; e < FA_BN; e += FA_THREADS) kp[e] = kb + e < len ? kpos[kb + e] : INT_MAX;
+        ckv_cp_async_wait<0>(); /* K_j and its positions (V_{j-1} was waited for last tile) */
         __syncthreads();
+        if (kp[0] > qmax) break; /* uniform: no key from here on is visible to any row of the block */
+        /* positions ascend strictly: once this tile reaches qmax, no later tile is visible (uniform) */
+        const bool more = kb + FA_BN < len && kp[FA_BN - 1] < qmax;
+        fa_load_tile<HD>(vs, V, kb, len, tid);
+        ckv_cp_async_commit();
 
-        /* S = Q K^T: B (k = dim, n = key) b0 = (2t.., g), b1 = (2t+8.., g) -> key row g of the tile */
+        /* S = Q K^T: B (k = dim, n = key) from K rows; x4 matrices (keys +0-7, dims +0-7), (+0-7,
+         * +8-15), (+8-15, +0-7), (+8-15, +8-15) give b0, b1 of key tiles 2p and 2p + 1 */
         float sc[FA_BN / 8][4];
 CKV_UNROLL
-        for (int nt = 0; nt < FA_BN / 8; nt++) {
-            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-            const uint32_t *krow = ks + (nt * 8 + gq) * KW;
+        for (int nt = 0; nt < FA_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 CKV_UNROLL
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const uint32_t b[2] = {krow[kk * 8 + tq], krow[kk * 8 + tq + 4]};
-                ckv_mma_bf16_16816(sc[nt], qa[kk], b, sc[nt]);
+        for (int kk = 0; kk < HD / 16; kk++)
+CKV_UNROLL
+            for (int p = 0; p < FA_BN / 16; p++) {
+                uint32_t b[4];
+                ckv_ldmatrix_x4(b, ks + (p * 16 + (lm >> 1) * 8 + lr) * RS + kk * 16 + (lm & 1) * 8);
+                ckv_mma_bf16_16816(sc[2 * p], qa[kk], b, sc[2 * p]);
+                ckv_mma_bf16_16816(sc[2 * p + 1], qa[kk], b + 2, sc[2 * p + 1]);
             }
-        }
-        /* scale and causal mask (c0, c1: row g, keys 2t, 2t+1; c2, c3: row g + 8), row max over the
-         * row's 4 lanes (xor 1, 2) */
+        /* causal mask (c0, c1: row g, keys 2t, 2t+1; c2, c3: row g + 8) unless every key of the
+         * tile is visible to every row; row max over the row's 4 lanes (xor 1, 2) */
+        const bool full = rows_full && kb + FA_BN <= len && kp[FA_BN - 1] <= qmin; /* uniform */
         float bm0 = -INFINITY, bm1 = -INFINITY;
 CKV_UNROLL
         for (int nt = 0; nt < FA_BN / 8; nt++)
 CKV_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int col = nt * 8 + 2 * tq + (e & 1);
-                const float v = kp[col] <= (e < 2 ? qp0 : qp1) ? sc[nt][e] * scale : -INFINITY;
+                const float v = full || (kb + col < len && kp[col] <= (e < 2 ? qp0 : qp1)) ? sc[nt][e] : -INFINITY;
                 sc[nt][e] = v;
                 if (e < 2)
                     bm0 = fmaxf(bm0, v);
@@ -160,9 +180,11 @@ CKV_UNROLL
         bm1 = fmaxf(bm1, __shfl_xor_sync(0xffffffffu, bm1, 1));
         bm1 = fmaxf(bm1, __shfl_xor_sync(0xffffffffu, bm1, 2));
         const float nm0 = fmaxf(mx0, bm0), nm1 = fmaxf(mx1, bm1);
-        /* rescale what was accumulated under the old max; a row with nothing visible yet keeps 0 */
-        const float c0 = nm0 == -INFINITY ? 1.0f : expf(mx0 - nm0);
-        const float c1 = nm1 == -INFINITY ? 1.0f : expf(mx1 - nm1);
+        /* exp(scale (x - m)) = exp2(x scale log2(e) - m scale log2(e)): one FFMA and one EX2 per
+         * weight; a row with nothing visible yet keeps 0 and rescales by 1 */
+        const float c0 = nm0 == -INFINITY ? 1.0f : exp2f((mx0 - nm0) * scale_log2);
+        const float c1 = nm1 == -INFINITY ? 1.0f : exp2f((mx1 - nm1) * scale_log2);
+        const float ms0 = nm0 == -INFINITY ? 0.0f : nm0 * scale_log2, ms1 = nm1 == -INFINITY ? 0.0f : nm1 * scale_log2;
         mx0 = nm0, mx1 = nm1;
         l0 *= c0, l1 *= c1;
 CKV_UNROLL
@@ -171,16 +193,27 @@ CKV_UNROLL
         for (int nt = 0; nt < FA_BN / 8; nt++)
 CKV_UNROLL
             for (int e = 0; e < 4; e++) {
-                const float v = sc[nt][e], m = e < 2 ? nm0 : nm1;
-                const float p = v == -INFINITY ? 0.0f : expf(v - m);
+                const float p = exp2f(fmaf(sc[nt][e], scale_log2, -(e < 2 ? ms0 : ms1))); /* -inf: 0 */
                 sc[nt][e] = p;
                 if (e < 2)
                     l0 += p;
                 else
                     l1 += p;
             }
+        __syncthreads(); /* every warp is done with K_j and its positions */
+        if (more) {
+            fa_load_tile<HD>(ks, K, kb + FA_BN, len, tid);
+            const int key = kb + FA_BN + tid;
+            if (tid < FA_BN) ckv_cp_async<4>(kp + tid, kpos + (key < len ? key : 0), key < len);
+        }
+        ckv_cp_async_commit();
+        ckv_cp_async_wait<1>(); /* V_j (K_{j+1} may still be in flight) */
+        __syncthreads();
+
         /* O += P V: the C fragments of key tiles 2j, 2j+1 are the A fragment of key step j (rows g,
-         * g+8; keys 2t.. and 2t+8..); B (k = key, n = dim) b0 = (2t.., g), b1 = (2t+8.., g) */
+         * g+8; keys 2t.. and 2t+8..); B (k = key, n = dim) from V rows through ldmatrix.trans:
+         * matrices (keys +0-7, dims +0-7), (+8-15, +0-7), (+0-7, +8-15), (+8-15, +8-15) give b0, b1
+         * of dim tiles 2p and 2p + 1 */
 CKV_UNROLL
         for (int j = 0; j < FA_BN / 16; j++) {
             const uint32_t a[4] = {ckv_pack_bf16x2(sc[2 * j][0], sc[2 * j][1]),
@@ -188,14 +221,16 @@ CKV_UNROLL
                                    ckv_pack_bf16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
                                    ckv_pack_bf16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
 CKV_UNROLL
-            for (int nd = 0; nd < HD / 8; nd++) {
-                const uint32_t *vrow = vt + (nd * 8 + gq) * VW;
-                const uint32_t b[2] = {vrow[j * 8 + tq], vrow[j * 8 + tq + 4]};
-                ckv_mma_bf16_16816(o[nd], a, b, o[nd]);
+            for (int p = 0; p < HD / 16; p++) {
+                uint32_t b[4];
+                ckv_ldmatrix_x4_trans(b, vs + (j * 16 + (lm & 1) * 8 + lr) * RS + p * 16 + (lm >> 1) * 8);
+                ckv_mma_bf16_16816(o[2 * p], a, b, o[2 * p]);
+                ckv_mma_bf16_16816(o[2 * p + 1], a, b + 2, o[2 * p + 1]);
             }
         }
-        __syncthreads(); /* the tile buffers are refilled next */
+        if (!more) break;
     }
+    ckv_cp_async_wait<0>(); /* nothing in flight at exit */
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -349,15 +384,17 @@ __global__ void merge_kernel(float *out, const float *part, int n_splits, int hd
     }
 }
 
-template <typename T>
 void launch_flash(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                   int n_heads, float scale) {
     const dim3 grid((unsigned)((n + FA_BM - 1) / FA_BM), (unsigned)n_heads, (unsigned)kv->n_seq);
+    const float sl2 = scale * 1.44269504088896341f; /* log2(e) folded into the scale */
     switch (kv->head_dim) {
-    case 16: CKV_LAUNCH((flash_kernel<T, 16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, scale); break;
-    case 32: CKV_LAUNCH((flash_kernel<T, 32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, scale); break;
-    case 64: CKV_LAUNCH((flash_kernel<T, 64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, scale); break;
-    default: CKV_LAUNCH((flash_kernel<T, 128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, scale); break;
+    case 16: CKV_LAUNCH((flash_kernel<16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 32: CKV_LAUNCH((flash_kernel<32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 64: CKV_LAUNCH((flash_kernel<64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 80: CKV_LAUNCH((flash_kernel<80>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 96: CKV_LAUNCH((flash_kernel<96>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    default: CKV_LAUNCH((flash_kernel<128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
     }
 }
 
@@ -406,12 +443,13 @@ void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos,
                             SK_HDMAX));
         return;
     }
-    const bool flash_hd = hd == 16 || hd == 32 || hd == 64 || hd == 128;
+    const bool flash_hd = hd == 16 || hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128;
     const bool prefill = n > 4 * kv->n_seq; /* more than a few query tokens per sequence */
     const bool bf16 = kv->dtype == CKV_DTYPE_BF16;
-    /* an f32 cache asks for fp32 attention: the tensor cores take bf16 caches only */
+    /* an f32 cache asks for fp32 attention (the parity studies' reference): the tensor cores take
+     * bf16 caches only */
     if (flash_hd && prefill && bf16) {
-        launch_flash<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
+        launch_flash(c, out, q, qpos, kv, n, n_heads, scale);
     } else if (bf16) {
         launch_split<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
     } else {

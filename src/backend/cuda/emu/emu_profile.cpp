@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ckv_async.h"
 #include "ckv_mma.h"
 #include "cuda_rt.h"
 
@@ -143,6 +144,7 @@ void on_collective(void *u, const char *, unsigned block_linear, unsigned index,
     profiler &p = *(profiler *)u;
     if (fn) {
         if (fn == ckv_mma_16816_fn && p.cur) p.cur->mma++;
+        if (fn == ckv_emu_ldmatrix_fn && p.cur) p.cur->ldsm++;
         auto it = p.warps.find((uint64_t)block_linear << 16 | index);
         if (it != p.warps.end()) flush_warp(p, it->second);
         return;
@@ -218,8 +220,8 @@ void ckv_emu_profile_print(FILE *f) {
     profiler &p = prof();
     fprintf(f, "cuda-emu profile: per kernel, measured (ideal for the same requests); sectors are 32 bytes, "
                "wavefronts the passes of 32 4-byte banks\n");
-    fprintf(f, "%-40s %8s %9s %15s %9s %15s %9s %13s %21s %8s\n", "kernel", "launches", "ld reqs", "ld efficiency",
-            "st reqs", "st efficiency", "sh reqs", "sh ways", "global sectors", "mma");
+    fprintf(f, "%-40s %8s %9s %15s %9s %15s %9s %13s %21s %8s %8s\n", "kernel", "launches", "ld reqs", "ld efficiency",
+            "st reqs", "st efficiency", "sh reqs", "sh ways", "global sectors", "mma", "ldsm");
     for (const auto &k : p.kernels) {
         const ckv_emu_profile_stats &s = k.second;
         char ld[32], st[32], sh[32], moved[24], ideal[24], mb[56];
@@ -232,10 +234,11 @@ void ckv_emu_profile_print(FILE *f) {
         size_str(moved, sizeof moved, 32.0 * (double)(s.ld_sectors + s.st_sectors));
         size_str(ideal, sizeof ideal, 32.0 * (double)(s.ld_ideal_sectors + s.st_ideal_sectors));
         snprintf(mb, sizeof mb, "%s (%s)", moved, ideal);
-        fprintf(f, "%-40s %8llu %9llu %15s %9llu %15s %9llu %13s %21s %8llu%s\n", k.first.substr(0, 40).c_str(),
+        fprintf(f, "%-40s %8llu %9llu %15s %9llu %15s %9llu %13s %21s %8llu %8llu%s\n", k.first.substr(0, 40).c_str(),
                 (unsigned long long)s.launches, (unsigned long long)s.ld_requests, ld,
                 (unsigned long long)s.st_requests, st, (unsigned long long)s.sh_requests, sh, mb,
-                (unsigned long long)s.mma, s.partial_flushes ? "  (some warps counted before their lanes met)" : "");
+                (unsigned long long)s.mma, (unsigned long long)s.ldsm,
+                s.partial_flushes ? "  (some warps counted before their lanes met)" : "");
     }
     fflush(f);
 }

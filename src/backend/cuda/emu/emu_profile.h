@@ -8,7 +8,9 @@
  *   shared: warp requests and wavefronts (the passes the 32 banks of 4 bytes need: the largest
  *           count of distinct words one bank serves; ideal: the distinct bytes / 128), so
  *           wavefronts / ideal is the bank-conflict degree ("ways");
- *   mma:    warp-wide mma.sync m16n8k16 (4,096 FLOPs each).
+ *   mma:    warp-wide mma.sync m16n8k16 (4,096 FLOPs each), and ldmatrix instructions (ldsm).
+ * A cp.async (ckv_async.h) counts as its global read where it is issued and its shared write where
+ * the wait lands it; an ldmatrix as its lanes' 16-byte shared reads.
  * It models no cache: sectors are what the load/store units request, not DRAM traffic. Scalar FMA
  * counts are not observable here (the instrumentation reports memory accesses only). Not
  * thread-safe, like the layer. */
@@ -26,6 +28,7 @@ struct ckv_emu_profile_stats {
     uint64_t st_requests, st_bytes, st_sectors, st_ideal_sectors; /* global stores and atomics */
     uint64_t sh_requests, sh_bytes, sh_wavefronts, sh_ideal_wavefronts; /* __shared__ */
     uint64_t mma;                                                 /* warp-wide m16n8k16 */
+    uint64_t ldsm;                                                /* warp-wide ldmatrix (any .x) */
     uint64_t partial_flushes; /* warps counted before their lanes met (a very long collective-free run) */
 };
 
