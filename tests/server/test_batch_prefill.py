@@ -4,7 +4,7 @@ adakv:snapkv, critical_adakv:snapkv, pyramidkv, knorm; one with a question after
 at once, against a server whose budget (--max-batch-tokens 200, --long-prompt-tokens 120) splits
 them into several batched forwards, get exactly what a server prefilling each alone
 (--max-batch-tokens 0) answers: text, finish reason and usage's kept and total KV entries, the seven
-of at most 120 tokens through fewer than seven batched forwards by /metrics (none with --max-batch-tokens 0); the same
+of at most 120 tokens through the batched path by /metrics (the number of forwards depends on arrival timing and is printed) (none with --max-batch-tokens 0); the same
 on a tensor-parallel group of 2 MPI ranks (CKV_MPIRUN; skipped without it). A --long-prompt-tokens
 above --max-batch-tokens is refused at start with one line naming both.
 usage: test_batch_prefill.py CKV_BINARY FIXTURES_DIR TMP_DIR"""
@@ -84,9 +84,14 @@ def compare(name, launcher=None):
         t.check(a == b, f"{name}: request {i} ({LENGTHS[i]} tokens, press {PRESSES[i % len(PRESSES)]}) equals its prefill alone",
                 f"{b} vs {a}")
     batches, batched = metric(srv, "ckv_prefill_batches_total"), metric(srv, "ckv_prefill_batched_contexts_total")
-    t.check(batches is not None and 1 <= batches < batched == 7,
-            f"{name}: the 7 contexts of at most 120 tokens went through {batches} batched forwards (the 3 longer ones alone)",
+    # How many of the 7 arrive while another is waiting depends on timing (on an idle machine the
+    # fixture's prefill can end before the next request arrives), so the count of forwards is
+    # printed, not asserted: the grouping itself is tested deterministically in test_sched and
+    # test_prefill_batch. Every short context must take the batched path, none of the long ones.
+    t.check(batches is not None and 1 <= batches <= batched == 7,
+            f"{name}: the 7 contexts of at most 120 tokens went through the batched path (the 3 longer ones alone)",
             f"{batches} forwards, {batched} contexts")
+    print(f"note: {name}: {batches} batched forwards for {batched} contexts")
     log = srv.log_text()
     rc = srv.stop()
     t.check(rc == 0, f"{name}: the server stops cleanly", f"exit {rc}: {log}")
