@@ -153,7 +153,7 @@ def fixture_tests():
 
     bad_request_corpus(s)
     st, _, _ = s.request("GET", "/health")
-    r = c.completions.create(model="llama_gqa", prompt=ids(10, 8), max_tokens=2)
+    r = c.completions.create(model="llama_gqa", prompt=ids(10, 8), max_tokens=2, extra_body={"ignore_eos": True})
     t.check(st == 200 and r.usage.completion_tokens >= 1, "the server is up and answering after the bad-request corpus")
     t.check(s.stop() == 0, "SIGTERM: ckv serve exits 0")
 
