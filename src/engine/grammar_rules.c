@@ -70,7 +70,8 @@ void ckv_gb_end(ckv_gb *b, int rule) {
         return;
     }
     b->pair_start = ps;
-    memcpy(g->els + g->n_els, b->scr + from, (size_t)n * sizeof *g->els);
+    if (n > 0) /* an empty alternative: scr may still be NULL, and memcpy's arguments must not be */
+        memcpy(g->els + g->n_els, b->scr + from, (size_t)n * sizeof *g->els);
     b->pair_rule[b->n_pairs] = (uint32_t)rule;
     b->pair_start[b->n_pairs++] = g->n_els;
     g->n_els += n;
