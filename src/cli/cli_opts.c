@@ -106,6 +106,10 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_PROFILE, "profile", 0, CKV_OPT_KIND_STR, "press", "F", "head-importance profile (JSON) of headkv:", NULL, G | A | E | F | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS_OPT, "press-opt", 0, CKV_OPT_KIND_STR, "press", "KEY=VALUE", "any press option (repeatable), e.g. n_sink=8, lag_size=64, seed=1, and the\nones above; an unknown key lists them all", NULL, G | A | E | F | S, 0, 0, NULL, 1, 0},
     {CKV_OPT_QUERY_AWARE, "query-aware", 0, CKV_OPT_KIND_FLAG, "press", NULL, "compress context + question together", "the context only: one compressed cache\nanswers every question of a context", G | E | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_DECODE_PRESS, "decode-press", 0, CKV_OPT_KIND_STR, "press", "SPEC", "compress during generation too, with this attention-free press (knorm,\nkeydiff, streaming_llm, random, lagkv, cur, leverage): kvpress's DecodingPress", NULL, G, 0, 0, NULL, 0, 0},
+    {CKV_OPT_DECODE_INTERVAL, "decode-interval", 0, CKV_OPT_KIND_INT, "press", "N", "decode steps between two decode-time compressions", "512", G, 1, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_DECODE_TARGET, "decode-target", 0, CKV_OPT_KIND_INT, "press", "T", "entries per KV head a decode-time compression keeps", "2048", G, 1, 1 << 24, NULL, 0, 0},
+    {CKV_OPT_DECODE_RATIO, "decode-ratio", 0, CKV_OPT_KIND_NUM, "press", "R", "instead of --decode-target: remove the fraction R in [0, 1) of the tokens seen\nso far (kvpress's CompressionRatioDecodingPress)", NULL, G, 0, 1, NULL, 0, 0},
     {CKV_OPT_NO_BASELINE, "no-baseline", 0, CKV_OPT_KIND_FLAG, "press", NULL, "do not run the full cache", NULL, E, 0, 0, NULL, 0, 0},
     /* profile-heads */
     {CKV_OPT_SAMPLES, "samples", 0, CKV_OPT_KIND_INT, "input", "N", "needle probes", "20", P, 1, 1 << 20, NULL, 0, 0},

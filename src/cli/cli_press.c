@@ -111,7 +111,38 @@ void ckv_cli_press_single(const ckv_opts *o, const char *cmd, ckv_press_config *
     const char *spec = ckv_opt_str(o, CKV_OPT_PRESS, "none");
     (void)cmd; /* o->cmd_name names the command in errors */
     build(o, spec, &b, ckv_opt_has(o, CKV_OPT_QUERY_AWARE), CKV_PRESS_NEED_FILES | CKV_PRESS_NEED_BUDGET, c);
+    if (ckv_opt_has(o, CKV_OPT_DECODE_PRESS)) return; /* ckv_cli_decode_press checks the options over both */
     char what[160];
     snprintf(what, sizeof what, "--press %s", spec);
     ckv_cli_press_check_options(o, c, 1, what);
+}
+
+int ckv_cli_decode_press(const ckv_opts *o, const ckv_press_config *prefill, ckv_decode_press *dp) {
+    static const ckv_opt_id ids[] = {CKV_OPT_DECODE_TARGET, CKV_OPT_DECODE_RATIO};
+    ckv_opts_exclusive(o, ids, 2, "both set what a decode-time compression keeps");
+    if (!ckv_opt_has(o, CKV_OPT_DECODE_PRESS)) {
+        static const ckv_opt_id rest[] = {CKV_OPT_DECODE_INTERVAL, CKV_OPT_DECODE_TARGET, CKV_OPT_DECODE_RATIO};
+        for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+            if (ckv_opt_has(o, rest[i]))
+                ckv_cli_usage_error(o->cmd_name, "%s needs --decode-press SPEC (the press that compresses during "
+                                    "generation)", ckv_opt_flag(rest[i]));
+        return 0;
+    }
+    enum { MAX_OPTIONS = 64 };
+    ckv_press_option_value kv[MAX_OPTIONS];
+    char keys[MAX_OPTIONS][64];
+    const char *spec = ckv_opt_str(o, CKV_OPT_DECODE_PRESS, "");
+    ckv_cli_press_check_spec(o, "--decode-press", spec);
+    int ratio_form = ckv_opt_has(o, CKV_OPT_DECODE_RATIO) > 0;
+    ckv_status st = ckv_decode_press_build(
+        dp, spec, (int)ckv_opt_long(o, CKV_OPT_DECODE_INTERVAL, CKV_DECODE_INTERVAL_DEFAULT),
+        ratio_form ? 0 : (int)ckv_opt_long(o, CKV_OPT_DECODE_TARGET, CKV_DECODE_TARGET_DEFAULT),
+        ratio_form ? ckv_opt_num(o, CKV_OPT_DECODE_RATIO, 0) : -1, kv, collect_options(o, kv, keys, MAX_OPTIONS));
+    if (st == CKV_STATUS_OK) st = ckv_decode_press_check_prefill(dp, prefill);
+    if (st != CKV_STATUS_OK) ckv_cli_usage_error(o->cmd_name, "--decode-press: %s", ckv_error_message());
+    const ckv_press_config both[2] = {*prefill, dp->press};
+    char what[700];
+    snprintf(what, sizeof what, "--press %s and --decode-press %s", prefill->spec, spec);
+    ckv_cli_press_check_options(o, both, 2, what);
+    return 1;
 }

@@ -4,6 +4,7 @@
 #define CKV_CLI_PRESS_H
 
 #include "cli/cli_opts.h"
+#include "engine/decode_press.h"
 #include "evict/press.h"
 
 typedef enum { CKV_CLI_BUDGET_NONE, CKV_CLI_BUDGET_FRACTION, CKV_CLI_BUDGET_RATIO, CKV_CLI_BUDGET_TOKENS } ckv_cli_budget_kind;
@@ -34,5 +35,10 @@ void ckv_cli_press_check_options(const ckv_opts *o, const ckv_press_config *cfgs
 /* The one press of a command (--press, its options, the budget, --query-aware), finalised and checked:
  * a press without a budget or an option no press takes is a usage error of command `cmd`. */
 void ckv_cli_press_single(const ckv_opts *o, const char *cmd, ckv_press_config *c);
+
+/* The decode-time press of --decode-press with --decode-interval, --decode-target or --decode-ratio and
+ * the press option flags (applied as to --press), checked against the prefill press; returns 0 (dp
+ * untouched) without --decode-press. Decode flags without it, or a bad value, are usage errors. */
+int ckv_cli_decode_press(const ckv_opts *o, const ckv_press_config *prefill, ckv_decode_press *dp);
 
 #endif

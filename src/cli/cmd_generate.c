@@ -36,6 +36,8 @@ typedef struct {
     int max_new, ignore_eos;
     ckv_sampler_config sampling;
     ckv_press_config press;
+    ckv_decode_press decode;
+    int has_decode; /* --decode-press */
     const char *questions[64];
     int n_questions;
 } generate_args;
@@ -94,6 +96,7 @@ static void parse_args(generate_args *a, ckv_opts *o, int argc, char **argv) {
         ckv_cli_usage_error("generate", "--load-cache uses the press the cache was made with: drop --press");
     if (a->press.query_aware && a->n_questions == 0 && a->n_qtext == 0)
         ckv_cli_usage_error("generate", "--query-aware needs at least one --question-ids");
+    a->has_decode = ckv_cli_decode_press(o, &a->press, &a->decode);
 }
 
 /* --stats-json: the speed and memory figures of the run as one JSON object. */
@@ -116,6 +119,8 @@ static void write_stats_json(const char *path, const ckv_request_stats *rs, cons
     cJSON_AddNumberToObject(o, "chunk", rs->chunk);
     cJSON_AddStringToObject(o, "press", press->spec);
     cJSON_AddBoolToObject(o, "compressed", rs->compressed);
+    cJSON_AddNumberToObject(o, "decode_compressions", rs->decode_compressions);
+    cJSON_AddNumberToObject(o, "decode_evicted_entries", (double)rs->decode_evicted_entries);
     if (rs->uncompressed_reason) cJSON_AddStringToObject(o, "uncompressed_reason", rs->uncompressed_reason);
     cJSON_AddNumberToObject(o, "kv_context_bytes_full", (double)rs->kv_bytes_full);
     cJSON_AddNumberToObject(o, "kv_context_bytes_kept", (double)rs->kv_bytes_kept);
@@ -270,6 +275,7 @@ int ckv_cmd_generate(int argc, char **argv) {
     if (ctx) ckv_cli_agree_add(&ag, CKV_AGREE_PROMPT, ctx, sizeof(int32_t) * (size_t)n_ctx);
     for (int i = 0; i < a.n_questions; i++) ckv_cli_agree_add(&ag, CKV_AGREE_QUESTIONS, q[i], sizeof(int32_t) * (size_t)n_q[i]);
     ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, a.press.spec, strlen(a.press.spec));
+    if (a.has_decode) ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, a.decode.spec, strlen(a.decode.spec));
     ckv_comm *world = ckv_cli_world(&ag, &argc, &argv);
     int tp_size = (int)ckv_opt_long(&opts, CKV_OPT_TP, world->size);
     if (world->size % tp_size != 0)
@@ -298,11 +304,13 @@ int ckv_cmd_generate(int argc, char **argv) {
     req.gen.sampling = a.sampling;
     req.gen.max_new_tokens = a.max_new;
     req.gen.ignore_eos = a.ignore_eos;
+    req.gen.decode_press = a.has_decode ? &a.decode : NULL;
     req.cache_in = a.load_cache;
     req.cache_out = group == 0 ? a.save_cache : NULL;
     ckv_cli_check_comm(world, ckv_request_check(&eng, &req));
     int compress = a.press.scorer != CKV_SCORER_NONE;
     if (world->rank == 0 && compress) fprintf(stderr, "ckv: press %s\n", a.press.spec);
+    if (world->rank == 0 && a.has_decode) fprintf(stderr, "ckv: decode press %s\n", a.decode.spec);
     req.dump_kept = a.dump_kept != NULL;
     if (a.dump_kept && world->rank == 0 && !(req.dump_file = fopen(a.dump_kept, "w")))
         ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--dump-kept: cannot write '%s'", a.dump_kept));
@@ -389,6 +397,9 @@ int ckv_cmd_generate(int argc, char **argv) {
                     rs->total_entries ? 100.0 * (double)rs->kept_entries / (double)rs->total_entries : 100.0, evict_s,
                     rs->score_seconds, rs->select_seconds, rs->compact_seconds, pre_s > 0 ? 100.0 * evict_s / pre_s : 0.0);
         }
+        if (a.has_decode)
+            fprintf(stderr, "ckv: decode-time compression: %d compressions evicted %ld entries on this rank in %.3f s\n",
+                    rs->decode_compressions, rs->decode_evicted_entries, rs->decode_compress_seconds);
         fprintf(stderr, "ckv: peak memory %s RSS; weights %s, KV cache %s in use; session buffers %s with --chunk %d (one-shot prefill: %s)\n",
                 ckv_format_bytes((double)ckv_mem_peak_rss(), b1, sizeof b1),
                 ckv_format_bytes((double)m->weight_bytes, b2, sizeof b2),

@@ -198,6 +198,8 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
     pc->cz.cfg = press;
     pc->cz.dump = p->dump_kept && compress;
     pc->cz.dump_kept = compress ? p->dump_file : NULL;
+    pc->dump_kept = p->dump_kept;
+    pc->dump_file = p->dump_file;
     pc->cache_out = p->cache_out;
     pc->press_spec = press ? press->spec : "none";
     pc->hook = p->hook ? p->hook : compress ? ckv_compress_layer_hook : NULL;
@@ -319,6 +321,9 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
     ckv_engine *e = pc->engine;
     ckv_session *s = &pc->sess;
     int V = e->model->cfg.vocab_size;
+    if (pc->spent)
+        return ckv_error(CKV_STATUS_ERR_ARG, "question %d: decode-time compression of an earlier answer cut the context; "
+                         "prepare it again", question);
     if (!pc->ready) return ckv_error(CKV_STATUS_ERR_ARG, "question %d: the context is still being prepared", question);
     if (g->max_new_tokens < 0) return ckv_error(CKV_STATUS_ERR_ARG, "--max-new-tokens must be >= 0, got %d", g->max_new_tokens);
     if (n < 0 || (n > 0 && !ids)) return ckv_error(CKV_STATUS_ERR_ARG, "bad question of %d tokens", n);
@@ -345,6 +350,9 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
     const float *lg = pc->logits;
     if (st == CKV_STATUS_OK && n > 0) st = ckv_session_prefill(s, ids, n, NULL, &lg);
     if (g->max_new_tokens == 0) ckv_answer_state_end(&as, CKV_FINISH_LENGTH);
+    ckv_decode_state dstate;
+    memset(&dstate, 0, sizeof dstate);
+    if (st == CKV_STATUS_OK && g->decode_press) st = ckv_decode_state_init(&dstate, g->decode_press, s, pc->dump_kept, pc->dump_file);
     for (int t = 0; st == CKV_STATUS_OK && as.finish == CKV_FINISH_NONE; t++) {
         int32_t tok;
         ckv_finish_reason fin = ckv_answer_state_sample(&as, sampler, lg, &tok);
@@ -354,7 +362,13 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
             break;
         }
         if (fin == CKV_FINISH_NONE) st = ckv_session_decode(s, tok, &lg);
+        if (st == CKV_STATUS_OK && fin == CKV_FINISH_NONE && g->decode_press) st = ckv_decode_state_step(&dstate, NULL);
     }
+    int cut = dstate.compressions > 0; /* the context's rows were cut with the answer's: no rewind */
+    pc->stats.decode_compressions += dstate.compressions;
+    pc->stats.decode_evicted_entries += dstate.evicted_entries;
+    pc->stats.decode_compress_seconds += dstate.seconds;
+    ckv_decode_state_free(&dstate);
     out->seconds = ckv_time_now() - t0;
     if (st == CKV_STATUS_OK) { /* the answer takes over the state's ids */
         out->ids = as.ids;
@@ -370,7 +384,8 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
     if (pc->stats.ttft_seconds == 0) pc->stats.ttft_seconds = pc->prepare_seconds + out->ttft_seconds;
     if (st == CKV_STATUS_OK) {
         pc->stats.prompt_tokens += n;
-        st = ckv_session_rewind(s);
+        if (cut) pc->spent = 1;
+        else st = ckv_session_rewind(s);
     }
     if (own_sampler) ckv_sampler_free(&own);
     if (st != CKV_STATUS_OK) ckv_answer_free(out);
@@ -443,6 +458,9 @@ static void add_stats(ckv_request_stats *a, const ckv_prepared *pc) {
     a->select_seconds += b->select_seconds;
     a->compact_seconds += b->compact_seconds;
     a->comm_bytes_compression += b->comm_bytes_compression;
+    a->decode_compressions += b->decode_compressions;
+    a->decode_evicted_entries += b->decode_evicted_entries;
+    a->decode_compress_seconds += b->decode_compress_seconds;
     if (a->ttft_seconds == 0) a->ttft_seconds = b->ttft_seconds;
 }
 
@@ -499,6 +517,12 @@ ckv_status ckv_engine_run(ckv_engine *e, const ckv_request *r, ckv_result *out) 
         st = ckv_engine_prepare(e, &pp, &pc);
         if (st == CKV_STATUS_OK) snprintf(out->cache_press, sizeof out->cache_press, "%s", pc.cache_press);
         for (int q = 0; q < n_ans && st == CKV_STATUS_OK; q++) {
+            if (pc.spent) { /* decode-time compression cut the context: the next question gets it afresh */
+                add_stats(&out->stats, &pc);
+                ckv_prepared_free(&pc);
+                pp.cache_out = NULL; /* written once */
+                if ((st = ckv_engine_prepare(e, &pp, &pc)) != CKV_STATUS_OK) break;
+            }
             g.max_new_tokens = r->n_questions ? question_max_new(r, q) : r->gen.max_new_tokens;
             const int32_t *ids = r->n_questions ? r->questions[q].ids : NULL;
             int n = r->n_questions ? r->questions[q].n : 0;

@@ -30,6 +30,7 @@
 #include "core/status.h"
 #include "engine/answer.h"
 #include "engine/compress.h"
+#include "engine/decode_press.h"
 #include "engine/prefill_batch.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -129,6 +130,11 @@ typedef struct {
     const char *const *stop_strings; /* text that ends the answer once generated (needs the engine's tokenizer) */
     int n_stop_strings;
     ckv_token_callback on_token;    /* may be NULL */
+    /* decode-time compression (NULL: none): every dp->interval decode steps the whole cache, context
+     * included, is cut to the target (engine/decode_press.h); an answer that cut it leaves its prepared
+     * context spent (the context rows are gone): ckv_engine_run prepares the context again for the
+     * next question */
+    const ckv_decode_press *decode_press;
     /* called once when an answer has ended (after its last on_token), may be NULL */
     void (*on_answer_end)(void *ctx, int question, const ckv_answer *a);
     void *cb_ctx;
@@ -160,6 +166,9 @@ typedef struct {
     long prefill_tokens, decode_tokens;
     double score_seconds, select_seconds, compact_seconds;
     unsigned long long comm_bytes_compression; /* collective payload of the compression on this rank */
+    int decode_compressions;        /* decode-time compressions that evicted rows (summed over answers) */
+    long decode_evicted_entries;    /* rows x local heads they evicted on this rank */
+    double decode_compress_seconds;
 } ckv_request_stats;
 
 typedef struct {
@@ -176,6 +185,9 @@ typedef struct {
     ckv_request_stats stats;
     /* a prepare in progress (ckv_engine_prepare_begin .. the last ckv_prepared_advance) */
     int ready;              /* 1: prefilled (or loaded), compressed and marked: questions may follow */
+    int spent;              /* 1: an answer's decode-time compression cut the context: no more questions */
+    int dump_kept;          /* the prepare's dump_kept / dump_file, for decode-time compressions too */
+    FILE *dump_file;
     ckv_layer_hook hook;    /* run after each layer of the context (the press's or the caller's) */
     void *hook_ctx;
     const char *cache_out;  /* the caller's (kept until the prepare is ready) */

@@ -21,6 +21,7 @@ ckv_status ckv_selection_init(ckv_selection *s, ckv_backend *be, int n_kv_local,
     s->n_kv_local = n_kv_local;
     s->n_kv_heads = n_kv_heads;
     s->L = L;
+    s->cap_L = L;
     const size_t n = (size_t)n_kv_local * (size_t)L, na = (size_t)n_kv_heads * (size_t)L, H = (size_t)n_kv_heads;
     ckv_status st = be->ops->alloc(be, (void **)&s->rows, n * sizeof(int32_t), "kept rows");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&s->scores, n * sizeof(float), "scores");
@@ -134,6 +135,12 @@ static ckv_status allocate_budgets(const ckv_press_config *cfg, ckv_backend *be,
     CKV_TRY(be->ops->evict_topk_counts(be, sel->counts_dev, sel->all, L, n_kv, L, (int64_t)kept->layer_total));
     CKV_TRY(be->ops->sync(be));
     return be->ops->download(be, budget, sel->counts_dev, (size_t)n_kv * sizeof(int32_t));
+}
+
+ckv_status ckv_selection_set_len(ckv_selection *s, int L) {
+    if (L < 1 || L > s->cap_L) return ckv_error(CKV_STATUS_ERR_ARG, "selection of %d tokens in buffers for %d", L, s->cap_L);
+    s->L = L;
+    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *in, const ckv_head_budgets *hb,

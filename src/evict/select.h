@@ -18,6 +18,7 @@
 typedef struct {
     ckv_backend *be;
     int n_kv_local, n_kv_heads, L;
+    int cap_L;           /* most tokens the buffers hold (ckv_selection_set_len may lower L to any length up to it) */
     int32_t *rows;       /* [n_kv_local, L] kept rows of head h at rows + h * L, ascending (device) */
     int32_t *n_keep;     /* [n_kv_local] kept counts (host) */
     float *scores;       /* [n_kv_local, L] base scores with protected tokens set: what selection ranked (device) */
@@ -38,6 +39,9 @@ typedef struct {
 /* Allocates the buffers of a layer with n_kv_local of n_kv_heads KV heads and L context tokens. */
 ckv_status ckv_selection_init(ckv_selection *s, ckv_backend *be, int n_kv_local, int n_kv_heads, int L);
 void ckv_selection_free(ckv_selection *s); /* accepts partial objects */
+/* Sets the layer length the next ckv_evict_layer selects over (1 .. cap_L) without allocating: the
+ * buffers keep their size and are read with stride L (decode-time compression of a growing cache). */
+ckv_status ckv_selection_set_len(ckv_selection *s, int L);
 
 /* Copies the kept rows [n_kv_local, L] (only the first n_keep[h] of head h are meaningful) to host. */
 ckv_status ckv_selection_rows_host(const ckv_selection *s, int32_t *rows);

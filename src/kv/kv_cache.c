@@ -265,6 +265,74 @@ ckv_status ckv_kv_layer_gather_from(ckv_kv_cache *c, const ckv_kv_cache *from, i
     return kv_compact(c, from, layer, NULL, keep_dev, stride, n_keep, room);
 }
 
+ckv_status ckv_kv_keep_ws_init(ckv_kv_keep_ws *ws, const ckv_kv_cache *c) {
+    memset(ws, 0, sizeof *ws);
+    ckv_backend *be = c->be;
+    ws->be = be;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layers[l].rows > ws->rows) ws->rows = c->layers[l].rows;
+    if (ws->rows < 1) ws->rows = 1;
+    const size_t rowb = (size_t)c->head_dim * kv_elem(c), n = (size_t)ws->rows;
+    ckv_status st = be->ops->alloc(be, &ws->kbuf, n * rowb, "KV keep keys");
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, &ws->vbuf, n * rowb, "KV keep values");
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&ws->pos, n * sizeof(int32_t), "KV keep positions");
+    if (st == CKV_STATUS_OK)
+        st = be->ops->alloc(be, (void **)&ws->segs, (size_t)c->n_kv * sizeof(ckv_kv_seg), "KV keep segments");
+    if (st == CKV_STATUS_OK)
+        st = be->ops->alloc(be, (void **)&ws->n_keep, (size_t)c->n_kv * sizeof(int32_t), "KV keep counts");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&ws->segs_host, (size_t)c->n_kv * sizeof(ckv_kv_seg), "KV keep segments");
+    if (st != CKV_STATUS_OK) ckv_kv_keep_ws_free(ws);
+    return st;
+}
+
+void ckv_kv_keep_ws_free(ckv_kv_keep_ws *ws) {
+    if (!ws) return;
+    if (ws->be) {
+        ws->be->ops->release(ws->be, ws->kbuf);
+        ws->be->ops->release(ws->be, ws->vbuf);
+        ws->be->ops->release(ws->be, ws->pos);
+        ws->be->ops->release(ws->be, ws->segs);
+        ws->be->ops->release(ws->be, ws->n_keep);
+    }
+    ckv_free(ws->segs_host);
+    memset(ws, 0, sizeof *ws);
+}
+
+ckv_status ckv_kv_layer_keep(ckv_kv_cache *c, int layer, const int32_t *keep_dev, int stride, const int32_t *n_keep,
+                             ckv_kv_keep_ws *ws) {
+    if (layer < 0 || layer >= c->n_layers) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache layer %d out of range", layer);
+    ckv_kv_layer *l = &c->layers[layer];
+    if (!l->kbuf || !keep_dev) return ckv_error(CKV_STATUS_ERR_INTERNAL, "KV keep of layer %d without a pool or rows", layer);
+    if (l->rows > ws->rows)
+        return ckv_error(CKV_STATUS_ERR_INTERNAL, "KV keep of layer %d: %lld rows, scratch for %lld", layer,
+                         (long long)l->rows, (long long)ws->rows);
+    for (int h = 0; h < c->n_kv; h++)
+        if (n_keep[h] < 0 || n_keep[h] > l->len[h] || n_keep[h] > stride)
+            return ckv_error(CKV_STATUS_ERR_ARG, "layer %d head %d: cannot keep %d of %d rows", layer, h, n_keep[h], l->len[h]);
+    ckv_backend *be = c->be;
+    const size_t rowb = (size_t)c->head_dim * kv_elem(c);
+    for (int h = 0; h < c->n_kv; h++) { /* the scratch pool mirrors the layer's layout */
+        ckv_kv_seg *g = &ws->segs_host[h];
+        g->k = (char *)ws->kbuf + (size_t)l->off[h] * rowb;
+        g->v = (char *)ws->vbuf + (size_t)l->off[h] * rowb;
+        g->pos = ws->pos + l->off[h];
+        g->len = 0;
+        g->cap = l->cap[h];
+    }
+    CKV_TRY(be->ops->upload(be, ws->segs, ws->segs_host, (size_t)c->n_kv * sizeof(ckv_kv_seg)));
+    CKV_TRY(be->ops->upload(be, ws->n_keep, n_keep, (size_t)c->n_kv * sizeof(int32_t)));
+    be->ops->kv_gather(be, c->dtype, c->head_dim, c->n_kv, ws->segs, l->segs, keep_dev, stride, ws->n_keep);
+    for (int h = 0; h < c->n_kv; h++) { /* back into the layer's pool: the kept rows only */
+        const size_t at = (size_t)l->off[h], k = (size_t)n_keep[h];
+        if (k == 0) continue;
+        CKV_TRY(be->ops->copy(be, (char *)l->kbuf + at * rowb, (char *)ws->kbuf + at * rowb, k * rowb));
+        CKV_TRY(be->ops->copy(be, (char *)l->vbuf + at * rowb, (char *)ws->vbuf + at * rowb, k * rowb));
+        CKV_TRY(be->ops->copy(be, l->pos + at, ws->pos + at, k * sizeof(int32_t)));
+    }
+    for (int h = 0; h < c->n_kv; h++) l->len[h] = n_keep[h];
+    return kv_segs_sync(c, l);
+}
+
 ckv_status ckv_kv_head_read(const ckv_kv_cache *c, int layer, int h, float *k, float *v, int32_t *pos) {
     const ckv_kv_layer *l = &c->layers[layer];
     ckv_backend *be = c->be;

@@ -82,6 +82,30 @@ ckv_status ckv_kv_layer_compact_dev(ckv_kv_cache *c, int layer, const int32_t *k
 ckv_status ckv_kv_layer_gather_from(ckv_kv_cache *c, const ckv_kv_cache *from, int layer, const int32_t *keep_dev,
                                     int stride, const int32_t *n_keep, int room);
 
+/* Scratch for ckv_kv_layer_keep: a second pool as large as the cache's largest layer pool and a
+ * device segment table, reserved once (before a decode loop) so that keeping rows in place
+ * allocates nothing. */
+typedef struct {
+    ckv_backend *be;
+    int64_t rows;          /* pool rows held */
+    void *kbuf, *vbuf;     /* [rows, head_dim] in the cache dtype (device) */
+    int32_t *pos;          /* [rows] (device) */
+    ckv_kv_seg *segs;      /* [n_kv] device segment table of the scratch pool */
+    ckv_kv_seg *segs_host; /* [n_kv] its host copy */
+    int32_t *n_keep;       /* [n_kv] kept counts (device) */
+} ckv_kv_keep_ws;
+
+/* Sizes ws for the layer pools c holds now (a later compaction that grows a pool needs a new ws). */
+ckv_status ckv_kv_keep_ws_init(ckv_kv_keep_ws *ws, const ckv_kv_cache *c);
+void ckv_kv_keep_ws_free(ckv_kv_keep_ws *ws); /* accepts zeroed and partial objects */
+
+/* Keeps, for every head h, rows keep_dev[h * stride + i], i < n_keep[h] (ascending rows below
+ * len[h], trusted: a top-k op's output; n_keep a host array) inside the layer's own pool: its
+ * capacity stays, so later appends need nothing new. Gathers into ws and copies back; allocates
+ * nothing. */
+ckv_status ckv_kv_layer_keep(ckv_kv_cache *c, int layer, const int32_t *keep_dev, int stride, const int32_t *n_keep,
+                             ckv_kv_keep_ws *ws);
+
 /* The attention/kv_store ops' view of a layer as a one-sequence batch; `extra` rows about to be
  * appended count in max_len. */
 ckv_kv_batch ckv_kv_layer_batch(const ckv_kv_cache *c, int layer, int extra);

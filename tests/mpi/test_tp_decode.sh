@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# test_tp_decode.sh - decode-time compression keeps exactly what one rank keeps: `ckv generate` with
+# --decode-press (alone, after a prefill press, in the ratio form; two questions, so the context is
+# prepared again after the first answer cut it) on 2 and 4 ranks (4 ranks on 2 KV heads: replica
+# groups) writes the same --dump-kept lines (every compression of every head) and the same answers
+# as 1 rank. Bad decode flags are refused with one line and a non-zero exit.
+# usage: test_tp_decode.sh CKV_BINARY FIXTURES_DIR TMP_DIR MPIRUN
+set -u
+ckv=$1; fx=$2/models; tmp=$(mktemp -d "$3/tpd.XXXXXX"); mpirun=$4
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi() { timeout 120 "$mpirun" --oversubscribe -np "$@"; }
+fail=0
+runs=("--decode-press knorm --decode-interval 8 --decode-target 200"
+      "--press knorm --compression-ratio 0.5 --decode-press keydiff --decode-interval 6 --decode-target 100"
+      "--decode-press cur --decode-interval 10 --decode-ratio 0.3"
+      "--decode-press streaming_llm --press-opt n_sink=4 --decode-interval 5 --decode-target 150")
+for model in llama_gqa qwen2_bias; do
+  dir=$fx/$model
+  ids=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['prompt_ids'])))" "$dir/reference.json")
+  heads=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_attention_heads'])" "$dir/config.json")
+  for k in "${!runs[@]}"; do
+    # shellcheck disable=SC2206
+    common=(generate --model "$dir" --prompt-ids "$ids" --question-ids 7,8,9 --question-ids 11,12 --max-new-tokens 30
+            --ignore-eos --threads 1 --chunk 48 ${runs[$k]})
+    "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$k.1.jsonl" >"$tmp/$model.$k.1.out" 2>"$tmp/err" \
+      || { echo "FAIL $model [${runs[$k]}] 1 rank"; cat "$tmp/err"; fail=1; continue; }
+    n=$(grep -c '"step"' "$tmp/$model.$k.1.jsonl")
+    [ "$n" -gt 0 ] || { echo "FAIL $model [${runs[$k]}]: no decode-time compression logged"; fail=1; }
+    for np in 2 4; do
+      (( heads % np )) && continue
+      if ! mpi "$np" "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$k.$np.jsonl" >"$tmp/$model.$k.$np.out" 2>"$tmp/err"; then
+        echo "FAIL $model [${runs[$k]}] $np ranks"; cat "$tmp/err"; fail=1; continue
+      fi
+      if cmp -s "$tmp/$model.$k.1.jsonl" "$tmp/$model.$k.$np.jsonl" && cmp -s "$tmp/$model.$k.1.out" "$tmp/$model.$k.$np.out"; then
+        echo "ok   $model [${runs[$k]}] on $np ranks: kept sets ($n decode-time lines) and answers identical"
+      else
+        echo "FAIL $model [${runs[$k]}] on $np ranks differs from 1 rank:"
+        diff <(cut -c1-200 "$tmp/$model.$k.1.jsonl") <(cut -c1-200 "$tmp/$model.$k.$np.jsonl") | head -5
+        diff "$tmp/$model.$k.1.out" "$tmp/$model.$k.$np.out" | head -5; fail=1
+      fi
+    done
+  done
+done
+# bad flags: one line naming what is wrong, exit 2
+dir=$fx/llama_gqa
+bad() { # EXPECTED_TEXT ARGS...
+  local want=$1; shift
+  if "$ckv" generate --model "$dir" --prompt-ids 5,6,7 --max-new-tokens 2 "$@" >/dev/null 2>"$tmp/err"; then
+    echo "FAIL accepted: $*"; fail=1
+  elif [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q -- "$want" "$tmp/err"; then echo "ok   refused: $*"
+  else echo "FAIL $*: unexpected error"; cat "$tmp/err"; fail=1; fi
+}
+bad "attention input" --decode-press snapkv
+bad "wrappers" --decode-press adakv:knorm
+bad "needs --decode-press" --decode-interval 4
+bad "both set what" --decode-press knorm --decode-target 5 --decode-ratio 0.5
+bad "decode ratio must be in" --decode-press knorm --decode-ratio 1
+bad "different numbers of rows" --press adakv:snapkv --budget 0.5 --decode-press knorm
+bad "decode-interval" --decode-press knorm --decode-interval 0
+exit $fail
