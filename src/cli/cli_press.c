@@ -111,13 +111,17 @@ void ckv_cli_press_single(const ckv_opts *o, const char *cmd, ckv_press_config *
     const char *spec = ckv_opt_str(o, CKV_OPT_PRESS, "none");
     (void)cmd; /* o->cmd_name names the command in errors */
     build(o, spec, &b, ckv_opt_has(o, CKV_OPT_QUERY_AWARE), CKV_PRESS_NEED_FILES | CKV_PRESS_NEED_BUDGET, c);
-    if (ckv_opt_has(o, CKV_OPT_DECODE_PRESS)) return; /* ckv_cli_decode_press checks the options over both */
-    char what[160];
-    snprintf(what, sizeof what, "--press %s", spec);
-    ckv_cli_press_check_options(o, c, 1, what);
+    ckv_decode_press dp;
+    int n = 1;
+    ckv_press_config both[2] = {*c};
+    if (ckv_cli_decode_press(o, c, 1, &dp)) both[n++] = dp.press; /* its options count as taken */
+    char what[700];
+    snprintf(what, sizeof what, n > 1 ? "--press %s and --decode-press %s" : "--press %s", spec,
+             ckv_opt_str(o, CKV_OPT_DECODE_PRESS, ""));
+    ckv_cli_press_check_options(o, both, n, what);
 }
 
-int ckv_cli_decode_press(const ckv_opts *o, const ckv_press_config *prefill, ckv_decode_press *dp) {
+int ckv_cli_decode_press(const ckv_opts *o, const ckv_press_config *prefill, int n_prefill, ckv_decode_press *dp) {
     static const ckv_opt_id ids[] = {CKV_OPT_DECODE_TARGET, CKV_OPT_DECODE_RATIO};
     ckv_opts_exclusive(o, ids, 2, "both set what a decode-time compression keeps");
     if (!ckv_opt_has(o, CKV_OPT_DECODE_PRESS)) {
@@ -138,11 +142,7 @@ int ckv_cli_decode_press(const ckv_opts *o, const ckv_press_config *prefill, ckv
         dp, spec, (int)ckv_opt_long(o, CKV_OPT_DECODE_INTERVAL, CKV_DECODE_INTERVAL_DEFAULT),
         ratio_form ? 0 : (int)ckv_opt_long(o, CKV_OPT_DECODE_TARGET, CKV_DECODE_TARGET_DEFAULT),
         ratio_form ? ckv_opt_num(o, CKV_OPT_DECODE_RATIO, 0) : -1, kv, collect_options(o, kv, keys, MAX_OPTIONS));
-    if (st == CKV_STATUS_OK) st = ckv_decode_press_check_prefill(dp, prefill);
+    for (int i = 0; i < n_prefill && st == CKV_STATUS_OK; i++) st = ckv_decode_press_check_prefill(dp, &prefill[i]);
     if (st != CKV_STATUS_OK) ckv_cli_usage_error(o->cmd_name, "--decode-press: %s", ckv_error_message());
-    const ckv_press_config both[2] = {*prefill, dp->press};
-    char what[700];
-    snprintf(what, sizeof what, "--press %s and --decode-press %s", prefill->spec, spec);
-    ckv_cli_press_check_options(o, both, 2, what);
     return 1;
 }

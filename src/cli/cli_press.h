@@ -37,8 +37,9 @@ void ckv_cli_press_check_options(const ckv_opts *o, const ckv_press_config *cfgs
 void ckv_cli_press_single(const ckv_opts *o, const char *cmd, ckv_press_config *c);
 
 /* The decode-time press of --decode-press with --decode-interval, --decode-target or --decode-ratio and
- * the press option flags (applied as to --press), checked against the prefill press; returns 0 (dp
- * untouched) without --decode-press. Decode flags without it, or a bad value, are usage errors. */
-int ckv_cli_decode_press(const ckv_opts *o, const ckv_press_config *prefill, ckv_decode_press *dp);
+ * the press option flags (applied as to --press), checked against each of the prefill presses
+ * prefill[n_prefill]; returns 0 (dp untouched) without --decode-press. Decode flags without it, or a
+ * bad value, are usage errors. (Whether some press takes each option is the caller's check.) */
+int ckv_cli_decode_press(const ckv_opts *o, const ckv_press_config *prefill, int n_prefill, ckv_decode_press *dp);
 
 #endif

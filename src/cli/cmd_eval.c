@@ -212,7 +212,8 @@ int ckv_cmd_eval(int argc, char **argv) {
     /* configurations: the full cache, then every press at every budget */
     ckv_eval_config *configs = calloc(1 + (size_t)MAX_LIST * MAX_LIST, sizeof *configs);
     if (!configs) ckv_cli_die("out of memory");
-    int n_configs = 0;
+    int n_configs = 0, has_decode = 0;
+    ckv_decode_press decode; /* --decode-press: every answer of every configuration */
     if (!a.no_baseline) {
         ckv_cli_check(ckv_press_parse(&configs[0].cfg, "none"));
         ckv_cli_check(ckv_press_finalize(&configs[0].cfg));
@@ -247,9 +248,18 @@ int ckv_cmd_eval(int argc, char **argv) {
         char what[256];
         snprintf(what, sizeof what, "--press %.240s", a.press ? a.press : "none");
         int np = n_configs - !a.no_baseline;
-        ckv_press_config *pcs = calloc((size_t)(np > 0 ? np : 1), sizeof *pcs);
+        ckv_press_config *pcs = calloc((size_t)np + 1, sizeof *pcs);
         if (!pcs) ckv_cli_die("out of memory");
         for (int c = 0; c < np; c++) pcs[c] = configs[c + !a.no_baseline].cfg;
+        ckv_press_config *all_cfgs = calloc((size_t)n_configs, sizeof *all_cfgs);
+        if (!all_cfgs) ckv_cli_die("out of memory");
+        for (int c = 0; c < n_configs; c++) all_cfgs[c] = configs[c].cfg;
+        has_decode = ckv_cli_decode_press(&opts, all_cfgs, n_configs, &decode);
+        free(all_cfgs);
+        if (has_decode) {
+            pcs[np++] = decode.press; /* its options count as taken */
+            snprintf(what + strlen(what), sizeof what - strlen(what), " and --decode-press");
+        }
         ckv_cli_press_check_options(&opts, pcs, np, what);
         free(pcs);
     }
@@ -258,6 +268,7 @@ int ckv_cmd_eval(int argc, char **argv) {
     ckv_cli_agreement ag;
     ckv_cli_agree_init(&ag, &opts, a.model);
     for (int c = 0; c < n_configs; c++) ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, configs[c].cfg.spec, strlen(configs[c].cfg.spec));
+    if (has_decode) ckv_cli_agree_add(&ag, CKV_AGREE_PRESS, decode.spec, strlen(decode.spec));
     ckv_comm *world = ckv_cli_world(&ag, &argc, &argv);
     install_signals();
 
@@ -287,6 +298,7 @@ int ckv_cmd_eval(int argc, char **argv) {
     job.max_new_tokens = a.max_new;
     job.skip_bad = a.skip_bad;
     job.separate_prefill = a.separate_prefill;
+    job.decode_press = has_decode ? &decode : NULL;
     job.model_path = a.model;
     job.backend = a.backend;
     ckv_engine_config ec;

@@ -96,7 +96,7 @@ static void parse_args(generate_args *a, ckv_opts *o, int argc, char **argv) {
         ckv_cli_usage_error("generate", "--load-cache uses the press the cache was made with: drop --press");
     if (a->press.query_aware && a->n_questions == 0 && a->n_qtext == 0)
         ckv_cli_usage_error("generate", "--query-aware needs at least one --question-ids");
-    a->has_decode = ckv_cli_decode_press(o, &a->press, &a->decode);
+    a->has_decode = ckv_cli_decode_press(o, &a->press, 1, &a->decode);
 }
 
 /* --stats-json: the speed and memory figures of the run as one JSON object. */

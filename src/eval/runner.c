@@ -253,7 +253,7 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                 }
                 answer *ans = NULL;  /* [n_configs, n_q] (shared prefill) or [n_q] */
                 int32_t *tokbuf = NULL;
-                int shared = !job->separate_prefill;
+                int shared = !job->separate_prefill && !job->decode_press;
                 size_t n_ans = (size_t)pk.n_q * (size_t)(shared ? job->n_configs : 1);
                 ckv_status sweep_st = CKV_STATUS_OK;
                 if (!skip) {

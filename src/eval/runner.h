@@ -21,6 +21,7 @@
 
 #include "comm/comm.h"
 #include "core/status.h"
+#include "engine/decode_press.h"
 #include "eval/dataset.h"
 #include "eval/haystack.h"
 #include "eval/ruler.h"
@@ -65,6 +66,8 @@ typedef struct {
     int skip_bad;                /* skip samples that cannot run (too long for the model) instead of failing */
     int separate_prefill;        /* prefill every (sample, configuration) on its own instead of once per sample
                                   * for all configurations (engine/sweep.h; the same results, slower) */
+    const ckv_decode_press *decode_press; /* decode-time compression of every answer (NULL: none); implies
+                                  * separate prefills (a cut context is prepared again per question) */
     /* model and parallelism */
     const char *model_path;
     const char *backend;         /* "cpu" (default) or "cuda" */

@@ -13,12 +13,20 @@
 #include "eval/metrics.h"
 #include "tokenizer/tokenizer.h"
 
-/* Answers questions q0 .. q1 - 1 of the packet greedily from a prepared unit of L tokens. */
-static ckv_status answer_unit(ckv_prepared *pc, const packed *pk, int q0, int q1, int L, double prefill_s, answer *ans) {
+/* Answers questions q0 .. q1 - 1 of the packet greedily from a prepared unit of L tokens. With the
+ * job's decode press, an answer that cut the cache spends the unit: it is prepared again from pp
+ * (NULL: never spent, no decode press) for the next question. */
+static ckv_status answer_unit(const runner *r, ckv_prepared *pc, const ckv_prepare_params *pp, const packed *pk, int q0,
+                              int q1, int L, double prefill_s, answer *ans) {
     double kept = pc->stats.total_entries ? (double)pc->stats.kept_entries / (double)pc->stats.total_entries : 1.0;
     for (int q = q0; q < q1; q++) {
-        ckv_gen_params g = {.max_new_tokens = pk->max_new[q]};
+        ckv_gen_params g = {.max_new_tokens = pk->max_new[q], .decode_press = pp ? r->job->decode_press : NULL};
         g.sampling.top_p = 1.0f; /* greedy */
+        if (pc->spent) {
+            ckv_engine *e = pc->engine;
+            ckv_prepared_free(pc);
+            CKV_TRY(ckv_engine_prepare(e, pp, pc));
+        }
         ckv_answer a;
         CKV_TRY(ckv_prepared_answer(pc, q, pk->q_ids[q], pk->q_len[q], &g, NULL, &a));
         memcpy(ans[q].toks, a.ids, sizeof(int32_t) * (size_t)a.n);
@@ -55,7 +63,7 @@ ckv_status ckv_runner_run_item(runner *r, const packed *pk, const ckv_eval_confi
         ckv_prepare_params pp = {.ids = pk->unit_ids[u], .n = pk->unit_len[u], .press = &c->cfg, .reserve = reserve};
         ckv_prepared pc;
         CKV_TRY(ckv_engine_prepare(&r->eng, &pp, &pc));
-        st = answer_unit(&pc, pk, q0, q1, pk->unit_len[u], pc.prepare_seconds, ans);
+        st = answer_unit(r, &pc, &pp, pk, q0, q1, pk->unit_len[u], pc.prepare_seconds, ans);
         ckv_prepared_free(&pc);
     }
     return st;
@@ -88,7 +96,7 @@ ckv_status ckv_runner_run_sweep(runner *r, const packed *pk, const packed *pk_ct
                 ckv_prepared pc, *use = NULL;
                 st = ckv_sweep_derive(&sw, &cf->cfg, 0, NULL, &pc, &use);
                 if (st == CKV_STATUS_OK)
-                    st = answer_unit(use, p, q0, q1, L, sw.prefill_seconds + (use == &pc ? pc.prepare_seconds : 0.0),
+                    st = answer_unit(r, use, NULL, p, q0, q1, L, sw.prefill_seconds + (use == &pc ? pc.prepare_seconds : 0.0),
                                      ans + (size_t)c * n_q);
                 ckv_prepared_free(&pc);
             }
@@ -129,6 +137,7 @@ static cJSON *result_object(const runner *r, const ckv_eval_sample *s, int sampl
     }
     cJSON_AddStringToObject(o, "press", c->press);
     cJSON_AddStringToObject(o, "press_spec", c->cfg.spec);
+    if (j->decode_press) cJSON_AddStringToObject(o, "decode_press", j->decode_press->spec);
     cJSON_AddNumberToObject(o, "budget", c->budget);
     cJSON_AddBoolToObject(o, "query_aware", c->cfg.query_aware);
     cJSON_AddStringToObject(o, "template", r->template_label);
