@@ -14,6 +14,7 @@ ckv_status ckv_decode_press_build(ckv_decode_press *dp, const char *spec, int in
     memset(dp, 0, sizeof *dp);
     dp->ratio = -1;
     if (!spec || !*spec) return ckv_error(CKV_STATUS_ERR_ARG, "decode press: no press given");
+    if (!strcmp(spec, "none")) return ckv_error(CKV_STATUS_ERR_ARG, "decode press: 'none' does not compress");
     if (interval < 1) return ckv_error(CKV_STATUS_ERR_ARG, "decode interval must be >= 1 decode steps, got %d", interval);
     int by_ratio = ratio >= 0;
     if (by_ratio && target > 0) return ckv_error(CKV_STATUS_ERR_ARG, "decode target and decode ratio exclude each other");

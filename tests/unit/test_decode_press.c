@@ -117,6 +117,7 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
         g_session = &pc.sess;
         ckv_gen_params g = {.max_new_tokens = t.n_rows, .ignore_eos = 1, .on_token = on_token, .cb_ctx = &t,
                             .decode_press = &dp};
+        g.sampling.top_p = 1.0f; /* greedy */
         ckv_answer a;
         CHECK_OK(ckv_prepared_answer(&pc, 0, NULL, 0, &g, NULL, &a));
         CHECK_MSG(t.tokens == t.n_rows, "%s: %d tokens, kvpress %d", file, t.tokens, t.n_rows);

@@ -57,9 +57,11 @@ cd "$root"
 "$py" "$here/press_fixtures.py"
 # after press_fixtures.py, which rewrites the per-model press directories
 "$py" "$here/defensive_fixtures.py"
+"$py" "$here/decode_fixtures.py"    # decode-time compression (tests/fixtures/decode)
 "$py" "$here/fixture_tokenizer.py"  # tokenizer.json of llama_gqa (ckv eval in CI)
 
 echo "[regen] fixtures:"
 (cd "$root/tests/fixtures/models" && du -sh -- */ MANIFEST.json)
 (cd "$root/tests/fixtures/presses" && du -sh -- */)
+(cd "$root/tests/fixtures/decode" && du -sh -- */)
 du -sh "$root/tests/fixtures"
