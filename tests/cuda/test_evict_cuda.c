@@ -26,8 +26,14 @@ static void check_model(ckv_backend *dev, ckv_backend *cpu, const char *name) {
     ckv_model *md = NULL, *mc = NULL;
     CHECK_OK(ckv_model_load_opts(&md, c.model_dir, dev, NULL, &f32));
     CHECK_OK(ckv_model_load(&mc, c.model_dir, cpu, NULL));
-    for (size_t p = 0; md && mc && p < ckv_fixture_n_presses; p++) {
-        const char *press = ckv_fixture_presses[p];
+    /* beside the fixture presses: lagkv's partitions at several lags (the default 128 scores one
+     * partition of these contexts) and its cross scoring; leverage at two sketch sizes */
+    static const char *const extra[] = {"lagkv", "lagkv lag_size=32,cross_scoring=1", "lagkv lag_size=16",
+                                        "adakv:lagkv lag_size=24", "leverage", "leverage sketch_dimension=8",
+                                        "adakv:leverage", "critical:leverage"};
+    const size_t n_extra = sizeof extra / sizeof extra[0];
+    for (size_t p = 0; md && mc && p < ckv_fixture_n_presses + n_extra; p++) {
+        const char *press = p < ckv_fixture_n_presses ? ckv_fixture_presses[p] : extra[p - ckv_fixture_n_presses];
         ckv_fixture_kept a = {0}, b = {0}; /* a: the device, b: the cpu backend */
         ckv_status sb = ckv_fixture_run_press(mc, press, CKV_DTYPE_F32, &c, &b), sa = CKV_STATUS_OK;
         CHECK_OK(sb);
