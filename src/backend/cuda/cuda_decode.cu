@@ -177,7 +177,7 @@ constexpr int DK_THREADS = 128;
 constexpr int DK_WARPS = DK_THREADS / 32;
 constexpr int DK_MAX_SPLITS = 64;   /* partials per row at most (merge_kernel's weights) */
 constexpr int DK_MIN_CHUNK = 256;   /* keys per block at least: the merge costs a row of hd + 2 floats */
-constexpr int DK_BLOCKS_PER_SM = 4; /* the occupancy the split count plans for (sass_expect.txt) */
+constexpr int DK_BLOCKS_PER_SM = 4; /* resident blocks per SM planned for (sass_expect.txt) */
 constexpr double DK_EFF_SHARE = 0.95; /* of the best wave efficiency (decode_splits) */
 
 /* The 16-byte chunk c of row `row` of a [len, hd] array of T, unpacked to fp32 (zeros when !ok). */
@@ -215,8 +215,14 @@ CKV_UNROLL
     m = M;
 }
 
+/* Blocks of the RP-row instance resident per SM (its launch bounds: 65536 / (128 x blocks)
+ * registers per thread): 4; 3 for 4 bf16 rows, whose 128 registers spill on sm_80; 2 for 8 rows. */
+template <typename T, int RP> constexpr int dk_blocks_per_sm() {
+    return RP >= 8 ? 2 : RP >= 4 && sizeof(T) == 2 ? 3 : DK_BLOCKS_PER_SM;
+}
+
 template <typename T, int RP>
-__global__ void __launch_bounds__(DK_THREADS, RP >= 8 ? 2 : DK_BLOCKS_PER_SM)
+__global__ void __launch_bounds__(DK_THREADS, (dk_blocks_per_sm<T, RP>()))
 decode_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads,
               float scale_log2, int n_splits, int chunk) {
     constexpr int VEC = dk_chunk<T>::VEC;
@@ -438,7 +444,7 @@ template <typename T, int RP>
 void launch_decode_rp(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                       int n_heads, float scale) {
     const int hd = kv->head_dim, segs = kv->n_seq * kv->n_kv_heads;
-    const int wave = c->sms * (RP >= 8 ? 2 : DK_BLOCKS_PER_SM); /* the kernel's launch bounds */
+    const int wave = c->sms * dk_blocks_per_sm<T, RP>(); /* the kernel's launch bounds */
     /* the partials are sized by a bound that does not depend on the length: a growing cache never
      * reallocates them */
     int cap = (2 * wave + segs - 1) / segs;
