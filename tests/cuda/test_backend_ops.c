@@ -557,6 +557,13 @@ static void test_attention_all(void) {
         {"decode early",   CKV_DTYPE_F32,  2, 1, 2, 16, {1, 2},         {20, 9},       2, 1},
         {"long, hd 48",    CKV_DTYPE_F32,  1, 2, 2, 48, {12},           {7},           1, 0},
         {"decode hd 256",  CKV_DTYPE_BF16, 1, 1, 2, 256, {1},           {40},          0, 0},
+        /* the bandwidth decode kernel: several splits (>= 256 keys each), every head dim and group
+         * the supported models use, f32 caches, a few tokens per sequence, ragged segments */
+        {"decode splits",  CKV_DTYPE_BF16, 1, 2, 4, 128, {1},           {1500},        0, 0},
+        {"decode f32 hd80", CKV_DTYPE_F32, 2, 2, 5, 80, {1, 1},         {700, 300},    2, 0},
+        {"decode hd 96",   CKV_DTYPE_BF16, 2, 1, 8, 96, {1, 1},         {600, 90},     0, 0},
+        {"decode 3 tokens", CKV_DTYPE_BF16, 2, 2, 2, 64, {3, 1},        {520, 33},     1, 0},
+        {"decode f32 128", CKV_DTYPE_F32,  1, 1, 1, 128, {1},           {900},         0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i]);
 }

@@ -17,8 +17,9 @@ bench.json of tools/bench/bench_gpu.py, whose copy bandwidth and bf16 GEMM rate 
 
   roofline.py [--cases all|NAME..] [--gpu H200|A100|all] [--ceilings bench.json] [--markdown]
   roofline.py --check     the model's own checks (parameter counts against the published ones)
-The last table is prefill attention against its goal: >= 60% of torch SDPA's flash backend (taken at
-FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA), per GPU and shape.
+The last tables are prefill attention against its goal (>= 60% of torch SDPA's flash backend, taken
+at FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA) and decode attention
+against its goal (>= 70% of the copy bandwidth, batch 1 and 16), per GPU and shape.
 Used by bench_gpu.py --dry-run and for docs/benchmarks.md (--markdown prints its tables).
 """
 import argparse
@@ -28,14 +29,26 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPUS = {  # datasheet figures: dense bf16 tensor core TFLOP/s, fp32 TFLOP/s, HBM GB/s, HBM bytes
-    "H200": {"tc": 989.4, "fp32": 67.0, "hbm_gbs": 4800.0, "mem": 141e9, "source": "datasheet (H200 SXM)"},
-    "A100": {"tc": 312.0, "fp32": 19.5, "hbm_gbs": 2039.0, "mem": 80e9, "source": "datasheet (A100 80GB SXM)"},
+    "H200": {"tc": 989.4, "fp32": 67.0, "hbm_gbs": 4800.0, "mem": 141e9, "sms": 132, "source": "datasheet (H200 SXM)"},
+    "A100": {"tc": 312.0, "fp32": 19.5, "hbm_gbs": 2039.0, "mem": 80e9, "sms": 108, "source": "datasheet (A100 80GB SXM)"},
 }
 # The prefill attention goal: >= 60% of torch SDPA's flash backend, which runs FlashAttention-2. Its
 # published forward efficiency (Dao, arXiv:2307.08691: up to 73% of the A100's peak; about 35% of an
 # H100's, the H200's SM) stands in for the measured SDPA rate until tests/gpu/run.sh measures it.
 FA2_FRACTION = {"H200": 0.35, "A100": 0.73}
 GOAL_OF_SDPA = 0.60
+# The decode attention goal: >= 70% of the copy bandwidth (the datasheet HBM rate until
+# tests/gpu/run.sh measures a copy kernel), at batch 1 and 16. Split-KV plan of
+# src/backend/cuda/cuda_decode.cu (decode_splits): blocks resident per SM, splits per segment at most,
+# keys per split at least, and the share of the best wave efficiency taken.
+GOAL_OF_COPY = 0.70
+DECODE_BATCHES = (1, 16)
+DK_MAX_SPLITS, DK_MIN_CHUNK, DK_EFF_SHARE = 64, 256, 0.95
+
+
+def dk_blocks_per_sm(rows):
+    """Resident blocks per SM of the bf16 instance for `rows` query rows (dk_blocks_per_sm)."""
+    return 2 if rows > 4 else 3 if rows > 2 else 4
 CASES = [  # name, model config directory, context, press
     ("8B@32K full", "llama-3.1-8b-instruct", 32768, None),
     ("8B@32K critical_adakv", "llama-3.1-8b-instruct", 32768, "critical_adakv:snapkv"),
@@ -113,7 +126,7 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
     for name, m, k in (("q/k/v projection", (H + 2 * Hkv) * d, D), ("o projection", D, H * d),
                        ("gate/up projection", 2 * F, D), ("down projection", D, F)):
         add("decode", name, "cuBLAS bf16", 2 * batch * m * k, m * k * BF16, "tc", "tc")
-    add("decode", "attention", "split_kernel + merge", 4 * batch * H * d * ctx_rows,
+    add("decode", "attention", "decode_kernel + merge", 4 * batch * H * d * ctx_rows,
         batch * ctx_rows * Hkv * d * 2 * BF16, "mem", "mem")
     out.append(("decode", "lm_head", "cuBLAS bf16", 2.0 * batch * D * V, float(D * V * BF16), "tc", "tc"))
     return out
@@ -260,6 +273,66 @@ def print_attention_goal(cases, gpus, markdown):
         print(("| %s |" % " | ".join(cells)) if markdown else "%-5s %-16s %15s %11s %21s %11s %13s %13s %15s" % cells)
 
 
+def decode_splits(segs, wave, max_len, cap):
+    """The split count of cuda_decode.cu's decode_splits: the smallest whose wave efficiency is
+    within DK_EFF_SHARE of the best, each split >= DK_MIN_CHUNK keys, at most cap."""
+    most = min((max_len + DK_MIN_CHUNK - 1) // DK_MIN_CHUNK, cap)
+    if most <= 1 or segs >= wave:
+        return 1
+    eff = {sp: (segs * sp / wave) / -(-segs * sp // wave) for sp in range(1, most + 1)}
+    best = max(eff.values())
+    return next(sp for sp in range(1, most + 1) if eff[sp] >= DK_EFF_SHARE * best)
+
+
+def decode_goal_rows(cases, gpus):
+    """Per (gpu, full-cache case, batch): the bytes one decode step's attention must read (every
+    layer's K, V and positions once), its time at the copy bandwidth and at the goal (70% of it),
+    the split plan (blocks against the resident slots) and the decode step at the goal."""
+    out = []
+    for gname, gpu in gpus:
+        for name, cfg_dir, context, press in cases:
+            c = load_config(cfg_dir)
+            D, d, H, Hkv, F, L, V = shape(c)
+            ctx_rows = context + 32  # halfway through 64 new tokens, as kernels() counts
+            for batch in DECODE_BATCHES:
+                nbytes = L * batch * ctx_rows * Hkv * (2 * d * BF16 + 4)
+                t_copy = nbytes / (gpu["hbm_gbs"] * 1e9)
+                t_goal = t_copy / GOAL_OF_COPY
+                segs, wave = batch * Hkv, gpu["sms"] * dk_blocks_per_sm(H // Hkv)
+                cap = min(DK_MAX_SPLITS, -(-2 * wave // segs))
+                splits = decode_splits(segs, wave, ctx_rows, cap)
+                blocks = splits * segs
+                fill = blocks / (-(-blocks // wave) * wave)
+                rest = sum(seconds(fl, by, ideal, gpu) for st, k, _, fl, by, ideal, _ in kernels(c, context, None, batch=batch)
+                           if st == "decode" and k != "attention")
+                need = param_count(c) * BF16 + batch * L * (context + 64) * Hkv * d * 2 * BF16
+                out.append({"gpu": gname, "case": name, "batch": batch, "gb": nbytes / 1e9, "copy": t_copy,
+                            "goal": t_goal, "splits": splits, "blocks": blocks, "fill": fill,
+                            "step_goal": rest + t_goal, "share": t_goal / (rest + t_goal), "fits": need <= gpu["mem"],
+                            "need": need})
+    return out
+
+
+def print_decode_goal(cases, gpus, markdown):
+    rows = decode_goal_rows([c for c in cases if c[3] is None], gpus)
+    hdr = ("GPU", "case", "batch", "K/V GB per step", "at copy bw", "goal (70%)", "splits x segments", "wave fill",
+           "step at goal", "attention share", "fits tp 1")
+    if markdown:
+        print("| %s |" % " | ".join(hdr))
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    else:
+        print("\n== decode attention against its goal (>= %d%% of the copy bandwidth; the datasheet HBM rate until "
+              "measured)" % (100 * GOAL_OF_COPY))
+        print("%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s" % hdr)
+    for r in rows:
+        cells = (r["gpu"], r["case"], "%d" % r["batch"], "%.2f" % r["gb"], fmt_t(r["copy"]), fmt_t(r["goal"]),
+                 "%d x %d" % (r["splits"], r["blocks"] // r["splits"]), "%.0f%%" % (100 * r["fill"]),
+                 fmt_t(r["step_goal"]), "%.0f%%" % (100 * r["share"]),
+                 "yes" if r["fits"] else "no (%.0f GB)" % (r["need"] / 1e9))
+        print(("| %s |" % " | ".join(cells)) if markdown else
+              "%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s" % cells)
+
+
 def check():
     """Parameter counts against the published ones; FLOPs of a prefill against 2 N P + attention."""
     fails = 0
@@ -294,6 +367,16 @@ def check():
     fails += not ok
     print("%s prefill attention goal at 8B@32K on H200: %.4f s (expected %.4f s, after the peak %.4f s and SDPA %.4f s)" %
           ("ok  " if ok else "FAIL", g["goal"], want_goal, g["peak"], g["sdpa"]))
+    # decode attention at 8B@128K, batch 1, on an H200: 32 layers x 131,104 rows x 8 KV heads x (2 x 128 x 2 + 4)
+    # bytes at 70% of 4.8 TB/s; one sequence: 8 segments, 47 splits (376 of 396 resident blocks)
+    r = next(x for x in decode_goal_rows([CASES[2]], [("H200", GPUS["H200"])]) if x["batch"] == 1)
+    want_b = 32 * 131104 * 8 * (2 * 128 * 2 + 4)
+    ok = abs(r["gb"] * 1e9 - want_b) <= 1e-9 * want_b and abs(r["goal"] - want_b / (0.7 * 4800e9)) <= 1e-12 and \
+        r["splits"] == 47 and r["blocks"] == 376
+    fails += not ok
+    print("%s decode attention goal at 8B@128K batch 1 on H200: %.4f GB, %.4f ms, %d splits (expected %.4f GB, "
+          "%.4f ms, 47)" % ("ok  " if ok else "FAIL", r["gb"], r["goal"] * 1e3, r["splits"], want_b / 1e9,
+                              want_b / (0.7 * 4800e9) * 1e3))
     print("roofline check: %d failures" % fails)
     return 1 if fails else 0
 
@@ -321,6 +404,7 @@ def main():
         print_tables(cases, gpus, a.markdown)
     print_summary(cases, gpus, a.markdown)
     print_attention_goal(cases, gpus, a.markdown)
+    print_decode_goal(cases, gpus, a.markdown)
     return 0
 
 

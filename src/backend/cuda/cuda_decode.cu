@@ -1,11 +1,21 @@
 /* cuda_decode.cu - split-KV attention (docs/gpu.md §4): decode steps, f32 caches and head dims
  * the prefill kernel (cuda_attention.cu) has no tile for. Semantics as backend.h's attention: query
  * head h of token t reads KV head h / (n_heads / n_kv_heads) of its sequence and sees the rows whose
- * original pos <= qpos[t]; a row that sees nothing is 0. A block takes one (sequence, KV head)
- * segment's chunk of rows and all query rows of that segment (the GQA group's heads of the
- * sequence's tokens, 8 at a time), so each K/V tile is read once per group; it writes unnormalised
- * partials (o, m, l) that a merge kernel combines. fp32 softmax and accumulation. Which kernel runs
- * is decided in cuda_attention.cu; the cache is not written here (cuda_kv.cu). */
+ * original pos <= qpos[t]; a row that sees nothing is 0. Each kernel's block takes one (sequence,
+ * KV head) segment's chunk of keys and the query rows of that segment (the GQA group's heads of the
+ * sequence's tokens), so each K/V byte is read once per group of rows, and writes unnormalised
+ * partials (o, m in base 2, l) that one merge kernel combines. Two split kernels:
+ *  - decode_kernel: up to 4 query tokens per sequence (decode steps), head dims of whole 16-byte
+ *    chunks (bf16: multiples of 8 up to 256; f32: multiples of 4 up to 128): bandwidth-bound, 16-byte
+ *    K/V loads straight into registers, warp-shuffle dot products and merges, the split count
+ *    planned from the SM count and the lengths;
+ *  - split_kernel: everything else (prefill of an f32 cache or an odd head dim): tiles in shared
+ *    memory, a thread per (row, key) score.
+ * fp32 softmax and accumulation. Which path runs is decided here (attention_split) and in
+ * cuda_attention.cu; the cache is not written here (cuda_kv.cu). */
+#include <limits.h>
+#include <math.h>
+
 #include "cuda_internal.h"
 
 namespace CKV_CUDA_NS {
@@ -18,6 +28,7 @@ constexpr int SK_HDMAX = DECODE_HD_MAX;
 constexpr int SK_THREADS = 128;
 constexpr int SK_OWN = SK_RMAX * SK_HDMAX / SK_THREADS; /* (row, dim) outputs per thread */
 constexpr int SK_MAX_SPLITS = 32;
+constexpr float LOG2E = 1.44269504088896341f;
 
 /* Rows of an ascending pos[0 .. len) that a query at qp sees: the count of pos[i] <= qp. */
 __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t qp) {
@@ -141,32 +152,242 @@ CKV_UNROLL
             const int row = rb + tid;
             const size_t R = (size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group);
             float *pm = part + (R * (size_t)n_splits + (size_t)sp) * (size_t)(hd + 2) + (size_t)hd;
-            pm[0] = rm[tid];
+            pm[0] = rm[tid] * LOG2E; /* the merge works in base 2 */
             pm[1] = rl[tid];
         }
         __syncthreads(); /* qs, cnt and the row state are refilled by the next pass */
     }
 }
 
-/* One block per output row: O = sum_s e^{m_s - M} o_s / sum_s e^{m_s - M} l_s (docs/gpu.md §4). */
-__global__ void merge_kernel(float *out, const float *part, int n_splits, int hd) {
-    const size_t R = blockIdx.x;
-    const float *pr = part + R * (size_t)n_splits * (size_t)(hd + 2); // [n_splits, hd + 2]
-    float M = -INFINITY;
-    for (int sp = 0; sp < n_splits; sp++) M = fmaxf(M, pr[(size_t)sp * (hd + 2) + hd]);
-    float L = 0.0f;
-    for (int sp = 0; sp < n_splits; sp++) {
-        const float m = pr[(size_t)sp * (hd + 2) + hd];
-        L += m == -INFINITY ? 0.0f : expf(m - M) * pr[(size_t)sp * (hd + 2) + hd + 1];
+/* ---- decode: split-KV at bandwidth -----------------------------------------------------------
+ * grid (n_splits, n_kv_heads, n_seq), block 128. Block (sp, g, s) takes the keys [sp * chunk,
+ * +chunk) of segment (s, g) for every query row reading it, RP rows per pass (row r: token
+ * tok0 + r / group, head g * group + r % group), so each K/V byte is read once per pass and the
+ * GQA rows of a KV head share every load. Thread layout: a key row of HD values is CH 16-byte
+ * chunks; LPK = the power of two >= CH lanes take one key (lane c its chunk c), so a block runs
+ * NS = 128 / LPK key streams, stream j taking keys k0 + j, k0 + j + NS, ... U at a time (U K and U V
+ * chunks and U positions in flight per thread; U = 4, or 2 where 4 would spill). Each lane holds its
+ * chunk's dims of the RP queries (pre-scaled by scale * log2 e) and of the RP outputs in registers:
+ * a score is the lane's partial
+ * dot product summed over the LPK lanes by xor shuffles, masked by comparing the key's stored
+ * position with the query's; the online softmax is per stream (base 2). At the end the streams of a
+ * warp are merged by shuffles, the 4 warps through shared memory, and the block writes its partial
+ * (o unnormalised, m in base 2, l) for the merge. No shared memory in the key loop. */
+constexpr int DK_THREADS = 128;
+constexpr int DK_WARPS = DK_THREADS / 32;
+constexpr int DK_MAX_SPLITS = 64;   /* partials per row at most (merge_kernel's weights) */
+constexpr int DK_MIN_CHUNK = 256;   /* keys per block at least: the merge costs a row of hd + 2 floats */
+constexpr int DK_BLOCKS_PER_SM = 4; /* resident blocks per SM planned for (sass_expect.txt) */
+constexpr double DK_EFF_SHARE = 0.95; /* of the best wave efficiency (decode_splits) */
+
+/* The 16-byte chunk c of row `row` of a [len, hd] array of T, unpacked to fp32 (zeros when !ok). */
+template <typename T> struct dk_chunk;
+template <> struct dk_chunk<ckv_bf16> {
+    static constexpr int VEC = 8;
+    __device__ __forceinline__ static void load(float *x, const ckv_bf16 *p, size_t at, bool ok) {
+        uint4 w = {0u, 0u, 0u, 0u};
+        if (ok) w = __ldg((const uint4 *)(p + at));
+        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+CKV_UNROLL
+        for (int i = 0; i < 4; i++) { /* bf16 -> fp32: the bits in the high half */
+            x[2 * i] = __uint_as_float(u[i] << 16);
+            x[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
     }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+};
+template <> struct dk_chunk<float> {
+    static constexpr int VEC = 4;
+    __device__ __forceinline__ static void load(float *x, const float *p, size_t at, bool ok) {
+        uint4 w = {0u, 0u, 0u, 0u};
+        if (ok) w = __ldg((const uint4 *)(p + at));
+        x[0] = __uint_as_float(w.x), x[1] = __uint_as_float(w.y), x[2] = __uint_as_float(w.z), x[3] = __uint_as_float(w.w);
+    }
+};
+
+/* Merges the softmax state (m2, l2, o2) into (m, l, o) (base 2; m = -inf: empty). */
+template <int VEC>
+__device__ __forceinline__ void dk_merge_state(float &m, float &l, float *o, float m2, float l2, const float *o2) {
+    const float M = fmaxf(m, m2);
+    const float a = m == -INFINITY ? 0.0f : exp2f(m - M), b = m2 == -INFINITY ? 0.0f : exp2f(m2 - M);
+    l = a * l + b * l2;
+CKV_UNROLL
+    for (int v = 0; v < VEC; v++) o[v] = a * o[v] + b * o2[v];
+    m = M;
+}
+
+/* Blocks of the RP-row instance resident per SM (its launch bounds: 65536 / (128 x blocks)
+ * registers per thread): 4; 3 for 4 bf16 rows, whose 128 registers spill on sm_80; 2 for 8 rows. */
+template <typename T, int RP> constexpr int dk_blocks_per_sm() {
+    return RP >= 8 ? 2 : RP >= 4 && sizeof(T) == 2 ? 3 : DK_BLOCKS_PER_SM;
+}
+
+template <typename T, int RP>
+__global__ void __launch_bounds__(DK_THREADS, (dk_blocks_per_sm<T, RP>()))
+decode_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads,
+              float scale_log2, int n_splits, int chunk) {
+    constexpr int VEC = dk_chunk<T>::VEC;
+    constexpr int U = RP >= 8 || (VEC == 8 && RP >= 4) ? 2 : 4; /* keys in flight per lane: within the registers */
+    __shared__ float wo[DK_WARPS * RP * DECODE_HD_MAX]; // [warp][row][d] each warp's merged o
+    __shared__ float wm[DK_WARPS * RP], wl[DK_WARPS * RP]; /* [warp][row] its m (base 2) and l */
+
+    const int sp = (int)blockIdx.x, g = (int)blockIdx.y, s = (int)blockIdx.z, tid = (int)threadIdx.x;
+    const int hd = kv.head_dim, group = n_heads / kv.n_kv_heads, CH = hd / VEC;
+    int lpk = 1;
+    while (lpk < CH) lpk <<= 1;
+    const int ns = DK_THREADS / lpk, c = tid % lpk, j = tid / lpk, lane = tid & 31, warp = tid >> 5;
+    const bool active = c < CH;
+    int tok0, ntok;
+    seq_rows(kv, s, n, &tok0, &ntok);
+    const ckv_kv_seg *seg = &kv.segs[s][g];
+    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
+    const int32_t *pos = seg->pos;
+    const int len = seg->len, k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
+    const int rows = ntok * group;
+
+    for (int rb = 0; rb < rows; rb += RP) { /* uniform */
+        float qv[RP][VEC], o[RP][VEC], m[RP], l[RP];
+        int32_t qp[RP];
+CKV_UNROLL
+        for (int r = 0; r < RP; r++) {
+            const int row = rb + r;
+            const size_t R = (size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group);
+            qp[r] = row < rows ? qpos[tok0 + row / group] : INT_MIN; /* INT_MIN: sees nothing */
+            const bool ok = row < rows && active;
+            float4 a = {0.0f, 0.0f, 0.0f, 0.0f};
+CKV_UNROLL
+            for (int h = 0; h < VEC / 4; h++) {
+                if (ok) a = __ldg((const float4 *)(q + R * (size_t)hd + (size_t)(c * VEC + h * 4)));
+                qv[r][h * 4] = a.x * scale_log2, qv[r][h * 4 + 1] = a.y * scale_log2;
+                qv[r][h * 4 + 2] = a.z * scale_log2, qv[r][h * 4 + 3] = a.w * scale_log2;
+            }
+            m[r] = -INFINITY, l[r] = 0.0f;
+CKV_UNROLL
+            for (int v = 0; v < VEC; v++) o[r][v] = 0.0f;
+        }
+        for (int kb = k0; kb < k1; kb += ns * U) { /* uniform over the block */
+            float kx[U][VEC], vx[U][VEC];
+            int32_t kp[U];
+CKV_UNROLL
+            for (int u = 0; u < U; u++) { /* every load of the step issued before any use */
+                const int key = kb + u * ns + j;
+                const bool ok = key < k1;
+                dk_chunk<T>::load(kx[u], K, (size_t)key * (size_t)hd + (size_t)(c * VEC), ok && active);
+                dk_chunk<T>::load(vx[u], V, (size_t)key * (size_t)hd + (size_t)(c * VEC), ok && active);
+                kp[u] = ok ? __ldg(pos + key) : INT_MAX;
+            }
+CKV_UNROLL
+            for (int r = 0; r < RP; r++) {
+                float sc[U], bm = -INFINITY;
+CKV_UNROLL
+                for (int u = 0; u < U; u++) {
+                    float d = 0.0f;
+CKV_UNROLL
+                    for (int v = 0; v < VEC; v++) d = fmaf(qv[r][v], kx[u][v], d);
+                    for (int off = 1; off < lpk; off <<= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+                    sc[u] = kp[u] <= qp[r] ? d : -INFINITY;
+                    bm = fmaxf(bm, sc[u]);
+                }
+                if (bm == -INFINITY) continue; /* nothing visible in this step (same on the key's lanes) */
+                const float M = fmaxf(m[r], bm);
+                const float a = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - M);
+                float p[U], ps = 0.0f;
+CKV_UNROLL
+                for (int u = 0; u < U; u++) {
+                    p[u] = sc[u] == -INFINITY ? 0.0f : exp2f(sc[u] - M);
+                    ps += p[u];
+                }
+                l[r] = a * l[r] + ps;
+                m[r] = M;
+CKV_UNROLL
+                for (int v = 0; v < VEC; v++) {
+                    float x = a * o[r][v];
+CKV_UNROLL
+                    for (int u = 0; u < U; u++) x = fmaf(p[u], vx[u][v], x);
+                    o[r][v] = x;
+                }
+            }
+        }
+        /* the warp's streams (lanes lpk apart) into one state, then the warps through shared memory */
+        const int nr = rows - rb < RP ? rows - rb : RP;
+CKV_UNROLL
+        for (int r = 0; r < RP; r++) {
+            for (int off = lpk; off < 32; off <<= 1) {
+                float o2[VEC];
+CKV_UNROLL
+                for (int v = 0; v < VEC; v++) o2[v] = __shfl_xor_sync(0xffffffffu, o[r][v], off);
+                const float m2 = __shfl_xor_sync(0xffffffffu, m[r], off), l2 = __shfl_xor_sync(0xffffffffu, l[r], off);
+                dk_merge_state<VEC>(m[r], l[r], o[r], m2, l2, o2);
+            }
+            if (lane < lpk && active && r < nr) {
+                float *dst = wo + (warp * RP + r) * DECODE_HD_MAX + c * VEC;
+                const float4 lo = {o[r][0], o[r][1], o[r][2], o[r][3]};
+                if (VEC == 4) {
+                    *(float4 *)dst = lo;
+                } else { /* lanes 4-7 of each 8 write their halves in the other order: conflict-free */
+                    const float4 hi = {o[r][VEC - 4], o[r][VEC - 3], o[r][VEC - 2], o[r][VEC - 1]};
+                    const bool sw = (c >> 2) & 1;
+                    *(float4 *)(dst + (sw ? 4 : 0)) = sw ? hi : lo;
+                    *(float4 *)(dst + (sw ? 0 : 4)) = sw ? lo : hi;
+                }
+            }
+            if (lane == 0) wm[warp * RP + r] = m[r], wl[warp * RP + r] = l[r];
+        }
+        __syncthreads();
+        for (int e = tid; e < nr * hd; e += DK_THREADS) {
+            const int r = e / hd, d = e % hd, row = rb + r;
+            float M = -INFINITY;
+            for (int w = 0; w < DK_WARPS; w++) M = fmaxf(M, wm[w * RP + r]);
+            float L = 0.0f, O = 0.0f;
+            for (int w = 0; w < DK_WARPS; w++) {
+                const float mw = wm[w * RP + r];
+                if (mw == -INFINITY) continue; /* that warp saw nothing: its o was never written */
+                const float a = exp2f(mw - M);
+                L += a * wl[w * RP + r];
+                O += a * wo[(w * RP + r) * DECODE_HD_MAX + d];
+            }
+            const size_t R = (size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group);
+            float *pr = part + (R * (size_t)n_splits + (size_t)sp) * (size_t)(hd + 2);
+            pr[d] = O;
+            if (d == 0) pr[hd] = M, pr[hd + 1] = L;
+        }
+        __syncthreads(); /* wo, wm, wl are refilled by the next pass */
+    }
+}
+
+/* Warp per output row (4 per block): O = sum_s 2^{m_s - M} o_s / sum_s 2^{m_s - M} l_s over the
+ * splits (docs/gpu.md §4; m in base 2), the weights computed once per split and row by the lanes,
+ * the dims summed in split order (the same order for every row). */
+__global__ void __launch_bounds__(DK_THREADS) merge_kernel(float *out, const float *part, int rows, int n_splits, int hd) {
+    __shared__ float wt[DK_WARPS * DK_MAX_SPLITS]; // [warp][split] weights
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const size_t R = (size_t)blockIdx.x * DK_WARPS + (size_t)warp;
+    const bool ok = R < (size_t)rows; /* no return: every lane meets the shuffles and the barrier */
+    const float *pr = part + (ok ? R : 0) * (size_t)n_splits * (size_t)(hd + 2); // [n_splits, hd + 2]
+    float M = -INFINITY;
+    for (int sp = lane; sp < n_splits; sp += 32) M = fmaxf(M, pr[(size_t)sp * (hd + 2) + hd]);
+    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+    float L = 0.0f;
+    for (int sp = lane; sp < n_splits; sp += 32) {
+        const float m = pr[(size_t)sp * (hd + 2) + hd];
+        const float w = m == -INFINITY ? 0.0f : exp2f(m - M);
+        wt[warp * DK_MAX_SPLITS + sp] = w;
+        L += w * pr[(size_t)sp * (hd + 2) + hd + 1];
+    }
+    for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
+    __syncwarp();
+    for (int d = lane; d < hd && ok; d += 32) {
         float o = 0.0f;
         for (int sp = 0; sp < n_splits; sp++) {
-            const float m = pr[(size_t)sp * (hd + 2) + hd];
-            if (m != -INFINITY) o += expf(m - M) * pr[(size_t)sp * (hd + 2) + d];
+            const float w = wt[warp * DK_MAX_SPLITS + sp];
+            if (w != 0.0f) o += w * pr[(size_t)sp * (hd + 2) + d];
         }
         out[R * (size_t)hd + (size_t)d] = L > 0.0f ? o / L : 0.0f;
     }
+}
+
+void launch_merge(ctx *c, float *out, int rows, int n_splits, int hd) {
+    CKV_LAUNCH(merge_kernel, dim3((unsigned)((rows + DK_WARPS - 1) / DK_WARPS)), dim3(DK_THREADS), 0, c->stream, out,
+               c->part, rows, n_splits, hd);
 }
 
 template <typename T>
@@ -195,14 +416,83 @@ void launch_split(ctx *c, float *out, const float *q, const int32_t *qpos, const
     const int row_blocks = (n * group + rows_per_block - 1) / rows_per_block;
     CKV_LAUNCH(split_kernel<T>, dim3((unsigned)(n_splits * row_blocks), (unsigned)n_kv, (unsigned)kv->n_seq),
                dim3(SK_THREADS), 0, c->stream, c->part, q, qpos, *kv, n, n_heads, scale, n_splits, chunk, rows_per_block);
-    CKV_LAUNCH(merge_kernel, dim3((unsigned)(n * n_heads)), dim3(SK_THREADS), 0, c->stream, out, c->part, n_splits, hd);
+    launch_merge(c, out, n * n_heads, n_splits, hd);
+}
+
+/* Splits of a segment's keys (after FlashAttention-2's num_splits_heuristic, docs/gpu.md §4): with
+ * `segs` (sequence, KV head) segments and `wave` blocks resident at once, the smallest split count
+ * whose wave efficiency (blocks / (waves * wave)) is within DK_EFF_SHARE of the best, each split at
+ * least DK_MIN_CHUNK keys, at most `cap`. FlashAttention-2 takes 85% of the best; decode splits cost
+ * one partial row each (hd + 2 floats per query row, under 1% of a split's K/V bytes), so ckv keeps
+ * closer to a full wave. tools/bench/roofline.py mirrors this plan. */
+int decode_splits(int segs, int wave, int max_len, int cap) {
+    int most = (max_len + DK_MIN_CHUNK - 1) / DK_MIN_CHUNK;
+    most = most < cap ? most : cap;
+    if (most <= 1 || segs >= wave) return 1;
+    double eff[DK_MAX_SPLITS + 1], best = 0.0;
+    for (int sp = 1; sp <= most; sp++) {
+        const double waves = (double)segs * sp / wave;
+        eff[sp] = waves / ceil(waves);
+        best = eff[sp] > best ? eff[sp] : best;
+    }
+    for (int sp = 1; sp <= most; sp++)
+        if (eff[sp] >= DK_EFF_SHARE * best) return sp;
+    return most;
+}
+
+template <typename T, int RP>
+void launch_decode_rp(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                      int n_heads, float scale) {
+    const int hd = kv->head_dim, segs = kv->n_seq * kv->n_kv_heads;
+    const int wave = c->sms * dk_blocks_per_sm<T, RP>(); /* the kernel's launch bounds */
+    /* the partials are sized by a bound that does not depend on the length: a growing cache never
+     * reallocates them */
+    int cap = (2 * wave + segs - 1) / segs;
+    cap = cap < DK_MAX_SPLITS ? cap : DK_MAX_SPLITS;
+    const int max_len = kv->max_len > 1 ? kv->max_len : 1;
+    const int want = decode_splits(segs, wave, max_len, cap);
+    const int chunk = ((max_len + want - 1) / want + 31) / 32 * 32;
+    const int n_splits = (max_len + chunk - 1) / chunk;
+    const size_t need = (size_t)n * (size_t)n_heads * (size_t)cap * (size_t)(hd + 2);
+    ckv_status s = grow(c, (void **)&c->part, &c->part_cap, need * sizeof(float), "the split-KV partials");
+    if (s != CKV_STATUS_OK) {
+        record(c, s);
+        return;
+    }
+    CKV_LAUNCH((decode_kernel<T, RP>), dim3((unsigned)n_splits, (unsigned)kv->n_kv_heads, (unsigned)kv->n_seq),
+               dim3(DK_THREADS), 0, c->stream, c->part, q, qpos, *kv, n, n_heads, scale * LOG2E, n_splits, chunk);
+    launch_merge(c, out, n * n_heads, n_splits, hd);
+}
+
+/* Query rows per pass: the power of two covering a segment's rows (its tokens times the group),
+ * at most 8. */
+template <typename T>
+void launch_decode(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                   int n_heads, float scale) {
+    const int rows = (n + kv->n_seq - 1) / kv->n_seq * (n_heads / kv->n_kv_heads);
+    if (rows <= 1)
+        launch_decode_rp<T, 1>(c, out, q, qpos, kv, n, n_heads, scale);
+    else if (rows <= 2)
+        launch_decode_rp<T, 2>(c, out, q, qpos, kv, n, n_heads, scale);
+    else if (rows <= 4)
+        launch_decode_rp<T, 4>(c, out, q, qpos, kv, n, n_heads, scale);
+    else
+        launch_decode_rp<T, 8>(c, out, q, qpos, kv, n, n_heads, scale);
 }
 
 } // namespace
 
 void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                      int n_heads, float scale) {
-    if (kv->dtype == CKV_DTYPE_BF16)
+    const bool bf16 = kv->dtype == CKV_DTYPE_BF16;
+    const int vec = bf16 ? 8 : 4; /* values per 16-byte load */
+    /* a few query tokens per sequence, rows of whole 16-byte chunks, one key row per warp at most */
+    const bool decode = n <= 4 * kv->n_seq && kv->head_dim % vec == 0 && kv->head_dim / vec <= 32;
+    if (decode && bf16)
+        launch_decode<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
+    else if (decode)
+        launch_decode<float>(c, out, q, qpos, kv, n, n_heads, scale);
+    else if (bf16)
         launch_split<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
     else
         launch_split<float>(c, out, q, qpos, kv, n, n_heads, scale);

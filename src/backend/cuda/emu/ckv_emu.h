@@ -43,6 +43,27 @@ struct float2 {
     float x, y;
 };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+/* The read-only global load: a plain load here, of the 16-byte types as one 16-byte access (the
+ * host compiler would split a struct copy into its members; the GPU makes it one LDG.E.128). */
+typedef unsigned ckv_emu_v16 __attribute__((vector_size(16), may_alias));
+template <typename T> static inline T __ldg(const T *p) {
+    if constexpr (sizeof(T) == 16 && alignof(T) == 16) {
+        union {
+            ckv_emu_v16 v;
+            T t;
+        } u;
+        u.v = *(const ckv_emu_v16 *)p;
+        return u.t;
+    } else {
+        return *p;
+    }
+}
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
