@@ -54,6 +54,18 @@ typedef struct {
     int max_len;               /* host-known bound on every segment's len after the op (launch sizing) */
 } ckv_kv_batch;
 
+/* The largest calls the eviction ops of one layer will see (evict_reserve). */
+typedef struct {
+    int rows;                  /* context rows scored (L) */
+    int query_rows;            /* query rows of one attention op call (a window, a block of queries) */
+    int n_heads_local;         /* local query heads */
+    int n_kv_local;            /* local KV heads (the segments of the layer's batch) */
+    int n_kv_all;              /* KV heads of the whole model (cross-head top-k over all of them) */
+    int head_dim;
+    int hidden;                /* o_proj rows (CriticalKV's value norms) */
+    ckv_dtype kv_dtype, wo_dtype;
+} ckv_evict_shape;
+
 typedef struct {
     /* lifetime */
     void (*free)(ckv_backend *be);
@@ -170,8 +182,8 @@ typedef struct {
     /* CriticalKV's value norms, accumulated: out[(head0 + j) / group, t] += (float)||V_t W_O^j||_1 for
      * every local query head j (ascending) and row t < n_rows, V_t row t of the head's segment values
      * (batch dtype, computed in fp32), W_O^j^T = columns j*d .. (j+1)*d - 1 of wo ([D, n_heads_local * d],
-     * any dtype the backend's matmul takes; converted to fp32 once per head). The product is formed by
-     * GEMMs over blocks of rows (never [n_rows, D] at once) with fp32 accumulation; the L1 norm of a
+     * any dtype the backend's matmul takes). The product is formed by GEMMs over blocks of rows
+     * (never [n_rows, D] at once) with fp32 products and accumulation; the L1 norm of a
      * row sums |y| in 16 fp32 lanes (lane l takes columns l, l + 16, ...) added in double in lane order,
      * then the tail columns in double.   out [n_kv_heads, ld] */
     ckv_status (*evict_value_norm)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
@@ -269,6 +281,11 @@ typedef struct {
                                  int k);
     /* x[r * ld + t] = (x[r * ld + t] - sub) / div in fp32, t < n.   x [rows, ld] */
     void (*evict_affine)(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);
+    /* Sizes the eviction ops' scratch for layers of `shape`, so that the ops of such a layer neither
+     * allocate nor wait for the device (evict/select.c calls it as each layer's scoring starts: only
+     * the first layer of the largest context allocates). Ops called with larger shapes still grow
+     * their scratch. NULL on backends whose ops keep no scratch between calls (cpu). */
+    ckv_status (*evict_reserve)(ckv_backend *be, const ckv_evict_shape *shape);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:

@@ -143,6 +143,17 @@ ckv_status ckv_selection_set_len(ckv_selection *s, int L) {
     return CKV_STATUS_OK;
 }
 
+/* The backend's eviction scratch sized for this layer before any op runs (evict_reserve). */
+static ckv_status reserve_scratch(const ckv_press_config *cfg, const ckv_score_inputs *in) {
+    ckv_backend *be = in->be;
+    if (!be->ops->evict_reserve) return CKV_STATUS_OK;
+    /* query rows per attention op: a scorer's window, or observed_attention's blocks of <= 256 */
+    const int q_rows = cfg->window > 256 ? cfg->window : 256;
+    const ckv_evict_shape sh = {in->L, q_rows, in->n_q_local, in->n_kv_local, in->n_kv_heads, in->head_dim, in->D,
+                                in->kv.dtype, in->wo ? in->wo->dtype : in->kv.dtype};
+    return be->ops->evict_reserve(be, &sh);
+}
+
 ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *in, const ckv_head_budgets *hb,
                            ckv_selection *out) {
     const int L = in->L, nkv = in->n_kv_local, H = in->n_kv_heads;
@@ -151,6 +162,7 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
     ckv_backend *be = in->be;
     double t0 = ckv_time_now();
     ckv_score_info info = {0, 0};
+    CKV_TRY(reserve_scratch(cfg, in));
     CKV_TRY(ckv_score_layer(in, cfg, out->scores, &info));
     CKV_TRY(protect(in, &info, out));
     ckv_press_kept kept;

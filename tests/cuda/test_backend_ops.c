@@ -598,6 +598,24 @@ static void ev_cache_free(ev_cache *e) {
     kv_host_free(&e->h);
 }
 
+/* cudaMalloc calls made so far (cuda-emu: the CPU execution layer counts them; 0 on a GPU). After
+ * evict_reserve for a test's shapes, the eviction ops under test must not allocate: TB_EVICT wraps
+ * an op call of the backend under test and adds what it allocated to evict_op_allocs. */
+static unsigned long long tb_allocs(void) { return strcmp(tb_name, "cuda-emu") == 0 ? ckv_cuda_emu_alloc_calls() : 0; }
+static unsigned long long evict_op_allocs;
+#define TB_EVICT(call)                                         \
+    do {                                                       \
+        const unsigned long long a0_ = tb_allocs();            \
+        call;                                                  \
+        evict_op_allocs += tb_allocs() - a0_;                  \
+    } while (0)
+
+static void ev_reserve(int rows, int query_rows, int n_kv_all, ckv_dtype kv, int hidden) {
+    const ckv_evict_shape sh = {rows, query_rows, EV_HQ, EV_KV, n_kv_all, EV_D, hidden, kv, CKV_DTYPE_BF16};
+    CHECK(tb->ops->evict_reserve != NULL);
+    if (tb->ops->evict_reserve) CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+}
+
 /* Compares n doubles as floats after download. */
 static void compare_dev_f64(const char *op, const char *cas, const double *dt, const double *dr, size_t n, double atol,
                             double rtol) {
@@ -626,6 +644,10 @@ static void test_evict_attention(ckv_dtype dt) {
     ev_cache e;
     ev_cache_init(&e, dt);
     const int n_q = 8, q_row0 = EV_L - n_q, ld = EV_L + 4, n_cols = EV_L - 3;
+    /* CriticalKV value norms below: a bf16 o_proj [D, EV_HQ * EV_D], D with a tail of 4 columns
+     * after the 16-lane groups */
+    const int D = 52, cols = EV_HQ * EV_D;
+    ev_reserve(EV_L, n_q, EV_KV, dt, D);
     float *q = rand_floats((size_t)n_q * EV_HQ * EV_D, -1.0f, 1.0f);
     float *qt = cuda_test_upload(tb, q, sizeof(float) * n_q * EV_HQ * EV_D),
           *qr = cuda_test_upload(ref, q, sizeof(float) * n_q * EV_HQ * EV_D);
@@ -634,10 +656,10 @@ static void test_evict_attention(ckv_dtype dt) {
         const int n_out = per_kv ? EV_KV : EV_HQ;
         double *ct = (double *)dev_poison(tb, (size_t)n_out * n_cols * 2), *cr = (double *)dev_poison(ref, (size_t)n_out * n_cols * 2);
         /* two query blocks into one sum: the second adds to the first */
-        CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, qt, 4, q_row0, &e.bt, EV_HQ, 0, 2, scale, 0, per_kv, 1));
+        TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, qt, 4, q_row0, &e.bt, EV_HQ, 0, 2, scale, 0, per_kv, 1)));
         CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, qr, 4, q_row0, &e.br, EV_HQ, 0, 2, scale, 0, per_kv, 1));
-        CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, qt + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.bt, EV_HQ, 0, 2,
-                                            1.0f / scale, 1, per_kv, 0));
+        TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, qt + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.bt, EV_HQ,
+                                                     0, 2, 1.0f / scale, 1, per_kv, 0)));
         CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, qr + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.br, EV_HQ, 0, 2,
                                              1.0f / scale, 1, per_kv, 0));
         compare_dev_f64("evict_attn_colsum", per_kv ? "per kv head" : "per query head", ct, cr, (size_t)n_out * n_cols,
@@ -655,12 +677,10 @@ static void test_evict_attention(ckv_dtype dt) {
         release2(ft, fr), release2(ct, cr);
     }
     float *pt = dev_poison(tb, (size_t)EV_HQ * n_q * ld), *pr = dev_poison(ref, (size_t)EV_HQ * n_q * ld);
-    CHECK_OK(tb->ops->evict_attn_probs(tb, pt, ld, qt, n_q, q_row0, &e.bt, EV_HQ, 0, 2, scale, 0));
+    TB_EVICT(CHECK_OK(tb->ops->evict_attn_probs(tb, pt, ld, qt, n_q, q_row0, &e.bt, EV_HQ, 0, 2, scale, 0)));
     CHECK_OK(ref->ops->evict_attn_probs(ref, pr, ld, qr, n_q, q_row0, &e.br, EV_HQ, 0, 2, scale, 0));
     compare_dev("evict_attn_probs", ckv_dtype_name(dt), pt, pr, (size_t)EV_HQ * n_q * ld, 1e-7, 1e-6);
     release2(pt, pr);
-    /* CriticalKV value norms with a bf16 o_proj [48, EV_HQ * EV_D] */
-    const int D = 48, cols = EV_HQ * EV_D;
     float *wo = rand_floats((size_t)D * cols, -0.5f, 0.5f);
     round_to(wo, (size_t)D * cols, CKV_DTYPE_BF16);
     void *hw = typed(wo, (size_t)D * cols, CKV_DTYPE_BF16);
@@ -669,7 +689,7 @@ static void test_evict_attention(ckv_dtype dt) {
     float *init = rand_floats((size_t)EV_KV * ld, 0.0f, 1.0f);
     float *vt = cuda_test_upload(tb, init, sizeof(float) * EV_KV * ld),
           *vr = cuda_test_upload(ref, init, sizeof(float) * EV_KV * ld);
-    CHECK_OK(tb->ops->evict_value_norm(tb, vt, ld, &e.bt, EV_L, &wt, EV_HQ, 0, 2));
+    TB_EVICT(CHECK_OK(tb->ops->evict_value_norm(tb, vt, ld, &e.bt, EV_L, &wt, EV_HQ, 0, 2)));
     CHECK_OK(ref->ops->evict_value_norm(ref, vr, ld, &e.br, EV_L, &wr, EV_HQ, 0, 2));
     compare_dev("evict_value_norm", ckv_dtype_name(dt), vt, vr, (size_t)EV_KV * ld, 1e-6, 1e-6);
     /* value norms, expected-attention logits */
@@ -703,9 +723,50 @@ static void test_evict_attention(ckv_dtype dt) {
     ev_cache_free(&e);
 }
 
+/* The selections over rows of several tiles (the CUDA op splits a row into blocks of 2,048 entries):
+ * scores on a coarse grid so that exact ties straddle the tiles, NaNs, cuts inside a tie run;
+ * exact against the CPU (kept columns, and each row's count of the cross-row top-k). */
+static void test_evict_select_tiles(void) {
+    enum { ROWS = 3, N = 5000, LD = 5003 };
+    float *x = rand_floats((size_t)ROWS * LD, -1.0f, 1.0f);
+    for (int i = 0; i < ROWS * LD; i++) x[i] = roundf(x[i] * 16.0f) / 16.0f; /* 33 values: runs of ~450 ties */
+    for (int i = 11; i < ROWS * LD; i += 997) x[i] = NAN;
+    float *xt = cuda_test_upload(tb, x, sizeof(float) * ROWS * LD),
+          *xr = cuda_test_upload(ref, x, sizeof(float) * ROWS * LD);
+    const int32_t k[ROWS] = {1234, 0, N};
+    int32_t *kt = cuda_test_upload(tb, k, sizeof k), *kr = cuda_test_upload(ref, k, sizeof k);
+    int32_t *it = (int32_t *)dev_poison(tb, (size_t)ROWS * N), *ir = (int32_t *)dev_poison(ref, (size_t)ROWS * N);
+    ev_reserve(N, 1, ROWS, CKV_DTYPE_BF16, 16);
+    TB_EVICT(CHECK_OK(tb->ops->evict_topk(tb, it, N, xt, LD, ROWS, N, kt)));
+    CHECK_OK(ref->ops->evict_topk(ref, ir, N, xr, LD, ROWS, N, kr));
+    /* only the first k[r] of row r are defined */
+    int32_t *a = xalloc(sizeof(int32_t) * ROWS * N), *b = xalloc(sizeof(int32_t) * ROWS * N);
+    cuda_test_download(tb, a, it, sizeof(int32_t) * ROWS * N);
+    cuda_test_download(ref, b, ir, sizeof(int32_t) * ROWS * N);
+    size_t bad = 0, n_cmp = 0;
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < k[r]; i++, n_cmp++)
+            if (a[r * N + i] != b[r * N + i] && bad++ < 5)
+                fprintf(stderr, "  evict_topk row %d [%d]: column %d, expected %d\n", r, i, a[r * N + i], b[r * N + i]);
+    CHECK_MSG(bad == 0, "%s evict_topk 3 x 5000 with tie runs across tiles: %zu of %zu columns differ", tb_name, bad, n_cmp);
+    if (!bad) fprintf(stderr, "ok   %s evict_topk 3 x 5000 with tie runs across tiles: %zu columns identical\n", tb_name, n_cmp);
+    int32_t *cntt = cuda_test_upload(tb, k, sizeof k), *cntr = cuda_test_upload(ref, k, sizeof k);
+    const int64_t totals[4] = {0, 1, 7777, (int64_t)ROWS * N};
+    for (int i = 0; i < 4; i++) {
+        TB_EVICT(CHECK_OK(tb->ops->evict_topk_counts(tb, cntt, xt, LD, ROWS, N, totals[i])));
+        CHECK_OK(ref->ops->evict_topk_counts(ref, cntr, xr, LD, ROWS, N, totals[i]));
+        char cas[48];
+        snprintf(cas, sizeof cas, "3 x 5000 total %lld", (long long)totals[i]);
+        compare_dev_i32("evict_topk_counts", cas, cntt, cntr, ROWS);
+    }
+    release2(cntt, cntr), release2(it, ir), release2(kt, kr), release2(xt, xr);
+    free(a), free(b), free(x);
+}
+
 /* DefensiveKV's window aggregation: double sums in the op's order on both sides, so exact. */
 static void test_evict_defensive(void) {
     const int w = 6, n = 37, ld = 41, heads = EV_HQ, n_kv = EV_KV;
+    ev_reserve(n, w, n_kv, CKV_DTYPE_BF16, 16);
     float *p = rand_floats((size_t)heads * w * ld, 0.0f, 0.05f);
     float *pt = cuda_test_upload(tb, p, sizeof(float) * heads * w * ld),
           *pr = cuda_test_upload(ref, p, sizeof(float) * heads * w * ld);
@@ -713,7 +774,7 @@ static void test_evict_defensive(void) {
     float *mt = dev_poison(tb, (size_t)n_kv * n), *mr = dev_poison(ref, (size_t)n_kv * n);
     double *bt = (double *)dev_poison(tb, 2), *br = (double *)dev_poison(ref, 2);
     for (int pass = 0; pass < 2; pass++) { /* the second pass accumulates */
-        CHECK_OK(tb->ops->evict_defensive_rows(tb, at, mt, bt, pt, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0));
+        TB_EVICT(CHECK_OK(tb->ops->evict_defensive_rows(tb, at, mt, bt, pt, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0)));
         CHECK_OK(ref->ops->evict_defensive_rows(ref, ar, mr, br, pr, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0));
     }
     compare_dev_f64("evict_defensive_rows", "ave", at, ar, (size_t)n_kv * n, 0.0, 0.0);
@@ -738,13 +799,14 @@ static void test_evict_rows(void) {
     for (int i = 0; i < ROWS * LD; i++) fill_idx[i] = -1;
     int32_t *it = cuda_test_upload(tb, fill_idx, sizeof fill_idx),
             *ir = cuda_test_upload(ref, fill_idx, sizeof fill_idx);
-    CHECK_OK(tb->ops->evict_topk(tb, it, LD, xt, LD, ROWS, N, kt));
+    ev_reserve(N, 1, ROWS, CKV_DTYPE_BF16, 16);
+    TB_EVICT(CHECK_OK(tb->ops->evict_topk(tb, it, LD, xt, LD, ROWS, N, kt)));
     CHECK_OK(ref->ops->evict_topk(ref, ir, LD, xr, LD, ROWS, N, kr));
     compare_dev_i32("evict_topk", "k 5/0/45 with ties and NaN", it, ir, (size_t)ROWS * LD);
     int32_t *cntt = cuda_test_upload(tb, k, sizeof k), *cntr = cuda_test_upload(ref, k, sizeof k);
     const int64_t totals[3] = {0, 31, ROWS * N};
     for (int i = 0; i < 3; i++) {
-        CHECK_OK(tb->ops->evict_topk_counts(tb, cntt, xt, LD, ROWS, N, totals[i]));
+        TB_EVICT(CHECK_OK(tb->ops->evict_topk_counts(tb, cntt, xt, LD, ROWS, N, totals[i])));
         CHECK_OK(ref->ops->evict_topk_counts(ref, cntr, xr, LD, ROWS, N, totals[i]));
         char cas[32];
         snprintf(cas, sizeof cas, "total %lld", (long long)totals[i]);
@@ -871,6 +933,7 @@ int main(int argc, char **argv) {
     test_evict_attention(CKV_DTYPE_BF16);
     test_evict_attention(CKV_DTYPE_F32);
     test_evict_rows();
+    test_evict_select_tiles();
     test_evict_defensive();
     test_sample(0.0f, 0, 1.0f);
     test_sample(1.0f, 0, 1.0f);
@@ -879,6 +942,11 @@ int main(int argc, char **argv) {
     test_sample(1.0f, 50, 0.8f);
     test_sample(0.5f, 3, 0.5f);
     CHECK_OK(tb->ops->sync(tb));
+    CHECK_MSG(evict_op_allocs == 0, "%s: the eviction ops allocated %llu times after evict_reserve", tb_name,
+              evict_op_allocs);
+    if (strcmp(tb_name, "cuda-emu") == 0 && evict_op_allocs == 0)
+        fprintf(stderr, "ok   cuda-emu: no eviction op allocated after evict_reserve\n");
+    CHECK_FAILS(tb->ops->evict_reserve(tb, NULL), CKV_STATUS_ERR_ARG, "evict_reserve");
 
     ckv_backend_free(tb);
     ckv_backend_free(ref);

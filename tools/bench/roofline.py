@@ -4,8 +4,9 @@ whole prompt, one decode step, the eviction ops of a press) the floating-point w
 that must cross HBM for a model shape, and the time they take at the ceilings of a GPU:
     time = max(FLOPs / compute peak of the kernel's class, bytes / HBM bandwidth)
 Classes: 'tc' (bf16 tensor cores), 'fp32' (CUDA-core FMA), 'mem' (bandwidth only). Each kernel is
-timed at the class it should run at ('ideal') and at the class today's kernel runs at ('today'),
-e.g. CriticalKV's value norms are fp32 cuBLAS GEMMs today and bf16 tensor-core work ideally.
+timed at the class it should run at ('ideal') and at the class today's kernel runs at ('today', with
+the bytes today's kernel moves beyond the ideal where it moves more), e.g. CriticalKV's value norms
+are bf16 tensor-core GEMMs today, but their fp32 projection goes through HBM before its L1 norm.
 Bytes are compulsory traffic: each operand once per use as the code is organised (weights once per
 prefill chunk, K/V once per chunk of queries, kept K/V once per decode step), so L2 reuse inside a
 kernel is assumed; element-wise kernels and launch overheads are left out (small at these shapes,
@@ -83,7 +84,8 @@ def param_count(c):
 
 
 def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
-    """[(step, kernel, today's ckv kernel, FLOPs, bytes, ideal class, today's class)] summed over
+    """[(step, kernel, today's ckv kernel, FLOPs, bytes, ideal class, today's class or (class, extra
+    bytes))] summed over
     the layers, for one prefill of `context` tokens (chunks of `chunk`), the eviction ops of
     `press` at `budget` (once per layer, after the prefill), and one decode step of `batch`
     sequences at the cache length they see halfway through `new_tokens`."""
@@ -94,6 +96,7 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
     out = []
 
     def add(step, name, today, flops, nbytes, ideal, now):
+        now = (now[0], float(L * now[1])) if isinstance(now, tuple) else now
         out.append((step, name, today, float(L * flops), float(L * nbytes), ideal, now))
 
     # ---- prefill (per layer, then x L) ----
@@ -114,9 +117,12 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
             2 * w * n * d * H, n * Hkv * d * BF16 + n * H * F32, "tc", "fp32x2")
         if press.startswith("critical"):
             # ||V[t] W_O^h||_1 for every head h: the FLOPs of one more o projection over the context
-            add("evict", "value norms (L1 of V W_O^h)", "to_f32, value_rows, fp32 cuBLAS, l1_rows", 2 * n * d * D * H,
-                n * Hkv * d * BF16 + H * d * D * BF16 + n * H * F32, "tc", "fp32")
-        add("evict", "pool, head mean, AdaKV top-k", "pool, head_sum, topk_counts, topk", 0,
+            # today: one bf16 strided-batched GEMM per block of rows (tensor cores) whose fp32 projection
+            # [rows, H, D] is written and read back by l1_rows: 2 n H D F32 more bytes than the ideal,
+            # an L1 epilogue fused into the GEMM that never stores the projection
+            add("evict", "value norms (L1 of V W_O^h)", "value_rows, bf16 batched cuBLAS, l1_rows", 2 * n * d * D * H,
+                n * Hkv * d * BF16 + H * d * D * BF16 + n * H * F32, "tc", ("tc", 2 * n * H * D * F32))
+        add("evict", "pool, head mean, AdaKV top-k", "pool, head_sum, radix select (sel_*)", 0,
             n * H * F32 + 6 * n * Hkv * F32, "mem", "mem")
         add("evict", "gather kept rows", "kv_gather", 0, 2 * kept * Hkv * d * 2 * BF16, "mem", "mem")
         ctx_rows = kept + new_tokens // 2
@@ -157,11 +163,20 @@ def ceilings_from(path):
     return g
 
 
+def today_class(now):
+    """Today's class of a kernel: `now` is a class, or (class, bytes today's kernel moves beyond the ideal)."""
+    return now[0] if isinstance(now, tuple) else now
+
+
+def today_extra(now):
+    return now[1] if isinstance(now, tuple) else 0
+
+
 def case_table(case, gpu):
     """Rows (step, kernel, today's kernel, FLOPs, bytes, ideal s, today s) and the step totals."""
     name, cfg_dir, context, press = case
     c = load_config(cfg_dir)
-    rows = [(st, k, today, fl, by, seconds(fl, by, ideal, gpu), seconds(fl, by, now, gpu))
+    rows = [(st, k, today, fl, by, seconds(fl, by, ideal, gpu), seconds(fl, by + today_extra(now), today_class(now), gpu))
             for st, k, today, fl, by, ideal, now in kernels(c, context, press)]
     tot = {}
     for st, _, _, _, _, si, sn in rows:

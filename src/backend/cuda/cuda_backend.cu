@@ -201,6 +201,7 @@ ckv_backend_ops make_ops() {
     o.evict_moments = evict_moments;
     o.evict_ea_logits = evict_ea_logits;
     o.evict_softmax_add = evict_softmax_add;
+    o.evict_reserve = evict_reserve;
     o.evict_keydiff = evict_keydiff;
     o.evict_lagkv = evict_lagkv;
     o.evict_cur = evict_cur;
@@ -294,6 +295,7 @@ ckv_status ckv_backend_cuda_emu_init(ckv_backend **out, int device_index) {
 void ckv_cuda_emu_set_devices(int count, int major, int minor) { ckv_emu::ckv_emu_set_devices(count, major, minor); }
 void ckv_cuda_emu_inject_fault(const char *kernel) { ckv_emu::ckv_emu_inject_fault(kernel); }
 void ckv_cuda_emu_reset(void) { ckv_emu::ckv_emu_reset(); }
+unsigned long long ckv_cuda_emu_alloc_calls(void) { return ckv_emu::ckv_emu_alloc_calls(); }
 #else
 extern "C" int ckv_backend_cuda_available(void) { return 1; }
 extern "C" ckv_status ckv_backend_cuda_init(ckv_backend **out, int device_index) {

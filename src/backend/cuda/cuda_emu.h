@@ -13,5 +13,7 @@ void ckv_cuda_emu_set_devices(int count, int major, int minor);
 void ckv_cuda_emu_inject_fault(const char *kernel);
 /* Clears a fault and frees all device memory of the simulated GPU (after its backends are freed). */
 void ckv_cuda_emu_reset(void);
+/* Device allocations made so far (cudaMalloc calls), to check that an op does not allocate. */
+unsigned long long ckv_cuda_emu_alloc_calls(void);
 
 #endif

@@ -2,8 +2,9 @@
  * window / observed attention column sums and weights (evict_attn_colsum, evict_attn_probs: a row
  * kernel finds each query's softmax max and 1 / sum, a column kernel recomputes the weights and adds
  * them heads-then-queries in ascending order, the order the op fixes), one-row softmax
- * (evict_softmax_add), CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm: cuBLAS GEMMs over
- * blocks of 256 value rows, the L1 norm in the op's 16 fp32 lanes), and expected attention's query
+ * (evict_softmax_add), CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm: per block of value
+ * rows one strided-batched cuBLAS GEMM over every local head, bf16 tensor-core operands when the
+ * cache and o_proj are bf16, then a half-warp per row summing the L1 norm in the op's 16 fp32 lanes), and expected attention's query
  * moments and key logits (evict_moments, evict_ea_logits), DefensiveKV's window aggregation
  * (evict_defensive_rows, its double sums in the op's order, so bit for bit). fp32 dot products and fp32 GEMMs sum in
  * another order than the CPU's, so scores agree with cpu/cpu_evict_*.c to a few ulp, not bit for bit.
@@ -14,10 +15,55 @@
 
 namespace CKV_CUDA_NS {
 
+/* Bytes of n parts laid out 256-byte aligned, and where part i starts (at may be NULL). */
+size_t parts_total(const size_t *bytes, int n, size_t *at) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (at) at[i] = total;
+        total += (bytes[i] + 255) / 256 * 256;
+    }
+    return total;
+}
+
+/* parts[i] of bytes[i] (256-byte aligned) in the eviction workspace. The ops run in stream order,
+ * so each reuses the workspace at once; it is sized by evict_reserve before a layer's ops run, and
+ * grow() (which waits for the stream) reallocates only for an op larger than what was reserved. */
+ckv_status scratch_parts(ctx *c, const size_t *bytes, void **parts, int n, const char *op) {
+    size_t at[4];
+    CKV_TRY(grow(c, &c->evict_ws, &c->evict_ws_cap, parts_total(bytes, n, at), op));
+    for (int i = 0; i < n; i++) parts[i] = (char *)c->evict_ws + at[i];
+    return CKV_STATUS_OK;
+}
+
 namespace {
 
 constexpr unsigned THREADS = 256;
-constexpr int VNORM_BLOCK = 256; /* value rows projected per GEMM */
+/* CriticalKV's value norms: value rows per batched GEMM, as many as keep the block's projection
+ * [n_heads_local, rows, D] fp32 within VNORM_PROJ_BYTES (16 .. VNORM_MAX_ROWS rows). */
+constexpr size_t VNORM_PROJ_BYTES = (size_t)32 << 20;
+constexpr int VNORM_MAX_ROWS = 256;
+
+/* How evict_value_norm runs for a shape: the GEMM's operand type (bf16 when values and o_proj both
+ * are: exact products on tensor cores), whether o_proj is converted to fp32 first (f32 values, bf16
+ * o_proj), rows per GEMM, and its scratch: staged values [H, rows, d], projection [H, rows, D] fp32,
+ * converted o_proj [D, H * d] fp32 (or nothing). */
+struct vnorm_plan {
+    int rows;
+    bool bf16, convert_wo;
+    size_t bytes[3];
+};
+
+vnorm_plan vnorm_plan_of(ckv_dtype kv_dtype, ckv_dtype wo_dtype, int H, int d, int D) {
+    vnorm_plan p;
+    p.bf16 = kv_dtype == CKV_DTYPE_BF16 && wo_dtype == CKV_DTYPE_BF16;
+    p.convert_wo = kv_dtype != CKV_DTYPE_BF16 && wo_dtype == CKV_DTYPE_BF16;
+    const size_t per_row = (size_t)H * (size_t)D * sizeof(float), fit = VNORM_PROJ_BYTES / (per_row ? per_row : 1);
+    p.rows = fit < 16 ? 16 : fit > (size_t)VNORM_MAX_ROWS ? VNORM_MAX_ROWS : (int)(fit / 16 * 16);
+    p.bytes[0] = (size_t)H * p.rows * d * (p.bf16 ? sizeof(ckv_bf16) : sizeof(float));
+    p.bytes[1] = (size_t)p.rows * per_row;
+    p.bytes[2] = p.convert_wo ? (size_t)D * H * d * sizeof(float) : 0;
+    return p;
+}
 
 /* logit of query (j, i) and key t, scaled as the op says: fp32 dot, a ascending */
 template <typename T>
@@ -104,34 +150,47 @@ __global__ void to_f32_kernel(float *dst, const T *src, size_t ld, size_t c0, in
         dst[e] = ld_f32(src, (e / (size_t)cols) * ld + c0 + e % (size_t)cols);
 }
 
-/* dst [rows, d] = value rows [t0, t0 + rows) of KV head g (sequence 0) as fp32, read through the
- * device segment table. */
-template <typename T>
-__global__ void value_rows_kernel(float *dst, ckv_kv_batch kv, int g, int t0, int rows) {
-    const int d = kv.head_dim;
-    const T *V = (const T *)kv.segs[0][g].v + (size_t)t0 * (size_t)d;
-    const size_t total = (size_t)rows * (size_t)d;
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x)
-        dst[e] = ld_f32(V, e);
+/* dst [n_heads_local, rows, d] (element type G) = value rows [t0, t0 + rows) of the KV head of each
+ * local query head j, (head0 + j) / group, read through the device segment table: one B operand per
+ * head of the batched GEMM (a GQA group's heads get copies of the same rows). */
+template <typename T, typename G>
+__global__ void value_rows_kernel(G *dst, ckv_kv_batch kv, int head0, int group, int t0, int rows, int ld_rows) {
+    const int d = kv.head_dim, j = (int)blockIdx.y;
+    const T *V = (const T *)kv.segs[0][(head0 + j) / group].v + (size_t)t0 * (size_t)d;
+    G *o = dst + (size_t)j * (size_t)ld_rows * (size_t)d;
+    const unsigned total = (unsigned)rows * (unsigned)d; /* < 2^32: rows <= VNORM_MAX_ROWS */
+    for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x)
+        st_f32(o, e, ld_f32(V, e));
 }
 
-/* dst[t] += (float)L1(proj row t): 16 fp32 lanes (lane l: columns l, l + 16, ..), lanes in double in
- * order, then the tail columns in double. One warp per row. */
-__global__ void l1_rows_kernel(float *dst, const float *proj, int nb, int D) {
-    const int t = (int)(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), lane = (int)threadIdx.x & 31;
-    if (t >= nb) return; /* whole warps: no collective below */
-    const float *y = proj + (size_t)t * D;
+/* out[g, t] += (float)L1(proj_j row t) for the local heads j of KV head g, j ascending. The L1 norm
+ * in the op's order: 16 fp32 lanes (lane l: columns l, l + 16, .. ascending), the lanes added in
+ * double in lane order, then the tail columns in double. A half-warp per (row t, KV head g): thread
+ * l of it is lane l, so each step reads 16 consecutive floats (two full 32-byte sectors) and the
+ * lane sums are gathered in order by shuffles. proj [n_heads_local, ld_rows, D] */
+__global__ void l1_rows_kernel(float *out, int ld, int t0, const float *proj, int nb, int ld_rows, int D, int head0,
+                               int group, int n_heads_local) {
+    const int half = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 4), l = (int)threadIdx.x & 15;
+    const int base = (int)threadIdx.x & 16, g0 = head0 / group;
+    const int t = half % nb, g = g0 + half / nb;
+    const int jlo = g * group - head0 < 0 ? 0 : g * group - head0;
+    const int jend = (g + 1) * group - head0 < n_heads_local ? (g + 1) * group - head0 : n_heads_local;
+    const bool live = jlo < jend; /* whole warps stay for the shuffles below */
     const int full = D / 16 * 16;
-    if (lane == 0) {
-        float lanes[16];
-        for (int l = 0; l < 16; l++) lanes[l] = 0.0f;
-        for (int i = 0; i < full; i += 16)
-            for (int l = 0; l < 16; l++) lanes[l] += fabsf(y[i + l]);
+    float acc = live && l == 0 ? out[(size_t)g * ld + t0 + t] : 0.0f;
+    for (int j = jlo; j < (live ? jend : jlo + 1); j++) {
+        const float *y = proj + ((size_t)j * ld_rows + t) * (size_t)D;
+        float lane = 0.0f;
+        if (live)
+            for (int i = l; i < full; i += 16) lane += fabsf(y[i]);
         double s = 0.0;
-        for (int l = 0; l < 16; l++) s += lanes[l];
-        for (int i = full; i < D; i++) s += fabsf(y[i]);
-        dst[t] += (float)s;
+        for (int k = 0; k < 16; k++) s += (double)__shfl_sync(0xffffffffu, lane, base + k);
+        if (live && l == 0) {
+            for (int i = full; i < D; i++) s += fabsf(y[i]);
+            acc += (float)s;
+        }
     }
+    if (live && l == 0) out[(size_t)g * ld + t0 + t] = acc;
 }
 
 /* s1[j, a] += x (i ascending, double); s2[j, a, b] += (double)(fp32 sum over i of x_a x_b). */
@@ -236,19 +295,6 @@ ckv_status kv_dtype_check(ckv_dtype t, const char *op) {
                      op, ckv_dtype_name(t));
 }
 
-/* parts[i] of bytes[i] (256-byte aligned) in the eviction workspace. The ops run in stream order,
- * so each reuses the workspace at once; grow() waits for the stream only when it reallocates. */
-ckv_status scratch_parts(ctx *c, const size_t *bytes, void **parts, int n, const char *op) {
-    size_t at[4], total = 0;
-    for (int i = 0; i < n; i++) {
-        at[i] = total;
-        total += (bytes[i] + 255) / 256 * 256;
-    }
-    CKV_TRY(grow(c, &c->evict_ws, &c->evict_ws_cap, total, op));
-    for (int i = 0; i < n; i++) parts[i] = (char *)c->evict_ws + at[i];
-    return CKV_STATUS_OK;
-}
-
 /* The rows' softmax max and 1 / sum: stats [n_heads_local, n_q] in the workspace. */
 ckv_status attn_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row0, const ckv_kv_batch *kv,
                       int n_heads_local, int head0, int group, float scale, int divide, const char *op) {
@@ -266,6 +312,24 @@ ckv_status attn_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row
 }
 
 } // namespace
+
+ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *sh) {
+    ctx *c = ctx_of(be);
+    if (!sh || sh->rows < 0 || sh->query_rows < 0 || sh->n_heads_local < 0 || sh->n_kv_local < 0 || sh->n_kv_all < 0 ||
+        sh->head_dim < 0 || sh->hidden < 0)
+        return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: evict_reserve: no shape or a negative size", CKV_CUDA_BACKEND_NAME);
+    /* the largest scratch of any op of such a layer (each op uses the workspace alone) */
+    const size_t H = (size_t)sh->n_heads_local;
+    const size_t stats = sizeof(float2) * (size_t)sh->query_rows * H;        /* attn_stats */
+    const size_t defensive = sizeof(double) * (size_t)sh->query_rows * H;    /* evict_defensive_rows */
+    const vnorm_plan pl = vnorm_plan_of(sh->kv_dtype, sh->wo_dtype, sh->n_heads_local, sh->head_dim, sh->hidden);
+    size_t need = parts_total(&stats, 1, NULL);
+    const size_t sizes[] = {parts_total(&defensive, 1, NULL), parts_total(pl.bytes, 3, NULL),
+                            keys_scratch_bytes(sh->n_kv_local, sh->head_dim, sh->rows),
+                            topk_scratch_bytes(sh->n_kv_all > sh->n_kv_local ? sh->n_kv_all : sh->n_kv_local, sh->rows)};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) need = sizes[i] > need ? sizes[i] : need;
+    return grow(c, &c->evict_ws, &c->evict_ws_cap, need, "evict_reserve");
+}
 
 ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
                              const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide,
@@ -314,7 +378,7 @@ ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_ba
                             const ckv_weight *wo, int n_heads_local, int head0, int group) {
     ctx *c = ctx_of(be);
     const char *op = "evict_value_norm";
-    const int d = kv->head_dim, D = (int)wo->rows;
+    const int d = kv->head_dim, D = (int)wo->rows, H = n_heads_local;
     CKV_TRY(kv_dtype_check(kv->dtype, op));
     if (wo->dtype != CKV_DTYPE_F32 && wo->dtype != CKV_DTYPE_BF16)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s backend: %s: o_proj stored as %s (needs F32 or BF16)",
@@ -323,39 +387,44 @@ ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_ba
         return ckv_error(CKV_STATUS_ERR_SHAPE, "%s backend: %s: o_proj has %lld columns, %d heads x %d need more",
                          CKV_CUDA_BACKEND_NAME, op, (long long)wo->cols, n_heads_local, d);
     if (n_rows < 1 || n_heads_local < 1) return CKV_STATUS_OK;
-    /* wh [D, d], vb [B, d], proj [B, D] fp32 */
-    const size_t bytes[3] = {sizeof(float) * (size_t)D * d, sizeof(float) * (size_t)VNORM_BLOCK * d,
-                             sizeof(float) * (size_t)VNORM_BLOCK * D};
+    const vnorm_plan pl = vnorm_plan_of(kv->dtype, wo->dtype, H, d, D);
     void *parts[3];
-    CKV_TRY(scratch_parts(c, bytes, parts, 3, op));
-    float *wh = (float *)parts[0], *vb = (float *)parts[1], *proj = (float *)parts[2];
+    CKV_TRY(scratch_parts(c, pl.bytes, parts, 3, op));
+    void *vb = parts[0];                                         /* [H, B, d] GEMM type */
+    float *proj = (float *)parts[1];                             /* [H, B, D] fp32 */
     const size_t wes = ckv_dtype_size(wo->dtype), wld = wo->row_bytes / wes;
+    const void *A = wo->data;                                    /* W_O^j^T: columns j*d.. of wo */
+    size_t lda = wld;
+    if (pl.convert_wo) { /* f32 values against bf16 o_proj: the local heads' columns as fp32, once */
+        float *wh = (float *)parts[2];                           /* [D, H * d] fp32 */
+        CKV_LAUNCH(to_f32_kernel<ckv_bf16>, dim3(blocks_for((size_t)D * H * d, THREADS)), dim3(THREADS), 0, c->stream,
+                   wh, (const ckv_bf16 *)wo->data, wld, (size_t)0, D, H * d);
+        A = wh;
+        lda = (size_t)H * d;
+    }
+    const cudaDataType_t gt = pl.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const int B = pl.rows, n_g = (head0 + H - 1) / group - head0 / group + 1;
     const float one = 1.0f, zero = 0.0f;
-    for (int j = 0; j < n_heads_local; j++) {
-        const size_t c0 = (size_t)j * d;
-        if (wo->dtype == CKV_DTYPE_BF16)
-            CKV_LAUNCH(to_f32_kernel<ckv_bf16>, dim3(blocks_for((size_t)D * d, THREADS)), dim3(THREADS), 0, c->stream,
-                       wh, (const ckv_bf16 *)wo->data, wld, c0, D, d);
+    for (int t0 = 0; t0 < n_rows; t0 += B) {
+        const int nb = n_rows - t0 < B ? n_rows - t0 : B;
+        const dim3 sgrid(blocks_for((size_t)nb * d, THREADS), (unsigned)H);
+        if (pl.bf16)
+            CKV_LAUNCH((value_rows_kernel<ckv_bf16, ckv_bf16>), sgrid, dim3(THREADS), 0, c->stream, (ckv_bf16 *)vb, *kv,
+                       head0, group, t0, nb, B);
+        else if (kv->dtype == CKV_DTYPE_BF16)
+            CKV_LAUNCH((value_rows_kernel<ckv_bf16, float>), sgrid, dim3(THREADS), 0, c->stream, (float *)vb, *kv,
+                       head0, group, t0, nb, B);
         else
-            CKV_LAUNCH(to_f32_kernel<float>, dim3(blocks_for((size_t)D * d, THREADS)), dim3(THREADS), 0, c->stream, wh,
-                       (const float *)wo->data, wld, c0, D, d);
-        const int g = (head0 + j) / group;
-        for (int t0 = 0; t0 < n_rows; t0 += VNORM_BLOCK) {
-            const int nb = n_rows - t0 < VNORM_BLOCK ? n_rows - t0 : VNORM_BLOCK;
-            if (kv->dtype == CKV_DTYPE_BF16)
-                CKV_LAUNCH(value_rows_kernel<ckv_bf16>, dim3(blocks_for((size_t)nb * d, THREADS)), dim3(THREADS), 0,
-                           c->stream, vb, *kv, g, t0, nb);
-            else
-                CKV_LAUNCH(value_rows_kernel<float>, dim3(blocks_for((size_t)nb * d, THREADS)), dim3(THREADS), 0,
-                           c->stream, vb, *kv, g, t0, nb);
-            /* proj [nb, D] = vb [nb, d] @ wh^T (docs/gpu.md §5 operand order) */
-            CKV_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, D, nb, d, &one, wh, CUDA_R_32F, d, vb,
-                                          CUDA_R_32F, d, &zero, proj, CUDA_R_32F, D, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
-                             op);
-            CKV_LAUNCH(l1_rows_kernel, dim3((unsigned)((nb + 7) / 8)), dim3(THREADS), 0, c->stream,
-                       out + (size_t)g * ld + t0, proj, nb, D);
-        }
+            CKV_LAUNCH((value_rows_kernel<float, float>), sgrid, dim3(THREADS), 0, c->stream, (float *)vb, *kv, head0,
+                       group, t0, nb, B);
+        /* proj_j [nb, D] = vb_j [nb, d] @ W_O^j^T for every local head j in one batched GEMM
+         * (docs/gpu.md §5 operand order; bf16 operands: exact products, fp32 accumulation) */
+        CKV_CUBLAS_CHECK(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, D, nb, d, &one, A, gt, (int)lda,
+                                                    (long long)d, vb, gt, d, (long long)B * d, &zero, proj, CUDA_R_32F,
+                                                    D, (long long)B * D, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         op);
+        CKV_LAUNCH(l1_rows_kernel, dim3(blocks_for((size_t)nb * n_g * 16, THREADS)), dim3(THREADS), 0, c->stream, out,
+                   ld, t0, proj, nb, B, D, head0, group, H);
     }
     return op_status(c, op);
 }

@@ -1,10 +1,11 @@
 /* cuda_evict_rows.cu - the CUDA backend's eviction ops over score rows and cached rows (semantics in
- * backend.h): colsum_finish, pool, head_sum, div, row_norm, add_mul, fill, random, max, scatter, and the selections topk (per row) and topk_counts (across heads). Element-wise ops match
- * the CPU reference (cpu/cpu_evict_rows.c) bit for bit (same fp32 / double operations in the same
- * order per element). The selections sort nothing: the k-th best entry in top-k order (descending
- * score, NaN after every number, then ascending index) is found by a binary search over an
- * order-preserving 32-bit key of the score and then over the indices of the tied entries, each step a
- * block-wide count; the kept entries are then written in ascending index order by a block scan. The
+ * backend.h): colsum_finish, pool, head_sum, div, row_norm, add_mul, fill, random, max, scatter, and
+ * the selections topk (per row) and topk_counts (across heads). Element-wise ops match the CPU
+ * reference (cpu/cpu_evict_rows.c) bit for bit (same fp32 / double operations in the same order per
+ * element). The selections sort nothing: a radix select over an order-preserving 32-bit key of the
+ * score, spread over blocks of one row's entries, finds the k-th best entry in top-k order
+ * (descending score, NaN after every number, then ascending index); tie ranks come from per-tile
+ * counts and a scan, so kept sets equal the CPU's exactly. Scratch: the eviction workspace. The
  * attention and GEMM ops are in cuda_evict_attn.cu. */
 #include <float.h>
 
@@ -112,7 +113,20 @@ __global__ void scatter_kernel(float *x, int ld, const int32_t *idx, int ld_idx,
     for (int i = (int)threadIdx.x; i < k[r]; i += (int)blockDim.x) x[(size_t)r * ld + idx[(size_t)r * ld_idx + i]] = value;
 }
 
-/* ---- selection ------------------------------------------------------------------------------ */
+/* ---- selection: radix select across many blocks ---------------------------------------------
+ * The k-th best entry of a segment (a row for evict_topk, the whole matrix for evict_topk_counts)
+ * in top-k order is found without sorting: four passes over an order-preserving 32-bit key of the
+ * score, each a histogram of the next 8 bits among the entries that match the digits found so far
+ * (blocks of SEL_TILE entries of one row, shared histograms, then global atomics) followed by a
+ * one-thread pick of the digit; that gives the boundary key kb and `need`, how many entries of key kb
+ * the top k takes. Ties of kb are kept in index order: per-tile counts of entries above kb and equal
+ * to it, an exclusive scan over the tiles of each segment, then each entry's rank. Integer counts
+ * only, so the result is exact and the same for any grid. Every index is 32-bit: a row's columns,
+ * the row, the tile; a row's base pointer is formed once per block. */
+
+constexpr int SEL_ITEMS = 8;                            /* entries per thread per tile */
+constexpr int SEL_TILE = (int)THREADS * SEL_ITEMS;      /* entries of one row per block */
+constexpr unsigned SEL_SCAN_THREADS = 1024;
 
 /* Order-preserving key of a score: larger key = better in top-k order; every NaN gets 0 (last). */
 __device__ __forceinline__ uint32_t score_key(float s) {
@@ -122,106 +136,198 @@ __device__ __forceinline__ uint32_t score_key(float s) {
     return k < 1u ? 1u : k;
 }
 
-/* Entries e < count of a score matrix: flat e -> row e / n, column e % n; index order = e. */
-struct scores {
-    const float *s;
-    int ld, n;
-    __device__ __forceinline__ uint32_t key(int64_t e) const { return score_key(s[(e / n) * (int64_t)ld + e % n]); }
+/* One segment's search: the digits found so far (prefix, the top 8 * pass bits), how many of the
+ * entries matching them are still to be taken (want), and none = 1 when the top k is empty. After the
+ * fourth pass prefix is the boundary key kb and want is `need`. */
+struct sel_state {
+    uint32_t prefix;
+    int want, none;
 };
 
-/* Block-wide count of entries [0, count) with key >= lo (imax < 0), or key == lo and e <= imax. */
-__device__ int64_t count_keys(const scores &sc, int64_t count, uint32_t lo, int64_t imax, unsigned long long *red) {
-    unsigned long long c = 0;
-    for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
-        const uint32_t k = sc.key(e);
-        c += imax < 0 ? k >= lo : (k == lo && e <= imax);
-    }
-    return (int64_t)block_sum(c, red);
+/* Entries of a tile (or before it) above the boundary key and equal to it. */
+struct sel_pair {
+    int gt, eq;
+};
+
+/* Scratch layout of one selection: states [segs], histograms [4, segs, 256], tile counts and their
+ * exclusive scans [rows * tiles]. */
+struct sel_scratch {
+    sel_state *st;
+    unsigned *hist;
+    sel_pair *tile, *before;
+};
+
+size_t sel_bytes(int rows, int tiles, int segs, size_t *at) {
+    const size_t b[4] = {sizeof(sel_state) * (size_t)segs, sizeof(unsigned) * 4 * 256 * (size_t)segs,
+                         sizeof(sel_pair) * (size_t)rows * tiles, sizeof(sel_pair) * (size_t)rows * tiles};
+    return parts_total(b, 4, at);
 }
 
-/* The last kept entry of the top `want` (1 <= want <= count): its key and index. Uniform. */
-__device__ void topk_boundary(const scores &sc, int64_t count, int64_t want, uint32_t *kb, int64_t *ib,
-                              unsigned long long *red) {
-    uint32_t lo = 0u, hi = 0xffffffffu; /* count(key >= lo) >= want > count(key >= hi) unless hi holds */
-    if (count_keys(sc, count, hi, -1, red) >= want) {
-        lo = hi;
-    } else {
-        while (hi - lo > 1u) {
-            const uint32_t mid = lo + (hi - lo) / 2u;
-            if (count_keys(sc, count, mid, -1, red) >= want)
-                lo = mid;
-            else
-                hi = mid;
-        }
-    }
-    const int64_t gt = lo == 0xffffffffu ? 0 : count_keys(sc, count, lo + 1u, -1, red), need = want - gt;
-    int64_t ilo = -1, ihi = count - 1; /* ties of key lo with index <= ihi reach need */
-    while (ihi - ilo > 1) {
-        const int64_t mid = ilo + (ihi - ilo) / 2;
-        if (count_keys(sc, count, lo, mid, red) >= need)
-            ihi = mid;
-        else
-            ilo = mid;
-    }
-    *kb = lo;
-    *ib = ihi;
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+/* The segment of row r: the row itself (per_row) or the whole matrix. */
+__device__ __forceinline__ int seg_of(int r, int per_row) { return per_row ? r : 0; }
+
+__global__ void sel_init_kernel(sel_state *st, const int32_t *k, int segs, int total, int count) {
+    const int sg = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (sg >= segs) return;
+    const int want = k ? k[sg] : total, n = count;
+    st[sg].prefix = 0u;
+    st[sg].want = want < n ? want : n;
+    st[sg].none = want <= 0;
 }
 
-__device__ __forceinline__ bool kept(uint32_t k, int64_t e, uint32_t kb, int64_t ib) {
-    return k > kb || (k == kb && e <= ib);
+/* Pass p: histogram of bits [24 - 8p, 32 - 8p) of the keys whose higher digits match the prefix. */
+__global__ void sel_hist_kernel(unsigned *hist, const sel_state *st, const float *s, int ld, int n, int per_row,
+                                int pass) {
+    __shared__ unsigned h[256];
+    const int r = (int)blockIdx.y, sg = seg_of(r, per_row), t0 = (int)blockIdx.x * SEL_TILE;
+    const sel_state q = st[sg];
+    if (q.none) return; /* uniform over the block */
+    for (int i = (int)threadIdx.x; i < 256; i += (int)blockDim.x) h[i] = 0u;
+    __syncthreads();
+    const int shift = 24 - 8 * pass;
+    const float *row = s + (size_t)r * (size_t)ld;
+    const int end = n - t0 < SEL_TILE ? n - t0 : SEL_TILE;
+    for (int i = (int)threadIdx.x; i < end; i += (int)blockDim.x) {
+        const uint32_t key = score_key(row[t0 + i]);
+        if (pass == 0 || (key >> (shift + 8)) == (q.prefix >> (shift + 8))) atomicAdd(&h[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    unsigned *gh = hist + ((size_t)pass * (size_t)(per_row ? gridDim.y : 1) + (size_t)sg) * 256;
+    for (int i = (int)threadIdx.x; i < 256; i += (int)blockDim.x)
+        if (h[i]) atomicAdd(&gh[i], h[i]);
 }
 
-/* One block per row: idx[r, 0 .. k[r]) = the kept columns in ascending order (block scan). */
-__global__ void topk_kernel(int32_t *idx, int ld_idx, const float *s, int ld, int n, const int32_t *kk) {
-    __shared__ unsigned long long red[32];
-    __shared__ int wsum[32];
-    __shared__ int base;
-    const int r = (int)blockIdx.x, want = kk[r];
-    if (want <= 0) return; /* uniform */
-    const scores sc = {s + (size_t)r * ld, ld, n};
-    uint32_t kb;
-    int64_t ib;
-    topk_boundary(sc, n, want, &kb, &ib, red);
-    int32_t *out = idx + (size_t)r * ld_idx;
-    if (threadIdx.x == 0) base = 0;
+/* Pass p of each segment: the digit holding the want-th best matching entry (one thread). */
+__global__ void sel_pick_kernel(sel_state *st, const unsigned *hist, int segs, int pass) {
+    const int sg = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (sg >= segs || st[sg].none) return;
+    const unsigned *h = hist + ((size_t)pass * (size_t)segs + (size_t)sg) * 256;
+    int want = st[sg].want, b = 255;
+    for (; b > 0 && (int)h[b] < want; b--) want -= (int)h[b];
+    st[sg].prefix |= (uint32_t)b << (24 - 8 * pass);
+    st[sg].want = want;
+}
+
+/* Exclusive scan over the block (blockDim.x a multiple of 32): returns the sum of v over the threads
+ * before this one; *total gets the block's sum. wsum: [32] shared. Every thread must call it. */
+__device__ __forceinline__ int block_scan_excl(int v, int *wsum, int *total) {
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, nw = (int)blockDim.x >> 5;
-    for (int c0 = 0; c0 < n; c0 += (int)blockDim.x) {
-        const int t = c0 + (int)threadIdx.x;
-        const int f = t < n && kept(sc.key(t), t, kb, ib) ? 1 : 0;
-        int x = f; /* inclusive scan within the warp */
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
+    int x = v; /* inclusive scan within the warp */
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads(); /* wsum may still be read by a previous call */
+    if (lane == 31) wsum[warp] = x;
+    __syncthreads();
+    int before = 0, all = 0;
+    for (int w = 0; w < nw; w++) {
+        before += w < warp ? wsum[w] : 0;
+        all += wsum[w];
+    }
+    *total = all;
+    return before + x - v;
+}
+
+/* Per tile: entries above the boundary key and equal to it. */
+__global__ void sel_tile_kernel(sel_pair *tile, const sel_state *st, const float *s, int ld, int n, int per_row) {
+    __shared__ int wsum[32];
+    const int r = (int)blockIdx.y, t0 = (int)blockIdx.x * SEL_TILE;
+    const sel_state q = st[seg_of(r, per_row)];
+    const float *row = s + (size_t)r * (size_t)ld;
+    const int end = n - t0 < SEL_TILE ? n - t0 : SEL_TILE;
+    int gt = 0, eq = 0;
+    if (!q.none)
+        for (int i = (int)threadIdx.x; i < end; i += (int)blockDim.x) {
+            const uint32_t key = score_key(row[t0 + i]);
+            gt += key > q.prefix;
+            eq += key == q.prefix;
         }
-        __syncthreads(); /* base of the previous chunk is final; wsum is free */
-        if (lane == 31) wsum[warp] = x;
-        __syncthreads();
-        int before = base;
-        for (int w = 0; w < warp; w++) before += wsum[w];
-        if (f) out[before + x - 1] = t;
-        __syncthreads();
-        if (threadIdx.x == 0)
-            for (int w = 0; w < nw; w++) base += wsum[w];
+    int g_all = 0, e_all = 0;
+    (void)block_scan_excl(gt, wsum, &g_all);
+    (void)block_scan_excl(eq, wsum, &e_all);
+    if (threadIdx.x == 0) tile[(size_t)r * gridDim.x + blockIdx.x] = sel_pair{g_all, e_all};
+}
+
+/* Per segment (one block): the exclusive scan of its tiles in index order; for evict_topk_counts
+ * (counts != NULL) each tile's kept entries are added to its row's count. */
+__global__ void sel_scan_kernel(sel_pair *before, int32_t *counts, const sel_pair *tile, const sel_state *st, int tiles,
+                                int rows, int per_row) {
+    __shared__ int wsum[32];
+    const int sg = (int)blockIdx.x;
+    const sel_state q = st[sg];
+    const int first = per_row ? sg * tiles : 0, n_t = per_row ? tiles : rows * tiles;
+    int g_run = 0, e_run = 0;
+    for (int c0 = 0; c0 < n_t; c0 += (int)blockDim.x) {
+        const int i = c0 + (int)threadIdx.x;
+        const sel_pair v = i < n_t ? tile[first + i] : sel_pair{0, 0};
+        int g_all = 0, e_all = 0;
+        const int gb = g_run + block_scan_excl(v.gt, wsum, &g_all), eb = e_run + block_scan_excl(v.eq, wsum, &e_all);
+        if (i < n_t) {
+            before[first + i] = sel_pair{gb, eb};
+            if (counts && !q.none) {
+                const int need = q.want, kept = v.gt + imin(eb + v.eq, need) - imin(eb, need);
+                if (kept) atomicAdd(&counts[(first + i) / tiles], kept);
+            }
+        }
+        g_run += g_all;
+        e_run += e_all;
     }
 }
 
-/* One block: the boundary of the `total` best entries over all rows, then each row's count. */
-__global__ void topk_counts_kernel(int32_t *counts, const float *s, int ld, int rows, int n, int64_t total) {
-    __shared__ unsigned long long red[32];
-    const scores sc = {s, ld, n};
-    const int64_t count = (int64_t)rows * n;
-    uint32_t kb = 0xffffffffu;
-    int64_t ib = -1; /* nothing kept */
-    if (total > 0) topk_boundary(sc, count, total, &kb, &ib, red);
-    for (int r = 0; r < rows; r++) {
-        unsigned long long c = 0;
-        for (int t = (int)threadIdx.x; t < n; t += (int)blockDim.x) {
-            const int64_t e = (int64_t)r * n + t;
-            c += total > 0 && kept(sc.key(e), e, kb, ib);
-        }
-        c = block_sum(c, red);
-        if (threadIdx.x == 0) counts[r] = (int32_t)c;
+/* evict_topk's output: each kept column t of row r at idx[r, G + min(T, need)], G and T the entries
+ * of the row before t above kb and equal to it (so ascending column order). */
+__global__ void sel_write_kernel(int32_t *idx, int ld_idx, const sel_pair *before, const sel_state *st, const float *s,
+                                 int ld, int n) {
+    __shared__ int wsum[32];
+    const int r = (int)blockIdx.y, t0 = (int)blockIdx.x * SEL_TILE;
+    const sel_state q = st[r];
+    if (q.none) return; /* uniform */
+    const float *row = s + (size_t)r * (size_t)ld;
+    int32_t *out = idx + (size_t)r * (size_t)ld_idx;
+    const sel_pair b = before[(size_t)r * gridDim.x + blockIdx.x];
+    int g_run = b.gt, e_run = b.eq;
+    const int end = n - t0 < SEL_TILE ? n - t0 : SEL_TILE;
+    for (int c0 = 0; c0 < end; c0 += (int)blockDim.x) {
+        const int i = c0 + (int)threadIdx.x;
+        const uint32_t key = i < end ? score_key(row[t0 + i]) : 0u;
+        const int gt = i < end && key > q.prefix, eq = i < end && key == q.prefix;
+        int all = 0; /* entries above kb in the high half, equal to kb in the low (at most 256 each) */
+        const int x = block_scan_excl((gt << 16) | eq, wsum, &all);
+        const int G = g_run + (x >> 16), T = e_run + (x & 0xffff);
+        if (gt || (eq && T < q.want)) out[G + imin(T, q.want)] = t0 + i;
+        g_run += all >> 16;
+        e_run += all & 0xffff;
     }
+}
+
+/* One selection: per_row (k [rows] device) or across the matrix (total); then the output kernel. */
+ckv_status select_run(ctx *c, int32_t *idx, int ld_idx, int32_t *counts, const float *s, int ld, int rows, int n,
+                      const int32_t *k, int total, const char *op) {
+    const int per_row = k != NULL, segs = per_row ? rows : 1, tiles = (n + SEL_TILE - 1) / SEL_TILE;
+    size_t at[4];
+    void *base = NULL;
+    const size_t bytes = sel_bytes(rows, tiles, segs, at);
+    CKV_TRY(scratch_parts(c, &bytes, &base, 1, op));
+    const sel_scratch x = {(sel_state *)base, (unsigned *)((char *)base + at[1]), (sel_pair *)((char *)base + at[2]),
+                           (sel_pair *)((char *)base + at[3])};
+    CKV_CUDA_CHECK(cudaMemsetAsync(x.hist, 0, sizeof(unsigned) * 4 * 256 * (size_t)segs, c->stream), op);
+    if (counts) CKV_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)rows, c->stream), op);
+    const dim3 grid((unsigned)tiles, (unsigned)rows), seg_grid(blocks_for((size_t)segs, 32));
+    const int count = per_row ? n : rows * n;
+    CKV_LAUNCH(sel_init_kernel, seg_grid, dim3(32), 0, c->stream, x.st, k, segs, total, count);
+    for (int pass = 0; pass < 4; pass++) {
+        CKV_LAUNCH(sel_hist_kernel, grid, dim3(THREADS), 0, c->stream, x.hist, x.st, s, ld, n, per_row, pass);
+        CKV_LAUNCH(sel_pick_kernel, seg_grid, dim3(32), 0, c->stream, x.st, x.hist, segs, pass);
+    }
+    CKV_LAUNCH(sel_tile_kernel, grid, dim3(THREADS), 0, c->stream, x.tile, x.st, s, ld, n, per_row);
+    CKV_LAUNCH(sel_scan_kernel, dim3((unsigned)segs), dim3(SEL_SCAN_THREADS), 0, c->stream, x.before, counts, x.tile,
+               x.st, tiles, rows, per_row);
+    if (idx)
+        CKV_LAUNCH(sel_write_kernel, grid, dim3(THREADS), 0, c->stream, idx, ld_idx, x.before, x.st, s, ld, n);
+    return CKV_STATUS_OK;
 }
 
 /* launch(T(), op) with T the element type of KV dtype t */
@@ -238,6 +344,12 @@ template <typename F> ckv_status by_dtype(ckv_dtype t, const char *op, F launch)
 }
 
 } // namespace
+
+size_t topk_scratch_bytes(int rows, int n) {
+    if (rows < 1 || n < 1) return 0;
+    const size_t per = sel_bytes(rows, (n + SEL_TILE - 1) / SEL_TILE, rows, NULL); /* per-row segments: the larger */
+    return (per + 255) / 256 * 256;
+}
 
 /* What a ckv_status-returning op reports: a launch error now, naming the op (asynchronous faults
  * surface from sync()). */
@@ -334,7 +446,7 @@ ckv_status evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s,
                       const int32_t *k) {
     ctx *c = ctx_of(be);
     if (rows <= 0 || n <= 0) return CKV_STATUS_OK;
-    CKV_LAUNCH(topk_kernel, dim3((unsigned)rows), dim3(THREADS), 0, c->stream, idx, ld_idx, s, ld, n, k);
+    CKV_TRY(select_run(c, idx, ld_idx, NULL, s, ld, rows, n, k, 0, "evict_topk"));
     return op_status(c, "evict_topk");
 }
 
@@ -345,7 +457,11 @@ ckv_status evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, i
         return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: evict_topk_counts: top-%lld of %d x %d scores",
                          CKV_CUDA_BACKEND_NAME, (long long)total, rows, n);
     if (rows <= 0) return CKV_STATUS_OK;
-    CKV_LAUNCH(topk_counts_kernel, dim3(1), dim3(1024), 0, c->stream, counts, s, ld, rows, n, total);
+    if (n <= 0) {
+        CKV_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)rows, c->stream), "evict_topk_counts");
+        return op_status(c, "evict_topk_counts");
+    }
+    CKV_TRY(select_run(c, NULL, 0, counts, s, ld, rows, n, NULL, (int)total, "evict_topk_counts"));
     return op_status(c, "evict_topk_counts");
 }
 

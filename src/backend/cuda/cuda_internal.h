@@ -28,7 +28,7 @@ struct ctx {
     float *part;              /* split-KV partials: per row and split, o [hd], m, l */
     size_t part_cap;          /* bytes */
     unsigned long long *count; /* [1] count_nonfinite's counter */
-    void *evict_ws;           /* scratch of the eviction ops (cuda_evict_attn.cu): one op at a time */
+    void *evict_ws;           /* scratch of the eviction ops: one op at a time; sized by evict_reserve */
     size_t evict_ws_cap;      /* bytes */
     ckv_status pending;       /* first error of a void op, reported by sync() */
     char pending_msg[320];
@@ -144,6 +144,10 @@ void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, co
                      int n_heads, float scale);
 /* eviction ops: cuda_evict_rows.cu, cuda_evict_attn.cu */
 ckv_status op_status(ctx *c, const char *op); /* op_done, then a launch error as the op's status */
+/* The eviction workspace: bytes of n parts laid out 256-byte aligned (offsets in at, may be NULL),
+ * and those parts in the workspace, grown if an op needs more than evict_reserve sized it for. */
+size_t parts_total(const size_t *bytes, int n, size_t *at);
+ckv_status scratch_parts(ctx *c, const size_t *bytes, void **parts, int n, const char *op);
 ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
                              const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide,
                              int per_kv, int zero);
@@ -174,6 +178,11 @@ ckv_status evict_moments(ckv_backend *be, double *s1, double *s2, const float *q
 ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                            const float *mu, const float *cov, float sqrt_d);
 void evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
+ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *shape);
+/* Scratch bytes (eviction workspace) of the key scorers (KeyDiff, CUR) and of the selections (top-k
+ * over `rows` rows of n entries), for evict_reserve. */
+size_t keys_scratch_bytes(int n_kv, int d, int n_rows);
+size_t topk_scratch_bytes(int rows, int n);
 ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
 ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int lag,
                        int cross);

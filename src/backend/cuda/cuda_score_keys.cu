@@ -184,11 +184,20 @@ ckv_status check_dim(const ckv_kv_batch *kv, int n_rows, const char *op) {
 
 } // namespace
 
+/* KeyDiff's anchors [n_kv, d + 1] then squared norms [n_kv, n_rows] (double): where the norms start */
+static size_t keydiff_sq_at(size_t n_kv, int d) { return (n_kv * (size_t)(d + 1) * sizeof(double) + 255) / 256 * 256; }
+
+size_t keys_scratch_bytes(int n_kv, int d, int n_rows) {
+    const size_t nk = (size_t)(n_kv > 0 ? n_kv : 0), rows = (size_t)(n_rows > 0 ? n_rows : 0);
+    const size_t keydiff = keydiff_sq_at(nk, d) + nk * rows * sizeof(double), cur = 2 * nk * rows * sizeof(double);
+    return keydiff > cur ? keydiff : cur;
+}
+
 ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows) {
     ctx *c = ctx_of(be);
     CKV_TRY(check_dim(kv, n_rows, "evict_keydiff"));
     const size_t n_kv = (size_t)kv->n_kv_heads, sq_bytes = n_kv * (size_t)n_rows * sizeof(double);
-    const size_t sq_at = (n_kv * (size_t)(kv->head_dim + 1) * sizeof(double) + 255) / 256 * 256;
+    const size_t sq_at = keydiff_sq_at(n_kv, kv->head_dim);
     CKV_TRY(grow(c, &c->evict_ws, &c->evict_ws_cap, sq_at + sq_bytes, "evict_keydiff"));
     double *anchor = (double *)c->evict_ws, *sq = (double *)((char *)c->evict_ws + sq_at); // [n_kv, d + 1], [n_kv, n_rows]
     const dim3 rows(blocks_for((size_t)n_rows, THREADS), (unsigned)n_kv);

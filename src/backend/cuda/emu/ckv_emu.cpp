@@ -189,6 +189,12 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 /* ---- memory ----------------------------------------------------------------------------------- */
 
 static const unsigned char CANARY = 0xcb;
+static unsigned long long alloc_calls; /* cudaMalloc calls that allocated (ckv_emu_alloc_calls) */
+
+unsigned long long ckv_emu_alloc_calls(void) {
+    LOCKED;
+    return alloc_calls;
+}
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     LOCKED;
@@ -201,6 +207,7 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     if (total < bytes) return set_last(cudaErrorMemoryAllocation);
     unsigned char *raw = (unsigned char *)aligned_alloc(256, total);
     if (!raw) return set_last(cudaErrorMemoryAllocation);
+    alloc_calls++;
     unsigned char *p = raw + RED_ZONE;
     memset(raw, CANARY, RED_ZONE);
     memset(p, config().poison, bytes); /* fresh device memory is garbage: NaN in f32 and bf16 by default */

@@ -322,6 +322,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
                             cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo);
+/* The same for batch matrices X_i = X + i * strideX elements (strides >= 0). */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                          int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
+                                          long long sa, const void *B, cudaDataType_t bt, int ldb, long long sb,
+                                          const void *beta, void *C, cudaDataType_t ct, int ldc, long long sc,
+                                          int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo);
 const char *cublasGetStatusString(cublasStatus_t s);
 
 /* ---- test hooks (not CUDA): the simulated device and injected faults --------------------------- */
@@ -333,6 +339,8 @@ void ckv_emu_set_devices(int count, int major, int minor);
 void ckv_emu_inject_fault(const char *kernel);
 /* Clears the sticky errors, drops queued work and frees every device allocation (cudaDeviceReset). */
 void ckv_emu_reset(void);
+/* How many cudaMalloc calls have allocated so far (tests: no op allocates once its scratch is reserved). */
+unsigned long long ckv_emu_alloc_calls(void);
 /* The thread and block order from now on, as CKV_EMU_SCHEDULE spells it (forward, reverse,
  * random:SEED); -1 (nothing changed) for anything else. */
 int ckv_emu_set_schedule(const char *spec);

@@ -1,5 +1,5 @@
 /* emu_blas.cpp - cuBLAS of the CPU execution layer: the handle (its stream and workspace) and
- * cublasGemmEx as a plain CPU GEMM with fp32 products summed in double, validated at the call and
+ * cublasGemmEx / cublasGemmStridedBatchedEx as a plain CPU GEMM with fp32 products summed in double, validated at the call and
  * run in stream order on the device thread like any other queued work. Nothing else of cuBLAS. */
 #include "emu_internal.h"
 
@@ -69,33 +69,53 @@ static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k
         }
 }
 
-cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
-                            cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
-                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+/* Validates one batch of C_i = a op(A_i) op(B_i) + b C_i (X_i = X + i * strideX elements) at the call
+ * and queues it in stream order; cublasGemmEx is the batch of one. */
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                          int k, const void *alpha, const void *A, cudaDataType_t at, int lda,
+                                          long long sa, const void *B, cudaDataType_t bt, int ldb, long long sb,
+                                          const void *beta, void *C, cudaDataType_t ct, int ldc, long long sc,
+                                          int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
     LOCKED;
     (void)algo;
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (m < 0 || n < 0 || k < 0 || batch < 0 || sa < 0 || sb < 0 || sc < 0) return CUBLAS_STATUS_INVALID_VALUE;
     const int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m; /* stored A: ar x ac */
     const int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
     if (lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (compute != CUBLAS_COMPUTE_32F || at != bt || (ct != CUDA_R_32F && ct != CUDA_R_16BF))
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-    if (!find_alloc(C, extent(m, n, ldc, ct), NULL) ||
-        (k > 0 && (!find_alloc(A, extent(ar, ac, lda, at), NULL) || !find_alloc(B, extent(br, bc, ldb, bt), NULL))))
-        return CUBLAS_STATUS_INVALID_VALUE; /* on a GPU: an illegal address */
+    if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+    const size_t es_a = type_size(at), es_c = type_size(ct);
+    for (int i = 0; i < batch; i++) { /* every matrix of the batch lies in one allocation */
+        const char *Ai = (const char *)A + (size_t)i * (size_t)sa * es_a, *Bi = (const char *)B + (size_t)i * (size_t)sb * es_a;
+        char *Ci = (char *)C + (size_t)i * (size_t)sc * es_c;
+        if (!find_alloc(Ci, extent(m, n, ldc, ct), NULL) ||
+            (k > 0 && (!find_alloc(Ai, extent(ar, ac, lda, at), NULL) || !find_alloc(Bi, extent(br, bc, ldb, bt), NULL))))
+            return CUBLAS_STATUS_INVALID_VALUE; /* on a GPU: an illegal address */
+    }
     const int d = stream_of(h->stream)->device;
     if (mach().devs[d].sticky) return CUBLAS_STATUS_NOT_INITIALIZED;
     const float a = *(const float *)alpha, b = *(const float *)beta; /* host pointers: read at the call */
     stream_push(h->stream, [=] {
         if (mach().devs[d].sticky) return;
-        gemm(ta, tb, m, n, k, a, A, at, lda, B, ldb, b, C, ct, ldc);
-        mark_written(C, extent(m, n, ldc, ct));
+        for (int i = 0; i < batch; i++) {
+            void *Ci = (char *)C + (size_t)i * (size_t)sc * es_c;
+            gemm(ta, tb, m, n, k, a, (const char *)A + (size_t)i * (size_t)sa * es_a, at, lda,
+                 (const char *)B + (size_t)i * (size_t)sb * es_a, ldb, b, Ci, ct, ldc);
+            mark_written(Ci, extent(m, n, ldc, ct));
+        }
     });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType_t at, int lda, const void *B,
+                            cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct, ldc, 0, 1,
+                                      compute, algo);
 }
 
 const char *cublasGetStatusString(cublasStatus_t s) {
