@@ -74,6 +74,7 @@ ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const c
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
     if (!ckv_press_evicts(cz->cfg)) return CKV_STATUS_OK;
+    CKV_TRY(ckv_press_check_layers(cz->cfg, c->n_layers));
     if (dst->n_past != 0) /* (src may hold its context already: its layer's rows are checked below) */
         return ckv_error(CKV_STATUS_ERR_ARG, "compression applies to the first prefill of a session (the context)");
     if (dst->model != m || dst->capacity < L)

@@ -37,8 +37,17 @@ typedef enum {
     CKV_ALLOC_UNIFORM = 0, /* every head keeps n_kept */
     CKV_ALLOC_ADAKV,       /* safeguard + one bottom-k across the heads of a layer (kvpress AdaKVPress) */
     CKV_ALLOC_HEADKV,      /* per-head budgets from an offline head-importance profile */
-    CKV_ALLOC_GLOBAL       /* plain global top-k across the heads of a layer (defensivekv) */
+    CKV_ALLOC_GLOBAL,      /* plain global top-k across the heads of a layer (defensivekv) */
+    CKV_ALLOC_CHUNK,       /* whole chunks shared by the layer's heads, ranked by mean score (kvpress ChunkKVPress) */
+    CKV_ALLOC_PER_LAYER    /* every head of layer l keeps max(1, floor(L * (1 - cr_l))) (kvpress PerLayerCompressionPress) */
 } ckv_alloc_kind;
+
+/* per_layer's compression ratios, one per layer of the model, in layer order */
+enum { CKV_PRESS_MAX_LAYERS = 256 };
+typedef struct {
+    int n;
+    double cr[CKV_PRESS_MAX_LAYERS];
+} ckv_press_ratios;
 
 typedef enum { CKV_POOL_AVG = 0, CKV_POOL_MAX = 1 } ckv_pool_kind;
 /* CUR's leverage_type, in kvpress's order of the option's values */
@@ -70,6 +79,8 @@ typedef struct {
     double eps;                /* critical epsilon (1e-4) */
     double safeguard;          /* adakv alpha_safeguard (0.2) */
     char profile[512];         /* headkv profile JSON path */
+    int chunk_length;          /* chunkkv: tokens per chunk (20) */
+    ckv_press_ratios layer_ratios; /* per_layer: compression ratio of each layer (required) */
     /* budget: exactly one of compression_ratio (kvpress cr) and budget_tokens is in force */
     double compression_ratio;  /* fraction removed; kept = floor(L * (1 - cr)) */
     int budget_tokens;         /* > 0: fixed kept count per head */
@@ -178,6 +189,8 @@ void ckv_press_protected(const ckv_press_config *cfg, int L, int *head, int *tai
 int ckv_press_xn_first(const ckv_press_config *cfg, int L);
 /* Checks the press can compress a context of L tokens (windowed scorers need L > window). */
 ckv_status ckv_press_check_context(const ckv_press_config *cfg, int L);
+/* Checks the press fits a model of n_layers layers (per_layer gives one ratio per layer). */
+ckv_status ckv_press_check_layers(const ckv_press_config *cfg, int n_layers);
 
 const char *ckv_scorer_name(ckv_scorer_kind k);
 

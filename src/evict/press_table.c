@@ -37,6 +37,9 @@ const ckv_option_def ckv_press_option_table[] = {
     {"eps", CKV_OPTION_REAL, F(eps), "0.0001", 0, 1e6, 0, "CriticalKV: epsilon added to the scores", NULL},
     {"safeguard", CKV_OPTION_REAL, F(safeguard), "0.2", 0, 1, 0, "AdaKV: share of a head's budget it keeps anyway", NULL},
     {"profile", CKV_OPTION_FILE, F(profile), "", 0, 0, 0, "HeadKV: head-importance profile (JSON file)", NULL},
+    {"chunk_length", CKV_OPTION_INT, F(chunk_length), "20", 1, 1 << 20, 0, "ChunkKV: tokens per chunk", NULL},
+    {"compression_ratios", CKV_OPTION_REALS, F(layer_ratios), "", 0, 0.999999, 0,
+     "per_layer: the compression ratio of each layer, one per layer (e.g. 0.25,0.5,0.75)", NULL},
 };
 const int ckv_press_option_count = (int)(sizeof ckv_press_option_table / sizeof ckv_press_option_table[0]);
 
@@ -59,9 +62,9 @@ const ckv_press_def ckv_press_table[] = {
      ckv_score_tova, "the last token's attention, averaged over the layer's query heads", CKV_READS_LAST},
     {"knorm", CKV_SCORER_KNORM, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM,
      ckv_score_knorm, "minus the key norm", CKV_READS_NONE},
-    {"streaming_llm", CKV_SCORER_STREAMING_LLM, "n_sink", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_SINKS,
+    {"streaming_llm", CKV_SCORER_STREAMING_LLM, "n_sink", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL & ~CKV_WRAP_CHUNKKV, CKV_PROTECT_SINKS,
      CKV_KEPT_UNIFORM, ckv_score_streaming_llm, "sinks and the most recent tokens", CKV_READS_NONE},
-    {"observed_attention", CKV_SCORER_OBSERVED_ATTENTION, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE,
+    {"observed_attention", CKV_SCORER_OBSERVED_ATTENTION, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL & ~CKV_WRAP_CHUNKKV, CKV_PROTECT_NONE,
      CKV_KEPT_UNIFORM, ckv_score_observed_attention, "mean attention received from every context query", CKV_READS_ALL},
     {"expected_attention", CKV_SCORER_EXPECTED_ATTENTION, "n_future,n_sink,covariance,vnorm,epsilon", NULL, 0,
      CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_SINKS, CKV_KEPT_UNIFORM, ckv_score_expected_attention,
@@ -93,6 +96,10 @@ const ckv_wrapper_def ckv_wrapper_table[] = {
     {"headkv", 0, CKV_ALLOC_HEADKV, CKV_WRAP_HEADKV, "profile", "HeadKV budgets from a head-importance profile"},
     {"critical_headkv", 1, CKV_ALLOC_HEADKV, CKV_WRAP_CRITICAL | CKV_WRAP_HEADKV, "alpha,eps,profile",
      "CriticalKV selection within HeadKV budgets"},
+    {"chunkkv", 0, CKV_ALLOC_CHUNK, CKV_WRAP_CHUNKKV, "chunk_length",
+     "ChunkKV: whole chunks, the same for every head of a layer, ranked by their mean score summed over the heads"},
+    {"per_layer", 0, CKV_ALLOC_PER_LAYER, CKV_WRAP_PER_LAYER, "compression_ratios",
+     "per-layer compression ratios in place of the budget"},
 };
 const int ckv_wrapper_count = (int)(sizeof ckv_wrapper_table / sizeof ckv_wrapper_table[0]);
 

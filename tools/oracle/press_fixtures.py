@@ -29,6 +29,7 @@ Usage: press_fixtures.py [--only MODEL ...] [--max-seed-tries N]   (run by tools
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shutil
@@ -63,10 +64,10 @@ class PressDef:
     case: str  # file-name stem ("critical-snapkv"; ':' becomes '-')
     spec: str  # ckv press spec ("critical:snapkv")
     scorer: str  # base scorer: snapkv tova knorm streaming_llm observed_attention expected_attention
-    kind: str  # selection: uniform | pyramid | critical | adakv | critical_adakv
+    kind: str  # selection: uniform | pyramid | critical | adakv | critical_adakv | chunkkv | per_layer
     options: dict  # every option with its value (ckv option names, see README.md)
     attn: str  # attn_implementation the press runs under
-    make: Callable[[float], object]  # compression ratio -> kvpress press
+    make: Callable[[float], object]  # compression ratio -> kvpress press (per_layer: the list of layer ratios)
 
 
 def _defs() -> list[PressDef]:
@@ -140,6 +141,21 @@ def _defs() -> list[PressDef]:
         PressDef("critical-leverage", "critical:leverage", "leverage", "critical", dict(lev, **crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(kp.LeverageScorePress(compression_ratio=cr), epsilon=1e-4,
                                                first_stage_ratio=0.5)),
+        # ChunkKVPress: chunks of 20 (15 whole chunks at L = 300: snapkv's window fills the last three,
+        # tied by construction), and of 32 over knorm and keydiff (9 whole chunks and a last one of 12)
+        PressDef("chunkkv-snapkv", "chunkkv:snapkv", "snapkv", "chunkkv", dict(snap, chunk_length=20), "sdpa",
+                 lambda cr: kp.ChunkKVPress(press=snapkv()(cr), chunk_length=20)),
+        PressDef("chunkkv-knorm_c32", "chunkkv:knorm", "knorm", "chunkkv", dict(chunk_length=32), "sdpa",
+                 lambda cr: kp.ChunkKVPress(press=knorm(cr), chunk_length=32)),
+        PressDef("chunkkv-keydiff_c32", "chunkkv:keydiff", "keydiff", "chunkkv", dict(chunk_length=32), "sdpa",
+                 lambda cr: kp.ChunkKVPress(press=kp.KeyDiffPress(compression_ratio=cr), chunk_length=32)),
+        # PerLayerCompressionPress: layer ratios around the case's ratio (per_layer_ratios), over
+        # snapkv and over the attention-free cur
+        PressDef("per_layer-snapkv", "per_layer:snapkv", "snapkv", "per_layer", dict(snap), "sdpa",
+                 lambda ratios: kp.PerLayerCompressionPress(press=snapkv()(0.0), compression_ratios=ratios)),
+        PressDef("per_layer-cur", "per_layer:cur", "cur", "per_layer", dict(cur), "sdpa",
+                 lambda ratios: kp.PerLayerCompressionPress(press=kp.CURPress(compression_ratio=0.0),
+                                                            compression_ratios=ratios)),
         PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
@@ -154,6 +170,14 @@ def _defs() -> list[PressDef]:
 
 
 _SKETCH = {"layer": 0}
+
+
+def per_layer_ratios(cr: float, n_layers: int) -> list[float]:
+    """The per_layer cases' ratios: from cr / 2 at the first layer to 3 cr / 2 at the last (capped
+    at 0.95), mean cr when nothing is capped."""
+    if n_layers == 1:
+        return [cr]
+    return [round(min(0.95, cr * (0.5 + i / (n_layers - 1))), 6) for i in range(n_layers)]
 
 
 class _TorchWithCkvSketch:
@@ -436,6 +460,10 @@ def reference_selection(d: PressDef, sc: ref.Scored, N: torch.Tensor | None, L: 
         return ref.select_uniform(sc, n_kept, ties)
     if d.kind == "pyramid":
         return ref.select_uniform(sc, ref.pyramid_n_kept(L, cr, o["window"], o["beta"], layer, n_layers), ties)
+    if d.kind == "per_layer":
+        return ref.select_uniform(sc, ref.n_kept_uniform(L, o["compression_ratios"][layer]), ties)
+    if d.kind == "chunkkv":
+        return ref.select_chunkkv(sc, cr, o["chunk_length"], ties)
     if d.kind == "critical":
         return ref.select_critical(sc, N, n_kept, ref.critical_first_stage(L, cr, o["alpha"]), o["eps"], ties)
     n_safe = ref.adakv_n_safe(n_kept, o["safeguard"])
@@ -480,7 +508,11 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
 
     model = run.models[d.attn]
     L = len(ctx)
-    press = d.make(cr)
+    if d.kind == "per_layer":  # the ratios depend on the model's depth
+        d = dataclasses.replace(d, options=dict(d.options, compression_ratios=per_layer_ratios(cr, run.n_layers)))
+        press = d.make(d.options["compression_ratios"])
+    else:
+        press = d.make(cr)
     press_repr = describe(press)
     outer = press
     base = press.press if hasattr(press, "press") else press
@@ -510,13 +542,14 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
             return s
 
         outer.score = rec_final
-    outer_compress = outer.compress
+    compressor = base if d.kind == "per_layer" else outer  # PerLayerCompressionPress runs its press's hook
+    outer_compress = compressor.compress
 
     def rec_compress(module, hidden_states, keys, values, attentions, kwargs):
         keys_in[module.layer_idx] = keys[0].detach().clone()
         return outer_compress(module, hidden_states, keys, values, attentions, kwargs)
 
-    outer.compress = rec_compress
+    compressor.compress = rec_compress
     vwl1 = criticalkv_press.CriticalKVPress.__dict__["vwl1norm"]
 
     def rec_vwl1(values, module):
@@ -576,13 +609,17 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
             for h in range(run.n_kv):
                 from_cache = sorted(_match_rows(ck[h], full_keys[i][h]))
                 from_topk = sorted(torch.topk(final_scores[i][h], n).indices.tolist())
-                if from_cache != from_topk:
+                if d.kind != "chunkkv" and from_cache != from_topk:  # chunkkv: checked against the reference
                     problems.append(f"layer {i} head {h}: cache rows != topk of the recorded scores")
                 per_head.append(from_cache)
             kept.append(per_head)
         if len(set(per_layer)) == 1:
             n_kept = per_layer[0]
-        if d.kind != "pyramid" and n_kept != ref.n_kept_uniform(L, cr):
+        if d.kind == "per_layer":
+            want = [ref.n_kept_uniform(L, r) for r in d.options["compression_ratios"]]
+            if want != per_layer:
+                problems.append(f"per_layer counts: cache {per_layer}, reference {want}")
+        elif d.kind not in ("pyramid", "chunkkv") and n_kept != ref.n_kept_uniform(L, cr):
             problems.append(f"n_kept {n_kept} != compute_n_kept {ref.n_kept_uniform(L, cr)}")
         if d.kind == "pyramid":
             want = [ref.pyramid_n_kept(L, cr, d.options["window"], d.options["beta"], i, run.n_layers)
@@ -695,7 +732,7 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
 
     return CaseResult(
         d=d, cr=cr, press_repr=press_repr, kept=kept, n_kept=n_kept,
-        n_kept_per_layer=per_layer if d.kind == "pyramid" else None, head_budgets=budgets,
+        n_kept_per_layer=per_layer if d.kind in ("pyramid", "per_layer", "chunkkv") else None, head_budgets=budgets,
         base_scores=sb.numpy(), value_norms=None if vn is None else vn.numpy(), logits=logits,
         question_feed=feed, gaps=gaps, structural_ties=structural, tie_dependent=tie_dependent,
         kept_ties_low=ties_low, logits_ties_low=ties_low_logits, logits_exact=logits_exact, checks=checks,
@@ -722,8 +759,16 @@ def kvpress_consistent(d: PressDef, s: torch.Tensor, N: torch.Tensor | None, for
     rows = [s[h].tolist() for h in range(n_kv)]
     K = [set(k) for k in kept]
     F = [set(torch.nonzero(forced[h]).flatten().tolist()) for h in range(n_kv)]
-    if d.kind in ("uniform", "pyramid"):
+    if d.kind in ("uniform", "pyramid", "per_layer"):
         return all(_valid_top(K[h], rows[h], len(K[h])) for h in range(n_kv))
+    if d.kind == "chunkkv":  # every head keeps the same whole chunks, a valid top of the chunk means
+        spans = ref.chunk_spans(L, o["chunk_length"])
+        if L < o["chunk_length"]:
+            return all(_valid_top(K[h], rows[h], len(K[h])) for h in range(n_kv))
+        chosen = {c for c, (a, b) in enumerate(spans) if a in K[0]}
+        whole = all(K[h] == {t for c in chosen for t in range(*spans[c])} for h in range(n_kv))
+        keep = max(1, int(len(spans) * (1.0 - cr)))
+        return whole and _valid_top(chosen, ref.chunk_means(s, L, o["chunk_length"]), keep)
     s2 = [((s[h] + o["eps"]) * N[h]).tolist() for h in range(n_kv)] if N is not None else None
     if d.kind == "critical":
         b1 = ref.critical_first_stage(L, cr, o["alpha"])

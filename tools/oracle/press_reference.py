@@ -557,3 +557,33 @@ def select_critical_adakv(sc: Scored, N: torch.Tensor, n_kept: int, n_safe: int,
         sel.kept.append(sorted(list(first) + [rest[i] for i in second]))
     sel.budgets = budgets
     return sel
+
+
+def chunk_spans(L: int, chunk: int) -> list[tuple[int, int]]:
+    """ChunkKV's chunks: [c * chunk, (c + 1) * chunk) from token 0, the last one shorter when L is not
+    a multiple of chunk."""
+    return [(t0, min(L, t0 + chunk)) for t0 in range(0, L, chunk)]
+
+
+def chunk_means(scores: torch.Tensor, L: int, chunk: int) -> list[float]:
+    """The mean over each chunk's tokens of the scores summed over the layer's KV heads."""
+    over_heads = scores.to(F64).sum(0)
+    return [float(over_heads[a:b].mean()) for a, b in chunk_spans(L, chunk)]
+
+
+def select_chunkkv(sc: Scored, cr: float, chunk: int, ties: str = "low") -> Selection:
+    """ChunkKV (kvpress ChunkKVPress): the best max(1, int(n_chunks * (1 - cr))) chunks by chunk_means,
+    ties to the lower chunk ("low") or the higher ("high"), kept whole by every head; a context shorter
+    than one chunk is the per-head top-k of the scorer."""
+    n_kv, L = sc.scores.shape
+    if L < chunk:
+        return select_uniform(sc, n_kept_uniform(L, cr), ties)
+    spans = chunk_spans(L, chunk)
+    means = chunk_means(sc.scores, L, chunk)
+    keep = max(1, int(len(spans) * (1.0 - cr)))
+    whole = [bool(sc.protected[:, a:b].all()) for a, b in spans]  # chunks of protected tokens only
+    sel = Selection([])
+    top = _top(means, list(range(len(spans))), keep, ties, "chunks", -1, None, whole, sel.boundaries)
+    rows = sorted(t for c in top for t in range(*spans[c]))
+    sel.kept = [list(rows) for _ in range(n_kv)]
+    return sel
