@@ -35,7 +35,7 @@ static const char *known_options(char *buf, size_t cap) {
 }
 
 static const ckv_wrapper_def *wrapper_of(const ckv_press_config *c) {
-    return ckv_wrapper_def_of(c->critical, c->alloc);
+    return ckv_wrapper_def_of(c->critical, c->alloc, c->rerotate_keys);
 }
 
 const char *ckv_scorer_name(ckv_scorer_kind k) {
@@ -224,6 +224,7 @@ ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
     c->scorer = d->scorer;
     c->alloc = w ? w->alloc : d->alloc;
     c->critical = w ? w->critical : 0;
+    c->rerotate_keys = w ? w->rerotate : 0;
     return apply_list(c, d->defaults);
 }
 
@@ -322,7 +323,9 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
                          "budget_tokens");
     char wrap[2600] = "", base[400] = "", budget[120] = "";
     const ckv_wrapper_def *w = wrapper_of(c);
-    if (w) {
+    if (w && !w->options[0]) {
+        snprintf(wrap, sizeof wrap, "%s:", w->name);
+    } else if (w) {
         int n = snprintf(wrap, sizeof wrap, "%s(", w->name);
         n += print_options(wrap + n, sizeof wrap - (size_t)n, c, w->options);
         if ((size_t)n < sizeof wrap) snprintf(wrap + n, sizeof wrap - (size_t)n, "):");

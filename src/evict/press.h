@@ -79,6 +79,7 @@ typedef struct {
     double eps;                /* critical epsilon (1e-4) */
     double safeguard;          /* adakv alpha_safeguard (0.2) */
     char profile[512];         /* headkv profile JSON path */
+    int rerotate_keys;         /* key_rerotation: kept keys re-rotated to positions 0 .. n_kept - 1 */
     int chunk_length;          /* chunkkv: tokens per chunk (20) */
     ckv_press_ratios layer_ratios; /* per_layer: compression ratio of each layer (required) */
     /* budget: exactly one of compression_ratio (kvpress cr) and budget_tokens is in force */

@@ -294,6 +294,15 @@ static void check_layer_wrappers(void) {
     rq.spec = "chunkkv:pyramidkv";
     expect_build_error(&rq, "press", 0, "cannot be wrapped by chunkkv");
 
+    c = built("key_rerotation:streaming_llm", CKV_BUDGET_RATIO, 0.5);
+    CHECK_MSG(!strcmp(c.spec, "key_rerotation:streaming_llm(n_sink=4) cr=0.5 (kept=max(1,floor(L*(1-cr)))) "
+                              "context-only"), "got '%s'", c.spec);
+    CHECK(c.rerotate_keys && c.alloc == CKV_ALLOC_UNIFORM && !c.critical);
+    c = built("critical:snapkv", CKV_BUDGET_RATIO, 0.5);
+    CHECK(!c.rerotate_keys);
+    rq.spec = "key_rerotation:pyramidkv";
+    expect_build_error(&rq, "press", 0, "its kept counts are its own");
+
     ckv_press_option_value ratios = {"compression_ratios", "[0.25, 0.5,0.75]"};
     ckv_press_request pl = {.spec = "per_layer:snapkv", .options = &ratios, .n_options = 1, .query_aware = -1,
                             .flags = CKV_PRESS_NEED_BUDGET};

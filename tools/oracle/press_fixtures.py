@@ -64,7 +64,7 @@ class PressDef:
     case: str  # file-name stem ("critical-snapkv"; ':' becomes '-')
     spec: str  # ckv press spec ("critical:snapkv")
     scorer: str  # base scorer: snapkv tova knorm streaming_llm observed_attention expected_attention
-    kind: str  # selection: uniform | pyramid | critical | adakv | critical_adakv | chunkkv | per_layer
+    kind: str  # selection: uniform | pyramid | critical | adakv | critical_adakv | chunkkv | per_layer | rerotate
     options: dict  # every option with its value (ckv option names, see README.md)
     attn: str  # attn_implementation the press runs under
     make: Callable[[float], object]  # compression ratio -> kvpress press (per_layer: the list of layer ratios)
@@ -156,6 +156,13 @@ def _defs() -> list[PressDef]:
         PressDef("per_layer-cur", "per_layer:cur", "cur", "per_layer", dict(cur), "sdpa",
                  lambda ratios: kp.PerLayerCompressionPress(press=kp.CURPress(compression_ratio=0.0),
                                                             compression_ratios=ratios)),
+        # KeyRerotationPress: the kept keys re-rotated to positions 0 .. n_kept - 1, over snapkv and
+        # over streaming_llm (the SinkCache use)
+        PressDef("key_rerotation-snapkv", "key_rerotation:snapkv", "snapkv", "rerotate", dict(snap), "sdpa",
+                 lambda cr: kp.KeyRerotationPress(press=snapkv()(cr))),
+        PressDef("key_rerotation-streaming_llm", "key_rerotation:streaming_llm", "streaming_llm", "rerotate",
+                 dict(n_sink=4), "sdpa",
+                 lambda cr: kp.KeyRerotationPress(press=kp.StreamingLLMPress(compression_ratio=cr, n_sink=4))),
         PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
@@ -456,7 +463,7 @@ def reference_selection(d: PressDef, sc: ref.Scored, N: torch.Tensor | None, L: 
                         n_layers: int, ties: str) -> ref.Selection:
     n_kept = ref.n_kept_uniform(L, cr)
     o = d.options
-    if d.kind == "uniform":
+    if d.kind in ("uniform", "rerotate"):
         return ref.select_uniform(sc, n_kept, ties)
     if d.kind == "pyramid":
         return ref.select_uniform(sc, ref.pyramid_n_kept(L, cr, o["window"], o["beta"], layer, n_layers), ties)
@@ -498,6 +505,18 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
     if d.scorer == "expected_attention":
         return ref.score_expected(inp, o["n_future"], o["n_sink"], o["covariance"], o["vnorm"], o["epsilon"])
     raise ValueError(d.scorer)
+
+
+def rerotated_cache(run: ModelRun, model, full_keys: list, kept: list) -> list:
+    """The context keys of every layer with the kept rows re-rotated (ref.rerotate), for the replay."""
+    out = []
+    for i in range(run.n_layers):
+        k = full_keys[i].clone()
+        rot = ref.rerotate(full_keys[i], kept[i], model.model.rotary_emb.inv_freq).to(k.dtype)
+        for h in range(run.n_kv):
+            k[h, kept[i][h]] = rot[h]
+        out.append(k)
+    return out
 
 
 @torch.inference_mode()
@@ -550,6 +569,15 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
         return outer_compress(module, hidden_states, keys, values, attentions, kwargs)
 
     compressor.compress = rec_compress
+    rerotated: dict[int, list] = {}  # key_rerotation: the kept indices kvpress re-rotated, per layer
+    if d.kind == "rerotate":
+        rerotate_keys = outer.rerotate_keys
+
+        def rec_rerotate(module, indices, keys):
+            rerotated[module.layer_idx] = [sorted(r) for r in indices[0].tolist()]
+            return rerotate_keys(module, indices, keys)
+
+        outer.rerotate_keys = rec_rerotate
     vwl1 = criticalkv_press.CriticalKVPress.__dict__["vwl1norm"]
 
     def rec_vwl1(values, module):
@@ -601,11 +629,22 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
                 problems.append(f"layer {i}: kept {sum(budgets[-1])} != Hkv * n_kept")
     else:
         per_layer = []
+        checks_rerotate = 0.0
         for i in range(run.n_layers):
             ck = cache.layers[i].keys[0]  # [Hkv, n, d]
             n = ck.shape[1]
             per_layer.append(n)
             per_head = []
+            if d.kind == "rerotate":  # the cache holds re-rotated keys: the recorded indices, checked
+                per_head = rerotated[i]
+                own = ref.rerotate(full_keys[i], per_head, model.model.rotary_emb.inv_freq)
+                err = float((own - ck.to(torch.float64)).abs().max())
+                checks_rerotate = max(checks_rerotate, err)
+                for h in range(run.n_kv):
+                    if per_head[h] != sorted(torch.topk(final_scores[i][h], n).indices.tolist()):
+                        problems.append(f"layer {i} head {h}: re-rotated indices != topk of the recorded scores")
+                kept.append(per_head)
+                continue
             for h in range(run.n_kv):
                 from_cache = sorted(_match_rows(ck[h], full_keys[i][h]))
                 from_topk = sorted(torch.topk(final_scores[i][h], n).indices.tolist())
@@ -654,7 +693,13 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
 
     checks: dict = {}
     logits_exact = None
-    replay = replay_logits(run, q_ids, kept, d.attn)
+    replay_keys = None
+    if d.kind == "rerotate":  # the replay reads the kept rows re-rotated (own float64 rotation)
+        checks["rerotated_keys_max_abs_diff"] = float(f"{checks_rerotate:.3g}")
+        if checks_rerotate > 1e-4:
+            problems.append(f"kvpress's re-rotated keys differ from the reference rotation by {checks_rerotate:.3g}")
+        replay_keys = rerotated_cache(run, model, full_keys, kept)
+    replay = replay_logits(run, q_ids, kept, d.attn, keys=replay_keys)
     checks["replay_max_abs_diff"] = float(f"{np.abs(replay - logits).max():.3g}")
     if masked_sets is not None:
         # kvpress masks with fake keys, not exactly: the replay of kvpress's cache as it was left
@@ -728,7 +773,9 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
     ties_low_logits = None
     if tie_dependent:
         ties_low = low_kept
-        ties_low_logits = replay_logits(run, q_ids, low_kept, d.attn)
+        if d.kind == "rerotate":
+            replay_keys = rerotated_cache(run, model, full_keys, low_kept)
+        ties_low_logits = replay_logits(run, q_ids, low_kept, d.attn, keys=replay_keys)
 
     return CaseResult(
         d=d, cr=cr, press_repr=press_repr, kept=kept, n_kept=n_kept,
@@ -759,7 +806,7 @@ def kvpress_consistent(d: PressDef, s: torch.Tensor, N: torch.Tensor | None, for
     rows = [s[h].tolist() for h in range(n_kv)]
     K = [set(k) for k in kept]
     F = [set(torch.nonzero(forced[h]).flatten().tolist()) for h in range(n_kv)]
-    if d.kind in ("uniform", "pyramid", "per_layer"):
+    if d.kind in ("uniform", "pyramid", "per_layer", "rerotate"):
         return all(_valid_top(K[h], rows[h], len(K[h])) for h in range(n_kv))
     if d.kind == "chunkkv":  # every head keeps the same whole chunks, a valid top of the chunk means
         spans = ref.chunk_spans(L, o["chunk_length"])

@@ -587,3 +587,17 @@ def select_chunkkv(sc: Scored, cr: float, chunk: int, ties: str = "low") -> Sele
     rows = sorted(t for c in top for t in range(*spans[c]))
     sel.kept = [list(rows) for _ in range(n_kv)]
     return sel
+
+
+def rerotate(keys: torch.Tensor, kept: list[list[int]], inv_freq: torch.Tensor) -> torch.Tensor:
+    """Key re-rotation (kvpress KeyRerotationPress): the kept post-RoPE keys of each head, kept[h]
+    ascending, rotated by the angles (i - kept[h][i]) * inv_freq so that they read as positions
+    0 .. n - 1; float64. keys [Hkv, L, d] -> [Hkv, n, d]."""
+    out = []
+    inv = inv_freq.to(F64)
+    for h, pos in enumerate(kept):
+        p = torch.tensor(pos, dtype=F64)
+        a = (torch.arange(len(pos), dtype=F64) - p)[:, None] * inv[None, :]  # [n, d / 2]
+        cos, sin = torch.cat([a.cos(), a.cos()], -1), torch.cat([a.sin(), a.sin()], -1)
+        out.append(_rope(keys[h, pos].to(F64), cos, sin))
+    return torch.stack(out)
