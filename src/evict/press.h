@@ -30,6 +30,7 @@ typedef enum {
     CKV_SCORER_LAGKV,             /* kvpress LagKVPress (attention-free) */
     CKV_SCORER_CUR,               /* kvpress CURPress (attention-free) */
     CKV_SCORER_LEVERAGE,          /* kvpress LeverageScorePress (attention-free) */
+    CKV_SCORER_COMPACTOR,         /* kvpress CompactorPress (leverage + chunked non-causal attention) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -73,7 +74,11 @@ typedef struct {
     int leverage_type;         /* cur: ckv_cur_kind (kv_product) */
     int use_local_approximation; /* cur: normalise the norms per local window (1) */
     int local_window_size;     /* cur: that window (16) */
-    int sketch_dimension;      /* leverage: columns of the Gaussian sketch (48) */
+    int sketch_dimension;      /* leverage, compactor: columns of the Gaussian sketch (48) */
+    int sink_size_start;       /* compactor: sink tokens at the start (8) */
+    int sink_size_end;         /* compactor: sink tokens at the end (4) */
+    int chunk_size;            /* compactor: chunk of the non-causal attention (256) */
+    double blending;           /* compactor: weight of the leverage; < 0: the compression ratio (-1) */
     /* wrapper options */
     double alpha;              /* critical first-stage ratio (0.5) */
     double eps;                /* critical epsilon (1e-4) */

@@ -32,7 +32,14 @@ const ckv_option_def ckv_press_option_table[] = {
     {"local_window_size", CKV_OPTION_INT, F(local_window_size), "16", 1, 1 << 20, 0, "CUR: that window", NULL},
     {"sketch_dimension", CKV_OPTION_INT, F(sketch_dimension), "48", 1, 256, 0,
      "leverage: columns of the Gaussian sketch of the keys", NULL},
-    {"seed", CKV_OPTION_SEED, F(seed), "0", 0, 0x7fffffff, 0, "random, leverage: generator seed", NULL},
+    {"seed", CKV_OPTION_SEED, F(seed), "0", 0, 0x7fffffff, 0, "random, leverage, compactor: generator seed", NULL},
+    {"sink_size_start", CKV_OPTION_INT, F(sink_size_start), "8", 0, 1 << 20, 0, "compactor: sink tokens at the start",
+     NULL},
+    {"sink_size_end", CKV_OPTION_INT, F(sink_size_end), "4", 0, 1 << 20, 0, "compactor: sink tokens at the end", NULL},
+    {"chunk_size", CKV_OPTION_INT, F(chunk_size), "256", 1, 1 << 16, 0,
+     "compactor: chunk of its non-causal attention", NULL},
+    {"blending", CKV_OPTION_REAL, F(blending), "-1", -1, 1e6, 0,
+     "compactor: weight of the leverage scores; -1: the compression ratio (kvpress's None)", NULL},
     {"alpha", CKV_OPTION_REAL, F(alpha), "0.5", 0, 1, 0, "CriticalKV: first-stage share of the budget", NULL},
     {"eps", CKV_OPTION_REAL, F(eps), "0.0001", 0, 1e6, 0, "CriticalKV: epsilon added to the scores", NULL},
     {"safeguard", CKV_OPTION_REAL, F(safeguard), "0.2", 0, 1, 0, "AdaKV: share of a head's budget it keeps anyway", NULL},
@@ -85,6 +92,10 @@ const ckv_press_def ckv_press_table[] = {
     {"leverage", CKV_SCORER_LEVERAGE, "sketch_dimension,seed", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE,
      CKV_KEPT_UNIFORM, ckv_score_leverage,
      "leverage of the pre-RoPE keys under a Gaussian sketch, z-scored over the layer (attention-free)", CKV_READS_NONE},
+    {"compactor", CKV_SCORER_COMPACTOR, "sink_size_start,sink_size_end,chunk_size,sketch_dimension,blending,seed", NULL, 0,
+     CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM, ckv_score_compactor,
+     "blending x leverage + chunked non-causal attention times value norms, z-scored; sinks score the max",
+     CKV_READS_ALL},
 };
 const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
 

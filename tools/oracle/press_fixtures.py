@@ -77,6 +77,7 @@ def _defs() -> list[PressDef]:
     crit = dict(alpha=0.5, eps=1e-4)
     cur = dict(n_sink=4, leverage_type="kv_product", use_local_approximation=True, local_window_size=16)
     lev = dict(sketch_dimension=48, seed=0)
+    comp = dict(sink_size_start=8, sink_size_end=4, chunk_size=256, sketch_dimension=48, blending=-1, seed=0)
     install_ckv_sketch()
     ea = dict(n_future=512, n_sink=4, covariance=True, vnorm=True, epsilon=0.0)
 
@@ -156,6 +157,14 @@ def _defs() -> list[PressDef]:
         PressDef("per_layer-cur", "per_layer:cur", "cur", "per_layer", dict(cur), "sdpa",
                  lambda ratios: kp.PerLayerCompressionPress(press=kp.CURPress(compression_ratio=0.0),
                                                             compression_ratios=ratios)),
+        # CompactorPress at its defaults (sinks 8 + 4, chunks of 256: at L = 300 one whole chunk and one
+        # padded from 32 rows; blending = cr), and chunks of 64 with blending 0.5 under adakv
+        PressDef("compactor", "compactor", "compactor", "uniform", dict(comp), "sdpa",
+                 lambda cr: kp.CompactorPress(compression_ratio=cr)),
+        PressDef("adakv-compactor_c64b05", "adakv:compactor", "compactor", "adakv",
+                 dict(comp, chunk_size=64, blending=0.5, safeguard=0.2), "sdpa",
+                 lambda cr: kp.AdaKVPress(kp.CompactorPress(compression_ratio=cr, chunk_size=64, blending=0.5),
+                                          alpha_safeguard=0.2)),
         # KeyRerotationPress: the kept keys re-rotated to positions 0 .. n_kept - 1, over snapkv and
         # over streaming_llm (the SinkCache use)
         PressDef("key_rerotation-snapkv", "key_rerotation:snapkv", "snapkv", "rerotate", dict(snap), "sdpa",
@@ -249,6 +258,10 @@ def protected_mask(d: PressDef, L: int, n_kv: int, scores: torch.Tensor) -> torc
             m[:, L - tail:] = True
     elif d.scorer == "cur":
         m[:, : d.options["n_sink"]] = True
+    elif d.scorer == "compactor":
+        a = min(d.options["sink_size_start"], L)
+        m[:, :a] = True
+        m[:, L - min(d.options["sink_size_end"], L - a):] = True
     elif d.scorer == "streaming_llm":
         m = scores > 0
     return m
@@ -498,6 +511,9 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
     if d.scorer == "cur":
         return ref.score_cur(inp, o["n_sink"], o["leverage_type"],
                              o["local_window_size"] if o["use_local_approximation"] else 0)
+    if d.scorer == "compactor":
+        return ref.score_compactor(inp, cr, o["sink_size_start"], o["sink_size_end"], o["chunk_size"],
+                                   o["sketch_dimension"], o["seed"], o["blending"])
     if d.scorer == "streaming_llm":
         return ref.score_streaming(inp, ref.n_kept_uniform(inp.L, cr), o["n_sink"])
     if d.scorer == "observed_attention":
@@ -954,7 +970,7 @@ def write_cases(run: ModelRun, out: Path, results: list[CaseResult]) -> list[str
         obj["structural_ties"] = r.structural_ties
         obj["tie_dependent"] = r.tie_dependent
         obj["scores_file"] = f"{stem}.scores.f32"
-        if r.d.scorer == "leverage":
+        if r.d.scorer in ("leverage", "compactor"):
             # z-scores (leverage - mean) / std: fp32 rounding of the leverages is absolute at the scale
             # of the std (about 1), so near-zero z-scores carry it unscaled (kvpress vs float64: 1.7e-6)
             obj["scores_atol"] = 2e-5

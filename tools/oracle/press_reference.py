@@ -13,6 +13,7 @@ Tie rule "low" (SPEC, and ckv): equal scores rank by lower flat index head * L +
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -601,3 +602,50 @@ def rerotate(keys: torch.Tensor, kept: list[list[int]], inv_freq: torch.Tensor) 
         cos, sin = torch.cat([a.cos(), a.cos()], -1), torch.cat([a.sin(), a.sin()], -1)
         out.append(_rope(keys[h, pos].to(F64), cos, sin))
     return torch.stack(out)
+
+
+def _sliced(inp: LayerInputs, a: int, b: int) -> LayerInputs:
+    """The layer inputs of context rows a .. b - 1 only (what CompactorPress hands its inner presses)."""
+    return dataclasses.replace(inp, hidden=inp.hidden[a:b], keys=inp.keys[:, a:b], values=inp.values[:, a:b],
+                               cos=inp.cos[a:b], sin=inp.sin[a:b])
+
+
+def score_compactor(inp: LayerInputs, cr: float, sink_start: int, sink_end: int, chunk: int, k: int, seed: int,
+                    blending: float) -> Scored:
+    """CompactorPress: rows a = min(sink_start, L) .. b = L - min(sink_end, L - a) score
+    blending * (the leverage of those rows, score_leverage) + NonCausalAttnPress's score; the sinks
+    score the maximum of those scores (not + 1) and are protected. NonCausalAttnPress: the rows cut
+    into chunks of `chunk` (the last one padded with zero rows to `chunk`); in a chunk every query
+    (RoPE'd, no 1/sqrt(d) scale) attends to every key of the chunk; padding keys get logit -1e-9,
+    padding queries logit 0 on real keys; softmax; summed over all the chunk's queries (padding
+    ones too); mean over the group; times ||v||_2; avg-pooled over 3 (zero padding counted);
+    z-scored over every head (unbiased std, at least 1e-6). blending < 0: cr."""
+    L = inp.L
+    a = min(sink_start, L)
+    tail = min(sink_end, max(0, L - a))
+    b = L - tail
+    sl = _sliced(inp, a, b)
+    S = b - a
+    q = _queries(sl, slice(0, S))  # [H, S, d]
+    kk = _keys_per_query_head(sl)  # [H, S, d]
+    A = torch.zeros((inp.n_heads, S), dtype=F64)
+    for c0 in range(0, S, chunk):
+        c1 = min(S, c0 + chunk)
+        n, pad = c1 - c0, chunk - (c1 - c0)
+        dots = q[:, c0:c1] @ kk[:, c0:c1].transpose(1, 2)  # [H, n, n]
+        logits = torch.cat([dots, torch.full((inp.n_heads, n, pad), -1e-9, dtype=F64)], -1)
+        A[:, c0:c1] += torch.softmax(logits, -1)[..., :n].sum(1)
+        if pad:
+            padq = torch.cat([torch.zeros(n, dtype=F64), torch.full((pad,), -1e-9, dtype=F64)])
+            A[:, c0:c1] += pad * torch.softmax(padq, -1)[:n]
+    A = A.view(inp.n_kv, inp.G, S).mean(1) * torch.linalg.vector_norm(sl.values.to(F64), dim=-1)
+    A = _pool(A, 3, "avg")
+    A = (A - A.mean()) / A.std().clamp_min(1e-6)
+    lev = score_leverage(sl, k, seed).scores
+    w = cr if blending < 0 else blending
+    body = w * lev + A
+    s = torch.full((inp.n_kv, L), float(body.max()), dtype=F64)
+    s[:, a:b] = body
+    protected = torch.ones((inp.n_kv, L), dtype=torch.bool)
+    protected[:, a:b] = False
+    return Scored(s, protected)
