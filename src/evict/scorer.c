@@ -92,6 +92,10 @@ ckv_status ckv_score_zscore(const ckv_score_inputs *in, float *x, int ld, int n,
     if (s == CKV_STATUS_OK) s = ckv_evict_allgather(be, in->tp, stats_dev, all_d, st_bytes);
     if (s == CKV_STATUS_OK) s = be->ops->sync(be);
     if (s == CKV_STATUS_OK) s = be->ops->download(be, all, all_d, (size_t)size * st_bytes);
+    for (size_t i = 0; s == CKV_STATUS_OK && i < (size_t)size * 2 * (size_t)nkv; i++) /* a device op reports a failed */
+        if (isnan(all[i]))                                                            /* leverage factor so */
+            s = ckv_error(CKV_STATUS_ERR_NUMERIC, "press leverage: the sketched Gram matrix of a KV head of layer %d "
+                          "is not positive definite even with jitter 100", in->layer);
     if (s == CKV_STATUS_OK) {
         double s1 = 0.0, s2 = 0.0;
         for (int h = 0, r = 0; h < in->n_kv_heads && r < size; r++) { /* global heads ascending, each once */
