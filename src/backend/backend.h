@@ -286,6 +286,21 @@ typedef struct {
      * the first layer of the largest context allocates). Ops called with larger shapes still grow
      * their scratch. NULL on backends whose ops keep no scratch between calls (cpu). */
     ckv_status (*evict_reserve)(ckv_backend *be, const ckv_evict_shape *shape);
+    /* Non-causal attention column sums of one chunk (kvpress NonCausalAttnPress, inside Compactor): the
+     * n_q queries q [n_q, n_heads_local, d] fp32 (RoPE'd) of rows q_row0 .. q_row0 + n_q - 1 attend to
+     * the keys of the same rows of their segment with logits (q . k) * scale (fp32 dot products) and
+     * to n_pad padding keys with logit -1e-9 (kvpress pads the last chunk with zero rows and fills
+     * their logits with -1e-9, not -inf); p = softmax over the n_q + n_pad logits as in
+     * evict_attn_colsum; the n_pad padding queries (logit 0 on every real key, -1e-9 on the padding)
+     * are counted too. colsum[o, q_row0 + t] += (double)p_t, t < n_q, o = (head0 + j) / group:
+     * heads j ascending, then the real queries ascending, then the padding queries. With zero != 0
+     * colsum [n_kv_heads, n_cols] is first set to 0. NULL on backends without it. */
+    ckv_status (*evict_chunk_colsum)(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                                     int n_pad, const ckv_kv_batch *kv, int n_heads_local, int head0, int group,
+                                     float scale, int zero);
+    /* stats[r] = {sum_t x[r * ld + t], sum_t x[r * ld + t]^2} in double over t < n ascending.
+     * x [rows, ld], stats [rows, 2]. NULL on backends without it. */
+    void (*evict_row_stats)(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:

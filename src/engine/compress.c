@@ -1,6 +1,7 @@
 /* compress.c - per-layer compression during layer-major prefill (see compress.h). */
 #include "engine/compress.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,11 +70,54 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
     *in = v;
 }
 
+/* key_rerotation (kvpress KeyRerotationPress): row i of each local head, cached at position pos[i]
+ * (post-RoPE), is rotated by the angles (float)(i - pos[i]) * inv_freq[j] in fp32, as kvpress does, so
+ * the kept keys read as if the context had been n_kept tokens long; positions, values and masks are
+ * unchanged (the question still follows at L, L+1, ...). Runs on the host through the cache's head
+ * access (fp32, converted from and back to the cache dtype): 2 n_kept head_dim values each way per
+ * head, after the layer's compaction. */
+static ckv_status rerotate_layer(ckv_session *s, int layer) {
+    ckv_model *m = s->model;
+    ckv_backend *be = m->be;
+    const int d = m->cfg.head_dim, half = d / 2, nkv = m->plan.n_kv_local;
+    const ckv_kv_layer *kl = &s->kv.layers[layer];
+    int most = 0;
+    for (int h = 0; h < nkv; h++) most = kl->len[h] > most ? kl->len[h] : most;
+    float *k = NULL, *v = NULL, *inv = NULL; // [most, d] x 2, [d / 2] (host)
+    int32_t *pos = NULL;                     // [most]
+    ckv_status st = ckv_alloc((void **)&k, (size_t)most * (size_t)d * sizeof(float), "rerotated keys");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&v, (size_t)most * (size_t)d * sizeof(float), "rerotated values");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&pos, (size_t)most * sizeof(int32_t), "rerotated positions");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&inv, (size_t)half * sizeof(float), "inverse frequencies");
+    if (st == CKV_STATUS_OK) st = be->ops->sync(be);
+    if (st == CKV_STATUS_OK) st = be->ops->download(be, inv, m->inv_freq, (size_t)half * sizeof(float));
+    for (int h = 0; h < nkv && st == CKV_STATUS_OK; h++) {
+        const int n = kl->len[h];
+        st = ckv_kv_head_read(&s->kv, layer, h, k, v, pos);
+        for (int i = 0; i < n && st == CKV_STATUS_OK; i++) {
+            float *x = k + (size_t)i * d;
+            const float delta = (float)(i - pos[i]);
+            for (int j = 0; j < half; j++) {
+                const float a = delta * inv[j], c = cosf(a), sn = sinf(a), x0 = x[j], x1 = x[j + half];
+                x[j] = x0 * c - x1 * sn; /* x * cos + rotate_half(x) * sin */
+                x[j + half] = x1 * c + x0 * sn;
+            }
+        }
+        if (st == CKV_STATUS_OK) st = ckv_kv_head_write(&s->kv, layer, h, k, v, pos, n);
+    }
+    ckv_free(k);
+    ckv_free(v);
+    ckv_free(pos);
+    ckv_free(inv);
+    return st;
+}
+
 ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L) {
     ckv_model *m = src->model;
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
     if (!ckv_press_evicts(cz->cfg)) return CKV_STATUS_OK;
+    CKV_TRY(ckv_press_check_layers(cz->cfg, c->n_layers));
     if (dst->n_past != 0) /* (src may hold its context already: its layer's rows are checked below) */
         return ckv_error(CKV_STATUS_ERR_ARG, "compression applies to the first prefill of a session (the context)");
     if (dst->model != m || dst->capacity < L)
@@ -103,6 +147,7 @@ ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const c
             st = ckv_kv_layer_compact_dev(&dst->kv, layer, sel.rows, L, sel.n_keep, dst->capacity - L);
         else
             st = ckv_kv_layer_gather_from(&dst->kv, &src->kv, layer, sel.rows, L, sel.n_keep, dst->capacity - L);
+        if (st == CKV_STATUS_OK && cz->cfg->rerotate_keys) st = rerotate_layer(dst, layer);
         cz->compact_seconds += ckv_time_now() - t0;
     }
     if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, &sel);

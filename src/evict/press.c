@@ -35,7 +35,7 @@ static const char *known_options(char *buf, size_t cap) {
 }
 
 static const ckv_wrapper_def *wrapper_of(const ckv_press_config *c) {
-    return ckv_wrapper_def_of(c->critical, c->alloc);
+    return ckv_wrapper_def_of(c->critical, c->alloc, c->rerotate_keys);
 }
 
 const char *ckv_scorer_name(ckv_scorer_kind k) {
@@ -82,6 +82,38 @@ static ckv_status parse_real(const char *key, const char *v, double lo, double h
     return CKV_STATUS_OK;
 }
 
+/* "0.25,0.5,0.75" or "[0.25, 0.5, 0.75]": at least one number, each in [lo, hi]. */
+static ckv_status parse_reals(const ckv_option_def *o, const char *v, ckv_press_ratios *out) {
+    const char *p = v;
+    while (*p == ' ') p++;
+    const int bracket = *p == '[';
+    if (bracket) p++;
+    ckv_press_ratios r;
+    r.n = 0;
+    for (;;) {
+        char *end = NULL;
+        errno = 0;
+        const double x = strtod(p, &end);
+        if (errno || end == p || !isfinite(x))
+            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated numbers, got '%s'", o->key, v);
+        if (x < o->lo || x > o->hi)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: value %d (%g) is outside [%g, %g]", o->key, r.n + 1, x,
+                             o->lo, o->hi);
+        if (r.n == CKV_PRESS_MAX_LAYERS)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: more than %d values", o->key, CKV_PRESS_MAX_LAYERS);
+        r.cr[r.n++] = x;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p != ',') break;
+        p++;
+    }
+    if (bracket && *p == ']') p++;
+    else if (bracket) p = "?";
+    if (*p) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated numbers, got '%s'", o->key, v);
+    *out = r;
+    return CKV_STATUS_OK;
+}
+
 /* Value k of a '|'-separated choice list ("" past its end); *len its length. */
 static const char *choice_at(const char *choices, int k, int *len) {
     const char *p = choices ? choices : "";
@@ -123,6 +155,7 @@ static ckv_status option_set(ckv_press_config *c, const ckv_option_def *o, const
         if (strlen(v) >= sizeof c->profile) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: path too long", o->key);
         strcpy(field, v);
         return CKV_STATUS_OK;
+    case CKV_OPTION_REALS: return parse_reals(o, v, (ckv_press_ratios *)field);
     }
     return ckv_error(CKV_STATUS_ERR_INTERNAL, "press option %s: unknown type", o->key);
 }
@@ -153,7 +186,7 @@ static ckv_status apply_list(ckv_press_config *c, const char *list) {
 static void press_defaults(ckv_press_config *c) {
     memset(c, 0, sizeof *c);
     for (int i = 0; i < ckv_press_option_count; i++) /* the table's defaults are valid by construction */
-        if (ckv_press_option_table[i].type != CKV_OPTION_FILE) option_set(c, &ckv_press_option_table[i], ckv_press_option_table[i].dflt);
+        if (ckv_press_option_table[i].dflt[0]) option_set(c, &ckv_press_option_table[i], ckv_press_option_table[i].dflt);
 }
 
 /* ---- specs ---------------------------------------------------------------------------------------- */
@@ -184,11 +217,14 @@ ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
         return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown press '%s' (known: %s)", spec, base,
                          known_presses(known, sizeof known));
     if (w && (d->wrappers & w->needs) != w->needs)
-        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be wrapped by %s (its kept counts are its own)", spec,
-                         base, w->name);
+        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be wrapped by %s (%s)", spec, base, w->name,
+                         d->kept != CKV_KEPT_UNIFORM ? "its kept counts are its own"
+                         : w->needs & CKV_WRAP_CHUNKKV ? "chunks are ranked by score values, which this press does not give"
+                                                       : "the wrapper does not take it");
     c->scorer = d->scorer;
     c->alloc = w ? w->alloc : d->alloc;
     c->critical = w ? w->critical : 0;
+    c->rerotate_keys = w ? w->rerotate : 0;
     return apply_list(c, d->defaults);
 }
 
@@ -260,6 +296,14 @@ static int print_options(char *buf, size_t cap, const ckv_press_config *c, const
                 break;
             }
             case CKV_OPTION_FILE: n += snprintf(buf + n, cap - (size_t)n, "%s%s=%s", sep, o->key, field); break;
+            case CKV_OPTION_REALS: {
+                const ckv_press_ratios *r = (const ckv_press_ratios *)field;
+                n += snprintf(buf + n, cap - (size_t)n, "%s%s=[", sep, o->key);
+                for (int i = 0; i < r->n && (size_t)n < cap; i++)
+                    n += snprintf(buf + n, cap - (size_t)n, "%s%g", i ? "," : "", r->cr[i]);
+                if ((size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, "]");
+                break;
+            }
             }
         p = end ? end + 1 : NULL;
     }
@@ -271,9 +315,17 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     if (!d) return ckv_error(CKV_STATUS_ERR_ARG, "press: unknown scorer kind %d", (int)c->scorer);
     if (!ckv_press_evicts(c) && (c->compression_ratio > 0 || c->budget_tokens > 0))
         return ckv_error(CKV_STATUS_ERR_ARG, "a budget was given but the press is none (the full cache)");
-    char wrap[640] = "", base[400] = "", budget[120] = "";
+    if (c->alloc == CKV_ALLOC_PER_LAYER && c->layer_ratios.n < 1)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press per_layer needs option compression_ratios (one ratio per layer of the "
+                         "model, e.g. compression_ratios=0.25,0.5,0.75)");
+    if (c->alloc == CKV_ALLOC_CHUNK && c->budget_tokens > 0)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press chunkkv keeps whole chunks: give budget or compression_ratio, not "
+                         "budget_tokens");
+    char wrap[2600] = "", base[400] = "", budget[120] = "";
     const ckv_wrapper_def *w = wrapper_of(c);
-    if (w) {
+    if (w && !w->options[0]) {
+        snprintf(wrap, sizeof wrap, "%s:", w->name);
+    } else if (w) {
         int n = snprintf(wrap, sizeof wrap, "%s(", w->name);
         n += print_options(wrap + n, sizeof wrap - (size_t)n, c, w->options);
         if ((size_t)n < sizeof wrap) snprintf(wrap + n, sizeof wrap - (size_t)n, "):");
@@ -286,6 +338,8 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     }
     if (!ckv_press_evicts(c))
         snprintf(budget, sizeof budget, " full cache");
+    else if (c->alloc == CKV_ALLOC_PER_LAYER)
+        snprintf(budget, sizeof budget, " per layer (kept=max(1,floor(L*(1-cr_layer))))");
     else if (c->budget_tokens > 0)
         snprintf(budget, sizeof budget, " budget_tokens=%d per head", c->budget_tokens);
     else if (c->budget_given_as_b)
@@ -293,7 +347,11 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
                  c->compression_ratio);
     else
         snprintf(budget, sizeof budget, " cr=%g (kept=max(1,floor(L*(1-cr))))", c->compression_ratio);
-    snprintf(c->spec, sizeof c->spec, "%s%s%s%s", wrap, base, budget, c->query_aware ? " query-aware" : " context-only");
+    const int len = snprintf(c->spec, sizeof c->spec, "%s%s%s%s", wrap, base, budget,
+                             c->query_aware ? " query-aware" : " context-only");
+    if (len < 0 || (size_t)len >= sizeof c->spec || strlen(wrap) + 1 >= sizeof wrap)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press: its canonical spec is longer than %zu characters (write "
+                         "compression_ratios with fewer digits)", sizeof c->spec - 1);
     return CKV_STATUS_OK;
 }
 
@@ -316,7 +374,8 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
     ckv_status st = CKV_STATUS_OK;
     if (rq->spec) {
         if ((st = ckv_press_parse(out, rq->spec)) != CKV_STATUS_OK) return fail(out, err, "press", 0, st);
-        if (def && ckv_press_evicts(def) && rq->budget.kind == CKV_BUDGET_NONE) { /* the defaults' budget */
+        if (def && ckv_press_evicts(def) && rq->budget.kind == CKV_BUDGET_NONE && out->alloc != CKV_ALLOC_PER_LAYER) {
+            /* the defaults' budget */
             out->compression_ratio = def->compression_ratio;
             out->budget_tokens = def->budget_tokens;
             out->budget_given_as_b = def->budget_given_as_b;
@@ -341,7 +400,18 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
     if ((st = set_budget(out, &rq->budget)) != CKV_STATUS_OK) return fail(out, err, budget_field(rq->budget.kind), 0, st);
     if (rq->query_aware >= 0) out->query_aware = rq->query_aware != 0;
     const char *name = rq->spec ? rq->spec : ckv_scorer_name(out->scorer);
-    if ((rq->flags & CKV_PRESS_NEED_BUDGET) && ckv_press_evicts(out) && rq->budget.kind == CKV_BUDGET_NONE &&
+    if (out->alloc == CKV_ALLOC_PER_LAYER) { /* its ratios are its budget */
+        if (rq->budget.kind != CKV_BUDGET_NONE) {
+            st = ckv_error(CKV_STATUS_ERR_ARG, "press %s takes its budget from compression_ratios (one per layer); give no "
+                           "%s", name, budget_field(rq->budget.kind));
+            return fail(out, err, budget_field(rq->budget.kind), 0, st);
+        }
+        if (out->layer_ratios.n < 1) {
+            st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs option compression_ratios (one ratio per layer of the model, "
+                           "e.g. compression_ratios=0.25,0.5,0.75)", name);
+            return fail(out, err, "compression_ratios", 1, st);
+        }
+    } else if ((rq->flags & CKV_PRESS_NEED_BUDGET) && ckv_press_evicts(out) && rq->budget.kind == CKV_BUDGET_NONE &&
         out->compression_ratio == 0.0 && out->budget_tokens == 0) {
         st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs a budget (budget, compression_ratio or budget_tokens)", name);
         return fail(out, err, "budget", 1, st);
@@ -364,18 +434,44 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
 
 /* ---- budget -> kept counts ------------------------------------------------------------------------ */
 
+/* max(1, floor(L * (1 - cr))), at most L */
+static int kept_of_ratio(int L, double cr) {
+    const int n = (int)floor((double)L * (1.0 - cr));
+    return n < 1 ? 1 : n > L ? L : n;
+}
+
+/* per_layer: the ratio of `layer` (layers past the list, refused by ckv_press_check_layers: the last) */
+static double layer_ratio(const ckv_press_config *c, int layer) {
+    const int n = c->layer_ratios.n;
+    return n < 1 ? 0.0 : c->layer_ratios.cr[layer < 0 ? 0 : layer < n ? layer : n - 1];
+}
+
 int ckv_press_n_kept(const ckv_press_config *c, int L) {
     if (c->budget_tokens > 0) return c->budget_tokens < L ? c->budget_tokens : L;
-    double k = floor((double)L * (1.0 - c->compression_ratio));
-    int n = (int)k;
-    return n < 1 ? 1 : n > L ? L : n;
+    if (c->alloc == CKV_ALLOC_PER_LAYER) { /* the largest layer's: what a layer may hold */
+        int most = 1;
+        for (int l = 0; l < c->layer_ratios.n; l++) {
+            const int k = kept_of_ratio(L, c->layer_ratios.cr[l]);
+            most = k > most ? k : most;
+        }
+        return most;
+    }
+    return kept_of_ratio(L, c->compression_ratio);
+}
+
+ckv_status ckv_press_check_layers(const ckv_press_config *c, int n_layers) {
+    if (c->alloc == CKV_ALLOC_PER_LAYER && c->layer_ratios.n != n_layers)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press per_layer: compression_ratios has %d values, the model has %d layers",
+                         c->layer_ratios.n, n_layers);
+    return CKV_STATUS_OK;
 }
 
 void ckv_press_layer_kept(const ckv_press_config *c, int layer, int n_layers, int L, int n_kv, ckv_press_kept *out) {
     const ckv_press_def *d = ckv_press_def_of(c->scorer);
     const ckv_kept_rule rule = d ? d->kept : CKV_KEPT_UNIFORM;
     int n = rule == CKV_KEPT_PYRAMID ? ckv_pyramidkv_n_kept(layer, n_layers, L, c->compression_ratio, c->window, c->beta)
-                                     : ckv_press_n_kept(c, L);
+            : c->alloc == CKV_ALLOC_PER_LAYER && c->budget_tokens <= 0 ? kept_of_ratio(L, layer_ratio(c, layer))
+                                                                       : ckv_press_n_kept(c, L);
     if (n > L) n = L;
     out->per_head = n;
     /* the layer's total: Hkv * n_kept, except DefensiveKV's own int(L * (1 - cr) * Hkv) */

@@ -30,6 +30,7 @@ typedef enum {
     CKV_SCORER_LAGKV,             /* kvpress LagKVPress (attention-free) */
     CKV_SCORER_CUR,               /* kvpress CURPress (attention-free) */
     CKV_SCORER_LEVERAGE,          /* kvpress LeverageScorePress (attention-free) */
+    CKV_SCORER_COMPACTOR,         /* kvpress CompactorPress (leverage + chunked non-causal attention) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -37,8 +38,17 @@ typedef enum {
     CKV_ALLOC_UNIFORM = 0, /* every head keeps n_kept */
     CKV_ALLOC_ADAKV,       /* safeguard + one bottom-k across the heads of a layer (kvpress AdaKVPress) */
     CKV_ALLOC_HEADKV,      /* per-head budgets from an offline head-importance profile */
-    CKV_ALLOC_GLOBAL       /* plain global top-k across the heads of a layer (defensivekv) */
+    CKV_ALLOC_GLOBAL,      /* plain global top-k across the heads of a layer (defensivekv) */
+    CKV_ALLOC_CHUNK,       /* whole chunks shared by the layer's heads, ranked by mean score (kvpress ChunkKVPress) */
+    CKV_ALLOC_PER_LAYER    /* every head of layer l keeps max(1, floor(L * (1 - cr_l))) (kvpress PerLayerCompressionPress) */
 } ckv_alloc_kind;
+
+/* per_layer's compression ratios, one per layer of the model, in layer order */
+enum { CKV_PRESS_MAX_LAYERS = 256 };
+typedef struct {
+    int n;
+    double cr[CKV_PRESS_MAX_LAYERS];
+} ckv_press_ratios;
 
 typedef enum { CKV_POOL_AVG = 0, CKV_POOL_MAX = 1 } ckv_pool_kind;
 /* CUR's leverage_type, in kvpress's order of the option's values */
@@ -64,12 +74,19 @@ typedef struct {
     int leverage_type;         /* cur: ckv_cur_kind (kv_product) */
     int use_local_approximation; /* cur: normalise the norms per local window (1) */
     int local_window_size;     /* cur: that window (16) */
-    int sketch_dimension;      /* leverage: columns of the Gaussian sketch (48) */
+    int sketch_dimension;      /* leverage, compactor: columns of the Gaussian sketch (48) */
+    int sink_size_start;       /* compactor: sink tokens at the start (8) */
+    int sink_size_end;         /* compactor: sink tokens at the end (4) */
+    int chunk_size;            /* compactor: chunk of the non-causal attention (256) */
+    double blending;           /* compactor: weight of the leverage; < 0: the compression ratio (-1) */
     /* wrapper options */
     double alpha;              /* critical first-stage ratio (0.5) */
     double eps;                /* critical epsilon (1e-4) */
     double safeguard;          /* adakv alpha_safeguard (0.2) */
     char profile[512];         /* headkv profile JSON path */
+    int rerotate_keys;         /* key_rerotation: kept keys re-rotated to positions 0 .. n_kept - 1 */
+    int chunk_length;          /* chunkkv: tokens per chunk (20) */
+    ckv_press_ratios layer_ratios; /* per_layer: compression ratio of each layer (required) */
     /* budget: exactly one of compression_ratio (kvpress cr) and budget_tokens is in force */
     double compression_ratio;  /* fraction removed; kept = floor(L * (1 - cr)) */
     int budget_tokens;         /* > 0: fixed kept count per head */
@@ -178,6 +195,8 @@ void ckv_press_protected(const ckv_press_config *cfg, int L, int *head, int *tai
 int ckv_press_xn_first(const ckv_press_config *cfg, int L);
 /* Checks the press can compress a context of L tokens (windowed scorers need L > window). */
 ckv_status ckv_press_check_context(const ckv_press_config *cfg, int L);
+/* Checks the press fits a model of n_layers layers (per_layer gives one ratio per layer). */
+ckv_status ckv_press_check_layers(const ckv_press_config *cfg, int n_layers);
 
 const char *ckv_scorer_name(ckv_scorer_kind k);
 

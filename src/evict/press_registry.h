@@ -18,7 +18,9 @@ typedef enum {
     CKV_OPTION_BOOL, /* int field, 0 or 1 */
     CKV_OPTION_CHOICE, /* int-sized enum field: the index of the value in `choices` ("avg|max") */
     CKV_OPTION_SEED, /* uint64_t field, integer in [lo, hi] */
-    CKV_OPTION_FILE  /* char[512] field, a path (CKV_PRESS_NEED_FILES: required when taken) */
+    CKV_OPTION_FILE, /* char[512] field, a path (CKV_PRESS_NEED_FILES: required when taken) */
+    CKV_OPTION_REALS /* ckv_press_ratios field: numbers in [lo, hi], comma-separated, optionally in [ ]
+                      * (required when taken, CKV_PRESS_NEED_FILES or not: there is no default list) */
 } ckv_option_type;
 
 typedef struct {
@@ -56,7 +58,11 @@ typedef enum {
 } ckv_kept_rule;
 
 enum { CKV_WRAP_CRITICAL = 1u << 0, CKV_WRAP_ADAKV = 1u << 1, CKV_WRAP_HEADKV = 1u << 2,
-       CKV_WRAP_ALL = CKV_WRAP_CRITICAL | CKV_WRAP_ADAKV | CKV_WRAP_HEADKV };
+       CKV_WRAP_CHUNKKV = 1u << 3,   /* kvpress ChunkKVPress: scorers whose scores need no attention weights */
+       CKV_WRAP_PER_LAYER = 1u << 4, /* kvpress PerLayerCompressionPress: uniform kept counts */
+       CKV_WRAP_REROTATE = 1u << 5,  /* kvpress KeyRerotationPress: uniform kept counts */
+       CKV_WRAP_ALL = CKV_WRAP_CRITICAL | CKV_WRAP_ADAKV | CKV_WRAP_HEADKV | CKV_WRAP_CHUNKKV | CKV_WRAP_PER_LAYER |
+                      CKV_WRAP_REROTATE };
 
 /* scores [n_kv_local, L] (device) for the press of cfg; see ckv_score_layer. */
 typedef ckv_status (*ckv_score_fn)(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
@@ -83,6 +89,7 @@ typedef struct {
     unsigned needs;         /* the CKV_WRAP_* bits the wrapped press must allow */
     const char *options;    /* in canonical order */
     const char *summary;
+    int rerotate;           /* the kept keys are re-rotated to positions 0 .. n_kept - 1 after compaction */
 } ckv_wrapper_def;
 
 extern const ckv_option_def ckv_press_option_table[];
@@ -96,7 +103,7 @@ extern const int ckv_wrapper_count;
 const ckv_press_def *ckv_press_def_find(const char *name, size_t len);
 const ckv_press_def *ckv_press_def_of(ckv_scorer_kind k);
 const ckv_wrapper_def *ckv_wrapper_def_find(const char *name, size_t len);
-const ckv_wrapper_def *ckv_wrapper_def_of(int critical, ckv_alloc_kind alloc);
+const ckv_wrapper_def *ckv_wrapper_def_of(int critical, ckv_alloc_kind alloc, int rerotate);
 const ckv_option_def *ckv_option_def_find(const char *key, size_t len);
 /* 1 when the comma-separated key list `keys` holds `key`. */
 int ckv_option_listed(const char *keys, const char *key, size_t len);

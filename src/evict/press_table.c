@@ -32,11 +32,21 @@ const ckv_option_def ckv_press_option_table[] = {
     {"local_window_size", CKV_OPTION_INT, F(local_window_size), "16", 1, 1 << 20, 0, "CUR: that window", NULL},
     {"sketch_dimension", CKV_OPTION_INT, F(sketch_dimension), "48", 1, 256, 0,
      "leverage: columns of the Gaussian sketch of the keys", NULL},
-    {"seed", CKV_OPTION_SEED, F(seed), "0", 0, 0x7fffffff, 0, "random, leverage: generator seed", NULL},
+    {"seed", CKV_OPTION_SEED, F(seed), "0", 0, 0x7fffffff, 0, "random, leverage, compactor: generator seed", NULL},
+    {"sink_size_start", CKV_OPTION_INT, F(sink_size_start), "8", 0, 1 << 20, 0, "compactor: sink tokens at the start",
+     NULL},
+    {"sink_size_end", CKV_OPTION_INT, F(sink_size_end), "4", 0, 1 << 20, 0, "compactor: sink tokens at the end", NULL},
+    {"chunk_size", CKV_OPTION_INT, F(chunk_size), "256", 1, 1 << 16, 0,
+     "compactor: chunk of its non-causal attention", NULL},
+    {"blending", CKV_OPTION_REAL, F(blending), "-1", -1, 1e6, 0,
+     "compactor: weight of the leverage scores; -1: the compression ratio (kvpress's None)", NULL},
     {"alpha", CKV_OPTION_REAL, F(alpha), "0.5", 0, 1, 0, "CriticalKV: first-stage share of the budget", NULL},
     {"eps", CKV_OPTION_REAL, F(eps), "0.0001", 0, 1e6, 0, "CriticalKV: epsilon added to the scores", NULL},
     {"safeguard", CKV_OPTION_REAL, F(safeguard), "0.2", 0, 1, 0, "AdaKV: share of a head's budget it keeps anyway", NULL},
     {"profile", CKV_OPTION_FILE, F(profile), "", 0, 0, 0, "HeadKV: head-importance profile (JSON file)", NULL},
+    {"chunk_length", CKV_OPTION_INT, F(chunk_length), "20", 1, 1 << 20, 0, "ChunkKV: tokens per chunk", NULL},
+    {"compression_ratios", CKV_OPTION_REALS, F(layer_ratios), "", 0, 0.999999, 0,
+     "per_layer: the compression ratio of each layer, one per layer (e.g. 0.25,0.5,0.75)", NULL},
 };
 const int ckv_press_option_count = (int)(sizeof ckv_press_option_table / sizeof ckv_press_option_table[0]);
 
@@ -59,9 +69,9 @@ const ckv_press_def ckv_press_table[] = {
      ckv_score_tova, "the last token's attention, averaged over the layer's query heads", CKV_READS_LAST},
     {"knorm", CKV_SCORER_KNORM, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM,
      ckv_score_knorm, "minus the key norm", CKV_READS_NONE},
-    {"streaming_llm", CKV_SCORER_STREAMING_LLM, "n_sink", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_SINKS,
+    {"streaming_llm", CKV_SCORER_STREAMING_LLM, "n_sink", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL & ~CKV_WRAP_CHUNKKV, CKV_PROTECT_SINKS,
      CKV_KEPT_UNIFORM, ckv_score_streaming_llm, "sinks and the most recent tokens", CKV_READS_NONE},
-    {"observed_attention", CKV_SCORER_OBSERVED_ATTENTION, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE,
+    {"observed_attention", CKV_SCORER_OBSERVED_ATTENTION, "", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL & ~CKV_WRAP_CHUNKKV, CKV_PROTECT_NONE,
      CKV_KEPT_UNIFORM, ckv_score_observed_attention, "mean attention received from every context query", CKV_READS_ALL},
     {"expected_attention", CKV_SCORER_EXPECTED_ATTENTION, "n_future,n_sink,covariance,vnorm,epsilon", NULL, 0,
      CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_SINKS, CKV_KEPT_UNIFORM, ckv_score_expected_attention,
@@ -82,17 +92,27 @@ const ckv_press_def ckv_press_table[] = {
     {"leverage", CKV_SCORER_LEVERAGE, "sketch_dimension,seed", NULL, 0, CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE,
      CKV_KEPT_UNIFORM, ckv_score_leverage,
      "leverage of the pre-RoPE keys under a Gaussian sketch, z-scored over the layer (attention-free)", CKV_READS_NONE},
+    {"compactor", CKV_SCORER_COMPACTOR, "sink_size_start,sink_size_end,chunk_size,sketch_dimension,blending,seed", NULL, 0,
+     CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM, ckv_score_compactor,
+     "blending x leverage + chunked non-causal attention times value norms, z-scored; sinks score the max",
+     CKV_READS_ALL},
 };
 const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
 
 const ckv_wrapper_def ckv_wrapper_table[] = {
-    {"critical", 1, CKV_ALLOC_UNIFORM, CKV_WRAP_CRITICAL, "alpha,eps", "CriticalKV two-stage selection"},
-    {"adakv", 0, CKV_ALLOC_ADAKV, CKV_WRAP_ADAKV, "safeguard", "AdaKV cross-head budgets"},
+    {"critical", 1, CKV_ALLOC_UNIFORM, CKV_WRAP_CRITICAL, "alpha,eps", "CriticalKV two-stage selection", 0},
+    {"adakv", 0, CKV_ALLOC_ADAKV, CKV_WRAP_ADAKV, "safeguard", "AdaKV cross-head budgets", 0},
     {"critical_adakv", 1, CKV_ALLOC_ADAKV, CKV_WRAP_CRITICAL | CKV_WRAP_ADAKV, "alpha,eps,safeguard",
-     "CriticalKV selection within AdaKV budgets"},
-    {"headkv", 0, CKV_ALLOC_HEADKV, CKV_WRAP_HEADKV, "profile", "HeadKV budgets from a head-importance profile"},
+     "CriticalKV selection within AdaKV budgets", 0},
+    {"headkv", 0, CKV_ALLOC_HEADKV, CKV_WRAP_HEADKV, "profile", "HeadKV budgets from a head-importance profile", 0},
     {"critical_headkv", 1, CKV_ALLOC_HEADKV, CKV_WRAP_CRITICAL | CKV_WRAP_HEADKV, "alpha,eps,profile",
-     "CriticalKV selection within HeadKV budgets"},
+     "CriticalKV selection within HeadKV budgets", 0},
+    {"chunkkv", 0, CKV_ALLOC_CHUNK, CKV_WRAP_CHUNKKV, "chunk_length",
+     "ChunkKV: whole chunks, the same for every head of a layer, ranked by their mean score summed over the heads", 0},
+    {"per_layer", 0, CKV_ALLOC_PER_LAYER, CKV_WRAP_PER_LAYER, "compression_ratios",
+     "per-layer compression ratios in place of the budget", 0},
+    {"key_rerotation", 0, CKV_ALLOC_UNIFORM, CKV_WRAP_REROTATE, "",
+     "the kept keys re-rotated to positions 0 .. n_kept - 1 (RoPE), as if the context had been that long", 1},
 };
 const int ckv_wrapper_count = (int)(sizeof ckv_wrapper_table / sizeof ckv_wrapper_table[0]);
 
@@ -118,9 +138,10 @@ const ckv_wrapper_def *ckv_wrapper_def_find(const char *name, size_t len) {
     return NULL;
 }
 
-const ckv_wrapper_def *ckv_wrapper_def_of(int critical, ckv_alloc_kind alloc) {
+const ckv_wrapper_def *ckv_wrapper_def_of(int critical, ckv_alloc_kind alloc, int rerotate) {
     for (int i = 0; i < ckv_wrapper_count; i++)
-        if (ckv_wrapper_table[i].critical == (critical != 0) && ckv_wrapper_table[i].alloc == alloc)
+        if (ckv_wrapper_table[i].critical == (critical != 0) && ckv_wrapper_table[i].alloc == alloc &&
+            ckv_wrapper_table[i].rerotate == (rerotate != 0))
             return &ckv_wrapper_table[i];
     return NULL;
 }

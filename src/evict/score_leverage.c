@@ -38,49 +38,24 @@ ckv_status ckv_score_leverage_rows(const ckv_score_inputs *in, int k, uint64_t s
     ckv_backend *be = in->be;
     if (!be->ops->evict_leverage || !be->ops->evict_affine)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press leverage: the %s backend has no leverage op", be->name);
-    const int d = in->head_dim, nkv = in->n_kv_local, size = in->tp && in->tp->size > 1 ? in->tp->size : 1;
+    const int d = in->head_dim, nkv = in->n_kv_local;
     const size_t phi_n = (size_t)nkv * (size_t)d * (size_t)k, st_bytes = 2 * (size_t)nkv * sizeof(double);
     ckv_score_dev dev = {be, {0}, 0};
     float *phi = NULL, *phi_d = NULL;
-    double *stats_d = NULL, *all_d = NULL, *all = NULL;
+    double *stats_d = NULL;
     ckv_status s = CKV_STATUS_OK;
     CKV_TRY_GOTO(s, ckv_alloc((void **)&phi, phi_n * sizeof(float), "leverage sketch"), done);
-    CKV_TRY_GOTO(s, ckv_alloc((void **)&all, (size_t)size * st_bytes, "leverage statistics"), done);
     for (int g = 0; g < nkv; g++)
         ckv_leverage_sketch(phi + (size_t)g * (size_t)d * (size_t)k, d, k, seed, in->layer, in->kv_head0 + g);
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&phi_d, phi_n * sizeof(float), "leverage sketch"), done);
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&stats_d, st_bytes, "leverage statistics"), done);
-    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&all_d, (size_t)size * st_bytes, "leverage statistics"), done);
     CKV_TRY_GOTO(s, be->ops->upload(be, phi_d, phi, phi_n * sizeof(float)), done);
     CKV_TRY_GOTO(s, be->ops->evict_leverage(be, out, ld, stats_d, &in->kv, row0, n, in->pos, in->inv_freq,
                                             in->rope_scale, phi_d, k), done);
-    CKV_TRY_GOTO(s, ckv_evict_allgather(be, in->tp, stats_d, all_d, st_bytes), done);
-    CKV_TRY_GOTO(s, be->ops->sync(be), done);
-    CKV_TRY_GOTO(s, be->ops->download(be, all, all_d, (size_t)size * st_bytes), done);
-    for (size_t i = 0; i < (size_t)size * 2 * (size_t)nkv; i++) /* a device op reports a failed factor so */
-        if (isnan(all[i])) {
-            s = ckv_error(CKV_STATUS_ERR_NUMERIC, "press leverage: the sketched Gram matrix of a KV head of layer %d "
-                          "is not positive definite even with jitter 100", in->layer);
-            goto done;
-        }
-    double s1 = 0.0, s2 = 0.0;
-    for (int h = 0, r = 0; h < in->n_kv_heads && r < size; r++) { /* global heads ascending, each once */
-        const int h0 = ckv_score_rank_kv_head0(in, r);
-        for (int g = 0; g < nkv; g++)
-            if (h0 + g == h) {
-                s1 += all[(size_t)r * 2 * nkv + 2 * g];
-                s2 += all[(size_t)r * 2 * nkv + 2 * g + 1];
-                h++;
-            }
-    }
-    const double N = (double)in->n_kv_heads * (double)n, mean = s1 / N;
-    const double var = N > 1.0 ? (s2 - s1 * mean) / (N - 1.0) : 0.0; /* torch.std: unbiased */
-    const double sd = var > 0.0 ? sqrt(var) : 0.0;
-    be->ops->evict_affine(be, out, nkv, n, ld, (float)mean, sd > 1e-6 ? (float)sd : 1e-6f);
+    s = ckv_score_zscore(in, out, ld, n, stats_d);
 done:
     ckv_score_dev_free(&dev);
     ckv_free(phi);
-    ckv_free(all);
     return s;
 }
 

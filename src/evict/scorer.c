@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "evict/press_registry.h"
 
@@ -78,6 +79,42 @@ ckv_status ckv_score_group_mean(const ckv_score_inputs *in, float *scores) {
     CKV_TRY(ckv_evict_allreduce(in->be, in->replica, scores, n, CKV_COMM_OP_SUM, 1));
     in->be->ops->evict_div(in->be, scores, n, (float)(in->n_heads / in->n_kv_heads));
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_score_zscore(const ckv_score_inputs *in, float *x, int ld, int n, const double *stats_dev) {
+    ckv_backend *be = in->be;
+    const int nkv = in->n_kv_local, size = in->tp && in->tp->size > 1 ? in->tp->size : 1;
+    const size_t st_bytes = 2 * (size_t)nkv * sizeof(double);
+    ckv_score_dev dev = {be, {0}, 0};
+    double *all_d = NULL, *all = NULL; // [size, nkv, 2] device, host
+    ckv_status s = ckv_alloc((void **)&all, (size_t)size * st_bytes, "z-score statistics");
+    if (s == CKV_STATUS_OK) s = ckv_score_dev_alloc(&dev, (void **)&all_d, (size_t)size * st_bytes, "z-score statistics");
+    if (s == CKV_STATUS_OK) s = ckv_evict_allgather(be, in->tp, stats_dev, all_d, st_bytes);
+    if (s == CKV_STATUS_OK) s = be->ops->sync(be);
+    if (s == CKV_STATUS_OK) s = be->ops->download(be, all, all_d, (size_t)size * st_bytes);
+    for (size_t i = 0; s == CKV_STATUS_OK && i < (size_t)size * 2 * (size_t)nkv; i++) /* a device op reports a failed */
+        if (isnan(all[i]))                                                            /* leverage factor so */
+            s = ckv_error(CKV_STATUS_ERR_NUMERIC, "press leverage: the sketched Gram matrix of a KV head of layer %d "
+                          "is not positive definite even with jitter 100", in->layer);
+    if (s == CKV_STATUS_OK) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int h = 0, r = 0; h < in->n_kv_heads && r < size; r++) { /* global heads ascending, each once */
+            const int h0 = ckv_score_rank_kv_head0(in, r);
+            for (int g = 0; g < nkv; g++)
+                if (h0 + g == h) {
+                    s1 += all[(size_t)r * 2 * nkv + 2 * g];
+                    s2 += all[(size_t)r * 2 * nkv + 2 * g + 1];
+                    h++;
+                }
+        }
+        const double N = (double)in->n_kv_heads * (double)n, mean = s1 / N;
+        const double var = N > 1.0 ? (s2 - s1 * mean) / (N - 1.0) : 0.0; /* torch.std: unbiased */
+        const double sd = var > 0.0 ? sqrt(var) : 0.0;
+        be->ops->evict_affine(be, x, nkv, n, ld, (float)mean, sd > 1e-6 ? (float)sd : 1e-6f);
+    }
+    ckv_score_dev_free(&dev);
+    ckv_free(all);
+    return s;
 }
 
 ckv_status ckv_score_dev_alloc(ckv_score_dev *d, void **out, size_t bytes, const char *what) {

@@ -130,6 +130,14 @@ ckv_status ckv_score_leverage(const ckv_score_inputs *in, const ckv_press_config
  * (statistics over those rows of every KV head of the model, across in->tp). */
 ckv_status ckv_score_leverage_rows(const ckv_score_inputs *in, int k, uint64_t seed, int row0, int n, float *out,
                                    int ld);
+/* compactor: kvpress CompactorPress (leverage blended with chunked non-causal attention; its sinks
+ * score the layer's maximum); needs evict_chunk_colsum, evict_row_stats and the leverage ops. */
+ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* z-scores x [n_kv_local, ld] (columns 0 .. n - 1) over every KV head of the model: stats_dev
+ * [n_kv_local, 2] (device) holds each local head's sum and sum of squares; they are all-gathered over
+ * in->tp and added in global head order, each head once (the same bits on every rank count); then
+ * x = (x - mean) / max(std, 1e-6), the std unbiased (torch.std). */
+ckv_status ckv_score_zscore(const ckv_score_inputs *in, float *x, int ld, int n, const double *stats_dev);
 /* The sketch of (layer, global KV head): phi [d, k] = N(0, 1) / sqrt(k) from splitmix64 counters and
  * Box-Muller (docs/spec-eviction.md gives the formula; tools/oracle replays it in kvpress). */
 void ckv_leverage_sketch(float *phi, int d, int k, uint64_t seed, int layer, int head);

@@ -154,6 +154,76 @@ static ckv_status reserve_scratch(const ckv_press_config *cfg, const ckv_score_i
     return be->ops->evict_reserve(be, &sh);
 }
 
+/* ChunkKV (kvpress ChunkKVPress) on the layer's scores sel->all [n_kv_heads, L] (protected tokens set):
+ * the chunks of chunk_length tokens from token 0 (a shorter last chunk when L is not a multiple) are
+ * ranked by the mean over their tokens of the scores summed over every KV head of the layer (in
+ * global head order, so every tensor-parallel rank ranks the same numbers); the best
+ * max(1, int(n_chunks * (1 - cr))) chunks are kept whole by every head, ties to the lower chunk.
+ * A context shorter than one chunk falls back to the per-head top-k (kvpress delegates to the
+ * scorer's own compression). The ranking runs on the host from the layer's scores (4 n_kv_heads L
+ * bytes copied per layer); the kept rows go back to the device. */
+static ckv_status chunk_rows(const ckv_press_config *cfg, const ckv_score_inputs *in, ckv_selection *sel,
+                             int per_head) {
+    ckv_backend *be = in->be;
+    const int L = in->L, H = in->n_kv_heads, nkv = in->n_kv_local, C = cfg->chunk_length;
+    const int full = L / C, rem = L % C, n_chunks = full + (rem > 0);
+    if (full == 0) {
+        for (int h = 0; h < nkv; h++) sel->n_keep[h] = per_head;
+        return topk_rows(be, sel, sel->scores, nkv, L, sel->n_keep);
+    }
+    float *all = NULL;   // [H, L] the layer's scores (host)
+    double *mean = NULL; // [n_chunks] chunk scores
+    int32_t *order = NULL, *rows = NULL; // [n_chunks] chunks best first; [nkv, L] kept rows (host)
+    unsigned char *kept = NULL;          // [n_chunks] 1: kept
+    ckv_status st = ckv_alloc((void **)&all, (size_t)H * (size_t)L * sizeof(float), "chunk scores");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&mean, (size_t)n_chunks * sizeof(double), "chunk means");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&order, (size_t)n_chunks * sizeof(int32_t), "chunk order");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&kept, (size_t)n_chunks, "kept chunks");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&rows, (size_t)nkv * (size_t)L * sizeof(int32_t), "chunk rows");
+    if (st == CKV_STATUS_OK) st = be->ops->sync(be);
+    if (st == CKV_STATUS_OK) st = be->ops->download(be, all, sel->all, (size_t)H * (size_t)L * sizeof(float));
+    if (st == CKV_STATUS_OK) {
+        for (int c = 0; c < n_chunks; c++) {
+            const int t0 = c * C, t1 = c < full ? t0 + C : L;
+            double sum = 0.0;
+            for (int t = t0; t < t1; t++) {
+                float over_heads = 0.0f; /* kvpress sums the heads in fp32 first */
+                for (int h = 0; h < H; h++) over_heads += all[(size_t)h * L + t];
+                sum += over_heads;
+            }
+            mean[c] = sum / (double)(t1 - t0);
+            order[c] = c;
+        }
+        /* insertion sort, best first, ties to the lower chunk (n_chunks = L / C is small) */
+        for (int i = 1; i < n_chunks; i++) {
+            const int32_t c = order[i];
+            int j = i;
+            for (; j > 0 && mean[order[j - 1]] < mean[c]; j--) order[j] = order[j - 1];
+            order[j] = c;
+        }
+        int keep = (int)((double)n_chunks * (1.0 - cfg->compression_ratio));
+        if (keep < 1) keep = 1;
+        if (keep > n_chunks) keep = n_chunks;
+        /* the kept chunks in position order */
+        memset(kept, 0, (size_t)n_chunks);
+        for (int i = 0; i < keep; i++) kept[order[i]] = 1;
+        int n = 0;
+        for (int c = 0; c < n_chunks; c++)
+            for (int t = c * C; kept[c] && t < (c < full ? c * C + C : L); t++) rows[n++] = t;
+        for (int h = 0; h < nkv; h++) {
+            sel->n_keep[h] = n;
+            if (h) memcpy(rows + (size_t)h * L, rows, (size_t)n * sizeof(int32_t));
+        }
+        st = be->ops->upload(be, sel->rows, rows, (size_t)nkv * (size_t)L * sizeof(int32_t));
+    }
+    ckv_free(all);
+    ckv_free(mean);
+    ckv_free(order);
+    ckv_free(rows);
+    ckv_free(kept);
+    return st;
+}
+
 ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *in, const ckv_head_budgets *hb,
                            ckv_selection *out) {
     const int L = in->L, nkv = in->n_kv_local, H = in->n_kv_heads;
@@ -178,7 +248,10 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
     int32_t *b1 = NULL, *budget = NULL; // host [H] each
     ckv_status st = ckv_alloc((void **)&b1, (size_t)H * sizeof(int32_t), "stage-1 counts");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&budget, (size_t)H * sizeof(int32_t), "head budgets");
-    if (st == CKV_STATUS_OK && cfg->alloc == CKV_ALLOC_UNIFORM) {
+    if (st == CKV_STATUS_OK && cfg->alloc == CKV_ALLOC_CHUNK) {
+        st = gather_heads(in, out);
+        if (st == CKV_STATUS_OK) st = chunk_rows(cfg, in, out, n_kept);
+    } else if (st == CKV_STATUS_OK && (cfg->alloc == CKV_ALLOC_UNIFORM || cfg->alloc == CKV_ALLOC_PER_LAYER)) {
         for (int h = 0; h < nkv; h++) {
             b1[h] = kept.first_stage;
             out->n_keep[h] = n_kept;

@@ -17,9 +17,12 @@ for model in llama_gqa qwen2_bias; do
   dir=$fx/$model
   ids=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['prompt_ids'])))" "$dir/reference.json")
   heads=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_attention_heads'])" "$dir/config.json")
-  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random keydiff adakv:keydiff lagkv cur adakv:cur critical:cur leverage adakv:leverage critical:leverage; do
+  # per_layer: one ratio per layer, from 0.5 up
+  ratios=$(python3 -c "import json,sys; n=json.load(open(sys.argv[1]))['num_hidden_layers']; print(','.join(str(0.5+0.4*i/max(1,n-1)) for i in range(n)))" "$dir/config.json")
+  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random keydiff adakv:keydiff lagkv cur adakv:cur critical:cur leverage adakv:leverage critical:leverage chunkkv:snapkv chunkkv:keydiff per_layer:snapkv key_rerotation:snapkv compactor adakv:compactor; do
+    budget=(--compression-ratio 0.75); [[ $press == per_layer:* ]] && budget=(--press-opt "compression_ratios=$ratios")
     common=(generate --model "$dir" --prompt-ids "$ids" --question-ids 7,8,9 --question-ids 11,12 --max-new-tokens 5
-            --ignore-eos --threads 1 --chunk 48 --press "$press" --compression-ratio 0.75)
+            --ignore-eos --threads 1 --chunk 48 --press "$press" "${budget[@]}")
     tag=${press//:/-}
     "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$tag.1.jsonl" >"$tmp/$model.$tag.1.out" 2>"$tmp/err" \
       || { echo "FAIL $model $press 1 rank"; cat "$tmp/err"; fail=1; continue; }

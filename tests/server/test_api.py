@@ -87,7 +87,10 @@ def fixture_tests():
     full = c.completions.create(model="llama_gqa", prompt=ctx, max_tokens=4, temperature=0)
     for press, extra in (("snapkv", {"budget": 0.5}), ("knorm", {"compression_ratio": 0.5}),
                          ("critical_adakv:snapkv", {"budget": 0.3}), ("cur", {"compression_ratio": 0.5}),
-                         ("leverage", {"budget": 0.5})):
+                         ("leverage", {"budget": 0.5}), ("chunkkv:snapkv", {"budget": 0.5}),
+                         ("chunkkv:knorm", {"compression_ratio": 0.75}),
+                         ("key_rerotation:streaming_llm", {"compression_ratio": 0.5}),
+                         ("compactor", {"budget": 0.5})):
         r = c.completions.create(model="llama_gqa", prompt=ctx, max_tokens=4, temperature=0, extra_body={"press": press, **extra})
         u = r.usage.model_dump()
         t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and press.split(":")[0] in u["press"],
@@ -228,22 +231,25 @@ DOC = DOC[: len(DOC) // 2] + " The vault password is 4417. " + DOC[len(DOC) // 2
 
 
 def cache_dir_tests():
-    """Compressed contexts in --cache-dir survive a restart (fixture model: token-id contexts)."""
-    cache_dir = os.path.join(tmp, "fixture-cache")
-    os.makedirs(cache_dir, exist_ok=True)
-    body = {"context": ids(400, 21), "prompt": ids(6, 22), "max_tokens": 8, "temperature": 0, "press": "snapkv", "budget": 0.3,
-            "ignore_eos": True}
-    answers = []
-    for run in range(2):
-        s = Server(ckv, FIXTURE, tmp, "--cache-dir", cache_dir, name=f"fixture-cache{run}")
-        st, _, resp = s.request("POST", "/v1/completions", body)
-        r = json.loads(resp)
-        answers.append((r["choices"][0]["text"], r["usage"]))
-        disk = s.metrics().get("ckv_cache_disk_hits_total", 0)
-        t.check(s.stop() == 0, f"SIGTERM: exit 0 (cache-dir run {run})")
-    (a1, u1), (a2, u2) = answers
-    t.check(not u1["cache_hit"] and u2["cache_hit"] and u2["reused_tokens"] == 400 and disk == 1 and a1 == a2,
-            "after a restart the compressed context comes from --cache-dir, same answer", f"{u1} / {u2}, disk hits {disk}")
+    """Compressed contexts in --cache-dir survive a restart (fixture model: token-id contexts), for a
+    per-head press and for chunkkv (the same whole chunks for every head)."""
+    for press in ("snapkv", "chunkkv:snapkv"):
+        cache_dir = os.path.join(tmp, "fixture-cache-" + press.replace(":", "-"))
+        os.makedirs(cache_dir, exist_ok=True)
+        body = {"context": ids(400, 21), "prompt": ids(6, 22), "max_tokens": 8, "temperature": 0, "press": press,
+                "budget": 0.3, "ignore_eos": True}
+        answers = []
+        for run in range(2):
+            s = Server(ckv, FIXTURE, tmp, "--cache-dir", cache_dir, name=f"fixture-cache{run}")
+            st, _, resp = s.request("POST", "/v1/completions", body)
+            r = json.loads(resp)
+            answers.append((r["choices"][0]["text"], r["usage"]))
+            disk = s.metrics().get("ckv_cache_disk_hits_total", 0)
+            t.check(s.stop() == 0, f"SIGTERM: exit 0 (cache-dir run {run}, {press})")
+        (a1, u1), (a2, u2) = answers
+        t.check(not u1["cache_hit"] and u2["cache_hit"] and u2["reused_tokens"] == 400 and disk == 1 and a1 == a2,
+                f"{press}: after a restart the compressed context comes from --cache-dir, same answer",
+                f"{u1} / {u2}, disk hits {disk}")
 
 
 def smollm2_tests():

@@ -55,6 +55,10 @@ static int apply_options(ckv_press_config *cfg, const ckv_json *opts, const char
             snprintf(val, sizeof val, "%s", ckv_json_string(o));
         else if (ckv_json_is_bool(o))
             snprintf(val, sizeof val, "%d", ckv_json_bool(o));
+        else if (ckv_json_is_array(o)) /* per_layer's compression_ratios: "r0,r1,..." */
+            for (int i = 0, n = 0; i < ckv_json_array_size(o) && (size_t)n < sizeof val; i++)
+                n += snprintf(val + n, sizeof val - (size_t)n, "%s%.17g", i ? "," : "",
+                              ckv_json_number(ckv_json_array_at(o, i)));
         else
             snprintf(val, sizeof val, "%.17g", ckv_json_number(o));
         if (ckv_press_set_option(cfg, ckv_json_key(o), val) != CKV_STATUS_OK) {

@@ -111,7 +111,7 @@ static void check_table(void) {
         const ckv_option_def *od = &ckv_press_option_table[o];
         ckv_press_config c;
         CHECK_OK(ckv_press_parse(&c, "none"));
-        if (od->type != CKV_OPTION_FILE) CHECK_OK(ckv_press_set_option(&c, od->key, od->dflt));
+        if (od->dflt[0]) CHECK_OK(ckv_press_set_option(&c, od->key, od->dflt)); /* files, lists: no default */
     }
     fprintf(stderr, "ok   registry: %d presses x %d options, %d wrappers (%d checks)\n", ckv_press_count,
             ckv_press_option_count, ckv_wrapper_count, n_checked);
@@ -276,11 +276,68 @@ static void check_protected(void) {
     CHECK_FAILS(ckv_press_check_context(&c, 1), CKV_STATUS_ERR_ARG, "cannot be compressed");
 }
 
+/* chunkkv: its spec, its budget kinds, the scorers it refuses; per_layer: its ratio list (parsed,
+ * printed, counted per layer, checked against the model's depth) replaces the budget. */
+static void check_layer_wrappers(void) {
+    ckv_press_config c = built("chunkkv:snapkv", CKV_BUDGET_RATIO, 0.5);
+    CHECK_MSG(!strcmp(c.spec, "chunkkv(chunk_length=20):snapkv(window=64,kernel=5,pool=avg) cr=0.5 "
+                              "(kept=max(1,floor(L*(1-cr)))) context-only"), "got '%s'", c.spec);
+    CHECK(c.alloc == CKV_ALLOC_CHUNK && !c.critical);
+    ckv_press_request rq = {.spec = "chunkkv:knorm", .budget = {CKV_BUDGET_TOKENS, 40}, .query_aware = -1,
+                            .flags = CKV_PRESS_NEED_BUDGET};
+    expect_build_error(&rq, "press", 0, "keeps whole chunks");
+    rq.budget = (ckv_press_budget){CKV_BUDGET_RATIO, 0.5};
+    rq.spec = "chunkkv:observed_attention";
+    expect_build_error(&rq, "press", 0, "cannot be wrapped by chunkkv");
+    rq.spec = "chunkkv:streaming_llm";
+    expect_build_error(&rq, "press", 0, "cannot be wrapped by chunkkv");
+    rq.spec = "chunkkv:pyramidkv";
+    expect_build_error(&rq, "press", 0, "cannot be wrapped by chunkkv");
+
+    c = built("key_rerotation:streaming_llm", CKV_BUDGET_RATIO, 0.5);
+    CHECK_MSG(!strcmp(c.spec, "key_rerotation:streaming_llm(n_sink=4) cr=0.5 (kept=max(1,floor(L*(1-cr)))) "
+                              "context-only"), "got '%s'", c.spec);
+    CHECK(c.rerotate_keys && c.alloc == CKV_ALLOC_UNIFORM && !c.critical);
+    c = built("critical:snapkv", CKV_BUDGET_RATIO, 0.5);
+    CHECK(!c.rerotate_keys);
+    rq.spec = "key_rerotation:pyramidkv";
+    expect_build_error(&rq, "press", 0, "its kept counts are its own");
+
+    ckv_press_option_value ratios = {"compression_ratios", "[0.25, 0.5,0.75]"};
+    ckv_press_request pl = {.spec = "per_layer:snapkv", .options = &ratios, .n_options = 1, .query_aware = -1,
+                            .flags = CKV_PRESS_NEED_BUDGET};
+    CHECK_OK(ckv_press_build(&c, &pl, NULL));
+    CHECK_MSG(!strcmp(c.spec, "per_layer(compression_ratios=[0.25,0.5,0.75]):snapkv(window=64,kernel=5,pool=avg) per "
+                              "layer (kept=max(1,floor(L*(1-cr_layer)))) context-only"), "got '%s'", c.spec);
+    ckv_press_kept k;
+    const int want[3] = {225, 150, 75};
+    for (int l = 0; l < 3; l++) {
+        ckv_press_layer_kept(&c, l, 3, 300, 2, &k);
+        CHECK_MSG(k.per_head == want[l] && k.layer_total == 2L * want[l], "per_layer layer %d keeps %d (total %ld), "
+                  "expected %d", l, k.per_head, k.layer_total, want[l]);
+    }
+    CHECK_MSG(ckv_press_n_kept(&c, 300) == 225, "per_layer's largest layer keeps %d", ckv_press_n_kept(&c, 300));
+    CHECK_OK(ckv_press_check_layers(&c, 3));
+    CHECK_FAILS(ckv_press_check_layers(&c, 24), CKV_STATUS_ERR_ARG, "compression_ratios has 3 values, the model has 24");
+    pl.budget = (ckv_press_budget){CKV_BUDGET_FRACTION, 0.5};
+    expect_build_error(&pl, "budget", 0, "takes its budget from compression_ratios");
+    pl.budget = (ckv_press_budget){CKV_BUDGET_NONE, 0};
+    pl.n_options = 0;
+    expect_build_error(&pl, "compression_ratios", 1, "needs option compression_ratios");
+    static const char *bad[] = {"", "0.5,", "0.5;0.6", "[0.5", "1", "-0.1", "0.5,x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ratios.value = bad[i];
+        pl.n_options = 1;
+        expect_build_error(&pl, "compression_ratios", 0, "press option compression_ratios");
+    }
+}
+
 int main(void) {
     check_canonical();
     check_table();
     check_builder();
     check_kept();
     check_protected();
+    check_layer_wrappers();
     return ckv_test_finish("test_press_registry");
 }

@@ -29,6 +29,7 @@ Usage: press_fixtures.py [--only MODEL ...] [--max-seed-tries N]   (run by tools
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shutil
@@ -63,10 +64,10 @@ class PressDef:
     case: str  # file-name stem ("critical-snapkv"; ':' becomes '-')
     spec: str  # ckv press spec ("critical:snapkv")
     scorer: str  # base scorer: snapkv tova knorm streaming_llm observed_attention expected_attention
-    kind: str  # selection: uniform | pyramid | critical | adakv | critical_adakv
+    kind: str  # selection: uniform | pyramid | critical | adakv | critical_adakv | chunkkv | per_layer | rerotate
     options: dict  # every option with its value (ckv option names, see README.md)
     attn: str  # attn_implementation the press runs under
-    make: Callable[[float], object]  # compression ratio -> kvpress press
+    make: Callable[[float], object]  # compression ratio -> kvpress press (per_layer: the list of layer ratios)
 
 
 def _defs() -> list[PressDef]:
@@ -76,6 +77,7 @@ def _defs() -> list[PressDef]:
     crit = dict(alpha=0.5, eps=1e-4)
     cur = dict(n_sink=4, leverage_type="kv_product", use_local_approximation=True, local_window_size=16)
     lev = dict(sketch_dimension=48, seed=0)
+    comp = dict(sink_size_start=8, sink_size_end=4, chunk_size=256, sketch_dimension=48, blending=-1, seed=0)
     install_ckv_sketch()
     ea = dict(n_future=512, n_sink=4, covariance=True, vnorm=True, epsilon=0.0)
 
@@ -140,6 +142,36 @@ def _defs() -> list[PressDef]:
         PressDef("critical-leverage", "critical:leverage", "leverage", "critical", dict(lev, **crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(kp.LeverageScorePress(compression_ratio=cr), epsilon=1e-4,
                                                first_stage_ratio=0.5)),
+        # ChunkKVPress: chunks of 20 (15 whole chunks at L = 300: snapkv's window fills the last three,
+        # tied by construction), and of 32 over knorm and keydiff (9 whole chunks and a last one of 12)
+        PressDef("chunkkv-snapkv", "chunkkv:snapkv", "snapkv", "chunkkv", dict(snap, chunk_length=20), "sdpa",
+                 lambda cr: kp.ChunkKVPress(press=snapkv()(cr), chunk_length=20)),
+        PressDef("chunkkv-knorm_c32", "chunkkv:knorm", "knorm", "chunkkv", dict(chunk_length=32), "sdpa",
+                 lambda cr: kp.ChunkKVPress(press=knorm(cr), chunk_length=32)),
+        PressDef("chunkkv-keydiff_c32", "chunkkv:keydiff", "keydiff", "chunkkv", dict(chunk_length=32), "sdpa",
+                 lambda cr: kp.ChunkKVPress(press=kp.KeyDiffPress(compression_ratio=cr), chunk_length=32)),
+        # PerLayerCompressionPress: layer ratios around the case's ratio (per_layer_ratios), over
+        # snapkv and over the attention-free cur
+        PressDef("per_layer-snapkv", "per_layer:snapkv", "snapkv", "per_layer", dict(snap), "sdpa",
+                 lambda ratios: kp.PerLayerCompressionPress(press=snapkv()(0.0), compression_ratios=ratios)),
+        PressDef("per_layer-cur", "per_layer:cur", "cur", "per_layer", dict(cur), "sdpa",
+                 lambda ratios: kp.PerLayerCompressionPress(press=kp.CURPress(compression_ratio=0.0),
+                                                            compression_ratios=ratios)),
+        # CompactorPress at its defaults (sinks 8 + 4, chunks of 256: at L = 300 one whole chunk and one
+        # padded from 32 rows; blending = cr), and chunks of 64 with blending 0.5 under adakv
+        PressDef("compactor", "compactor", "compactor", "uniform", dict(comp), "sdpa",
+                 lambda cr: kp.CompactorPress(compression_ratio=cr)),
+        PressDef("adakv-compactor_c64b05", "adakv:compactor", "compactor", "adakv",
+                 dict(comp, chunk_size=64, blending=0.5, safeguard=0.2), "sdpa",
+                 lambda cr: kp.AdaKVPress(kp.CompactorPress(compression_ratio=cr, chunk_size=64, blending=0.5),
+                                          alpha_safeguard=0.2)),
+        # KeyRerotationPress: the kept keys re-rotated to positions 0 .. n_kept - 1, over snapkv and
+        # over streaming_llm (the SinkCache use)
+        PressDef("key_rerotation-snapkv", "key_rerotation:snapkv", "snapkv", "rerotate", dict(snap), "sdpa",
+                 lambda cr: kp.KeyRerotationPress(press=snapkv()(cr))),
+        PressDef("key_rerotation-streaming_llm", "key_rerotation:streaming_llm", "streaming_llm", "rerotate",
+                 dict(n_sink=4), "sdpa",
+                 lambda cr: kp.KeyRerotationPress(press=kp.StreamingLLMPress(compression_ratio=cr, n_sink=4))),
         PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
@@ -154,6 +186,14 @@ def _defs() -> list[PressDef]:
 
 
 _SKETCH = {"layer": 0}
+
+
+def per_layer_ratios(cr: float, n_layers: int) -> list[float]:
+    """The per_layer cases' ratios: from cr / 2 at the first layer to 3 cr / 2 at the last (capped
+    at 0.95), mean cr when nothing is capped."""
+    if n_layers == 1:
+        return [cr]
+    return [round(min(0.95, cr * (0.5 + i / (n_layers - 1))), 6) for i in range(n_layers)]
 
 
 class _TorchWithCkvSketch:
@@ -218,6 +258,10 @@ def protected_mask(d: PressDef, L: int, n_kv: int, scores: torch.Tensor) -> torc
             m[:, L - tail:] = True
     elif d.scorer == "cur":
         m[:, : d.options["n_sink"]] = True
+    elif d.scorer == "compactor":
+        a = min(d.options["sink_size_start"], L)
+        m[:, :a] = True
+        m[:, L - min(d.options["sink_size_end"], L - a):] = True
     elif d.scorer == "streaming_llm":
         m = scores > 0
     return m
@@ -432,10 +476,14 @@ def reference_selection(d: PressDef, sc: ref.Scored, N: torch.Tensor | None, L: 
                         n_layers: int, ties: str) -> ref.Selection:
     n_kept = ref.n_kept_uniform(L, cr)
     o = d.options
-    if d.kind == "uniform":
+    if d.kind in ("uniform", "rerotate"):
         return ref.select_uniform(sc, n_kept, ties)
     if d.kind == "pyramid":
         return ref.select_uniform(sc, ref.pyramid_n_kept(L, cr, o["window"], o["beta"], layer, n_layers), ties)
+    if d.kind == "per_layer":
+        return ref.select_uniform(sc, ref.n_kept_uniform(L, o["compression_ratios"][layer]), ties)
+    if d.kind == "chunkkv":
+        return ref.select_chunkkv(sc, cr, o["chunk_length"], ties)
     if d.kind == "critical":
         return ref.select_critical(sc, N, n_kept, ref.critical_first_stage(L, cr, o["alpha"]), o["eps"], ties)
     n_safe = ref.adakv_n_safe(n_kept, o["safeguard"])
@@ -463,6 +511,9 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
     if d.scorer == "cur":
         return ref.score_cur(inp, o["n_sink"], o["leverage_type"],
                              o["local_window_size"] if o["use_local_approximation"] else 0)
+    if d.scorer == "compactor":
+        return ref.score_compactor(inp, cr, o["sink_size_start"], o["sink_size_end"], o["chunk_size"],
+                                   o["sketch_dimension"], o["seed"], o["blending"])
     if d.scorer == "streaming_llm":
         return ref.score_streaming(inp, ref.n_kept_uniform(inp.L, cr), o["n_sink"])
     if d.scorer == "observed_attention":
@@ -470,6 +521,18 @@ def reference_scores(d: PressDef, inp: ref.LayerInputs, cr: float) -> ref.Scored
     if d.scorer == "expected_attention":
         return ref.score_expected(inp, o["n_future"], o["n_sink"], o["covariance"], o["vnorm"], o["epsilon"])
     raise ValueError(d.scorer)
+
+
+def rerotated_cache(run: ModelRun, model, full_keys: list, kept: list) -> list:
+    """The context keys of every layer with the kept rows re-rotated (ref.rerotate), for the replay."""
+    out = []
+    for i in range(run.n_layers):
+        k = full_keys[i].clone()
+        rot = ref.rerotate(full_keys[i], kept[i], model.model.rotary_emb.inv_freq).to(k.dtype)
+        for h in range(run.n_kv):
+            k[h, kept[i][h]] = rot[h]
+        out.append(k)
+    return out
 
 
 @torch.inference_mode()
@@ -480,7 +543,11 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
 
     model = run.models[d.attn]
     L = len(ctx)
-    press = d.make(cr)
+    if d.kind == "per_layer":  # the ratios depend on the model's depth
+        d = dataclasses.replace(d, options=dict(d.options, compression_ratios=per_layer_ratios(cr, run.n_layers)))
+        press = d.make(d.options["compression_ratios"])
+    else:
+        press = d.make(cr)
     press_repr = describe(press)
     outer = press
     base = press.press if hasattr(press, "press") else press
@@ -510,13 +577,23 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
             return s
 
         outer.score = rec_final
-    outer_compress = outer.compress
+    compressor = base if d.kind == "per_layer" else outer  # PerLayerCompressionPress runs its press's hook
+    outer_compress = compressor.compress
 
     def rec_compress(module, hidden_states, keys, values, attentions, kwargs):
         keys_in[module.layer_idx] = keys[0].detach().clone()
         return outer_compress(module, hidden_states, keys, values, attentions, kwargs)
 
-    outer.compress = rec_compress
+    compressor.compress = rec_compress
+    rerotated: dict[int, list] = {}  # key_rerotation: the kept indices kvpress re-rotated, per layer
+    if d.kind == "rerotate":
+        rerotate_keys = outer.rerotate_keys
+
+        def rec_rerotate(module, indices, keys):
+            rerotated[module.layer_idx] = [sorted(r) for r in indices[0].tolist()]
+            return rerotate_keys(module, indices, keys)
+
+        outer.rerotate_keys = rec_rerotate
     vwl1 = criticalkv_press.CriticalKVPress.__dict__["vwl1norm"]
 
     def rec_vwl1(values, module):
@@ -568,21 +645,36 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
                 problems.append(f"layer {i}: kept {sum(budgets[-1])} != Hkv * n_kept")
     else:
         per_layer = []
+        checks_rerotate = 0.0
         for i in range(run.n_layers):
             ck = cache.layers[i].keys[0]  # [Hkv, n, d]
             n = ck.shape[1]
             per_layer.append(n)
             per_head = []
+            if d.kind == "rerotate":  # the cache holds re-rotated keys: the recorded indices, checked
+                per_head = rerotated[i]
+                own = ref.rerotate(full_keys[i], per_head, model.model.rotary_emb.inv_freq)
+                err = float((own - ck.to(torch.float64)).abs().max())
+                checks_rerotate = max(checks_rerotate, err)
+                for h in range(run.n_kv):
+                    if per_head[h] != sorted(torch.topk(final_scores[i][h], n).indices.tolist()):
+                        problems.append(f"layer {i} head {h}: re-rotated indices != topk of the recorded scores")
+                kept.append(per_head)
+                continue
             for h in range(run.n_kv):
                 from_cache = sorted(_match_rows(ck[h], full_keys[i][h]))
                 from_topk = sorted(torch.topk(final_scores[i][h], n).indices.tolist())
-                if from_cache != from_topk:
+                if d.kind != "chunkkv" and from_cache != from_topk:  # chunkkv: checked against the reference
                     problems.append(f"layer {i} head {h}: cache rows != topk of the recorded scores")
                 per_head.append(from_cache)
             kept.append(per_head)
         if len(set(per_layer)) == 1:
             n_kept = per_layer[0]
-        if d.kind != "pyramid" and n_kept != ref.n_kept_uniform(L, cr):
+        if d.kind == "per_layer":
+            want = [ref.n_kept_uniform(L, r) for r in d.options["compression_ratios"]]
+            if want != per_layer:
+                problems.append(f"per_layer counts: cache {per_layer}, reference {want}")
+        elif d.kind not in ("pyramid", "chunkkv") and n_kept != ref.n_kept_uniform(L, cr):
             problems.append(f"n_kept {n_kept} != compute_n_kept {ref.n_kept_uniform(L, cr)}")
         if d.kind == "pyramid":
             want = [ref.pyramid_n_kept(L, cr, d.options["window"], d.options["beta"], i, run.n_layers)
@@ -617,7 +709,13 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
 
     checks: dict = {}
     logits_exact = None
-    replay = replay_logits(run, q_ids, kept, d.attn)
+    replay_keys = None
+    if d.kind == "rerotate":  # the replay reads the kept rows re-rotated (own float64 rotation)
+        checks["rerotated_keys_max_abs_diff"] = float(f"{checks_rerotate:.3g}")
+        if checks_rerotate > 1e-4:
+            problems.append(f"kvpress's re-rotated keys differ from the reference rotation by {checks_rerotate:.3g}")
+        replay_keys = rerotated_cache(run, model, full_keys, kept)
+    replay = replay_logits(run, q_ids, kept, d.attn, keys=replay_keys)
     checks["replay_max_abs_diff"] = float(f"{np.abs(replay - logits).max():.3g}")
     if masked_sets is not None:
         # kvpress masks with fake keys, not exactly: the replay of kvpress's cache as it was left
@@ -691,11 +789,13 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
     ties_low_logits = None
     if tie_dependent:
         ties_low = low_kept
-        ties_low_logits = replay_logits(run, q_ids, low_kept, d.attn)
+        if d.kind == "rerotate":
+            replay_keys = rerotated_cache(run, model, full_keys, low_kept)
+        ties_low_logits = replay_logits(run, q_ids, low_kept, d.attn, keys=replay_keys)
 
     return CaseResult(
         d=d, cr=cr, press_repr=press_repr, kept=kept, n_kept=n_kept,
-        n_kept_per_layer=per_layer if d.kind == "pyramid" else None, head_budgets=budgets,
+        n_kept_per_layer=per_layer if d.kind in ("pyramid", "per_layer", "chunkkv") else None, head_budgets=budgets,
         base_scores=sb.numpy(), value_norms=None if vn is None else vn.numpy(), logits=logits,
         question_feed=feed, gaps=gaps, structural_ties=structural, tie_dependent=tie_dependent,
         kept_ties_low=ties_low, logits_ties_low=ties_low_logits, logits_exact=logits_exact, checks=checks,
@@ -722,8 +822,16 @@ def kvpress_consistent(d: PressDef, s: torch.Tensor, N: torch.Tensor | None, for
     rows = [s[h].tolist() for h in range(n_kv)]
     K = [set(k) for k in kept]
     F = [set(torch.nonzero(forced[h]).flatten().tolist()) for h in range(n_kv)]
-    if d.kind in ("uniform", "pyramid"):
+    if d.kind in ("uniform", "pyramid", "per_layer", "rerotate"):
         return all(_valid_top(K[h], rows[h], len(K[h])) for h in range(n_kv))
+    if d.kind == "chunkkv":  # every head keeps the same whole chunks, a valid top of the chunk means
+        spans = ref.chunk_spans(L, o["chunk_length"])
+        if L < o["chunk_length"]:
+            return all(_valid_top(K[h], rows[h], len(K[h])) for h in range(n_kv))
+        chosen = {c for c, (a, b) in enumerate(spans) if a in K[0]}
+        whole = all(K[h] == {t for c in chosen for t in range(*spans[c])} for h in range(n_kv))
+        keep = max(1, int(len(spans) * (1.0 - cr)))
+        return whole and _valid_top(chosen, ref.chunk_means(s, L, o["chunk_length"]), keep)
     s2 = [((s[h] + o["eps"]) * N[h]).tolist() for h in range(n_kv)] if N is not None else None
     if d.kind == "critical":
         b1 = ref.critical_first_stage(L, cr, o["alpha"])
@@ -862,7 +970,7 @@ def write_cases(run: ModelRun, out: Path, results: list[CaseResult]) -> list[str
         obj["structural_ties"] = r.structural_ties
         obj["tie_dependent"] = r.tie_dependent
         obj["scores_file"] = f"{stem}.scores.f32"
-        if r.d.scorer == "leverage":
+        if r.d.scorer in ("leverage", "compactor"):
             # z-scores (leverage - mean) / std: fp32 rounding of the leverages is absolute at the scale
             # of the std (about 1), so near-zero z-scores carry it unscaled (kvpress vs float64: 1.7e-6)
             obj["scores_atol"] = 2e-5

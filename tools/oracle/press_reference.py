@@ -13,6 +13,7 @@ Tie rule "low" (SPEC, and ckv): equal scores rank by lower flat index head * L +
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -557,3 +558,94 @@ def select_critical_adakv(sc: Scored, N: torch.Tensor, n_kept: int, n_safe: int,
         sel.kept.append(sorted(list(first) + [rest[i] for i in second]))
     sel.budgets = budgets
     return sel
+
+
+def chunk_spans(L: int, chunk: int) -> list[tuple[int, int]]:
+    """ChunkKV's chunks: [c * chunk, (c + 1) * chunk) from token 0, the last one shorter when L is not
+    a multiple of chunk."""
+    return [(t0, min(L, t0 + chunk)) for t0 in range(0, L, chunk)]
+
+
+def chunk_means(scores: torch.Tensor, L: int, chunk: int) -> list[float]:
+    """The mean over each chunk's tokens of the scores summed over the layer's KV heads."""
+    over_heads = scores.to(F64).sum(0)
+    return [float(over_heads[a:b].mean()) for a, b in chunk_spans(L, chunk)]
+
+
+def select_chunkkv(sc: Scored, cr: float, chunk: int, ties: str = "low") -> Selection:
+    """ChunkKV (kvpress ChunkKVPress): the best max(1, int(n_chunks * (1 - cr))) chunks by chunk_means,
+    ties to the lower chunk ("low") or the higher ("high"), kept whole by every head; a context shorter
+    than one chunk is the per-head top-k of the scorer."""
+    n_kv, L = sc.scores.shape
+    if L < chunk:
+        return select_uniform(sc, n_kept_uniform(L, cr), ties)
+    spans = chunk_spans(L, chunk)
+    means = chunk_means(sc.scores, L, chunk)
+    keep = max(1, int(len(spans) * (1.0 - cr)))
+    whole = [bool(sc.protected[:, a:b].all()) for a, b in spans]  # chunks of protected tokens only
+    sel = Selection([])
+    top = _top(means, list(range(len(spans))), keep, ties, "chunks", -1, None, whole, sel.boundaries)
+    rows = sorted(t for c in top for t in range(*spans[c]))
+    sel.kept = [list(rows) for _ in range(n_kv)]
+    return sel
+
+
+def rerotate(keys: torch.Tensor, kept: list[list[int]], inv_freq: torch.Tensor) -> torch.Tensor:
+    """Key re-rotation (kvpress KeyRerotationPress): the kept post-RoPE keys of each head, kept[h]
+    ascending, rotated by the angles (i - kept[h][i]) * inv_freq so that they read as positions
+    0 .. n - 1; float64. keys [Hkv, L, d] -> [Hkv, n, d]."""
+    out = []
+    inv = inv_freq.to(F64)
+    for h, pos in enumerate(kept):
+        p = torch.tensor(pos, dtype=F64)
+        a = (torch.arange(len(pos), dtype=F64) - p)[:, None] * inv[None, :]  # [n, d / 2]
+        cos, sin = torch.cat([a.cos(), a.cos()], -1), torch.cat([a.sin(), a.sin()], -1)
+        out.append(_rope(keys[h, pos].to(F64), cos, sin))
+    return torch.stack(out)
+
+
+def _sliced(inp: LayerInputs, a: int, b: int) -> LayerInputs:
+    """The layer inputs of context rows a .. b - 1 only (what CompactorPress hands its inner presses)."""
+    return dataclasses.replace(inp, hidden=inp.hidden[a:b], keys=inp.keys[:, a:b], values=inp.values[:, a:b],
+                               cos=inp.cos[a:b], sin=inp.sin[a:b])
+
+
+def score_compactor(inp: LayerInputs, cr: float, sink_start: int, sink_end: int, chunk: int, k: int, seed: int,
+                    blending: float) -> Scored:
+    """CompactorPress: rows a = min(sink_start, L) .. b = L - min(sink_end, L - a) score
+    blending * (the leverage of those rows, score_leverage) + NonCausalAttnPress's score; the sinks
+    score the maximum of those scores (not + 1) and are protected. NonCausalAttnPress: the rows cut
+    into chunks of `chunk` (the last one padded with zero rows to `chunk`); in a chunk every query
+    (RoPE'd, no 1/sqrt(d) scale) attends to every key of the chunk; padding keys get logit -1e-9,
+    padding queries logit 0 on real keys; softmax; summed over all the chunk's queries (padding
+    ones too); mean over the group; times ||v||_2; avg-pooled over 3 (zero padding counted);
+    z-scored over every head (unbiased std, at least 1e-6). blending < 0: cr."""
+    L = inp.L
+    a = min(sink_start, L)
+    tail = min(sink_end, max(0, L - a))
+    b = L - tail
+    sl = _sliced(inp, a, b)
+    S = b - a
+    q = _queries(sl, slice(0, S))  # [H, S, d]
+    kk = _keys_per_query_head(sl)  # [H, S, d]
+    A = torch.zeros((inp.n_heads, S), dtype=F64)
+    for c0 in range(0, S, chunk):
+        c1 = min(S, c0 + chunk)
+        n, pad = c1 - c0, chunk - (c1 - c0)
+        dots = q[:, c0:c1] @ kk[:, c0:c1].transpose(1, 2)  # [H, n, n]
+        logits = torch.cat([dots, torch.full((inp.n_heads, n, pad), -1e-9, dtype=F64)], -1)
+        A[:, c0:c1] += torch.softmax(logits, -1)[..., :n].sum(1)
+        if pad:
+            padq = torch.cat([torch.zeros(n, dtype=F64), torch.full((pad,), -1e-9, dtype=F64)])
+            A[:, c0:c1] += pad * torch.softmax(padq, -1)[:n]
+    A = A.view(inp.n_kv, inp.G, S).mean(1) * torch.linalg.vector_norm(sl.values.to(F64), dim=-1)
+    A = _pool(A, 3, "avg")
+    A = (A - A.mean()) / A.std().clamp_min(1e-6)
+    lev = score_leverage(sl, k, seed).scores
+    w = cr if blending < 0 else blending
+    body = w * lev + A
+    s = torch.full((inp.n_kv, L), float(body.max()), dtype=F64)
+    s[:, a:b] = body
+    protected = torch.ones((inp.n_kv, L), dtype=torch.bool)
+    protected[:, a:b] = False
+    return Scored(s, protected)

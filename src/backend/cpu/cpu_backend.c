@@ -114,6 +114,8 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_cur = ckv_cpu_evict_cur,
     .evict_leverage = ckv_cpu_evict_leverage,
     .evict_affine = ckv_cpu_evict_affine,
+    .evict_chunk_colsum = ckv_cpu_evict_chunk_colsum,
+    .evict_row_stats = ckv_cpu_evict_row_stats,
     .sample = ckv_cpu_sample,
 };
 

@@ -72,6 +72,10 @@ ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *s
                                   int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
                                   int k);
 void ckv_cpu_evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);
+ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                                      int n_pad, const ckv_kv_batch *kv, int n_heads_local, int head0, int group,
+                                      float scale, int zero);
+void ckv_cpu_evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);
 void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
                             float sign);
 void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,

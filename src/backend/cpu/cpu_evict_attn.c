@@ -1,5 +1,6 @@
 /* cpu_evict_attn.c - the CPU backend's eviction ops that multiply: window / observed attention column
- * sums and weights (evict_attn_colsum, evict_attn_probs), one-row softmax (evict_softmax_add) and
+ * sums and weights (evict_attn_colsum, evict_attn_probs), chunked non-causal attention column sums
+ * (evict_chunk_colsum), one-row softmax (evict_softmax_add) and
  * CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm). Semantics as in backend.h. Logits and
  * projections go through the CPU GEMM (ckv_cpu_matmul_f32) with the same shapes the scorers used
  * before they moved behind the op table, so scores are bit-for-bit what they were; keys and values
@@ -143,6 +144,41 @@ ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const flo
             const float f = w.inv[i];
             for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
             for (int t = n_vis; t < ld; t++) dst[t] = 0.0f;
+        }
+    }
+    evict_attn_ws_free(&w);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                                      int n_pad, const ckv_kv_batch *kv, int n_heads_local, int head0, int group,
+                                      float scale, int zero) {
+    if (zero) memset(colsum, 0, (size_t)kv->n_kv_heads * (size_t)n_cols * sizeof(double));
+    if (n_q < 1) return CKV_STATUS_OK;
+    const int d = kv->head_dim, hq = n_heads_local * d, n_keys = n_q + n_pad;
+    const size_t esz = ckv_dtype_size(kv->dtype);
+    evict_attn_ws w;
+    CKV_TRY(evict_attn_ws_init(&w, kv, n_keys + 1, n_keys)); /* logits: n_q rows of n_q, then one of n_keys */
+    for (int j = 0; j < n_heads_local; j++) {
+        const int g = (head0 + j) / group;
+        const char *src = (const char *)kv->segs[0][g].k + (size_t)q_row0 * (size_t)d * esz;
+        const float *K = (const float *)(const void *)src; // [n_q, d]
+        if (kv->dtype != CKV_DTYPE_F32) {
+            ckv_convert_to_f32(w.keys, src, kv->dtype, (size_t)n_q * (size_t)d);
+            K = w.keys;
+        }
+        for (int i = 0; i < n_q; i++)
+            memcpy(w.qh + (size_t)i * d, q + (size_t)i * hq + (size_t)j * d, (size_t)d * sizeof(float));
+        ckv_cpu_matmul_f32(be, w.logits, w.qh, K, NULL, n_q, d, n_q); /* [n_q, n_q] */
+        double *restrict cs = colsum + (size_t)g * (size_t)n_cols + q_row0;
+        float *row = w.logits + (size_t)n_q * (size_t)n_q; /* past the GEMM's rows: one row of n_keys */
+        for (int i = 0; i <= n_q; i++) { /* the real queries, then (i = n_q) one padding query */
+            if (i == n_q && n_pad == 0) break;
+            for (int t = 0; t < n_q; t++) row[t] = i < n_q ? w.logits[(size_t)i * n_q + t] * scale : 0.0f;
+            for (int t = n_q; t < n_keys; t++) row[t] = -1e-9f;
+            const float f = evict_exp_row(row, n_keys);
+            for (int rep = 0; rep < (i < n_q ? 1 : n_pad); rep++) /* every padding query weighs the same */
+                for (int t = 0; t < n_q; t++) cs[t] += (double)(row[t] * f);
         }
     }
     evict_attn_ws_free(&w);

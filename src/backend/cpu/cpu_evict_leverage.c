@@ -1,8 +1,8 @@
 /* cpu_evict_leverage.c - the approximate-leverage op on the CPU (backend.h evict_leverage): the
  * cached keys rotated back to pre-RoPE keys, centred, sketched by the caller's Gaussian matrix,
  * their Gram matrix factored by Cholesky (with kvpress's jitter schedule) and each row's leverage
- * x^T (G + jI)^-1 x by one forward substitution; plus the affine map the scorer applies after its
- * cross-head statistics (evict_affine). Double arithmetic after the fp32 pre-RoPE keys; one head
+ * x^T (G + jI)^-1 x by one forward substitution; plus the per-row sums any z-scoring scorer hands to
+ * its cross-head statistics (evict_row_stats) and the affine map it applies after them (evict_affine). Double arithmetic after the fp32 pre-RoPE keys; one head
  * at a time, scratch allocated once per call. It does not draw the sketch, normalise across heads
  * or select. */
 #include <math.h>
@@ -122,6 +122,20 @@ ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *s
     ckv_free(pre);
     ckv_free(G);
     return st;
+}
+
+void ckv_cpu_evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld) {
+    (void)be;
+    for (int r = 0; r < rows; r++) {
+        double s1 = 0.0, s2 = 0.0;
+        for (int t = 0; t < n; t++) {
+            const double v = (double)x[(size_t)r * (size_t)ld + t];
+            s1 += v;
+            s2 += v * v;
+        }
+        stats[2 * r] = s1;
+        stats[2 * r + 1] = s2;
+    }
 }
 
 void ckv_cpu_evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div) {
