@@ -9,10 +9,9 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import REPO, Checks, Server, require_server, skip  # noqa: E402
+from serve_util import REPO, Checks, Server, skip, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
+ckv, fixtures, tmp, _ = preamble(openai=False)
 st = os.path.join(os.path.dirname(sys.executable), "schemathesis")
 if not os.path.exists(st):
     skip("schemathesis is not installed in the test venv (tools/test.sh installs it from PyPI)")
