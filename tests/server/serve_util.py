@@ -93,6 +93,13 @@ class Server:
         with open(self.log_path) as f:
             return f.read()[-4000:]
 
+    def log_wait(self, text, seconds=30):
+        """The log once it holds text (mpirun forwards a rank's stderr on its own time), or after seconds."""
+        t_end = time.time() + seconds
+        while text not in self.log_text() and time.time() < t_end:
+            time.sleep(0.2)
+        return self.log_text()
+
     def client(self, **kw):
         import openai
         return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "none", max_retries=0, timeout=300, **kw)

@@ -62,7 +62,8 @@ COMM_TIMEOUT = 10 if SANITIZED else 2
 one = Server(ckv, FIXTURE, tmp, "--max-batch", "4", name="one", threads=1)
 tp2 = Server(ckv, FIXTURE, tmp, "--max-batch", "4", "--comm-timeout", str(COMM_TIMEOUT), "--interleave-ms", "0", name="tp2",
              threads=1, launcher=launcher(2))
-t.check("2 tensor-parallel ranks" in tp2.log_text(), "the server reports its 2 tensor-parallel ranks", tp2.log_text())
+log = tp2.log_wait("2 tensor-parallel ranks")
+t.check("2 tensor-parallel ranks" in log, "the server reports its 2 tensor-parallel ranks", log)
 c1, c2 = one.client(), tp2.client()
 
 # greedy, full cache and presses whose budgets the ranks agree on
