@@ -1,7 +1,7 @@
 /* cuda_internal.h - private to backend/cuda: the CUDA backend's state (device, the one compute
  * stream, the cuBLAS handle, workspaces), the check macros every CUDA and cuBLAS call goes through,
  * element load/store helpers shared by the kernels, and the host entry points of the kernel files
- * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_sample.cu, cuda_evict_*.cu, cuda_score_*.cu). Everything is in namespace
+ * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_decode.cu, cuda_sample.cu, cuda_evict_*.cu, cuda_score_*.cu). Everything is in namespace
  * CKV_CUDA_NS, so the GPU build and the emulated build (cuda_rt.h) can live in one program. */
 #ifndef CKV_CUDA_INTERNAL_H
 #define CKV_CUDA_INTERNAL_H
@@ -111,6 +111,12 @@ __device__ __forceinline__ float block_max(float v, float *red) {
     return v;
 }
 
+/* The token rows [*tok0, *tok0 + *ntok) of sequence s of an attention batch of n tokens. */
+__device__ __forceinline__ void seq_rows(const ckv_kv_batch &kv, int s, int n, int *tok0, int *ntok) {
+    *tok0 = kv.seq_start ? kv.seq_start[s] : 0;
+    *ntok = kv.seq_start ? kv.seq_start[s + 1] - *tok0 : n;
+}
+
 /* Blocks of `threads` covering n items, capped for grid-stride loops. */
 static inline unsigned blocks_for(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;
@@ -132,6 +138,10 @@ void kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_
                const int32_t *keep, int stride, const int32_t *n_keep);
 void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                int n_heads, float scale);
+/* cuda_decode.cu: split-KV attention (attention's checks done; records failures on c) */
+constexpr int DECODE_HD_MAX = 256; /* largest head dim of attention */
+void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                     int n_heads, float scale);
 /* eviction ops: cuda_evict_rows.cu, cuda_evict_attn.cu */
 ckv_status op_status(ctx *c, const char *op); /* op_done, then a launch error as the op's status */
 ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
