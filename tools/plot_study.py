@@ -9,6 +9,9 @@
                     panel per budget                                         -> head_grid.svg
   share vs budget   analyze's --stats-json: the share of heads where press B perturbs less than A,
                     per budget (Figure 6)                                    -> heads_vs_budget.svg
+  concentration     the same file's "concentration" block: per layer, the medians over heads of the
+                    top-5% share of the question's attention, the recall of those rows among press
+                    A's top 5%, Spearman's rho and the value-norm spread     -> concentration.svg
   layer-wise        analyze's --layerwise JSON lines: relative perturbation of the hidden state after
                     every layer, a line per press x budget (Figure 5)       -> layerwise.svg
 
@@ -120,6 +123,39 @@ def plot_share(plt, path: Path, out: Path) -> None:
     save(fig, out / "heads_vs_budget.svg")
 
 
+def plot_concentration(plt, path: Path, out: Path) -> None:
+    c = json.loads(path.read_text()).get("concentration")
+    if not c:
+        raise ValueError("no \"concentration\" block (written by ckv analyze --stats-json since it has one)")
+    t = c["fractions"].index(0.05)
+    by = collections.defaultdict(list)
+    for h in c["heads"]:
+        by[h["layer"]].append(h)
+
+    def med(v):
+        v = sorted(x for x in v if x is not None)
+        return (v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])) if v else None
+
+    layers = sorted(by)
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for key, label in (("top_share", "top 5% of rows: share of attention"), ("recall", "recall of those rows in A's top 5%")):
+        ax.plot(layers, [med([h[key][t] for h in by[l]]) for l in layers], marker=".", label=label)
+    ax.plot(layers, [med([h["spearman"] for h in by[l]]) for l in layers], marker=".", label="Spearman(score, attention)")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("median over the layer's heads")
+    ax2 = ax.twinx()
+    ax2.plot(layers, [med([h["norm_spread"] for h in by[l]]) for l in layers], color="gray", linestyle="--",
+             label="value-norm spread max/median (right)")
+    ax2.set_ylabel("max / median ||v W_O^h||_1")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=6, loc="lower left")
+    ax.set_title(f"scores of {c['scores_of'].split('(')[0]}", fontsize=8)
+    fig.tight_layout()
+    save(fig, out / "concentration.svg")
+
+
 def plot_layers(plt, path: Path, out: Path) -> None:
     by = collections.defaultdict(list)
     for r in lines(path):
@@ -157,6 +193,7 @@ def main() -> int:
     made = []
     for arg, fn, name in ((a.eval, plot_scores, "score_vs_budget.svg"), (a.fidelity, plot_kl, "kl_vs_budget.svg"),
                           (a.heads, plot_heads, "head_grid.svg"), (a.stats, plot_share, "heads_vs_budget.svg"),
+                          (a.stats, plot_concentration, "concentration.svg"),
                           (a.layerwise, plot_layers, "layerwise.svg")):
         if arg is None:
             continue

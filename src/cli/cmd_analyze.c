@@ -3,6 +3,7 @@
  * (docs/presses.md, "Perturbation analysis"). Prints a summary on stdout (rank 0) and writes one JSON
  * line per head with --out. It does not generate tokens or compress a cache for later use. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,8 +142,84 @@ static void print_summary(const analyze_args *a, int k, const ckv_analyze_summar
     else printf("mean theta B / theta A: n/a (theta A is 0 in every head)\n");
 }
 
-/* --stats-json: the summaries of every budget (Figure 6's share of heads, Table 9's bound tightness). */
-static ckv_status write_stats(const analyze_args *a, const ckv_analyze_summary *sums, int n_ctx, int n_q) {
+static cJSON *number_array(const double *v, int n) {
+    cJSON *r = cJSON_CreateArray();
+    for (int i = 0; r && i < n; i++) cJSON_AddItemToArray(r, cJSON_CreateNumber(v[i])); /* NaN prints as null */
+    return r;
+}
+
+/* The median of the finite values of f(head) over every head; NaN when there is none. */
+static double head_median(const ckv_analyzer *an, double (*f)(const ckv_conc_stats *, int), int t, double *scratch) {
+    int m = 0;
+    for (int i = 0; i < an->n_layers * an->n_heads; i++) {
+        double v = f(&an->heads[i].conc, t);
+        if (isfinite(v)) scratch[m++] = v;
+    }
+    if (!m) return NAN;
+    for (int i = 1; i < m; i++) /* insertion sort: a few hundred heads */
+        for (int j = i; j > 0 && scratch[j - 1] > scratch[j]; j--) {
+            double x = scratch[j];
+            scratch[j] = scratch[j - 1], scratch[j - 1] = x;
+        }
+    return m % 2 ? scratch[m / 2] : 0.5 * (scratch[m / 2 - 1] + scratch[m / 2]);
+}
+static double conc_share(const ckv_conc_stats *c, int t) { return c->top_share[t]; }
+static double conc_recall(const ckv_conc_stats *c, int t) { return c->recall[t]; }
+static double conc_rho(const ckv_conc_stats *c, int t) { (void)t; return c->spearman; }
+static double conc_spread(const ckv_conc_stats *c, int t) { (void)t; return c->norm_spread; }
+
+/* Medians over heads of the concentration statistics: [share x3, recall x3, spearman, spread]. */
+static void conc_medians(const ckv_analyzer *an, double med[2 * CKV_CONC_N_TOP + 2]) {
+    double *scratch = malloc(sizeof(double) * (size_t)(an->n_layers * an->n_heads));
+    if (!scratch) ckv_cli_die("out of memory");
+    for (int t = 0; t < CKV_CONC_N_TOP; t++) {
+        med[t] = head_median(an, conc_share, t, scratch);
+        med[CKV_CONC_N_TOP + t] = head_median(an, conc_recall, t, scratch);
+    }
+    med[2 * CKV_CONC_N_TOP] = head_median(an, conc_rho, 0, scratch);
+    med[2 * CKV_CONC_N_TOP + 1] = head_median(an, conc_spread, 0, scratch);
+    free(scratch);
+}
+
+/* "concentration": per head, the statistics of analyze_stats.h (the full cache and press A's scores,
+ * so the same at every budget: taken from the first), and their medians over heads. */
+static void add_concentration(cJSON *o, const analyze_args *a, const ckv_analyzer *an) {
+    cJSON *c = cJSON_AddObjectToObject(o, "concentration");
+    if (!c) return;
+    cJSON_AddStringToObject(c, "scores_of", a->press[0][0].spec);
+    cJSON_AddItemToObject(c, "fractions", number_array(ckv_conc_fractions, CKV_CONC_N_TOP));
+    double med[2 * CKV_CONC_N_TOP + 2];
+    conc_medians(an, med);
+    cJSON *m = cJSON_AddObjectToObject(c, "median");
+    if (m) {
+        cJSON_AddItemToObject(m, "top_share", number_array(med, CKV_CONC_N_TOP));
+        cJSON_AddItemToObject(m, "recall", number_array(med + CKV_CONC_N_TOP, CKV_CONC_N_TOP));
+        cJSON_AddNumberToObject(m, "spearman", med[2 * CKV_CONC_N_TOP]);
+        cJSON_AddNumberToObject(m, "norm_spread", med[2 * CKV_CONC_N_TOP + 1]);
+    }
+    cJSON *heads = cJSON_AddArrayToObject(c, "heads");
+    for (int i = 0; heads && i < an->n_layers * an->n_heads; i++) {
+        const ckv_analyze_head *h = &an->heads[i];
+        cJSON *r = cJSON_CreateObject();
+        if (!r) return;
+        cJSON_AddItemToArray(heads, r);
+        cJSON_AddNumberToObject(r, "layer", h->layer);
+        cJSON_AddNumberToObject(r, "head", h->head);
+        cJSON_AddNumberToObject(r, "kv_head", h->kv_head);
+        double k[CKV_CONC_N_TOP];
+        for (int t = 0; t < CKV_CONC_N_TOP; t++) k[t] = h->conc.top_k[t];
+        cJSON_AddItemToObject(r, "top_k", number_array(k, CKV_CONC_N_TOP));
+        cJSON_AddItemToObject(r, "top_share", number_array(h->conc.top_share, CKV_CONC_N_TOP));
+        cJSON_AddItemToObject(r, "recall", number_array(h->conc.recall, CKV_CONC_N_TOP));
+        cJSON_AddNumberToObject(r, "spearman", h->conc.spearman);
+        cJSON_AddNumberToObject(r, "norm_spread", h->conc.norm_spread);
+    }
+}
+
+/* --stats-json: the summaries of every budget (Figure 6's share of heads, Table 9's bound tightness)
+ * and the attention-concentration statistics. */
+static ckv_status write_stats(const analyze_args *a, const ckv_analyzer *an, const ckv_analyze_summary *sums, int n_ctx,
+                              int n_q) {
     cJSON *o = cJSON_CreateObject(), *rows = o ? cJSON_AddArrayToObject(o, "budgets") : NULL;
     if (!rows) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
     cJSON_AddStringToObject(o, "press_a", a->press[0][0].spec);
@@ -167,6 +244,7 @@ static ckv_status write_stats(const analyze_args *a, const ckv_analyze_summary *
         cJSON_AddNumberToObject(r, "mean_theta_ratio", m->mean_theta_ratio);
         cJSON_AddNumberToObject(r, "max_perturbation_over_theta", m->max_pert_over_theta);
     }
+    add_concentration(o, a, an);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
@@ -268,13 +346,19 @@ int ckv_cmd_analyze(int argc, char **argv) {
             for (int k = 0; k < nb; k++) ckv_cli_check_comm(world, ckv_analyze_write_jsonl(&an[k], out, a.out));
             if (fclose(out) != 0) ckv_cli_check_comm(world, ckv_error(CKV_STATUS_ERR_IO, "--out: error writing '%s'", a.out));
         }
-        if (a.stats_json) ckv_cli_check_comm(world, write_stats(&a, sums, n_ctx, n_q));
+        if (a.stats_json) ckv_cli_check_comm(world, write_stats(&a, an, sums, n_ctx, n_q));
         printf("press A: %s\n", a.press[0][0].spec);
         printf("press B: %s\n", a.press[0][1].spec);
         printf("context %d tokens, question %d token%s; %d layers x %d query heads = %d heads\n", n_ctx, n_q,
                n_q == 1 ? "" : "s", c->n_layers, c->n_heads, sums[0].n_heads);
         int violations = 0;
         double max_ratio = 0;
+        double med[2 * CKV_CONC_N_TOP + 2];
+        conc_medians(&an[0], med);
+        printf("attention concentration (medians over heads; the question's attention on the context, press A's scores):\n"
+               "  its top 1%%/5%%/10%% of rows hold %.3f/%.3f/%.3f; recall of those rows in press A's top: %.3f/%.3f/%.3f;\n"
+               "  Spearman(score, attention) %.3f; value-norm spread max/median ||v W_O^h||_1 %.3g\n",
+               med[0], med[1], med[2], med[3], med[4], med[5], med[6], med[7]);
         for (int k = 0; k < nb; k++) {
             print_summary(&a, k, &sums[k]);
             violations += sums[k].n_bound_violations;

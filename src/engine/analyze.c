@@ -33,6 +33,8 @@ ckv_status ckv_analyze_ws_init(ckv_analyze_ws *ws, int n_max, int d, int D) {
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->delta, (size_t)CKV_ANALYZE_PRESSES * (size_t)D * sizeof(double),
                               "analysis output differences"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->out, (size_t)D * sizeof(double), "analysis output"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&ws->norm, (size_t)n_max * sizeof(double), "analysis value norms"), fail);
+    CKV_TRY_GOTO(s, ckv_conc_ws_init(&ws->conc, n_max), fail);
     return CKV_STATUS_OK;
 fail:
     ckv_analyze_ws_free(ws);
@@ -46,6 +48,8 @@ void ckv_analyze_ws_free(ckv_analyze_ws *ws) {
     ckv_free(ws->proj);
     ckv_free(ws->delta);
     ckv_free(ws->out);
+    ckv_free(ws->norm);
+    ckv_conc_ws_free(&ws->conc);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -115,6 +119,7 @@ ckv_status ckv_analyze_head_compute(const ckv_analyze_head_in *in, ckv_backend *
             double P = 0.0;
             for (int r = 0; r < D; r++) P += fabs((double)y[r]);
             if (P > pmax) pmax = P;
+            ws->norm[i] = P;
             const double A = e[i] / E;
             double *o = ws->out;
             for (int r = 0; r < D; r++) o[r] += A * (double)y[r];
@@ -148,6 +153,10 @@ ckv_status ckv_analyze_head_compute(const ckv_analyze_head_in *in, ckv_backend *
         out->theta[p] = ev_norm[p] + (Ee[p] / Ek[p]) * kept_norm[p];
         out->attn_bound[p] = 2.0 * (Ee[p] / E) * pmax;
     }
+    if (L > 0) return ckv_conc_compute(e, in->score, ws->norm, L, &ws->conc, &out->conc);
+    ckv_conc_stats *c = &out->conc;
+    for (int t = 0; t < CKV_CONC_N_TOP; t++) c->top_k[t] = 0, c->top_share[t] = c->recall[t] = NAN;
+    c->spearman = c->norm_spread = NAN;
     return CKV_STATUS_OK;
 }
 
@@ -161,6 +170,7 @@ void ckv_analyzer_free(ckv_analyzer *a) {
     ckv_free(a->hk);
     ckv_free(a->hv);
     ckv_free(a->hpos);
+    ckv_free(a->hscore);
     ckv_free(a->keep);
     if (a->q != a->dq) ckv_free(a->q);
     ckv_free(a->mine);
@@ -252,6 +262,8 @@ ckv_status ckv_analyzer_init(ckv_analyzer *a, const ckv_model *m, const ckv_pres
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->hk, kvd * sizeof(float), "analysis keys"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->hv, kvd * sizeof(float), "analysis values"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->hpos, n_rows * sizeof(int32_t), "analysis positions"), fail);
+    CKV_TRY_GOTO(s, ckv_alloc((void **)&a->hscore, (size_t)pl->n_kv_local * (size_t)n_ctx * sizeof(float),
+                              "analysis scores of press A"), fail);
     CKV_TRY_GOTO(s, ckv_alloc((void **)&a->keep, (size_t)CKV_ANALYZE_PRESSES * (size_t)pl->n_kv_local * (size_t)n_ctx,
                               "analysis kept sets"), fail);
     ckv_backend *be = m->be;
@@ -306,6 +318,8 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
         ckv_head_budgets hb = {c->n_kv_heads, hb_row};
         CKV_TRY(ckv_evict_layer(a->press[p], &in, hb_row ? &hb : NULL, &a->sel));
         CKV_TRY(ckv_selection_rows_host(&a->sel, a->rows));
+        if (p == 0) /* press A's ranking, for the concentration statistics */
+            CKV_TRY(be->ops->download(be, a->hscore, a->sel.scores, (size_t)nkv * (size_t)L * sizeof(float)));
         uint8_t *kp = a->keep + (size_t)p * nkv * L; // [nkv, L]
         for (int g = 0; g < nkv; g++)
             for (int i = 0; i < a->sel.n_keep[g]; i++) {
@@ -336,6 +350,7 @@ ckv_status ckv_analyze_layer_hook(void *ctx, ckv_session *s, int layer, int n_pr
             .n_rows = n, .n_ctx = L, .d = d, .D = D, .q = a->q + (size_t)j * d,
             .k = a->hk + (size_t)g * n * d, .v = a->hv + (size_t)g * n * d,
             .wo = wo + (size_t)j * d, .wo_stride = hq, .scale = 1.0f / sqrtf((float)d),
+            .score = a->hscore + (size_t)g * L,
         };
         for (int p = 0; p < CKV_ANALYZE_PRESSES; p++) hi.keep[p] = a->keep + ((size_t)p * nkv + (size_t)g) * L;
         ckv_analyze_head *r = &a->mine[j];
@@ -406,6 +421,18 @@ ckv_status ckv_analyze_summarize(const ckv_analyzer *a, ckv_analyze_summary *out
     return CKV_STATUS_OK;
 }
 
+_Static_assert(CKV_CONC_N_TOP == 3, "the JSON lines write three top_k values");
+
+/* ", KEY: v" (n == 0) or ", KEY: [v, ...]" with NaN written as null (JSON has no NaN). */
+static void write_num_list(FILE *f, const char *key, const double *v, int n) {
+    fprintf(f, ", \"%s\": %s", key, n ? "[" : "");
+    for (int i = 0; i < (n ? n : 1); i++) {
+        if (isfinite(v[i])) fprintf(f, "%s%.17g", i ? ", " : "", v[i]);
+        else fprintf(f, "%snull", i ? ", " : "");
+    }
+    if (n) fputc(']', f);
+}
+
 ckv_status ckv_analyze_write_jsonl(const ckv_analyzer *a, FILE *f, const char *path) {
     if (a->layers_done != a->n_layers)
         return ckv_error(CKV_STATUS_ERR_ARG, "analysis: %d of %d layers measured", a->layers_done, a->n_layers);
@@ -416,10 +443,17 @@ ckv_status ckv_analyze_write_jsonl(const ckv_analyzer *a, FILE *f, const char *p
                 "%s\"layer\": %d, \"head\": %d, \"kv_head\": %d, \"n_rows\": %d, \"kept_a\": %d, \"kept_b\": %d, "
                 "\"mass_a\": %.17g, \"mass_b\": %.17g, \"out_l1\": %.17g, \"max_norm\": %.17g, "
                 "\"perturbation_a\": %.17g, \"perturbation_b\": %.17g, \"theta_a\": %.17g, \"theta_b\": %.17g, "
-                "\"attn_bound_a\": %.17g, \"attn_bound_b\": %.17g, \"bound_a\": %.17g, \"bound_b\": %.17g}\n",
+                "\"attn_bound_a\": %.17g, \"attn_bound_b\": %.17g, \"bound_a\": %.17g, \"bound_b\": %.17g",
                 a->budget > 0 ? "" : "{", h->layer, h->head, h->kv_head, h->n_rows, h->n_kept[0], h->n_kept[1], h->kept_mass[0], h->kept_mass[1],
                 h->out_l1, h->max_norm, h->perturbation[0], h->perturbation[1], h->theta[0], h->theta[1],
                 h->attn_bound[0], h->attn_bound[1], ckv_analyze_bound(a, h, 0), ckv_analyze_bound(a, h, 1));
+        const ckv_conc_stats *c = &h->conc;
+        fprintf(f, ", \"top_k\": [%d, %d, %d]", c->top_k[0], c->top_k[1], c->top_k[2]);
+        write_num_list(f, "top_share", c->top_share, CKV_CONC_N_TOP);
+        write_num_list(f, "recall", c->recall, CKV_CONC_N_TOP);
+        write_num_list(f, "spearman", &c->spearman, 0);
+        write_num_list(f, "norm_spread", &c->norm_spread, 0);
+        fputs("}\n", f);
     }
     if (ferror(f)) return ckv_error(CKV_STATUS_ERR_IO, "--out: error writing '%s'", path ? path : "(stream)");
     return CKV_STATUS_OK;

@@ -19,6 +19,7 @@
 #include <stdio.h>
 
 #include "backend/backend.h"
+#include "engine/analyze_stats.h"
 #include "engine/session.h"
 #include "evict/press.h"
 #include "evict/select.h"
@@ -37,6 +38,7 @@ typedef struct {
     double attn_bound[CKV_ANALYZE_PRESSES];   /* 2 (1 - s) max_i ||V_i W_O^h||_1 */
     double out_l1;                 /* ||o||_1 */
     double max_norm;               /* max_i ||V_i W_O^h||_1 */
+    ckv_conc_stats conc;           /* attention concentration over the context rows (press A's scores) */
 } ckv_analyze_head;
 
 /* Scratch for the per-head computation, sized once for up to n_max rows. */
@@ -47,6 +49,8 @@ typedef struct {
     float *proj;    // [CKV_ANALYZE_BLOCK, D] projected values of one block of rows
     double *delta;  // [CKV_ANALYZE_PRESSES, D] o - o^ of each press
     double *out;    // [D] o
+    double *norm;   // [n_max] ||V_i W_O^h||_1 of every row
+    ckv_conc_ws conc;
 } ckv_analyze_ws;
 
 ckv_status ckv_analyze_ws_init(ckv_analyze_ws *ws, int n_max, int d, int D);
@@ -63,9 +67,11 @@ typedef struct {
     int wo_stride;
     float scale;            /* logit scale (the model's 1 / sqrt(d)) */
     const uint8_t *keep[CKV_ANALYZE_PRESSES]; /* [n_ctx] 1 = row kept by the press */
+    const float *score;     /* [n_ctx] press A's scores as its selection ranked them, or NULL (no recall / Spearman) */
 } ckv_analyze_head_in;
 
-/* Measures one head: fills every field of *out except layer, head and kv_head. The projections
+/* Measures one head: fills every field of *out except layer, head and kv_head (conc: NaN throughout
+ * when n_ctx is 0). The projections
  * V_i W_O^h go through be->ops->matmul (host memory) in blocks; sums are in double. */
 ckv_status ckv_analyze_head_compute(const ckv_analyze_head_in *in, ckv_backend *be, ckv_analyze_ws *ws,
                                     ckv_analyze_head *out);
@@ -90,6 +96,7 @@ typedef struct {
     int32_t *rows;            /* [n_kv_local, n_ctx] the selection's kept rows, on the host */
     float *hk, *hv;           /* [n_kv_local, n_ctx + n_question, d] fp32 host copies of the layer's keys, values */
     int32_t *hpos;            /* [n_ctx + n_question] one head's positions */
+    float *hscore;            /* [n_kv_local, n_ctx] press A's scores of the layer, on the host */
     uint8_t *keep;            /* [CKV_ANALYZE_PRESSES, n_kv_local, n_ctx] */
     float *q;                 /* [n_q_local * d] the analysed token's roped queries (host; = dq on a host backend) */
     ckv_analyze_head *mine;   /* [n_q_local] this rank's records of the layer */

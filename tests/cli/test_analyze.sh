@@ -29,7 +29,8 @@ import json, sys
 path, n_rows, kept, zero, crit_a, crit_b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1", sys.argv[6] == "1"
 rows = [json.loads(l) for l in open(path)]
 fields = ["layer", "head", "kv_head", "n_rows", "kept_a", "kept_b", "mass_a", "mass_b", "out_l1", "max_norm",
-          "perturbation_a", "perturbation_b", "theta_a", "theta_b", "attn_bound_a", "attn_bound_b", "bound_a", "bound_b"]
+          "perturbation_a", "perturbation_b", "theta_a", "theta_b", "attn_bound_a", "attn_bound_b", "bound_a", "bound_b",
+          "top_k", "top_share", "recall", "spearman", "norm_spread"]  # the last five: test_analyze_stats.sh
 assert len(rows) == 3 * 4, len(rows)                          # 3 layers x 4 query heads
 for i, r in enumerate(rows):
     assert sorted(r) == sorted(fields), sorted(r)

@@ -111,8 +111,10 @@ def forward(model_dir: Path, ids: list[int]) -> np.ndarray:
     return forward_weights(cfg, load_weights(model_dir), ids)
 
 
-def forward_weights(cfg: dict, W: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """The forward over weights W (Hugging Face names, any float dtype; computed in float64)."""
+def forward_weights(cfg: dict, W: dict[str, np.ndarray], ids: list[int], on_layer=None) -> np.ndarray:
+    """The forward over weights W (Hugging Face names, any float dtype; computed in float64).
+    on_layer(layer, q, k, v, p), if given, sees every layer's post-RoPE queries [H, T, d], keys and
+    values repeated per query head [H, T, d] and causal softmax weights [H, T, T]."""
     D, H, Hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or D // H
     G, eps, T = H // Hkv, cfg["rms_norm_eps"], len(ids)
@@ -138,7 +140,10 @@ def forward_weights(cfg: dict, W: dict[str, np.ndarray], ids: list[int]) -> np.n
         k, v = np.repeat(k, G, axis=0), np.repeat(v, G, axis=0)  # query head j uses KV head j // G
         s = q @ k.transpose(0, 2, 1) / math.sqrt(d) + causal  # [H, T, T]
         s = np.exp(s - s.max(-1, keepdims=True))
-        a = (s / s.sum(-1, keepdims=True)) @ v  # [H, T, d]
+        p = s / s.sum(-1, keepdims=True)
+        if on_layer is not None:
+            on_layer(layer, q, k, v, p)
+        a = p @ v  # [H, T, d]
         x = x + lin("self_attn.o_proj", a.transpose(1, 0, 2).reshape(T, H * d))
         h = rmsnorm(x, W[pre + "post_attention_layernorm.weight"], eps)
         g = lin("mlp.gate_proj", h)

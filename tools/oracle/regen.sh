@@ -58,6 +58,8 @@ cd "$root"
 # after press_fixtures.py, which rewrites the per-model press directories
 "$py" "$here/defensive_fixtures.py"
 "$py" "$here/fixture_tokenizer.py"  # tokenizer.json of llama_gqa (ckv eval in CI)
+# ckv analyze's attention-concentration statistics on llama_gqa (test_analyze_stats.sh)
+"$py" "$here/analyze_stats_reference.py" tests/fixtures/models/llama_gqa -o tests/fixtures/presses/analyze_stats_llama_gqa.json
 
 echo "[regen] fixtures:"
 (cd "$root/tests/fixtures/models" && du -sh -- */ MANIFEST.json)

@@ -28,7 +28,11 @@
 #               --probes N and --probe-length T (profile), --fid-context T and --fid-continuation T
 #               (fidelity), --analyze N and --analyze-length T (needle prompts analyzed);
 #               --presses LIST and --budgets LIST replace the press and budget lists of the RULER,
-#               contrast and fidelity steps (query-aware keeps the snapkv family that LIST holds).
+#               contrast and fidelity steps (query-aware keeps the snapkv family that LIST holds);
+#               --tasks LIST replaces the RULER task list (all 11 by default): parts of it in
+#               separate --out directories run in parallel, and `ckv eval --report-only` summarises
+#               their concatenated results.jsonl (each sample depends only on its task, length,
+#               seed and index).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ckv=$root/build/ckv
@@ -44,6 +48,7 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --presses) size[presses]=$2; shift 2 ;;
     --budgets) size[budgets]=$2; shift 2 ;;
+    --tasks) size[tasks]=$2; shift 2 ;;
     --length|--samples|--query-samples|--contrast-samples|--probes|--probe-length|--fid-context|--fid-continuation|--analyze|--analyze-length)
       case ${2-} in ''|*[!0-9]*) echo "run_study.sh: $1 must be a non-negative integer, got '${2-}'" >&2; exit 2 ;; esac
       size[${1#--}]=$2; shift 2 ;;
@@ -69,7 +74,7 @@ else
   fid_ctx=4096; fid_cont=256; budgets=0.75,0.5,0.25,0.125; an_budgets=0.025,0.05,0.1,0.2,0.4
   n_probes=$((10 * scale)); probe_len=4096
 fi
-length=${size[length]:-$length}; an_len=$length
+length=${size[length]:-$length}; an_len=$length; tasks=${size[tasks]:-$tasks}
 s_ctx=${size[samples]:-$s_ctx}; s_qa=${size[query-samples]:-$s_qa}; s_smol=${size[contrast-samples]:-$s_smol}
 n_probes=${size[probes]:-$n_probes}; probe_len=${size[probe-length]:-$probe_len}
 fid_ctx=${size[fid-context]:-$fid_ctx}; fid_cont=${size[fid-continuation]:-$fid_cont}

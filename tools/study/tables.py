@@ -9,7 +9,8 @@ standard library only; it reads results, it runs nothing).
               CriticalKV / base press KL ratio
   analyze     analyze_*.json (--stats-json) and the per-head analyze_*.jsonl: the share of heads
               where CriticalKV perturbs less, the mean perturbations, the bound tightness, and how
-              much of the question's attention each press's kept rows hold
+              much of the question's attention each press's kept rows hold; the attention-
+              concentration statistics (medians over heads, all layers and each half of the layers)
   profile     headkv_profile.json: answered probes and the most important heads
 
 Usage: tables.py STUDY_DIR [--section ruler|query|contrast|fidelity|analyze|profile ...]
@@ -136,6 +137,38 @@ def fidelity(d: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def median(v: list[float]) -> float | None:
+    v = sorted(x for x in v if x is not None)
+    if not v:
+        return None
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def concentration(s: dict, title: str) -> list[str]:
+    """Medians over heads of the --stats-json "concentration" block: all layers, then each half."""
+    c = s.get("concentration")
+    if not c:
+        return []
+    hs = c["heads"]
+    n_layers = max(h["layer"] for h in hs) + 1
+    half = n_layers // 2
+    groups = (("all layers", hs), (f"layers 0-{half - 1}", [h for h in hs if h["layer"] < half]),
+              (f"layers {half}-{n_layers - 1}", [h for h in hs if h["layer"] >= half]))
+    pct = [f"{100 * f:g}%" for f in c["fractions"]]
+    out = [f"#### Attention concentration, {title}: medians over heads (the question's attention over the "
+           f"context; scores of {c['scores_of'].split('(')[0]})\n",
+           "| heads | " + " | ".join(f"top {p} hold" for p in pct) + " | " +
+           " | ".join(f"recall {p}" for p in pct) + " | Spearman | value-norm spread (max / median) |",
+           "|---" * (2 * len(pct) + 3) + "|"]
+    for name, g in groups:
+        cells = [fmt(median([h["top_share"][t] for h in g]), 3) for t in range(len(pct))]
+        cells += [fmt(median([h["recall"][t] for h in g]), 3) for t in range(len(pct))]
+        cells += [fmt(median([h["spearman"] for h in g]), 3), fmt(median([h["norm_spread"] for h in g]), 1)]
+        out.append(f"| {name} ({len(g)}) | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
 def analyze(d: Path) -> str:
     out = []
     for sf in sorted(d.glob("analyze_*.json")):
@@ -163,6 +196,7 @@ def analyze(d: Path) -> str:
                        f"{pb:.4g} | {ratio(pa, pb)} | {r['mean_bound_ratio_a']:.3g} | {r['mean_bound_ratio_b']:.3g} | "
                        f"{r['mean_theta_ratio']:.3g} | {fmt(ma, 3)} | {fmt(mb, 3)} |")
         out.append("")
+        out += concentration(s, f"prompt {k}")
     lw = sorted(d.glob("layerwise_*.jsonl"))
     for f in lw:
         rows = [json.loads(l) for l in f.read_text().splitlines() if l.strip()]
