@@ -137,6 +137,7 @@ def plot_concentration(plt, path: Path, out: Path) -> None:
         return (v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])) if v else None
 
     layers = sorted(by)
+    scorer = re.sub(r"\([^)]*\)", "", c["scores_of"].split()[0])  # the press without its options
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for key, label in (("top_share", "top 5% of rows: share of attention"), ("recall", "recall of those rows in A's top 5%")):
         ax.plot(layers, [med([h[key][t] for h in by[l]]) for l in layers], marker=".", label=label)
@@ -151,7 +152,7 @@ def plot_concentration(plt, path: Path, out: Path) -> None:
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=6, loc="lower left")
-    ax.set_title(f"scores of {c['scores_of'].split('(')[0]}", fontsize=8)
+    ax.set_title(f"scores of {scorer}", fontsize=8)
     fig.tight_layout()
     save(fig, out / "concentration.svg")
 

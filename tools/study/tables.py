@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -155,8 +156,9 @@ def concentration(s: dict, title: str) -> list[str]:
     groups = (("all layers", hs), (f"layers 0-{half - 1}", [h for h in hs if h["layer"] < half]),
               (f"layers {half}-{n_layers - 1}", [h for h in hs if h["layer"] >= half]))
     pct = [f"{100 * f:g}%" for f in c["fractions"]]
+    scorer = re.sub(r"\([^)]*\)", "", c["scores_of"].split()[0])  # the press without its options
     out = [f"#### Attention concentration, {title}: medians over heads (the question's attention over the "
-           f"context; scores of {c['scores_of'].split('(')[0]})\n",
+           f"context; scores of {scorer})\n",
            "| heads | " + " | ".join(f"top {p} hold" for p in pct) + " | " +
            " | ".join(f"recall {p}" for p in pct) + " | Spearman | value-norm spread (max / median) |",
            "|---" * (2 * len(pct) + 3) + "|"]
@@ -165,6 +167,33 @@ def concentration(s: dict, title: str) -> list[str]:
         cells += [fmt(median([h["recall"][t] for h in g]), 3) for t in range(len(pct))]
         cells += [fmt(median([h["spearman"] for h in g]), 3), fmt(median([h["norm_spread"] for h in g]), 1)]
         out.append(f"| {name} ({len(g)}) | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def by_spread(heads: dict, title: str) -> list[str]:
+    """Per budget, the heads in quartiles of their value-norm spread: where B perturbs less, and the
+    mean perturbations (the heads the value norms could help most are the high-spread ones)."""
+    budgets = sorted(b for b in heads if heads[b] and heads[b][0].get("norm_spread") is not None)
+    if not budgets:
+        return []
+    out = [f"#### Press B against A by value-norm spread (quartiles of the heads), {title}: B less in / mean "
+           f"perturbation A -> B\n"]
+    hs = sorted(heads[budgets[0]], key=lambda h: h["norm_spread"])
+    n = len(hs)
+    cuts = [hs[i * n // 4]["norm_spread"] for i in range(4)] + [hs[-1]["norm_spread"]]
+    out.append("| budget | " + " | ".join(f"spread {cuts[i]:.2f}-{cuts[i + 1]:.2f}" for i in range(4)) + " |")
+    out.append("|---" * 5 + "|")
+    for b in budgets:
+        g = sorted(heads[b], key=lambda h: h["norm_spread"])
+        cells = []
+        for i in range(4):
+            q = g[i * n // 4:(i + 1) * n // 4]
+            less = sum(h["perturbation_b"] < h["perturbation_a"] for h in q)
+            pa = sum(h["perturbation_a"] for h in q) / len(q)
+            pb = sum(h["perturbation_b"] for h in q) / len(q)
+            cells.append(f"{100 * less / len(q):.0f}% / {pa:.3g} -> {pb:.3g}")
+        out.append(f"| {b:g} | " + " | ".join(cells) + " |")
     out.append("")
     return out
 
@@ -197,6 +226,7 @@ def analyze(d: Path) -> str:
                        f"{r['mean_theta_ratio']:.3g} | {fmt(ma, 3)} | {fmt(mb, 3)} |")
         out.append("")
         out += concentration(s, f"prompt {k}")
+        out += by_spread(heads, f"prompt {k}")
     lw = sorted(d.glob("layerwise_*.jsonl"))
     for f in lw:
         rows = [json.loads(l) for l in f.read_text().splitlines() if l.strip()]
