@@ -42,6 +42,9 @@ static void write_line(FILE *out, const char *press, double budget, const char *
     cJSON_AddNumberToObject(o, "nll_full", r->nll_full);
     cJSON_AddNumberToObject(o, "nll_press", r->nll_press);
     cJSON_AddNumberToObject(o, "kv_kept_frac", r->kv_kept_frac);
+    cJSON_AddNumberToObject(o, "prefill_s", r->prefill_s);
+    cJSON_AddNumberToObject(o, "evict_s", r->evict_s);
+    cJSON_AddNumberToObject(o, "score_s", r->score_s);
     char *line = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!line) ckv_cli_die("out of memory");

@@ -58,6 +58,7 @@ ckv_status ckv_gb_finish(ckv_gb *b, char *err, size_t errlen);
 int ckv_gb_json_value(ckv_gb *b);   /* any value */
 int ckv_gb_json_object(ckv_gb *b);  /* any object */
 int ckv_gb_json_string(ckv_gb *b);  /* "..." with any content */
+int ckv_gb_json_member(ckv_gb *b, int value_rule); /* member ::= string ":" sp value_rule (a new rule) */
 int ckv_gb_json_number(ckv_gb *b);  /* integer part <= 16 digits, fraction <= 16, exponent <= 3 */
 int ckv_gb_json_integer(ckv_gb *b);
 int ckv_gb_sp(ckv_gb *b);           /* "" | " " */

@@ -346,17 +346,21 @@ static void json_list(ckv_gb *b, int rule, char open, char close, int item) {
     ckv_gb_end(b, more);
 }
 
-int ckv_gb_json_object(ckv_gb *b) {
-    if (b->r_object >= 0) return b->r_object;
-    b->r_object = ckv_gb_rule(b);
-    int member = ckv_gb_rule(b), value = ckv_gb_json_value(b);
+int ckv_gb_json_member(ckv_gb *b, int value_rule) {
+    const int member = ckv_gb_rule(b);
     ckv_gb_begin(b);
     ckv_gb_ref(b, ckv_gb_json_string(b));
     ckv_gb_byte(b, ':');
     ckv_gb_ref(b, ckv_gb_sp(b));
-    ckv_gb_ref(b, value);
+    ckv_gb_ref(b, value_rule);
     ckv_gb_end(b, member);
-    json_list(b, b->r_object, '{', '}', member);
+    return member;
+}
+
+int ckv_gb_json_object(ckv_gb *b) {
+    if (b->r_object >= 0) return b->r_object;
+    b->r_object = ckv_gb_rule(b);
+    json_list(b, b->r_object, '{', '}', ckv_gb_json_member(b, ckv_gb_json_value(b)));
     return b->r_object;
 }
 

@@ -188,13 +188,7 @@ static int object_alt(sc *c, const cJSON *s, int rule) {
         ckv_gb_empty(b, h[n]);
         ckv_gb_empty(b, t[n]);
         if (extra_rule >= 0) { /* extra ::= string ":" sp value; H_n ::= extra T_n; T_n ::= "," sp extra T_n */
-            int extra = ckv_gb_rule(b);
-            ckv_gb_begin(b);
-            ckv_gb_ref(b, ckv_gb_json_string(b));
-            ckv_gb_byte(b, ':');
-            ckv_gb_ref(b, ckv_gb_sp(b));
-            ckv_gb_ref(b, extra_rule);
-            ckv_gb_end(b, extra);
+            int extra = ckv_gb_json_member(b, extra_rule);
             ckv_gb_begin(b);
             ckv_gb_ref(b, extra);
             ckv_gb_ref(b, t[n]);

@@ -38,15 +38,19 @@ static double nll(const float *row, int V, int32_t target) {
 /* Prepares the context (compressed when a press is given) and feeds the continuation with all its
  * logits into out [n_cont, V] (engine/request.h). */
 static ckv_status run(ckv_model *m, const ckv_press_config *press, const int32_t *ids, int n_ctx, int n_cont, int chunk,
-                      float *out, double *kept_frac) {
+                      float *out, ckv_fidelity *res) {
     ckv_engine e;
     CKV_TRY(ckv_engine_wrap(&e, m, chunk, NULL));
     ckv_prepare_params pp = {.ids = ids, .n = n_ctx, .press = press, .reserve = n_cont};
     ckv_prepared pc;
     ckv_status st = ckv_engine_prepare(&e, &pp, &pc);
     if (st == CKV_STATUS_OK) st = ckv_prepared_forward(&pc, ids + n_ctx, n_cont, out);
-    if (st == CKV_STATUS_OK && kept_frac)
-        *kept_frac = pc.stats.total_entries ? (double)pc.stats.kept_entries / (double)pc.stats.total_entries : 1.0;
+    if (st == CKV_STATUS_OK && res) {
+        res->kv_kept_frac = pc.stats.total_entries ? (double)pc.stats.kept_entries / (double)pc.stats.total_entries : 1.0;
+        res->prefill_s = pc.prepare_seconds;
+        res->evict_s = pc.stats.score_seconds + pc.stats.select_seconds + pc.stats.compact_seconds;
+        res->score_s = pc.stats.score_seconds;
+    }
     ckv_prepared_free(&pc);
     ckv_engine_free(&e);
     return st;
@@ -90,7 +94,7 @@ ckv_status ckv_fidelity_measure(ckv_model *m, const ckv_press_config *press, con
     int V = m->cfg.vocab_size;
     float *rows = malloc(sizeof(float) * (size_t)n_cont * (size_t)V);
     if (!rows) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for %d rows of logits", n_cont);
-    ckv_status st = run(m, press, ids, n_ctx, n_cont, chunk, rows, &out->kv_kept_frac);
+    ckv_status st = run(m, press, ids, n_ctx, n_cont, chunk, rows, out);
     if (st == CKV_STATUS_OK) compare(ref, rows, ids, n_ctx, n_cont, V, out);
     free(rows);
     return st;
@@ -120,6 +124,9 @@ ckv_status ckv_fidelity_sweep(ckv_model *m, const ckv_press_config *const *press
         if (st == CKV_STATUS_OK) {
             const ckv_request_stats *rs = &use->stats;
             out[i].kv_kept_frac = rs->total_entries ? (double)rs->kept_entries / (double)rs->total_entries : 1.0;
+            out[i].prefill_s = sw.prefill_seconds;
+            out[i].evict_s = rs->score_seconds + rs->select_seconds + rs->compact_seconds;
+            out[i].score_s = rs->score_seconds;
             compare(ref, rows, ids, n_ctx, n_cont, V, &out[i]);
             if (on_result) on_result(cb_ctx, i, &out[i]);
         }

@@ -18,6 +18,10 @@ typedef struct {
     double nll_full;     /* mean -log p(next token) with the full cache */
     double nll_press;    /* the same with the compressed cache */
     double kv_kept_frac; /* kept context entries / all context entries */
+    double prefill_s;    /* wall seconds of the context's prefill: a sweep's shared full-cache one, or (a prefill
+                          * per press) the press's own, its eviction included */
+    double evict_s;      /* wall seconds of the press's scoring + selection + compaction over every layer */
+    double score_s;      /* the scoring part of evict_s */
 } ckv_fidelity;
 
 /* Full-cache logits of the continuation: rows [n_cont, V] (malloc'd into *out). */

@@ -1,11 +1,10 @@
 /* srv_http.c - the HTTP side of `ckv serve` on libmicrohttpd (one thread per connection, so a
  * handler may wait for its job): routing, bearer-key authentication, body limits, JSON and
  * server-sent-event responses, client-disconnect detection (the job is cancelled and its memory
- * freed; a client that only half-closed is answered), Retry-After on 429/503, the defences against
- * slow and oversized clients (an absolute deadline for a request's headers and body, a per-address
- * connection cap, 413 from Content-Length before any body byte is read), a path with %00 kept whole
- * (it matches no endpoint), and the serve loop with its SIGTERM drain. It does not validate request fields
- * (srv_api.c) or touch the model (srv_sched.c). */
+ * freed; a client that only half-closed is answered), Retry-After on 429/503, 413 from Content-Length
+ * before any body byte is read, a path with %00 kept whole (it matches no endpoint), and the serve
+ * loop with its SIGTERM drain. It does not keep the connection caps, deadlines and slow-client
+ * watchdog (srv_conn.c), validate request fields (srv_api.c) or touch the model (srv_sched.c). */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* struct tcp_info */
 #include "server/server.h"
@@ -29,6 +28,7 @@
 #include "core/log.h"
 #include "core/timer.h"
 #include "server/srv_api.h"
+#include "server/srv_conn.h"
 #include "server/srv_metrics.h"
 #include "server/srv_sched.h"
 
@@ -55,16 +55,6 @@ void ckv_server_config_defaults(ckv_server_config *c) {
     c->long_prompt_tokens = 256;
 }
 
-/* One TCP connection (libmicrohttpd's socket context), in the server's list while it is open: the
- * deadline watchdog shuts down the socket of a request that has not fully arrived in time. */
-typedef struct conn_state {
-    int fd;
-    double t_start;         /* when the current request could start: the connection opened, or the previous
-                             * request on it completed */
-    int receiving;          /* 1 until the request is complete (then it is being answered) */
-    struct conn_state *prev, *next;
-} conn_state;
-
 typedef struct {
     const ckv_server_config *cfg;
     ckv_srv_api api;
@@ -72,10 +62,7 @@ typedef struct {
     ckv_srv_sched sched;
     volatile int draining;
     int in_flight;          /* requests between their first byte and their completion (atomic) */
-    pthread_mutex_t conns_mu;
-    conn_state *conns;      /* open connections (under conns_mu) */
-    pthread_t watchdog;
-    int watchdog_started, watchdog_quit;
+    ckv_srv_conns conns;    /* open connections, their deadlines, the watchdog (srv_conn.c) */
 } server;
 
 typedef struct {
@@ -163,11 +150,6 @@ static peer_state peer_check(int fd) {
     socklen_t len = sizeof ti;
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_state == TCP_CLOSE) return PEER_GONE;
     return PEER_HALF_CLOSED;
-}
-
-static int connection_fd(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    return ci ? ci->connect_fd : -1;
 }
 
 static void cancel_job(ckv_srv_job *j) {
@@ -312,7 +294,7 @@ static enum MHD_Result serve_stream(server *s, struct MHD_Connection *c, ckv_srv
     }
     sc->srv = s;
     sc->job = j;
-    sc->fd = connection_fd(c);
+    sc->fd = ckv_srv_conn_fd(c);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, sc, stream_free);
     if (!r) {
         stream_free(sc);
@@ -387,7 +369,7 @@ static enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, ckv_s
     }
     ckv_srv_job *j = jobs[0];
     if (j->stream) return serve_stream(s, c, j); /* one job: a list of prompts cannot stream */
-    int fd = connection_fd(c), alive = 1;
+    int fd = ckv_srv_conn_fd(c), alive = 1;
     for (int i = 0; i < n_jobs; i++) {
         if (alive) alive = wait_done(jobs[i], fd, cc);
         else cancel_job(jobs[i]);
@@ -547,20 +529,6 @@ static int hexval(char ch) {
     return -1;
 }
 
-static conn_state *connection_state(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
-}
-
-static void set_receiving(server *s, struct MHD_Connection *c, int receiving) {
-    conn_state *cs = connection_state(c);
-    if (!cs) return;
-    pthread_mutex_lock(&s->conns_mu);
-    cs->receiving = receiving;
-    if (receiving) cs->t_start = ckv_time_now();
-    pthread_mutex_unlock(&s->conns_mu);
-}
-
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
     server *s = cls;
@@ -572,7 +540,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         __atomic_add_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
         cc->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
         enum MHD_Result r = precheck(s, c, url, method, &cc->endpoint, &cc->answered);
-        if (cc->answered) set_receiving(s, c, 0);
+        if (cc->answered) ckv_srv_conns_receiving(&s->conns, c, 0);
         return r;
     }
     if (cc->answered) {
@@ -598,7 +566,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc->body[cc->len] = '\0';
         return MHD_YES;
     }
-    set_receiving(s, c, 0); /* the whole request arrived in time: the deadline no longer applies */
+    ckv_srv_conns_receiving(&s->conns, c, 0); /* the whole request arrived in time: the deadline no longer applies */
     return route(s, c, cc);
 }
 
@@ -606,70 +574,12 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)toe;
     server *s = cls;
     conn_ctx *cc = *con_cls;
-    set_receiving(s, c, 1); /* the next request on this connection has its own deadline */
+    ckv_srv_conns_receiving(&s->conns, c, 1); /* the next request on this connection has its own deadline */
     if (!cc) return;
     __atomic_sub_fetch(&s->in_flight, 1, __ATOMIC_SEQ_CST);
     free(cc->body);
     free(cc);
     *con_cls = NULL;
-}
-
-/* Opened and closed connections: the list the deadline watchdog walks. MHD calls CLOSED before it
- * closes the socket, so the watchdog never touches a descriptor that was reused. */
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
-    server *s = cls;
-    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        conn_state *cs = calloc(1, sizeof *cs);
-        *socket_context = cs;
-        if (!cs) return; /* no deadline for this one: MHD's inactivity timeout still applies */
-        cs->fd = connection_fd(c);
-        cs->t_start = ckv_time_now();
-        cs->receiving = 1;
-        pthread_mutex_lock(&s->conns_mu);
-        cs->next = s->conns;
-        if (s->conns) s->conns->prev = cs;
-        s->conns = cs;
-        pthread_mutex_unlock(&s->conns_mu);
-        return;
-    }
-    conn_state *cs = *socket_context;
-    if (!cs) return;
-    pthread_mutex_lock(&s->conns_mu);
-    if (cs->prev) cs->prev->next = cs->next;
-    else s->conns = cs->next;
-    if (cs->next) cs->next->prev = cs->prev;
-    pthread_mutex_unlock(&s->conns_mu);
-    free(cs);
-    *socket_context = NULL;
-}
-
-/* The deadline watchdog: a request whose headers and body have not all arrived request_timeout
- * seconds after it could start has its socket shut down (its thread then sees the end and closes it),
- * however slowly its bytes keep coming. */
-static void *watchdog_main(void *arg) {
-    server *s = arg;
-    const double limit = s->cfg->request_timeout;
-    for (;;) {
-        struct timespec ts = {0, 100 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-        if (__atomic_load_n(&s->watchdog_quit, __ATOMIC_SEQ_CST)) break;
-        double now = ckv_time_now();
-        int n = 0;
-        pthread_mutex_lock(&s->conns_mu);
-        for (conn_state *cs = s->conns; cs; cs = cs->next)
-            if (cs->receiving && cs->fd >= 0 && now - cs->t_start > limit) {
-                shutdown(cs->fd, SHUT_RDWR);
-                cs->receiving = 0;
-                n++;
-            }
-        pthread_mutex_unlock(&s->conns_mu);
-        if (n) {
-            pthread_mutex_lock(&s->metrics.mu);
-            s->metrics.request_timeouts += n;
-            pthread_mutex_unlock(&s->metrics.mu);
-        }
-    }
-    return NULL;
 }
 
 /* The URL decoder: %XX as usual, except %00, which stays as written (a path with it matches no
@@ -708,7 +618,7 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     if (!s) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
     s->cfg = cfg;
     ckv_srv_metrics_init(&s->metrics);
-    pthread_mutex_init(&s->conns_mu, NULL);
+    ckv_srv_conns_init(&s->conns, cfg, &s->metrics);
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -731,20 +641,15 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
     if (st == CKV_STATUS_OK) {
         unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG;
         if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-        unsigned per_client = cfg->max_client_connections > 0 ? (unsigned)cfg->max_client_connections
-                                                               : (unsigned)(cfg->max_connections / 4 > 0 ? cfg->max_connections / 4 : 1);
+        unsigned per_client = ckv_srv_conns_per_client(cfg);
         d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                              per_client, MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, s,
+                             MHD_OPTION_NOTIFY_CONNECTION, ckv_srv_conns_notify, &s->conns, MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, s,
                              MHD_OPTION_END);
         if (!d) st = ckv_error(CKV_STATUS_ERR_IO, "cannot listen on %s:%d (in use, or not allowed)", cfg->host, cfg->port);
     }
-    if (st == CKV_STATUS_OK && cfg->request_timeout > 0) {
-        int rc = pthread_create(&s->watchdog, NULL, watchdog_main, s);
-        if (rc != 0) st = ckv_error(CKV_STATUS_ERR_INTERNAL, "cannot start the request-deadline thread: %s", strerror(rc));
-        else s->watchdog_started = 1;
-    }
+    if (st == CKV_STATUS_OK) st = ckv_srv_conns_start(&s->conns);
     if (ai) freeaddrinfo(ai);
     if (st == CKV_STATUS_OK) {
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -780,11 +685,7 @@ ckv_status ckv_server_run(ckv_engine *engine, const ckv_server_config *cfg) {
      * below may take longer than their --comm-timeout */
     if (sched_ready) ckv_srv_step_quit(&s->sched.steps, st != CKV_STATUS_OK);
     if (d) MHD_stop_daemon(d);
-    if (s->watchdog_started) {
-        __atomic_store_n(&s->watchdog_quit, 1, __ATOMIC_SEQ_CST);
-        pthread_join(s->watchdog, NULL);
-    }
-    pthread_mutex_destroy(&s->conns_mu);
+    ckv_srv_conns_free(&s->conns);
     ckv_srv_sched_free(&s->sched);
     ckv_srv_metrics_free(&s->metrics);
     free(s);

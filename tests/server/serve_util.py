@@ -12,6 +12,7 @@ import time
 SKIP = 77
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOLLM2 = os.environ.get("CKV_SMOLLM2_GGUF", os.path.join(REPO, "models", "smollm2-135m-instruct-q4_1.gguf"))
+QWEN_CODER = os.environ.get("CKV_QWEN_CODER_GGUF", os.path.join(REPO, "models", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
 
 
 SANITIZED = os.environ.get("CKV_TEST_SANITIZE", "0") not in ("", "0")  # the ASan + UBSan build (slow, more memory)
@@ -39,6 +40,19 @@ def require_openai():
         import openai  # noqa: F401
     except ImportError:
         skip("the `openai` Python package is not installed (tools/test.sh installs it into .venv-test from PyPI)")
+
+
+def preamble(openai=True):
+    """The preamble of every server test: its arguments (CKV_BINARY FIXTURES_DIR TMP_DIR) and the path of
+    the fixture model llama_gqa, after skipping when ckv has no server or (openai) the client is missing."""
+    if len(sys.argv) < 4:
+        print(f"usage: {os.path.basename(sys.argv[0])} CKV_BINARY FIXTURES_DIR TMP_DIR", file=sys.stderr)
+        sys.exit(2)
+    ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
+    require_server(ckv)
+    if openai:
+        require_openai()
+    return ckv, fixtures, tmp, os.path.join(fixtures, "models", "llama_gqa")
 
 
 class Server:
@@ -78,6 +92,13 @@ class Server:
         self.log.flush()
         with open(self.log_path) as f:
             return f.read()[-4000:]
+
+    def log_wait(self, text, seconds=30):
+        """The log once it holds text (mpirun forwards a rank's stderr on its own time), or after seconds."""
+        t_end = time.time() + seconds
+        while text not in self.log_text() and time.time() < t_end:
+            time.sleep(0.2)
+        return self.log_text()
 
     def client(self, **kw):
         import openai

@@ -21,14 +21,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import SANITIZED, SMOLLM2, Checks, Server, ids, require_openai, require_server  # noqa: E402
+from serve_util import SANITIZED, SMOLLM2, Checks, Server, ids, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
-require_openai()
+ckv, fixtures, tmp, FIXTURE = preamble()
 import openai  # noqa: E402
 
-FIXTURE = os.path.join(fixtures, "models", "llama_gqa")
 KEY = "test-key-1234"
 t = Checks()
 

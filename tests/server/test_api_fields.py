@@ -16,13 +16,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import REPO, Checks, Server, ids, require_server  # noqa: E402
+from serve_util import REPO, Checks, Server, ids, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
+ckv, fixtures, tmp, FIXTURE = preamble(openai=False)
 import yaml  # noqa: E402  (schemathesis brings PyYAML into the test venv)
 
-FIXTURE = os.path.join(fixtures, "models", "llama_gqa")
 EOS = 2
 t = Checks()
 s = Server(ckv, FIXTURE, tmp, "--model-name", "llama_gqa", "--max-tokens-limit", "256", "--template", "chatml",

@@ -12,14 +12,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import REPO, SMOLLM2, Checks, Server, require_openai, require_server, skip  # noqa: E402
+from serve_util import QWEN_CODER, SMOLLM2, Checks, Server, skip, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
-require_openai()
+ckv, fixtures, tmp, _ = preamble()
 
-QWEN = os.environ.get("CKV_QWEN_CODER_GGUF", os.path.join(REPO, "models", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
-models = [(n, p) for n, p in (("smollm2", SMOLLM2), ("qwen-coder", QWEN)) if os.path.exists(p)]
+models = [(n, p) for n, p in (("smollm2", SMOLLM2), ("qwen-coder", QWEN_CODER)) if os.path.exists(p)]
 if not models:
     skip("neither models/smollm2-135m-instruct-q4_1.gguf nor the Qwen2.5-Coder GGUF is present (tools/models/)")
 t = Checks()

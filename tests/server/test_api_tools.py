@@ -14,14 +14,11 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Checks, Server, require_openai, require_server  # noqa: E402
+from serve_util import Checks, Server, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
-require_openai()
+ckv, fixtures, tmp, FIXTURE = preamble()
 import openai  # noqa: E402
 
-FIXTURE = os.path.join(fixtures, "models", "llama_gqa")
 t = Checks()
 s = Server(ckv, FIXTURE, tmp, "--model-name", "llama_gqa", "--max-tokens-limit", "256", "--template", "qwen2.5", name="tools")
 c = s.client()

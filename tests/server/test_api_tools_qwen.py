@@ -10,16 +10,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import REPO, Checks, Server, require_openai, require_server, skip  # noqa: E402
+from serve_util import QWEN_CODER, Checks, Server, skip, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
-require_openai()
-QWEN = os.environ.get("CKV_QWEN_CODER_GGUF", os.path.join(REPO, "models", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
-if not os.path.exists(QWEN):
-    skip(f"{QWEN} is not present (tools/models/)")
+ckv, fixtures, tmp, _ = preamble()
+if not os.path.exists(QWEN_CODER):
+    skip(f"{QWEN_CODER} is not present (tools/models/)")
 t = Checks()
-s = Server(ckv, QWEN, tmp, "--model-name", "qwen-coder", name="qwen_tools")
+s = Server(ckv, QWEN_CODER, tmp, "--model-name", "qwen-coder", name="qwen_tools")
 c = s.client()
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a given city",

@@ -14,12 +14,9 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Checks, Server, ids, require_openai, require_server  # noqa: E402
+from serve_util import Checks, Server, ids, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
-require_openai()
-FIXTURE = os.path.join(fixtures, "models", "llama_gqa")
+ckv, fixtures, tmp, FIXTURE = preamble()
 MODEL = "llama_gqa"
 t = Checks()
 

@@ -12,10 +12,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Checks, Server, ids, require_server  # noqa: E402
+from serve_util import Checks, Server, ids, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
+ckv, fixtures, tmp, _ = preamble(openai=False)
 t = Checks()
 s = Server(ckv, os.path.join(fixtures, "models", "llama_gqa"), tmp, "--max-batch", "2", "--interleave-ms", "0",
            name="lifetimes")

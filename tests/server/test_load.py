@@ -10,11 +10,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import SANITIZED, SMOLLM2, Checks, Server, require_openai, require_server  # noqa: E402
+from serve_util import SANITIZED, SMOLLM2, Checks, Server, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
-require_openai()
+ckv, fixtures, tmp, _ = preamble()
 
 CLIENTS, REQUESTS, WARMUP = 16, 200, 100
 text = os.path.exists(SMOLLM2) and not SANITIZED  # the sanitizer build is too slow for SmolLM2 here

@@ -31,12 +31,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import SANITIZED, SMOLLM2, Checks, Server, ids, require_server  # noqa: E402
+from serve_util import SANITIZED, SMOLLM2, Checks, Server, ids, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
+ckv, fixtures, tmp, FIXTURE = preamble(openai=False)
 
-FIXTURE = os.path.join(fixtures, "models", "llama_gqa")
 KEY = "sec-key-5678"
 t = Checks()
 

@@ -19,11 +19,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import SANITIZED, Checks, Server, ids, require_openai, require_server, skip  # noqa: E402
+from serve_util import SANITIZED, Checks, Server, ids, skip, preamble  # noqa: E402
 
-ckv, fixtures, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
-require_server(ckv)
-require_openai()
+ckv, fixtures, tmp, FIXTURE = preamble()
 mpirun = os.environ.get("CKV_MPIRUN")
 if not mpirun:
     skip("no MPI launcher (CKV_MPIRUN is set by CTest when ckv was built with MPI)")
@@ -31,7 +29,6 @@ os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 os.environ.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
 
-FIXTURE = os.path.join(fixtures, "models", "llama_gqa")
 MODEL = "llama_gqa"
 t = Checks()
 
@@ -65,7 +62,8 @@ COMM_TIMEOUT = 10 if SANITIZED else 2
 one = Server(ckv, FIXTURE, tmp, "--max-batch", "4", name="one", threads=1)
 tp2 = Server(ckv, FIXTURE, tmp, "--max-batch", "4", "--comm-timeout", str(COMM_TIMEOUT), "--interleave-ms", "0", name="tp2",
              threads=1, launcher=launcher(2))
-t.check("2 tensor-parallel ranks" in tp2.log_text(), "the server reports its 2 tensor-parallel ranks", tp2.log_text())
+log = tp2.log_wait("2 tensor-parallel ranks")
+t.check("2 tensor-parallel ranks" in log, "the server reports its 2 tensor-parallel ranks", log)
 c1, c2 = one.client(), tp2.client()
 
 # greedy, full cache and presses whose budgets the ranks agree on

@@ -5,7 +5,8 @@
  * fills, seeded random scores, the layer max, the one-row softmax, CriticalKV value
  * norms (F32 and BF16 o_proj), expected attention's moments and logits, DefensiveKV's window aggregation, per-row top-k with ties and NaN, scatter and the cross-head counts;
  * keys and values as F32, F16 and BF16 segments. Inputs are random (never zeros); outputs are
- * poisoned before each op. */
+ * poisoned before each op. The ops that split their work over the backend's threads (value norms,
+ * column sums and weights, keydiff, lagkv, cur, leverage) give the same bits on 1, 2 and 3 threads. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -364,6 +365,83 @@ static void check_topk(ckv_backend *be) {
     CHECK_FAILS(be->ops->evict_topk(be, idx, LD, s, LD, R, N, bad), CKV_STATUS_ERR_ARG, "top-38 of 37");
 }
 
+/* Bit-for-bit equality of n floats (or doubles, dbl) from two thread counts: the first mismatches and
+ * the largest difference are printed. */
+static void same_bits(const char *what, int threads, const void *got, const void *want, size_t n, int dbl) {
+    size_t bad = 0;
+    double maxd = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double a = dbl ? ((const double *)got)[i] : ((const float *)got)[i];
+        const double b = dbl ? ((const double *)want)[i] : ((const float *)want)[i];
+        if (!memcmp((const char *)got + i * (dbl ? 8 : 4), (const char *)want + i * (dbl ? 8 : 4), dbl ? 8 : 4)) continue;
+        if (bad++ < 3) fprintf(stderr, "  %s, %d threads: [%zu] = %.9g, 1 thread %.9g\n", what, threads, i, a, b);
+        if (fabs(a - b) > maxd) maxd = fabs(a - b);
+    }
+    CHECK_MSG(bad == 0, "%s: %zu of %zu values differ between %d threads and 1 (max |diff| %.3g)", what, bad, n, threads,
+              maxd);
+}
+
+/* The threaded eviction ops on 1, 2 and 3 threads over a context of several value-norm blocks. */
+static void check_thread_counts(ckv_dtype dt) {
+    enum { L = 300, d = 16, nkv = 3, nq = 6, G = 2, w = 20, D = 24, K = 8, N_OUT = 6 };
+    float *kf = malloc(sizeof(float) * nkv * L * d), *vf = malloc(sizeof(float) * nkv * L * d);
+    float *q = malloc(sizeof(float) * w * nq * d), *wo = malloc(sizeof(float) * D * nq * d);
+    float *phi = malloc(sizeof(float) * nkv * d * K), inv_freq[d / 2];
+    ckv_test_fill(&rng, kf, (size_t)nkv * L * d, -1, 1);
+    ckv_test_fill(&rng, vf, (size_t)nkv * L * d, -1, 1);
+    ckv_test_fill(&rng, q, (size_t)w * nq * d, -1, 1);
+    ckv_test_fill(&rng, wo, (size_t)D * nq * d, -0.5, 0.5);
+    ckv_test_fill(&rng, phi, (size_t)nkv * d * K, -1, 1);
+    for (int i = 0; i < d / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
+    segset s;
+    seg_make(&s, dt, nkv, L, d, kf, vf);
+    ckv_weight W = {wo, CKV_DTYPE_F32, D, nq * d, (size_t)nq * d * sizeof(float)};
+    /* per thread count: the outputs of every op, one after another */
+    const size_t n_norm = (size_t)nkv * L, n_cs = (size_t)nq * L, n_csk = (size_t)nkv * L, n_p = (size_t)nq * w * L;
+    const size_t n_f = N_OUT * n_norm + n_p; /* value norms, keydiff, lagkv x2, cur, leverage; probs */
+    float *f[2] = {malloc(sizeof(float) * n_f), malloc(sizeof(float) * n_f)};
+    double *c[2] = {malloc(sizeof(double) * (n_cs + n_csk + 2 * nkv)), malloc(sizeof(double) * (n_cs + n_csk + 2 * nkv))};
+    const char *names[N_OUT] = {"value_norm", "keydiff", "lagkv", "lagkv cross", "cur", "leverage"};
+    const int threads[3] = {1, 2, 3};
+    for (int ti = 0; ti < 3; ti++) {
+        ckv_backend *be = NULL;
+        CHECK_OK(ckv_backend_init(&be, "cpu", threads[ti]));
+        if (!be) break;
+        float *o = f[ti > 0];
+        double *cs = c[ti > 0];
+        poison(o, sizeof(float) * n_f);
+        poison(cs, sizeof(double) * (n_cs + n_csk + 2 * nkv));
+        be->ops->evict_fill(be, o, nkv, L, 0, L, 0, 0.0f);
+        CHECK_OK(be->ops->evict_value_norm(be, o, L, &s.b, L, &W, nq, 0, G));
+        CHECK_OK(be->ops->evict_keydiff(be, o + n_norm, L, &s.b, L));
+        CHECK_OK(be->ops->evict_lagkv(be, o + 2 * n_norm, L, &s.b, L, 4, 16, 0));
+        CHECK_OK(be->ops->evict_lagkv(be, o + 3 * n_norm, L, &s.b, L, 4, 16, 1));
+        CHECK_OK(be->ops->evict_cur(be, o + 4 * n_norm, L, &s.b, L, 4, 3, 16));
+        CHECK_OK(be->ops->evict_leverage(be, o + 5 * n_norm, L, cs + n_cs + n_csk, &s.b, 0, L, s.pos, inv_freq, 1.0f, phi, K));
+        CHECK_OK(be->ops->evict_attn_colsum(be, cs, L, q, w, L - w, &s.b, nq, 0, G, 4.0f, 1, 0, 1));
+        CHECK_OK(be->ops->evict_attn_colsum(be, cs + n_cs, L, q, w, L - w, &s.b, nq, 0, G, 0.25f, 0, 1, 1));
+        CHECK_OK(be->ops->evict_attn_probs(be, o + N_OUT * n_norm, L, q, w, L - w, &s.b, nq, 0, G, 4.0f, 1));
+        if (ti > 0) {
+            char what[96];
+            for (int k = 0; k < N_OUT; k++) {
+                snprintf(what, sizeof what, "%s (%s)", names[k], ckv_dtype_name(dt));
+                same_bits(what, threads[ti], f[1] + k * n_norm, f[0] + k * n_norm, n_norm, 0);
+            }
+            snprintf(what, sizeof what, "attn_probs (%s)", ckv_dtype_name(dt));
+            same_bits(what, threads[ti], f[1] + N_OUT * n_norm, f[0] + N_OUT * n_norm, n_p, 0);
+            snprintf(what, sizeof what, "attn_colsum per query head (%s)", ckv_dtype_name(dt));
+            same_bits(what, threads[ti], c[1], c[0], n_cs, 1);
+            snprintf(what, sizeof what, "attn_colsum per KV head (%s)", ckv_dtype_name(dt));
+            same_bits(what, threads[ti], c[1] + n_cs, c[0] + n_cs, n_csk, 1);
+            snprintf(what, sizeof what, "leverage statistics (%s)", ckv_dtype_name(dt));
+            same_bits(what, threads[ti], c[1] + n_cs + n_csk, c[0] + n_cs + n_csk, 2 * nkv, 1);
+        }
+        ckv_backend_free(be);
+    }
+    seg_free(&s);
+    free(kf), free(vf), free(q), free(wo), free(phi), free(f[0]), free(f[1]), free(c[0]), free(c[1]);
+}
+
 int main(void) {
     ckv_backend *be = NULL;
     CHECK_OK(ckv_backend_init(&be, "cpu", 2));
@@ -372,6 +450,8 @@ int main(void) {
     for (int i = 0; i < 3; i++) check_attention(be, dts[i]);
     check_rows(be);
     check_topk(be);
+    check_thread_counts(CKV_DTYPE_F32);
+    check_thread_counts(CKV_DTYPE_BF16);
     fprintf(stderr, "worst |diff| over all comparisons: %.3g\n", worst);
     ckv_backend_free(be);
     return ckv_test_finish("test_evict_ops");

@@ -200,6 +200,28 @@ static void press_of(ckv_press_config *p, const char *spec, double budget) {
     CHECK_OK(ckv_press_finalize(p));
 }
 
+/* One test's scheduler over a fresh recording executor, with the two presses the tests use. */
+typedef struct {
+    ckv_press_config none, snap; /* the full cache; snapkv at budget 0.5 */
+    local_exec x;
+    ckv_sched_exec ex;
+    ckv_sched s;
+} sched_case;
+
+static void case_setup(sched_case *c, ckv_engine *e, double interleave_s) {
+    press_of(&c->none, "none", 0);
+    press_of(&c->snap, "snapkv", 0.5);
+    sched_setup(e, &c->x, &c->ex, &c->s, interleave_s);
+}
+
+/* Checks that the scheduler holds nothing and no lane a context, then frees both. */
+static void case_free(sched_case *c) {
+    CHECK_MSG(ckv_sched_busy(&c->s) == 0 && c->x.live == 0, "%d requests held, %d lanes still hold a context",
+              ckv_sched_busy(&c->s), c->x.live);
+    ckv_sched_free(&c->s);
+    exec_free(&c->x);
+}
+
 /* The same request through ckv_engine_run: its greedy answer. */
 static void reference(ckv_engine *e, const int32_t *ctx, int n_ctx, const int32_t *q, int n_q, const ckv_press_config *press,
                       int max_tokens, ckv_result *out) {
@@ -219,74 +241,63 @@ static void check_same(const char *what, const got *g, int choice, const ckv_ans
 }
 
 static void test_answers_and_interleaving(ckv_engine *e, const int32_t *ctx) {
-    ckv_press_config none, snap;
-    press_of(&none, "none", 0);
-    press_of(&snap, "snapkv", 0.5);
     int32_t q[] = {9, 8, 7};
-    local_exec x;
-    ckv_sched_exec ex;
-    ckv_sched s;
-    sched_setup(e, &x, &ex, &s, 0.0);
+    sched_case sc;
+    case_setup(&sc, e, 0.0);
     got a, b, c;
-    ckv_sched_request ra = request_of(ctx, 40, NULL, 0, &none, 12, 1, &a);
-    ckv_sched_request rb = request_of(ctx + 10, NCTX - 10, q, 3, &snap, 5, 2, &b);
-    ckv_sched_request rc = request_of(ctx + 3, 60, q, 1, &none, 6, 1, &c);
+    ckv_sched_request ra = request_of(ctx, 40, NULL, 0, &sc.none, 12, 1, &a);
+    ckv_sched_request rb = request_of(ctx + 10, NCTX - 10, q, 3, &sc.snap, 5, 2, &b);
+    ckv_sched_request rc = request_of(ctx + 3, 60, q, 1, &sc.none, 6, 1, &c);
     int slot = -1;
-    CHECK_OK(ckv_sched_admit(&s, &ra, &slot));
+    CHECK_OK(ckv_sched_admit(&sc.s, &ra, &slot));
     CHECK(slot == 0);
     /* a's context (3 layers) then its first token, then it decodes */
-    for (int t = 0; t < 4; t++) turn(&s);
+    for (int t = 0; t < 4; t++) turn(&sc.s);
     CHECK_MSG(a.prepared == 1 && a.tokens == 1, "a: prepared %d, %d tokens after four turns", a.prepared, a.tokens);
-    CHECK_OK(ckv_sched_admit(&s, &rb, &slot));
-    CHECK_OK(ckv_sched_admit(&s, &rc, &slot));
-    size_t from = x.n_log;
-    run_all(&s);
+    CHECK_OK(ckv_sched_admit(&sc.s, &rb, &slot));
+    CHECK_OK(ckv_sched_admit(&sc.s, &rc, &slot));
+    size_t from = sc.x.n_log;
+    run_all(&sc.s);
     /* b's prefill: a prepare and an advance per layer, a decode step of a between each two of them */
-    const char *steps = x.log + from;
+    const char *steps = sc.x.log + from;
     fprintf(stderr, "     steps after b and c were admitted: %.60s\n", steps);
     CHECK_MSG(!strncmp(steps, "DPDADADA", 8), "b's prefill interleaves with a's decode steps: %s", steps);
     ckv_result ref;
-    reference(e, ctx, 40, NULL, 0, &none, 12, &ref);
+    reference(e, ctx, 40, NULL, 0, &sc.none, 12, &ref);
     check_same("a (no press, no question)", &a, 0, &ref.answers[0]);
     ckv_result_free(&ref);
-    reference(e, ctx + 10, NCTX - 10, q, 3, &snap, 5, &ref);
+    reference(e, ctx + 10, NCTX - 10, q, 3, &sc.snap, 5, &ref);
     check_same("b (snapkv, question), choice 0", &b, 0, &ref.answers[0]);
     check_same("b (snapkv, question), choice 1", &b, 1, &ref.answers[0]); /* greedy: each choice the same */
     ckv_result_free(&ref);
-    reference(e, ctx + 3, 60, q, 1, &none, 6, &ref);
+    reference(e, ctx + 3, 60, q, 1, &sc.none, 6, &ref);
     check_same("c", &c, 0, &ref.answers[0]);
     ckv_result_free(&ref);
     CHECK(a.done == 1 && b.done == 1 && c.done == 1 && a.finish[0] == CKV_FINISH_LENGTH && b.finish[1] == CKV_FINISH_LENGTH);
     CHECK_MSG(strchr(steps, 'R') != NULL, "b's second choice rewinds to the context: %s", steps);
-    CHECK_MSG(x.live == 0, "%d lanes still hold a context", x.live);
-    ckv_sched_free(&s);
-    exec_free(&x);
+    case_free(&sc);
 }
 
 static void test_short_answers(ckv_engine *e, const int32_t *ctx) {
-    ckv_press_config none;
-    press_of(&none, "none", 0);
-    local_exec x;
-    ckv_sched_exec ex;
-    ckv_sched s;
-    sched_setup(e, &x, &ex, &s, 0.05);
+    sched_case sc;
+    case_setup(&sc, e, 0.05);
     ckv_result ref;
-    reference(e, ctx, 5, NULL, 0, &none, 1, &ref);
+    reference(e, ctx, 5, NULL, 0, &sc.none, 1, &ref);
     int32_t first = ref.answers[0].n ? ref.answers[0].ids[0] : -1;
     ckv_result_free(&ref);
     for (int round = 0; round < 3; round++) { /* the same slots taken again and again */
         got g0, g1, g2, g3;
-        ckv_sched_request r0 = request_of(ctx, 5, NULL, 0, &none, 0, 1, &g0);
-        ckv_sched_request r1 = request_of(ctx, 5, NULL, 0, &none, 1, 1, &g1);
-        ckv_sched_request r2 = request_of(ctx, 5, NULL, 0, &none, 1, 3, &g2);
+        ckv_sched_request r0 = request_of(ctx, 5, NULL, 0, &sc.none, 0, 1, &g0);
+        ckv_sched_request r1 = request_of(ctx, 5, NULL, 0, &sc.none, 1, 1, &g1);
+        ckv_sched_request r2 = request_of(ctx, 5, NULL, 0, &sc.none, 1, 3, &g2);
         int slot;
-        CHECK_OK(ckv_sched_admit(&s, &r0, &slot));
-        CHECK_OK(ckv_sched_admit(&s, &r1, &slot));
-        CHECK_OK(ckv_sched_admit(&s, &r2, &slot));
-        ckv_sched_request r3 = request_of(ctx, 5, NULL, 0, &none, 1, 1, &g3);
-        CHECK_OK(ckv_sched_admit(&s, &r3, &slot));
+        CHECK_OK(ckv_sched_admit(&sc.s, &r0, &slot));
+        CHECK_OK(ckv_sched_admit(&sc.s, &r1, &slot));
+        CHECK_OK(ckv_sched_admit(&sc.s, &r2, &slot));
+        ckv_sched_request r3 = request_of(ctx, 5, NULL, 0, &sc.none, 1, 1, &g3);
+        CHECK_OK(ckv_sched_admit(&sc.s, &r3, &slot));
         CHECK_MSG(slot == -1, "a fourth request found a slot (%d) of three", slot);
-        run_all(&s);
+        run_all(&sc.s);
         CHECK_MSG(g0.done == 1 && g0.tokens == 0 && g0.n[0] == 0 && g0.finish[0] == CKV_FINISH_LENGTH,
                   "max_tokens 0: done %d, %d tokens, finish %s", g0.done, g0.tokens, ckv_finish_reason_name(g0.finish[0]));
         CHECK_MSG(g1.done == 1 && g1.tokens == 1 && g1.n[0] == 1 && g1.ids[0][0] == first && g1.finish[0] == CKV_FINISH_LENGTH,
@@ -302,131 +313,116 @@ static void test_short_answers(ckv_engine *e, const int32_t *ctx) {
     e->n_stop_ids = 1;
     for (int round = 0; round < 3; round++) {
         got g;
-        ckv_sched_request r = request_of(ctx, 5, NULL, 0, &none, 8, 2, &g);
+        ckv_sched_request r = request_of(ctx, 5, NULL, 0, &sc.none, 8, 2, &g);
         r.ignore_eos = 0;
         int slot;
-        CHECK_OK(ckv_sched_admit(&s, &r, &slot));
-        run_all(&s);
+        CHECK_OK(ckv_sched_admit(&sc.s, &r, &slot));
+        run_all(&sc.s);
         CHECK_MSG(g.done == 1 && g.n[0] == 0 && g.finish[0] == CKV_FINISH_EOS && g.finish[1] == CKV_FINISH_EOS,
                   "first-token eos: done %d, %d ids, finish %s / %s", g.done, g.n[0], ckv_finish_reason_name(g.finish[0]),
                   ckv_finish_reason_name(g.finish[1]));
     }
     memcpy(e->stop_ids, saved, sizeof saved);
     e->n_stop_ids = n_saved;
-    CHECK_MSG(x.live == 0, "%d lanes still hold a context", x.live);
-    ckv_sched_free(&s);
-    exec_free(&x);
+    case_free(&sc);
 }
 
 static void test_cancel_and_failure(ckv_engine *e, const int32_t *ctx) {
-    ckv_press_config snap;
-    press_of(&snap, "snapkv", 0.5);
-    local_exec x;
-    ckv_sched_exec ex;
-    ckv_sched s;
-    sched_setup(e, &x, &ex, &s, 0.05);
+    sched_case sc;
+    case_setup(&sc, e, 0.05);
     for (int round = 0; round < 3; round++) { /* cancelled after its prepare, then after one layer */
         got g;
-        ckv_sched_request r = request_of(ctx, NCTX, NULL, 0, &snap, 4, 2, &g);
+        ckv_sched_request r = request_of(ctx, NCTX, NULL, 0, &sc.snap, 4, 2, &g);
         int slot;
-        CHECK_OK(ckv_sched_admit(&s, &r, &slot));
-        for (int t = 0; t < 1 + (round > 0); t++) turn(&s);
+        CHECK_OK(ckv_sched_admit(&sc.s, &r, &slot));
+        for (int t = 0; t < 1 + (round > 0); t++) turn(&sc.s);
         CHECK(g.prepared == 0 && g.done == 0);
-        ckv_sched_cancel(&s, slot);
-        ckv_sched_turn(&s);
-        take_events(&s);
+        ckv_sched_cancel(&sc.s, slot);
+        ckv_sched_turn(&sc.s);
+        take_events(&sc.s);
         CHECK_MSG(g.done == 1 && g.tokens == 0 && g.finish[0] == CKV_FINISH_CANCELLED,
                   "cancelled during its prefill: done %d, %d tokens, finish %s", g.done, g.tokens,
                   ckv_finish_reason_name(g.finish[0]));
-        CHECK(ckv_sched_busy(&s) == 0 && x.live == 0);
+        CHECK(ckv_sched_busy(&sc.s) == 0 && sc.x.live == 0);
     }
     /* a decode step that fails fails every request in it, once */
     got g1, g2;
-    ckv_sched_request r1 = request_of(ctx, 30, NULL, 0, &snap, 6, 1, &g1);
-    ckv_sched_request r2 = request_of(ctx + 1, 30, NULL, 0, &snap, 6, 1, &g2);
+    ckv_sched_request r1 = request_of(ctx, 30, NULL, 0, &sc.snap, 6, 1, &g1);
+    ckv_sched_request r2 = request_of(ctx + 1, 30, NULL, 0, &sc.snap, 6, 1, &g2);
     int slot;
-    CHECK_OK(ckv_sched_admit(&s, &r1, &slot));
-    CHECK_OK(ckv_sched_admit(&s, &r2, &slot));
-    for (int t = 0; t < 40 && !(g1.tokens && g2.tokens); t++) turn(&s);
+    CHECK_OK(ckv_sched_admit(&sc.s, &r1, &slot));
+    CHECK_OK(ckv_sched_admit(&sc.s, &r2, &slot));
+    for (int t = 0; t < 40 && !(g1.tokens && g2.tokens); t++) turn(&sc.s);
     CHECK(g1.tokens >= 1 && g2.tokens >= 1 && !g1.done && !g2.done);
-    x.fail_decode = 1;
-    run_all(&s);
+    sc.x.fail_decode = 1;
+    run_all(&sc.s);
     CHECK_MSG(g1.failed == 1 && g2.failed == 1 && g1.done == 1 && g2.done == 1 && g1.status == CKV_STATUS_ERR_INTERNAL,
               "failed decode: failed %d / %d, done %d / %d", g1.failed, g2.failed, g1.done, g2.done);
-    CHECK(x.live == 0);
-    ckv_sched_free(&s);
-    exec_free(&x);
+    case_free(&sc);
 }
 
 static void test_batched_prefill(ckv_engine *e, const int32_t *ctx) {
-    ckv_press_config none, snap;
-    press_of(&none, "none", 0);
-    press_of(&snap, "snapkv", 0.5);
     int32_t q[] = {9, 8, 7};
-    local_exec x;
-    ckv_sched_exec ex;
-    ckv_sched s;
-    sched_setup(e, &x, &ex, &s, 0.0);
-    CHECK_FAILS(ckv_sched_batch_prefill(&s, 100, 101), CKV_STATUS_ERR_RANGE, "expected 1 .. 100");
-    ckv_sched_exec no_prefill = ex;
+    sched_case sc;
+    case_setup(&sc, e, 0.0);
+    CHECK_FAILS(ckv_sched_batch_prefill(&sc.s, 100, 101), CKV_STATUS_ERR_RANGE, "expected 1 .. 100");
+    ckv_sched_exec no_prefill = sc.ex;
     no_prefill.prefill = NULL;
     ckv_sched s2;
     CHECK_OK(ckv_sched_init(&s2, e, &no_prefill, NSLOT, 0.0));
     CHECK_FAILS(ckv_sched_batch_prefill(&s2, 100, 50), CKV_STATUS_ERR_ARG, "cannot prefill several");
     ckv_sched_free(&s2);
-    CHECK_OK(ckv_sched_batch_prefill(&s, 100, 60));
+    CHECK_OK(ckv_sched_batch_prefill(&sc.s, 100, 60));
     /* a (40) and b (60, snapkv, a question) fill the budget: one batched step; c (30) waits for the next;
      * then d (120, over the threshold) prefills alone, one layer per turn */
     got a, b, c, d;
-    ckv_sched_request ra = request_of(ctx, 40, NULL, 0, &none, 6, 1, &a);
-    ckv_sched_request rb = request_of(ctx + 10, 60, q, 3, &snap, 5, 2, &b);
-    ckv_sched_request rc = request_of(ctx + 3, 30, q, 1, &none, 4, 1, &c);
+    ckv_sched_request ra = request_of(ctx, 40, NULL, 0, &sc.none, 6, 1, &a);
+    ckv_sched_request rb = request_of(ctx + 10, 60, q, 3, &sc.snap, 5, 2, &b);
+    ckv_sched_request rc = request_of(ctx + 3, 30, q, 1, &sc.none, 4, 1, &c);
     int slot;
-    CHECK_OK(ckv_sched_admit(&s, &ra, &slot));
-    CHECK_OK(ckv_sched_admit(&s, &rb, &slot));
-    CHECK_OK(ckv_sched_admit(&s, &rc, &slot));
-    turn(&s);
-    CHECK_MSG(!strcmp(x.log, "PPBQ"), "the first turn prepares a and b, prefills both in one step and asks b's question: %s", x.log);
+    CHECK_OK(ckv_sched_admit(&sc.s, &ra, &slot));
+    CHECK_OK(ckv_sched_admit(&sc.s, &rb, &slot));
+    CHECK_OK(ckv_sched_admit(&sc.s, &rc, &slot));
+    turn(&sc.s);
+    CHECK_MSG(!strcmp(sc.x.log, "PPBQ"), "the first turn prepares a and b, prefills both in one step and asks b's question: %s", sc.x.log);
     CHECK_MSG(a.prepared == 1 && b.prepared == 1 && a.tokens == 1 && b.tokens == 1 && c.prepared == 0,
               "after the batched step: prepared %d %d %d, tokens %d %d", a.prepared, b.prepared, c.prepared, a.tokens, b.tokens);
-    run_all(&s);
-    CHECK_MSG(x.n_batches == 2 && x.batch_sizes[0] == 2 && x.batch_sizes[1] == 1, "%d batched steps of %d and %d contexts",
-              x.n_batches, x.batch_sizes[0], x.batch_sizes[1]);
+    run_all(&sc.s);
+    CHECK_MSG(sc.x.n_batches == 2 && sc.x.batch_sizes[0] == 2 && sc.x.batch_sizes[1] == 1, "%d batched steps of %d and %d contexts",
+              sc.x.n_batches, sc.x.batch_sizes[0], sc.x.batch_sizes[1]);
     ckv_result ref;
-    reference(e, ctx, 40, NULL, 0, &none, 6, &ref);
+    reference(e, ctx, 40, NULL, 0, &sc.none, 6, &ref);
     check_same("a (batched, no press)", &a, 0, &ref.answers[0]);
     ckv_result_free(&ref);
-    reference(e, ctx + 10, 60, q, 3, &snap, 5, &ref);
+    reference(e, ctx + 10, 60, q, 3, &sc.snap, 5, &ref);
     check_same("b (batched, snapkv, question), choice 0", &b, 0, &ref.answers[0]);
     check_same("b (batched, snapkv, question), choice 1", &b, 1, &ref.answers[0]);
     ckv_result_free(&ref);
-    reference(e, ctx + 3, 30, q, 1, &none, 4, &ref);
+    reference(e, ctx + 3, 30, q, 1, &sc.none, 4, &ref);
     check_same("c (the second batch)", &c, 0, &ref.answers[0]);
     ckv_result_free(&ref);
-    size_t from = x.n_log;
-    ckv_sched_request rd = request_of(ctx, NCTX, NULL, 0, &snap, 3, 1, &d);
-    CHECK_OK(ckv_sched_admit(&s, &rd, &slot));
-    run_all(&s);
-    CHECK_MSG(!strncmp(x.log + from, "PAAA", 4) && x.n_batches == 2, "a long context prefills alone by layers: %s", x.log + from);
-    reference(e, ctx, NCTX, NULL, 0, &snap, 3, &ref);
+    size_t from = sc.x.n_log;
+    ckv_sched_request rd = request_of(ctx, NCTX, NULL, 0, &sc.snap, 3, 1, &d);
+    CHECK_OK(ckv_sched_admit(&sc.s, &rd, &slot));
+    run_all(&sc.s);
+    CHECK_MSG(!strncmp(sc.x.log + from, "PAAA", 4) && sc.x.n_batches == 2, "a long context prefills alone by layers: %s", sc.x.log + from);
+    reference(e, ctx, NCTX, NULL, 0, &sc.snap, 3, &ref);
     check_same("d (long, alone)", &d, 0, &ref.answers[0]);
     ckv_result_free(&ref);
     /* a failing batched step fails each of its requests once, with its message */
     got f1, f2;
-    ckv_sched_request r1 = request_of(ctx, 20, NULL, 0, &snap, 3, 1, &f1);
-    ckv_sched_request r2 = request_of(ctx + 5, 20, NULL, 0, &none, 3, 1, &f2);
-    CHECK_OK(ckv_sched_admit(&s, &r1, &slot));
-    CHECK_OK(ckv_sched_admit(&s, &r2, &slot));
-    x.fail_prefill = 1;
-    ckv_sched_turn(&s);
+    ckv_sched_request r1 = request_of(ctx, 20, NULL, 0, &sc.snap, 3, 1, &f1);
+    ckv_sched_request r2 = request_of(ctx + 5, 20, NULL, 0, &sc.none, 3, 1, &f2);
+    CHECK_OK(ckv_sched_admit(&sc.s, &r1, &slot));
+    CHECK_OK(ckv_sched_admit(&sc.s, &r2, &slot));
+    sc.x.fail_prefill = 1;
+    ckv_sched_turn(&sc.s);
     int with_msg = 0;
-    for (int i = 0; i < s.n_events; i++) with_msg += s.events[i].kind == CKV_SCHED_FAILED && strstr(s.events[i].err, "on purpose");
-    take_events(&s);
+    for (int i = 0; i < sc.s.n_events; i++) with_msg += sc.s.events[i].kind == CKV_SCHED_FAILED && strstr(sc.s.events[i].err, "on purpose");
+    take_events(&sc.s);
     CHECK_MSG(f1.failed == 1 && f2.failed == 1 && f1.done == 1 && f2.done == 1 && f1.status == CKV_STATUS_ERR_NOMEM && with_msg == 2,
               "failed batched prefill: failed %d / %d, done %d / %d, %d messages", f1.failed, f2.failed, f1.done, f2.done, with_msg);
-    CHECK(ckv_sched_busy(&s) == 0 && x.live == 0);
-    ckv_sched_free(&s);
-    exec_free(&x);
+    case_free(&sc);
 }
 
 int main(void) {

@@ -1,23 +1,35 @@
 #!/usr/bin/env python3
 """The time-to-first-token cost of presses against the full cache, beside each press's FLOP floor.
 
-One run: a seeded prompt of --context ids; then, --repeats times, for every press in --presses:
-`ckv generate` with the full cache, then with the press (--compression-ratio, default 0.5), each
-once, alternated, so the pair sees the same machine state. Per pair the overhead is
+Alternated (default): a seeded prompt of --context ids; then, --repeats times, for every press in
+--presses: `ckv generate` with the full cache, then with the press (--compression-ratio, default
+0.5), each once, alternated, so the pair sees the same machine state. Per pair the overhead is
 ttft(press) / ttft(full) - 1 (ttft_s of --stats-json: prefill + scoring + selection + compaction +
-the first token); the table gives the median over the repeats, the scoring share evict_s / ttft_s,
-and the floor: the press's own arithmetic (below) over the prefill's 2 x (non-embedding parameters)
-x L + the causal attention's 2 x L^2 x layers x heads x head_dim multiply-adds (x 2 for FLOPs).
+the first token); the table gives the median over the repeats and the eviction share evict_s / ttft_s.
 
-Floors per layer and KV head, multiply-adds (L tokens, d head_dim), from what each op reads and
-computes (docs/presses.md "Cost of the attention-free presses"):
-  keydiff  3 L d             (norms, anchor, dot)
-  lagkv    8 L d             (keys and values: range, normalise, spread)
-  cur      2 L d             (key and value norms)
-  leverage 2 L d k + L k^2   (sketch twice, Gram, one triangular solve per token; k = 48)
+--sweep: one `ckv fidelity` run per model (one full-cache prefill of the first --context tokens of
+--text-file, then every press derived from it, each one's eviction timed: prefill_s, evict_s and
+score_s of its --out lines), so every press costs one eviction instead of one prefill; its share of
+TTFT is evict_s / (prefill_s + evict_s), measured against a prefill of the same process and run.
+
+The floor: the press's own arithmetic (below) over the prefill's 2 x (non-embedding parameters) x L
++ the causal attention's 2 x L^2 x layers x heads x head_dim multiply-adds (x 2 for FLOPs); "share /
+floor" is how far the measured eviction share is from it (selection and compaction included).
+
+Floors per layer, multiply-adds (L tokens, D hidden, H query heads, Hkv KV heads, d head_dim, w the
+window, k = 48), from what each scorer reads and computes (docs/presses.md, docs/benchmarks.md):
+  snapkv, pyramidkv (w 64), snapkv_paper, defensivekv (w 32), tova (w 1):
+                     w D H d + w L H d        (the window's queries, their logits on every key)
+  observed_attention L D H d + L^2 H d / 2
+  expected_attention L D H d + 1.5 L H d^2    (queries, their moments, the covariance term per key)
+  knorm L d Hkv; keydiff 3 L d Hkv; lagkv 8 L d Hkv; cur 2 L d Hkv; leverage (2 L d k + L k^2) Hkv
+  streaming_llm, random: none (selection only: no floor, no ratio)
+  critical:, critical_adakv:, critical_headkv: and defensivekv add the value norms L H d D
+  adakv:, headkv: add nothing (budgets from the same scores)
 
 Usage: tools/bench/bench_press_cost.py --ckv build/ckv --model M.gguf [--model N.gguf]
        [--context 4096] [--threads 2] [--repeats 2] [--presses keydiff,lagkv,cur,leverage]
+       [--sweep [--text-file data/haystack/essay.txt]]
 Prints a markdown table; writes nothing else. Speeds are only ever compared within one run.
 """
 
@@ -33,12 +45,35 @@ import sys
 import tempfile
 from pathlib import Path
 
-FLOOR_MAC = {  # per layer and KV head, multiply-adds (L, d, k)
-    "keydiff": lambda L, d, k: 3 * L * d,
-    "lagkv": lambda L, d, k: 8 * L * d,
-    "cur": lambda L, d, k: 2 * L * d,
-    "leverage": lambda L, d, k: 2 * L * d * k + L * k * k,
-}
+WINDOW = {"snapkv": 64, "pyramidkv": 64, "snapkv_paper": 32, "defensivekv": 32, "tova": 1}
+NO_FLOOR = ("streaming_llm", "random")
+WRAPPERS = {"critical": 1, "critical_adakv": 1, "critical_headkv": 1, "adakv": 0, "headkv": 0}  # 1: value norms
+
+
+def floor_mac(press: str, L: int, sh: dict) -> int | None:
+    """The press's multiply-adds over the whole model (None: no arithmetic floor), or exit on an unknown press."""
+    wrapper, _, base = press.rpartition(":")
+    D, H, Hkv, d, k = sh["hidden"], sh["heads"], sh["kv"], sh["d"], 48
+    if wrapper and wrapper not in WRAPPERS:
+        die(f"--presses: no FLOP floor for wrapper '{wrapper}' (known: {', '.join(WRAPPERS)})")
+    if base in WINDOW:
+        w = WINDOW[base]
+        mac = w * D * H * d + w * L * H * d
+    elif base == "observed_attention":
+        mac = L * D * H * d + L * L * H * d // 2
+    elif base == "expected_attention":
+        mac = L * D * H * d + 3 * L * H * d * d // 2
+    elif base in ("knorm", "keydiff", "lagkv", "cur"):
+        mac = {"knorm": 1, "keydiff": 3, "lagkv": 8, "cur": 2}[base] * L * d * Hkv
+    elif base == "leverage":
+        mac = (2 * L * d * k + L * k * k) * Hkv
+    elif base in NO_FLOOR:
+        mac = 0
+    else:
+        die(f"--presses: no FLOP floor for '{base}'")
+    if WRAPPERS.get(wrapper, 0) or base == "defensivekv":
+        mac += L * H * d * D
+    return mac * sh["layers"] if mac else None
 
 
 def die(msg: str) -> None:
@@ -74,6 +109,29 @@ def run(ckv: str, model: str, ids_file: Path, threads: int, press: str | None, c
     return json.loads(stats.read_text())
 
 
+def sweep(ckv: str, model: str, text: str, context: int, threads: int, presses: list, budget: float,
+          tmp: Path) -> dict:
+    """One `ckv fidelity` prefill, every press derived from it: {press: (prefill_s, evict_s, score_s)}."""
+    out = tmp / "fidelity.jsonl"
+    cmd = [ckv, "fidelity", "--model", model, "--text-file", text, "--context", str(context), "--continuation", "2",
+           "--threads", str(threads), "--press", ",".join(presses), "--budget", str(budget), "--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        die(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-400:]}")
+    got = {}
+    for line in out.read_text().splitlines():
+        r = json.loads(line)
+        got[r["press"]] = (r["prefill_s"], r["evict_s"], r["score_s"])
+    missing = [x for x in presses if x not in got]
+    if missing:
+        die(f"ckv fidelity wrote no line for {', '.join(missing)}")
+    return got
+
+
+def ratio(share: float, floor: float | None) -> str:
+    return f"{share / floor:.2f}x" if floor else "n/a"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckv", default="build/ckv")
@@ -84,26 +142,47 @@ def main() -> int:
     ap.add_argument("--compression-ratio", type=float, default=0.5)
     ap.add_argument("--presses", default="keydiff,lagkv,cur,leverage")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", action="store_true", help="time every press on one prefill (ckv fidelity)")
+    ap.add_argument("--text-file", default=str(Path(__file__).resolve().parents[2] / "data" / "haystack" / "essay.txt"))
     a = ap.parse_args()
     presses = [p for p in a.presses.split(",") if p]
-    for p in presses:
-        if p not in FLOOR_MAC:
-            die(f"--presses: no FLOP floor for '{p}' (known: {', '.join(FLOOR_MAC)})")
+    if not presses:
+        die("--presses is empty")
     if a.repeats < 1 or a.context < 2:
         die("--repeats must be >= 1 and --context >= 2")
-    rows = ["| model | press | TTFT full (s) | TTFT press (s) | overhead (median) | scoring share | FLOP floor |",
-            "|---|---|---:|---:|---:|---:|---:|"]
+    if not 0 < a.compression_ratio < 1:
+        die(f"--compression-ratio {a.compression_ratio}: expected a value in (0, 1)")
+    if a.sweep and not Path(a.text_file).is_file():
+        die(f"--text-file {a.text_file}: not a file")
+    if a.sweep:
+        rows = ["| model | press | prefill (s) | eviction (s) | share of TTFT | scoring share | FLOP floor | share / floor |",
+                "|---|---|---:|---:|---:|---:|---:|---:|"]
+    else:
+        rows = ["| model | press | TTFT full (s) | TTFT press (s) | overhead (median) | eviction share | FLOP floor | "
+                "share / floor |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         for model in a.model:
             sh = model_shape(a.ckv, model)
+            L = a.context
+            body = sh["params"] - sh["vocab"] * sh["hidden"]  # non-embedding (tied or not: one table)
+            prefill_mac = body * L + L * L * sh["layers"] * sh["heads"] * sh["d"]  # causal QK^T and PV: 2 x L^2 / 2
+            floors = {p: floor_mac(p, L, sh) for p in presses}
+            floors = {p: (f / prefill_mac if f else None) for p, f in floors.items()}
+            name = Path(model).name
+            if a.sweep:
+                got = sweep(a.ckv, model, a.text_file, L, a.threads, presses, 1.0 - a.compression_ratio, tmp)
+                for p in presses:
+                    pre, ev, sc = got[p]
+                    share, fl = ev / (pre + ev), floors[p]
+                    rows.append(f"| {name} | {p} | {pre:.2f} | {ev:.3f} | {100 * share:.2f}% | "
+                                f"{100 * sc / (pre + ev):.2f}% | {'-' if fl is None else f'{100 * fl:.3f}%'} | "
+                                f"{ratio(share, fl)} |")
+                continue
             rng = random.Random(a.seed)
             ids = [rng.randrange(4, min(sh["vocab"], 32000)) for _ in range(a.context)]
             ids_file = tmp / "ids.txt"
             ids_file.write_text(",".join(map(str, ids)))
-            L = a.context
-            body = sh["params"] - sh["vocab"] * sh["hidden"]  # non-embedding (tied or not: one table)
-            prefill_mac = body * L + L * L * sh["layers"] * sh["heads"] * sh["d"]  # causal QK^T and PV: 2 x L^2 / 2
             res = {p: [] for p in presses}
             for _ in range(a.repeats):
                 for p in presses:
@@ -112,17 +191,16 @@ def main() -> int:
                     if not got.get("compressed"):
                         die(f"{p} did not compress: {got.get('uncompressed_reason')}")
                     res[p].append((full["ttft_s"], got["ttft_s"], got["evict_s"]))
-            name = Path(model).name
             for p in presses:
                 r = res[p]
                 over = statistics.median(g / f - 1.0 for f, g, _ in r)
                 share = statistics.median(e / g for _, g, e in r)
-                floor = FLOOR_MAC[p](L, sh["d"], 48) * sh["layers"] * sh["kv"] / prefill_mac
+                fl = floors[p]
                 rows.append(f"| {name} | {p} | {statistics.median(f for f, _, _ in r):.2f} | "
                             f"{statistics.median(g for _, g, _ in r):.2f} | {100 * over:+.1f}% | {100 * share:.2f}% | "
-                            f"{100 * floor:.3f}% |")
-    print(f"context {a.context}, threads {a.threads}, compression ratio {a.compression_ratio}, "
-          f"{a.repeats} alternated pairs per press")
+                            f"{'-' if fl is None else f'{100 * fl:.3f}%'} | {ratio(share, fl)} |")
+    mode = "one prefill per model (ckv fidelity)" if a.sweep else f"{a.repeats} alternated pairs per press"
+    print(f"context {a.context}, threads {a.threads}, compression ratio {a.compression_ratio}, {mode}")
     print("\n".join(rows))
     return 0
 

@@ -31,6 +31,16 @@ void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const ckv_weigh
 /* The fp32-weight GEMM behind ckv_cpu_matmul: out [n, m] = x [n, k] @ w [m, k]^T (+ bias [m]). */
 void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k,
                         int m);
+/* The pool an op may run its own parallel loop on when its tasks multiply (ckv_cpu_matmul_f32_task):
+ * the backend's pool where the fp32 matmul is ckv's own kernels, whose results do not depend on the
+ * thread count; NULL (tasks one at a time, each matmul threaded inside) where it is a linked BLAS. */
+ckv_threadpool *ckv_cpu_task_pool(const ckv_backend *be);
+/* The most workers whose private workspaces an op keeps on its stack (more threads share them out). */
+#define CKV_CPU_MAX_TASK_WORKERS 256
+/* ckv_cpu_matmul_f32 inside a task of a loop over `tasks` (ckv_cpu_task_pool): on the calling thread
+ * alone when tasks is not NULL; the same results as ckv_cpu_matmul_f32 either way. */
+void ckv_cpu_matmul_f32_task(ckv_backend *be, const ckv_threadpool *tasks, float *out, const float *x, const float *w,
+                             const float *bias, int n, int k, int m);
 void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                        int n_heads, float scale);
 void ckv_cpu_embedding(ckv_backend *be, float *out, const ckv_weight *table, const int32_t *ids, int n);
@@ -100,9 +110,23 @@ ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, double *ave, float *dma
 ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                    const float *mu, const float *cov, float sqrt_d);
 
+/* The per-KV-head loop of the attention-free scorers (cpu_evict_keys.c): fn(ctx, g, scratch) for every
+ * g < n over the backend's pool, the heads split into contiguous parts, each worker with its own
+ * `scratch_bytes` of scratch (allocated once per call; 0: none). fn returns 0, or an error status
+ * (the first failing head's is returned, heads after it in its worker are skipped). */
+typedef ckv_status (*ckv_cpu_head_fn)(void *ctx, int g, void *scratch);
+ckv_status ckv_cpu_evict_heads(ckv_backend *be, int n, size_t scratch_bytes, ckv_cpu_head_fn fn, void *ctx);
+
 /* exp(x) in fp32: the project's one fast exp (core/fastmath.h: branch-free, vectorisable, defined
  * for every input including NaN and +-inf). */
 static inline float ckv_cpu_expf(float x) { return ckv_fast_expf(x); }
+
+/* Part w of [0, n) cut into `parts` contiguous parts whose sizes differ by at most one: [*begin, *end). */
+static inline void ckv_cpu_part(int n, int parts, int w, int *begin, int *end) {
+    const int base = n / parts, rem = n % parts;
+    *begin = w * base + (w < rem ? w : rem);
+    *end = *begin + base + (w < rem);
+}
 
 /* Number of contiguous work items of `block` elements covering n elements (for ckv_threadpool_for,
  * which counts in int). */

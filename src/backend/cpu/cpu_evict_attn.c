@@ -1,12 +1,13 @@
-/* cpu_evict_attn.c - the CPU backend's eviction ops that multiply: window / observed attention column
- * sums and weights (evict_attn_colsum, evict_attn_probs), chunked non-causal attention column sums
- * (evict_chunk_colsum), one-row softmax (evict_softmax_add) and
- * CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm). Semantics as in backend.h. Logits and
- * projections go through the CPU GEMM (ckv_cpu_matmul_f32) with the same shapes the scorers used
- * before they moved behind the op table, so scores are bit-for-bit what they were; keys and values
- * of F16/BF16 caches and non-F32 o_proj blocks are converted to fp32 scratch first. Loops are
- * sequential in a fixed order (only the GEMM is threaded, and it is bitwise stable across thread
- * counts). Scratch is allocated per call and freed before returning. It selects nothing. */
+/* cpu_evict_attn.c - the CPU backend's eviction ops over attention weights: window / observed
+ * attention column sums and weights (evict_attn_colsum, evict_attn_probs), chunked non-causal attention
+ * column sums (evict_chunk_colsum) and the one-row softmax (evict_softmax_add). Semantics as in
+ * backend.h. Logits go through ckv's fp32 GEMM with the same shapes the scorers used before they moved
+ * behind the op table, so scores are bit-for-bit what they were; keys of F16/BF16 caches are converted
+ * to fp32 scratch first. For colsum and probs the backend's pool takes output rows (a query head, or
+ * with per-KV-head sums a KV head and its query heads in ascending order), each task computing its
+ * heads' logits on its own thread (ckv_cpu_matmul_f32_task) into its own workspace, so every sum is
+ * added in the order one thread adds it; chunk_colsum runs its heads in order. Scratch is allocated
+ * per call and freed before returning. It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
 #include <math.h>
 
 #include "core/alloc.h"
@@ -30,18 +31,6 @@ static float evict_exp_row(float *x, int n) {
     double sum = ((sl[0] + sl[4]) + (sl[1] + sl[5])) + ((sl[2] + sl[6]) + (sl[3] + sl[7]));
     for (; i < n; i++) sum += x[i];
     return (float)(1.0 / sum);
-}
-
-/* sum of |x[i]| over n floats: 16 fp32 lanes, combined in double, then the tail in double. */
-static double evict_l1(const float *x, int n) {
-    float lane[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) lane[l] += fabsf(x[i + l]);
-    double s = 0.0;
-    for (int l = 0; l < 16; l++) s += lane[l];
-    for (; i < n; i++) s += fabsf(x[i]);
-    return s;
 }
 
 /* fp32 view of rows [0, n) of segment g's keys (values): the segment itself for F32 caches, else
@@ -84,13 +73,14 @@ static ckv_status evict_attn_ws_init(evict_attn_ws *w, const ckv_kv_batch *kv, i
 
 /* Softmax weights of local query head j's n_q queries into w->logits ([n_q, n_keys], row i valid for
  * columns 0 .. q_row0 + i), scaled by w->inv[i] (weight = logits[i, t] * inv[i]). */
-static void evict_head_weights(ckv_backend *be, evict_attn_ws *w, const float *q, int n_q, int q_row0,
-                               const ckv_kv_batch *kv, int n_heads_local, int j, int g, float scale, int divide) {
+static void evict_head_weights(ckv_backend *be, const ckv_threadpool *tasks, evict_attn_ws *w, const float *q, int n_q,
+                               int q_row0, const ckv_kv_batch *kv, int n_heads_local, int j, int g, float scale,
+                               int divide) {
     const int d = kv->head_dim, hq = n_heads_local * d, n_keys = q_row0 + n_q;
     const float *K = evict_seg_f32(kv, g, n_keys, 0, w->keys); // [n_keys, d]
     for (int i = 0; i < n_q; i++)
         memcpy(w->qh + (size_t)i * d, q + (size_t)i * hq + (size_t)j * d, (size_t)d * sizeof(float));
-    ckv_cpu_matmul_f32(be, w->logits, w->qh, K, NULL, n_q, d, n_keys); /* [n_q, n_keys] */
+    ckv_cpu_matmul_f32_task(be, tasks, w->logits, w->qh, K, NULL, n_q, d, n_keys); /* [n_q, n_keys] */
     for (int i = 0; i < n_q; i++) {
         float *row = w->logits + (size_t)i * (size_t)n_keys;
         const int n_vis = q_row0 + i + 1;
@@ -102,52 +92,121 @@ static void evict_head_weights(ckv_backend *be, evict_attn_ws *w, const float *q
     }
 }
 
-ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                                     const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
-                                     int divide, int per_kv, int zero) {
-    if (zero) {
-        const int n_out = per_kv ? kv->n_kv_heads : n_heads_local;
-        memset(colsum, 0, (size_t)n_out * (size_t)n_cols * sizeof(double));
-    }
-    if (n_q < 1) return CKV_STATUS_OK;
-    const int n_keys = q_row0 + n_q;
-    evict_attn_ws w;
-    CKV_TRY(evict_attn_ws_init(&w, kv, n_q, n_keys));
-    for (int j = 0; j < n_heads_local; j++) {
-        const int g = (head0 + j) / group;
-        evict_head_weights(be, &w, q, n_q, q_row0, kv, n_heads_local, j, g, scale, divide);
-        double *restrict cs = colsum + (size_t)(per_kv ? g : j) * (size_t)n_cols;
-        for (int i = 0; i < n_q; i++) {
-            const float *row = w.logits + (size_t)i * (size_t)n_keys;
-            const int n_vis = q_row0 + i + 1, nc = n_vis < n_cols ? n_vis : n_cols;
-            const float f = w.inv[i];
+/* Logits all workers of one call may hold together (at least one worker's, however large). */
+#define CKV_CPU_ATTN_LOGITS_BYTES ((size_t)64 << 20)
+
+/* One call of evict_attn_colsum / evict_attn_probs: its arguments, the pool running its tasks and one
+ * workspace per worker. */
+typedef struct evict_attn_job {
+    ckv_backend *be;
+    const ckv_threadpool *tasks;
+    evict_attn_ws *ws; // [workers]
+    const float *q;
+    int n_q, q_row0, n_heads_local, head0, group, divide, per_kv;
+    const ckv_kv_batch *kv;
+    float scale;
+    double *colsum; /* colsum: [n_out, n_cols] */
+    int n_cols;
+    float *p;       /* probs: [n_heads_local, n_q, ld] */
+    int ld;
+    int n_rows, workers; /* output rows, split into `workers` contiguous parts */
+    void (*rows)(const struct evict_attn_job *jb, int begin, int end, evict_attn_ws *w);
+} evict_attn_job;
+
+/* Output rows [begin, end) of a column-sum job: row r is local query head r, or (per_kv) KV head r with
+ * its local query heads in ascending order. */
+static void colsum_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
+    const int n_keys = jb->q_row0 + jb->n_q;
+    for (int j = 0; j < jb->n_heads_local; j++) {
+        const int g = (jb->head0 + j) / jb->group, r = jb->per_kv ? g : j;
+        if (r < begin || r >= end) continue;
+        evict_head_weights(jb->be, jb->tasks, w, jb->q, jb->n_q, jb->q_row0, jb->kv, jb->n_heads_local, j, g, jb->scale,
+                           jb->divide);
+        double *restrict cs = jb->colsum + (size_t)r * (size_t)jb->n_cols;
+        for (int i = 0; i < jb->n_q; i++) {
+            const float *row = w->logits + (size_t)i * (size_t)n_keys;
+            const int n_vis = jb->q_row0 + i + 1, nc = n_vis < jb->n_cols ? n_vis : jb->n_cols;
+            const float f = w->inv[i];
             for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
         }
     }
-    evict_attn_ws_free(&w);
-    return CKV_STATUS_OK;
+}
+
+/* Local query heads [begin, end) of a weights job. */
+static void probs_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
+    const int n_keys = jb->q_row0 + jb->n_q;
+    for (int j = begin; j < end; j++) {
+        evict_head_weights(jb->be, jb->tasks, w, jb->q, jb->n_q, jb->q_row0, jb->kv, jb->n_heads_local, j,
+                           (jb->head0 + j) / jb->group, jb->scale, jb->divide);
+        for (int i = 0; i < jb->n_q; i++) {
+            const float *row = w->logits + (size_t)i * (size_t)n_keys;
+            float *dst = jb->p + ((size_t)j * (size_t)jb->n_q + (size_t)i) * (size_t)jb->ld;
+            const int n_vis = jb->q_row0 + i + 1;
+            const float f = w->inv[i];
+            for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
+            for (int t = n_vis; t < jb->ld; t++) dst[t] = 0.0f;
+        }
+    }
+}
+
+/* Worker w of a job: its contiguous part of the output rows, in its own workspace. */
+static void attn_worker(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const evict_attn_job *jb = ctx;
+    for (int w = begin; w < end; w++) {
+        int r0, r1;
+        ckv_cpu_part(jb->n_rows, jb->workers, w, &r0, &r1);
+        if (r1 > r0) jb->rows(jb, r0, r1, &jb->ws[w]);
+    }
+}
+
+/* Runs the job's rows over its n_rows output rows on the task pool, with a workspace per worker. */
+static ckv_status evict_attn_run(evict_attn_job *jb) {
+    ckv_threadpool *pool = ckv_cpu_task_pool(jb->be);
+    int workers = pool ? ckv_threadpool_size(pool) : 1;
+    if (workers > jb->n_rows) workers = jb->n_rows;
+    if (workers > CKV_CPU_MAX_TASK_WORKERS) workers = CKV_CPU_MAX_TASK_WORKERS;
+    const size_t per = (size_t)jb->n_q * (size_t)(jb->q_row0 + jb->n_q) * sizeof(float); /* one worker's logits */
+    while (workers > 1 && (size_t)workers * per > CKV_CPU_ATTN_LOGITS_BYTES) workers--;
+    if (workers < 1) workers = 1;
+    evict_attn_ws ws[CKV_CPU_MAX_TASK_WORKERS];
+    ckv_status s = CKV_STATUS_OK;
+    int made = 0;
+    for (; made < workers && s == CKV_STATUS_OK; made++) s = evict_attn_ws_init(&ws[made], jb->kv, jb->n_q, jb->q_row0 + jb->n_q);
+    if (s != CKV_STATUS_OK) made--; /* the one that failed freed itself */
+    if (s == CKV_STATUS_OK) {
+        jb->ws = ws;
+        jb->workers = workers;
+        jb->tasks = workers > 1 ? pool : NULL;
+        if (jb->tasks)
+            ckv_threadpool_for(pool, workers, 1, attn_worker, jb);
+        else
+            attn_worker(jb, 0, 1, 0);
+    }
+    for (int i = 0; i < made; i++) evict_attn_ws_free(&ws[i]);
+    return s;
+}
+
+ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
+                                     const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
+                                     int divide, int per_kv, int zero) {
+    const int n_out = per_kv ? kv->n_kv_heads : n_heads_local;
+    if (zero) memset(colsum, 0, (size_t)n_out * (size_t)n_cols * sizeof(double));
+    if (n_q < 1) return CKV_STATUS_OK;
+    evict_attn_job jb = {.be = be, .q = q, .n_q = n_q, .q_row0 = q_row0, .n_heads_local = n_heads_local, .head0 = head0,
+                         .group = group, .divide = divide, .per_kv = per_kv, .kv = kv, .scale = scale, .colsum = colsum,
+                         .n_cols = n_cols, .n_rows = n_out, .rows = colsum_rows};
+    return evict_attn_run(&jb);
 }
 
 ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
                                     const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
                                     int divide) {
     if (n_q < 1) return CKV_STATUS_OK;
-    const int n_keys = q_row0 + n_q;
-    evict_attn_ws w;
-    CKV_TRY(evict_attn_ws_init(&w, kv, n_q, n_keys));
-    for (int j = 0; j < n_heads_local; j++) {
-        evict_head_weights(be, &w, q, n_q, q_row0, kv, n_heads_local, j, (head0 + j) / group, scale, divide);
-        for (int i = 0; i < n_q; i++) {
-            const float *row = w.logits + (size_t)i * (size_t)n_keys;
-            float *dst = p + ((size_t)j * (size_t)n_q + (size_t)i) * (size_t)ld;
-            const int n_vis = q_row0 + i + 1;
-            const float f = w.inv[i];
-            for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
-            for (int t = n_vis; t < ld; t++) dst[t] = 0.0f;
-        }
-    }
-    evict_attn_ws_free(&w);
-    return CKV_STATUS_OK;
+    evict_attn_job jb = {.be = be, .q = q, .n_q = n_q, .q_row0 = q_row0, .n_heads_local = n_heads_local, .head0 = head0,
+                         .group = group, .divide = divide, .kv = kv, .scale = scale, .p = p, .ld = ld,
+                         .n_rows = n_heads_local, .rows = probs_rows};
+    return evict_attn_run(&jb);
 }
 
 ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
@@ -189,61 +248,4 @@ void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n) {
     (void)be;
     const float inv = evict_exp_row(x, n);
     for (int t = 0; t < n; t++) dst[t] += x[t] * inv;
-}
-
-#define CKV_CPU_VNORM_BLOCK 256 /* value rows projected per GEMM */
-
-ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
-                                    const ckv_weight *wo, int n_heads_local, int head0, int group) {
-    const int d = kv->head_dim, D = (int)wo->rows;
-    const int blocks = ckv_dtype_is_block(wo->dtype); /* GGUF blocks: dequantised whole, once per call */
-    if (wo->dtype != CKV_DTYPE_F32 && wo->dtype != CKV_DTYPE_F16 && wo->dtype != CKV_DTYPE_BF16 && !blocks)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "cpu evict_value_norm: o_proj stored as %s",
-                         ckv_dtype_name(wo->dtype));
-    if (wo->cols < (int64_t)n_heads_local * d)
-        return ckv_error(CKV_STATUS_ERR_SHAPE, "cpu evict_value_norm: o_proj has %lld columns, %d heads x %d need more",
-                         (long long)wo->cols, n_heads_local, d);
-    float *wh = NULL, *proj = NULL, *vals = NULL, *wfull = NULL; // [D, d], [B, D], [B, d], [D, cols]
-    ckv_status s = ckv_alloc((void **)&wh, (size_t)D * (size_t)d * sizeof(float), "critical o_proj block");
-    if (s == CKV_STATUS_OK && blocks)
-        s = ckv_alloc((void **)&wfull, (size_t)D * (size_t)wo->cols * sizeof(float), "critical o_proj (dequantised)");
-    for (int r = 0; r < D && s == CKV_STATUS_OK && blocks; r++)
-        ckv_dequant_row(wo->dtype, (const char *)wo->data + (size_t)r * wo->row_bytes, wfull + (size_t)r * (size_t)wo->cols,
-                        (size_t)wo->cols);
-    if (s == CKV_STATUS_OK)
-        s = ckv_alloc((void **)&proj, (size_t)CKV_CPU_VNORM_BLOCK * (size_t)D * sizeof(float), "critical projected values");
-    if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
-        s = ckv_alloc((void **)&vals, (size_t)CKV_CPU_VNORM_BLOCK * (size_t)d * sizeof(float), "critical fp32 values");
-    const size_t esz = ckv_dtype_size(wo->dtype), vsz = ckv_dtype_size(kv->dtype);
-    for (int j = 0; j < n_heads_local && s == CKV_STATUS_OK; j++) {
-        /* wh[r, :] = wo[r, j*d : (j+1)*d]: (W_O^j)^T in the (out, in) layout the GEMM takes */
-        for (int r = 0; r < D; r++) {
-            const char *src = (const char *)wo->data + (size_t)r * wo->row_bytes + (size_t)j * (size_t)d * esz;
-            if (blocks)
-                memcpy(wh + (size_t)r * d, wfull + (size_t)r * (size_t)wo->cols + (size_t)j * (size_t)d,
-                       (size_t)d * sizeof(float));
-            else if (wo->dtype == CKV_DTYPE_F32)
-                memcpy(wh + (size_t)r * d, src, (size_t)d * sizeof(float));
-            else
-                ckv_convert_to_f32(wh + (size_t)r * d, src, wo->dtype, (size_t)d);
-        }
-        const int g = (head0 + j) / group;
-        const char *V = kv->segs[0][g].v; // [n_rows, d] in the batch dtype
-        float *dst = out + (size_t)g * (size_t)ld;
-        for (int t0 = 0; t0 < n_rows; t0 += CKV_CPU_VNORM_BLOCK) {
-            const int nb = n_rows - t0 < CKV_CPU_VNORM_BLOCK ? n_rows - t0 : CKV_CPU_VNORM_BLOCK;
-            const float *vb = (const float *)(const void *)(V + (size_t)t0 * (size_t)d * vsz);
-            if (kv->dtype != CKV_DTYPE_F32) {
-                ckv_convert_to_f32(vals, V + (size_t)t0 * (size_t)d * vsz, kv->dtype, (size_t)nb * (size_t)d);
-                vb = vals;
-            }
-            ckv_cpu_matmul_f32(be, proj, vb, wh, NULL, nb, d, D); /* [nb, D] */
-            for (int i = 0; i < nb; i++) dst[t0 + i] += (float)evict_l1(proj + (size_t)i * D, D);
-        }
-    }
-    ckv_free(wh);
-    ckv_free(proj);
-    ckv_free(vals);
-    ckv_free(wfull);
-    return s;
 }

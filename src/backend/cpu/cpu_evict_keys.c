@@ -1,8 +1,11 @@
 /* cpu_evict_keys.c - the attention-free key scorers' ops on the CPU (backend.h): KeyDiff's cosine
  * distance of each key to the head's mean normalised key, LagKV's lag-relative spread of keys and
  * values ranked per partition, and CUR's (deterministic) leverage of keys and values normalised per
- * local window. Double accumulation, rows converted from the cache dtype through fixed buffers;
- * LagKV and CUR allocate their scratch once per call. It scores only; selection is evict_topk's. */
+ * local window; and the per-KV-head loop they and the leverage op run on (ckv_cpu_evict_heads: the
+ * backend's pool takes KV heads, each head computed by one thread in the order one thread computes it,
+ * so scores do not depend on the thread count). Double accumulation, rows converted from the cache
+ * dtype through fixed buffers; scratch allocated once per call. It scores only; selection is
+ * evict_topk's. */
 #include <math.h>
 
 #include "core/alloc.h"
@@ -20,41 +23,94 @@ static const float *seg_row(const ckv_kv_batch *kv, int g, int t, int values, fl
     return buf;
 }
 
+typedef struct {
+    ckv_cpu_head_fn fn;
+    void *ctx;
+    char *scratch; // [workers, bytes]
+    size_t bytes;
+    int n, workers;
+    ckv_status *status; // [workers]
+} heads_job;
+
+static void heads_worker(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const heads_job *jb = ctx;
+    for (int w = begin; w < end; w++) {
+        int g0, g1;
+        ckv_cpu_part(jb->n, jb->workers, w, &g0, &g1);
+        for (int g = g0; g < g1 && jb->status[w] == CKV_STATUS_OK; g++)
+            jb->status[w] = jb->fn(jb->ctx, g, jb->scratch ? jb->scratch + (size_t)w * jb->bytes : NULL);
+    }
+}
+
+ckv_status ckv_cpu_evict_heads(ckv_backend *be, int n, size_t scratch_bytes, ckv_cpu_head_fn fn, void *ctx) {
+    if (n < 1) return CKV_STATUS_OK;
+    ckv_threadpool *pool = ckv_cpu_pool(be);
+    int workers = pool ? ckv_threadpool_size(pool) : 1;
+    if (workers > n) workers = n;
+    if (workers > CKV_CPU_MAX_TASK_WORKERS) workers = CKV_CPU_MAX_TASK_WORKERS;
+    ckv_status status[CKV_CPU_MAX_TASK_WORKERS];
+    for (int w = 0; w < workers; w++) status[w] = CKV_STATUS_OK;
+    heads_job jb = {fn, ctx, NULL, scratch_bytes, n, workers, status};
+    if (scratch_bytes)
+        CKV_TRY(ckv_alloc((void **)&jb.scratch, (size_t)workers * scratch_bytes, "eviction scorer scratch"));
+    if (workers > 1)
+        ckv_threadpool_for(pool, workers, 1, heads_worker, &jb);
+    else
+        heads_worker(&jb, 0, 1, 0);
+    ckv_free(jb.scratch);
+    for (int w = 0; w < workers; w++)
+        if (status[w] != CKV_STATUS_OK) return status[w];
+    return CKV_STATUS_OK;
+}
+
 static double row_norm(const float *x, int d) {
     double ss = 0.0;
     for (int a = 0; a < d; a++) ss += (double)x[a] * (double)x[a];
     return sqrt(ss);
 }
 
+typedef struct {
+    float *out;
+    int ld, n_rows;
+    const ckv_kv_batch *kv;
+} keydiff_job;
+
+static ckv_status keydiff_head(void *ctx, int g, void *scratch) {
+    (void)scratch;
+    const keydiff_job *jb = ctx;
+    const ckv_kv_batch *kv = jb->kv;
+    const int d = kv->head_dim, n_rows = jb->n_rows;
+    float buf[KEYS_MAX_DIM];
+    double anchor[KEYS_MAX_DIM];
+    for (int a = 0; a < d; a++) anchor[a] = 0.0;
+    for (int t = 0; t < n_rows; t++) { /* F.normalize(keys, p=2, dim=-1).mean(tokens) */
+        const float *k = seg_row(kv, g, t, 0, buf);
+        const double n = fmax(row_norm(k, d), 1e-12);
+        for (int a = 0; a < d; a++) anchor[a] += (double)k[a] / n;
+    }
+    double an = 0.0;
+    for (int a = 0; a < d; a++) {
+        anchor[a] /= (double)n_rows;
+        an += anchor[a] * anchor[a];
+    }
+    an = fmax(sqrt(an), 1e-8);
+    float *dst = jb->out + (size_t)g * (size_t)jb->ld;
+    for (int t = 0; t < n_rows; t++) { /* -F.cosine_similarity(keys, anchor) */
+        const float *k = seg_row(kv, g, t, 0, buf);
+        double dot = 0.0;
+        for (int a = 0; a < d; a++) dot += (double)k[a] * anchor[a];
+        dst[t] = (float)(-dot / (fmax(row_norm(k, d), 1e-8) * an));
+    }
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows) {
-    (void)be;
     const int d = kv->head_dim;
     if (d < 1 || d > KEYS_MAX_DIM)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_keydiff: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
-    float buf[KEYS_MAX_DIM];
-    double anchor[KEYS_MAX_DIM];
-    for (int g = 0; g < kv->n_kv_heads; g++) {
-        for (int a = 0; a < d; a++) anchor[a] = 0.0;
-        for (int t = 0; t < n_rows; t++) { /* F.normalize(keys, p=2, dim=-1).mean(tokens) */
-            const float *k = seg_row(kv, g, t, 0, buf);
-            const double n = fmax(row_norm(k, d), 1e-12);
-            for (int a = 0; a < d; a++) anchor[a] += (double)k[a] / n;
-        }
-        double an = 0.0;
-        for (int a = 0; a < d; a++) {
-            anchor[a] /= (double)n_rows;
-            an += anchor[a] * anchor[a];
-        }
-        an = fmax(sqrt(an), 1e-8);
-        float *dst = out + (size_t)g * (size_t)ld;
-        for (int t = 0; t < n_rows; t++) { /* -F.cosine_similarity(keys, anchor) */
-            const float *k = seg_row(kv, g, t, 0, buf);
-            double dot = 0.0;
-            for (int a = 0; a < d; a++) dot += (double)k[a] * anchor[a];
-            dst[t] = (float)(-dot / (fmax(row_norm(k, d), 1e-8) * an));
-        }
-    }
-    return CKV_STATUS_OK;
+    keydiff_job jb = {out, ld, n_rows, kv};
+    return ckv_cpu_evict_heads(be, kv->n_kv_heads, 0, keydiff_head, &jb);
 }
 
 /* LagKV's softmax-normalised spread of partition rows t0 .. t0 + lag - 1 of segment g against the
@@ -87,9 +143,38 @@ static void lag_spread(const ckv_kv_batch *kv, int g, int t0, int lag, int value
     for (int i = 0; i < lag; i++) r[i] += 0.5 * (s[i] / sum);
 }
 
+typedef struct {
+    float *out;
+    int ld, n_rows, n_sink, lag, cross;
+    const ckv_kv_batch *kv;
+} lagkv_job;
+
+static ckv_status lagkv_head(void *ctx, int g, void *scratch) {
+    const lagkv_job *jb = ctx;
+    const int lag = jb->lag, P = (jb->n_rows - jb->n_sink) / lag;
+    double *s = scratch, *r = s + lag; // [lag] each
+    float buf[KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM];
+    float *dst = jb->out + (size_t)g * (size_t)jb->ld;
+    for (int p = 0; p + 1 < P; p++) {
+        const int t0 = jb->n_sink + p * lag;
+        for (int i = 0; i < lag; i++) r[i] = 0.0;
+        lag_spread(jb->kv, g, t0, lag, 0, buf, lo, hi, s, r);
+        lag_spread(jb->kv, g, t0, lag, 1, buf, lo, hi, s, r);
+        for (int i = 0; i < lag; i++) {
+            if (jb->cross) {
+                dst[t0 + i] = (float)r[i];
+                continue;
+            }
+            int rank = 0; /* argsort of argsort: the row's place in ascending order */
+            for (int u = 0; u < lag; u++) rank += r[u] < r[i] || (r[u] == r[i] && u < i);
+            dst[t0 + i] = (float)rank / (float)lag;
+        }
+    }
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
                                int lag, int cross) {
-    (void)be;
     const int d = kv->head_dim;
     if (d < 1 || d > KEYS_MAX_DIM)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_lagkv: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
@@ -103,68 +188,52 @@ ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv
                 out[(size_t)g * (size_t)ld + t] = (float)(t - n_sink) / (float)(n_rows - n_sink);
         return CKV_STATUS_OK;
     }
-    double *s = NULL, *r = NULL; // [lag] each
-    CKV_TRY(ckv_alloc((void **)&s, (size_t)lag * sizeof(double), "lagkv spreads"));
-    ckv_status st = ckv_alloc((void **)&r, (size_t)lag * sizeof(double), "lagkv scores");
-    float buf[KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM];
-    const int P = (n_rows - n_sink) / lag;
-    for (int g = 0; g < kv->n_kv_heads && st == CKV_STATUS_OK; g++) {
-        float *dst = out + (size_t)g * (size_t)ld;
-        for (int p = 0; p + 1 < P; p++) {
-            const int t0 = n_sink + p * lag;
-            for (int i = 0; i < lag; i++) r[i] = 0.0;
-            lag_spread(kv, g, t0, lag, 0, buf, lo, hi, s, r);
-            lag_spread(kv, g, t0, lag, 1, buf, lo, hi, s, r);
-            for (int i = 0; i < lag; i++) {
-                if (cross) {
-                    dst[t0 + i] = (float)r[i];
-                    continue;
-                }
-                int rank = 0; /* argsort of argsort: the row's place in ascending order */
-                for (int u = 0; u < lag; u++) rank += r[u] < r[i] || (r[u] == r[i] && u < i);
-                dst[t0 + i] = (float)rank / (float)lag;
-            }
+    lagkv_job jb = {out, ld, n_rows, n_sink, lag, cross, kv};
+    return ckv_cpu_evict_heads(be, kv->n_kv_heads, 2 * (size_t)lag * sizeof(double), lagkv_head, &jb);
+}
+
+typedef struct {
+    float *out;
+    int ld, n_rows, n_sink, kind, window;
+    const ckv_kv_batch *kv;
+} cur_job;
+
+static ckv_status cur_head(void *ctx, int g, void *scratch) {
+    const cur_job *jb = ctx;
+    const int d = jb->kv->head_dim, n_rows = jb->n_rows, window = jb->window, kind = jb->kind;
+    double *s = scratch; // [2, n_rows]: k2 then v2, normalised in place
+    float buf[KEYS_MAX_DIM];
+    for (int values = 0; values < 2; values++) {
+        double *x = s + (size_t)values * (size_t)n_rows;
+        for (int t = 0; t < n_rows; t++) {
+            const double n = row_norm(seg_row(jb->kv, g, t, values, buf), d);
+            x[t] = n * n;
+        }
+        for (int t0 = 0; window > 0 && t0 < n_rows; t0 += window) {
+            const int t1 = t0 + window < n_rows ? t0 + window : n_rows;
+            double sum = 0.0;
+            for (int t = t0; t < t1; t++) sum += x[t];
+            for (int t = t0; t < t1; t++) x[t] /= sum;
         }
     }
-    ckv_free(s);
-    ckv_free(r);
-    return st;
+    double total = 0.0;
+    for (int t = 0; t < n_rows; t++) {
+        const double k2 = s[t], v2 = s[(size_t)n_rows + t];
+        s[t] = kind == 0 ? k2 : kind == 1 ? v2 : kind == 2 ? (k2 + v2) / 2.0 : k2 * v2;
+        total += s[t];
+    }
+    float *dst = jb->out + (size_t)g * (size_t)jb->ld;
+    for (int t = 0; t < n_rows; t++) dst[t] = t < jb->n_sink ? 1.0f : (float)(s[t] / total);
+    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_cpu_evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
                              int kind, int window) {
-    (void)be;
     const int d = kv->head_dim;
     if (d < 1 || d > KEYS_MAX_DIM)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_cur: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
     if (n_rows < 1 || kind < 0 || kind > 3 || window < 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "evict_cur: %d rows, kind %d, window %d", n_rows, kind, window);
-    double *s = NULL; // [2, n_rows]: k2 then v2, normalised in place
-    CKV_TRY(ckv_alloc((void **)&s, 2 * (size_t)n_rows * sizeof(double), "cur norms"));
-    float buf[KEYS_MAX_DIM];
-    for (int g = 0; g < kv->n_kv_heads; g++) {
-        for (int values = 0; values < 2; values++) {
-            double *x = s + (size_t)values * (size_t)n_rows;
-            for (int t = 0; t < n_rows; t++) {
-                const double n = row_norm(seg_row(kv, g, t, values, buf), d);
-                x[t] = n * n;
-            }
-            for (int t0 = 0; window > 0 && t0 < n_rows; t0 += window) {
-                const int t1 = t0 + window < n_rows ? t0 + window : n_rows;
-                double sum = 0.0;
-                for (int t = t0; t < t1; t++) sum += x[t];
-                for (int t = t0; t < t1; t++) x[t] /= sum;
-            }
-        }
-        double total = 0.0;
-        for (int t = 0; t < n_rows; t++) {
-            const double k2 = s[t], v2 = s[(size_t)n_rows + t];
-            s[t] = kind == 0 ? k2 : kind == 1 ? v2 : kind == 2 ? (k2 + v2) / 2.0 : k2 * v2;
-            total += s[t];
-        }
-        float *dst = out + (size_t)g * (size_t)ld;
-        for (int t = 0; t < n_rows; t++) dst[t] = t < n_sink ? 1.0f : (float)(s[t] / total);
-    }
-    ckv_free(s);
-    return CKV_STATUS_OK;
+    cur_job jb = {out, ld, n_rows, n_sink, kind, window, kv};
+    return ckv_cpu_evict_heads(be, kv->n_kv_heads, 2 * (size_t)n_rows * sizeof(double), cur_head, &jb);
 }

@@ -2,9 +2,10 @@
  * cached keys rotated back to pre-RoPE keys, centred, sketched by the caller's Gaussian matrix,
  * their Gram matrix factored by Cholesky (with kvpress's jitter schedule) and each row's leverage
  * x^T (G + jI)^-1 x by one forward substitution; plus the per-row sums any z-scoring scorer hands to
- * its cross-head statistics (evict_row_stats) and the affine map it applies after them (evict_affine). Double arithmetic after the fp32 pre-RoPE keys; one head
- * at a time, scratch allocated once per call. It does not draw the sketch, normalise across heads
- * or select. */
+ * its cross-head statistics (evict_row_stats) and the affine map it applies after them (evict_affine).
+ * Double arithmetic after the fp32 pre-RoPE keys; KV heads over the backend's pool
+ * (ckv_cpu_evict_heads: each head on one thread, in one thread's order), scratch allocated once per
+ * call. It does not draw the sketch, normalise across heads or select. */
 #include <math.h>
 #include <string.h>
 
@@ -65,63 +66,73 @@ static int cholesky(const double *G, double jitter, int k, double *C) {
     return 1;
 }
 
+typedef struct {
+    float *out;
+    int ld, row0, n, k;
+    double *stats;
+    const ckv_kv_batch *kv;
+    const int32_t *pos;
+    const float *inv_freq, *phi;
+    float rope_scale;
+} leverage_job;
+
+static ckv_status leverage_head(void *ctx, int g, void *scratch) {
+    const leverage_job *jb = ctx;
+    const int d = jb->kv->head_dim, n = jb->n, k = jb->k;
+    float *pre = scratch;                                              // [n, d] pre-RoPE keys of the head
+    double *G = (double *)(void *)(pre + (((size_t)n * (size_t)d + 1) & ~(size_t)1)); // [k, k], then its factor: [2, k, k]
+    double mean[LEV_MAX_DIM], x[LEV_MAX_K];
+    const float *ph = jb->phi + (size_t)g * (size_t)d * (size_t)k;
+    double *C = G + (size_t)k * (size_t)k;
+    prerope_rows(jb->kv, g, jb->row0, n, jb->pos, jb->inv_freq, jb->rope_scale, pre);
+    for (int a = 0; a < d; a++) mean[a] = 0.0;
+    for (int t = 0; t < n; t++)
+        for (int a = 0; a < d; a++) mean[a] += (double)pre[(size_t)t * d + a];
+    for (int a = 0; a < d; a++) mean[a] /= (double)n;
+    memset(G, 0, (size_t)k * (size_t)k * sizeof(double));
+    for (int t = 0; t < n; t++) { /* lower triangle of X^T X */
+        sketch_row(pre + (size_t)t * d, mean, ph, d, k, x);
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j <= i; j++) G[(size_t)i * k + j] += x[i] * x[j];
+    }
+    double jitter = 1e-2;
+    int ok = 0;
+    for (int tries = 0; tries < 5 && !(ok = cholesky(G, jitter, k, C)); tries++) jitter *= 10.0;
+    if (!ok)
+        return ckv_error(CKV_STATUS_ERR_NUMERIC, "evict_leverage: the sketched Gram matrix of KV head %d is not "
+                         "positive definite even with jitter 100", g);
+    double s1 = 0.0, s2 = 0.0;
+    float *dst = jb->out + (size_t)g * (size_t)jb->ld;
+    for (int t = 0; t < n; t++) {
+        sketch_row(pre + (size_t)t * d, mean, ph, d, k, x);
+        double lev = 0.0;
+        for (int i = 0; i < k; i++) { /* y = C^-1 x, lev = ||y||^2 */
+            double s = x[i];
+            for (int m = 0; m < i; m++) s -= C[(size_t)i * k + m] * x[m];
+            x[i] = s / C[(size_t)i * k + i];
+            lev += x[i] * x[i];
+        }
+        dst[t] = (float)(lev > 0.0 ? lev : 0.0);
+        s1 += (double)dst[t];
+        s2 += (double)dst[t] * (double)dst[t];
+    }
+    jb->stats[2 * g] = s1;
+    jb->stats[2 * g + 1] = s2;
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
                                   int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
                                   int k) {
-    (void)be;
     const int d = kv->head_dim;
     if (d < 2 || d > LEV_MAX_DIM || k < 1 || k > LEV_MAX_K)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_leverage: head_dim %d outside 2..%d or sketch %d outside 1..%d",
                          d, LEV_MAX_DIM, k, LEV_MAX_K);
     if (n < 1 || row0 < 0) return ckv_error(CKV_STATUS_ERR_ARG, "evict_leverage: %d rows from row %d", n, row0);
-    float *pre = NULL;   // [n, d] pre-RoPE keys of one head
-    double *G = NULL;    // [k, k], then its factor after it: [2, k, k]
-    CKV_TRY(ckv_alloc((void **)&pre, (size_t)n * (size_t)d * sizeof(float), "leverage keys"));
-    ckv_status st = ckv_alloc((void **)&G, 2 * (size_t)k * (size_t)k * sizeof(double), "leverage gram");
-    double mean[LEV_MAX_DIM], x[LEV_MAX_K];
-    for (int g = 0; g < kv->n_kv_heads && st == CKV_STATUS_OK; g++) {
-        const float *ph = phi + (size_t)g * (size_t)d * (size_t)k;
-        double *C = G + (size_t)k * (size_t)k;
-        prerope_rows(kv, g, row0, n, pos, inv_freq, rope_scale, pre);
-        for (int a = 0; a < d; a++) mean[a] = 0.0;
-        for (int t = 0; t < n; t++)
-            for (int a = 0; a < d; a++) mean[a] += (double)pre[(size_t)t * d + a];
-        for (int a = 0; a < d; a++) mean[a] /= (double)n;
-        memset(G, 0, (size_t)k * (size_t)k * sizeof(double));
-        for (int t = 0; t < n; t++) { /* lower triangle of X^T X */
-            sketch_row(pre + (size_t)t * d, mean, ph, d, k, x);
-            for (int i = 0; i < k; i++)
-                for (int j = 0; j <= i; j++) G[(size_t)i * k + j] += x[i] * x[j];
-        }
-        double jitter = 1e-2;
-        int ok = 0;
-        for (int tries = 0; tries < 5 && !(ok = cholesky(G, jitter, k, C)); tries++) jitter *= 10.0;
-        if (!ok) {
-            st = ckv_error(CKV_STATUS_ERR_NUMERIC, "evict_leverage: the sketched Gram matrix of KV head %d is not "
-                           "positive definite even with jitter 100", g);
-            break;
-        }
-        double s1 = 0.0, s2 = 0.0;
-        float *dst = out + (size_t)g * (size_t)ld;
-        for (int t = 0; t < n; t++) {
-            sketch_row(pre + (size_t)t * d, mean, ph, d, k, x);
-            double lev = 0.0;
-            for (int i = 0; i < k; i++) { /* y = C^-1 x, lev = ||y||^2 */
-                double s = x[i];
-                for (int m = 0; m < i; m++) s -= C[(size_t)i * k + m] * x[m];
-                x[i] = s / C[(size_t)i * k + i];
-                lev += x[i] * x[i];
-            }
-            dst[t] = (float)(lev > 0.0 ? lev : 0.0);
-            s1 += (double)dst[t];
-            s2 += (double)dst[t] * (double)dst[t];
-        }
-        stats[2 * g] = s1;
-        stats[2 * g + 1] = s2;
-    }
-    ckv_free(pre);
-    ckv_free(G);
-    return st;
+    leverage_job jb = {out, ld, row0, n, k, stats, kv, pos, inv_freq, phi, rope_scale};
+    const size_t pre_floats = ((size_t)n * (size_t)d + 1) & ~(size_t)1; /* even: the doubles after it stay aligned */
+    return ckv_cpu_evict_heads(be, kv->n_kv_heads, pre_floats * sizeof(float) + 2 * (size_t)k * (size_t)k * sizeof(double),
+                               leverage_head, &jb);
 }
 
 void ckv_cpu_evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld) {

@@ -1,0 +1,126 @@
+/* cpu_evict_vnorm.c - the CPU backend's CriticalKV value norms ||V W_O^h||_1 (evict_value_norm;
+ * semantics in backend.h). o_proj is widened once per call into per-head fp32 blocks (W_O^h)^T
+ * [D, d] (GGUF block types dequantised row by row, F16/BF16 converted); then the backend's pool takes
+ * blocks of CKV_CPU_VNORM_BLOCK value rows, each task projecting its rows through every local head in
+ * ascending order with ckv's fp32 GEMM on its own thread (the kernels of the forward's prefill
+ * matmuls, whose sums do not depend on the thread count) and adding each row's L1 norm into the
+ * output, so every output is the same sum in the same order as one thread computes it. Scratch is
+ * allocated per call (one projection block per worker) and freed before returning. It selects
+ * nothing. */
+#include <math.h>
+
+#include "core/alloc.h"
+#include "core/quant.h"
+#include "cpu_backend.h"
+
+#define CKV_CPU_VNORM_BLOCK 128 /* value rows per task and GEMM */
+
+/* sum of |x[i]| over n floats: 16 fp32 lanes, combined in double, then the tail in double. */
+static double vnorm_l1(const float *x, int n) {
+    float lane[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lane[l] += fabsf(x[i + l]);
+    double s = 0.0;
+    for (int l = 0; l < 16; l++) s += lane[l];
+    for (; i < n; i++) s += fabsf(x[i]);
+    return s;
+}
+
+typedef struct {
+    ckv_backend *be;
+    const ckv_threadpool *tasks; /* the pool running this job's tasks (NULL: one at a time) */
+    float *out;
+    int ld, n_rows, d, D, n_heads_local, head0, group;
+    const ckv_kv_batch *kv;
+    const float *wh; // [n_heads_local, D, d] (W_O^j)^T per local head j
+    float *proj;     // [n_workers, BLOCK, D] projected rows of each worker
+    float *vals;     // [n_workers, BLOCK, d] fp32 values of each worker (F16/BF16 caches only)
+} vnorm_job;
+
+static void vnorm_blocks(void *ctx, int begin, int end, int tid) {
+    const vnorm_job *jb = ctx;
+    const int d = jb->d, D = jb->D;
+    const size_t vsz = ckv_dtype_size(jb->kv->dtype);
+    float *proj = jb->proj + (size_t)tid * CKV_CPU_VNORM_BLOCK * (size_t)D;
+    float *vals = jb->vals ? jb->vals + (size_t)tid * CKV_CPU_VNORM_BLOCK * (size_t)d : NULL;
+    for (int b = begin; b < end; b++) {
+        const int t0 = b * CKV_CPU_VNORM_BLOCK;
+        const int nb = jb->n_rows - t0 < CKV_CPU_VNORM_BLOCK ? jb->n_rows - t0 : CKV_CPU_VNORM_BLOCK;
+        int converted = -1; /* the KV head whose values vals holds */
+        for (int j = 0; j < jb->n_heads_local; j++) {
+            const int g = (jb->head0 + j) / jb->group;
+            const char *V = (const char *)jb->kv->segs[0][g].v + (size_t)t0 * (size_t)d * vsz; // [nb, d]
+            const float *vb = (const float *)(const void *)V;
+            if (vals) {
+                if (converted != g) ckv_convert_to_f32(vals, V, jb->kv->dtype, (size_t)nb * (size_t)d);
+                converted = g;
+                vb = vals;
+            }
+            ckv_cpu_matmul_f32_task(jb->be, jb->tasks, proj, vb, jb->wh + (size_t)j * (size_t)D * (size_t)d, NULL, nb, d,
+                                    D); /* [nb, D] */
+            float *dst = jb->out + (size_t)g * (size_t)jb->ld + t0;
+            for (int i = 0; i < nb; i++) dst[i] += (float)vnorm_l1(proj + (size_t)i * D, D);
+        }
+    }
+}
+
+/* wh[j, r, :] = wo[r, j*d : (j+1)*d] in fp32 for every local head j. row: [cols] scratch (block types). */
+static void vnorm_widen(const ckv_weight *wo, int n_heads_local, int d, float *wh, float *row) {
+    const int D = (int)wo->rows;
+    const size_t esz = ckv_dtype_size(wo->dtype), hd = (size_t)D * (size_t)d;
+    for (int r = 0; r < D; r++) {
+        const char *src = (const char *)wo->data + (size_t)r * wo->row_bytes;
+        if (row) ckv_dequant_row(wo->dtype, src, row, (size_t)wo->cols);
+        for (int j = 0; j < n_heads_local; j++) {
+            float *dst = wh + (size_t)j * hd + (size_t)r * (size_t)d;
+            if (row)
+                memcpy(dst, row + (size_t)j * (size_t)d, (size_t)d * sizeof(float));
+            else if (wo->dtype == CKV_DTYPE_F32)
+                memcpy(dst, src + (size_t)j * (size_t)d * esz, (size_t)d * sizeof(float));
+            else
+                ckv_convert_to_f32(dst, src + (size_t)j * (size_t)d * esz, wo->dtype, (size_t)d);
+        }
+    }
+}
+
+ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                                    const ckv_weight *wo, int n_heads_local, int head0, int group) {
+    const int d = kv->head_dim, D = (int)wo->rows;
+    const int blocks = ckv_dtype_is_block(wo->dtype); /* GGUF blocks: dequantised row by row, once per call */
+    if (wo->dtype != CKV_DTYPE_F32 && wo->dtype != CKV_DTYPE_F16 && wo->dtype != CKV_DTYPE_BF16 && !blocks)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "cpu evict_value_norm: o_proj stored as %s",
+                         ckv_dtype_name(wo->dtype));
+    if (wo->cols < (int64_t)n_heads_local * d)
+        return ckv_error(CKV_STATUS_ERR_SHAPE, "cpu evict_value_norm: o_proj has %lld columns, %d heads x %d need more",
+                         (long long)wo->cols, n_heads_local, d);
+    if (n_rows < 1 || n_heads_local < 1) return CKV_STATUS_OK;
+    ckv_threadpool *tasks = ckv_cpu_task_pool(be);
+    const int n_blocks = ckv_cpu_blocks((size_t)n_rows, CKV_CPU_VNORM_BLOCK);
+    int workers = tasks ? ckv_threadpool_size(tasks) : 1;
+    if (workers > n_blocks) workers = n_blocks;
+    vnorm_job jb = {be, workers > 1 ? tasks : NULL, out, ld, n_rows, d, D, n_heads_local, head0, group, kv, NULL, NULL, NULL};
+    float *wh = NULL, *row = NULL; // [n_heads_local, D, d], [cols]
+    ckv_status s = ckv_alloc((void **)&wh, (size_t)n_heads_local * (size_t)D * (size_t)d * sizeof(float),
+                             "critical o_proj blocks");
+    if (s == CKV_STATUS_OK && blocks) s = ckv_alloc((void **)&row, (size_t)wo->cols * sizeof(float), "critical o_proj row");
+    if (s == CKV_STATUS_OK)
+        s = ckv_alloc((void **)&jb.proj, (size_t)workers * CKV_CPU_VNORM_BLOCK * (size_t)D * sizeof(float),
+                      "critical projected values");
+    if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
+        s = ckv_alloc((void **)&jb.vals, (size_t)workers * CKV_CPU_VNORM_BLOCK * (size_t)d * sizeof(float),
+                      "critical fp32 values");
+    if (s == CKV_STATUS_OK) {
+        vnorm_widen(wo, n_heads_local, d, wh, row);
+        jb.wh = wh;
+        if (jb.tasks)
+            ckv_threadpool_for(tasks, n_blocks, 1, vnorm_blocks, &jb);
+        else
+            vnorm_blocks(&jb, 0, n_blocks, 0);
+    }
+    ckv_free(wh);
+    ckv_free(row);
+    ckv_free(jb.proj);
+    ckv_free(jb.vals);
+    return s;
+}
