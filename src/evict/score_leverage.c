@@ -57,6 +57,12 @@ ckv_status ckv_score_leverage_rows(const ckv_score_inputs *in, int k, uint64_t s
     CKV_TRY_GOTO(s, ckv_evict_allgather(be, in->tp, stats_d, all_d, st_bytes), done);
     CKV_TRY_GOTO(s, be->ops->sync(be), done);
     CKV_TRY_GOTO(s, be->ops->download(be, all, all_d, (size_t)size * st_bytes), done);
+    for (size_t i = 0; i < (size_t)size * 2 * (size_t)nkv; i++) /* a device op reports a failed factor so */
+        if (isnan(all[i])) {
+            s = ckv_error(CKV_STATUS_ERR_NUMERIC, "press leverage: the sketched Gram matrix of a KV head of layer %d "
+                          "is not positive definite even with jitter 100", in->layer);
+            goto done;
+        }
     double s1 = 0.0, s2 = 0.0;
     for (int h = 0, r = 0; h < in->n_kv_heads && r < size; r++) { /* global heads ascending, each once */
         const int h0 = ckv_score_rank_kv_head0(in, r);

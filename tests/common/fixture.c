@@ -195,7 +195,20 @@ ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dt
                                  ckv_fixture_kept *out) {
     memset(out, 0, sizeof *out);
     ckv_press_config cfg;
-    CKV_TRY(ckv_press_parse(&cfg, spec));
+    char name[256];
+    const char *opts = strchr(spec, ' ');
+    snprintf(name, sizeof name, "%.*s", opts ? (int)(opts - spec) : (int)strlen(spec), spec);
+    CKV_TRY(ckv_press_parse(&cfg, name));
+    for (const char *o = opts ? opts + 1 : NULL; o && *o;) { /* KEY=VALUE,KEY=VALUE */
+        const char *end = strchr(o, ','), *eq = strchr(o, '=');
+        const int n = end ? (int)(end - o) : (int)strlen(o);
+        if (!eq || eq - o >= n) return ckv_error(CKV_STATUS_ERR_ARG, "fixture press '%s': '%.*s' is not KEY=VALUE", spec, n, o);
+        char key[64], value[64];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - o), o);
+        snprintf(value, sizeof value, "%.*s", n - (int)(eq - o) - 1, eq + 1);
+        CKV_TRY(ckv_press_set_option(&cfg, key, value));
+        o = end ? end + 1 : NULL;
+    }
     CKV_TRY(ckv_press_set_compression_ratio(&cfg, 0.5));
     CKV_TRY(ckv_press_finalize(&cfg));
     ckv_compressor cz;

@@ -8,8 +8,11 @@
  * fixtures none occurs today; test_real_shapes counts them at 4,096 rows (docs/spec-eviction.md,
  * "Near-ties").
  *   test_evict_cuda cuda-emu   on the CPU execution layer (label cuda-emu)
- *   test_evict_cuda cuda       on a GPU (label cuda); skips without one */
+ *   test_evict_cuda cuda       on a GPU (label cuda); skips without one
+ *   test_evict_cuda cuda-emu [MODEL...] [PRESS...]   only those fixture models (llama_gqa, qwen2_bias)
+ *                              and entries of the press list below (as written there) */
 #include <stdint.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "ckv_test.h"
@@ -17,7 +20,30 @@
 #include "cuda_test_backend.h"
 #include "model/model.h"
 
-static void check_model(ckv_backend *dev, ckv_backend *cpu, const char *name) {
+/* beside the fixture presses: lagkv at its default lag (one partition of these contexts) and at
+ * short lags (many partitions; cross scoring), leverage alone and under adakv (a few CPU seconds
+ * each: lag 16, sketch 8 and critical:leverage were also identical when tried) */
+static const char *const extra[] = {"lagkv", "lagkv lag_size=32,cross_scoring=1", "adakv:lagkv lag_size=24",
+                                    "leverage", "adakv:leverage"};
+static const size_t n_extra = sizeof extra / sizeof extra[0];
+
+static const char *const models[] = {"llama_gqa", "qwen2_bias"};
+
+static int is_model(const char *s) { return strcmp(s, models[0]) == 0 || strcmp(s, models[1]) == 0; }
+
+/* Whether `what` (a model when model != 0, else a press) is selected by argv[2..]: named there, or
+ * nothing of its kind is named. */
+static int selected(const char *what, int model, int argc, char **argv) {
+    int named = 0;
+    for (int i = 2; i < argc; i++)
+        if (is_model(argv[i]) == model) {
+            named = 1;
+            if (strcmp(argv[i], what) == 0) return 1;
+        }
+    return !named;
+}
+
+static void check_model(ckv_backend *dev, ckv_backend *cpu, const char *name, int argc, char **argv) {
     static ckv_fixture_context c;
     const ckv_status st = ckv_fixture_context_load(&c, CKV_FIXTURES, name);
     CHECK_OK(st);
@@ -26,8 +52,9 @@ static void check_model(ckv_backend *dev, ckv_backend *cpu, const char *name) {
     ckv_model *md = NULL, *mc = NULL;
     CHECK_OK(ckv_model_load_opts(&md, c.model_dir, dev, NULL, &f32));
     CHECK_OK(ckv_model_load(&mc, c.model_dir, cpu, NULL));
-    for (size_t p = 0; md && mc && p < ckv_fixture_n_presses; p++) {
-        const char *press = ckv_fixture_presses[p];
+    for (size_t p = 0; md && mc && p < ckv_fixture_n_presses + n_extra; p++) {
+        const char *press = p < ckv_fixture_n_presses ? ckv_fixture_presses[p] : extra[p - ckv_fixture_n_presses];
+        if (!selected(press, 0, argc, argv)) continue;
         ckv_fixture_kept a = {0}, b = {0}; /* a: the device, b: the cpu backend */
         ckv_status sb = ckv_fixture_run_press(mc, press, CKV_DTYPE_F32, &c, &b), sa = CKV_STATUS_OK;
         CHECK_OK(sb);
@@ -61,9 +88,15 @@ int main(int argc, char **argv) {
     const int rc = cuda_test_open(argc, argv, "test_evict_cuda", &dev);
     if (rc >= 0) return rc;
     CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
+    for (int i = 2; i < argc; i++) { /* a name that selects nothing would test nothing */
+        int known = is_model(argv[i]);
+        for (size_t p = 0; p < ckv_fixture_n_presses + n_extra; p++)
+            known |= strcmp(argv[i], p < ckv_fixture_n_presses ? ckv_fixture_presses[p] : extra[p - ckv_fixture_n_presses]) == 0;
+        CHECK_MSG(known, "'%s' is neither a fixture model nor a press of the list", argv[i]);
+    }
     if (cpu) {
-        check_model(dev, cpu, "llama_gqa");
-        check_model(dev, cpu, "qwen2_bias");
+        for (int m = 0; m < 2; m++)
+            if (selected(models[m], 1, argc, argv)) check_model(dev, cpu, models[m], argc, argv);
     }
     CHECK_OK(dev->ops->sync(dev));
     ckv_backend_free(dev);

@@ -9,7 +9,8 @@
  *   A: a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..2t+1)  a2 = (g, 2t+8..2t+9)  a3 = (g+8, 2t+8..2t+9)
  *   B (k, n): b0 = (2t..2t+1, g)  b1 = (2t+8..2t+9, g)
  *   C/D: c0 = (g, 2t) c1 = (g, 2t+1) c2 = (g+8, 2t) c3 = (g+8, 2t+1)
- * Every lane of the warp must call it (no divergence). Nothing else lives here. */
+ * Every lane of the warp must call it (no divergence). Also the split of fp32 values into three
+ * bf16 terms that the fp32-accurate products of an f32 cache use. Nothing else lives here. */
 #ifndef CKV_MMA_H
 #define CKV_MMA_H
 
@@ -23,6 +24,22 @@ __device__ __forceinline__ uint32_t ckv_pack_bf16x2(float lo, float hi) {
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(lo)) |
            ((uint32_t)__bfloat16_as_ushort(__float2bfloat16(hi)) << 16);
 #endif
+}
+
+/* The fp32 values of the low and high bf16 halves of a packed register. */
+__device__ __forceinline__ float ckv_bf16x2_lo(uint32_t r) { return __uint_as_float(r << 16); }
+__device__ __forceinline__ float ckv_bf16x2_hi(uint32_t r) { return __uint_as_float(r & 0xffff0000u); }
+
+/* Two fp32 values as three packed bf16 terms, x = p[0] + p[1] + p[2] + e with |e| <= 2^-26 |x|
+ * (each term rounds the remainder of the ones before it; the remainders are exact in fp32): with
+ * the six mma products of terms i + j <= 2 (p0 q0, p0 q1, p1 q0, p1 q1, p0 q2, p2 q0) a product
+ * x y keeps fp32 accuracy, the terms left out are below 2^-25 |x y| (docs/gpu.md §3a). */
+__device__ __forceinline__ void ckv_split_bf16x2(float x0, float x1, uint32_t p[3]) {
+    p[0] = ckv_pack_bf16x2(x0, x1);
+    x0 -= ckv_bf16x2_lo(p[0]), x1 -= ckv_bf16x2_hi(p[0]);
+    p[1] = ckv_pack_bf16x2(x0, x1);
+    x0 -= ckv_bf16x2_lo(p[1]), x1 -= ckv_bf16x2_hi(p[1]);
+    p[2] = ckv_pack_bf16x2(x0, x1);
 }
 
 #if defined(CKV_CUDA_EMU)

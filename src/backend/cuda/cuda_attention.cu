@@ -2,16 +2,16 @@
  * (backend.h: query head h of token t reads KV head h / (n_heads / n_kv_heads) of its sequence and
  * sees the rows whose original pos <= qpos[t]; a row that sees nothing is 0). Two kernels:
  *  - prefill: a FlashAttention-2 style tiled kernel (docs/gpu.md §3): a block takes 64 query rows of
- *    one head (16 per warp), K/V tiles of 64 keys stream through shared memory as bf16 by cp.async
- *    (ckv_async.h), S = Q K^T and O += P V run on tensor cores through the one mma wrapper
- *    (ckv_mma.h; fragments by ldmatrix, layouts docs/gpu.md §1), online softmax in fp32 and base 2
- *    on the accumulator fragments, masking by comparing stored positions (so compacted caches stay
- *    causal), and the key loop ends at the last tile a row of the block sees. Head dims 16, 32, 64,
- *    80, 96, 128, bf16 caches (an f32 cache asks for fp32 attention and takes the other kernel).
- *  - everything else (decode steps, f32 caches, other head dims up to 256): the split-KV kernels of
+ *    one head (16 per warp), K/V tiles stream through shared memory by cp.async (ckv_async.h),
+ *    S = Q K^T and O += P V run on tensor cores through the one mma wrapper (ckv_mma.h; layouts
+ *    docs/gpu.md §1), online softmax in fp32 and base 2 on the accumulator fragments, masking by
+ *    comparing stored positions (so compacted caches stay causal), and the key loop ends at the last
+ *    tile a row of the block sees. Head dims 16, 32, 64, 80, 96, 128; bf16 caches (q and the softmax
+ *    weights rounded to bf16, fragments by ldmatrix) and f32 caches (every fp32 operand split into
+ *    three bf16 terms: fp32-class products, as the parity studies' fp32 attention needs).
+ *  - everything else (decode steps, other head dims up to 256): the split-KV kernels of
  *    cuda_decode.cu.
- * fp32 softmax and accumulation; q and the softmax weights are rounded to bf16 for the tensor
- * cores. The cache is not written here (cuda_kv.cu). */
+ * fp32 softmax and accumulation. The cache is not written here (cuda_kv.cu). */
 #include <limits.h>
 
 #include "ckv_async.h"
@@ -23,43 +23,208 @@ namespace CKV_CUDA_NS {
 namespace {
 
 constexpr int FA_BM = 64;      /* query rows per block: 4 warps x 16 */
-constexpr int FA_BN = 64;      /* keys per tile */
 constexpr int FA_THREADS = 128;
 
 /* ---- prefill: flash attention on tensor cores ------------------------------------------------
  * grid (ceil(n / 64), n_heads, n_seq), block 128; the row blocks run last first (the causal ones
  * with the most keys start first). Lane (g = lane >> 2, t = lane & 3) of warp w owns query rows g
  * and g + 8 of the warp's 16 (the C-fragment rows, docs/gpu.md §1).
- * Shared memory: one K and one V tile of 64 keys as bf16 rows of HD values, each row padded to an
- * odd number of 16-byte chunks, so the 8 rows of an ldmatrix phase (and the 8 lanes of a 16-byte
- * cp.async phase) fall in 8 distinct groups of 4 banks: conflict-free for every head dim, 80 and 96
- * included (an XOR swizzle needs a power-of-two chunk count).
+ * One kernel for both cache types; what differs is in fa_tile (tile shape and shared layout) and in
+ * the fragment functions below (fa_q, fa_scores, fa_pv):
+ *  - bf16 caches: tiles of 64 keys as bf16 rows of HD values, each row padded to an odd number of
+ *    16-byte chunks, so the 8 rows of an ldmatrix phase (and the 8 lanes of a 16-byte cp.async
+ *    phase) fall in 8 distinct groups of 4 banks: conflict-free for every head dim, 80 and 96
+ *    included (an XOR swizzle needs a power-of-two chunk count). K fragments from ldmatrix, V
+ *    fragments from ldmatrix.trans; q and the softmax weights rounded to bf16; one mma per product.
+ *  - f32 caches (the parity studies' fp32 attention): tiles of 32 keys as fp32 rows (two tiles fit
+ *    the 48 KiB of static shared memory at head dim 128); fragments from shared loads, each fp32
+ *    value split into three bf16 terms (ckv_split_bf16x2) and each product taken as the six mma of
+ *    the terms that matter, smallest first: fp32-class accuracy on the bf16 tensor cores (the terms
+ *    left out are about 2^-25 of a product; docs/gpu.md §3a). K rows are padded by 8 floats (the
+ *    8-byte fragment loads of a half-warp hit 32 distinct banks), V rows by 4 (the 4-byte loads of
+ *    rows 2t, 2t + 1 of a warp hit 32 distinct banks).
  * Pipeline per tile j (FlashAttention-2's order, docs/gpu.md §3): K_j and its positions are waited
  * for at the top; V_j is issued and lands while S = Q K_j^T and the softmax run; K_{j+1} is issued
  * once every warp is done with K_j and lands while O += P V_j runs, unless K_j's last position
  * already reaches the block's last query (causal tile skipping without loading the next tile).
- * Copies are 16-byte cp.async; K fragments come from ldmatrix, V fragments from ldmatrix.trans. */
-/* Rows [kb, kb + FA_BN) of a [len, HD] bf16 segment into a padded tile by 16-byte cp.async (rows
- * past len: zeros, nothing read). */
-template <int HD>
-__device__ __forceinline__ void fa_load_tile(uint16_t *tile, const ckv_bf16 *src, int kb, int len, int tid) {
-    constexpr int CH = HD / 8, RS = (CH | 1) * 8; /* 16-byte chunks per row; tile row stride in values */
-    static_assert(FA_BN * CH % FA_THREADS == 0, "whole chunks per thread");
+ * Copies are 16-byte cp.async. */
+template <typename T, int HD> struct fa_tile;
+template <int HD> struct fa_tile<ckv_bf16, HD> {
+    typedef uint16_t elem;                                    /* bf16 bits */
+    static constexpr int BN = 64;                             /* keys per tile */
+    static constexpr int KS = ((HD / 8) | 1) * 8, VS = KS;    /* row strides in values (odd chunks) */
+};
+template <int HD> struct fa_tile<float, HD> {
+    typedef float elem;
+    static constexpr int BN = 32;
+    static constexpr int KS = HD + 8, VS = HD + 4;
+};
+
+/* Rows [kb, kb + BN) of a [len, HD] segment into a tile of row stride RS values by 16-byte cp.async
+ * (rows past len: zeros, nothing read). */
+template <typename T, int HD, int RS>
+__device__ __forceinline__ void fa_load_tile(typename fa_tile<T, HD>::elem *tile, const T *src, int kb, int len,
+                                             int tid) {
+    constexpr int BN = fa_tile<T, HD>::BN, EC = 16 / (int)sizeof(T), CH = HD / EC; /* values, chunks per row */
+    static_assert(BN * CH % FA_THREADS == 0, "whole chunks per thread");
 CKV_UNROLL
-    for (int i = 0; i < FA_BN * CH / FA_THREADS; i++) {
+    for (int i = 0; i < BN * CH / FA_THREADS; i++) {
         const int e = tid + i * FA_THREADS, r = e / CH, c = e % CH;
         const bool valid = kb + r < len;
-        ckv_cp_async<16>(tile + r * RS + c * 8, src + (valid ? (size_t)(kb + r) * HD + (size_t)(c * 8) : 0), valid);
+        ckv_cp_async<16>(tile + r * RS + c * EC, src + (valid ? (size_t)(kb + r) * HD + (size_t)(c * EC) : 0), valid);
     }
 }
 
+/* This lane's Q: the A fragments of rows g, g + 8, one per k-step of 16 dims (a0 (g, 2t..), a1
+ * (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)), from 8-byte loads of the fp32 rows. A bf16 cache
+ * keeps them in registers as bf16 for the whole key loop; an f32 cache reads them again per tile
+ * (L1 hits: the block's 64 rows) and splits them there, since 64 more live registers beside the
+ * accumulator spill at head dim 128. */
+__device__ __forceinline__ float2 fa_q_pair(const float *row, bool ok, int d) {
+    return ok ? *(const float2 *)(row + d) : make_float2(0.0f, 0.0f);
+}
+template <typename T, int HD> struct fa_q;
+template <int HD> struct fa_q<ckv_bf16, HD> {
+    uint32_t a[HD / 16][4];
+    __device__ __forceinline__ void load(const float *q0, const float *q1, bool ok0, bool ok1, int tq) {
+CKV_UNROLL
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const int d = kk * 16 + 2 * tq;
+            const float2 x0 = fa_q_pair(q0, ok0, d), x1 = fa_q_pair(q1, ok1, d);
+            const float2 x2 = fa_q_pair(q0, ok0, d + 8), x3 = fa_q_pair(q1, ok1, d + 8);
+            a[kk][0] = ckv_pack_bf16x2(x0.x, x0.y), a[kk][1] = ckv_pack_bf16x2(x1.x, x1.y);
+            a[kk][2] = ckv_pack_bf16x2(x2.x, x2.y), a[kk][3] = ckv_pack_bf16x2(x3.x, x3.y);
+        }
+    }
+};
+template <int HD> struct fa_q<float, HD> {
+    const float *q0, *q1;
+    bool ok0, ok1;
+    int tq;
+    __device__ __forceinline__ void load(const float *r0, const float *r1, bool o0, bool o1, int t) {
+        q0 = r0, q1 = r1, ok0 = o0, ok1 = o1, tq = t;
+    }
+    /* the three-term split of k-step kk's fragment: a[term][register] */
+    __device__ __forceinline__ void split(int kk, uint32_t a[3][4]) const {
+        const int d = kk * 16 + 2 * tq;
+        const float2 x[4] = {fa_q_pair(q0, ok0, d), fa_q_pair(q1, ok1, d), fa_q_pair(q0, ok0, d + 8),
+                             fa_q_pair(q1, ok1, d + 8)};
+CKV_UNROLL
+        for (int i = 0; i < 4; i++) {
+            uint32_t t[3];
+            ckv_split_bf16x2(x[i].x, x[i].y, t);
+            a[0][i] = t[0], a[1][i] = t[1], a[2][i] = t[2];
+        }
+    }
+};
+
+/* d += x y from the three-term splits of x (A) and y (B): the six products of terms i + j <= 2,
+ * smallest first. */
+__device__ __forceinline__ void fa_mma_split(float d[4], const uint32_t a[3][4], const uint32_t b[3][2]) {
+    ckv_mma_bf16_16816(d, a[2], b[0], d);
+    ckv_mma_bf16_16816(d, a[0], b[2], d);
+    ckv_mma_bf16_16816(d, a[1], b[1], d);
+    ckv_mma_bf16_16816(d, a[1], b[0], d);
+    ckv_mma_bf16_16816(d, a[0], b[1], d);
+    ckv_mma_bf16_16816(d, a[0], b[0], d);
+}
+
+/* S = Q K^T over the tile (sc zeroed by the caller). bf16: B (k = dim, n = key) from K rows; x4
+ * matrices (keys +0-7, dims +0-7), (+0-7, +8-15), (+8-15, +0-7), (+8-15, +8-15) give b0, b1 of key
+ * tiles 2p and 2p + 1 (lane l gives row l & 7 of matrix l >> 3). */
 template <int HD>
+__device__ __forceinline__ void fa_scores(float (*sc)[4], const fa_q<ckv_bf16, HD> &qf, const uint16_t *ks, int lane) {
+    constexpr int BN = fa_tile<ckv_bf16, HD>::BN, RS = fa_tile<ckv_bf16, HD>::KS;
+    const int lm = lane >> 3, lr = lane & 7;
+CKV_UNROLL
+    for (int kk = 0; kk < HD / 16; kk++)
+CKV_UNROLL
+        for (int p = 0; p < BN / 16; p++) {
+            uint32_t b[4];
+            ckv_ldmatrix_x4(b, ks + (p * 16 + (lm >> 1) * 8 + lr) * RS + kk * 16 + (lm & 1) * 8);
+            ckv_mma_bf16_16816(sc[2 * p], qf.a[kk], b, sc[2 * p]);
+            ckv_mma_bf16_16816(sc[2 * p + 1], qf.a[kk], b + 2, sc[2 * p + 1]);
+        }
+}
+/* f32: b0 = K[key g][dims 2t, 2t+1], b1 = K[g][2t+8, 2t+9] of key tile nt (8-byte loads). */
+template <int HD>
+__device__ __forceinline__ void fa_scores(float (*sc)[4], const fa_q<float, HD> &qf, const float *ks, int lane) {
+    constexpr int BN = fa_tile<float, HD>::BN, RS = fa_tile<float, HD>::KS;
+    const int gq = lane >> 2, tq = lane & 3;
+CKV_UNROLL
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t a[3][4], t[3];
+        qf.split(kk, a);
+CKV_UNROLL
+        for (int nt = 0; nt < BN / 8; nt++) {
+            const float *kr = ks + (nt * 8 + gq) * RS + kk * 16 + 2 * tq;
+            const float2 k0 = *(const float2 *)kr, k1 = *(const float2 *)(kr + 8);
+            uint32_t b[3][2], u[3];
+            ckv_split_bf16x2(k0.x, k0.y, t);
+            ckv_split_bf16x2(k1.x, k1.y, u);
+            b[0][0] = t[0], b[1][0] = t[1], b[2][0] = t[2], b[0][1] = u[0], b[1][1] = u[1], b[2][1] = u[2];
+            fa_mma_split(sc[nt], a, b);
+        }
+    }
+}
+
+/* O += P V: the C fragments of key tiles 2j, 2j+1 are the A fragment of key step j (rows g, g+8;
+ * keys 2t.. and 2t+8..). bf16: B (k = key, n = dim) from V rows through ldmatrix.trans: matrices
+ * (keys +0-7, dims +0-7), (+8-15, +0-7), (+0-7, +8-15), (+8-15, +8-15) give b0, b1 of dim tiles 2p
+ * and 2p + 1. */
+template <int HD>
+__device__ __forceinline__ void fa_pv(float (*o)[4], float (*sc)[4], const uint16_t *vs, int lane) {
+    constexpr int BN = fa_tile<ckv_bf16, HD>::BN, RS = fa_tile<ckv_bf16, HD>::VS;
+    const int lm = lane >> 3, lr = lane & 7;
+CKV_UNROLL
+    for (int j = 0; j < BN / 16; j++) {
+        const uint32_t a[4] = {ckv_pack_bf16x2(sc[2 * j][0], sc[2 * j][1]), ckv_pack_bf16x2(sc[2 * j][2], sc[2 * j][3]),
+                               ckv_pack_bf16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
+                               ckv_pack_bf16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+CKV_UNROLL
+        for (int p = 0; p < HD / 16; p++) {
+            uint32_t b[4];
+            ckv_ldmatrix_x4_trans(b, vs + (j * 16 + (lm & 1) * 8 + lr) * RS + p * 16 + (lm >> 1) * 8);
+            ckv_mma_bf16_16816(o[2 * p], a, b, o[2 * p]);
+            ckv_mma_bf16_16816(o[2 * p + 1], a, b + 2, o[2 * p + 1]);
+        }
+    }
+}
+/* f32: b0 = (V[2t][dim g], V[2t+1][g]), b1 = (V[2t+8][g], V[2t+9][g]) of dim tile nd (4-byte loads). */
+template <int HD>
+__device__ __forceinline__ void fa_pv(float (*o)[4], float (*sc)[4], const float *vs, int lane) {
+    constexpr int BN = fa_tile<float, HD>::BN, RS = fa_tile<float, HD>::VS;
+    const int gq = lane >> 2, tq = lane & 3;
+CKV_UNROLL
+    for (int j = 0; j < BN / 16; j++) {
+        uint32_t a[3][4], t[3], u[3];
+CKV_UNROLL
+        for (int i = 0; i < 4; i++) { /* a0 = (tile 2j: c0, c1), a1 = (2j: c2, c3), a2, a3 = tile 2j + 1 */
+            const float *c = sc[2 * j + (i >> 1)] + (i & 1) * 2;
+            ckv_split_bf16x2(c[0], c[1], t);
+            a[0][i] = t[0], a[1][i] = t[1], a[2][i] = t[2];
+        }
+CKV_UNROLL
+        for (int nd = 0; nd < HD / 8; nd++) {
+            const float *vr = vs + (j * 16 + 2 * tq) * RS + nd * 8 + gq;
+            uint32_t b[3][2];
+            ckv_split_bf16x2(vr[0], vr[RS], t);
+            ckv_split_bf16x2(vr[8 * RS], vr[9 * RS], u);
+            b[0][0] = t[0], b[1][0] = t[1], b[2][0] = t[2], b[0][1] = u[0], b[1][1] = u[1], b[2][1] = u[2];
+            fa_mma_split(o[nd], a, b);
+        }
+    }
+}
+
+template <typename T, int HD>
 __global__ void __launch_bounds__(FA_THREADS, 2)
 flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale_log2) {
-    constexpr int RS = ((HD / 8) | 1) * 8;          /* tile row stride in bf16 values (odd chunks) */
-    alignas(16) __shared__ uint16_t ks[FA_BN * RS]; // [key][RS] K tile (bf16 bits, HD used)
-    alignas(16) __shared__ uint16_t vs[FA_BN * RS]; // [key][RS] V tile
-    alignas(16) __shared__ int32_t kp[FA_BN];       // [key]     positions (0 past len: masked by index)
+    typedef fa_tile<T, HD> tile_t;
+    typedef typename tile_t::elem elem;
+    constexpr int BN = tile_t::BN;
+    alignas(16) __shared__ elem ks[BN * tile_t::KS]; // [key][KS] K tile (HD used)
+    alignas(16) __shared__ elem vs[BN * tile_t::VS]; // [key][VS] V tile
+    alignas(16) __shared__ int32_t kp[BN];           // [key]     positions (0 past len: masked by index)
 
     const int s = (int)blockIdx.z, h = (int)blockIdx.y, m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * FA_BM;
     int tok0, ntok;
@@ -67,7 +232,7 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     if (m0 >= ntok) return; /* uniform over the block, before any barrier */
     const int group = n_heads / kv.n_kv_heads;
     const ckv_kv_seg *seg = &kv.segs[s][h / group];
-    const ckv_bf16 *K = (const ckv_bf16 *)seg->k, *V = (const ckv_bf16 *)seg->v;
+    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
     const int32_t *kpos = seg->pos;
     const int len = seg->len;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -81,63 +246,40 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
 
     /* K_0 and its positions go first; Q is read meanwhile */
     if (len > 0) {
-        fa_load_tile<HD>(ks, K, 0, len, tid);
-        if (tid < FA_BN) ckv_cp_async<4>(kp + tid, kpos + (tid < len ? tid : 0), tid < len);
+        fa_load_tile<T, HD, tile_t::KS>(ks, K, 0, len, tid);
+        if (tid < BN) ckv_cp_async<4>(kp + tid, kpos + (tid < len ? tid : 0), tid < len);
     }
     ckv_cp_async_commit();
 
-    /* Q as A fragments, one per k-step of 16 dims: a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..),
-     * a3 (g+8, 2t+8..), from 8-byte loads of the fp32 rows */
     const float *q0 = q + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD; // [HD] (row r0)
     const float *q1 = q0 + (size_t)8 * (size_t)n_heads * HD;                        // [HD] (row r1)
-    uint32_t qa[HD / 16][4];
-CKV_UNROLL
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const int d = kk * 16 + 2 * tq;
-        const float2 x0 = ok0 ? *(const float2 *)(q0 + d) : make_float2(0.0f, 0.0f);
-        const float2 x1 = ok1 ? *(const float2 *)(q1 + d) : make_float2(0.0f, 0.0f);
-        const float2 x2 = ok0 ? *(const float2 *)(q0 + d + 8) : make_float2(0.0f, 0.0f);
-        const float2 x3 = ok1 ? *(const float2 *)(q1 + d + 8) : make_float2(0.0f, 0.0f);
-        qa[kk][0] = ckv_pack_bf16x2(x0.x, x0.y), qa[kk][1] = ckv_pack_bf16x2(x1.x, x1.y);
-        qa[kk][2] = ckv_pack_bf16x2(x2.x, x2.y), qa[kk][3] = ckv_pack_bf16x2(x3.x, x3.y);
-    }
+    fa_q<T, HD> qf;
+    qf.load(q0, q1, ok0, ok1, tq);
     float o[HD / 8][4]; /* O accumulator: C fragments of the HD / 8 dim tiles */
 CKV_UNROLL
     for (int nd = 0; nd < HD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
     float mx0 = -INFINITY, mx1 = -INFINITY; /* running row max of the raw scores (rows r0, r1) */
     float l0 = 0.0f, l1 = 0.0f;             /* this lane's part of the running row sums */
 
-    /* ldmatrix lane roles: lane l gives row l & 7 of matrix l >> 3 */
-    const int lm = lane >> 3, lr = lane & 7;
-    for (int kb = 0; kb < len; kb += FA_BN) {
+    for (int kb = 0; kb < len; kb += BN) {
         ckv_cp_async_wait<0>(); /* K_j and its positions (V_{j-1} was waited for last tile) */
         __syncthreads();
         if (kp[0] > qmax) break; /* uniform: no key from here on is visible to any row of the block */
         /* positions ascend strictly: once this tile reaches qmax, no later tile is visible (uniform) */
-        const bool more = kb + FA_BN < len && kp[FA_BN - 1] < qmax;
-        fa_load_tile<HD>(vs, V, kb, len, tid);
+        const bool more = kb + BN < len && kp[BN - 1] < qmax;
+        fa_load_tile<T, HD, tile_t::VS>(vs, V, kb, len, tid);
         ckv_cp_async_commit();
 
-        /* S = Q K^T: B (k = dim, n = key) from K rows; x4 matrices (keys +0-7, dims +0-7), (+0-7,
-         * +8-15), (+8-15, +0-7), (+8-15, +8-15) give b0, b1 of key tiles 2p and 2p + 1 */
-        float sc[FA_BN / 8][4];
+        float sc[BN / 8][4]; /* S: C fragments of the BN / 8 key tiles */
 CKV_UNROLL
-        for (int nt = 0; nt < FA_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-CKV_UNROLL
-        for (int kk = 0; kk < HD / 16; kk++)
-CKV_UNROLL
-            for (int p = 0; p < FA_BN / 16; p++) {
-                uint32_t b[4];
-                ckv_ldmatrix_x4(b, ks + (p * 16 + (lm >> 1) * 8 + lr) * RS + kk * 16 + (lm & 1) * 8);
-                ckv_mma_bf16_16816(sc[2 * p], qa[kk], b, sc[2 * p]);
-                ckv_mma_bf16_16816(sc[2 * p + 1], qa[kk], b + 2, sc[2 * p + 1]);
-            }
+        for (int nt = 0; nt < BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+        fa_scores<HD>(sc, qf, ks, lane);
         /* causal mask (c0, c1: row g, keys 2t, 2t+1; c2, c3: row g + 8) unless every key of the
          * tile is visible to every row; row max over the row's 4 lanes (xor 1, 2) */
-        const bool full = rows_full && kb + FA_BN <= len && kp[FA_BN - 1] <= qmin; /* uniform */
+        const bool full = rows_full && kb + BN <= len && kp[BN - 1] <= qmin; /* uniform */
         float bm0 = -INFINITY, bm1 = -INFINITY;
 CKV_UNROLL
-        for (int nt = 0; nt < FA_BN / 8; nt++)
+        for (int nt = 0; nt < BN / 8; nt++)
 CKV_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int col = nt * 8 + 2 * tq + (e & 1);
@@ -163,7 +305,7 @@ CKV_UNROLL
 CKV_UNROLL
         for (int nd = 0; nd < HD / 8; nd++) o[nd][0] *= c0, o[nd][1] *= c0, o[nd][2] *= c1, o[nd][3] *= c1;
 CKV_UNROLL
-        for (int nt = 0; nt < FA_BN / 8; nt++)
+        for (int nt = 0; nt < BN / 8; nt++)
 CKV_UNROLL
             for (int e = 0; e < 4; e++) {
                 const float p = exp2f(fmaf(sc[nt][e], scale_log2, -(e < 2 ? ms0 : ms1))); /* -inf: 0 */
@@ -175,32 +317,14 @@ CKV_UNROLL
             }
         __syncthreads(); /* every warp is done with K_j and its positions */
         if (more) {
-            fa_load_tile<HD>(ks, K, kb + FA_BN, len, tid);
-            const int key = kb + FA_BN + tid;
-            if (tid < FA_BN) ckv_cp_async<4>(kp + tid, kpos + (key < len ? key : 0), key < len);
+            fa_load_tile<T, HD, tile_t::KS>(ks, K, kb + BN, len, tid);
+            const int key = kb + BN + tid;
+            if (tid < BN) ckv_cp_async<4>(kp + tid, kpos + (key < len ? key : 0), key < len);
         }
         ckv_cp_async_commit();
         ckv_cp_async_wait<1>(); /* V_j (K_{j+1} may still be in flight) */
         __syncthreads();
-
-        /* O += P V: the C fragments of key tiles 2j, 2j+1 are the A fragment of key step j (rows g,
-         * g+8; keys 2t.. and 2t+8..); B (k = key, n = dim) from V rows through ldmatrix.trans:
-         * matrices (keys +0-7, dims +0-7), (+8-15, +0-7), (+0-7, +8-15), (+8-15, +8-15) give b0, b1
-         * of dim tiles 2p and 2p + 1 */
-CKV_UNROLL
-        for (int j = 0; j < FA_BN / 16; j++) {
-            const uint32_t a[4] = {ckv_pack_bf16x2(sc[2 * j][0], sc[2 * j][1]),
-                                   ckv_pack_bf16x2(sc[2 * j][2], sc[2 * j][3]),
-                                   ckv_pack_bf16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
-                                   ckv_pack_bf16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
-CKV_UNROLL
-            for (int p = 0; p < HD / 16; p++) {
-                uint32_t b[4];
-                ckv_ldmatrix_x4_trans(b, vs + (j * 16 + (lm & 1) * 8 + lr) * RS + p * 16 + (lm >> 1) * 8);
-                ckv_mma_bf16_16816(o[2 * p], a, b, o[2 * p]);
-                ckv_mma_bf16_16816(o[2 * p + 1], a, b + 2, o[2 * p + 1]);
-            }
-        }
+        fa_pv<HD>(o, sc, vs, lane);
         if (!more) break;
     }
     ckv_cp_async_wait<0>(); /* nothing in flight at exit */
@@ -219,17 +343,18 @@ CKV_UNROLL
     }
 }
 
+template <typename T>
 void launch_flash(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                   int n_heads, float scale) {
     const dim3 grid((unsigned)((n + FA_BM - 1) / FA_BM), (unsigned)n_heads, (unsigned)kv->n_seq);
     const float sl2 = scale * 1.44269504088896341f; /* log2(e) folded into the scale */
     switch (kv->head_dim) {
-    case 16: CKV_LAUNCH((flash_kernel<16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 32: CKV_LAUNCH((flash_kernel<32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 64: CKV_LAUNCH((flash_kernel<64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 80: CKV_LAUNCH((flash_kernel<80>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 96: CKV_LAUNCH((flash_kernel<96>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    default: CKV_LAUNCH((flash_kernel<128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 16: CKV_LAUNCH((flash_kernel<T, 16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 32: CKV_LAUNCH((flash_kernel<T, 32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 64: CKV_LAUNCH((flash_kernel<T, 64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 80: CKV_LAUNCH((flash_kernel<T, 80>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 96: CKV_LAUNCH((flash_kernel<T, 96>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    default: CKV_LAUNCH((flash_kernel<T, 128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
     }
 }
 
@@ -252,10 +377,10 @@ void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos,
     const bool flash_hd = hd == 16 || hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128;
     const bool prefill = n > 4 * kv->n_seq; /* more than a few query tokens per sequence */
     const bool bf16 = kv->dtype == CKV_DTYPE_BF16;
-    /* an f32 cache asks for fp32 attention (the parity studies' reference): the tensor cores take
-     * bf16 caches only */
     if (flash_hd && prefill && bf16) {
-        launch_flash(c, out, q, qpos, kv, n, n_heads, scale);
+        launch_flash<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
+    } else if (flash_hd && prefill) { /* an f32 cache: fp32-accurate products on the tensor cores */
+        launch_flash<float>(c, out, q, qpos, kv, n, n_heads, scale);
     } else {
         attention_split(c, out, q, qpos, kv, n, n_heads, scale);
     }

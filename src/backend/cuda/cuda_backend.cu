@@ -202,7 +202,10 @@ ckv_backend_ops make_ops() {
     o.evict_ea_logits = evict_ea_logits;
     o.evict_softmax_add = evict_softmax_add;
     o.evict_keydiff = evict_keydiff;
+    o.evict_lagkv = evict_lagkv;
     o.evict_cur = evict_cur;
+    o.evict_leverage = evict_leverage;
+    o.evict_affine = evict_affine;
     o.sample = sample;
     return o;
 }

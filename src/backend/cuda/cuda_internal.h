@@ -175,6 +175,11 @@ ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv
                            const float *mu, const float *cov, float sqrt_d);
 void evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
 ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
+ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int lag,
+                       int cross);
+ckv_status evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0, int n,
+                          const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi, int k);
+void evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);
 ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int kind,
                      int window);
 void sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,

@@ -1,12 +1,13 @@
 /* cuda_score_keys.cu - the CUDA backend's ops for the attention-free key scorers (semantics in
- * backend.h): KeyDiff (evict_keydiff) and CUR (evict_cur). They read the cached keys and values
- * only: no queries, no attention weights, nothing of size L x L. Each op is three launches over
- * the layer's segments: squared row norms in double (one thread per row, channels ascending, as the
- * CPU reference cpu/cpu_evict_keys.c), a per-head pass (KeyDiff's anchor: one thread per channel,
+ * backend.h): KeyDiff (evict_keydiff), LagKV (evict_lagkv) and CUR (evict_cur). They read the cached
+ * keys and values only: no queries, no attention weights, nothing of size L x L. LagKV is one block
+ * per (partition, KV head) after a fill of the unscored rows, every sum in the CPU's order
+ * (cpu/cpu_evict_keys.c). KeyDiff and CUR are three launches over the layer's segments: squared
+ * row norms in double (one thread per row, channels ascending, as the CPU), a per-head pass (KeyDiff's anchor: one thread per channel,
  * rows ascending; CUR's window sums and its combination), and the per-row scores. The per-row
  * arithmetic equals the CPU's; the context-wide sums of CUR and KeyDiff's anchor norm are reduced
  * in another order (double), so scores agree with the CPU's to double rounding before the fp32
- * result. Scratch: the backend's eviction workspace. LagKV has no CUDA op yet (its scorer says so). */
+ * result. Scratch: the backend's eviction workspace. */
 #include "cuda_internal.h"
 
 namespace CKV_CUDA_NS {
@@ -96,6 +97,71 @@ __global__ void cur_kernel(float *out, int ld, double *sq, int n_kv, int n_rows,
         out[(size_t)g * ld + t] = t < n_sink ? 1.0f : (float)(k2[t] / total);
 }
 
+/* LagKV before compression starts: sinks and everything 1, or when the context is shorter than
+ * n_sink + 2 lag the recency ramp (t - n_sink) / (n_rows - n_sink) from row n_sink. grid (blocks, n_kv) */
+__global__ void lagkv_fill_kernel(float *out, int ld, int n_rows, int n_sink, int ramp) {
+    const int g = (int)blockIdx.y;
+    for (int t = (int)(blockIdx.x * blockDim.x + threadIdx.x); t < n_rows; t += (int)(gridDim.x * blockDim.x))
+        out[(size_t)g * ld + t] = ramp && t >= n_sink ? (float)(t - n_sink) / (float)(n_rows - n_sink) : 1.0f;
+}
+
+/* LagKV on partition p (rows t0 = n_sink + p lag .. + lag) of segment g against the channel range of
+ * partition p + 1, keys then values, as the CPU reference: lo/hi one thread per channel; each row's
+ * spread one thread per row, channels ascending (fp32 quotient, double sums); the softmax's max and
+ * sum by thread 0 rows ascending; the rank one thread per row. sr: [n_kv, P - 1, 2, lag] spreads
+ * then scores. grid (P - 1, n_kv), block THREADS */
+template <typename T>
+__global__ void lagkv_kernel(float *out, int ld, double *sr, ckv_kv_batch kv, int n_sink, int lag, int cross) {
+    __shared__ float lo[MAX_DIM], hi[MAX_DIM]; /* channel range of the next partition */
+    __shared__ double total; /* the softmax's denominator */
+    const int p = (int)blockIdx.x, g = (int)blockIdx.y, d = kv.head_dim, tid = (int)threadIdx.x;
+    const int t0 = n_sink + p * lag;
+    double *s = sr + ((size_t)g * gridDim.x + (size_t)p) * 2 * (size_t)lag, *r = s + lag; // [lag] each
+    for (int values = 0; values < 2; values++) {
+        const T *x = (const T *)(values ? kv.segs[0][g].v : kv.segs[0][g].k);
+        for (int a = tid; a < d; a += (int)blockDim.x) {
+            float l = ld_f32(x, (size_t)(t0 + lag) * d + a), h = l;
+            for (int t = t0 + lag + 1; t < t0 + 2 * lag; t++) {
+                const float v = ld_f32(x, (size_t)t * d + a);
+                l = v < l ? v : l;
+                h = v > h ? v : h;
+            }
+            lo[a] = l, hi[a] = h;
+        }
+        __syncthreads();
+        for (int i = tid; i < lag; i += (int)blockDim.x) {
+            const size_t row = (size_t)(t0 + i) * d;
+            double mean = 0.0, var = 0.0;
+            for (int a = 0; a < d; a++) mean += (double)((ld_f32(x, row + a) - lo[a]) / (hi[a] - lo[a]));
+            mean /= (double)d;
+            for (int a = 0; a < d; a++) {
+                const double e = (double)((ld_f32(x, row + a) - lo[a]) / (hi[a] - lo[a])) - mean;
+                var += e * e;
+            }
+            s[i] = d > 1 ? sqrt(var / (double)(d - 1)) : (double)NAN; /* torch.std: unbiased */
+        }
+        __syncthreads();
+        if (tid == 0) {
+            double mx = -INFINITY, sum = 0.0;
+            for (int i = 0; i < lag; i++) mx = s[i] > mx ? s[i] : mx;
+            for (int i = 0; i < lag; i++) sum += (s[i] = exp(s[i] - mx));
+            total = sum;
+        }
+        __syncthreads();
+        for (int i = tid; i < lag; i += (int)blockDim.x) r[i] = (values ? r[i] : 0.0) + 0.5 * (s[i] / total);
+        __syncthreads(); /* lo, hi and s are refilled by the values' pass; r is read below */
+    }
+    for (int i = tid; i < lag; i += (int)blockDim.x) {
+        if (cross) {
+            out[(size_t)g * ld + t0 + i] = (float)r[i];
+            continue;
+        }
+        int rank = 0; /* argsort of argsort: the row's place in ascending order */
+        for (int u = 0; u < lag; u++) rank += r[u] < r[i] || (r[u] == r[i] && u < i);
+        out[(size_t)g * ld + t0 + i] = (float)rank / (float)lag;
+    }
+}
+
 /* launch(T(), op) with T the element type of KV dtype t */
 template <typename F> ckv_status by_dtype(ckv_dtype t, const char *op, F launch) {
     if (t == CKV_DTYPE_BF16) {
@@ -134,6 +200,28 @@ ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch
                    n_rows);
     }));
     return op_status(c, "evict_keydiff");
+}
+
+ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int lag,
+                       int cross) {
+    ctx *c = ctx_of(be);
+    CKV_TRY(check_dim(kv, n_rows, "evict_lagkv"));
+    if (n_sink < 0 || lag < 1 || n_rows <= n_sink)
+        return ckv_error(CKV_STATUS_ERR_ARG, "evict_lagkv: %d rows, %d sinks, lag %d", n_rows, n_sink, lag);
+    const size_t n_kv = (size_t)kv->n_kv_heads;
+    const int ramp = n_rows < n_sink + 2 * lag, parts = ramp ? 0 : (n_rows - n_sink) / lag - 1;
+    CKV_LAUNCH(lagkv_fill_kernel, dim3(blocks_for((size_t)n_rows, THREADS), (unsigned)n_kv), dim3(THREADS), 0,
+               c->stream, out, ld, n_rows, n_sink, ramp);
+    if (parts > 0) {
+        CKV_TRY(grow(c, &c->evict_ws, &c->evict_ws_cap, n_kv * (size_t)parts * 2 * (size_t)lag * sizeof(double),
+                     "evict_lagkv"));
+        double *sr = (double *)c->evict_ws; // [n_kv, parts, 2, lag]
+        CKV_TRY(by_dtype(kv->dtype, "evict_lagkv", [&](auto t) {
+            CKV_LAUNCH((lagkv_kernel<decltype(t)>), dim3((unsigned)parts, (unsigned)n_kv), dim3(THREADS), 0, c->stream,
+                       out, ld, sr, *kv, n_sink, lag, cross);
+        }));
+    }
+    return op_status(c, "evict_lagkv");
 }
 
 ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int kind,
