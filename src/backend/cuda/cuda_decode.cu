@@ -1,5 +1,5 @@
-/* cuda_decode.cu - split-KV attention (docs/gpu.md §4): decode steps, f32 caches and head dims
- * the prefill kernel (cuda_attention.cu) has no tile for. Semantics as backend.h's attention: query
+/* cuda_decode.cu - split-KV attention (docs/gpu.md §4): decode steps (bf16 and f32 caches) and the
+ * head dims the prefill kernel (cuda_attention.cu) has no tile for. Semantics as backend.h's attention: query
  * head h of token t reads KV head h / (n_heads / n_kv_heads) of its sequence and sees the rows whose
  * original pos <= qpos[t]; a row that sees nothing is 0. Each kernel's block takes one (sequence,
  * KV head) segment's chunk of keys and the query rows of that segment (the GQA group's heads of the
