@@ -321,7 +321,9 @@ ckv_status ckv_eval_run(const ckv_eval_job *job, ckv_comm *world, ckv_eval_outco
                         }
                         job->on_event(job->cb_ctx, &ev);
                     }
-                    if (c + 1 < job->n_configs && group_stop(r) != CKV_STATUS_OK) {
+                    /* a shared sweep has every configuration's answers already: they are written before a stop
+                     * looks; separate prefills (one per configuration) stop after the item in flight */
+                    if (!shared && c + 1 < job->n_configs && group_stop(r) != CKV_STATUS_OK) {
                         out->interrupted = 1;
                         break;
                     }

@@ -3,7 +3,8 @@
 # checks the mechanics): the results schema, a press x budget sweep with its full-cache baseline and
 # every (press, budget) row in the summary, the SVG plot, a rerun that does nothing and leaves every
 # file identical, a sweep extended by a rerun, a cut partial line repaired, SIGTERM mid-run keeping
-# the finished samples (and the lock held meanwhile), 2 data-parallel MPI ranks giving the results of
+# the finished samples (and the lock held meanwhile; in a press x budget sweep every configuration of
+# the sample in flight, resumed with no duplicate), 2 data-parallel MPI ranks giving the results of
 # 1 rank, JSONL datasets (grouped questions, query-aware), and bad input: one clear stderr line and
 # nothing already written lost.
 # usage: test_eval.sh CKV_BINARY FIXTURES_DIR TMP_DIR
@@ -88,6 +89,36 @@ else echo "FAIL SIGTERM: rc $rc, $n lines"; cat "$tmp/term.err"; fail=1; fi
 "$ckv" eval "${long[@]/400/1}" >/dev/null 2>"$tmp/err" # the first sample was finished before the signal
 grep -q "nothing to run" "$tmp/err" && echo "ok   resume after SIGTERM: the finished samples are not run again" ||
   { echo "FAIL resume after SIGTERM:"; cat "$tmp/err"; fail=1; }
+
+# --- SIGTERM in a press x budget sweep: the sample in flight is written whole (every configuration);
+#     a rerun runs the rest with no duplicate ---
+sweep=(--model "$model" --task niah_single_1 --length 900 --samples 400 --press snapkv,knorm --budget 0.3,0.6
+       --max-new-tokens 8 --threads 1 --progress none --out "$tmp/term2")
+"$ckv" eval "${sweep[@]}" >/dev/null 2>"$tmp/term2.err" &
+pid=$!
+for _ in $(seq 600); do [ -f "$tmp/term2/results.jsonl" ] && [ "$(wc -l <"$tmp/term2/results.jsonl")" -ge 6 ] && break; sleep 0.1; done
+kill -TERM "$pid"; wait "$pid"; rc=$?
+done_s=$(python3 - "$tmp/term2/results.jsonl" <<'PY'
+import collections, json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+per = collections.Counter(r["sample_index"] for r in rows)
+want = len({(r["press"], r["budget"]) for r in rows})
+bad = {s: n for s, n in per.items() if n != want}
+print(len(per) if not bad and want == 5 else "bad %s of %d configurations: %s" % (bad, want, dict(per)))
+PY
+)
+if [ "$rc" -eq 143 ] && [[ "$done_s" =~ ^[0-9]+$ ]]; then
+  echo "ok   SIGTERM in a sweep: exit 143, $done_s samples each written for all 5 configurations"
+else echo "FAIL SIGTERM in a sweep: rc $rc, $done_s"; cat "$tmp/term2.err"; fail=1; done_s=0; fi
+"$ckv" eval "${sweep[@]/400/$((done_s + 1))}" >/dev/null 2>"$tmp/err" || { echo "FAIL resume of the sweep"; cat "$tmp/err"; fail=1; }
+python3 - "$tmp/term2/results.jsonl" "$((done_s + 1))" <<'PY' && echo "ok   resumed sweep: every item once" || fail=1
+import collections, json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+keys = collections.Counter((r["sample_index"], r["press"], r["budget"]) for r in rows)
+dup = [k for k, n in keys.items() if n > 1]
+if dup or len(keys) != 5 * int(sys.argv[2]):
+    print("FAIL resumed sweep: %d items for %s samples, duplicates %s" % (len(keys), sys.argv[2], dup[:5])); sys.exit(1)
+PY
 
 # --- data parallelism: 2 MPI ranks (--tp 1) give the results of 1 rank ---
 if command -v mpirun >/dev/null && ldd "$ckv" 2>/dev/null | grep -q libmpi; then
