@@ -66,7 +66,27 @@ typedef struct {
     ckv_dtype kv_dtype, wo_dtype;
 } ckv_evict_shape;
 
+/* Optional op families: what a backend may offer beyond the ops every backend has. A backend
+ * declares the families it offers in its table's `caps` (CKV_BACKEND_CAP_BIT of each); callers ask
+ * ckv_backend_supports instead of looking at op pointers. The ops of a family are non-NULL exactly
+ * when the family is declared (ckv_backend_check_ops). */
+typedef enum {
+    CKV_BACKEND_CAP_STREAM = 0,    /* stream: a device queue to order other device work behind */
+    CKV_BACKEND_CAP_DEVICE_ID,     /* device_id: a name of the physical device */
+    CKV_BACKEND_CAP_EVICT_RESERVE, /* evict_reserve: eviction scratch kept between calls, sized ahead */
+    CKV_BACKEND_CAP_KEYDIFF,       /* evict_keydiff */
+    CKV_BACKEND_CAP_LAGKV,         /* evict_lagkv */
+    CKV_BACKEND_CAP_CUR,           /* evict_cur */
+    CKV_BACKEND_CAP_LEVERAGE,      /* evict_leverage */
+    CKV_BACKEND_CAP_CHUNK_COLSUM,  /* evict_chunk_colsum and evict_row_stats (Compactor's non-causal attention) */
+    CKV_BACKEND_CAP_COUNT
+} ckv_backend_cap;
+
+#define CKV_BACKEND_CAP_BIT(cap) (1u << (unsigned)(cap))
+
 typedef struct {
+    /* the optional op families this table offers: CKV_BACKEND_CAP_BIT(cap) of each */
+    uint32_t caps;
     /* lifetime */
     void (*free)(ckv_backend *be);
     /* memory: device buffers and host<->device copies (the CPU backend's device is the host) */
@@ -80,14 +100,15 @@ typedef struct {
      * own device work behind the backend's kernels without waiting on the host (a device
      * communicator enqueuing collectives: engine/comm_backend.c). The CUDA backend returns its
      * compute stream (a cudaStream_t; on cuda-emu the CPU execution layer's stream, meaningful only
-     * to that layer). NULL op (the CPU backend, whose ops complete before they return) or NULL
-     * returned: no queue. Owned by the backend: valid until it is freed; the user must not
-     * synchronise, destroy or reconfigure it. Every op above that hands data to the host (download,
+     * to that layer). Family CKV_BACKEND_CAP_STREAM: absent on the CPU backend (whose ops complete
+     * before they return); absent or NULL returned: no queue. Owned by the backend: valid until it
+     * is freed; the user must not synchronise, destroy or reconfigure it. Every op above that hands data to the host (download,
      * count_nonfinite) runs on it and waits for it, so host reads stay ordered after the kernels. */
     void *(*stream)(ckv_backend *be);
-    /* (optional) id [cap] names the physical device, equal for two backends exactly when they share
-     * it (a GPU's PCI bus id; the emulated GPU of cuda-emu, host memory of each process, names one
-     * pretend device for all); NULL on the CPU backend. Device communicators use it to pick their path. */
+    /* (family CKV_BACKEND_CAP_DEVICE_ID) id [cap] names the physical device, equal for two backends
+     * exactly when they share it (a GPU's PCI bus id; the emulated GPU of cuda-emu, host memory of each
+     * process, names one pretend device for all); absent on the CPU backend. Device communicators use
+     * it to pick their path. */
     ckv_status (*device_id)(ckv_backend *be, char *id, size_t cap);
     /* 1 when matmul and embedding compute weights stored as `t` directly. */
     int (*weight_dtype_ok)(const ckv_backend *be, ckv_dtype t);
@@ -243,7 +264,7 @@ typedef struct {
     /* KeyDiff (kvpress KeyDiffPress): per segment g, the anchor a = mean over rows t < n_rows of
      * k_t / max(||k_t||_2, 1e-12), then out[g * ld + t] = (float)(-(k_t . a) / (max(||k_t||, 1e-8) *
      * max(||a||, 1e-8))), everything in double from the keys read in the batch's dtype.
-     * out [n_kv_heads, ld]; errors when head_dim > 1024. NULL on backends without it. */
+     * out [n_kv_heads, ld]; errors when head_dim > 1024. Family CKV_BACKEND_CAP_KEYDIFF. */
     ckv_status (*evict_keydiff)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
     /* LagKV (kvpress LagKVPress) on n_rows rows, per segment g, lag = lag_size. When n_rows < n_sink +
      * 2 lag: out[t] = (t - n_sink) / (n_rows - n_sink) for t >= n_sink. Else the P = (n_rows - n_sink) / lag
@@ -254,7 +275,7 @@ typedef struct {
      * cross, else (the number of rows u of the partition with r_u < r_t, or r_u == r_t and u < t) / lag.
      * Sinks and the rows after partition P - 2 get 1 (kvpress's "always keep" score; every other
      * score is below 1).
-     * out [n_kv_heads, ld]; errors when head_dim > 1024. NULL on backends without it. */
+     * out [n_kv_heads, ld]; errors when head_dim > 1024. Family CKV_BACKEND_CAP_LAGKV. */
     ckv_status (*evict_lagkv)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
                               int lag, int cross);
     /* CUR (kvpress CURPress, deterministic leverage): per segment g and row t < n_rows, k2_t = ||k_t||^2 and
@@ -262,7 +283,7 @@ typedef struct {
      * holding t (windows start at row 0; the last may be short); s_t = k2_t (kind 0), v2_t (1),
      * (k2_t + v2_t) / 2 (2) or k2_t * v2_t (3); out[t] = (float)(s_t / sum over all rows of s),
      * everything in double from the rows read in the batch's dtype; rows t < n_sink get 1 (kvpress's
-     * sink score; every other score is at most 1). out [n_kv_heads, ld]. NULL on backends without it. */
+     * sink score; every other score is at most 1). out [n_kv_heads, ld]. Family CKV_BACKEND_CAP_CUR. */
     ckv_status (*evict_cur)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
                             int kind, int window);
     /* Approximate leverage (kvpress LeverageScorePress's compute_leverage_scores) of rows row0 ..
@@ -275,7 +296,7 @@ typedef struct {
      * out[g * ld + t] = (float)max(0, ||C^-1 x_t||^2) (= x_t^T (G + j I)^-1 x_t), and stats[g] =
      * {sum_t out, sum_t out^2} over the fp32 scores, t ascending.
      * out [n_kv_heads, ld], pos [>= row0 + n], inv_freq [d / 2], phi [n_kv_heads, d, k],
-     * stats [n_kv_heads, 2] double; errors when head_dim > 1024 or k > 256. NULL on backends without it. */
+     * stats [n_kv_heads, 2] double; errors when head_dim > 1024 or k > 256. Family CKV_BACKEND_CAP_LEVERAGE. */
     ckv_status (*evict_leverage)(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
                                  int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
                                  int k);
@@ -284,7 +305,8 @@ typedef struct {
     /* Sizes the eviction ops' scratch for layers of `shape`, so that the ops of such a layer neither
      * allocate nor wait for the device (evict/select.c calls it as each layer's scoring starts: only
      * the first layer of the largest context allocates). Ops called with larger shapes still grow
-     * their scratch. NULL on backends whose ops keep no scratch between calls (cpu). */
+     * their scratch. Family CKV_BACKEND_CAP_EVICT_RESERVE: absent on backends whose ops keep no scratch
+     * between calls (cpu). */
     ckv_status (*evict_reserve)(ckv_backend *be, const ckv_evict_shape *shape);
     /* Non-causal attention column sums of one chunk (kvpress NonCausalAttnPress, inside Compactor): the
      * n_q queries q [n_q, n_heads_local, d] fp32 (RoPE'd) of rows q_row0 .. q_row0 + n_q - 1 attend to
@@ -294,12 +316,12 @@ typedef struct {
      * evict_attn_colsum; the n_pad padding queries (logit 0 on every real key, -1e-9 on the padding)
      * are counted too. colsum[o, q_row0 + t] += (double)p_t, t < n_q, o = (head0 + j) / group:
      * heads j ascending, then the real queries ascending, then the padding queries. With zero != 0
-     * colsum [n_kv_heads, n_cols] is first set to 0. NULL on backends without it. */
+     * colsum [n_kv_heads, n_cols] is first set to 0. Family CKV_BACKEND_CAP_CHUNK_COLSUM. */
     ckv_status (*evict_chunk_colsum)(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
                                      int n_pad, const ckv_kv_batch *kv, int n_heads_local, int head0, int group,
                                      float scale, int zero);
     /* stats[r] = {sum_t x[r * ld + t], sum_t x[r * ld + t]^2} in double over t < n ascending.
-     * x [rows, ld], stats [rows, 2]. NULL on backends without it. */
+     * x [rows, ld], stats [rows, 2]. Family CKV_BACKEND_CAP_CHUNK_COLSUM. */
     void (*evict_row_stats)(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
@@ -345,9 +367,17 @@ static inline void ckv_backend_matmul_f32(ckv_backend *be, float *out, const flo
     be->ops->matmul(be, out, x, &wt, bias, n);
 }
 
+/* 1 when be offers the op family `cap`, else 0 (also for NULL be or a cap out of range). */
+int ckv_backend_supports(const ckv_backend *be, ckv_backend_cap cap);
+/* The family's name as errors print it ("keydiff", "evict_reserve", ...); "?" out of range. */
+const char *ckv_backend_cap_name(ckv_backend_cap cap);
+/* Checks be's table: every op every backend has is set, and the ops of each optional family are set
+ * exactly when `caps` declares it. The error names the backend and the op. Backend init runs it. */
+ckv_status ckv_backend_check_ops(const ckv_backend *be);
+
 /* be's compute queue (the stream op), or NULL when it has none. */
 static inline void *ckv_backend_stream(ckv_backend *be) {
-    return be && be->ops && be->ops->stream ? be->ops->stream(be) : NULL;
+    return ckv_backend_supports(be, CKV_BACKEND_CAP_STREAM) ? be->ops->stream(be) : NULL;
 }
 
 /* Backend-specific constructors (backend.c dispatches to these). */

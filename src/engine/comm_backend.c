@@ -47,7 +47,8 @@ void ckv_comm_device_io_from_backend(ckv_comm_device_io *io, ckv_backend *be) {
     io->alloc = be_alloc;
     io->release = be_release;
     io->sync = be_sync;
-    io->device_id = be->ops->device_id ? be_device_id : NULL; /* NULL: ckv_comm_gpu_id of the device index */
+    /* NULL: ckv_comm_gpu_id of the device index */
+    io->device_id = ckv_backend_supports(be, CKV_BACKEND_CAP_DEVICE_ID) ? be_device_id : NULL;
 }
 
 void ckv_comm_use_backend_stream(ckv_comm *c, ckv_backend *be) {

@@ -14,7 +14,7 @@
 ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
     CKV_TRY(ckv_score_check_inputs(in, "compactor"));
     ckv_backend *be = in->be;
-    if (!be->ops->evict_chunk_colsum || !be->ops->evict_row_stats || !be->ops->evict_leverage)
+    if (!ckv_backend_supports(be, CKV_BACKEND_CAP_CHUNK_COLSUM) || !ckv_backend_supports(be, CKV_BACKEND_CAP_LEVERAGE))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press compactor: the %s backend has no chunked non-causal "
                          "attention op", be->name);
     if (!in->xn || !in->wq || !in->pos || !in->inv_freq)

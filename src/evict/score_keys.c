@@ -14,14 +14,14 @@
 ckv_status ckv_score_keydiff(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
     (void)cfg;
     CKV_TRY(ckv_score_check_inputs(in, "keydiff"));
-    if (!in->be->ops->evict_keydiff)
+    if (!ckv_backend_supports(in->be, CKV_BACKEND_CAP_KEYDIFF))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press keydiff: the %s backend has no keydiff op", in->be->name);
     return in->be->ops->evict_keydiff(in->be, scores, in->L, &in->kv, in->L);
 }
 
 ckv_status ckv_score_lagkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
     CKV_TRY(ckv_score_check_inputs(in, "lagkv"));
-    if (!in->be->ops->evict_lagkv)
+    if (!ckv_backend_supports(in->be, CKV_BACKEND_CAP_LAGKV))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press lagkv: the %s backend has no lagkv op", in->be->name);
     if (in->L <= cfg->n_sink)
         return ckv_error(CKV_STATUS_ERR_ARG, "n_sink %d needs a context longer than %d tokens, got %d", cfg->n_sink,
@@ -32,7 +32,7 @@ ckv_status ckv_score_lagkv(const ckv_score_inputs *in, const ckv_press_config *c
 
 ckv_status ckv_score_cur(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
     CKV_TRY(ckv_score_check_inputs(in, "cur"));
-    if (!in->be->ops->evict_cur)
+    if (!ckv_backend_supports(in->be, CKV_BACKEND_CAP_CUR))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press cur: the %s backend has no cur op", in->be->name);
     return in->be->ops->evict_cur(in->be, scores, in->L, &in->kv, in->L, cfg->n_sink, cfg->leverage_type,
                                   cfg->use_local_approximation ? cfg->local_window_size : 0);

@@ -36,7 +36,7 @@ void ckv_leverage_sketch(float *phi, int d, int k, uint64_t seed, int layer, int
 ckv_status ckv_score_leverage_rows(const ckv_score_inputs *in, int k, uint64_t seed, int row0, int n, float *out,
                                    int ld) {
     ckv_backend *be = in->be;
-    if (!be->ops->evict_leverage || !be->ops->evict_affine)
+    if (!ckv_backend_supports(be, CKV_BACKEND_CAP_LEVERAGE))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press leverage: the %s backend has no leverage op", be->name);
     const int d = in->head_dim, nkv = in->n_kv_local;
     const size_t phi_n = (size_t)nkv * (size_t)d * (size_t)k, st_bytes = 2 * (size_t)nkv * sizeof(double);

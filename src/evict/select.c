@@ -146,7 +146,7 @@ ckv_status ckv_selection_set_len(ckv_selection *s, int L) {
 /* The backend's eviction scratch sized for this layer before any op runs (evict_reserve). */
 static ckv_status reserve_scratch(const ckv_press_config *cfg, const ckv_score_inputs *in) {
     ckv_backend *be = in->be;
-    if (!be->ops->evict_reserve) return CKV_STATUS_OK;
+    if (!ckv_backend_supports(be, CKV_BACKEND_CAP_EVICT_RESERVE)) return CKV_STATUS_OK; /* no scratch kept */
     /* query rows per attention op: a scorer's window, or observed_attention's blocks of <= 256 */
     const int q_rows = cfg->window > 256 ? cfg->window : 256;
     const ckv_evict_shape sh = {in->L, q_rows, in->n_q_local, in->n_kv_local, in->n_kv_heads, in->head_dim, in->D,

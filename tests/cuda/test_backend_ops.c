@@ -612,8 +612,8 @@ static unsigned long long evict_op_allocs;
 
 static void ev_reserve(int rows, int query_rows, int n_kv_all, ckv_dtype kv, int hidden) {
     const ckv_evict_shape sh = {rows, query_rows, EV_HQ, EV_KV, n_kv_all, EV_D, hidden, kv, CKV_DTYPE_BF16};
-    CHECK(tb->ops->evict_reserve != NULL);
-    if (tb->ops->evict_reserve) CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+    CHECK(ckv_backend_supports(tb, CKV_BACKEND_CAP_EVICT_RESERVE));
+    if (ckv_backend_supports(tb, CKV_BACKEND_CAP_EVICT_RESERVE)) CHECK_OK(tb->ops->evict_reserve(tb, &sh));
 }
 
 /* Compares n doubles as floats after download. */

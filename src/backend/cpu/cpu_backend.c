@@ -70,6 +70,10 @@ static int ckv_cpu_kv_dtype_ok(const ckv_backend *be, ckv_dtype t) {
 }
 
 static const ckv_backend_ops ckv_cpu_ops = {
+    /* no stream, device_id or evict_reserve: the ops finish before they return and keep no scratch */
+    .caps = CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_KEYDIFF) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LAGKV) |
+            CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CUR) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LEVERAGE) |
+            CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_COLSUM),
     .free = ckv_cpu_free,
     .alloc = ckv_cpu_alloc,
     .release = ckv_cpu_release,
@@ -77,7 +81,6 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .download = ckv_cpu_download,
     .copy = ckv_cpu_copy,
     .sync = ckv_cpu_sync,
-    .stream = NULL, /* every op completes before it returns: no queue to order behind */
     .weight_dtype_ok = ckv_cpu_weight_dtype_ok,
     .kv_dtype_ok = ckv_cpu_kv_dtype_ok,
     .embedding = ckv_cpu_embedding,
