@@ -66,6 +66,49 @@ typedef struct {
     ckv_dtype kv_dtype, wo_dtype;
 } ckv_evict_shape;
 
+/* ---- parameters of the wide eviction ops (one struct per op family; semantics at the ops) ---- */
+
+/* How a logit is formed from a dot product: (q . k) * scale, or (q . k) / scale. */
+typedef enum { CKV_EVICT_LOGITS_MUL = 0, CKV_EVICT_LOGITS_DIV } ckv_evict_logits;
+/* Whether an accumulating op adds to its output or sets it to 0 first. */
+typedef enum { CKV_EVICT_ADD = 0, CKV_EVICT_ZERO_FIRST } ckv_evict_accum;
+/* The rows of a column sum: one per local query head, or one per local KV head (its group summed). */
+typedef enum { CKV_EVICT_PER_QUERY_HEAD = 0, CKV_EVICT_PER_KV_HEAD } ckv_evict_colsum_rows;
+/* What evict_fill writes: a value, or each column's index. */
+typedef enum { CKV_EVICT_FILL_VALUE = 0, CKV_EVICT_FILL_INDEX } ckv_evict_fill_kind;
+
+/* The attention of a block of context query rows to one sequence's segments: the inputs of
+ * evict_attn_colsum, evict_attn_probs and evict_chunk_colsum. Query i sits at context row
+ * q_row0 + i; local query head j (global head head0 + j) reads segment (head0 + j) / group. */
+typedef struct {
+    const float *q;          /* [n_q, n_heads_local, kv->head_dim] fp32, RoPE'd (device) */
+    int n_q;                 /* query rows */
+    int q_row0;              /* context row of query 0 */
+    const ckv_kv_batch *kv;  /* ONE sequence: segs[0] -> kv->n_kv_heads segments */
+    int n_heads_local;       /* local query heads */
+    int head0;               /* global index of local query head 0 */
+    int group;               /* query heads per KV head */
+    float scale;
+    ckv_evict_logits logits; /* (q . k) * scale or / scale (evict_chunk_colsum: MUL only) */
+} ckv_evict_attn_params;
+
+/* DefensiveKV's window aggregation (evict_defensive_rows): inputs and outputs. */
+typedef struct {
+    const float *p;        /* [n_heads_local, w, ld] attention weights (evict_attn_probs' output) */
+    int ld;                /* row stride of p */
+    int w;                 /* window rows per head */
+    int n;                 /* context columns before the window */
+    int n_heads_local;     /* local query heads */
+    int head0;             /* global index of local query head 0 */
+    int group;             /* query heads per KV head */
+    int kernel;            /* odd width of the box filter */
+    int n_kv;              /* local KV heads: rows of ave and dmax */
+    double *ave;           /* [n_kv, n] double, accumulated */
+    float *dmax;           /* [n_kv, n] fp32, running max */
+    double *bias;          /* [1] double, accumulated */
+    ckv_evict_accum accum; /* ZERO_FIRST: ave, dmax and *bias set to 0 first */
+} ckv_evict_defensive_params;
+
 /* Optional op families: what a backend may offer beyond the ops every backend has. A backend
  * declares the families it offers in its table's `caps` (CKV_BACKEND_CAP_BIT of each); callers ask
  * ckv_backend_supports instead of looking at op pointers. The ops of a family are non-NULL exactly
@@ -162,23 +205,20 @@ typedef struct {
      * they return) and report running out of memory; the others cannot fail. Where a result must be
      * bit-stable across thread counts and ranks, the comment fixes the summation order. */
 
-    /* Causal attention column sums of n_q query rows: query i (q[i, j, :], q [n_q, n_heads_local, d]
-     * fp32, already RoPE'd) sits at context row r = q_row0 + i and sees rows 0 .. r of its segment.
-     * logit_t = (q . k_t) / scale when divide, else (q . k_t) * scale (fp32 dot products); p = softmax
-     * over the r + 1 visible logits in fp32 (e_t = exp(logit_t - max), sum of e in double,
-     * inv = (float)(1 / sum), p_t = e_t * inv in fp32); then colsum[o, t] += (double)p_t for
-     * t < min(r + 1, n_cols), o = (head0 + j) / group when per_kv, else o = j. Accumulation order:
-     * heads j ascending, then queries i ascending (deterministic). With zero != 0 the op first sets
-     * colsum to 0 (all n_out rows), else it adds to what is there (several query blocks).
-     * colsum [n_out, n_cols] double, n_out = kv->n_kv_heads when per_kv, else n_heads_local. */
-    ckv_status (*evict_attn_colsum)(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                                    const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
-                                    int divide, int per_kv, int zero);
+    /* Causal attention column sums of a->n_q query rows (ckv_evict_attn_params): query i at context
+     * row r = q_row0 + i sees rows 0 .. r of its segment. logit_t = (q . k_t) * scale, or / scale with
+     * CKV_EVICT_LOGITS_DIV (fp32 dot products); p = softmax over the r + 1 visible logits in fp32
+     * (e_t = exp(logit_t - max), sum of e in double, inv = (float)(1 / sum), p_t = e_t * inv in fp32);
+     * then colsum[o, t] += (double)p_t for t < min(r + 1, n_cols), o = (head0 + j) / group with
+     * CKV_EVICT_PER_KV_HEAD, else o = j. Accumulation order: heads j ascending, then queries i
+     * ascending (deterministic). With CKV_EVICT_ZERO_FIRST the op first sets colsum to 0 (all n_out
+     * rows), else it adds to what is there (several query blocks).
+     * colsum [n_out, n_cols] double, n_out = kv->n_kv_heads per KV head, else n_heads_local. */
+    ckv_status (*evict_attn_colsum)(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
+                                    ckv_evict_colsum_rows rows, ckv_evict_accum accum);
     /* The same attention weights written out: p[(j * n_q + i) * ld + t] = p_t (fp32, as above) for
      * t <= r, 0 for r < t < ld. p [n_heads_local, n_q, ld], ld >= q_row0 + n_q. */
-    ckv_status (*evict_attn_probs)(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
-                                   const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
-                                   int divide);
+    ckv_status (*evict_attn_probs)(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a);
     /* out[r * ld_out + t] = (float)(colsum[r * ld_in + t] / den), den = denom - t when minus_col, else
      * denom (double division).   r < rows, t < n */
     void (*evict_colsum_finish)(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
@@ -209,8 +249,10 @@ typedef struct {
      * then the tail columns in double.   out [n_kv_heads, ld] */
     ckv_status (*evict_value_norm)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
                                    const ckv_weight *wo, int n_heads_local, int head0, int group);
-    /* x[r * ld + t] = value (kind 0) or (float)t (kind 1) for r < rows, t0 <= t < t1. */
-    void (*evict_fill)(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value);
+    /* x[r * ld + t] = value (CKV_EVICT_FILL_VALUE) or (float)t (CKV_EVICT_FILL_INDEX) for r < rows,
+     * t0 <= t < t1.   x [rows, ld] */
+    void (*evict_fill)(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, ckv_evict_fill_kind kind,
+                       float value);
     /* Seeded uniform scores in [0, 1), independent of the head split: x[r * ld + t] =
      * (float)(mix(kr + t * 0xD1B54A32D192ED03) >> 40) / 2^24 with kl = mix(mix(seed) ^ (uint32_t)layer),
      * kr = mix(kl ^ ((uint64_t)(uint32_t)(head0 + r) << 32)) (head0 + r: the global KV head), mix the
@@ -246,18 +288,15 @@ typedef struct {
      * blocks of rows (cov [d, d] symmetric).   mu [d], logit [n] */
     ckv_status (*evict_ea_logits)(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                   const float *mu, const float *cov, float sqrt_d);
-    /* DefensiveKV's window aggregation over attention weights p [n_heads_local, w, ld] (evict_attn_probs'
-     * output) on the n context columns before the window: for local query head j (ascending), g =
+    /* DefensiveKV's window aggregation (ckv_evict_defensive_params d) over the attention weights d->p
+     * on the n context columns before the window: for local query head j (ascending), g =
      * (head0 + j) / group, and window row i (ascending), row = p[j, i, 0 .. n):
      *   ave[g, t] += (double)row[t];  *bias += (double)row[t] for max(0, n - w) <= t < n;
      *   pooled[t] = (float)(box[t] / kernel), box[t] = sum in double of row[t - kernel/2 .. t + kernel/2]
      *   clipped to 0 .. n-1; mass, psum = sums in double of row[0 .. n) and of pooled;
      *   dmax[g, t] = max(dmax[g, t], (float)(pooled[t] * (psum > 0 ? mass / psum : 0))).
-     * With zero != 0, ave and dmax (n_kv rows) and *bias are set to 0 first.
-     * ave [n_kv, n] double, dmax [n_kv, n] fp32, bias [1] double */
-    ckv_status (*evict_defensive_rows)(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
-                                       int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
-                                       int zero);
+     * With CKV_EVICT_ZERO_FIRST, ave and dmax (n_kv rows) and *bias are set to 0 first. */
+    ckv_status (*evict_defensive_rows)(ckv_backend *be, const ckv_evict_defensive_params *d);
     /* Softmax of one row, accumulated: x <- exp(x - max x) in fp32 (x may be rewritten), sum in double,
      * inv = (float)(1 / sum); dst[t] += x[t] * inv in fp32.   x, dst [n], n >= 1 */
     void (*evict_softmax_add)(ckv_backend *be, float *dst, float *x, int n);
@@ -309,17 +348,17 @@ typedef struct {
      * between calls (cpu). */
     ckv_status (*evict_reserve)(ckv_backend *be, const ckv_evict_shape *shape);
     /* Non-causal attention column sums of one chunk (kvpress NonCausalAttnPress, inside Compactor): the
-     * n_q queries q [n_q, n_heads_local, d] fp32 (RoPE'd) of rows q_row0 .. q_row0 + n_q - 1 attend to
+     * a->n_q queries (ckv_evict_attn_params, logits MUL) of rows q_row0 .. q_row0 + n_q - 1 attend to
      * the keys of the same rows of their segment with logits (q . k) * scale (fp32 dot products) and
      * to n_pad padding keys with logit -1e-9 (kvpress pads the last chunk with zero rows and fills
      * their logits with -1e-9, not -inf); p = softmax over the n_q + n_pad logits as in
      * evict_attn_colsum; the n_pad padding queries (logit 0 on every real key, -1e-9 on the padding)
      * are counted too. colsum[o, q_row0 + t] += (double)p_t, t < n_q, o = (head0 + j) / group:
-     * heads j ascending, then the real queries ascending, then the padding queries. With zero != 0
-     * colsum [n_kv_heads, n_cols] is first set to 0. Family CKV_BACKEND_CAP_CHUNK_COLSUM. */
-    ckv_status (*evict_chunk_colsum)(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                                     int n_pad, const ckv_kv_batch *kv, int n_heads_local, int head0, int group,
-                                     float scale, int zero);
+     * heads j ascending, then the real queries ascending, then the padding queries. With
+     * CKV_EVICT_ZERO_FIRST colsum [kv->n_kv_heads, n_cols] is first set to 0. Errors on logits DIV.
+     * Family CKV_BACKEND_CAP_CHUNK_COLSUM. */
+    ckv_status (*evict_chunk_colsum)(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
+                                     int n_pad, ckv_evict_accum accum);
     /* stats[r] = {sum_t x[r * ld + t], sum_t x[r * ld + t]^2} in double over t < n ascending.
      * x [rows, ld], stats [rows, 2]. Family CKV_BACKEND_CAP_CHUNK_COLSUM. */
     void (*evict_row_stats)(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);

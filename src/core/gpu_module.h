@@ -16,8 +16,9 @@ struct ckv_backend;
 struct ckv_comm;
 
 /* The module and the binary share this table and the backend's op table (backend/backend.h): a
- * change to either's layout bumps it. 2: the op table's capability mask. */
-#define CKV_GPU_MODULE_ABI 2
+ * change to either's layout bumps it. 2: the op table's capability mask; 3: the eviction ops'
+ * parameter structs. */
+#define CKV_GPU_MODULE_ABI 3
 #define CKV_GPU_MODULE_FILE "libckv_cuda.so"
 #define CKV_GPU_MODULE_ENTRY "ckv_gpu_module_entry"
 

@@ -15,7 +15,7 @@ ckv_status ckv_critical_value_norm(const ckv_score_inputs *in, float *out) {
         return ckv_error(CKV_STATUS_ERR_SHAPE, "critical value norm: o_proj is %lld x %lld, expected %d x %d",
                          (long long)in->wo->rows, (long long)in->wo->cols, in->D, in->n_q_local * in->head_dim);
     ckv_backend *be = in->be;
-    be->ops->evict_fill(be, out, in->n_kv_local, in->L, 0, in->L, 0, 0.0f);
+    be->ops->evict_fill(be, out, in->n_kv_local, in->L, 0, in->L, CKV_EVICT_FILL_VALUE, 0.0f);
     CKV_TRY(be->ops->evict_value_norm(be, out, in->L, &in->kv, in->L, in->wo, in->n_q_local, ckv_score_head0(in),
                                       in->n_heads / in->n_kv_heads));
     return ckv_score_group_mean(in, out);

@@ -45,9 +45,9 @@ ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_confi
         const int nb = S - c0 < pad_to ? S - c0 : pad_to, n_pad = pad_to - nb, row = head + c0;
         be->ops->matmul(be, q, in->xn + (size_t)row * (size_t)D, in->wq, in->bq, nb);
         be->ops->rope(be, q, in->pos + row, nb, in->n_q_local, d, in->inv_freq, in->rope_scale);
-        CKV_TRY_GOTO(s, be->ops->evict_chunk_colsum(be, colsum, L, q, nb, row, n_pad, &in->kv, in->n_q_local,
-                                                    ckv_score_head0(in), in->n_heads / in->n_kv_heads, 1.0f, c0 == 0),
-                     done);
+        const ckv_evict_attn_params a = ckv_score_attn_params(in, q, nb, row, 1.0f, CKV_EVICT_LOGITS_MUL);
+        CKV_TRY_GOTO(s, be->ops->evict_chunk_colsum(be, colsum, L, &a, n_pad,
+                                                    c0 == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD), done);
     }
     be->ops->evict_colsum_finish(be, attn, L, colsum, L, nkv, L, 1.0, 0);
     CKV_TRY_GOTO(s, ckv_score_group_mean(in, attn), done);
@@ -62,7 +62,7 @@ ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_confi
     if (b != 0.0)
         be->ops->evict_affine(be, scores + head, nkv, S, L, 0.0f, 1.0f / (float)b);
     else
-        be->ops->evict_fill(be, scores, nkv, L, head, head + S, 0, 0.0f);
+        be->ops->evict_fill(be, scores, nkv, L, head, head + S, CKV_EVICT_FILL_VALUE, 0.0f);
     for (int r = 0; r < nkv; r++)
         be->ops->add(be, scores + (size_t)r * L + head, norm + (size_t)r * L + head, (size_t)S);
     /* the sinks: the layer's largest score, over every head and rank */
@@ -71,8 +71,8 @@ ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_confi
     float top = 0.0f;
     CKV_TRY_GOTO(s, be->ops->sync(be), done);
     CKV_TRY_GOTO(s, be->ops->download(be, &top, mx, sizeof top), done);
-    be->ops->evict_fill(be, scores, nkv, L, 0, head, 0, top);
-    be->ops->evict_fill(be, scores, nkv, L, head + S, L, 0, top);
+    be->ops->evict_fill(be, scores, nkv, L, 0, head, CKV_EVICT_FILL_VALUE, top);
+    be->ops->evict_fill(be, scores, nkv, L, head + S, L, CKV_EVICT_FILL_VALUE, top);
 done:
     ckv_score_dev_free(&dev);
     return s;

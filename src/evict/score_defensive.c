@@ -150,11 +150,14 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     be->ops->matmul(be, q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w);
     be->ops->rope(be, q, in->pos + (L - w), w, nq, d, in->inv_freq, in->rope_scale);
     /* the official code divides by math.sqrt(head_dim) */
-    CKV_TRY_GOTO(s, be->ops->evict_attn_probs(be, P, L, q, w, L - w, &in->kv, nq, ckv_score_head0(in), G,
-                                              (float)sqrt((double)d), 1), done);
+    const ckv_evict_attn_params ap = ckv_score_attn_params(in, q, w, L - w, (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
+    CKV_TRY_GOTO(s, be->ops->evict_attn_probs(be, P, L, &ap), done);
     /* 2-4: per-head rows, defensive max (from 0: every value is >= 0), window bias; then to the host */
-    CKV_TRY_GOTO(s, be->ops->evict_defensive_rows(be, ave_dev, dmax_dev, bias_dev, P, L, w, n, nq, ckv_score_head0(in),
-                                                  G, cfg->kernel, nkv, 1), done);
+    const ckv_evict_defensive_params dp = {.p = P, .ld = L, .w = w, .n = n, .n_heads_local = nq,
+                                           .head0 = ckv_score_head0(in), .group = G, .kernel = cfg->kernel,
+                                           .n_kv = nkv, .ave = ave_dev, .dmax = dmax_dev, .bias = bias_dev,
+                                           .accum = CKV_EVICT_ZERO_FIRST};
+    CKV_TRY_GOTO(s, be->ops->evict_defensive_rows(be, &dp), done);
     double bias_sum = 0.0;
     CKV_TRY_GOTO(s, be->ops->sync(be), done);
     CKV_TRY_GOTO(s, be->ops->download(be, ws.ave, ave_dev, (size_t)nkv * n * sizeof(double)), done);

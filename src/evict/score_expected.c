@@ -176,7 +176,7 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
         w.sb[a] = sn / n_future;
     }
 
-    be->ops->evict_fill(be, scores, nkv, L, 0, L, 0, 0.0f);
+    be->ops->evict_fill(be, scores, nkv, L, 0, L, CKV_EVICT_FILL_VALUE, 0.0f);
     const float sqrt_d = (float)sqrt((double)d);
     for (int j = 0; j < hl; j++) {
         ea_head_stats(&w, j, d, n, cov);

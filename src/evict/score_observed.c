@@ -39,8 +39,9 @@ ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, const ckv_pr
         const int nb = L - t0 < B ? L - t0 : B;
         be->ops->matmul(be, q, in->xn + (size_t)t0 * (size_t)D, in->wq, in->bq, nb);
         be->ops->rope(be, q, in->pos + t0, nb, in->n_q_local, d, in->inv_freq, in->rope_scale);
-        CKV_TRY_GOTO(s, be->ops->evict_attn_colsum(be, colsum, L, q, nb, t0, &in->kv, in->n_q_local, ckv_score_head0(in),
-                                                   in->n_heads / in->n_kv_heads, scale, 0, 1, t0 == 0), done);
+        const ckv_evict_attn_params a = ckv_score_attn_params(in, q, nb, t0, scale, CKV_EVICT_LOGITS_MUL);
+        CKV_TRY_GOTO(s, be->ops->evict_attn_colsum(be, colsum, L, &a, CKV_EVICT_PER_KV_HEAD,
+                                                   t0 == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD), done);
     }
     be->ops->evict_colsum_finish(be, scores, L, colsum, L, in->n_kv_local, L, (double)L, 1);
     s = ckv_score_group_mean(in, scores);

@@ -23,7 +23,7 @@ ckv_status ckv_score_streaming_llm(const ckv_score_inputs *in, const ckv_press_c
         return ckv_error(CKV_STATUS_ERR_ARG, "n_sink %d needs a context longer than %d tokens, got %d", n_sink,
                          n_sink, in->L);
     /* (float)t is exact up to 2^24 tokens */
-    in->be->ops->evict_fill(in->be, scores, in->n_kv_local, in->L, 0, in->L, 1, 0.0f);
+    in->be->ops->evict_fill(in->be, scores, in->n_kv_local, in->L, 0, in->L, CKV_EVICT_FILL_INDEX, 0.0f);
     return CKV_STATUS_OK;
 }
 

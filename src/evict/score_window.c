@@ -31,8 +31,8 @@ static ckv_status window_means(const ckv_score_inputs *in, int w, float *q, doub
     be->ops->matmul(be, q, in->xn + (size_t)(L - w) * (size_t)in->D, in->wq, in->bq, w);
     be->ops->rope(be, q, in->pos + (L - w), w, in->n_q_local, d, in->inv_freq, in->rope_scale);
     /* kvpress divides the logits by math.sqrt(head_dim) (a division, not a multiply) */
-    CKV_TRY(be->ops->evict_attn_colsum(be, colsum, n_out, q, w, L - w, &in->kv, in->n_q_local, ckv_score_head0(in),
-                                       in->n_heads / in->n_kv_heads, (float)sqrt((double)d), 1, 0, 1));
+    const ckv_evict_attn_params a = ckv_score_attn_params(in, q, w, L - w, (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
+    CKV_TRY(be->ops->evict_attn_colsum(be, colsum, n_out, &a, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));
     be->ops->evict_colsum_finish(be, mean, n_out, colsum, n_out, in->n_q_local, n_out, (double)w, 0);
     return CKV_STATUS_OK;
 }
@@ -70,7 +70,7 @@ ckv_status ckv_score_snapkv(const ckv_score_inputs *in, const ckv_press_config *
         rows = pooled;
     }
     /* the window's own entries stay 0 (the caller protects them) */
-    be->ops->evict_fill(be, scores, in->n_kv_local, L, 0, L, 0, 0.0f);
+    be->ops->evict_fill(be, scores, in->n_kv_local, L, 0, L, CKV_EVICT_FILL_VALUE, 0.0f);
     be->ops->evict_head_sum(be, scores, L, rows, n_out, nq, n_out, ckv_score_head0(in), in->n_heads / in->n_kv_heads);
     s = ckv_score_group_mean(in, scores);
 done:
@@ -96,12 +96,12 @@ ckv_status ckv_score_tova(const ckv_score_inputs *in, const ckv_press_config *cf
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&mean, (size_t)nq * n_out * sizeof(float), "tova head scores"), done);
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&acc, (size_t)L * sizeof(float), "tova scores"), done);
     CKV_TRY_GOTO(s, window_means(in, 1, q, colsum, mean), done);
-    be->ops->evict_fill(be, acc, 1, L, 0, L, 0, 0.0f);
+    be->ops->evict_fill(be, acc, 1, L, 0, L, CKV_EVICT_FILL_VALUE, 0.0f);
     be->ops->evict_head_sum(be, acc, L, mean, n_out, nq, n_out, 0, nq); /* every local head into one row */
     /* mean over ALL query heads of the layer: every rank holds distinct query heads */
     CKV_TRY_GOTO(s, ckv_evict_allreduce(be, in->tp, acc, (size_t)L, CKV_COMM_OP_SUM, 1), done);
     be->ops->evict_div(be, acc, (size_t)L, (float)in->n_heads);
-    be->ops->evict_fill(be, acc, 1, L, L - 1, L, 0, 0.0f); /* the last token: protected by the caller */
+    be->ops->evict_fill(be, acc, 1, L, L - 1, L, CKV_EVICT_FILL_VALUE, 0.0f); /* the last token: protected by the caller */
     for (int g = 0; g < in->n_kv_local && s == CKV_STATUS_OK; g++)
         s = be->ops->copy(be, scores + (size_t)g * (size_t)L, acc, (size_t)L * sizeof(float));
 done:

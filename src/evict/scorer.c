@@ -36,15 +36,9 @@ ckv_status ckv_score_check_inputs(const ckv_score_inputs *in, const char *who) {
                              who, in->q_head0 + j, (in->q_head0 + j) / (in->n_heads / in->n_kv_heads), in->kv_head0,
                              in->kv_head0 + in->n_kv_local - 1);
     if (!in->be) return ckv_error(CKV_STATUS_ERR_ARG, "scorer %s: no backend", who);
-    const ckv_backend_ops *o = in->be->ops;
-    const int have_ops = o->evict_attn_colsum && o->evict_attn_probs && o->evict_colsum_finish && o->evict_pool &&
-                         o->evict_head_sum && o->evict_div && o->evict_row_norm && o->evict_add_mul &&
-                         o->evict_value_norm && o->evict_fill && o->evict_random && o->evict_max && o->evict_topk &&
-                         o->evict_scatter && o->evict_topk_counts && o->evict_moments &&
-                         o->evict_ea_logits && o->evict_defensive_rows && o->evict_softmax_add;
-    if (!have_ops)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "scorer %s: the %s backend does not implement the eviction ops", who,
-                         in->be->name);
+    /* every eviction op is one every backend has; a table built outside backend init is checked here */
+    if (ckv_backend_check_ops(in->be) != CKV_STATUS_OK)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "scorer %s: %s", who, ckv_error_message());
     const ckv_kv_batch *kv = &in->kv;
     if (!kv->segs || kv->n_seq != 1)
         return ckv_error(CKV_STATUS_ERR_ARG, "scorer %s: layer %d needs the segments of one sequence (got %d)", who,
@@ -68,6 +62,14 @@ int ckv_score_local_kv(const ckv_score_inputs *in, int j) {
 
 int ckv_score_head0(const ckv_score_inputs *in) {
     return in->q_head0 - in->kv_head0 * (in->n_heads / in->n_kv_heads);
+}
+
+ckv_evict_attn_params ckv_score_attn_params(const ckv_score_inputs *in, const float *q, int n_q, int q_row0,
+                                            float scale, ckv_evict_logits logits) {
+    const ckv_evict_attn_params a = {.q = q, .n_q = n_q, .q_row0 = q_row0, .kv = &in->kv,
+                                     .n_heads_local = in->n_q_local, .head0 = ckv_score_head0(in),
+                                     .group = in->n_heads / in->n_kv_heads, .scale = scale, .logits = logits};
+    return a;
 }
 
 int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank) {

@@ -73,6 +73,10 @@ ckv_status ckv_score_check_inputs(const ckv_score_inputs *in, const char *who);
 int ckv_score_local_kv(const ckv_score_inputs *in, int j);
 /* The ops' head mapping: local query head j reads local KV head (ckv_score_head0(in) + j) / group. */
 int ckv_score_head0(const ckv_score_inputs *in);
+/* The attention ops' parameters for this layer's local heads and segments: queries q
+ * [n_q, n_q_local, head_dim] (device) at context rows q_row0 .., logits (q . k) * or / scale. */
+ckv_evict_attn_params ckv_score_attn_params(const ckv_score_inputs *in, const float *q, int n_q, int q_row0,
+                                            float scale, ckv_evict_logits logits);
 /* The first global KV head of rank `rank` of the group, from the shard layout the inputs carry (every
  * rank holds n_kv_local heads; kv_replicas consecutive ranks hold the same ones). */
 int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank);

@@ -75,7 +75,7 @@ static ckv_status protect(const ckv_score_inputs *in, const ckv_score_info *info
     const int L = in->L, head = info->protect_head, tail = info->protect_tail, nkv = in->n_kv_local;
     if (head <= 0 && tail <= 0) return CKV_STATUS_OK;
     if (head + tail >= L) { /* everything is protected: nothing to rank against */
-        be->ops->evict_fill(be, sel->scores, nkv, L, 0, L, 0, 1.0f);
+        be->ops->evict_fill(be, sel->scores, nkv, L, 0, L, CKV_EVICT_FILL_VALUE, 1.0f);
         return CKV_STATUS_OK;
     }
     be->ops->evict_max(be, sel->scalar, sel->scores, nkv, L, head, L - tail);
@@ -84,8 +84,8 @@ static ckv_status protect(const ckv_score_inputs *in, const ckv_score_info *info
     CKV_TRY(be->ops->sync(be));
     CKV_TRY(be->ops->download(be, &mx, sel->scalar, sizeof mx));
     const float p = mx + 1.0f;
-    be->ops->evict_fill(be, sel->scores, nkv, L, 0, head > 0 ? head : 0, 0, p);
-    be->ops->evict_fill(be, sel->scores, nkv, L, L - (tail > 0 ? tail : 0), L, 0, p);
+    be->ops->evict_fill(be, sel->scores, nkv, L, 0, head > 0 ? head : 0, CKV_EVICT_FILL_VALUE, p);
+    be->ops->evict_fill(be, sel->scores, nkv, L, L - (tail > 0 ? tail : 0), L, CKV_EVICT_FILL_VALUE, p);
     return CKV_STATUS_OK;
 }
 

@@ -656,12 +656,17 @@ static void test_evict_attention(ckv_dtype dt) {
         const int n_out = per_kv ? EV_KV : EV_HQ;
         double *ct = (double *)dev_poison(tb, (size_t)n_out * n_cols * 2), *cr = (double *)dev_poison(ref, (size_t)n_out * n_cols * 2);
         /* two query blocks into one sum: the second adds to the first */
-        TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, qt, 4, q_row0, &e.bt, EV_HQ, 0, 2, scale, 0, per_kv, 1)));
-        CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, qr, 4, q_row0, &e.br, EV_HQ, 0, 2, scale, 0, per_kv, 1));
-        TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, qt + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.bt, EV_HQ,
-                                                     0, 2, 1.0f / scale, 1, per_kv, 0)));
-        CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, qr + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.br, EV_HQ, 0, 2,
-                                             1.0f / scale, 1, per_kv, 0));
+        const ckv_evict_colsum_rows rows = per_kv ? CKV_EVICT_PER_KV_HEAD : CKV_EVICT_PER_QUERY_HEAD;
+        const ckv_evict_attn_params at1 = {qt, 4, q_row0, &e.bt, EV_HQ, 0, 2, scale, CKV_EVICT_LOGITS_MUL},
+                                    ar1 = {qr, 4, q_row0, &e.br, EV_HQ, 0, 2, scale, CKV_EVICT_LOGITS_MUL};
+        const ckv_evict_attn_params at2 = {qt + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.bt, EV_HQ, 0, 2, 1.0f / scale,
+                                           CKV_EVICT_LOGITS_DIV},
+                                    ar2 = {qr + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.br, EV_HQ, 0, 2, 1.0f / scale,
+                                           CKV_EVICT_LOGITS_DIV};
+        TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, &at1, rows, CKV_EVICT_ZERO_FIRST)));
+        CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, &ar1, rows, CKV_EVICT_ZERO_FIRST));
+        TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, &at2, rows, CKV_EVICT_ADD)));
+        CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, &ar2, rows, CKV_EVICT_ADD));
         compare_dev_f64("evict_attn_colsum", per_kv ? "per kv head" : "per query head", ct, cr, (size_t)n_out * n_cols,
                         1e-7, 1e-6);
         /* finish: divided by the count of queries that see each column */
@@ -677,8 +682,10 @@ static void test_evict_attention(ckv_dtype dt) {
         release2(ft, fr), release2(ct, cr);
     }
     float *pt = dev_poison(tb, (size_t)EV_HQ * n_q * ld), *pr = dev_poison(ref, (size_t)EV_HQ * n_q * ld);
-    TB_EVICT(CHECK_OK(tb->ops->evict_attn_probs(tb, pt, ld, qt, n_q, q_row0, &e.bt, EV_HQ, 0, 2, scale, 0)));
-    CHECK_OK(ref->ops->evict_attn_probs(ref, pr, ld, qr, n_q, q_row0, &e.br, EV_HQ, 0, 2, scale, 0));
+    const ckv_evict_attn_params apt = {qt, n_q, q_row0, &e.bt, EV_HQ, 0, 2, scale, CKV_EVICT_LOGITS_MUL},
+                                apr = {qr, n_q, q_row0, &e.br, EV_HQ, 0, 2, scale, CKV_EVICT_LOGITS_MUL};
+    TB_EVICT(CHECK_OK(tb->ops->evict_attn_probs(tb, pt, ld, &apt)));
+    CHECK_OK(ref->ops->evict_attn_probs(ref, pr, ld, &apr));
     compare_dev("evict_attn_probs", ckv_dtype_name(dt), pt, pr, (size_t)EV_HQ * n_q * ld, 1e-7, 1e-6);
     release2(pt, pr);
     float *wo = rand_floats((size_t)D * cols, -0.5f, 0.5f);
@@ -774,8 +781,11 @@ static void test_evict_defensive(void) {
     float *mt = dev_poison(tb, (size_t)n_kv * n), *mr = dev_poison(ref, (size_t)n_kv * n);
     double *bt = (double *)dev_poison(tb, 2), *br = (double *)dev_poison(ref, 2);
     for (int pass = 0; pass < 2; pass++) { /* the second pass accumulates */
-        TB_EVICT(CHECK_OK(tb->ops->evict_defensive_rows(tb, at, mt, bt, pt, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0)));
-        CHECK_OK(ref->ops->evict_defensive_rows(ref, ar, mr, br, pr, ld, w, n, heads, 0, 2, 5, n_kv, pass == 0));
+        const ckv_evict_accum acc = pass == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD;
+        const ckv_evict_defensive_params dt_ = {pt, ld, w, n, heads, 0, 2, 5, n_kv, at, mt, bt, acc},
+                                         dr_ = {pr, ld, w, n, heads, 0, 2, 5, n_kv, ar, mr, br, acc};
+        TB_EVICT(CHECK_OK(tb->ops->evict_defensive_rows(tb, &dt_)));
+        CHECK_OK(ref->ops->evict_defensive_rows(ref, &dr_));
     }
     compare_dev_f64("evict_defensive_rows", "ave", at, ar, (size_t)n_kv * n, 0.0, 0.0);
     compare_dev("evict_defensive_rows", "dmax", mt, mr, (size_t)n_kv * n, 0.0, 0.0);
@@ -826,8 +836,8 @@ static void test_evict_rows(void) {
     for (int max = 0; max < 2; max++) {
         tb->ops->evict_pool(tb, yt, xt, ROWS, N, LD, 5, max);
         ref->ops->evict_pool(ref, yr, xr, ROWS, N, LD, 5, max);
-        tb->ops->evict_fill(tb, yt, ROWS, LD, N, LD, 0, 0.0f); /* the unused tail, on both */
-        ref->ops->evict_fill(ref, yr, ROWS, LD, N, LD, 0, 0.0f);
+        tb->ops->evict_fill(tb, yt, ROWS, LD, N, LD, CKV_EVICT_FILL_VALUE, 0.0f); /* the unused tail, on both */
+        ref->ops->evict_fill(ref, yr, ROWS, LD, N, LD, CKV_EVICT_FILL_VALUE, 0.0f);
         compare_dev("evict_pool", max ? "max" : "avg", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
     }
     tb->ops->evict_add_mul(tb, yt, yt, xt, ROWS, N, LD, 0.125f);
@@ -836,8 +846,8 @@ static void test_evict_rows(void) {
     ref->ops->evict_div(ref, yr, (size_t)ROWS * LD, 3.0f);
     compare_dev("evict_add_mul + evict_div", "", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
     float *dt = dev_poison(tb, (size_t)2 * LD), *dr = dev_poison(ref, (size_t)2 * LD);
-    tb->ops->evict_fill(tb, dt, 2, LD, 0, LD, 1, 0.0f);
-    ref->ops->evict_fill(ref, dr, 2, LD, 0, LD, 1, 0.0f);
+    tb->ops->evict_fill(tb, dt, 2, LD, 0, LD, CKV_EVICT_FILL_INDEX, 0.0f);
+    ref->ops->evict_fill(ref, dr, 2, LD, 0, LD, CKV_EVICT_FILL_INDEX, 0.0f);
     tb->ops->evict_head_sum(tb, dt, LD, yt, LD, ROWS, N, 1, 2);
     ref->ops->evict_head_sum(ref, dr, LD, yr, LD, ROWS, N, 1, 2);
     compare_dev("evict_fill + evict_head_sum", "", dt, dr, (size_t)2 * LD, 0.0, 0.0);
@@ -845,8 +855,8 @@ static void test_evict_rows(void) {
     ref->ops->evict_random(ref, yr, ROWS, N, LD, 1234567ull, 3, 2);
     compare_dev("evict_random", "", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
     float *ot = dev_poison(tb, N), *orf = dev_poison(ref, N);
-    tb->ops->evict_fill(tb, ot, 1, N, 0, N, 0, 0.5f);
-    ref->ops->evict_fill(ref, orf, 1, N, 0, N, 0, 0.5f);
+    tb->ops->evict_fill(tb, ot, 1, N, 0, N, CKV_EVICT_FILL_VALUE, 0.5f);
+    ref->ops->evict_fill(ref, orf, 1, N, 0, N, CKV_EVICT_FILL_VALUE, 0.5f);
     tb->ops->evict_softmax_add(tb, ot, xt, N);
     ref->ops->evict_softmax_add(ref, orf, xr, N);
     compare_dev("evict_softmax_add", "", ot, orf, N, 1e-7, 1e-6);

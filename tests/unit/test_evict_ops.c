@@ -95,8 +95,10 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
             }
         /* window: per query head, columns 0 .. L-w-1 */
         poison(cs, sizeof(double) * nq_heads * L);
-        CHECK_OK(be->ops->evict_attn_colsum(be, cs, L - w, q + (size_t)(L - w) * nq_heads * d, w, L - w, &s.b, nq_heads,
-                                            0, G, scale, divide, 0, 1));
+        const ckv_evict_logits lg_mode = divide ? CKV_EVICT_LOGITS_DIV : CKV_EVICT_LOGITS_MUL;
+        const ckv_evict_attn_params aw = {q + (size_t)(L - w) * nq_heads * d, w, L - w, &s.b, nq_heads, 0, G, scale,
+                                          lg_mode};
+        CHECK_OK(be->ops->evict_attn_colsum(be, cs, L - w, &aw, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));
         for (int j = 0; j < nq_heads; j++)
             for (int t = 0; t < L - w; t++) got[(size_t)j * (L - w) + t] = (float)cs[(size_t)j * (L - w) + t];
         double *r2 = malloc(sizeof(double) * nq_heads * (L - w));
@@ -108,8 +110,9 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
         poison(cs, sizeof(double) * nkv * L);
         for (int r0 = 0; r0 < L; r0 += 32) {
             const int nb = L - r0 < 32 ? L - r0 : 32;
-            CHECK_OK(be->ops->evict_attn_colsum(be, cs, L, q + (size_t)r0 * nq_heads * d, nb, r0, &s.b, nq_heads, 0, G,
-                                                scale, divide, 1, r0 == 0));
+            const ckv_evict_attn_params ab = {q + (size_t)r0 * nq_heads * d, nb, r0, &s.b, nq_heads, 0, G, scale, lg_mode};
+            CHECK_OK(be->ops->evict_attn_colsum(be, cs, L, &ab, CKV_EVICT_PER_KV_HEAD,
+                                                r0 == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD));
         }
         for (int i = 0; i < nkv * L; i++) got[i] = (float)cs[i];
         snprintf(name, sizeof name, "attn_colsum blocks per KV head %s divide %d", ckv_dtype_name(dt), divide);
@@ -121,8 +124,10 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
         close_to("colsum_finish minus_col", got, kvref, (size_t)nkv * L, 1e-7, 1e-5);
         /* weights */
         poison(p, sizeof(float) * nq_heads * w * L);
-        CHECK_OK(be->ops->evict_attn_probs(be, p, L, q + (size_t)(L - w) * nq_heads * d, w, L - w, &s.b, nq_heads, 0, G,
-                                           scale, divide));
+        CHECK_OK(be->ops->evict_attn_probs(be, p, L, &aw));
+        if (divide) /* the chunked non-causal sums multiply by the scale only */
+            CHECK_FAILS(be->ops->evict_chunk_colsum(be, cs, L, &aw, 0, CKV_EVICT_ZERO_FIRST), CKV_STATUS_ERR_ARG,
+                        "dividing is not offered");
         snprintf(name, sizeof name, "attn_probs %s divide %d", ckv_dtype_name(dt), divide);
         close_to(name, p, pr, (size_t)nq_heads * w * L, 1e-7, 1e-5);
         free(r2), free(kvref);
@@ -134,7 +139,10 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
         float *dm = malloc(sizeof(float) * nkv * n), *ga = malloc(sizeof(float) * nkv * n);
         double *rave = calloc((size_t)nkv * n, sizeof(double)), *rdm = calloc((size_t)nkv * n, sizeof(double));
         poison(ave, sizeof(double) * nkv * n), poison(dm, sizeof(float) * nkv * n);
-        CHECK_OK(be->ops->evict_defensive_rows(be, ave, dm, &bias, p, L, w, n, nq_heads, 0, G, kern, nkv, 1));
+        const ckv_evict_defensive_params dp = {.p = p, .ld = L, .w = w, .n = n, .n_heads_local = nq_heads, .head0 = 0,
+                                               .group = G, .kernel = kern, .n_kv = nkv, .ave = ave, .dmax = dm,
+                                               .bias = &bias, .accum = CKV_EVICT_ZERO_FIRST};
+        CHECK_OK(be->ops->evict_defensive_rows(be, &dp));
         for (int j = 0; j < nq_heads; j++)
             for (int i = 0; i < w; i++) {
                 const double *row = pr + ((size_t)j * w + i) * L;
@@ -177,7 +185,7 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
         if (wdt) ckv_convert_to_f32(wo, wo16, CKV_DTYPE_BF16, (size_t)D * nq_heads * d);
         ckv_weight W = {wdt ? (void *)wo16 : (void *)wo, wdt ? CKV_DTYPE_BF16 : CKV_DTYPE_F32, D, nq_heads * d,
                         (size_t)nq_heads * d * (wdt ? 2 : 4)};
-        be->ops->evict_fill(be, nrm, nkv, L, 0, L, 0, 0.0f);
+        be->ops->evict_fill(be, nrm, nkv, L, 0, L, CKV_EVICT_FILL_VALUE, 0.0f);
         CHECK_OK(be->ops->evict_value_norm(be, nrm, L, &s.b, L, &W, nq_heads, 0, G));
         memset(nref, 0, sizeof(double) * nkv * L);
         for (int j = 0; j < nq_heads; j++)
@@ -283,8 +291,8 @@ static void check_rows(ckv_backend *be) {
         for (int t = 0; t < N; t++) ok &= o[r * LD + t] == (x[r * LD + t] + 0.25f) * m[r * LD + t];
     CHECK_MSG(ok, "add_mul differs from (s + eps) * m");
     /* fills, max, random */
-    be->ops->evict_fill(be, o, R, LD, 0, N, 1, 0.0f);
-    be->ops->evict_fill(be, o, R, LD, 3, 5, 0, -7.5f);
+    be->ops->evict_fill(be, o, R, LD, 0, N, CKV_EVICT_FILL_INDEX, 0.0f);
+    be->ops->evict_fill(be, o, R, LD, 3, 5, CKV_EVICT_FILL_VALUE, -7.5f);
     ok = 1;
     for (int r = 0; r < R; r++)
         for (int t = 0; t < N; t++) ok &= o[r * LD + t] == (t >= 3 && t < 5 ? -7.5f : (float)t);
@@ -411,16 +419,18 @@ static void check_thread_counts(ckv_dtype dt) {
         double *cs = c[ti > 0];
         poison(o, sizeof(float) * n_f);
         poison(cs, sizeof(double) * (n_cs + n_csk + 2 * nkv));
-        be->ops->evict_fill(be, o, nkv, L, 0, L, 0, 0.0f);
+        be->ops->evict_fill(be, o, nkv, L, 0, L, CKV_EVICT_FILL_VALUE, 0.0f);
         CHECK_OK(be->ops->evict_value_norm(be, o, L, &s.b, L, &W, nq, 0, G));
         CHECK_OK(be->ops->evict_keydiff(be, o + n_norm, L, &s.b, L));
         CHECK_OK(be->ops->evict_lagkv(be, o + 2 * n_norm, L, &s.b, L, 4, 16, 0));
         CHECK_OK(be->ops->evict_lagkv(be, o + 3 * n_norm, L, &s.b, L, 4, 16, 1));
         CHECK_OK(be->ops->evict_cur(be, o + 4 * n_norm, L, &s.b, L, 4, 3, 16));
         CHECK_OK(be->ops->evict_leverage(be, o + 5 * n_norm, L, cs + n_cs + n_csk, &s.b, 0, L, s.pos, inv_freq, 1.0f, phi, K));
-        CHECK_OK(be->ops->evict_attn_colsum(be, cs, L, q, w, L - w, &s.b, nq, 0, G, 4.0f, 1, 0, 1));
-        CHECK_OK(be->ops->evict_attn_colsum(be, cs + n_cs, L, q, w, L - w, &s.b, nq, 0, G, 0.25f, 0, 1, 1));
-        CHECK_OK(be->ops->evict_attn_probs(be, o + N_OUT * n_norm, L, q, w, L - w, &s.b, nq, 0, G, 4.0f, 1));
+        const ckv_evict_attn_params adiv = {q, w, L - w, &s.b, nq, 0, G, 4.0f, CKV_EVICT_LOGITS_DIV};
+        const ckv_evict_attn_params amul = {q, w, L - w, &s.b, nq, 0, G, 0.25f, CKV_EVICT_LOGITS_MUL};
+        CHECK_OK(be->ops->evict_attn_colsum(be, cs, L, &adiv, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));
+        CHECK_OK(be->ops->evict_attn_colsum(be, cs + n_cs, L, &amul, CKV_EVICT_PER_KV_HEAD, CKV_EVICT_ZERO_FIRST));
+        CHECK_OK(be->ops->evict_attn_probs(be, o + N_OUT * n_norm, L, &adiv));
         if (ti > 0) {
             char what[96];
             for (int k = 0; k < N_OUT; k++) {

@@ -61,12 +61,9 @@ ckv_status ckv_cpu_count_nonfinite(ckv_backend *be, const float *x, size_t n, si
 int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t);
 
 /* Eviction ops (cpu_evict_attn.c, cpu_evict_rows.c, cpu_evict_stats.c). */
-ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                                     const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
-                                     int divide, int per_kv, int zero);
-ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
-                                    const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
-                                    int divide);
+ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
+                                     ckv_evict_colsum_rows rows, ckv_evict_accum accum);
+ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a);
 void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
                                  int n, double denom, int minus_col);
 void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
@@ -82,9 +79,8 @@ ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *s
                                   int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
                                   int k);
 void ckv_cpu_evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);
-ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                                      int n_pad, const ckv_kv_batch *kv, int n_heads_local, int head0, int group,
-                                      float scale, int zero);
+ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
+                                      int n_pad, ckv_evict_accum accum);
 void ckv_cpu_evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);
 void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
                             float sign);
@@ -92,7 +88,8 @@ void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const fl
                            float eps);
 ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
                                     const ckv_weight *wo, int n_heads_local, int head0, int group);
-void ckv_cpu_evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value);
+void ckv_cpu_evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, ckv_evict_fill_kind kind,
+                        float value);
 void ckv_cpu_evict_random(ckv_backend *be, float *x, int rows, int n, int ld, uint64_t seed, int layer, int head0);
 void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1);
 ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
@@ -104,9 +101,7 @@ ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const flo
 void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
 ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
                                  int n_heads_local, int d, int zero);
-ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
-                                        int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
-                                        int zero);
+ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d);
 ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                    const float *mu, const float *cov, float sqrt_d);
 

@@ -187,32 +187,37 @@ static ckv_status evict_attn_run(evict_attn_job *jb) {
     return s;
 }
 
-ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                                     const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
-                                     int divide, int per_kv, int zero) {
-    const int n_out = per_kv ? kv->n_kv_heads : n_heads_local;
-    if (zero) memset(colsum, 0, (size_t)n_out * (size_t)n_cols * sizeof(double));
-    if (n_q < 1) return CKV_STATUS_OK;
-    evict_attn_job jb = {.be = be, .q = q, .n_q = n_q, .q_row0 = q_row0, .n_heads_local = n_heads_local, .head0 = head0,
-                         .group = group, .divide = divide, .per_kv = per_kv, .kv = kv, .scale = scale, .colsum = colsum,
-                         .n_cols = n_cols, .n_rows = n_out, .rows = colsum_rows};
+ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
+                                     ckv_evict_colsum_rows rows, ckv_evict_accum accum) {
+    const int per_kv = rows == CKV_EVICT_PER_KV_HEAD;
+    const int n_out = per_kv ? a->kv->n_kv_heads : a->n_heads_local;
+    if (accum == CKV_EVICT_ZERO_FIRST) memset(colsum, 0, (size_t)n_out * (size_t)n_cols * sizeof(double));
+    if (a->n_q < 1) return CKV_STATUS_OK;
+    evict_attn_job jb = {.be = be, .q = a->q, .n_q = a->n_q, .q_row0 = a->q_row0, .n_heads_local = a->n_heads_local,
+                         .head0 = a->head0, .group = a->group, .divide = a->logits == CKV_EVICT_LOGITS_DIV,
+                         .per_kv = per_kv, .kv = a->kv, .scale = a->scale, .colsum = colsum, .n_cols = n_cols,
+                         .n_rows = n_out, .rows = colsum_rows};
     return evict_attn_run(&jb);
 }
 
-ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
-                                    const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
-                                    int divide) {
-    if (n_q < 1) return CKV_STATUS_OK;
-    evict_attn_job jb = {.be = be, .q = q, .n_q = n_q, .q_row0 = q_row0, .n_heads_local = n_heads_local, .head0 = head0,
-                         .group = group, .divide = divide, .kv = kv, .scale = scale, .p = p, .ld = ld,
-                         .n_rows = n_heads_local, .rows = probs_rows};
+ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a) {
+    if (a->n_q < 1) return CKV_STATUS_OK;
+    evict_attn_job jb = {.be = be, .q = a->q, .n_q = a->n_q, .q_row0 = a->q_row0, .n_heads_local = a->n_heads_local,
+                         .head0 = a->head0, .group = a->group, .divide = a->logits == CKV_EVICT_LOGITS_DIV,
+                         .kv = a->kv, .scale = a->scale, .p = p, .ld = ld, .n_rows = a->n_heads_local,
+                         .rows = probs_rows};
     return evict_attn_run(&jb);
 }
 
-ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                                      int n_pad, const ckv_kv_batch *kv, int n_heads_local, int head0, int group,
-                                      float scale, int zero) {
-    if (zero) memset(colsum, 0, (size_t)kv->n_kv_heads * (size_t)n_cols * sizeof(double));
+ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
+                                      int n_pad, ckv_evict_accum accum) {
+    if (a->logits != CKV_EVICT_LOGITS_MUL)
+        return ckv_error(CKV_STATUS_ERR_ARG, "evict_chunk_colsum: logits are (q . k) * scale; dividing is not offered");
+    const ckv_kv_batch *kv = a->kv;
+    const float *q = a->q; // [n_q, n_heads_local, d]
+    const float scale = a->scale;
+    const int n_q = a->n_q, q_row0 = a->q_row0, n_heads_local = a->n_heads_local, head0 = a->head0, group = a->group;
+    if (accum == CKV_EVICT_ZERO_FIRST) memset(colsum, 0, (size_t)kv->n_kv_heads * (size_t)n_cols * sizeof(double));
     if (n_q < 1) return CKV_STATUS_OK;
     const int d = kv->head_dim, hq = n_heads_local * d, n_keys = n_q + n_pad;
     const size_t esz = ckv_dtype_size(kv->dtype);

@@ -96,11 +96,12 @@ void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const fl
         }
 }
 
-void ckv_cpu_evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value) {
+void ckv_cpu_evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, ckv_evict_fill_kind kind,
+                        float value) {
     (void)be;
     for (int r = 0; r < rows; r++) {
         float *row = x + (size_t)r * (size_t)ld;
-        for (int t = t0; t < t1; t++) row[t] = kind == 1 ? (float)t : value;
+        for (int t = t0; t < t1; t++) row[t] = kind == CKV_EVICT_FILL_INDEX ? (float)t : value;
     }
 }
 

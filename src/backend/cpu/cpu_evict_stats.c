@@ -78,11 +78,14 @@ ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_b
     return s;
 }
 
-ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld,
-                                        int w, int n, int n_heads_local, int head0, int group, int kernel, int n_kv,
-                                        int zero) {
+ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d) {
     (void)be;
-    if (zero) {
+    double *ave = d->ave, *bias = d->bias;
+    float *dmax = d->dmax;
+    const float *p = d->p;
+    const int ld = d->ld, w = d->w, n = d->n, n_heads_local = d->n_heads_local, head0 = d->head0, group = d->group;
+    const int kernel = d->kernel, n_kv = d->n_kv;
+    if (d->accum == CKV_EVICT_ZERO_FIRST) {
         memset(ave, 0, (size_t)n_kv * (size_t)n * sizeof(double));
         memset(dmax, 0, (size_t)n_kv * (size_t)n * sizeof(float));
         *bias = 0.0;

@@ -331,12 +331,21 @@ ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *sh) {
     return grow(c, &c->evict_ws, &c->evict_ws_cap, need, "evict_reserve");
 }
 
-ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                             const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide,
-                             int per_kv, int zero) {
+/* The attention family's parameters as the kernels take them. */
+#define CKV_ATTN_UNPACK(a)                                                                                           \
+    const float *q = (a)->q;                                                                                         \
+    const ckv_kv_batch *kv = (a)->kv;                                                                                \
+    const int n_q = (a)->n_q, q_row0 = (a)->q_row0, n_heads_local = (a)->n_heads_local, head0 = (a)->head0,          \
+              group = (a)->group, divide = (a)->logits == CKV_EVICT_LOGITS_DIV;                                     \
+    const float scale = (a)->scale
+
+ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
+                             ckv_evict_colsum_rows rows, ckv_evict_accum accum) {
     ctx *c = ctx_of(be);
+    CKV_ATTN_UNPACK(a);
+    const int per_kv = rows == CKV_EVICT_PER_KV_HEAD;
     const int n_out = per_kv ? kv->n_kv_heads : n_heads_local;
-    if (zero && n_out > 0 && n_cols > 0)
+    if (accum == CKV_EVICT_ZERO_FIRST && n_out > 0 && n_cols > 0)
         CKV_CUDA_CHECK(cudaMemsetAsync(colsum, 0, sizeof(double) * (size_t)n_out * n_cols, c->stream), "evict_attn_colsum");
     if (n_q < 1 || n_heads_local < 1 || n_cols < 1) return op_status(c, "evict_attn_colsum");
     float2 *stats = NULL;
@@ -351,9 +360,9 @@ ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const 
     return op_status(c, "evict_attn_colsum");
 }
 
-ckv_status evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
-                            const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide) {
+ckv_status evict_attn_probs(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a) {
     ctx *c = ctx_of(be);
+    CKV_ATTN_UNPACK(a);
     if (n_q < 1 || n_heads_local < 1) return CKV_STATUS_OK;
     float2 *stats = NULL;
     CKV_TRY(attn_stats(c, &stats, q, n_q, q_row0, kv, n_heads_local, head0, group, scale, divide, "evict_attn_probs"));
@@ -458,11 +467,15 @@ ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv
     return op_status(c, "evict_ea_logits");
 }
 
-ckv_status evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld, int w,
-                                int n, int n_heads_local, int head0, int group, int kernel, int n_kv, int zero) {
+ckv_status evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d) {
     ctx *c = ctx_of(be);
     const char *op = "evict_defensive_rows";
-    if (zero) {
+    double *ave = d->ave, *bias = d->bias;
+    float *dmax = d->dmax;
+    const float *p = d->p;
+    const int ld = d->ld, w = d->w, n = d->n, n_heads_local = d->n_heads_local, head0 = d->head0, group = d->group;
+    const int kernel = d->kernel, n_kv = d->n_kv;
+    if (d->accum == CKV_EVICT_ZERO_FIRST) {
         if (n_kv > 0 && n > 0) {
             CKV_CUDA_CHECK(cudaMemsetAsync(ave, 0, sizeof(double) * (size_t)n_kv * n, c->stream), op);
             CKV_CUDA_CHECK(cudaMemsetAsync(dmax, 0, sizeof(float) * (size_t)n_kv * n, c->stream), op);

@@ -73,11 +73,11 @@ __global__ void add_mul_kernel(float *out, const float *s, const float *m, int r
     }
 }
 
-__global__ void fill_kernel(float *x, int rows, int ld, int t0, int t1, int kind, float value) {
+__global__ void fill_kernel(float *x, int rows, int ld, int t0, int t1, int index, float value) {
     const size_t w = (size_t)(t1 - t0), total = (size_t)rows * w;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         const int t = t0 + (int)(e % w);
-        x[(e / w) * (size_t)ld + (size_t)t] = kind == 1 ? (float)t : value;
+        x[(e / w) * (size_t)ld + (size_t)t] = index ? (float)t : value;
     }
 }
 
@@ -412,11 +412,12 @@ void evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, 
     op_done(c, "evict_add_mul");
 }
 
-void evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value) {
+void evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, ckv_evict_fill_kind kind, float value) {
     ctx *c = ctx_of(be);
     if (rows <= 0 || t1 <= t0) return;
+    const int index = kind == CKV_EVICT_FILL_INDEX;
     CKV_LAUNCH(fill_kernel, dim3(blocks_for((size_t)rows * (size_t)(t1 - t0), THREADS)), dim3(THREADS), 0, c->stream, x,
-               rows, ld, t0, t1, kind, value);
+               rows, ld, t0, t1, index, value);
     op_done(c, "evict_fill");
 }
 

@@ -148,11 +148,9 @@ ckv_status op_status(ctx *c, const char *op); /* op_done, then a launch error as
  * and those parts in the workspace, grown if an op needs more than evict_reserve sized it for. */
 size_t parts_total(const size_t *bytes, int n, size_t *at);
 ckv_status scratch_parts(ctx *c, const size_t *bytes, void **parts, int n, const char *op);
-ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const float *q, int n_q, int q_row0,
-                             const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide,
-                             int per_kv, int zero);
-ckv_status evict_attn_probs(ckv_backend *be, float *p, int ld, const float *q, int n_q, int q_row0,
-                            const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide);
+ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
+                             ckv_evict_colsum_rows rows, ckv_evict_accum accum);
+ckv_status evict_attn_probs(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a);
 void evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows, int n,
                          double denom, int minus_col);
 void evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
@@ -163,7 +161,7 @@ void evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv,
 void evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld, float eps);
 ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
                             const ckv_weight *wo, int n_heads_local, int head0, int group);
-void evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, int kind, float value);
+void evict_fill(ckv_backend *be, float *x, int rows, int ld, int t0, int t1, ckv_evict_fill_kind kind, float value);
 void evict_random(ckv_backend *be, float *x, int rows, int n, int ld, uint64_t seed, int layer, int head0);
 void evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1);
 ckv_status evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
@@ -171,8 +169,7 @@ ckv_status evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s,
 void evict_scatter(ckv_backend *be, float *x, int ld, int rows, const int32_t *idx, int ld_idx, const int32_t *k,
                    float value);
 ckv_status evict_topk_counts(ckv_backend *be, int32_t *counts, const float *s, int ld, int rows, int n, int64_t total);
-ckv_status evict_defensive_rows(ckv_backend *be, double *ave, float *dmax, double *bias, const float *p, int ld, int w,
-                                int n, int n_heads_local, int head0, int group, int kernel, int n_kv, int zero);
+ckv_status evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d);
 ckv_status evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
                          int n_heads_local, int d, int zero);
 ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
