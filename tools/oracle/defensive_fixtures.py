@@ -12,6 +12,14 @@ tables, the post-RoPE keys and the values; the presses are then evaluated from t
     an fp32 model; kept = ckv's selection of those scores: the window protected (layer max + 1),
     then ONE top-k of int(L * (1 - cr) * Hkv) entries over all KV heads of the layer, ties by lower
     head, then lower position. The same run in float64 must keep the same tokens.
+  layer_defensivekv (cases layer_defensivekv_crNN.json): the same per-layer scores, then ckv's rule for
+    DefensiveKV's EfficientLayerDefensiveKVPress: ONE top-k of int(L * (1 - cr) * Hkv * n_layers)
+    entries over every (layer, KV head, token), the window holding nextafter(its layer's max) (it
+    competes across layers at that value, as the official window does at the max itself), ties by
+    lower layer, head, position; the question logits of those kept sets from press_fixtures' float64
+    replay. The same run in float64 must keep the same tokens; with --official
+    the official compress() (run layer after layer on a stand-in cache) must keep them too unless the
+    case is tie_dependent.
   headkv:snapkv (cases headkv-snapkv_crNN.json, and headkv-snapkv_w8k7max_crNN.json with HeadKV's own
     run settings window 8, max pooling, kernel 7): snapkv scores (press_reference.score_snapkv,
     float64; for avg pooling also kvpress's SnapKVPress.score, which must keep the same tokens), per-head
@@ -140,8 +148,10 @@ def capture(run: Run) -> None:
 # the official DefensiveKV scorer, run for comparison only
 
 
-def load_official_defensive(root: Path):
-    """EfficientDefensiveKVPress from a DefensiveKV checkout, its package imports stubbed."""
+def load_official_defensive(root: Path, layer: bool = False):
+    """EfficientDefensiveKVPress (layer: EfficientLayerDefensiveKVPress over its real base class
+    EfficientAdaGlobalScorerPress, whose compress() selects over all layers) from a DefensiveKV
+    checkout, its other package imports stubbed."""
     from dataclasses import dataclass as dc
 
     @dc
@@ -162,6 +172,13 @@ def load_official_defensive(root: Path):
         "kvpress.ops.vw_norm": {"vw_l1norm": vw_l1norm},
     }
     saved = {k: sys.modules.get(k) for k in ["kvpress", "kvpress.presses", "kvpress.ops", *stubs]}
+
+    def run_file(name: str, stem: str):
+        spec = importlib.util.spec_from_file_location(f"official_{stem}", root / "kvpress" / "presses" / f"{stem}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
     try:
         for pkg in ("kvpress", "kvpress.presses", "kvpress.ops"):
             sys.modules[pkg] = types.ModuleType(pkg)
@@ -170,17 +187,20 @@ def load_official_defensive(root: Path):
             mod = types.ModuleType(name)
             mod.__dict__.update(attrs)
             sys.modules[name] = mod
-        path = root / "kvpress" / "presses" / "efficient_defensivekv_press.py"
-        spec = importlib.util.spec_from_file_location("official_defensivekv_press", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        if layer:
+            base = run_file("global", "efficient_ada_global_scorer_press")
+            sys.modules["kvpress.presses.efficient_ada_global_scorer_press"].EfficientAdaGlobalScorerPress = \
+                base.EfficientAdaGlobalScorerPress
+            mod = run_file("layer", "efficient_layer_defensivekv_press")
+        else:
+            mod = run_file("defensive", "efficient_defensivekv_press")
     finally:
         for k, v in saved.items():
             if v is None:
                 sys.modules.pop(k, None)
             else:
                 sys.modules[k] = v
-    return mod.EfficientDefensiveKVPress
+    return mod.EfficientLayerDefensiveKVPress if layer else mod.EfficientDefensiveKVPress
 
 
 @torch.inference_mode()
@@ -261,6 +281,116 @@ def defensive_case(run: Run, cr: float, official) -> tuple[dict, np.ndarray, lis
         "tie_dependent": tie_dep,
         "scores_file": None,
         "scores_note": "float32 [n_layers, n_kv_heads, L]: the port's final scores, window = layer max + 1",
+        "checks": checks,
+        "generator": GENERATOR,
+    }
+    return obj, np.stack(scores), problems
+
+
+# ----------------------------------------------------------------------------------------------
+# layer_defensivekv
+
+
+class _OfficialMeta:
+    """The cache metadata EfficientAdaGlobalScorerPress reads and updates (bsz 1)."""
+
+    def __init__(self, n_kv: int, L: int):
+        self.bsz, self.num_key_value_heads, self.head_lens = 1, n_kv, [L] * n_kv
+
+    def _update_metadata_while_compressing(self, head_lens, cu_seqlens, max_seqlen):
+        self.head_lens = [int(x) for x in head_lens]
+
+
+@torch.inference_mode()
+def official_layer_kept(cls, run: Run, cr: float) -> list:
+    """The official EfficientLayerDefensiveKVPress.compress run layer after layer as its forward hooks
+    call it (scores appended, one selection over all layers at the last one), on a stand-in cache whose
+    flattened rows [Hkv * L, d] carry their own flat index, so the gathered rows name what was kept.
+    Returns [layer][KV head] kept positions (torch.topk's choice among ties)."""
+    L, n_kv = len(run.ctx), run.n_kv
+    d = run.inputs[0].keys.shape[-1]
+    idx = torch.arange(n_kv * L, dtype=torch.float32)[:, None].expand(-1, d).contiguous()
+    cache = types.SimpleNamespace(layer_scores=[], metadata_list=[_OfficialMeta(n_kv, L) for _ in run.inputs],
+                                  key_cache=[idx.clone() for _ in run.inputs],
+                                  value_cache=[idx.clone() for _ in run.inputs])
+    press = cls(compression_ratio=cr)
+    for i, inp in enumerate(run.inputs):
+        kwargs = {"past_key_value": cache, "position_embeddings": (inp.cos[None], inp.sin[None])}
+        press.compress(run.attn[i], inp.hidden[None], inp.keys[None], inp.values[None], None, kwargs)
+    kept = []
+    for i in range(len(run.inputs)):
+        flat = [int(x) for x in cache.key_cache[i][:, 0].tolist()]
+        heads = [[] for _ in range(n_kv)]
+        for f in flat:
+            heads[f // L].append(f % L)
+        kept.append([sorted(h) for h in heads])
+    return kept
+
+
+class Replay:
+    """The question logits of a kept set: press_fixtures' float64 replay of the question against the
+    uncompressed context cache, each (layer, KV head) attending only to its kept positions."""
+
+    def __init__(self, run: Run):
+        import press_fixtures as pf
+
+        ctx_file = FIXTURE_PRESSES / run.name / "context.json"
+        self.q_ids = json.loads(ctx_file.read_text())["question_ids"] if ctx_file.exists() else None
+        self.pf = pf
+        pf.register_replay_attention()
+        self.prun = pf.load_models(run.name)
+        pf.capture_inputs(self.prun, run.ctx)
+
+    def logits(self, kept: list) -> np.ndarray | None:
+        return None if self.q_ids is None else self.pf.replay_logits(self.prun, self.q_ids, kept, "sdpa")
+
+
+@torch.inference_mode()
+def layer_defensive_case(run: Run, cr: float, official) -> tuple[dict, np.ndarray, list[str]]:
+    w, kern = dref.DEFAULT_WINDOW, dref.DEFAULT_KERNEL
+    L = len(run.ctx)
+    k = dref.n_kept_model(L, cr, run.n_kv, run.n_layers)
+    ds32 = [dref.defensive_scores(inp, cr, w, kern, torch.float32) for inp in run.inputs]
+    ds64 = [dref.defensive_scores(inp, cr, w, kern, torch.float64) for inp in run.inputs]
+    low = dref.select_model(ds32, L, w, k, "low", torch.float32)
+    high = dref.select_model(ds32, L, w, k, "high", torch.float32)
+    low64 = dref.select_model(ds64, L, w, k, "low", torch.float64)
+    problems = []
+    fp64_same = low64.kept == low.kept
+    if not fp64_same:
+        problems.append(f"layer_defensivekv cr {cr}: fp32 and fp64 scores keep different tokens (a near tie)")
+    checks = {"fp64_same_kept": fp64_same}
+    if official is not None:  # reported, not written (the fixtures must not depend on the flag)
+        off = official_layer_kept(official, run, cr)
+        same = off == low.kept
+        print(f"[defensive_fixtures] {run.name} layer_defensivekv cr {cr}: official compress() keeps "
+              f"{'the same sets' if same else 'DIFFERENT sets'} (tie-dependent: {low.kept != high.kept})")
+        if not same and low.kept == high.kept:
+            problems.append(f"layer_defensivekv cr {cr}: the official compress() keeps other tokens")
+    scores = []
+    for ds in ds32:
+        s = ds.scores.clone()
+        s[:, L - w:] = dref.window_value(ds.M, torch.float32)  # ckv's window value
+        scores.append(s.numpy())
+    obj = {
+        "press": "layer_defensivekv",
+        "case": "layer_defensivekv",
+        "reference": "FFY0/DefensiveKV EfficientLayerDefensiveKVPress (port: tools/oracle/defensive_reference.py)",
+        "compression_ratio": cr,
+        "options": {"window": w, "kernel": kern, "pool": "avg"},
+        "n_kept": ref.n_kept_uniform(L, cr),
+        "n_kept_total": k,
+        "n_kept_total_formula": "int(L * (1 - cr) * n_kv_heads * n_layers)",
+        "layer_budgets": low.layer_budgets,
+        "head_budgets": low.budgets,
+        "windows_cut": low.windows_cut,
+        "kept": low.kept,
+        "layer_max": [float(f"{ds.M:.9g}") for ds in ds32],
+        "min_score_gap_rel": _num(low.boundary_rel_gap),
+        "structural_tie": low.structural_tie,
+        "tie_dependent": low.kept != high.kept,
+        "scores_file": None,
+        "scores_note": "float32 [n_layers, n_kv_heads, L]: the port's final scores, window = nextafter(layer max)",
         "checks": checks,
         "generator": GENERATOR,
     }
@@ -391,9 +521,12 @@ def headkv_case(run: Run, cr: float, profile: dict, case: str, w: int, kernel: i
 # driver
 
 
-def write_case(out: Path, stem: str, obj: dict, scores: np.ndarray) -> None:
+def write_case(out: Path, stem: str, obj: dict, scores: np.ndarray, logits: np.ndarray | None = None) -> None:
     scores.astype("<f4").tofile(out / f"{stem}.scores.f32")
     obj["scores_file"] = f"{stem}.scores.f32"
+    if logits is not None:  # the question (context.json's question_ids) fed after the kept sets
+        logits.astype("<f4").tofile(out / f"{stem}.logits.f32")
+        obj["question_logits_file"] = f"{stem}.logits.f32"
     oc.write_json(out / f"{stem}.json", obj)
 
 
@@ -405,9 +538,11 @@ def main() -> int:
     args = ap.parse_args()
     oc.setup_torch()
     official = load_official_defensive(args.official) if args.official else None
+    official_layer = load_official_defensive(args.official, layer=True) if args.official else None
     problems: list[str] = []
     for name in args.only or MODELS:
         run = load(name)
+        replay = Replay(run)
         out = FIXTURE_PRESSES / name
         out.mkdir(parents=True, exist_ok=True)
         prof_path = FIXTURE_PRESSES / f"headkv_profile_{name}.json"
@@ -425,6 +560,14 @@ def main() -> int:
             print(f"[defensive_fixtures] {name:<10} {stem:<28} total {obj['n_kept_total']:>4} budgets "
                   f"{obj['head_budgets']} cap {fs['cap']} forced {fs['forced']} gap_rel {obj['min_score_gap_rel']} "
                   f"stage1_gap_rel {obj['first_stage_min_gap_rel']} "
+                  f"{'TIE-DEPENDENT' if obj['tie_dependent'] else ''} {obj['checks']}")
+            stem = f"layer_defensivekv_cr{round(cr * 100):02d}"
+            obj, scores, pr = layer_defensive_case(run, cr, official_layer)
+            obj["context"] = ctx_note
+            write_case(out, stem, obj, scores, replay.logits(obj["kept"]))
+            problems += [f"{name}: {p}" for p in pr]
+            print(f"[defensive_fixtures] {name:<10} {stem:<28} total {obj['n_kept_total']:>4} layers "
+                  f"{obj['layer_budgets']} windows cut {obj['windows_cut']} gap_rel {obj['min_score_gap_rel']} "
                   f"{'TIE-DEPENDENT' if obj['tie_dependent'] else ''} {obj['checks']}")
             for case, w, kern, pool in (("headkv-snapkv", 64, 5, "avg"), ("headkv-snapkv_w8k7max", 8, 7, "max")):
                 stem = f"{case}_cr{round(cr * 100):02d}"

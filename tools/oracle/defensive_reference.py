@@ -198,3 +198,80 @@ def select_global(ds: DefensiveScores, L: int, w: int, k: int, ties: str = "low"
         rel = gap / max(abs(a), abs(b)) if max(abs(a), abs(b)) > 0 else 0.0
         structural = gap == 0.0 and a >= ds.M  # inside the forced group (== M) or the window (M + 1)
     return GlobalSelection([sorted(x) for x in kept], [len(x) for x in kept], k, gap, rel, structural)
+
+
+# ----------------------------------------------------------------------------------------------
+# the layer variant (press "efficient_layer_defensivekv" = EfficientLayerDefensiveKVPress)
+#
+# Official semantics, read from EfficientLayerDefensiveKVPress (the same score() as defensivekv, the
+# head-length assertion commented out) and its base EfficientAdaGlobalScorerPress:
+#   L1 every layer is scored as above and its flattened scores [Hkv * L] (window = the layer's max M_l,
+#      the F.pad value scores.max()) are appended to a list; nothing is compressed before the last layer
+#      (every layer is prefilled with its full cache);
+#   L2 at the last layer: ONE torch.topk over the stacked [n_layers * Hkv * L] scores with
+#      k = int(L * (1 - cr) * Hkv * n_layers) (left to right in double, one truncation), and the number
+#      of winners falling in each layer becomes that layer's budget;
+#   L3 each layer then runs its own top-k of that budget over its [Hkv * L] scores (the same entries as
+#      the global top-k's, up to ties), per-head kept counts following;
+#   L4 the window is NOT protected across layers: it competes at M_l, so a layer whose M_l is low can
+#      lose window tokens (or everything) to other layers; inside its layer it ties with the forced
+#      tokens at M_l.
+# ckv's rule (select_model): the window holds nextafter(M_l, +inf) (one ulp above its layer's forced
+# tokens, so never cut before them; across layers it competes at M_l as officially), then one ranking
+# of every (layer, head, token) entry by score, equal scores by flat index (layer * Hkv + head) * L +
+# position ascending.
+
+
+def n_kept_model(L: int, cr: float, n_kv: int, n_layers: int) -> int:
+    """L2: int(q_len * (1 - cr) * Hkv * n_layers), evaluated left to right in double."""
+    return int(L * (1 - cr) * n_kv * n_layers)
+
+
+def window_value(M: float, dtype=torch.float32) -> float:
+    """ckv's window score: the next representable value above M in the scores' dtype."""
+    m = torch.tensor(M, dtype=dtype)
+    return float(torch.nextafter(m, torch.tensor(math.inf, dtype=dtype)))
+
+
+@dataclass
+class ModelSelection:
+    kept: list[list[list[int]]]  # [layer][KV head] kept positions, ascending
+    budgets: list[list[int]]  # [layer][KV head]
+    layer_budgets: list[int]  # L2's per-layer counts
+    k: int
+    boundary_gap: float
+    boundary_rel_gap: float
+    structural_tie: bool  # the cut falls inside one layer's group of its window / forced tokens
+    windows_cut: list[int]  # per layer: window entries (over all heads) left out
+
+
+def select_model(layers: list[DefensiveScores], L: int, w: int, k: int, ties: str = "low",
+                 dtype=torch.float32) -> ModelSelection:
+    """ckv's selection of the official per-layer scores over all layers (see above); ties "high"
+    reverses the order among equal scores, only to detect selections that depend on it."""
+    n_layers, n_kv = len(layers), layers[0].body.shape[0]
+    flat: list[float] = []
+    for ds in layers:
+        win = window_value(ds.M, dtype)
+        vals = torch.cat([ds.body.to(torch.float64), torch.full((n_kv, w), win, dtype=torch.float64)], 1)
+        flat += vals.reshape(-1).tolist()
+    per_layer = n_kv * L
+    sign = 1 if ties == "low" else -1
+    order = sorted(range(len(flat)), key=lambda i: (-flat[i], sign * i))
+    top = order[:k]
+    kept = [[[] for _ in range(n_kv)] for _ in range(n_layers)]
+    for i in top:
+        layer, r = divmod(i, per_layer)
+        kept[layer][r // L].append(r % L)
+    gap, rel, structural = math.inf, math.inf, False
+    if 0 < k < len(flat):
+        a, b = flat[order[k - 1]], flat[order[k]]
+        gap = a - b
+        rel = gap / max(abs(a), abs(b)) if max(abs(a), abs(b)) > 0 else 0.0
+        if gap == 0.0:  # a tie at the cut: structural when it is one layer's window or forced value
+            la, lb = order[k - 1] // per_layer, order[k] // per_layer
+            structural = la == lb and a >= layers[la].M
+    kept = [[sorted(h) for h in layer] for layer in kept]
+    budgets = [[len(h) for h in layer] for layer in kept]
+    cut = [sum(w - sum(1 for t in h if t >= L - w) for h in layer) for layer in kept]
+    return ModelSelection(kept, budgets, [sum(b) for b in budgets], k, gap, rel, structural, cut)
