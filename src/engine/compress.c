@@ -112,6 +112,85 @@ static ckv_status rerotate_layer(ckv_session *s, int layer) {
     return st;
 }
 
+/* Payload this rank has handed to its collectives so far. */
+static unsigned long long comm_now(const ckv_model *m) {
+    return (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0);
+}
+
+/* Applies layer `layer`'s selection: statistics, the kept rows compacted (dst == src) or gathered
+ * from src into dst, re-rotation, the observer and the kept-position log (whose gather is added to
+ * *log_bytes: it is not compression traffic). */
+static ckv_status apply_layer(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L,
+                              const ckv_selection *sel, const ckv_score_inputs *in, unsigned long long *log_bytes) {
+    ckv_model *m = src->model;
+    const ckv_model_config *c = &m->cfg;
+    double t0 = ckv_time_now();
+    size_t row_bytes = (size_t)c->head_dim * 2 * ckv_dtype_size(dst->kv.dtype);
+    for (int h = 0; h < m->plan.n_kv_local; h++) {
+        cz->kv_bytes_full += (size_t)L * row_bytes;
+        cz->kv_bytes_kept += (size_t)sel->n_keep[h] * row_bytes;
+        cz->kept_entries += sel->n_keep[h];
+        cz->total_entries += L;
+    }
+    ckv_status st;
+    if (dst == src)
+        st = ckv_kv_layer_compact_dev(&dst->kv, layer, sel->rows, L, sel->n_keep, dst->capacity - L);
+    else
+        st = ckv_kv_layer_gather_from(&dst->kv, &src->kv, layer, sel->rows, L, sel->n_keep, dst->capacity - L);
+    if (st == CKV_STATUS_OK && cz->cfg->rerotate_keys) st = rerotate_layer(dst, layer);
+    cz->compact_seconds += ckv_time_now() - t0;
+    if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, sel);
+    if (st == CKV_STATUS_OK && cz->dump) {
+        const unsigned long long b0 = comm_now(m);
+        st = dump_layer(cz, src, layer, sel, in);
+        *log_bytes += comm_now(m) - b0;
+    }
+    return st;
+}
+
+/* A press that selects across layers (CKV_ALLOC_MODEL): layer `layer` is scored and left whole; after
+ * the last layer, one count over the model, then every layer compacted (or gathered) to its share.
+ * The model-wide buffers live from the first layer to the last (ckv_compressor_release on an abort). */
+static ckv_status model_layer(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L,
+                              ckv_selection *sel, unsigned long long *log_bytes) {
+    ckv_model *m = src->model;
+    const ckv_model_config *c = &m->cfg;
+    const ckv_shard_plan *p = &m->plan;
+    ckv_status st = CKV_STATUS_OK;
+    if (layer == 0) ckv_compressor_release(cz);
+    if (!cz->model) {
+        if (layer != 0)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press %s: layer %d compressed before layer 0", cz->cfg->spec, layer);
+        if (!(cz->model = calloc(1, sizeof *cz->model))) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
+        CKV_TRY(ckv_model_selection_init(cz->model, m->be, c->n_layers, p->n_kv_local, c->n_kv_heads, L));
+    }
+    ckv_score_inputs in;
+    ckv_compress_score_inputs(src, layer, L, &in);
+    CKV_TRY(ckv_model_select_score(cz->cfg, &in, cz->model, sel));
+    cz->score_seconds += sel->score_seconds;
+    if (layer < c->n_layers - 1) return CKV_STATUS_OK;
+    st = ckv_model_select_count(cz->cfg, cz->model);
+    for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) {
+        const ckv_kv_layer *kl = &src->kv.layers[l];
+        for (int h = 0; h < p->n_kv_local && st == CKV_STATUS_OK; h++)
+            if (kl->len[h] != L)
+                st = ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", l, h, kl->len[h], L);
+        ckv_compress_score_inputs(src, l, L, &in);
+        if (st == CKV_STATUS_OK) st = ckv_model_select_layer(cz->model, l, p->kv_head0, sel);
+        if (st == CKV_STATUS_OK) st = apply_layer(cz, dst, src, l, L, sel, &in, log_bytes);
+    }
+    cz->select_seconds += cz->model->select_seconds;
+    ckv_compressor_release(cz);
+    return st;
+}
+
+void ckv_compressor_release(ckv_compressor *cz) {
+    if (!cz || !cz->model) return;
+    ckv_model_selection_free(cz->model);
+    free(cz->model);
+    cz->model = NULL;
+}
+
 ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L) {
     ckv_model *m = src->model;
     const ckv_model_config *c = &m->cfg;
@@ -125,34 +204,26 @@ ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const c
     const ckv_kv_layer *kl = &src->kv.layers[layer];
     for (int h = 0; h < p->n_kv_local; h++)
         if (kl->len[h] != L) return ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", layer, h, kl->len[h], L);
-    ckv_score_inputs in;
-    ckv_compress_score_inputs(src, layer, L, &in);
-    ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
     ckv_selection sel;
     CKV_TRY(ckv_selection_init(&sel, m->be, p->n_kv_local, c->n_kv_heads, L));
-    unsigned long long bytes0 = (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0);
-    ckv_status st = ckv_evict_layer(cz->cfg, &in, cz->headkv_budgets ? &hb : NULL, &sel);
-    if (st == CKV_STATUS_OK) {
-        cz->score_seconds += sel.score_seconds;
-        cz->select_seconds += sel.select_seconds;
-        double t0 = ckv_time_now();
-        size_t row_bytes = (size_t)c->head_dim * 2 * ckv_dtype_size(dst->kv.dtype);
-        for (int h = 0; h < p->n_kv_local; h++) {
-            cz->kv_bytes_full += (size_t)L * row_bytes;
-            cz->kv_bytes_kept += (size_t)sel.n_keep[h] * row_bytes;
-            cz->kept_entries += sel.n_keep[h];
-            cz->total_entries += L;
+    const unsigned long long bytes0 = comm_now(m);
+    unsigned long long log_bytes = 0;
+    ckv_status st;
+    if (cz->cfg->alloc == CKV_ALLOC_MODEL) {
+        st = model_layer(cz, dst, src, layer, L, &sel, &log_bytes);
+        if (st != CKV_STATUS_OK) ckv_compressor_release(cz);
+    } else {
+        ckv_score_inputs in;
+        ckv_compress_score_inputs(src, layer, L, &in);
+        ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
+        st = ckv_evict_layer(cz->cfg, &in, cz->headkv_budgets ? &hb : NULL, &sel);
+        if (st == CKV_STATUS_OK) {
+            cz->score_seconds += sel.score_seconds;
+            cz->select_seconds += sel.select_seconds;
+            st = apply_layer(cz, dst, src, layer, L, &sel, &in, &log_bytes);
         }
-        if (dst == src)
-            st = ckv_kv_layer_compact_dev(&dst->kv, layer, sel.rows, L, sel.n_keep, dst->capacity - L);
-        else
-            st = ckv_kv_layer_gather_from(&dst->kv, &src->kv, layer, sel.rows, L, sel.n_keep, dst->capacity - L);
-        if (st == CKV_STATUS_OK && cz->cfg->rerotate_keys) st = rerotate_layer(dst, layer);
-        cz->compact_seconds += ckv_time_now() - t0;
     }
-    if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, &sel);
-    cz->comm_bytes += (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0) - bytes0;
-    if (st == CKV_STATUS_OK && cz->dump) st = dump_layer(cz, src, layer, &sel, &in);
+    cz->comm_bytes += comm_now(m) - bytes0 - log_bytes;
     ckv_selection_free(&sel);
     return st;
 }

@@ -13,6 +13,7 @@
 #include "engine/session.h"
 #include "evict/press.h"
 #include "evict/select.h"
+#include "evict/select_model.h"
 
 typedef struct {
     const ckv_press_config *cfg;
@@ -28,7 +29,14 @@ typedef struct {
     size_t kv_bytes_kept;          /* what they hold after compression (kept rows) */
     long kept_entries, total_entries;
     unsigned long long comm_bytes; /* payload this rank handed to collectives while compressing */
+    /* a press that selects across layers (layer_defensivekv): every layer's scores, from the first
+     * layer's hook to the last one's (then freed); NULL otherwise */
+    ckv_model_selection *model;
 } ckv_compressor;
+
+/* Frees what a compressor holds between layers (a prefill abandoned part way through a press that
+ * selects across layers); a no-op otherwise. The statistics stay. */
+void ckv_compressor_release(ckv_compressor *cz);
 
 /* Fills the scorer inputs of `layer` from the session's model, cache segments (context rows 0..L-1
  * of every local head; their device positions serve as the context positions) and saved attention
@@ -40,7 +48,9 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
  * tokens its base scorer protects. */
 ckv_status ckv_compress_headkv_budgets(const ckv_press_config *cfg, const ckv_model_config *mc, int L, int32_t **out);
 
-/* The layer hook to pass to ckv_session_prefill_hook (ctx = a ckv_compressor). */
+/* The layer hook to pass to ckv_session_prefill_hook (ctx = a ckv_compressor). A press that selects
+ * across layers (CKV_ALLOC_MODEL) leaves every layer whole until the last layer's hook, which selects
+ * over the model and compacts them all (peak KV: the full cache). */
 ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt);
 
 /* The same selection made on src's full layer (its cache rows 0..L-1 and attention inputs) with the

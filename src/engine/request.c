@@ -300,6 +300,7 @@ ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_pr
 
 void ckv_prepared_free(ckv_prepared *pc) {
     if (!pc) return;
+    ckv_compressor_release(&pc->cz);
     ckv_session_free(&pc->sess);
     ckv_free(pc->logits);
     free(pc->headkv);

@@ -336,17 +336,21 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
         n += print_options(base + n, sizeof base - (size_t)n, c, d->options);
         if ((size_t)n < sizeof base) snprintf(base + n, sizeof base - (size_t)n, ")");
     }
+    /* the kept-count formula (a press that selects over the model states its model-wide total) */
+    const char *formula = d->kept == CKV_KEPT_MODEL_FRACTION ? "kept=int(L*(1-cr)*Hkv*n_layers) over the model"
+                                                             : "kept=max(1,floor(L*(1-cr)))";
     if (!ckv_press_evicts(c))
         snprintf(budget, sizeof budget, " full cache");
     else if (c->alloc == CKV_ALLOC_PER_LAYER)
         snprintf(budget, sizeof budget, " per layer (kept=max(1,floor(L*(1-cr_layer))))");
     else if (c->budget_tokens > 0)
-        snprintf(budget, sizeof budget, " budget_tokens=%d per head", c->budget_tokens);
+        snprintf(budget, sizeof budget, " budget_tokens=%d per head%s", c->budget_tokens,
+                 d->kept == CKV_KEPT_MODEL_FRACTION ? " (n_layers*Hkv*N over the model)" : "");
     else if (c->budget_given_as_b)
-        snprintf(budget, sizeof budget, " budget=%g (cr=%.17g, kept=max(1,floor(L*(1-cr))))", 1.0 - c->compression_ratio,
-                 c->compression_ratio);
+        snprintf(budget, sizeof budget, " budget=%g (cr=%.17g, %s)", 1.0 - c->compression_ratio, c->compression_ratio,
+                 formula);
     else
-        snprintf(budget, sizeof budget, " cr=%g (kept=max(1,floor(L*(1-cr))))", c->compression_ratio);
+        snprintf(budget, sizeof budget, " cr=%g (%s)", c->compression_ratio, formula);
     const int len = snprintf(c->spec, sizeof c->spec, "%s%s%s%s", wrap, base, budget,
                              c->query_aware ? " query-aware" : " context-only");
     if (len < 0 || (size_t)len >= sizeof c->spec || strlen(wrap) + 1 >= sizeof wrap)
@@ -491,6 +495,13 @@ void ckv_press_layer_kept(const ckv_press_config *c, int layer, int n_layers, in
         if (n_safe > L) n_safe = L;
     }
     out->safeguard = n_safe;
+}
+
+long ckv_press_model_kept(const ckv_press_config *c, int n_layers, int L, int n_kv) {
+    const long all = (long)n_layers * n_kv * L;
+    long total = c->budget_tokens > 0 ? (long)n_layers * n_kv * (c->budget_tokens < L ? c->budget_tokens : L)
+                                      : (long)((double)L * (1.0 - c->compression_ratio) * (double)n_kv * (double)n_layers);
+    return total < 0 ? 0 : total > all ? all : total;
 }
 
 int ckv_press_first_stage(const ckv_press_config *c, int k) {

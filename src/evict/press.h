@@ -31,6 +31,7 @@ typedef enum {
     CKV_SCORER_CUR,               /* kvpress CURPress (attention-free) */
     CKV_SCORER_LEVERAGE,          /* kvpress LeverageScorePress (attention-free) */
     CKV_SCORER_COMPACTOR,         /* kvpress CompactorPress (leverage + chunked non-causal attention) */
+    CKV_SCORER_LAYER_DEFENSIVEKV, /* DefensiveKV's scores, one top-k over every layer (FFY0/DefensiveKV) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -40,7 +41,8 @@ typedef enum {
     CKV_ALLOC_HEADKV,      /* per-head budgets from an offline head-importance profile */
     CKV_ALLOC_GLOBAL,      /* plain global top-k across the heads of a layer (defensivekv) */
     CKV_ALLOC_CHUNK,       /* whole chunks shared by the layer's heads, ranked by mean score (kvpress ChunkKVPress) */
-    CKV_ALLOC_PER_LAYER    /* every head of layer l keeps max(1, floor(L * (1 - cr_l))) (kvpress PerLayerCompressionPress) */
+    CKV_ALLOC_PER_LAYER,   /* every head of layer l keeps max(1, floor(L * (1 - cr_l))) (kvpress PerLayerCompressionPress) */
+    CKV_ALLOC_MODEL        /* one top-k across every layer and head of the model (layer_defensivekv; select_model.h) */
 } ckv_alloc_kind;
 
 /* per_layer's compression ratios, one per layer of the model, in layer order */
@@ -182,6 +184,10 @@ typedef struct {
  * the registry's kept-count rule of the press and kvpress's (or the reference's) evaluation order. */
 void ckv_press_layer_kept(const ckv_press_config *cfg, int layer, int n_layers, int L, int n_kv_heads,
                           ckv_press_kept *out);
+/* The entries kept over the whole model by a press that selects across layers (CKV_ALLOC_MODEL):
+ * DefensiveKV's int(L * (1 - cr) * n_kv_heads * n_layers), left to right in double; with budget_tokens
+ * N, n_layers * n_kv_heads * min(N, L). At most n_layers * n_kv_heads * L. */
+long ckv_press_model_kept(const ckv_press_config *cfg, int n_layers, int L, int n_kv_heads);
 /* CriticalKV's stage-1 count of a head whose budget was allocated across heads (k rows). */
 int ckv_press_first_stage(const ckv_press_config *cfg, int k);
 

@@ -54,7 +54,9 @@ typedef enum {
 typedef enum {
     CKV_KEPT_UNIFORM,       /* every head max(1, floor(L * (1 - cr))) or min(budget_tokens, L) */
     CKV_KEPT_PYRAMID,       /* PyramidKV's per-layer schedule (pyramid.c) */
-    CKV_KEPT_LAYER_FRACTION /* one layer total int(L * (1 - cr) * Hkv) over all heads (DefensiveKV) */
+    CKV_KEPT_LAYER_FRACTION, /* one layer total int(L * (1 - cr) * Hkv) over all heads (DefensiveKV) */
+    CKV_KEPT_MODEL_FRACTION  /* one model total int(L * (1 - cr) * Hkv * n_layers) over all layers and heads
+                              * (Layer-DefensiveKV; ckv_press_model_kept) */
 } ckv_kept_rule;
 
 enum { CKV_WRAP_CRITICAL = 1u << 0, CKV_WRAP_ADAKV = 1u << 1, CKV_WRAP_HEADKV = 1u << 2,

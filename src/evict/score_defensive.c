@@ -23,8 +23,12 @@
  * too (tied with the forced tokens); here it is reported as protected and the caller gives it M + 1,
  * so it is never cut before a forced token. The official value norm runs in a Triton kernel (TF32
  * dot products on GPUs); here it is plain fp32.
- * It does not select (select.c ranks all heads of the layer at once: CKV_ALLOC_GLOBAL) and does not
- * set the window's score. What runs where: steps 1-4 and the value norms are backend ops on device
+ * Layer-DefensiveKV (press layer_defensivekv, EfficientLayerDefensiveKVPress) scores the same way; only
+ * its window differs: the official window holds its layer's max M, and so competes at M in the one
+ * top-k over every layer; here it holds nextafterf(M, +inf) (one ulp above its layer's forced tokens,
+ * never cut before them) and nothing is reported protected.
+ * It does not select (select.c ranks all heads of the layer at once: CKV_ALLOC_GLOBAL; select_model.c
+ * every layer at once: CKV_ALLOC_MODEL) and, for defensivekv, does not set the window's score. What runs where: steps 1-4 and the value norms are backend ops on device
  * buffers (matmul, rope, evict_attn_probs for the [n_q_local, w, L] weights, evict_defensive_rows for
  * the mean, the window bias and the pooled mass-preserving max, ckv_critical_value_norm); the
  * per-head bookkeeping - the floor at the mean, the normalisation across heads, M and step 6's
@@ -90,10 +94,11 @@ fail:
 }
 
 static ckv_status def_check(const ckv_score_inputs *in, const ckv_press_config *cfg, double *keep_frac) {
-    CKV_TRY(ckv_score_check_inputs(in, "defensivekv"));
+    const char *name = ckv_scorer_name(cfg->scorer);
+    CKV_TRY(ckv_score_check_inputs(in, name));
     if (!in->xn || !in->wq || !in->wo || !in->pos || !in->inv_freq)
-        return ckv_error(CKV_STATUS_ERR_ARG, "scorer defensivekv: layer %d needs the attention input, q_proj, o_proj, "
-                         "positions and rope tables", in->layer);
+        return ckv_error(CKV_STATUS_ERR_ARG, "scorer %s: layer %d needs the attention input, q_proj, o_proj, "
+                         "positions and rope tables", name, in->layer);
     const int w = cfg->window, k = cfg->kernel;
     if (w < 1) return ckv_error(CKV_STATUS_ERR_ARG, "window %d must be at least 1", w);
     if (in->L <= w)
@@ -101,13 +106,13 @@ static ckv_status def_check(const ckv_score_inputs *in, const ckv_press_config *
     if (k < 1 || k % 2 == 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "kernel %d must be odd and at least 1 (1 = no pooling)", k);
     if (cfg->pool != CKV_POOL_AVG)
-        return ckv_error(CKV_STATUS_ERR_ARG, "press defensivekv pools with avg only (DefensiveKV has no max pooling); "
-                         "pool max is not supported");
+        return ckv_error(CKV_STATUS_ERR_ARG, "press %s pools with avg only (DefensiveKV has no max pooling); "
+                         "pool max is not supported", name);
     if (cfg->budget_tokens > 0) {
         *keep_frac = (double)(cfg->budget_tokens < in->L ? cfg->budget_tokens : in->L) / (double)in->L;
     } else {
         if (!(cfg->compression_ratio >= 0.0 && cfg->compression_ratio < 1.0))
-            return ckv_error(CKV_STATUS_ERR_ARG, "press defensivekv: compression ratio %g outside [0, 1)",
+            return ckv_error(CKV_STATUS_ERR_ARG, "press %s: compression ratio %g outside [0, 1)", name,
                              cfg->compression_ratio);
         *keep_frac = 1.0 - cfg->compression_ratio;
     }
@@ -234,7 +239,13 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
         float *dst = out + (size_t)g * L;
         for (int i = 0; i < k; i++) dst[ws.rank[i].t] = M;
     }
-    info->protect_tail = w;
+    if (cfg->scorer == CKV_SCORER_LAYER_DEFENSIVEKV) { /* the window at its layer's max, one ulp above */
+        const float win = nextafterf(M, INFINITY);
+        for (int g = 0; g < nkv; g++)
+            for (int t = n; t < L; t++) out[(size_t)g * L + t] = win;
+    } else {
+        info->protect_tail = w;
+    }
 done:
     if (out) {
         ckv_status s2 = ckv_evict_host_release(be, scores, out, s_bytes, s == CKV_STATUS_OK);

@@ -21,7 +21,9 @@
  * kept fraction budget_tokens / L) for the first-stage cap. Collectives: over in->replica (when
  * tp > Hkv) a sum and a max (plus the sum inside the value norm), over in->tp a sum of the window
  * bias, a sum of the per-token value norms of all KV heads and a max for M; every rank of a replica
- * group gets identical scores. Errors: L <= window, even kernel, max pooling, missing inputs. */
+ * group gets identical scores. Errors: L <= window, even kernel, max pooling, missing inputs.
+ * For layer_defensivekv (cfg->scorer CKV_SCORER_LAYER_DEFENSIVEKV) the window entries hold
+ * nextafterf(M, +inf) instead and info->protect_tail is 0 (it competes across layers; select_model.h). */
 ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores,
                                  ckv_score_info *info);
 

@@ -224,17 +224,34 @@ static ckv_status chunk_rows(const ckv_press_config *cfg, const ckv_score_inputs
     return st;
 }
 
-ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *in, const ckv_head_budgets *hb,
-                           ckv_selection *out) {
-    const int L = in->L, nkv = in->n_kv_local, H = in->n_kv_heads;
-    if (out->L != L || out->n_kv_local != nkv || out->n_kv_heads != H || out->be != in->be)
+/* The layer's scores into out->scores with the protected tokens set. */
+static ckv_status layer_scores(const ckv_press_config *cfg, const ckv_score_inputs *in, ckv_selection *out) {
+    if (out->L != in->L || out->n_kv_local != in->n_kv_local || out->n_kv_heads != in->n_kv_heads || out->be != in->be)
         return ckv_error(CKV_STATUS_ERR_ARG, "selection buffers do not fit the layer");
-    ckv_backend *be = in->be;
-    double t0 = ckv_time_now();
     ckv_score_info info = {0, 0};
     CKV_TRY(reserve_scratch(cfg, in));
     CKV_TRY(ckv_score_layer(in, cfg, out->scores, &info));
-    CKV_TRY(protect(in, &info, out));
+    return protect(in, &info, out);
+}
+
+ckv_status ckv_evict_layer_scores(const ckv_press_config *cfg, const ckv_score_inputs *in, ckv_selection *out) {
+    const double t0 = ckv_time_now();
+    CKV_TRY(layer_scores(cfg, in, out));
+    CKV_TRY(gather_heads(in, out));
+    CKV_TRY(in->be->ops->sync(in->be));
+    out->score_seconds = ckv_time_now() - t0;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *in, const ckv_head_budgets *hb,
+                           ckv_selection *out) {
+    const int L = in->L, nkv = in->n_kv_local, H = in->n_kv_heads;
+    if (cfg->alloc == CKV_ALLOC_MODEL)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press %s selects over every layer at once (one top-k over the model), "
+                         "not one layer at a time", ckv_scorer_name(cfg->scorer));
+    ckv_backend *be = in->be;
+    double t0 = ckv_time_now();
+    CKV_TRY(layer_scores(cfg, in, out));
     ckv_press_kept kept;
     ckv_press_layer_kept(cfg, in->layer, in->n_layers, L, H, &kept);
     const int n_kept = kept.per_head;

@@ -52,8 +52,14 @@ typedef struct {
     const int32_t *budget; /* [n_kv_heads] kept tokens per KV head of this layer (global heads, host) */
 } ckv_head_budgets;
 
-/* Scores layer in->layer and selects what each local head keeps (in->L context rows). */
+/* Scores layer in->layer and selects what each local head keeps (in->L context rows). A press that
+ * selects across layers (CKV_ALLOC_MODEL, layer_defensivekv) is refused: see select_model.h. */
 ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *in, const ckv_head_budgets *hb,
                            ckv_selection *out);
+
+/* The scoring half of ckv_evict_layer: out->scores [n_kv_local, L] with the protected tokens set, and
+ * every KV head's row all-gathered into out->all [n_kv_heads, L] (global head order, identical on
+ * every rank); sets out->score_seconds, selects nothing. */
+ckv_status ckv_evict_layer_scores(const ckv_press_config *cfg, const ckv_score_inputs *in, ckv_selection *out);
 
 #endif

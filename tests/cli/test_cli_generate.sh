@@ -99,13 +99,21 @@ qa=(--question-ids 5,6 --question-ids 9 --max-new-tokens 5 --ignore-eos)
 "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv" "${qa[@]}" >"$tmp/loaded" 2>"$tmp/err" || { echo "FAIL load-cache run"; cat "$tmp/err"; fail=1; }
 if cmp -s "$tmp/direct" "$tmp/loaded" && [ -s "$tmp/loaded" ]; then echo "ok   answers from a loaded cache equal the direct run"
 else echo "FAIL loaded cache answers differ:"; cat "$tmp/direct" "$tmp/loaded"; fail=1; fi
-for p in cur adakv:leverage chunkkv:snapkv per_layer:knorm key_rerotation:streaming_llm compactor; do  # attention-free presses and wrappers save and load too
+for p in cur adakv:leverage chunkkv:snapkv per_layer:knorm key_rerotation:streaming_llm compactor layer_defensivekv; do  # attention-free presses, wrappers and the model-wide selection save and load too
   budget=(--budget 0.3); [[ $p == per_layer:* ]] && budget=(--press-opt compression_ratios=0.5,0.7,0.9)
   "$ckv" generate --model "$llama" --prompt-ids "$ids" --press "$p" "${budget[@]}" "${qa[@]}" --save-cache "$tmp/p.ckv" \
     >"$tmp/p.direct" 2>"$tmp/err" && "$ckv" generate --model "$llama" --load-cache "$tmp/p.ckv" "${qa[@]}" >"$tmp/p.loaded" 2>>"$tmp/err" \
     && cmp -s "$tmp/p.direct" "$tmp/p.loaded" && [ -s "$tmp/p.loaded" ] && echo "ok   $p: answers from its saved cache equal the direct run" \
     || { echo "FAIL $p save/load"; cat "$tmp/err"; fail=1; }
 done
+# layer_defensivekv at 0.1 spends the whole budget on layer 0: the other layers keep no context row,
+# and their empty heads are saved, loaded and answered from like any other
+"$ckv" generate --model "$llama" --prompt-ids "$ids" --press layer_defensivekv --budget 0.1 "${qa[@]}" --save-cache "$tmp/z.ckv" \
+  --dump-kept "$tmp/z.jsonl" >"$tmp/z.direct" 2>"$tmp/err" && "$ckv" generate --model "$llama" --load-cache "$tmp/z.ckv" "${qa[@]}" \
+  >"$tmp/z.loaded" 2>>"$tmp/err" && cmp -s "$tmp/z.direct" "$tmp/z.loaded" && [ -s "$tmp/z.loaded" ] \
+  && python3 -c "import json,sys; n=[json.loads(l)['n_kept'] for l in open(sys.argv[1])]; assert 0 in n and sum(n) == int(240*(1-0.9)*2*3), n" "$tmp/z.jsonl" \
+  && echo "ok   layer_defensivekv 0.1: empty heads saved and loaded, answers equal the direct run" \
+  || { echo "FAIL layer_defensivekv 0.1 save/load"; cat "$tmp/err"; fail=1; }
 expect_error "cache of another model" "made with another model" "$ckv" generate --model "$fx/mistral_gqa" --load-cache "$tmp/ctx.ckv" "${qa[@]}"
 cp "$tmp/ctx.ckv" "$tmp/bad.ckv"; printf '\x55' | dd of="$tmp/bad.ckv" bs=1 seek=2000 conv=notrunc 2>/dev/null
 expect_error "corrupted cache" "checksum mismatch" "$ckv" generate --model "$llama" --load-cache "$tmp/bad.ckv" "${qa[@]}"

@@ -22,9 +22,10 @@
 
 /* beside the fixture presses: lagkv at its default lag (one partition of these contexts) and at
  * short lags (many partitions; cross scoring), leverage alone and under adakv (a few CPU seconds
- * each: lag 16, sketch 8 and critical:leverage were also identical when tried) */
+ * each: lag 16, sketch 8 and critical:leverage were also identical when tried), and layer_defensivekv
+ * (its one top-k over every layer) */
 static const char *const extra[] = {"lagkv", "lagkv lag_size=32,cross_scoring=1", "adakv:lagkv lag_size=24",
-                                    "leverage", "adakv:leverage"};
+                                    "leverage", "adakv:leverage", "layer_defensivekv"};
 static const size_t n_extra = sizeof extra / sizeof extra[0];
 
 static const char *const models[] = {"llama_gqa", "qwen2_bias"};

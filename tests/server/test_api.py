@@ -87,7 +87,7 @@ def fixture_tests():
                          ("leverage", {"budget": 0.5}), ("chunkkv:snapkv", {"budget": 0.5}),
                          ("chunkkv:knorm", {"compression_ratio": 0.75}),
                          ("key_rerotation:streaming_llm", {"compression_ratio": 0.5}),
-                         ("compactor", {"budget": 0.5})):
+                         ("compactor", {"budget": 0.5}), ("layer_defensivekv", {"budget": 0.5})):
         r = c.completions.create(model="llama_gqa", prompt=ctx, max_tokens=4, temperature=0, extra_body={"press": press, **extra})
         u = r.usage.model_dump()
         t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and press.split(":")[0] in u["press"],

@@ -22,6 +22,7 @@
 #include "evict/press.h"
 #include "evict/score_defensive.h"
 #include "evict/scorer.h"
+#include "evict/select.h"
 #include "common/rank_view.h"
 
 /* ---- random inputs --------------------------------------------------------------------------- */
@@ -324,6 +325,24 @@ static void check_case(ckv_backend *be, const dcase *k) {
                   ni.n_forced[g]);
         if (ni.count[g] > 0 && ni.count[g] < ni.cap) seen_threshold = 1;
     }
+    { /* layer_defensivekv: the same scores; its window one ulp above the layer max, nothing protected */
+        ckv_press_config cl = c;
+        cl.scorer = CKV_SCORER_LAYER_DEFENSIVEKV;
+        cl.alloc = CKV_ALLOC_MODEL;
+        float *gl = malloc(sizeof(float) * (size_t)Hkv * L);
+        ckv_score_info il = {-1, -1};
+        CHECK_OK(ckv_score_defensivekv(&v.in, &cl, gl, &il));
+        CHECK_MSG(il.protect_head == 0 && il.protect_tail == 0, "%s layer variant protects %d + %d", k->what,
+                  il.protect_head, il.protect_tail);
+        int same = 1, win = 1;
+        for (int g = 0; g < Hkv; g++) {
+            for (int t = 0; t < n; t++) same &= gl[(size_t)g * L + t] == got[(size_t)g * L + t];
+            for (int t = n; t < L; t++) win &= gl[(size_t)g * L + t] == nextafterf(layer_max, INFINITY);
+        }
+        CHECK_MSG(same && win, "%s layer variant: context scores %s, window %s", k->what, same ? "equal" : "DIFFER",
+                  win ? "at nextafter(max)" : "WRONG");
+        free(gl);
+    }
     if (ni.cap < 0) seen_negative_cap = 1;
     if (ni.cap == 0) seen_zero_cap = 1;
     if (n < k->w) seen_short = 1;
@@ -361,6 +380,17 @@ static void check_errors(ckv_backend *be) {
     CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "avg only");
     c = press_def(8, 5, 1.0);
     CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "compression ratio 1");
+    { /* a press that selects over the model has no one-layer selection */
+        ckv_press_config cl = press_def(8, 5, 0.5);
+        cl.scorer = CKV_SCORER_LAYER_DEFENSIVEKV;
+        cl.alloc = CKV_ALLOC_MODEL;
+        ckv_selection sel;
+        CHECK_OK(ckv_selection_init(&sel, be, 2, 2, 40));
+        CHECK_FAILS(ckv_evict_layer(&cl, &v.in, NULL, &sel), CKV_STATUS_ERR_ARG, "selects over every layer at once");
+        cl.pool = CKV_POOL_MAX;
+        CHECK_FAILS(ckv_score_defensivekv(&v.in, &cl, got, &info), CKV_STATUS_ERR_ARG, "press layer_defensivekv pools");
+        ckv_selection_free(&sel);
+    }
     c = press_def(8, 5, 0.5);
     v.in.wo = NULL;
     CHECK_FAILS(ckv_score_defensivekv(&v.in, &c, got, &info), CKV_STATUS_ERR_ARG, "o_proj");

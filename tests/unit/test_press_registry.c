@@ -50,6 +50,9 @@ static void check_canonical(void) {
     }
     ckv_press_config c = built("knorm", CKV_BUDGET_RATIO, 0.3);
     CHECK_MSG(!strcmp(c.spec, "knorm cr=0.3 (kept=max(1,floor(L*(1-cr)))) context-only"), "got '%s'", c.spec);
+    c = built("layer_defensivekv", CKV_BUDGET_FRACTION, 0.25); /* its count is over the model */
+    CHECK_MSG(!strcmp(c.spec, "layer_defensivekv(window=32,kernel=5,pool=avg) budget=0.25 (cr=0.75, "
+                              "kept=int(L*(1-cr)*Hkv*n_layers) over the model) context-only"), "got '%s'", c.spec);
     c = built("snapkv", CKV_BUDGET_TOKENS, 40);
     CHECK_MSG(!strcmp(c.spec, "snapkv(window=64,kernel=5,pool=avg) budget_tokens=40 per head context-only"), "got '%s'",
               c.spec);
@@ -230,6 +233,15 @@ static void check_kept(void) {
     ckv_press_layer_kept(&c, 0, 3, 301, 4, &k);
     CHECK_MSG(k.layer_total == (long)(301.0 * (1.0 - 0.7) * 4.0) && k.per_head == 90, "total %ld, per head %d",
               k.layer_total, k.per_head);
+    c = built("layer_defensivekv", CKV_BUDGET_RATIO, 0.9); /* int(L * (1 - cr) * Hkv * n_layers) over the model */
+    CHECK_MSG(ckv_press_model_kept(&c, 3, 300, 2) == (long)(300.0 * (1.0 - 0.9) * 2.0 * 3.0) &&
+                  ckv_press_model_kept(&c, 3, 300, 2) == 179, /* one truncation: 179.99999999999997 */
+              "model total %ld", ckv_press_model_kept(&c, 3, 300, 2));
+    c = built("layer_defensivekv", CKV_BUDGET_TOKENS, 40);
+    CHECK_MSG(ckv_press_model_kept(&c, 3, 300, 2) == 240 && ckv_press_model_kept(&c, 3, 20, 2) == 120,
+              "model total with budget_tokens: %ld, %ld", ckv_press_model_kept(&c, 3, 300, 2),
+              ckv_press_model_kept(&c, 3, 20, 2));
+    CHECK_MSG(c.alloc == CKV_ALLOC_MODEL, "layer_defensivekv selects over the model (alloc %d)", (int)c.alloc);
     c = built("pyramidkv", CKV_BUDGET_RATIO, 0.5);
     for (int layer = 0; layer < 24; layer++) {
         ckv_press_layer_kept(&c, layer, 24, 1000, 2, &k);
@@ -248,6 +260,7 @@ static void check_protected(void) {
                  {"tova", 0, 1},          {"streaming_llm", 4, 0},      {"expected_attention", 4, 0},
                  {"knorm", 0, 0},         {"observed_attention", 0, 0}, {"random", 0, 0},
                  {"defensivekv", 0, 32},   {"critical_adakv:snapkv", 0, 64}, {"keydiff", 0, 0},
+                 {"layer_defensivekv", 0, 0}, /* its window competes across layers at its layer's max */
                  {"lagkv", 0, 0},         /* its sinks and tail score 1, kvpress's "always keep" */
                  {"cur", 0, 0},           /* its sinks score 1 the same way */
                  {"leverage", 0, 0}};

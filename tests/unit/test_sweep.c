@@ -74,8 +74,9 @@ static void run_model(const char *name, ckv_kv_dtype kv) {
     const int reserve = NQ + NEW;
     ckv_gen_params g = {.max_new_tokens = NEW, .ignore_eos = 1};
     g.sampling.top_p = 1.0f;
-    const char *extra[] = {"headkv:snapkv", "critical_headkv:snapkv", "adakv:tova", "critical:observed_attention"};
-    const int n_fx = (int)ckv_fixture_n_presses, n_all = n_fx + 4;
+    const char *extra[] = {"headkv:snapkv", "critical_headkv:snapkv", "adakv:tova", "critical:observed_attention",
+                           "layer_defensivekv"};
+    const int n_fx = (int)ckv_fixture_n_presses, n_all = n_fx + (int)(sizeof extra / sizeof extra[0]);
     const double budgets[] = {0.3, 0.6, 1.0};
     int xn_first = NCTX;
     ckv_press_config *presses = calloc((size_t)n_all * 3, sizeof *presses);

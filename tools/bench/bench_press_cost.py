@@ -18,13 +18,13 @@ floor" is how far the measured eviction share is from it (selection and compacti
 
 Floors per layer, multiply-adds (L tokens, D hidden, H query heads, Hkv KV heads, d head_dim, w the
 window, k = 48), from what each scorer reads and computes (docs/presses.md, docs/benchmarks.md):
-  snapkv, pyramidkv (w 64), snapkv_paper, defensivekv (w 32), tova (w 1):
+  snapkv, pyramidkv (w 64), snapkv_paper, defensivekv, layer_defensivekv (w 32), tova (w 1):
                      w D H d + w L H d        (the window's queries, their logits on every key)
   observed_attention L D H d + L^2 H d / 2
   expected_attention L D H d + 1.5 L H d^2    (queries, their moments, the covariance term per key)
   knorm L d Hkv; keydiff 3 L d Hkv; lagkv 8 L d Hkv; cur 2 L d Hkv; leverage (2 L d k + L k^2) Hkv
   streaming_llm, random: none (selection only: no floor, no ratio)
-  critical:, critical_adakv:, critical_headkv: and defensivekv add the value norms L H d D
+  critical:, critical_adakv:, critical_headkv:, defensivekv and layer_defensivekv add the value norms L H d D
   adakv:, headkv: add nothing (budgets from the same scores)
 
 Usage: tools/bench/bench_press_cost.py --ckv build/ckv --model M.gguf [--model N.gguf]
@@ -45,7 +45,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-WINDOW = {"snapkv": 64, "pyramidkv": 64, "snapkv_paper": 32, "defensivekv": 32, "tova": 1}
+WINDOW = {"snapkv": 64, "pyramidkv": 64, "snapkv_paper": 32, "defensivekv": 32, "layer_defensivekv": 32, "tova": 1}
 NO_FLOOR = ("streaming_llm", "random")
 WRAPPERS = {"critical": 1, "critical_adakv": 1, "critical_headkv": 1, "adakv": 0, "headkv": 0}  # 1: value norms
 
@@ -71,7 +71,7 @@ def floor_mac(press: str, L: int, sh: dict) -> int | None:
         mac = 0
     else:
         die(f"--presses: no FLOP floor for '{base}'")
-    if WRAPPERS.get(wrapper, 0) or base == "defensivekv":
+    if WRAPPERS.get(wrapper, 0) or base in ("defensivekv", "layer_defensivekv"):
         mac += L * H * d * D
     return mac * sh["layers"] if mac else None
 
