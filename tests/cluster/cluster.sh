@@ -166,14 +166,34 @@ EOF
   return 1
 }
 
-# sbatch on the head node, then wait (at most SECS) until the job has left the queue; prints the id
+# sbatch on the head node, then wait (at most SECS) until the job has left the queue; prints the id.
+# A job one of whose ranks died inside MPI_Init is submitted once more (see cluster_init_crash).
 cluster_sbatch_wait() {
   local secs=$1; shift
-  local id
-  id=$(cluster_exec head sbatch --parsable "$@") || return 1
-  id=${id%%;*}
-  cluster_wait_job "$id" "$secs" || return 1
+  local id out="" a try
+  for a in "$@"; do case "$a" in --output=*) out=${a#--output=} ;; esac; done
+  for try in 1 2; do
+    id=$(cluster_exec head sbatch --parsable "$@") || return 1
+    id=${id%%;*}
+    cluster_wait_job "$id" "$secs" || return 1
+    [ "$try" = 1 ] && [ -n "$out" ] && cluster_init_crash "${out//%j/$id}" || break
+    echo "cluster: job $id: a rank died at address 0 inside MPI_Init before ckv printed a line (Open MPI 4.1's start-up race, see cluster_init_crash); submitted once more" >&2
+  done
   echo "$id"
+}
+
+# cluster_init_crash OUTPUT: whether a job's output shows Open MPI 4.1.4's start-up race and nothing
+# else: a rank's TCP BTL was handed a message (tag 0x41, an ob1 match fragment from a peer already
+# out of MPI_Init) before that rank's PML had registered the handler, and called the NULL handler: a
+# segfault at address 0 whose backtrace is the signal frame alone, under a loaded machine about one
+# job in 100 here (cores taken in this harness showed PMPI_Init_thread > ompi_mpi_init >
+# opal_progress > mca_btl_tcp > NULL). A line of ckv's (an error, a warning, the statistics) rules
+# it out, and it is submitted again once only: a deterministic crash still fails.
+cluster_init_crash() {
+  local f=$1
+  [ -f "$f" ] && grep -q 'Failing at address: (nil)' "$f" || return 1
+  grep -q '\] \[ 0\] ' "$f" && ! grep -q '\] \[ 1\] ' "$f" || return 1 # the signal frame alone
+  ! grep -q -E '^ckv(\[[0-9]+\])?: ' "$f"
 }
 
 # wait until job ID is no longer pending or running (at most SECS)
