@@ -30,6 +30,11 @@ ckv_status ckv_decode_batch_init(ckv_decode_batch *b, ckv_model *m, int max_seq)
     if (st == CKV_STATUS_OK) st = be->ops->upload(be, b->seq_start, idx, (size_t)(max_seq + 1) * sizeof(int32_t));
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&b->pos, (size_t)max_seq * sizeof(int32_t), "batch positions");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&b->members, (size_t)max_seq * sizeof *b->members, "batch members");
+    if (st == CKV_STATUS_OK && m->plan.tp > 1)
+        st = be->ops->alloc(be, (void **)&b->full_logits, (size_t)max_seq * (size_t)m->cfg.vocab_size * sizeof(float),
+                            "batch gathered logits");
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&b->u, (size_t)max_seq * sizeof(double), "batch draws");
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&b->ids, (size_t)max_seq * sizeof(int32_t), "batch ids");
     if (st != CKV_STATUS_OK) ckv_decode_batch_free(b);
     return st;
 }
@@ -43,6 +48,9 @@ void ckv_decode_batch_free(ckv_decode_batch *b) {
         be->ops->release(be, b->lists);
         be->ops->release(be, b->seq_of);
         be->ops->release(be, b->seq_start);
+        be->ops->release(be, b->full_logits);
+        be->ops->release(be, b->u);
+        be->ops->release(be, b->ids);
     }
     ckv_free(b->lists_host);
     ckv_free(b->pos);
@@ -75,8 +83,9 @@ static ckv_status batch_members(ckv_decode_batch *b, ckv_session *const *session
     return CKV_STATUS_OK;
 }
 
-ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
-                                 const float **logits) {
+/* The forward of a step up to the last hidden states b->x [n, D]; *t0 when it began. */
+static ckv_status batch_forward(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
+                                double *t0_out) {
     ckv_model *m = b->model;
     if (n < 1 || n > b->max_seq)
         return ckv_error(CKV_STATUS_ERR_ARG, "decode batch of %d sessions: expected 1 .. %d", n, b->max_seq);
@@ -110,8 +119,12 @@ ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessio
                              .seq_start = b->seq_start, .max_len = max_len + 1};
         CKV_TRY(ckv_model_layer_batch(m, &b->scratch, l, b->x, b->pos, n, caches, n, split, &view, NULL));
     }
-    CKV_TRY(ckv_model_logits(m, &b->scratch, b->x, n, logits));
-    CKV_TRY(m->be->ops->sync(m->be));
+    *t0_out = t0;
+    return CKV_STATUS_OK;
+}
+
+/* The step's bookkeeping once its outputs are on the host. */
+static void batch_account(ckv_decode_batch *b, ckv_session *const *sessions, int n, double t0) {
     double dt = ckv_time_now() - t0;
     for (int i = 0; i < n; i++) {
         sessions[i]->n_past++;
@@ -121,5 +134,39 @@ ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessio
     b->step_seconds += dt;
     b->steps++;
     b->rows += n;
+}
+
+ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
+                                 const float **logits) {
+    double t0 = 0.0;
+    CKV_TRY(batch_forward(b, sessions, tokens, n, &t0));
+    CKV_TRY(ckv_model_logits(b->model, &b->scratch, b->x, n, logits));
+    CKV_TRY(b->model->be->ops->sync(b->model->be));
+    batch_account(b, sessions, n, t0);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_decode_batch_step_ids(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
+                                     const ckv_batch_pick *picks, int32_t *ids) {
+    ckv_model *m = b->model;
+    ckv_backend *be = m->be;
+    const int V = m->cfg.vocab_size;
+    double t0 = 0.0, u[CKV_LOGITS_ROWS];
+    CKV_TRY(batch_forward(b, sessions, tokens, n, &t0));
+    const float *lg = NULL; // [n, V] device
+    CKV_TRY(ckv_model_logits_device(m, &b->scratch, b->x, n, b->full_logits, &lg));
+    if (!picks) {
+        CKV_TRY(be->ops->sync(be));
+        batch_account(b, sessions, n, t0);
+        return CKV_STATUS_OK;
+    }
+    for (int i = 0; i < n; i++) u[i] = picks[i].u;
+    CKV_TRY(be->ops->upload(be, b->u, u, (size_t)n * sizeof(double)));
+    for (int i = 0; i < n; i++) /* one row per call: each row has its own settings */
+        be->ops->sample(be, b->ids + i, lg + (size_t)i * V, 1, V, picks[i].temperature, picks[i].top_k, picks[i].top_p,
+                        b->u + i);
+    CKV_TRY(be->ops->download(be, ids, b->ids, (size_t)n * sizeof(int32_t)));
+    CKV_TRY(be->ops->sync(be));
+    batch_account(b, sessions, n, t0);
     return CKV_STATUS_OK;
 }

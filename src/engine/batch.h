@@ -2,7 +2,9 @@
  * row per session), so a server's running requests share every weight read. The sessions keep
  * their own KV caches (each may have been compressed differently); the attention op sees them as
  * one segment batch. A batch object is sized once for up to max_seq sessions and allocates nothing
- * per step. It does not choose which sessions run (the caller's scheduler does) or sample. */
+ * per step. It does not choose which sessions run (the caller's scheduler does); it samples only on
+ * the device (ckv_decode_batch_step_ids, the backend's sample op): the host sampler, logit processing
+ * and log-probabilities are the caller's, on the rows ckv_decode_batch_step returns. */
 #ifndef CKV_ENGINE_BATCH_H
 #define CKV_ENGINE_BATCH_H
 
@@ -21,6 +23,9 @@ typedef struct {
     int32_t *seq_start;         /* [max_seq + 1] device: 0, 1, 2, ... */
     int32_t *pos;               /* [max_seq] host positions of the step */
     uint64_t *members;          /* [max_seq] ids of the sessions the device lists describe (host) */
+    float *full_logits;         /* [max_seq, V] device, tp > 1 only: the gathered rows the sample op reads */
+    double *u;                  /* [max_seq] device: each row's uniform draw */
+    int32_t *ids;               /* [max_seq] device: the sampled ids */
     int n_members;
     double step_seconds;        /* statistics */
     long steps, rows;
@@ -36,5 +41,20 @@ void ckv_decode_batch_free(ckv_decode_batch *b); /* accepts partial objects */
  * statistics advance as after ckv_session_decode. */
 ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
                                  const float **logits);
+
+/* How the device sample op picks a row's token (backend.h, `sample`): the host sampler's settings
+ * without min_p (which the op does not apply) and the uniform draw the host sampler would make
+ * (ckv_sampler_uniform, only when temperature > 0). */
+typedef struct {
+    float temperature, top_p;
+    int top_k;
+    double u;
+} ckv_batch_pick;
+
+/* As ckv_decode_batch_step, but row i's token is sampled on the device as picks[i] says and only the
+ * ids leave it: ids[i] (host) for session i. Every rank of a tensor-parallel group calls it together;
+ * a rank whose ids nobody reads (a follower) passes picks and ids NULL: the step stops at the logits. */
+ckv_status ckv_decode_batch_step_ids(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
+                                     const ckv_batch_pick *picks, int32_t *ids);
 
 #endif

@@ -25,7 +25,9 @@ ckv_status ckv_sched_init(ckv_sched *s, ckv_engine *e, const ckv_sched_exec *exe
     s->events = calloc(2 * (size_t)max_slots + 2, sizeof *s->events);
     s->step_slot = calloc((size_t)max_slots, sizeof *s->step_slot);
     s->step_tok = calloc((size_t)max_slots, sizeof *s->step_tok);
-    if (!s->slots || !s->events || !s->step_slot || !s->step_tok) {
+    s->step_pick = calloc((size_t)max_slots, sizeof *s->step_pick);
+    s->step_ids = calloc((size_t)max_slots, sizeof *s->step_ids);
+    if (!s->slots || !s->events || !s->step_slot || !s->step_tok || !s->step_pick || !s->step_ids) {
         ckv_sched_free(s);
         return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for a scheduler of %d slots", max_slots);
     }
@@ -58,6 +60,8 @@ void ckv_sched_free(ckv_sched *s) {
     free(s->events);
     free(s->step_slot);
     free(s->step_tok);
+    free(s->step_pick);
+    free(s->step_ids);
     memset(s, 0, sizeof *s);
 }
 
@@ -177,15 +181,31 @@ static void answer_event(ckv_sched *s, int slot, int32_t token) {
 
 /* The one place a request's next token is chosen: the model's row of logits [V] through the request's
  * logit processing (bias, penalties, the JSON mask), sampled and pushed into its answer; the event
- * carries the model's row (logprobs are of it). A constrained answer ends once its document is whole. */
-static void sample_token(ckv_sched *s, int slot, const float *logits) {
+ * carries the model's row (logprobs are of it). A constrained answer ends once its document is whole.
+ * logits NULL: `tok` was sampled on the device from the unprocessed row (device_pick said it may be). */
+static void take_token(ckv_sched *s, int slot, const float *logits, int32_t tok) {
     ckv_sched_slot *sl = &s->slots[slot];
-    int32_t tok;
-    ckv_answer_state_sample(&sl->answer, &sl->sampler, ckv_logits_apply(&sl->lp, logits), &tok);
+    if (logits) ckv_answer_state_sample(&sl->answer, &sl->sampler, ckv_logits_apply(&sl->lp, logits), &tok);
+    else ckv_answer_state_push(&sl->answer, tok);
     ckv_logits_accept(&sl->lp, tok);
     if (ckv_logits_grammar_finished(&sl->lp)) ckv_answer_state_end(&sl->answer, CKV_FINISH_EOS);
     answer_event(s, slot, tok);
     s->events[s->n_events - 1].logits = logits;
+}
+
+static void sample_token(ckv_sched *s, int slot, const float *logits) { take_token(s, slot, logits, -1); }
+
+/* Whether the device sample op picks the slot's next token as the host path would: no log-probabilities
+ * asked for, no logit processing (ckv_logits_apply would return the row itself) and no min_p; then
+ * *pick holds its settings and the draw the host sampler would make (the sampler advances). */
+static int device_pick(ckv_sched_slot *sl, ckv_batch_pick *pick) {
+    const ckv_sampler_config *c = &sl->sampler.cfg;
+    if (sl->req.logprobs || sl->lp.active || sl->lp.gv || c->min_p > 0.0f) return 0;
+    pick->temperature = c->temperature;
+    pick->top_k = c->top_k;
+    pick->top_p = c->top_p;
+    pick->u = 0.0;
+    return 1;
 }
 
 /* Feeds the question scored (r->score: echo with logprobs) in steps of at most CKV_LOGITS_ROWS ids:
@@ -314,6 +334,22 @@ static void decode_unit(ckv_sched *s) {
             s->step_tok[n++] = s->slots[i].next;
         }
     s->t_last_decode = ckv_time_now();
+    int device = s->exec.decode_ids != NULL;
+    for (int r = 0; r < n && device; r++) device = device_pick(&s->slots[s->step_slot[r]], &s->step_pick[r]);
+    if (device) { /* the draws only once every lane is known to take them */
+        for (int r = 0; r < n; r++) {
+            ckv_sched_slot *sl = &s->slots[s->step_slot[r]];
+            if (sl->sampler.cfg.temperature > 0.0f) s->step_pick[r].u = ckv_sampler_uniform(&sl->sampler);
+        }
+        ckv_status st = s->exec.decode_ids(s->exec.ctx, s->step_slot, s->step_tok, n, s->step_pick, s->step_ids);
+        if (st != CKV_STATUS_OK) {
+            slots_fail(s, s->step_slot, n, st);
+            return;
+        }
+        s->device_steps++;
+        for (int r = 0; r < n; r++) take_token(s, s->step_slot[r], NULL, s->step_ids[r]);
+        return;
+    }
     const float *logits = NULL; // [n, V]
     ckv_status st = s->exec.decode(s->exec.ctx, s->step_slot, s->step_tok, n, &logits);
     size_t V = (size_t)s->engine->model->cfg.vocab_size;

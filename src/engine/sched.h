@@ -22,8 +22,10 @@
  * Lifetimes are explicit: a request belongs to the scheduler from ckv_sched_admit until the event
  * with `done` set (then its slot is free and its lane released); the scheduler never reads a
  * request's `user` pointer, and the caller must keep the request's arrays alive until `done`.
- * Sampling happens in one place (the request's logit processing, then ckv_answer_state_sample on the
- * slot's sampler and answer state).
+ * Sampling happens in one place (take_token in sched.c: the request's logit processing, then
+ * ckv_answer_state_sample on the slot's sampler and answer state); a decode step whose every lane
+ * samples plainly (no log-probabilities, logit processing or min_p) draws the same uniforms from the
+ * same samplers and has the device pick the same tokens (exec.decode_ids), so only ids leave it.
  * It does not own the queue of waiting requests, parse anything, or lock: one thread drives it. */
 #ifndef CKV_ENGINE_SCHED_H
 #define CKV_ENGINE_SCHED_H
@@ -31,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/batch.h"
 #include "engine/answer.h"
 #include "engine/logits.h"
 #include "engine/request.h"
@@ -67,6 +70,11 @@ typedef struct {
     /* the lanes slots[n], each begun by `prepare` and not ready, prefilled in one forward (all ready
      * after it; on an error all are dropped). NULL: contexts are prefilled one layer per turn only. */
     ckv_status (*prefill)(void *ctx, const int *slots, int n);
+    /* as decode, but each lane's next id is sampled on the device (picks[n]) and only ids[n] come back
+     * (NULL: every step downloads its logits rows). Used for a step whose every lane samples plainly
+     * (see ckv_sched_request.logprobs). */
+    ckv_status (*decode_ids)(void *ctx, const int *slots, const int32_t *tokens, int n, const ckv_batch_pick *picks,
+                             int32_t *ids);
 } ckv_sched_exec;
 
 /* Where a scored question's log-probabilities go (echo with logprobs): entry t is question id t's,
@@ -92,6 +100,10 @@ typedef struct {
     const ckv_logits_config *logits; /* logit_bias, penalties, grammar (NULL: none) */
     const ckv_grammar_vocab *grammar; /* the vocabulary's bytes when logits->grammar */
     const ckv_sched_score *score;   /* non-NULL: the first choice's question is fed scored (exec.score) */
+    /* 1: every ANSWER event of a decoded token carries the model's row (event.logits, for
+     * log-probabilities). 0: a decode step whose every lane has no logit processing (no bias, penalty
+     * or grammar) and no min_p samples on the device (exec.decode_ids) and its events carry no row. */
+    int logprobs;
     void *user;                     /* the caller's (never read) */
 } ckv_sched_request;
 
@@ -106,7 +118,8 @@ typedef struct {
     int slot, choice;
     void *user;
     int32_t token;                  /* ANSWER: the sampled id (-1: the answer ended without one) */
-    const float *logits;            /* ANSWER with a token: the model's row [V] that chose it (until the next turn) */
+    const float *logits;            /* ANSWER with a token: the model's row [V] that chose it (until the next
+                                     * turn); NULL for a token sampled on the device (request.logprobs 0) */
     const ckv_answer_state *answer; /* ANSWER: valid until the next turn or admit */
     int done;                       /* the request is over: its slot is free */
     ckv_sched_prepared info;        /* PREPARED */
@@ -142,6 +155,9 @@ typedef struct {
     int n_events;
     int *step_slot;                 /* [max_slots] a decode step's lanes */
     int32_t *step_tok;              /* [max_slots] and tokens */
+    ckv_batch_pick *step_pick;      /* [max_slots] how the device samples each lane (exec.decode_ids) */
+    int32_t *step_ids;              /* [max_slots] and what it sampled */
+    long device_steps;              /* decode steps sampled on the device (statistics) */
     unsigned long admit_seq;
     int last_was_decode;
     double t_last_decode;

@@ -160,32 +160,48 @@ ckv_status ckv_model_check_finite(ckv_model *m, const float *x, int n, int layer
     return CKV_STATUS_OK;
 }
 
-ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {
+/* Final norm + lm_head; at tp > 1 the vocabulary slices gathered: *parts [tp, n, pad] (device, in the
+ * communicator's workspace) with *pad floats a row slice; at tp 1 the rows stay in s->logits [n, V]. */
+static ckv_status logits_compute(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **parts,
+                                 size_t *pad) {
     if (n < 1 || n > s->n_logits) return ckv_error(CKV_STATUS_ERR_ARG, "logits: %d rows outside [1, %d]", n, s->n_logits);
     ckv_backend *be = m->be;
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
-    int D = c->hidden_size, V = c->vocab_size, vl = p->n_vocab_local;
+    int D = c->hidden_size, vl = p->n_vocab_local;
     be->ops->rmsnorm(be, s->xn, x, m->final_norm, n, D, (float)c->rms_norm_eps);
     be->ops->matmul(be, s->logits, s->xn, &m->lm_head, NULL, n);
-    if (p->tp == 1) {
-        CKV_TRY(be->ops->download(be, s->host_logits, s->logits, (size_t)n * V * sizeof(float)));
-        *logits = s->host_logits;
-        return logits_check(s->host_logits, (size_t)n * V);
-    }
+    *parts = s->logits;
+    *pad = (size_t)vl;
+    if (p->tp == 1) return CKV_STATUS_OK;
     /* gather the vocabulary slices: every rank sends [n, pad] (its slice padded to the largest) */
-    size_t pad = padded_vocab(m);
-    const size_t send_bytes = (size_t)n * pad * sizeof(float);
-    /* pack the rows into the communicator's workspace, gather, one download */
+    *pad = padded_vocab(m);
+    const size_t send_bytes = (size_t)n * *pad * sizeof(float);
     float *ws = NULL; // [n, pad] send + [tp, n, pad] receive (device)
     CKV_TRY(ckv_comm_dev_workspace(m->tp, send_bytes * (size_t)(p->tp + 1), (void **)&ws));
-    if ((size_t)vl == pad)
+    if ((size_t)vl == *pad)
         CKV_TRY(be->ops->copy(be, ws, s->logits, send_bytes));
     else
         for (int t = 0; t < n; t++)
-            CKV_TRY(be->ops->copy(be, ws + (size_t)t * pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
-    CKV_TRY(ckv_comm_dev_allgather(m->tp, ws, ws + (size_t)n * pad, send_bytes));
-    CKV_TRY(be->ops->download(be, s->host_part, ws + (size_t)n * pad, send_bytes * (size_t)p->tp));
+            CKV_TRY(be->ops->copy(be, ws + (size_t)t * *pad, s->logits + (size_t)t * vl, (size_t)vl * sizeof(float)));
+    CKV_TRY(ckv_comm_dev_allgather(m->tp, ws, ws + (size_t)n * *pad, send_bytes));
+    *parts = ws + (size_t)n * *pad;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {
+    ckv_backend *be = m->be;
+    const ckv_shard_plan *p = &m->plan;
+    const int V = m->cfg.vocab_size;
+    const float *parts = NULL;
+    size_t pad = 0;
+    CKV_TRY(logits_compute(m, s, x, n, &parts, &pad));
+    if (p->tp == 1) {
+        CKV_TRY(be->ops->download(be, s->host_logits, parts, (size_t)n * V * sizeof(float)));
+        *logits = s->host_logits;
+        return logits_check(s->host_logits, (size_t)n * V);
+    }
+    CKV_TRY(be->ops->download(be, s->host_part, parts, (size_t)n * pad * sizeof(float) * (size_t)p->tp));
     for (int r = 0; r < p->tp; r++) {
         int v0, cnt;
         ckv_shard_range(V, p->tp, r, &v0, &cnt);
@@ -195,4 +211,33 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
     }
     *logits = s->host_logits;
     return logits_check(s->host_logits, (size_t)n * V);
+}
+
+ckv_status ckv_model_logits_device(ckv_model *m, ckv_model_scratch *s, const float *x, int n, float *full,
+                                   const float **logits) {
+    ckv_backend *be = m->be;
+    const ckv_shard_plan *p = &m->plan;
+    const int V = m->cfg.vocab_size;
+    const float *parts = NULL;
+    size_t pad = 0;
+    CKV_TRY(logits_compute(m, s, x, n, &parts, &pad));
+    if (p->tp == 1) {
+        *logits = parts;
+    } else {
+        if (!full) return ckv_error(CKV_STATUS_ERR_ARG, "device logits at tp %d need a [%d, %d] buffer", p->tp, n, V);
+        for (int r = 0; r < p->tp; r++) { /* the slices side by side: full [n, V] */
+            int v0, cnt;
+            ckv_shard_range(V, p->tp, r, &v0, &cnt);
+            for (int t = 0; t < n; t++)
+                CKV_TRY(be->ops->copy(be, full + (size_t)t * V + v0, parts + ((size_t)r * (size_t)n + (size_t)t) * pad,
+                                      (size_t)cnt * sizeof(float)));
+        }
+        *logits = full;
+    }
+    size_t bad = 0;
+    CKV_TRY(be->ops->count_nonfinite(be, *logits, (size_t)n * V, &bad));
+    if (bad)
+        return ckv_error(CKV_STATUS_ERR_NUMERIC, "the logits hold %zu non-finite values: the weights or the activations "
+                         "overflowed", bad);
+    return CKV_STATUS_OK;
 }

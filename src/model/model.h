@@ -131,6 +131,13 @@ ckv_status ckv_model_check_finite(ckv_model *m, const float *x, int n, int layer
  * call). Non-finite logits are an error (CKV_STATUS_ERR_NUMERIC). */
 ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits);
 
+/* As ckv_model_logits, but the logits [n, V] stay on the device (for the device sample op): at tp 1
+ * they are the scratch's, at tp > 1 the gathered slices are copied into `full` [n, V] (device, the
+ * caller's; NULL allowed at tp 1). Every rank of the group calls it together. Non-finite logits are
+ * an error as there. */
+ckv_status ckv_model_logits_device(ckv_model *m, ckv_model_scratch *s, const float *x, int n, float *full,
+                                   const float **logits);
+
 /* A 16-hex-digit fingerprint of the model (its configuration and samples of its weights), the same
  * on every rank; cache files record it so a cache is never loaded into another model. */
 ckv_status ckv_model_fingerprint(const ckv_model *m, char out[17]);

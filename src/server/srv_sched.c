@@ -249,7 +249,7 @@ static void admit_queued(ckv_srv_sched *s) {
                                .sampling = j->sampling, .max_tokens = j->max_tokens, .n_choices = j->n_choices,
                                .ignore_eos = j->ignore_eos, .stop_strings = (const char *const *)j->stop,
                                .n_stop_strings = j->n_stop, .logits = &j->logits, .grammar = &s->grammar,
-                               .score = j->echo_scored ? &j->score : NULL, .user = j};
+                               .score = j->echo_scored ? &j->score : NULL, .logprobs = j->logprobs, .user = j};
         int slot = -1;
         ckv_status st = ckv_sched_admit(&s->core, &r, &slot);
         if (st == CKV_STATUS_OK && slot < 0) st = ckv_error(CKV_STATUS_ERR_INTERNAL, "no free slot for an admitted request");

@@ -249,6 +249,17 @@ static ckv_status exec_decode(ckv_srv_steps *s, const int32_t *slots, const int3
     return agree(s, st, STEP_DECODE);
 }
 
+/* A decode step sampled on the device (picks and ids NULL on a follower: its logits stay there). */
+static ckv_status exec_decode_ids(ckv_srv_steps *s, const int32_t *slots, const int32_t *tokens, int n,
+                                  const ckv_batch_pick *picks, int32_t *ids) {
+    for (int i = 0; i < n; i++) {
+        s->step_sess[i] = &s->lanes[slots[i]].pc.sess;
+        s->step_tok[i] = tokens[i];
+    }
+    ckv_status st = ckv_decode_batch_step_ids(&s->batch, s->step_sess, s->step_tok, n, picks, ids);
+    return agree(s, st, STEP_DECODE);
+}
+
 static ckv_status exec_rewind(ckv_srv_steps *s, int slot) {
     return agree(s, ckv_session_rewind(&s->lanes[slot].pc.sess), STEP_REWIND);
 }
@@ -320,7 +331,9 @@ ckv_status ckv_srv_step_score(ckv_srv_steps *s, int slot, const int32_t *ids, in
     return step_question(s, slot, ids, n, 1, rows);
 }
 
-ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n, const float **logits) {
+/* Checks a decode step, packs it into s->msg ([2, n] slots, then tokens) and sends it to the group
+ * (reserve 1: sampled on the device). */
+static ckv_status send_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n, int device) {
     if (n < 1 || n > s->max_batch) return ckv_error(CKV_STATUS_ERR_ARG, "decode step: %d sequences (batch %d)", n, s->max_batch);
     int32_t *msg = (int32_t *)(void *)s->msg; // [2, n] slots, then tokens
     for (int i = 0; i < n; i++) {
@@ -328,11 +341,22 @@ ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t
         msg[i] = slots[i];
         msg[n + i] = tokens[i];
     }
-    if (multi(s)) {
-        step_head h = {STEP_DECODE, 0, n, 0, 0, 0, sizeof(int32_t) * 2 * (size_t)n};
-        CKV_TRY(send_step(s, &h, msg));
-    }
+    if (!multi(s)) return CKV_STATUS_OK;
+    step_head h = {STEP_DECODE, 0, n, device, 0, 0, sizeof(int32_t) * 2 * (size_t)n};
+    return send_step(s, &h, msg);
+}
+
+ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n, const float **logits) {
+    CKV_TRY(send_decode(s, slots, tokens, n, 0));
+    const int32_t *msg = (const int32_t *)(const void *)s->msg;
     return exec_decode(s, msg, msg + n, n, logits);
+}
+
+ckv_status ckv_srv_step_decode_ids(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n,
+                                   const ckv_batch_pick *picks, int32_t *ids) {
+    CKV_TRY(send_decode(s, slots, tokens, n, 1));
+    const int32_t *msg = (const int32_t *)(const void *)s->msg;
+    return exec_decode_ids(s, msg, msg + n, n, picks, ids);
 }
 
 ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot) {
@@ -383,13 +407,17 @@ static ckv_status x_score(void *ctx, int slot, const int32_t *ids, int n, const 
 static ckv_status x_decode(void *ctx, const int *slots, const int32_t *tokens, int n, const float **logits) {
     return ckv_srv_step_decode(ctx, slots, tokens, n, logits);
 }
+static ckv_status x_decode_ids(void *ctx, const int *slots, const int32_t *tokens, int n, const ckv_batch_pick *picks,
+                               int32_t *ids) {
+    return ckv_srv_step_decode_ids(ctx, slots, tokens, n, picks, ids);
+}
 static ckv_status x_prefill(void *ctx, const int *slots, int n) { return ckv_srv_step_prefill(ctx, slots, n); }
 static ckv_status x_rewind(void *ctx, int slot) { return ckv_srv_step_rewind(ctx, slot); }
 static void x_release(void *ctx, int slot) { ckv_srv_step_release(ctx, slot); }
 
 void ckv_srv_steps_exec(ckv_srv_steps *s, ckv_sched_exec *out) {
     *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, s,
-                            x_score, s->max_batch_tokens > 0 ? x_prefill : NULL};
+                            x_score, s->max_batch_tokens > 0 ? x_prefill : NULL, x_decode_ids};
 }
 
 /* ---- the followers' side -------------------------------------------------------------------------------- */
@@ -433,7 +461,7 @@ ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
             for (int i = 0; i < h.n; i++)
                 if (!step_fits(s, STEP_DECODE, m[i]))
                     return ckv_error(CKV_STATUS_ERR_FORMAT, "a server decode step from rank 0 names slot %d", m[i]);
-            st = exec_decode(s, m, m + h.n, h.n, &lg);
+            st = h.reserve ? exec_decode_ids(s, m, m + h.n, h.n, NULL, NULL) : exec_decode(s, m, m + h.n, h.n, &lg);
             break;
         }
         case STEP_PREFILL: {

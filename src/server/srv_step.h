@@ -81,6 +81,10 @@ ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids,
 ckv_status ckv_srv_step_score(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **rows);
 /* One forward feeding tokens[i] to ready lane slots[i] (i < n); *logits: [n, V] (host, until the next step). */
 ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n, const float **logits);
+/* The same with lane slots[i]'s next id sampled on the device as picks[i] says: ids[i] (host); the
+ * logits never leave the device (the followers keep theirs there too). */
+ckv_status ckv_srv_step_decode_ids(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n,
+                                   const ckv_batch_pick *picks, int32_t *ids);
 /* Drops what ready lane `slot` holds after its context (the next choice starts from the context). */
 ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot);
 /* Frees lane `slot` in any state (an empty lane is fine). */

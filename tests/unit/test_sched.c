@@ -7,7 +7,8 @@
  * its context's prefill ends cancelled at the next turn without a token; a failing step fails the
  * request; short contexts waiting together are prefilled in one batched step within the token budget
  * (oldest first; a longer one alone by layers) with answers equal to ckv_engine_run's, and a failing
- * batched step fails each of its requests once with the step's message; nothing leaks. The sanitizer build runs it too (lifetimes). */
+ * batched step fails each of its requests once with the step's message; sampled answers picked on the
+ * device (the executor's decode_ids) equal the host sampler's; nothing leaks. The sanitizer build runs it too (lifetimes). */
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,7 @@ typedef struct {
     int fail_decode;  /* 1: the next decode step fails */
     int fail_prefill; /* 1: the next batched prefill fails */
     int batch_sizes[8], n_batches; /* contexts of each batched prefill */
+    int device_steps; /* decode steps sampled on the device */
 } local_exec;
 
 static void note(local_exec *x, char c) {
@@ -90,6 +92,21 @@ static ckv_status x_decode(void *ctx, const int *slots, const int32_t *tokens, i
     return ckv_decode_batch_step(&x->batch, sess, tokens, n, logits);
 }
 
+/* A decode step sampled on the device: logged 'D' as the host one is (counted in device_steps). */
+static ckv_status x_decode_ids(void *ctx, const int *slots, const int32_t *tokens, int n, const ckv_batch_pick *picks,
+                               int32_t *ids) {
+    local_exec *x = ctx;
+    note(x, 'D');
+    x->device_steps++;
+    if (x->fail_decode) {
+        x->fail_decode = 0;
+        return ckv_error(CKV_STATUS_ERR_INTERNAL, "decode step failed on purpose");
+    }
+    ckv_session *sess[NSLOT];
+    for (int i = 0; i < n; i++) sess[i] = &x->lanes[slots[i]].sess;
+    return ckv_decode_batch_step_ids(&x->batch, sess, tokens, n, picks, ids);
+}
+
 static ckv_status x_prefill(void *ctx, const int *slots, int n) {
     local_exec *x = ctx;
     note(x, 'B');
@@ -125,7 +142,7 @@ static void exec_init(local_exec *x, ckv_engine *e, ckv_sched_exec *out) {
     CHECK_OK(ckv_decode_batch_init(&x->batch, e->model, NSLOT));
     CHECK_OK(ckv_prefill_batch_init(&x->prefill, e->model, 128, NSLOT));
     *out = (ckv_sched_exec){x_prepare, x_advance, x_prepared, x_context_logits, x_question, x_decode, x_rewind, x_release, x,
-                            NULL, x_prefill};
+                            NULL, x_prefill, x_decode_ids};
 }
 
 static void exec_free(local_exec *x) {
@@ -425,6 +442,46 @@ static void test_batched_prefill(ckv_engine *e, const int32_t *ctx) {
     case_free(&sc);
 }
 
+/* Sampled answers (temperature, top-k, top-p, a seed; two choices) are the same ids whether the device
+ * sample op picks them (logprobs 0: every decode step on the device) or the host sampler does
+ * (logprobs 1, or a logit bias: every step downloads its rows and the events carry them). */
+static void test_device_sampling(ckv_engine *e, const int32_t *ctx) {
+    int32_t q[] = {9, 8, 7};
+    got g[3][2];
+    int device_steps[3];
+    ckv_logits_config bias = {.repetition_penalty = 1.0f, .n_bias = 1, .bias_ids = {5}, .bias = {0.0f}};
+    for (int mode = 0; mode < 3; mode++) { /* 0: device, 1: logprobs, 2: a (zero) logit bias */
+        sched_case sc;
+        case_setup(&sc, e, 0.0);
+        ckv_sched_request r[2];
+        for (int k = 0; k < 2; k++) {
+            r[k] = request_of(ctx + 7 * k, 50 + 20 * k, q, 3 - k, k ? &sc.snap : &sc.none, 10, 2, &g[mode][k]);
+            r[k].sampling = (ckv_sampler_config){.temperature = 0.8f + 0.3f * (float)k, .top_k = k ? 0 : 40,
+                                                 .top_p = k ? 0.9f : 0.95f, .seed = 11u + (unsigned)k};
+            r[k].logprobs = mode == 1;
+            if (mode == 2) r[k].logits = &bias;
+            int slot = -1;
+            CHECK_OK(ckv_sched_admit(&sc.s, &r[k], &slot));
+        }
+        run_all(&sc.s);
+        device_steps[mode] = sc.x.device_steps;
+        case_free(&sc);
+    }
+    CHECK_MSG(device_steps[0] > 0 && device_steps[1] == 0 && device_steps[2] == 0,
+              "decode steps on the device: %d (plain), %d (logprobs), %d (logit bias); expected > 0, 0, 0",
+              device_steps[0], device_steps[1], device_steps[2]);
+    for (int mode = 1; mode < 3; mode++)
+        for (int k = 0; k < 2; k++)
+            for (int c = 0; c < 2; c++) {
+                const got *a = &g[0][k], *b = &g[mode][k];
+                int same = a->n[c] == b->n[c] && !memcmp(a->ids[c], b->ids[c], sizeof(int32_t) * (size_t)a->n[c]);
+                int at = 0;
+                while (at < a->n[c] && at < b->n[c] && a->ids[c][at] == b->ids[c][at]) at++;
+                CHECK_MSG(same, "request %d choice %d: device-sampled answer (%d ids) differs from the host's (mode %d, %d ids) "
+                          "at id %d", k, c, a->n[c], mode, b->n[c], at);
+            }
+}
+
 int main(void) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/llama_gqa", CKV_FIXTURES);
@@ -439,6 +496,7 @@ int main(void) {
     test_short_answers(&e, ctx);
     test_cancel_and_failure(&e, ctx);
     test_batched_prefill(&e, ctx);
+    test_device_sampling(&e, ctx);
     ckv_engine_free(&e);
     CHECK_MSG(ckv_alloc_live_bytes() == live0, "%zu bytes live, %zu before", ckv_alloc_live_bytes(), live0);
     return ckv_test_finish("test_sched");
