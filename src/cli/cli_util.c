@@ -125,10 +125,10 @@ void ckv_cli_engine_config(const ckv_opts *o, ckv_comm *world, ckv_engine_config
     if (ec->device < 0 && !strcmp(ec->backend, "cuda") && world && ckv_backend_cuda_available())
         ckv_cli_check_comm(world, ckv_comm_select_gpu(world, &ec->device));
     const char *kv = ckv_opt_str(o, CKV_OPT_KV_DTYPE, NULL), *w = ckv_opt_str(o, CKV_OPT_WEIGHTS_DTYPE, "auto");
-    ec->kv_dtype = !kv ? CKV_KV_DTYPE_DEFAULT : !strcmp(kv, "f32") ? CKV_KV_DTYPE_F32 : !strcmp(kv, "f16") ? CKV_KV_DTYPE_F16
-                                                                                                     : CKV_KV_DTYPE_BF16;
-    ec->weights_dtype = !strcmp(w, "auto") ? CKV_WEIGHTS_DTYPE_AUTO : !strcmp(w, "f32") ? CKV_WEIGHTS_DTYPE_F32
-                        : !strcmp(w, "bf16") ? CKV_WEIGHTS_DTYPE_BF16 : CKV_WEIGHTS_DTYPE_F16;
+    ec->kv_dtype = !kv ? CKV_DTYPE_DEFAULT : !strcmp(kv, "f32") ? CKV_DTYPE_F32 : !strcmp(kv, "f16") ? CKV_DTYPE_F16
+                                                                                                  : CKV_DTYPE_BF16;
+    ec->weights_dtype = !strcmp(w, "auto") ? CKV_DTYPE_DEFAULT : !strcmp(w, "f32") ? CKV_DTYPE_F32
+                        : !strcmp(w, "bf16") ? CKV_DTYPE_BF16 : CKV_DTYPE_F16;
     if (ckv_opt_has(o, CKV_OPT_RANDOM_WEIGHTS)) {
         /* scores of answers and of agreement with a full cache mean nothing without trained weights */
         if (o->cmd == CKV_CMD_EVAL || o->cmd == CKV_CMD_FIDELITY)

@@ -313,7 +313,7 @@ int ckv_cmd_analyze(int argc, char **argv) {
     /* on the cpu backend the analysis is of the f32 model unless told otherwise (every matrix dequantised
      * at load, the parity reference); a device backend keeps its default (bf16 on cuda), which the
      * measurement converts to fp32 */
-    if (!ckv_opt_has(&opts, CKV_OPT_WEIGHTS_DTYPE) && !strcmp(ec.backend, "cpu")) ec.weights_dtype = CKV_WEIGHTS_DTYPE_F32;
+    if (!ckv_opt_has(&opts, CKV_OPT_WEIGHTS_DTYPE) && !strcmp(ec.backend, "cpu")) ec.weights_dtype = CKV_DTYPE_F32;
     ckv_engine eng;
     ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, world));
     ckv_model *m = eng.model;

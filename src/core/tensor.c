@@ -29,6 +29,7 @@ const char *ckv_dtype_name(ckv_dtype t) {
     case CKV_DTYPE_Q4_K: return "Q4_K";
     case CKV_DTYPE_Q5_K: return "Q5_K";
     case CKV_DTYPE_Q6_K: return "Q6_K";
+    case CKV_DTYPE_DEFAULT: return "default";
     default: return "?";
     }
 }

@@ -7,6 +7,9 @@
 #include <stdint.h>
 
 typedef enum {
+    /* not an element type: "the default" of whoever resolves it (the backend's weight or KV cache
+     * dtype, a model's), in settings that may leave the choice open (engine/request.h, model opts) */
+    CKV_DTYPE_DEFAULT = -1,
     CKV_DTYPE_F32 = 0,
     CKV_DTYPE_F16,
     CKV_DTYPE_BF16,

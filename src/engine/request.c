@@ -37,24 +37,9 @@ static void engine_default_stops(ckv_engine *e) {
     }
 }
 
-/* The element types the configuration asks for, in the loader's and the session's terms
- * (CKV_DTYPE_COUNT_ = the backend's choice). */
-static ckv_dtype engine_weights_dtype(const ckv_engine_config *cfg) {
-    switch (cfg->weights_dtype) {
-    case CKV_WEIGHTS_DTYPE_F32: return CKV_DTYPE_F32;
-    case CKV_WEIGHTS_DTYPE_BF16: return CKV_DTYPE_BF16;
-    case CKV_WEIGHTS_DTYPE_F16: return CKV_DTYPE_F16;
-    default: return CKV_DTYPE_COUNT_;
-    }
-}
-
+/* The KV cache dtype the configuration asks for, the backend's when it leaves the choice open. */
 static ckv_dtype engine_kv_dtype(const ckv_engine *e) {
-    switch (e->cfg.kv_dtype) {
-    case CKV_KV_DTYPE_F32: return CKV_DTYPE_F32;
-    case CKV_KV_DTYPE_F16: return CKV_DTYPE_F16;
-    case CKV_KV_DTYPE_BF16: return CKV_DTYPE_BF16;
-    default: return e->be->kv_dtype;
-    }
+    return e->cfg.kv_dtype == CKV_DTYPE_DEFAULT ? e->be->kv_dtype : e->cfg.kv_dtype;
 }
 
 ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm *tp) {
@@ -73,12 +58,12 @@ ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm
     ckv_comm *mtp = e->tp_dev ? e->tp_dev : tp;
     /* auto: matrices the backend computes in their stored format stay so (GGUF blocks, F16, BF16 on
      * the cpu); an explicit dtype converts every matrix to it */
-    ckv_model_opts mo = {.weights_dtype = engine_weights_dtype(cfg),
-                         .as_stored = cfg->weights_dtype == CKV_WEIGHTS_DTYPE_AUTO,
+    ckv_model_opts mo = {.weights_dtype = cfg->weights_dtype,
+                         .as_stored = cfg->weights_dtype == CKV_DTYPE_DEFAULT,
                          .random_weights = cfg->random_weights,
                          .random_seed = cfg->random_seed};
     if (st == CKV_STATUS_OK) st = ckv_model_load_opts(&e->model, cfg->model_path, e->be, mtp, &mo);
-    if (st == CKV_STATUS_OK && e->cfg.kv_dtype != CKV_KV_DTYPE_DEFAULT && !e->be->ops->kv_dtype_ok(e->be, engine_kv_dtype(e)))
+    if (st == CKV_STATUS_OK && e->cfg.kv_dtype != CKV_DTYPE_DEFAULT && !e->be->ops->kv_dtype_ok(e->be, engine_kv_dtype(e)))
         st = ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype %s: the %s backend cannot hold the KV cache in it",
                        ckv_dtype_name(engine_kv_dtype(e)), e->be->name);
     if (st != CKV_STATUS_OK) {

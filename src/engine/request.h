@@ -42,19 +42,10 @@
 
 /* ---- engine --------------------------------------------------------------------------------------- */
 
-typedef enum { /* element type of the KV cache on the device */
-    CKV_KV_DTYPE_DEFAULT = 0, /* the backend's choice: f32 on cpu, bf16 on cuda */
-    CKV_KV_DTYPE_F32,
-    CKV_KV_DTYPE_F16,
-    CKV_KV_DTYPE_BF16
-} ckv_kv_dtype;
-
-typedef enum { /* element type of the weights on the device */
-    CKV_WEIGHTS_DTYPE_AUTO = 0, /* what the backend prefers for the file's type */
-    CKV_WEIGHTS_DTYPE_F32,
-    CKV_WEIGHTS_DTYPE_BF16,
-    CKV_WEIGHTS_DTYPE_F16
-} ckv_weights_dtype;
+/* The element types of the engine's settings are core's ckv_dtype (CKV_DTYPE_DEFAULT: the backend's
+ * choice). These two names are the same type, kept for the callers that spell them. */
+typedef ckv_dtype ckv_kv_dtype;
+typedef ckv_dtype ckv_weights_dtype;
 
 /* Everything that shapes how a model is loaded and run. This struct is the single place where the
  * command line hands the runtime settings over to the engine (ckv_engine_init reads nothing else). */
@@ -63,8 +54,12 @@ typedef struct {
     const char *backend;            /* "cpu" (NULL) or "cuda" */
     int threads;                    /* host threads (0: all cores) */
     int device;                     /* GPU index (-1: the node-local rank's; cuda only) */
-    ckv_kv_dtype kv_dtype;          /* KV cache element type (recorded; see ckv_engine_init) */
-    ckv_weights_dtype weights_dtype; /* weight element type (recorded; see ckv_engine_init) */
+    /* KV cache element type: F32, F16, BF16, or CKV_DTYPE_DEFAULT (the backend's: f32 on cpu, bf16 on
+     * cuda). A zeroed config asks for F32: set DEFAULT to leave it to the backend. */
+    ckv_dtype kv_dtype;
+    /* weight element type: F32, BF16, F16 (every matrix converted to it), or CKV_DTYPE_DEFAULT (a
+     * matrix the backend computes as stored stays so, the others take the backend's weight dtype) */
+    ckv_dtype weights_dtype;
     int chunk;                      /* prefill chunk in tokens (0: 512) */
     int random_weights;             /* 1: weights drawn from random_seed (model_path needs only config.json) */
     uint64_t random_seed;
@@ -86,8 +81,8 @@ typedef struct {
 } ckv_engine;
 
 /* Creates the backend and loads this rank's share of the model for the group `tp` (NULL: one rank).
- * kv_dtype and weights_dtype other than DEFAULT/AUTO that the backend cannot provide yet are refused
- * with ERR_UNSUPPORTED naming the flag (f32 is what every backend runs today). */
+ * kv_dtype and weights_dtype other than CKV_DTYPE_DEFAULT that the backend cannot provide are refused
+ * with ERR_UNSUPPORTED naming the flag. */
 ckv_status ckv_engine_init(ckv_engine *e, const ckv_engine_config *cfg, ckv_comm *tp);
 /* An engine over a model loaded elsewhere (not owned): tests and tools that hold a ckv_model. */
 ckv_status ckv_engine_wrap(ckv_engine *e, ckv_model *m, int chunk, const ckv_tokenizer *tok);

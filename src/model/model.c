@@ -174,7 +174,7 @@ ckv_status ckv_model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv
 static ckv_status model_load(ckv_model **out, const char *dir, ckv_backend *be, ckv_comm *tp, const ckv_model_opts *opts,
                              const uint64_t *seed) {
     *out = NULL;
-    ckv_dtype wdt = opts && opts->weights_dtype != CKV_DTYPE_COUNT_ ? opts->weights_dtype : be->weight_dtype;
+    ckv_dtype wdt = opts && opts->weights_dtype != CKV_DTYPE_DEFAULT ? opts->weights_dtype : be->weight_dtype;
     if ((wdt != CKV_DTYPE_F32 && wdt != CKV_DTYPE_F16 && wdt != CKV_DTYPE_BF16) || !be->ops->weight_dtype_ok(be, wdt))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "--weights-dtype %s: the %s backend does not compute weights in it",
                          ckv_dtype_name(wdt), be->name);

@@ -35,7 +35,7 @@ typedef struct {
 
 /* How weights are loaded. */
 typedef struct {
-    /* dtype of the weight matrices: F32, F16 or BF16; CKV_DTYPE_COUNT_ = the backend's choice
+    /* dtype of the weight matrices: F32, F16 or BF16; CKV_DTYPE_DEFAULT = the backend's choice
      * (be->weight_dtype). The backend must compute it (weight_dtype_ok). */
     ckv_dtype weights_dtype;
     /* 1: a matrix stored in a dtype the backend computes (weight_dtype_ok: GGUF blocks, F16, BF16 on

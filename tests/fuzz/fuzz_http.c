@@ -74,6 +74,7 @@ static void server_start(void) {
     ec.model_path = model;
     ec.threads = 1;
     ec.device = -1;
+    ec.kv_dtype = ec.weights_dtype = CKV_DTYPE_DEFAULT;
     if (ckv_text_open_tokenizer(&g.tok, model) != CKV_STATUS_OK) goto fail;
     ec.tokenizer = g.tok;
     if (ckv_engine_init(&g.eng, &ec, NULL) != CKV_STATUS_OK) goto fail;

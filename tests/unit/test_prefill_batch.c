@@ -159,7 +159,8 @@ int main(int argc, char **argv) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/llama_gqa", CKV_FIXTURES);
     const size_t live0 = ckv_alloc_live_bytes();
-    ckv_engine_config cfg = {.model_path = dir, .backend = backend, .threads = 2, .device = -1, .chunk = 16};
+    ckv_engine_config cfg = {.model_path = dir, .backend = backend, .threads = 2, .device = -1, .chunk = 16,
+                             .kv_dtype = CKV_DTYPE_DEFAULT, .weights_dtype = CKV_DTYPE_DEFAULT};
     ckv_engine e;
     ckv_status st = ckv_engine_init(&e, &cfg, world);
     if (st != CKV_STATUS_OK && strcmp(backend, "cpu")) {

@@ -228,7 +228,8 @@ int main(void) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/llama_gqa", CKV_FIXTURES);
     const size_t live0 = ckv_alloc_live_bytes();
-    ckv_engine_config cfg = {.model_path = dir, .backend = "cpu", .threads = 2, .device = -1, .chunk = 64};
+    ckv_engine_config cfg = {.model_path = dir, .backend = "cpu", .threads = 2, .device = -1, .chunk = 64,
+                             .kv_dtype = CKV_DTYPE_DEFAULT, .weights_dtype = CKV_DTYPE_DEFAULT};
     ckv_engine e;
     CHECK_OK(ckv_engine_init(&e, &cfg, NULL));
     if (!e.model) return ckv_test_finish("test_request");
@@ -239,11 +240,17 @@ int main(void) {
     test_stop_strings(&e, ctx);
     /* a BF16 KV cache: the engine takes it, the same requests run (test_kv_dtype.sh compares ids) */
     ckv_engine_config half = cfg;
-    half.kv_dtype = CKV_KV_DTYPE_BF16;
+    half.kv_dtype = CKV_DTYPE_BF16;
     ckv_engine e2;
     CHECK_OK(ckv_engine_init(&e2, &half, NULL));
     if (e2.model) test_uncompressed(&e2, ctx);
     ckv_engine_free(&e2);
+    /* CKV_DTYPE_DEFAULT leaves the KV cache to the backend (f32 on the cpu); a type it cannot hold is refused */
+    CHECK(e.be->kv_dtype == CKV_DTYPE_F32);
+    CHECK(strcmp(ckv_dtype_name(CKV_DTYPE_DEFAULT), "default") == 0);
+    ckv_engine_config q8 = cfg;
+    q8.kv_dtype = CKV_DTYPE_Q8_0;
+    CHECK_FAILS(ckv_engine_init(&e2, &q8, NULL), CKV_STATUS_ERR_UNSUPPORTED, "--kv-dtype Q8_0");
     ckv_engine_free(&e);
     CHECK_MSG(ckv_alloc_live_bytes() == live0, "%zu bytes live, %zu before", ckv_alloc_live_bytes(), live0);
     return ckv_test_finish("test_request");

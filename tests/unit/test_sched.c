@@ -486,7 +486,8 @@ int main(void) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/llama_gqa", CKV_FIXTURES);
     const size_t live0 = ckv_alloc_live_bytes();
-    ckv_engine_config cfg = {.model_path = dir, .backend = "cpu", .threads = 2, .device = -1, .chunk = 32};
+    ckv_engine_config cfg = {.model_path = dir, .backend = "cpu", .threads = 2, .device = -1, .chunk = 32,
+                             .kv_dtype = CKV_DTYPE_DEFAULT, .weights_dtype = CKV_DTYPE_DEFAULT};
     ckv_engine e;
     CHECK_OK(ckv_engine_init(&e, &cfg, NULL));
     if (!e.model) return ckv_test_finish("test_sched");

@@ -60,10 +60,11 @@ static int same_cache(const ckv_session *a, const ckv_session *b, const char *wh
     return !bad;
 }
 
-static void run_model(const char *name, ckv_kv_dtype kv) {
+static void run_model(const char *name, ckv_dtype kv) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/%s", CKV_FIXTURES, name);
-    ckv_engine_config cfg = {.model_path = dir, .backend = "cpu", .threads = 2, .device = -1, .chunk = 64, .kv_dtype = kv};
+    ckv_engine_config cfg = {.model_path = dir, .backend = "cpu", .threads = 2, .device = -1, .chunk = 64, .kv_dtype = kv,
+                             .weights_dtype = CKV_DTYPE_DEFAULT};
     ckv_engine e;
     CHECK_OK(ckv_engine_init(&e, &cfg, NULL));
     if (!e.model) return;
@@ -137,7 +138,7 @@ static void run_model(const char *name, ckv_kv_dtype kv) {
         ckv_prepared_free(&sep);
     }
     fprintf(stderr, "%s (%s cache): %d of %d press x budget cases bit-identical to a separate prefill\n", name,
-            kv == CKV_KV_DTYPE_BF16 ? "bf16" : "f32", n_same, n_cases);
+            kv == CKV_DTYPE_BF16 ? "bf16" : "f32", n_same, n_cases);
     CHECK_MSG(n_cases == n_all * 3, "%d cases ran of %d", n_cases, n_all * 3);
     ckv_sweep_free(&sw);
     /* a sweep that kept only the window rows refuses a press reading all of them */
@@ -159,8 +160,8 @@ static void run_model(const char *name, ckv_kv_dtype kv) {
 
 int main(void) {
     const size_t live0 = ckv_alloc_live_bytes();
-    run_model("llama_gqa", CKV_KV_DTYPE_F32);
-    run_model("qwen2_bias", CKV_KV_DTYPE_BF16);
+    run_model("llama_gqa", CKV_DTYPE_F32);
+    run_model("qwen2_bias", CKV_DTYPE_BF16);
     CHECK_MSG(ckv_alloc_live_bytes() == live0, "%zu bytes live, %zu before", ckv_alloc_live_bytes(), live0);
     return ckv_test_finish("test_sweep");
 }
