@@ -108,44 +108,45 @@ ckv_status ckv_comm_init_mpi(ckv_comm **out, int *argc, char ***argv) {
 
 /* ---- NCCL: in the GPU module (core/gpu_module.h), loaded on first use ---- */
 
-static const ckv_gpu_module *nccl_module(void) {
-    const ckv_gpu_module *m = NULL;
-    if (ckv_gpu_module_get(&m) != CKV_STATUS_OK || !m->has_nccl) m = NULL;
+/* The module's definition of the NCCL entry point `name` (the function of that name in the module's
+ * comm_nccl.c), or NULL when the module does not load or has no NCCL. */
+static ckv_gpu_module_fn nccl_entry(const char *name) {
+    ckv_gpu_module_fn fn = NULL;
+    if (ckv_gpu_module_symbol(name, &fn) != CKV_STATUS_OK) fn = NULL;
     ckv_error_clear();
-    return m;
+    return fn;
 }
 
-int ckv_comm_nccl_available(void) { return nccl_module() != NULL; }
+int ckv_comm_nccl_available(void) { return nccl_entry("ckv_comm_init_nccl") != NULL; }
 
 int ckv_comm_nccl_on_stream(const ckv_comm *c) {
-    const ckv_gpu_module *m = nccl_module();
-    return m ? m->nccl_on_stream(c) : 0;
+    ckv_gpu_module_fn fn = nccl_entry("ckv_comm_nccl_on_stream");
+    return fn ? ((int (*)(const ckv_comm *))fn)(c) : 0;
 }
 
 /* Why there is no NCCL: the module's own message, or that it was built without NCCL. */
 static ckv_status no_nccl(const char *what) {
-    const ckv_gpu_module *m = NULL;
-    ckv_status st = ckv_gpu_module_get(&m);
+    ckv_status st = ckv_gpu_module_load();
     if (st != CKV_STATUS_OK) return ckv_error(st, "%s: %s", what, ckv_error_message());
     return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s: the CUDA module of this build has no NCCL (install NCCL and configure again)", what);
 }
 
 ckv_status ckv_comm_init_nccl(ckv_comm **out, ckv_comm *bootstrap, int device) {
     *out = NULL;
-    const ckv_gpu_module *m = nccl_module();
-    return m ? m->init_nccl(out, bootstrap, device) : no_nccl("NCCL");
+    ckv_gpu_module_fn fn = nccl_entry("ckv_comm_init_nccl");
+    return fn ? ((ckv_status(*)(ckv_comm **, ckv_comm *, int))fn)(out, bootstrap, device) : no_nccl("NCCL");
 }
 
 ckv_status ckv_comm_select_gpu(ckv_comm *world, int *device) {
     *device = -1;
-    const ckv_gpu_module *m = nccl_module();
-    return m ? m->select_gpu(world, device) : no_nccl("choosing a GPU");
+    ckv_gpu_module_fn fn = nccl_entry("ckv_comm_select_gpu");
+    return fn ? ((ckv_status(*)(ckv_comm *, int *))fn)(world, device) : no_nccl("choosing a GPU");
 }
 
 ckv_status ckv_comm_gpu_id(int device, char *id, size_t cap) {
     if (cap) id[0] = 0;
-    const ckv_gpu_module *m = nccl_module();
-    if (m) return m->gpu_id(device, id, cap);
+    ckv_gpu_module_fn fn = nccl_entry("ckv_comm_gpu_id");
+    if (fn) return ((ckv_status(*)(int, char *, size_t))fn)(device, id, cap);
     char what[64];
     snprintf(what, sizeof what, "the PCI bus id of GPU %d", device);
     return no_nccl(what);

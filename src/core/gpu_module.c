@@ -1,4 +1,5 @@
-/* gpu_module.c - finds and loads libckv_cuda.so once (see gpu_module.h). */
+/* gpu_module.c - finds and loads libckv_cuda.so once and looks its entry points up by name (see
+ * gpu_module.h). It calls none of them. */
 #define _GNU_SOURCE
 #include "core/gpu_module.h"
 
@@ -11,7 +12,9 @@
 #include <unistd.h>
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static const ckv_gpu_module *table;
+static void *module;       /* the dlopen handle, kept for the life of the process */
+static void *module_base;  /* where the module is mapped (dladdr's dli_fbase of its ABI symbol) */
+static char module_path[900];
 static char why[1024];
 
 int ckv_gpu_module_built(void) {
@@ -65,20 +68,33 @@ static void load(void) {
                      "or .. from there (CKV_GPU_MODULE names another path)", CKV_GPU_MODULE_FILE, tried[0] ? tried : "?");
         return;
     }
-    const ckv_gpu_module *(*entry)(void) = (const ckv_gpu_module *(*)(void))dlsym(h, CKV_GPU_MODULE_ENTRY);
-    const ckv_gpu_module *t = entry ? entry() : NULL;
-    if (!t || t->abi != CKV_GPU_MODULE_ABI) {
+    int (*abi)(void) = (int (*)(void))dlsym(h, CKV_GPU_MODULE_ABI_SYMBOL);
+    Dl_info info;
+    if (!abi || abi() != CKV_GPU_MODULE_ABI || !dladdr((void *)abi, &info)) {
         snprintf(why, sizeof why, "the CUDA module %s is not this build's (%s)", tried,
-                 !t ? "no entry table" : "another interface version");
+                 !abi ? "no " CKV_GPU_MODULE_ABI_SYMBOL : "another interface version");
         dlclose(h);
         return;
     }
-    table = t; /* kept loaded for the life of the process */
+    module_base = info.dli_fbase;
+    snprintf(module_path, sizeof module_path, "%s", info.dli_fname ? info.dli_fname : tried);
+    module = h;
 }
 
-ckv_status ckv_gpu_module_get(const ckv_gpu_module **out) {
+ckv_status ckv_gpu_module_load(void) {
     pthread_once(&once, load);
-    *out = table;
-    if (!table) return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s", why);
+    if (!module) return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s", why);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_gpu_module_symbol(const char *name, ckv_gpu_module_fn *out) {
+    *out = NULL;
+    CKV_TRY(ckv_gpu_module_load());
+    void *sym = dlsym(module, name);
+    Dl_info info;
+    /* the module's own definition only: never a function of the binary that a lookup could reach */
+    if (!sym || !dladdr(sym, &info) || info.dli_fbase != module_base)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "the CUDA module %s defines no %s", module_path, name);
+    *out = (ckv_gpu_module_fn)sym;
     return CKV_STATUS_OK;
 }

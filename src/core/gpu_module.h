@@ -2,9 +2,9 @@
  * library of their own (libckv_cuda.so, next to the ckv binary) that is loaded on first use, so that
  * a run on the CPU never maps the CUDA runtime, cuBLAS or NCCL (hundreds of MiB of address space and
  * ~150 MiB of resident pages at start-up) and a binary built with CUDA runs on machines without it.
- * This file finds and loads the module and hands out its entry table; it knows nothing of what the
- * entries do (backend.c and comm.c call them). The module resolves ckv's own functions from the
- * executable that loads it. */
+ * This file finds and loads the module and looks its entry points up by name; it knows nothing of
+ * what they do (backend/cuda/cuda_module.c and comm/comm.c call them). The module resolves ckv's own
+ * functions from the executable that loads it. */
 #ifndef CKV_GPU_MODULE_H
 #define CKV_GPU_MODULE_H
 
@@ -12,32 +12,28 @@
 
 #include "core/status.h"
 
-struct ckv_backend;
-struct ckv_comm;
-
-/* The module and the binary share this table and the backend's op table (backend/backend.h): a
- * change to either's layout bumps it. 2: the op table's capability mask; 3: the eviction ops'
- * parameter structs. */
-#define CKV_GPU_MODULE_ABI 3
+/* The module and the binary share the backend's op table (backend/backend.h) and the prototypes of
+ * the entry points: a change to either bumps it. 2: the op table's capability mask; 3: the eviction
+ * ops' parameter structs; 4: entry points looked up by name (no entry table). */
+#define CKV_GPU_MODULE_ABI 4
 #define CKV_GPU_MODULE_FILE "libckv_cuda.so"
-#define CKV_GPU_MODULE_ENTRY "ckv_gpu_module_entry"
+/* int ckv_gpu_module_abi(void), defined by the module only: its CKV_GPU_MODULE_ABI. */
+#define CKV_GPU_MODULE_ABI_SYMBOL "ckv_gpu_module_abi"
 
-/* What the module provides (its entry function returns a static table). */
-typedef struct {
-    int abi; /* CKV_GPU_MODULE_ABI */
-    ckv_status (*backend_init)(struct ckv_backend **out, int device_index);
-    int has_nccl; /* the NCCL entries below are set */
-    ckv_status (*init_nccl)(struct ckv_comm **out, struct ckv_comm *bootstrap, int device);
-    int (*nccl_on_stream)(const struct ckv_comm *c);
-    ckv_status (*select_gpu)(struct ckv_comm *world, int *device);
-    ckv_status (*gpu_id)(int device, char *id, size_t cap);
-} ckv_gpu_module;
+/* Loads the module once (thread-safe): from $CKV_GPU_MODULE when set, else libckv_cuda.so beside the
+ * executable, in ../lib/ckv or ../lib beside it. Returns an error naming where it looked (or what
+ * dlopen said) when the module is missing, does not load, or was built for another ABI; a build of
+ * ckv without CUDA says so. */
+ckv_status ckv_gpu_module_load(void);
 
-/* The module's table, loaded once (thread-safe): from $CKV_GPU_MODULE when set, else
- * libckv_cuda.so beside the executable, in ../lib/ckv or ../lib beside it. Returns an error naming
- * where it looked (or what dlopen said) when the module is missing, does not load, or was built for
- * another ABI; a build of ckv without CUDA says so. */
-ckv_status ckv_gpu_module_get(const ckv_gpu_module **out);
+/* A function of the module, found by its name: the module's entry points are the functions it
+ * defines under the names of the entry points they implement ("ckv_backend_cuda_init";
+ * "ckv_comm_init_nccl", "ckv_comm_nccl_on_stream", "ckv_comm_select_gpu", "ckv_comm_gpu_id" when it
+ * was built with NCCL). Only the module's own definition counts, never the binary's function of the
+ * same name. The caller casts *out to the entry point's type. Loads the module first; an error
+ * (ERR_UNSUPPORTED) when it does not load or does not define `name`, naming it. */
+typedef void (*ckv_gpu_module_fn)(void);
+ckv_status ckv_gpu_module_symbol(const char *name, ckv_gpu_module_fn *out);
 
 /* 1 when this build of ckv has a GPU module (whether or not it loads here). */
 int ckv_gpu_module_built(void);

@@ -1,13 +1,12 @@
 /* cuda_module.c - the CUDA backend's entry points in the ckv binary: they load the GPU module
  * (core/gpu_module.h: libckv_cuda.so, where the .cu sources are built) and call into it, so the
  * binary itself never links the CUDA libraries. The module defines the same two functions for
- * itself (cuda_backend.cu); it binds its own. */
+ * itself (cuda_backend.cu); it binds its own, and this file finds its ckv_backend_cuda_init by name. */
 #include "backend/backend.h"
 #include "core/gpu_module.h"
 
 int ckv_backend_cuda_available(void) {
-    const ckv_gpu_module *m = NULL;
-    if (ckv_gpu_module_get(&m) != CKV_STATUS_OK) {
+    if (ckv_gpu_module_load() != CKV_STATUS_OK) {
         ckv_error_clear();
         return 0;
     }
@@ -16,8 +15,9 @@ int ckv_backend_cuda_available(void) {
 
 ckv_status ckv_backend_cuda_init(ckv_backend **out, int device_index) {
     *out = NULL;
-    const ckv_gpu_module *m = NULL;
-    ckv_status st = ckv_gpu_module_get(&m);
+    ckv_gpu_module_fn fn = NULL;
+    ckv_status st = ckv_gpu_module_symbol("ckv_backend_cuda_init", &fn);
     if (st != CKV_STATUS_OK) return ckv_error(st, "--backend cuda: %s", ckv_error_message());
-    return m->backend_init(out, device_index);
+    ckv_status (*init)(ckv_backend **, int) = (ckv_status(*)(ckv_backend **, int))fn; /* this function's type */
+    return init(out, device_index);
 }
