@@ -54,6 +54,17 @@ typedef struct {
     int max_len;               /* host-known bound on every segment's len after the op (launch sizing) */
 } ckv_kv_batch;
 
+/* The inputs of the attention op (one struct, as FlashInfer's attention params): n query tokens of
+ * the batch's sequences. */
+typedef struct {
+    const float *q;         /* [n, n_heads, kv->head_dim] fp32 queries, RoPE'd (device) */
+    const int32_t *qpos;    /* [n] position of each query token (device) */
+    const ckv_kv_batch *kv; /* the layer's segments of every sequence; token t belongs to kv->seq_of[t] */
+    int n;                  /* query tokens */
+    int n_heads;            /* query heads held by this rank */
+    float scale;            /* logits = (q . k) * scale */
+} ckv_attention_params;
+
 /* The largest calls the eviction ops of one layer will see (evict_reserve). */
 typedef struct {
     int rows;                  /* context rows scored (L) */
@@ -176,12 +187,11 @@ typedef struct {
      * checked the capacities.   k, v [n, n_kv_heads, head_dim] fp32, pos [n] */
     void (*kv_store)(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos,
                      int n);
-    /* Causal attention of the batch's n query tokens: query head h of token t reads KV head
-     * h / (n_heads / n_kv_heads) of its sequence and sees the rows whose pos <= qpos[t];
+    /* Causal attention of the a->n query tokens (ckv_attention_params): query head h of token t reads
+     * KV head h / (n_heads / n_kv_heads) of its sequence and sees the rows whose pos <= qpos[t];
      * softmax(q.k * scale) v computed in fp32; a row that sees nothing is 0.
-     * out, q [n, n_heads, head_dim], qpos [n] */
-    void (*attention)(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
-                      int n_heads, float scale);
+     * out [n, n_heads, head_dim] fp32 */
+    void (*attention)(ckv_backend *be, float *out, const ckv_attention_params *a);
     /* out[i] = silu(gate[i]) * up[i]   [n] (out may alias gate) */
     void (*swiglu)(ckv_backend *be, float *out, const float *gate, const float *up, size_t n);
     /* x[i] += y[i]   [n] */

@@ -113,7 +113,8 @@ static ckv_status model_layer(ckv_model *m, ckv_model_scratch *s, int layer, flo
     op->rope(be, s->q, s->pos, n, nq, d, m->inv_freq, m->rope_scale);
     op->rope(be, s->k, s->pos, n, nkv, d, m->inv_freq, m->rope_scale);
     CKV_TRY(ckv_kv_append_batch(caches, n_seq, seq_start, layer, kv, s->k, s->v, s->pos, n));
-    op->attention(be, s->att, s->q, s->pos, kv, n, nq, 1.0f / sqrtf((float)d));
+    const ckv_attention_params ap = {s->q, s->pos, kv, n, nq, 1.0f / sqrtf((float)d)};
+    op->attention(be, s->att, &ap);
     op->matmul(be, s->proj, s->att, &w->wo, w->bo, n);
     CKV_TRY(allreduce_hidden(m, s->proj, (size_t)n * D));
     op->add(be, x, s->proj, (size_t)n * D);

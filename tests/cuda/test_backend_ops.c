@@ -523,8 +523,8 @@ static void test_attention(const attn_case *ac) {
     }
     ckv_kv_batch bt = kv_batch(&ct, sot, sst, cap), br = kv_batch(&cr, sor, ssr, cap);
     float *ot = dev_poison(tb, nq), *orf = dev_poison(ref, nq);
-    tb->ops->attention(tb, ot, qt, pt, &bt, n, n_heads, scale);
-    ref->ops->attention(ref, orf, qr, pr, &br, n, n_heads, scale);
+    tb->ops->attention(tb, ot, &(ckv_attention_params){qt, pt, &bt, n, n_heads, scale});
+    ref->ops->attention(ref, orf, &(ckv_attention_params){qr, pr, &br, n, n_heads, scale});
     const int prefill = n > 4 * ac->n_seq && (hd == 16 || hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128);
     const int rounded = prefill && ac->dt == CKV_DTYPE_BF16; /* f32 caches: fp32-class products */
     char cas[160];
@@ -902,7 +902,7 @@ static void test_emu_errors(void) {
     /* an invalid call of a void op is reported by sync(), naming the op */
     CHECK_OK(ckv_backend_cuda_emu_init(&be, 0));
     ckv_kv_batch bad = {CKV_DTYPE_BF16, 16, 3, 1, NULL, NULL, NULL, 1};
-    be->ops->attention(be, NULL, NULL, NULL, &bad, 1, 4, 1.0f);
+    be->ops->attention(be, NULL, &(ckv_attention_params){NULL, NULL, &bad, 1, 4, 1.0f});
     CHECK_FAILS(be->ops->sync(be), CKV_STATUS_ERR_UNSUPPORTED, "attention: 4 query heads over 3 KV heads");
     CHECK_OK(be->ops->sync(be)); /* reported once */
     /* an upload to memory that is not a device buffer fails (no host pointer where a device one is meant) */

@@ -122,7 +122,8 @@ static void run_case(ckv_backend *be, const decode_case &dc) {
     const float scale = 1.0f / sqrtf((float)hd);
 
     ckv_emu_profile_start();
-    be->ops->attention(be, out_d, q_d, qpos_d, &kvb, B, n_heads, scale);
+    const ckv_attention_params ap = {q_d, qpos_d, &kvb, B, n_heads, scale};
+    be->ops->attention(be, out_d, &ap);
     ckv_status st = be->ops->sync(be);
     ckv_emu_profile_stop();
     EXPECT(st == CKV_STATUS_OK, "%s: attention: %s", dc.name, ckv_error_message());

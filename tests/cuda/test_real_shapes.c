@@ -244,8 +244,10 @@ static void test_decode(const char *configs, const char *name) {
     }
     /* the reference computes on f32 copies of the same bf16 values: only summation order differs */
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int w = 0; w < 2; w++)
-        bes[w]->ops->attention(bes[w], side[w].out, side[w].q, side[w].qpos, &kb[w], DEC_SEQ, heads, scale);
+    for (int w = 0; w < 2; w++) {
+        const ckv_attention_params ap = {side[w].q, side[w].qpos, &kb[w], DEC_SEQ, heads, scale};
+        bes[w]->ops->attention(bes[w], side[w].out, &ap);
+    }
     float *a = ckv_test_calloc(nq * 4), *b = ckv_test_calloc(nq * 4);
     cuda_test_download(tb, a, side[0].out, nq * 4);
     cuda_test_download(ref, b, side[1].out, nq * 4);

@@ -374,8 +374,8 @@ static void test_attention_case(const attn_case *ac) {
     fill_uniform(q, sz, -1, 1);
     fill_uniform(out1, sz, -5, 5); /* garbage the op must overwrite */
     attention_ref(ref, q, qpos, &c, n, H, scale);
-    be1->ops->attention(be1, out1, q, qpos, &view, n, H, scale);
-    be2->ops->attention(be2, out2, q, qpos, &view, n, H, scale);
+    be1->ops->attention(be1, out1, &(ckv_attention_params){q, qpos, &view, n, H, scale});
+    be2->ops->attention(be2, out2, &(ckv_attention_params){q, qpos, &view, n, H, scale});
     char what[160];
     snprintf(what, sizeof what, "attention %s (H=%d Hkv=%d hd=%d n=%d)", ac->what, H, ac->n_kv, hd, n);
     ckv_test_allclose(what, out1, ref, sz, 2e-6, 1e-5);
@@ -413,7 +413,7 @@ static void test_attention(void) {
     ckv_kv_seg segs[2] = {{k, v, pos, 1, 1}, {k + 2, v + 2, pos + 1, 0, 1}};
     ckv_kv_seg *list[1] = {segs};
     ckv_kv_batch bad = {.dtype = CKV_DTYPE_F32, .head_dim = 2, .n_kv_heads = 2, .n_seq = 1, .segs = list};
-    be1->ops->attention(be1, out, q, qpos, &bad, 1, 3, 1.0f);
+    be1->ops->attention(be1, out, &(ckv_attention_params){q, qpos, &bad, 1, 3, 1.0f});
     CHECK(isnan(out[0]) && isnan(out[5]));
 }
 
@@ -449,11 +449,12 @@ static void test_attention_batch(void) {
     fill_uniform(q, sz, -1, 1);
     ckv_kv_batch b = {.dtype = CKV_DTYPE_F32, .head_dim = HD, .n_kv_heads = NKV, .n_seq = NSEQ, .segs = list,
                       .seq_of = seq_of, .seq_start = seq_start};
-    be2->ops->attention(be2, out, q, qpos, &b, n, H, 0.125f);
+    be2->ops->attention(be2, out, &(ckv_attention_params){q, qpos, &b, n, H, 0.125f});
     for (int s = 0; s < NSEQ; s++) {
         ckv_kv_batch one = {.dtype = CKV_DTYPE_F32, .head_dim = HD, .n_kv_heads = NKV, .n_seq = 1, .segs = &list[s]};
         size_t at = (size_t)seq_start[s] * H * HD;
-        be1->ops->attention(be1, alone + at, q + at, qpos + seq_start[s], &one, ntok[s], H, 0.125f);
+        be1->ops->attention(be1, alone + at,
+                            &(ckv_attention_params){q + at, qpos + seq_start[s], &one, ntok[s], H, 0.125f});
     }
     check_same_bits("attention: 3 sequences batched vs each alone", out, alone, sz);
     free(q), free(out), free(alone);
@@ -481,7 +482,7 @@ static void test_attention_lowp(ckv_dtype dt) {
     float *q = new_floats(sz), *out = new_floats(sz), *ref = new_floats(sz);
     fill_uniform(q, sz, -1, 1);
     attention_ref(ref, q, qpos, &c, N, H, 0.125f);
-    be2->ops->attention(be2, out, q, qpos, &b, N, H, 0.125f);
+    be2->ops->attention(be2, out, &(ckv_attention_params){q, qpos, &b, N, H, 0.125f});
     char what[64];
     snprintf(what, sizeof what, "attention over a %s cache", ckv_dtype_name(dt));
     ckv_test_allclose(what, out, ref, sz, 2e-6, 1e-5);

@@ -616,8 +616,12 @@ static void ckv_attn_split_plan(int rows, int tile, int max_len, int *split, int
     *split = (max_len + c - 1) / c;
 }
 
-void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
-                       int n_heads, float scale) {
+void ckv_cpu_attention(ckv_backend *be, float *out, const ckv_attention_params *a) {
+    const float *q = a->q;         // [n, n_heads, hd]
+    const int32_t *qpos = a->qpos; // [n]
+    const ckv_kv_batch *kv = a->kv;
+    const int n = a->n, n_heads = a->n_heads;
+    const float scale = a->scale;
     const int n_kv = kv->n_kv_heads, hd = kv->head_dim;
     if (n <= 0 || n_heads <= 0 || hd <= 0) return;
     if (n_kv <= 0 || n_heads % n_kv != 0 || kv->n_seq < 1 || (kv->dtype != CKV_DTYPE_F32 && hd > CKV_ATTN_CONV_HD)) {

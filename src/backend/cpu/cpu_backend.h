@@ -41,8 +41,7 @@ ckv_threadpool *ckv_cpu_task_pool(const ckv_backend *be);
  * alone when tasks is not NULL; the same results as ckv_cpu_matmul_f32 either way. */
 void ckv_cpu_matmul_f32_task(ckv_backend *be, const ckv_threadpool *tasks, float *out, const float *x, const float *w,
                              const float *bias, int n, int k, int m);
-void ckv_cpu_attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
-                       int n_heads, float scale);
+void ckv_cpu_attention(ckv_backend *be, float *out, const ckv_attention_params *a);
 void ckv_cpu_embedding(ckv_backend *be, float *out, const ckv_weight *table, const int32_t *ids, int n);
 void ckv_cpu_rmsnorm(ckv_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
 void ckv_cpu_rope(ckv_backend *be, float *x, const int32_t *pos, int n, int n_heads, int hd, const float *inv_freq,

@@ -360,9 +360,13 @@ void launch_flash(ctx *c, float *out, const float *q, const int32_t *qpos, const
 
 } // namespace
 
-void attention(ckv_backend *be, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
-               int n_heads, float scale) {
+void attention(ckv_backend *be, float *out, const ckv_attention_params *a) {
     ctx *c = ctx_of(be);
+    const float *q = a->q;         // [n, n_heads, hd]
+    const int32_t *qpos = a->qpos; // [n]
+    const ckv_kv_batch *kv = a->kv;
+    const int n = a->n, n_heads = a->n_heads;
+    const float scale = a->scale;
     const int hd = kv->head_dim;
     if (n <= 0 || n_heads <= 0 || hd <= 0) return;
     if (kv->n_kv_heads <= 0 || n_heads % kv->n_kv_heads != 0 || kv->n_seq <= 0 || hd > DECODE_HD_MAX ||

@@ -470,27 +470,25 @@ ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv
 ckv_status evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d) {
     ctx *c = ctx_of(be);
     const char *op = "evict_defensive_rows";
-    double *ave = d->ave, *bias = d->bias;
-    float *dmax = d->dmax;
-    const float *p = d->p;
-    const int ld = d->ld, w = d->w, n = d->n, n_heads_local = d->n_heads_local, head0 = d->head0, group = d->group;
-    const int kernel = d->kernel, n_kv = d->n_kv;
+    const size_t cells = (size_t)d->n_kv * (size_t)d->n; /* ave, dmax [n_kv, n] */
     if (d->accum == CKV_EVICT_ZERO_FIRST) {
-        if (n_kv > 0 && n > 0) {
-            CKV_CUDA_CHECK(cudaMemsetAsync(ave, 0, sizeof(double) * (size_t)n_kv * n, c->stream), op);
-            CKV_CUDA_CHECK(cudaMemsetAsync(dmax, 0, sizeof(float) * (size_t)n_kv * n, c->stream), op);
+        if (d->n_kv > 0 && d->n > 0) {
+            CKV_CUDA_CHECK(cudaMemsetAsync(d->ave, 0, sizeof(double) * cells, c->stream), op);
+            CKV_CUDA_CHECK(cudaMemsetAsync(d->dmax, 0, sizeof(float) * cells, c->stream), op);
         }
-        CKV_CUDA_CHECK(cudaMemsetAsync(bias, 0, sizeof(double), c->stream), op);
+        CKV_CUDA_CHECK(cudaMemsetAsync(d->bias, 0, sizeof(double), c->stream), op);
     }
-    if (w < 1 || n < 1 || n_heads_local < 1 || n_kv < 1) return op_status(c, op);
-    const size_t bytes = sizeof(double) * (size_t)n_heads_local * w; /* scale [n_heads_local, w] */
+    if (d->w < 1 || d->n < 1 || d->n_heads_local < 1 || d->n_kv < 1) return op_status(c, op);
+    const size_t bytes = sizeof(double) * (size_t)d->n_heads_local * d->w; /* scale [n_heads_local, w] */
     double *scale = NULL;
     CKV_TRY(scratch_parts(c, &bytes, (void **)&scale, 1, op));
-    CKV_LAUNCH(defensive_scale_kernel, dim3((unsigned)w, (unsigned)n_heads_local), dim3(32), 0, c->stream, scale, p, ld,
-               w, n, kernel);
-    CKV_LAUNCH(defensive_cols_kernel, dim3(blocks_for((size_t)n, THREADS), (unsigned)n_kv), dim3(THREADS), 0, c->stream,
-               ave, dmax, scale, p, ld, w, n, n_heads_local, head0, group, kernel);
-    CKV_LAUNCH(defensive_bias_kernel, dim3(1), dim3(1), 0, c->stream, bias, p, ld, w, n, n_heads_local);
+    CKV_LAUNCH(defensive_scale_kernel, dim3((unsigned)d->w, (unsigned)d->n_heads_local), dim3(32), 0, c->stream, scale,
+               d->p, d->ld, d->w, d->n, d->kernel);
+    CKV_LAUNCH(defensive_cols_kernel, dim3(blocks_for((size_t)d->n, THREADS), (unsigned)d->n_kv), dim3(THREADS), 0,
+               c->stream, d->ave, d->dmax, scale, d->p, d->ld, d->w, d->n, d->n_heads_local, d->head0, d->group,
+               d->kernel);
+    CKV_LAUNCH(defensive_bias_kernel, dim3(1), dim3(1), 0, c->stream, d->bias, d->p, d->ld, d->w, d->n,
+               d->n_heads_local);
     return op_status(c, op);
 }
 
