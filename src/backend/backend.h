@@ -65,6 +65,18 @@ typedef struct {
     float scale;            /* logits = (q . k) * scale */
 } ckv_attention_params;
 
+/* The inputs of kv_gather: the segments of one sequence compacted to their kept rows. */
+typedef struct {
+    ckv_dtype dtype;        /* of every segment's k and v */
+    int head_dim;
+    int n_kv;               /* segments (KV heads) of the sequence */
+    ckv_kv_seg *dst;        /* [n_kv] destination segments (device) */
+    const ckv_kv_seg *src;  /* [n_kv] source segments (device), not overlapping dst's rows */
+    const int32_t *keep;    /* [n_kv, stride] ascending source rows of each segment (device) */
+    int stride;             /* row stride of keep */
+    const int32_t *n_keep;  /* [n_kv] rows kept per segment (device) */
+} ckv_kv_gather_params;
+
 /* The largest calls the eviction ops of one layer will see (evict_reserve). */
 typedef struct {
     int rows;                  /* context rows scored (L) */
@@ -156,8 +168,9 @@ typedef struct {
      * compute stream (a cudaStream_t; on cuda-emu the CPU execution layer's stream, meaningful only
      * to that layer). Family CKV_BACKEND_CAP_STREAM: absent on the CPU backend (whose ops complete
      * before they return); absent or NULL returned: no queue. Owned by the backend: valid until it
-     * is freed; the user must not synchronise, destroy or reconfigure it. Every op above that hands data to the host (download,
-     * count_nonfinite) runs on it and waits for it, so host reads stay ordered after the kernels. */
+     * is freed; the user must not synchronise, destroy or reconfigure it. Every op above that hands
+     * data to the host (download, count_nonfinite) runs on it and waits for it, so host reads stay
+     * ordered after the kernels. */
     void *(*stream)(ckv_backend *be);
     /* (family CKV_BACKEND_CAP_DEVICE_ID) id [cap] names the physical device, equal for two backends
      * exactly when they share it (a GPU's PCI bus id; the emulated GPU of cuda-emu, host memory of each
@@ -198,12 +211,10 @@ typedef struct {
     void (*add)(ckv_backend *be, float *x, const float *y, size_t n);
     /* *n_bad (host) = number of non-finite values in x [n]; synchronises. */
     ckv_status (*count_nonfinite)(ckv_backend *be, const float *x, size_t n, size_t *n_bad);
-    /* Compacts every segment of one sequence in one call: segment g of `dst` receives rows
-     * keep[g * stride + i], i < n_keep[g] (ascending row indices into segment g of `src`), of k, v
-     * and pos; dst[g].len = n_keep[g]. Source and destination segments do not overlap.
-     * src, dst [n_kv] segments (device), keep [n_kv, stride], n_keep [n_kv] (device) */
-    void (*kv_gather)(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst,
-                      const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep);
+    /* Compacts every segment of one sequence in one call (ckv_kv_gather_params g): segment s of
+     * g->dst receives rows keep[s * stride + i], i < n_keep[s] (ascending row indices into segment s
+     * of g->src), of k, v and pos; dst[s].len = n_keep[s]. Source and destination do not overlap. */
+    void (*kv_gather)(ckv_backend *be, const ckv_kv_gather_params *g);
 
     /* ---- eviction ops (evict/ drives them; see evict/ for their callers) ----
      * Conventions: "scores" are fp32 device arrays [rows, ld] (row r at x + r * ld); kv is a batch of

@@ -221,8 +221,9 @@ static ckv_status kv_compact(ckv_kv_cache *c, const ckv_kv_cache *from, int laye
         s = be->ops->upload(be, ws.keep, keep_host, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t));
     if (s == CKV_STATUS_OK) s = be->ops->upload(be, ws.n_keep, n_keep, (size_t)c->n_kv * sizeof(int32_t));
     if (s == CKV_STATUS_OK) {
-        be->ops->kv_gather(be, c->dtype, c->head_dim, c->n_kv, ws.segs, old->segs, keep_host ? ws.keep : keep_dev, stride,
-                           ws.n_keep);
+        const ckv_kv_gather_params gp = {c->dtype, c->head_dim, c->n_kv, ws.segs, old->segs,
+                                         keep_host ? ws.keep : keep_dev, stride, ws.n_keep};
+        be->ops->kv_gather(be, &gp);
         s = be->ops->sync(be); /* the old pool is released next */
     }
     ckv_free(tab);
@@ -321,7 +322,8 @@ ckv_status ckv_kv_layer_keep(ckv_kv_cache *c, int layer, const int32_t *keep_dev
     }
     CKV_TRY(be->ops->upload(be, ws->segs, ws->segs_host, (size_t)c->n_kv * sizeof(ckv_kv_seg)));
     CKV_TRY(be->ops->upload(be, ws->n_keep, n_keep, (size_t)c->n_kv * sizeof(int32_t)));
-    be->ops->kv_gather(be, c->dtype, c->head_dim, c->n_kv, ws->segs, l->segs, keep_dev, stride, ws->n_keep);
+    const ckv_kv_gather_params gp = {c->dtype, c->head_dim, c->n_kv, ws->segs, l->segs, keep_dev, stride, ws->n_keep};
+    be->ops->kv_gather(be, &gp);
     for (int h = 0; h < c->n_kv; h++) { /* back into the layer's pool: the kept rows only */
         const size_t at = (size_t)l->off[h], k = (size_t)n_keep[h];
         if (k == 0) continue;

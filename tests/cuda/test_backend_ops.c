@@ -459,8 +459,8 @@ static void test_kv_gather(ckv_dtype dt) {
     kv_build(&dr, ref, dt, 1, n_kv, hd, cap, &h2);
     int32_t *kt = cuda_test_upload(tb, keep, sizeof keep), *kr = cuda_test_upload(ref, keep, sizeof keep);
     int32_t *nt = cuda_test_upload(tb, n_keep, sizeof n_keep), *nr = cuda_test_upload(ref, n_keep, sizeof n_keep);
-    tb->ops->kv_gather(tb, dt, hd, n_kv, dt_.segs[0], st.segs[0], kt, stride, nt);
-    ref->ops->kv_gather(ref, dt, hd, n_kv, dr.segs[0], sr.segs[0], kr, stride, nr);
+    tb->ops->kv_gather(tb, &(ckv_kv_gather_params){dt, hd, n_kv, dt_.segs[0], st.segs[0], kt, stride, nt});
+    ref->ops->kv_gather(ref, &(ckv_kv_gather_params){dt, hd, n_kv, dr.segs[0], sr.segs[0], kr, stride, nr});
     char cas[64];
     snprintf(cas, sizeof cas, "%s kept %d/%d/%d", ckv_dtype_name(dt), n_keep[0], n_keep[1], n_keep[2]);
     kv_compare("kv_gather", cas, &dt_, &dr);

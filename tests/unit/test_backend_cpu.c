@@ -514,7 +514,7 @@ static void test_kv_gather(ckv_dtype dt) {
     }
     const int32_t keep[NKV * CAP] = {0, 1, 2, 7, 19, [CAP] = 5, [CAP + 1] = 6, [2 * CAP] = 0};
     const int32_t n_keep[NKV] = {5, 2, 0};
-    be1->ops->kv_gather(be1, dt, HD, NKV, dst, src, keep, CAP, n_keep);
+    be1->ops->kv_gather(be1, &(ckv_kv_gather_params){dt, HD, NKV, dst, src, keep, CAP, n_keep});
     int bad = 0;
     for (int g = 0; g < NKV; g++) {
         bad += dst[g].len != n_keep[g];

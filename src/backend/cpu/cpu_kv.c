@@ -34,13 +34,14 @@ void ckv_cpu_kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, c
     }
 }
 
-void ckv_cpu_kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst,
-                       const ckv_kv_seg *src, const int32_t *keep, int stride, const int32_t *n_keep) {
+void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *gp) {
     (void)be;
-    const size_t rowb = (size_t)head_dim * ckv_dtype_size(dtype);
-    for (int g = 0; g < n_kv; g++) {
-        const int32_t *kg = keep + (size_t)g * (size_t)stride; // [n_keep[g]] ascending source rows
-        const int nk = n_keep[g];
+    ckv_kv_seg *dst = gp->dst;
+    const ckv_kv_seg *src = gp->src;
+    const size_t rowb = (size_t)gp->head_dim * ckv_dtype_size(gp->dtype);
+    for (int g = 0; g < gp->n_kv; g++) {
+        const int32_t *kg = gp->keep + (size_t)g * (size_t)gp->stride; // [n_keep[g]] ascending source rows
+        const int nk = gp->n_keep[g];
         int i = 0;
         while (i < nk) { /* copy maximal runs of consecutive rows at once */
             int j = i + 1;

@@ -134,8 +134,7 @@ void add(ckv_backend *be, float *x, const float *y, size_t n);
 ckv_status count_nonfinite(ckv_backend *be, const float *x, size_t n, size_t *n_bad);
 void matmul(ckv_backend *be, float *out, const float *x, const ckv_weight *w, const float *bias, int n);
 void kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos, int n);
-void kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst, const ckv_kv_seg *src,
-               const int32_t *keep, int stride, const int32_t *n_keep);
+void kv_gather(ckv_backend *be, const ckv_kv_gather_params *g);
 void attention(ckv_backend *be, float *out, const ckv_attention_params *a);
 /* cuda_decode.cu: split-KV attention (attention's checks done; records failures on c) */
 constexpr int DECODE_HD_MAX = 256; /* largest head dim of attention */

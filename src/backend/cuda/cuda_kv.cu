@@ -89,9 +89,13 @@ void kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const flo
     op_done(c, "kv_store");
 }
 
-void kv_gather(ckv_backend *be, ckv_dtype dtype, int head_dim, int n_kv, ckv_kv_seg *dst, const ckv_kv_seg *src,
-               const int32_t *keep, int stride, const int32_t *n_keep) {
+void kv_gather(ckv_backend *be, const ckv_kv_gather_params *g) {
     ctx *c = ctx_of(be);
+    const ckv_dtype dtype = g->dtype;
+    ckv_kv_seg *dst = g->dst;
+    const ckv_kv_seg *src = g->src;
+    const int32_t *keep = g->keep, *n_keep = g->n_keep;
+    const int head_dim = g->head_dim, n_kv = g->n_kv, stride = g->stride;
     if (n_kv <= 0) return;
     /* a zero stride keeps nothing: one block per segment still sets len = n_keep = 0 */
     const dim3 grid((unsigned)((stride + GATHER_ROWS - 1) / GATHER_ROWS > 0 ? (stride + GATHER_ROWS - 1) / GATHER_ROWS : 1),
