@@ -148,6 +148,14 @@ static ckv_status apply_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
     return st;
 }
 
+/* The model-wide buffers of a press that selects across layers. */
+static void release_model(ckv_compressor *cz) {
+    if (!cz->model) return;
+    ckv_model_selection_free(cz->model);
+    free(cz->model);
+    cz->model = NULL;
+}
+
 /* A press that selects across layers (CKV_ALLOC_MODEL): layer `layer` is scored and left whole; after
  * the last layer, one count over the model, then every layer compacted (or gathered) to its share.
  * The model-wide buffers live from the first layer to the last (ckv_compressor_release on an abort). */
@@ -157,7 +165,7 @@ static ckv_status model_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
     const ckv_model_config *c = &m->cfg;
     const ckv_shard_plan *p = &m->plan;
     ckv_status st = CKV_STATUS_OK;
-    if (layer == 0) ckv_compressor_release(cz);
+    if (layer == 0) release_model(cz);
     if (!cz->model) {
         if (layer != 0)
             return ckv_error(CKV_STATUS_ERR_ARG, "press %s: layer %d compressed before layer 0", cz->cfg->spec, layer);
@@ -166,6 +174,7 @@ static ckv_status model_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
     }
     ckv_score_inputs in;
     ckv_compress_score_inputs(src, layer, L, &in);
+    in.arena = &cz->arena;
     CKV_TRY(ckv_model_select_score(cz->cfg, &in, cz->model, sel));
     cz->score_seconds += sel->score_seconds;
     if (layer < c->n_layers - 1) return CKV_STATUS_OK;
@@ -176,19 +185,31 @@ static ckv_status model_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
             if (kl->len[h] != L)
                 st = ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", l, h, kl->len[h], L);
         ckv_compress_score_inputs(src, l, L, &in);
+        in.arena = &cz->arena;
         if (st == CKV_STATUS_OK) st = ckv_model_select_layer(cz->model, l, p->kv_head0, sel);
         if (st == CKV_STATUS_OK) st = apply_layer(cz, dst, src, l, L, sel, &in, log_bytes);
     }
     cz->select_seconds += cz->model->select_seconds;
-    ckv_compressor_release(cz);
+    release_model(cz);
     return st;
 }
 
+/* The model-wide buffers of a press that selects across layers. */
 void ckv_compressor_release(ckv_compressor *cz) {
-    if (!cz || !cz->model) return;
-    ckv_model_selection_free(cz->model);
-    free(cz->model);
-    cz->model = NULL;
+    if (!cz) return;
+    ckv_selection_free(&cz->sel);
+    ckv_score_arena_free(&cz->arena);
+    release_model(cz);
+}
+
+/* The compressor's selection buffers for a layer of L context rows: kept from the layer before when
+ * they hold that many (the layers of one context all have L), else sized anew. */
+static ckv_status compressor_selection(ckv_compressor *cz, ckv_model *m, int L) {
+    ckv_selection *s = &cz->sel;
+    if (s->be == m->be && s->n_kv_local == m->plan.n_kv_local && s->n_kv_heads == m->cfg.n_kv_heads && L <= s->cap_L)
+        return ckv_selection_set_len(s, L);
+    ckv_selection_free(s);
+    return ckv_selection_init(s, m->be, m->plan.n_kv_local, m->cfg.n_kv_heads, L);
 }
 
 ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L) {
@@ -204,27 +225,31 @@ ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const c
     const ckv_kv_layer *kl = &src->kv.layers[layer];
     for (int h = 0; h < p->n_kv_local; h++)
         if (kl->len[h] != L) return ckv_error(CKV_STATUS_ERR_INTERNAL, "layer %d head %d holds %d rows, expected %d", layer, h, kl->len[h], L);
-    ckv_selection sel;
-    CKV_TRY(ckv_selection_init(&sel, m->be, p->n_kv_local, c->n_kv_heads, L));
+    CKV_TRY(compressor_selection(cz, m, L));
+    ckv_selection *sel = &cz->sel;
     const unsigned long long bytes0 = comm_now(m);
     unsigned long long log_bytes = 0;
     ckv_status st;
     if (cz->cfg->alloc == CKV_ALLOC_MODEL) {
-        st = model_layer(cz, dst, src, layer, L, &sel, &log_bytes);
-        if (st != CKV_STATUS_OK) ckv_compressor_release(cz);
+        st = model_layer(cz, dst, src, layer, L, sel, &log_bytes);
+        if (st != CKV_STATUS_OK) release_model(cz);
     } else {
         ckv_score_inputs in;
         ckv_compress_score_inputs(src, layer, L, &in);
+        in.arena = &cz->arena;
         ckv_head_budgets hb = {c->n_kv_heads, cz->headkv_budgets ? cz->headkv_budgets + (size_t)layer * c->n_kv_heads : NULL};
-        st = ckv_evict_layer(cz->cfg, &in, cz->headkv_budgets ? &hb : NULL, &sel);
+        st = ckv_evict_layer(cz->cfg, &in, cz->headkv_budgets ? &hb : NULL, sel);
         if (st == CKV_STATUS_OK) {
-            cz->score_seconds += sel.score_seconds;
-            cz->select_seconds += sel.select_seconds;
-            st = apply_layer(cz, dst, src, layer, L, &sel, &in, &log_bytes);
+            cz->score_seconds += sel->score_seconds;
+            cz->select_seconds += sel->select_seconds;
+            st = apply_layer(cz, dst, src, layer, L, sel, &in, &log_bytes);
         }
     }
     cz->comm_bytes += comm_now(m) - bytes0 - log_bytes;
-    ckv_selection_free(&sel);
+    if (st != CKV_STATUS_OK || layer == c->n_layers - 1) { /* the context is done */
+        ckv_selection_free(&cz->sel);
+        ckv_score_arena_free(&cz->arena);
+    }
     return st;
 }
 

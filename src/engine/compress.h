@@ -32,10 +32,14 @@ typedef struct {
     /* a press that selects across layers (layer_defensivekv): every layer's scores, from the first
      * layer's hook to the last one's (then freed); NULL otherwise */
     ckv_model_selection *model;
+    /* one layer's selection buffers, sized at the first layer for the context and reused by the
+     * layers after it (no device allocation per layer); freed after the last layer */
+    ckv_selection sel;
+    ckv_score_arena arena;         /* the scorers' device scratch, kept likewise */
 } ckv_compressor;
 
-/* Frees what a compressor holds between layers (a prefill abandoned part way through a press that
- * selects across layers); a no-op otherwise. The statistics stay. */
+/* Frees what a compressor holds between layers (a prefill abandoned part way through: a press that
+ * selects across layers, the selection buffers); a no-op otherwise. The statistics stay. */
 void ckv_compressor_release(ckv_compressor *cz);
 
 /* Fills the scorer inputs of `layer` from the session's model, cache segments (context rows 0..L-1

@@ -88,6 +88,7 @@ ckv_status ckv_decode_state_init(ckv_decode_state *ds, const ckv_decode_press *d
 void ckv_decode_state_free(ckv_decode_state *ds) {
     if (!ds) return;
     ckv_selection_free(&ds->sel);
+    ckv_score_arena_free(&ds->arena);
     ckv_kv_keep_ws_free(&ds->ws);
     ckv_free(ds->dump_mine);
     ckv_free(ds->dump_all);
@@ -142,6 +143,7 @@ static ckv_status cut_layer(ckv_decode_state *ds, int layer, int target, int *ev
     CKV_TRY(ckv_selection_set_len(&ds->sel, L));
     ckv_score_inputs in;
     ckv_compress_score_inputs(s, layer, L, &in);
+    in.arena = &ds->arena;
     in.xn = NULL; /* the decode presses read keys and values only */
     CKV_TRY(ckv_evict_layer(&ds->cfg, &in, NULL, &ds->sel));
     CKV_TRY(ckv_kv_layer_keep(&s->kv, layer, ds->sel.rows, L, ds->sel.n_keep, &ds->ws));

@@ -50,6 +50,7 @@ typedef struct {
     int steps;              /* decode steps since the last compression (kvpress's layer_step_counts) */
     int answer_steps;       /* decode steps of the answer */
     ckv_selection sel;      /* sized for the session's capacity */
+    ckv_score_arena arena;  /* the scorers' device scratch (grown at the first compression, then reused) */
     ckv_kv_keep_ws ws;      /* in-place compaction scratch */
     int dump;               /* log kept positions after each compression (set on EVERY rank) */
     FILE *dump_file;        /* where rank 0 writes them (NULL on other ranks) */

@@ -28,7 +28,7 @@ ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_confi
                          "tokens (at least 2 are needed)", L, S, head, tail);
     const int C = cfg->chunk_size < S ? cfg->chunk_size : S; /* a chunk longer than the rows: one chunk */
     const int pad_to = cfg->chunk_size;
-    ckv_score_dev dev = {be, {0}, 0};
+    ckv_score_dev dev = ckv_score_dev_begin(in);
     float *q = NULL, *attn = NULL, *norm = NULL, *mx = NULL; // [C, hq], [nkv, L] x 2, [1]
     double *colsum = NULL, *stats = NULL;                    // [nkv, L], [nkv, 2]
     ckv_status s = CKV_STATUS_OK;

@@ -135,7 +135,7 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     const size_t s_bytes = (size_t)nkv * (size_t)L * sizeof(float);
     ckv_def_ws ws;
     CKV_TRY(def_ws_init(&ws, in, w));
-    ckv_score_dev dev = {be, {0}, 0};
+    ckv_score_dev dev = ckv_score_dev_begin(in);
     float *q = NULL, *P = NULL;           // device: [w, nq * d] window queries, [nq, w, L] their weights
     float *norm_dev = NULL, *dmax_dev = NULL; // device: [nkv, L] value norms, [nkv, n] defensive max
     double *ave_dev = NULL, *bias_dev = NULL; // device: [nkv, n] weight sums, [1] window bias

@@ -153,7 +153,7 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
     memset(&w, 0, sizeof w);
     ckv_ea_dev b;
     memset(&b, 0, sizeof b);
-    ckv_score_dev dev = {be, {0}, 0};
+    ckv_score_dev dev = ckv_score_dev_begin(in);
     ckv_status s;
     CKV_TRY_GOTO(s, ea_host_alloc(&w, hl, d), done);
     CKV_TRY_GOTO(s, ea_dev_alloc(&dev, &b, hl, d, n, nkv, L), done);

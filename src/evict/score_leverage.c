@@ -40,7 +40,7 @@ ckv_status ckv_score_leverage_rows(const ckv_score_inputs *in, int k, uint64_t s
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press leverage: the %s backend has no leverage op", be->name);
     const int d = in->head_dim, nkv = in->n_kv_local;
     const size_t phi_n = (size_t)nkv * (size_t)d * (size_t)k, st_bytes = 2 * (size_t)nkv * sizeof(double);
-    ckv_score_dev dev = {be, {0}, 0};
+    ckv_score_dev dev = ckv_score_dev_begin(in);
     float *phi = NULL, *phi_d = NULL;
     double *stats_d = NULL;
     ckv_status s = CKV_STATUS_OK;

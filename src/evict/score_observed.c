@@ -25,7 +25,7 @@ ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, const ckv_pr
                          "positions and rope tables", in->layer);
     const int L = in->L, d = in->head_dim, D = in->D, hq = in->n_q_local * d, B = observed_block(L);
     ckv_backend *be = in->be;
-    ckv_score_dev dev = {be, {0}, 0};
+    ckv_score_dev dev = ckv_score_dev_begin(in);
     float *q = NULL;      // [B, hq]
     double *colsum = NULL; // [n_kv_local, L]
     ckv_status s;

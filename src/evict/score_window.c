@@ -52,7 +52,7 @@ ckv_status ckv_score_snapkv(const ckv_score_inputs *in, const ckv_press_config *
         return ckv_error(CKV_STATUS_ERR_ARG, "pool %d: expected avg or max", (int)pool);
     const int L = in->L, n_out = L - window, nq = in->n_q_local, hq = nq * in->head_dim;
     ckv_backend *be = in->be;
-    ckv_score_dev dev = {be, {0}, 0};
+    ckv_score_dev dev = ckv_score_dev_begin(in);
     float *q = NULL, *mean = NULL, *pooled = NULL; // [w, hq], [nq, L - w] each
     double *colsum = NULL;                         // [nq, L - w]
     ckv_status s;
@@ -86,7 +86,7 @@ ckv_status ckv_score_tova(const ckv_score_inputs *in, const ckv_press_config *cf
         return ckv_error(CKV_STATUS_ERR_ARG, "scorer tova needs a context longer than 1 token, got %d", in->L);
     const int L = in->L, n_out = L - 1, nq = in->n_q_local, hq = nq * in->head_dim;
     ckv_backend *be = in->be;
-    ckv_score_dev dev = {be, {0}, 0};
+    ckv_score_dev dev = ckv_score_dev_begin(in);
     float *q = NULL, *mean = NULL, *acc = NULL; // [1, hq], [nq, L - 1], [L]
     double *colsum = NULL;                      // [nq, L - 1]
     ckv_status s;

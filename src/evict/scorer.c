@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
@@ -87,7 +88,7 @@ ckv_status ckv_score_zscore(const ckv_score_inputs *in, float *x, int ld, int n,
     ckv_backend *be = in->be;
     const int nkv = in->n_kv_local, size = in->tp && in->tp->size > 1 ? in->tp->size : 1;
     const size_t st_bytes = 2 * (size_t)nkv * sizeof(double);
-    ckv_score_dev dev = {be, {0}, 0};
+    ckv_score_dev dev = ckv_score_dev_begin(in);
     double *all_d = NULL, *all = NULL; // [size, nkv, 2] device, host
     ckv_status s = ckv_alloc((void **)&all, (size_t)size * st_bytes, "z-score statistics");
     if (s == CKV_STATUS_OK) s = ckv_score_dev_alloc(&dev, (void **)&all_d, (size_t)size * st_bytes, "z-score statistics");
@@ -119,11 +120,32 @@ ckv_status ckv_score_zscore(const ckv_score_inputs *in, float *x, int ld, int n,
     return s;
 }
 
+ckv_score_dev ckv_score_dev_begin(const ckv_score_inputs *in) {
+    ckv_score_dev d = {.be = in->be, .arena = in->arena && in->arena->be == in->be ? in->arena : NULL};
+    if (!d.arena && in->arena && !in->arena->be) { /* a zeroed arena takes the inputs' backend */
+        in->arena->be = in->be;
+        d.arena = in->arena;
+    }
+    d.mark = d.arena ? d.arena->top : 0;
+    return d;
+}
+
 ckv_status ckv_score_dev_alloc(ckv_score_dev *d, void **out, size_t bytes, const char *what) {
     *out = NULL;
-    if (d->n >= CKV_SCORE_DEV_MAX) return ckv_error(CKV_STATUS_ERR_INTERNAL, "scorer scratch: too many buffers (%s)", what);
-    CKV_TRY(d->be->ops->alloc(d->be, out, bytes > 0 ? bytes : 1, what));
-    d->p[d->n++] = *out;
+    const size_t b = ((bytes > 0 ? bytes : 1) + 255) & ~(size_t)255; /* 256-byte aligned pieces */
+    ckv_score_arena *a = d->arena;
+    if (a && a->base && d->mark + d->used + b <= a->cap) {
+        *out = a->base + d->mark + d->used;
+    } else {
+        if (d->n >= CKV_SCORE_DEV_MAX) return ckv_error(CKV_STATUS_ERR_INTERNAL, "scorer scratch: too many buffers (%s)", what);
+        CKV_TRY(d->be->ops->alloc(d->be, out, b, what));
+        d->p[d->n++] = *out;
+    }
+    d->used += b;
+    if (a) {
+        a->top = d->mark + d->used;
+        if (a->top > a->need) a->need = a->top;
+    }
     return CKV_STATUS_OK;
 }
 
@@ -131,6 +153,24 @@ void ckv_score_dev_free(ckv_score_dev *d) {
     if (!d || !d->be) return;
     for (int i = 0; i < d->n; i++) d->be->ops->release(d->be, d->p[i]);
     d->n = 0;
+    ckv_score_arena *a = d->arena;
+    if (a) {
+        a->top = d->mark;
+        if (a->top == 0 && a->need > a->cap) { /* nothing lives in it: grow to what the call needed */
+            a->be->ops->release(a->be, a->base);
+            a->base = NULL;
+            a->cap = 0;
+            if (a->be->ops->alloc(a->be, (void **)&a->base, a->need, "scorer scratch") == CKV_STATUS_OK) a->cap = a->need;
+            else ckv_error_clear(); /* the next call allocates its own buffers */
+        }
+    }
+    d->used = 0;
+}
+
+void ckv_score_arena_free(ckv_score_arena *a) {
+    if (!a) return;
+    if (a->be && a->base) a->be->ops->release(a->be, a->base);
+    memset(a, 0, sizeof *a);
 }
 
 ckv_status ckv_score_layer(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores,

@@ -18,6 +18,18 @@
 #include "core/status.h"
 #include "evict/press.h"
 
+/* Device scratch that outlives one scorer call: the layers of a context (or the compressions of a
+ * decode press) carve their scorers' buffers out of it as a stack, so once it has grown to the
+ * largest need no layer allocates device memory (a call that does not fit allocates its own buffers
+ * and the arena grows to that need when the call ends). Zeroed = empty; ckv_score_arena_free. */
+typedef struct {
+    ckv_backend *be;
+    char *base;             /* [cap] bytes (device) */
+    size_t cap, top;        /* top: bytes in use by live ckv_score_dev objects */
+    size_t need;            /* the most that was in use at once (it grows to this) */
+} ckv_score_arena;
+void ckv_score_arena_free(ckv_score_arena *a); /* accepts zeroed objects */
+
 typedef struct {
     int layer, n_layers;
     int L;                  /* context tokens scored; they sit at rows 0..L-1 of every local head */
@@ -38,6 +50,7 @@ typedef struct {
     ckv_backend *be;        /* every op runs here */
     ckv_comm *replica;      /* ranks holding the same KV heads (size 1 unless tp > Hkv); NULL = none */
     ckv_comm *tp;           /* the whole tensor-parallel group; NULL = one rank */
+    ckv_score_arena *arena; /* the scorers' device scratch (NULL: allocated per call) */
 } ckv_score_inputs;
 
 typedef struct {
@@ -83,14 +96,18 @@ int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank);
 /* scores [n_kv_local, L] (device) hold this rank's sums over its query heads: all-reduce them over
  * in->replica (when size > 1) and divide by the group size n_heads / n_kv_heads. */
 ckv_status ckv_score_group_mean(const ckv_score_inputs *in, float *scores);
-/* Device scratch of a scorer: ckv_score_dev_alloc records up to CKV_SCORE_DEV_MAX buffers that
- * ckv_score_dev_free releases together. */
+/* Device scratch of a scorer call: ckv_score_dev_alloc takes buffers from the inputs' arena (or, when
+ * there is none or it is full, allocates up to CKV_SCORE_DEV_MAX of them); ckv_score_dev_free gives
+ * them all back together (LIFO with the other live ones of the same arena). */
 #define CKV_SCORE_DEV_MAX 12
 typedef struct {
     ckv_backend *be;
-    void *p[CKV_SCORE_DEV_MAX];
+    void *p[CKV_SCORE_DEV_MAX]; /* the buffers allocated outside the arena */
     int n;
+    ckv_score_arena *arena;
+    size_t mark, used;          /* the arena's top when this began; bytes taken since (in it or not) */
 } ckv_score_dev;
+ckv_score_dev ckv_score_dev_begin(const ckv_score_inputs *in);
 ckv_status ckv_score_dev_alloc(ckv_score_dev *d, void **out, size_t bytes, const char *what);
 void ckv_score_dev_free(ckv_score_dev *d);
 

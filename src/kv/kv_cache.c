@@ -86,6 +86,11 @@ void ckv_kv_cache_free(ckv_kv_cache *c) {
         free(l->segs_host);
     }
     free(c->layers);
+    if (c->be) {
+        c->be->ops->release(c->be, c->gather_segs);
+        c->be->ops->release(c->be, c->gather_n_keep);
+        c->be->ops->release(c->be, c->gather_keep);
+    }
     memset(c, 0, sizeof *c);
 }
 
@@ -157,17 +162,23 @@ ckv_status ckv_kv_layer_append(ckv_kv_cache *c, int layer, const float *k, const
     return ckv_kv_append_batch(&c, 1, NULL, layer, &b, k, v, pos, n);
 }
 
-/* Device scratch for compaction: the new segment table, the kept rows and their counts. */
-typedef struct {
-    ckv_kv_seg *segs;  // [n_kv]
-    int32_t *keep;     // [n_kv, stride]
-    int32_t *n_keep;   // [n_kv]
-} kv_gather_ws;
-
-static void kv_gather_ws_free(ckv_backend *be, kv_gather_ws *w) {
-    be->ops->release(be, w->segs);
-    be->ops->release(be, w->keep);
-    be->ops->release(be, w->n_keep);
+/* The cache's compaction scratch for n_kv heads (and, with host rows, stride rows each): kept from an
+ * earlier compaction when large enough. */
+static ckv_status kv_gather_scratch(ckv_kv_cache *c, int host_rows, int stride) {
+    ckv_backend *be = c->be;
+    if (!c->gather_segs)
+        CKV_TRY(be->ops->alloc(be, (void **)&c->gather_segs, (size_t)c->n_kv * sizeof(ckv_kv_seg), "KV gather segments"));
+    if (!c->gather_n_keep)
+        CKV_TRY(be->ops->alloc(be, (void **)&c->gather_n_keep, (size_t)c->n_kv * sizeof(int32_t), "KV gather counts"));
+    if (host_rows && stride > c->gather_stride) {
+        be->ops->release(be, c->gather_keep);
+        c->gather_keep = NULL;
+        c->gather_stride = 0;
+        CKV_TRY(be->ops->alloc(be, (void **)&c->gather_keep, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t),
+                               "KV gather rows"));
+        c->gather_stride = stride;
+    }
+    return CKV_STATUS_OK;
 }
 
 /* The compaction behind both entry points: keep_host (validated, uploaded) or keep_dev (device rows,
@@ -196,14 +207,10 @@ static ckv_status kv_compact(ckv_kv_cache *c, const ckv_kv_cache *from, int laye
     ckv_backend *be = c->be;
     ckv_kv_layer nl;
     memset(&nl, 0, sizeof nl);
-    kv_gather_ws ws = {0};
     ckv_kv_seg *tab = NULL; // [n_kv] host: the new pool's segments
     ckv_status s = kv_pool_alloc(c, &nl, rows);
     if (s == CKV_STATUS_OK) s = ckv_alloc((void **)&tab, (size_t)c->n_kv * sizeof *tab, "KV segment staging");
-    if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)&ws.segs, (size_t)c->n_kv * sizeof(ckv_kv_seg), "KV gather segments");
-    if (s == CKV_STATUS_OK && keep_host)
-        s = be->ops->alloc(be, (void **)&ws.keep, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t), "KV gather rows");
-    if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)&ws.n_keep, (size_t)c->n_kv * sizeof(int32_t), "KV gather counts");
+    if (s == CKV_STATUS_OK) s = kv_gather_scratch(c, keep_host != NULL, stride);
     if (s == CKV_STATUS_OK) {
         const size_t rowb = (size_t)c->head_dim * kv_elem(c);
         int64_t at = 0;
@@ -215,19 +222,18 @@ static ckv_status kv_compact(ckv_kv_cache *c, const ckv_kv_cache *from, int laye
             tab[h].cap = n_keep[h] + room;
             at += n_keep[h] + room;
         }
-        s = be->ops->upload(be, ws.segs, tab, (size_t)c->n_kv * sizeof *tab);
+        s = be->ops->upload(be, c->gather_segs, tab, (size_t)c->n_kv * sizeof *tab);
     }
     if (s == CKV_STATUS_OK && keep_host)
-        s = be->ops->upload(be, ws.keep, keep_host, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t));
-    if (s == CKV_STATUS_OK) s = be->ops->upload(be, ws.n_keep, n_keep, (size_t)c->n_kv * sizeof(int32_t));
+        s = be->ops->upload(be, c->gather_keep, keep_host, (size_t)c->n_kv * (size_t)stride * sizeof(int32_t));
+    if (s == CKV_STATUS_OK) s = be->ops->upload(be, c->gather_n_keep, n_keep, (size_t)c->n_kv * sizeof(int32_t));
     if (s == CKV_STATUS_OK) {
-        const ckv_kv_gather_params gp = {c->dtype, c->head_dim, c->n_kv, ws.segs, old->segs,
-                                         keep_host ? ws.keep : keep_dev, stride, ws.n_keep};
+        const ckv_kv_gather_params gp = {c->dtype, c->head_dim, c->n_kv, c->gather_segs, old->segs,
+                                         keep_host ? c->gather_keep : keep_dev, stride, c->gather_n_keep};
         be->ops->kv_gather(be, &gp);
         s = be->ops->sync(be); /* the old pool is released next */
     }
     ckv_free(tab);
-    kv_gather_ws_free(be, &ws);
     if (s != CKV_STATUS_OK) {
         kv_pool_release(be, &nl);
         return s;

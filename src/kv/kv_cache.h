@@ -36,6 +36,12 @@ typedef struct {
     int head_dim;
     ckv_dtype dtype; /* of keys and values */
     ckv_kv_layer *layers; /* [n_layers] */
+    /* compaction scratch (device), allocated by the first compaction and reused by the next ones, so a
+     * compacted layer allocates only its new pool */
+    ckv_kv_seg *gather_segs;  /* [n_kv] the new pool's segment table */
+    int32_t *gather_n_keep;   /* [n_kv] */
+    int32_t *gather_keep;     /* [n_kv, gather_stride] kept rows uploaded from the host */
+    int gather_stride;
 } ckv_kv_cache;
 
 /* Sets up an empty cache (no pools yet) storing keys and values as `dtype` (F32, F16, BF16; the

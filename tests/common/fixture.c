@@ -164,6 +164,7 @@ void ckv_fixture_kept_free(ckv_fixture_kept *k) {
     free(k->n_keep);
     free(k->pos);
     free(k->logits);
+    free(k->layer_count);
     memset(k, 0, sizeof *k);
 }
 
@@ -191,6 +192,13 @@ static ckv_status press_record(ckv_session *s, const ckv_fixture_context *c, ckv
     return st;
 }
 
+unsigned long long (*ckv_fixture_layer_counter)(void);
+
+static void count_layer(void *ctx, int layer, const ckv_selection *sel) {
+    (void)sel;
+    ((unsigned long long *)ctx)[layer] = ckv_fixture_layer_counter();
+}
+
 ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dtype, const ckv_fixture_context *c,
                                  ckv_fixture_kept *out) {
     memset(out, 0, sizeof *out);
@@ -214,6 +222,13 @@ ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dt
     ckv_compressor cz;
     memset(&cz, 0, sizeof cz);
     cz.cfg = &cfg;
+    unsigned long long *counts = NULL;
+    if (ckv_fixture_layer_counter) {
+        counts = calloc((size_t)m->cfg.n_layers, sizeof *counts);
+        if (!counts) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
+        cz.observe = count_layer;
+        cz.observe_ctx = counts;
+    }
     ckv_session s;
     ckv_status st = ckv_session_init_kv(&s, m, c->L + c->nq, 64, 1, kv_dtype);
     if (st == CKV_STATUS_OK) {
@@ -221,6 +236,8 @@ ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dt
         if (st == CKV_STATUS_OK) st = press_record(&s, c, out);
         ckv_session_free(&s);
     }
+    ckv_compressor_release(&cz);
+    out->layer_count = counts;
     if (st != CKV_STATUS_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ckv_error_message());

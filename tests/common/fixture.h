@@ -74,7 +74,14 @@ typedef struct {
     int32_t *n_keep; // [n_layers, n_kv]
     int32_t *pos;    // [n_layers, n_kv, L] kept positions, ascending
     float *logits;   // [nq, vocab] question logits after the compressed prefill (NULL when nq = 0)
+    unsigned long long *layer_count; // [n_layers] ckv_fixture_layer_counter() after each layer's compaction
+                                     // (NULL unless the counter is set; a press that selects over the
+                                     // model compacts every layer after the last one's scores)
 } ckv_fixture_kept;
+
+/* When set, ckv_fixture_run_press records its value after every layer's compaction (e.g. the CPU
+ * execution layer's device allocation count: a press allocates at its first layer only). */
+extern unsigned long long (*ckv_fixture_layer_counter)(void);
 
 /* Compresses c's context with `spec` at ratio 0.5 (prefill chunks of 64) into a cache of kv_dtype,
  * records the kept sets, then prefills the question against the compressed cache. `spec` is a press

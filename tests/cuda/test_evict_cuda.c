@@ -6,7 +6,9 @@
  * on both), and the question logits after the compressed prefill must agree to 1e-3. Near-ties
  * (candidates at a cut within the fp32 summation difference) get no tolerance: on these ~100-token
  * fixtures none occurs today; test_real_shapes counts them at 4,096 rows (docs/spec-eviction.md,
- * "Near-ties").
+ * "Near-ties"). On the CPU execution layer, a layer after the first allocates device memory only for
+ * its KV pools, full and compacted (the selection, the scorers' scratch and the compaction tables are
+ * reused).
  *   test_evict_cuda cuda-emu   on the CPU execution layer (label cuda-emu)
  *   test_evict_cuda cuda       on a GPU (label cuda); skips without one
  *   test_evict_cuda cuda-emu [MODEL...] [PRESS...]   only those fixture models (llama_gqa, qwen2_bias)
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_emu.h"
 #include "ckv_test.h"
 #include "common/fixture.h"
 #include "cuda_test_backend.h"
@@ -73,6 +76,13 @@ static void check_model(ckv_backend *dev, ckv_backend *cpu, const char *name, in
             if (!d.heads_diff)
                 fprintf(stderr, "ok   %s %s %s: %d kept sets (%ld positions) identical to the cpu backend\n", dev->name,
                         name, press, cells, d.pos_total);
+            /* device scratch is allocated at the first layer (the selection, the scorers' arena, the
+             * compaction's tables) and reused: a later layer allocates only its two KV pools of 3
+             * buffers (keys, values, positions), the full one its prefill fills and the compacted one
+             * (the pools are allocated layer by layer so that one full layer is the peak) */
+            for (int l = 1; a.layer_count && l < md->cfg.n_layers; l++)
+                CHECK_MSG(a.layer_count[l] - a.layer_count[l - 1] <= 6, "%s %s: layer %d made %llu device allocations "
+                          "(its two KV pools take 6)", name, press, l, a.layer_count[l] - a.layer_count[l - 1]);
             char what[160];
             snprintf(what, sizeof what, "%s %s %s: question logits vs cpu", dev->name, name, press);
             ckv_test_allclose(what, a.logits, b.logits, (size_t)c.nq * md->cfg.vocab_size, 1e-3, 0.0);
@@ -89,6 +99,7 @@ int main(int argc, char **argv) {
     const int rc = cuda_test_open(argc, argv, "test_evict_cuda", &dev);
     if (rc >= 0) return rc;
     CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
+    if (argc > 1 && strcmp(argv[1], "cuda-emu") == 0) ckv_fixture_layer_counter = ckv_cuda_emu_alloc_calls;
     for (int i = 2; i < argc; i++) { /* a name that selects nothing would test nothing */
         int known = is_model(argv[i]);
         for (size_t p = 0; p < ckv_fixture_n_presses + n_extra; p++)
