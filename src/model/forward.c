@@ -190,6 +190,23 @@ static ckv_status logits_compute(ckv_model *m, ckv_model_scratch *s, const float
     return CKV_STATUS_OK;
 }
 
+/* The gathered slices parts [tp, n, pad] side by side into full [n, V]: host or device memory. */
+static ckv_status logits_assemble(ckv_model *m, float *full, const float *parts, int n, size_t pad, int on_device) {
+    ckv_backend *be = m->be;
+    const int V = m->cfg.vocab_size, tp = m->plan.tp;
+    for (int r = 0; r < tp; r++) {
+        int v0, cnt;
+        ckv_shard_range(V, tp, r, &v0, &cnt);
+        for (int t = 0; t < n; t++) {
+            float *dst = full + (size_t)t * V + v0;
+            const float *src = parts + ((size_t)r * (size_t)n + (size_t)t) * pad;
+            if (on_device) CKV_TRY(be->ops->copy(be, dst, src, (size_t)cnt * sizeof(float)));
+            else memcpy(dst, src, (size_t)cnt * sizeof(float));
+        }
+    }
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {
     ckv_backend *be = m->be;
     const ckv_shard_plan *p = &m->plan;
@@ -203,13 +220,7 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
         return logits_check(s->host_logits, (size_t)n * V);
     }
     CKV_TRY(be->ops->download(be, s->host_part, parts, (size_t)n * pad * sizeof(float) * (size_t)p->tp));
-    for (int r = 0; r < p->tp; r++) {
-        int v0, cnt;
-        ckv_shard_range(V, p->tp, r, &v0, &cnt);
-        const float *part = s->host_part + (size_t)r * (size_t)n * pad;
-        for (int t = 0; t < n; t++)
-            memcpy(s->host_logits + (size_t)t * V + v0, part + (size_t)t * pad, (size_t)cnt * sizeof(float));
-    }
+    CKV_TRY(logits_assemble(m, s->host_logits, s->host_part, n, pad, 0));
     *logits = s->host_logits;
     return logits_check(s->host_logits, (size_t)n * V);
 }
@@ -226,13 +237,7 @@ ckv_status ckv_model_logits_device(ckv_model *m, ckv_model_scratch *s, const flo
         *logits = parts;
     } else {
         if (!full) return ckv_error(CKV_STATUS_ERR_ARG, "device logits at tp %d need a [%d, %d] buffer", p->tp, n, V);
-        for (int r = 0; r < p->tp; r++) { /* the slices side by side: full [n, V] */
-            int v0, cnt;
-            ckv_shard_range(V, p->tp, r, &v0, &cnt);
-            for (int t = 0; t < n; t++)
-                CKV_TRY(be->ops->copy(be, full + (size_t)t * V + v0, parts + ((size_t)r * (size_t)n + (size_t)t) * pad,
-                                      (size_t)cnt * sizeof(float)));
-        }
+        CKV_TRY(logits_assemble(m, full, parts, n, pad, 1));
         *logits = full;
     }
     size_t bad = 0;
