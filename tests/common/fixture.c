@@ -155,7 +155,7 @@ const char *const ckv_fixture_presses[] = {
     "snapkv",        "snapkv_paper",       "pyramidkv",          "tova",   "knorm",
     "streaming_llm", "observed_attention", "expected_attention", "random", "critical:snapkv",
     "adakv:snapkv",  "critical_adakv:snapkv", "critical:knorm",  "defensivekv", "keydiff",
-    "cur",           "adakv:cur",
+    "cur",           "adakv:cur",          "chunkkv:snapkv",
 };
 const size_t ckv_fixture_n_presses = sizeof ckv_fixture_presses / sizeof ckv_fixture_presses[0];
 
