@@ -207,43 +207,45 @@ static ckv_status logits_assemble(ckv_model *m, float *full, const float *parts,
     return CKV_STATUS_OK;
 }
 
-ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {
+/* The logits [n, V] of x on the host (device 0: downloaded and checked there) or on the device
+ * (device 1: at tp > 1 assembled into full, checked by the backend). */
+static ckv_status logits_get(ckv_model *m, ckv_model_scratch *s, const float *x, int n, int device, float *full,
+                             const float **logits) {
     ckv_backend *be = m->be;
-    const ckv_shard_plan *p = &m->plan;
-    const int V = m->cfg.vocab_size;
+    const int tp = m->plan.tp;
+    const size_t nv = (size_t)n * (size_t)m->cfg.vocab_size;
     const float *parts = NULL;
     size_t pad = 0;
     CKV_TRY(logits_compute(m, s, x, n, &parts, &pad));
-    if (p->tp == 1) {
-        CKV_TRY(be->ops->download(be, s->host_logits, parts, (size_t)n * V * sizeof(float)));
+    if (!device) {
+        if (tp == 1) {
+            CKV_TRY(be->ops->download(be, s->host_logits, parts, nv * sizeof(float)));
+        } else {
+            CKV_TRY(be->ops->download(be, s->host_part, parts, (size_t)n * pad * sizeof(float) * (size_t)tp));
+            CKV_TRY(logits_assemble(m, s->host_logits, s->host_part, n, pad, 0));
+        }
         *logits = s->host_logits;
-        return logits_check(s->host_logits, (size_t)n * V);
+        return logits_check(s->host_logits, nv);
     }
-    CKV_TRY(be->ops->download(be, s->host_part, parts, (size_t)n * pad * sizeof(float) * (size_t)p->tp));
-    CKV_TRY(logits_assemble(m, s->host_logits, s->host_part, n, pad, 0));
-    *logits = s->host_logits;
-    return logits_check(s->host_logits, (size_t)n * V);
-}
-
-ckv_status ckv_model_logits_device(ckv_model *m, ckv_model_scratch *s, const float *x, int n, float *full,
-                                   const float **logits) {
-    ckv_backend *be = m->be;
-    const ckv_shard_plan *p = &m->plan;
-    const int V = m->cfg.vocab_size;
-    const float *parts = NULL;
-    size_t pad = 0;
-    CKV_TRY(logits_compute(m, s, x, n, &parts, &pad));
-    if (p->tp == 1) {
-        *logits = parts;
-    } else {
-        if (!full) return ckv_error(CKV_STATUS_ERR_ARG, "device logits at tp %d need a [%d, %d] buffer", p->tp, n, V);
+    if (tp > 1) {
+        if (!full) return ckv_error(CKV_STATUS_ERR_ARG, "device logits at tp %d need a [%d, %d] buffer", tp, n, m->cfg.vocab_size);
         CKV_TRY(logits_assemble(m, full, parts, n, pad, 1));
-        *logits = full;
+        parts = full;
     }
+    *logits = parts;
     size_t bad = 0;
-    CKV_TRY(be->ops->count_nonfinite(be, *logits, (size_t)n * V, &bad));
+    CKV_TRY(be->ops->count_nonfinite(be, parts, nv, &bad));
     if (bad)
         return ckv_error(CKV_STATUS_ERR_NUMERIC, "the logits hold %zu non-finite values: the weights or the activations "
                          "overflowed", bad);
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {
+    return logits_get(m, s, x, n, 0, NULL, logits);
+}
+
+ckv_status ckv_model_logits_device(ckv_model *m, ckv_model_scratch *s, const float *x, int n, float *full,
+                                   const float **logits) {
+    return logits_get(m, s, x, n, 1, full, logits);
 }
