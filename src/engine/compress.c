@@ -117,21 +117,11 @@ static unsigned long long comm_now(const ckv_model *m) {
     return (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0);
 }
 
-/* Applies layer `layer`'s selection: statistics, the kept rows compacted (dst == src) or gathered
- * from src into dst, re-rotation, the observer and the kept-position log (whose gather is added to
- * *log_bytes: it is not compression traffic). */
-static ckv_status apply_layer(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L,
-                              const ckv_selection *sel, const ckv_score_inputs *in, unsigned long long *log_bytes) {
-    ckv_model *m = src->model;
-    const ckv_model_config *c = &m->cfg;
+/* The kept rows of sel (rows of the L context rows) compacted (dst == src) or gathered from src into
+ * dst, then re-rotated when the press says so. */
+static ckv_status compact_layer(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L,
+                                const ckv_selection *sel) {
     double t0 = ckv_time_now();
-    size_t row_bytes = (size_t)c->head_dim * 2 * ckv_dtype_size(dst->kv.dtype);
-    for (int h = 0; h < m->plan.n_kv_local; h++) {
-        cz->kv_bytes_full += (size_t)L * row_bytes;
-        cz->kv_bytes_kept += (size_t)sel->n_keep[h] * row_bytes;
-        cz->kept_entries += sel->n_keep[h];
-        cz->total_entries += L;
-    }
     ckv_status st;
     if (dst == src)
         st = ckv_kv_layer_compact_dev(&dst->kv, layer, sel->rows, L, sel->n_keep, dst->capacity - L);
@@ -139,8 +129,24 @@ static ckv_status apply_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
         st = ckv_kv_layer_gather_from(&dst->kv, &src->kv, layer, sel->rows, L, sel->n_keep, dst->capacity - L);
     if (st == CKV_STATUS_OK && cz->cfg->rerotate_keys) st = rerotate_layer(dst, layer);
     cz->compact_seconds += ckv_time_now() - t0;
-    if (st == CKV_STATUS_OK && cz->observe) cz->observe(cz->observe_ctx, layer, sel);
-    if (st == CKV_STATUS_OK && cz->dump) {
+    return st;
+}
+
+/* Layer `layer`'s statistics, the observer and the kept-position log (whose gather is added to
+ * *log_bytes: it is not compression traffic); sel holds what the layer kept of its L context rows. */
+static ckv_status record_layer(ckv_compressor *cz, const ckv_session *src, int layer, int L, const ckv_selection *sel,
+                               const ckv_score_inputs *in, ckv_dtype kv_dtype, unsigned long long *log_bytes) {
+    ckv_model *m = src->model;
+    size_t row_bytes = (size_t)m->cfg.head_dim * 2 * ckv_dtype_size(kv_dtype);
+    for (int h = 0; h < m->plan.n_kv_local; h++) {
+        cz->kv_bytes_full += (size_t)L * row_bytes;
+        cz->kv_bytes_kept += (size_t)sel->n_keep[h] * row_bytes;
+        cz->kept_entries += sel->n_keep[h];
+        cz->total_entries += L;
+    }
+    if (cz->observe) cz->observe(cz->observe_ctx, layer, sel);
+    ckv_status st = CKV_STATUS_OK;
+    if (cz->dump) {
         const unsigned long long b0 = comm_now(m);
         st = dump_layer(cz, src, layer, sel, in);
         *log_bytes += comm_now(m) - b0;
@@ -154,6 +160,83 @@ static void release_model(ckv_compressor *cz) {
     ckv_model_selection_free(cz->model);
     free(cz->model);
     cz->model = NULL;
+}
+
+/* Applies layer `layer`'s selection: compaction, then its record. */
+static ckv_status apply_layer(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L,
+                              const ckv_selection *sel, const ckv_score_inputs *in, unsigned long long *log_bytes) {
+    CKV_TRY(compact_layer(cz, dst, src, layer, L, sel));
+    return record_layer(cz, src, layer, L, sel, in, dst->kv.dtype, log_bytes);
+}
+
+/* One later press of a composed press on dst's compacted layer (every head holds n rows): scores and
+ * selects on those rows in position order into the compressor's selection (its length set to n; its
+ * buffers hold L), compacts the layer in place, and maps the kept rows back to context rows: rows
+ * [n_kv_local, L] (host) holds, per head, the context rows kept so far. */
+static ckv_status composed_stage(ckv_compressor *cz, ckv_session *dst, int layer, int L, int stage, int32_t *rows,
+                                 int32_t *n_keep, int32_t *r2) {
+    ckv_model *m = dst->model;
+    const int nkv = m->plan.n_kv_local, n = dst->kv.layers[layer].len[0];
+    ckv_press_config sc;
+    ckv_press_stage(cz->cfg, stage, &sc);
+    if (ckv_press_n_kept(&sc, n) >= n) return CKV_STATUS_OK; /* it keeps every row */
+    ckv_selection *s2 = &cz->sel;
+    CKV_TRY(ckv_selection_set_len(s2, n));
+    ckv_score_inputs in;
+    ckv_compress_score_inputs(dst, layer, n, &in);
+    in.arena = &cz->arena;
+    in.xn = NULL; /* a later press reads keys and values only */
+    CKV_TRY(ckv_evict_layer(&sc, &in, NULL, s2));
+    CKV_TRY(ckv_selection_rows_host(s2, r2)); /* [nkv, n] this press's kept rows of the n */
+    for (int h = 0; h < nkv; h++) {
+        int32_t *rh = rows + (size_t)h * L;
+        const int32_t *kh = r2 + (size_t)h * n;
+        for (int j = 0; j < s2->n_keep[h]; j++) rh[j] = rh[kh[j]]; /* kh ascending, kh[j] >= j: in place */
+        n_keep[h] = s2->n_keep[h];
+    }
+    cz->score_seconds += s2->score_seconds;
+    cz->select_seconds += s2->select_seconds;
+    const double t0 = ckv_time_now();
+    ckv_status st = ckv_kv_layer_compact_dev(&dst->kv, layer, s2->rows, n, s2->n_keep, dst->capacity - L);
+    cz->compact_seconds += ckv_time_now() - t0;
+    return st;
+}
+
+/* composed (kvpress ComposedPress): the first press selects on the layer's L context rows and the
+ * layer is compacted; each later press then keeps its share of the rows left (composed_stage); sel
+ * ends holding the context rows kept after the last press (for the record). */
+static ckv_status composed_layer(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L,
+                                 ckv_selection *sel, unsigned long long *log_bytes) {
+    ckv_model *m = src->model;
+    const int nkv = m->plan.n_kv_local;
+    ckv_press_config first;
+    ckv_press_stage(cz->cfg, 0, &first);
+    ckv_score_inputs in;
+    ckv_compress_score_inputs(src, layer, L, &in);
+    in.arena = &cz->arena;
+    CKV_TRY(ckv_evict_layer(&first, &in, NULL, sel));
+    cz->score_seconds += sel->score_seconds;
+    cz->select_seconds += sel->select_seconds;
+    CKV_TRY(compact_layer(cz, dst, src, layer, L, sel));
+    if (cz->cfg->n_stages < 2) return record_layer(cz, src, layer, L, sel, &in, dst->kv.dtype, log_bytes);
+    const size_t n = (size_t)nkv * (size_t)L;
+    int32_t *rows = NULL, *r2 = NULL; // [nkv, L] context rows kept so far; [nkv, L] a later press's rows (host)
+    float *first_scores = NULL;       // [nkv, L] the first press's scores, which the record reports (host)
+    ckv_status st = ckv_alloc((void **)&rows, n * sizeof(int32_t), "composed rows");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&r2, n * sizeof(int32_t), "composed rows");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&first_scores, n * sizeof(float), "composed scores");
+    if (st == CKV_STATUS_OK) st = ckv_selection_rows_host(sel, rows);
+    if (st == CKV_STATUS_OK) st = m->be->ops->download(m->be, first_scores, sel->scores, n * sizeof(float));
+    for (int i = 1; i < cz->cfg->n_stages && st == CKV_STATUS_OK; i++)
+        st = composed_stage(cz, dst, layer, L, i, rows, sel->n_keep, r2);
+    if (st == CKV_STATUS_OK) st = ckv_selection_set_len(sel, L); /* the record reads rows of the L context rows */
+    if (st == CKV_STATUS_OK) st = m->be->ops->upload(m->be, sel->rows, rows, n * sizeof(int32_t));
+    if (st == CKV_STATUS_OK) st = m->be->ops->upload(m->be, sel->scores, first_scores, n * sizeof(float));
+    ckv_free(rows);
+    ckv_free(r2);
+    ckv_free(first_scores);
+    if (st == CKV_STATUS_OK) st = record_layer(cz, src, layer, L, sel, &in, dst->kv.dtype, log_bytes);
+    return st;
 }
 
 /* A press that selects across layers (CKV_ALLOC_MODEL): layer `layer` is scored and left whole; after
@@ -233,6 +316,8 @@ ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const c
     if (cz->cfg->alloc == CKV_ALLOC_MODEL) {
         st = model_layer(cz, dst, src, layer, L, sel, &log_bytes);
         if (st != CKV_STATUS_OK) release_model(cz);
+    } else if (cz->cfg->composed) {
+        st = composed_layer(cz, dst, src, layer, L, sel, &log_bytes);
     } else {
         ckv_score_inputs in;
         ckv_compress_score_inputs(src, layer, L, &in);

@@ -35,7 +35,7 @@ static const char *known_options(char *buf, size_t cap) {
 }
 
 static const ckv_wrapper_def *wrapper_of(const ckv_press_config *c) {
-    return ckv_wrapper_def_of(c->critical, c->alloc, c->rerotate_keys);
+    return ckv_wrapper_def_of(c->critical, c->alloc, c->rerotate_keys, c->composed);
 }
 
 const char *ckv_scorer_name(ckv_scorer_kind k) {
@@ -55,6 +55,10 @@ int ckv_press_takes(const ckv_press_config *c, const char *key) {
     const ckv_press_def *d = ckv_press_def_of(c->scorer);
     const ckv_wrapper_def *w = wrapper_of(c);
     const size_t n = strlen(key);
+    for (int i = 1; c->composed && i < c->n_stages; i++) { /* composed: the later presses' options too */
+        const ckv_press_def *di = ckv_press_def_of(c->stages[i]);
+        if (di && ckv_option_listed(di->options, key, n)) return 1;
+    }
     return (d && ckv_option_listed(d->options, key, n)) || (w && ckv_option_listed(w->options, key, n));
 }
 
@@ -191,6 +195,42 @@ static void press_defaults(ckv_press_config *c) {
 
 /* ---- specs ---------------------------------------------------------------------------------------- */
 
+/* composed:P1+P2+...: P1 any press that takes the wrapper, the later ones presses that read keys and
+ * values only (they score the rows the press before kept, whose attention inputs are gone). */
+static ckv_status parse_composed(ckv_press_config *c, const char *spec, const char *list) {
+    char known[1024];
+    const ckv_wrapper_def *w = ckv_wrapper_def_find("composed", 8);
+    c->n_stages = 0;
+    for (const char *p = list;;) {
+        const char *end = strchr(p, '+');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        const ckv_press_def *d = ckv_press_def_find(p, n);
+        if (!d)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown press '%.*s' (known: %s)", spec, (int)n, p,
+                             known_presses(known, sizeof known));
+        if (c->n_stages == CKV_PRESS_MAX_STAGES)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': more than %d presses", spec, CKV_PRESS_MAX_STAGES);
+        if (!d->score || !(d->wrappers & CKV_WRAP_COMPOSED))
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be composed (%s)", spec, d->name,
+                             !d->score ? "it compresses nothing" : "its kept counts are its own");
+        if (c->n_stages > 0 && d->reads != CKV_READS_NONE)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s scores with the attention input, which the rows a press "
+                             "before it kept no longer match; after the first press give presses that read keys and "
+                             "values only (knorm, keydiff, streaming_llm, random, lagkv, cur)", spec, d->name);
+        if (c->n_stages > 0 && d->scorer == CKV_SCORER_LEVERAGE) /* evict_leverage: one position list for all heads */
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': leverage rotates every head's keys back by one list of "
+                             "positions, and the press before it leaves each head its own rows; give it first", spec);
+        c->stages[c->n_stages++] = d->scorer;
+        CKV_TRY(apply_list(c, d->defaults));
+        if (!end) break;
+        p = end + 1;
+    }
+    c->scorer = c->stages[0];
+    c->alloc = w->alloc;
+    c->composed = 1;
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
     press_defaults(c);
     char known[1024];
@@ -211,7 +251,11 @@ ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown wrapper '%.*s' (known: %s)", spec, (int)n, spec,
                              known_presses(known, sizeof known));
         if (strchr(base, ':')) return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': only one wrapper may be given", spec);
+        if (w->composed) return parse_composed(c, spec, base);
     }
+    if (strchr(base, '+'))
+        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': presses joined by '+' need the wrapper composed: (as in "
+                         "composed:snapkv+knorm)", spec);
     const ckv_press_def *d = ckv_press_def_find(base, strlen(base));
     if (!d)
         return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown press '%s' (known: %s)", spec, base,
@@ -318,6 +362,12 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     if (c->alloc == CKV_ALLOC_PER_LAYER && c->layer_ratios.n < 1)
         return ckv_error(CKV_STATUS_ERR_ARG, "press per_layer needs option compression_ratios (one ratio per layer of the "
                          "model, e.g. compression_ratios=0.25,0.5,0.75)");
+    if (c->composed && c->press_ratios.n < 1)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press composed needs option press_ratios (one compression ratio per press, "
+                         "in order, e.g. press_ratios=0.5,0.25)");
+    if (c->composed && c->press_ratios.n != c->n_stages)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press composed: press_ratios has %d values for %d presses",
+                         c->press_ratios.n, c->n_stages);
     if (c->alloc == CKV_ALLOC_CHUNK && c->budget_tokens > 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "press chunkkv keeps whole chunks: give budget or compression_ratio, not "
                          "budget_tokens");
@@ -330,17 +380,26 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
         n += print_options(wrap + n, sizeof wrap - (size_t)n, c, w->options);
         if ((size_t)n < sizeof wrap) snprintf(wrap + n, sizeof wrap - (size_t)n, "):");
     }
-    int n = snprintf(base, sizeof base, "%s", d->name);
-    if (d->options[0]) {
-        n += snprintf(base + n, sizeof base - (size_t)n, "(");
-        n += print_options(base + n, sizeof base - (size_t)n, c, d->options);
-        if ((size_t)n < sizeof base) snprintf(base + n, sizeof base - (size_t)n, ")");
+    int n = 0;
+    for (int i = 0; i < (c->composed ? c->n_stages : 1) && (size_t)n < sizeof base; i++) { /* composed: P1+P2+... */
+        const ckv_press_def *di = i ? ckv_press_def_of(c->stages[i]) : d;
+        n += snprintf(base + n, sizeof base - (size_t)n, "%s%s", i ? "+" : "", di ? di->name : "?");
+        if (di && di->options[0] && (size_t)n < sizeof base) {
+            n += snprintf(base + n, sizeof base - (size_t)n, "(");
+            n += print_options(base + n, sizeof base - (size_t)n, c, di->options);
+            if ((size_t)n < sizeof base) n += snprintf(base + n, sizeof base - (size_t)n, ")");
+        }
     }
     /* the kept-count formula (a press that selects over the model states its model-wide total) */
     const char *formula = d->kept == CKV_KEPT_MODEL_FRACTION ? "kept=int(L*(1-cr)*Hkv*n_layers) over the model"
                                                              : "kept=max(1,floor(L*(1-cr)))";
+    double kept_share = 1.0; /* composed: the fraction the presses keep together */
+    for (int i = 0; c->composed && i < c->press_ratios.n; i++) kept_share *= 1.0 - c->press_ratios.cr[i];
     if (!ckv_press_evicts(c))
         snprintf(budget, sizeof budget, " full cache");
+    else if (c->composed)
+        snprintf(budget, sizeof budget, " per press (kept=max(1,floor(n*(1-cr_i))) of the n rows before it; "
+                 "cr=%.6g overall)", 1.0 - kept_share);
     else if (c->alloc == CKV_ALLOC_PER_LAYER)
         snprintf(budget, sizeof budget, " per layer (kept=max(1,floor(L*(1-cr_layer))))");
     else if (c->budget_tokens > 0)
@@ -353,7 +412,7 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
         snprintf(budget, sizeof budget, " cr=%g (%s)", c->compression_ratio, formula);
     const int len = snprintf(c->spec, sizeof c->spec, "%s%s%s%s", wrap, base, budget,
                              c->query_aware ? " query-aware" : " context-only");
-    if (len < 0 || (size_t)len >= sizeof c->spec || strlen(wrap) + 1 >= sizeof wrap)
+    if (len < 0 || (size_t)len >= sizeof c->spec || strlen(wrap) + 1 >= sizeof wrap || (size_t)n >= sizeof base)
         return ckv_error(CKV_STATUS_ERR_ARG, "press: its canonical spec is longer than %zu characters (write "
                          "compression_ratios with fewer digits)", sizeof c->spec - 1);
     return CKV_STATUS_OK;
@@ -378,7 +437,8 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
     ckv_status st = CKV_STATUS_OK;
     if (rq->spec) {
         if ((st = ckv_press_parse(out, rq->spec)) != CKV_STATUS_OK) return fail(out, err, "press", 0, st);
-        if (def && ckv_press_evicts(def) && rq->budget.kind == CKV_BUDGET_NONE && out->alloc != CKV_ALLOC_PER_LAYER) {
+        if (def && ckv_press_evicts(def) && rq->budget.kind == CKV_BUDGET_NONE && out->alloc != CKV_ALLOC_PER_LAYER &&
+            !out->composed) {
             /* the defaults' budget */
             out->compression_ratio = def->compression_ratio;
             out->budget_tokens = def->budget_tokens;
@@ -414,6 +474,20 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
             st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs option compression_ratios (one ratio per layer of the model, "
                            "e.g. compression_ratios=0.25,0.5,0.75)", name);
             return fail(out, err, "compression_ratios", 1, st);
+        }
+    } else if (out->composed) { /* so are composed's, one per press */
+        if (rq->budget.kind != CKV_BUDGET_NONE) {
+            st = ckv_error(CKV_STATUS_ERR_ARG, "press %s takes its budget from press_ratios (one compression ratio per "
+                           "press); give no %s", name, budget_field(rq->budget.kind));
+            return fail(out, err, budget_field(rq->budget.kind), 0, st);
+        }
+        if (out->press_ratios.n != out->n_stages) {
+            st = out->press_ratios.n < 1
+                     ? ckv_error(CKV_STATUS_ERR_ARG, "press %s needs option press_ratios (one compression ratio per press, "
+                                 "in order, e.g. press_ratios=0.5,0.25)", name)
+                     : ckv_error(CKV_STATUS_ERR_ARG, "press %s: press_ratios has %d values for %d presses", name,
+                                 out->press_ratios.n, out->n_stages);
+            return fail(out, err, "press_ratios", out->press_ratios.n < 1, st);
         }
     } else if ((rq->flags & CKV_PRESS_NEED_BUDGET) && ckv_press_evicts(out) && rq->budget.kind == CKV_BUDGET_NONE &&
         out->compression_ratio == 0.0 && out->budget_tokens == 0) {
@@ -451,6 +525,11 @@ static double layer_ratio(const ckv_press_config *c, int layer) {
 }
 
 int ckv_press_n_kept(const ckv_press_config *c, int L) {
+    if (c->composed) { /* each press keeps its share of what the one before kept */
+        int n = L;
+        for (int i = 0; i < c->press_ratios.n && i < c->n_stages; i++) n = kept_of_ratio(n, c->press_ratios.cr[i]);
+        return n;
+    }
     if (c->budget_tokens > 0) return c->budget_tokens < L ? c->budget_tokens : L;
     if (c->alloc == CKV_ALLOC_PER_LAYER) { /* the largest layer's: what a layer may hold */
         int most = 1;
@@ -495,6 +574,19 @@ void ckv_press_layer_kept(const ckv_press_config *c, int layer, int n_layers, in
         if (n_safe > L) n_safe = L;
     }
     out->safeguard = n_safe;
+}
+
+void ckv_press_stage(const ckv_press_config *c, int i, ckv_press_config *out) {
+    *out = *c;
+    out->composed = 0;
+    out->n_stages = 0;
+    out->scorer = c->composed && i >= 0 && i < c->n_stages ? c->stages[i] : c->scorer;
+    out->alloc = CKV_ALLOC_UNIFORM;
+    out->critical = 0;
+    out->rerotate_keys = 0;
+    out->budget_tokens = 0;
+    out->budget_given_as_b = 0;
+    out->compression_ratio = c->composed && i >= 0 && i < c->press_ratios.n ? c->press_ratios.cr[i] : c->compression_ratio;
 }
 
 long ckv_press_model_kept(const ckv_press_config *c, int n_layers, int L, int n_kv) {

@@ -52,6 +52,9 @@ typedef struct {
     double cr[CKV_PRESS_MAX_LAYERS];
 } ckv_press_ratios;
 
+/* composed: the presses applied in turn, the first one's scorer being the press's own */
+enum { CKV_PRESS_MAX_STAGES = 8 };
+
 typedef enum { CKV_POOL_AVG = 0, CKV_POOL_MAX = 1 } ckv_pool_kind;
 /* CUR's leverage_type, in kvpress's order of the option's values */
 typedef enum { CKV_CUR_KEY = 0, CKV_CUR_VALUE, CKV_CUR_KV_AVG, CKV_CUR_KV_PRODUCT } ckv_cur_kind;
@@ -89,6 +92,10 @@ typedef struct {
     int rerotate_keys;         /* key_rerotation: kept keys re-rotated to positions 0 .. n_kept - 1 */
     int chunk_length;          /* chunkkv: tokens per chunk (20) */
     ckv_press_ratios layer_ratios; /* per_layer: compression ratio of each layer (required) */
+    int composed;              /* composed: presses in turn, each on what the previous kept (kvpress ComposedPress) */
+    int n_stages;              /* composed: how many presses (stages[0] == scorer) */
+    ckv_scorer_kind stages[CKV_PRESS_MAX_STAGES]; /* composed: the presses, in order */
+    ckv_press_ratios press_ratios; /* composed: each press's compression ratio, in order (required) */
     /* budget: exactly one of compression_ratio (kvpress cr) and budget_tokens is in force */
     double compression_ratio;  /* fraction removed; kept = floor(L * (1 - cr)) */
     int budget_tokens;         /* > 0: fixed kept count per head */
@@ -169,7 +176,8 @@ int ckv_press_evicts(const ckv_press_config *cfg);
 /* ---- budget -> kept counts (the one rule) ------------------------------------------------------------ */
 
 /* Kept count per head for a uniform press on L tokens: kvpress's max(1, floor(L * (1 - cr))) in
- * double precision, or min(budget_tokens, L). */
+ * double precision, or min(budget_tokens, L); composed: that rule applied press after press, each to
+ * the count before it. */
 int ckv_press_n_kept(const ckv_press_config *cfg, int L);
 
 typedef struct {
@@ -188,6 +196,9 @@ void ckv_press_layer_kept(const ckv_press_config *cfg, int layer, int n_layers, 
  * DefensiveKV's int(L * (1 - cr) * n_kv_heads * n_layers), left to right in double; with budget_tokens
  * N, n_layers * n_kv_heads * min(N, L). At most n_layers * n_kv_heads * L. */
 long ckv_press_model_kept(const ckv_press_config *cfg, int n_layers, int L, int n_kv_heads);
+/* Press i (0 .. n_stages - 1) of a composed press as a plain press: its scorer, the shared options, its
+ * own compression ratio press_ratios[i], uniform kept counts. */
+void ckv_press_stage(const ckv_press_config *cfg, int i, ckv_press_config *out);
 /* CriticalKV's stage-1 count of a head whose budget was allocated across heads (k rows). */
 int ckv_press_first_stage(const ckv_press_config *cfg, int k);
 

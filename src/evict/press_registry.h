@@ -63,8 +63,10 @@ enum { CKV_WRAP_CRITICAL = 1u << 0, CKV_WRAP_ADAKV = 1u << 1, CKV_WRAP_HEADKV = 
        CKV_WRAP_CHUNKKV = 1u << 3,   /* kvpress ChunkKVPress: scorers whose scores need no attention weights */
        CKV_WRAP_PER_LAYER = 1u << 4, /* kvpress PerLayerCompressionPress: uniform kept counts */
        CKV_WRAP_REROTATE = 1u << 5,  /* kvpress KeyRerotationPress: uniform kept counts */
+       CKV_WRAP_COMPOSED = 1u << 6,  /* kvpress ComposedPress: first of its presses (uniform kept counts); a
+                                      * later one must also read keys and values only (CKV_READS_NONE) */
        CKV_WRAP_ALL = CKV_WRAP_CRITICAL | CKV_WRAP_ADAKV | CKV_WRAP_HEADKV | CKV_WRAP_CHUNKKV | CKV_WRAP_PER_LAYER |
-                      CKV_WRAP_REROTATE };
+                      CKV_WRAP_REROTATE | CKV_WRAP_COMPOSED };
 
 /* scores [n_kv_local, L] (device) for the press of cfg; see ckv_score_layer. */
 typedef ckv_status (*ckv_score_fn)(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
@@ -92,6 +94,7 @@ typedef struct {
     const char *options;    /* in canonical order */
     const char *summary;
     int rerotate;           /* the kept keys are re-rotated to positions 0 .. n_kept - 1 after compaction */
+    int composed;           /* its base is PRESS+PRESS+...: presses applied in turn (composed) */
 } ckv_wrapper_def;
 
 extern const ckv_option_def ckv_press_option_table[];
@@ -105,7 +108,7 @@ extern const int ckv_wrapper_count;
 const ckv_press_def *ckv_press_def_find(const char *name, size_t len);
 const ckv_press_def *ckv_press_def_of(ckv_scorer_kind k);
 const ckv_wrapper_def *ckv_wrapper_def_find(const char *name, size_t len);
-const ckv_wrapper_def *ckv_wrapper_def_of(int critical, ckv_alloc_kind alloc, int rerotate);
+const ckv_wrapper_def *ckv_wrapper_def_of(int critical, ckv_alloc_kind alloc, int rerotate, int composed);
 const ckv_option_def *ckv_option_def_find(const char *key, size_t len);
 /* 1 when the comma-separated key list `keys` holds `key`. */
 int ckv_option_listed(const char *keys, const char *key, size_t len);

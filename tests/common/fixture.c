@@ -207,8 +207,13 @@ ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dt
     const char *opts = strchr(spec, ' ');
     snprintf(name, sizeof name, "%.*s", opts ? (int)(opts - spec) : (int)strlen(spec), spec);
     CKV_TRY(ckv_press_parse(&cfg, name));
-    for (const char *o = opts ? opts + 1 : NULL; o && *o;) { /* KEY=VALUE,KEY=VALUE */
+    for (const char *o = opts ? opts + 1 : NULL; o && *o;) { /* KEY=VALUE,KEY=VALUE (a list value: KEY=A,B) */
         const char *end = strchr(o, ','), *eq = strchr(o, '=');
+        while (end) { /* a part without '=' continues the value before it */
+            const char *next = strchr(end + 1, ','), *next_eq = strchr(end + 1, '=');
+            if (next_eq && (!next || next_eq < next)) break;
+            end = next;
+        }
         const int n = end ? (int)(end - o) : (int)strlen(o);
         if (!eq || eq - o >= n) return ckv_error(CKV_STATUS_ERR_ARG, "fixture press '%s': '%.*s' is not KEY=VALUE", spec, n, o);
         char key[64], value[64];

@@ -345,6 +345,54 @@ static void check_layer_wrappers(void) {
     }
 }
 
+/* composed: PRESS+PRESS+... parsed and printed, its ratios (one per press) its budget, the stages as
+ * plain presses, the kept count press after press, and the presses it refuses after the first. */
+static void check_composed(void) {
+    ckv_press_option_value ratios = {"press_ratios", "0.5,0.25"};
+    ckv_press_request rq = {.spec = "composed:snapkv+knorm", .options = &ratios, .n_options = 1, .query_aware = -1,
+                            .flags = CKV_PRESS_NEED_BUDGET};
+    ckv_press_config c, st;
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK_MSG(!strcmp(c.spec, "composed(press_ratios=[0.5,0.25]):snapkv(window=64,kernel=5,pool=avg)+knorm per press "
+                              "(kept=max(1,floor(n*(1-cr_i))) of the n rows before it; cr=0.625 overall) context-only"),
+              "got '%s'", c.spec);
+    CHECK(c.composed && c.n_stages == 2 && c.scorer == CKV_SCORER_SNAPKV && c.stages[1] == CKV_SCORER_KNORM &&
+          c.alloc == CKV_ALLOC_UNIFORM);
+    CHECK_MSG(ckv_press_n_kept(&c, 300) == 112 && ckv_press_n_kept(&c, 3) == 1, "composed keeps %d of 300, %d of 3",
+              ckv_press_n_kept(&c, 300), ckv_press_n_kept(&c, 3)); /* 300 -> 150 -> 112; 3 -> 1 -> 1 */
+    CHECK(ckv_press_takes(&c, "window") && ckv_press_takes(&c, "press_ratios") && !ckv_press_takes(&c, "n_sink"));
+    ckv_press_stage(&c, 1, &st);
+    CHECK_MSG(st.scorer == CKV_SCORER_KNORM && !st.composed && st.compression_ratio == 0.25 && st.alloc == CKV_ALLOC_UNIFORM,
+              "stage 1: scorer %d, cr %g", (int)st.scorer, st.compression_ratio);
+    CHECK_MSG(ckv_press_n_kept(&st, 150) == 112, "stage 1 keeps %d of 150", ckv_press_n_kept(&st, 150));
+    ratios.value = "0.5,0.25,0.1";
+    rq.spec = "composed:knorm+cur+keydiff"; /* a later press's options belong to the press */
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK(ckv_press_takes(&c, "n_sink") && ckv_press_takes(&c, "local_window_size") && !ckv_press_takes(&c, "window"));
+    CHECK_MSG(strstr(c.spec, "composed(press_ratios=[0.5,0.25,0.1]):knorm+cur(n_sink=4,") != NULL, "got '%s'", c.spec);
+    rq.spec = "composed:snapkv+knorm";
+    expect_build_error(&rq, "press_ratios", 0, "press_ratios has 3 values for 2 presses");
+    rq.n_options = 0;
+    expect_build_error(&rq, "press_ratios", 1, "needs option press_ratios");
+    rq.n_options = 1;
+    ratios.value = "0.5,0.5";
+    rq.budget = (ckv_press_budget){CKV_BUDGET_FRACTION, 0.5};
+    expect_build_error(&rq, "budget", 0, "takes its budget from press_ratios");
+    rq.budget = (ckv_press_budget){CKV_BUDGET_NONE, 0};
+    rq.spec = "composed:snapkv+tova";
+    expect_build_error(&rq, "press", 0, "tova scores with the attention input");
+    rq.spec = "composed:knorm+leverage";
+    expect_build_error(&rq, "press", 0, "leverage rotates every head's keys back");
+    rq.spec = "composed:pyramidkv+knorm";
+    expect_build_error(&rq, "press", 0, "pyramidkv cannot be composed");
+    rq.spec = "composed:snapkv+nope";
+    expect_build_error(&rq, "press", 0, "unknown press 'nope'");
+    rq.spec = "snapkv+knorm";
+    expect_build_error(&rq, "press", 0, "need the wrapper composed:");
+    rq.spec = "composed:snapkv+knorm+knorm+knorm+knorm+knorm+knorm+knorm+knorm";
+    expect_build_error(&rq, "press", 0, "more than 8 presses");
+}
+
 int main(void) {
     check_canonical();
     check_table();
@@ -352,5 +400,6 @@ int main(void) {
     check_kept();
     check_protected();
     check_layer_wrappers();
+    check_composed();
     return ckv_test_finish("test_press_registry");
 }

@@ -19,6 +19,14 @@
 
 static void press_of(ckv_press_config *p, const char *spec, double budget, const char *model) {
     CHECK_OK(ckv_press_parse(p, spec));
+    if (p->composed) { /* its budget is one ratio per press: the budget's for every press */
+        char r[256];
+        int n = 0;
+        for (int i = 0; i < p->n_stages; i++) n += snprintf(r + n, sizeof r - (size_t)n, "%s%.17g", i ? "," : "", 1.0 - budget);
+        CHECK_OK(ckv_press_set_option(p, "press_ratios", r));
+        CHECK_OK(ckv_press_finalize(p));
+        return;
+    }
     if (!strncmp(spec, "headkv", 6) || strstr(spec, "_headkv")) {
         char prof[600];
         snprintf(prof, sizeof prof, "%s/presses/headkv_profile_%s.json", CKV_FIXTURES, model);
@@ -76,7 +84,7 @@ static void run_model(const char *name, ckv_dtype kv) {
     ckv_gen_params g = {.max_new_tokens = NEW, .ignore_eos = 1};
     g.sampling.top_p = 1.0f;
     const char *extra[] = {"headkv:snapkv", "critical_headkv:snapkv", "adakv:tova", "critical:observed_attention",
-                           "layer_defensivekv"};
+                           "layer_defensivekv", "composed:snapkv+knorm", "composed:knorm+cur+keydiff"};
     const int n_fx = (int)ckv_fixture_n_presses, n_all = n_fx + (int)(sizeof extra / sizeof extra[0]);
     const double budgets[] = {0.3, 0.6, 1.0};
     int xn_first = NCTX;
