@@ -57,6 +57,7 @@ cd "$root"
 "$py" "$here/press_fixtures.py"
 # after press_fixtures.py, which rewrites the per-model press directories
 "$py" "$here/defensive_fixtures.py"
+"$py" "$here/composed_fixtures.py"  # kvpress ComposedPress cases, at the context press_fixtures.py recorded
 "$py" "$here/decode_fixtures.py"    # decode-time compression (tests/fixtures/decode)
 "$py" "$here/fixture_tokenizer.py"  # tokenizer.json of llama_gqa (ckv eval in CI)
 # ckv analyze's attention-concentration statistics on llama_gqa (test_analyze_stats.sh)

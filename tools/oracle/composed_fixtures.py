@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Record kvpress 0.5.5 ComposedPress fixtures under tests/fixtures/presses/<model>/ (ckv's
+`composed:` wrapper) at the context press_fixtures.py recorded in the model's context.json.
+
+ComposedPress([P1, P2, ...]) runs each press's forward hook in turn on the same layer: P1 compresses
+the layer's cache, P2 scores and compresses what P1 kept, and so on; each keeps
+compute_n_kept(n, cr_i) = max(1, int(n * (1 - cr_i))) of the n rows before it, so the kept fraction is
+the product of the (1 - cr_i). kvpress stores each press's kept rows in torch.topk order (descending
+score), so P2 sees P1's rows in score order; ckv keeps rows in position order and defines the later
+presses on that order (docs/presses.md, "composed"). Per case this records:
+
+  - kept: ckv's rule, computed with kvpress's own scorers: P1's scores on the whole layer (recorded
+    from the ComposedPress run), its top n1 per head; then P_i's score() called on the rows kept so far
+    in POSITION order, its top n_i; ties by lower position (tie_dependent marks selections where the
+    order among equal scores decides);
+  - kept_kvpress and checks.kvpress_same_kept: what the ComposedPress run really kept (its cache rows
+    matched bit for bit to the context keys); for the later presses whose scores do not depend on the
+    order of the rows (knorm, keydiff) it must equal `kept`, and kvpress's question logits must equal
+    the replay of those sets;
+  - the first press's raw scores [n_layers, n_kv_heads, L] (scores_file) and the question logits of
+    `kept` (press_fixtures' float64 replay of context.json's question against the uncompressed cache,
+    each head attending to its kept positions).
+
+Usage: composed_fixtures.py [--only MODEL ...]   (run after press_fixtures.py, by tools/oracle/regen.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import oracle_common as oc  # noqa: E402
+import press_fixtures as pf  # noqa: E402
+import press_reference as ref  # noqa: E402
+
+GENERATOR = "tools/oracle/composed_fixtures.py"
+SNAP = dict(window=64, kernel=5, pool="avg")
+CUR = dict(n_sink=4, leverage_type="kv_product", use_local_approximation=True, local_window_size=16)
+TWO = [(0.25, 0.5), (0.5, 0.5), (0.5, 0.75), (0.75, 0.25)]
+THREE = [(0.25, 0.5, 0.25), (0.5, 0.25, 0.5)]
+
+
+def _cases():
+    import kvpress as kp
+
+    snap = lambda cr: kp.SnapKVPress(compression_ratio=cr, window_size=64, kernel_size=5)  # noqa: E731
+    knorm = lambda cr: kp.KnormPress(compression_ratio=cr)  # noqa: E731
+    keydiff = lambda cr: kp.KeyDiffPress(compression_ratio=cr)  # noqa: E731
+    cur = lambda cr: kp.CURPress(compression_ratio=cr)  # noqa: E731
+    # (file stem, ckv spec, kvpress factories in order, options, ratio sets, order-free later presses)
+    return [
+        ("composed-snapkv-knorm", "composed:snapkv+knorm", [snap, knorm], dict(SNAP), TWO, True),
+        ("composed-snapkv-keydiff", "composed:snapkv+keydiff", [snap, keydiff], dict(SNAP), TWO, True),
+        ("composed-snapkv-knorm-keydiff", "composed:snapkv+knorm+keydiff", [snap, knorm, keydiff], dict(SNAP), THREE,
+         True),
+        # cur's sinks and local windows read row order: ckv's rule (position order) differs from kvpress's
+        ("composed-knorm-cur", "composed:knorm+cur", [knorm, cur], dict(CUR), TWO, False),
+    ]
+
+
+def _order(scores: list[float], ties: str) -> list[int]:
+    sign = 1 if ties == "low" else -1
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], sign * i))
+
+
+def _cut_gap(scores: list[float], order: list[int], k: int) -> float:
+    """Relative gap at the cut between the k-th and (k+1)-th best (inf when nothing is cut)."""
+    if not 0 < k < len(order):
+        return math.inf
+    a, b = scores[order[k - 1]], scores[order[k]]
+    return (a - b) / max(abs(a), abs(b), 1e-300)
+
+
+@torch.inference_mode()
+def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
+    import kvpress as kp
+    from transformers import DynamicCache
+
+    model = run.models["sdpa"]
+    L, n_kv = len(ctx), run.n_kv
+    presses = [mk(cr) for mk, cr in zip(makers, ratios)]
+    composed = kp.ComposedPress(presses)
+    seen = [dict() for _ in presses]  # per press: layer -> (keys in, scores, module, hidden, kwargs)
+
+    def wrap(i, p):
+        orig = p.score
+
+        def rec(module, hidden_states, keys, values, attentions, kwargs):
+            s = orig(module, hidden_states, keys, values, attentions, kwargs)
+            seen[i][module.layer_idx] = (keys[0].clone(), s[0].clone(), module, hidden_states, dict(kwargs), orig)
+            return s
+
+        p.score = rec
+
+    for i, p in enumerate(presses):
+        wrap(i, p)
+    cache = DynamicCache()
+    with composed(model):
+        model.model(input_ids=torch.tensor([ctx]), past_key_values=cache)
+    full_k, full_v = run.full_keys["sdpa"], run.full_values["sdpa"]
+    kept_kv = []  # what the ComposedPress run kept: its cache rows matched to the context keys
+    for layer in range(run.n_layers):
+        ck = cache.layers[layer].keys[0]
+        kept_kv.append([sorted(pf._match_rows(ck[h], full_k[layer][h])) for h in range(n_kv)])
+    q = torch.tensor([q_ids])
+    kv_logits = model(input_ids=q, past_key_values=cache, position_ids=pf.question_positions(L)).logits[0].float().numpy()
+
+    problems, kept, low_all, high_all, gaps = [], [], [], [], []
+    first_scores = []
+    for layer in range(run.n_layers):
+        k_in, s1, module, hidden, kwargs, _ = seen[0][layer]
+        if not torch.equal(k_in, full_k[layer]):
+            problems.append(f"layer {layer}: the first press did not see the context's keys")
+        first_scores.append(s1.to(torch.float32).numpy())
+        sel = {}
+        for ties in ("low", "high"):
+            rows = [list(range(L)) for _ in range(n_kv)]  # context rows kept so far, ascending
+            for i, cr in enumerate(ratios):
+                n = len(rows[0])
+                k = ref.n_kept_uniform(n, cr)
+                if i == 0:
+                    sc = s1.to(torch.float64)
+                else:  # kvpress's scorer on the rows kept so far, in position order
+                    idx = torch.tensor(rows)  # [n_kv, n]
+                    keys = torch.stack([full_k[layer][h][idx[h]] for h in range(n_kv)])[None]
+                    vals = torch.stack([full_v[layer][h][idx[h]] for h in range(n_kv)])[None]
+                    sc = seen[i][layer][5](module, hidden, keys, vals, None, kwargs)[0].to(torch.float64)
+                new = []
+                for h in range(n_kv):
+                    vals_h = sc[h].tolist()
+                    order = _order(vals_h, ties)
+                    if ties == "low":
+                        g = _cut_gap(vals_h, order, k)
+                        # snapkv's window is padded with one value: a tie by construction, above the cut
+                        gaps.append(g if not (i == 0 and g == 0.0) else math.inf)
+                    new.append(sorted(rows[h][j] for j in order[:k]))
+                rows = new
+            sel[ties] = rows
+        kept.append(sel["low"])
+        low_all.append(sel["low"])
+        high_all.append(sel["high"])
+    tie_dependent = low_all != high_all
+    same = kept_kv == kept
+    checks = {"kvpress_same_kept": same}
+    replay = pf.replay_logits(run, q_ids, kept, "sdpa")
+    if same:
+        d = float(np.abs(replay - kv_logits).max())
+        checks["replay_vs_kvpress_max_abs_diff"] = float(f"{d:.3g}")
+        if d > pf.REPLAY_ATOL:
+            problems.append(f"kvpress's question logits differ from the replay of its kept sets by {d:.3g}")
+    if order_free and not same:
+        problems.append("kvpress's ComposedPress kept other tokens than ckv's rule with order-free later presses")
+    min_gap = min(gaps, default=math.inf)
+    if not tie_dependent and not min_gap > pf.MIN_REL_GAP:
+        problems.append(f"relative score gap {min_gap:.3g} <= {pf.MIN_REL_GAP} at a cut")
+    total_keep = 1.0
+    for cr in ratios:
+        total_keep *= 1.0 - cr
+    counts = [L]
+    for cr in ratios:
+        counts.append(ref.n_kept_uniform(counts[-1], cr))
+    obj = {
+        "press": spec,
+        "case": stem,
+        "kvpress": pf.describe(composed) if hasattr(pf, "describe") else repr(composed),
+        "compression_ratio": round(1.0 - total_keep, 12),
+        "options": dict(options, press_ratios=list(ratios)),
+        "attn_implementation": "sdpa",
+        "n_kept_per_stage": counts[1:],
+        "n_kept": counts[-1],
+        "kept": kept,
+        "kept_kvpress": kept_kv,
+        "min_score_gap_rel": 0.0 if tie_dependent else pf._num(min_gap),
+        "tie_dependent": tie_dependent,
+        "order_free_later_presses": order_free,
+        "scores_file": None,
+        "scores_note": "float32 [n_layers, n_kv_heads, L]: the first press's scores (kvpress)",
+        "question_logits_file": None,
+        "question_feed": "one forward",
+        "checks": checks,
+        "generator": GENERATOR,
+    }
+    return obj, np.stack(first_scores), replay, problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(pf.MODELS)})")
+    args = ap.parse_args()
+    oc.setup_torch()
+    import kvpress  # noqa: F401  (importing kvpress patches the attention functions, as in its pipeline)
+
+    pf.register_replay_attention()
+    problems: list[str] = []
+    for name in args.only or pf.MODELS:
+        out = pf.FIXTURE_PRESSES / name
+        ctx_json = json.loads((out / "context.json").read_text())
+        ctx, q_ids = ctx_json["context_ids"], ctx_json["question_ids"]
+        run = pf.load_models(name)
+        pf.capture_inputs(run, ctx)
+        for stem0, spec, makers, options, ratio_sets, order_free in _cases():
+            for ratios in ratio_sets:
+                stem = stem0 + "_r" + "_".join(f"{round(r * 100):02d}" for r in ratios)
+                obj, scores, logits, pr = run_case(run, stem0, spec, makers, options, ratios, order_free, ctx, q_ids)
+                scores.astype("<f4").tofile(out / f"{stem}.scores.f32")
+                logits.astype("<f4").tofile(out / f"{stem}.logits.f32")
+                obj["scores_file"] = f"{stem}.scores.f32"
+                obj["question_logits_file"] = f"{stem}.logits.f32"
+                oc.write_json(out / f"{stem}.json", obj)
+                problems += [f"{name} {stem}: {p}" for p in pr]
+                print(f"[composed_fixtures] {name:<10} {stem:<40} kept/stage {obj['n_kept_per_stage']} "
+                      f"gap_rel {obj['min_score_gap_rel']} {'TIE-DEPENDENT ' if obj['tie_dependent'] else ''}"
+                      f"{obj['checks']}")
+    for p in problems:
+        print(f"[composed_fixtures] PROBLEM {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
