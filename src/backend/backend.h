@@ -97,6 +97,12 @@ typedef enum { CKV_EVICT_LOGITS_MUL = 0, CKV_EVICT_LOGITS_DIV } ckv_evict_logits
 typedef enum { CKV_EVICT_ADD = 0, CKV_EVICT_ZERO_FIRST } ckv_evict_accum;
 /* The rows of a column sum: one per local query head, or one per local KV head (its group summed). */
 typedef enum { CKV_EVICT_PER_QUERY_HEAD = 0, CKV_EVICT_PER_KV_HEAD } ckv_evict_colsum_rows;
+/* evict_colsum_finish's divisor: the same for every column, or minus the column index. */
+typedef enum { CKV_EVICT_DENOM_FIXED = 0, CKV_EVICT_DENOM_MINUS_COL } ckv_evict_denom;
+/* evict_pool's window reduction. */
+typedef enum { CKV_EVICT_POOL_AVG = 0, CKV_EVICT_POOL_MAX } ckv_evict_pool_kind;
+/* Which rows of a segment an op reads: its keys or its values. */
+typedef enum { CKV_EVICT_KEYS = 0, CKV_EVICT_VALUES } ckv_evict_kv_part;
 /* What evict_fill writes: a value, or each column's index. */
 typedef enum { CKV_EVICT_FILL_VALUE = 0, CKV_EVICT_FILL_INDEX } ckv_evict_fill_kind;
 
@@ -240,14 +246,15 @@ typedef struct {
     /* The same attention weights written out: p[(j * n_q + i) * ld + t] = p_t (fp32, as above) for
      * t <= r, 0 for r < t < ld. p [n_heads_local, n_q, ld], ld >= q_row0 + n_q. */
     ckv_status (*evict_attn_probs)(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a);
-    /* out[r * ld_out + t] = (float)(colsum[r * ld_in + t] / den), den = denom - t when minus_col, else
-     * denom (double division).   r < rows, t < n */
+    /* out[r * ld_out + t] = (float)(colsum[r * ld_in + t] / den), den = denom - t with
+     * CKV_EVICT_DENOM_MINUS_COL, else denom (double division).   r < rows, t < n */
     void (*evict_colsum_finish)(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
-                                int n, double denom, int minus_col);
+                                int n, double denom, ckv_evict_denom minus_col);
     /* 1-D pooling along each row, stride 1, window t - kernel/2 .. t + kernel/2 clipped to 0 .. n-1:
-     * max (padding ignored) or avg = fp32 sum in ascending order / (float)kernel (zero padding counted
+     * CKV_EVICT_POOL_MAX (padding ignored) or AVG = fp32 sum in ascending order / (float)kernel (zero padding counted
      * in the divisor, torch's count_include_pad).   x, y [rows, ld] (y != x), t < n, kernel odd */
-    void (*evict_pool)(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
+    void (*evict_pool)(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel,
+                       ckv_evict_pool_kind max);
     /* dst[(head0 + j) / group, t] += src[j, t] in fp32, j ascending (the sum over a group's query
      * heads).   src [n_src, ld_src], dst [.., ld_dst], t < n */
     void (*evict_head_sum)(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n,
@@ -255,9 +262,9 @@ typedef struct {
     /* x[i] = x[i] / div in fp32.   x [n] */
     void (*evict_div)(ckv_backend *be, float *x, size_t n, float div);
     /* out[g * ld + t] = sign * (float)sqrt(sum_a (double)x[a]^2), x = row t of segment g's keys (or
-     * its values when values != 0), read in the batch's dtype.   g < n_kv_heads, t < n_rows */
-    void (*evict_row_norm)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
-                           float sign);
+     * its values with CKV_EVICT_VALUES), read in the batch's dtype.   g < n_kv_heads, t < n_rows */
+    void (*evict_row_norm)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                           ckv_evict_kv_part values, float sign);
     /* out[r * ld + t] = (s[r * ld + t] + eps) * m[r * ld + t] in fp32 (out may be s or m).   r < rows, t < n */
     void (*evict_add_mul)(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,
                           float eps);
@@ -298,11 +305,11 @@ typedef struct {
     /* Shifted moments of a block of n query rows, accumulated per local query head j (expected
      * attention's statistics): x_i = q[i, j, :] - shift[j, :] in fp32; s1[j, a] += (double)x_i[a], i
      * ascending; with s2 != NULL, s2[j, a, b] += (double)o[a, b] where o = X^T X of the block's
-     * [n, d] rows X, an fp32 GEMM (k = n). With zero != 0 s1 (and s2) are set to 0 first.
+     * [n, d] rows X, an fp32 GEMM (k = n). With CKV_EVICT_ZERO_FIRST s1 (and s2) are set to 0 first.
      * q [n, n_heads_local * d], shift [n_heads_local * d], s1 [n_heads_local, d],
      * s2 [n_heads_local, d, d] double */
     ckv_status (*evict_moments)(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
-                                int n_heads_local, int d, int zero);
+                                int n_heads_local, int d, ckv_evict_accum zero);
     /* Expected-attention logits of the n key rows row0 .. row0 + n - 1 of segment g (batch dtype, read
      * as fp32): logit[t] = (float)(sum_a (double)mu[a] * k[a]) / sqrt_d, plus, when cov != NULL,
      * (float)(sum_a (double)kc[a] * k[a]) / (float)d / 2 in fp32, kc = k @ cov^T by an fp32 GEMM over

@@ -49,11 +49,11 @@ ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_confi
         CKV_TRY_GOTO(s, be->ops->evict_chunk_colsum(be, colsum, L, &a, n_pad,
                                                     c0 == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD), done);
     }
-    be->ops->evict_colsum_finish(be, attn, L, colsum, L, nkv, L, 1.0, 0);
+    be->ops->evict_colsum_finish(be, attn, L, colsum, L, nkv, L, 1.0, CKV_EVICT_DENOM_FIXED);
     CKV_TRY_GOTO(s, ckv_score_group_mean(in, attn), done);
-    be->ops->evict_row_norm(be, norm, L, &in->kv, L, 1, 1.0f);
+    be->ops->evict_row_norm(be, norm, L, &in->kv, L, CKV_EVICT_VALUES, 1.0f);
     be->ops->evict_add_mul(be, attn, attn, norm, nkv, L, L, 0.0f);
-    be->ops->evict_pool(be, norm + head, attn + head, nkv, S, L, 3, 0); /* pooled into norm's rows */
+    be->ops->evict_pool(be, norm + head, attn + head, nkv, S, L, 3, CKV_EVICT_POOL_AVG); /* into norm's rows */
     be->ops->evict_row_stats(be, stats, norm + head, nkv, S, L);
     CKV_TRY_GOTO(s, ckv_score_zscore(in, norm + head, L, S, stats), done);
     /* blending * leverage + attention */

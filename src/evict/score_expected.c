@@ -107,7 +107,8 @@ static ckv_status ea_statistics(const ckv_score_inputs *in, int n_sink, int cov,
         const int nb = L - t0 < CKV_EA_BLOCK ? L - t0 : CKV_EA_BLOCK;
         be->ops->matmul(be, b->q, in->xn + (size_t)t0 * (size_t)D, in->wq, in->bq, nb); /* [nb, hq] */
         if (t0 == n_sink) CKV_TRY(be->ops->copy(be, b->shift, b->q, (size_t)hq * sizeof(float)));
-        CKV_TRY(be->ops->evict_moments(be, b->s1, cov ? b->s2 : NULL, b->q, b->shift, nb, hl, d, t0 == n_sink));
+        CKV_TRY(be->ops->evict_moments(be, b->s1, cov ? b->s2 : NULL, b->q, b->shift, nb, hl, d,
+                                         t0 == n_sink ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD));
     }
     CKV_TRY(be->ops->sync(be));
     CKV_TRY(be->ops->download(be, w->shift, b->shift, (size_t)hq * sizeof(float)));
@@ -191,7 +192,7 @@ ckv_status ckv_score_expected_attention(const ckv_score_inputs *in, const ckv_pr
     }
     CKV_TRY_GOTO(s, ckv_score_group_mean(in, scores), done);
     if (cfg->use_vnorm) { /* (score + epsilon) * ||v||_2 on the tokens after the sinks */
-        be->ops->evict_row_norm(be, b.norms, L, &in->kv, L, 1, 1.0f);
+        be->ops->evict_row_norm(be, b.norms, L, &in->kv, L, CKV_EVICT_VALUES, 1.0f);
         be->ops->evict_add_mul(be, scores + n_sink, scores + n_sink, b.norms + n_sink, nkv, n, L, (float)cfg->epsilon_ea);
     }
     s = CKV_STATUS_OK;

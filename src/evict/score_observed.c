@@ -43,7 +43,7 @@ ckv_status ckv_score_observed_attention(const ckv_score_inputs *in, const ckv_pr
         CKV_TRY_GOTO(s, be->ops->evict_attn_colsum(be, colsum, L, &a, CKV_EVICT_PER_KV_HEAD,
                                                    t0 == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD), done);
     }
-    be->ops->evict_colsum_finish(be, scores, L, colsum, L, in->n_kv_local, L, (double)L, 1);
+    be->ops->evict_colsum_finish(be, scores, L, colsum, L, in->n_kv_local, L, (double)L, CKV_EVICT_DENOM_MINUS_COL);
     s = ckv_score_group_mean(in, scores);
 done:
     ckv_score_dev_free(&dev);

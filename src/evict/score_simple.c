@@ -11,7 +11,7 @@
 ckv_status ckv_score_knorm(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
     (void)cfg;
     CKV_TRY(ckv_score_check_inputs(in, "knorm"));
-    in->be->ops->evict_row_norm(in->be, scores, in->L, &in->kv, in->L, 0, -1.0f);
+    in->be->ops->evict_row_norm(in->be, scores, in->L, &in->kv, in->L, CKV_EVICT_KEYS, -1.0f);
     return CKV_STATUS_OK;
 }
 

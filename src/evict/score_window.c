@@ -33,7 +33,8 @@ static ckv_status window_means(const ckv_score_inputs *in, int w, float *q, doub
     /* kvpress divides the logits by math.sqrt(head_dim) (a division, not a multiply) */
     const ckv_evict_attn_params a = ckv_score_attn_params(in, q, w, L - w, (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
     CKV_TRY(be->ops->evict_attn_colsum(be, colsum, n_out, &a, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));
-    be->ops->evict_colsum_finish(be, mean, n_out, colsum, n_out, in->n_q_local, n_out, (double)w, 0);
+    be->ops->evict_colsum_finish(be, mean, n_out, colsum, n_out, in->n_q_local, n_out, (double)w,
+                                 CKV_EVICT_DENOM_FIXED);
     return CKV_STATUS_OK;
 }
 
@@ -66,7 +67,8 @@ ckv_status ckv_score_snapkv(const ckv_score_inputs *in, const ckv_press_config *
     if (kernel > 1) {
         CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&pooled, (size_t)nq * n_out * sizeof(float),
                                             "snapkv pooled scores"), done);
-        be->ops->evict_pool(be, pooled, mean, nq, n_out, n_out, kernel, pool == CKV_POOL_MAX);
+        be->ops->evict_pool(be, pooled, mean, nq, n_out, n_out, kernel,
+                          pool == CKV_POOL_MAX ? CKV_EVICT_POOL_MAX : CKV_EVICT_POOL_AVG);
         rows = pooled;
     }
     /* the window's own entries stay 0 (the caller protects them) */

@@ -671,8 +671,9 @@ static void test_evict_attention(ckv_dtype dt) {
                         1e-7, 1e-6);
         /* finish: divided by the count of queries that see each column */
         float *ft = dev_poison(tb, (size_t)n_out * ld), *fr = dev_poison(ref, (size_t)n_out * ld);
-        tb->ops->evict_colsum_finish(tb, ft, ld, ct, n_cols, n_out, n_cols, 57.0, per_kv);
-        ref->ops->evict_colsum_finish(ref, fr, ld, cr, n_cols, n_out, n_cols, 57.0, per_kv);
+        const ckv_evict_denom den = per_kv ? CKV_EVICT_DENOM_MINUS_COL : CKV_EVICT_DENOM_FIXED;
+        tb->ops->evict_colsum_finish(tb, ft, ld, ct, n_cols, n_out, n_cols, 57.0, den);
+        ref->ops->evict_colsum_finish(ref, fr, ld, cr, n_cols, n_out, n_cols, 57.0, den);
         float *a = xalloc(sizeof(float) * n_out * ld), *b = xalloc(sizeof(float) * n_out * ld);
         cuda_test_download(tb, a, ft, sizeof(float) * n_out * ld);
         cuda_test_download(ref, b, fr, sizeof(float) * n_out * ld);
@@ -700,8 +701,8 @@ static void test_evict_attention(ckv_dtype dt) {
     CHECK_OK(ref->ops->evict_value_norm(ref, vr, ld, &e.br, EV_L, &wr, EV_HQ, 0, 2));
     compare_dev("evict_value_norm", ckv_dtype_name(dt), vt, vr, (size_t)EV_KV * ld, 1e-6, 1e-6);
     /* value norms, expected-attention logits */
-    tb->ops->evict_row_norm(tb, vt, ld, &e.bt, EV_L, 1, -1.0f);
-    ref->ops->evict_row_norm(ref, vr, ld, &e.br, EV_L, 1, -1.0f);
+    tb->ops->evict_row_norm(tb, vt, ld, &e.bt, EV_L, CKV_EVICT_VALUES, -1.0f);
+    ref->ops->evict_row_norm(ref, vr, ld, &e.br, EV_L, CKV_EVICT_VALUES, -1.0f);
     compare_dev("evict_row_norm", "values", vt, vr, (size_t)EV_KV * ld, 0.0, 0.0);
     float *mu = rand_floats(EV_D, -1.0f, 1.0f), *cov = rand_floats((size_t)EV_D * EV_D, -0.2f, 0.2f);
     for (int a = 0; a < EV_D; a++)
@@ -718,10 +719,10 @@ static void test_evict_attention(ckv_dtype dt) {
           *sr = cuda_test_upload(ref, shift, sizeof(float) * EV_HQ * EV_D);
     double *s1t = (double *)dev_poison(tb, EV_HQ * EV_D * 2), *s1r = (double *)dev_poison(ref, EV_HQ * EV_D * 2);
     double *s2t = (double *)dev_poison(tb, EV_HQ * EV_D * EV_D * 2), *s2r = (double *)dev_poison(ref, EV_HQ * EV_D * EV_D * 2);
-    CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, n_q, EV_HQ, EV_D, 1));
-    CHECK_OK(ref->ops->evict_moments(ref, s1r, s2r, qr, sr, n_q, EV_HQ, EV_D, 1));
-    CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, 3, EV_HQ, EV_D, 0));
-    CHECK_OK(ref->ops->evict_moments(ref, s1r, s2r, qr, sr, 3, EV_HQ, EV_D, 0));
+    CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, n_q, EV_HQ, EV_D, CKV_EVICT_ZERO_FIRST));
+    CHECK_OK(ref->ops->evict_moments(ref, s1r, s2r, qr, sr, n_q, EV_HQ, EV_D, CKV_EVICT_ZERO_FIRST));
+    CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, 3, EV_HQ, EV_D, CKV_EVICT_ADD));
+    CHECK_OK(ref->ops->evict_moments(ref, s1r, s2r, qr, sr, 3, EV_HQ, EV_D, CKV_EVICT_ADD));
     compare_dev_f64("evict_moments", "s1", s1t, s1r, EV_HQ * EV_D, 1e-6, 1e-6);
     compare_dev_f64("evict_moments", "s2", s2t, s2r, EV_HQ * EV_D * EV_D, 1e-6, 1e-6);
     release2(s1t, s1r), release2(s2t, s2r), release2(st, sr), release2(lt, lr), release2(mt, mr), release2(cvt, cvr);
@@ -834,8 +835,9 @@ static void test_evict_rows(void) {
     ref->ops->evict_max(ref, mr, xr, ROWS, LD, 2, N);
     compare_dev("evict_max", "", mt, mr, 1, 0.0, 0.0);
     for (int max = 0; max < 2; max++) {
-        tb->ops->evict_pool(tb, yt, xt, ROWS, N, LD, 5, max);
-        ref->ops->evict_pool(ref, yr, xr, ROWS, N, LD, 5, max);
+        const ckv_evict_pool_kind kind = max ? CKV_EVICT_POOL_MAX : CKV_EVICT_POOL_AVG;
+        tb->ops->evict_pool(tb, yt, xt, ROWS, N, LD, 5, kind);
+        ref->ops->evict_pool(ref, yr, xr, ROWS, N, LD, 5, kind);
         tb->ops->evict_fill(tb, yt, ROWS, LD, N, LD, CKV_EVICT_FILL_VALUE, 0.0f); /* the unused tail, on both */
         ref->ops->evict_fill(ref, yr, ROWS, LD, N, LD, CKV_EVICT_FILL_VALUE, 0.0f);
         compare_dev("evict_pool", max ? "max" : "avg", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);

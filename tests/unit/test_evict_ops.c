@@ -119,7 +119,7 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
         close_to(name, got, kvref, (size_t)nkv * L, 1e-6, 1e-5);
         /* finish with the per-column divisor */
         poison(got, sizeof(float) * nkv * L);
-        be->ops->evict_colsum_finish(be, got, L, cs, L, nkv, L, (double)L, 1);
+        be->ops->evict_colsum_finish(be, got, L, cs, L, nkv, L, (double)L, CKV_EVICT_DENOM_MINUS_COL);
         for (int i = 0; i < nkv * L; i++) kvref[i] /= (double)(L - i % L);
         close_to("colsum_finish minus_col", got, kvref, (size_t)nkv * L, 1e-7, 1e-5);
         /* weights */
@@ -167,7 +167,7 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
     double *nref = malloc(sizeof(double) * nkv * L);
     for (int values = 0; values < 2; values++) {
         poison(nrm, sizeof(float) * nkv * L);
-        be->ops->evict_row_norm(be, nrm, L, &s.b, L, values, values ? 1.0f : -1.0f);
+        be->ops->evict_row_norm(be, nrm, L, &s.b, L, values ? CKV_EVICT_VALUES : CKV_EVICT_KEYS, values ? 1.0f : -1.0f);
         for (int i = 0; i < nkv * L; i++) {
             double ss = 0;
             for (int a = 0; a < d; a++) ss += pow((values ? vf : kf)[(size_t)i * d + a], 2);
@@ -212,7 +212,8 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
         double *m1 = malloc(sizeof(double) * hl * d), *m2 = malloc(sizeof(double) * hl * d * d);
         poison(m1, sizeof(double) * hl * d), poison(m2, sizeof(double) * hl * d * d);
         for (int blk = 0; blk < 2; blk++)
-            CHECK_OK(be->ops->evict_moments(be, m1, m2, qq + (size_t)blk * nb * hl * d, sh, nb, hl, d, blk == 0));
+            CHECK_OK(be->ops->evict_moments(be, m1, m2, qq + (size_t)blk * nb * hl * d, sh, nb, hl, d,
+                                             blk == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD));
         double r1[16], r2[128];
         float g1[16], g2[128];
         memset(r1, 0, sizeof r1), memset(r2, 0, sizeof r2);
@@ -258,7 +259,7 @@ static void check_rows(ckv_backend *be) {
     for (int mx = 0; mx < 2; mx++)
         for (int k = 1; k <= 7; k += 2) {
             poison(y, sizeof y);
-            be->ops->evict_pool(be, y, x, R, N, LD, k, mx);
+            be->ops->evict_pool(be, y, x, R, N, LD, k, mx ? CKV_EVICT_POOL_MAX : CKV_EVICT_POOL_AVG);
             float g[R * N];
             for (int r = 0; r < R; r++)
                 for (int t = 0; t < N; t++) {

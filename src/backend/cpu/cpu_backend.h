@@ -63,8 +63,9 @@ ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols
                                      ckv_evict_colsum_rows rows, ckv_evict_accum accum);
 ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a);
 void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
-                                 int n, double denom, int minus_col);
-void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max);
+                                 int n, double denom, ckv_evict_denom minus_col);
+void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel,
+                        ckv_evict_pool_kind max);
 void ckv_cpu_evict_head_sum(ckv_backend *be, float *dst, int ld_dst, const float *src, int ld_src, int n_src, int n,
                             int head0, int group);
 void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div);
@@ -80,8 +81,8 @@ void ckv_cpu_evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, fl
 ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
                                       int n_pad, ckv_evict_accum accum);
 void ckv_cpu_evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);
-void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
-                            float sign);
+void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                            ckv_evict_kv_part values, float sign);
 void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,
                            float eps);
 ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
@@ -98,7 +99,7 @@ ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const flo
                                      int64_t total);
 void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
 ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
-                                 int n_heads_local, int d, int zero);
+                                 int n_heads_local, int d, ckv_evict_accum zero);
 ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d);
 ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                    const float *mu, const float *cov, float sqrt_d);

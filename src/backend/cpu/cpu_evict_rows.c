@@ -13,7 +13,7 @@
 #include "cpu_backend.h"
 
 void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
-                                 int n, double denom, int minus_col) {
+                                 int n, double denom, ckv_evict_denom minus_col) {
     (void)be;
     for (int r = 0; r < rows; r++) {
         const double *c = colsum + (size_t)r * (size_t)ld_in;
@@ -22,7 +22,8 @@ void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const 
     }
 }
 
-void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max) {
+void ckv_cpu_evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel,
+                        ckv_evict_pool_kind max) {
     (void)be;
     const int r = kernel / 2;
     for (int row = 0; row < rows; row++) {
@@ -58,8 +59,8 @@ void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div) {
     for (size_t i = 0; i < n; i++) x[i] /= div;
 }
 
-void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values,
-                            float sign) {
+void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                            ckv_evict_kv_part values, float sign) {
     (void)be;
     const int d = kv->head_dim;
     const size_t rowb = (size_t)d * ckv_dtype_size(kv->dtype);

@@ -10,7 +10,7 @@
 #include "cpu_backend.h"
 
 ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
-                                 int n_heads_local, int d, int zero) {
+                                 int n_heads_local, int d, ckv_evict_accum zero) {
     const size_t hq = (size_t)n_heads_local * (size_t)d, dd = (size_t)d * (size_t)d;
     if (zero) {
         memset(s1, 0, hq * sizeof(double));

@@ -439,7 +439,7 @@ ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_ba
 }
 
 ckv_status evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
-                         int n_heads_local, int d, int zero) {
+                         int n_heads_local, int d, ckv_evict_accum zero) {
     ctx *c = ctx_of(be);
     const size_t hq = (size_t)n_heads_local * d;
     if (zero) {

@@ -362,7 +362,7 @@ ckv_status op_status(ctx *c, const char *op) {
 }
 
 void evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows, int n,
-                         double denom, int minus_col) {
+                         double denom, ckv_evict_denom minus_col) {
     ctx *c = ctx_of(be);
     if (rows <= 0 || n <= 0) return;
     CKV_LAUNCH(colsum_finish_kernel, dim3(blocks_for((size_t)rows * n, THREADS)), dim3(THREADS), 0, c->stream, out,
@@ -370,7 +370,8 @@ void evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *
     op_done(c, "evict_colsum_finish");
 }
 
-void evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel, int max) {
+void evict_pool(ckv_backend *be, float *y, const float *x, int rows, int n, int ld, int kernel,
+                ckv_evict_pool_kind max) {
     ctx *c = ctx_of(be);
     if (rows <= 0 || n <= 0) return;
     CKV_LAUNCH(pool_kernel, dim3(blocks_for((size_t)rows * n, THREADS)), dim3(THREADS), 0, c->stream, y, x, rows, n, ld,
@@ -394,7 +395,8 @@ void evict_div(ckv_backend *be, float *x, size_t n, float div) {
     op_done(c, "evict_div");
 }
 
-void evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int values, float sign) {
+void evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                    ckv_evict_kv_part values, float sign) {
     ctx *c = ctx_of(be);
     if (n_rows <= 0 || kv->n_kv_heads <= 0) return;
     const dim3 grid(blocks_for((size_t)n_rows, THREADS), (unsigned)kv->n_kv_heads);
