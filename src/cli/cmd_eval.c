@@ -305,8 +305,8 @@ int ckv_cmd_eval(int argc, char **argv) {
     ckv_cli_engine_config(&opts, world, &ec);
     job.threads = ec.threads;
     job.device = ec.device;
-    job.kv_dtype = (int)ec.kv_dtype;
-    job.weights_dtype = (int)ec.weights_dtype;
+    job.kv_dtype = ec.kv_dtype;
+    job.weights_dtype = ec.weights_dtype;
     job.chunk = a.chunk;
     job.tp = a.tp;
     job.out_dir = a.out;

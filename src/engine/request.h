@@ -42,11 +42,6 @@
 
 /* ---- engine --------------------------------------------------------------------------------------- */
 
-/* The element types of the engine's settings are core's ckv_dtype (CKV_DTYPE_DEFAULT: the backend's
- * choice). These two names are the same type, kept for the callers that spell them. */
-typedef ckv_dtype ckv_kv_dtype;
-typedef ckv_dtype ckv_weights_dtype;
-
 /* Everything that shapes how a model is loaded and run. This struct is the single place where the
  * command line hands the runtime settings over to the engine (ckv_engine_init reads nothing else). */
 typedef struct {

@@ -49,7 +49,7 @@ static ckv_status open_group(runner *r) {
     }
     CKV_TRY(ckv_runner_open_text(r, r->tp->rank == 0));
     ckv_engine_config ec = {.model_path = j->model_path, .backend = j->backend, .threads = threads, .device = j->device,
-                            .kv_dtype = (ckv_kv_dtype)j->kv_dtype, .weights_dtype = (ckv_weights_dtype)j->weights_dtype,
+                            .kv_dtype = j->kv_dtype, .weights_dtype = j->weights_dtype,
                             .chunk = j->chunk, .tokenizer = r->tok};
     CKV_TRY(ckv_engine_init(&r->eng, &ec, r->tp));
     r->model = r->eng.model;

@@ -21,6 +21,7 @@
 
 #include "comm/comm.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include "engine/decode_press.h"
 #include "eval/dataset.h"
 #include "eval/haystack.h"
@@ -75,7 +76,7 @@ typedef struct {
     int chunk;                   /* prefill chunk (0: 512) */
     int tp;                      /* ranks per tensor-parallel group (0: all) */
     int device;                  /* GPU index (-1: device 0 of the rank's view) */
-    int kv_dtype, weights_dtype; /* ckv_kv_dtype / ckv_weights_dtype of engine/request.h (0: the backend's) */
+    ckv_dtype kv_dtype, weights_dtype; /* CKV_DTYPE_DEFAULT: the backend's choice */
     /* output */
     const char *out_dir;
     const char *version;         /* ckv version recorded in every line */
