@@ -1,0 +1,295 @@
+/* test_backend_ops_evict.c - the eviction ops of a device backend against the CPU backend (part of
+ * test_backend_ops; the harness and its conventions: backend_ops_harness.h): window attention and
+ * its column sums, the row ops, the tiled selection, DefensiveKV's rows, and that no eviction op
+ * allocates device memory once evict_reserve has sized its scratch. */
+#include "backend/cuda/cuda_emu.h"
+#include "backend_ops_harness.h"
+
+/* ---- eviction ops -----------------------------------------------------------------------------
+ * One sequence, 2 KV heads of 40 rows, 4 local query heads (group 2), head dim 32. Bounds: exact
+ * where both sides do the same fp32 / double operations per element (fills, pooling, sums, norms,
+ * finish, random, selections); 1e-6 relative (plus 1e-7) where fp32 dot products or GEMMs sum in
+ * another order (attention weights, value norms, moments, expected-attention logits). */
+#define EV_L 40
+#define EV_KV 2
+#define EV_HQ 4
+#define EV_D 32
+
+typedef struct {
+    test_kv_host h;
+    test_kv ct, cr;
+    ckv_kv_batch bt, br;
+} ev_cache;
+
+static void ev_cache_init(ev_cache *e, ckv_dtype dt) {
+    const int lens[EV_KV] = {EV_L, EV_L};
+    kv_host_random(&e->h, dt, 1, EV_KV, EV_D, EV_L, lens, 0);
+    kv_build(&e->ct, tb, dt, 1, EV_KV, EV_D, EV_L, &e->h);
+    kv_build(&e->cr, ref, dt, 1, EV_KV, EV_D, EV_L, &e->h);
+    e->bt = kv_batch(&e->ct, NULL, NULL, EV_L);
+    e->br = kv_batch(&e->cr, NULL, NULL, EV_L);
+}
+
+static void ev_cache_free(ev_cache *e) {
+    kv_free(&e->ct), kv_free(&e->cr);
+    kv_host_free(&e->h);
+}
+
+/* cudaMalloc calls made so far (cuda-emu: the CPU execution layer counts them; 0 on a GPU). After
+ * evict_reserve for a test's shapes, the eviction ops under test must not allocate: TB_EVICT wraps
+ * an op call of the backend under test and adds what it allocated to evict_op_allocs. */
+static unsigned long long tb_allocs(void) { return strcmp(tb_name, "cuda-emu") == 0 ? ckv_cuda_emu_alloc_calls() : 0; }
+static unsigned long long evict_op_allocs;
+#define TB_EVICT(call)                                         \
+    do {                                                       \
+        const unsigned long long a0_ = tb_allocs();            \
+        call;                                                  \
+        evict_op_allocs += tb_allocs() - a0_;                  \
+    } while (0)
+
+static void ev_reserve(int rows, int query_rows, int n_kv_all, ckv_dtype kv, int hidden) {
+    const ckv_evict_shape sh = {rows, query_rows, EV_HQ, EV_KV, n_kv_all, EV_D, hidden, kv, CKV_DTYPE_BF16};
+    CHECK(ckv_backend_supports(tb, CKV_BACKEND_CAP_EVICT_RESERVE));
+    if (ckv_backend_supports(tb, CKV_BACKEND_CAP_EVICT_RESERVE)) CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+}
+
+static void test_evict_attention(ckv_dtype dt) {
+    ev_cache e;
+    ev_cache_init(&e, dt);
+    const int n_q = 8, q_row0 = EV_L - n_q, ld = EV_L + 4, n_cols = EV_L - 3;
+    /* CriticalKV value norms below: a bf16 o_proj [D, EV_HQ * EV_D], D with a tail of 4 columns
+     * after the 16-lane groups */
+    const int D = 52, cols = EV_HQ * EV_D;
+    ev_reserve(EV_L, n_q, EV_KV, dt, D);
+    float *q = rand_floats((size_t)n_q * EV_HQ * EV_D, -1.0f, 1.0f);
+    float *qt = cuda_test_upload(tb, q, sizeof(float) * n_q * EV_HQ * EV_D),
+          *qr = cuda_test_upload(ref, q, sizeof(float) * n_q * EV_HQ * EV_D);
+    const float scale = 1.0f / sqrtf((float)EV_D);
+    for (int per_kv = 0; per_kv < 2; per_kv++) {
+        const int n_out = per_kv ? EV_KV : EV_HQ;
+        double *ct = (double *)dev_poison(tb, (size_t)n_out * n_cols * 2), *cr = (double *)dev_poison(ref, (size_t)n_out * n_cols * 2);
+        /* two query blocks into one sum: the second adds to the first */
+        const ckv_evict_colsum_rows rows = per_kv ? CKV_EVICT_PER_KV_HEAD : CKV_EVICT_PER_QUERY_HEAD;
+        const ckv_evict_attn_params at1 = {qt, 4, q_row0, &e.bt, EV_HQ, 0, 2, scale, CKV_EVICT_LOGITS_MUL},
+                                    ar1 = {qr, 4, q_row0, &e.br, EV_HQ, 0, 2, scale, CKV_EVICT_LOGITS_MUL};
+        const ckv_evict_attn_params at2 = {qt + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.bt, EV_HQ, 0, 2, 1.0f / scale,
+                                           CKV_EVICT_LOGITS_DIV},
+                                    ar2 = {qr + 4 * EV_HQ * EV_D, 4, q_row0 + 4, &e.br, EV_HQ, 0, 2, 1.0f / scale,
+                                           CKV_EVICT_LOGITS_DIV};
+        TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, &at1, rows, CKV_EVICT_ZERO_FIRST)));
+        CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, &ar1, rows, CKV_EVICT_ZERO_FIRST));
+        TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, ct, n_cols, &at2, rows, CKV_EVICT_ADD)));
+        CHECK_OK(ref->ops->evict_attn_colsum(ref, cr, n_cols, &ar2, rows, CKV_EVICT_ADD));
+        compare_dev_f64("evict_attn_colsum", per_kv ? "per kv head" : "per query head", ct, cr, (size_t)n_out * n_cols,
+                        1e-7, 1e-6);
+        /* finish: divided by the count of queries that see each column */
+        float *ft = dev_poison(tb, (size_t)n_out * ld), *fr = dev_poison(ref, (size_t)n_out * ld);
+        const ckv_evict_denom den = per_kv ? CKV_EVICT_DENOM_MINUS_COL : CKV_EVICT_DENOM_FIXED;
+        tb->ops->evict_colsum_finish(tb, ft, ld, ct, n_cols, n_out, n_cols, 57.0, den);
+        ref->ops->evict_colsum_finish(ref, fr, ld, cr, n_cols, n_out, n_cols, 57.0, den);
+        float *a = xalloc(sizeof(float) * n_out * ld), *b = xalloc(sizeof(float) * n_out * ld);
+        cuda_test_download(tb, a, ft, sizeof(float) * n_out * ld);
+        cuda_test_download(ref, b, fr, sizeof(float) * n_out * ld);
+        for (int r = 0; r < n_out; r++) memmove(a + r * n_cols, a + r * ld, sizeof(float) * n_cols), memmove(b + r * n_cols, b + r * ld, sizeof(float) * n_cols);
+        compare("evict_colsum_finish", per_kv ? "minus_col" : "plain", a, b, (size_t)n_out * n_cols, 1e-7, 1e-6);
+        free(a), free(b);
+        release2(ft, fr), release2(ct, cr);
+    }
+    float *pt = dev_poison(tb, (size_t)EV_HQ * n_q * ld), *pr = dev_poison(ref, (size_t)EV_HQ * n_q * ld);
+    const ckv_evict_attn_params apt = {qt, n_q, q_row0, &e.bt, EV_HQ, 0, 2, scale, CKV_EVICT_LOGITS_MUL},
+                                apr = {qr, n_q, q_row0, &e.br, EV_HQ, 0, 2, scale, CKV_EVICT_LOGITS_MUL};
+    TB_EVICT(CHECK_OK(tb->ops->evict_attn_probs(tb, pt, ld, &apt)));
+    CHECK_OK(ref->ops->evict_attn_probs(ref, pr, ld, &apr));
+    compare_dev("evict_attn_probs", ckv_dtype_name(dt), pt, pr, (size_t)EV_HQ * n_q * ld, 1e-7, 1e-6);
+    release2(pt, pr);
+    float *wo = rand_floats((size_t)D * cols, -0.5f, 0.5f);
+    round_to(wo, (size_t)D * cols, CKV_DTYPE_BF16);
+    void *hw = typed(wo, (size_t)D * cols, CKV_DTYPE_BF16);
+    ckv_weight wt = {cuda_test_upload(tb, hw, (size_t)D * cols * 2), CKV_DTYPE_BF16, D, cols, (size_t)cols * 2};
+    ckv_weight wr = {cuda_test_upload(ref, hw, (size_t)D * cols * 2), CKV_DTYPE_BF16, D, cols, (size_t)cols * 2};
+    float *init = rand_floats((size_t)EV_KV * ld, 0.0f, 1.0f);
+    float *vt = cuda_test_upload(tb, init, sizeof(float) * EV_KV * ld),
+          *vr = cuda_test_upload(ref, init, sizeof(float) * EV_KV * ld);
+    TB_EVICT(CHECK_OK(tb->ops->evict_value_norm(tb, vt, ld, &e.bt, EV_L, &wt, EV_HQ, 0, 2)));
+    CHECK_OK(ref->ops->evict_value_norm(ref, vr, ld, &e.br, EV_L, &wr, EV_HQ, 0, 2));
+    compare_dev("evict_value_norm", ckv_dtype_name(dt), vt, vr, (size_t)EV_KV * ld, 1e-6, 1e-6);
+    /* value norms, expected-attention logits */
+    tb->ops->evict_row_norm(tb, vt, ld, &e.bt, EV_L, CKV_EVICT_VALUES, -1.0f);
+    ref->ops->evict_row_norm(ref, vr, ld, &e.br, EV_L, CKV_EVICT_VALUES, -1.0f);
+    compare_dev("evict_row_norm", "values", vt, vr, (size_t)EV_KV * ld, 0.0, 0.0);
+    float *mu = rand_floats(EV_D, -1.0f, 1.0f), *cov = rand_floats((size_t)EV_D * EV_D, -0.2f, 0.2f);
+    for (int a = 0; a < EV_D; a++)
+        for (int c = 0; c < a; c++) cov[a * EV_D + c] = cov[c * EV_D + a]; /* symmetric */
+    float *mt = cuda_test_upload(tb, mu, EV_D * 4), *mr = cuda_test_upload(ref, mu, EV_D * 4);
+    float *cvt = cuda_test_upload(tb, cov, EV_D * EV_D * 4), *cvr = cuda_test_upload(ref, cov, EV_D * EV_D * 4);
+    float *lt = dev_poison(tb, 30), *lr = dev_poison(ref, 30);
+    CHECK_OK(tb->ops->evict_ea_logits(tb, lt, &e.bt, 1, 5, 30, mt, cvt, sqrtf((float)EV_D)));
+    CHECK_OK(ref->ops->evict_ea_logits(ref, lr, &e.br, 1, 5, 30, mr, cvr, sqrtf((float)EV_D)));
+    compare_dev("evict_ea_logits", "with covariance", lt, lr, 30, 1e-6, 1e-6);
+    /* moments of the query block, accumulated twice */
+    float *shift = rand_floats((size_t)EV_HQ * EV_D, -0.3f, 0.3f);
+    float *st = cuda_test_upload(tb, shift, sizeof(float) * EV_HQ * EV_D),
+          *sr = cuda_test_upload(ref, shift, sizeof(float) * EV_HQ * EV_D);
+    double *s1t = (double *)dev_poison(tb, EV_HQ * EV_D * 2), *s1r = (double *)dev_poison(ref, EV_HQ * EV_D * 2);
+    double *s2t = (double *)dev_poison(tb, EV_HQ * EV_D * EV_D * 2), *s2r = (double *)dev_poison(ref, EV_HQ * EV_D * EV_D * 2);
+    CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, n_q, EV_HQ, EV_D, CKV_EVICT_ZERO_FIRST));
+    CHECK_OK(ref->ops->evict_moments(ref, s1r, s2r, qr, sr, n_q, EV_HQ, EV_D, CKV_EVICT_ZERO_FIRST));
+    CHECK_OK(tb->ops->evict_moments(tb, s1t, s2t, qt, st, 3, EV_HQ, EV_D, CKV_EVICT_ADD));
+    CHECK_OK(ref->ops->evict_moments(ref, s1r, s2r, qr, sr, 3, EV_HQ, EV_D, CKV_EVICT_ADD));
+    compare_dev_f64("evict_moments", "s1", s1t, s1r, EV_HQ * EV_D, 1e-6, 1e-6);
+    compare_dev_f64("evict_moments", "s2", s2t, s2r, EV_HQ * EV_D * EV_D, 1e-6, 1e-6);
+    release2(s1t, s1r), release2(s2t, s2r), release2(st, sr), release2(lt, lr), release2(mt, mr), release2(cvt, cvr);
+    release2(vt, vr), release2(wt.data, wr.data), release2(qt, qr);
+    free(shift), free(mu), free(cov), free(init), free(hw), free(wo), free(q);
+    ev_cache_free(&e);
+}
+
+/* The selections over rows of several tiles (the CUDA op splits a row into blocks of 2,048 entries):
+ * scores on a coarse grid so that exact ties straddle the tiles, NaNs, cuts inside a tie run;
+ * exact against the CPU (kept columns, and each row's count of the cross-row top-k). */
+static void test_evict_select_tiles(void) {
+    enum { ROWS = 3, N = 5000, LD = 5003 };
+    float *x = rand_floats((size_t)ROWS * LD, -1.0f, 1.0f);
+    for (int i = 0; i < ROWS * LD; i++) x[i] = roundf(x[i] * 16.0f) / 16.0f; /* 33 values: runs of ~450 ties */
+    for (int i = 11; i < ROWS * LD; i += 997) x[i] = NAN;
+    float *xt = cuda_test_upload(tb, x, sizeof(float) * ROWS * LD),
+          *xr = cuda_test_upload(ref, x, sizeof(float) * ROWS * LD);
+    const int32_t k[ROWS] = {1234, 0, N};
+    int32_t *kt = cuda_test_upload(tb, k, sizeof k), *kr = cuda_test_upload(ref, k, sizeof k);
+    int32_t *it = (int32_t *)dev_poison(tb, (size_t)ROWS * N), *ir = (int32_t *)dev_poison(ref, (size_t)ROWS * N);
+    ev_reserve(N, 1, ROWS, CKV_DTYPE_BF16, 16);
+    TB_EVICT(CHECK_OK(tb->ops->evict_topk(tb, it, N, xt, LD, ROWS, N, kt)));
+    CHECK_OK(ref->ops->evict_topk(ref, ir, N, xr, LD, ROWS, N, kr));
+    /* only the first k[r] of row r are defined */
+    int32_t *a = xalloc(sizeof(int32_t) * ROWS * N), *b = xalloc(sizeof(int32_t) * ROWS * N);
+    cuda_test_download(tb, a, it, sizeof(int32_t) * ROWS * N);
+    cuda_test_download(ref, b, ir, sizeof(int32_t) * ROWS * N);
+    size_t bad = 0, n_cmp = 0;
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < k[r]; i++, n_cmp++)
+            if (a[r * N + i] != b[r * N + i] && bad++ < 5)
+                fprintf(stderr, "  evict_topk row %d [%d]: column %d, expected %d\n", r, i, a[r * N + i], b[r * N + i]);
+    CHECK_MSG(bad == 0, "%s evict_topk 3 x 5000 with tie runs across tiles: %zu of %zu columns differ", tb_name, bad, n_cmp);
+    if (!bad) fprintf(stderr, "ok   %s evict_topk 3 x 5000 with tie runs across tiles: %zu columns identical\n", tb_name, n_cmp);
+    int32_t *cntt = cuda_test_upload(tb, k, sizeof k), *cntr = cuda_test_upload(ref, k, sizeof k);
+    const int64_t totals[4] = {0, 1, 7777, (int64_t)ROWS * N};
+    for (int i = 0; i < 4; i++) {
+        TB_EVICT(CHECK_OK(tb->ops->evict_topk_counts(tb, cntt, xt, LD, ROWS, N, totals[i])));
+        CHECK_OK(ref->ops->evict_topk_counts(ref, cntr, xr, LD, ROWS, N, totals[i]));
+        char cas[48];
+        snprintf(cas, sizeof cas, "3 x 5000 total %lld", (long long)totals[i]);
+        compare_dev_i32("evict_topk_counts", cas, cntt, cntr, ROWS);
+    }
+    release2(cntt, cntr), release2(it, ir), release2(kt, kr), release2(xt, xr);
+    free(a), free(b), free(x);
+}
+
+/* DefensiveKV's window aggregation: double sums in the op's order on both sides, so exact. */
+static void test_evict_defensive(void) {
+    const int w = 6, n = 37, ld = 41, heads = EV_HQ, n_kv = EV_KV;
+    ev_reserve(n, w, n_kv, CKV_DTYPE_BF16, 16);
+    float *p = rand_floats((size_t)heads * w * ld, 0.0f, 0.05f);
+    float *pt = cuda_test_upload(tb, p, sizeof(float) * heads * w * ld),
+          *pr = cuda_test_upload(ref, p, sizeof(float) * heads * w * ld);
+    double *at = (double *)dev_poison(tb, (size_t)n_kv * n * 2), *ar = (double *)dev_poison(ref, (size_t)n_kv * n * 2);
+    float *mt = dev_poison(tb, (size_t)n_kv * n), *mr = dev_poison(ref, (size_t)n_kv * n);
+    double *bt = (double *)dev_poison(tb, 2), *br = (double *)dev_poison(ref, 2);
+    for (int pass = 0; pass < 2; pass++) { /* the second pass accumulates */
+        const ckv_evict_accum acc = pass == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD;
+        const ckv_evict_defensive_params dt_ = {pt, ld, w, n, heads, 0, 2, 5, n_kv, at, mt, bt, acc},
+                                         dr_ = {pr, ld, w, n, heads, 0, 2, 5, n_kv, ar, mr, br, acc};
+        TB_EVICT(CHECK_OK(tb->ops->evict_defensive_rows(tb, &dt_)));
+        CHECK_OK(ref->ops->evict_defensive_rows(ref, &dr_));
+    }
+    compare_dev_f64("evict_defensive_rows", "ave", at, ar, (size_t)n_kv * n, 0.0, 0.0);
+    compare_dev("evict_defensive_rows", "dmax", mt, mr, (size_t)n_kv * n, 0.0, 0.0);
+    compare_dev_f64("evict_defensive_rows", "bias", bt, br, 1, 0.0, 0.0);
+    release2(pt, pr), release2(at, ar), release2(mt, mr), release2(bt, br);
+    free(p);
+}
+
+static void test_evict_rows(void) {
+    enum { ROWS = 3, N = 45, LD = 50 };
+    float *x = rand_floats((size_t)ROWS * LD, -2.0f, 2.0f);
+    for (int i = 0; i < ROWS * LD; i += 7) x[i] = roundf(x[i]); /* exact ties */
+    x[3] = NAN, x[LD + 10] = NAN;
+    float *xt = cuda_test_upload(tb, x, sizeof(float) * ROWS * LD),
+          *xr = cuda_test_upload(ref, x, sizeof(float) * ROWS * LD);
+    float *yt = dev_poison(tb, (size_t)ROWS * LD), *yr = dev_poison(ref, (size_t)ROWS * LD);
+    /* selections first, on the NaN-bearing scores */
+    const int32_t k[ROWS] = {5, 0, N};
+    int32_t *kt = cuda_test_upload(tb, k, sizeof k), *kr = cuda_test_upload(ref, k, sizeof k);
+    int32_t fill_idx[ROWS * LD];
+    for (int i = 0; i < ROWS * LD; i++) fill_idx[i] = -1;
+    int32_t *it = cuda_test_upload(tb, fill_idx, sizeof fill_idx),
+            *ir = cuda_test_upload(ref, fill_idx, sizeof fill_idx);
+    ev_reserve(N, 1, ROWS, CKV_DTYPE_BF16, 16);
+    TB_EVICT(CHECK_OK(tb->ops->evict_topk(tb, it, LD, xt, LD, ROWS, N, kt)));
+    CHECK_OK(ref->ops->evict_topk(ref, ir, LD, xr, LD, ROWS, N, kr));
+    compare_dev_i32("evict_topk", "k 5/0/45 with ties and NaN", it, ir, (size_t)ROWS * LD);
+    int32_t *cntt = cuda_test_upload(tb, k, sizeof k), *cntr = cuda_test_upload(ref, k, sizeof k);
+    const int64_t totals[3] = {0, 31, ROWS * N};
+    for (int i = 0; i < 3; i++) {
+        TB_EVICT(CHECK_OK(tb->ops->evict_topk_counts(tb, cntt, xt, LD, ROWS, N, totals[i])));
+        CHECK_OK(ref->ops->evict_topk_counts(ref, cntr, xr, LD, ROWS, N, totals[i]));
+        char cas[32];
+        snprintf(cas, sizeof cas, "total %lld", (long long)totals[i]);
+        compare_dev_i32("evict_topk_counts", cas, cntt, cntr, ROWS);
+    }
+    /* NaN-free rows for the rest */
+    for (int i = 0; i < ROWS * LD; i++) x[i] = x[i] != x[i] ? 0.25f : x[i];
+    CHECK_OK(tb->ops->upload(tb, xt, x, sizeof(float) * ROWS * LD));
+    CHECK_OK(ref->ops->upload(ref, xr, x, sizeof(float) * ROWS * LD));
+    tb->ops->evict_scatter(tb, xt, LD, ROWS, it, LD, kt, -5.0f);
+    ref->ops->evict_scatter(ref, xr, LD, ROWS, ir, LD, kr, -5.0f);
+    compare_dev("evict_scatter", "", xt, xr, (size_t)ROWS * LD, 0.0, 0.0);
+    float *mt = dev_poison(tb, 1), *mr = dev_poison(ref, 1);
+    tb->ops->evict_max(tb, mt, xt, ROWS, LD, 2, N);
+    ref->ops->evict_max(ref, mr, xr, ROWS, LD, 2, N);
+    compare_dev("evict_max", "", mt, mr, 1, 0.0, 0.0);
+    for (int max = 0; max < 2; max++) {
+        const ckv_evict_pool_kind kind = max ? CKV_EVICT_POOL_MAX : CKV_EVICT_POOL_AVG;
+        tb->ops->evict_pool(tb, yt, xt, ROWS, N, LD, 5, kind);
+        ref->ops->evict_pool(ref, yr, xr, ROWS, N, LD, 5, kind);
+        tb->ops->evict_fill(tb, yt, ROWS, LD, N, LD, CKV_EVICT_FILL_VALUE, 0.0f); /* the unused tail, on both */
+        ref->ops->evict_fill(ref, yr, ROWS, LD, N, LD, CKV_EVICT_FILL_VALUE, 0.0f);
+        compare_dev("evict_pool", max ? "max" : "avg", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
+    }
+    tb->ops->evict_add_mul(tb, yt, yt, xt, ROWS, N, LD, 0.125f);
+    ref->ops->evict_add_mul(ref, yr, yr, xr, ROWS, N, LD, 0.125f);
+    tb->ops->evict_div(tb, yt, (size_t)ROWS * LD, 3.0f);
+    ref->ops->evict_div(ref, yr, (size_t)ROWS * LD, 3.0f);
+    compare_dev("evict_add_mul + evict_div", "", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
+    float *dt = dev_poison(tb, (size_t)2 * LD), *dr = dev_poison(ref, (size_t)2 * LD);
+    tb->ops->evict_fill(tb, dt, 2, LD, 0, LD, CKV_EVICT_FILL_INDEX, 0.0f);
+    ref->ops->evict_fill(ref, dr, 2, LD, 0, LD, CKV_EVICT_FILL_INDEX, 0.0f);
+    tb->ops->evict_head_sum(tb, dt, LD, yt, LD, ROWS, N, 1, 2);
+    ref->ops->evict_head_sum(ref, dr, LD, yr, LD, ROWS, N, 1, 2);
+    compare_dev("evict_fill + evict_head_sum", "", dt, dr, (size_t)2 * LD, 0.0, 0.0);
+    tb->ops->evict_random(tb, yt, ROWS, N, LD, 1234567ull, 3, 2);
+    ref->ops->evict_random(ref, yr, ROWS, N, LD, 1234567ull, 3, 2);
+    compare_dev("evict_random", "", yt, yr, (size_t)ROWS * LD, 0.0, 0.0);
+    float *ot = dev_poison(tb, N), *orf = dev_poison(ref, N);
+    tb->ops->evict_fill(tb, ot, 1, N, 0, N, CKV_EVICT_FILL_VALUE, 0.5f);
+    ref->ops->evict_fill(ref, orf, 1, N, 0, N, CKV_EVICT_FILL_VALUE, 0.5f);
+    tb->ops->evict_softmax_add(tb, ot, xt, N);
+    ref->ops->evict_softmax_add(ref, orf, xr, N);
+    compare_dev("evict_softmax_add", "", ot, orf, N, 1e-7, 1e-6);
+    release2(ot, orf), release2(dt, dr), release2(mt, mr), release2(cntt, cntr), release2(it, ir), release2(kt, kr);
+    release2(yt, yr), release2(xt, xr);
+    free(x);
+}
+
+void test_backend_evict_ops(void) {
+    test_evict_attention(CKV_DTYPE_BF16);
+    test_evict_attention(CKV_DTYPE_F32);
+    test_evict_rows();
+    test_evict_select_tiles();
+    test_evict_defensive();
+    CHECK_OK(tb->ops->sync(tb));
+    CHECK_MSG(evict_op_allocs == 0, "%s: the eviction ops allocated %llu times after evict_reserve", tb_name,
+              evict_op_allocs);
+    if (strcmp(tb_name, "cuda-emu") == 0 && evict_op_allocs == 0)
+        fprintf(stderr, "ok   cuda-emu: no eviction op allocated after evict_reserve\n");
+    CHECK_FAILS(tb->ops->evict_reserve(tb, NULL), CKV_STATUS_ERR_ARG, "evict_reserve");
+}
