@@ -87,6 +87,7 @@ typedef struct {
     int head_dim;
     int hidden;                /* o_proj rows (CriticalKV's value norms) */
     ckv_dtype kv_dtype, wo_dtype;
+    int sketch;                /* evict_leverage's sketch columns k over `rows` rows (0: no leverage op) */
 } ckv_evict_shape;
 
 /* ---- parameters of the wide eviction ops (one struct per op family; semantics at the ops) ---- */

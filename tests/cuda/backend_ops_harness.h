@@ -267,7 +267,8 @@ static inline void compare_dev_i32(const char *op, const char *cas, const int32_
     free(a), free(b);
 }
 
-/* The eviction-op cases (test_backend_ops_evict.c). */
-void test_backend_evict_ops(void);
+/* The eviction-op cases (test_backend_ops_evict.c); returns the failures its checks counted (ckv_test.h
+ * counts per source file: the caller adds them to its own). */
+int test_backend_evict_ops(void);
 
 #endif

@@ -418,7 +418,7 @@ int main(int argc, char **argv) {
     test_kv_gather(CKV_DTYPE_BF16);
     test_kv_gather(CKV_DTYPE_F32);
     test_attention_all();
-    test_backend_evict_ops();
+    ckv_test_failures += test_backend_evict_ops();
     test_sample(0.0f, 0, 1.0f);
     test_sample(1.0f, 0, 1.0f);
     test_sample(0.7f, 20, 1.0f);

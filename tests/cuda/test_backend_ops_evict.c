@@ -1,7 +1,7 @@
 /* test_backend_ops_evict.c - the eviction ops of a device backend against the CPU backend (part of
  * test_backend_ops; the harness and its conventions: backend_ops_harness.h): window attention and
- * its column sums, the row ops, the tiled selection, DefensiveKV's rows, and that no eviction op
- * allocates device memory once evict_reserve has sized its scratch. */
+ * its column sums, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
+ * eviction op allocates device memory once evict_reserve has sized its scratch (leverage's too). */
 #include "backend/cuda/cuda_emu.h"
 #include "backend_ops_harness.h"
 
@@ -47,10 +47,51 @@ static unsigned long long evict_op_allocs;
         evict_op_allocs += tb_allocs() - a0_;                  \
     } while (0)
 
-static void ev_reserve(int rows, int query_rows, int n_kv_all, ckv_dtype kv, int hidden) {
-    const ckv_evict_shape sh = {rows, query_rows, EV_HQ, EV_KV, n_kv_all, EV_D, hidden, kv, CKV_DTYPE_BF16};
+static void ev_reserve_k(int rows, int query_rows, int n_kv_all, ckv_dtype kv, int hidden, int sketch) {
+    const ckv_evict_shape sh = {rows, query_rows, EV_HQ, EV_KV, n_kv_all, EV_D, hidden, kv, CKV_DTYPE_BF16, sketch};
     CHECK(ckv_backend_supports(tb, CKV_BACKEND_CAP_EVICT_RESERVE));
     if (ckv_backend_supports(tb, CKV_BACKEND_CAP_EVICT_RESERVE)) CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+}
+
+static void ev_reserve(int rows, int query_rows, int n_kv_all, ckv_dtype kv, int hidden) {
+    ev_reserve_k(rows, query_rows, n_kv_all, kv, hidden, 0);
+}
+
+/* Leverage of all rows and of a block of them (Compactor's chunks), sketch k = 96 (its scratch the largest of the layer), keys rotated at
+ * gapped positions: scores within 1e-4 relative (double Gram and Cholesky, fp32 sketch products in
+ * another order), statistics likewise; after evict_reserve with the sketch it allocates nothing. */
+static void test_evict_leverage(ckv_dtype dt) {
+    enum { K = 96 };
+    ev_cache e;
+    ev_cache_init(&e, dt);
+    ev_reserve_k(EV_L, 1, EV_KV, dt, 0, K); /* no value norms: leverage sizes the workspace */
+    int32_t posh[EV_L];
+    for (int t = 0; t < EV_L; t++) posh[t] = 3 * t + (t % 4);
+    float invf[EV_D / 2];
+    for (int i = 0; i < EV_D / 2; i++) invf[i] = powf(10000.0f, -2.0f * (float)i / EV_D);
+    float *phi = rand_floats((size_t)EV_KV * EV_D * K, -1.0f, 1.0f);
+    int32_t *pt = cuda_test_upload(tb, posh, sizeof posh), *pr = cuda_test_upload(ref, posh, sizeof posh);
+    float *it = cuda_test_upload(tb, invf, sizeof invf), *ir = cuda_test_upload(ref, invf, sizeof invf);
+    float *ft = cuda_test_upload(tb, phi, sizeof(float) * EV_KV * EV_D * K);
+    float *fr = cuda_test_upload(ref, phi, sizeof(float) * EV_KV * EV_D * K);
+    const struct { int row0, n; const char *cas; } cases[] = {{0, EV_L, "all rows"}, {8, 24, "rows 8..31"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float *ot = dev_poison(tb, (size_t)EV_KV * EV_L), *orf = dev_poison(ref, (size_t)EV_KV * EV_L);
+        double *st = NULL, *sr = NULL;
+        CHECK_OK(tb->ops->alloc(tb, (void **)&st, 2 * EV_KV * sizeof(double), "stats"));
+        CHECK_OK(ref->ops->alloc(ref, (void **)&sr, 2 * EV_KV * sizeof(double), "stats"));
+        TB_EVICT(CHECK_OK(tb->ops->evict_leverage(tb, ot, EV_L, st, &e.bt, cases[c].row0, cases[c].n, pt, it, 1.0f, ft, K)));
+        CHECK_OK(ref->ops->evict_leverage(ref, orf, EV_L, sr, &e.br, cases[c].row0, cases[c].n, pr, ir, 1.0f, fr, K));
+        char what[64];
+        snprintf(what, sizeof what, "%s %s", ckv_dtype_name(dt), cases[c].cas);
+        for (int g = 0; g < EV_KV; g++) /* the rows the op wrote (the rest stays poisoned on both) */
+            compare_dev("evict_leverage", what, ot + (size_t)g * EV_L, orf + (size_t)g * EV_L, (size_t)cases[c].n, 1e-6, 1e-4);
+        compare_dev_f64("evict_leverage stats", what, st, sr, 2 * EV_KV, 1e-6, 1e-4);
+        release2(ot, orf), release2(st, sr);
+    }
+    release2(pt, pr), release2(it, ir), release2(ft, fr);
+    free(phi);
+    ev_cache_free(&e);
 }
 
 static void test_evict_attention(ckv_dtype dt) {
@@ -280,7 +321,9 @@ static void test_evict_rows(void) {
     free(x);
 }
 
-void test_backend_evict_ops(void) {
+int test_backend_evict_ops(void) {
+    test_evict_leverage(CKV_DTYPE_BF16); /* first: the eviction workspace holds only what its reserve sized */
+    test_evict_leverage(CKV_DTYPE_F32);
     test_evict_attention(CKV_DTYPE_BF16);
     test_evict_attention(CKV_DTYPE_F32);
     test_evict_rows();
@@ -292,4 +335,5 @@ void test_backend_evict_ops(void) {
     if (strcmp(tb_name, "cuda-emu") == 0 && evict_op_allocs == 0)
         fprintf(stderr, "ok   cuda-emu: no eviction op allocated after evict_reserve\n");
     CHECK_FAILS(tb->ops->evict_reserve(tb, NULL), CKV_STATUS_ERR_ARG, "evict_reserve");
+    return ckv_test_failures;
 }

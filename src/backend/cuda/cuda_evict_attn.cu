@@ -316,7 +316,7 @@ ckv_status attn_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row
 ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *sh) {
     ctx *c = ctx_of(be);
     if (!sh || sh->rows < 0 || sh->query_rows < 0 || sh->n_heads_local < 0 || sh->n_kv_local < 0 || sh->n_kv_all < 0 ||
-        sh->head_dim < 0 || sh->hidden < 0)
+        sh->head_dim < 0 || sh->hidden < 0 || sh->sketch < 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: evict_reserve: no shape or a negative size", CKV_CUDA_BACKEND_NAME);
     /* the largest scratch of any op of such a layer (each op uses the workspace alone) */
     const size_t H = (size_t)sh->n_heads_local;
@@ -326,7 +326,8 @@ ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *sh) {
     size_t need = parts_total(&stats, 1, NULL);
     const size_t sizes[] = {parts_total(&defensive, 1, NULL), parts_total(pl.bytes, 3, NULL),
                             keys_scratch_bytes(sh->n_kv_local, sh->head_dim, sh->rows),
-                            topk_scratch_bytes(sh->n_kv_all > sh->n_kv_local ? sh->n_kv_all : sh->n_kv_local, sh->rows)};
+                            topk_scratch_bytes(sh->n_kv_all > sh->n_kv_local ? sh->n_kv_all : sh->n_kv_local, sh->rows),
+                            sh->sketch > 0 ? leverage_scratch_bytes(sh->n_kv_local, sh->head_dim, sh->rows, sh->sketch) : 0};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) need = sizes[i] > need ? sizes[i] : need;
     return grow(c, &c->evict_ws, &c->evict_ws_cap, need, "evict_reserve");
 }

@@ -179,6 +179,8 @@ ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *shape);
 /* Scratch bytes (eviction workspace) of the key scorers (KeyDiff, CUR) and of the selections (top-k
  * over `rows` rows of n entries), for evict_reserve. */
 size_t keys_scratch_bytes(int n_kv, int d, int n_rows);
+/* evict_leverage's workspace for n_kv heads of dim d, n rows and sketch k (cuda_score_leverage.cu). */
+size_t leverage_scratch_bytes(int n_kv, int d, int n, int k);
 size_t topk_scratch_bytes(int rows, int n);
 ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
 ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int lag,

@@ -215,6 +215,17 @@ __global__ void affine_kernel(float *x, int rows, int n, int ld, float sub, floa
 
 } // namespace
 
+/* Row blocks of the moment passes over n rows. */
+static int leverage_blocks(int n) { return n / 256 < 1 ? 1 : n / 256 > MAX_BLOCKS ? MAX_BLOCKS : n / 256; }
+
+/* workspace (doubles): part [n_kv, nb, d], mean [n_kv, d], gpart [n_kv, nb, tri], C, Ci [n_kv, k, k]; ok [n_kv] (int) */
+size_t leverage_scratch_bytes(int n_kv, int d, int n, int k) {
+    if (n_kv < 1 || d < 1 || n < 1 || k < 1) return 0;
+    const size_t nk = (size_t)n_kv, nb = (size_t)leverage_blocks(n), tri = (size_t)k * (size_t)(k + 1) / 2;
+    const size_t doubles = nk * nb * (size_t)d + nk * (size_t)d + nk * nb * tri + 2 * nk * (size_t)k * (size_t)k;
+    return doubles * sizeof(double) + nk * sizeof(int);
+}
+
 ckv_status evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0, int n,
                           const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi, int k) {
     ctx *c = ctx_of(be);
@@ -227,12 +238,11 @@ ckv_status evict_leverage(ckv_backend *be, float *out, int ld, double *stats, co
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s backend: evict_leverage: KV dtype %s (bf16 or f32 only)",
                          CKV_CUDA_BACKEND_NAME, ckv_dtype_name(kv->dtype));
     const size_t n_kv = (size_t)kv->n_kv_heads, tri = (size_t)k * (size_t)(k + 1) / 2;
-    const int nb = n / 256 < 1 ? 1 : n / 256 > MAX_BLOCKS ? MAX_BLOCKS : n / 256, chunk = (n + nb - 1) / nb;
-    /* workspace (doubles): part [n_kv, nb, d], mean [n_kv, d], gpart [n_kv, nb, tri], C, Ci [n_kv, k, k]; ok [n_kv] */
+    const int nb = leverage_blocks(n), chunk = (n + nb - 1) / nb;
     const size_t at_mean = n_kv * (size_t)nb * (size_t)d, at_gp = at_mean + n_kv * (size_t)d;
     const size_t at_c = at_gp + n_kv * (size_t)nb * tri, at_ci = at_c + n_kv * (size_t)k * (size_t)k;
     const size_t at_ok = at_ci + n_kv * (size_t)k * (size_t)k;
-    CKV_TRY(grow(c, &c->evict_ws, &c->evict_ws_cap, at_ok * sizeof(double) + n_kv * sizeof(int), "evict_leverage"));
+    CKV_TRY(grow(c, &c->evict_ws, &c->evict_ws_cap, leverage_scratch_bytes(kv->n_kv_heads, d, n, k), "evict_leverage"));
     double *ws = (double *)c->evict_ws;
     int *ok = (int *)(ws + at_ok);
     const dim3 grid((unsigned)nb, (unsigned)n_kv);
