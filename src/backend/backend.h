@@ -357,16 +357,17 @@ typedef struct {
     /* Approximate leverage (kvpress LeverageScorePress's compute_leverage_scores) of rows row0 ..
      * row0 + n - 1 of every segment g, on pre-RoPE keys: each cached key is rotated back, x1 =
      * (y1 c + y2 s) / (c^2 + s^2), x2 = (y2 c - y1 s) / (c^2 + s^2) for pair (i, i + d/2), with c =
-     * cosf(a) * rope_scale, s = sinf(a) * rope_scale, a = (float)pos[row] * inv_freq[i] (the rope op's
-     * rotation, inverted), and stored as fp32. Then in double: the rows centred on their mean, x_t =
+     * cosf(a) * rope_scale, s = sinf(a) * rope_scale, a = (float)pos[row] * inv_freq[i] with pos segment
+     * g's own positions (its heads may hold different rows after a compression; the rope op's rotation,
+     * inverted), and stored as fp32. Then in double: the rows centred on their mean, x_t =
      * their product with the sketch phi[g] [d, k] (fp32), G = sum_t x_t x_t^T, C = the Cholesky factor
      * of G + j I with j = 1e-2, else 1e-1, 1, 10, 100 (the first that factors; all fail: an error),
      * out[g * ld + t] = (float)max(0, ||C^-1 x_t||^2) (= x_t^T (G + j I)^-1 x_t), and stats[g] =
      * {sum_t out, sum_t out^2} over the fp32 scores, t ascending.
-     * out [n_kv_heads, ld], pos [>= row0 + n], inv_freq [d / 2], phi [n_kv_heads, d, k],
+     * out [n_kv_heads, ld], inv_freq [d / 2], phi [n_kv_heads, d, k],
      * stats [n_kv_heads, 2] double; errors when head_dim > 1024 or k > 256. Family CKV_BACKEND_CAP_LEVERAGE. */
     ckv_status (*evict_leverage)(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
-                                 int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
+                                 int n, const float *inv_freq, float rope_scale, const float *phi,
                                  int k);
     /* x[r * ld + t] = (x[r * ld + t] - sub) / div in fp32, t < n.   x [rows, ld] */
     void (*evict_affine)(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);

@@ -50,7 +50,7 @@ ckv_status ckv_score_leverage_rows(const ckv_score_inputs *in, int k, uint64_t s
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&phi_d, phi_n * sizeof(float), "leverage sketch"), done);
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&stats_d, st_bytes, "leverage statistics"), done);
     CKV_TRY_GOTO(s, be->ops->upload(be, phi_d, phi, phi_n * sizeof(float)), done);
-    CKV_TRY_GOTO(s, be->ops->evict_leverage(be, out, ld, stats_d, &in->kv, row0, n, in->pos, in->inv_freq,
+    CKV_TRY_GOTO(s, be->ops->evict_leverage(be, out, ld, stats_d, &in->kv, row0, n, in->inv_freq,
                                             in->rope_scale, phi_d, k), done);
     s = ckv_score_zscore(in, out, ld, n, stats_d);
 done:

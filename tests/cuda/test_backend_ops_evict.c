@@ -21,14 +21,17 @@ typedef struct {
     ckv_kv_batch bt, br;
 } ev_cache;
 
-static void ev_cache_init(ev_cache *e, ckv_dtype dt) {
+/* gaps > 0: positions with random holes, different per head */
+static void ev_cache_init_gaps(ev_cache *e, ckv_dtype dt, int gaps) {
     const int lens[EV_KV] = {EV_L, EV_L};
-    kv_host_random(&e->h, dt, 1, EV_KV, EV_D, EV_L, lens, 0);
+    kv_host_random(&e->h, dt, 1, EV_KV, EV_D, EV_L, lens, gaps);
     kv_build(&e->ct, tb, dt, 1, EV_KV, EV_D, EV_L, &e->h);
     kv_build(&e->cr, ref, dt, 1, EV_KV, EV_D, EV_L, &e->h);
     e->bt = kv_batch(&e->ct, NULL, NULL, EV_L);
     e->br = kv_batch(&e->cr, NULL, NULL, EV_L);
 }
+
+static void ev_cache_init(ev_cache *e, ckv_dtype dt) { ev_cache_init_gaps(e, dt, 0); }
 
 static void ev_cache_free(ev_cache *e) {
     kv_free(&e->ct), kv_free(&e->cr);
@@ -57,20 +60,18 @@ static void ev_reserve(int rows, int query_rows, int n_kv_all, ckv_dtype kv, int
     ev_reserve_k(rows, query_rows, n_kv_all, kv, hidden, 0);
 }
 
-/* Leverage of all rows and of a block of them (Compactor's chunks), sketch k = 96 (its scratch the largest of the layer), keys rotated at
- * gapped positions: scores within 1e-4 relative (double Gram and Cholesky, fp32 sketch products in
+/* Leverage of all rows and of a block of them (Compactor's chunks), sketch k = 96 (its scratch the
+ * largest of the layer), keys rotated back at each segment's own positions (gapped, different per
+ * head, as after a compression): scores within 1e-4 relative (double Gram and Cholesky, fp32 sketch products in
  * another order), statistics likewise; after evict_reserve with the sketch it allocates nothing. */
 static void test_evict_leverage(ckv_dtype dt) {
     enum { K = 96 };
     ev_cache e;
-    ev_cache_init(&e, dt);
+    ev_cache_init_gaps(&e, dt, 3);
     ev_reserve_k(EV_L, 1, EV_KV, dt, 0, K); /* no value norms: leverage sizes the workspace */
-    int32_t posh[EV_L];
-    for (int t = 0; t < EV_L; t++) posh[t] = 3 * t + (t % 4);
     float invf[EV_D / 2];
     for (int i = 0; i < EV_D / 2; i++) invf[i] = powf(10000.0f, -2.0f * (float)i / EV_D);
     float *phi = rand_floats((size_t)EV_KV * EV_D * K, -1.0f, 1.0f);
-    int32_t *pt = cuda_test_upload(tb, posh, sizeof posh), *pr = cuda_test_upload(ref, posh, sizeof posh);
     float *it = cuda_test_upload(tb, invf, sizeof invf), *ir = cuda_test_upload(ref, invf, sizeof invf);
     float *ft = cuda_test_upload(tb, phi, sizeof(float) * EV_KV * EV_D * K);
     float *fr = cuda_test_upload(ref, phi, sizeof(float) * EV_KV * EV_D * K);
@@ -80,8 +81,8 @@ static void test_evict_leverage(ckv_dtype dt) {
         double *st = NULL, *sr = NULL;
         CHECK_OK(tb->ops->alloc(tb, (void **)&st, 2 * EV_KV * sizeof(double), "stats"));
         CHECK_OK(ref->ops->alloc(ref, (void **)&sr, 2 * EV_KV * sizeof(double), "stats"));
-        TB_EVICT(CHECK_OK(tb->ops->evict_leverage(tb, ot, EV_L, st, &e.bt, cases[c].row0, cases[c].n, pt, it, 1.0f, ft, K)));
-        CHECK_OK(ref->ops->evict_leverage(ref, orf, EV_L, sr, &e.br, cases[c].row0, cases[c].n, pr, ir, 1.0f, fr, K));
+        TB_EVICT(CHECK_OK(tb->ops->evict_leverage(tb, ot, EV_L, st, &e.bt, cases[c].row0, cases[c].n, it, 1.0f, ft, K)));
+        CHECK_OK(ref->ops->evict_leverage(ref, orf, EV_L, sr, &e.br, cases[c].row0, cases[c].n, ir, 1.0f, fr, K));
         char what[64];
         snprintf(what, sizeof what, "%s %s", ckv_dtype_name(dt), cases[c].cas);
         for (int g = 0; g < EV_KV; g++) /* the rows the op wrote (the rest stays poisoned on both) */
@@ -89,7 +90,7 @@ static void test_evict_leverage(ckv_dtype dt) {
         compare_dev_f64("evict_leverage stats", what, st, sr, 2 * EV_KV, 1e-6, 1e-4);
         release2(ot, orf), release2(st, sr);
     }
-    release2(pt, pr), release2(it, ir), release2(ft, fr);
+    release2(it, ir), release2(ft, fr);
     free(phi);
     ev_cache_free(&e);
 }

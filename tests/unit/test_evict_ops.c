@@ -426,7 +426,7 @@ static void check_thread_counts(ckv_dtype dt) {
         CHECK_OK(be->ops->evict_lagkv(be, o + 2 * n_norm, L, &s.b, L, 4, 16, 0));
         CHECK_OK(be->ops->evict_lagkv(be, o + 3 * n_norm, L, &s.b, L, 4, 16, 1));
         CHECK_OK(be->ops->evict_cur(be, o + 4 * n_norm, L, &s.b, L, 4, 3, 16));
-        CHECK_OK(be->ops->evict_leverage(be, o + 5 * n_norm, L, cs + n_cs + n_csk, &s.b, 0, L, s.pos, inv_freq, 1.0f, phi, K));
+        CHECK_OK(be->ops->evict_leverage(be, o + 5 * n_norm, L, cs + n_cs + n_csk, &s.b, 0, L, inv_freq, 1.0f, phi, K));
         const ckv_evict_attn_params adiv = {q, w, L - w, &s.b, nq, 0, G, 4.0f, CKV_EVICT_LOGITS_DIV};
         const ckv_evict_attn_params amul = {q, w, L - w, &s.b, nq, 0, G, 0.25f, CKV_EVICT_LOGITS_MUL};
         CHECK_OK(be->ops->evict_attn_colsum(be, cs, L, &adiv, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));

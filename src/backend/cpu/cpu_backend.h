@@ -75,8 +75,7 @@ ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv
 ckv_status ckv_cpu_evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
                              int kind, int window);
 ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
-                                  int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
-                                  int k);
+                                  int n, const float *inv_freq, float rope_scale, const float *phi, int k);
 void ckv_cpu_evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);
 ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
                                       int n_pad, ckv_evict_accum accum);

@@ -15,9 +15,11 @@
 #define LEV_MAX_DIM 1024
 #define LEV_MAX_K 256
 
-/* Rows row0 .. row0 + n - 1 of segment g's keys rotated back to pre-RoPE keys: pre [n, d] fp32. */
-static void prerope_rows(const ckv_kv_batch *kv, int g, int row0, int n, const int32_t *pos, const float *inv_freq,
-                         float rope_scale, float *pre) {
+/* Rows row0 .. row0 + n - 1 of segment g's keys rotated back to pre-RoPE keys at the segment's own
+ * positions: pre [n, d] fp32. */
+static void prerope_rows(const ckv_kv_batch *kv, int g, int row0, int n, const float *inv_freq, float rope_scale,
+                         float *pre) {
+    const int32_t *pos = kv->segs[0][g].pos;
     const int d = kv->head_dim, half = d / 2;
     const size_t rowb = (size_t)d * ckv_dtype_size(kv->dtype);
     float buf[LEV_MAX_DIM];
@@ -71,7 +73,6 @@ typedef struct {
     int ld, row0, n, k;
     double *stats;
     const ckv_kv_batch *kv;
-    const int32_t *pos;
     const float *inv_freq, *phi;
     float rope_scale;
 } leverage_job;
@@ -84,7 +85,7 @@ static ckv_status leverage_head(void *ctx, int g, void *scratch) {
     double mean[LEV_MAX_DIM], x[LEV_MAX_K];
     const float *ph = jb->phi + (size_t)g * (size_t)d * (size_t)k;
     double *C = G + (size_t)k * (size_t)k;
-    prerope_rows(jb->kv, g, jb->row0, n, jb->pos, jb->inv_freq, jb->rope_scale, pre);
+    prerope_rows(jb->kv, g, jb->row0, n, jb->inv_freq, jb->rope_scale, pre);
     for (int a = 0; a < d; a++) mean[a] = 0.0;
     for (int t = 0; t < n; t++)
         for (int a = 0; a < d; a++) mean[a] += (double)pre[(size_t)t * d + a];
@@ -122,14 +123,13 @@ static ckv_status leverage_head(void *ctx, int g, void *scratch) {
 }
 
 ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
-                                  int n, const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi,
-                                  int k) {
+                                  int n, const float *inv_freq, float rope_scale, const float *phi, int k) {
     const int d = kv->head_dim;
     if (d < 2 || d > LEV_MAX_DIM || k < 1 || k > LEV_MAX_K)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_leverage: head_dim %d outside 2..%d or sketch %d outside 1..%d",
                          d, LEV_MAX_DIM, k, LEV_MAX_K);
     if (n < 1 || row0 < 0) return ckv_error(CKV_STATUS_ERR_ARG, "evict_leverage: %d rows from row %d", n, row0);
-    leverage_job jb = {out, ld, row0, n, k, stats, kv, pos, inv_freq, phi, rope_scale};
+    leverage_job jb = {out, ld, row0, n, k, stats, kv, inv_freq, phi, rope_scale};
     const size_t pre_floats = ((size_t)n * (size_t)d + 1) & ~(size_t)1; /* even: the doubles after it stay aligned */
     return ckv_cpu_evict_heads(be, kv->n_kv_heads, pre_floats * sizeof(float) + 2 * (size_t)k * (size_t)k * sizeof(double),
                                leverage_head, &jb);

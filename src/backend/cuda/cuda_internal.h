@@ -186,7 +186,7 @@ ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch
 ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int lag,
                        int cross);
 ckv_status evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0, int n,
-                          const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi, int k);
+                          const float *inv_freq, float rope_scale, const float *phi, int k);
 void evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);
 ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int kind,
                      int window);

@@ -41,10 +41,11 @@ __device__ __forceinline__ float pre_rope(const T *k, int t, int a, int d, const
 /* Rows [b chunk, +chunk) of n from row0: part[(g nb + b) d + a] = sum of pre-RoPE channel a.
  * grid (nb, n_kv) */
 template <typename T>
-__global__ void lev_mean_kernel(double *part, ckv_kv_batch kv, int row0, int n, int chunk, const int32_t *pos,
-                                const float *inv_freq, float rope_scale) {
+__global__ void lev_mean_kernel(double *part, ckv_kv_batch kv, int row0, int n, int chunk, const float *inv_freq,
+                                float rope_scale) {
     const int b = (int)blockIdx.x, g = (int)blockIdx.y, d = kv.head_dim;
     const T *k = (const T *)kv.segs[0][g].k;
+    const int32_t *pos = kv.segs[0][g].pos; /* the segment's own positions */
     const int t1 = (b + 1) * chunk < n ? (b + 1) * chunk : n;
     for (int a = (int)threadIdx.x; a < d; a += (int)blockDim.x) {
         double s = 0.0;
@@ -82,8 +83,7 @@ __device__ __forceinline__ void tri_ij(int e, int *i, int *j) {
  * the column sums (written by block 0). grid (nb, n_kv) */
 template <typename T>
 __global__ void lev_gram_kernel(double *gpart, double *mean_out, const double *part, ckv_kv_batch kv, int row0, int n,
-                                int chunk, const int32_t *pos, const float *inv_freq, float rope_scale,
-                                const float *phi, int kd) {
+                                int chunk, const float *inv_freq, float rope_scale, const float *phi, int kd) {
     __shared__ double mean[MAX_DIM], cs[MAX_DIM], xs[MAX_K];
     const int b = (int)blockIdx.x, g = (int)blockIdx.y, d = kv.head_dim, nb = (int)gridDim.x;
     const int tri = kd * (kd + 1) / 2;
@@ -97,6 +97,7 @@ __global__ void lev_gram_kernel(double *gpart, double *mean_out, const double *p
     for (int e = (int)threadIdx.x; e < tri; e += (int)blockDim.x) gp[e] = 0.0;
     __syncthreads();
     const T *k = (const T *)kv.segs[0][g].k;
+    const int32_t *pos = kv.segs[0][g].pos;
     const float *ph = phi + (size_t)g * (size_t)d * (size_t)kd;
     const int t1 = (b + 1) * chunk < n ? (b + 1) * chunk : n;
     for (int t = b * chunk; t < t1; t++) { /* uniform */
@@ -163,14 +164,15 @@ __global__ void lev_factor_kernel(double *Cm, double *Ci, int *ok, const double 
 /* out[g ld + t] = max(0, ||Ci x_t||^2) for rows t of [b chunk, +chunk). grid (blocks, n_kv) */
 template <typename T>
 __global__ void lev_score_kernel(float *out, int ld, const double *Ci, const int *ok, const double *mean_in,
-                                 ckv_kv_batch kv, int row0, int n, int chunk, const int32_t *pos, const float *inv_freq,
-                                 float rope_scale, const float *phi, int kd) {
+                                 ckv_kv_batch kv, int row0, int n, int chunk, const float *inv_freq, float rope_scale,
+                                 const float *phi, int kd) {
     __shared__ double mean[MAX_DIM], cs[MAX_DIM], xs[MAX_K], ys[MAX_K];
     const int b = (int)blockIdx.x, g = (int)blockIdx.y, d = kv.head_dim;
     if (!ok[g]) return; /* uniform: the statistics report it */
     for (int a = (int)threadIdx.x; a < d; a += (int)blockDim.x) mean[a] = mean_in[(size_t)g * d + a];
     __syncthreads();
     const T *k = (const T *)kv.segs[0][g].k;
+    const int32_t *pos = kv.segs[0][g].pos;
     const float *ph = phi + (size_t)g * (size_t)d * (size_t)kd;
     const double *L = Ci + (size_t)g * kd * kd;
     const int t1 = (b + 1) * chunk < n ? (b + 1) * chunk : n;
@@ -227,7 +229,7 @@ size_t leverage_scratch_bytes(int n_kv, int d, int n, int k) {
 }
 
 ckv_status evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0, int n,
-                          const int32_t *pos, const float *inv_freq, float rope_scale, const float *phi, int k) {
+                          const float *inv_freq, float rope_scale, const float *phi, int k) {
     ctx *c = ctx_of(be);
     const int d = kv->head_dim;
     if (d < 2 || d > MAX_DIM || k < 1 || k > MAX_K)
@@ -249,14 +251,14 @@ ckv_status evict_leverage(ckv_backend *be, float *out, int ld, double *stats, co
     const unsigned score_blocks = blocks_for((size_t)n, 8), score_chunk = (unsigned)((n + (int)score_blocks - 1) / (int)score_blocks);
     auto run = [&](auto t) {
         typedef decltype(t) T;
-        CKV_LAUNCH((lev_mean_kernel<T>), grid, dim3(THREADS), 0, c->stream, ws, *kv, row0, n, chunk, pos, inv_freq,
+        CKV_LAUNCH((lev_mean_kernel<T>), grid, dim3(THREADS), 0, c->stream, ws, *kv, row0, n, chunk, inv_freq,
                    rope_scale);
         CKV_LAUNCH((lev_gram_kernel<T>), grid, dim3(THREADS), 0, c->stream, ws + at_gp, ws + at_mean, ws, *kv, row0, n,
-                   chunk, pos, inv_freq, rope_scale, phi, k);
+                   chunk, inv_freq, rope_scale, phi, k);
         CKV_LAUNCH(lev_factor_kernel, dim3((unsigned)n_kv), dim3(THREADS), 0, c->stream, ws + at_c, ws + at_ci, ok,
                    ws + at_gp, nb, k);
         CKV_LAUNCH((lev_score_kernel<T>), dim3(score_blocks, (unsigned)n_kv), dim3(THREADS), 0, c->stream, out, ld,
-                   ws + at_ci, ok, ws + at_mean, *kv, row0, n, (int)score_chunk, pos, inv_freq, rope_scale, phi, k);
+                   ws + at_ci, ok, ws + at_mean, *kv, row0, n, (int)score_chunk, inv_freq, rope_scale, phi, k);
     };
     if (kv->dtype == CKV_DTYPE_BF16)
         run(ckv_bf16());
