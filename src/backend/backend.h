@@ -106,6 +106,10 @@ typedef enum { CKV_EVICT_POOL_AVG = 0, CKV_EVICT_POOL_MAX } ckv_evict_pool_kind;
 typedef enum { CKV_EVICT_KEYS = 0, CKV_EVICT_VALUES } ckv_evict_kv_part;
 /* What evict_fill writes: a value, or each column's index. */
 typedef enum { CKV_EVICT_FILL_VALUE = 0, CKV_EVICT_FILL_INDEX } ckv_evict_fill_kind;
+/* evict_lagkv's score of a row: its rank in its partition / lag, or (cross) its softmax weight. */
+typedef enum { CKV_EVICT_LAGKV_RANK = 0, CKV_EVICT_LAGKV_CROSS } ckv_evict_lagkv_score;
+/* evict_cur's row score: key norms, value norms, their mean, or their product (kvpress leverage_type). */
+typedef enum { CKV_EVICT_CUR_KEYS = 0, CKV_EVICT_CUR_VALUES, CKV_EVICT_CUR_MEAN, CKV_EVICT_CUR_PRODUCT } ckv_evict_cur_kind;
 
 /* The attention of a block of context query rows to one sequence's segments: the inputs of
  * evict_attn_colsum, evict_attn_probs and evict_chunk_colsum. Query i sits at context row
@@ -340,20 +344,21 @@ typedef struct {
      * the min and max of channel a over partition p + 1, s_t = the unbiased standard deviation over a
      * of (x_t[a] - lo[a]) / (hi[a] - lo[a]) (fp32 differences and quotient, the rest in double), then
      * the softmax of s over the partition's rows; r_t = (r_keys + r_values) / 2; out[t] = r_t when
-     * cross, else (the number of rows u of the partition with r_u < r_t, or r_u == r_t and u < t) / lag.
+     * score CROSS, else (RANK) (the number of rows u of the partition with r_u < r_t, or r_u == r_t and
+     * u < t) / lag.
      * Sinks and the rows after partition P - 2 get 1 (kvpress's "always keep" score; every other
      * score is below 1).
      * out [n_kv_heads, ld]; errors when head_dim > 1024. Family CKV_BACKEND_CAP_LAGKV. */
     ckv_status (*evict_lagkv)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
-                              int lag, int cross);
+                              int lag, ckv_evict_lagkv_score score);
     /* CUR (kvpress CURPress, deterministic leverage): per segment g and row t < n_rows, k2_t = ||k_t||^2 and
      * v2_t = ||v_t||^2; when window > 0 each is divided by its sum over the window of `window` rows
-     * holding t (windows start at row 0; the last may be short); s_t = k2_t (kind 0), v2_t (1),
-     * (k2_t + v2_t) / 2 (2) or k2_t * v2_t (3); out[t] = (float)(s_t / sum over all rows of s),
+     * holding t (windows start at row 0; the last may be short); s_t = k2_t (KEYS), v2_t (VALUES),
+     * (k2_t + v2_t) / 2 (MEAN) or k2_t * v2_t (PRODUCT); out[t] = (float)(s_t / sum over all rows of s),
      * everything in double from the rows read in the batch's dtype; rows t < n_sink get 1 (kvpress's
      * sink score; every other score is at most 1). out [n_kv_heads, ld]. Family CKV_BACKEND_CAP_CUR. */
     ckv_status (*evict_cur)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
-                            int kind, int window);
+                            ckv_evict_cur_kind kind, int window);
     /* Approximate leverage (kvpress LeverageScorePress's compute_leverage_scores) of rows row0 ..
      * row0 + n - 1 of every segment g, on pre-RoPE keys: each cached key is rotated back, x1 =
      * (y1 c + y2 s) / (c^2 + s^2), x2 = (y2 c - y1 s) / (c^2 + s^2) for pair (i, i + d/2), with c =

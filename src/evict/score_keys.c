@@ -27,13 +27,18 @@ ckv_status ckv_score_lagkv(const ckv_score_inputs *in, const ckv_press_config *c
         return ckv_error(CKV_STATUS_ERR_ARG, "n_sink %d needs a context longer than %d tokens, got %d", cfg->n_sink,
                          cfg->n_sink, in->L);
     return in->be->ops->evict_lagkv(in->be, scores, in->L, &in->kv, in->L, cfg->n_sink, cfg->lag_size,
-                                    cfg->cross_scoring);
+                                    cfg->cross_scoring ? CKV_EVICT_LAGKV_CROSS : CKV_EVICT_LAGKV_RANK);
 }
+
+/* the press option's values and the op's kinds are in the same order */
+_Static_assert((int)CKV_CUR_KEY == (int)CKV_EVICT_CUR_KEYS && (int)CKV_CUR_VALUE == (int)CKV_EVICT_CUR_VALUES &&
+                   (int)CKV_CUR_KV_AVG == (int)CKV_EVICT_CUR_MEAN && (int)CKV_CUR_KV_PRODUCT == (int)CKV_EVICT_CUR_PRODUCT,
+               "cur kinds of the press and of the op differ");
 
 ckv_status ckv_score_cur(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
     CKV_TRY(ckv_score_check_inputs(in, "cur"));
     if (!ckv_backend_supports(in->be, CKV_BACKEND_CAP_CUR))
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press cur: the %s backend has no cur op", in->be->name);
-    return in->be->ops->evict_cur(in->be, scores, in->L, &in->kv, in->L, cfg->n_sink, cfg->leverage_type,
+    return in->be->ops->evict_cur(in->be, scores, in->L, &in->kv, in->L, cfg->n_sink, (ckv_evict_cur_kind)cfg->leverage_type,
                                   cfg->use_local_approximation ? cfg->local_window_size : 0);
 }

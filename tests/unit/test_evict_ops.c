@@ -423,9 +423,9 @@ static void check_thread_counts(ckv_dtype dt) {
         be->ops->evict_fill(be, o, nkv, L, 0, L, CKV_EVICT_FILL_VALUE, 0.0f);
         CHECK_OK(be->ops->evict_value_norm(be, o, L, &s.b, L, &W, nq, 0, G));
         CHECK_OK(be->ops->evict_keydiff(be, o + n_norm, L, &s.b, L));
-        CHECK_OK(be->ops->evict_lagkv(be, o + 2 * n_norm, L, &s.b, L, 4, 16, 0));
-        CHECK_OK(be->ops->evict_lagkv(be, o + 3 * n_norm, L, &s.b, L, 4, 16, 1));
-        CHECK_OK(be->ops->evict_cur(be, o + 4 * n_norm, L, &s.b, L, 4, 3, 16));
+        CHECK_OK(be->ops->evict_lagkv(be, o + 2 * n_norm, L, &s.b, L, 4, 16, CKV_EVICT_LAGKV_RANK));
+        CHECK_OK(be->ops->evict_lagkv(be, o + 3 * n_norm, L, &s.b, L, 4, 16, CKV_EVICT_LAGKV_CROSS));
+        CHECK_OK(be->ops->evict_cur(be, o + 4 * n_norm, L, &s.b, L, 4, CKV_EVICT_CUR_PRODUCT, 16));
         CHECK_OK(be->ops->evict_leverage(be, o + 5 * n_norm, L, cs + n_cs + n_csk, &s.b, 0, L, inv_freq, 1.0f, phi, K));
         const ckv_evict_attn_params adiv = {q, w, L - w, &s.b, nq, 0, G, 4.0f, CKV_EVICT_LOGITS_DIV};
         const ckv_evict_attn_params amul = {q, w, L - w, &s.b, nq, 0, G, 0.25f, CKV_EVICT_LOGITS_MUL};

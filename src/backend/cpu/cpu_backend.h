@@ -71,9 +71,9 @@ void ckv_cpu_evict_head_sum(ckv_backend *be, float *dst, int ld_dst, const float
 void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div);
 ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
 ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
-                               int lag, int cross);
+                               int lag, ckv_evict_lagkv_score score);
 ckv_status ckv_cpu_evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
-                             int kind, int window);
+                             ckv_evict_cur_kind kind, int window);
 ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
                                   int n, const float *inv_freq, float rope_scale, const float *phi, int k);
 void ckv_cpu_evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);

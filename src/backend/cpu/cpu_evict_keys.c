@@ -174,7 +174,8 @@ static ckv_status lagkv_head(void *ctx, int g, void *scratch) {
 }
 
 ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
-                               int lag, int cross) {
+                               int lag, ckv_evict_lagkv_score score) {
+    const int cross = score == CKV_EVICT_LAGKV_CROSS;
     const int d = kv->head_dim;
     if (d < 1 || d > KEYS_MAX_DIM)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_lagkv: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
@@ -228,7 +229,7 @@ static ckv_status cur_head(void *ctx, int g, void *scratch) {
 }
 
 ckv_status ckv_cpu_evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
-                             int kind, int window) {
+                             ckv_evict_cur_kind kind, int window) {
     const int d = kv->head_dim;
     if (d < 1 || d > KEYS_MAX_DIM)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_cur: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);

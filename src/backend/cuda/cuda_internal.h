@@ -184,12 +184,12 @@ size_t leverage_scratch_bytes(int n_kv, int d, int n, int k);
 size_t topk_scratch_bytes(int rows, int n);
 ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
 ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int lag,
-                       int cross);
+                       ckv_evict_lagkv_score score);
 ckv_status evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0, int n,
                           const float *inv_freq, float rope_scale, const float *phi, int k);
 void evict_affine(ckv_backend *be, float *x, int rows, int n, int ld, float sub, float div);
-ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int kind,
-                     int window);
+ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
+                     ckv_evict_cur_kind kind, int window);
 void sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
             float top_p, const double *u);
 

@@ -212,7 +212,8 @@ ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch
 }
 
 ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int lag,
-                       int cross) {
+                       ckv_evict_lagkv_score score) {
+    const int cross = score == CKV_EVICT_LAGKV_CROSS;
     ctx *c = ctx_of(be);
     CKV_TRY(check_dim(kv, n_rows, "evict_lagkv"));
     if (n_sink < 0 || lag < 1 || n_rows <= n_sink)
@@ -233,8 +234,8 @@ ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *
     return op_status(c, "evict_lagkv");
 }
 
-ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int kind,
-                     int window) {
+ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
+                     ckv_evict_cur_kind kind, int window) {
     ctx *c = ctx_of(be);
     CKV_TRY(check_dim(kv, n_rows, "evict_cur"));
     if (kind < 0 || kind > 3 || window < 0)
