@@ -277,7 +277,8 @@ static ckv_status model_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
     return st;
 }
 
-/* The model-wide buffers of a press that selects across layers. */
+/* Everything a compressor holds between layers: the selection buffers, the scorers' arena and the
+ * model-wide buffers of a press that selects across layers. */
 void ckv_compressor_release(ckv_compressor *cz) {
     if (!cz) return;
     ckv_selection_free(&cz->sel);
