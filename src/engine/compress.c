@@ -156,10 +156,26 @@ static ckv_status record_layer(ckv_compressor *cz, const ckv_session *src, int l
 
 /* The model-wide buffers of a press that selects across layers. */
 static void release_model(ckv_compressor *cz) {
+    if (cz->replay_scores && cz->model) cz->model->be->ops->release(cz->model->be, cz->replay_scores);
+    cz->replay_scores = NULL;
     if (!cz->model) return;
     ckv_model_selection_free(cz->model);
     free(cz->model);
     cz->model = NULL;
+}
+
+/* kvzip at the last layer: the replay's scores of every layer, before the selection reads them. */
+static ckv_status kvzip_replay(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int L) {
+    ckv_model *m = src->model;
+    if (dst != src)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press kvzip replays the context through the session that holds it; "
+                         "a context derived from another session's cache (a sweep) cannot be replayed");
+    const size_t n = (size_t)m->cfg.n_layers * (size_t)m->plan.n_kv_local * (size_t)L;
+    CKV_TRY(m->be->ops->alloc(m->be, (void **)&cz->replay_scores, n * sizeof(float), "kvzip scores"));
+    const double t0 = ckv_time_now();
+    const ckv_status st = ckv_kvzip_score(dst, cz->cfg, cz->context_ids, L, cz->replay_scores);
+    cz->score_seconds += ckv_time_now() - t0;
+    return st;
 }
 
 /* Applies layer `layer`'s selection: compaction, then its record. */
@@ -256,11 +272,22 @@ static ckv_status model_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
         CKV_TRY(ckv_model_selection_init(cz->model, m->be, c->n_layers, p->n_kv_local, c->n_kv_heads, L));
     }
     ckv_score_inputs in;
-    ckv_compress_score_inputs(src, layer, L, &in);
-    in.arena = &cz->arena;
-    CKV_TRY(ckv_model_select_score(cz->cfg, &in, cz->model, sel));
-    cz->score_seconds += sel->score_seconds;
-    if (layer < c->n_layers - 1) return CKV_STATUS_OK;
+    if (cz->cfg->scorer == CKV_SCORER_KVZIP) { /* scored by its replay, once every layer holds the context */
+        if (layer < c->n_layers - 1) return CKV_STATUS_OK;
+        CKV_TRY(kvzip_replay(cz, dst, src, L));
+        for (int l = 0; l < c->n_layers; l++) {
+            ckv_compress_score_inputs(src, l, L, &in);
+            in.arena = &cz->arena;
+            in.given = cz->replay_scores + (size_t)l * (size_t)p->n_kv_local * (size_t)L;
+            CKV_TRY(ckv_model_select_score(cz->cfg, &in, cz->model, sel));
+        }
+    } else {
+        ckv_compress_score_inputs(src, layer, L, &in);
+        in.arena = &cz->arena;
+        CKV_TRY(ckv_model_select_score(cz->cfg, &in, cz->model, sel));
+        cz->score_seconds += sel->score_seconds;
+        if (layer < c->n_layers - 1) return CKV_STATUS_OK;
+    }
     st = ckv_model_select_count(cz->cfg, cz->model);
     for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) {
         const ckv_kv_layer *kl = &src->kv.layers[l];
@@ -284,6 +311,8 @@ void ckv_compressor_release(ckv_compressor *cz) {
     ckv_selection_free(&cz->sel);
     ckv_score_arena_free(&cz->arena);
     release_model(cz);
+    ckv_free(cz->context_ids);
+    cz->context_ids = NULL;
 }
 
 /* The compressor's selection buffers for a layer of L context rows: kept from the layer before when
@@ -335,6 +364,8 @@ ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const c
     if (st != CKV_STATUS_OK || layer == c->n_layers - 1) { /* the context is done */
         ckv_selection_free(&cz->sel);
         ckv_score_arena_free(&cz->arena);
+        ckv_free(cz->context_ids);
+        cz->context_ids = NULL;
     }
     return st;
 }

@@ -10,6 +10,7 @@
 
 #include <stdio.h>
 
+#include "engine/kvzip.h"
 #include "engine/session.h"
 #include "evict/press.h"
 #include "evict/select.h"
@@ -32,6 +33,10 @@ typedef struct {
     /* a press that selects across layers (layer_defensivekv): every layer's scores, from the first
      * layer's hook to the last one's (then freed); NULL otherwise */
     ckv_model_selection *model;
+    /* kvzip: the context's token ids [L], which its replay feeds again (owned; set by the caller before
+     * the prefill, freed with the rest), and its replay's scores [n_layers, n_kv_local, L] (device) */
+    int32_t *context_ids;
+    float *replay_scores;
     /* one layer's selection buffers, sized at the first layer for the context and reused by the
      * layers after it (no device allocation per layer); freed after the last layer */
     ckv_selection sel;
@@ -39,7 +44,8 @@ typedef struct {
 } ckv_compressor;
 
 /* Frees what a compressor holds between layers (a prefill abandoned part way through: a press that
- * selects across layers, the selection buffers); a no-op otherwise. The statistics stay. */
+ * selects across layers, the selection buffers, kvzip's context ids); a no-op otherwise. The
+ * statistics stay. */
 void ckv_compressor_release(ckv_compressor *cz);
 
 /* Fills the scorer inputs of `layer` from the session's model, cache segments (context rows 0..L-1
@@ -54,7 +60,8 @@ ckv_status ckv_compress_headkv_budgets(const ckv_press_config *cfg, const ckv_mo
 
 /* The layer hook to pass to ckv_session_prefill_hook (ctx = a ckv_compressor). A press that selects
  * across layers (CKV_ALLOC_MODEL) leaves every layer whole until the last layer's hook, which selects
- * over the model and compacts them all (peak KV: the full cache). */
+ * over the model and compacts them all (peak KV: the full cache); kvzip's first replays the context
+ * (engine/kvzip.h: the session needs ckv_kvzip_replay_rows more rows, and cz->context_ids). */
 ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_prompt);
 
 /* The same selection made on src's full layer (its cache rows 0..L-1 and attention inputs) with the

@@ -194,8 +194,19 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
         CKV_TRY(ckv_compress_headkv_budgets(press, c, n, &pc->headkv));
         pc->cz.headkv_budgets = pc->headkv;
     }
+    int rows = p->reserve; /* after the context: the question and answer, or kvzip's replay before them */
+    if (compress && press->scorer == CKV_SCORER_KVZIP) {
+        const int replay = ckv_kvzip_replay_rows(press, n);
+        if ((long)n + replay > c->max_context)
+            return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "press kvzip: the replay of a %d-token context reaches "
+                             "position %d, past the context window of %d tokens (max_position_embeddings)", n,
+                             n + replay - 1, c->max_context);
+        rows = replay > rows ? replay : rows;
+        CKV_TRY(ckv_alloc((void **)&pc->cz.context_ids, (size_t)n * sizeof(int32_t), "kvzip context ids"));
+        memcpy(pc->cz.context_ids, p->ids, (size_t)n * sizeof(int32_t));
+    }
     double t0 = ckv_time_now();
-    CKV_TRY_GOTO(st, ckv_session_init_kv(&pc->sess, m, n + p->reserve, engine_chunk(e), compress || p->cache_in || p->hook,
+    CKV_TRY_GOTO(st, ckv_session_init_kv(&pc->sess, m, n + rows, engine_chunk(e), compress || p->cache_in || p->hook,
                                          engine_kv_dtype(e)), fail);
     if (p->cache_in) {
         CKV_TRY_GOTO(st, ckv_session_load_cache(&pc->sess, p->cache_in, pc->cache_press, sizeof pc->cache_press), fail);

@@ -118,6 +118,38 @@ static ckv_status parse_reals(const ckv_option_def *o, const char *v, ckv_press_
     return CKV_STATUS_OK;
 }
 
+/* "12,13,14" or "[12, 13, 14]": at least one integer, each in [lo, hi]. */
+static ckv_status parse_ids(const ckv_option_def *o, const char *v, ckv_press_ids *out) {
+    const char *p = v;
+    while (*p == ' ') p++;
+    const int bracket = *p == '[';
+    if (bracket) p++;
+    ckv_press_ids r;
+    r.n = 0;
+    for (;;) {
+        char *end = NULL;
+        errno = 0;
+        const long x = strtol(p, &end, 10);
+        if (errno || end == p)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated token ids, got '%s'", o->key, v);
+        if (x < (long)o->lo || x > (long)o->hi)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: id %d (%ld) is outside [%.0f, %.0f]", o->key, r.n + 1, x,
+                             o->lo, o->hi);
+        if (r.n == CKV_PRESS_MAX_IDS)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: more than %d ids", o->key, CKV_PRESS_MAX_IDS);
+        r.id[r.n++] = (int32_t)x;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p != ',') break;
+        p++;
+    }
+    if (bracket && *p == ']') p++;
+    else if (bracket) p = "?";
+    if (*p) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated token ids, got '%s'", o->key, v);
+    *out = r;
+    return CKV_STATUS_OK;
+}
+
 /* Value k of a '|'-separated choice list ("" past its end); *len its length. */
 static const char *choice_at(const char *choices, int k, int *len) {
     const char *p = choices ? choices : "";
@@ -160,6 +192,7 @@ static ckv_status option_set(ckv_press_config *c, const ckv_option_def *o, const
         strcpy(field, v);
         return CKV_STATUS_OK;
     case CKV_OPTION_REALS: return parse_reals(o, v, (ckv_press_ratios *)field);
+    case CKV_OPTION_IDS: return parse_ids(o, v, (ckv_press_ids *)field);
     }
     return ckv_error(CKV_STATUS_ERR_INTERNAL, "press option %s: unknown type", o->key);
 }
@@ -348,6 +381,14 @@ static int print_options(char *buf, size_t cap, const ckv_press_config *c, const
                 if ((size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, "]");
                 break;
             }
+            case CKV_OPTION_IDS: {
+                const ckv_press_ids *r = (const ckv_press_ids *)field;
+                n += snprintf(buf + n, cap - (size_t)n, "%s%s=[", sep, o->key);
+                for (int i = 0; i < r->n && (size_t)n < cap; i++)
+                    n += snprintf(buf + n, cap - (size_t)n, "%s%d", i ? "," : "", (int)r->id[i]);
+                if ((size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, "]");
+                break;
+            }
             }
         p = end ? end + 1 : NULL;
     }
@@ -392,7 +433,9 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     }
     /* the kept-count formula (a press that selects over the model states its model-wide total) */
     const char *formula = d->kept == CKV_KEPT_MODEL_FRACTION ? "kept=int(L*(1-cr)*Hkv*n_layers) over the model"
-                                                             : "kept=max(1,floor(L*(1-cr)))";
+                          : d->kept == CKV_KEPT_MODEL_REMOVED
+                              ? (c->layerwise ? "removed=int(Hkv*L*cr) per layer" : "removed=int(n_layers*Hkv*L*cr) over the model")
+                              : "kept=max(1,floor(L*(1-cr)))";
     double kept_share = 1.0; /* composed: the fraction the presses keep together */
     for (int i = 0; c->composed && i < c->press_ratios.n; i++) kept_share *= 1.0 - c->press_ratios.cr[i];
     if (!ckv_press_evicts(c))
@@ -404,7 +447,7 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
         snprintf(budget, sizeof budget, " per layer (kept=max(1,floor(L*(1-cr_layer))))");
     else if (c->budget_tokens > 0)
         snprintf(budget, sizeof budget, " budget_tokens=%d per head%s", c->budget_tokens,
-                 d->kept == CKV_KEPT_MODEL_FRACTION ? " (n_layers*Hkv*N over the model)" : "");
+                 d->kept == CKV_KEPT_MODEL_FRACTION || d->kept == CKV_KEPT_MODEL_REMOVED ? " (n_layers*Hkv*N over the model)" : "");
     else if (c->budget_given_as_b)
         snprintf(budget, sizeof budget, " budget=%g (cr=%.17g, %s)", 1.0 - c->compression_ratio, c->compression_ratio,
                  formula);
@@ -502,6 +545,14 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
                 return fail(out, err, o->key, 1, st);
             }
         }
+    for (int i = 0; i < ckv_press_option_count; i++) { /* token-id options have no default: required when taken */
+        const ckv_option_def *o = &ckv_press_option_table[i];
+        if (o->type == CKV_OPTION_IDS && ckv_press_takes(out, o->key) &&
+            ((const ckv_press_ids *)((const char *)out + o->offset))->n < 1) {
+            st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs option %s (%s)", name, o->key, o->what);
+            return fail(out, err, o->key, 1, st);
+        }
+    }
     if (!ckv_press_evicts(out) && (out->compression_ratio > 0 || out->budget_tokens > 0)) {
         st = ckv_error(CKV_STATUS_ERR_ARG, "a budget was given but the press is none (the full cache)");
         return fail(out, err, budget_field(rq->budget.kind), 0, st);
@@ -589,10 +640,23 @@ void ckv_press_stage(const ckv_press_config *c, int i, ckv_press_config *out) {
     out->compression_ratio = c->composed && i >= 0 && i < c->press_ratios.n ? c->press_ratios.cr[i] : c->compression_ratio;
 }
 
+/* kvzip's count: n entries less int(n * cr) removed (kvpress's int of the product), or min(N, L) per head. */
+static long kept_of_removed(const ckv_press_config *c, long n, long heads, int L) {
+    if (c->budget_tokens > 0) return heads * (c->budget_tokens < L ? c->budget_tokens : L);
+    return n - (long)((double)n * c->compression_ratio);
+}
+
 long ckv_press_model_kept(const ckv_press_config *c, int n_layers, int L, int n_kv) {
     const long all = (long)n_layers * n_kv * L;
-    long total = c->budget_tokens > 0 ? (long)n_layers * n_kv * (c->budget_tokens < L ? c->budget_tokens : L)
-                                      : (long)((double)L * (1.0 - c->compression_ratio) * (double)n_kv * (double)n_layers);
+    const ckv_press_def *d = ckv_press_def_of(c->scorer);
+    long total = d && d->kept == CKV_KEPT_MODEL_REMOVED ? kept_of_removed(c, all, (long)n_layers * n_kv, L)
+                 : c->budget_tokens > 0 ? (long)n_layers * n_kv * (c->budget_tokens < L ? c->budget_tokens : L)
+                                        : (long)((double)L * (1.0 - c->compression_ratio) * (double)n_kv * (double)n_layers);
+    return total < 0 ? 0 : total > all ? all : total;
+}
+
+long ckv_press_layerwise_kept(const ckv_press_config *c, int L, int n_kv) {
+    const long all = (long)n_kv * L, total = kept_of_removed(c, all, n_kv, L);
     return total < 0 ? 0 : total > all ? all : total;
 }
 

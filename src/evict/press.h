@@ -32,6 +32,7 @@ typedef enum {
     CKV_SCORER_LEVERAGE,          /* kvpress LeverageScorePress (attention-free) */
     CKV_SCORER_COMPACTOR,         /* kvpress CompactorPress (leverage + chunked non-causal attention) */
     CKV_SCORER_LAYER_DEFENSIVEKV, /* DefensiveKV's scores, one top-k over every layer (FFY0/DefensiveKV) */
+    CKV_SCORER_KVZIP,             /* kvpress KVzipPress: attention of a context replay, one top-k over every layer */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -51,6 +52,13 @@ typedef struct {
     int n;
     double cr[CKV_PRESS_MAX_LAYERS];
 } ckv_press_ratios;
+
+/* kvzip's replay prompts: token ids of the model's vocabulary */
+enum { CKV_PRESS_MAX_IDS = 64 };
+typedef struct {
+    int n;
+    int32_t id[CKV_PRESS_MAX_IDS];
+} ckv_press_ids;
 
 /* composed: the presses applied in turn, the first one's scorer being the press's own */
 enum { CKV_PRESS_MAX_STAGES = 8 };
@@ -84,6 +92,10 @@ typedef struct {
     int sink_size_end;         /* compactor: sink tokens at the end (4) */
     int chunk_size;            /* compactor: chunk of the non-causal attention (256) */
     double blending;           /* compactor: weight of the leverage; < 0: the compression ratio (-1) */
+    int layerwise;             /* kvzip: each layer removes int(Hkv L cr) entries instead of one count over the model (0) */
+    ckv_press_ids repeat_ids;  /* kvzip: the prompt before the first replayed chunk ("Repeat the previous context exactly.") */
+    ckv_press_ids repeat_next_ids; /* kvzip: the prompt before a later chunk ("... exactly, starting with") */
+    ckv_press_ids suffix_ids;  /* kvzip: what follows the prompt before the chunk (the chat template's turn end) */
     /* wrapper options */
     double alpha;              /* critical first-stage ratio (0.5) */
     double eps;                /* critical epsilon (1e-4) */
@@ -193,9 +205,13 @@ typedef struct {
 void ckv_press_layer_kept(const ckv_press_config *cfg, int layer, int n_layers, int L, int n_kv_heads,
                           ckv_press_kept *out);
 /* The entries kept over the whole model by a press that selects across layers (CKV_ALLOC_MODEL):
- * DefensiveKV's int(L * (1 - cr) * n_kv_heads * n_layers), left to right in double; with budget_tokens
+ * DefensiveKV's int(L * (1 - cr) * n_kv_heads * n_layers), left to right in double; kvzip's
+ * E - int(E * cr) with E = n_layers * n_kv_heads * L (kvpress removes int(E * cr)); with budget_tokens
  * N, n_layers * n_kv_heads * min(N, L). At most n_layers * n_kv_heads * L. */
 long ckv_press_model_kept(const ckv_press_config *cfg, int n_layers, int L, int n_kv_heads);
+/* kvzip with layerwise: the entries one layer of L tokens over n_kv_heads KV heads keeps, E - int(E * cr)
+ * with E = n_kv_heads * L (min(N, L) per head with budget_tokens N). */
+long ckv_press_layerwise_kept(const ckv_press_config *cfg, int L, int n_kv_heads);
 /* Press i (0 .. n_stages - 1) of a composed press as a plain press: its scorer, the shared options, its
  * own compression ratio press_ratios[i], uniform kept counts. */
 void ckv_press_stage(const ckv_press_config *cfg, int i, ckv_press_config *out);

@@ -19,6 +19,8 @@ typedef enum {
     CKV_OPTION_CHOICE, /* int-sized enum field: the index of the value in `choices` ("avg|max") */
     CKV_OPTION_SEED, /* uint64_t field, integer in [lo, hi] */
     CKV_OPTION_FILE, /* char[512] field, a path (CKV_PRESS_NEED_FILES: required when taken) */
+    CKV_OPTION_IDS,  /* ckv_press_ids field: token ids in [lo, hi], comma-separated, optionally in [ ]
+                      * (required when taken, as REALS) */
     CKV_OPTION_REALS /* ckv_press_ratios field: numbers in [lo, hi], comma-separated, optionally in [ ]
                       * (required when taken, CKV_PRESS_NEED_FILES or not: there is no default list) */
 } ckv_option_type;
@@ -55,8 +57,10 @@ typedef enum {
     CKV_KEPT_UNIFORM,       /* every head max(1, floor(L * (1 - cr))) or min(budget_tokens, L) */
     CKV_KEPT_PYRAMID,       /* PyramidKV's per-layer schedule (pyramid.c) */
     CKV_KEPT_LAYER_FRACTION, /* one layer total int(L * (1 - cr) * Hkv) over all heads (DefensiveKV) */
-    CKV_KEPT_MODEL_FRACTION  /* one model total int(L * (1 - cr) * Hkv * n_layers) over all layers and heads
+    CKV_KEPT_MODEL_FRACTION, /* one model total int(L * (1 - cr) * Hkv * n_layers) over all layers and heads
                               * (Layer-DefensiveKV; ckv_press_model_kept) */
+    CKV_KEPT_MODEL_REMOVED   /* the model's E = n_layers Hkv L entries less int(E * cr) removed, over all layers
+                              * and heads, or each layer's Hkv L less int(Hkv L cr) with layerwise (kvzip) */
 } ckv_kept_rule;
 
 enum { CKV_WRAP_CRITICAL = 1u << 0, CKV_WRAP_ADAKV = 1u << 1, CKV_WRAP_HEADKV = 1u << 2,

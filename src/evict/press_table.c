@@ -37,9 +37,17 @@ const ckv_option_def ckv_press_option_table[] = {
      NULL},
     {"sink_size_end", CKV_OPTION_INT, F(sink_size_end), "4", 0, 1 << 20, 0, "compactor: sink tokens at the end", NULL},
     {"chunk_size", CKV_OPTION_INT, F(chunk_size), "256", 1, 1 << 16, 0,
-     "compactor: chunk of its non-causal attention", NULL},
+     "compactor: chunk of its non-causal attention; kvzip: context tokens per replay", NULL},
     {"blending", CKV_OPTION_REAL, F(blending), "-1", -1, 1e6, 0,
      "compactor: weight of the leverage scores; -1: the compression ratio (kvpress's None)", NULL},
+    {"layerwise", CKV_OPTION_BOOL, F(layerwise), "0", 0, 1, 0,
+     "kvzip: every layer removes its share int(Hkv L cr) (0: one count over the model)", NULL},
+    {"repeat_ids", CKV_OPTION_IDS, F(repeat_ids), "", 0, 0x7fffffff, 0,
+     "kvzip: token ids of \"\\n\\nRepeat the previous context exactly.\" in the model's vocabulary", NULL},
+    {"repeat_next_ids", CKV_OPTION_IDS, F(repeat_next_ids), "", 0, 0x7fffffff, 0,
+     "kvzip: token ids of \"\\n\\nRepeat the part of the previous context exactly, starting with\"", NULL},
+    {"suffix_ids", CKV_OPTION_IDS, F(suffix_ids), "", 0, 0x7fffffff, 0,
+     "kvzip: token ids after the prompt (\"\\n\" without a chat template; the template's turn end with one)", NULL},
     {"alpha", CKV_OPTION_REAL, F(alpha), "0.5", 0, 1, 0, "CriticalKV: first-stage share of the budget", NULL},
     {"eps", CKV_OPTION_REAL, F(eps), "0.0001", 0, 1e6, 0, "CriticalKV: epsilon added to the scores", NULL},
     {"safeguard", CKV_OPTION_REAL, F(safeguard), "0.2", 0, 1, 0, "AdaKV: share of a head's budget it keeps anyway", NULL},
@@ -51,6 +59,15 @@ const ckv_option_def ckv_press_option_table[] = {
      "composed: the compression ratio of each press, in order (e.g. 0.5,0.25)", NULL},
 };
 const int ckv_press_option_count = (int)(sizeof ckv_press_option_table / sizeof ckv_press_option_table[0]);
+
+/* kvzip's layer scores are its replay's (engine/kvzip.h), handed over in in->given. */
+static ckv_status score_kvzip(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
+    (void)cfg;
+    if (!in->given)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press kvzip scores by replaying the whole context after its prefill, "
+                         "not one layer at a time (layer %d)", in->layer);
+    return in->be->ops->copy(in->be, scores, in->given, (size_t)in->n_kv_local * (size_t)in->L * sizeof(float));
+}
 
 /* DefensiveKV through the generic signature (it reports the window it protects, as the registry says). */
 static ckv_status score_defensivekv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
@@ -101,6 +118,9 @@ const ckv_press_def ckv_press_table[] = {
      CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM, ckv_score_compactor,
      "blending x leverage + chunked non-causal attention times value norms, z-scored; sinks score the max",
      CKV_READS_ALL},
+    {"kvzip", CKV_SCORER_KVZIP, "n_sink,chunk_size,layerwise,repeat_ids,repeat_next_ids,suffix_ids", "chunk_size=2048", 0,
+     CKV_ALLOC_MODEL, 0, CKV_PROTECT_NONE, CKV_KEPT_MODEL_REMOVED, score_kvzip,
+     "max attention of a replay of the context onto it (reconstruction), one top-k over every layer", CKV_READS_NONE},
 };
 const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
 

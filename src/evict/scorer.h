@@ -51,6 +51,7 @@ typedef struct {
     ckv_comm *replica;      /* ranks holding the same KV heads (size 1 unless tp > Hkv); NULL = none */
     ckv_comm *tp;           /* the whole tensor-parallel group; NULL = one rank */
     ckv_score_arena *arena; /* the scorers' device scratch (NULL: allocated per call) */
+    const float *given;     /* [n_kv_local, L] scores computed before the layer's hook (kvzip's replay), or NULL (device) */
 } ckv_score_inputs;
 
 typedef struct {

@@ -65,8 +65,16 @@ ckv_status ckv_model_select_count(const ckv_press_config *cfg, ckv_model_selecti
     ckv_backend *be = ms->be;
     const double t0 = ckv_time_now();
     const int rows = ms->n_layers * ms->n_kv_heads;
-    const long total = ckv_press_model_kept(cfg, ms->n_layers, ms->L, ms->n_kv_heads);
-    CKV_TRY(be->ops->evict_topk_counts(be, ms->counts_dev, ms->scores, ms->L, rows, ms->L, (int64_t)total));
+    if (cfg->layerwise) { /* kvzip layerwise: each layer its own count across its heads */
+        const long total = ckv_press_layerwise_kept(cfg, ms->L, ms->n_kv_heads);
+        const size_t per = (size_t)ms->n_kv_heads * (size_t)ms->L;
+        for (int l = 0; l < ms->n_layers; l++)
+            CKV_TRY(be->ops->evict_topk_counts(be, ms->counts_dev + (size_t)l * (size_t)ms->n_kv_heads,
+                                               ms->scores + (size_t)l * per, ms->L, ms->n_kv_heads, ms->L, (int64_t)total));
+    } else {
+        const long total = ckv_press_model_kept(cfg, ms->n_layers, ms->L, ms->n_kv_heads);
+        CKV_TRY(be->ops->evict_topk_counts(be, ms->counts_dev, ms->scores, ms->L, rows, ms->L, (int64_t)total));
+    }
     CKV_TRY(be->ops->sync(be));
     CKV_TRY(be->ops->download(be, ms->counts, ms->counts_dev, (size_t)rows * sizeof(int32_t)));
     ms->counted = 1;

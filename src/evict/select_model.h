@@ -41,7 +41,8 @@ ckv_status ckv_model_select_score(const ckv_press_config *cfg, const ckv_score_i
                                   ckv_selection *sel);
 
 /* After the last layer: the ckv_press_model_kept(cfg, ...) best entries of the whole model and how many
- * of them fall in each (layer, KV head) (ms->counts). */
+ * of them fall in each (layer, KV head) (ms->counts); with cfg->layerwise (kvzip), each layer's
+ * ckv_press_layerwise_kept best entries over its heads instead. */
 ckv_status ckv_model_select_count(const ckv_press_config *cfg, ckv_model_selection *ms);
 
 /* Layer `layer`'s selection into sel (of the layer's shape): the local heads' kept counts (from

@@ -9,12 +9,14 @@
  *   - the logits of the question tokens fed after compression match within 1e-4 (the engine-core
  *     tolerance: both sides compute in fp32 over the same kept keys).
  * Presses without a kvpress counterpart (defensivekv, headkv) have fixtures from ports of their
- * official code in tools/oracle and are checked the same way when their fixtures exist. */
+ * official code in tools/oracle and are checked the same way when their fixtures exist. kvzip's
+ * session holds the rows of its context replay as well (ckv_kvzip_replay_rows). */
 #include <dirent.h>
 #include <sys/stat.h>
 
 #include "backend/backend.h"
 #include "ckv_test.h"
+#include "core/alloc.h"
 #include "core/json.h"
 #include "engine/compress.h"
 #include "engine/session.h"
@@ -109,8 +111,14 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
     cz.headkv_budgets = hkb;
     cz.observe = observe;
     cz.observe_ctx = &ob;
+    int rows = nq; /* after the context: the question, or kvzip's replay of the context before it */
+    if (cfg.scorer == CKV_SCORER_KVZIP) {
+        rows = ckv_kvzip_replay_rows(&cfg, L) > nq ? ckv_kvzip_replay_rows(&cfg, L) : nq;
+        CHECK_OK(ckv_alloc((void **)&cz.context_ids, sizeof(int32_t) * (size_t)L, "kvzip context")); /* the compressor's */
+        if (cz.context_ids) memcpy(cz.context_ids, ctx, sizeof(int32_t) * (size_t)L);
+    }
     ckv_session s;
-    CHECK_OK(ckv_session_init(&s, m, L + nq, 64, 1));
+    CHECK_OK(ckv_session_init(&s, m, L + rows, 64, 1));
     CHECK_OK(ckv_session_prefill_hook(&s, ctx, L, NULL, NULL, ckv_compress_layer_hook, &cz));
     /* kept positions per (layer, KV head). Where the protected window is larger than the budget the
      * choice among equal scores is torch.topk's (arbitrary); those cases also record the set under
