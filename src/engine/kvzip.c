@@ -4,18 +4,22 @@
  * after a layer has run, its replayed queries (recomputed from the attention input: q_proj with its
  * bias, RoPE at positions L, L + 1, ...) are scored on the host against that layer's cached keys,
  * and after the last layer every layer is cut back to its L context rows. What runs where: the
- * layers, q_proj and RoPE are backend ops; the logits, softmax and maxima run on the host in fp32
+ * layers, q_proj and RoPE are backend ops; the logits, softmax (ckv's fast exp) and maxima run on the host in fp32
  * (the keys of each local head read through the cache's head access: (L + R) d values per head per
- * layer and chunk; 2 R (n_sink + C + R) d multiply-adds per query head, C the chunk, R its replay).
- * Every buffer is allocated once before the first chunk. It selects and compacts nothing. */
+ * layer and chunk; 2 R (n_sink + C + R) d multiply-adds per query head, C the chunk, R its replay),
+ * split over the backend's host thread count. Every buffer (and that thread pool) is set up once
+ * before the first chunk. It selects and compacts nothing. */
 #include "engine/kvzip.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/fastmath.h"
+#include "core/threadpool.h"
 #include "evict/scorer.h"
 
+enum { KVZIP_QB = 8, KVZIP_TILE = 64 }; /* queries scored together; key rows per tile (16 KiB at d 64: in L1) */
 enum { KVZIP_PREV_TAIL = 8 }; /* kvpress's prev_postfix_size: a later chunk's prompt ends with the last 8 ids before it */
 
 /* Chunk i of an L-token context: rows [*start, *end). kvpress cuts chunk_size tokens from row 0. */
@@ -65,17 +69,21 @@ static void replay_ids(const ckv_press_config *cfg, const int32_t *ids, int L, i
 }
 
 typedef struct {
-    int R, hq, d, nkv;             /* longest replay, local query width, head_dim, local KV heads */
+    int R, C, hq, d, nkv, nt;      /* longest replay, largest chunk, local query width, head_dim, local KV heads, threads */
+    ckv_threadpool *pool;          /* nt host threads (the backend's count) */
     float *q_dev;                  /* [R, hq] replayed queries (device) */
     int32_t *pos_dev;              /* [R] their positions (device) */
     float *q;                      /* [R, hq] (host) */
-    float *k, *v;                  /* [L + R, d] one head's cached keys and values (host) */
+    float *k;                      /* [nkv, L + R, d] the layer's cached keys, every local head (host) */
+    float *v;                      /* [L + R, d] one head's values (read alongside, unused) (host) */
     int32_t *kpos;                 /* [L + R] their positions (host) */
-    float *logit;                  /* [n_sink + C + R] one query's logits over the columns it reads (host) */
+    float *logit;                  /* [nt, KVZIP_QB, n_sink + C + R] a block of queries' logits per thread (host) */
+    float *part;                   /* [nt, nkv, C] each thread's maxima over its queries (host) */
     int32_t *ids;                  /* [R] one chunk's replay ids (host) */
 } kvzip_work;
 
 static void work_free(ckv_backend *be, kvzip_work *w) {
+    ckv_threadpool_free(w->pool);
     be->ops->release(be, w->q_dev);
     be->ops->release(be, w->pos_dev);
     ckv_free(w->q);
@@ -83,6 +91,7 @@ static void work_free(ckv_backend *be, kvzip_work *w) {
     ckv_free(w->v);
     ckv_free(w->kpos);
     ckv_free(w->logit);
+    ckv_free(w->part);
     ckv_free(w->ids);
 }
 
@@ -91,74 +100,165 @@ static ckv_status work_init(kvzip_work *w, const ckv_session *s, const ckv_press
     ckv_backend *be = m->be;
     memset(w, 0, sizeof *w);
     w->R = ckv_kvzip_replay_rows(cfg, L);
+    w->C = cfg->chunk_size < L ? cfg->chunk_size : L;
     w->d = m->cfg.head_dim;
     w->hq = m->plan.n_q_local * w->d;
     w->nkv = m->plan.n_kv_local;
-    const size_t R = (size_t)w->R, rows = (size_t)L + R, cols = (size_t)cfg->n_sink + (size_t)cfg->chunk_size + R;
-    ckv_status st = be->ops->alloc(be, (void **)&w->q_dev, R * (size_t)w->hq * sizeof(float), "kvzip queries");
+    w->nt = be->n_threads > 0 ? be->n_threads : 1;
+    const size_t R = (size_t)w->R, rows = (size_t)L + R, cols = (size_t)cfg->n_sink + (size_t)w->C + R;
+    const size_t nt = (size_t)w->nt, nkv = (size_t)w->nkv, d = (size_t)w->d;
+    ckv_status st = ckv_threadpool_init(&w->pool, w->nt);
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->q_dev, R * (size_t)w->hq * sizeof(float), "kvzip queries");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->pos_dev, R * sizeof(int32_t), "kvzip positions");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->q, R * (size_t)w->hq * sizeof(float), "kvzip queries");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->k, rows * (size_t)w->d * sizeof(float), "kvzip keys");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->v, rows * (size_t)w->d * sizeof(float), "kvzip values");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->k, nkv * rows * d * sizeof(float), "kvzip keys");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->v, rows * d * sizeof(float), "kvzip values");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->kpos, rows * sizeof(int32_t), "kvzip positions");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->logit, cols * sizeof(float), "kvzip logits");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->logit, nt * KVZIP_QB * cols * sizeof(float), "kvzip logits");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->part, nt * nkv * (size_t)w->C * sizeof(float), "kvzip maxima");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->ids, R * sizeof(int32_t), "kvzip replay ids");
     return st;
 }
 
-/* One query's softmax over its columns logit[n] in fp32 (max subtracted, the sum in double). */
+/* One query's softmax over its columns logit[n] in fp32: the max subtracted, ckv's fast exp, the sum
+ * in double over 4 partial sums. */
 static void softmax_row(float *x, int n) {
     float mx = -INFINITY;
     for (int t = 0; t < n; t++) mx = x[t] > mx ? x[t] : mx;
-    double sum = 0.0;
-    for (int t = 0; t < n; t++) sum += (double)(x[t] = expf(x[t] - mx));
-    for (int t = 0; t < n; t++) x[t] = (float)((double)x[t] / sum);
+    for (int t = 0; t < n; t++) x[t] = ckv_fast_expf(x[t] - mx);
+    double part[4] = {0, 0, 0, 0};
+    int t = 0;
+    for (; t + 4 <= n; t += 4)
+        for (int u = 0; u < 4; u++) part[u] += (double)x[t + u];
+    for (; t < n; t++) part[0] += (double)x[t];
+    const double inv = 1.0 / ((part[0] + part[1]) + (part[2] + part[3]));
+    for (t = 0; t < n; t++) x[t] = (float)((double)x[t] * inv);
 }
 
-static float dot(const float *a, const float *b, int d) {
-    float acc = 0.0f;
-    for (int j = 0; j < d; j++) acc += a[j] * b[j];
-    return acc;
+enum { KVZIP_LANES = 16 };
+
+/* The 16 fp32 lanes of a dot product added pairwise. */
+static float lanes_sum(const float *a) {
+    float h[8];
+    for (int u = 0; u < 8; u++) h[u] = a[u] + a[u + 8];
+    return ((h[0] + h[4]) + (h[1] + h[5])) + ((h[2] + h[6]) + (h[3] + h[7]));
+}
+
+/* out[r] = (q . k_r) / scale for the n rows k [n, d]: lane u of each dot sums the terms j = u mod 16
+ * in order, then the lanes pairwise; four rows at a time, so four independent chains (each
+ * statement one vector multiply-add). */
+static void dots(const float *q, const float *k, int n, int d, float scale, float *out) {
+    const size_t sd = (size_t)d;
+    int r = 0;
+    for (; r + 4 <= n; r += 4) {
+        float a0[KVZIP_LANES] = {0}, a1[KVZIP_LANES] = {0}, a2[KVZIP_LANES] = {0}, a3[KVZIP_LANES] = {0};
+        const float *k0 = k + (size_t)r * sd, *k1 = k0 + sd, *k2 = k1 + sd, *k3 = k2 + sd;
+        int j = 0;
+        for (; j + KVZIP_LANES <= d; j += KVZIP_LANES)
+            for (int u = 0; u < KVZIP_LANES; u++) {
+                a0[u] += q[j + u] * k0[j + u];
+                a1[u] += q[j + u] * k1[j + u];
+                a2[u] += q[j + u] * k2[j + u];
+                a3[u] += q[j + u] * k3[j + u];
+            }
+        for (; j < d; j++) {
+            a0[0] += q[j] * k0[j];
+            a1[0] += q[j] * k1[j];
+            a2[0] += q[j] * k2[j];
+            a3[0] += q[j] * k3[j];
+        }
+        out[r] = lanes_sum(a0) / scale;
+        out[r + 1] = lanes_sum(a1) / scale;
+        out[r + 2] = lanes_sum(a2) / scale;
+        out[r + 3] = lanes_sum(a3) / scale;
+    }
+    for (; r < n; r++) {
+        float a0[KVZIP_LANES] = {0};
+        const float *k0 = k + (size_t)r * sd;
+        int j = 0;
+        for (; j + KVZIP_LANES <= d; j += KVZIP_LANES)
+            for (int u = 0; u < KVZIP_LANES; u++) a0[u] += q[j + u] * k0[j + u];
+        for (; j < d; j++) a0[0] += q[j] * k0[j];
+        out[r] = lanes_sum(a0) / scale;
+    }
+}
+
+/* One chunk and layer's scoring, shared by the threads: items are (local query head, replayed query). */
+typedef struct {
+    kvzip_work *w;
+    const ckv_shard_plan *p;
+    int G, L, q, start, end, sink;
+    size_t rows;                   /* L + R: the stride of one head's keys in w->k */
+    float scale;                   /* sqrt(head_dim) */
+} kvzip_task;
+
+/* logit[x * ld + c0 + r] for the block's nq queries and key rows k [n, d], tile by tile, so that each
+ * tile of keys serves every query of the block while it is in cache. */
+static void block_dots(const float *const *qs, int nq, const float *k, int n, int d, float scale, float *logit, size_t ld,
+                       int c0) {
+    for (int t0 = 0; t0 < n; t0 += KVZIP_TILE) {
+        const int tn = n - t0 < KVZIP_TILE ? n - t0 : KVZIP_TILE;
+        for (int x = 0; x < nq; x++) dots(qs[x], k + (size_t)t0 * (size_t)d, tn, d, scale, logit + (size_t)x * ld + c0 + t0);
+    }
+}
+
+/* Items [b, e): blocks of up to KVZIP_QB queries i0 .. of local query head j; query i attends to its
+ * columns (the first `sink` rows, the chunk, the replay up to itself), the chunk's probabilities
+ * raise the thread's maxima of its KV head. */
+static void score_items(void *ctx, int b, int e, int tid) {
+    const kvzip_task *t = ctx;
+    kvzip_work *w = t->w;
+    const int d = w->d, C = t->end - t->start, nb = (t->q + KVZIP_QB - 1) / KVZIP_QB;
+    const size_t ld = (size_t)t->sink + (size_t)w->C + (size_t)w->R;
+    float *logit = w->logit + (size_t)tid * KVZIP_QB * ld;
+    for (int it = b; it < e; it++) {
+        const int j = it / nb, i0 = it % nb * KVZIP_QB, nq = t->q - i0 < KVZIP_QB ? t->q - i0 : KVZIP_QB;
+        const int h = (t->p->q_head0 + j) / t->G - t->p->kv_head0;
+        const float *qs[KVZIP_QB];
+        for (int x = 0; x < nq; x++) qs[x] = w->q + (size_t)(i0 + x) * (size_t)w->hq + (size_t)j * (size_t)d;
+        const float *k = w->k + (size_t)h * t->rows * (size_t)d;
+        block_dots(qs, nq, k, t->sink, d, t->scale, logit, ld, 0);
+        block_dots(qs, nq, k + (size_t)t->start * (size_t)d, C, d, t->scale, logit, ld, t->sink);
+        block_dots(qs, nq, k + (size_t)t->L * (size_t)d, i0 + nq, d, t->scale, logit, ld, t->sink + C);
+        float *mx = w->part + ((size_t)tid * (size_t)w->nkv + (size_t)h) * (size_t)w->C;
+        for (int x = 0; x < nq; x++) {
+            float *row = logit + (size_t)x * ld;
+            softmax_row(row, t->sink + C + i0 + x + 1); /* causal: the replay up to query i0 + x */
+            for (int c = 0; c < C; c++) mx[c] = row[t->sink + c] > mx[c] ? row[t->sink + c] : mx[c];
+        }
+    }
 }
 
 /* Layer `layer` of chunk [start, end) replayed as rows L .. L + q - 1: for each local KV head, the
  * maximum over its local query heads and the q replayed queries of their attention to the chunk's
- * rows (columns: the first `sink` rows, the chunk, the replay up to the query itself), into
- * sc [n_kv_local, L] at columns start .. end - 1. */
+ * rows, into sc [n_kv_local, L] at columns start .. end - 1. Bit-identical for any thread count
+ * (each query's softmax is computed whole by one thread; maxima do not depend on their order). */
 static ckv_status score_chunk(ckv_session *s, kvzip_work *w, int layer, int L, int q, int start, int end, int sink,
                               float *sc) {
     ckv_model *m = s->model;
     ckv_backend *be = m->be;
     const ckv_shard_plan *p = &m->plan;
-    const int d = w->d, G = m->cfg.n_heads / m->cfg.n_kv_heads, C = end - start;
-    const size_t D = (size_t)m->cfg.hidden_size;
+    const int d = w->d, C = end - start;
+    const size_t D = (size_t)m->cfg.hidden_size, rows = (size_t)L + (size_t)w->R;
     be->ops->matmul(be, w->q_dev, s->xn + (size_t)L * D, &m->layers[layer].wq, m->layers[layer].bq, q);
     be->ops->rope(be, w->q_dev, w->pos_dev, q, p->n_q_local, d, m->inv_freq, m->rope_scale);
     CKV_TRY(be->ops->sync(be));
     CKV_TRY(be->ops->download(be, w->q, w->q_dev, (size_t)q * (size_t)w->hq * sizeof(float)));
-    const float scale = (float)sqrt((double)d);
     for (int h = 0; h < w->nkv; h++) {
         if (s->kv.layers[layer].len[h] != L + q)
             return ckv_error(CKV_STATUS_ERR_INTERNAL, "kvzip: layer %d head %d holds %d rows during the replay, expected %d",
                              layer, h, s->kv.layers[layer].len[h], L + q);
-        CKV_TRY(ckv_kv_head_read(&s->kv, layer, h, w->k, w->v, w->kpos));
-        float *row = sc + (size_t)h * (size_t)L;
-        for (int j = 0; j < p->n_q_local; j++) {
-            if ((p->q_head0 + j) / G - p->kv_head0 != h) continue; /* another KV head's query */
-            for (int i = 0; i < q; i++) {
-                const float *qi = w->q + (size_t)i * (size_t)w->hq + (size_t)j * (size_t)d;
-                int n = 0;
-                for (int t = 0; t < sink; t++) w->logit[n++] = dot(qi, w->k + (size_t)t * d, d) / scale;
-                for (int t = start; t < end; t++) w->logit[n++] = dot(qi, w->k + (size_t)t * d, d) / scale;
-                for (int t = 0; t <= i; t++) w->logit[n++] = dot(qi, w->k + (size_t)(L + t) * d, d) / scale;
-                softmax_row(w->logit, n);
-                for (int t = 0; t < C; t++) {
-                    const float a = w->logit[sink + t];
-                    if (a > row[start + t]) row[start + t] = a;
-                }
-            }
-        }
+        CKV_TRY(ckv_kv_head_read(&s->kv, layer, h, w->k + (size_t)h * rows * (size_t)d, w->v, w->kpos));
     }
+    for (size_t e = 0; e < (size_t)w->nt * (size_t)w->nkv * (size_t)w->C; e++) w->part[e] = 0.0f;
+    kvzip_task t = {w, p, m->cfg.n_heads / m->cfg.n_kv_heads, L, q, start, end, sink, rows, (float)sqrt((double)d)};
+    ckv_threadpool_for(w->pool, p->n_q_local * ((q + KVZIP_QB - 1) / KVZIP_QB), 1, score_items, &t);
+    for (int th = 0; th < w->nt; th++)
+        for (int h = 0; h < w->nkv; h++) {
+            const float *mx = w->part + ((size_t)th * (size_t)w->nkv + (size_t)h) * (size_t)w->C;
+            float *row = sc + (size_t)h * (size_t)L + (size_t)start;
+            for (int c = 0; c < C; c++) row[c] = mx[c] > row[c] ? mx[c] : row[c];
+        }
     return CKV_STATUS_OK;
 }
 
