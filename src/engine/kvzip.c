@@ -44,6 +44,19 @@ static int replay_len(const ckv_press_config *cfg, int L, int i) {
     return n + cfg->repeat_next_ids.n + (p1 - p0 < KVZIP_PREV_TAIL ? p1 - p0 : KVZIP_PREV_TAIL);
 }
 
+ckv_status ckv_kvzip_check(const ckv_press_config *cfg, int vocab_size) {
+    const ckv_press_ids *prompts[3] = {&cfg->repeat_ids, &cfg->repeat_next_ids, &cfg->suffix_ids};
+    static const char *const names[3] = {"repeat_ids", "repeat_next_ids", "suffix_ids"};
+    for (int k = 0; k < 3; k++) {
+        if (prompts[k]->n < 1) return ckv_error(CKV_STATUS_ERR_ARG, "press kvzip needs option %s", names[k]);
+        for (int j = 0; j < prompts[k]->n; j++)
+            if (prompts[k]->id[j] >= vocab_size)
+                return ckv_error(CKV_STATUS_ERR_ARG, "press kvzip: %s id %d is outside the vocabulary of %d", names[k],
+                                 (int)prompts[k]->id[j], vocab_size);
+    }
+    return CKV_STATUS_OK;
+}
+
 int ckv_kvzip_replay_rows(const ckv_press_config *cfg, int L) {
     int most = 0;
     for (int i = 0; i < chunk_count(cfg, L); i++) {
@@ -306,15 +319,7 @@ ckv_status ckv_kvzip_score(ckv_session *s, const ckv_press_config *cfg, const in
     if (L + R > s->capacity)
         return ckv_error(CKV_STATUS_ERR_RANGE, "press kvzip: the replay of the %d-token context needs %d rows after it, "
                          "the session holds %d tokens", L, R, s->capacity);
-    const ckv_press_ids *prompts[3] = {&cfg->repeat_ids, &cfg->repeat_next_ids, &cfg->suffix_ids};
-    static const char *const names[3] = {"repeat_ids", "repeat_next_ids", "suffix_ids"};
-    for (int k = 0; k < 3; k++) {
-        if (prompts[k]->n < 1) return ckv_error(CKV_STATUS_ERR_ARG, "press kvzip needs option %s", names[k]);
-        for (int j = 0; j < prompts[k]->n; j++)
-            if (prompts[k]->id[j] >= m->cfg.vocab_size)
-                return ckv_error(CKV_STATUS_ERR_ARG, "press kvzip: replay prompt id %d is outside the vocabulary of %d",
-                                 (int)prompts[k]->id[j], m->cfg.vocab_size);
-    }
+    CKV_TRY(ckv_kvzip_check(cfg, m->cfg.vocab_size));
     kvzip_work w;
     const size_t n = (size_t)nl * (size_t)nkv * (size_t)L;
     float *sc = NULL;    // [n_layers, n_kv_local, L] (host)

@@ -12,6 +12,9 @@
 #include "engine/session.h"
 #include "evict/press.h"
 
+/* The replay prompts are given and hold ids of a vocabulary of vocab_size (an error names the option). */
+ckv_status ckv_kvzip_check(const ckv_press_config *cfg, int vocab_size);
+
 /* Rows the replay of an L-token context needs after it: its longest prompt + suffix + chunk. */
 int ckv_kvzip_replay_rows(const ckv_press_config *cfg, int L);
 

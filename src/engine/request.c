@@ -196,6 +196,7 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
     }
     int rows = p->reserve; /* after the context: the question and answer, or kvzip's replay before them */
     if (compress && press->scorer == CKV_SCORER_KVZIP) {
+        CKV_TRY(ckv_kvzip_check(press, c->vocab_size));
         const int replay = ckv_kvzip_replay_rows(press, n);
         if ((long)n + replay > c->max_context)
             return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG, "press kvzip: the replay of a %d-token context reaches "

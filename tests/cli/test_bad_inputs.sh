@@ -228,6 +228,9 @@ expect_error "--data /dev/zero" "/dev/zero: $lim" ev --data /dev/zero
 expect_error "--prompt-file /dev/zero" "/dev/zero: $lim" "$ckv" generate --model "$M" --prompt-file /dev/zero --max-new-tokens 1
 expect_error "--text-file /dev/zero" "/dev/zero: $lim" "$ckv" fidelity --model "$M" --text-file /dev/zero --press snapkv --budget 0.5
 expect_error "--haystack /dev/zero" "/dev/zero: $lim" ev --task niah_single_1 --length 256 --samples 1 --haystack /dev/zero
+expect_error "kvzip prompt id past the vocabulary" "press kvzip: repeat_ids id 9999 is outside the vocabulary of 512" \
+  gen "$M" --question-ids 5 --press kvzip --budget 0.5 --press-opt repeat_ids=13,9999 --press-opt repeat_next_ids=13 \
+  --press-opt suffix_ids=13
 expect_error "--profile /dev/zero" "/dev/zero: $lim" gen "$M" --press headkv:snapkv --budget 0.5 --profile /dev/zero
 export CKV_MAX_INPUT_BYTES=2x
 expect_error "CKV_MAX_INPUT_BYTES unparsable" "CKV_MAX_INPUT_BYTES='2x' is not a positive byte count" ev --data /dev/zero

@@ -41,6 +41,10 @@ expect_error "budget and ratio" "--budget and --compression-ratio both set the b
 expect_error "budget and tokens" "--budget and --budget-tokens both set the budget" "$ckv" generate -m "$M" --prompt-ids "$P" --press snapkv --budget 0.5 --budget-tokens 10
 expect_error "option the press does not take" "--press knorm does not take --window" "$ckv" generate -m "$M" --prompt-ids "$P" --press knorm --budget 0.5 --window 2
 expect_error "press-opt the press does not take" "does not take --press-opt alpha=0.3" "$ckv" generate -m "$M" --prompt-ids "$P" --press snapkv --budget 0.5 --press-opt alpha=0.3
+kz=(--press kvzip --budget 0.5 --press-opt repeat_next_ids=13 --press-opt suffix_ids=13)
+expect_error "kvzip without its prompt" "press kvzip needs option repeat_ids" "$ckv" generate -m "$M" --prompt-ids "$P" "${kz[@]}"
+expect_error "kvzip prompt id not a number" "press option repeat_ids: expected comma-separated token ids, got '13,x'" \
+  "$ckv" generate -m "$M" --prompt-ids "$P" "${kz[@]}" --press-opt repeat_ids=13,x
 expect_error "option without a press" "--press none does not take --kernel" "$ckv" generate -m "$M" --prompt-ids "$P" --kernel 3
 expect_error "options in the press name" "options are not part of the press name" "$ckv" generate -m "$M" --prompt-ids "$P" --press snapkv:window=4 --budget 0.5
 expect_error "press used as a wrapper" "'snapkv' is a press, not a wrapper" "$ckv" generate -m "$M" --prompt-ids "$P" --press snapkv:knorm --budget 0.5

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/alloc.h"
 #include "core/json.h"
 #include "engine/compress.h"
 #include "engine/sampler.h"
@@ -234,8 +235,15 @@ ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dt
         cz.observe = count_layer;
         cz.observe_ctx = counts;
     }
+    int rows = c->nq; /* after the context: the question, or kvzip's replay of the context before it */
+    ckv_status st = CKV_STATUS_OK;
+    if (cfg.scorer == CKV_SCORER_KVZIP) {
+        rows = ckv_kvzip_replay_rows(&cfg, c->L) > rows ? ckv_kvzip_replay_rows(&cfg, c->L) : rows;
+        st = ckv_alloc((void **)&cz.context_ids, sizeof(int32_t) * (size_t)c->L, "kvzip context"); /* the compressor's */
+        if (st == CKV_STATUS_OK) memcpy(cz.context_ids, c->ctx, sizeof(int32_t) * (size_t)c->L);
+    }
     ckv_session s;
-    ckv_status st = ckv_session_init_kv(&s, m, c->L + c->nq, 64, 1, kv_dtype);
+    if (st == CKV_STATUS_OK) st = ckv_session_init_kv(&s, m, c->L + rows, 64, 1, kv_dtype);
     if (st == CKV_STATUS_OK) {
         st = ckv_session_prefill_hook(&s, c->ctx, c->L, NULL, NULL, ckv_compress_layer_hook, &cz);
         if (st == CKV_STATUS_OK) st = press_record(&s, c, out);
