@@ -9,17 +9,24 @@
 #include "core/timer.h"
 #include "engine/compress.h"
 
+/* The interval and either target (> 0) or ratio (>= 0), each error naming its field. */
+static ckv_status check_counts(int interval, int target, double ratio) {
+    if (interval < 1) return ckv_error(CKV_STATUS_ERR_ARG, "decode interval must be >= 1 decode steps, got %d", interval);
+    int by_ratio = ratio >= 0;
+    if (by_ratio && target > 0) return ckv_error(CKV_STATUS_ERR_ARG, "decode target and decode ratio exclude each other");
+    if (by_ratio && !(ratio < 1)) return ckv_error(CKV_STATUS_ERR_ARG, "decode ratio must be in [0, 1), got %g", ratio);
+    if (!by_ratio && target < 1) return ckv_error(CKV_STATUS_ERR_ARG, "decode target must be >= 1 entries per head, got %d", target);
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_decode_press_build(ckv_decode_press *dp, const char *spec, int interval, int target, double ratio,
                                   const ckv_press_option_value *options, int n_options) {
     memset(dp, 0, sizeof *dp);
     dp->ratio = -1;
     if (!spec || !*spec) return ckv_error(CKV_STATUS_ERR_ARG, "decode press: no press given");
     if (!strcmp(spec, "none")) return ckv_error(CKV_STATUS_ERR_ARG, "decode press: 'none' does not compress");
-    if (interval < 1) return ckv_error(CKV_STATUS_ERR_ARG, "decode interval must be >= 1 decode steps, got %d", interval);
+    CKV_TRY(check_counts(interval, target, ratio));
     int by_ratio = ratio >= 0;
-    if (by_ratio && target > 0) return ckv_error(CKV_STATUS_ERR_ARG, "decode target and decode ratio exclude each other");
-    if (by_ratio && !(ratio < 1)) return ckv_error(CKV_STATUS_ERR_ARG, "decode ratio must be in [0, 1), got %g", ratio);
-    if (!by_ratio && target < 1) return ckv_error(CKV_STATUS_ERR_ARG, "decode target must be >= 1 entries per head, got %d", target);
     ckv_press_request rq = {.spec = spec, .budget = {CKV_BUDGET_TOKENS, by_ratio ? 1 : target}, .options = options,
                             .n_options = n_options, .query_aware = 0, .flags = CKV_PRESS_ANY_OPTIONS};
     ckv_press_error err;
@@ -38,9 +45,16 @@ ckv_status ckv_decode_press_build(ckv_decode_press *dp, const char *spec, int in
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                          "decode press '%s' scores with the attention input, which decoding does not keep; give an "
                          "attention-free press: knorm, keydiff, streaming_llm, random, lagkv, cur, leverage", spec);
+    return ckv_decode_press_set_counts(dp, interval, target, ratio);
+}
+
+ckv_status ckv_decode_press_set_counts(ckv_decode_press *dp, int interval, int target, double ratio) {
+    CKV_TRY(check_counts(interval, target, ratio));
+    int by_ratio = ratio >= 0;
     dp->interval = interval;
     dp->target = by_ratio ? 0 : target;
     dp->ratio = by_ratio ? ratio : -1;
+    const ckv_press_config *c = &dp->press;
     int base = (int)strcspn(c->spec, " "); /* the press and its options, without the budget */
     if (by_ratio)
         snprintf(dp->spec, sizeof dp->spec, "%.*s interval=%d ratio=%g", base, c->spec, interval, ratio);

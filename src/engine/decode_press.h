@@ -34,6 +34,10 @@ typedef struct {
 ckv_status ckv_decode_press_build(ckv_decode_press *dp, const char *spec, int interval, int target, double ratio,
                                   const ckv_press_option_value *options, int n_options);
 
+/* Replaces the interval and target (> 0) or ratio (>= 0; the other < 0 / 0) of a built decode press
+ * (its scorer kept), checked as ckv_decode_press_build checks them; the canonical spec follows. */
+ckv_status ckv_decode_press_set_counts(ckv_decode_press *dp, int interval, int target, double ratio);
+
 /* Checks that a prefill press leaves caches the decode press can cut (the same rows on every head of
  * a layer: no cross-head allocation). */
 ckv_status ckv_decode_press_check_prefill(const ckv_decode_press *dp, const ckv_press_config *prefill);
