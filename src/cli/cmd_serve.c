@@ -35,12 +35,14 @@ static const ckv_cli_command serve_cmd = {
     CKV_CMD_SERVE, "serve", "-m PATH [flags]",
     "An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize;\n"
     "GET /v1/models, /health, /metrics (docs/openapi.yaml). Requests may choose their own press (extension\n"
-    "fields \"press\", \"budget\" or \"compression_ratio\", \"query_aware\") and name the context to compress\n"
-    "once and reuse (\"context\"); the press flags below are the default. SIGTERM drains and exits 0."};
+    "fields \"press\", \"budget\" or \"compression_ratio\", \"query_aware\", \"decode_press\" with \"decode_interval\",\n"
+    "\"decode_target\" or \"decode_ratio\") and name the context to compress once and reuse (\"context\"); the\n"
+    "press flags below are the default. SIGTERM drains and exits 0."};
 
 typedef struct {
     ckv_server_config cfg;
     ckv_press_config press;
+    ckv_decode_press decode; /* --decode-press: the default of requests */
 } serve_args;
 
 static size_t parse_bytes(const char *flag, const char *v) {
@@ -125,6 +127,7 @@ static void parse_args(serve_args *a, const ckv_opts *o) {
                         "who can reach the port can use the model and read its answers (set --api-key or CKV_API_KEY)\n", c->host);
     /* the default press of requests that name none */
     ckv_cli_press_single(o, "serve", &a->press);
+    if (ckv_cli_decode_press(o, &a->press, 1, &a->decode)) c->default_decode_press = &a->decode;
     if (!c->model_name) {
         const char *m = ckv_opt_str(o, CKV_OPT_MODEL, "");
         size_t len = strlen(m);

@@ -282,7 +282,8 @@ static ckv_status prepare_begin(ckv_sched *s, int slot, int *ready) {
     /* a restored context only prefills its question: activation buffers for that many rows */
     int chunk = r->n_q < 1 ? 1 : r->n_q < s->chunk ? r->n_q : s->chunk;
     sl->phase = CKV_SLOT_PREFILL;
-    return s->exec.prepare(s->exec.ctx, slot, r->press, r->ctx_ids, r->n_ctx, r->n_q + r->max_tokens, chunk, ready);
+    return s->exec.prepare(s->exec.ctx, slot, r->press, r->decode_press, r->n_choices, r->ctx_ids, r->n_ctx,
+                           r->n_q + r->max_tokens, chunk, ready);
 }
 
 static void prepare_unit(ckv_sched *s, int slot) {

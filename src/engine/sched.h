@@ -53,9 +53,12 @@ typedef struct {
 /* The engine steps over lanes 0 .. max_slots-1 (one prepared context each). */
 typedef struct {
     /* lane `slot` starts preparing context ids [n] with room for `reserve` tokens, questions
-     * prefilled in chunks of `chunk`; *ready when it needs no layer step (a restored context) */
-    ckv_status (*prepare)(void *ctx, int slot, const ckv_press_config *press, const int32_t *ids, int n, int reserve,
-                          int chunk, int *ready);
+     * prefilled in chunks of `chunk`, for `answers` answers, each compressed while it decodes by
+     * `decode` (NULL: none; the executor runs it inside its decode steps and prepares the context
+     * again at the rewind after an answer that cut it); *ready when it needs no layer step (a
+     * restored context) */
+    ckv_status (*prepare)(void *ctx, int slot, const ckv_press_config *press, const ckv_decode_press *decode, int answers,
+                          const int32_t *ids, int n, int reserve, int chunk, int *ready);
     ckv_status (*advance)(void *ctx, int slot, int *ready);         /* the next layer of lane `slot` */
     void (*prepared)(void *ctx, int slot, ckv_sched_prepared *out);  /* a ready lane's report */
     const float *(*context_logits)(void *ctx, int slot);            /* [V] after the context */
@@ -93,6 +96,7 @@ typedef struct {
     const int32_t *q_ids;           /* [n_q] the question after the context (may be empty) */
     int n_q;
     const ckv_press_config *press;  /* scorer none: the full cache */
+    const ckv_decode_press *decode_press; /* decode-time compression of every choice (NULL: none) */
     ckv_sampler_config sampling;    /* one sampler runs through the choices */
     int max_tokens, n_choices, ignore_eos;
     const char *const *stop_strings;

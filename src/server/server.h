@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "engine/request.h"
+#include "engine/decode_press.h"
 #include "evict/press.h"
 #include "tokenizer/tokenizer.h"
 
@@ -39,6 +40,7 @@ typedef struct {
     int max_batch_tokens;      /* context tokens prefilled together in one forward (0: each context alone) */
     int long_prompt_tokens;    /* a longer context is prefilled alone, one layer per turn (1..max_batch_tokens) */
     const ckv_press_config *default_press; /* the press of requests that name none (NULL: full cache) */
+    const ckv_decode_press *default_decode_press; /* decode-time compression of requests that name none (NULL: none) */
     const char *chat_template; /* template name instead of the tokenizer's own (NULL) */
     const char *cors_origin;   /* Access-Control-Allow-Origin of every response and preflight (NULL: no CORS) */
     int special_in_content;    /* 1: special-token text in message content becomes special tokens (the old

@@ -382,6 +382,54 @@ static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ck
     return 0;
 }
 
+/* "decode_press", "decode_interval", "decode_target" or "decode_ratio": decode-time compression of
+ * every choice (docs/presses.md), the server's default (--decode-press) when the request names no press
+ * ("none": off); the counts alone change the default's. After press_fields (a press with cross-head
+ * allocation before it is refused, as the command line refuses it). */
+static int decode_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
+    const char *spec = NULL;
+    long long interval = -1, target = -1;
+    double ratio = -1;
+    if (ckv_srv_get_string(o, "decode_press", &spec, err) || ckv_srv_get_int(o, "decode_interval", 1, 1 << 24, &interval, err) ||
+        ckv_srv_get_int(o, "decode_target", 1, 1 << 24, &target, err) ||
+        ckv_srv_get_number(o, "decode_ratio", 1e-9, 1 - 1e-9, &ratio, err))
+        return -1;
+    if (target >= 0 && ratio >= 0) {
+        ckv_srv_error_set(err, 400, INVALID, "decode_ratio", "invalid_value", "give 'decode_target' or 'decode_ratio', not both");
+        return -1;
+    }
+    const ckv_decode_press *def = a->cfg->default_decode_press;
+    if ((spec && !strcmp(spec, "none")) || (!spec && !def)) {
+        const char *f = interval >= 0 ? "decode_interval" : target >= 0 ? "decode_target" : ratio >= 0 ? "decode_ratio" : NULL;
+        if (f) {
+            ckv_srv_error_set(err, 400, INVALID, f, "invalid_value",
+                              "'%s' needs 'decode_press' (the press that compresses during generation)", f);
+            return -1;
+        }
+        return 0;
+    }
+    ckv_status st;
+    if (spec) {
+        st = ckv_decode_press_build(&j->decode, spec, interval >= 0 ? (int)interval : CKV_DECODE_INTERVAL_DEFAULT,
+                                    ratio >= 0 ? 0 : target >= 0 ? (int)target : CKV_DECODE_TARGET_DEFAULT, ratio >= 0 ? ratio : -1,
+                                    NULL, 0);
+    } else { /* the default's scorer and options, the request's counts */
+        j->decode = *def;
+        int by_ratio = ratio >= 0 || (target < 0 && def->ratio >= 0);
+        st = ckv_decode_press_set_counts(&j->decode, interval >= 0 ? (int)interval : def->interval,
+                                         by_ratio ? 0 : target >= 0 ? (int)target : def->target,
+                                         by_ratio ? (ratio >= 0 ? ratio : def->ratio) : -1);
+    }
+    if (st == CKV_STATUS_OK) st = ckv_decode_press_check_prefill(&j->decode, &j->press);
+    if (st != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, "decode_press", "invalid_value", "%s", ckv_error_message());
+        ckv_error_clear();
+        return -1;
+    }
+    j->has_decode = 1;
+    return 0;
+}
+
 /* ---- stop strings ------------------------------------------------------------------------------------ */
 
 static int stop_field(const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
@@ -468,7 +516,8 @@ static int parse_job(const ckv_srv_api *a, ckv_srv_kind kind, cJSON *o, ckv_srv_
     }
     if (!bad) {
         j->kind = kind;
-        bad = ckv_srv_format_fields(o, kind, j, err) || ckv_srv_tool_fields(a, o, kind, j, err) || press_fields(a, o, j, err) || stop_field(o, j, err) ||
+        bad = ckv_srv_format_fields(o, kind, j, err) || ckv_srv_tool_fields(a, o, kind, j, err) || press_fields(a, o, j, err) || decode_fields(a, o, j, err) ||
+              stop_field(o, j, err) ||
               ckv_srv_sampling_fields(a, o, kind, n, j, err) ||
               (kind == CKV_SRV_COMPLETION ? completion_prompt(a, o, j, err) : chat_prompt(a, o, j, err));
     }

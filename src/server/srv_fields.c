@@ -72,7 +72,8 @@ int ckv_srv_get_string(const cJSON *o, const char *field, const char **out, ckv_
 static const char *const common_fields[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stream", "stream_options",
     "ignore_eos", "logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty", "user",
-    "context", "press", "budget", "compression_ratio", "query_aware", NULL};
+    "context", "press", "budget", "compression_ratio", "query_aware", "decode_press", "decode_interval", "decode_target",
+    "decode_ratio", NULL};
 static const char *const completion_fields[] = {"prompt", "echo", "best_of", "suffix", "grammar", NULL};
 static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "grammar", "tools",
                                           "tool_choice", "parallel_tool_calls", "functions", "function_call", NULL};

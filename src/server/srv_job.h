@@ -45,6 +45,8 @@ typedef struct ckv_srv_job {
     int32_t *q_ids;         /* [n_q] the question fed after the (compressed) context; may be empty */
     int n_q;
     ckv_press_config press; /* scorer none: the full cache */
+    ckv_decode_press decode; /* decode-time compression of every choice (has_decode) */
+    int has_decode;
     ckv_sampler_config sampling;
     ckv_logits_config logits; /* logit_bias, penalties, and the grammar (logits.grammar: &grammar or NULL) */
     ckv_grammar grammar;    /* response_format / grammar compiled (zeroed when none) */
@@ -90,6 +92,8 @@ typedef struct ckv_srv_job {
     size_t kv_bytes_full, kv_bytes_kept;
     int compressed, cache_hit;
     const char *uncompressed_reason;
+    int decode_compressions;  /* decode-time compressions that evicted rows, summed over the choices */
+    long decode_evicted_entries; /* rows x KV heads they evicted */
     int refs;
 } ckv_srv_job;
 

@@ -103,6 +103,10 @@ int ckv_srv_metrics_render(ckv_srv_metrics *m, char **res, size_t *len) {
     scalar(&o, "ckv_prefill_batches_total", "counter", "batched prefill forwards (the waiting short contexts, up to --max-batch-tokens)",
            (double)m->prefill_batches);
     scalar(&o, "ckv_prefill_batched_contexts_total", "counter", "contexts prefilled in a batched forward", (double)m->prefill_batched_contexts);
+    scalar(&o, "ckv_decode_compressions_total", "counter", "decode-time compressions that evicted rows (decode_press)",
+           (double)m->decode_compressions);
+    scalar(&o, "ckv_decode_evicted_entries_total", "counter", "KV entries (rows x KV heads) removed by decode-time compression",
+           (double)m->decode_evicted_entries);
     scalar(&o, "ckv_queue_length", "gauge", "requests waiting for a batch slot", (double)m->queue_length);
     scalar(&o, "ckv_running_requests", "gauge", "requests holding a batch slot", (double)m->running);
     scalar(&o, "ckv_kv_bytes_in_use", "gauge", "KV-cache bytes of the running requests", (double)m->kv_bytes_in_use);

@@ -22,6 +22,7 @@ typedef struct {
     long cache_hits, cache_misses, cache_disk_hits;
     long prefill_batches, prefill_batched_contexts; /* batched prefill forwards, the contexts they took */
     long requests_cancelled;
+    long decode_compressions, decode_evicted_entries; /* decode-time compressions that evicted rows, rows x KV heads evicted */
     long request_timeouts;  /* connections shut down because a request did not arrive in time */
     ckv_srv_hist ttft, itl, e2e;
     /* gauges (engine thread) */

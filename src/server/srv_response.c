@@ -322,11 +322,12 @@ static cJSON *head(const ckv_srv_api *a, const ckv_srv_job *j, const char *objec
 
 /* Usage of jobs [n] (the prompts of one request), summed; the press and flags of the first. */
 static void add_usage_n(cJSON *o, ckv_srv_job *const *jobs, int n) {
-    long pt = 0, ct = 0, re = 0, cx = 0, kept = 0, total = 0;
+    long pt = 0, ct = 0, re = 0, cx = 0, kept = 0, total = 0, dc = 0, de = 0;
     double kb = 0, fb = 0;
     for (int i = 0; i < n; i++) {
         const ckv_srv_job *j = jobs[i];
         pt += j->prompt_tokens, ct += j->completion_tokens, re += j->reused_tokens, cx += j->n_ctx;
+        dc += j->decode_compressions, de += j->decode_evicted_entries;
         kept += j->kept_entries, total += j->total_entries, kb += (double)j->kv_bytes_kept, fb += (double)j->kv_bytes_full;
     }
     const ckv_srv_job *j = jobs[0];
@@ -346,6 +347,9 @@ static void add_usage_n(cJSON *o, ckv_srv_job *const *jobs, int n) {
     cJSON_AddBoolToObject(u, "compressed", j->compressed);
     if (j->uncompressed_reason) cJSON_AddStringToObject(u, "uncompressed_reason", j->uncompressed_reason);
     cJSON_AddBoolToObject(u, "cache_hit", j->cache_hit);
+    cJSON_AddStringToObject(u, "decode_press", j->has_decode ? j->decode.spec : "none");
+    cJSON_AddNumberToObject(u, "decode_compressions", (double)dc);
+    cJSON_AddNumberToObject(u, "decode_evicted_entries", (double)de);
 }
 
 static void add_usage(cJSON *o, ckv_srv_job *j) { add_usage_n(o, &j, 1); }

@@ -169,9 +169,14 @@ static void on_answer(ckv_srv_sched *s, const ckv_sched_event *ev) {
     ch->text[len] = '\0';
     ch->safe_len = a->safe_len < len ? a->safe_len : len;
     ckv_finish_reason fin = a->finish;
+    const ckv_srv_decode_stats *dst = &s->steps.decode_stats[ev->slot]; /* the slot's until its next prepare */
+    int new_compressions = dst->compressions - j->decode_compressions;
+    long new_evicted = dst->evicted_entries - j->decode_evicted_entries;
     if (fin != CKV_FINISH_NONE) {
         ch->finish = fin;
         j->completion_tokens += ch->n_ids;
+        j->decode_compressions = dst->compressions;
+        j->decode_evicted_entries = dst->evicted_entries;
         if (ev->done) {
             for (int c = ev->choice + 1; c < j->n_choices; c++) j->choices[c].finish = CKV_FINISH_CANCELLED;
             j->done = 1;
@@ -182,6 +187,8 @@ static void on_answer(ckv_srv_sched *s, const ckv_sched_event *ev) {
     if (fin == CKV_FINISH_NONE) return;
     pthread_mutex_lock(&m->mu);
     m->completion_tokens += a->n_ids;
+    m->decode_compressions += new_compressions;
+    m->decode_evicted_entries += new_evicted;
     if (fin == CKV_FINISH_CANCELLED) m->requests_cancelled++;
     pthread_mutex_unlock(&m->mu);
     if (ev->done && fin != CKV_FINISH_CANCELLED) ckv_srv_metrics_observe(m, &m->e2e, now - j->t_submit);
@@ -246,6 +253,7 @@ static void admit_queued(ckv_srv_sched *s) {
         s->running++;
         pthread_mutex_unlock(&s->mu);
         ckv_sched_request r = {.ctx_ids = j->ctx_ids, .n_ctx = j->n_ctx, .q_ids = j->q_ids, .n_q = j->n_q, .press = &j->press,
+                               .decode_press = j->has_decode ? &j->decode : NULL,
                                .sampling = j->sampling, .max_tokens = j->max_tokens, .n_choices = j->n_choices,
                                .ignore_eos = j->ignore_eos, .stop_strings = (const char *const *)j->stop,
                                .n_stop_strings = j->n_stop, .logits = &j->logits, .grammar = &s->grammar,

@@ -24,6 +24,8 @@ typedef struct {
     int32_t reserve, chunk; /* prepare; reserve of a question: 1 keeps every position's logits (score) */
     int32_t failed;         /* quit: the leader stopped because of an error */
     uint64_t payload;       /* bytes that follow */
+    int32_t answers;        /* prepare: the answers the lane gives */
+    int32_t spare;
 } step_head;
 
 static int multi(const ckv_srv_steps *s) { return s->group && s->group->size > 1; }
@@ -43,7 +45,8 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, in
     /* a heartbeat well inside the followers' timeout (and at least every second) */
     s->heartbeat_s = s->group && s->group->timeout_s > 0 && s->group->timeout_s / 4 < 1.0 ? s->group->timeout_s / 4 : 1.0;
     int ctx_max = e->model->cfg.max_context;
-    s->msg_cap = sizeof(ckv_press_config) + sizeof(int32_t) * (size_t)(ctx_max > 2 * max_batch ? ctx_max : 2 * max_batch);
+    s->msg_cap = sizeof(ckv_press_config) + sizeof(ckv_decode_press) +
+                 sizeof(int32_t) * (size_t)(ctx_max > 2 * max_batch ? ctx_max : 2 * max_batch);
     ckv_status st = ckv_srv_store_init(&s->store, e, cache_bytes, cache_dir);
     if (st == CKV_STATUS_OK) {
         s->lanes = calloc((size_t)max_batch, sizeof *s->lanes);
@@ -52,7 +55,8 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, in
         s->step_pc = calloc((size_t)max_batch, sizeof *s->step_pc);
         s->status_all = calloc(s->group ? (size_t)s->group->size : 1, sizeof *s->status_all);
         s->stats_all = calloc(4 * (s->group ? (size_t)s->group->size : 1), sizeof *s->stats_all);
-        if (!s->lanes || !s->step_sess || !s->step_tok || !s->step_pc || !s->status_all || !s->stats_all)
+        s->decode_stats = calloc((size_t)max_batch, sizeof *s->decode_stats);
+        if (!s->lanes || !s->step_sess || !s->step_tok || !s->step_pc || !s->status_all || !s->stats_all || !s->decode_stats)
             st = ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for the server's engine steps");
     }
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->msg, s->msg_cap, "server step messages");
@@ -74,6 +78,8 @@ ckv_status ckv_srv_steps_init(ckv_srv_steps *s, ckv_engine *e, int max_batch, in
 }
 
 static void lane_free(ckv_srv_lane *l) {
+    ckv_decode_state_free(&l->ds);
+    ckv_srv_entry_free(l->copy);
     ckv_prepared_free(&l->pc);
     free(l->ids);
     memset(l, 0, sizeof *l);
@@ -91,6 +97,7 @@ void ckv_srv_steps_free(ckv_srv_steps *s) {
     free(s->step_pc);
     free(s->status_all);
     free(s->stats_all);
+    free(s->decode_stats);
     ckv_free(s->msg);
     ckv_free(s->score_logits);
     memset(s, 0, sizeof *s);
@@ -150,6 +157,13 @@ static int step_fits(const ckv_srv_steps *s, int kind, int slot) {
 
 /* ---- the executor (every rank) ------------------------------------------------------------------------ */
 
+/* The decode-time compression state of the lane's next answer, sized for its session as it is now
+ * (the pools keep their size until the answer ends). */
+static ckv_status answer_begin(ckv_srv_lane *l) {
+    ckv_decode_state_free(&l->ds);
+    return ckv_decode_state_init(&l->ds, &l->decode, &l->pc.sess, 0, NULL);
+}
+
 /* A lane's context became ready: it goes into the store (a prefilled one) and the group's entries
  * and bytes are summed for its usage. */
 static ckv_status lane_ready(ckv_srv_steps *s, int slot) {
@@ -179,15 +193,28 @@ static ckv_status lane_ready(ckv_srv_steps *s, int slot) {
     in->total_entries = (long)sum[1];
     in->kv_bytes_full = (size_t)sum[2];
     in->kv_bytes_kept = (size_t)sum[3];
-    return CKV_STATUS_OK;
+    if (!l->decode.interval) return CKV_STATUS_OK;
+    /* the context as prepared, for an answer after one that cut it (every rank decides alike) */
+    ckv_status st = l->answers > 1 ? ckv_srv_store_copy(&s->store, &l->pc, &l->copy) : CKV_STATUS_OK;
+    if (st == CKV_STATUS_OK) st = answer_begin(l);
+    return agree(s, st, STEP_PREPARE);
 }
 
-static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const int32_t *ids, int n,
-                               int reserve, int chunk, int *ready) {
+static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const ckv_decode_press *decode,
+                               int answers, const int32_t *ids, int n, int reserve, int chunk, int *ready) {
     ckv_srv_lane *l = &s->lanes[slot];
     lane_free(l);
     l->press = *press;
     l->press.spec[sizeof l->press.spec - 1] = l->press.profile[sizeof l->press.profile - 1] = '\0';
+    if (decode) {
+        l->decode = *decode;
+        l->decode.spec[sizeof l->decode.spec - 1] = '\0';
+        l->decode.press.spec[sizeof l->decode.press.spec - 1] = l->decode.press.profile[sizeof l->decode.press.profile - 1] = '\0';
+    }
+    l->answers = answers;
+    l->reserve = reserve;
+    l->chunk = chunk;
+    s->decode_stats[slot] = (ckv_srv_decode_stats){0, 0};
     const char *spec = l->press.scorer == CKV_SCORER_NONE ? "none" : l->press.spec;
     ckv_srv_lookup lk = {0};
     ckv_status st = ckv_srv_store_get(&s->store, spec, ids, n, reserve, chunk, &l->pc, &lk);
@@ -240,12 +267,31 @@ static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, 
     return agree(s, st, STEP_QUESTION);
 }
 
+/* After a decode step of lanes slots[n]: each lane with a decode press counts the step and, when its
+ * interval is due, is cut (the same on every rank: the same lanes, steps and rows). */
+static ckv_status decode_compress(ckv_srv_steps *s, const int32_t *slots, int n) {
+    const ckv_model *m = s->engine->model;
+    for (int i = 0; i < n; i++) {
+        ckv_srv_lane *l = &s->lanes[slots[i]];
+        if (!l->decode.interval) continue;
+        long before = l->ds.evicted_entries;
+        int evicted = 0;
+        CKV_TRY(ckv_decode_state_step(&l->ds, &evicted));
+        ckv_srv_decode_stats *ds = &s->decode_stats[slots[i]];
+        ds->compressions += evicted;
+        /* every head of a layer is cut to the same target: the model's heads evict what this rank's do */
+        ds->evicted_entries += (l->ds.evicted_entries - before) / m->plan.n_kv_local * m->cfg.n_kv_heads;
+    }
+    return CKV_STATUS_OK;
+}
+
 static ckv_status exec_decode(ckv_srv_steps *s, const int32_t *slots, const int32_t *tokens, int n, const float **logits) {
     for (int i = 0; i < n; i++) {
         s->step_sess[i] = &s->lanes[slots[i]].pc.sess;
         s->step_tok[i] = tokens[i];
     }
     ckv_status st = ckv_decode_batch_step(&s->batch, s->step_sess, s->step_tok, n, logits);
+    if (st == CKV_STATUS_OK) st = decode_compress(s, slots, n);
     return agree(s, st, STEP_DECODE);
 }
 
@@ -257,11 +303,26 @@ static ckv_status exec_decode_ids(ckv_srv_steps *s, const int32_t *slots, const 
         s->step_tok[i] = tokens[i];
     }
     ckv_status st = ckv_decode_batch_step_ids(&s->batch, s->step_sess, s->step_tok, n, picks, ids);
+    if (st == CKV_STATUS_OK) st = decode_compress(s, slots, n);
     return agree(s, st, STEP_DECODE);
 }
 
+/* Back to the context for the next answer: rewound, or (an answer's decode-time compression cut the
+ * context's rows) restored from the lane's copy; then the next answer's decode state. */
 static ckv_status exec_rewind(ckv_srv_steps *s, int slot) {
-    return agree(s, ckv_session_rewind(&s->lanes[slot].pc.sess), STEP_REWIND);
+    ckv_srv_lane *l = &s->lanes[slot];
+    ckv_status st = CKV_STATUS_OK;
+    if (l->decode.interval && l->ds.compressions > 0) {
+        ckv_decode_state_free(&l->ds);
+        ckv_prepared_free(&l->pc);
+        st = l->copy ? ckv_srv_store_restore(&s->store, l->copy, l->reserve, l->chunk, &l->pc)
+                     : ckv_error(CKV_STATUS_ERR_INTERNAL, "slot %d: decode-time compression cut the context and no copy "
+                                 "of it was kept", slot);
+    } else {
+        st = ckv_session_rewind(&l->pc.sess);
+    }
+    if (st == CKV_STATUS_OK && l->decode.interval) st = answer_begin(l);
+    return agree(s, st, STEP_REWIND);
 }
 
 /* ---- the leader's side --------------------------------------------------------------------------------- */
@@ -271,27 +332,30 @@ static ckv_status misfit(const ckv_srv_steps *s, int kind, int slot) {
                      !valid_slot(s, slot) ? "out of range" : (const char *[]){"empty", "being prepared", "ready"}[lane_of(s, slot)]);
 }
 
-ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const int32_t *ids, int n,
-                                int reserve, int chunk, int *ready) {
+ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const ckv_decode_press *decode,
+                                int answers, const int32_t *ids, int n, int reserve, int chunk, int *ready) {
     *ready = 0;
-    size_t payload = sizeof *press + sizeof(int32_t) * (size_t)n;
-    if (!step_fits(s, STEP_PREPARE, slot) || n < 1 || payload > s->msg_cap)
-        return ckv_error(CKV_STATUS_ERR_ARG, "prepare step: slot %d, %d context ids (window %d)", slot, n,
-                         s->engine->model->cfg.max_context);
-    if (multi(s)) {
-        step_head h = {STEP_PREPARE, slot, n, reserve, chunk, 0, payload};
+    const size_t dsz = sizeof(ckv_decode_press);
+    size_t payload = sizeof *press + dsz + sizeof(int32_t) * (size_t)n;
+    if (!step_fits(s, STEP_PREPARE, slot) || n < 1 || payload > s->msg_cap || answers < 1 || (decode && decode->interval < 1))
+        return ckv_error(CKV_STATUS_ERR_ARG, "prepare step: slot %d, %d context ids (window %d), %d answers", slot, n,
+                         s->engine->model->cfg.max_context, answers);
+    if (multi(s)) { /* press | decode press (zeroed: none) | ids */
+        step_head h = {STEP_PREPARE, slot, n, reserve, chunk, 0, payload, answers, 0};
         memcpy(s->msg, press, sizeof *press);
-        memcpy(s->msg + sizeof *press, ids, sizeof(int32_t) * (size_t)n);
+        if (decode) memcpy(s->msg + sizeof *press, decode, dsz);
+        else memset(s->msg + sizeof *press, 0, dsz);
+        memcpy(s->msg + sizeof *press + dsz, ids, sizeof(int32_t) * (size_t)n);
         CKV_TRY(send_step(s, &h, s->msg));
     }
-    return exec_prepare(s, slot, press, ids, n, reserve, chunk, ready);
+    return exec_prepare(s, slot, press, decode, answers, ids, n, reserve, chunk, ready);
 }
 
 ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready) {
     *ready = 0;
     if (!step_fits(s, STEP_ADVANCE, slot)) return misfit(s, STEP_ADVANCE, slot);
     if (multi(s)) {
-        step_head h = {STEP_ADVANCE, slot, 0, 0, 0, 0, 0};
+        step_head h = {STEP_ADVANCE, slot, 0, 0, 0, 0, 0, 0, 0};
         CKV_TRY(send_step(s, &h, NULL));
     }
     return exec_advance(s, slot, ready);
@@ -305,7 +369,7 @@ ckv_status ckv_srv_step_prefill(ckv_srv_steps *s, const int *slots, int n) {
         msg[i] = slots[i];
     }
     if (multi(s)) {
-        step_head h = {STEP_PREFILL, 0, n, 0, 0, 0, sizeof(int32_t) * (size_t)n};
+        step_head h = {STEP_PREFILL, 0, n, 0, 0, 0, sizeof(int32_t) * (size_t)n, 0, 0};
         CKV_TRY(send_step(s, &h, msg));
     }
     return exec_prefill(s, msg, n);
@@ -317,7 +381,7 @@ static ckv_status step_question(ckv_srv_steps *s, int slot, const int32_t *ids, 
     if (n < 1 || payload > s->msg_cap || (score && n > CKV_LOGITS_ROWS))
         return ckv_error(CKV_STATUS_ERR_ARG, "question step: slot %d, %d ids", slot, n);
     if (multi(s)) {
-        step_head h = {STEP_QUESTION, slot, n, score, 0, 0, payload};
+        step_head h = {STEP_QUESTION, slot, n, score, 0, 0, payload, 0, 0};
         CKV_TRY(send_step(s, &h, ids));
     }
     return exec_question(s, slot, ids, n, score, logits);
@@ -342,7 +406,7 @@ static ckv_status send_decode(ckv_srv_steps *s, const int *slots, const int32_t 
         msg[n + i] = tokens[i];
     }
     if (!multi(s)) return CKV_STATUS_OK;
-    step_head h = {STEP_DECODE, 0, n, device, 0, 0, sizeof(int32_t) * 2 * (size_t)n};
+    step_head h = {STEP_DECODE, 0, n, device, 0, 0, sizeof(int32_t) * 2 * (size_t)n, 0, 0};
     return send_step(s, &h, msg);
 }
 
@@ -362,7 +426,7 @@ ckv_status ckv_srv_step_decode_ids(ckv_srv_steps *s, const int *slots, const int
 ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot) {
     if (!step_fits(s, STEP_REWIND, slot)) return misfit(s, STEP_REWIND, slot);
     if (multi(s)) {
-        step_head h = {STEP_REWIND, slot, 0, 0, 0, 0, 0};
+        step_head h = {STEP_REWIND, slot, 0, 0, 0, 0, 0, 0, 0};
         CKV_TRY(send_step(s, &h, NULL));
     }
     return exec_rewind(s, slot);
@@ -371,7 +435,7 @@ ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot) {
 void ckv_srv_step_release(ckv_srv_steps *s, int slot) {
     if (!step_fits(s, STEP_RELEASE, slot)) return;
     if (multi(s)) {
-        step_head h = {STEP_RELEASE, slot, 0, 0, 0, 0, 0};
+        step_head h = {STEP_RELEASE, slot, 0, 0, 0, 0, 0, 0, 0};
         if (send_step(s, &h, NULL) != CKV_STATUS_OK) ckv_error_clear();
     }
     lane_free(&s->lanes[slot]);
@@ -379,21 +443,21 @@ void ckv_srv_step_release(ckv_srv_steps *s, int slot) {
 
 void ckv_srv_step_idle(ckv_srv_steps *s) {
     if (!multi(s) || ckv_time_now() - s->t_last_sent < s->heartbeat_s) return;
-    step_head h = {STEP_NOP, 0, 0, 0, 0, 0, 0};
+    step_head h = {STEP_NOP, 0, 0, 0, 0, 0, 0, 0, 0};
     if (send_step(s, &h, NULL) != CKV_STATUS_OK) ckv_error_clear();
 }
 
 void ckv_srv_step_quit(ckv_srv_steps *s, int failed) {
     if (!multi(s)) return;
-    step_head h = {STEP_QUIT, 0, 0, 0, 0, failed != 0, 0};
+    step_head h = {STEP_QUIT, 0, 0, 0, 0, failed != 0, 0, 0, 0};
     if (send_step(s, &h, NULL) != CKV_STATUS_OK) ckv_error_clear();
 }
 
 /* ---- the scheduler's executor ----------------------------------------------------------------------------- */
 
-static ckv_status x_prepare(void *ctx, int slot, const ckv_press_config *press, const int32_t *ids, int n, int reserve,
-                            int chunk, int *ready) {
-    return ckv_srv_step_prepare(ctx, slot, press, ids, n, reserve, chunk, ready);
+static ckv_status x_prepare(void *ctx, int slot, const ckv_press_config *press, const ckv_decode_press *decode, int answers,
+                            const int32_t *ids, int n, int reserve, int chunk, int *ready) {
+    return ckv_srv_step_prepare(ctx, slot, press, decode, answers, ids, n, reserve, chunk, ready);
 }
 static ckv_status x_advance(void *ctx, int slot, int *ready) { return ckv_srv_step_advance(ctx, slot, ready); }
 static void x_prepared(void *ctx, int slot, ckv_sched_prepared *out) { *out = ((ckv_srv_steps *)ctx)->lanes[slot].info; }
@@ -446,11 +510,15 @@ ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
             return CKV_STATUS_OK;
         case STEP_PREPARE: {
             ckv_press_config press;
+            ckv_decode_press decode;
             memcpy(&press, s->msg, sizeof press);
-            if (h.payload != sizeof press + sizeof(int32_t) * (size_t)h.n || h.n < 1)
+            memcpy(&decode, s->msg + sizeof press, sizeof decode);
+            if (h.payload != sizeof press + sizeof decode + sizeof(int32_t) * (size_t)h.n || h.n < 1 || h.answers < 1 ||
+                decode.interval < 0)
                 return ckv_error(CKV_STATUS_ERR_FORMAT, "a server prepare step from rank 0 of %d ids in %llu bytes", h.n,
                                  (unsigned long long)h.payload);
-            st = exec_prepare(s, h.slot, &press, (const int32_t *)(const void *)(s->msg + sizeof press), h.n, h.reserve, h.chunk,
+            st = exec_prepare(s, h.slot, &press, decode.interval > 0 ? &decode : NULL, h.answers,
+                              (const int32_t *)(const void *)(s->msg + sizeof press + sizeof decode), h.n, h.reserve, h.chunk,
                               &ready);
             break;
         }

@@ -1,7 +1,8 @@
 /* srv_step.h - the engine work of `ckv serve` as steps that every rank of the tensor-parallel group
  * runs in the same order: begin preparing a context (store restore, or the start of a prefill), the
  * next layer of a context being prepared, the whole prefill of several begun contexts in one forward,
- * feed a question, one batched decode step, rewind, release.
+ * feed a question, one batched decode step (then each lane's decode-time compression when its interval
+ * is due), rewind (restoring a context that decode-time compression cut), release.
  * Each slot of the scheduler has a lane here (its prepared context) on every rank; a lane is empty,
  * preparing (layers left) or ready, and every step names what it needs (a question only on a ready
  * lane, a layer only on a preparing one), checked on every rank. On rank 0 (the leader, which owns
@@ -29,7 +30,19 @@ typedef struct {
     int32_t *ids;           /* [n] the context while it is prepared (for the store) */
     int n;
     ckv_sched_prepared info; /* ready: store lookup, entries and bytes summed over the group */
+    /* decode-time compression of the lane's answers (decode.interval 0: none) */
+    ckv_decode_press decode;
+    ckv_decode_state ds;    /* the running answer's, sized when it starts (ready, rewind) */
+    ckv_srv_entry *copy;    /* the context as prepared, for the next answer after one that cut it
+                             * (kept only with a decode press and more than one answer) */
+    int answers, reserve, chunk; /* of the prepare step (a re-preparation restores with the same) */
 } ckv_srv_lane;
+
+/* Decode-time compression of one slot's request since its prepare step, over the whole group. */
+typedef struct {
+    int compressions;       /* compressions that evicted rows, summed over the request's answers */
+    long evicted_entries;   /* rows x KV heads of the model they evicted */
+} ckv_srv_decode_stats;
 
 typedef struct {
     ckv_engine *engine;
@@ -47,6 +60,7 @@ typedef struct {
     unsigned char *msg;     /* [msg_cap] a step's payload as sent / received */
     float *score_logits;    /* [CKV_LOGITS_ROWS, V] every position's logits of a scored question step */
     size_t msg_cap;
+    ckv_srv_decode_stats *decode_stats; /* [max_batch] per slot, reset by its prepare step (read by the leader) */
     int32_t *status_all;    /* [group size] every rank's status of the last step */
     int64_t *stats_all;     /* [group size, 4] every rank's context entries and bytes (prepare) */
     double t_last_sent;     /* when the leader last sent a step (heartbeats) */
@@ -65,9 +79,12 @@ void ckv_srv_steps_free(ckv_srv_steps *s); /* accepts zeroed and partial objects
 
 /* Lane `slot` gets the context ids [n] with `press`: restored from the store when it holds it (ready
  * at once), else its prefill begins; `reserve` tokens of room for question and answer, questions
- * prefilled in chunks of `chunk`. *ready: the lane is ready (lanes[slot].info says how). */
-ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const int32_t *ids, int n,
-                                int reserve, int chunk, int *ready);
+ * prefilled in chunks of `chunk`. *ready: the lane is ready (lanes[slot].info says how). `decode`
+ * (NULL: none) compresses each of its `answers` answers inside the decode steps, every `interval`
+ * steps of that answer; the stored context is the one prepared, and a rewind after an answer that
+ * cut the context restores the lane's own copy of it. */
+ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const ckv_decode_press *decode,
+                                int answers, const int32_t *ids, int n, int reserve, int chunk, int *ready);
 /* The next layer of the preparing lane `slot` (with its compression); after the last one the context
  * is stored and the lane is ready. */
 ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready);
@@ -79,13 +96,16 @@ ckv_status ckv_srv_step_question(ckv_srv_steps *s, int slot, const int32_t *ids,
 /* The same for n <= CKV_LOGITS_ROWS ids keeping every position's logits: *rows [n, V] (row t follows
  * ids[t]; scoring a prompt: echo with logprobs). */
 ckv_status ckv_srv_step_score(ckv_srv_steps *s, int slot, const int32_t *ids, int n, const float **rows);
-/* One forward feeding tokens[i] to ready lane slots[i] (i < n); *logits: [n, V] (host, until the next step). */
+/* One forward feeding tokens[i] to ready lane slots[i] (i < n); *logits: [n, V] (host, until the next step).
+ * Then each of those lanes with a decode press whose interval is due is compressed (the logits are
+ * the forward's, from before the cut, as in ckv_prepared_answer). */
 ckv_status ckv_srv_step_decode(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n, const float **logits);
 /* The same with lane slots[i]'s next id sampled on the device as picks[i] says: ids[i] (host); the
  * logits never leave the device (the followers keep theirs there too). */
 ckv_status ckv_srv_step_decode_ids(ckv_srv_steps *s, const int *slots, const int32_t *tokens, int n,
                                    const ckv_batch_pick *picks, int32_t *ids);
-/* Drops what ready lane `slot` holds after its context (the next choice starts from the context). */
+/* Drops what ready lane `slot` holds after its context (the next choice starts from the context; after
+ * an answer whose decode-time compression cut the context, the lane's copy is restored). */
 ckv_status ckv_srv_step_rewind(ckv_srv_steps *s, int slot);
 /* Frees lane `slot` in any state (an empty lane is fine). */
 void ckv_srv_step_release(ckv_srv_steps *s, int slot);

@@ -202,14 +202,14 @@ static ckv_status snapshot(ckv_srv_store *s, const char *spec, const int32_t *id
     if (!e) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for a context snapshot");
     snprintf(e->spec, sizeof e->spec, "%s", spec);
     e->n = n;
-    e->ids = malloc(sizeof(int32_t) * (size_t)n);
+    e->ids = ids ? malloc(sizeof(int32_t) * (size_t)n) : NULL; /* NULL: a copy outside the store (no key) */
     e->lens = malloc(sizeof(int32_t) * (size_t)nl * nkv);
     e->logits = malloc(sizeof(float) * (size_t)c->vocab_size);
-    if (!e->ids || !e->lens || !e->logits) {
+    if ((ids && !e->ids) || !e->lens || !e->logits) {
         entry_free(e);
         return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for a context snapshot");
     }
-    memcpy(e->ids, ids, sizeof(int32_t) * (size_t)n);
+    if (ids) memcpy(e->ids, ids, sizeof(int32_t) * (size_t)n);
     memcpy(e->logits, logits, sizeof(float) * (size_t)c->vocab_size);
     ckv_kv_cache_lengths(&pc->sess.kv, e->lens);
     size_t rows = 0;
@@ -521,3 +521,17 @@ ckv_status ckv_srv_store_put(ckv_srv_store *s, const char *spec, const int32_t *
     }
     return CKV_STATUS_OK;
 }
+
+ckv_status ckv_srv_store_copy(ckv_srv_store *s, const ckv_prepared *pc, ckv_srv_entry **out) {
+    *out = NULL;
+    if (!pc->ready || !pc->logits) return ckv_error(CKV_STATUS_ERR_ARG, "a context copy needs a ready context with its logits");
+    return snapshot(s, "", NULL, pc->n_context, pc, pc->logits, out);
+}
+
+ckv_status ckv_srv_store_restore(ckv_srv_store *s, const ckv_srv_entry *copy, int reserve, int chunk, ckv_prepared *pc) {
+    CKV_TRY(restore(s, copy, reserve, chunk, pc));
+    pc->ready = 1;
+    return CKV_STATUS_OK;
+}
+
+void ckv_srv_entry_free(ckv_srv_entry *e) { entry_free(e); }

@@ -45,4 +45,12 @@ ckv_status ckv_srv_store_get(ckv_srv_store *s, const char *press_spec, const int
 /* Stores the context of a freshly prepared *pc (call before anything is fed after the context). */
 ckv_status ckv_srv_store_put(ckv_srv_store *s, const char *press_spec, const int32_t *ids, int n, const ckv_prepared *pc);
 
+/* A copy of a ready context's rows and logits outside the store (not counted in its limit; the
+ * caller owns it): a lane keeps one when decode-time compression may cut its context before another
+ * answer needs it. */
+ckv_status ckv_srv_store_copy(ckv_srv_store *s, const ckv_prepared *pc, ckv_srv_entry **out);
+/* *pc (zeroed or freed) becomes a ready context restored from such a copy, as a store hit is. */
+ckv_status ckv_srv_store_restore(ckv_srv_store *s, const ckv_srv_entry *copy, int reserve, int chunk, ckv_prepared *pc);
+void ckv_srv_entry_free(ckv_srv_entry *e); /* accepts NULL */
+
 #endif

@@ -53,6 +53,11 @@ def text(r):
     return c["text"] if "text" in c else c["message"]["content"]
 
 
+def decode_usage(**kw):
+    u = comp(**kw)[1]["usage"]
+    return u["decode_compressions"], u["decode_evicted_entries"]
+
+
 def refused(r, param):
     return r[0] == 400 and isinstance(r[1], dict) and r[1]["error"]["param"] == param
 
@@ -110,6 +115,18 @@ C["compression_ratio"] = lambda: (comp(press="snapkv", compression_ratio=0.7, co
                                   comp(press="snapkv", compression_ratio=0.2, context=ids(300, 5))[1]["usage"]["kv_entries_kept"],
                                   "kept entries follow it")
 C["query_aware"] = lambda: (comp(context=ids(100, 6), query_aware=True)[1]["usage"]["context_tokens"] == 124, "the question joins the context")
+C["decode_press"] = lambda: (decode_usage(decode_press="knorm", decode_interval=2, decode_target=4)[0] > 0 and
+                             decode_usage()[0] == 0 and refused(comp(decode_press="snapkv"), "decode_press"),
+                             "knorm compresses while decoding (none without it); snapkv 400")
+C["decode_interval"] = lambda: (decode_usage(decode_press="knorm", decode_interval=2, decode_target=4)[0] >
+                                decode_usage(decode_press="knorm", decode_interval=4, decode_target=4)[0] and
+                                refused(comp(decode_interval=2), "decode_interval"), "compressions follow it; alone 400")
+C["decode_target"] = lambda: (decode_usage(decode_press="knorm", decode_interval=2, decode_target=4)[1] >
+                              decode_usage(decode_press="knorm", decode_interval=2, decode_target=16)[1], "evicted entries follow it")
+C["decode_ratio"] = lambda: (decode_usage(decode_press="knorm", decode_interval=2, decode_ratio=0.8)[1] >
+                             decode_usage(decode_press="knorm", decode_interval=2, decode_ratio=0.2)[1] and
+                             refused(comp(decode_press="knorm", decode_target=4, decode_ratio=0.5), "decode_ratio"),
+                             "evicted entries follow it; with decode_target 400")
 C["completions.prompt"] = lambda: (comp(prompt=ids(30, 2))[1]["usage"]["prompt_tokens"] == 30, "prompt_tokens")
 C["completions.context"] = lambda: (comp(context=ids(50, 3))[1]["usage"]["context_tokens"] == 50, "context_tokens")
 C["completions.logprobs"] = lambda: (len(comp(logprobs=2)[1]["choices"][0]["logprobs"]["token_logprobs"]) == 8, "eight entries")

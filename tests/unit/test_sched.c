@@ -43,9 +43,11 @@ static void note(local_exec *x, char c) {
     x->log[x->n_log] = '\0';
 }
 
-static ckv_status x_prepare(void *ctx, int slot, const ckv_press_config *press, const int32_t *ids, int n, int reserve,
-                            int chunk, int *ready) {
+static ckv_status x_prepare(void *ctx, int slot, const ckv_press_config *press, const ckv_decode_press *decode, int answers,
+                            const int32_t *ids, int n, int reserve, int chunk, int *ready) {
     (void)chunk;
+    (void)answers;
+    if (decode) return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "this executor has no decode-time compression");
     local_exec *x = ctx;
     note(x, 'P');
     x->press[slot] = *press;
