@@ -16,15 +16,16 @@ runs=("--decode-press knorm --decode-interval 8 --decode-target 200"
       "--press knorm --compression-ratio 0.5 --decode-press keydiff --decode-interval 6 --decode-target 100"
       "--decode-press cur --decode-interval 10 --decode-ratio 0.3"
       "--decode-press streaming_llm --press-opt n_sink=4 --decode-interval 5 --decode-target 150"
-      "--press snapkv --compression-ratio 0.5 --decode-press leverage --decode-interval 6 --decode-target 100")
+      "--press snapkv --compression-ratio 0.5 --decode-press leverage --decode-interval 6 --decode-target 96")
 for model in llama_gqa qwen2_bias; do
   dir=$fx/$model
   ids=$(python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['prompt_ids'])))" "$dir/reference.json")
   heads=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_attention_heads'])" "$dir/config.json")
   for k in "${!runs[@]}"; do
-    # leverage after snapkv: qwen2_bias on 2 ranks still keeps one other position than 1 rank at its
-    # third compression (layer 1, head 1; knorm + leverage and leverage alone agree), an open issue
-    [ "$model" = qwen2_bias ] && [[ "${runs[$k]}" == *"--press snapkv"*leverage* ]] && continue
+    # Kept sets are equal while no two scores at a head's cut lie closer than the rounding of the
+    # row-parallel sums (which add in another order on N ranks: the logits of these fixtures differ by
+    # up to 4.4e-6 between 1 and 2 ranks). At target 100, qwen2_bias's second answer holds such a tie
+    # (leverage scores -0.652272284 and -0.652272105 at layer 1, head 1: 1.8e-7 apart), so the target is 96.
     # shellcheck disable=SC2206
     common=(generate --model "$dir" --prompt-ids "$ids" --question-ids 7,8,9 --question-ids 11,12 --max-new-tokens 30
             --ignore-eos --threads 1 --chunk 48 ${runs[$k]})
