@@ -161,6 +161,9 @@ typedef enum {
 
 #define CKV_BACKEND_CAP_BIT(cap) (1u << (unsigned)(cap))
 
+/* The sample op's id for a row of logits holding a non-finite value. */
+#define CKV_SAMPLE_NONFINITE (-1)
+
 typedef struct {
     /* the optional op families this table offers: CKV_BACKEND_CAP_BIT(cap) of each */
     uint32_t caps;
@@ -169,6 +172,9 @@ typedef struct {
     /* memory: device buffers and host<->device copies (the CPU backend's device is the host) */
     ckv_status (*alloc)(ckv_backend *be, void **ptr, size_t bytes, const char *what);
     void (*release)(ckv_backend *be, void *ptr); /* NULL is fine */
+    /* upload: src_host may be reused as soon as it returns; it need not wait for the device (the
+     * CUDA backend stages small copies through page-locked memory and queues them). download waits
+     * for the work queued before it and reports the first failure of a void op, as sync() does. */
     ckv_status (*upload)(ckv_backend *be, void *dst_dev, const void *src_host, size_t bytes);
     ckv_status (*download)(ckv_backend *be, void *dst_host, const void *src_dev, size_t bytes);
     ckv_status (*copy)(ckv_backend *be, void *dst_dev, const void *src_dev, size_t bytes);
@@ -405,6 +411,8 @@ typedef struct {
      * top_k of them (0 = all); then the shortest prefix whose mass reaches top_p of theirs (1 = off);
      * then the first candidate at which the running mass of that prefix exceeds u[r] * its mass
      * (the last one if rounding never gets there).
+     * A row holding a non-finite value (NaN, +-Inf) samples nothing: out[r] = CKV_SAMPLE_NONFINITE,
+     * so a caller learns it from the ids it downloads anyway, without a check of its own.
      * out [n] (device), logits [n, vocab], u [n] uniform draws in [0, 1) (device; from the caller's
      * seeded generator, so every backend and rank picks the same tokens) */
     void (*sample)(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,

@@ -136,14 +136,18 @@ static void batch_account(ckv_decode_batch *b, ckv_session *const *sessions, int
     b->rows += n;
 }
 
+/* The host waits once per step: for the logits' (or the ids') download, which also reports a failed op. */
 ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
                                  const float **logits) {
     double t0 = 0.0;
     CKV_TRY(batch_forward(b, sessions, tokens, n, &t0));
     CKV_TRY(ckv_model_logits(b->model, &b->scratch, b->x, n, logits));
-    CKV_TRY(b->model->be->ops->sync(b->model->be));
     batch_account(b, sessions, n, t0);
     return CKV_STATUS_OK;
+}
+
+static int same_pick(const ckv_batch_pick *a, const ckv_batch_pick *b) {
+    return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p;
 }
 
 ckv_status ckv_decode_batch_step_ids(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
@@ -162,11 +166,17 @@ ckv_status ckv_decode_batch_step_ids(ckv_decode_batch *b, ckv_session *const *se
     }
     for (int i = 0; i < n; i++) u[i] = picks[i].u;
     CKV_TRY(be->ops->upload(be, b->u, u, (size_t)n * sizeof(double)));
-    for (int i = 0; i < n; i++) /* one row per call: each row has its own settings */
-        be->ops->sample(be, b->ids + i, lg + (size_t)i * V, 1, V, picks[i].temperature, picks[i].top_k, picks[i].top_p,
-                        b->u + i);
-    CKV_TRY(be->ops->download(be, ids, b->ids, (size_t)n * sizeof(int32_t)));
-    CKV_TRY(be->ops->sync(be));
+    for (int i = 0, j; i < n; i = j) { /* one call per run of rows with the same settings */
+        for (j = i + 1; j < n && same_pick(&picks[j], &picks[i]); j++) {
+        }
+        be->ops->sample(be, b->ids + i, lg + (size_t)i * V, j - i, V, picks[i].temperature, picks[i].top_k,
+                        picks[i].top_p, b->u + i);
+    }
+    CKV_TRY(be->ops->download(be, ids, b->ids, (size_t)n * sizeof(int32_t))); /* the step's one wait */
+    for (int i = 0; i < n; i++)
+        if (ids[i] == CKV_SAMPLE_NONFINITE)
+            return ckv_error(CKV_STATUS_ERR_NUMERIC, "decode batch row %d: the logits hold a non-finite value: the "
+                             "weights or the activations overflowed", i);
     batch_account(b, sessions, n, t0);
     return CKV_STATUS_OK;
 }

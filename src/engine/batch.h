@@ -53,7 +53,11 @@ typedef struct {
 
 /* As ckv_decode_batch_step, but row i's token is sampled on the device as picks[i] says and only the
  * ids leave it: ids[i] (host) for session i. Every rank of a tensor-parallel group calls it together;
- * a rank whose ids nobody reads (a follower) passes picks and ids NULL: the step stops at the logits. */
+ * a rank whose ids nobody reads (a follower) passes picks and ids NULL: the step stops at the logits.
+ * The host waits for the device once per step (the ids' download; a follower's sync): the inputs are
+ * staged uploads, rows with equal settings are sampled by one call, and a row with a non-finite logit
+ * is an error found in its id (CKV_SAMPLE_NONFINITE) on the sampling rank, which the group's agreement
+ * on the step's status carries to the others. */
 ckv_status ckv_decode_batch_step_ids(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
                                      const ckv_batch_pick *picks, int32_t *ids);
 

@@ -118,8 +118,7 @@ ckv_status ckv_session_prefill_end(ckv_session *s, float *all_logits, const floa
         lg += (size_t)((n - 1) % rows) * c->vocab_size; /* the last row of the last group: the last token */
     } else {
         CKV_TRY(ckv_model_logits(m, &s->scratch, s->x + (size_t)(n - 1) * D, 1, &lg));
-    }
-    CKV_TRY(m->be->ops->sync(m->be));
+    } /* the logits' download waited for the device and reported any failed op */
     s->pf_n = 0;
     s->pf_layer = 0;
     s->n_past += n;
@@ -156,8 +155,7 @@ ckv_status ckv_session_decode(ckv_session *s, int32_t token, const float **logit
     int32_t pos = s->n_past;
     CKV_TRY(ckv_model_embed(m, &s->scratch, s->x, &token, 1));
     for (int l = 0; l < m->cfg.n_layers; l++) CKV_TRY(ckv_model_layer(m, &s->scratch, l, s->x, &pos, 1, &s->kv, NULL));
-    CKV_TRY(ckv_model_logits(m, &s->scratch, s->x, 1, logits));
-    CKV_TRY(m->be->ops->sync(m->be));
+    CKV_TRY(ckv_model_logits(m, &s->scratch, s->x, 1, logits)); /* the step's one wait for the device */
     s->n_past++;
     s->decode_tokens++;
     s->decode_seconds += ckv_time_now() - t0;

@@ -84,6 +84,9 @@ typedef struct {
     int n_logits;  /* rows the logits buffers hold: min(n_max, CKV_LOGITS_ROWS) */
     float *logits; /* [n_logits, n_vocab_local] */
     int32_t *pos;  /* [n_max] positions (device) */
+    int32_t *pos_host; /* [n_max] what pos holds (host), valid for pos_n rows: the layers of one
+                        * forward share their positions, so only the first uploads them */
+    int pos_n;
     int32_t *ids;  /* [n_max] token ids (device) */
     float *host_logits; /* [n_logits, V] gathered logits (host) */
     float *host_part;   /* [n_logits, padded vocab slice * tp] all-gather staging (host) */
@@ -133,8 +136,9 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
 
 /* As ckv_model_logits, but the logits [n, V] stay on the device (for the device sample op): at tp 1
  * they are the scratch's, at tp > 1 the gathered slices are copied into `full` [n, V] (device, the
- * caller's; NULL allowed at tp 1). Every rank of the group calls it together. Non-finite logits are
- * an error as there. */
+ * caller's; NULL allowed at tp 1). Every rank of the group calls it together. Nothing here waits
+ * for the device or checks the values: the sample op returns CKV_SAMPLE_NONFINITE for a row with a
+ * non-finite logit, and its caller makes that the error ckv_model_logits would give. */
 ckv_status ckv_model_logits_device(ckv_model *m, ckv_model_scratch *s, const float *x, int n, float *full,
                                    const float **logits);
 

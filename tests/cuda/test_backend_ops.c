@@ -355,6 +355,75 @@ static void test_sample(float temperature, int top_k, float top_p) {
     free(x);
 }
 
+/* A row holding NaN, +Inf or -Inf samples CKV_SAMPLE_NONFINITE on both backends (greedy and
+ * sampled); the finite row beside them is sampled as always. */
+static void test_sample_nonfinite(float temperature) {
+    enum { ROWS = 4, V = 300 };
+    float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
+    x[1 * V + 17] = NAN;
+    x[2 * V + 299] = INFINITY;
+    x[3 * V + 0] = -INFINITY;
+    const double u[ROWS] = {0.25, 0.5, 0.75, 0.125};
+    const int32_t poison[ROWS] = {-7, -7, -7, -7};
+    int32_t got[2][ROWS];
+    ckv_backend *bes[2] = {tb, ref};
+    for (int w = 0; w < 2; w++) {
+        ckv_backend *be = bes[w];
+        float *xd = (float *)cuda_test_upload(be, x, sizeof(float) * (size_t)ROWS * V);
+        double *ud = (double *)cuda_test_upload(be, u, sizeof u);
+        int32_t *od = (int32_t *)cuda_test_upload(be, poison, sizeof poison);
+        be->ops->sample(be, od, xd, ROWS, V, temperature, 0, 1.0f, ud);
+        cuda_test_download(be, got[w], od, sizeof(int32_t) * ROWS);
+        be->ops->release(be, xd), be->ops->release(be, ud), be->ops->release(be, od);
+    }
+    int bad = 0;
+    for (int w = 0; w < 2; w++) {
+        if (got[w][0] < 0 || got[w][0] >= V) bad++, fprintf(stderr, "  %s row 0 (finite): id %d\n", bes[w]->name, got[w][0]);
+        for (int r = 1; r < ROWS; r++)
+            if (got[w][r] != CKV_SAMPLE_NONFINITE)
+                bad++, fprintf(stderr, "  %s row %d (non-finite): id %d, expected %d\n", bes[w]->name, r, got[w][r],
+                               CKV_SAMPLE_NONFINITE);
+    }
+    CHECK_MSG(bad == 0 && got[0][0] == got[1][0], "sample T=%g with non-finite rows: %d wrong ids, finite row %d vs cpu %d",
+              temperature, bad, got[0][0], got[1][0]);
+    free(x);
+}
+
+/* ---- uploads staged through page-locked memory -------------------------------------------------
+ * 48 uploads of 256 KiB (12 MiB: three times the backend's 4 MiB ring) from one host buffer that is
+ * rewritten after each call, into 48 device buffers: every buffer must hold what the host buffer
+ * held at its call. The layer runs a copy from page-locked memory when the stream runs, so a ring
+ * reused before its copies ran shows up as wrong bytes; and the ring must not wait for the device
+ * more often than it fills (the 48 uploads may wait at most 3 times). */
+static void test_upload_staging(void) {
+    enum { N = 48, WORDS = 64 * 1024 };
+    uint32_t *host = malloc(sizeof(uint32_t) * WORDS), *back = malloc(sizeof(uint32_t) * WORDS);
+    uint32_t *dev[N];
+    const unsigned long long w0 = ckv_cuda_emu_host_waits();
+    for (int b = 0; b < N; b++) {
+        CHECK_OK(tb->ops->alloc(tb, (void **)&dev[b], sizeof(uint32_t) * WORDS, "staging test"));
+        for (int i = 0; i < WORDS; i++) host[i] = (uint32_t)b * 2654435761u + (uint32_t)i;
+        CHECK_OK(tb->ops->upload(tb, dev[b], host, sizeof(uint32_t) * WORDS));
+    }
+    const unsigned long long waits = ckv_cuda_emu_host_waits() - w0;
+    int wrong = 0;
+    for (int b = 0; b < N; b++) {
+        cuda_test_download(tb, back, dev[b], sizeof(uint32_t) * WORDS);
+        for (int i = 0; i < WORDS; i++)
+            if (back[i] != (uint32_t)b * 2654435761u + (uint32_t)i) {
+                if (wrong++ < 3) fprintf(stderr, "  upload %d word %d: %u, expected %u\n", b, i, back[i],
+                                         (uint32_t)b * 2654435761u + (uint32_t)i);
+            }
+        tb->ops->release(tb, dev[b]);
+    }
+    CHECK_MSG(wrong == 0, "staged uploads: %d words wrong (a staging buffer reused before its copy ran)", wrong);
+    CHECK_MSG(waits <= 3, "48 staged uploads of 256 KiB waited for the device %llu times (at most 3: one per ring filled)",
+              waits);
+    if (!wrong && waits <= 3) fprintf(stderr, "ok   %s: 48 staged uploads of 256 KiB intact, %llu host waits\n", tb->name, waits);
+    free(host);
+    free(back);
+}
+
 /* ---- error paths of the emulated device -------------------------------------------------------- */
 
 static void test_emu_errors(void) {
@@ -398,6 +467,7 @@ int main(int argc, char **argv) {
     const int rc = cuda_test_open(argc, argv, "test_backend_ops", &tb);
     if (rc >= 0) return rc;
     CHECK_OK(ckv_backend_cpu_init(&ref, 1));
+    if (strcmp(tb_name, "cuda-emu") == 0) test_upload_staging(); /* counts the layer's host waits */
     CHECK(tb->weight_dtype == CKV_DTYPE_BF16 && tb->kv_dtype == CKV_DTYPE_BF16);
     CHECK(tb->ops->weight_dtype_ok(tb, CKV_DTYPE_BF16) && tb->ops->kv_dtype_ok(tb, CKV_DTYPE_BF16));
 
@@ -425,6 +495,8 @@ int main(int argc, char **argv) {
     test_sample(1.3f, 0, 0.9f);
     test_sample(1.0f, 50, 0.8f);
     test_sample(0.5f, 3, 0.5f);
+    test_sample_nonfinite(0.0f);
+    test_sample_nonfinite(1.0f);
     CHECK_OK(tb->ops->sync(tb));
 
     ckv_backend_free(tb);

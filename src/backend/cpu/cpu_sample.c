@@ -85,6 +85,8 @@ static int ckv_sample_cut_at(const ckv_sample_row *r, ckv_sample_cut *c, double 
 }
 
 static int32_t ckv_sample_one(const float *x, int vocab, float temperature, int top_k, float top_p, double u) {
+    for (int i = 0; i < vocab; i++)
+        if (!isfinite(x[i])) return CKV_SAMPLE_NONFINITE;
     int best = 0;
     for (int i = 1; i < vocab; i++)
         if (x[i] > x[best]) best = i;

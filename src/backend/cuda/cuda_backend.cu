@@ -1,7 +1,8 @@
 /* cuda_backend.cu - the CUDA backend object: device selection and its checks (no GPU, compute
  * capability below 8.0), the compute stream, the cuBLAS handle and workspaces, the memory entries of
  * the op table, error recording and sync() (which reports the first failure of a void op, or an
- * asynchronous fault naming the op launched last), and the C entry points. Compiled twice: by nvcc
+ * asynchronous fault naming the op launched last), small uploads staged through a page-locked ring
+ * so that they need not wait for the device, and the C entry points. Compiled twice: by nvcc
  * for the GPU ("cuda") and by the host C++ compiler against the CPU execution layer ("cuda-emu",
  * entry point ckv_backend_cuda_emu_init). The kernels live in the other .cu files. */
 #include <stdio.h>
@@ -32,16 +33,22 @@ void record(ctx *c, ckv_status s) {
     snprintf(c->pending_msg, sizeof c->pending_msg, "%s", ckv_error_message());
 }
 
+cudaError_t stream_wait(ctx *c) {
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess) c->stage_used = 0; /* every staged copy has run */
+    return e;
+}
+
 void op_done(ctx *c, const char *op) {
     c->last_op = op;
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) record(c, status_cuda(e, op));
-    if (c->sync_each) CKV_CUDA_OP_CHECK(c, cudaStreamSynchronize(c->stream), op);
+    if (c->sync_each) CKV_CUDA_OP_CHECK(c, stream_wait(c), op);
 }
 
 ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char *what) {
     if (bytes <= *cap_bytes) return CKV_STATUS_OK;
-    CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), what); /* the old buffer may still be in use */
+    CKV_CUDA_CHECK(stream_wait(c), what); /* the old buffer may still be in use */
     CKV_CUDA_CHECK(cudaFree(*buf), what);
     *buf = NULL;
     *cap_bytes = 0;
@@ -61,6 +68,7 @@ void be_free(ckv_backend *be) {
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         if (c->blas) cublasDestroy(c->blas);
+        cudaFreeHost(c->stage);
         cudaFree(c->blas_ws);
         cudaFree(c->xbf);
         cudaFree(c->part);
@@ -94,8 +102,36 @@ ckv_status be_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what)
 void be_release(ckv_backend *be, void *ptr) {
     if (!ptr) return;
     ctx *c = ctx_of(be);
-    cudaStreamSynchronize(c->stream); /* kernels still queued may use it */
+    stream_wait(c); /* kernels still queued may use it */
     CKV_CUDA_OP_CHECK(c, cudaFree(ptr), "release");
+}
+
+/* Staging: an upload of at most STAGE_MAX bytes is copied into the page-locked ring and queued from
+ * there, so the host returns at once and the caller may reuse its buffer (the contract of upload).
+ * The ring is reused only after the host has waited for the stream: when the bytes staged since
+ * the last wait would not fit, this waits first. A decode step stages a few hundred bytes, so it
+ * never waits here; larger uploads (weights) go through the pageable path, which waits. */
+constexpr size_t STAGE_BYTES = (size_t)4 << 20;
+constexpr size_t STAGE_MAX = STAGE_BYTES / 8;
+constexpr size_t STAGE_ALIGN = 64;
+
+/* src [bytes] copied into the ring; *staged its copy there, or NULL: too large to stage. */
+ckv_status stage_upload(ctx *c, const void *src, size_t bytes, const void **staged, const char *what) {
+    *staged = NULL;
+    if (!c->stage || bytes > STAGE_MAX) return CKV_STATUS_OK;
+    const size_t need = (bytes + STAGE_ALIGN - 1) & ~(STAGE_ALIGN - 1);
+    size_t off = c->stage_off, skip = 0;
+    if (off + need > c->stage_cap) skip = c->stage_cap - off, off = 0; /* wrap: the tail stays unused */
+    if (c->stage_used + skip + need > c->stage_cap) {
+        CKV_CUDA_CHECK(stream_wait(c), what); /* the oldest staged copies may not have run yet */
+        off = 0;
+        skip = 0;
+    }
+    memcpy(c->stage + off, src, bytes);
+    c->stage_off = off + need;
+    c->stage_used += skip + need;
+    *staged = c->stage + off;
+    return CKV_STATUS_OK;
 }
 
 ckv_status be_copy_kind(ckv_backend *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
@@ -105,9 +141,28 @@ ckv_status be_copy_kind(ckv_backend *be, void *dst, const void *src, size_t byte
         return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: %s of %zu bytes with a NULL %s pointer",
                          CKV_CUDA_BACKEND_NAME, what, bytes, dst ? "source" : "destination");
     ctx *c = ctx_of(be);
+    if (kind == cudaMemcpyHostToDevice) {
+        const void *staged = NULL;
+        CKV_TRY(stage_upload(c, src, bytes, &staged, what));
+        if (staged) {
+            CKV_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, kind, c->stream), what);
+            return CKV_STATUS_OK;
+        }
+    }
     CKV_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, c->stream), what);
-    /* host buffers are pageable and may be reused at once: finish the copy before returning */
-    if (kind != cudaMemcpyDeviceToDevice) CKV_CUDA_CHECK(cudaStreamSynchronize(c->stream), what);
+    if (kind == cudaMemcpyDeviceToDevice) return CKV_STATUS_OK;
+    if (kind == cudaMemcpyDeviceToHost) {
+        /* into pageable memory the call returned once the copy was done, so the stream's earlier
+         * work is done too (and a fault of it was the call's error): no second wait */
+        c->stage_used = 0;
+    } else {
+        CKV_CUDA_CHECK(stream_wait(c), what); /* the pageable source may be reused at once */
+    }
+    if (c->pending != CKV_STATUS_OK) { /* a void op queued before failed: its result is not there */
+        ckv_status st = c->pending;
+        c->pending = CKV_STATUS_OK;
+        return ckv_error(st, "%s", c->pending_msg);
+    }
     return CKV_STATUS_OK;
 }
 
@@ -128,7 +183,7 @@ ckv_status be_sync(ckv_backend *be) {
         c->pending = CKV_STATUS_OK;
         return ckv_error(s, "%s", c->pending_msg);
     }
-    cudaError_t e = cudaStreamSynchronize(c->stream);
+    cudaError_t e = stream_wait(c);
     if (e != cudaSuccess)
         return ckv_error(CKV_STATUS_ERR_DEVICE,
                          "%s backend: %s: %s (%s; asynchronous, surfaced at sync; CKV_CUDA_SYNC=1 names the exact op)",
@@ -249,6 +304,8 @@ ckv_status init_device(ctx *c, int device) {
     CKV_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes), "set the cuBLAS workspace");
     CKV_TRY(grow(c, (void **)&c->xbf, &c->xbf_cap, XBF_INITIAL * sizeof(ckv_bf16), "the GEMM activation workspace"));
     CKV_CUDA_CHECK(cudaMalloc((void **)&c->count, sizeof *c->count), "allocate the counter");
+    CKV_CUDA_CHECK(cudaMallocHost((void **)&c->stage, STAGE_BYTES), "allocate the page-locked upload ring");
+    c->stage_cap = STAGE_BYTES;
     (void)cudaGetLastError(); /* a stale error of an earlier call in this process is not ours */
     return CKV_STATUS_OK;
 }
@@ -301,6 +358,10 @@ void ckv_cuda_emu_set_devices(int count, int major, int minor) { ckv_emu::ckv_em
 void ckv_cuda_emu_inject_fault(const char *kernel) { ckv_emu::ckv_emu_inject_fault(kernel); }
 void ckv_cuda_emu_reset(void) { ckv_emu::ckv_emu_reset(); }
 unsigned long long ckv_cuda_emu_alloc_calls(void) { return ckv_emu::ckv_emu_alloc_calls(); }
+unsigned long long ckv_cuda_emu_host_waits(void) { return ckv_emu::ckv_emu_host_waits(); }
+void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemms) {
+    ckv_emu::ckv_emu_launches(kernels, gemms);
+}
 #else
 extern "C" int ckv_backend_cuda_available(void) { return 1; }
 extern "C" ckv_status ckv_backend_cuda_init(ckv_backend **out, int device_index) {

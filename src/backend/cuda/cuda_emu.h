@@ -15,5 +15,9 @@ void ckv_cuda_emu_inject_fault(const char *kernel);
 void ckv_cuda_emu_reset(void);
 /* Device allocations made so far (cudaMalloc calls), to check that an op does not allocate. */
 unsigned long long ckv_cuda_emu_alloc_calls(void);
+/* Times the host has waited for the simulated GPU so far (stream/event/device synchronisations,
+ * copies into pageable memory, frees), and kernels launched and cuBLAS GEMMs queued (either NULL). */
+unsigned long long ckv_cuda_emu_host_waits(void);
+void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemms);
 
 #endif

@@ -30,6 +30,9 @@ struct ctx {
     unsigned long long *count; /* [1] count_nonfinite's counter */
     void *evict_ws;           /* scratch of the eviction ops: one op at a time; sized by evict_reserve */
     size_t evict_ws_cap;      /* bytes */
+    unsigned char *stage;     /* [stage_cap] page-locked ring the small uploads are staged through */
+    size_t stage_cap, stage_off; /* bytes; the next free offset */
+    size_t stage_used;        /* bytes staged since the host last waited for the stream (<= stage_cap) */
     ckv_status pending;       /* first error of a void op, reported by sync() */
     char pending_msg[320];
     const char *last_op;      /* the op launched last (named when an asynchronous fault surfaces) */
@@ -53,6 +56,9 @@ ckv_status status_cublas(cublasStatus_t e, const char *what);
 void record(ctx *c, ckv_status s);
 /* After an op's launches: records a launch error naming `op`; remembers `op` as the last one. */
 void op_done(ctx *c, const char *op);
+/* Waits on the host for the compute stream (every host wait of the backend goes through it: it
+ * frees the staging ring). */
+cudaError_t stream_wait(ctx *c);
 /* Grows a device workspace to at least `bytes` (outside the decode loop: see ctx). */
 ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char *what);
 

@@ -137,8 +137,7 @@ ckv_status count_nonfinite(ckv_backend *be, const float *x, size_t n, size_t *n_
                dim3(THREADS), 0, c->stream, c->count, x, n);
     op_done(c, "count_nonfinite");
     unsigned long long host = 0;
-    CKV_CUDA_CHECK(cudaMemcpyAsync(&host, c->count, sizeof host, cudaMemcpyDeviceToHost, c->stream), "count_nonfinite");
-    CKV_TRY(be->ops->sync(be));
+    CKV_TRY(be->ops->download(be, &host, c->count, sizeof host)); /* waits; reports a failed op */
     *n_bad = (size_t)host;
     return CKV_STATUS_OK;
 }

@@ -5,7 +5,8 @@
  * order as their bits), then one over the indices of the tied candidates, each step a block-wide
  * count or mass (double) over the row that recomputes p. It sorts nothing and needs no workspace;
  * the CPU reference (cpu/cpu_sample.c) is the same algorithm, so both pick the same tokens as
- * engine/sampler.c up to the last bit of the sums. */
+ * engine/sampler.c up to the last bit of the sums. The first pass over the row also counts its
+ * non-finite values (a row with any samples CKV_SAMPLE_NONFINITE). */
 #include "cuda_internal.h"
 
 namespace CKV_CUDA_NS {
@@ -108,8 +109,16 @@ __global__ void sample_kernel(int32_t *out, const float *logits, int vocab, floa
     __shared__ int si[32];
     const float *x = logits + (size_t)blockIdx.x * (size_t)vocab; // [vocab]
     int bi = -1;
-    for (int i = (int)threadIdx.x; i < vocab; i += (int)blockDim.x)
-        if (bi < 0 || x[i] > x[bi]) bi = i;
+    double bad = 0.0;
+    for (int i = (int)threadIdx.x; i < vocab; i += (int)blockDim.x) {
+        const float v = x[i];
+        bad += isfinite(v) ? 0.0 : 1.0;
+        if (bi < 0 || v > x[bi]) bi = i;
+    }
+    if (block_sum(bad, red) > 0.0) { /* uniform: every thread has the total */
+        if (threadIdx.x == 0) out[blockIdx.x] = CKV_SAMPLE_NONFINITE;
+        return;
+    }
     const int best = block_argbest(bi >= 0 ? x[bi] : 0.0f, bi, sv, si);
     if (temperature == 0.0f) {
         if (threadIdx.x == 0) out[blockIdx.x] = best;

@@ -127,6 +127,15 @@ alloc *find_alloc(const void *p, size_t bytes, uintptr_t *base) {
 
 static bool is_device(const void *p, size_t bytes) { return find_alloc(p, bytes, NULL) != NULL; }
 
+/* [p, p + bytes) inside one cudaMallocHost allocation */
+static bool is_pinned(const void *p, size_t bytes) {
+    const std::map<uintptr_t, size_t> &m = mach().pinned;
+    auto it = m.upper_bound((uintptr_t)p);
+    if (it == m.begin()) return false;
+    --it;
+    return (uintptr_t)p + bytes <= it->first + it->second;
+}
+
 void mark_written(const void *p, size_t bytes) {
     if (!config().check || bytes == 0) return;
     uintptr_t base = 0;
@@ -196,6 +205,17 @@ unsigned long long ckv_emu_alloc_calls(void) {
     return alloc_calls;
 }
 
+unsigned long long ckv_emu_host_waits(void) {
+    LOCKED;
+    return mach().host_waits;
+}
+
+void ckv_emu_launches(unsigned long long *kernels, unsigned long long *gemms) {
+    LOCKED;
+    if (kernels) *kernels = mach().launches;
+    if (gemms) *gemms = mach().gemms;
+}
+
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     LOCKED;
     *ptr = NULL;
@@ -241,6 +261,28 @@ static void drop_shadow(alloc &a) {
 }
 
 static void drain_device(int d);
+
+cudaError_t cudaMallocHost(void **ptr, size_t bytes) {
+    LOCKED;
+    *ptr = NULL;
+    if (bytes == 0) return cudaSuccess;
+    void *p = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
+    if (!p) return set_last(cudaErrorMemoryAllocation);
+    mach().pinned[(uintptr_t)p] = bytes;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *ptr) {
+    LOCKED;
+    if (!ptr) return cudaSuccess;
+    auto it = mach().pinned.find((uintptr_t)ptr);
+    if (it == mach().pinned.end()) return set_last(cudaErrorInvalidValue);
+    for (int d = 0; d < mach().count; d++) drain_device(d); /* queued copies may still read it */
+    mach().pinned.erase(it);
+    free(ptr);
+    return cudaSuccess;
+}
 
 cudaError_t cudaFree(void *ptr) {
     LOCKED;
@@ -320,10 +362,12 @@ uint64_t stream_push(cudaStream_t st, std::function<void()> fn) {
 }
 
 static void run_stream_now(ckv_emu_stream *s, uint64_t upto) {
+    mach().host_waits++;
     device_exec([&] { stream_run(s, upto); });
 }
 
 static void drain_device(int d) {
+    mach().host_waits++;
     device_exec([&] {
         for (bool more = true; more;) {
             more = false;
@@ -436,6 +480,17 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     case cudaMemcpyDefault: ok = dst && src; break;
     }
     if (!ok || !dst || !src) return set_last(cudaErrorInvalidValue);
+    const bool dst_pinned = !dst_dev && is_pinned(dst, bytes);
+    if (!src_dev && is_pinned(src, bytes)) {
+        /* page-locked host memory is read when the copy runs: the host must not touch it before */
+        stream_push(s, [=] {
+            if (dev(d).sticky) return;
+            memcpy(dst, src, bytes);
+            if (dst_dev) mark_written(dst, bytes);
+        });
+        if (!dst_dev && !dst_pinned) run_stream_now(s, s->next - 1);
+        return cudaSuccess;
+    }
     if (!src_dev) {
         /* pageable host memory is staged at the call (the host may reuse it at once) */
         std::shared_ptr<std::vector<unsigned char>> staged =
@@ -445,16 +500,21 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
             memcpy(dst, staged->data(), bytes);
             mark_written(dst, bytes);
         });
-        if (!dst_dev) run_stream_now(s, s->next - 1);
+        if (!dst_dev && !dst_pinned) run_stream_now(s, s->next - 1);
         return cudaSuccess;
     }
     const uint64_t seq = stream_push(s, [=] {
         if (dev(d).sticky) return;
         memmove(dst, src, bytes);
-        mark_written(dst, bytes);
+        if (dst_dev) mark_written(dst, bytes);
     });
-    /* into pageable host memory the call returns once the copy is done */
-    if (!dst_dev) run_stream_now(s, seq);
+    /* into pageable host memory the call returns once the copy is done (so the stream's earlier work
+     * is done too, and a fault it raised is this call's error); into page-locked memory it is queued
+     * like any other work */
+    if (!dst_dev && !dst_pinned) {
+        run_stream_now(s, seq);
+        return sync_status(d);
+    }
     return cudaSuccess;
 }
 
@@ -513,6 +573,7 @@ void ckv_emu_submit(const char *kernel, dim3 grid, dim3 block, size_t smem, cuda
         return;
     }
     std::vector<const void *> p(ptrs, ptrs + n_ptrs);
+    mach().launches++;
     stream_push(s, [=] {
         exec_launch(d, kernel, grid, block, tramp, args, args_bytes, p.data(), (int)p.size());
         destroy(args);

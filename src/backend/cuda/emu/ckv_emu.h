@@ -113,6 +113,10 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 cudaError_t cudaMalloc(void **ptr, size_t bytes);
 cudaError_t cudaFree(void *ptr);
+/* Page-locked host memory: a copy from it reads it when the copy runs (not at the call), a copy into
+ * it does not wait, as in CUDA; so a host write before the copy ran is a bug the results show. */
+cudaError_t cudaMallocHost(void **ptr, size_t bytes);
+cudaError_t cudaFreeHost(void *ptr);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s);
@@ -341,6 +345,12 @@ void ckv_emu_inject_fault(const char *kernel);
 void ckv_emu_reset(void);
 /* How many cudaMalloc calls have allocated so far (tests: no op allocates once its scratch is reserved). */
 unsigned long long ckv_emu_alloc_calls(void);
+/* How often the host has waited for device work so far: stream, event and device synchronisations,
+ * copies into pageable host memory, synchronous copies and memsets, cudaFree and cudaFreeHost (each
+ * drains the device as on a GPU). Tests: the host waits of a decode step. */
+unsigned long long ckv_emu_host_waits(void);
+/* Kernels launched and cuBLAS GEMM calls queued so far (either may be NULL). */
+void ckv_emu_launches(unsigned long long *kernels, unsigned long long *gemms);
 /* The thread and block order from now on, as CKV_EMU_SCHEDULE spells it (forward, reverse,
  * random:SEED); -1 (nothing changed) for anything else. */
 int ckv_emu_set_schedule(const char *spec);

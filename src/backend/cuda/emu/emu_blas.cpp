@@ -98,6 +98,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
     const int d = stream_of(h->stream)->device;
     if (mach().devs[d].sticky) return CUBLAS_STATUS_NOT_INITIALIZED;
     const float a = *(const float *)alpha, b = *(const float *)beta; /* host pointers: read at the call */
+    mach().gemms++;
     stream_push(h->stream, [=] {
         if (mach().devs[d].sticky) return;
         for (int i = 0; i < batch; i++) {

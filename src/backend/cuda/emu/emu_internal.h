@@ -69,6 +69,10 @@ struct machine {
     std::map<uintptr_t, alloc> allocs; /* user base -> allocation (freed ones too, until reused) */
     std::vector<ckv_emu_stream *> streams;
     ckv_emu_stream *legacy[MAX_DEVICES] = {}; /* the NULL stream of each device */
+    std::map<uintptr_t, size_t> pinned; /* cudaMallocHost base -> bytes */
+    unsigned long long host_waits = 0;  /* times the host waited for device work (ckv_emu_host_waits) */
+    unsigned long long launches = 0;    /* kernels launched (ckv_emu_launches) */
+    unsigned long long gemms = 0;       /* cuBLAS calls queued (ckv_emu_launches) */
 };
 machine &mach(void);
 /* API calls hold the machine lock; work running on the device thread (its caller holds it) not. */

@@ -1,0 +1,167 @@
+/* test_decode_syncs.c - how often a decode step makes the host wait for the GPU, and how many
+ * kernels and GEMMs it launches, counted by the CPU execution layer (cuda-emu). On the bf16 fixture
+ * model (production path: bf16 weights and KV cache), three sessions of 30, 55 and 80 prompt tokens
+ * decode 6 steps together:
+ *   - sampled on the device (ckv_decode_batch_step_ids; row 0 greedy, rows 1 and 2 sampled with the
+ *     same settings): exactly 1 host wait per step, and exactly 2 sample launches (rows with equal
+ *     settings share one); ids equal to the CPU sample op's on the same step's host logits (the first
+ *     step of the process may wait once more: the split-KV partials' workspace grows to its size);
+ *   - host logits (ckv_decode_batch_step) and one session alone (ckv_session_decode): 1 wait each;
+ *   - no device allocation after the first step.
+ * Every wait the layer counts is one a GPU would make the host take (stream and device syncs,
+ * copies into pageable memory); small uploads are staged through page-locked memory, whose copies
+ * the layer runs late, so a staging bug shows up as wrong ids. Prints waits, kernels and GEMMs per
+ * step and per layer. Label cuda-emu. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_emu.h"
+#include "ckv_test.h"
+#include "engine/batch.h"
+#include "engine/session.h"
+#include "model/model.h"
+
+enum { NS = 3, STEPS = 6, CAP = 160 };
+
+typedef struct {
+    unsigned long long waits, kernels, gemms, allocs;
+} counts;
+
+static counts now(void) {
+    counts c;
+    c.waits = ckv_cuda_emu_host_waits();
+    ckv_cuda_emu_launches(&c.kernels, &c.gemms);
+    c.allocs = ckv_cuda_emu_alloc_calls();
+    return c;
+}
+
+static counts since(counts a) {
+    counts b = now();
+    return (counts){b.waits - a.waits, b.kernels - a.kernels, b.gemms - a.gemms, b.allocs - a.allocs};
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+/* Session i prefilled with 30 + 25 i ids of a fixed pattern; *first its greedy next token. */
+static void prefill(ckv_session *s, ckv_model *m, int i, int32_t *first) {
+    const int n = 30 + 25 * i, V = m->cfg.vocab_size;
+    int32_t ids[128];
+    for (int t = 0; t < n; t++) ids[t] = (int32_t)((7 * t + 13 * i + 1) % V);
+    const float *last = NULL;
+    CHECK_OK(ckv_session_init_kv(s, m, CAP, 16, 0, CKV_DTYPE_BF16));
+    CHECK_OK(ckv_session_prefill(s, ids, n, NULL, &last));
+    *first = last ? argmax(last, V) : 0;
+}
+
+int main(void) {
+    ckv_backend *dev = NULL, *cpu = NULL;
+    ckv_model *m = NULL;
+    CHECK_OK(ckv_backend_cuda_emu_init(&dev, 0));
+    CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
+    const ckv_model_opts opts = {.weights_dtype = CKV_DTYPE_BF16};
+    if (dev) CHECK_OK(ckv_model_load_opts(&m, CKV_FIXTURES "/models/llama_gqa_bf16", dev, NULL, &opts));
+    if (!m || !cpu) return ckv_test_finish("test_decode_syncs");
+    const int V = m->cfg.vocab_size, L = m->cfg.n_layers;
+
+    ckv_session sa[NS], sb[NS], solo;
+    ckv_session *pa[NS], *pb[NS];
+    int32_t tok[NS], first_solo = 0;
+    for (int i = 0; i < NS; i++) {
+        int32_t t2 = 0;
+        prefill(&sa[i], m, i, &tok[i]);
+        prefill(&sb[i], m, i, &t2);
+        CHECK(t2 == tok[i]);
+        pa[i] = &sa[i];
+        pb[i] = &sb[i];
+    }
+    prefill(&solo, m, 2, &first_solo);
+    ckv_decode_batch ba, bb;
+    CHECK_OK(ckv_decode_batch_init(&ba, m, 4));
+    CHECK_OK(ckv_decode_batch_init(&bb, m, 4));
+
+    uint64_t rng = 0x5eedULL;
+    ckv_batch_pick picks[NS] = {{0.0f, 1.0f, 0, 0.0}, {0.8f, 0.9f, 20, 0.0}, {0.8f, 0.9f, 20, 0.0}};
+    int wrong_waits = 0, wrong_ids = 0, wrong_launches = 0, allocs_after_first = 0;
+    counts per_ids = {0, 0, 0, 0}, per_host = {0, 0, 0, 0};
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 1; i < NS; i++) picks[i].u = ckv_test_rng_double(&rng);
+        int32_t ids[NS];
+        counts c0 = now();
+        ckv_status st = ckv_decode_batch_step_ids(&ba, pa, tok, NS, picks, ids);
+        counts ci = since(c0);
+        CHECK_MSG(st == CKV_STATUS_OK, "step %d (device sampling): %s", step, ckv_error_message());
+        const float *lg = NULL;
+        c0 = now();
+        st = ckv_decode_batch_step(&bb, pb, tok, NS, &lg);
+        counts ch = since(c0);
+        CHECK_MSG(st == CKV_STATUS_OK && lg, "step %d (host logits): %s", step, ckv_error_message());
+        if (st != CKV_STATUS_OK || !lg) break;
+        /* the reference: the CPU sample op on this step's host logits with the same draws */
+        int32_t want[NS];
+        for (int i = 0; i < NS; i++)
+            cpu->ops->sample(cpu, &want[i], lg + (size_t)i * V, 1, V, picks[i].temperature, picks[i].top_k,
+                             picks[i].top_p, &picks[i].u);
+        for (int i = 0; i < NS; i++)
+            if (ids[i] != want[i]) {
+                if (wrong_ids++ < 5)
+                    fprintf(stderr, "  step %d row %d: device-sampled id %d, cpu sample op on the host logits %d\n", step,
+                            i, ids[i], want[i]);
+            }
+        if (step == 0) fprintf(stderr, "     first step: %llu host waits sampling on the device\n", ci.waits);
+        if ((step > 0 && ci.waits != 1) || ch.waits != 1) {
+            if (wrong_waits++ < 5)
+                fprintf(stderr, "  step %d: %llu host waits sampling on the device, %llu with host logits (want 1, 1)\n",
+                        step, ci.waits, ch.waits);
+        }
+        /* the same forward; the difference is the sample launches: greedy row 0, then rows 1-2 */
+        if (ci.kernels != ch.kernels + 2 || ci.gemms != ch.gemms) {
+            if (wrong_launches++ < 5)
+                fprintf(stderr, "  step %d: %llu kernels and %llu GEMMs sampling on the device, %llu and %llu with host "
+                        "logits (want 2 more kernels: one sample launch per run of equal settings)\n",
+                        step, ci.kernels, ci.gemms, ch.kernels, ch.gemms);
+        }
+        if (step > 0) allocs_after_first += (int)(ci.allocs + ch.allocs);
+        if (step == STEPS - 1) per_ids = ci, per_host = ch;
+        for (int i = 0; i < NS; i++) tok[i] = ids[i];
+    }
+    CHECK_MSG(wrong_waits == 0, "%d steps waited for the device more (or less) than once", wrong_waits);
+    CHECK_MSG(wrong_ids == 0, "%d device-sampled ids differ from the cpu sample op's", wrong_ids);
+    CHECK_MSG(wrong_launches == 0, "%d steps launched other than one sample kernel per run of equal settings",
+              wrong_launches);
+    CHECK_MSG(allocs_after_first == 0, "decode steps after the first allocated %d device buffers", allocs_after_first);
+    fprintf(stderr, "%s batch of %d, %d layers, per step: device sampling %llu wait, %llu kernels (%.1f per layer), "
+            "%llu GEMMs; host logits %llu wait, %llu kernels, %llu GEMMs\n",
+            wrong_waits || wrong_ids || wrong_launches ? "FAIL" : "ok  ", NS, L, per_ids.waits, per_ids.kernels,
+            (double)per_ids.kernels / L, per_ids.gemms, per_host.waits, per_host.kernels, per_host.gemms);
+
+    /* one session alone, as ckv generate decodes */
+    int32_t t = first_solo;
+    int solo_bad = 0;
+    counts c1 = {0, 0, 0, 0};
+    for (int step = 0; step < 3; step++) {
+        const float *lg = NULL;
+        counts c0 = now();
+        CHECK_OK(ckv_session_decode(&solo, t, &lg));
+        c1 = since(c0);
+        if (c1.waits != 1) solo_bad++;
+        t = lg ? argmax(lg, V) : 0;
+    }
+    CHECK_MSG(solo_bad == 0, "a single session's decode step waited for the device %llu times (want 1)", c1.waits);
+    fprintf(stderr, "%s one session: %llu wait, %llu kernels, %llu GEMMs per step\n", solo_bad ? "FAIL" : "ok  ",
+            c1.waits, c1.kernels, c1.gemms);
+
+    ckv_decode_batch_free(&ba);
+    ckv_decode_batch_free(&bb);
+    for (int i = 0; i < NS; i++) ckv_session_free(&sa[i]), ckv_session_free(&sb[i]);
+    ckv_session_free(&solo);
+    ckv_model_free(m);
+    ckv_backend_free(cpu);
+    ckv_backend_free(dev);
+    return ckv_test_finish("test_decode_syncs");
+}
