@@ -92,6 +92,11 @@ def fixture_tests():
         u = r.usage.model_dump()
         t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and press.split(":")[0] in u["press"],
                 f"press {press} {extra} compresses the context", str(u))
+    try:  # a request carries no press options, and kvzip's prompt ids are options: a 400 naming the first
+        c.completions.create(model="llama_gqa", prompt=ctx, max_tokens=2, extra_body={"press": "kvzip", "budget": 0.5})
+        t.check(False, "a request naming kvzip without its prompt ids is refused")
+    except openai.BadRequestError as e:
+        t.check("repeat_ids" in str(e), "a request naming kvzip is a 400 naming repeat_ids", str(e))
     uf = full.usage.model_dump()
     t.check(not uf.get("compressed") and uf["kv_entries_kept"] == uf["kv_entries_total"], "no press keeps the full cache", str(uf))
     r = c.completions.create(model="llama_gqa", prompt=ids(20, 5), max_tokens=2, extra_body={"press": "snapkv", "budget": 0.5})
