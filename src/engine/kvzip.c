@@ -4,11 +4,12 @@
  * after a layer has run, its replayed queries (recomputed from the attention input: q_proj with its
  * bias, RoPE at positions L, L + 1, ...) are scored on the host against that layer's cached keys,
  * and after the last layer every layer is cut back to its L context rows. What runs where: the
- * layers, q_proj and RoPE are backend ops; the logits, softmax (ckv's fast exp) and maxima run on the host in fp32
- * (the keys of each local head read through the cache's head access: (L + R) d values per head per
- * layer and chunk; 2 R (n_sink + C + R) d multiply-adds per query head, C the chunk, R its replay),
- * split over the backend's host thread count. Every buffer (and that thread pool) is set up once
- * before the first chunk. It selects and compacts nothing. */
+ * layers, q_proj and RoPE are backend ops; the logits, softmax (ckv's fast exp) and maxima run on the
+ * host in fp32 (the keys of each local head read through the cache's head access: (L + R) d values
+ * per head per layer and chunk; R (n_sink + C + R / 2) d multiply-adds and exps per query head, C the
+ * chunk, R its replay), in blocks of queries over tiles of keys split over the backend's host thread
+ * count. Every buffer (and that thread pool) is set up once before the first chunk. It selects and
+ * compacts nothing. */
 #include "engine/kvzip.h"
 
 #include <math.h>
