@@ -474,7 +474,7 @@ static ckv_status fail(ckv_press_config *out, ckv_press_error *err, const char *
 }
 
 ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, ckv_press_error *err) {
-    if (err) err->field = NULL, err->missing = 0;
+    if (err) err->field = NULL, err->missing = 0, err->option = 0;
     if (!out || !rq) return ckv_error(CKV_STATUS_ERR_ARG, "ckv_press_build: no press or request");
     const ckv_press_config *def = rq->defaults;
     ckv_status st = CKV_STATUS_OK;
@@ -495,6 +495,12 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
     for (int i = 0; i < rq->n_options; i++) {
         const ckv_press_option_value *o = &rq->options[i];
         const ckv_option_def *od = o->key ? ckv_option_def_find(o->key, strlen(o->key)) : NULL;
+        if (err) err->option = 1;
+        if (od && od->type == CKV_OPTION_FILE && (rq->flags & CKV_PRESS_NO_FILE_OPTIONS)) {
+            st = ckv_error(CKV_STATUS_ERR_ARG, "press option %s names a file, which only the server's own press options "
+                           "may do", od->key);
+            return fail(out, err, od->key, 0, st);
+        }
         if ((st = ckv_press_set_option(out, o->key ? o->key : "", o->value ? o->value : "")) != CKV_STATUS_OK)
             return fail(out, err, od ? od->key : "press", 0, st);
         if (!(rq->flags & CKV_PRESS_ANY_OPTIONS) && !ckv_press_takes(out, o->key)) {
@@ -503,6 +509,7 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
                            "%s)", rq->spec ? rq->spec : ckv_scorer_name(out->scorer), o->key, out->spec);
             return fail(out, err, od->key, 0, st);
         }
+        if (err) err->option = 0;
     }
     if ((st = set_budget(out, &rq->budget)) != CKV_STATUS_OK) return fail(out, err, budget_field(rq->budget.kind), 0, st);
     if (rq->query_aware >= 0) out->query_aware = rq->query_aware != 0;

@@ -137,8 +137,10 @@ typedef struct {
 enum {
     CKV_PRESS_NEED_BUDGET = 1u << 0,  /* a press that evicts must have a budget (given or from the defaults) */
     CKV_PRESS_NEED_FILES = 1u << 1,   /* options naming input files (headkv's profile) must be given */
-    CKV_PRESS_ANY_OPTIONS = 1u << 2   /* options this press does not take are validated and ignored (the
+    CKV_PRESS_ANY_OPTIONS = 1u << 2,  /* options this press does not take are validated and ignored (the
                                        * caller checks that some press of its set takes each) */
+    CKV_PRESS_NO_FILE_OPTIONS = 1u << 3 /* options naming files are refused in rq->options (a server's
+                                         * requests: the files are the server's to name) */
 };
 
 typedef struct {
@@ -156,6 +158,7 @@ typedef struct {
     const char *field; /* what was wrong: "press", "budget", "compression_ratio", "budget_tokens",
                         * "query_aware" or an option key (static strings) */
     int missing;       /* 1: the field is required and absent, 0: its value is invalid */
+    int option;        /* 1: the error is about one of the request's options (rq->options) */
 } ckv_press_error;
 
 /* Builds and finalises a press from a request: the spec (or the defaults' press), the press's own

@@ -356,6 +356,18 @@ done:
 
 /* ---- press ------------------------------------------------------------------------------------------ */
 
+/* The request field a press error names: the options' object for one of its options or an option the
+ * press requires (compression_ratios, ...), else the press field it names. */
+static const char *press_error_field(const ckv_press_error *pe) {
+    static const char *const own[] = {"press", "budget", "compression_ratio", "query_aware"};
+    if (pe->option || !pe->field) return pe->option ? "press_options" : "press";
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (!strcmp(pe->field, own[i])) return own[i];
+    return !strcmp(pe->field, "budget_tokens") ? "budget" : "press_options";
+}
+
+/* "press", "budget" / "compression_ratio", "query_aware" and "press_options" (the press's options by
+ * name, as --press-opt gives them; options naming files stay the server's). */
 static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ckv_srv_error *err) {
     const char *spec = NULL;
     double budget = -1, cr = -1;
@@ -367,15 +379,22 @@ static int press_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, ck
         ckv_srv_error_set(err, 400, INVALID, "compression_ratio", "invalid_value", "give 'budget' or 'compression_ratio', not both");
         return -1;
     }
+    ckv_srv_press_options po;
+    if (ckv_srv_get_press_options(o, "press_options", &po, err)) return -1;
     /* "none" takes nothing from the server's defaults (their budget would be refused with it) */
     ckv_press_request rq = {.defaults = spec && !strcmp(spec, "none") ? NULL : a->cfg->default_press, .spec = spec,
-                            .query_aware = qa, .flags = CKV_PRESS_NEED_BUDGET | CKV_PRESS_NEED_FILES};
+                            .options = po.v, .n_options = po.n, .query_aware = qa,
+                            .flags = CKV_PRESS_NEED_BUDGET | CKV_PRESS_NEED_FILES | CKV_PRESS_NO_FILE_OPTIONS};
     if (budget >= 0) rq.budget = (ckv_press_budget){CKV_BUDGET_FRACTION, budget};
     else if (cr >= 0) rq.budget = (ckv_press_budget){CKV_BUDGET_RATIO, cr};
     ckv_press_error pe;
-    if (ckv_press_build(&j->press, &rq, &pe) != CKV_STATUS_OK) {
-        ckv_srv_error_set(err, 400, INVALID, pe.field ? pe.field : "press", pe.missing ? "missing_field" : "invalid_value",
-                          "%s", ckv_error_message());
+    ckv_status st = ckv_press_build(&j->press, &rq, &pe);
+    ckv_srv_press_options_free(&po);
+    if (st == CKV_STATUS_OK && (st = ckv_press_check_layers(&j->press, a->engine->model->cfg.n_layers)) != CKV_STATUS_OK)
+        pe = (ckv_press_error){.field = "compression_ratios", .missing = 0, .option = 1};
+    if (st != CKV_STATUS_OK) {
+        ckv_srv_error_set(err, 400, INVALID, press_error_field(&pe), pe.missing ? "missing_field" : "invalid_value", "%s",
+                          ckv_error_message());
         ckv_error_clear();
         return -1;
     }
@@ -394,6 +413,12 @@ static int decode_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, c
         ckv_srv_get_int(o, "decode_target", 1, 1 << 24, &target, err) ||
         ckv_srv_get_number(o, "decode_ratio", 1e-9, 1 - 1e-9, &ratio, err))
         return -1;
+    const cJSON *opts = cJSON_GetObjectItemCaseSensitive(o, "decode_press_options");
+    if (opts && !cJSON_IsNull(opts) && (!spec || !strcmp(spec, "none"))) {
+        ckv_srv_error_set(err, 400, INVALID, "decode_press_options", "invalid_value",
+                          "'decode_press_options' needs 'decode_press' (the options are that press's)");
+        return -1;
+    }
     if (target >= 0 && ratio >= 0) {
         ckv_srv_error_set(err, 400, INVALID, "decode_ratio", "invalid_value", "give 'decode_target' or 'decode_ratio', not both");
         return -1;
@@ -410,9 +435,20 @@ static int decode_fields(const ckv_srv_api *a, const cJSON *o, ckv_srv_job *j, c
     }
     ckv_status st;
     if (spec) {
+        ckv_srv_press_options po;
+        if (ckv_srv_get_press_options(o, "decode_press_options", &po, err)) return -1;
         st = ckv_decode_press_build(&j->decode, spec, interval >= 0 ? (int)interval : CKV_DECODE_INTERVAL_DEFAULT,
                                     ratio >= 0 ? 0 : target >= 0 ? (int)target : CKV_DECODE_TARGET_DEFAULT, ratio >= 0 ? ratio : -1,
-                                    NULL, 0);
+                                    po.v, po.n);
+        for (int i = 0; i < po.n && st == CKV_STATUS_OK; i++) /* the builder ignores options its press does not take */
+            if (!ckv_press_takes(&j->decode.press, po.v[i].key)) {
+                ckv_srv_error_set(err, 400, INVALID, "decode_press_options", "invalid_value",
+                                  "decode press %s does not take option %s (its options are those its spec lists: %s)", spec,
+                                  po.v[i].key, j->decode.press.spec);
+                ckv_srv_press_options_free(&po);
+                return -1;
+            }
+        ckv_srv_press_options_free(&po);
     } else { /* the default's scorer and options, the request's counts */
         j->decode = *def;
         int by_ratio = ratio >= 0 || (target < 0 && def->ratio >= 0);

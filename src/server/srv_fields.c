@@ -66,6 +66,70 @@ int ckv_srv_get_string(const cJSON *o, const char *field, const char **out, ckv_
     return 0;
 }
 
+/* ---- press options ------------------------------------------------------------------------------------ */
+
+/* v as option text at t (cap bytes); 0 ok, -1 when v has no option form or does not fit. */
+static int option_text(const cJSON *v, char *t, size_t cap) {
+    if (cJSON_IsBool(v)) return snprintf(t, cap, "%d", cJSON_IsTrue(v)) < (int)cap ? 0 : -1;
+    if (cJSON_IsString(v)) return strlen(v->valuestring) < cap ? (memcpy(t, v->valuestring, strlen(v->valuestring) + 1), 0) : -1;
+    if (cJSON_IsNumber(v)) {
+        const double d = v->valuedouble;
+        if (!isfinite(d)) return -1;
+        const int n = d == floor(d) && fabs(d) < 1e15 ? snprintf(t, cap, "%lld", (long long)d) : snprintf(t, cap, "%.17g", d);
+        return n < (int)cap ? 0 : -1;
+    }
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) < 1) return -1;
+    size_t used = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (!cJSON_IsNumber(it) || used + 2 >= cap) return -1;
+        if (used) t[used++] = ',';
+        if (option_text(it, t + used, cap - used)) return -1;
+        used += strlen(t + used);
+    }
+    return 0;
+}
+
+int ckv_srv_get_press_options(const cJSON *o, const char *field, ckv_srv_press_options *out, ckv_srv_error *err) {
+    enum { VALUE_CAP = 8192 }; /* 256 ratios or 64 ids, as text */
+    memset(out, 0, sizeof *out);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, field);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsObject(v)) return ckv_srv_bad_type(err, field, "an object of press options (name: value)");
+    const int n = cJSON_GetArraySize(v);
+    if (n > CKV_SRV_MAX_PRESS_OPTIONS) {
+        ckv_srv_error_set(err, 400, INVALID, field, "invalid_value", "'%s' has %d options, at most %d are allowed", field, n,
+                          CKV_SRV_MAX_PRESS_OPTIONS);
+        return -1;
+    }
+    if (n == 0) return 0;
+    if (!(out->text = malloc((size_t)n * VALUE_CAP))) {
+        ckv_srv_error_set(err, 500, "server_error", field, NULL, "out of memory");
+        return -1;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        char *t = out->text + (size_t)out->n * VALUE_CAP;
+        if (option_text(it, t, VALUE_CAP)) {
+            ckv_srv_error_set(err, 400, INVALID, field, "invalid_type",
+                              "'%s': option '%s' must be a number, a boolean, a string or an array of numbers", field,
+                              it->string);
+            ckv_srv_press_options_free(out);
+            return -1;
+        }
+        out->v[out->n].key = it->string;
+        out->v[out->n].value = t;
+        out->n++;
+    }
+    return 0;
+}
+
+void ckv_srv_press_options_free(ckv_srv_press_options *po) {
+    if (!po) return;
+    free(po->text);
+    memset(po, 0, sizeof *po);
+}
+
 /* ---- sampling fields ------------------------------------------------------------------------------- */
 
 /* The request fields each endpoint knows (everything else is refused, as OpenAI does). */
@@ -73,7 +137,7 @@ static const char *const common_fields[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stream", "stream_options",
     "ignore_eos", "logprobs", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty", "user",
     "context", "press", "budget", "compression_ratio", "query_aware", "decode_press", "decode_interval", "decode_target",
-    "decode_ratio", NULL};
+    "decode_ratio", "press_options", "decode_press_options", NULL};
 static const char *const completion_fields[] = {"prompt", "echo", "best_of", "suffix", "grammar", NULL};
 static const char *const chat_fields[] = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "grammar", "tools",
                                           "tool_choice", "parallel_tool_calls", "functions", "function_call", NULL};

@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "evict/press.h"
 #include "server/srv_api.h"
 
 int ckv_srv_bad_type(ckv_srv_error *err, const char *field, const char *want); /* always -1 */
@@ -13,6 +14,19 @@ int ckv_srv_get_number(const cJSON *o, const char *field, double lo, double hi, 
 int ckv_srv_get_int(const cJSON *o, const char *field, double lo, double hi, long long *out, ckv_srv_error *err);
 int ckv_srv_get_bool(const cJSON *o, const char *field, int *out, ckv_srv_error *err);
 int ckv_srv_get_string(const cJSON *o, const char *field, const char **out, ckv_srv_error *err);
+
+/* A press's options given as a JSON object ("press_options": {"window": 32, "compression_ratios":
+ * [0.25, 0.5]}): each member as the text ckv_press_set_option reads (numbers, booleans as 1 / 0,
+ * strings, arrays of numbers comma-joined); keys point into the request, values into `text` (heap,
+ * freed by ckv_srv_press_options_free, which accepts a zeroed or partial object). */
+enum { CKV_SRV_MAX_PRESS_OPTIONS = 16 };
+typedef struct {
+    ckv_press_option_value v[CKV_SRV_MAX_PRESS_OPTIONS];
+    int n;
+    char *text;
+} ckv_srv_press_options;
+int ckv_srv_get_press_options(const cJSON *o, const char *field, ckv_srv_press_options *out, ckv_srv_error *err);
+void ckv_srv_press_options_free(ckv_srv_press_options *po);
 
 /* Refuses a field the endpoint does not know (as OpenAI does: 400 naming it). */
 int ckv_srv_known_fields(const cJSON *o, ckv_srv_kind kind, ckv_srv_error *err);

@@ -127,6 +127,23 @@ C["decode_ratio"] = lambda: (decode_usage(decode_press="knorm", decode_interval=
                              decode_usage(decode_press="knorm", decode_interval=2, decode_ratio=0.2)[1] and
                              refused(comp(decode_press="knorm", decode_target=4, decode_ratio=0.5), "decode_ratio"),
                              "evicted entries follow it; with decode_target 400")
+C["press_options"] = lambda: (
+    comp(press="per_layer:snapkv", press_options={"compression_ratios": [0.8, 0.8, 0.8]}, context=ids(300, 5))[1]["usage"]["kv_entries_kept"] <
+    comp(press="per_layer:snapkv", press_options={"compression_ratios": [0.2, 0.2, 0.2]}, context=ids(300, 5))[1]["usage"]["kv_entries_kept"] and
+    "window=8" in comp(press="snapkv", budget=0.5, press_options={"window": 8}, context=ids(300, 5))[1]["usage"]["press"] and
+    refused(comp(press="per_layer:snapkv", press_options={"compression_ratios": [0.5, 0.5]}), "press_options") and
+    refused(comp(press="snapkv", budget=0.5, press_options={"n_sink": 2}), "press_options") and
+    refused(comp(press="snapkv", budget=0.5, press_options={"bogus": 1}), "press_options") and
+    refused(comp(press="headkv:snapkv", budget=0.5, press_options={"profile": "/etc/hosts"}), "press_options") and
+    refused(comp(press="snapkv", budget=0.5, press_options=[1]), "press_options"),
+    "per-layer ratios set the kept entries, window reaches the spec; a wrong count, an option not taken, an unknown "
+    "one, a file, a non-object: 400")
+C["decode_press_options"] = lambda: (
+    "n_sink=2" in comp(decode_press="streaming_llm", decode_interval=2, decode_target=6,
+                       decode_press_options={"n_sink": 2})[1]["usage"]["decode_press"] and
+    refused(comp(decode_press="knorm", decode_press_options={"n_sink": 2}), "decode_press_options") and
+    refused(comp(decode_press_options={"n_sink": 2}), "decode_press_options"),
+    "n_sink reaches the decode press; an option knorm does not take, or no decode_press: 400")
 C["completions.prompt"] = lambda: (comp(prompt=ids(30, 2))[1]["usage"]["prompt_tokens"] == 30, "prompt_tokens")
 C["completions.context"] = lambda: (comp(context=ids(50, 3))[1]["usage"]["context_tokens"] == 50, "context_tokens")
 C["completions.logprobs"] = lambda: (len(comp(logprobs=2)[1]["choices"][0]["logprobs"]["token_logprobs"]) == 8, "eight entries")
