@@ -5,15 +5,16 @@
 # tree) into a private prefix with dpkg -x, configures and builds ckv with the CUDA backend against
 # it, then runs the CUDA tests (label cuda), the tensor-parallel tests on the GPU (2 ranks x tp 2 on
 # one GPU through the staged path equal tp 1; NCCL across GPUs when there are several; a stalled
-# rank ends the job within the timeout) and the benchmark (tools/bench/bench_gpu.py), in at most
+# rank ends the job within the timeout), the kernel microbenchmarks beside their torch peers
+# (tools/bench/bench_kernels_peer.py) and the benchmark (tools/bench/bench_gpu.py), in at most
 # 8 minutes, and prints a summary table last. Nothing is installed; apt-get is never called.
 #   tests/gpu/run.sh [--dry-run] [OUT_DIR]     (OUT_DIR: $OUT, else build-gpu/results)
 #   tests/gpu/run.sh --rehearse BUILD_DIR [OUT_DIR]
 # --dry-run runs every step up to the first GPU call (unpack, configure, build, the benchmark's
 # dry run) and stops. --rehearse (CI: test gpu_run_rehearsal) runs every step after the build on an
 # existing build without a GPU: the same commands with the CUDA backend's CPU execution layer in
-# place of the GPU (--backend cuda-emu, comm_ranks `emu`) and the benchmark on small shapes
-# (bench_gpu.py --rehearse), after checking that tools/gpu/prepare.sh resolves its package list.
+# place of the GPU (--backend cuda-emu, comm_ranks `emu`), the microbenchmarks and the benchmark on
+# small shapes (bench_kernels_peer.py and bench_gpu.py --rehearse), after checking that tools/gpu/prepare.sh resolves its package list.
 # Exits non-zero if a step failed.
 set -uo pipefail
 dry=0 rehearse=0
@@ -150,6 +151,10 @@ if [ "${ngpu:-0}" -ge 2 ]; then
 fi
 step "ctest -L mpi (CPU reference)" 90 ctest --test-dir "$build" -L mpi -R 'comm_|tp_generate'
 bench_mode=(); [ $rehearse -eq 1 ] && bench_mode=(--rehearse)
+# each kernel beside its torch peer (tools/bench/bench_kernels_peer.py), before the whole-model benchmark
+step "kernel microbenchmarks" 90 python3 "$root/tools/bench/bench_kernels_peer.py" "${bench_mode[@]}" \
+  --bench "$build/bench_kernels" --out "$out/bench"
+sed -n '/^== kernel microbenchmarks/,$p' "$(logof "kernel microbenchmarks")" | tee -a "$out/summary.txt"
 step "benchmark" "$(( $(left) - 5 ))" python3 "$root/tools/bench/bench_gpu.py" "${bench_mode[@]}" --ckv "$build/ckv" \
   --out "$out/bench" --timeout 200
 sed -n '/^== benchmark/,$p' "$(logof benchmark)" | tee -a "$out/summary.txt"
