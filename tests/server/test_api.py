@@ -92,11 +92,17 @@ def fixture_tests():
         u = r.usage.model_dump()
         t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and press.split(":")[0] in u["press"],
                 f"press {press} {extra} compresses the context", str(u))
-    try:  # a request carries no press options, and kvzip's prompt ids are options: a 400 naming the first
+    try:  # kvzip's prompt ids are options: without them a 400 naming the first
         c.completions.create(model="llama_gqa", prompt=ctx, max_tokens=2, extra_body={"press": "kvzip", "budget": 0.5})
         t.check(False, "a request naming kvzip without its prompt ids is refused")
     except openai.BadRequestError as e:
-        t.check("repeat_ids" in str(e), "a request naming kvzip is a 400 naming repeat_ids", str(e))
+        t.check("repeat_ids" in str(e), "a request naming kvzip without press_options is a 400 naming repeat_ids", str(e))
+    zopts = {"repeat_ids": [11, 12, 13], "repeat_next_ids": [14, 15], "suffix_ids": [16], "chunk_size": 64}
+    r = c.completions.create(model="llama_gqa", prompt=ctx, max_tokens=4, temperature=0,
+                             extra_body={"press": "kvzip", "budget": 0.5, "press_options": zopts})
+    u = r.usage.model_dump()
+    t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and "kvzip" in u["press"],
+            "press kvzip with its prompt ids in press_options compresses the context", str(u))
     uf = full.usage.model_dump()
     t.check(not uf.get("compressed") and uf["kv_entries_kept"] == uf["kv_entries_total"], "no press keeps the full cache", str(uf))
     r = c.completions.create(model="llama_gqa", prompt=ids(20, 5), max_tokens=2, extra_body={"press": "snapkv", "budget": 0.5})
