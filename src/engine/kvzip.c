@@ -89,11 +89,18 @@ typedef struct {
     int32_t *pos_dev;              /* [R] their positions (device) */
     float *q;                      /* [R, hq] (host) */
     float *k;                      /* [nkv, L + R, d] the layer's cached keys, every local head (host) */
-    float *v;                      /* [L + R, d] one head's values (read alongside, unused) (host) */
+    float *v;                      /* [nkv, L + R, d] the layer's cached values, every local head (host) */
     int32_t *kpos;                 /* [L + R] their positions (host) */
     float *logit;                  /* [nt, KVZIP_QB, n_sink + C + R] a block of queries' logits per thread (host) */
     float *part;                   /* [nt, nkv, C] each thread's maxima over its queries (host) */
     int32_t *ids;                  /* [R] one chunk's replay ids (host) */
+    /* kvzip_plus_normalization only (else NULL) */
+    float *eye_dev;                /* [hq, hq] the identity, whose product with o_proj reads its columns (device) */
+    float *wot_dev, *wot;          /* [hq, D] the local o_proj columns transposed (device, host) */
+    double *gram;                  /* [n_q_local, d, d] W_O^j^T W_O^j of each local query head j (host) */
+    float *xnh;                    /* [R, D] the replay's attention inputs (host) */
+    float *hinv;                   /* [R] 1 / ||h|| of each replayed row (host) */
+    float *vn;                     /* [n_q_local, n_sink + C + R] ||v W_O^j|| of the columns each query reads (host) */
 } kvzip_work;
 
 static void work_free(ckv_backend *be, kvzip_work *w) {
@@ -107,6 +114,13 @@ static void work_free(ckv_backend *be, kvzip_work *w) {
     ckv_free(w->logit);
     ckv_free(w->part);
     ckv_free(w->ids);
+    be->ops->release(be, w->eye_dev);
+    be->ops->release(be, w->wot_dev);
+    ckv_free(w->wot);
+    ckv_free(w->gram);
+    ckv_free(w->xnh);
+    ckv_free(w->hinv);
+    ckv_free(w->vn);
 }
 
 static ckv_status work_init(kvzip_work *w, const ckv_session *s, const ckv_press_config *cfg, int L) {
@@ -126,12 +140,77 @@ static ckv_status work_init(kvzip_work *w, const ckv_session *s, const ckv_press
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->pos_dev, R * sizeof(int32_t), "kvzip positions");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->q, R * (size_t)w->hq * sizeof(float), "kvzip queries");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->k, nkv * rows * d * sizeof(float), "kvzip keys");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->v, rows * d * sizeof(float), "kvzip values");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->v, nkv * rows * d * sizeof(float), "kvzip values");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->kpos, rows * sizeof(int32_t), "kvzip positions");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->logit, nt * KVZIP_QB * cols * sizeof(float), "kvzip logits");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->part, nt * nkv * (size_t)w->C * sizeof(float), "kvzip maxima");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->ids, R * sizeof(int32_t), "kvzip replay ids");
+    if (st != CKV_STATUS_OK || !cfg->kvzip_plus_normalization) return st;
+    const size_t hq = (size_t)w->hq, D = (size_t)m->cfg.hidden_size, nq = (size_t)m->plan.n_q_local;
+    float *eye = NULL; // [hq, hq] (host, staged)
+    st = ckv_alloc((void **)&eye, hq * hq * sizeof(float), "kvzip identity");
+    if (st == CKV_STATUS_OK) {
+        memset(eye, 0, hq * hq * sizeof(float));
+        for (size_t i = 0; i < hq; i++) eye[i * hq + i] = 1.0f;
+        st = be->ops->alloc(be, (void **)&w->eye_dev, hq * hq * sizeof(float), "kvzip identity");
+    }
+    if (st == CKV_STATUS_OK) st = be->ops->upload(be, w->eye_dev, eye, hq * hq * sizeof(float));
+    ckv_free(eye);
+    if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->wot_dev, hq * D * sizeof(float), "kvzip o_proj");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->wot, hq * D * sizeof(float), "kvzip o_proj");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->gram, nq * d * d * sizeof(double), "kvzip o_proj Gram");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->xnh, R * D * sizeof(float), "kvzip attention inputs");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->hinv, R * sizeof(float), "kvzip row norms");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->vn, nq * cols * sizeof(float), "kvzip value norms");
     return st;
+}
+
+/* KVzip+ (kvzip_plus_normalization) for layer `layer` of a chunk: 1 / ||h|| of the q replayed
+ * attention inputs, and for each local query head j the norm ||v W_O^j||_2 of every column it reads
+ * (the first `sink` rows, rows start .. end - 1, the replay's rows L ..), as sqrt(v^T (W_O^j^T W_O^j) v)
+ * in double from o_proj's columns (read through a product with the identity). */
+static ckv_status plus_norms(ckv_session *s, kvzip_work *w, int layer, int L, int q, int start, int end, int sink) {
+    ckv_model *m = s->model;
+    ckv_backend *be = m->be;
+    const int d = w->d, hq = w->hq, nq = m->plan.n_q_local, G = m->cfg.n_heads / m->cfg.n_kv_heads;
+    const int C = end - start;
+    const size_t D = (size_t)m->cfg.hidden_size, rows = (size_t)L + (size_t)w->R;
+    const size_t ld = (size_t)sink + (size_t)w->C + (size_t)w->R;
+    be->ops->matmul(be, w->wot_dev, w->eye_dev, &m->layers[layer].wo, NULL, hq); /* [hq, D] = o_proj^T */
+    CKV_TRY(be->ops->sync(be));
+    CKV_TRY(be->ops->download(be, w->wot, w->wot_dev, (size_t)hq * D * sizeof(float)));
+    CKV_TRY(be->ops->download(be, w->xnh, s->xn + (size_t)L * D, (size_t)q * D * sizeof(float)));
+    for (int i = 0; i < q; i++) {
+        double ss = 0.0;
+        for (size_t c = 0; c < D; c++) ss += (double)w->xnh[(size_t)i * D + c] * (double)w->xnh[(size_t)i * D + c];
+        w->hinv[i] = 1.0f / (float)sqrt(ss);
+    }
+    for (int j = 0; j < nq; j++) {
+        double *g = w->gram + (size_t)j * (size_t)d * (size_t)d;
+        for (int a = 0; a < d; a++)
+            for (int b = 0; b <= a; b++) {
+                const float *ra = w->wot + ((size_t)j * d + a) * D, *rb = w->wot + ((size_t)j * d + b) * D;
+                double acc = 0.0;
+                for (size_t c = 0; c < D; c++) acc += (double)ra[c] * (double)rb[c];
+                g[a * d + b] = g[b * d + a] = acc;
+            }
+        const int h = (m->plan.q_head0 + j) / G - m->plan.kv_head0;
+        const float *vh = w->v + (size_t)h * rows * (size_t)d;
+        float *out = w->vn + (size_t)j * ld;
+        for (int col = 0; col < sink + C + q; col++) {
+            const size_t row = col < sink ? (size_t)col : col < sink + C ? (size_t)(start + col - sink)
+                                                                      : (size_t)L + (size_t)(col - sink - C);
+            const float *v = vh + row * (size_t)d;
+            double acc = 0.0;
+            for (int a = 0; a < d; a++) {
+                double ga = 0.0;
+                for (int b = 0; b < d; b++) ga += g[a * d + b] * (double)v[b];
+                acc += (double)v[a] * ga;
+            }
+            out[col] = (float)sqrt(acc > 0.0 ? acc : 0.0);
+        }
+    }
+    return CKV_STATUS_OK;
 }
 
 /* One query's softmax over its columns logit[n] in fp32: the max subtracted, ckv's fast exp, the sum
@@ -238,6 +317,10 @@ static void score_items(void *ctx, int b, int e, int tid) {
         for (int x = 0; x < nq; x++) {
             float *row = logit + (size_t)x * ld;
             softmax_row(row, t->sink + C + i0 + x + 1); /* causal: the replay up to query i0 + x */
+            if (w->vn) { /* KVzip+: / ||h|| by row, x ||v W_O^j|| by column */
+                const float hinv = w->hinv[i0 + x], *vn = w->vn + (size_t)j * ld;
+                for (int c = 0; c < C; c++) row[t->sink + c] = row[t->sink + c] * hinv * vn[t->sink + c];
+            }
             for (int c = 0; c < C; c++) mx[c] = row[t->sink + c] > mx[c] ? row[t->sink + c] : mx[c];
         }
     }
@@ -262,8 +345,10 @@ static ckv_status score_chunk(ckv_session *s, kvzip_work *w, int layer, int L, i
         if (s->kv.layers[layer].len[h] != L + q)
             return ckv_error(CKV_STATUS_ERR_INTERNAL, "kvzip: layer %d head %d holds %d rows during the replay, expected %d",
                              layer, h, s->kv.layers[layer].len[h], L + q);
-        CKV_TRY(ckv_kv_head_read(&s->kv, layer, h, w->k + (size_t)h * rows * (size_t)d, w->v, w->kpos));
+        CKV_TRY(ckv_kv_head_read(&s->kv, layer, h, w->k + (size_t)h * rows * (size_t)d, w->v + (size_t)h * rows * (size_t)d,
+                                 w->kpos));
     }
+    if (w->vn) CKV_TRY(plus_norms(s, w, layer, L, q, start, end, sink));
     for (size_t e = 0; e < (size_t)w->nt * (size_t)w->nkv * (size_t)w->C; e++) w->part[e] = 0.0f;
     kvzip_task t = {w, p, m->cfg.n_heads / m->cfg.n_kv_heads, L, q, start, end, sink, rows, (float)sqrt((double)d)};
     ckv_threadpool_for(w->pool, p->n_q_local * ((q + KVZIP_QB - 1) / KVZIP_QB), 1, score_items, &t);

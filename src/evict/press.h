@@ -92,6 +92,7 @@ typedef struct {
     int sink_size_end;         /* compactor: sink tokens at the end (4) */
     int chunk_size;            /* compactor: chunk of the non-causal attention (256) */
     double blending;           /* compactor: weight of the leverage; < 0: the compression ratio (-1) */
+    int kvzip_plus_normalization; /* kvzip: KVzip+ (attention / ||h|| x ||v W_O||) (0) */
     int layerwise;             /* kvzip: each layer removes int(Hkv L cr) entries instead of one count over the model (0) */
     ckv_press_ids repeat_ids;  /* kvzip: the prompt before the first replayed chunk ("Repeat the previous context exactly.") */
     ckv_press_ids repeat_next_ids; /* kvzip: the prompt before a later chunk ("... exactly, starting with") */

@@ -42,6 +42,8 @@ const ckv_option_def ckv_press_option_table[] = {
      "compactor: weight of the leverage scores; -1: the compression ratio (kvpress's None)", NULL},
     {"layerwise", CKV_OPTION_BOOL, F(layerwise), "0", 0, 1, 0,
      "kvzip: every layer removes its share int(Hkv L cr) (0: one count over the model)", NULL},
+    {"kvzip_plus_normalization", CKV_OPTION_BOOL, F(kvzip_plus_normalization), "0", 0, 1, 0,
+     "kvzip: KVzip+: each replayed row's attention divided by ||h||, each column's times ||v W_O|| of the query head", NULL},
     {"repeat_ids", CKV_OPTION_IDS, F(repeat_ids), "", 0, 0x7fffffff, 0,
      "kvzip: token ids of \"\\n\\nRepeat the previous context exactly.\" in the model's vocabulary", NULL},
     {"repeat_next_ids", CKV_OPTION_IDS, F(repeat_next_ids), "", 0, 0x7fffffff, 0,
@@ -118,7 +120,7 @@ const ckv_press_def ckv_press_table[] = {
      CKV_ALLOC_UNIFORM, CKV_WRAP_ALL, CKV_PROTECT_NONE, CKV_KEPT_UNIFORM, ckv_score_compactor,
      "blending x leverage + chunked non-causal attention times value norms, z-scored; sinks score the max",
      CKV_READS_ALL},
-    {"kvzip", CKV_SCORER_KVZIP, "n_sink,chunk_size,layerwise,repeat_ids,repeat_next_ids,suffix_ids", "chunk_size=2048", 0,
+    {"kvzip", CKV_SCORER_KVZIP, "n_sink,chunk_size,layerwise,kvzip_plus_normalization,repeat_ids,repeat_next_ids,suffix_ids", "chunk_size=2048", 0,
      CKV_ALLOC_MODEL, 0, CKV_PROTECT_NONE, CKV_KEPT_MODEL_REMOVED, score_kvzip,
      "max attention of a replay of the context onto it (reconstruction), one top-k over every layer", CKV_READS_NONE},
 };

@@ -19,14 +19,16 @@ for model in llama_gqa qwen2_bias; do
   heads=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_attention_heads'])" "$dir/config.json")
   # per_layer: one ratio per layer, from 0.5 up
   ratios=$(python3 -c "import json,sys; n=json.load(open(sys.argv[1]))['num_hidden_layers']; print(','.join(str(0.5+0.4*i/max(1,n-1)) for i in range(n)))" "$dir/config.json")
-  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random keydiff adakv:keydiff lagkv cur adakv:cur critical:cur leverage adakv:leverage critical:leverage chunkkv:snapkv chunkkv:keydiff per_layer:snapkv key_rerotation:snapkv compactor adakv:compactor defensivekv layer_defensivekv composed:snapkv+knorm composed:knorm+cur kvzip; do
+  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random keydiff adakv:keydiff lagkv cur adakv:cur critical:cur leverage adakv:leverage critical:leverage chunkkv:snapkv chunkkv:keydiff per_layer:snapkv key_rerotation:snapkv compactor adakv:compactor defensivekv layer_defensivekv composed:snapkv+knorm composed:knorm+cur kvzip kvzip_plus; do
     budget=(--compression-ratio 0.75); [[ $press == per_layer:* ]] && budget=(--press-opt "compression_ratios=$ratios")
     [[ $press == composed:* ]] && budget=(--press-opt press_ratios=0.5,0.5)
-    # kvzip: its replay prompts (fixture-tokenizer ids) and chunks of 100 (three chunks of the 240 ids)
-    [[ $press == kvzip ]] && budget+=(--press-opt repeat_ids=13,13,85,104,276 --press-opt repeat_next_ids=13,13,85,301
-                                      --press-opt suffix_ids=13 --press-opt chunk_size=100)
+    # kvzip: its replay prompts (fixture-tokenizer ids) and chunks of 100 (three chunks of the 240 ids); kvzip_plus:
+    # the same with KVzip+ (each rank's o_proj columns)
+    spec=$press; [[ $press == kvzip_plus ]] && spec=kvzip && budget+=(--press-opt kvzip_plus_normalization=1)
+    [[ $spec == kvzip ]] && budget+=(--press-opt repeat_ids=13,13,85,104,276 --press-opt repeat_next_ids=13,13,85,301
+                                     --press-opt suffix_ids=13 --press-opt chunk_size=100)
     common=(generate --model "$dir" --prompt-ids "$ids" --question-ids 7,8,9 --question-ids 11,12 --max-new-tokens 5
-            --ignore-eos --threads 1 --chunk 48 --press "$press" "${budget[@]}")
+            --ignore-eos --threads 1 --chunk 48 --press "$spec" "${budget[@]}")
     tag=${press//:/-}
     "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$tag.1.jsonl" >"$tmp/$model.$tag.1.out" 2>"$tmp/err" \
       || { echo "FAIL $model $press 1 rank"; cat "$tmp/err"; fail=1; continue; }

@@ -43,11 +43,13 @@ GENERATOR = "tools/oracle/kvzip_fixtures.py"
 KVPRESS_MASK_ATOL = 0.05
 FIRST = "\n\nRepeat the previous context exactly."
 NEXT = "\n\nRepeat the part of the previous context exactly, starting with"
-# (stem, chunk_size, layerwise, ratios)
+# (stem, chunk_size, layerwise, kvzip_plus_normalization, ratios)
 CASES = [
-    ("kvzip", 2048, False, pf.RATIOS),
-    ("kvzip_c128", 128, False, [0.5, 0.9]),
-    ("kvzip_layerwise", 2048, True, [0.5, 0.9]),
+    ("kvzip", 2048, False, False, pf.RATIOS),
+    ("kvzip_c128", 128, False, False, [0.5, 0.9]),
+    ("kvzip_layerwise", 2048, True, False, [0.5, 0.9]),
+    ("kvzip_plus", 2048, False, True, [0.5, 0.9]),
+    ("kvzip_plus_c128", 128, False, True, [0.5]),
 ]
 
 
@@ -84,7 +86,7 @@ def _ckv_rule(scores: np.ndarray, cr: float, layerwise: bool):
 
 
 @torch.inference_mode()
-def run_case(run, name, stem, chunk_size, layerwise, cr, ctx, q_ids):
+def run_case(run, name, stem, chunk_size, layerwise, plus, cr, ctx, q_ids):
     import kvpress as kp
     import kvpress.presses.kvzip_press as kz
     from transformers import DynamicCache
@@ -99,7 +101,8 @@ def run_case(run, name, stem, chunk_size, layerwise, cr, ctx, q_ids):
             return tok
 
     kz.AutoTokenizer = _Tok
-    press = kp.KVzipPress(compression_ratio=cr, chunk_size=chunk_size, layerwise=layerwise)
+    press = kp.KVzipPress(compression_ratio=cr, chunk_size=chunk_size, layerwise=layerwise,
+                          kvzip_plus_normalization=plus)
     seen = {}
     orig_post = press.compress_post
 
@@ -138,7 +141,8 @@ def run_case(run, name, stem, chunk_size, layerwise, cr, ctx, q_ids):
     if d > KVPRESS_MASK_ATOL:  # kvpress masks with fake keys (search_hyperplane): exp(q.k) tiny, not always 0
         problems.append(f"kvpress's question logits differ from the replay of its kept sets by {d:.3g}")
     ids = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    opts = dict(n_sink=4, chunk_size=chunk_size, layerwise=int(layerwise), repeat_ids=ids(FIRST),
+    opts = dict(n_sink=4, chunk_size=chunk_size, layerwise=int(layerwise), kvzip_plus_normalization=int(plus),
+                repeat_ids=ids(FIRST),
                 repeat_next_ids=ids(NEXT), suffix_ids=ids("\n"))
     E = scores.size if not layerwise else scores[0].size
     obj = {
@@ -181,10 +185,10 @@ def main() -> int:
         ctx, q_ids = ctx_json["context_ids"], ctx_json["question_ids"]
         run = pf.load_models(name)
         pf.capture_inputs(run, ctx)
-        for stem0, chunk_size, layerwise, ratios in CASES:
+        for stem0, chunk_size, layerwise, plus, ratios in CASES:
             for cr in ratios:
                 stem = f"{stem0}_cr{round(cr * 100):02d}"
-                obj, scores, logits, pr = run_case(run, name, stem0, chunk_size, layerwise, cr, ctx, q_ids)
+                obj, scores, logits, pr = run_case(run, name, stem0, chunk_size, layerwise, plus, cr, ctx, q_ids)
                 scores.astype("<f4").tofile(out / f"{stem}.scores.f32")
                 logits.astype("<f4").tofile(out / f"{stem}.logits.f32")
                 obj["scores_file"] = f"{stem}.scores.f32"
