@@ -121,6 +121,7 @@ fi
 log "ckv links: $(ldd "$build/ckv" | grep -E 'libmpi|libcjson|libpcre2|libnccl|libcudart' | awk '{print $1 "->" $3}' | tr '\n' ' ')"
 fi # rehearse -eq 0
 if [ $dry -eq 1 ]; then
+  step "kernel microbenchmarks (list)" 30 "$build/bench_kernels" --list --shapes full
   step "benchmark (dry run)" 60 python3 "$root/tools/bench/bench_gpu.py" --dry-run --ckv "$build/ckv" --out "$out/bench"
   cat "$(logof "benchmark (dry run)")"
   log "== dry run: stopping before the first GPU call"

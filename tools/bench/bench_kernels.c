@@ -38,6 +38,7 @@ typedef struct {
     kb_kind kind;
     int rows;  /* prefill: tokens; decode: cached rows per sequence; evict: context rows; sample: vocabulary */
     int batch; /* sequences (decode) or logits rows (sample); 1 otherwise */
+    int used;  /* measured in this run (--cases): only these size the buffers */
 } kb_case;
 
 typedef struct {
@@ -114,19 +115,22 @@ static int kb_shapes_init(kb_shapes *s, const char *which) {
     kb_shapes_add(s, KB_EVICT_TOPK_COUNTS, evict, 1, "evict_topk_counts");
     kb_shapes_add(s, KB_SAMPLE, vocab, 1, "sample");
     kb_shapes_add(s, KB_SAMPLE, vocab, full ? 16 : 4, "sample"); /* small: the emulated sort is slow */
-    for (int i = 0; i < s->n_cases; i++) {
-        const kb_case *c = &s->cases[i];
-        const int q = c->kind == KB_PREFILL ? c->rows : c->kind == KB_DECODE ? c->batch : KB_WINDOW;
-        if (q > s->max_q) s->max_q = q;
-        if (c->kind == KB_SAMPLE) {
-            if (c->rows > s->max_vocab) s->max_vocab = c->rows;
-            continue;
-        }
-        if (c->rows > s->max_rows) s->max_rows = c->rows;
-        if (c->batch > s->max_seq) s->max_seq = c->batch;
-        if (c->kind != KB_PREFILL && c->kind != KB_DECODE && c->rows > s->max_evict) s->max_evict = c->rows;
-    }
     return 1;
+}
+
+/* Marks case i as measured and grows the buffer sizes to hold it. */
+static void kb_shapes_use(kb_shapes *s, int i) {
+    kb_case *c = &s->cases[i];
+    c->used = 1;
+    const int q = c->kind == KB_PREFILL ? c->rows : c->kind == KB_DECODE ? c->batch : KB_WINDOW;
+    if (q > s->max_q) s->max_q = q;
+    if (c->kind == KB_SAMPLE) {
+        if (c->rows > s->max_vocab) s->max_vocab = c->rows;
+        return;
+    }
+    if (c->rows > s->max_rows) s->max_rows = c->rows;
+    if (c->batch > s->max_seq) s->max_seq = c->batch;
+    if (c->kind != KB_PREFILL && c->kind != KB_DECODE && c->rows > s->max_evict) s->max_evict = c->rows;
 }
 
 static const kb_case *kb_find(const kb_shapes *s, const char *name, int *index) {
@@ -138,11 +142,11 @@ static const kb_case *kb_find(const kb_shapes *s, const char *name, int *index) 
     return NULL;
 }
 
-/* A device buffer of `bytes` holding `host` (when not NULL). */
+/* A device buffer of `bytes` (4 when 0) holding `host` (when not NULL). */
 static void *kb_upload(ckv_backend *be, const void *host, size_t bytes, const char *what) {
     void *d = NULL;
-    kb_check(be->ops->alloc(be, &d, bytes, what), what);
-    if (host) kb_check(be->ops->upload(be, d, host, bytes), what);
+    kb_check(be->ops->alloc(be, &d, bytes ? bytes : 4, what), what);
+    if (host && bytes) kb_check(be->ops->upload(be, d, host, bytes), what);
     return d;
 }
 
@@ -178,7 +182,7 @@ static void kb_bench_init(kb_bench *b, ckv_backend *be, const kb_shapes *sh) {
     b->seq_start = kb_upload(be, pos_host, (size_t)(sh->max_seq + 1) * 4, "seq_start");
     for (int i = 0; i < sh->n_cases; i++) {
         const kb_case *c = &sh->cases[i];
-        if (c->kind == KB_SAMPLE) continue;
+        if (c->kind == KB_SAMPLE || !c->used) continue;
         ckv_kv_seg *ptrs[KB_MAX_SEQ];
         for (int s = 0; s < c->batch; s++) {
             ckv_kv_seg segs[KB_MAX_HKV];
@@ -405,6 +409,7 @@ int main(int argc, char **argv) {
     } else {
         for (int i = 0; i < sh.n_cases; i++) chosen[n_chosen++] = i;
     }
+    for (int i = 0; i < n_chosen; i++) kb_shapes_use(&sh, chosen[i]);
     if (list) {
         for (int i = 0; i < n_chosen; i++) printf("%s\n", sh.cases[chosen[i]].name);
         return 0;
@@ -424,8 +429,8 @@ int main(int argc, char **argv) {
             line[strcspn(line, "\r\n")] = 0;
             if (!*line) continue;
             int idx;
-            if (!kb_find(&sh, line, &idx)) {
-                fprintf(stderr, "bench_kernels: --stdin: no case %.60s in --shapes %s\n", line, shapes);
+            if (!kb_find(&sh, line, &idx) || !sh.cases[idx].used) {
+                fprintf(stderr, "bench_kernels: --stdin: no case %.60s in --shapes %s and --cases\n", line, shapes);
                 return 1;
             }
             kb_measure(&b, idx, &tm, done[idx]++);
