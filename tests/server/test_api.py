@@ -345,7 +345,8 @@ def smollm2_tests():
             "request's long prefill", f"{len(during)} tokens, longest gap {gap:.2f} s of a {p1 - p0:.2f} s prefill")
     # a client that goes away during its context's prefill: the prefill stops between two layers
     before = s.metrics().get("ckv_requests_cancelled_total", 0)
-    body = json.dumps({"messages": q, "max_tokens": 4, "context": DOC, "press": "snapkv", "budget": 0.25}).encode()
+    # twice the document: its prefill lasts ~2 t1, well past the 0.6 s below even on an idle machine
+    body = json.dumps({"messages": q, "max_tokens": 4, "context": DOC + " " + DOC, "press": "snapkv", "budget": 0.25}).encode()
     sock = socket.create_connection((s.host, s.port))
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                  str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -418,7 +419,9 @@ def smollm2_tests():
     res = {}
 
     def prefill():
-        res["r"] = s.request("POST", "/v1/chat/completions", {"messages": q, "max_tokens": 4, "context": DOC,
+        # twice the document (a prefill of ~2 t1): the grace period ends at 0.8 + 0.3 s, inside it even when
+        # an idle machine prefills DOC alone in ~1 s
+        res["r"] = s.request("POST", "/v1/chat/completions", {"messages": q, "max_tokens": 4, "context": DOC + " " + DOC,
                                                                "press": "snapkv", "budget": 0.3})
     th = threading.Thread(target=prefill)
     th.start()
