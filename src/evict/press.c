@@ -86,26 +86,26 @@ static ckv_status parse_real(const char *key, const char *v, double lo, double h
     return CKV_STATUS_OK;
 }
 
-/* "0.25,0.5,0.75" or "[0.25, 0.5, 0.75]": at least one number, each in [lo, hi]. */
-static ckv_status parse_reals(const ckv_option_def *o, const char *v, ckv_press_ratios *out) {
+/* "0.25,0.5,0.75" or "[0.25, 0.5, 0.75]" into x[cap]: at least one number, each in [lo, hi];
+ * integers only when `ints` (token ids). *n the count. */
+static ckv_status parse_list(const ckv_option_def *o, const char *v, int ints, double *x, int cap, int *n) {
+    const char *what = ints ? "token ids" : "numbers", *item = ints ? "id" : "value";
     const char *p = v;
     while (*p == ' ') p++;
     const int bracket = *p == '[';
     if (bracket) p++;
-    ckv_press_ratios r;
-    r.n = 0;
+    *n = 0;
     for (;;) {
         char *end = NULL;
         errno = 0;
-        const double x = strtod(p, &end);
-        if (errno || end == p || !isfinite(x))
-            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated numbers, got '%s'", o->key, v);
-        if (x < o->lo || x > o->hi)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: value %d (%g) is outside [%g, %g]", o->key, r.n + 1, x,
+        const double d = ints ? (double)strtol(p, &end, 10) : strtod(p, &end);
+        if (errno || end == p || !isfinite(d))
+            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated %s, got '%s'", o->key, what, v);
+        if (d < o->lo || d > o->hi)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: %s %d (%.15g) is outside [%g, %g]", o->key, item, *n + 1, d,
                              o->lo, o->hi);
-        if (r.n == CKV_PRESS_MAX_LAYERS)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: more than %d values", o->key, CKV_PRESS_MAX_LAYERS);
-        r.cr[r.n++] = x;
+        if (*n == cap) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: more than %d %ss", o->key, cap, item);
+        x[(*n)++] = d;
         p = end;
         while (*p == ' ') p++;
         if (*p != ',') break;
@@ -113,39 +113,22 @@ static ckv_status parse_reals(const ckv_option_def *o, const char *v, ckv_press_
     }
     if (bracket && *p == ']') p++;
     else if (bracket) p = "?";
-    if (*p) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated numbers, got '%s'", o->key, v);
+    if (*p) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated %s, got '%s'", o->key, what, v);
+    return CKV_STATUS_OK;
+}
+
+static ckv_status parse_reals(const ckv_option_def *o, const char *v, ckv_press_ratios *out) {
+    ckv_press_ratios r;
+    CKV_TRY(parse_list(o, v, 0, r.cr, CKV_PRESS_MAX_LAYERS, &r.n));
     *out = r;
     return CKV_STATUS_OK;
 }
 
-/* "12,13,14" or "[12, 13, 14]": at least one integer, each in [lo, hi]. */
 static ckv_status parse_ids(const ckv_option_def *o, const char *v, ckv_press_ids *out) {
-    const char *p = v;
-    while (*p == ' ') p++;
-    const int bracket = *p == '[';
-    if (bracket) p++;
+    double x[CKV_PRESS_MAX_IDS];
     ckv_press_ids r;
-    r.n = 0;
-    for (;;) {
-        char *end = NULL;
-        errno = 0;
-        const long x = strtol(p, &end, 10);
-        if (errno || end == p)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated token ids, got '%s'", o->key, v);
-        if (x < (long)o->lo || x > (long)o->hi)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: id %d (%ld) is outside [%.0f, %.0f]", o->key, r.n + 1, x,
-                             o->lo, o->hi);
-        if (r.n == CKV_PRESS_MAX_IDS)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: more than %d ids", o->key, CKV_PRESS_MAX_IDS);
-        r.id[r.n++] = (int32_t)x;
-        p = end;
-        while (*p == ' ') p++;
-        if (*p != ',') break;
-        p++;
-    }
-    if (bracket && *p == ']') p++;
-    else if (bracket) p = "?";
-    if (*p) return ckv_error(CKV_STATUS_ERR_ARG, "press option %s: expected comma-separated token ids, got '%s'", o->key, v);
+    CKV_TRY(parse_list(o, v, 1, x, CKV_PRESS_MAX_IDS, &r.n));
+    for (int i = 0; i < r.n; i++) r.id[i] = (int32_t)x[i];
     *out = r;
     return CKV_STATUS_OK;
 }

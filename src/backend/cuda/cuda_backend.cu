@@ -39,6 +39,14 @@ cudaError_t stream_wait(ctx *c) {
     return e;
 }
 
+/* The first failure of a void op since the last report, as a status (cleared), or OK. */
+static ckv_status take_pending(ctx *c) {
+    if (c->pending == CKV_STATUS_OK) return CKV_STATUS_OK;
+    const ckv_status s = c->pending;
+    c->pending = CKV_STATUS_OK;
+    return ckv_error(s, "%s", c->pending_msg);
+}
+
 void op_done(ctx *c, const char *op) {
     c->last_op = op;
     cudaError_t e = cudaGetLastError();
@@ -158,12 +166,7 @@ ckv_status be_copy_kind(ckv_backend *be, void *dst, const void *src, size_t byte
     } else {
         CKV_CUDA_CHECK(stream_wait(c), what); /* the pageable source may be reused at once */
     }
-    if (c->pending != CKV_STATUS_OK) { /* a void op queued before failed: its result is not there */
-        ckv_status st = c->pending;
-        c->pending = CKV_STATUS_OK;
-        return ckv_error(st, "%s", c->pending_msg);
-    }
-    return CKV_STATUS_OK;
+    return take_pending(c); /* a void op queued before failed: its result is not there */
 }
 
 ckv_status be_upload(ckv_backend *be, void *dst, const void *src, size_t bytes) {
@@ -178,11 +181,7 @@ ckv_status be_copy(ckv_backend *be, void *dst, const void *src, size_t bytes) {
 
 ckv_status be_sync(ckv_backend *be) {
     ctx *c = ctx_of(be);
-    if (c->pending != CKV_STATUS_OK) {
-        ckv_status s = c->pending;
-        c->pending = CKV_STATUS_OK;
-        return ckv_error(s, "%s", c->pending_msg);
-    }
+    CKV_TRY(take_pending(c));
     cudaError_t e = stream_wait(c);
     if (e != cudaSuccess)
         return ckv_error(CKV_STATUS_ERR_DEVICE,
