@@ -37,14 +37,19 @@ ckv_status ckv_decode_press_build(ckv_decode_press *dp, const char *spec, int in
     }
     const ckv_press_config *c = &dp->press;
     if (!ckv_press_evicts(c)) return ckv_error(CKV_STATUS_ERR_ARG, "decode press: '%s' does not compress", spec);
-    if (c->critical || c->alloc != CKV_ALLOC_UNIFORM)
-        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
-                         "decode press '%s': wrappers and cross-head allocation are not decode presses (give a plain "
-                         "press: knorm, keydiff, streaming_llm, random, lagkv, cur, leverage)", spec);
     if (ckv_press_xn_first(c, 2) != 2) /* the scorer reads attention inputs (queries of a window, all rows) */
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
                          "decode press '%s' scores with the attention input, which decoding does not keep; give an "
                          "attention-free press: knorm, keydiff, streaming_llm, random, lagkv, cur, leverage", spec);
+    if (c->scorer == CKV_SCORER_KVZIP) /* reads no attention input, but replays the context through the model */
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "decode press 'kvzip' scores by replaying the whole context through the model after its "
+                         "prefill, which a decode step does not do; give an attention-free press: knorm, keydiff, "
+                         "streaming_llm, random, lagkv, cur, leverage");
+    if (c->critical || c->alloc != CKV_ALLOC_UNIFORM)
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED,
+                         "decode press '%s': wrappers and cross-head allocation are not decode presses (give a plain "
+                         "press: knorm, keydiff, streaming_llm, random, lagkv, cur, leverage)", spec);
     return ckv_decode_press_set_counts(dp, interval, target, ratio);
 }
 

@@ -146,6 +146,10 @@ static void check_builder(void) {
     CHECK_FAILS(ckv_decode_press_build(&dp, "snapkv", 8, 16, -1, NULL, 0), CKV_STATUS_ERR_UNSUPPORTED, "attention input");
     CHECK_FAILS(ckv_decode_press_build(&dp, "adakv:knorm", 8, 16, -1, NULL, 0), CKV_STATUS_ERR_UNSUPPORTED, "wrappers");
     CHECK_FAILS(ckv_decode_press_build(&dp, "knorm", 0, 16, -1, NULL, 0), CKV_STATUS_ERR_ARG, "decode interval");
+    const ckv_press_option_value kvz[] = {{"repeat_ids", "1,2"}, {"repeat_next_ids", "3"}, {"suffix_ids", "4"}};
+    CHECK_FAILS(ckv_decode_press_build(&dp, "kvzip", 8, 16, -1, kvz, 3), CKV_STATUS_ERR_UNSUPPORTED, "replaying");
+    CHECK_FAILS(ckv_decode_press_build(&dp, "layer_defensivekv", 8, 16, -1, NULL, 0), CKV_STATUS_ERR_UNSUPPORTED,
+                "attention input");
     CHECK_FAILS(ckv_decode_press_build(&dp, "knorm", 8, 0, -1, NULL, 0), CKV_STATUS_ERR_ARG, "decode target");
     CHECK_FAILS(ckv_decode_press_build(&dp, "knorm", 8, 0, 1.0, NULL, 0), CKV_STATUS_ERR_ARG, "decode ratio");
     CHECK_FAILS(ckv_decode_press_build(&dp, "knorm", 8, 16, 0.5, NULL, 0), CKV_STATUS_ERR_ARG, "exclude");
