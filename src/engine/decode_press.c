@@ -166,7 +166,8 @@ static ckv_status cut_layer(ckv_decode_state *ds, int layer, int target, int *ev
     in.xn = NULL; /* the decode presses read keys and values only */
     CKV_TRY(ckv_evict_layer(&ds->cfg, &in, NULL, &ds->sel));
     CKV_TRY(ckv_kv_layer_keep(&s->kv, layer, ds->sel.rows, L, ds->sel.n_keep, &ds->ws));
-    for (int h = 0; h < nkv; h++) ds->evicted_entries += L - ds->sel.n_keep[h];
+    /* every head of the model is cut to the same target: the model's heads evict what this rank's head 0 does */
+    ds->evicted_entries += (long)(L - ds->sel.n_keep[0]) * s->model->cfg.n_kv_heads;
     *evicted = 1;
     return ds->dump ? dump_layer(ds, layer, &in) : CKV_STATUS_OK;
 }

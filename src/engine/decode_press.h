@@ -62,7 +62,7 @@ typedef struct {
     int32_t *dump_all;      /* [tp, n_kv_local, capacity + 1] every rank's (host) */
     /* statistics */
     int compressions;       /* compressions that evicted rows */
-    long evicted_entries;   /* rows x local heads evicted on this rank */
+    long evicted_entries;   /* rows x KV heads of the model evicted (the same on every rank) */
     double seconds;
 } ckv_decode_state;
 

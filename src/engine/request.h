@@ -157,7 +157,7 @@ typedef struct {
     double score_seconds, select_seconds, compact_seconds;
     unsigned long long comm_bytes_compression; /* collective payload of the compression on this rank */
     int decode_compressions;        /* decode-time compressions that evicted rows (summed over answers) */
-    long decode_evicted_entries;    /* rows x local heads they evicted on this rank */
+    long decode_evicted_entries;    /* rows x KV heads of the model they evicted */
     double decode_compress_seconds;
 } ckv_request_stats;
 

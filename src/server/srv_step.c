@@ -270,7 +270,6 @@ static ckv_status exec_question(ckv_srv_steps *s, int slot, const int32_t *ids, 
 /* After a decode step of lanes slots[n]: each lane with a decode press counts the step and, when its
  * interval is due, is cut (the same on every rank: the same lanes, steps and rows). */
 static ckv_status decode_compress(ckv_srv_steps *s, const int32_t *slots, int n) {
-    const ckv_model *m = s->engine->model;
     for (int i = 0; i < n; i++) {
         ckv_srv_lane *l = &s->lanes[slots[i]];
         if (!l->decode.interval) continue;
@@ -279,8 +278,7 @@ static ckv_status decode_compress(ckv_srv_steps *s, const int32_t *slots, int n)
         CKV_TRY(ckv_decode_state_step(&l->ds, &evicted));
         ckv_srv_decode_stats *ds = &s->decode_stats[slots[i]];
         ds->compressions += evicted;
-        /* every head of a layer is cut to the same target: the model's heads evict what this rank's do */
-        ds->evicted_entries += (l->ds.evicted_entries - before) / m->plan.n_kv_local * m->cfg.n_kv_heads;
+        ds->evicted_entries += l->ds.evicted_entries - before; /* rows x KV heads of the model */
     }
     return CKV_STATUS_OK;
 }

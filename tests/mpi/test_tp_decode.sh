@@ -4,7 +4,8 @@
 # then hold different rows, so each head is rotated back at its own positions; two questions, so the context is
 # prepared again after the first answer cut it) on 2 and 4 ranks (4 ranks on 2 KV heads: replica
 # groups) writes the same --dump-kept lines (every compression of every head) and the same answers
-# as 1 rank. Bad decode flags are refused with one line and a non-zero exit.
+# as 1 rank, and the same decode_compressions / decode_evicted_entries (rows x KV heads of the model) in
+# --stats-json. Bad decode flags are refused with one line and a non-zero exit.
 # usage: test_tp_decode.sh CKV_BINARY FIXTURES_DIR TMP_DIR MPIRUN
 set -u
 ckv=$1; fx=$2/models; tmp=$(mktemp -d "$3/tpd.XXXXXX"); mpirun=$4
@@ -12,6 +13,20 @@ trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mpi() { timeout 120 "$mpirun" --oversubscribe -np "$@"; }
 fail=0
+# "compressions evicted_entries" of a --stats-json, summed over its answers
+decode_counts() {
+  python3 -c "
+import json, sys
+def walk(o):
+    if isinstance(o, dict):
+        if 'decode_evicted_entries' in o: yield o['decode_compressions'], o['decode_evicted_entries']
+        else:
+            for v in o.values(): yield from walk(v)
+    elif isinstance(o, list):
+        for v in o: yield from walk(v)
+c = list(walk(json.load(open(sys.argv[1]))))
+print(sum(a for a, _ in c), sum(b for _, b in c)) if c else None" "$1" 2>/dev/null
+}
 runs=("--decode-press knorm --decode-interval 8 --decode-target 200"
       "--press knorm --compression-ratio 0.5 --decode-press keydiff --decode-interval 6 --decode-target 100"
       "--decode-press cur --decode-interval 10 --decode-ratio 0.3"
@@ -29,13 +44,15 @@ for model in llama_gqa qwen2_bias; do
     # shellcheck disable=SC2206
     common=(generate --model "$dir" --prompt-ids "$ids" --question-ids 7,8,9 --question-ids 11,12 --max-new-tokens 30
             --ignore-eos --threads 1 --chunk 48 ${runs[$k]})
-    "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$k.1.jsonl" >"$tmp/$model.$k.1.out" 2>"$tmp/err" \
+    "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$k.1.jsonl" --stats-json "$tmp/$model.$k.1.json" \
+      >"$tmp/$model.$k.1.out" 2>"$tmp/err" \
       || { echo "FAIL $model [${runs[$k]}] 1 rank"; cat "$tmp/err"; fail=1; continue; }
     n=$(grep -c '"step"' "$tmp/$model.$k.1.jsonl")
     [ "$n" -gt 0 ] || { echo "FAIL $model [${runs[$k]}]: no decode-time compression logged"; fail=1; }
     for np in 2 4; do
       (( heads % np )) && continue
-      if ! mpi "$np" "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$k.$np.jsonl" >"$tmp/$model.$k.$np.out" 2>"$tmp/err"; then
+      if ! mpi "$np" "$ckv" "${common[@]}" --dump-kept "$tmp/$model.$k.$np.jsonl" --stats-json "$tmp/$model.$k.$np.json" \
+        >"$tmp/$model.$k.$np.out" 2>"$tmp/err"; then
         echo "FAIL $model [${runs[$k]}] $np ranks"; cat "$tmp/err"; fail=1; continue
       fi
       if cmp -s "$tmp/$model.$k.1.jsonl" "$tmp/$model.$k.$np.jsonl" && cmp -s "$tmp/$model.$k.1.out" "$tmp/$model.$k.$np.out"; then
@@ -45,6 +62,9 @@ for model in llama_gqa qwen2_bias; do
         diff <(cut -c1-200 "$tmp/$model.$k.1.jsonl") <(cut -c1-200 "$tmp/$model.$k.$np.jsonl") | head -5
         diff "$tmp/$model.$k.1.out" "$tmp/$model.$k.$np.out" | head -5; fail=1
       fi
+      c1=$(decode_counts "$tmp/$model.$k.1.json"); cn=$(decode_counts "$tmp/$model.$k.$np.json")
+      if [ -n "$c1" ] && [ "$c1" = "$cn" ]; then echo "ok   $model [${runs[$k]}] on $np ranks: decode counts $cn"
+      else echo "FAIL $model [${runs[$k]}] on $np ranks: decode compressions, evicted entries '$cn', 1 rank '$c1'"; fail=1; fi
     done
   done
 done
