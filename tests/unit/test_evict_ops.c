@@ -374,6 +374,37 @@ static void check_topk(ckv_backend *be) {
     CHECK_FAILS(be->ops->evict_topk(be, idx, LD, s, LD, R, N, bad), CKV_STATUS_ERR_ARG, "top-38 of 37");
 }
 
+/* Rows long enough for every byte of the selection's keys to matter: values that share their high
+ * bytes, -0 beside +0, subnormals, NaNs and infinities, ties across the whole row; kept sets against the
+ * tie rule's rank (before()). */
+static void check_topk_long(ckv_backend *be) {
+    enum { R = 3, N = 3001 };
+    static float s[R * N];
+    static int32_t idx[R * N];
+    static const float pick[] = {1.0f, 1.0000001f, 1.0000002f, 0.99999994f, -0.0f, 0.0f, 1e-40f, -1e-40f,
+                                 -1.0f, 3e38f, -3e38f, INFINITY, -INFINITY, NAN, 65536.0f, 65537.0f};
+    for (int i = 0; i < R * N; i++) s[i] = pick[(int)(ckv_test_rng_double(&rng) * 16) & 15];
+    for (int i = 0; i < N; i += 7) s[2 * N + i] = (float)ckv_test_rng_double(&rng); /* distinct values too */
+    const int32_t k[R] = {1, 1900, N - 1}; /* 1900: inside the run of zeros, whose signs must tie */
+    CHECK_OK(be->ops->evict_topk(be, idx, N, s, N, R, N, k));
+    for (int r = 0; r < R; r++) {
+        int bad = 0, first = -1;
+        for (int i = 0; i < k[r]; i++) {
+            const int32_t j = idx[r * N + i];
+            const int ok = j >= 0 && j < N && (!i || j > idx[r * N + i - 1]) && before(s + r * N, N, j) < k[r];
+            if (!ok && first < 0) first = i;
+            bad += !ok;
+        }
+        CHECK_MSG(!bad, "topk long row %d (k %d): %d of the kept indices wrong, first at %d", r, k[r], bad, first);
+    }
+    const int64_t total = 5600; /* inside the zeros as well */
+    int32_t cnt[R], want[R] = {0};
+    CHECK_OK(be->ops->evict_topk_counts(be, cnt, s, N, R, N, total));
+    for (int i = 0; i < R * N; i++) want[i / N] += before(s, R * N, i) < total;
+    CHECK_MSG(!memcmp(cnt, want, sizeof cnt), "topk_counts long: %d %d %d, want %d %d %d", cnt[0], cnt[1], cnt[2],
+              want[0], want[1], want[2]);
+}
+
 /* Bit-for-bit equality of n floats (or doubles, dbl) from two thread counts: the first mismatches and
  * the largest difference are printed. */
 static void same_bits(const char *what, int threads, const void *got, const void *want, size_t n, int dbl) {
@@ -461,6 +492,7 @@ int main(void) {
     for (int i = 0; i < 3; i++) check_attention(be, dts[i]);
     check_rows(be);
     check_topk(be);
+    check_topk_long(be);
     check_thread_counts(CKV_DTYPE_F32);
     check_thread_counts(CKV_DTYPE_BF16);
     fprintf(stderr, "worst |diff| over all comparisons: %.3g\n", worst);

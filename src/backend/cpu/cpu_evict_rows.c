@@ -2,14 +2,14 @@
  * pooling, the sum over a group's query heads, division, key / value row norms, (s + eps) * N, fills
  * (constants, token indices, seeded random scores), the layer max, and the top-k family (per row,
  * scatter, cross-head counts) with the SPEC tie rule. Semantics as in backend.h; every loop runs
- * sequentially in the order backend.h fixes, so results do not depend on the thread count. Only the
- * top-k ops allocate (sort scratch, freed before returning). No GEMMs (cpu_evict_attn.c) and no
+ * sequentially in the order backend.h fixes, so results do not depend on the thread count. Nothing
+ * allocates (the top-k ops select by a radix select, below). No GEMMs (cpu_evict_attn.c) and no
  * decisions about budgets (evict/). */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
-#include "core/alloc.h"
 #include "cpu_backend.h"
 
 void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
@@ -134,25 +134,40 @@ void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, in
     *out = mx;
 }
 
-/* ---- top-k ---------------------------------------------------------------------------------- */
+/* ---- top-k ----------------------------------------------------------------------------------
+ * Both ops select by a radix select over a 32-bit key that orders the scores as the SPEC's tie rule
+ * does (descending score, NaN last, then ascending index): four passes of 8-bit histograms find the
+ * k-th key, then one pass in index order takes every key above it and the first of those equal to it.
+ * Linear in n, no allocation, and the output comes out in ascending index order, so nothing is sorted. */
 
-typedef struct {
-    float s;
-    int32_t i; /* column, or flat index row * n + column */
-} evict_scored;
-
-/* descending score, NaN last, then ascending index */
-static int evict_scored_cmp(const void *a, const void *b) {
-    const evict_scored *x = a, *y = b;
-    const int xn = x->s != x->s, yn = y->s != y->s;
-    if (xn != yn) return xn - yn;
-    if (!xn && x->s != y->s) return x->s > y->s ? -1 : 1;
-    return (x->i > y->i) - (x->i < y->i);
+/* Order-preserving key: larger score, larger key; -0 and +0 equal; every NaN 0, below -inf. */
+static inline uint32_t topk_key(float f) {
+    if (f != f) return 0;
+    union { float f; uint32_t u; } v = {f == 0.0f ? 0.0f : f};
+    return v.u & 0x80000000u ? ~v.u : v.u | 0x80000000u; /* -inf -> 0x007fffff > 0 */
 }
 
-static int evict_i32_cmp(const void *a, const void *b) {
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
+/* The key of the k-th largest (1 <= k <= entries) of rows x n scores (row stride ld), and in *above
+ * how many keys are larger than it. */
+static uint32_t topk_threshold(const float *s, int ld, int rows, int n, int64_t k, int64_t *above) {
+    uint32_t prefix = 0, mask = 0;
+    int64_t left = k; /* entries still to take among those matching prefix under mask */
+    *above = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        int64_t hist[256] = {0};
+        for (int r = 0; r < rows; r++) {
+            const float *sr = s + (size_t)r * (size_t)ld;
+            for (int i = 0; i < n; i++) {
+                const uint32_t key = topk_key(sr[i]);
+                if ((key & mask) == prefix) hist[(key >> shift) & 255u]++;
+            }
+        }
+        int b = 255;
+        while (hist[b] < left) left -= hist[b], *above += hist[b], b--; /* b >= 0: left <= the matches */
+        prefix |= (uint32_t)b << shift;
+        mask |= 255u << shift;
+    }
+    return prefix;
 }
 
 ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
@@ -161,17 +176,19 @@ ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const f
     for (int r = 0; r < rows; r++)
         if (k[r] < 0 || k[r] > n)
             return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
-    evict_scored *t = NULL;
-    CKV_TRY(ckv_alloc((void **)&t, (size_t)(n > 0 ? n : 1) * sizeof *t, "score ranking"));
     for (int r = 0; r < rows; r++) {
         const float *sr = s + (size_t)r * (size_t)ld;
-        for (int i = 0; i < n; i++) t[i] = (evict_scored){sr[i], i};
-        qsort(t, (size_t)n, sizeof *t, evict_scored_cmp);
         int32_t *out = idx + (size_t)r * (size_t)ld_idx;
-        for (int i = 0; i < k[r]; i++) out[i] = t[i].i;
-        qsort(out, (size_t)k[r], sizeof *out, evict_i32_cmp);
+        if (k[r] == 0) continue;
+        int64_t above;
+        const uint32_t thr = topk_threshold(sr, ld, 1, n, k[r], &above);
+        int64_t ties = k[r] - above; /* keys equal to thr taken, lowest index first */
+        int o = 0;
+        for (int i = 0; i < n; i++) {
+            const uint32_t key = topk_key(sr[i]);
+            if (key > thr || (key == thr && ties-- > 0)) out[o++] = i;
+        }
     }
-    ckv_free(t);
     return CKV_STATUS_OK;
 }
 
@@ -188,14 +205,17 @@ ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const flo
     const int64_t all = (int64_t)rows * (int64_t)n;
     if (total < 0 || total > all || all > INT32_MAX)
         return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk_counts: top-%lld of %d x %d scores", (long long)total, rows, n);
-    evict_scored *t = NULL;
-    CKV_TRY(ckv_alloc((void **)&t, (size_t)(all > 0 ? all : 1) * sizeof *t, "cross-head ranking"));
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < n; i++)
-            t[(size_t)r * (size_t)n + (size_t)i] = (evict_scored){s[(size_t)r * (size_t)ld + (size_t)i], (int32_t)(r * n + i)};
-    qsort(t, (size_t)all, sizeof *t, evict_scored_cmp);
     for (int r = 0; r < rows; r++) counts[r] = 0;
-    for (int64_t i = 0; i < total; i++) counts[t[i].i / n]++;
-    ckv_free(t);
+    if (total == 0) return CKV_STATUS_OK;
+    int64_t above;
+    const uint32_t thr = topk_threshold(s, ld, rows, n, total, &above);
+    int64_t ties = total - above; /* equal keys go to the lower flat index r * n + i first */
+    for (int r = 0; r < rows; r++) {
+        const float *sr = s + (size_t)r * (size_t)ld;
+        for (int i = 0; i < n; i++) {
+            const uint32_t key = topk_key(sr[i]);
+            counts[r] += key > thr || (key == thr && ties-- > 0);
+        }
+    }
     return CKV_STATUS_OK;
 }
