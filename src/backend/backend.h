@@ -232,6 +232,12 @@ typedef struct {
      * g->dst receives rows keep[s * stride + i], i < n_keep[s] (ascending row indices into segment s
      * of g->src), of k, v and pos; dst[s].len = n_keep[s]. Source and destination do not overlap. */
     void (*kv_gather)(ckv_backend *be, const ckv_kv_gather_params *g);
+    /* Re-rotates the cached keys of every segment of every sequence of kv in place (kvpress's
+     * KeyRerotationPress): row i < len of a segment, cached at pos[i] (post-RoPE), has each pair
+     * (j, j + hd/2) rotated by a = (float)(i - pos[i]) * inv_freq[j], x * cosf(a) + rotate_half(x) * sinf(a)
+     * in fp32, and is stored back in the cache's dtype (round to nearest even); values, positions and
+     * lengths are unchanged.   inv_freq [hd/2] (device) */
+    void (*kv_rerotate)(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq);
 
     /* ---- eviction ops (evict/ drives them; see evict/ for their callers) ----
      * Conventions: "scores" are fp32 device arrays [rows, ld] (row r at x + r * ld); kv is a batch of

@@ -51,7 +51,7 @@ ckv_status ckv_backend_check_ops(const ckv_backend *be) {
         SLOT(o, free), SLOT(o, alloc), SLOT(o, release), SLOT(o, upload), SLOT(o, download), SLOT(o, copy),
         SLOT(o, sync), SLOT(o, weight_dtype_ok), SLOT(o, kv_dtype_ok), SLOT(o, embedding), SLOT(o, rmsnorm),
         SLOT(o, matmul), SLOT(o, rope), SLOT(o, kv_store), SLOT(o, attention), SLOT(o, swiglu), SLOT(o, add),
-        SLOT(o, count_nonfinite), SLOT(o, kv_gather), SLOT(o, evict_attn_colsum), SLOT(o, evict_attn_probs),
+        SLOT(o, count_nonfinite), SLOT(o, kv_gather), SLOT(o, kv_rerotate), SLOT(o, evict_attn_colsum), SLOT(o, evict_attn_probs),
         SLOT(o, evict_colsum_finish), SLOT(o, evict_pool), SLOT(o, evict_head_sum), SLOT(o, evict_div),
         SLOT(o, evict_row_norm), SLOT(o, evict_add_mul), SLOT(o, evict_value_norm), SLOT(o, evict_fill),
         SLOT(o, evict_random), SLOT(o, evict_max), SLOT(o, evict_topk), SLOT(o, evict_scatter),

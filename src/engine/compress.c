@@ -73,43 +73,13 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
 /* key_rerotation (kvpress KeyRerotationPress): row i of each local head, cached at position pos[i]
  * (post-RoPE), is rotated by the angles (float)(i - pos[i]) * inv_freq[j] in fp32, as kvpress does, so
  * the kept keys read as if the context had been n_kept tokens long; positions, values and masks are
- * unchanged (the question still follows at L, L+1, ...). Runs on the host through the cache's head
- * access (fp32, converted from and back to the cache dtype): 2 n_kept head_dim values each way per
- * head, after the layer's compaction. */
+ * unchanged (the question still follows at L, L+1, ...). One backend op over the layer's segments
+ * after its compaction, in place on the device (kv_rerotate). */
 static ckv_status rerotate_layer(ckv_session *s, int layer) {
     ckv_model *m = s->model;
-    ckv_backend *be = m->be;
-    const int d = m->cfg.head_dim, half = d / 2, nkv = m->plan.n_kv_local;
-    const ckv_kv_layer *kl = &s->kv.layers[layer];
-    int most = 0;
-    for (int h = 0; h < nkv; h++) most = kl->len[h] > most ? kl->len[h] : most;
-    float *k = NULL, *v = NULL, *inv = NULL; // [most, d] x 2, [d / 2] (host)
-    int32_t *pos = NULL;                     // [most]
-    ckv_status st = ckv_alloc((void **)&k, (size_t)most * (size_t)d * sizeof(float), "rerotated keys");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&v, (size_t)most * (size_t)d * sizeof(float), "rerotated values");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&pos, (size_t)most * sizeof(int32_t), "rerotated positions");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&inv, (size_t)half * sizeof(float), "inverse frequencies");
-    if (st == CKV_STATUS_OK) st = be->ops->sync(be);
-    if (st == CKV_STATUS_OK) st = be->ops->download(be, inv, m->inv_freq, (size_t)half * sizeof(float));
-    for (int h = 0; h < nkv && st == CKV_STATUS_OK; h++) {
-        const int n = kl->len[h];
-        st = ckv_kv_head_read(&s->kv, layer, h, k, v, pos);
-        for (int i = 0; i < n && st == CKV_STATUS_OK; i++) {
-            float *x = k + (size_t)i * d;
-            const float delta = (float)(i - pos[i]);
-            for (int j = 0; j < half; j++) {
-                const float a = delta * inv[j], c = cosf(a), sn = sinf(a), x0 = x[j], x1 = x[j + half];
-                x[j] = x0 * c - x1 * sn; /* x * cos + rotate_half(x) * sin */
-                x[j + half] = x1 * c + x0 * sn;
-            }
-        }
-        if (st == CKV_STATUS_OK) st = ckv_kv_head_write(&s->kv, layer, h, k, v, pos, n);
-    }
-    ckv_free(k);
-    ckv_free(v);
-    ckv_free(pos);
-    ckv_free(inv);
-    return st;
+    const ckv_kv_batch b = ckv_kv_layer_batch(&s->kv, layer, 0);
+    m->be->ops->kv_rerotate(m->be, &b, m->inv_freq);
+    return CKV_STATUS_OK;
 }
 
 /* Payload this rank has handed to its collectives so far. */

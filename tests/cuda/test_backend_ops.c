@@ -97,6 +97,47 @@ static void test_rope(int n, int n_heads, int hd, float attn_scale, int variant)
     free(pos);
 }
 
+/* kv_rerotate over the segments of 2 sequences (different lengths, positions with gaps): the same fp32
+ * angles; CUDA's sinf/cosf are within 2 ulp, so f32 keys agree to 4e-6 (|x| <= 1) and a bf16 key may
+ * round to the neighbouring value (one bf16 ulp); values, positions and lengths exactly. */
+static void test_kv_rerotate(ckv_dtype dt) {
+    const int n_seq = 2, n_kv = 3, hd = 16, cap = 40;
+    int lens[2 * 3] = {40, 23, 0, 7, 31, 1};
+    test_kv_host h;
+    kv_host_random(&h, dt, n_seq, n_kv, hd, cap, lens, 4);
+    float inv[8];
+    for (int i = 0; i < hd / 2; i++) inv[i] = powf(500000.0f, -2.0f * (float)i / (float)hd);
+    test_kv ct, cr;
+    kv_build(&ct, tb, dt, n_seq, n_kv, hd, cap, &h);
+    kv_build(&cr, ref, dt, n_seq, n_kv, hd, cap, &h);
+    float *ft = cuda_test_upload(tb, inv, sizeof inv), *fr = cuda_test_upload(ref, inv, sizeof inv);
+    ckv_kv_batch bt = kv_batch(&ct, NULL, NULL, cap), br = kv_batch(&cr, NULL, NULL, cap);
+    tb->ops->kv_rerotate(tb, &bt, ft);
+    ref->ops->kv_rerotate(ref, &br, fr);
+    const size_t nseg = (size_t)n_seq * n_kv, rows = (size_t)cap * hd;
+    float *ka = xalloc(nseg * rows * 4), *va = xalloc(nseg * rows * 4), *kb = xalloc(nseg * rows * 4),
+          *vb = xalloc(nseg * rows * 4);
+    int32_t *pa = xalloc(nseg * (size_t)cap * 4), *pb = xalloc(nseg * (size_t)cap * 4);
+    int la[6], lb[6];
+    kv_fetch(&ct, ka, va, pa, la);
+    kv_fetch(&cr, kb, vb, pb, lb);
+    int bad = memcmp(la, lb, sizeof la) != 0 || memcmp(va, vb, nseg * rows * 4) != 0 || memcmp(pa, pb, nseg * (size_t)cap * 4) != 0;
+    double worst = 0;
+    for (size_t i = 0; i < nseg * rows; i++) {
+        const double e = fabs((double)ka[i] - kb[i]), bound = dt == CKV_DTYPE_F32 ? 4e-6 : fabs(kb[i]) / 128 + 1e-6;
+        worst = fmax(worst, e);
+        if (e > bound && bad++ < 5) fprintf(stderr, "  kv_rerotate key %zu: %.8g, expected %.8g\n", i, ka[i], kb[i]);
+    }
+    char cas[64];
+    snprintf(cas, sizeof cas, "%s seqs=%d heads=%d", ckv_dtype_name(dt), n_seq, n_kv);
+    CHECK_MSG(!bad, "kv_rerotate %s: keys, values, positions or lengths differ (max key error %.3g)", cas, worst);
+    if (!bad) fprintf(stderr, "ok   kv_rerotate %s: max key error %.3g\n", cas, worst);
+    free(ka), free(va), free(kb), free(vb), free(pa), free(pb);
+    release2(ft, fr);
+    kv_free(&ct), kv_free(&cr);
+    kv_host_free(&h);
+}
+
 /* swiglu: expf within 1-2 ulp on both sides; add: exact. */
 static void test_elementwise(size_t n) {
     float *g = rand_floats(n, -8.0f, 8.0f), *u = rand_floats(n, -2.0f, 2.0f);
@@ -487,6 +528,8 @@ int main(int argc, char **argv) {
     test_kv_store(CKV_DTYPE_F32, 3, three);
     test_kv_gather(CKV_DTYPE_BF16);
     test_kv_gather(CKV_DTYPE_F32);
+    test_kv_rerotate(CKV_DTYPE_BF16);
+    test_kv_rerotate(CKV_DTYPE_F32);
     test_attention_all();
     ckv_test_failures += test_backend_evict_ops();
     test_sample(0.0f, 0, 1.0f);

@@ -531,6 +531,56 @@ static void test_kv_gather(ckv_dtype dt) {
     free(ks), free(vs), free(kd), free(vd);
 }
 
+/* kv_rerotate: each kept key rotated by (i - pos[i]) * inv_freq against a double-precision rotation of
+ * the same fp32 key (within the dtype's rounding); values, lengths and rows past len untouched. */
+static void test_kv_rerotate(ckv_dtype dt) {
+    enum { NKV = 2, HD = 8, CAP = 12 };
+    const size_t es = ckv_dtype_size(dt), plane = (size_t)CAP * HD;
+    unsigned char *k = xalloc(NKV * plane * es), *v = xalloc(NKV * plane * es), *k0 = xalloc(NKV * plane * es),
+                  *v0 = xalloc(NKV * plane * es);
+    float tmp[CAP * HD], inv[HD / 2];
+    int32_t pos[NKV * CAP];
+    for (int j = 0; j < HD / 2; j++) inv[j] = powf(10000.0f, -2.0f * (float)j / HD);
+    for (int g = 0; g < NKV; g++) {
+        fill_uniform(tmp, plane, -2, 2);
+        ckv_convert_from_f32(k + g * plane * es, tmp, dt, plane);
+        fill_uniform(tmp, plane, -2, 2);
+        ckv_convert_from_f32(v + g * plane * es, tmp, dt, plane);
+        for (int i = 0; i < CAP; i++) pos[g * CAP + i] = 5 * i + 3 * g + (i > 4 ? 200 : 0); /* a kept set with gaps */
+    }
+    memcpy(k0, k, NKV * plane * es), memcpy(v0, v, NKV * plane * es);
+    const int lens[NKV] = {CAP - 2, 5};
+    ckv_kv_seg segs[NKV];
+    for (int g = 0; g < NKV; g++)
+        segs[g] = (ckv_kv_seg){k + g * plane * es, v + g * plane * es, pos + g * CAP, lens[g], CAP};
+    ckv_kv_seg *list[1] = {segs};
+    const ckv_kv_batch b = {.dtype = dt, .head_dim = HD, .n_kv_heads = NKV, .n_seq = 1, .segs = list, .max_len = CAP};
+    be1->ops->kv_rerotate(be1, &b, inv);
+    const double tol = dt == CKV_DTYPE_F32 ? 1e-5 : 3.0 / 256; /* |x| <= 2.9: one bf16 ulp, fp32's few */
+    int bad = 0;
+    double worst = 0;
+    for (int g = 0; g < NKV; g++) {
+        float x[CAP * HD], y[CAP * HD];
+        ckv_convert_to_f32(x, k0 + g * plane * es, dt, plane);
+        ckv_convert_to_f32(y, k + g * plane * es, dt, plane);
+        for (int i = 0; i < CAP; i++)
+            for (int j = 0; j < HD / 2; j++) {
+                const double a = (double)(float)((float)(i - pos[g * CAP + i]) * inv[j]);
+                const double x0 = x[i * HD + j], x1 = x[i * HD + j + HD / 2];
+                const double w0 = i < lens[g] ? x0 * cos(a) - x1 * sin(a) : x0, w1 = i < lens[g] ? x1 * cos(a) + x0 * sin(a) : x1;
+                const double e = fmax(fabs(y[i * HD + j] - w0), fabs(y[i * HD + j + HD / 2] - w1));
+                worst = fmax(worst, e);
+                if (e > tol && bad++ < 5)
+                    fprintf(stderr, "  kv_rerotate %s: head %d row %d pair %d off by %.3g\n", ckv_dtype_name(dt), g, i, j, e);
+            }
+    }
+    bad += memcmp(v, v0, NKV * plane * es) != 0;
+    for (int g = 0; g < NKV; g++) bad += segs[g].len != lens[g];
+    CHECK_MSG(bad == 0, "kv_rerotate %s: %d wrong keys, values or lengths (max error %.3g)", ckv_dtype_name(dt), bad, worst);
+    if (!bad) fprintf(stderr, "ok   kv_rerotate %s: max error %.3g against the double rotation\n", ckv_dtype_name(dt), worst);
+    free(k), free(v), free(k0), free(v0);
+}
+
 static void test_count_nonfinite(void) {
     float x[1000];
     fill_uniform(x, 1000, -1e30f, 1e30f);
@@ -626,6 +676,8 @@ int main(void) {
     test_attention_lowp(CKV_DTYPE_F16);
     test_kv_gather(CKV_DTYPE_F32);
     test_kv_gather(CKV_DTYPE_BF16);
+    test_kv_rerotate(CKV_DTYPE_F32);
+    test_kv_rerotate(CKV_DTYPE_BF16);
     test_count_nonfinite();
 
     test_swiglu_case(1, 0);

@@ -93,6 +93,7 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .add = ckv_cpu_add,
     .count_nonfinite = ckv_cpu_count_nonfinite,
     .kv_gather = ckv_cpu_kv_gather,
+    .kv_rerotate = ckv_cpu_kv_rerotate,
     .evict_attn_colsum = ckv_cpu_evict_attn_colsum,
     .evict_attn_probs = ckv_cpu_evict_attn_probs,
     .evict_colsum_finish = ckv_cpu_evict_colsum_finish,

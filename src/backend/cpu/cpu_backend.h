@@ -49,6 +49,7 @@ void ckv_cpu_rope(ckv_backend *be, float *x, const int32_t *pos, int n, int n_he
 void ckv_cpu_kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos,
                       int n);
 void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *g);
+void ckv_cpu_kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq);
 void ckv_cpu_swiglu(ckv_backend *be, float *out, const float *gate, const float *up, size_t n);
 void ckv_cpu_add(ckv_backend *be, float *x, const float *y, size_t n);
 /* cpu_sample.c */

@@ -1,7 +1,10 @@
 /* cpu_kv.c - the CPU backend's KV-cache ops: kv_store (append a batch's tokens to their sequences'
- * segments, converting to the cache dtype, and advance the segment lengths) and kv_gather (compact
- * every segment of a layer into a new pool in one call). It does not attend (cpu_attention.c) and
+ * segments, converting to the cache dtype, and advance the segment lengths), kv_gather (compact
+ * every segment of a layer into a new pool in one call) and kv_rerotate (kept keys rotated to their
+ * row index). It does not attend (cpu_attention.c) and
  * decides nothing about what is kept. Nothing here allocates. */
+#include <math.h>
+
 #include "cpu_backend.h"
 
 /* Writes n fp32 values as `dt` at dst. */
@@ -54,4 +57,27 @@ void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *gp) {
         }
         dst[g].len = nk;
     }
+}
+
+void ckv_cpu_kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq) {
+    (void)be;
+    const int hd = kv->head_dim, half = hd / 2;
+    const size_t es = ckv_dtype_size(kv->dtype);
+    for (int s = 0; s < kv->n_seq; s++)
+        for (int g = 0; g < kv->n_kv_heads; g++) {
+            ckv_kv_seg *sg = &kv->segs[s][g];
+            for (int i = 0; i < sg->len; i++) {
+                char *row = (char *)sg->k + (size_t)i * (size_t)hd * es; // [hd] in the cache's dtype
+                const float delta = (float)(i - sg->pos[i]);
+                for (int j = 0; j < half; j++) {
+                    float x0, x1;
+                    ckv_convert_to_f32(&x0, row + (size_t)j * es, kv->dtype, 1);
+                    ckv_convert_to_f32(&x1, row + (size_t)(j + half) * es, kv->dtype, 1);
+                    const float a = delta * inv_freq[j], c = cosf(a), sn = sinf(a);
+                    const float y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn; /* x cos + rotate_half(x) sin */
+                    ckv_kv_put(row + (size_t)j * es, &y0, kv->dtype, 1);
+                    ckv_kv_put(row + (size_t)(j + half) * es, &y1, kv->dtype, 1);
+                }
+            }
+        }
 }

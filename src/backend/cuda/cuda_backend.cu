@@ -241,6 +241,7 @@ ckv_backend_ops make_ops() {
     o.add = add;
     o.count_nonfinite = count_nonfinite;
     o.kv_gather = kv_gather;
+    o.kv_rerotate = kv_rerotate;
     o.evict_attn_colsum = evict_attn_colsum;
     o.evict_attn_probs = evict_attn_probs;
     o.evict_colsum_finish = evict_colsum_finish;

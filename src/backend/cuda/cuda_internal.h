@@ -141,6 +141,7 @@ ckv_status count_nonfinite(ckv_backend *be, const float *x, size_t n, size_t *n_
 void matmul(ckv_backend *be, float *out, const float *x, const ckv_weight *w, const float *bias, int n);
 void kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos, int n);
 void kv_gather(ckv_backend *be, const ckv_kv_gather_params *g);
+void kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq);
 void attention(ckv_backend *be, float *out, const ckv_attention_params *a);
 /* cuda_decode.cu: split-KV attention (attention's checks done; records failures on c) */
 constexpr int DECODE_HD_MAX = 256; /* largest head dim of attention */

@@ -1,6 +1,7 @@
 /* cuda_kv.cu - the CUDA backend's KV-cache kernels: kv_store (append a batch's keys, values and
  * positions to its segments in the cache's dtype, then advance every segment's len on the device)
- * and kv_gather (compact every segment of a sequence to its kept rows in one launch). Segment
+ * kv_gather (compact every segment of a sequence to its kept rows in one launch) and kv_rerotate
+ * (kept keys rotated to their row index, in place). Segment
  * descriptors (ckv_kv_seg) are read and written on the device; the host never sees lengths here.
  * No attention or eviction arithmetic. */
 #include "cuda_internal.h"
@@ -11,6 +12,7 @@ namespace {
 
 constexpr unsigned THREADS = 128;
 constexpr int GATHER_ROWS = 8; /* kept rows per block of kv_gather */
+constexpr int ROTATE_ROWS = 8; /* rows per block of kv_rerotate */
 
 /* Sequence of token t and its index among that sequence's tokens. */
 __device__ __forceinline__ void token_seq(const ckv_kv_batch &kv, int t, int *s, int *i) {
@@ -70,6 +72,24 @@ __global__ void kv_gather_kernel(ckv_kv_seg *dst, const ckv_kv_seg *src, const i
     if (blockIdx.x == 0 && threadIdx.x == 0) dst[g].len = nk;
 }
 
+/* Block (b, g, s): rows b * ROTATE_ROWS .. of segment g of sequence s, a thread per (row, pair). */
+template <typename T>
+__global__ void kv_rerotate_kernel(ckv_kv_batch kv, const float *inv_freq) {
+    const ckv_kv_seg *seg = &kv.segs[blockIdx.z][blockIdx.y];
+    const int half = kv.head_dim / 2, len = seg->len, r0 = (int)blockIdx.x * ROTATE_ROWS;
+    T *k = (T *)seg->k;
+    const int32_t *pos = seg->pos;
+    for (int e = threadIdx.x; e < ROTATE_ROWS * half; e += blockDim.x) {
+        const int i = r0 + e / half, j = e % half;
+        if (i >= len) break; /* e grows with i */
+        const float a = (float)(i - pos[i]) * inv_freq[j], c = cosf(a), sn = sinf(a); /* full-range, as rope */
+        const size_t at = (size_t)i * (size_t)kv.head_dim + (size_t)j;
+        const float x0 = ld_f32(k, at), x1 = ld_f32(k, at + (size_t)half);
+        st_f32(k, at, x0 * c - x1 * sn); /* x cos + rotate_half(x) sin */
+        st_f32(k, at + (size_t)half, x1 * c + x0 * sn);
+    }
+}
+
 } // namespace
 
 void kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, const float *v, const int32_t *pos, int n) {
@@ -112,6 +132,24 @@ void kv_gather(ckv_backend *be, const ckv_kv_gather_params *g) {
         return;
     }
     op_done(c, "kv_gather");
+}
+
+void kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq) {
+    ctx *c = ctx_of(be);
+    if (kv->n_kv_heads <= 0 || kv->n_seq <= 0 || kv->max_len <= 0 || kv->head_dim < 2) return;
+    /* max_len bounds every segment's len; blocks past a segment's own len return at once */
+    const dim3 grid((unsigned)((kv->max_len + ROTATE_ROWS - 1) / ROTATE_ROWS), (unsigned)kv->n_kv_heads,
+                    (unsigned)kv->n_seq);
+    if (kv->dtype == CKV_DTYPE_BF16)
+        CKV_LAUNCH((kv_rerotate_kernel<ckv_bf16>), grid, dim3(THREADS), 0, c->stream, *kv, inv_freq);
+    else if (kv->dtype == CKV_DTYPE_F32)
+        CKV_LAUNCH((kv_rerotate_kernel<float>), grid, dim3(THREADS), 0, c->stream, *kv, inv_freq);
+    else {
+        record(c, ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s backend: kv_rerotate: KV dtype %s (bf16 or f32 only)",
+                            CKV_CUDA_BACKEND_NAME, ckv_dtype_name(kv->dtype)));
+        return;
+    }
+    op_done(c, "kv_rerotate");
 }
 
 } // namespace CKV_CUDA_NS
