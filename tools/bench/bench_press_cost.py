@@ -25,7 +25,9 @@ window, k = 48), from what each scorer reads and computes (docs/presses.md, docs
   knorm L d Hkv; keydiff 3 L d Hkv; lagkv 8 L d Hkv; cur 2 L d Hkv; leverage (2 L d k + L k^2) Hkv
   streaming_llm, random: none (selection only: no floor, no ratio)
   critical:, critical_adakv:, critical_headkv:, defensivekv and layer_defensivekv add the value norms L H d D
-  adakv:, headkv: add nothing (budgets from the same scores)
+  compactor: L D H d + L 256 H d + leverage's   (queries, logits within chunks of 256, the sketch)
+  adakv:, headkv:, chunkkv: add nothing (budgets or chunk ranks from the same scores)
+  key_rerotation: adds L d Hkv (at most L kept keys rotated)
 
 Usage: tools/bench/bench_press_cost.py --ckv build/ckv --model M.gguf [--model N.gguf]
        [--context 4096] [--threads 2] [--repeats 2] [--presses keydiff,lagkv,cur,leverage]
@@ -47,7 +49,10 @@ from pathlib import Path
 
 WINDOW = {"snapkv": 64, "pyramidkv": 64, "snapkv_paper": 32, "defensivekv": 32, "layer_defensivekv": 32, "tova": 1}
 NO_FLOOR = ("streaming_llm", "random")
-WRAPPERS = {"critical": 1, "critical_adakv": 1, "critical_headkv": 1, "adakv": 0, "headkv": 0}  # 1: value norms
+# 1: value norms; chunkkv ranks chunk means (L Hkv additions: no floor of its own); key_rerotation: below
+WRAPPERS = {"critical": 1, "critical_adakv": 1, "critical_headkv": 1, "adakv": 0, "headkv": 0, "chunkkv": 0,
+            "key_rerotation": 0}
+COMPACTOR_CHUNK = 256  # kvpress CompactorPress's default chunk_size
 
 
 def floor_mac(press: str, L: int, sh: dict) -> int | None:
@@ -67,12 +72,16 @@ def floor_mac(press: str, L: int, sh: dict) -> int | None:
         mac = {"knorm": 1, "keydiff": 3, "lagkv": 8, "cur": 2}[base] * L * d * Hkv
     elif base == "leverage":
         mac = (2 * L * d * k + L * k * k) * Hkv
+    elif base == "compactor":  # queries, their logits within chunks, and leverage's sketch
+        mac = L * D * H * d + L * COMPACTOR_CHUNK * H * d + (2 * L * d * k + L * k * k) * Hkv
     elif base in NO_FLOOR:
         mac = 0
     else:
         die(f"--presses: no FLOP floor for '{base}'")
     if WRAPPERS.get(wrapper, 0) or base in ("defensivekv", "layer_defensivekv"):
         mac += L * H * d * D
+    if wrapper == "key_rerotation":  # at most L kept keys rotated: d multiply-adds each (sin/cos not counted)
+        mac += L * d * Hkv
     return mac * sh["layers"] if mac else None
 
 
