@@ -12,9 +12,10 @@ the first token); the table gives the median over the repeats and the eviction s
 score_s of its --out lines), so every press costs one eviction instead of one prefill; its share of
 TTFT is evict_s / (prefill_s + evict_s), measured against a prefill of the same process and run.
 
-The floor: the press's own arithmetic (below) over the prefill's 2 x (non-embedding parameters) x L
-+ the causal attention's 2 x L^2 x layers x heads x head_dim multiply-adds (x 2 for FLOPs); "share /
-floor" is how far the measured eviction share is from it (selection and compaction included).
+The floor: the press's own arithmetic (below) as a share of TTFT, f / (p + f), with p the prefill's
+2 x (non-embedding parameters) x L + the causal attention's 2 x L^2 x layers x heads x head_dim
+multiply-adds; "share / floor" is how far the measured eviction share is from it (selection and
+compaction included).
 
 Floors per layer, multiply-adds (L tokens, D hidden, H query heads, Hkv KV heads, d head_dim, w the
 window, k = 48), from what each scorer reads and computes (docs/presses.md, docs/benchmarks.md):
@@ -28,10 +29,13 @@ window, k = 48), from what each scorer reads and computes (docs/presses.md, docs
   compactor: L D H d + L 256 H d + leverage's   (queries, logits within chunks of 256, the sketch)
   adakv:, headkv:, chunkkv: add nothing (budgets or chunk ranks from the same scores)
   key_rerotation: adds L d Hkv (at most L kept keys rotated)
+  kvzip: its replay forward (per chunk of C tokens, R = prompt + suffix + C rows: the weights, attention
+         over L + R / 2 keys) and its scores' logits R (n_sink + C + R / 2) H d (alternated runs only: a
+         sweep cannot derive it; its prompts' ids by --press-opt, as ckv takes them)
 
 Usage: tools/bench/bench_press_cost.py --ckv build/ckv --model M.gguf [--model N.gguf]
        [--context 4096] [--threads 2] [--repeats 2] [--presses keydiff,lagkv,cur,leverage]
-       [--sweep [--text-file data/haystack/essay.txt]]
+       [--sweep [--text-file data/haystack/essay.txt]] [--press-opt KEY=VALUE ...]
 Prints a markdown table; writes nothing else. Speeds are only ever compared within one run.
 """
 
@@ -55,7 +59,25 @@ WRAPPERS = {"critical": 1, "critical_adakv": 1, "critical_headkv": 1, "adakv": 0
 COMPACTOR_CHUNK = 256  # kvpress CompactorPress's default chunk_size
 
 
-def floor_mac(press: str, L: int, sh: dict) -> int | None:
+def kvzip_mac(L: int, sh: dict, opts: dict) -> int:
+    """kvzip's replay forward and its scores' logits, per layer (weights counted by the caller's body)."""
+    H, d = sh["heads"], sh["d"]
+    ids = {k: len([x for x in opts.get(k, "").replace("[", "").replace("]", "").split(",") if x.strip()])
+           for k in ("repeat_ids", "repeat_next_ids", "suffix_ids")}
+    if not ids["repeat_ids"] or not ids["suffix_ids"]:
+        die("kvzip: give its prompts with --press-opt repeat_ids=... repeat_next_ids=... suffix_ids=...")
+    C, n_sink = int(opts.get("chunk_size", 2048)), int(opts.get("n_sink", 4))
+    mac = 0
+    for start in range(0, L, C):
+        c = min(C, L - start)
+        r = (ids["repeat_ids"] if start == 0 else ids["repeat_next_ids"] + 8) + ids["suffix_ids"] + c
+        mac += sh["body"] * r // sh["layers"]        # the replay's weights (per layer)
+        mac += 2 * r * (L + r // 2) * H * d          # its attention over the context and itself (QK^T, PV)
+        mac += r * (min(n_sink, start) + c + r // 2) * H * d  # the scores' logits (sinks, chunk, replay)
+    return mac
+
+
+def floor_mac(press: str, L: int, sh: dict, opts: dict | None = None) -> int | None:
     """The press's multiply-adds over the whole model (None: no arithmetic floor), or exit on an unknown press."""
     wrapper, _, base = press.rpartition(":")
     D, H, Hkv, d, k = sh["hidden"], sh["heads"], sh["kv"], sh["d"], 48
@@ -74,6 +96,8 @@ def floor_mac(press: str, L: int, sh: dict) -> int | None:
         mac = (2 * L * d * k + L * k * k) * Hkv
     elif base == "compactor":  # queries, their logits within chunks, and leverage's sketch
         mac = L * D * H * d + L * COMPACTOR_CHUNK * H * d + (2 * L * d * k + L * k * k) * Hkv
+    elif base == "kvzip":
+        mac = kvzip_mac(L, sh, opts or {})
     elif base in NO_FLOOR:
         mac = 0
     else:
@@ -106,12 +130,15 @@ def model_shape(ckv: str, model: str) -> dict:
                 params=num(r"parameters\s+(\d+)"))
 
 
-def run(ckv: str, model: str, ids_file: Path, threads: int, press: str | None, cr: float, tmp: Path) -> dict:
+def run(ckv: str, model: str, ids_file: Path, threads: int, press: str | None, cr: float, tmp: Path,
+        press_opts: list | None = None) -> dict:
     stats = tmp / "stats.json"
     cmd = [ckv, "generate", "--model", model, "--prompt-ids-file", str(ids_file), "--max-new-tokens", "1",
            "--threads", str(threads), "--ignore-eos", "--stats-json", str(stats)]
     if press:
         cmd += ["--press", press, "--compression-ratio", str(cr)]
+        for o in press_opts or []:
+            cmd += ["--press-opt", o]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         die(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-400:]}")
@@ -152,9 +179,16 @@ def main() -> int:
     ap.add_argument("--presses", default="keydiff,lagkv,cur,leverage")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", action="store_true", help="time every press on one prefill (ckv fidelity)")
+    ap.add_argument("--press-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of every press of --presses (ckv's --press-opt, e.g. kvzip's repeat_ids)")
     ap.add_argument("--text-file", default=str(Path(__file__).resolve().parents[2] / "data" / "haystack" / "essay.txt"))
     a = ap.parse_args()
     presses = [p for p in a.presses.split(",") if p]
+    opts = dict(o.split("=", 1) for o in a.press_opt if "=" in o)
+    if len(opts) != len(a.press_opt):
+        die("--press-opt takes KEY=VALUE")
+    if a.sweep and a.press_opt:
+        die("--press-opt is for alternated runs (a sweep derives presses with their defaults)")
     if not presses:
         die("--presses is empty")
     if a.repeats < 1 or a.context < 2:
@@ -175,9 +209,10 @@ def main() -> int:
             sh = model_shape(a.ckv, model)
             L = a.context
             body = sh["params"] - sh["vocab"] * sh["hidden"]  # non-embedding (tied or not: one table)
+            sh["body"] = body
             prefill_mac = body * L + L * L * sh["layers"] * sh["heads"] * sh["d"]  # causal QK^T and PV: 2 x L^2 / 2
-            floors = {p: floor_mac(p, L, sh) for p in presses}
-            floors = {p: (f / prefill_mac if f else None) for p, f in floors.items()}
+            floors = {p: floor_mac(p, L, sh, opts) for p in presses}
+            floors = {p: (f / (prefill_mac + f) if f else None) for p, f in floors.items()}
             name = Path(model).name
             if a.sweep:
                 got = sweep(a.ckv, model, a.text_file, L, a.threads, presses, 1.0 - a.compression_ratio, tmp)
@@ -196,7 +231,7 @@ def main() -> int:
             for _ in range(a.repeats):
                 for p in presses:
                     full = run(a.ckv, model, ids_file, a.threads, None, a.compression_ratio, tmp)
-                    got = run(a.ckv, model, ids_file, a.threads, p, a.compression_ratio, tmp)
+                    got = run(a.ckv, model, ids_file, a.threads, p, a.compression_ratio, tmp, a.press_opt)
                     if not got.get("compressed"):
                         die(f"{p} did not compress: {got.get('uncompressed_reason')}")
                     res[p].append((full["ttft_s"], got["ttft_s"], got["evict_s"]))
