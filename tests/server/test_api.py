@@ -103,6 +103,19 @@ def fixture_tests():
     u = r.usage.model_dump()
     t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and "chunk_size=64" in u["press"],
             "press kvzip with its prompt ids in press_options compresses the context (the options reach the press)", str(u))
+    try:  # finch's window is the question: without query_aware the request cannot give it, a 400 naming it
+        c.completions.create(model="llama_gqa", prompt=ids(6, 9), max_tokens=2,
+                             extra_body={"context": ctx, "press": "finch", "budget": 0.5})
+        t.check(False, "a finch request without query_aware is refused")
+    except openai.BadRequestError as e:
+        t.check("query_aware" in str(e), "a finch request without query_aware is a 400 naming query_aware", str(e))
+    r = c.completions.create(model="llama_gqa", prompt=ids(6, 9), max_tokens=4, temperature=0,
+                             extra_body={"context": ctx, "press": "finch", "compression_ratio": 0.5, "query_aware": True,
+                                         "press_options": {"chunk_length": 64}})
+    u = r.usage.model_dump()
+    t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and "question_rows=6" in u["press"]
+            and "chunk_length=64" in u["press"], "press finch with query_aware compresses context + question, the "
+            "question its window", str(u))
     uf = full.usage.model_dump()
     t.check(not uf.get("compressed") and uf["kv_entries_kept"] == uf["kv_entries_total"], "no press keeps the full cache", str(uf))
     r = c.completions.create(model="llama_gqa", prompt=ids(20, 5), max_tokens=2, extra_body={"press": "snapkv", "budget": 0.5})
