@@ -22,7 +22,6 @@ Usage: finch_fixtures.py [--only MODEL ...]   (run after press_fixtures.py, by t
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -162,15 +161,8 @@ def run_case(run, chunk, normalize, rerotate, cr, prompt, delim, after):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(pf.MODELS)})")
-    args = ap.parse_args()
-    oc.setup_torch()
-    import kvpress  # noqa: F401  (importing kvpress patches the attention functions, as in its pipeline)
-
-    pf.register_replay_attention()
     problems: list[str] = []
-    for name in args.only or pf.MODELS:
+    for name in pf.generator_models(__doc__):
         out = pf.FIXTURE_PRESSES / name
         ctx_json = json.loads((out / "context.json").read_text())
         prompt = ctx_json["context_ids"] + ctx_json["question_ids"]
@@ -182,18 +174,12 @@ def main() -> int:
             for cr in ratios:
                 stem = f"{stem0}_cr{round(cr * 100):02d}"
                 obj, scores, logits, pr = run_case(run, chunk, normalize, rerotate, cr, prompt, delim, after)
-                scores.astype("<f4").tofile(out / f"{stem}.scores.f32")
-                logits.astype("<f4").tofile(out / f"{stem}.logits.f32")
                 obj["case"] = stem0
-                obj["scores_file"] = f"{stem}.scores.f32"
-                obj["question_logits_file"] = f"{stem}.logits.f32"
-                oc.write_json(out / f"{stem}.json", obj)
+                pf.write_case_files(out, stem, obj, scores, logits)
                 problems += [f"{name} {stem}: {p}" for p in pr]
                 print(f"[finch_fixtures] {name:<10} {stem:<28} kept {obj['n_kept']} gap_rel {obj['min_score_gap_rel']} "
                       f"{obj['checks']}")
-    for p in problems:
-        print(f"[finch_fixtures] PROBLEM {p}", file=sys.stderr)
-    return 1 if problems else 0
+    return pf.report_problems("finch_fixtures", problems)
 
 
 if __name__ == "__main__":
