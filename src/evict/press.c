@@ -697,12 +697,15 @@ int ckv_press_xn_first(const ckv_press_config *c, int L) {
     return first < 0 ? 0 : first > L ? L : first;
 }
 
+static ckv_status finch_needs_question(void) {
+    return ckv_error(CKV_STATUS_ERR_ARG, "press finch scores with the question's attention: it needs a question "
+                     "compressed with the context (query_aware)");
+}
+
 ckv_status ckv_press_with_question(const ckv_press_config *c, int question_rows, ckv_press_config *out) {
     *out = *c;
     if (c->scorer != CKV_SCORER_FINCH || (question_rows < 1 && c->question_rows >= 1)) return CKV_STATUS_OK;
-    if (question_rows < 1)
-        return ckv_error(CKV_STATUS_ERR_ARG, "press finch scores with the question's attention: it needs a question "
-                         "compressed with the context (query_aware)");
+    if (question_rows < 1) return finch_needs_question();
     out->question_rows = question_rows;
     out->window = question_rows;
     return ckv_press_finalize(out); /* the spec names the question's length */
@@ -715,9 +718,7 @@ int ckv_press_rerotates(const ckv_press_config *c) {
 ckv_status ckv_press_check_context(const ckv_press_config *c, int L) {
     if (c->scorer == CKV_SCORER_FINCH) { /* its window is the question (ckv_press_with_question) */
         const int w = c->question_rows;
-        if (w < 1)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press finch scores with the question's attention: it needs a question "
-                             "compressed with the context (query_aware)");
+        if (w < 1) return finch_needs_question();
         if (L <= w)
             return ckv_error(CKV_STATUS_ERR_ARG, "press finch: a question of %d tokens needs a context before it, the "
                              "prompt has %d tokens", w, L);

@@ -112,13 +112,8 @@ static ckv_status finch_means(const ckv_score_inputs *in, int w, const float *q,
 ckv_status ckv_score_finch(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
     CKV_TRY(ckv_score_check_inputs(in, "finch"));
     CKV_TRY(window_need(in, "finch"));
+    CKV_TRY(ckv_press_check_context(cfg, in->L)); /* a question, and a context before it */
     const int w = cfg->question_rows;
-    if (w < 1)
-        return ckv_error(CKV_STATUS_ERR_ARG, "press finch scores with the question's attention: it needs a question "
-                         "compressed with the context (query_aware)");
-    if (in->L <= w)
-        return ckv_error(CKV_STATUS_ERR_ARG, "press finch: a question of %d tokens needs a context before it, the "
-                         "prompt has %d tokens", w, in->L);
     const int L = in->L, n_out = L - w, nq = in->n_q_local, hq = nq * in->head_dim;
     ckv_backend *be = in->be;
     ckv_score_dev dev = ckv_score_dev_begin(in);
