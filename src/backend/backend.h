@@ -235,8 +235,8 @@ typedef struct {
     /* Re-rotates the cached keys of every segment of every sequence of kv in place (kvpress's
      * KeyRerotationPress): row i < len of a segment, cached at pos[i] (post-RoPE), has each pair
      * (j, j + hd/2) rotated by a = (float)(i - pos[i]) * inv_freq[j], x * cosf(a) + rotate_half(x) * sinf(a)
-     * in fp32, and is stored back in the cache's dtype (round to nearest even); values, positions and
-     * lengths are unchanged.   inv_freq [hd/2] (device) */
+     * in fp32, and is stored back in the cache's dtype (round to nearest even); then pos[i] = i (the
+     * row's new position). Values and lengths are unchanged.   inv_freq [hd/2] (device) */
     void (*kv_rerotate)(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq);
 
     /* ---- eviction ops (evict/ drives them; see evict/ for their callers) ----

@@ -82,6 +82,19 @@ static ckv_status rerotate_layer(ckv_session *s, int layer) {
     return CKV_STATUS_OK;
 }
 
+ckv_status ckv_compress_context_end(const ckv_press_config *cfg, ckv_session *s) {
+    if (!cfg || !ckv_press_rerotates(cfg)) return CKV_STATUS_OK;
+    const ckv_kv_cache *kv = &s->kv;
+    const int n_kept = kv->layers[0].len[0];
+    for (int l = 0; l < s->model->cfg.n_layers; l++)
+        for (int h = 0; h < kv->n_kv; h++)
+            if (kv->layers[l].len[h] != n_kept)
+                return ckv_error(CKV_STATUS_ERR_INTERNAL, "press %s re-rotated layer %d head %d to %d rows, layer 0 head 0 "
+                                 "to %d: the next position is not one number", cfg->spec, l, h, kv->layers[l].len[h], n_kept);
+    s->n_past = n_kept;
+    return CKV_STATUS_OK;
+}
+
 /* Payload this rank has handed to its collectives so far. */
 static unsigned long long comm_now(const ckv_model *m) {
     return (m->tp ? m->tp->bytes : 0) + (m->replica ? m->replica->bytes : 0);

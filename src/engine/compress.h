@@ -70,6 +70,13 @@ ckv_status ckv_compress_layer_hook(void *ctx, ckv_session *s, int layer, int n_p
  * yet, src's layer holds exactly the L context rows. */
 ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L);
 
+/* After a compressed context of L positions is in s (every layer compacted, s->n_past == L): with
+ * re-rotated keys (key_rerotation:, finch's rerotate_keys) the kept rows sit at positions 0 .. n_kept - 1,
+ * so what follows (question, answer) takes positions n_kept, n_kept + 1, ... (kvpress's pipeline
+ * continues at the cache's length): s->n_past becomes n_kept, which every layer and head holds (an
+ * error otherwise). Any other press leaves s->n_past at L. */
+ckv_status ckv_compress_context_end(const ckv_press_config *cfg, ckv_session *s);
+
 /* Why press p leaves a context of L tokens uncompressed (static text), or NULL when it compresses it:
  * too short for its window, or a budget that keeps every token. */
 const char *ckv_compress_skip_reason(const ckv_press_config *p, int L);

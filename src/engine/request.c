@@ -235,6 +235,7 @@ fail:
  * cache marked, the stats filled; the context takes questions. */
 static ckv_status prepared_finish(ckv_prepared *pc, const float *lg) {
     const ckv_model_config *c = &pc->engine->model->cfg;
+    if (pc->compressed) CKV_TRY(ckv_compress_context_end(pc->cz.cfg, &pc->sess));
     CKV_TRY(ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"));
     memcpy(pc->logits, lg, sizeof(float) * (size_t)c->vocab_size);
     if (pc->cache_out) CKV_TRY(ckv_session_save_cache(&pc->sess, pc->cache_out, pc->press_spec));

@@ -92,6 +92,7 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
     CKV_TRY_GOTO(st, m->be->ops->sync(m->be), fail);
     pc->sess.n_past = L;
     pc->n_context = L;
+    CKV_TRY_GOTO(st, ckv_compress_context_end(press, &pc->sess), fail);
     CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);
     memcpy(pc->logits, sw->full.logits, sizeof(float) * (size_t)c->vocab_size);
     CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);

@@ -169,8 +169,27 @@ void ckv_fixture_kept_free(ckv_fixture_kept *k) {
     memset(k, 0, sizeof *k);
 }
 
-/* The press run after the session exists: kept sets, then the question. */
-static ckv_status press_record(ckv_session *s, const ckv_fixture_context *c, ckv_fixture_kept *out) {
+/* What the layer observer records: each layer's count (ckv_fixture_layer_counter) and, for presses that
+ * re-rotate the kept keys (whose cached positions become 0 .. n_kept - 1), the selection's kept rows. */
+typedef struct {
+    unsigned long long *counts; /* [n_layers] or NULL */
+    int32_t *rows;              /* [n_layers, n_kv, L] or NULL */
+    int n_kv, L;
+    ckv_status st;
+} press_observer;
+
+static void observe_layer(void *ctx, int layer, const ckv_selection *sel) {
+    press_observer *o = ctx;
+    if (o->counts) o->counts[layer] = ckv_fixture_layer_counter();
+    for (int h = 0; o->rows && o->st == CKV_STATUS_OK && h < o->n_kv; h++)
+        o->st = sel->be->ops->download(sel->be, o->rows + ((size_t)layer * o->n_kv + h) * o->L, sel->rows + (size_t)h * sel->L,
+                                       sizeof(int32_t) * (size_t)sel->n_keep[h]);
+}
+
+/* The press run after the session exists: kept sets, then the question (after re-rotated keys at
+ * n_kept, as every other caller of the compressor feeds it). */
+static ckv_status press_record(ckv_session *s, const ckv_press_config *cfg, const ckv_fixture_context *c,
+                               const press_observer *ob, ckv_fixture_kept *out) {
     const ckv_model_config *mc = &s->model->cfg;
     const int L = c->L, nq = c->nq;
     out->n_layers = mc->n_layers, out->n_kv = s->kv.n_kv, out->L = L;
@@ -185,8 +204,13 @@ static ckv_status press_record(ckv_session *s, const ckv_fixture_context *c, ckv
     for (int l = 0; st == CKV_STATUS_OK && l < mc->n_layers; l++)
         for (int h = 0; st == CKV_STATUS_OK && h < s->kv.n_kv; h++) {
             out->n_keep[l * s->kv.n_kv + h] = s->kv.layers[l].len[h];
-            st = ckv_kv_head_read(&s->kv, l, h, hk, hv, out->pos + ((size_t)l * s->kv.n_kv + h) * L);
+            int32_t *pos = out->pos + ((size_t)l * s->kv.n_kv + h) * L;
+            st = ckv_kv_head_read(&s->kv, l, h, hk, hv, pos);
+            if (st == CKV_STATUS_OK && ob->rows) /* the cache holds 0 .. n_kept - 1: the positions kept are the rows */
+                memcpy(pos, ob->rows + ((size_t)l * s->kv.n_kv + h) * L, sizeof(int32_t) * (size_t)s->kv.layers[l].len[h]);
         }
+    if (st == CKV_STATUS_OK) st = ob->st;
+    if (st == CKV_STATUS_OK) st = ckv_compress_context_end(cfg, s);
     if (st == CKV_STATUS_OK && nq > 0) st = ckv_session_prefill(s, c->q, nq, out->logits, NULL);
     free(hk);
     free(hv);
@@ -194,11 +218,6 @@ static ckv_status press_record(ckv_session *s, const ckv_fixture_context *c, ckv
 }
 
 unsigned long long (*ckv_fixture_layer_counter)(void);
-
-static void count_layer(void *ctx, int layer, const ckv_selection *sel) {
-    (void)sel;
-    ((unsigned long long *)ctx)[layer] = ckv_fixture_layer_counter();
-}
 
 ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dtype, const ckv_fixture_context *c,
                                  ckv_fixture_kept *out) {
@@ -237,13 +256,16 @@ ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dt
     ckv_compressor cz;
     memset(&cz, 0, sizeof cz);
     cz.cfg = &cfg;
-    unsigned long long *counts = NULL;
-    if (ckv_fixture_layer_counter) {
-        counts = calloc((size_t)m->cfg.n_layers, sizeof *counts);
-        if (!counts) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
-        cz.observe = count_layer;
-        cz.observe_ctx = counts;
+    press_observer ob = {NULL, NULL, m->plan.n_kv_local, c->L, CKV_STATUS_OK};
+    if (ckv_fixture_layer_counter) ob.counts = calloc((size_t)m->cfg.n_layers, sizeof *ob.counts);
+    if (ckv_press_rerotates(&cfg)) ob.rows = calloc((size_t)m->cfg.n_layers * (size_t)ob.n_kv * (size_t)c->L, sizeof(int32_t));
+    if ((ckv_fixture_layer_counter && !ob.counts) || (ckv_press_rerotates(&cfg) && !ob.rows)) {
+        free(ob.counts), free(ob.rows);
+        return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory");
     }
+    cz.observe = observe_layer;
+    cz.observe_ctx = &ob;
+    unsigned long long *counts = ob.counts;
     int rows = c->nq; /* after the context: the question, or kvzip's replay of the context before it */
     ckv_status st = CKV_STATUS_OK;
     if (cfg.scorer == CKV_SCORER_KVZIP) {
@@ -255,10 +277,11 @@ ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dt
     if (st == CKV_STATUS_OK) st = ckv_session_init_kv(&s, m, c->L + rows, 64, 1, kv_dtype);
     if (st == CKV_STATUS_OK) {
         st = ckv_session_prefill_hook(&s, c->ctx, c->L, NULL, NULL, ckv_compress_layer_hook, &cz);
-        if (st == CKV_STATUS_OK) st = press_record(&s, c, out);
+        if (st == CKV_STATUS_OK) st = press_record(&s, &cfg, c, &ob, out);
         ckv_session_free(&s);
     }
     ckv_compressor_release(&cz);
+    free(ob.rows);
     out->layer_count = counts;
     if (st != CKV_STATUS_OK) {
         char msg[512];

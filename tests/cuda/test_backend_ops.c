@@ -99,7 +99,8 @@ static void test_rope(int n, int n_heads, int hd, float attn_scale, int variant)
 
 /* kv_rerotate over the segments of 2 sequences (different lengths, positions with gaps): the same fp32
  * angles; CUDA's sinf/cosf are within 2 ulp, so f32 keys agree to 4e-6 (|x| <= 1) and a bf16 key may
- * round to the neighbouring value (one bf16 ulp); values, positions and lengths exactly. */
+ * round to the neighbouring value (one bf16 ulp); values, positions (each kept row's its index) and
+ * lengths exactly. */
 static void test_kv_rerotate(ckv_dtype dt) {
     const int n_seq = 2, n_kv = 3, hd = 16, cap = 40;
     int lens[2 * 3] = {40, 23, 0, 7, 31, 1};
@@ -122,6 +123,8 @@ static void test_kv_rerotate(ckv_dtype dt) {
     kv_fetch(&ct, ka, va, pa, la);
     kv_fetch(&cr, kb, vb, pb, lb);
     int bad = memcmp(la, lb, sizeof la) != 0 || memcmp(va, vb, nseg * rows * 4) != 0 || memcmp(pa, pb, nseg * (size_t)cap * 4) != 0;
+    for (size_t sg = 0; sg < nseg; sg++)
+        for (int i = 0; i < la[sg]; i++) bad += pa[sg * (size_t)cap + (size_t)i] != i; /* each kept row at its index */
     double worst = 0;
     for (size_t i = 0; i < nseg * rows; i++) {
         const double e = fabs((double)ka[i] - kb[i]), bound = dt == CKV_DTYPE_F32 ? 4e-6 : fabs(kb[i]) / 128 + 1e-6;

@@ -532,7 +532,8 @@ static void test_kv_gather(ckv_dtype dt) {
 }
 
 /* kv_rerotate: each kept key rotated by (i - pos[i]) * inv_freq against a double-precision rotation of
- * the same fp32 key (within the dtype's rounding); values, lengths and rows past len untouched. */
+ * the same fp32 key (within the dtype's rounding), each kept row's position then its index; values,
+ * lengths and rows past len untouched. */
 static void test_kv_rerotate(ckv_dtype dt) {
     enum { NKV = 2, HD = 8, CAP = 12 };
     const size_t es = ckv_dtype_size(dt), plane = (size_t)CAP * HD;
@@ -549,6 +550,8 @@ static void test_kv_rerotate(ckv_dtype dt) {
         for (int i = 0; i < CAP; i++) pos[g * CAP + i] = 5 * i + 3 * g + (i > 4 ? 200 : 0); /* a kept set with gaps */
     }
     memcpy(k0, k, NKV * plane * es), memcpy(v0, v, NKV * plane * es);
+    int32_t pos0[NKV * CAP];
+    memcpy(pos0, pos, sizeof pos0);
     const int lens[NKV] = {CAP - 2, 5};
     ckv_kv_seg segs[NKV];
     for (int g = 0; g < NKV; g++)
@@ -565,7 +568,7 @@ static void test_kv_rerotate(ckv_dtype dt) {
         ckv_convert_to_f32(y, k + g * plane * es, dt, plane);
         for (int i = 0; i < CAP; i++)
             for (int j = 0; j < HD / 2; j++) {
-                const double a = (double)(float)((float)(i - pos[g * CAP + i]) * inv[j]);
+                const double a = (double)(float)((float)(i - pos0[g * CAP + i]) * inv[j]);
                 const double x0 = x[i * HD + j], x1 = x[i * HD + j + HD / 2];
                 const double w0 = i < lens[g] ? x0 * cos(a) - x1 * sin(a) : x0, w1 = i < lens[g] ? x1 * cos(a) + x0 * sin(a) : x1;
                 const double e = fmax(fabs(y[i * HD + j] - w0), fabs(y[i * HD + j + HD / 2] - w1));
@@ -575,7 +578,10 @@ static void test_kv_rerotate(ckv_dtype dt) {
             }
     }
     bad += memcmp(v, v0, NKV * plane * es) != 0;
-    for (int g = 0; g < NKV; g++) bad += segs[g].len != lens[g];
+    for (int g = 0; g < NKV; g++) {
+        bad += segs[g].len != lens[g];
+        for (int i = 0; i < CAP; i++) bad += pos[g * CAP + i] != (i < lens[g] ? i : pos0[g * CAP + i]); /* row i at i */
+    }
     CHECK_MSG(bad == 0, "kv_rerotate %s: %d wrong keys, values or lengths (max error %.3g)", ckv_dtype_name(dt), bad, worst);
     if (!bad) fprintf(stderr, "ok   kv_rerotate %s: max error %.3g against the double rotation\n", ckv_dtype_name(dt), worst);
     free(k), free(v), free(k0), free(v0);

@@ -28,11 +28,16 @@
 typedef struct {
     int n_layers, n_kv, L;
     float *scores; /* [n_layers, n_kv, L] as ckv computed them */
+    int32_t *rows; /* [n_layers, n_kv, L] the kept rows (positions of this first prefill) of each head */
+    int32_t *n_rows; /* [n_layers, n_kv] */
 } observed;
 
+/* The CPU backend's device memory is host memory: the selection is read in place. */
 static void observe(void *ctx, int layer, const ckv_selection *sel) {
     observed *o = ctx;
     memcpy(o->scores + (size_t)layer * o->n_kv * o->L, sel->scores, sizeof(float) * (size_t)o->n_kv * o->L);
+    memcpy(o->rows + (size_t)layer * o->n_kv * o->L, sel->rows, sizeof(int32_t) * (size_t)o->n_kv * o->L);
+    memcpy(o->n_rows + (size_t)layer * o->n_kv, sel->n_keep, sizeof(int32_t) * (size_t)o->n_kv);
 }
 
 static float *read_f32_file(const char *dir, const char *name, size_t n) {
@@ -119,7 +124,8 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
     }
     const ckv_model_config *c = &m->cfg;
     int NL = c->n_layers, H = c->n_kv_heads, V = c->vocab_size;
-    observed ob = {NL, H, L, calloc((size_t)NL * H * L, sizeof(float))};
+    observed ob = {NL, H, L, calloc((size_t)NL * H * L, sizeof(float)), calloc((size_t)NL * H * L, sizeof(int32_t)),
+                   calloc((size_t)NL * H, sizeof(int32_t))};
     ckv_compressor cz;
     memset(&cz, 0, sizeof cz);
     cz.cfg = &cfg;
@@ -137,6 +143,18 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
     ckv_session s;
     CHECK_OK(ckv_session_init(&s, m, L + rows, 64, 1));
     CHECK_OK(ckv_session_prefill_hook(&s, ctx, L, NULL, NULL, ckv_compress_layer_hook, &cz));
+    /* re-rotated keys: the cache's positions became 0 .. n_kept - 1 (checked) and the question follows at
+     * n_kept; the kept positions are the selection's rows */
+    const int rerotated = ckv_press_rerotates(&cfg);
+    CHECK_OK(ckv_compress_context_end(&cfg, &s));
+    if (rerotated) {
+        int bad = s.n_past != s.kv.layers[0].len[0];
+        for (int l = 0; l < NL; l++)
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < s.kv.layers[l].len[h]; i++) bad += s.kv.layers[l].pos[s.kv.layers[l].off[h] + i] != i;
+        CHECK_MSG(!bad, "%s: re-rotated rows not at positions 0 .. n_kept - 1, or the next position %d not n_kept", file,
+                  s.n_past);
+    }
     /* kept positions per (layer, KV head). Where the protected window is larger than the budget the
      * choice among equal scores is torch.topk's (arbitrary); those cases also record the set under
      * ckv's rule (ties to the lower flat index head * L + position), which is what ckv must keep. */
@@ -148,8 +166,8 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
         const ckv_kv_layer *kl = &s.kv.layers[l];
         for (int h = 0; h < H; h++) {
             int nw = int_array(ckv_json_array_at(ckv_json_array_at(kept, l), h), want, L);
-            const int32_t *got = kl->pos + kl->off[h];
-            int same = nw == kl->len[h];
+            const int32_t *got = rerotated ? ob.rows + ((size_t)l * H + h) * L : kl->pos + kl->off[h];
+            int same = nw == kl->len[h] && (!rerotated || ob.n_rows[l * H + h] == nw);
             for (int i = 0; same && i < nw; i++) same = got[i] == want[i];
             heads++;
             if (!same && mism++ < 3) {
@@ -206,6 +224,8 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
     ckv_session_free(&s);
     free(hkb);
     free(ob.scores);
+    free(ob.rows);
+    free(ob.n_rows);
     ckv_json_free(j);
     (*n_cases)++;
 }

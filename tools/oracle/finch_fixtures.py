@@ -13,9 +13,10 @@ and re-rotates the kept keys to 0 .. n_kept - 1 with rerotate_keys.
 Per case: kept positions per (layer, KV head) (rerotate_keys: the indices kvpress hands
 KeyRerotationPress.rerotate_keys; else the compressed keys matched row for row to the prefill's), the
 scores [n_layers, Hkv, L] as kvpress's score() returns them (float32), and the logits of 8 more ids
-fed after the compressed prompt at positions L .. L + 7 (ckv's positions; see docs/presses.md for
-kvpress's pipeline's): press_fixtures' float64 replay of the kept sets (re-rotated keys with
-rerotate_keys), checked against kvpress's own compressed cache fed at those positions.
+fed after the compressed prompt: with rerotate_keys at positions n_kept .. n_kept + 7 (kvpress's
+pipeline continues at the cache's length), else at L .. L + 7 (ckv has no delimiter, which kvpress's
+pipeline counts: L + 1; docs/presses.md): press_fixtures' float64 replay of the kept sets (re-rotated
+keys with rerotate_keys), checked against kvpress's own compressed cache fed at those positions.
 
 Usage: finch_fixtures.py [--only MODEL ...]   (run after press_fixtures.py, by tools/oracle/regen.sh)
 """
@@ -122,17 +123,20 @@ def run_case(run, chunk, normalize, rerotate, cr, prompt, delim, after):
     if key_err > KEY_ATOL:
         problems.append(f"kvpress's re-rotated keys differ from the float64 rotation by {key_err:.3g}")
     sc = torch.stack([scores[i] for i in range(run.n_layers)]).numpy()  # [n_layers, Hkv, L]
-    pos = torch.arange(L, L + len(after))[None]
+    n_kept = sorted({len(h) for layer in kept for h in layer})
+    if rerotate and len(n_kept) != 1:
+        problems.append(f"re-rotated layers hold different row counts {n_kept}: no one next position")
+    start = n_kept[0] if rerotate else L  # kvpress's pipeline: after re-rotated keys, at the cache's length
+    pos = torch.arange(start, start + len(after))[None]
     kv_logits = model(input_ids=torch.tensor([after]), past_key_values=cache, position_ids=pos).logits[0].float().numpy()
     keys = pf.rerotated_cache(run, model, full, kept) if rerotate else None
-    replay = pf.replay_logits(run, after, kept, "sdpa", keys=keys)
+    replay = pf.replay_logits(run, after, kept, "sdpa", keys=keys, start=start)
     d = float(np.abs(replay - kv_logits).max())
     if d > REPLAY_ATOL:
         problems.append(f"kvpress's logits after the prompt differ from the replay of its kept sets by {d:.3g}")
     gap = _gap(sc, kept, chunk)
     if not gap > pf.MIN_REL_GAP:
         problems.append(f"relative score gap {gap:.3g} <= {pf.MIN_REL_GAP} at the cut")
-    n_kept = sorted({len(h) for layer in kept for h in layer})
     obj = {
         "press": "finch",
         "kvpress": repr(press),
@@ -149,10 +153,10 @@ def run_case(run, chunk, normalize, rerotate, cr, prompt, delim, after):
         "scores_file": None,
         "scores_note": "float32 [n_layers, n_kv_heads, L]: kvpress's FinchPress.score (question rows at the max + 1)",
         "after_ids": after,
-        "after_positions": [L, L + len(after) - 1],
-        "kvpress_pipeline_answer_position": (n_kept[0] if len(n_kept) == 1 else None) if rerotate else L + 1,
+        "after_positions": [start, start + len(after) - 1],
+        "kvpress_pipeline_answer_position": start if rerotate else L + 1,
         "question_logits_file": None,
-        "question_feed": "the after ids, one forward at positions L ..",
+        "question_feed": "the after ids, one forward at positions n_kept .. (re-rotated keys) or L ..",
         "checks": {"replay_vs_kvpress_max_abs_diff": float(f"{d:.3g}"),
                    "rerotated_keys_max_abs_diff": float(f"{key_err:.3g}") if rerotate else None},
         "generator": GENERATOR,

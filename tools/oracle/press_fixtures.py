@@ -404,10 +404,11 @@ def full_cache(run: ModelRun, impl: str, keys: list | None = None):
 
 @torch.inference_mode()
 def replay_logits(run: ModelRun, q_ids: list[int], kept: list[list[list[int]]] | None, impl: str,
-                  keys: list | None = None) -> np.ndarray:
+                  keys: list | None = None, start: int | None = None) -> np.ndarray:
     """Question logits against the uncompressed context cache of an `impl` prefill (context keys
     replaced by `keys` when given), each layer's KV head h attending only to the context positions
-    kept[layer][h] (None: all)."""
+    kept[layer][h] (None: all); the question at positions start, start + 1, ... (default L; re-rotated
+    keys: n_kept, where kvpress's pipeline continues)."""
     L = run.full_keys[impl][0].shape[1]
     _REPLAY_KEEP.clear()
     if kept is not None:
@@ -418,7 +419,7 @@ def replay_logits(run: ModelRun, q_ids: list[int], kept: list[list[list[int]]] |
             _REPLAY_KEEP[i] = m
     try:
         out = run.models[REPLAY_ATTN](input_ids=torch.tensor([q_ids]), past_key_values=full_cache(run, impl, keys),
-                                      position_ids=question_positions(L))
+                                      position_ids=question_positions(L if start is None else start))
     finally:
         _REPLAY_KEEP.clear()
     return out.logits[0].float().numpy()
@@ -683,8 +684,9 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
             if want != per_layer or got != per_layer:
                 problems.append(f"pyramid counts: cache {per_layer}, kvpress {got}, reference {want}")
 
-    # --- the question, as the pipeline feeds it
-    pos = question_positions(L)
+    # --- the question, as the pipeline feeds it: after re-rotated keys at the cache's length (n_kept)
+    q_start = n_kept if d.kind == "rerotate" else None
+    pos = question_positions(L if q_start is None else q_start)
     q = torch.tensor([q_ids])
     if per_layer is not None and len(set(per_layer)) > 1:
         # one 8-token forward fails in transformers 5.2 when layers hold different cache lengths
@@ -715,7 +717,7 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
         if checks_rerotate > 1e-4:
             problems.append(f"kvpress's re-rotated keys differ from the reference rotation by {checks_rerotate:.3g}")
         replay_keys = rerotated_cache(run, model, full_keys, kept)
-    replay = replay_logits(run, q_ids, kept, d.attn, keys=replay_keys)
+    replay = replay_logits(run, q_ids, kept, d.attn, keys=replay_keys, start=q_start)
     checks["replay_max_abs_diff"] = float(f"{np.abs(replay - logits).max():.3g}")
     if masked_sets is not None:
         # kvpress masks with fake keys, not exactly: the replay of kvpress's cache as it was left
@@ -791,7 +793,7 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
         ties_low = low_kept
         if d.kind == "rerotate":
             replay_keys = rerotated_cache(run, model, full_keys, low_kept)
-        ties_low_logits = replay_logits(run, q_ids, low_kept, d.attn, keys=replay_keys)
+        ties_low_logits = replay_logits(run, q_ids, low_kept, d.attn, keys=replay_keys, start=q_start)
 
     return CaseResult(
         d=d, cr=cr, press_repr=press_repr, kept=kept, n_kept=n_kept,
@@ -979,6 +981,8 @@ def write_cases(run: ModelRun, out: Path, results: list[CaseResult]) -> list[str
             obj["value_norm_file"] = f"{stem}.vnorm.f32"
         obj["question_logits_file"] = f"{stem}.logits.f32"
         obj["question_feed"] = r.question_feed
+        if r.d.kind == "rerotate":  # kvpress's pipeline: the question follows the re-rotated keys
+            obj["question_positions_start"] = r.n_kept
         if r.logits_exact is not None:
             r.logits_exact.astype("<f4").tofile(out / f"{stem}.exact.logits.f32")
             obj["question_logits_exact_file"] = f"{stem}.exact.logits.f32"

@@ -78,6 +78,7 @@ void ckv_cpu_kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *i
                     ckv_kv_put(row + (size_t)j * es, &y0, kv->dtype, 1);
                     ckv_kv_put(row + (size_t)(j + half) * es, &y1, kv->dtype, 1);
                 }
+                sg->pos[i] = i;
             }
         }
 }

@@ -72,13 +72,14 @@ __global__ void kv_gather_kernel(ckv_kv_seg *dst, const ckv_kv_seg *src, const i
     if (blockIdx.x == 0 && threadIdx.x == 0) dst[g].len = nk;
 }
 
-/* Block (b, g, s): rows b * ROTATE_ROWS .. of segment g of sequence s, a thread per (row, pair). */
+/* Block (b, g, s): rows b * ROTATE_ROWS .. of segment g of sequence s, a thread per (row, pair); then
+ * the rows' positions become their indices (after every thread has read them). */
 template <typename T>
 __global__ void kv_rerotate_kernel(ckv_kv_batch kv, const float *inv_freq) {
     const ckv_kv_seg *seg = &kv.segs[blockIdx.z][blockIdx.y];
     const int half = kv.head_dim / 2, len = seg->len, r0 = (int)blockIdx.x * ROTATE_ROWS;
     T *k = (T *)seg->k;
-    const int32_t *pos = seg->pos;
+    int32_t *pos = seg->pos;
     for (int e = threadIdx.x; e < ROTATE_ROWS * half; e += blockDim.x) {
         const int i = r0 + e / half, j = e % half;
         if (i >= len) break; /* e grows with i */
@@ -88,6 +89,8 @@ __global__ void kv_rerotate_kernel(ckv_kv_batch kv, const float *inv_freq) {
         st_f32(k, at, x0 * c - x1 * sn); /* x cos + rotate_half(x) sin */
         st_f32(k, at + (size_t)half, x1 * c + x0 * sn);
     }
+    __syncthreads();
+    for (int r = threadIdx.x; r < ROTATE_ROWS && r0 + r < len; r += blockDim.x) pos[r0 + r] = r0 + r;
 }
 
 } // namespace
