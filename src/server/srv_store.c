@@ -30,6 +30,7 @@ struct ckv_srv_entry {
     char spec[512];
     int32_t *ids;           /* [n] the context */
     int n;
+    int next_pos;           /* the position after the context (n; n_kept after re-rotated keys) */
     int32_t *lens;          /* [n_layers, n_kv] rows per head */
     float *k, *v;           /* [rows, d] keys (post-RoPE) and values, heads of a layer one after another */
     int32_t *pos;           /* [rows] original positions */
@@ -159,7 +160,7 @@ static ckv_status restore(ckv_srv_store *s, const ckv_srv_entry *en, int reserve
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits");
     if (st == CKV_STATUS_OK) {
         memcpy(pc->logits, en->logits, sizeof(float) * (size_t)c->vocab_size);
-        pc->sess.n_past = en->n;
+        pc->sess.n_past = en->next_pos;
         pc->n_context = en->n;
         pc->compressed = en->compressed;
         st = ckv_session_mark(&pc->sess);
@@ -202,6 +203,7 @@ static ckv_status snapshot(ckv_srv_store *s, const char *spec, const int32_t *id
     if (!e) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory for a context snapshot");
     snprintf(e->spec, sizeof e->spec, "%s", spec);
     e->n = n;
+    e->next_pos = pc->sess.n_past;
     e->ids = ids ? malloc(sizeof(int32_t) * (size_t)n) : NULL; /* NULL: a copy outside the store (no key) */
     e->lens = malloc(sizeof(int32_t) * (size_t)nl * nkv);
     e->logits = malloc(sizeof(float) * (size_t)c->vocab_size);

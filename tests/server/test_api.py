@@ -320,6 +320,18 @@ def smollm2_tests():
     t.check(r1.choices[0].message.content == r2.choices[0].message.content, "reused context: same answer",
             f"{r1.choices[0].message.content!r} vs {r2.choices[0].message.content!r}")
     t.check(t2 < t1, "reused context: the second request is faster", f"{t2:.2f} s vs {t1:.2f} s")
+    # re-rotated keys: the question follows at n_kept, also when the context comes back from the store
+    rot = {"context": DOC, "press": "key_rerotation:streaming_llm", "compression_ratio": 0.5}
+    a1 = c.chat.completions.create(model="smollm2", messages=q, max_tokens=12, temperature=0, logprobs=True,
+                                   extra_body=rot)
+    a2 = c.chat.completions.create(model="smollm2", messages=q, max_tokens=12, temperature=0, logprobs=True,
+                                   extra_body=rot)
+    lp = [[x.logprob for x in a.choices[0].logprobs.content] for a in (a1, a2)]
+    t.check(not a1.usage.model_dump()["cache_hit"] and a2.usage.model_dump()["cache_hit"] and
+            a1.choices[0].message.content == a2.choices[0].message.content and
+            max(abs(x - y) for x, y in zip(*lp)) < 1e-4,
+            "key_rerotation: a context reused from the store answers as when it was prefilled (same tokens, logprobs)",
+            f"{a1.choices[0].message.content!r} vs {a2.choices[0].message.content!r}")
     r3 = c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Which district shipped 37 crates?"}],
                                    max_tokens=8, temperature=0, extra_body=extra)
     t.check(r3.usage.model_dump()["cache_hit"], "another question over the same context reuses it too")
