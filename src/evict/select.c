@@ -147,8 +147,10 @@ ckv_status ckv_selection_set_len(ckv_selection *s, int L) {
 static ckv_status reserve_scratch(const ckv_press_config *cfg, const ckv_score_inputs *in) {
     ckv_backend *be = in->be;
     if (!ckv_backend_supports(be, CKV_BACKEND_CAP_EVICT_RESERVE)) return CKV_STATUS_OK; /* no scratch kept */
-    /* query rows per attention op: a scorer's window, or observed_attention's blocks of <= 256 */
-    const int q_rows = cfg->window > 256 ? cfg->window : 256;
+    /* query rows per attention op: a scorer's window, observed_attention's blocks of <= 256, or
+     * compactor's chunks */
+    int q_rows = cfg->window > 256 ? cfg->window : 256;
+    if (cfg->scorer == CKV_SCORER_COMPACTOR && cfg->chunk_size > q_rows) q_rows = cfg->chunk_size;
     const int lev = cfg->scorer == CKV_SCORER_LEVERAGE || cfg->scorer == CKV_SCORER_COMPACTOR;
     const ckv_evict_shape sh = {in->L, q_rows, in->n_q_local, in->n_kv_local, in->n_kv_heads, in->head_dim, in->D,
                                 in->kv.dtype, in->wo ? in->wo->dtype : in->kv.dtype, lev ? cfg->sketch_dimension : 0};

@@ -1,6 +1,6 @@
 /* test_backend_ops_evict.c - the eviction ops of a device backend against the CPU backend (part of
  * test_backend_ops; the harness and its conventions: backend_ops_harness.h): window attention and
- * its column sums, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
+ * its column sums, Compactor's chunked non-causal attention, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
  * eviction op allocates device memory once evict_reserve has sized its scratch (leverage's too). */
 #include "backend/cuda/cuda_emu.h"
 #include "backend_ops_harness.h"
@@ -322,11 +322,66 @@ static void test_evict_rows(void) {
     free(x);
 }
 
+/* Compactor's chunked non-causal attention: the rows from `start` cut into chunks of `chunk` (the last
+ * one padded to it, as the scorer pads it), summed into one colsum per plan; GQA groups of 2 from
+ * head 0, of 2 from head 1 (2 local heads: one per KV head) and of 4 (KV head 1 read by no local
+ * head: its row stays 0); scale 1 (Compactor's). Column sums within 1e-6 relative (fp32 dot products
+ * in another order); then evict_row_stats of the finished rows. Nothing allocated after the reserve. */
+static void test_evict_chunk(ckv_dtype dt) {
+    ev_cache e;
+    ev_cache_init_gaps(&e, dt, 1);
+    const struct {
+        int start, chunk, n_heads, head0, group;
+    } plans[] = {{3, 16, EV_HQ, 0, 2}, {0, 7, EV_HQ, 0, 2}, {2, 64, EV_HQ, 0, 2}, {3, 16, 2, 1, 2}, {1, 13, EV_HQ, 0, 4}};
+    ev_reserve(EV_L, 64, EV_KV, dt, 0);
+    float *q = rand_floats((size_t)EV_L * EV_HQ * EV_D, -1.0f, 1.0f);
+    float *qt = cuda_test_upload(tb, q, sizeof(float) * EV_L * EV_HQ * EV_D),
+          *qr = cuda_test_upload(ref, q, sizeof(float) * EV_L * EV_HQ * EV_D);
+    const size_t n = (size_t)EV_KV * EV_L;
+    double *ct = (double *)dev_poison(tb, 2 * n), *cr = (double *)dev_poison(ref, 2 * n);
+    double *st = (double *)dev_poison(tb, 4 * EV_KV), *sr = (double *)dev_poison(ref, 4 * EV_KV);
+    float *ft = dev_poison(tb, n), *fr = dev_poison(ref, n);
+    for (size_t p = 0; p < sizeof plans / sizeof plans[0]; p++) {
+        const int S = EV_L - plans[p].start;
+        for (int c0 = 0; c0 < S; c0 += plans[p].chunk) {
+            const int nb = S - c0 < plans[p].chunk ? S - c0 : plans[p].chunk, row = plans[p].start + c0;
+            const size_t off = (size_t)c0 * plans[p].n_heads * EV_D; /* the chunk's queries [nb, n_heads, d] */
+            const ckv_evict_attn_params at = {qt + off, nb, row, &e.bt, plans[p].n_heads, plans[p].head0,
+                                              plans[p].group, 1.0f, CKV_EVICT_LOGITS_MUL},
+                                        ar = {qr + off, nb, row, &e.br, plans[p].n_heads, plans[p].head0,
+                                              plans[p].group, 1.0f, CKV_EVICT_LOGITS_MUL};
+            const ckv_evict_accum acc = c0 == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD;
+            TB_EVICT(CHECK_OK(tb->ops->evict_chunk_colsum(tb, ct, EV_L, &at, plans[p].chunk - nb, acc)));
+            CHECK_OK(ref->ops->evict_chunk_colsum(ref, cr, EV_L, &ar, plans[p].chunk - nb, acc));
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s from row %d chunk %d heads %d+%d group %d", ckv_dtype_name(dt), plans[p].start,
+                 plans[p].chunk, plans[p].head0, plans[p].n_heads, plans[p].group);
+        compare_dev_f64("evict_chunk_colsum", what, ct, cr, n, 1e-7, 1e-6);
+        tb->ops->evict_colsum_finish(tb, ft, EV_L, ct, EV_L, EV_KV, EV_L, 1.0, CKV_EVICT_DENOM_FIXED);
+        ref->ops->evict_colsum_finish(ref, fr, EV_L, cr, EV_L, EV_KV, EV_L, 1.0, CKV_EVICT_DENOM_FIXED);
+        tb->ops->evict_row_stats(tb, st, ft + plans[p].start, EV_KV, S, EV_L);
+        ref->ops->evict_row_stats(ref, sr, fr + plans[p].start, EV_KV, S, EV_L);
+        compare_dev_f64("evict_row_stats", what, st, sr, 2 * EV_KV, 1e-7, 1e-6);
+    }
+    /* the row statistics alone, exactly: the same floats, sums in double */
+    tb->ops->evict_row_stats(tb, st, qt, 2, 37, 64);
+    ref->ops->evict_row_stats(ref, sr, qr, 2, 37, 64);
+    compare_dev_f64("evict_row_stats", "of the queries", st, sr, 4, 0.0, 1e-12);
+    const ckv_evict_attn_params ad = {qt, 4, 0, &e.bt, EV_HQ, 0, 2, 1.0f, CKV_EVICT_LOGITS_DIV};
+    CHECK_FAILS(tb->ops->evict_chunk_colsum(tb, ct, EV_L, &ad, 0, CKV_EVICT_ADD), CKV_STATUS_ERR_ARG, "dividing");
+    release2(ft, fr), release2(st, sr), release2(ct, cr), release2(qt, qr);
+    free(q);
+    ev_cache_free(&e);
+}
+
 int test_backend_evict_ops(void) {
     test_evict_leverage(CKV_DTYPE_BF16); /* first: the eviction workspace holds only what its reserve sized */
     test_evict_leverage(CKV_DTYPE_F32);
     test_evict_attention(CKV_DTYPE_BF16);
     test_evict_attention(CKV_DTYPE_F32);
+    test_evict_chunk(CKV_DTYPE_BF16);
+    test_evict_chunk(CKV_DTYPE_F32);
     test_evict_rows();
     test_evict_select_tiles();
     test_evict_defensive();

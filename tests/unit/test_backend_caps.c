@@ -15,7 +15,7 @@ typedef struct {
 static const expected_cap expected[] = {
     {CKV_BACKEND_CAP_STREAM, 0, 1},   {CKV_BACKEND_CAP_DEVICE_ID, 0, 1}, {CKV_BACKEND_CAP_EVICT_RESERVE, 0, 1},
     {CKV_BACKEND_CAP_KEYDIFF, 1, 1},  {CKV_BACKEND_CAP_LAGKV, 1, 1},     {CKV_BACKEND_CAP_CUR, 1, 1},
-    {CKV_BACKEND_CAP_LEVERAGE, 1, 1}, {CKV_BACKEND_CAP_CHUNK_COLSUM, 1, 0},
+    {CKV_BACKEND_CAP_LEVERAGE, 1, 1}, {CKV_BACKEND_CAP_CHUNK_COLSUM, 1, 1},
 };
 
 static void test_declared(const char *name, int is_cuda) {

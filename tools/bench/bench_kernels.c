@@ -1,7 +1,8 @@
 /* bench_kernels.c - kernel microbenchmarks of one backend through its op table: prefill attention
  * (causal, one sequence), decode attention (one query row per sequence), the eviction ops
  * critical_adakv:snapkv runs (snapkv's window column sums, CriticalKV's value norm, the cross-head
- * top-k counts) and the sample op, on the shapes of Llama-3.1-8B (32 query heads over 8 KV heads,
+ * top-k counts), compactor's chunk column sums (one chunk of 256 rows; small: 64) and the sample op,
+ * on the shapes of Llama-3.1-8B (32 query heads over 8 KV heads,
  * head_dim 128, bf16 cache, hidden 4096; --shapes small: 4 over 1, hidden 512, short rows, for the
  * CPU execution layer). Every buffer is allocated before the first measurement;
  * a measurement is the median (and min) of N repetitions after warm-up, each repetition `inner`
@@ -29,9 +30,18 @@
 enum { KB_WINDOW = 64, KB_MAX_CASES = 16, KB_MAX_SEQ = 16, KB_MAX_HKV = 8 };
 #define KB_KEEP 0.2 /* the budget of the top-k counts: kept fraction of every head's rows */
 
-typedef enum { KB_PREFILL, KB_DECODE, KB_EVICT_COLSUM, KB_EVICT_VALUE_NORM, KB_EVICT_TOPK_COUNTS, KB_SAMPLE } kb_kind;
+typedef enum {
+    KB_PREFILL,
+    KB_DECODE,
+    KB_EVICT_COLSUM,
+    KB_EVICT_VALUE_NORM,
+    KB_EVICT_TOPK_COUNTS,
+    KB_SAMPLE,
+    KB_EVICT_CHUNK
+} kb_kind;
 static const char *const kb_kernel_names[] = {"prefill_attention", "decode_attention", "evict_window_colsum",
-                                              "evict_value_norm", "evict_topk_counts", "sample"};
+                                              "evict_value_norm", "evict_topk_counts", "sample",
+                                              "evict_chunk_colsum"};
 
 typedef struct {
     char name[40];
@@ -45,6 +55,7 @@ typedef struct {
     kb_case cases[KB_MAX_CASES];
     int n_cases;
     int hq, hkv, hd, hidden; /* the model: query heads, KV heads, head_dim, o_proj rows */
+    int chunk;               /* compactor's chunk rows (evict_chunk_colsum) */
     int max_rows, max_seq, max_q, max_vocab, max_evict;
 } kb_shapes;
 
@@ -104,6 +115,7 @@ static int kb_shapes_init(kb_shapes *s, const char *which) {
     memset(s, 0, sizeof *s);
     /* full: Llama-3.1-8B at tp 1; small: 4 query heads over 1 KV head (GQA 4 kept), hidden 512 */
     s->hq = full ? 32 : 4, s->hkv = full ? 8 : 1, s->hd = 128, s->hidden = full ? 4096 : 512;
+    s->chunk = full ? 256 : 64; /* small: the emulated chunk costs C^2 */
     const int prefill[2] = {full ? 8192 : 128, full ? 32768 : 256};
     const int decode[2] = {full ? 32768 : 256, full ? 131072 : 512};
     const int evict = full ? 32768 : 256, vocab = full ? 152064 : 1024;
@@ -112,6 +124,7 @@ static int kb_shapes_init(kb_shapes *s, const char *which) {
         for (int b = 1; b <= 16; b += 15) kb_shapes_add(s, KB_DECODE, decode[i], b, "decode");
     kb_shapes_add(s, KB_EVICT_COLSUM, evict, 1, "evict_window_colsum");
     kb_shapes_add(s, KB_EVICT_VALUE_NORM, evict, 1, "evict_value_norm");
+    kb_shapes_add(s, KB_EVICT_CHUNK, evict, 1, "evict_chunk_colsum");
     kb_shapes_add(s, KB_EVICT_TOPK_COUNTS, evict, 1, "evict_topk_counts");
     kb_shapes_add(s, KB_SAMPLE, vocab, 1, "sample");
     kb_shapes_add(s, KB_SAMPLE, vocab, full ? 16 : 4, "sample"); /* small: the emulated sort is slow */
@@ -122,7 +135,10 @@ static int kb_shapes_init(kb_shapes *s, const char *which) {
 static void kb_shapes_use(kb_shapes *s, int i) {
     kb_case *c = &s->cases[i];
     c->used = 1;
-    const int q = c->kind == KB_PREFILL ? c->rows : c->kind == KB_DECODE ? c->batch : KB_WINDOW;
+    const int q = c->kind == KB_PREFILL          ? c->rows
+                  : c->kind == KB_DECODE       ? c->batch
+                  : c->kind == KB_EVICT_CHUNK ? s->chunk
+                                              : KB_WINDOW;
     if (q > s->max_q) s->max_q = q;
     if (c->kind == KB_SAMPLE) {
         if (c->rows > s->max_vocab) s->max_vocab = c->rows;
@@ -269,6 +285,12 @@ static void kb_call(kb_bench *b, int i) {
                                             CKV_EVICT_ZERO_FIRST), c->name);
         break;
     }
+    case KB_EVICT_CHUNK: { /* compactor: the last chunk's queries over their own keys, scale 1 */
+        const ckv_evict_attn_params a = {b->q, sh->chunk, L - sh->chunk, &kv, sh->hq, 0, sh->hq / sh->hkv, 1.0f,
+                                         CKV_EVICT_LOGITS_MUL};
+        kb_check(be->ops->evict_chunk_colsum(be, b->colsum, L, &a, 0, CKV_EVICT_ZERO_FIRST), c->name);
+        break;
+    }
     case KB_EVICT_VALUE_NORM: {
         const ckv_weight wo = {b->wo, CKV_DTYPE_BF16, sh->hidden, sh->hq * sh->hd, (size_t)sh->hq * sh->hd * 2};
         kb_check(be->ops->evict_value_norm(be, b->scores, L, &kv, L, &wo, sh->hq, 0, sh->hq / sh->hkv), c->name);
@@ -292,6 +314,7 @@ static double kb_work(const kb_shapes *sh, const kb_case *c, int *is_flops) {
     case KB_PREFILL: return 4.0 * L * L / 2.0 * d * sh->hq; /* QK^T and PV over the causal half */
     case KB_EVICT_COLSUM: return 2.0 * KB_WINDOW * (L - KB_WINDOW) * d * sh->hq; /* QK^T only */
     case KB_EVICT_VALUE_NORM: return 2.0 * L * d * sh->hidden * sh->hq;          /* V W_O^h per query head */
+    case KB_EVICT_CHUNK: return 2.0 * sh->chunk * sh->chunk * d * sh->hq;         /* QK^T of the chunk, once */
     default: break;
     }
     *is_flops = 0;

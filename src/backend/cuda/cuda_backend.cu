@@ -215,11 +215,10 @@ int be_kv_dtype_ok(const ckv_backend *be, ckv_dtype t) {
 ckv_backend_ops make_ops() {
     ckv_backend_ops o;
     memset(&o, 0, sizeof o);
-    /* not Compactor's chunked non-causal attention (evict_chunk_colsum, evict_row_stats) */
     o.caps = CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_STREAM) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_DEVICE_ID) |
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_EVICT_RESERVE) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_KEYDIFF) |
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LAGKV) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CUR) |
-             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LEVERAGE);
+             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LEVERAGE) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_COLSUM);
     o.free = be_free;
     o.alloc = be_alloc;
     o.release = be_release;
@@ -267,6 +266,8 @@ ckv_backend_ops make_ops() {
     o.evict_cur = evict_cur;
     o.evict_leverage = evict_leverage;
     o.evict_affine = evict_affine;
+    o.evict_chunk_colsum = evict_chunk_colsum;
+    o.evict_row_stats = evict_row_stats;
     o.sample = sample;
     return o;
 }

@@ -180,30 +180,6 @@ constexpr int DK_MIN_CHUNK = 256;   /* keys per block at least: the merge costs 
 constexpr int DK_BLOCKS_PER_SM = 4; /* resident blocks per SM planned for (sass_expect.txt) */
 constexpr double DK_EFF_SHARE = 0.95; /* of the best wave efficiency (decode_splits) */
 
-/* The 16-byte chunk c of row `row` of a [len, hd] array of T, unpacked to fp32 (zeros when !ok). */
-template <typename T> struct dk_chunk;
-template <> struct dk_chunk<ckv_bf16> {
-    static constexpr int VEC = 8;
-    __device__ __forceinline__ static void load(float *x, const ckv_bf16 *p, size_t at, bool ok) {
-        uint4 w = {0u, 0u, 0u, 0u};
-        if (ok) w = __ldg((const uint4 *)(p + at));
-        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-CKV_UNROLL
-        for (int i = 0; i < 4; i++) { /* bf16 -> fp32: the bits in the high half */
-            x[2 * i] = __uint_as_float(u[i] << 16);
-            x[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-        }
-    }
-};
-template <> struct dk_chunk<float> {
-    static constexpr int VEC = 4;
-    __device__ __forceinline__ static void load(float *x, const float *p, size_t at, bool ok) {
-        uint4 w = {0u, 0u, 0u, 0u};
-        if (ok) w = __ldg((const uint4 *)(p + at));
-        x[0] = __uint_as_float(w.x), x[1] = __uint_as_float(w.y), x[2] = __uint_as_float(w.z), x[3] = __uint_as_float(w.w);
-    }
-};
-
 /* Merges the softmax state (m2, l2, o2) into (m, l, o) (base 2; m = -inf: empty). */
 template <int VEC>
 __device__ __forceinline__ void dk_merge_state(float &m, float &l, float *o, float m2, float l2, const float *o2) {
@@ -225,7 +201,7 @@ template <typename T, int RP>
 __global__ void __launch_bounds__(DK_THREADS, (dk_blocks_per_sm<T, RP>()))
 decode_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads,
               float scale_log2, int n_splits, int chunk) {
-    constexpr int VEC = dk_chunk<T>::VEC;
+    constexpr int VEC = row_chunk<T>::VEC;
     constexpr int U = RP >= 8 || (VEC == 8 && RP >= 4) ? 2 : 4; /* keys in flight per lane: within the registers */
     __shared__ float wo[DK_WARPS * RP * DECODE_HD_MAX]; // [warp][row][d] each warp's merged o
     __shared__ float wm[DK_WARPS * RP], wl[DK_WARPS * RP]; /* [warp][row] its m (base 2) and l */
@@ -271,8 +247,8 @@ CKV_UNROLL
             for (int u = 0; u < U; u++) { /* every load of the step issued before any use */
                 const int key = kb + u * ns + j;
                 const bool ok = key < k1;
-                dk_chunk<T>::load(kx[u], K, (size_t)key * (size_t)hd + (size_t)(c * VEC), ok && active);
-                dk_chunk<T>::load(vx[u], V, (size_t)key * (size_t)hd + (size_t)(c * VEC), ok && active);
+                row_chunk<T>::load(kx[u], K, (size_t)key * (size_t)hd + (size_t)(c * VEC), ok && active);
+                row_chunk<T>::load(vx[u], V, (size_t)key * (size_t)hd + (size_t)(c * VEC), ok && active);
                 kp[u] = ok ? __ldg(pos + key) : INT_MAX;
             }
 CKV_UNROLL

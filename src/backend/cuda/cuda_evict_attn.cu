@@ -35,6 +35,12 @@ ckv_status scratch_parts(ctx *c, const size_t *bytes, void **parts, int n, const
     return CKV_STATUS_OK;
 }
 
+ckv_status kv_dtype_check(ckv_dtype t, const char *op) {
+    if (t == CKV_DTYPE_BF16 || t == CKV_DTYPE_F32) return CKV_STATUS_OK;
+    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s backend: %s: KV dtype %s (bf16 or f32 only)", CKV_CUDA_BACKEND_NAME,
+                     op, ckv_dtype_name(t));
+}
+
 namespace {
 
 constexpr unsigned THREADS = 256;
@@ -287,12 +293,6 @@ __global__ void defensive_bias_kernel(double *bias, const float *p, int ld, int 
         for (int i = 0; i < w; i++)
             for (int t = n > w ? n - w : 0; t < n; t++) b += p[((size_t)j * w + i) * ld + t];
     *bias = b;
-}
-
-ckv_status kv_dtype_check(ckv_dtype t, const char *op) {
-    if (t == CKV_DTYPE_BF16 || t == CKV_DTYPE_F32) return CKV_STATUS_OK;
-    return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "%s backend: %s: KV dtype %s (bf16 or f32 only)", CKV_CUDA_BACKEND_NAME,
-                     op, ckv_dtype_name(t));
 }
 
 /* The rows' softmax max and 1 / sum: stats [n_heads_local, n_q] in the workspace. */

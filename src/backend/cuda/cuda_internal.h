@@ -92,6 +92,49 @@ __device__ __forceinline__ float ld_f32(const ckv_bf16 *p, size_t i) { return __
 __device__ __forceinline__ void st_f32(float *p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st_f32(ckv_bf16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
 
+/* One 16-byte __shared__ access of 4 floats (p 16-byte aligned): LDS.128 / STS.128 on the GPU, and
+ * one 16-byte access on the CPU execution layer too (a struct copy there would be four 4-byte ones,
+ * which its profile would count with another bank pattern). */
+#if defined(CKV_CUDA_EMU)
+__device__ __forceinline__ float4 lds_f4(const float *p) { return __ldg((const float4 *)p); }
+__device__ __forceinline__ void sts_f4(float *p, float4 v) {
+    union {
+        ckv_emu_v16 u;
+        float4 f;
+    } x;
+    x.f = v;
+    *(ckv_emu_v16 *)p = x.u;
+}
+#else
+__device__ __forceinline__ float4 lds_f4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ void sts_f4(float *p, float4 v) { *(float4 *)p = v; }
+#endif
+
+/* 16 bytes of a row of T at element `at` (16-byte aligned), unpacked to VEC fp32 values (zeros when !ok):
+ * the K/V row loads of the decode and chunk-attention kernels. */
+template <typename T> struct row_chunk;
+template <> struct row_chunk<ckv_bf16> {
+    static constexpr int VEC = 8;
+    __device__ __forceinline__ static void load(float *x, const ckv_bf16 *p, size_t at, bool ok) {
+        uint4 w = {0u, 0u, 0u, 0u};
+        if (ok) w = __ldg((const uint4 *)(p + at));
+        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+CKV_UNROLL
+        for (int i = 0; i < 4; i++) { /* bf16 -> fp32: the bits in the high half */
+            x[2 * i] = __uint_as_float(u[i] << 16);
+            x[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+};
+template <> struct row_chunk<float> {
+    static constexpr int VEC = 4;
+    __device__ __forceinline__ static void load(float *x, const float *p, size_t at, bool ok) {
+        uint4 w = {0u, 0u, 0u, 0u};
+        if (ok) w = __ldg((const uint4 *)(p + at));
+        x[0] = __uint_as_float(w.x), x[1] = __uint_as_float(w.y), x[2] = __uint_as_float(w.z), x[3] = __uint_as_float(w.w);
+    }
+};
+
 /* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread must call it and
  * gets the total. red: [32] shared scratch. */
 template <typename T> __device__ __forceinline__ T block_sum(T v, T *red) {
@@ -153,6 +196,8 @@ ckv_status op_status(ctx *c, const char *op); /* op_done, then a launch error as
  * and those parts in the workspace, grown if an op needs more than evict_reserve sized it for. */
 size_t parts_total(const size_t *bytes, int n, size_t *at);
 ckv_status scratch_parts(ctx *c, const size_t *bytes, void **parts, int n, const char *op);
+/* An error naming `op` unless the KV dtype is one the eviction kernels read (bf16, f32). */
+ckv_status kv_dtype_check(ckv_dtype t, const char *op);
 ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
                              ckv_evict_colsum_rows rows, ckv_evict_accum accum);
 ckv_status evict_attn_probs(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a);
@@ -183,6 +228,10 @@ ckv_status evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv
                            const float *mu, const float *cov, float sqrt_d);
 void evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
 ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *shape);
+/* Compactor's chunked non-causal attention (cuda_evict_chunk.cu); scratch as attn_stats (evict_reserve). */
+ckv_status evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a, int n_pad,
+                              ckv_evict_accum accum);
+void evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);
 /* Scratch bytes (eviction workspace) of the key scorers (KeyDiff, CUR) and of the selections (top-k
  * over `rows` rows of n entries), for evict_reserve. */
 size_t keys_scratch_bytes(int n_kv, int d, int n_rows);

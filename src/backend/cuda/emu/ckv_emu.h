@@ -49,6 +49,7 @@ struct alignas(16) uint4 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 /* The read-only global load: a plain load here, of the 16-byte types as one 16-byte access (the
  * host compiler would split a struct copy into its members; the GPU makes it one LDG.E.128). */
 typedef unsigned ckv_emu_v16 __attribute__((vector_size(16), may_alias));
