@@ -1,6 +1,6 @@
 /* emu_test.h - what the CPU execution layer's own tests share: a failure count, EXPECT (prints the
- * condition, the place and a message, counts it, goes on) and a device float allocation that aborts
- * on failure. Test-only; include after cuda_rt.h. */
+ * condition, the place and a message, counts it, goes on), the verdict and a device float
+ * allocation that aborts on failure. Test-only; include after cuda_rt.h. */
 #ifndef CKV_EMU_TEST_H
 #define CKV_EMU_TEST_H
 
@@ -18,6 +18,13 @@ static int failures = 0;
             failures++;                                                     \
         }                                                                   \
     } while (0)
+
+/* The test's exit status, with its verdict on stderr. */
+[[maybe_unused]] static int emu_test_finish(const char *name) {
+    if (failures) fprintf(stderr, "%s: %d check(s) FAILED\n", name, failures);
+    else fprintf(stderr, "%s: all checks passed\n", name);
+    return failures ? 1 : 0;
+}
 
 [[maybe_unused]] static float *dev_floats(size_t n) {
     void *p = NULL;

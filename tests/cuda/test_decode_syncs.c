@@ -7,7 +7,10 @@
  *     settings share one); ids equal to the CPU sample op's on the same step's host logits (the first
  *     step of the process may wait once more: the split-KV partials' workspace grows to its size);
  *   - host logits (ckv_decode_batch_step) and one session alone (ckv_session_decode): 1 wait each;
- *   - no device allocation after the first step.
+ *   - no device allocation after the first step;
+ *   - last, the batched step inside a stream capture of the backend's stream: everything before
+ *     its download records (no host wait, allocation or pageable copy inside the step), the
+ *     download is the one refused call (what a CUDA graph of the step must leave outside it).
  * Every wait the layer counts is one a GPU would make the host take (stream and device syncs,
  * copies into pageable memory); small uploads are staged through page-locked memory, whose copies
  * the layer runs late, so a staging bug shows up as wrong ids. Prints waits, kernels and GEMMs per
@@ -155,6 +158,24 @@ int main(void) {
     CHECK_MSG(solo_bad == 0, "a single session's decode step waited for the device %llu times (want 1)", c1.waits);
     fprintf(stderr, "%s one session: %llu wait, %llu kernels, %llu GEMMs per step\n", solo_bad ? "FAIL" : "ok  ",
             c1.waits, c1.kernels, c1.gemms);
+
+    /* the step under a stream capture (last: the sessions' step does not complete): everything up to
+     * the download records (no host wait, allocation or pageable copy inside the step), and the
+     * download, the step's one host wait, is the one refused call */
+    void *stream = dev->ops->stream(dev);
+    int32_t ids[NS];
+    const int begin = ckv_cuda_emu_capture_begin(stream);
+    const ckv_status st = ckv_decode_batch_step_ids(&ba, pa, tok, NS, picks, ids);
+    const char *why = st != CKV_STATUS_OK ? ckv_error_message() : "";
+    const int refused_at_download = strstr(why, "download: ") && strstr(why, "capturing");
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", why);
+    const int end = ckv_cuda_emu_capture_end(stream);
+    CHECK_MSG(begin == 0 && refused_at_download && end == 901,
+              "a captured step: begin %d, step '%s' (want a refused download), end %d (want 901, invalidated)", begin,
+              msg, end);
+    if (begin == 0 && refused_at_download && end == 901)
+        fprintf(stderr, "ok   a batched step under capture records up to its download, the one refused call\n");
 
     ckv_decode_batch_free(&ba);
     ckv_decode_batch_free(&bb);

@@ -363,6 +363,16 @@ unsigned long long ckv_cuda_emu_host_waits(void) { return ckv_emu::ckv_emu_host_
 void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemms) {
     ckv_emu::ckv_emu_launches(kernels, gemms);
 }
+int ckv_cuda_emu_capture_begin(void *stream) {
+    return (int)ckv_emu::cudaStreamBeginCapture((ckv_emu::cudaStream_t)stream, ckv_emu::cudaStreamCaptureModeGlobal);
+}
+int ckv_cuda_emu_capture_end(void *stream) {
+    ckv_emu::cudaGraph_t g = NULL;
+    const ckv_emu::cudaError_t e = ckv_emu::cudaStreamEndCapture((ckv_emu::cudaStream_t)stream, &g);
+    ckv_emu::cudaGraphDestroy(g);
+    ckv_emu::cudaGetLastError(); /* the refused call's error: not the device's */
+    return (int)e;
+}
 #else
 extern "C" int ckv_backend_cuda_available(void) { return 1; }
 extern "C" ckv_status ckv_backend_cuda_init(ckv_backend **out, int device_index) {

@@ -19,5 +19,10 @@ unsigned long long ckv_cuda_emu_alloc_calls(void);
  * copies into pageable memory, frees), and kernels launched and cuBLAS GEMMs queued (either NULL). */
 unsigned long long ckv_cuda_emu_host_waits(void);
 void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemms);
+/* Stream capture of a backend's stream (be->ops->stream): begin, and end (the graph, if any, is
+ * discarded); each returns the CUDA error code (0: success; 900 a refused call, 901 an invalidated
+ * capture). Tests: which part of a step could be captured. */
+int ckv_cuda_emu_capture_begin(void *stream);
+int ckv_cuda_emu_capture_end(void *stream);
 
 #endif

@@ -3,8 +3,9 @@
  * zones, fresh memory poisoned, freed allocations remembered to name a use after free), streams
  * and events whose work is queued and run on the device thread when the host forces it, and the
  * error state (per-thread last error, per-device sticky fault). The fiber scheduler is
- * emu_exec.cpp, the checks emu_check.cpp, cuBLAS emu_blas.cpp. Every call holds the machine lock,
- * so any number of host threads may use the layer. */
+ * emu_exec.cpp, the checks emu_check.cpp, cuBLAS emu_blas.cpp, stream capture and graphs
+ * emu_graph.cpp (the calls here that wait or allocate ask capture_refuse first). Every call holds
+ * the machine lock, so any number of host threads may use the layer. */
 #include "emu_internal.h"
 
 #include <stdarg.h>
@@ -220,6 +221,7 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     LOCKED;
     *ptr = NULL;
     const int d = tl_device;
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     if (settings_status(d)) return set_last(cudaErrorInvalidValue);
     if (dev(d).sticky) return dev(d).sticky;
     if (bytes == 0) return cudaSuccess;
@@ -265,6 +267,7 @@ static void drain_device(int d);
 cudaError_t cudaMallocHost(void **ptr, size_t bytes) {
     LOCKED;
     *ptr = NULL;
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     if (bytes == 0) return cudaSuccess;
     void *p = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
     if (!p) return set_last(cudaErrorMemoryAllocation);
@@ -276,6 +279,7 @@ cudaError_t cudaMallocHost(void **ptr, size_t bytes) {
 cudaError_t cudaFreeHost(void *ptr) {
     LOCKED;
     if (!ptr) return cudaSuccess;
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     auto it = mach().pinned.find((uintptr_t)ptr);
     if (it == mach().pinned.end()) return set_last(cudaErrorInvalidValue);
     for (int d = 0; d < mach().count; d++) drain_device(d); /* queued copies may still read it */
@@ -287,6 +291,7 @@ cudaError_t cudaFreeHost(void *ptr) {
 cudaError_t cudaFree(void *ptr) {
     LOCKED;
     if (!ptr) return cudaSuccess;
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     auto it = mach().allocs.find((uintptr_t)ptr);
     if (it == mach().allocs.end() || !it->second.live) return set_last(cudaErrorInvalidValue);
     drain_device(it->second.device); /* as on a device: the work queued before the free completes */
@@ -303,6 +308,7 @@ struct ckv_emu_event {
     int device;
     ckv_emu_stream *stream = NULL; /* of the last record; NULL: never recorded (complete) */
     uint64_t seq = 0;
+    uint64_t capture = 0;          /* capture_id of the capture that recorded it last (0: none) */
 };
 
 static ckv_emu_stream *new_stream(int device, unsigned flags, bool legacy) {
@@ -339,6 +345,10 @@ void stream_run(ckv_emu_stream *s, uint64_t upto) {
 
 uint64_t stream_push(cudaStream_t st, std::function<void()> fn) {
     ckv_emu_stream *s = stream_of(st);
+    if (s->cap) {
+        capture_record(s, std::move(fn));
+        return 0;
+    }
     /* the legacy stream waits for the blocking streams of its device and they for it */
     std::vector<std::pair<ckv_emu_stream *, uint64_t>> deps;
     if (s->legacy) {
@@ -386,6 +396,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     LOCKED;
     if (!s) return set_last(cudaErrorInvalidResourceHandle);
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     run_stream_now(s, s->next - 1); /* as CUDA: queued work completes, then the stream goes */
     std::vector<ckv_emu_stream *> &v = mach().streams;
     for (size_t i = 0; i < v.size(); i++)
@@ -396,6 +407,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     LOCKED;
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     ckv_emu_stream *s = stream_of(st);
     run_stream_now(s, s->next - 1);
     return sync_status(s->device);
@@ -405,6 +417,7 @@ cudaError_t cudaStreamQuery(cudaStream_t st) { return cudaStreamSynchronize(st);
 
 cudaError_t cudaDeviceSynchronize(void) {
     LOCKED;
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     drain_device(tl_device);
     return sync_status(tl_device);
 }
@@ -431,8 +444,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
     ckv_emu_stream *s = stream_of(st);
     if (s->device != e->device) return set_last(cudaErrorInvalidResourceHandle);
     if (dev(s->device).sticky) return dev(s->device).sticky;
-    e->stream = s;
+    e->capture = capture_id(s);
     e->seq = stream_push(s, [] {});
+    e->stream = s->cap ? NULL : s; /* recorded into a graph: nothing for the host to wait on */
     return cudaSuccess;
 }
 
@@ -444,6 +458,7 @@ static void event_run(ckv_emu_stream *s, uint64_t seq) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     LOCKED;
     if (!e) return set_last(cudaErrorInvalidResourceHandle);
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     ckv_emu_stream *s = e->stream;
     uint64_t seq = e->seq;
     device_exec([&] { event_run(s, seq); });
@@ -456,6 +471,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned flags) 
     LOCKED;
     (void)flags;
     if (!e) return set_last(cudaErrorInvalidResourceHandle);
+    if (e->stream || e->capture) /* recorded (an event never recorded is complete: no dependency) */
+        if (cudaError_t c = capture_wait(stream_of(st), e->capture)) return set_last(c);
     ckv_emu_stream *s = e->stream;
     const uint64_t seq = e->seq;
     if (s) stream_push(st, [s, seq] { event_run(s, seq); });
@@ -480,6 +497,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     case cudaMemcpyDefault: ok = dst && src; break;
     }
     if (!ok || !dst || !src) return set_last(cudaErrorInvalidValue);
+    if (s->cap && ((!src_dev && !is_pinned(src, bytes)) || (!dst_dev && !is_pinned(dst, bytes))) &&
+        capture_refuse())
+        return set_last(cudaErrorStreamCaptureUnsupported);
     const bool dst_pinned = !dst_dev && is_pinned(dst, bytes);
     if (!src_dev && is_pinned(src, bytes)) {
         /* page-locked host memory is read when the copy runs: the host must not touch it before */
@@ -520,6 +540,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
     LOCKED;
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     cudaError_t e = sync_status(tl_device);
     if (e) return e;
     e = cudaMemcpyAsync(dst, src, bytes, kind, NULL);
@@ -546,6 +567,7 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t st)
 
 cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
     LOCKED;
+    if (capture_refuse()) return set_last(cudaErrorStreamCaptureUnsupported);
     cudaError_t e = cudaMemsetAsync(dst, value, bytes, NULL);
     if (e) return e;
     ckv_emu_stream *s = stream_of(NULL);
@@ -573,11 +595,10 @@ void ckv_emu_submit(const char *kernel, dim3 grid, dim3 block, size_t smem, cuda
         return;
     }
     std::vector<const void *> p(ptrs, ptrs + n_ptrs);
-    mach().launches++;
-    stream_push(s, [=] {
-        exec_launch(d, kernel, grid, block, tramp, args, args_bytes, p.data(), (int)p.size());
-        destroy(args);
-    });
+    if (!s->cap) mach().launches++;
+    /* the arguments live as long as the work (a graph replays them) */
+    std::shared_ptr<void> a(args, destroy);
+    stream_push(s, [=] { exec_launch(d, kernel, grid, block, tramp, a.get(), args_bytes, p.data(), (int)p.size()); });
 }
 
 /* ---- errors ---------------------------------------------------------------------------------- */
@@ -607,6 +628,11 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
     }
     return "cudaErrorUnknown";
 }
@@ -626,6 +652,11 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
     }
     return "unknown error";
 }

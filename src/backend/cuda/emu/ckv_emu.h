@@ -78,9 +78,14 @@ enum cudaError_t {
     cudaErrorInvalidDevice = 101,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureUnmatched = 903,
+    cudaErrorStreamCaptureIsolation = 905,
 };
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -138,6 +143,36 @@ cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
 const char *cudaGetErrorString(cudaError_t e); /* for a launch failure: the emulator's own message */
 const char *cudaGetErrorName(cudaError_t e);
+
+/* Stream capture and graphs (emu_graph.cpp; docs/gpu.md §7): between cudaStreamBeginCapture and
+ * cudaStreamEndCapture the launches, copies, memsets, GEMMs and event records queued on the stream
+ * (and on streams that joined it by waiting on an event recorded inside the capture) are recorded
+ * with their arguments instead of run; cudaGraphLaunch queues them, in capture order, as one piece
+ * of work. While any capture is open a call that would make the host wait (a synchronisation,
+ * a synchronous or pageable copy, cudaMalloc, cudaFree and their host forms) fails with
+ * cudaErrorStreamCaptureUnsupported and invalidates the capture, whose end then fails with
+ * cudaErrorStreamCaptureInvalidated, as in CUDA's global capture mode. */
+struct ckv_emu_graph;
+typedef ckv_emu_graph *cudaGraph_t;
+struct ckv_emu_graph_exec;
+typedef ckv_emu_graph_exec *cudaGraphExec_t;
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2,
+};
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode); /* the global mode only */
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags); /* CUDA 12 */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 /* ---- bf16 ------------------------------------------------------------------------------------- */
 
@@ -350,8 +385,12 @@ unsigned long long ckv_emu_alloc_calls(void);
  * copies into pageable host memory, synchronous copies and memsets, cudaFree and cudaFreeHost (each
  * drains the device as on a GPU). Tests: the host waits of a decode step. */
 unsigned long long ckv_emu_host_waits(void);
-/* Kernels launched and cuBLAS GEMM calls queued so far (either may be NULL). */
+/* Kernels launched and cuBLAS GEMM calls queued so far (either may be NULL), outside graphs: a
+ * launch or GEMM recorded by a capture, and those a graph launch replays, are not counted. */
 void ckv_emu_launches(unsigned long long *kernels, unsigned long long *gemms);
+/* Captures ended with a graph, and cudaGraphLaunch calls queued outside a capture, so far (either
+ * may be NULL). */
+void ckv_emu_graph_counts(unsigned long long *captures, unsigned long long *launches);
 /* The thread and block order from now on, as CKV_EMU_SCHEDULE spells it (forward, reverse,
  * random:SEED); -1 (nothing changed) for anything else. */
 int ckv_emu_set_schedule(const char *spec);

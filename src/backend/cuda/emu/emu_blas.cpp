@@ -7,12 +7,13 @@ namespace ckv_emu {
 
 struct ckv_emu_cublas {
     cudaStream_t stream;
+    bool workspace; /* cublasSetWorkspace gave one (a capture needs it: docs/gpu.md §7) */
 };
 
 cublasStatus_t cublasCreate(cublasHandle_t *h) {
     LOCKED;
     if (mach().count == 0) return CUBLAS_STATUS_NOT_INITIALIZED;
-    *h = new ckv_emu_cublas{NULL};
+    *h = new ckv_emu_cublas{NULL, false};
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -31,6 +32,7 @@ cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes) {
     LOCKED;
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (bytes && !find_alloc(ws, bytes, NULL)) return CUBLAS_STATUS_INVALID_VALUE;
+    h->workspace = bytes > 0;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -98,7 +100,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
     const int d = stream_of(h->stream)->device;
     if (mach().devs[d].sticky) return CUBLAS_STATUS_NOT_INITIALIZED;
     const float a = *(const float *)alpha, b = *(const float *)beta; /* host pointers: read at the call */
-    mach().gemms++;
+    if (stream_of(h->stream)->cap && !h->workspace) {
+        /* cuBLAS would allocate its workspace inside the capture */
+        if (capture_refuse()) return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (!stream_of(h->stream)->cap) mach().gemms++;
     stream_push(h->stream, [=] {
         if (mach().devs[d].sticky) return;
         for (int i = 0; i < batch; i++) {

@@ -96,10 +96,12 @@ struct work {
     uint64_t seq;
     std::function<void()> fn;
 };
+struct capture;
 struct ckv_emu_stream {
     int device;
     unsigned flags;
     bool legacy;
+    capture *cap = NULL;         /* the open capture recording this stream's work (emu_graph.cpp) */
     std::deque<work> q;
     uint64_t next = 1, done = 0; /* seq of the next item; the last executed */
 };
@@ -109,6 +111,21 @@ void stream_run(ckv_emu_stream *s, uint64_t upto);
  * returns its seq. */
 uint64_t stream_push(cudaStream_t s, std::function<void()> fn);
 ckv_emu_stream *stream_of(cudaStream_t s);
+
+/* ---- stream capture (emu_graph.cpp) -------------------------------------------------------------- */
+
+/* Records fn as the next node of s's open capture (s->cap set). */
+void capture_record(ckv_emu_stream *s, std::function<void()> fn);
+/* Called by each call that makes the host wait or allocates: while a capture is open, invalidates
+ * every open capture and returns cudaErrorStreamCaptureUnsupported; cudaSuccess when none is open. */
+cudaError_t capture_refuse(void);
+/* The serial number of s's open capture (0: none; never reused, so an event recorded in a capture
+ * that has ended names none). */
+uint64_t capture_id(const ckv_emu_stream *s);
+/* Stream s waits on an event recorded in the capture numbered `id` (0: outside any): s joins that
+ * capture while it is open, or the wait of a capturing stream on an event from outside its capture
+ * fails (cudaErrorStreamCaptureIsolation). */
+cudaError_t capture_wait(ckv_emu_stream *s, uint64_t id);
 
 /* ---- execution (emu_exec.cpp) ------------------------------------------------------------------ */
 
