@@ -40,6 +40,7 @@ static void check_canonical(void) {
         {"critical:random", "critical(alpha=0.5,eps=0.0001):random(seed=0)"},
         {"cur", "cur(n_sink=4,leverage_type=kv_product,use_local_approximation=1,local_window_size=16)"},
         {"adakv:leverage", "adakv(safeguard=0.2):leverage(sketch_dimension=48,seed=0)"},
+        {"key_rerotation:critical:snapkv", "key_rerotation:critical(alpha=0.5,eps=0.0001):snapkv(window=64,kernel=5,pool=avg)"},
     };
     const char *tail = " budget=0.25 (cr=0.75, kept=max(1,floor(L*(1-cr)))) context-only";
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -205,8 +206,24 @@ static void check_builder(void) {
     expect_build_error(&rb, "press", 0, "unknown press 'snapkw'");
     rb.spec = "critical:pyramidkv";
     expect_build_error(&rb, "press", 0, "cannot be wrapped");
-    rb.spec = "adakv:critical:snapkv";
-    expect_build_error(&rb, "press", 0, "only one wrapper");
+    /* stacks kvpress refuses: a wrapper over AdaKVPress / CriticalAdaKVPress / HeadKV, PerLayerCompressionPress
+     * over CriticalKVPress (its constructor takes no compression_ratio), critical over critical; and chunkkv
+     * over critical, which kvpress allows but whose chunk sums overflow (docs/presses.md) */
+    static const char *const refused[] = {"adakv:critical:snapkv", "key_rerotation:adakv:snapkv",
+                                          "key_rerotation:critical_adakv:snapkv", "per_layer:headkv:snapkv",
+                                          "per_layer:critical:knorm", "critical:critical:snapkv"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        rb.spec = refused[i];
+        expect_build_error(&rb, "press", 0, "cannot stack on");
+    }
+    rb.spec = "chunkkv:critical:snapkv";
+    expect_build_error(&rb, "press", 0, "does not stack chunkkv: on critical:");
+    rb.spec = "composed:critical:snapkv+knorm";
+    expect_build_error(&rb, "press", 0, "composed: takes bare presses");
+    rb.spec = "key_rerotation:critical:snapkv:knorm";
+    expect_build_error(&rb, "press", 0, "at most two wrappers");
+    rb.spec = "key_rerotation:critical:pyramidkv";
+    expect_build_error(&rb, "press", 0, "cannot be wrapped");
     rb.spec = "snapkv(window=4)";
     expect_build_error(&rb, "press", 0, "options are not part of the press name");
 }
