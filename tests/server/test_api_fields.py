@@ -139,7 +139,7 @@ C["press_options"] = lambda: (
     "press_ratios=[0.5,0.5]" in comp(press="composed:snapkv+knorm", press_options={"press_ratios": [0.5, 0.5]},
                                      context=ids(300, 5))[1]["usage"]["press"] and
     refused(comp(press="composed:snapkv+knorm", press_options={"press_ratios": [0.5]}), "press_options") and
-    refused(comp(press="composed:snapkv+knorm", context=ids(300, 5)), "press_ratios") and
+    refused(comp(press="composed:snapkv+knorm", context=ids(300, 5)), "press_options") and
     "key_rerotation:critical(alpha=0.25,eps=0.0001):snapkv(window=8," in comp(
         press="key_rerotation:critical:snapkv", budget=0.5, press_options={"alpha": 0.25, "window": 8},
         context=ids(300, 5))[1]["usage"]["press"] and
