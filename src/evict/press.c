@@ -20,7 +20,7 @@ static const char *known_presses(char *buf, size_t cap) {
     for (int i = 0; i < ckv_press_count && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", ckv_press_table[i].name);
     for (int i = 0; i < ckv_wrapper_count && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%s:", i ? ", " : "; optionally behind a wrapper (key_rerotation: also over critical:): ",
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s:", i ? ", " : "; optionally behind a wrapper (two: key_rerotation:critical:P, composed:critical:P1+...): ",
                               ckv_wrapper_table[i].name);
     if (n < cap) snprintf(buf + n, cap - n, " (e.g. critical_adakv:snapkv)");
     return buf;
@@ -220,19 +220,28 @@ static void press_defaults(ckv_press_config *c) {
 
 /* ---- specs ---------------------------------------------------------------------------------------- */
 
-/* composed:P1+P2+...: P1 any press that takes the wrapper, the later ones presses that read keys and
- * values only (they score the rows the press before kept, whose attention inputs are gone). */
+/* composed:P1+P2+...: P1 any press that takes the wrapper, optionally as critical:P1 (kvpress: a
+ * CriticalKVPress first), the later ones bare presses that read keys and values only (they score the
+ * rows the press before kept, whose attention inputs are gone). */
 static ckv_status parse_composed(ckv_press_config *c, const char *spec, const char *list) {
     char known[1024];
     const ckv_wrapper_def *w = ckv_wrapper_def_find("composed", 8);
     c->n_stages = 0;
     for (const char *p = list;;) {
         const char *end = strchr(p, '+');
-        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        const char *colon = memchr(p, ':', n);
+        if (colon && c->n_stages == 0 && (size_t)(colon - p) == 8 && !strncmp(p, "critical", 8)) {
+            c->critical = 1; /* the first press under critical: (kvpress: a CriticalKVPress among the presses) */
+            n -= (size_t)(colon - p) + 1;
+            p = colon + 1;
+            colon = memchr(p, ':', n);
+        }
+        if (colon)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': composed: takes bare presses, and critical: on the first "
+                             "one, got '%.*s' (kvpress's ComposedPress also takes other wrapped presses; ckv does not "
+                             "run them)", spec, (int)(end ? (size_t)(end - p) : strlen(p)), p);
         const ckv_press_def *d = ckv_press_def_find(p, n);
-        if (memchr(p, ':', n))
-            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': composed: takes bare presses in ckv, got '%.*s' (kvpress's "
-                             "ComposedPress also takes wrapped ones; ckv does not run them)", spec, (int)n, p);
         if (!d)
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown press '%.*s' (known: %s)", spec, (int)n, p,
                              known_presses(known, sizeof known));
@@ -658,7 +667,7 @@ void ckv_press_stage(const ckv_press_config *c, int i, ckv_press_config *out) {
     out->n_stages = 0;
     out->scorer = c->composed && i >= 0 && i < c->n_stages ? c->stages[i] : c->scorer;
     out->alloc = CKV_ALLOC_UNIFORM;
-    out->critical = 0;
+    out->critical = i == 0 && c->critical; /* composed:critical:P1+...: the first press only */
     out->rerotate_keys = 0;
     out->budget_tokens = 0;
     out->budget_given_as_b = 0;

@@ -33,6 +33,7 @@
 static const char *const extra[] = {"lagkv", "lagkv lag_size=32,cross_scoring=1", "adakv:lagkv lag_size=24",
                                     "leverage", "adakv:leverage", "layer_defensivekv",
                                     "composed:snapkv+knorm press_ratios=0.5,0.5", "composed:knorm+cur press_ratios=0.25,0.5",
+                                    "composed:critical:snapkv+knorm press_ratios=0.5,0.5",
                                     "kvzip repeat_ids=13,13,85,104,276,repeat_next_ids=13,13,85,301,suffix_ids=13,chunk_size=100",
                                     "kvzip repeat_ids=13,13,85,104,276,repeat_next_ids=13,13,85,301,suffix_ids=13,chunk_size=100,"
                                     "kvzip_plus_normalization=1",

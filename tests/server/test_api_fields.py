@@ -143,6 +143,9 @@ C["press_options"] = lambda: (
     "key_rerotation:critical(alpha=0.25,eps=0.0001):snapkv(window=8," in comp(
         press="key_rerotation:critical:snapkv", budget=0.5, press_options={"alpha": 0.25, "window": 8},
         context=ids(300, 5))[1]["usage"]["press"] and
+    "composed(press_ratios=[0.5,0.25]):critical(alpha=0.25,eps=0.0001):snapkv" in comp(
+        press="composed:critical:snapkv+knorm", press_options={"press_ratios": [0.5, 0.25], "alpha": 0.25},
+        context=ids(300, 5))[1]["usage"]["press"] and
     refused(comp(press="adakv:critical:snapkv", budget=0.5), "press"),
     "per-layer ratios set the kept entries, window reaches the spec; a wrong count, an option not taken, an unknown "
     "one, a file, a non-object: 400; composed's press_ratios and a stacked key_rerotation:critical: reach the spec "

@@ -216,7 +216,7 @@ static void check_builder(void) {
         {"per_layer:critical:knorm", "cannot stack on"},
         {"critical:critical:snapkv", "cannot stack on"},
         {"chunkkv:critical:snapkv", "does not stack chunkkv: on critical:"},
-        {"composed:critical:snapkv+knorm", "composed: takes bare presses"},
+        {"composed:snapkv+critical:knorm", "composed: takes bare presses"},
         {"key_rerotation:critical:snapkv:knorm", "at most two wrappers"},
         {"key_rerotation:critical:pyramidkv", "cannot be wrapped"},
     };
@@ -382,6 +382,18 @@ static void check_composed(void) {
     CHECK_MSG(st.scorer == CKV_SCORER_KNORM && !st.composed && st.compression_ratio == 0.25 && st.alloc == CKV_ALLOC_UNIFORM,
               "stage 1: scorer %d, cr %g", (int)st.scorer, st.compression_ratio);
     CHECK_MSG(ckv_press_n_kept(&st, 150) == 112, "stage 1 keeps %d of 150", ckv_press_n_kept(&st, 150));
+    rq.spec = "composed:critical:snapkv+knorm"; /* critical: on the first press: its stage only */
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK_MSG(!strncmp(c.spec, "composed(press_ratios=[0.5,0.25]):critical(alpha=0.5,eps=0.0001):snapkv(window=64,"
+                               "kernel=5,pool=avg)+knorm per press", 90), "got '%s'", c.spec);
+    CHECK(c.critical && ckv_press_takes(&c, "alpha") && ckv_press_takes(&c, "eps"));
+    ckv_press_stage(&c, 0, &st);
+    CHECK(st.critical && st.scorer == CKV_SCORER_SNAPKV && st.compression_ratio == 0.5);
+    ckv_press_kept k0;
+    ckv_press_layer_kept(&st, 0, 3, 300, 2, &k0); /* kvpress: int((1 - 0.5) * 300 * 0.5) = 75 of 150 */
+    CHECK_MSG(k0.per_head == 150 && k0.first_stage == 75, "stage 0 keeps %d, first stage %d", k0.per_head, k0.first_stage);
+    ckv_press_stage(&c, 1, &st);
+    CHECK(!st.critical && st.scorer == CKV_SCORER_KNORM);
     ratios.value = "0.5,0.25,0.1";
     rq.spec = "composed:knorm+cur+keydiff"; /* a later press's options belong to the press */
     CHECK_OK(ckv_press_build(&c, &rq, NULL));
