@@ -235,6 +235,10 @@ int ckv_cmd_eval(int argc, char **argv) {
                 ckv_cli_press_build(&opts, presses[p], &bud, &c->cfg);
                 c->cfg.query_aware = a.query_aware;
                 ckv_cli_check(ckv_press_finalize(&c->cfg));
+                if (c->cfg.scorer == CKV_SCORER_FINCH) /* its window is the question's tokens */
+                    ckv_cli_usage_error("eval", "--press finch: its window is the question's tokens, which eval does not "
+                                        "know (query-aware prompts are encoded as one text); run ckv generate "
+                                        "--query-aware or the server");
                 snprintf(c->press, sizeof c->press, "%s", presses[p]);
                 c->budget = bv;
                 for (int k = 0; k < n_configs; k++)

@@ -97,7 +97,7 @@ static ckv_status compact_layer(ckv_compressor *cz, ckv_session *dst, const ckv_
         st = ckv_kv_layer_compact_dev(&dst->kv, layer, sel->rows, L, sel->n_keep, dst->capacity - L);
     else
         st = ckv_kv_layer_gather_from(&dst->kv, &src->kv, layer, sel->rows, L, sel->n_keep, dst->capacity - L);
-    if (st == CKV_STATUS_OK && cz->cfg->rerotate_keys) st = rerotate_layer(dst, layer);
+    if (st == CKV_STATUS_OK && ckv_press_rerotates(cz->cfg)) st = rerotate_layer(dst, layer);
     cz->compact_seconds += ckv_time_now() - t0;
     return st;
 }

@@ -176,8 +176,13 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
         return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG,
                          "a context of %d tokens + %d for the question and answer exceed the context window of %d tokens "
                          "(max_position_embeddings)", n, p->reserve, c->max_context);
-    const ckv_press_config *press = p->press && p->press->scorer != CKV_SCORER_NONE ? p->press : NULL;
+    const ckv_press_config *press = NULL;
+    if (p->press && p->press->scorer != CKV_SCORER_NONE) {
+        CKV_TRY(ckv_press_with_question(p->press, p->question_rows, &pc->press));
+        press = &pc->press;
+    }
     int compress = press && !p->hook && !p->cache_in;
+    if (compress && press->scorer == CKV_SCORER_FINCH) CKV_TRY(ckv_press_check_context(press, n)); /* not a skip */
     if (compress && (pc->uncompressed_reason = ckv_compress_skip_reason(press, n)) != NULL) compress = 0;
     pc->compressed = compress;
     pc->cz.cfg = press;
@@ -493,6 +498,7 @@ ckv_status ckv_engine_run(ckv_engine *e, const ckv_request *r, ckv_result *out) 
             g.max_new_tokens = question_max_new(r, q);
             pp.ids = all;
             pp.n = n;
+            pp.question_rows = r->questions[q].n;
             pp.reserve = g.max_new_tokens;
             st = ckv_engine_prepare(e, &pp, &pc);
             if (st == CKV_STATUS_OK) st = ckv_prepared_answer(&pc, q, NULL, 0, &g, &sampler, &out->answers[q]);

@@ -99,6 +99,7 @@ typedef struct {
     const int32_t *ids;             /* the context [n] (NULL with cache_in) */
     int n;
     const ckv_press_config *press;  /* NULL or scorer none: the full cache */
+    int question_rows;              /* query-aware: the last rows of ids that are the question (finch's window) */
     int reserve;                    /* tokens the session holds beyond the context: longest question + answer */
     const char *cache_in;           /* load the (compressed) context from this cache file instead of ids */
     const char *cache_out;          /* save the compressed context to this cache file */
@@ -166,6 +167,7 @@ typedef struct {
     ckv_session sess;
     ckv_compressor cz;
     int32_t *headkv;        /* [n_layers, n_kv_heads] headkv budgets or NULL */
+    ckv_press_config press; /* the press as it runs on this prompt (ckv_press_with_question); cz.cfg */
     float *logits;          /* [V] host copy of the context's last logits (NULL after cache_in) */
     int n_context;          /* positions the context occupies */
     int compressed;

@@ -52,6 +52,9 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
     *use = NULL;
     const int L = sw->L;
     if (press && !ckv_press_evicts(press)) press = NULL;
+    if (press && press->scorer == CKV_SCORER_FINCH) /* a derived context is the shared prefill's: no question */
+        return ckv_error(CKV_STATUS_ERR_ARG, "press finch compresses a context with its question; a sweep derives "
+                         "contexts without one (prefill it on its own)");
     const char *why = press ? ckv_compress_skip_reason(press, L) : NULL;
     if (!press || why) { /* the full cache, as a separate run leaves it */
         sw->full.uncompressed_reason = why;

@@ -432,6 +432,11 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     if (c->composed && c->press_ratios.n != c->n_stages)
         return ckv_error(CKV_STATUS_ERR_ARG, "press composed: press_ratios has %d values for %d presses",
                          c->press_ratios.n, c->n_stages);
+    if (c->alloc == CKV_ALLOC_CHUNK && c->chunk_length < 1)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press chunkkv: chunk_length %d must be at least 1", c->chunk_length);
+    if (c->scorer == CKV_SCORER_FINCH && c->chunk_length > 0 && c->budget_tokens > 0)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press finch with chunk_length counts its budget per chunk: give budget or "
+                         "compression_ratio, not budget_tokens");
     if (c->alloc == CKV_ALLOC_CHUNK && c->budget_tokens > 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "press chunkkv keeps whole chunks: give budget or compression_ratio, not "
                          "budget_tokens");
@@ -462,6 +467,8 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     const char *formula = d->kept == CKV_KEPT_MODEL_FRACTION ? "kept=int(L*(1-cr)*Hkv*n_layers) over the model"
                           : d->kept == CKV_KEPT_MODEL_REMOVED
                               ? (c->layerwise ? "removed=int(Hkv*L*cr) per layer" : "removed=int(n_layers*Hkv*L*cr) over the model")
+                          : d->kept == CKV_KEPT_CHUNKS && c->chunk_length > 0
+                              ? "kept=sum over chunks of chunk_length rows of max(1,floor(len*(1-cr)))"
                               : "kept=max(1,floor(L*(1-cr)))";
     double kept_share = 1.0; /* composed: the fraction the presses keep together */
     for (int i = 0; c->composed && i < c->press_ratios.n; i++) kept_share *= 1.0 - c->press_ratios.cr[i];
@@ -480,7 +487,10 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
                  formula);
     else
         snprintf(budget, sizeof budget, " cr=%g (%s)", c->compression_ratio, formula);
-    const int len = snprintf(c->spec, sizeof c->spec, "%s%s%s%s", wrap, base, budget,
+    char question[48] = ""; /* finch: the window it was given (ckv_press_with_question) */
+    if (c->scorer == CKV_SCORER_FINCH && c->question_rows > 0)
+        snprintf(question, sizeof question, " question_rows=%d", c->question_rows);
+    const int len = snprintf(c->spec, sizeof c->spec, "%s%s%s%s%s", wrap, base, question, budget,
                              c->query_aware ? " query-aware" : " context-only");
     if (len < 0 || (size_t)len >= sizeof c->spec || strlen(wrap) + 1 >= sizeof wrap || (size_t)n >= sizeof base)
         return ckv_error(CKV_STATUS_ERR_ARG, "press: its canonical spec is longer than %zu characters (write "
@@ -616,6 +626,13 @@ int ckv_press_n_kept(const ckv_press_config *c, int L) {
         return n;
     }
     if (c->budget_tokens > 0) return c->budget_tokens < L ? c->budget_tokens : L;
+    const ckv_press_def *d = ckv_press_def_of(c->scorer);
+    if (d && d->kept == CKV_KEPT_CHUNKS && c->chunk_length > 0) { /* finch: each chunk keeps its own share */
+        int n = 0;
+        for (int t0 = 0; t0 < L; t0 += c->chunk_length)
+            n += kept_of_ratio(L - t0 < c->chunk_length ? L - t0 : c->chunk_length, c->compression_ratio);
+        return n;
+    }
     if (c->alloc == CKV_ALLOC_PER_LAYER) { /* the largest layer's: what a layer may hold */
         int most = 1;
         for (int l = 0; l < c->layer_ratios.n; l++) {
@@ -724,7 +741,37 @@ int ckv_press_xn_first(const ckv_press_config *c, int L) {
     return first < 0 ? 0 : first > L ? L : first;
 }
 
+static ckv_status finch_needs_question(void) {
+    return ckv_error(CKV_STATUS_ERR_ARG, "press finch scores with the question's attention: it needs a question "
+                     "compressed with the context (query_aware)");
+}
+
+ckv_status ckv_press_with_question(const ckv_press_config *c, int question_rows, ckv_press_config *out) {
+    *out = *c;
+    if (c->scorer != CKV_SCORER_FINCH || (question_rows < 1 && c->question_rows >= 1)) return CKV_STATUS_OK;
+    if (question_rows < 1) return finch_needs_question();
+    out->question_rows = question_rows;
+    out->window = question_rows;
+    return ckv_press_finalize(out); /* the spec names the question's length */
+}
+
+int ckv_press_rerotates(const ckv_press_config *c) {
+    return c->rerotate_keys || (c->scorer == CKV_SCORER_FINCH && c->finch_rerotate);
+}
+
 ckv_status ckv_press_check_context(const ckv_press_config *c, int L) {
+    if (c->scorer == CKV_SCORER_FINCH) { /* its window is the question (ckv_press_with_question) */
+        const int w = c->question_rows;
+        if (w < 1) return finch_needs_question();
+        if (L <= w)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press finch: a question of %d tokens needs a context before it, the "
+                             "prompt has %d tokens", w, L);
+        /* kvpress asserts chunk_length > window / (1 - cr): every chunk keeps more than the question */
+        if (c->chunk_length > 0 && c->budget_tokens <= 0 &&
+            !((double)c->chunk_length > (double)w / (1.0 - c->compression_ratio)))
+            return ckv_error(CKV_STATUS_ERR_ARG, "press finch: chunk_length %d must exceed question / (1 - cr) = "
+                             "%d / (1 - %g)", c->chunk_length, w, c->compression_ratio);
+    }
     if (ckv_press_takes(c, "window") && L <= c->window)
         return ckv_error(CKV_STATUS_ERR_ARG, "window %d needs a context longer than %d tokens, got %d", c->window,
                          c->window, L);

@@ -33,6 +33,7 @@ typedef enum {
     CKV_SCORER_COMPACTOR,         /* kvpress CompactorPress (leverage + chunked non-causal attention) */
     CKV_SCORER_LAYER_DEFENSIVEKV, /* DefensiveKV's scores, one top-k over every layer (FFY0/DefensiveKV) */
     CKV_SCORER_KVZIP,             /* kvpress KVzipPress: attention of a context replay, one top-k over every layer */
+    CKV_SCORER_FINCH,             /* kvpress FinchPress: the question's attention, count-normalised (query-aware) */
     CKV_SCORER_COUNT_
 } ckv_scorer_kind;
 
@@ -97,13 +98,17 @@ typedef struct {
     ckv_press_ids repeat_ids;  /* kvzip: the prompt before the first replayed chunk ("Repeat the previous context exactly.") */
     ckv_press_ids repeat_next_ids; /* kvzip: the prompt before a later chunk ("... exactly, starting with") */
     ckv_press_ids suffix_ids;  /* kvzip: what follows the prompt before the chunk (the chat template's turn end) */
+    int normalize_scores;      /* finch: each question row's attention times its count of earlier rows (1) */
+    int finch_rerotate;        /* finch: its rerotate_keys option (1); the other presses store it unread */
+    int question_rows;         /* finch: the question's rows at the end of the prompt (its window; 0: no question,
+                                * set by ckv_press_with_question) */
     /* wrapper options */
     double alpha;              /* critical first-stage ratio (0.5) */
     double eps;                /* critical epsilon (1e-4) */
     double safeguard;          /* adakv alpha_safeguard (0.2) */
     char profile[512];         /* headkv profile JSON path */
     int rerotate_keys;         /* key_rerotation: kept keys re-rotated to positions 0 .. n_kept - 1 */
-    int chunk_length;          /* chunkkv: tokens per chunk (20) */
+    int chunk_length;          /* chunkkv: tokens per chunk (20); finch: rows per selection chunk (0: none) */
     ckv_press_ratios layer_ratios; /* per_layer: compression ratio of each layer (required) */
     int composed;              /* composed: presses in turn, each on what the previous kept (kvpress ComposedPress) */
     int n_stages;              /* composed: how many presses (stages[0] == scorer) */
@@ -222,6 +227,13 @@ long ckv_press_layerwise_kept(const ckv_press_config *cfg, int L, int n_kv_heads
 void ckv_press_stage(const ckv_press_config *cfg, int i, ckv_press_config *out);
 /* CriticalKV's stage-1 count of a head whose budget was allocated across heads (k rows). */
 int ckv_press_first_stage(const ckv_press_config *cfg, int k);
+
+/* The press as it runs on a prompt whose last question_rows rows are the question (query-aware): finch's
+ * window is the question; finch without a question (0 rows) is an error naming the press. Other presses
+ * are copied unchanged. */
+ckv_status ckv_press_with_question(const ckv_press_config *cfg, int question_rows, ckv_press_config *out);
+/* 1 when the kept keys are re-rotated after compaction (key_rerotation:, finch's rerotate_keys). */
+int ckv_press_rerotates(const ckv_press_config *cfg);
 
 /* The tokens the press's scorer protects on a context of L tokens: the first *head and the last
  * *tail (window, sinks, the last token). Selection ranks them above

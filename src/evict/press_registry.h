@@ -59,6 +59,8 @@ typedef enum {
     CKV_KEPT_LAYER_FRACTION, /* one layer total int(L * (1 - cr) * Hkv) over all heads (DefensiveKV) */
     CKV_KEPT_MODEL_FRACTION, /* one model total int(L * (1 - cr) * Hkv * n_layers) over all layers and heads
                               * (Layer-DefensiveKV; ckv_press_model_kept) */
+    CKV_KEPT_CHUNKS,         /* uniform; with chunk_length C > 0 every head keeps the sum over the chunks of C
+                              * rows (a shorter last one) of max(1, floor(len * (1 - cr))) (finch) */
     CKV_KEPT_MODEL_REMOVED   /* the model's E = n_layers Hkv L entries less int(E * cr) removed, over all layers
                               * and heads, or each layer's Hkv L less int(Hkv L cr) with layerwise (kvzip) */
 } ckv_kept_rule;

@@ -54,7 +54,12 @@ const ckv_option_def ckv_press_option_table[] = {
     {"eps", CKV_OPTION_REAL, F(eps), "0.0001", 0, 1e6, 0, "CriticalKV: epsilon added to the scores", NULL},
     {"safeguard", CKV_OPTION_REAL, F(safeguard), "0.2", 0, 1, 0, "AdaKV: share of a head's budget it keeps anyway", NULL},
     {"profile", CKV_OPTION_FILE, F(profile), "", 0, 0, 0, "HeadKV: head-importance profile (JSON file)", NULL},
-    {"chunk_length", CKV_OPTION_INT, F(chunk_length), "20", 1, 1 << 20, 0, "ChunkKV: tokens per chunk", NULL},
+    {"chunk_length", CKV_OPTION_INT, F(chunk_length), "20", 0, 1 << 20, 0,
+     "ChunkKV: tokens per chunk (>= 1); finch: rows per selection chunk (0: one selection over the prompt)", NULL},
+    {"normalize_scores", CKV_OPTION_BOOL, F(normalize_scores), "1", 0, 1, 0,
+     "finch: each question row's attention times the number of rows before it", NULL},
+    {"rerotate_keys", CKV_OPTION_BOOL, F(finch_rerotate), "1", 0, 1, 0,
+     "finch: the kept keys re-rotated to positions 0 .. n_kept - 1 (as key_rerotation:)", NULL},
     {"compression_ratios", CKV_OPTION_REALS, F(layer_ratios), "", 0, 0.999999, 0,
      "per_layer: the compression ratio of each layer, one per layer (e.g. 0.25,0.5,0.75)", NULL},
     {"press_ratios", CKV_OPTION_REALS, F(press_ratios), "", 0, 0.999999, 0,
@@ -123,6 +128,10 @@ const ckv_press_def ckv_press_table[] = {
     {"kvzip", CKV_SCORER_KVZIP, "n_sink,chunk_size,layerwise,kvzip_plus_normalization,repeat_ids,repeat_next_ids,suffix_ids", "chunk_size=2048", 0,
      CKV_ALLOC_MODEL, 0, CKV_PROTECT_NONE, CKV_KEPT_MODEL_REMOVED, score_kvzip,
      "max attention of a replay of the context onto it (reconstruction), one top-k over every layer", CKV_READS_NONE},
+    {"finch", CKV_SCORER_FINCH, "chunk_length,normalize_scores,rerotate_keys", "chunk_length=0", 0, CKV_ALLOC_UNIFORM, 0,
+     CKV_PROTECT_WINDOW, CKV_KEPT_CHUNKS, ckv_score_finch,
+     "the question's attention (its rows the window), each row times its count of earlier rows (query-aware)",
+     CKV_READS_WINDOW},
 };
 const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
 

@@ -1,5 +1,5 @@
-/* score_window.c - the observation-window scorers: snapkv (and pyramidkv, whose scores are snapkv's)
- * and tova, driven through the backend's eviction ops. Queries of the last w tokens are recomputed
+/* score_window.c - the observation-window scorers: snapkv (and pyramidkv, whose scores are snapkv's),
+ * finch (the question as the window, no pooling, optionally count-normalised rows) and tova, driven through the backend's eviction ops. Queries of the last w tokens are recomputed
  * from the attention input (q_proj + bias, RoPE at their positions, as the model does); their logits
  * against all L post-RoPE keys are divided by sqrt(head_dim) and softmaxed over all L keys in fp32
  * with causal masking inside the window; the last w columns are dropped and the rest averaged over
@@ -24,12 +24,17 @@ static ckv_status window_need(const ckv_score_inputs *in, const char *who) {
 
 /* mean [n_q_local, L - w] (device) = per local query head, the mean over the w window queries of the
  * attention weights on keys 0 .. L-w-1. q [w, n_q_local * d] and colsum [n_q_local, L - w] are scratch. */
+/* q [w, n_q_local * d] (device) = xn[L-w:] @ wq^T + bq, then RoPE at the window's positions. */
+static void window_queries(const ckv_score_inputs *in, int w, float *q) {
+    ckv_backend *be = in->be;
+    be->ops->matmul(be, q, in->xn + (size_t)(in->L - w) * (size_t)in->D, in->wq, in->bq, w);
+    be->ops->rope(be, q, in->pos + (in->L - w), w, in->n_q_local, in->head_dim, in->inv_freq, in->rope_scale);
+}
+
 static ckv_status window_means(const ckv_score_inputs *in, int w, float *q, double *colsum, float *mean) {
     ckv_backend *be = in->be;
     const int d = in->head_dim, L = in->L, n_out = L - w;
-    /* q = xn[L-w:] @ wq^T + bq, then RoPE at the window's positions */
-    be->ops->matmul(be, q, in->xn + (size_t)(L - w) * (size_t)in->D, in->wq, in->bq, w);
-    be->ops->rope(be, q, in->pos + (L - w), w, in->n_q_local, d, in->inv_freq, in->rope_scale);
+    window_queries(in, w, q);
     /* kvpress divides the logits by math.sqrt(head_dim) (a division, not a multiply) */
     const ckv_evict_attn_params a = ckv_score_attn_params(in, q, w, L - w, (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
     CKV_TRY(be->ops->evict_attn_colsum(be, colsum, n_out, &a, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));
@@ -74,6 +79,64 @@ ckv_status ckv_score_snapkv(const ckv_score_inputs *in, const ckv_press_config *
     /* the window's own entries stay 0 (the caller protects them) */
     be->ops->evict_fill(be, scores, in->n_kv_local, L, 0, L, CKV_EVICT_FILL_VALUE, 0.0f);
     be->ops->evict_head_sum(be, scores, L, rows, n_out, nq, n_out, ckv_score_head0(in), in->n_heads / in->n_kv_heads);
+    s = ckv_score_group_mean(in, scores);
+done:
+    ckv_score_dev_free(&dev);
+    return s;
+}
+
+/* finch's normalised means: mean [n_q_local, L - w] = per local query head, the mean over the w question
+ * rows of (attention weight x r) on keys 0 .. L-w-1, r = L - w + i the context row of question row i
+ * (kvpress: torch.arange(k_len - window, k_len), a count of the rows before it), the product and the
+ * sum over the rows in fp32 (row i ascending), then divided by w. One attention op per question row.
+ * colsum [n_q_local, L - w], p and weight [n_q_local, L - w] are scratch. */
+static ckv_status finch_means(const ckv_score_inputs *in, int w, const float *q, double *colsum, float *p,
+                              float *weight, float *mean) {
+    ckv_backend *be = in->be;
+    const int d = in->head_dim, L = in->L, n_out = L - w, nq = in->n_q_local;
+    be->ops->evict_fill(be, mean, nq, n_out, 0, n_out, CKV_EVICT_FILL_VALUE, 0.0f);
+    for (int i = 0; i < w; i++) {
+        const int r = L - w + i;
+        const ckv_evict_attn_params a = ckv_score_attn_params(in, q + (size_t)i * (size_t)nq * (size_t)d, 1, r,
+                                                              (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
+        CKV_TRY(be->ops->evict_attn_colsum(be, colsum, n_out, &a, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));
+        be->ops->evict_colsum_finish(be, p, n_out, colsum, n_out, nq, n_out, 1.0, CKV_EVICT_DENOM_FIXED); /* p, exact */
+        be->ops->evict_fill(be, weight, nq, n_out, 0, n_out, CKV_EVICT_FILL_VALUE, (float)r);
+        be->ops->evict_add_mul(be, p, p, weight, nq, n_out, n_out, 0.0f);
+        be->ops->evict_head_sum(be, mean, n_out, p, n_out, nq, n_out, 0, 1); /* += row by row */
+    }
+    be->ops->evict_div(be, mean, (size_t)nq * (size_t)n_out, (float)w);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_score_finch(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores) {
+    CKV_TRY(ckv_score_check_inputs(in, "finch"));
+    CKV_TRY(window_need(in, "finch"));
+    CKV_TRY(ckv_press_check_context(cfg, in->L)); /* a question, and a context before it */
+    const int w = cfg->question_rows;
+    const int L = in->L, n_out = L - w, nq = in->n_q_local, hq = nq * in->head_dim;
+    ckv_backend *be = in->be;
+    ckv_score_dev dev = ckv_score_dev_begin(in);
+    float *q = NULL, *mean = NULL, *p = NULL, *weight = NULL; // [w, hq], [nq, L - w] each
+    double *colsum = NULL;                                    // [nq, L - w]
+    ckv_status s;
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&q, (size_t)w * hq * sizeof(float), "finch queries"), done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&colsum, (size_t)nq * n_out * sizeof(double), "finch column sums"),
+                 done);
+    CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&mean, (size_t)nq * n_out * sizeof(float), "finch head scores"),
+                 done);
+    if (cfg->normalize_scores) {
+        CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&p, (size_t)nq * n_out * sizeof(float), "finch weights"), done);
+        CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&weight, (size_t)nq * n_out * sizeof(float), "finch counts"),
+                     done);
+        window_queries(in, w, q);
+        CKV_TRY_GOTO(s, finch_means(in, w, q, colsum, p, weight, mean), done);
+    } else {
+        CKV_TRY_GOTO(s, window_means(in, w, q, colsum, mean), done);
+    }
+    /* the question's own entries stay 0 (the caller protects them) */
+    be->ops->evict_fill(be, scores, in->n_kv_local, L, 0, L, CKV_EVICT_FILL_VALUE, 0.0f);
+    be->ops->evict_head_sum(be, scores, L, mean, n_out, nq, n_out, ckv_score_head0(in), in->n_heads / in->n_kv_heads);
     s = ckv_score_group_mean(in, scores);
 done:
     ckv_score_dev_free(&dev);

@@ -128,6 +128,9 @@ ckv_status ckv_evict_host_release(ckv_backend *be, void *dev, void *host, size_t
 /* The scorer families (registered in press_table.c), one signature: scores [n_kv_local, L] (device).
  * snapkv / pyramidkv: window queries, pooled (kernel 1 = none); errors when L <= window. */
 ckv_status ckv_score_snapkv(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
+/* finch: snapkv's window means with the question (cfg->question_rows) as the window, no pooling, each
+ * query row first multiplied by its count of earlier rows (normalize_scores); errors without a question. */
+ckv_status ckv_score_finch(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* tova: the last token's attention averaged over all query heads of the layer (in->tp). */
 ckv_status ckv_score_tova(const ckv_score_inputs *in, const ckv_press_config *cfg, float *scores);
 /* knorm: -||k||_2. */

@@ -225,6 +225,35 @@ static ckv_status chunk_rows(const ckv_press_config *cfg, const ckv_score_inputs
     return st;
 }
 
+/* finch with chunk_length C (kvpress FinchPress.compress): the rows cut into chunks of C from row 0 (a
+ * shorter last one); every head keeps, in each chunk, its max(1, floor(len * (1 - cr))) best rows of
+ * sel->scores (protected rows set), by one top-k per chunk over the local heads. The chunk-relative
+ * indices are shifted to rows on the host (4 n_kv_local L bytes down and back per layer). */
+static ckv_status finch_chunk_rows(const ckv_press_config *cfg, ckv_backend *be, ckv_selection *sel, int nkv, int L) {
+    const int C = cfg->chunk_length;
+    int32_t *rows = NULL, *k = NULL; // [nkv, L] kept rows (host); [nkv] one chunk's counts
+    ckv_status st = ckv_alloc((void **)&rows, (size_t)nkv * (size_t)L * sizeof(int32_t), "finch chunk rows");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&k, (size_t)nkv * sizeof(int32_t), "finch chunk counts");
+    int off = 0;
+    for (int t0 = 0; t0 < L && st == CKV_STATUS_OK; t0 += C) {
+        const int len = L - t0 < C ? L - t0 : C, n = ckv_press_n_kept(cfg, len);
+        for (int h = 0; h < nkv; h++) k[h] = n;
+        st = put_counts(be, sel->k2_dev, k, nkv);
+        if (st == CKV_STATUS_OK) st = be->ops->evict_topk(be, sel->rows + off, L, sel->scores + t0, L, nkv, len, sel->k2_dev);
+        if (st == CKV_STATUS_OK) st = be->ops->sync(be);
+        for (int h = 0; h < nkv && st == CKV_STATUS_OK; h++)
+            st = be->ops->download(be, rows + (size_t)h * L + off, sel->rows + (size_t)h * L + off, (size_t)n * sizeof(int32_t));
+        for (int h = 0; h < nkv && st == CKV_STATUS_OK; h++)
+            for (int i = 0; i < n; i++) rows[(size_t)h * L + off + i] += t0;
+        off += n;
+    }
+    for (int h = 0; h < nkv; h++) sel->n_keep[h] = off;
+    if (st == CKV_STATUS_OK) st = be->ops->upload(be, sel->rows, rows, (size_t)nkv * (size_t)L * sizeof(int32_t));
+    ckv_free(rows);
+    ckv_free(k);
+    return st;
+}
+
 /* The layer's scores into out->scores with the protected tokens set. */
 static ckv_status layer_scores(const ckv_press_config *cfg, const ckv_score_inputs *in, ckv_selection *out) {
     if (out->L != in->L || out->n_kv_local != in->n_kv_local || out->n_kv_heads != in->n_kv_heads || out->be != in->be)
@@ -275,7 +304,9 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
             out->n_keep[h] = n_kept;
         }
         st = cfg->critical ? critical_rows(be, out, out->scores, out->norms, nkv, L, b1, out->n_keep, eps)
-                           : topk_rows(be, out, out->scores, nkv, L, out->n_keep);
+             : cfg->scorer == CKV_SCORER_FINCH && cfg->chunk_length > 0 && cfg->budget_tokens <= 0
+                 ? finch_chunk_rows(cfg, be, out, nkv, L)
+                 : topk_rows(be, out, out->scores, nkv, L, out->n_keep);
     } else if (st == CKV_STATUS_OK) {
         st = gather_heads(in, out);
         if (st == CKV_STATUS_OK && cfg->alloc == CKV_ALLOC_HEADKV) {

@@ -561,6 +561,13 @@ static int parse_job(const ckv_srv_api *a, ckv_srv_kind kind, cJSON *o, ckv_srv_
         ckv_srv_error_set(err, 400, INVALID, kind == CKV_SRV_CHAT ? "messages" : "prompt", "invalid_value", "the prompt is empty");
         bad = 1;
     }
+    if (!bad && j->press.scorer == CKV_SCORER_FINCH) { /* its window is the question: query_aware with one */
+        if (ckv_press_with_question(&j->press, j->press.query_aware ? j->n_q : 0, &j->press) != CKV_STATUS_OK) {
+            ckv_srv_error_set(err, 400, INVALID, "query_aware", "invalid_value", "%s", ckv_error_message());
+            ckv_error_clear();
+            bad = 1;
+        }
+    }
     if (!bad && j->press.query_aware && j->n_q > 0) { /* the question is compressed with the context */
         bad = concat(&j->ctx_ids, &j->n_ctx, j->q_ids, j->n_q, err);
         free(j->q_ids);

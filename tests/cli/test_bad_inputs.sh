@@ -232,6 +232,15 @@ expect_error "kvzip prompt id past the vocabulary" "press kvzip: repeat_ids id 9
   gen "$M" --question-ids 5 --press kvzip --budget 0.5 --press-opt repeat_ids=13,9999 --press-opt repeat_next_ids=13 \
   --press-opt suffix_ids=13
 expect_error "--profile /dev/zero" "/dev/zero: $lim" gen "$M" --press headkv:snapkv --budget 0.5 --profile /dev/zero
+# finch: its window is the question, compressed with the context (query-aware)
+expect_error "finch without --query-aware" "press finch scores with the question's attention: it needs a question compressed with the context (query_aware)" \
+  gen "$M" --question-ids 5,6 --press finch --budget 0.5
+expect_error "finch chunk_length too short for the question" "press finch: chunk_length 3 must exceed question / (1 - cr) = 2 / (1 - 0.5)" \
+  gen "$M" --question-ids 5,6 --query-aware --press finch --budget 0.5 --press-opt chunk_length=3
+expect_error "finch in eval" "--press finch: its window is the question's tokens, which eval does not know" \
+  ev --task niah_single_1 --length 256 --samples 1 --press finch --budget 0.5 --query-aware
+expect_error "chunkkv chunk_length 0" "press chunkkv: chunk_length 0 must be at least 1" \
+  gen "$M" --question-ids 5 --press chunkkv:snapkv --budget 0.5 --press-opt chunk_length=0
 export CKV_MAX_INPUT_BYTES=2x
 expect_error "CKV_MAX_INPUT_BYTES unparsable" "CKV_MAX_INPUT_BYTES='2x' is not a positive byte count" ev --data /dev/zero
 unset CKV_MAX_INPUT_BYTES

@@ -225,6 +225,15 @@ ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dt
     }
     CKV_TRY(ckv_press_set_compression_ratio(&cfg, 0.5));
     CKV_TRY(ckv_press_finalize(&cfg));
+    static ckv_fixture_context qa; /* finch (query-aware): context + question compressed, the question fed again */
+    if (cfg.scorer == CKV_SCORER_FINCH) {
+        if (c->L + c->nq > CKV_FIXTURE_MAX_PROMPT) return ckv_error(CKV_STATUS_ERR_ARG, "fixture prompt too long for finch");
+        qa = *c;
+        memcpy(qa.ctx + c->L, c->q, sizeof(int32_t) * (size_t)c->nq);
+        qa.L = c->L + c->nq;
+        c = &qa;
+        CKV_TRY(ckv_press_with_question(&cfg, c->nq, &cfg));
+    }
     ckv_compressor cz;
     memset(&cz, 0, sizeof cz);
     cz.cfg = &cfg;

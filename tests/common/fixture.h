@@ -84,7 +84,8 @@ typedef struct {
 extern unsigned long long (*ckv_fixture_layer_counter)(void);
 
 /* Compresses c's context with `spec` at ratio 0.5 (prefill chunks of 64) into a cache of kv_dtype,
- * records the kept sets, then prefills the question against the compressed cache. `spec` is a press
+ * records the kept sets, then prefills the question against the compressed cache (finch, query-aware:
+ * context + question compressed together, the question its window, then the question fed again). `spec` is a press
  * spec, optionally followed by a space and press options KEY=VALUE,KEY=VALUE. */
 ckv_status ckv_fixture_run_press(ckv_model *m, const char *spec, ckv_dtype kv_dtype, const ckv_fixture_context *c,
                                  ckv_fixture_kept *out);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_tp_evict.sh - distributed eviction keeps exactly what one rank keeps: for every press (local
 # ones and the cross-head ones whose budgets are agreed by exchanging scores), `ckv generate` with a
-# compressed context and two questions on 2 and 4 ranks (4 ranks on 2 KV heads: replica groups)
+# compressed context (finch: compressed with each question) and two questions on 2 and 4 ranks (4 ranks on 2 KV heads: replica groups)
 # writes the same --dump-kept file as 1 rank and answers with the same tokens. Also checks DP x TP:
 # 4 ranks as 2 groups of --tp 2 share the questions and print the same answers. No near-tie
 # tolerance: ranks compute each head's scores with one rank's code and exchange them exactly, so the
@@ -19,7 +19,7 @@ for model in llama_gqa qwen2_bias; do
   heads=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_attention_heads'])" "$dir/config.json")
   # per_layer: one ratio per layer, from 0.5 up
   ratios=$(python3 -c "import json,sys; n=json.load(open(sys.argv[1]))['num_hidden_layers']; print(','.join(str(0.5+0.4*i/max(1,n-1)) for i in range(n)))" "$dir/config.json")
-  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random keydiff adakv:keydiff lagkv cur adakv:cur critical:cur leverage adakv:leverage critical:leverage chunkkv:snapkv chunkkv:keydiff per_layer:snapkv key_rerotation:snapkv key_rerotation:critical:snapkv compactor adakv:compactor defensivekv layer_defensivekv composed:snapkv+knorm composed:knorm+cur composed:critical:snapkv+knorm kvzip kvzip_plus; do
+  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random keydiff adakv:keydiff lagkv cur adakv:cur critical:cur leverage adakv:leverage critical:leverage chunkkv:snapkv chunkkv:keydiff per_layer:snapkv key_rerotation:snapkv key_rerotation:critical:snapkv compactor adakv:compactor defensivekv layer_defensivekv composed:snapkv+knorm composed:knorm+cur composed:critical:snapkv+knorm kvzip kvzip_plus finch finch_c16; do
     budget=(--compression-ratio 0.75); [[ $press == per_layer:* ]] && budget=(--press-opt "compression_ratios=$ratios")
     [[ $press == composed:* ]] && budget=(--press-opt press_ratios=0.5,0.5)
     # kvzip: its replay prompts (fixture-tokenizer ids) and chunks of 100 (three chunks of the 240 ids); kvzip_plus:
@@ -27,6 +27,10 @@ for model in llama_gqa qwen2_bias; do
     spec=$press; [[ $press == kvzip_plus ]] && spec=kvzip && budget+=(--press-opt kvzip_plus_normalization=1)
     [[ $spec == kvzip ]] && budget+=(--press-opt repeat_ids=13,13,85,104,276 --press-opt repeat_next_ids=13,13,85,301
                                      --press-opt suffix_ids=13 --press-opt chunk_size=100)
+    # finch: query-aware (each question compressed with the context, its window); finch_c16: chunks of 16,
+    # no normalisation, no re-rotation
+    spec=${spec%_c16}; [[ $spec == finch ]] && budget+=(--query-aware)
+    [[ $press == finch_c16 ]] && budget+=(--press-opt chunk_length=16 --press-opt normalize_scores=0 --press-opt rerotate_keys=0)
     common=(generate --model "$dir" --prompt-ids "$ids" --question-ids 7,8,9 --question-ids 11,12 --max-new-tokens 5
             --ignore-eos --threads 1 --chunk 48 --press "$spec" "${budget[@]}")
     tag=${press//:/-}

@@ -103,6 +103,19 @@ def fixture_tests():
     u = r.usage.model_dump()
     t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and "chunk_size=64" in u["press"],
             "press kvzip with its prompt ids in press_options compresses the context (the options reach the press)", str(u))
+    try:  # finch's window is the question: without query_aware the request cannot give it, a 400 naming it
+        c.completions.create(model="llama_gqa", prompt=ids(6, 9), max_tokens=2,
+                             extra_body={"context": ctx, "press": "finch", "budget": 0.5})
+        t.check(False, "a finch request without query_aware is refused")
+    except openai.BadRequestError as e:
+        t.check("query_aware" in str(e), "a finch request without query_aware is a 400 naming query_aware", str(e))
+    r = c.completions.create(model="llama_gqa", prompt=ids(6, 9), max_tokens=4, temperature=0,
+                             extra_body={"context": ctx, "press": "finch", "compression_ratio": 0.5, "query_aware": True,
+                                         "press_options": {"chunk_length": 64}})
+    u = r.usage.model_dump()
+    t.check(u.get("compressed") and u["kv_entries_kept"] < u["kv_entries_total"] and "question_rows=6" in u["press"]
+            and "chunk_length=64" in u["press"], "press finch with query_aware compresses context + question, the "
+            "question its window", str(u))
     uf = full.usage.model_dump()
     t.check(not uf.get("compressed") and uf["kv_entries_kept"] == uf["kv_entries_total"], "no press keeps the full cache", str(uf))
     r = c.completions.create(model="llama_gqa", prompt=ids(20, 5), max_tokens=2, extra_body={"press": "snapkv", "budget": 0.5})
@@ -240,12 +253,14 @@ DOC = DOC[: len(DOC) // 2] + " The vault password is 4417. " + DOC[len(DOC) // 2
 
 def cache_dir_tests():
     """Compressed contexts in --cache-dir survive a restart (fixture model: token-id contexts), for a
-    per-head press and for chunkkv (the same whole chunks for every head)."""
-    for press in ("snapkv", "chunkkv:snapkv"):
+    per-head press, for chunkkv (the same whole chunks for every head) and for finch (query-aware: the
+    stored context is context + question, re-rotated keys included)."""
+    for press, extra in (("snapkv", {}), ("chunkkv:snapkv", {}), ("finch", {"query_aware": True})):
         cache_dir = os.path.join(tmp, "fixture-cache-" + press.replace(":", "-"))
         os.makedirs(cache_dir, exist_ok=True)
         body = {"context": ids(400, 21), "prompt": ids(6, 22), "max_tokens": 8, "temperature": 0, "press": press,
-                "budget": 0.3, "ignore_eos": True}
+                "budget": 0.3, "ignore_eos": True, **extra}
+        n_stored = 400 + (6 if extra else 0)
         answers = []
         for run in range(2):
             s = Server(ckv, FIXTURE, tmp, "--cache-dir", cache_dir, name=f"fixture-cache{run}")
@@ -255,7 +270,7 @@ def cache_dir_tests():
             disk = s.metrics().get("ckv_cache_disk_hits_total", 0)
             t.check(s.stop() == 0, f"SIGTERM: exit 0 (cache-dir run {run}, {press})")
         (a1, u1), (a2, u2) = answers
-        t.check(not u1["cache_hit"] and u2["cache_hit"] and u2["reused_tokens"] == 400 and disk == 1 and a1 == a2,
+        t.check(not u1["cache_hit"] and u2["cache_hit"] and u2["reused_tokens"] == n_stored and disk == 1 and a1 == a2,
                 f"{press}: after a restart the compressed context comes from --cache-dir, same answer",
                 f"{u1} / {u2}, disk hits {disk}")
 

@@ -10,7 +10,9 @@
  *     tolerance: both sides compute in fp32 over the same kept keys).
  * Presses without a kvpress counterpart (defensivekv, headkv) have fixtures from ports of their
  * official code in tools/oracle and are checked the same way when their fixtures exist. kvzip's
- * session holds the rows of its context replay as well (ckv_kvzip_replay_rows). */
+ * session holds the rows of its context replay as well (ckv_kvzip_replay_rows). Query-aware cases
+ * (finch: "prompt": "context+question") compress context + question together, the question being
+ * the press's window, and feed the case's after_ids after them. */
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -88,6 +90,20 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
         ckv_test_failures++;
         return;
     }
+    /* query-aware cases (finch): the prompt is context + question, compressed together; the ids fed
+     * after it are the case's after_ids */
+    const char *prompt = ckv_json_string(ckv_json_get(j, "prompt"));
+    int32_t joined[4096 + 64], after[64];
+    int question_rows = 0;
+    if (prompt && !strcmp(prompt, "context+question") && L + nq <= 4096 + 64) {
+        memcpy(joined, ctx, sizeof(int32_t) * (size_t)L);
+        memcpy(joined + L, q, sizeof(int32_t) * (size_t)nq);
+        question_rows = nq;
+        ctx = joined;
+        L += nq;
+        q = after;
+        nq = int_array(ckv_json_get(j, "after_ids"), after, 64);
+    }
     const char *spec = ckv_json_string(ckv_json_get(j, "press"));
     ckv_press_config cfg;
     int ok = spec && ckv_press_parse(&cfg, spec) == CKV_STATUS_OK;
@@ -95,6 +111,7 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
     ok = ok && apply_options(&cfg, ckv_json_get(j, "options"), dir, path);
     ok = ok && ckv_press_set_compression_ratio(&cfg, ckv_json_number(ckv_json_get(j, "compression_ratio"))) == CKV_STATUS_OK;
     ok = ok && ckv_press_finalize(&cfg) == CKV_STATUS_OK;
+    ok = ok && ckv_press_with_question(&cfg, question_rows, &cfg) == CKV_STATUS_OK;
     if (!ok) {
         ckv_test_failures++;
         ckv_json_free(j);

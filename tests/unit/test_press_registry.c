@@ -422,8 +422,49 @@ static void check_composed(void) {
     expect_build_error(&rq, "press", 0, "more than 8 presses");
 }
 
+/* finch: its window is the question it is given; kept counts per chunk; its own rerotate_keys. */
+static void check_finch(void) {
+    ckv_press_config c = built("finch", CKV_BUDGET_RATIO, 0.9), q;
+    CHECK_MSG(strstr(c.spec, "finch(chunk_length=0,normalize_scores=1,rerotate_keys=1) cr=0.9") != NULL, "spec '%s'",
+              c.spec);
+    CHECK_MSG(c.chunk_length == 0 && c.normalize_scores == 1 && ckv_press_rerotates(&c) && c.question_rows == 0,
+              "defaults: chunk_length %d, normalize_scores %d", c.chunk_length, c.normalize_scores);
+    CHECK(ckv_press_with_question(&c, 0, &q) == CKV_STATUS_ERR_ARG);
+    CHECK_MSG(strstr(ckv_error_message(), "needs a question compressed with the context (query_aware)") != NULL, "'%s'",
+              ckv_error_message());
+    ckv_error_clear();
+    CHECK(ckv_press_check_context(&c, 308) == CKV_STATUS_ERR_ARG); /* no question: never a silent skip */
+    ckv_error_clear();
+    CHECK_OK(ckv_press_with_question(&c, 8, &q));
+    CHECK_MSG(q.question_rows == 8 && q.window == 8 && strstr(q.spec, " question_rows=8 cr=0.9") != NULL, "spec '%s'",
+              q.spec);
+    int head = -1, tail = -1;
+    ckv_press_protected(&q, 308, &head, &tail);
+    CHECK_MSG(head == 0 && tail == 8 && ckv_press_xn_first(&q, 308) == 300, "protects %d + %d, reads from %d", head,
+              tail, ckv_press_xn_first(&q, 308));
+    CHECK(ckv_press_n_kept(&q, 308) == 30);
+    ckv_press_config again; /* a press given its question keeps it when none is passed (the server's requests) */
+    CHECK_OK(ckv_press_with_question(&q, 0, &again));
+    CHECK(again.question_rows == 8);
+    /* chunks of 128 over 308 rows: 12 + 12 + 5 (kvpress's count on the fixtures) */
+    CHECK_OK(ckv_press_set_option(&q, "chunk_length", "128"));
+    CHECK_MSG(ckv_press_n_kept(&q, 308) == 29, "chunked kept %d", ckv_press_n_kept(&q, 308));
+    CHECK_OK(ckv_press_check_context(&q, 308));
+    CHECK_OK(ckv_press_set_option(&q, "chunk_length", "80")); /* must exceed 8 / (1 - 0.9) = 80 */
+    CHECK(ckv_press_check_context(&q, 308) == CKV_STATUS_ERR_ARG);
+    ckv_error_clear();
+    CHECK_OK(ckv_press_set_option(&q, "rerotate_keys", "0"));
+    CHECK(!ckv_press_rerotates(&q));
+    c = built("snapkv", CKV_BUDGET_RATIO, 0.5); /* the option is finch's: stored, no effect elsewhere */
+    CHECK_OK(ckv_press_set_option(&c, "rerotate_keys", "1"));
+    CHECK(!ckv_press_rerotates(&c));
+    CHECK_OK(ckv_press_with_question(&c, 0, &q));
+    CHECK(!strcmp(q.spec, c.spec));
+}
+
 int main(void) {
     check_canonical();
+    check_finch();
     check_table();
     check_builder();
     check_kept();

@@ -24,7 +24,6 @@ Usage: kvzip_fixtures.py [--only MODEL ...]   (run after press_fixtures.py, by t
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -171,15 +170,8 @@ def run_case(run, name, stem, chunk_size, layerwise, plus, cr, ctx, q_ids):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(pf.MODELS)})")
-    args = ap.parse_args()
-    oc.setup_torch()
-    import kvpress  # noqa: F401  (importing kvpress patches the attention functions, as in its pipeline)
-
-    pf.register_replay_attention()
     problems: list[str] = []
-    for name in args.only or pf.MODELS:
+    for name in pf.generator_models(__doc__):
         out = pf.FIXTURE_PRESSES / name
         ctx_json = json.loads((out / "context.json").read_text())
         ctx, q_ids = ctx_json["context_ids"], ctx_json["question_ids"]
@@ -189,17 +181,11 @@ def main() -> int:
             for cr in ratios:
                 stem = f"{stem0}_cr{round(cr * 100):02d}"
                 obj, scores, logits, pr = run_case(run, name, stem0, chunk_size, layerwise, plus, cr, ctx, q_ids)
-                scores.astype("<f4").tofile(out / f"{stem}.scores.f32")
-                logits.astype("<f4").tofile(out / f"{stem}.logits.f32")
-                obj["scores_file"] = f"{stem}.scores.f32"
-                obj["question_logits_file"] = f"{stem}.logits.f32"
-                oc.write_json(out / f"{stem}.json", obj)
+                pf.write_case_files(out, stem, obj, scores, logits)
                 problems += [f"{name} {stem}: {p}" for p in pr]
                 print(f"[kvzip_fixtures] {name:<10} {stem:<24} kept {obj['n_kept_total']} budgets "
                       f"{obj['head_budgets']} gap_rel {obj['min_score_gap_rel']} {obj['checks']}")
-    for p in problems:
-        print(f"[kvzip_fixtures] PROBLEM {p}", file=sys.stderr)
-    return 1 if problems else 0
+    return pf.report_problems("kvzip_fixtures", problems)
 
 
 if __name__ == "__main__":

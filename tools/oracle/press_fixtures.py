@@ -1054,6 +1054,36 @@ def summary_line(run: ModelRun, r: CaseResult) -> str:
             f"{'' if c['kvpress_kept_consistent_with_spec'] else ' INCONSISTENT'}{tie}{st}")
 
 
+def generator_models(doc: str) -> list[str]:
+    """The start of a generator that adds cases at the press context (kvzip_fixtures.py, finch_fixtures.py):
+    its --only models, torch set up, kvpress imported (it patches the attention functions, as in its
+    pipeline) and the replay's attention registered."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(MODELS)})")
+    args = ap.parse_args()
+    oc.setup_torch()
+    import kvpress  # noqa: F401
+
+    register_replay_attention()
+    return args.only or MODELS
+
+
+def write_case_files(out: Path, stem: str, obj: dict, scores: np.ndarray, logits: np.ndarray) -> None:
+    """A case's <stem>.scores.f32 and <stem>.logits.f32 (little-endian float32), named in its <stem>.json."""
+    scores.astype("<f4").tofile(out / f"{stem}.scores.f32")
+    logits.astype("<f4").tofile(out / f"{stem}.logits.f32")
+    obj["scores_file"] = f"{stem}.scores.f32"
+    obj["question_logits_file"] = f"{stem}.logits.f32"
+    oc.write_json(out / f"{stem}.json", obj)
+
+
+def report_problems(tag: str, problems: list[str]) -> int:
+    """Prints a generator's PROBLEM lines on stderr; its exit status (1 when there are any)."""
+    for p in problems:
+        print(f"[{tag}] PROBLEM {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(MODELS)})")

@@ -61,6 +61,7 @@ cd "$root"
 "$py" "$here/decode_fixtures.py"    # decode-time compression (tests/fixtures/decode)
 "$py" "$here/fixture_tokenizer.py"  # tokenizer.json of llama_gqa (ckv eval in CI)
 "$py" "$here/kvzip_fixtures.py"     # kvpress KVzipPress cases (its replay prompts in that tokenizer), at the press context
+"$py" "$here/finch_fixtures.py"     # kvpress FinchPress cases (context + question compressed together), at the press context
 # ckv analyze's attention-concentration statistics on llama_gqa (test_analyze_stats.sh)
 "$py" "$here/analyze_stats_reference.py" tests/fixtures/models/llama_gqa -o tests/fixtures/presses/analyze_stats_llama_gqa.json
 
