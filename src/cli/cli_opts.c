@@ -88,7 +88,7 @@ static const ckv_opt_def table[] = {
     {CKV_OPT_SEED, "seed", 0, CKV_OPT_KIND_INT, "sampling", "S", "sampling seed", "0", G, 0, I64, NULL, 0, 0},
     {CKV_OPT_IGNORE_EOS, "ignore-eos", 0, CKV_OPT_KIND_FLAG, "sampling", NULL, "do not stop at end-of-sequence ids", NULL, G, 0, 0, NULL, 0, 0},
     /* press */
-    {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "SPEC", "a press of the registry (docs/presses.md), optionally behind one wrapper,\ne.g. snapkv, keydiff, critical_adakv:snapkv; an unknown name lists them all", "none", G | I | S, 0, 0, NULL, 0, 0},
+    {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "SPEC", "a press of the registry (docs/presses.md), optionally behind a wrapper,\ne.g. snapkv, keydiff, critical_adakv:snapkv, key_rerotation:critical:snapkv;\nan unknown name lists them all", "none", G | I | S, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated presses, e.g. snapkv,adakv:snapkv,critical:snapkv", "none", E, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS, "press", 0, CKV_OPT_KIND_STR, "press", "LIST", "comma-separated presses (the full cache is the reference)", NULL, F, 0, 0, NULL, 0, 0},
     {CKV_OPT_PRESS_A, "press-a", 0, CKV_OPT_KIND_STR, "press", "SPEC", "first press", "snapkv", A, 0, 0, NULL, 0, 0},

@@ -20,7 +20,7 @@ static const char *known_presses(char *buf, size_t cap) {
     for (int i = 0; i < ckv_press_count && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", ckv_press_table[i].name);
     for (int i = 0; i < ckv_wrapper_count && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%s:", i ? ", " : "; optionally behind one wrapper: ",
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s:", i ? ", " : "; optionally behind a wrapper (two: key_rerotation:critical:P, composed:critical:P1+...): ",
                               ckv_wrapper_table[i].name);
     if (n < cap) snprintf(buf + n, cap - n, " (e.g. critical_adakv:snapkv)");
     return buf;
@@ -34,8 +34,15 @@ static const char *known_options(char *buf, size_t cap) {
     return buf;
 }
 
-static const ckv_wrapper_def *wrapper_of(const ckv_press_config *c) {
-    return ckv_wrapper_def_of(c->critical, c->alloc, c->rerotate_keys, c->composed);
+/* The press's wrappers, outermost first: w[0] (NULL: none) and the critical: stacked under it (NULL:
+ * none; per_layer:critical:knorm is per_layer's allocation with critical set). */
+static void wrappers_of(const ckv_press_config *c, const ckv_wrapper_def *w[2]) {
+    w[0] = ckv_wrapper_def_of(c->critical, c->alloc, c->rerotate_keys, c->composed);
+    w[1] = NULL;
+    if (!w[0] && c->critical) {
+        w[0] = ckv_wrapper_def_of(0, c->alloc, c->rerotate_keys, c->composed);
+        w[1] = ckv_wrapper_def_of(1, CKV_ALLOC_UNIFORM, 0, 0);
+    }
 }
 
 const char *ckv_scorer_name(ckv_scorer_kind k) {
@@ -53,13 +60,15 @@ int ckv_press_is_press(const char *name, int len) {
 
 int ckv_press_takes(const ckv_press_config *c, const char *key) {
     const ckv_press_def *d = ckv_press_def_of(c->scorer);
-    const ckv_wrapper_def *w = wrapper_of(c);
+    const ckv_wrapper_def *w[2];
     const size_t n = strlen(key);
+    wrappers_of(c, w);
     for (int i = 1; c->composed && i < c->n_stages; i++) { /* composed: the later presses' options too */
         const ckv_press_def *di = ckv_press_def_of(c->stages[i]);
         if (di && ckv_option_listed(di->options, key, n)) return 1;
     }
-    return (d && ckv_option_listed(d->options, key, n)) || (w && ckv_option_listed(w->options, key, n));
+    return (d && ckv_option_listed(d->options, key, n)) || (w[0] && ckv_option_listed(w[0]->options, key, n)) ||
+           (w[1] && ckv_option_listed(w[1]->options, key, n));
 }
 
 /* ---- options -------------------------------------------------------------------------------------- */
@@ -211,15 +220,27 @@ static void press_defaults(ckv_press_config *c) {
 
 /* ---- specs ---------------------------------------------------------------------------------------- */
 
-/* composed:P1+P2+...: P1 any press that takes the wrapper, the later ones presses that read keys and
- * values only (they score the rows the press before kept, whose attention inputs are gone). */
+/* composed:P1+P2+...: P1 any press that takes the wrapper, optionally as critical:P1 (kvpress: a
+ * CriticalKVPress first), the later ones bare presses that read keys and values only (they score the
+ * rows the press before kept, whose attention inputs are gone). */
 static ckv_status parse_composed(ckv_press_config *c, const char *spec, const char *list) {
     char known[1024];
     const ckv_wrapper_def *w = ckv_wrapper_def_find("composed", 8);
     c->n_stages = 0;
     for (const char *p = list;;) {
         const char *end = strchr(p, '+');
-        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        const char *colon = memchr(p, ':', n);
+        if (colon && c->n_stages == 0 && (size_t)(colon - p) == 8 && !strncmp(p, "critical", 8)) {
+            c->critical = 1; /* the first press under critical: (kvpress: a CriticalKVPress among the presses) */
+            n -= (size_t)(colon - p) + 1;
+            p = colon + 1;
+            colon = memchr(p, ':', n);
+        }
+        if (colon)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': composed: takes bare presses, and critical: on the first "
+                             "one, got '%.*s' (kvpress's ComposedPress also takes other wrapped presses; ckv does not "
+                             "run them)", spec, (int)(end ? (size_t)(end - p) : strlen(p)), p);
         const ckv_press_def *d = ckv_press_def_find(p, n);
         if (!d)
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown press '%.*s' (known: %s)", spec, (int)n, p,
@@ -256,7 +277,7 @@ ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
         return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': options are not part of the press name; give them as press "
                          "options (KEY=VALUE)", spec);
     const char *colon = strchr(spec, ':'), *base = colon ? colon + 1 : spec;
-    const ckv_wrapper_def *w = NULL;
+    const ckv_wrapper_def *w = NULL, *inner = NULL;
     if (colon) {
         const size_t n = (size_t)(colon - spec);
         w = ckv_wrapper_def_find(spec, n);
@@ -266,8 +287,24 @@ ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
         if (!w)
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown wrapper '%.*s' (known: %s)", spec, (int)n, spec,
                              known_presses(known, sizeof known));
-        if (strchr(base, ':')) return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': only one wrapper may be given", spec);
         if (w->composed) return parse_composed(c, spec, base);
+        if ((colon = strchr(base, ':'))) { /* a second wrapper: critical:, where kvpress allows it */
+            const size_t n2 = (size_t)(colon - base);
+            inner = ckv_wrapper_def_find(base, n2);
+            if (inner && inner->critical && inner->alloc == CKV_ALLOC_UNIFORM && w->alloc == CKV_ALLOC_CHUNK)
+                return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': ckv does not stack chunkkv: on critical: (kvpress "
+                                 "allows it, but CriticalKVPress marks its first stage with the largest float, whose "
+                                 "chunk sums overflow to inf, so torch's order among tied chunks decides)", spec);
+            if (!inner || !w->over_critical || !inner->critical || inner->alloc != CKV_ALLOC_UNIFORM)
+                return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s: cannot stack on '%.*s' (kvpress's wrappers take "
+                                 "a scorer press: key_rerotation: stacks on critical:, a scorer there; nothing stacks "
+                                 "on adakv:, critical_adakv:, headkv:, critical_headkv:, and per_layer: needs a press "
+                                 "built with compression_ratio, which CriticalKVPress is not)", spec, w->name, (int)n2,
+                                 base);
+            base = colon + 1;
+            if (strchr(base, ':'))
+                return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': at most two wrappers (WRAPPER:critical:PRESS)", spec);
+        }
     }
     if (strchr(base, '+'))
         return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': presses joined by '+' need the wrapper composed: (as in "
@@ -276,14 +313,17 @@ ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
     if (!d)
         return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown press '%s' (known: %s)", spec, base,
                          known_presses(known, sizeof known));
-    if (w && (d->wrappers & w->needs) != w->needs)
-        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be wrapped by %s (%s)", spec, base, w->name,
-                         d->kept != CKV_KEPT_UNIFORM ? "its kept counts are its own"
-                         : w->needs & CKV_WRAP_CHUNKKV ? "chunks are ranked by score values, which this press does not give"
-                                                       : "the wrapper does not take it");
+    for (int k = 0; k < 2; k++) {
+        const ckv_wrapper_def *wk = k ? inner : w;
+        if (wk && (d->wrappers & wk->needs) != wk->needs)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be wrapped by %s (%s)", spec, base, wk->name,
+                             d->kept != CKV_KEPT_UNIFORM ? "its kept counts are its own"
+                             : wk->needs & CKV_WRAP_CHUNKKV ? "chunks are ranked by score values, which this press does not give"
+                                                            : "the wrapper does not take it");
+    }
     c->scorer = d->scorer;
     c->alloc = w ? w->alloc : d->alloc;
-    c->critical = w ? w->critical : 0;
+    c->critical = w ? w->critical || inner : 0;
     c->rerotate_keys = w ? w->rerotate : 0;
     return apply_list(c, d->defaults);
 }
@@ -401,15 +441,19 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
         return ckv_error(CKV_STATUS_ERR_ARG, "press chunkkv keeps whole chunks: give budget or compression_ratio, not "
                          "budget_tokens");
     char wrap[2600] = "", base[400] = "", budget[120] = "";
-    const ckv_wrapper_def *w = wrapper_of(c);
-    if (w && !w->options[0]) {
-        snprintf(wrap, sizeof wrap, "%s:", w->name);
-    } else if (w) {
-        int n = snprintf(wrap, sizeof wrap, "%s(", w->name);
-        n += print_options(wrap + n, sizeof wrap - (size_t)n, c, w->options);
-        if ((size_t)n < sizeof wrap) snprintf(wrap + n, sizeof wrap - (size_t)n, "):");
-    }
+    const ckv_wrapper_def *ws[2];
+    wrappers_of(c, ws);
     int n = 0;
+    for (int k = 0; k < 2 && ws[k] && (size_t)n < sizeof wrap; k++) { /* outermost first: per_layer(...):critical(...): */
+        if (!ws[k]->options[0]) {
+            n += snprintf(wrap + n, sizeof wrap - (size_t)n, "%s:", ws[k]->name);
+            continue;
+        }
+        n += snprintf(wrap + n, sizeof wrap - (size_t)n, "%s(", ws[k]->name);
+        if ((size_t)n < sizeof wrap) n += print_options(wrap + n, sizeof wrap - (size_t)n, c, ws[k]->options);
+        if ((size_t)n < sizeof wrap) n += snprintf(wrap + n, sizeof wrap - (size_t)n, "):");
+    }
+    n = 0;
     for (int i = 0; i < (c->composed ? c->n_stages : 1) && (size_t)n < sizeof base; i++) { /* composed: P1+P2+... */
         const ckv_press_def *di = i ? ckv_press_def_of(c->stages[i]) : d;
         n += snprintf(base + n, sizeof base - (size_t)n, "%s%s", i ? "+" : "", di ? di->name : "?");
@@ -640,7 +684,7 @@ void ckv_press_stage(const ckv_press_config *c, int i, ckv_press_config *out) {
     out->n_stages = 0;
     out->scorer = c->composed && i >= 0 && i < c->n_stages ? c->stages[i] : c->scorer;
     out->alloc = CKV_ALLOC_UNIFORM;
-    out->critical = 0;
+    out->critical = i == 0 && c->critical; /* composed:critical:P1+...: the first press only */
     out->rerotate_keys = 0;
     out->budget_tokens = 0;
     out->budget_given_as_b = 0;

@@ -222,7 +222,8 @@ long ckv_press_model_kept(const ckv_press_config *cfg, int n_layers, int L, int 
  * with E = n_kv_heads * L (min(N, L) per head with budget_tokens N). */
 long ckv_press_layerwise_kept(const ckv_press_config *cfg, int L, int n_kv_heads);
 /* Press i (0 .. n_stages - 1) of a composed press as a plain press: its scorer, the shared options, its
- * own compression ratio press_ratios[i], uniform kept counts. */
+ * own compression ratio press_ratios[i], uniform kept counts; CriticalKV selection for press 0 of
+ * composed:critical:P1+... */
 void ckv_press_stage(const ckv_press_config *cfg, int i, ckv_press_config *out);
 /* CriticalKV's stage-1 count of a head whose budget was allocated across heads (k rows). */
 int ckv_press_first_stage(const ckv_press_config *cfg, int k);

@@ -101,6 +101,8 @@ typedef struct {
     const char *summary;
     int rerotate;           /* the kept keys are re-rotated to positions 0 .. n_kept - 1 after compaction */
     int composed;           /* its base is PRESS+PRESS+...: presses applied in turn (composed) */
+    int over_critical;      /* 1: it may stack on critical: (WRAPPER:critical:PRESS; kvpress's CriticalKVPress is a
+                             * ScorerPress, which this wrapper takes) */
 } ckv_wrapper_def;
 
 extern const ckv_option_def ckv_press_option_table[];

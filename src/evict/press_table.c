@@ -136,21 +136,21 @@ const ckv_press_def ckv_press_table[] = {
 const int ckv_press_count = (int)(sizeof ckv_press_table / sizeof ckv_press_table[0]);
 
 const ckv_wrapper_def ckv_wrapper_table[] = {
-    {"critical", 1, CKV_ALLOC_UNIFORM, CKV_WRAP_CRITICAL, "alpha,eps", "CriticalKV two-stage selection", 0, 0},
-    {"adakv", 0, CKV_ALLOC_ADAKV, CKV_WRAP_ADAKV, "safeguard", "AdaKV cross-head budgets", 0, 0},
+    {"critical", 1, CKV_ALLOC_UNIFORM, CKV_WRAP_CRITICAL, "alpha,eps", "CriticalKV two-stage selection", 0, 0, 0},
+    {"adakv", 0, CKV_ALLOC_ADAKV, CKV_WRAP_ADAKV, "safeguard", "AdaKV cross-head budgets", 0, 0, 0},
     {"critical_adakv", 1, CKV_ALLOC_ADAKV, CKV_WRAP_CRITICAL | CKV_WRAP_ADAKV, "alpha,eps,safeguard",
-     "CriticalKV selection within AdaKV budgets", 0, 0},
-    {"headkv", 0, CKV_ALLOC_HEADKV, CKV_WRAP_HEADKV, "profile", "HeadKV budgets from a head-importance profile", 0, 0},
+     "CriticalKV selection within AdaKV budgets", 0, 0, 0},
+    {"headkv", 0, CKV_ALLOC_HEADKV, CKV_WRAP_HEADKV, "profile", "HeadKV budgets from a head-importance profile", 0, 0, 0},
     {"critical_headkv", 1, CKV_ALLOC_HEADKV, CKV_WRAP_CRITICAL | CKV_WRAP_HEADKV, "alpha,eps,profile",
-     "CriticalKV selection within HeadKV budgets", 0, 0},
+     "CriticalKV selection within HeadKV budgets", 0, 0, 0},
     {"chunkkv", 0, CKV_ALLOC_CHUNK, CKV_WRAP_CHUNKKV, "chunk_length",
-     "ChunkKV: whole chunks, the same for every head of a layer, ranked by their mean score summed over the heads", 0, 0},
+     "ChunkKV: whole chunks, the same for every head of a layer, ranked by their mean score summed over the heads", 0, 0, 0},
     {"per_layer", 0, CKV_ALLOC_PER_LAYER, CKV_WRAP_PER_LAYER, "compression_ratios",
-     "per-layer compression ratios in place of the budget", 0, 0},
+     "per-layer compression ratios in place of the budget", 0, 0, 0},
     {"key_rerotation", 0, CKV_ALLOC_UNIFORM, CKV_WRAP_REROTATE, "",
-     "the kept keys re-rotated to positions 0 .. n_kept - 1 (RoPE), as if the context had been that long", 1, 0},
+     "the kept keys re-rotated to positions 0 .. n_kept - 1 (RoPE), as if the context had been that long", 1, 0, 1},
     {"composed", 0, CKV_ALLOC_UNIFORM, CKV_WRAP_COMPOSED, "press_ratios",
-     "presses applied in turn, each to the rows the previous one kept (PRESS+PRESS+...)", 0, 1},
+     "presses applied in turn, each to the rows the previous one kept (PRESS+PRESS+...)", 0, 1, 0},
 };
 const int ckv_wrapper_count = (int)(sizeof ckv_wrapper_table / sizeof ckv_wrapper_table[0]);
 

@@ -28,17 +28,19 @@
  * each: lag 16, sketch 8 and critical:leverage were also identical when tried), layer_defensivekv
  * (its one top-k over every layer), composed (presses in turn on the compacted layer), kvzip (its
  * context replay, in three chunks of these contexts; alone and with KVzip+) and key_rerotation (the
- * kept keys rotated in place on the device by kv_rerotate: the question logits read them), finch
- * (query-aware: context + question compressed, the question its window, fed again after) and
- * compactor (its chunked non-causal attention: one padded chunk at the default chunk_size, several
- * with a padded last one at 24 and 64; alone and under adakv) */
+ * kept keys rotated in place on the device by kv_rerotate: the question logits read them; also over
+ * critical:), finch (query-aware: context + question compressed, the question its window, fed again
+ * after) and compactor (its chunked non-causal attention: one padded chunk at the default chunk_size,
+ * several with a padded last one at 24 and 64; alone and under adakv) */
 static const char *const extra[] = {"lagkv", "lagkv lag_size=32,cross_scoring=1", "adakv:lagkv lag_size=24",
                                     "leverage", "adakv:leverage", "layer_defensivekv",
                                     "composed:snapkv+knorm press_ratios=0.5,0.5", "composed:knorm+cur press_ratios=0.25,0.5",
+                                    "composed:critical:snapkv+knorm press_ratios=0.5,0.5",
                                     "kvzip repeat_ids=13,13,85,104,276,repeat_next_ids=13,13,85,301,suffix_ids=13,chunk_size=100",
                                     "kvzip repeat_ids=13,13,85,104,276,repeat_next_ids=13,13,85,301,suffix_ids=13,chunk_size=100,"
                                     "kvzip_plus_normalization=1",
-                                    "key_rerotation:snapkv", "key_rerotation:streaming_llm", "finch",
+                                    "key_rerotation:snapkv", "key_rerotation:streaming_llm",
+                                    "key_rerotation:critical:snapkv", "finch",
                                     "finch chunk_length=64,normalize_scores=0,rerotate_keys=0", "compactor",
                                     "compactor chunk_size=24", "adakv:compactor chunk_size=64,blending=0.5"};
 static const size_t n_extra = sizeof extra / sizeof extra[0];

@@ -21,7 +21,8 @@ presses on that order (docs/presses.md, "composed"). Per case this records:
     `kept` (press_fixtures' float64 replay of context.json's question against the uncompressed cache,
     each head attending to its kept positions).
 
-Usage: composed_fixtures.py [--only MODEL ...]   (run after press_fixtures.py, by tools/oracle/regen.sh)
+Usage: composed_fixtures.py [--only MODEL ...] [--cases STEM ...]   (run after press_fixtures.py, by
+tools/oracle/regen.sh; a first press under CriticalKVPress records its inner press's scores)
 """
 
 from __future__ import annotations
@@ -54,10 +55,14 @@ def _cases():
     knorm = lambda cr: kp.KnormPress(compression_ratio=cr)  # noqa: E731
     keydiff = lambda cr: kp.KeyDiffPress(compression_ratio=cr)  # noqa: E731
     cur = lambda cr: kp.CURPress(compression_ratio=cr)  # noqa: E731
+    crit_snap = lambda cr: kp.CriticalKVPress(snap(cr), epsilon=1e-4, first_stage_ratio=0.5)  # noqa: E731
     # (file stem, ckv spec, kvpress factories in order, options, ratio sets, order-free later presses)
     return [
         ("composed-snapkv-knorm", "composed:snapkv+knorm", [snap, knorm], dict(SNAP), TWO, True),
         ("composed-snapkv-keydiff", "composed:snapkv+keydiff", [snap, keydiff], dict(SNAP), TWO, True),
+        # a CriticalKVPress (a ScorerPress) as the first press: its combined scores select
+        ("composed-critical-snapkv-knorm", "composed:critical:snapkv+knorm", [crit_snap, knorm],
+         dict(SNAP, alpha=0.5, eps=1e-4), TWO, True),
         ("composed-snapkv-knorm-keydiff", "composed:snapkv+knorm+keydiff", [snap, knorm, keydiff], dict(SNAP), THREE,
          True),
         # cur's sinks and local windows read row order: ckv's rule (position order) differs from kvpress's
@@ -88,6 +93,7 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
     presses = [mk(cr) for mk, cr in zip(makers, ratios)]
     composed = kp.ComposedPress(presses)
     seen = [dict() for _ in presses]  # per press: layer -> (keys in, scores, module, hidden, kwargs)
+    raw = [dict() for _ in presses]  # a wrapped press (CriticalKVPress): layer -> its inner press's scores
 
     def wrap(i, p):
         orig = p.score
@@ -98,6 +104,15 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
             return s
 
         p.score = rec
+        if hasattr(p, "press"):
+            inner = p.press.score
+
+            def rec_inner(module, hidden_states, keys, values, attentions, kwargs):
+                s = inner(module, hidden_states, keys, values, attentions, kwargs)
+                raw[i][module.layer_idx] = s[0].clone()
+                return s
+
+            p.press.score = rec_inner
 
     for i, p in enumerate(presses):
         wrap(i, p)
@@ -118,7 +133,8 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
         k_in, s1, module, hidden, kwargs, _ = seen[0][layer]
         if not torch.equal(k_in, full_k[layer]):
             problems.append(f"layer {layer}: the first press did not see the context's keys")
-        first_scores.append(s1.to(torch.float32).numpy())
+        # the scores ckv reports: the first press's own (under CriticalKVPress: its inner press's)
+        first_scores.append((raw[0][layer] if raw[0] else s1).to(torch.float32).numpy())
         sel = {}
         for ties in ("low", "high"):
             rows = [list(range(L)) for _ in range(n_kv)]  # context rows kept so far, ascending
@@ -193,6 +209,7 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(pf.MODELS)})")
+    ap.add_argument("--cases", nargs="*", default=None, help="only these cases (file stems without the ratios)")
     args = ap.parse_args()
     oc.setup_torch()
     import kvpress  # noqa: F401  (importing kvpress patches the attention functions, as in its pipeline)
@@ -206,6 +223,8 @@ def main() -> int:
         run = pf.load_models(name)
         pf.capture_inputs(run, ctx)
         for stem0, spec, makers, options, ratio_sets, order_free in _cases():
+            if args.cases is not None and stem0 not in args.cases:
+                continue
             for ratios in ratio_sets:
                 stem = stem0 + "_r" + "_".join(f"{round(r * 100):02d}" for r in ratios)
                 obj, scores, logits, pr = run_case(run, stem0, spec, makers, options, ratios, order_free, ctx, q_ids)

@@ -68,6 +68,7 @@ class PressDef:
     options: dict  # every option with its value (ckv option names, see README.md)
     attn: str  # attn_implementation the press runs under
     make: Callable[[float], object]  # compression ratio -> kvpress press (per_layer: the list of layer ratios)
+    critical: bool = False  # per_layer / rerotate over CriticalKVPress (WRAPPER:critical:PRESS)
 
 
 def _defs() -> list[PressDef]:
@@ -172,6 +173,12 @@ def _defs() -> list[PressDef]:
         PressDef("key_rerotation-streaming_llm", "key_rerotation:streaming_llm", "streaming_llm", "rerotate",
                  dict(n_sink=4), "sdpa",
                  lambda cr: kp.KeyRerotationPress(press=kp.StreamingLLMPress(compression_ratio=cr, n_sink=4))),
+        # KeyRerotationPress over CriticalKVPress (a ScorerPress in kvpress): the combined scores select,
+        # then the kept keys are re-rotated
+        PressDef("key_rerotation-critical-snapkv", "key_rerotation:critical:snapkv", "snapkv", "rerotate",
+                 dict(snap, **crit), "sdpa",
+                 lambda cr: kp.KeyRerotationPress(press=kp.CriticalKVPress(snapkv()(cr), epsilon=1e-4,
+                                                                           first_stage_ratio=0.5)), critical=True),
         PressDef("critical-knorm", "critical:knorm", "knorm", "critical", dict(crit), "sdpa",
                  lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)),
         PressDef("adakv-snapkv", "adakv:snapkv", "snapkv", "adakv", dict(snap, safeguard=0.2), "sdpa",
@@ -473,6 +480,16 @@ def _gap_summary(boundaries: list[ref.Boundary]) -> tuple[dict, list]:
     return gaps, structural
 
 
+def selection_view(d: PressDef, cr: float, layer: int) -> tuple[PressDef, float]:
+    """The selection a case runs at `layer`, with its ratio: a wrapper over CriticalKVPress selects as
+    critical does (per_layer: at the layer's own ratio; key re-rotation changes the kept keys only)."""
+    if not d.critical:
+        return d, cr
+    if d.kind == "per_layer":
+        cr = d.options["compression_ratios"][layer]
+    return dataclasses.replace(d, kind="critical"), cr
+
+
 def reference_selection(d: PressDef, sc: ref.Scored, N: torch.Tensor | None, L: int, cr: float, layer: int,
                         n_layers: int, ties: str) -> ref.Selection:
     n_kept = ref.n_kept_uniform(L, cr)
@@ -551,7 +568,11 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
         press = d.make(cr)
     press_repr = describe(press)
     outer = press
-    base = press.press if hasattr(press, "press") else press
+    chain = [press]  # the press and the presses it wraps, outermost first
+    while hasattr(chain[-1], "press"):
+        chain.append(chain[-1].press)
+    base = chain[-1]
+    scorer_outer = next((p for p in chain[:-1] if isinstance(p, kp.ScorerPress)), None)  # CriticalKVPress
     base_scores: dict[int, torch.Tensor] = {}
     live_scores: dict[int, torch.Tensor] = {}  # the tensor kvpress got (AdaKV-style edit it in place)
     final_scores: dict[int, torch.Tensor] = {}
@@ -569,16 +590,16 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
         return s
 
     base.score = rec_base
-    if outer is not base and isinstance(outer, kp.ScorerPress):  # CriticalKVPress: the combined scores
-        outer_score = outer.score
+    if scorer_outer is not None:  # CriticalKVPress: the combined scores
+        outer_score = scorer_outer.score
 
         def rec_final(module, hidden_states, keys, values, attentions, kwargs):
             s = outer_score(module, hidden_states, keys, values, attentions, kwargs)
             final_scores[module.layer_idx] = s[0].detach().clone()
             return s
 
-        outer.score = rec_final
-    compressor = base if d.kind == "per_layer" else outer  # PerLayerCompressionPress runs its press's hook
+        scorer_outer.score = rec_final
+    compressor = chain[1] if d.kind == "per_layer" else outer  # PerLayerCompressionPress runs its press's hook
     outer_compress = compressor.compress
 
     def rec_compress(module, hidden_states, keys, values, attentions, kwargs):
@@ -745,13 +766,14 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
         kv_scores = sb[i].to(torch.float64)
         sc = ref.Scored(kv_scores, protected_mask(d, L, run.n_kv, kv_scores))
         N = vn[i].to(torch.float64) if vn is not None else None
-        low = reference_selection(d, sc, N, L, cr, i, run.n_layers, "low")
-        high = reference_selection(d, sc, N, L, cr, i, run.n_layers, "high")
+        ds, cs = selection_view(d, cr, i)
+        low = reference_selection(ds, sc, N, L, cs, i, run.n_layers, "low")
+        high = reference_selection(ds, sc, N, L, cs, i, run.n_layers, "high")
         boundaries += low.boundaries
         low_kept.append(low.kept)
         high_kept.append(high.kept)
-        forced = (final_scores[i] if d.kind == "critical" else live_scores[i][0]) == torch.finfo(torch.float32).max
-        consistent &= kvpress_consistent(d, kv_scores, N, forced, kept[i], L, cr)
+        forced = (final_scores[i] if ds.kind == "critical" else live_scores[i][0]) == torch.finfo(torch.float32).max
+        consistent &= kvpress_consistent(ds, kv_scores, N, forced, kept[i], L, cs)
         own = reference_scores(d, inp, cr)
         # unprotected scores: relative to the layer's largest; protected: relative to their value
         diff = (own.scores - kv_scores).abs()
@@ -761,10 +783,10 @@ def run_case(run: ModelRun, d: PressDef, cr: float, ctx: list[int], q_ids: list[
             score_diff = max(score_diff, float(diff[free].max()) / scale)
         if own.protected.any():
             score_diff = max(score_diff, float((diff / own.scores.abs())[own.protected].max()))
-        own_N = ref.value_output_l1(inp) if d.kind in ("critical", "critical_adakv") else None
+        own_N = ref.value_output_l1(inp) if ds.kind in ("critical", "critical_adakv") else None
         if own_N is not None:
             norm_diff = max(norm_diff, float(((own_N - N).abs() / own_N.abs()).max()))
-        own_kept.append(reference_selection(d, own, own_N, L, cr, i, run.n_layers, "low").kept)
+        own_kept.append(reference_selection(ds, own, own_N, L, cs, i, run.n_layers, "low").kept)
     checks["reference_score_max_rel_diff"] = float(f"{score_diff:.3g}")
     if vn is not None:
         checks["reference_value_norm_max_rel_diff"] = float(f"{norm_diff:.3g}")
