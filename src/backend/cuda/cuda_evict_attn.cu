@@ -2,9 +2,10 @@
  * window / observed attention column sums and weights (evict_attn_colsum, evict_attn_probs: a row
  * kernel finds each query's softmax max and 1 / sum, a column kernel recomputes the weights and adds
  * them heads-then-queries in ascending order, the order the op fixes), one-row softmax
- * (evict_softmax_add), CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm: per block of value
- * rows one strided-batched cuBLAS GEMM over every local head, bf16 tensor-core operands when the
- * cache and o_proj are bf16, then a half-warp per row summing the L1 norm in the op's 16 fp32 lanes), and expected attention's query
+ * (evict_softmax_add), CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm: bf16 cache and
+ * o_proj at head dims 32-128 by vnorm_mma_kernel, an mma.sync GEMM with the L1 norm in its epilogue
+ * that never stores the projection; otherwise per block of value rows one strided-batched cuBLAS GEMM
+ * over every local head, then a half-warp per row summing the L1 norm in the op's 16 fp32 lanes), and expected attention's query
  * moments and key logits (evict_moments, evict_ea_logits), DefensiveKV's window aggregation
  * (evict_defensive_rows, its double sums in the op's order, so bit for bit). fp32 dot products and fp32 GEMMs sum in
  * another order than the CPU's, so scores agree with cpu/cpu_evict_*.c to a few ulp, not bit for bit.
