@@ -291,7 +291,8 @@ typedef struct {
      * any dtype the backend's matmul takes). The product is formed by GEMMs over blocks of rows
      * (never [n_rows, D] at once) with fp32 products and accumulation; the L1 norm of a
      * row sums |y| in 16 fp32 lanes (lane l takes columns l, l + 16, ...) added in double in lane order,
-     * then the tail columns in double.   out [n_kv_heads, ld] */
+     * then the tail columns in double (a device backend may sum in another fixed order, independent
+     * of scheduling: CUDA's fused kernel, docs/gpu.md §5a).   out [n_kv_heads, ld] */
     ckv_status (*evict_value_norm)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
                                    const ckv_weight *wo, int n_heads_local, int head0, int group);
     /* x[r * ld + t] = value (CKV_EVICT_FILL_VALUE) or (float)t (CKV_EVICT_FILL_INDEX) for r < rows,

@@ -375,6 +375,55 @@ static void test_evict_chunk(ckv_dtype dt) {
     ev_cache_free(&e);
 }
 
+/* CriticalKV's value norms at the model head dims (the fused mma path for bf16, blocked GEMMs for
+ * f32): 300 rows (two tiles of 128 and a tail), o_proj of D = 200 rows (three chunks of 64 and a
+ * tail of 8), 4 local heads from head0 1 (KV heads 0-2, group 2: the first and last partial), values
+ * in [-1, 1], o_proj in [-0.5, 0.5]. Bound: the one above (1e-6 relative plus 1e-7); the max
+ * relative error is printed. */
+static void test_evict_value_norm_dims(ckv_dtype dt) {
+    enum { L = 300, KV = 3, HQ = 4, D = 200, HEAD0 = 1, GROUP = 2 };
+    const int dims[] = {64, 80, 96, 128};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        const int d = dims[i], cols = (HEAD0 + HQ) * d, ld = L + 3;
+        const int lens[KV] = {L, L, L};
+        test_kv_host h;
+        test_kv ct, cr;
+        kv_host_random(&h, dt, 1, KV, d, L, lens, 0);
+        kv_build(&ct, tb, dt, 1, KV, d, L, &h);
+        kv_build(&cr, ref, dt, 1, KV, d, L, &h);
+        const ckv_kv_batch bt = kv_batch(&ct, NULL, NULL, L), br = kv_batch(&cr, NULL, NULL, L);
+        const ckv_evict_shape sh = {L, 1, HQ, KV, KV, d, D, dt, CKV_DTYPE_BF16, 0};
+        CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+        /* o_proj [D, (HEAD0 + HQ) d]: the local heads' columns start at HEAD0 d */
+        float *wo = rand_floats((size_t)D * cols, -0.5f, 0.5f);
+        round_to(wo, (size_t)D * cols, CKV_DTYPE_BF16);
+        void *hw = typed(wo, (size_t)D * cols, CKV_DTYPE_BF16);
+        char *wt_all = cuda_test_upload(tb, hw, (size_t)D * cols * 2), *wr_all = cuda_test_upload(ref, hw, (size_t)D * cols * 2);
+        const ckv_weight wt = {wt_all + (size_t)HEAD0 * d * 2, CKV_DTYPE_BF16, D, HQ * d, (size_t)cols * 2};
+        const ckv_weight wr = {wr_all + (size_t)HEAD0 * d * 2, CKV_DTYPE_BF16, D, HQ * d, (size_t)cols * 2};
+        float *init = rand_floats((size_t)KV * ld, 0.0f, 1.0f);
+        float *vt = cuda_test_upload(tb, init, sizeof(float) * KV * ld), *vr = cuda_test_upload(ref, init, sizeof(float) * KV * ld);
+        TB_EVICT(CHECK_OK(tb->ops->evict_value_norm(tb, vt, ld, &bt, L, &wt, HQ, HEAD0, GROUP)));
+        CHECK_OK(ref->ops->evict_value_norm(ref, vr, ld, &br, L, &wr, HQ, HEAD0, GROUP));
+        float *a = xalloc(sizeof(float) * KV * ld), *b = xalloc(sizeof(float) * KV * ld);
+        cuda_test_download(tb, a, vt, sizeof(float) * KV * ld);
+        cuda_test_download(ref, b, vr, sizeof(float) * KV * ld);
+        double rel = 0.0;
+        for (int e = 0; e < KV * ld; e++) {
+            const double r = fabs((double)a[e] - b[e]) / (fabs((double)b[e]) > 1e-30 ? fabs((double)b[e]) : 1e-30);
+            rel = r > rel ? r : rel;
+        }
+        char cas[64];
+        snprintf(cas, sizeof cas, "%s head dim %d", ckv_dtype_name(dt), d);
+        fprintf(stderr, "     evict_value_norm %s: max relative error %.3g\n", cas, rel);
+        compare("evict_value_norm", cas, a, b, (size_t)KV * ld, 1e-7, 1e-6);
+        free(a), free(b), free(init), free(wo), free(hw);
+        release2(vt, vr), release2(wt_all, wr_all);
+        kv_free(&ct), kv_free(&cr);
+        kv_host_free(&h);
+    }
+}
+
 int test_backend_evict_ops(void) {
     test_evict_leverage(CKV_DTYPE_BF16); /* first: the eviction workspace holds only what its reserve sized */
     test_evict_leverage(CKV_DTYPE_F32);
@@ -382,6 +431,8 @@ int test_backend_evict_ops(void) {
     test_evict_attention(CKV_DTYPE_F32);
     test_evict_chunk(CKV_DTYPE_BF16);
     test_evict_chunk(CKV_DTYPE_F32);
+    test_evict_value_norm_dims(CKV_DTYPE_BF16);
+    test_evict_value_norm_dims(CKV_DTYPE_F32);
     test_evict_rows();
     test_evict_select_tiles();
     test_evict_defensive();

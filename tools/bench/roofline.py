@@ -117,11 +117,13 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
             2 * w * n * d * H, n * Hkv * d * BF16 + n * H * F32, "tc", "fp32x2")
         if press.startswith("critical"):
             # ||V[t] W_O^h||_1 for every head h: the FLOPs of one more o projection over the context
-            # today: one bf16 strided-batched GEMM per block of rows (tensor cores) whose fp32 projection
-            # [rows, H, D] is written and read back by l1_rows: 2 n H D F32 more bytes than the ideal,
-            # an L1 epilogue fused into the GEMM that never stores the projection
-            add("evict", "value norms (L1 of V W_O^h)", "value_rows, bf16 batched cuBLAS, l1_rows", 2 * n * d * D * H,
-                n * Hkv * d * BF16 + H * d * D * BF16 + n * H * F32, "tc", ("tc", 2 * n * H * D * F32))
+            # today: vnorm_mma_kernel, mma.sync with the L1 norm in its epilogue (the projection stays
+            # in registers); beyond the ideal it reads each KV head's values once per query head of its
+            # group (n (H - Hkv) d BF16) and writes then reads back the per-head norms (2 n H F32);
+            # o_proj's head columns are re-read per tile of 128 rows from L2 (not counted)
+            add("evict", "value norms (L1 of V W_O^h)", "vnorm_mma_kernel + vnorm_add", 2 * n * d * D * H,
+                n * Hkv * d * BF16 + H * d * D * BF16 + n * H * F32, "tc",
+                ("tc", n * (H - Hkv) * d * BF16 + 2 * n * H * F32))
         add("evict", "pool, head mean, AdaKV top-k", "pool, head_sum, radix select (sel_*)", 0,
             n * H * F32 + 6 * n * Hkv * F32, "mem", "mem")
         add("evict", "gather kept rows", "kv_gather", 0, 2 * kept * Hkv * d * 2 * BF16, "mem", "mem")

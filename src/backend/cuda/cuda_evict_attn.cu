@@ -2,15 +2,18 @@
  * window / observed attention column sums and weights (evict_attn_colsum, evict_attn_probs: a row
  * kernel finds each query's softmax max and 1 / sum, a column kernel recomputes the weights and adds
  * them heads-then-queries in ascending order, the order the op fixes), one-row softmax
- * (evict_softmax_add), CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm: per block of value
- * rows one strided-batched cuBLAS GEMM over every local head, bf16 tensor-core operands when the
- * cache and o_proj are bf16, then a half-warp per row summing the L1 norm in the op's 16 fp32 lanes), and expected attention's query
+ * (evict_softmax_add), CriticalKV's value norms ||V W_O^h||_1 (evict_value_norm: bf16 cache and
+ * o_proj at head dims 32-128 by vnorm_mma_kernel, an mma.sync GEMM with the L1 norm in its epilogue
+ * that never stores the projection; otherwise per block of value rows one strided-batched cuBLAS GEMM
+ * over every local head, then a half-warp per row summing the L1 norm in the op's 16 fp32 lanes), and expected attention's query
  * moments and key logits (evict_moments, evict_ea_logits), DefensiveKV's window aggregation
  * (evict_defensive_rows, its double sums in the op's order, so bit for bit). fp32 dot products and fp32 GEMMs sum in
  * another order than the CPU's, so scores agree with cpu/cpu_evict_*.c to a few ulp, not bit for bit.
  * Scratch comes from the backend's eviction workspace (ctx evict_ws, grown by the first call that
  * needs more: only then does an op wait for the stream); value rows are read through the device
  * segment table, so no op downloads, allocates or synchronises per call. */
+#include "ckv_async.h"
+#include "ckv_mma.h"
 #include "cuda_internal.h"
 
 namespace CKV_CUDA_NS {
@@ -49,22 +52,32 @@ constexpr unsigned THREADS = 256;
 constexpr size_t VNORM_PROJ_BYTES = (size_t)32 << 20;
 constexpr int VNORM_MAX_ROWS = 256;
 
-/* How evict_value_norm runs for a shape: the GEMM's operand type (bf16 when values and o_proj both
- * are: exact products on tensor cores), whether o_proj is converted to fp32 first (f32 values, bf16
- * o_proj), rows per GEMM, and its scratch: staged values [H, rows, d], projection [H, rows, D] fp32,
- * converted o_proj [D, H * d] fp32 (or nothing). */
+/* How evict_value_norm runs for a shape. fused (bf16 values and o_proj, head dim
+ * 32, 64, 80, 96 or 128, o_proj's rows 16-byte aligned): vnorm_mma_kernel, scratch the per-head norms
+ * [H, n_rows] fp32. Otherwise blocked GEMMs: the GEMM's operand type (bf16 when values and o_proj
+ * both are: exact products on tensor cores), whether o_proj is converted to fp32 first (f32 values,
+ * bf16 o_proj), rows per GEMM, and its scratch: staged values [H, rows, d], projection [H, rows, D]
+ * fp32, converted o_proj [D, H * d] fp32 (or nothing). */
 struct vnorm_plan {
     int rows;
-    bool bf16, convert_wo;
+    bool fused, bf16, convert_wo;
     size_t bytes[3];
 };
 
-vnorm_plan vnorm_plan_of(ckv_dtype kv_dtype, ckv_dtype wo_dtype, int H, int d, int D) {
+bool vnorm_fused_dim(int d);
+
+vnorm_plan vnorm_plan_of(ckv_dtype kv_dtype, ckv_dtype wo_dtype, int H, int d, int D, int n_rows, bool wo_aligned) {
     vnorm_plan p;
     p.bf16 = kv_dtype == CKV_DTYPE_BF16 && wo_dtype == CKV_DTYPE_BF16;
+    p.fused = p.bf16 && wo_aligned && vnorm_fused_dim(d);
     p.convert_wo = kv_dtype != CKV_DTYPE_BF16 && wo_dtype == CKV_DTYPE_BF16;
     const size_t per_row = (size_t)H * (size_t)D * sizeof(float), fit = VNORM_PROJ_BYTES / (per_row ? per_row : 1);
     p.rows = fit < 16 ? 16 : fit > (size_t)VNORM_MAX_ROWS ? VNORM_MAX_ROWS : (int)(fit / 16 * 16);
+    if (p.fused) {
+        p.bytes[0] = (size_t)H * (size_t)(n_rows > 0 ? n_rows : 0) * sizeof(float);
+        p.bytes[1] = p.bytes[2] = 0;
+        return p;
+    }
     p.bytes[0] = (size_t)H * p.rows * d * (p.bf16 ? sizeof(ckv_bf16) : sizeof(float));
     p.bytes[1] = (size_t)p.rows * per_row;
     p.bytes[2] = p.convert_wo ? (size_t)D * H * d * sizeof(float) : 0;
@@ -199,6 +212,111 @@ __global__ void l1_rows_kernel(float *out, int ld, int t0, const float *proj, in
     if (live && l == 0) out[(size_t)g * ld + t0 + t] = acc;
 }
 
+/* CriticalKV's value norms with the L1 norm fused into the GEMM (bf16 values and o_proj, head dim
+ * HD in 32, 64, 80, 96, 128): a block of VN_THREADS takes VN_BM value rows of one local head j
+ * (blockIdx.y) and walks all D output columns in chunks of VN_BN. The rows' A fragments (ldmatrix
+ * from a cp.async tile) stay in registers for the whole walk; each chunk of W_O^j^T rows ([VN_BN,
+ * HD] bf16: o_proj rows c0.., columns j*HD..) is staged by cp.async into one of two shared buffers
+ * while the other is multiplied (mma m16n8k16, fp32 accumulation); the epilogue sums |y| of the
+ * chunk per row (the lane's 16 values in (tile, register) order, then the row's 4 lanes by xor 1, 2)
+ * into a double running sum over chunks ascending. The fp32 projection never leaves registers;
+ * part[j, t] = (float) that sum. Rows past n_rows and columns past D read zeros (they add 0).
+ * Shared rows are padded to HD + 8 elements (272 bytes at 128: 8 ldmatrix rows fall in 8 distinct
+ * 16-byte bank groups, no conflicts). Every sum has one fixed order, so the result does not depend
+ * on scheduling. */
+constexpr int VN_BM = 128, VN_BN = 64, VN_THREADS = 256;
+template <int HD> struct vn_tile {
+    static constexpr int RS = HD + 8;                      /* shared row stride (elements) */
+    static constexpr int ELEMS = VN_BM * RS;               /* = 2 * VN_BN * RS: rows, then two W buffers */
+    static_assert(VN_BM == 2 * VN_BN, "the rows' tile and the two W buffers share one array");
+};
+
+/* cp.async of `rows` rows of HD bf16 from src (row stride ld elements) into tile (stride RS); rows
+ * at or past `valid` are zero-filled (their source is not read). */
+template <int HD, int ROWS>
+__device__ __forceinline__ void vn_load(uint16_t *tile, const ckv_bf16 *src, size_t ld, int valid, int tid) {
+    constexpr int CH = HD / 8, RS = vn_tile<HD>::RS; /* 16-byte chunks per row */
+    for (int e = tid; e < ROWS * CH; e += VN_THREADS) {
+        const int r = e / CH, c = e % CH;
+        const bool ok = r < valid;
+        ckv_cp_async<16>(tile + r * RS + c * 8, src + (ok ? (size_t)r * ld + (size_t)c * 8 : 0), ok);
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(VN_THREADS, 2)
+vnorm_mma_kernel(float *part, ckv_kv_batch kv, const ckv_bf16 *wo, size_t wld, int n_rows, int D, int head0, int group) {
+    constexpr int RS = vn_tile<HD>::RS, KT = HD / 16;
+    alignas(16) __shared__ uint16_t sm[vn_tile<HD>::ELEMS]; /* [VN_BM][RS] rows, then [2][VN_BN][RS] W chunks */
+    const int j = (int)blockIdx.y, t0 = (int)blockIdx.x * VN_BM;
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, lm = lane >> 3, lr = lane & 7;
+    const ckv_bf16 *V = (const ckv_bf16 *)kv.segs[0][(head0 + j) / group].v + (size_t)t0 * HD;
+    const ckv_bf16 *W = wo + (size_t)j * HD; /* W_O^j^T [D, HD], row stride wld */
+    vn_load<HD, VN_BM>(sm, V, HD, n_rows - t0, tid);
+    ckv_cp_async_commit();
+    ckv_cp_async_wait<0>();
+    __syncthreads();
+    uint32_t a[KT][4]; /* rows 16 warp + (g, g + 8), k-steps of 16 */
+CKV_UNROLL
+    for (int kk = 0; kk < KT; kk++) ckv_ldmatrix_x4(a[kk], sm + (warp * 16 + (lm & 1) * 8 + lr) * RS + kk * 16 + (lm >> 1) * 8);
+    __syncthreads(); /* the rows' tile is in registers: the array now holds the W buffers */
+    vn_load<HD, VN_BN>(sm, W, wld, D, tid);
+    ckv_cp_async_commit();
+    double run0 = 0.0, run1 = 0.0; /* rows g, g + 8 of the warp */
+    const int n_chunks = (D + VN_BN - 1) / VN_BN;
+    for (int ch = 0; ch < n_chunks; ch++) {
+        if (ch + 1 < n_chunks) {
+            const int c1 = (ch + 1) * VN_BN;
+            vn_load<HD, VN_BN>(sm + ((ch + 1) & 1) * VN_BN * RS, W + (size_t)c1 * wld, wld, D - c1, tid);
+            ckv_cp_async_commit();
+            ckv_cp_async_wait<1>();
+        } else {
+            ckv_cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint16_t *ws = sm + (ch & 1) * VN_BN * RS;
+        float y[VN_BN / 8][4];
+CKV_UNROLL
+        for (int nt = 0; nt < VN_BN / 8; nt++) y[nt][0] = y[nt][1] = y[nt][2] = y[nt][3] = 0.0f;
+CKV_UNROLL
+        for (int kk = 0; kk < KT; kk++)
+CKV_UNROLL
+            for (int p = 0; p < VN_BN / 16; p++) { /* columns 16p..: matrices (n +0-7 | +8-15) x (k +0-7 | +8-15) */
+                uint32_t b[4];
+                ckv_ldmatrix_x4(b, ws + (p * 16 + (lm >> 1) * 8 + lr) * RS + kk * 16 + (lm & 1) * 8);
+                ckv_mma_bf16_16816(y[2 * p], a[kk], b, y[2 * p]);
+                ckv_mma_bf16_16816(y[2 * p + 1], a[kk], b + 2, y[2 * p + 1]);
+            }
+        float s0 = 0.0f, s1 = 0.0f;
+CKV_UNROLL
+        for (int nt = 0; nt < VN_BN / 8; nt++) {
+            s0 += fabsf(y[nt][0]), s0 += fabsf(y[nt][1]);
+            s1 += fabsf(y[nt][2]), s1 += fabsf(y[nt][3]);
+        }
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1), s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 2), s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+        run0 += (double)s0, run1 += (double)s1;
+        __syncthreads(); /* this buffer is refilled by the next chunk's copy */
+    }
+    const int r0 = t0 + warp * 16 + (lane >> 2), r1 = r0 + 8;
+    if ((lane & 3) == 0) {
+        if (r0 < n_rows) part[(size_t)j * n_rows + r0] = (float)run0;
+        if (r1 < n_rows) part[(size_t)j * n_rows + r1] = (float)run1;
+    }
+}
+
+/* out[g, t] += part[j, t] for the local heads j of KV head g, j ascending (thread per (t, g)). */
+__global__ void vnorm_add_kernel(float *out, int ld, const float *part, int n_rows, int head0, int group,
+                                 int n_heads_local) {
+    const int t = (int)(blockIdx.x * blockDim.x + threadIdx.x), g = head0 / group + (int)blockIdx.y;
+    if (t >= n_rows) return;
+    const int jlo = g * group - head0 < 0 ? 0 : g * group - head0;
+    const int jend = (g + 1) * group - head0 < n_heads_local ? (g + 1) * group - head0 : n_heads_local;
+    float acc = out[(size_t)g * ld + t];
+    for (int j = jlo; j < jend; j++) acc += part[(size_t)j * n_rows + t];
+    out[(size_t)g * ld + t] = acc;
+}
+
 /* s1[j, a] += x (i ascending, double); s2[j, a, b] += (double)(fp32 sum over i of x_a x_b). */
 __global__ void moments_kernel(double *s1, double *s2, const float *q, const float *shift, int n, int n_heads_local,
                                int d) {
@@ -311,6 +429,33 @@ ckv_status attn_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row
     return CKV_STATUS_OK;
 }
 
+/* vnorm_mma_kernel<HD> over the grid of (row tiles, local heads). */
+template <int HD>
+void vnorm_launch(ctx *c, float *part, const ckv_kv_batch *kv, int n_rows, const ckv_bf16 *wo, size_t wld, int D, int H,
+                  int head0, int group) {
+    const dim3 grid((unsigned)((n_rows + VN_BM - 1) / VN_BM), (unsigned)H);
+    CKV_LAUNCH((vnorm_mma_kernel<HD>), grid, dim3(VN_THREADS), 0, c->stream, part, *kv, wo, wld, n_rows, D, head0, group);
+}
+
+/* evict_value_norm's fused path: per-head norms part [H, n_rows] by vnorm_mma_kernel (head dims
+ * 32, 64, 80, 96, 128: vnorm_fused_dim), then added into out per KV head in head order. */
+bool vnorm_fused_dim(int d) { return d == 32 || d == 64 || d == 80 || d == 96 || d == 128; }
+
+ckv_status value_norm_fused(ctx *c, float *out, int ld, float *part, const ckv_kv_batch *kv, int n_rows,
+                            const ckv_bf16 *wo, size_t wld, int D, int H, int head0, int group) {
+    switch (kv->head_dim) {
+    case 32: vnorm_launch<32>(c, part, kv, n_rows, wo, wld, D, H, head0, group); break;
+    case 64: vnorm_launch<64>(c, part, kv, n_rows, wo, wld, D, H, head0, group); break;
+    case 80: vnorm_launch<80>(c, part, kv, n_rows, wo, wld, D, H, head0, group); break;
+    case 96: vnorm_launch<96>(c, part, kv, n_rows, wo, wld, D, H, head0, group); break;
+    default: vnorm_launch<128>(c, part, kv, n_rows, wo, wld, D, H, head0, group); break;
+    }
+    const int n_g = (head0 + H - 1) / group - head0 / group + 1;
+    CKV_LAUNCH(vnorm_add_kernel, dim3(blocks_for((size_t)n_rows, THREADS), (unsigned)n_g), dim3(THREADS), 0, c->stream,
+               out, ld, part, n_rows, head0, group, H);
+    return op_status(c, "evict_value_norm");
+}
+
 } // namespace
 
 ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *sh) {
@@ -322,7 +467,8 @@ ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *sh) {
     const size_t H = (size_t)sh->n_heads_local;
     const size_t stats = sizeof(float2) * (size_t)sh->query_rows * H;        /* attn_stats */
     const size_t defensive = sizeof(double) * (size_t)sh->query_rows * H;    /* evict_defensive_rows */
-    const vnorm_plan pl = vnorm_plan_of(sh->kv_dtype, sh->wo_dtype, sh->n_heads_local, sh->head_dim, sh->hidden);
+    const vnorm_plan pl = vnorm_plan_of(sh->kv_dtype, sh->wo_dtype, sh->n_heads_local, sh->head_dim, sh->hidden, sh->rows,
+                                        true);
     size_t need = parts_total(&stats, 1, NULL);
     const size_t sizes[] = {parts_total(&defensive, 1, NULL), parts_total(pl.bytes, 3, NULL),
                             keys_scratch_bytes(sh->n_kv_local, sh->head_dim, sh->rows),
@@ -397,12 +543,14 @@ ckv_status evict_value_norm(ckv_backend *be, float *out, int ld, const ckv_kv_ba
         return ckv_error(CKV_STATUS_ERR_SHAPE, "%s backend: %s: o_proj has %lld columns, %d heads x %d need more",
                          CKV_CUDA_BACKEND_NAME, op, (long long)wo->cols, n_heads_local, d);
     if (n_rows < 1 || n_heads_local < 1) return CKV_STATUS_OK;
-    const vnorm_plan pl = vnorm_plan_of(kv->dtype, wo->dtype, H, d, D);
+    const size_t wes = ckv_dtype_size(wo->dtype), wld = wo->row_bytes / wes;
+    const bool wo_aligned = (uintptr_t)wo->data % 16 == 0 && wo->row_bytes % 16 == 0;
+    const vnorm_plan pl = vnorm_plan_of(kv->dtype, wo->dtype, H, d, D, n_rows, wo_aligned);
     void *parts[3];
     CKV_TRY(scratch_parts(c, pl.bytes, parts, 3, op));
+    if (pl.fused) return value_norm_fused(c, out, ld, (float *)parts[0], kv, n_rows, (const ckv_bf16 *)wo->data, wld, D, H, head0, group);
     void *vb = parts[0];                                         /* [H, B, d] GEMM type */
     float *proj = (float *)parts[1];                             /* [H, B, D] fp32 */
-    const size_t wes = ckv_dtype_size(wo->dtype), wld = wo->row_bytes / wes;
     const void *A = wo->data;                                    /* W_O^j^T: columns j*d.. of wo */
     size_t lda = wld;
     if (pl.convert_wo) { /* f32 values against bf16 o_proj: the local heads' columns as fp32, once */
