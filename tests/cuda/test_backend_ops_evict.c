@@ -186,6 +186,70 @@ static void test_evict_attention(ckv_dtype dt) {
     ev_cache_free(&e);
 }
 
+/* The window scores at the shapes the tensor-core kernels take (cuda_evict_window.cu): head dims
+ * 64/80/96/128, GQA 1/4/8 (one with the local heads a TP rank's slice, head0 > 0), windows
+ * 16/32/64 (one of 24 rows: padded warp rows), key counts not a multiple of the 64 / 32-key tiles,
+ * one over two 512-key chunks (pass 1's merge); colsum per KV head and per query head, two query
+ * blocks into one sum, and the weights. Bounds as test_evict_attention's. */
+static void test_evict_window_shapes(ckv_dtype dt) {
+    static const struct { int hd, n_kv, group, n_heads, head0, n_q, len, n_cols; } cases[] = {
+        {64, 2, 1, 2, 0, 16, 150, 150},  {80, 2, 4, 8, 0, 32, 203, 171},  {96, 1, 8, 8, 0, 64, 190, 190},
+        {128, 2, 4, 4, 2, 64, 561, 497}, {64, 3, 2, 6, 0, 24, 77, 77},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int hd = cases[k].hd, n_kv = cases[k].n_kv, H = cases[k].n_heads, n_q = cases[k].n_q, L = cases[k].len;
+        const int n_cols = cases[k].n_cols, q_row0 = L - n_q, group = cases[k].group, head0 = cases[k].head0;
+        char what[96];
+        snprintf(what, sizeof what, "%s hd %d group %d heads %d+%d window %d keys %d", ckv_dtype_name(dt), hd, group,
+                 head0, H, n_q, L);
+        int lens[KV_MAX_HEADS];
+        for (int g = 0; g < n_kv; g++) lens[g] = L;
+        test_kv_host h;
+        test_kv ct, cr;
+        kv_host_random(&h, dt, 1, n_kv, hd, L, lens, 0);
+        kv_build(&ct, tb, dt, 1, n_kv, hd, L, &h);
+        kv_build(&cr, ref, dt, 1, n_kv, hd, L, &h);
+        const ckv_kv_batch bt = kv_batch(&ct, NULL, NULL, L), br = kv_batch(&cr, NULL, NULL, L);
+        const ckv_evict_shape sh = {L, n_q, H, n_kv, n_kv, hd, 0, dt, CKV_DTYPE_BF16, 0};
+        CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+        const size_t nqv = (size_t)n_q * H * hd;
+        float *q = rand_floats(nqv, -1.0f, 1.0f);
+        float *qt = cuda_test_upload(tb, q, sizeof(float) * nqv), *qr = cuda_test_upload(ref, q, sizeof(float) * nqv);
+        const float scale = 1.0f / sqrtf((float)hd);
+        const int n_a = n_q / 2; /* the first block's rows; the second starts at q_row0 + n_a */
+        const ckv_evict_attn_params at1 = {qt, n_a, q_row0, &bt, H, head0, group, scale, CKV_EVICT_LOGITS_MUL},
+                                    ar1 = {qr, n_a, q_row0, &br, H, head0, group, scale, CKV_EVICT_LOGITS_MUL};
+        const ckv_evict_attn_params at2 = {qt + (size_t)n_a * H * hd, n_q - n_a, q_row0 + n_a, &bt, H, head0, group,
+                                           1.0f / scale, CKV_EVICT_LOGITS_DIV},
+                                    ar2 = {qr + (size_t)n_a * H * hd, n_q - n_a, q_row0 + n_a, &br, H, head0, group,
+                                           1.0f / scale, CKV_EVICT_LOGITS_DIV};
+        for (int per_kv = 0; per_kv < 2; per_kv++) {
+            const int n_out = per_kv ? n_kv : H;
+            const ckv_evict_colsum_rows rows = per_kv ? CKV_EVICT_PER_KV_HEAD : CKV_EVICT_PER_QUERY_HEAD;
+            double *st = (double *)dev_poison(tb, (size_t)n_out * n_cols * 2),
+                   *sr = (double *)dev_poison(ref, (size_t)n_out * n_cols * 2);
+            TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, st, n_cols, &at1, rows, CKV_EVICT_ZERO_FIRST)));
+            CHECK_OK(ref->ops->evict_attn_colsum(ref, sr, n_cols, &ar1, rows, CKV_EVICT_ZERO_FIRST));
+            TB_EVICT(CHECK_OK(tb->ops->evict_attn_colsum(tb, st, n_cols, &at2, rows, CKV_EVICT_ADD)));
+            CHECK_OK(ref->ops->evict_attn_colsum(ref, sr, n_cols, &ar2, rows, CKV_EVICT_ADD));
+            char cas[160];
+            snprintf(cas, sizeof cas, "%s %s", what, per_kv ? "per kv head" : "per query head");
+            compare_dev_f64("evict_attn_colsum", cas, st, sr, (size_t)n_out * n_cols, 1e-7, 1e-6);
+            release2(st, sr);
+        }
+        float *pt = dev_poison(tb, (size_t)H * n_q * L), *pr = dev_poison(ref, (size_t)H * n_q * L);
+        const ckv_evict_attn_params apt = {qt, n_q, q_row0, &bt, H, head0, group, scale, CKV_EVICT_LOGITS_MUL},
+                                    apr = {qr, n_q, q_row0, &br, H, head0, group, scale, CKV_EVICT_LOGITS_MUL};
+        TB_EVICT(CHECK_OK(tb->ops->evict_attn_probs(tb, pt, L, &apt)));
+        CHECK_OK(ref->ops->evict_attn_probs(ref, pr, L, &apr));
+        compare_dev("evict_attn_probs", what, pt, pr, (size_t)H * n_q * L, 1e-7, 1e-6);
+        release2(pt, pr), release2(qt, qr);
+        free(q);
+        kv_free(&ct), kv_free(&cr);
+        kv_host_free(&h);
+    }
+}
+
 /* The selections over rows of several tiles (the CUDA op splits a row into blocks of 2,048 entries):
  * scores on a coarse grid so that exact ties straddle the tiles, NaNs, cuts inside a tie run;
  * exact against the CPU (kept columns, and each row's count of the cross-row top-k). */
@@ -433,6 +497,8 @@ int test_backend_evict_ops(void) {
     test_evict_chunk(CKV_DTYPE_F32);
     test_evict_value_norm_dims(CKV_DTYPE_BF16);
     test_evict_value_norm_dims(CKV_DTYPE_F32);
+    test_evict_window_shapes(CKV_DTYPE_BF16);
+    test_evict_window_shapes(CKV_DTYPE_F32);
     test_evict_rows();
     test_evict_select_tiles();
     test_evict_defensive();

@@ -417,6 +417,8 @@ __global__ void defensive_bias_kernel(double *bias, const float *p, int ld, int 
 ckv_status attn_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row0, const ckv_kv_batch *kv,
                       int n_heads_local, int head0, int group, float scale, int divide, const char *op) {
     CKV_TRY(kv_dtype_check(kv->dtype, op));
+    if (window_covers(kv)) /* tensor cores (cuda_evict_window.cu) */
+        return window_stats(c, stats, q, n_q, q_row0, kv, n_heads_local, head0, group, scale, divide, op);
     const size_t bytes = sizeof(float2) * (size_t)n_q * (size_t)n_heads_local;
     CKV_TRY(scratch_parts(c, &bytes, (void **)stats, 1, op));
     const dim3 grid((unsigned)n_q, (unsigned)n_heads_local);
@@ -472,6 +474,7 @@ ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *sh) {
     size_t need = parts_total(&stats, 1, NULL);
     const size_t sizes[] = {parts_total(&defensive, 1, NULL), parts_total(pl.bytes, 3, NULL),
                             keys_scratch_bytes(sh->n_kv_local, sh->head_dim, sh->rows),
+                            window_scratch_bytes(sh->query_rows, sh->n_heads_local, sh->rows),
                             topk_scratch_bytes(sh->n_kv_all > sh->n_kv_local ? sh->n_kv_all : sh->n_kv_local, sh->rows),
                             sh->sketch > 0 ? leverage_scratch_bytes(sh->n_kv_local, sh->head_dim, sh->rows, sh->sketch) : 0};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) need = sizes[i] > need ? sizes[i] : need;
@@ -498,7 +501,9 @@ ckv_status evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const 
     float2 *stats = NULL;
     CKV_TRY(attn_stats(c, &stats, q, n_q, q_row0, kv, n_heads_local, head0, group, scale, divide, "evict_attn_colsum"));
     const dim3 grid(blocks_for((size_t)n_cols, THREADS), (unsigned)n_out);
-    if (kv->dtype == CKV_DTYPE_BF16)
+    if (window_covers(kv))
+        window_colsum(c, colsum, n_cols, stats, q, n_q, q_row0, kv, n_heads_local, head0, group, scale, divide, per_kv);
+    else if (kv->dtype == CKV_DTYPE_BF16)
         CKV_LAUNCH(attn_colsum_kernel<ckv_bf16>, grid, dim3(THREADS), 0, c->stream, colsum, n_cols, stats, q, n_q,
                    q_row0, *kv, n_heads_local, head0, group, scale, divide, per_kv);
     else

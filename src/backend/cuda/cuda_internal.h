@@ -238,6 +238,18 @@ size_t keys_scratch_bytes(int n_kv, int d, int n_rows);
 /* evict_leverage's workspace for n_kv heads of dim d, n rows and sketch k (cuda_score_leverage.cu). */
 size_t leverage_scratch_bytes(int n_kv, int d, int n, int k);
 size_t topk_scratch_bytes(int rows, int n);
+/* cuda_evict_window.cu: the window scores of evict_attn_colsum / evict_attn_probs on tensor cores,
+ * for the caches window_covers (bf16 or f32, head dims 16, 32, 64, 80, 96, 128). window_stats: each
+ * row's softmax (max, 1 / sum) as stats [n_heads_local, n_q] in the workspace; window_colsum adds
+ * the weights down the columns (rows per KV head with per_kv, else per local query head); the
+ * workspace they need for query_rows window rows over `rows` keys (evict_reserve). */
+bool window_covers(const ckv_kv_batch *kv);
+size_t window_scratch_bytes(int query_rows, int n_heads_local, int rows);
+ckv_status window_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row0, const ckv_kv_batch *kv,
+                        int n_heads_local, int head0, int group, float scale, int divide, const char *op);
+void window_colsum(ctx *c, double *colsum, int n_cols, const float2 *stats, const float *q, int n_q, int q_row0,
+                   const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide,
+                   int per_kv);
 ckv_status evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
 ckv_status evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink, int lag,
                        ckv_evict_lagkv_score score);
