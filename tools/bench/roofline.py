@@ -281,57 +281,63 @@ def attention_at_goal(rows, gpu, frac):
     return fl, t_peak, t_sdpa, t_goal
 
 
-def attention_goal_rows(cases, gpus):
-    """Per (gpu, case): prefill attention's FLOPs and its time at the tensor-core peak, at
-    FlashAttention-2's published efficiency (the SDPA flash reference) and at the goal (60% of that
-    rate), with the whole TTFT roofline when attention runs at the goal."""
-    out = []
+def goal_cases(cases, gpus):
+    """(gpu name, gpu, FlashAttention-2 fraction, case, step totals, prefill attention at its goal as
+    attention_at_goal returns it) for every case on the GPUs with a published FlashAttention-2 rate."""
     for gname, gpu in gpus:
         frac = FA2_FRACTION.get(gname)
         if frac is None:
             continue
         for case in cases:
             rows, tot, _ = case_table(case, gpu)
-            fl, t_peak, t_sdpa, t_goal = attention_at_goal(rows, gpu, frac)
-            ttft = tot["prefill"][0] + tot.get("evict", [0.0, 0.0])[0] - t_peak + t_goal
-            out.append({"gpu": gname, "case": case[0], "tflop": fl / 1e12, "peak": t_peak, "sdpa": t_sdpa,
-                        "goal": t_goal, "goal_tflops": gpu["tc"] * frac * GOAL_OF_SDPA, "ttft_goal": ttft,
-                        "share": t_goal / ttft})
+            yield gname, gpu, frac, case, tot, attention_at_goal(rows, gpu, frac)
+
+
+def attention_goal_rows(cases, gpus):
+    """Per (gpu, case): prefill attention's FLOPs and its time at the tensor-core peak, at
+    FlashAttention-2's published efficiency (the SDPA flash reference) and at the goal (60% of that
+    rate), with the whole TTFT roofline when attention runs at the goal."""
+    out = []
+    for gname, gpu, frac, case, tot, (fl, t_peak, t_sdpa, t_goal) in goal_cases(cases, gpus):
+        ttft = tot["prefill"][0] + tot.get("evict", [0.0, 0.0])[0] - t_peak + t_goal
+        out.append({"gpu": gname, "case": case[0], "tflop": fl / 1e12, "peak": t_peak, "sdpa": t_sdpa,
+                    "goal": t_goal, "goal_tflops": gpu["tc"] * frac * GOAL_OF_SDPA, "ttft_goal": ttft,
+                    "share": t_goal / ttft})
     return out
+
+
+def print_goal_table(title, hdr, widths, rule, cells, markdown):
+    """A goal table: markdown (rule: its separator row) or text (title, then rows in widths)."""
+    if markdown:
+        print("| %s |" % " | ".join(hdr))
+        print(rule)
+    else:
+        print("\n== " + title)
+        print(widths % hdr)
+    for c in cells:
+        print(("| %s |" % " | ".join(c)) if markdown else widths % c)
 
 
 def print_attention_goal(cases, gpus, markdown):
     rows = attention_goal_rows([c for c in cases if c[3] is None], gpus)  # the press does not change it
     hdr = ("GPU", "case", "attention TFLOP", "at tc peak", "SDPA flash (FA2 rate)", "goal (60%)", "goal TFLOP/s",
            "TTFT at goal", "attention share")
-    if markdown:
-        print("| %s |" % " | ".join(hdr))
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    else:
-        print("\n== prefill attention against its goal (>= %d%% of torch SDPA's flash backend, taken at "
-              "FlashAttention-2's published efficiency until measured)" % (100 * GOAL_OF_SDPA))
-        print("%-5s %-16s %15s %11s %21s %11s %13s %13s %15s" % hdr)
-    for r in rows:
-        cells = (r["gpu"], r["case"], "%.1f" % r["tflop"], fmt_t(r["peak"]), fmt_t(r["sdpa"]), fmt_t(r["goal"]),
-                 "%.0f" % r["goal_tflops"], fmt_t(r["ttft_goal"]), "%.0f%%" % (100 * r["share"]))
-        print(("| %s |" % " | ".join(cells)) if markdown else "%-5s %-16s %15s %11s %21s %11s %13s %13s %15s" % cells)
+    cells = [(r["gpu"], r["case"], "%.1f" % r["tflop"], fmt_t(r["peak"]), fmt_t(r["sdpa"]), fmt_t(r["goal"]),
+              "%.0f" % r["goal_tflops"], fmt_t(r["ttft_goal"]), "%.0f%%" % (100 * r["share"])) for r in rows]
+    print_goal_table("prefill attention against its goal (>= %d%% of torch SDPA's flash backend, taken at "
+                     "FlashAttention-2's published efficiency until measured)" % (100 * GOAL_OF_SDPA), hdr,
+                     "%-5s %-16s %15s %11s %21s %11s %13s %13s %15s", "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+                     cells, markdown)
 
 
 def evict_goal_rows(cases, gpus):
     """Per (gpu, case with a press): the eviction's time (ideal and today's classes) against the
     prefill it follows, with prefill attention at its goal: the TTFT the eviction adds to."""
     out = []
-    for gname, gpu in gpus:
-        frac = FA2_FRACTION.get(gname)
-        if frac is None:
-            continue
-        for case in cases:
-            rows, tot, _ = case_table(case, gpu)
-            _, t_peak, _, t_goal = attention_at_goal(rows, gpu, frac)
-            base = tot["prefill"][0] - t_peak + t_goal
-            ev = tot["evict"]
-            out.append({"gpu": gname, "case": case[0], "ideal": ev[0], "today": ev[1], "base": base,
-                        "share_ideal": ev[0] / base, "share_today": ev[1] / base, "goal": case[2] == 32768})
+    for gname, _, _, case, tot, (_, t_peak, _, t_goal) in goal_cases(cases, gpus):
+        base, ev = tot["prefill"][0] - t_peak + t_goal, tot["evict"]
+        out.append({"gpu": gname, "case": case[0], "ideal": ev[0], "today": ev[1], "base": base,
+                    "share_ideal": ev[0] / base, "share_today": ev[1] / base, "goal": case[2] == 32768})
     return out
 
 
@@ -339,18 +345,13 @@ def print_evict_goal(cases, gpus, markdown):
     rows = evict_goal_rows([c for c in cases if c[3] is not None], gpus)
     hdr = ("GPU", "case", "eviction, ideal", "today's classes", "TTFT at the attention goal", "added, today",
            "added, ideal", "goal (<= %.0f%% at 32K)" % (100 * EVICT_GOAL))
-    if markdown:
-        print("| %s |" % " | ".join(hdr))
-        print("|---|---|---:|---:|---:|---:|---:|---|")
-    else:
-        print("\n== the eviction's share of TTFT (goal: critical_adakv:snapkv at 0.2 adds <= %.0f%% at 32K), prefill "
-              "attention at its goal" % (100 * EVICT_GOAL))
-        print("%-5s %-24s %15s %15s %26s %12s %12s %18s" % hdr)
-    for r in rows:
-        cells = (r["gpu"], r["case"], fmt_t(r["ideal"]), fmt_t(r["today"]), fmt_t(r["base"]),
-                 "%.1f%%" % (100 * r["share_today"]), "%.1f%%" % (100 * r["share_ideal"]),
-                 "-" if not r["goal"] else "met" if r["share_today"] <= EVICT_GOAL else "not met")
-        print(("| %s |" % " | ".join(cells)) if markdown else "%-5s %-24s %15s %15s %26s %12s %12s %18s" % cells)
+    cells = [(r["gpu"], r["case"], fmt_t(r["ideal"]), fmt_t(r["today"]), fmt_t(r["base"]),
+              "%.1f%%" % (100 * r["share_today"]), "%.1f%%" % (100 * r["share_ideal"]),
+              "-" if not r["goal"] else "met" if r["share_today"] <= EVICT_GOAL else "not met") for r in rows]
+    print_goal_table("the eviction's share of TTFT (goal: critical_adakv:snapkv at 0.2 adds <= %.0f%% at 32K), "
+                     "prefill attention at its goal" % (100 * EVICT_GOAL), hdr,
+                     "%-5s %-24s %15s %15s %26s %12s %12s %18s", "|---|---|---:|---:|---:|---:|---:|---|", cells,
+                     markdown)
 
 
 def decode_splits(segs, wave, max_len, cap):
@@ -397,20 +398,13 @@ def print_decode_goal(cases, gpus, markdown):
     rows = decode_goal_rows([c for c in cases if c[3] is None], gpus)
     hdr = ("GPU", "case", "batch", "K/V GB per step", "at copy bw", "goal (70%)", "splits x segments", "wave fill",
            "step at goal", "attention share", "fits tp 1")
-    if markdown:
-        print("| %s |" % " | ".join(hdr))
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    else:
-        print("\n== decode attention against its goal (>= %d%% of the copy bandwidth; the datasheet HBM rate until "
-              "measured)" % (100 * GOAL_OF_COPY))
-        print("%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s" % hdr)
-    for r in rows:
-        cells = (r["gpu"], r["case"], "%d" % r["batch"], "%.2f" % r["gb"], fmt_t(r["copy"]), fmt_t(r["goal"]),
-                 "%d x %d" % (r["splits"], r["blocks"] // r["splits"]), "%.0f%%" % (100 * r["fill"]),
-                 fmt_t(r["step_goal"]), "%.0f%%" % (100 * r["share"]),
-                 "yes" if r["fits"] else "no (%.0f GB)" % (r["need"] / 1e9))
-        print(("| %s |" % " | ".join(cells)) if markdown else
-              "%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s" % cells)
+    cells = [(r["gpu"], r["case"], "%d" % r["batch"], "%.2f" % r["gb"], fmt_t(r["copy"]), fmt_t(r["goal"]),
+              "%d x %d" % (r["splits"], r["blocks"] // r["splits"]), "%.0f%%" % (100 * r["fill"]),
+              fmt_t(r["step_goal"]), "%.0f%%" % (100 * r["share"]),
+              "yes" if r["fits"] else "no (%.0f GB)" % (r["need"] / 1e9)) for r in rows]
+    print_goal_table("decode attention against its goal (>= %d%% of the copy bandwidth; the datasheet HBM rate until "
+                     "measured)" % (100 * GOAL_OF_COPY), hdr, "%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s",
+                     "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", cells, markdown)
 
 
 def check():
