@@ -5,8 +5,9 @@ that must cross HBM for a model shape, and the time they take at the ceilings of
     time = max(FLOPs / compute peak of the kernel's class, bytes / HBM bandwidth)
 Classes: 'tc' (bf16 tensor cores), 'fp32' (CUDA-core FMA), 'mem' (bandwidth only). Each kernel is
 timed at the class it should run at ('ideal') and at the class today's kernel runs at ('today', with
-the bytes today's kernel moves beyond the ideal where it moves more), e.g. CriticalKV's value norms
-are bf16 tensor-core GEMMs today, but their fp32 projection goes through HBM before its L1 norm.
+the bytes today's kernel moves beyond the ideal and the FLOPs it does as a multiple of the ideal's
+where they differ), e.g. the window scores run on tensor cores today, but as two passes of three
+mma per product (6x the ideal's FLOPs), the column-sum pass re-reading the keys per query head.
 Bytes are compulsory traffic: each operand once per use as the code is organised (weights once per
 prefill chunk, K/V once per chunk of queries, kept K/V once per decode step), so L2 reuse inside a
 kernel is assumed; element-wise kernels and launch overheads are left out (small at these shapes,
