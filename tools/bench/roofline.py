@@ -5,8 +5,9 @@ that must cross HBM for a model shape, and the time they take at the ceilings of
     time = max(FLOPs / compute peak of the kernel's class, bytes / HBM bandwidth)
 Classes: 'tc' (bf16 tensor cores), 'fp32' (CUDA-core FMA), 'mem' (bandwidth only). Each kernel is
 timed at the class it should run at ('ideal') and at the class today's kernel runs at ('today', with
-the bytes today's kernel moves beyond the ideal where it moves more), e.g. CriticalKV's value norms
-are bf16 tensor-core GEMMs today, but their fp32 projection goes through HBM before its L1 norm.
+the bytes today's kernel moves beyond the ideal and the FLOPs it does as a multiple of the ideal's
+where they differ), e.g. the window scores run on tensor cores today, but as two passes of three
+mma per product (6x the ideal's FLOPs), the column-sum pass re-reading the keys per query head.
 Bytes are compulsory traffic: each operand once per use as the code is organised (weights once per
 prefill chunk, K/V once per chunk of queries, kept K/V once per decode step), so L2 reuse inside a
 kernel is assumed; element-wise kernels and launch overheads are left out (small at these shapes,
@@ -19,8 +20,9 @@ bench.json of tools/bench/bench_gpu.py, whose copy bandwidth and bf16 GEMM rate 
   roofline.py [--cases all|NAME..] [--gpu H200|A100|all] [--ceilings bench.json] [--markdown]
   roofline.py --check     the model's own checks (parameter counts against the published ones)
 The last tables are prefill attention against its goal (>= 60% of torch SDPA's flash backend, taken
-at FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA) and decode attention
-against its goal (>= 70% of the copy bandwidth, batch 1 and 16), per GPU and shape.
+at FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA), the eviction's
+share of the TTFT it adds to (goal <= 3% at 32K) and decode attention against its goal (>= 70% of
+the copy bandwidth, batch 1 and 16), per GPU and shape.
 Used by bench_gpu.py --dry-run and for docs/benchmarks.md (--markdown prints its tables).
 """
 import argparse
@@ -38,6 +40,9 @@ GPUS = {  # datasheet figures: dense bf16 tensor core TFLOP/s, fp32 TFLOP/s, HBM
 # H100's, the H200's SM) stands in for the measured SDPA rate until tests/gpu/run.sh measures it.
 FA2_FRACTION = {"H200": 0.35, "A100": 0.73}
 GOAL_OF_SDPA = 0.60
+# The eviction goal: critical_adakv:snapkv at budget 0.2 adds <= 3% to TTFT at 32K (8B), the prefill's
+# attention taken at its goal.
+EVICT_GOAL = 0.03
 # The decode attention goal: >= 70% of the copy bandwidth (the datasheet HBM rate until
 # tests/gpu/run.sh measures a copy kernel), at batch 1 and 16. Split-KV plan of
 # src/backend/cuda/cuda_decode.cu (decode_splits): blocks resident per SM, splits per segment at most,
@@ -60,6 +65,7 @@ CASES = [  # name, model config directory, context, press
 ]
 BF16, F32 = 2, 4
 WINDOW = 64  # snapkv's observation window (kvpress default)
+WIN_CHUNK = 512  # keys per block of the window scores' statistics pass (cuda_evict_window.cu)
 
 
 def load_config(name):
@@ -96,7 +102,7 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
     out = []
 
     def add(step, name, today, flops, nbytes, ideal, now):
-        now = (now[0], float(L * now[1])) if isinstance(now, tuple) else now
+        now = (now[0], float(L * now[1])) + now[2:] if isinstance(now, tuple) else now
         out.append((step, name, today, float(L * flops), float(L * nbytes), ideal, now))
 
     # ---- prefill (per layer, then x L) ----
@@ -111,10 +117,19 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
     if press:
         kept = int(n * budget)
         add("evict", "window queries (q_proj, RoPE)", "cuBLAS", 2 * w * H * d * D, H * d * D * BF16, "tc", "tc")
-        # logits q.k of the window's queries over all keys; softmax and column sums from the same tiles
-        # (today: attn_rowstats then attn_colsum recompute every dot product in fp32: 2 passes over K)
-        add("evict", "window scores (QK^T, softmax, column sums)", "attn_rowstats + attn_colsum",
-            2 * w * n * d * H, n * Hkv * d * BF16 + n * H * F32, "tc", "fp32x2")
+        # logits q.k of the window's queries over all keys; softmax and column sums from the same tiles.
+        # Today (cuda_evict_window.cu): two passes of mma.sync m16n8k16, each product as the three mma of
+        # the fp32 queries' bf16 split (6x the ideal's tensor-core FLOPs): the statistics pass reads the
+        # keys once (a chunk's row blocks run side by side), the column-sum pass once per query head
+        # (snapkv's sums are per query head: a KV head's keys read by each head of its group, counted as
+        # HBM traffic); beyond the ideal it also reads the fp32 window queries once per pass, writes and
+        # merges the per-chunk statistics (float max, double sum) and accumulates the column sums in
+        # double ([H, n]: zeroed, read and written)
+        n_win_chunks = (n + WIN_CHUNK - 1) // WIN_CHUNK
+        add("evict", "window scores (QK^T, softmax, column sums)",
+            "window_stats + window_merge + window_colsum", 2 * w * n * d * H, n * Hkv * d * BF16 + n * H * F32, "tc",
+            ("tc", n * H * d * BF16 + 2 * w * H * d * F32 + 2 * n_win_chunks * H * w * (F32 + 8) + 5 * n * H * F32,
+             3 * 2))
         if press.startswith("critical"):
             # ||V[t] W_O^h||_1 for every head h: the FLOPs of one more o projection over the context
             # today: vnorm_mma_kernel, mma.sync with the L1 norm in its epilogue (the projection stays
@@ -141,8 +156,8 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
 
 
 def seconds(flops, nbytes, cls, gpu):
-    """Roofline time of one kernel at a class; 'fp32x2': fp32 with the FLOPs done twice."""
-    rate = {"tc": gpu["tc"], "fp32": gpu["fp32"], "fp32x2": gpu["fp32"] / 2, "mem": None}[cls]
+    """Roofline time of one kernel at a class."""
+    rate = {"tc": gpu["tc"], "fp32": gpu["fp32"], "mem": None}[cls]
     t_mem = nbytes / (gpu["hbm_gbs"] * 1e9)
     return max(flops / (rate * 1e12) if rate else 0.0, t_mem)
 
@@ -166,7 +181,8 @@ def ceilings_from(path):
 
 
 def today_class(now):
-    """Today's class of a kernel: `now` is a class, or (class, bytes today's kernel moves beyond the ideal)."""
+    """Today's class of a kernel: `now` is a class, or (class, bytes today's kernel moves beyond the ideal
+    [, the FLOPs it does as a multiple of the ideal's])."""
     return now[0] if isinstance(now, tuple) else now
 
 
@@ -174,11 +190,16 @@ def today_extra(now):
     return now[1] if isinstance(now, tuple) else 0
 
 
+def today_flops_factor(now):
+    return now[2] if isinstance(now, tuple) and len(now) > 2 else 1
+
+
 def case_table(case, gpu):
     """Rows (step, kernel, today's kernel, FLOPs, bytes, ideal s, today s) and the step totals."""
     name, cfg_dir, context, press = case
     c = load_config(cfg_dir)
-    rows = [(st, k, today, fl, by, seconds(fl, by, ideal, gpu), seconds(fl, by + today_extra(now), today_class(now), gpu))
+    rows = [(st, k, today, fl, by, seconds(fl, by, ideal, gpu),
+             seconds(fl * today_flops_factor(now), by + today_extra(now), today_class(now), gpu))
             for st, k, today, fl, by, ideal, now in kernels(c, context, press)]
     tot = {}
     for st, _, _, _, _, si, sn in rows:
@@ -251,43 +272,87 @@ def print_summary(cases, gpus, markdown):
         print(("| %s |" % " | ".join(cells)) if markdown else "%-5s %-24s %13s %15s %18s %15s %15s %9s" % cells)
 
 
-def attention_goal_rows(cases, gpus):
-    """Per (gpu, case): prefill attention's FLOPs and its time at the tensor-core peak, at
-    FlashAttention-2's published efficiency (the SDPA flash reference) and at the goal (60% of that
-    rate), with the whole TTFT roofline when attention runs at the goal."""
-    out = []
+def attention_at_goal(rows, gpu, frac):
+    """Prefill attention of a case's rows: FLOPs and its time at the tensor-core peak, at
+    FlashAttention-2's published efficiency (frac of the peak) and at the goal (60% of that rate)."""
+    fl, by = next((r[3], r[4]) for r in rows if r[0] == "prefill" and r[1] == "attention")
+    t_peak = seconds(fl, by, "tc", gpu)
+    t_sdpa = max(fl / (gpu["tc"] * frac * 1e12), by / (gpu["hbm_gbs"] * 1e9))
+    t_goal = max(fl / (gpu["tc"] * frac * GOAL_OF_SDPA * 1e12), by / (gpu["hbm_gbs"] * 1e9))
+    return fl, t_peak, t_sdpa, t_goal
+
+
+def goal_cases(cases, gpus):
+    """(gpu name, gpu, FlashAttention-2 fraction, case, step totals, prefill attention at its goal as
+    attention_at_goal returns it) for every case on the GPUs with a published FlashAttention-2 rate."""
     for gname, gpu in gpus:
         frac = FA2_FRACTION.get(gname)
         if frac is None:
             continue
         for case in cases:
             rows, tot, _ = case_table(case, gpu)
-            fl, by = next((r[3], r[4]) for r in rows if r[0] == "prefill" and r[1] == "attention")
-            t_peak = seconds(fl, by, "tc", gpu)
-            t_sdpa = max(fl / (gpu["tc"] * frac * 1e12), by / (gpu["hbm_gbs"] * 1e9))
-            t_goal = max(fl / (gpu["tc"] * frac * GOAL_OF_SDPA * 1e12), by / (gpu["hbm_gbs"] * 1e9))
-            ttft = tot["prefill"][0] + tot.get("evict", [0.0, 0.0])[0] - t_peak + t_goal
-            out.append({"gpu": gname, "case": case[0], "tflop": fl / 1e12, "peak": t_peak, "sdpa": t_sdpa,
-                        "goal": t_goal, "goal_tflops": gpu["tc"] * frac * GOAL_OF_SDPA, "ttft_goal": ttft,
-                        "share": t_goal / ttft})
+            yield gname, gpu, frac, case, tot, attention_at_goal(rows, gpu, frac)
+
+
+def attention_goal_rows(cases, gpus):
+    """Per (gpu, case): prefill attention's FLOPs and its time at the tensor-core peak, at
+    FlashAttention-2's published efficiency (the SDPA flash reference) and at the goal (60% of that
+    rate), with the whole TTFT roofline when attention runs at the goal."""
+    out = []
+    for gname, gpu, frac, case, tot, (fl, t_peak, t_sdpa, t_goal) in goal_cases(cases, gpus):
+        ttft = tot["prefill"][0] + tot.get("evict", [0.0, 0.0])[0] - t_peak + t_goal
+        out.append({"gpu": gname, "case": case[0], "tflop": fl / 1e12, "peak": t_peak, "sdpa": t_sdpa,
+                    "goal": t_goal, "goal_tflops": gpu["tc"] * frac * GOAL_OF_SDPA, "ttft_goal": ttft,
+                    "share": t_goal / ttft})
     return out
+
+
+def print_goal_table(title, hdr, widths, rule, cells, markdown):
+    """A goal table: markdown (rule: its separator row) or text (title, then rows in widths)."""
+    if markdown:
+        print("| %s |" % " | ".join(hdr))
+        print(rule)
+    else:
+        print("\n== " + title)
+        print(widths % hdr)
+    for c in cells:
+        print(("| %s |" % " | ".join(c)) if markdown else widths % c)
 
 
 def print_attention_goal(cases, gpus, markdown):
     rows = attention_goal_rows([c for c in cases if c[3] is None], gpus)  # the press does not change it
     hdr = ("GPU", "case", "attention TFLOP", "at tc peak", "SDPA flash (FA2 rate)", "goal (60%)", "goal TFLOP/s",
            "TTFT at goal", "attention share")
-    if markdown:
-        print("| %s |" % " | ".join(hdr))
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    else:
-        print("\n== prefill attention against its goal (>= %d%% of torch SDPA's flash backend, taken at "
-              "FlashAttention-2's published efficiency until measured)" % (100 * GOAL_OF_SDPA))
-        print("%-5s %-16s %15s %11s %21s %11s %13s %13s %15s" % hdr)
-    for r in rows:
-        cells = (r["gpu"], r["case"], "%.1f" % r["tflop"], fmt_t(r["peak"]), fmt_t(r["sdpa"]), fmt_t(r["goal"]),
-                 "%.0f" % r["goal_tflops"], fmt_t(r["ttft_goal"]), "%.0f%%" % (100 * r["share"]))
-        print(("| %s |" % " | ".join(cells)) if markdown else "%-5s %-16s %15s %11s %21s %11s %13s %13s %15s" % cells)
+    cells = [(r["gpu"], r["case"], "%.1f" % r["tflop"], fmt_t(r["peak"]), fmt_t(r["sdpa"]), fmt_t(r["goal"]),
+              "%.0f" % r["goal_tflops"], fmt_t(r["ttft_goal"]), "%.0f%%" % (100 * r["share"])) for r in rows]
+    print_goal_table("prefill attention against its goal (>= %d%% of torch SDPA's flash backend, taken at "
+                     "FlashAttention-2's published efficiency until measured)" % (100 * GOAL_OF_SDPA), hdr,
+                     "%-5s %-16s %15s %11s %21s %11s %13s %13s %15s", "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+                     cells, markdown)
+
+
+def evict_goal_rows(cases, gpus):
+    """Per (gpu, case with a press): the eviction's time (ideal and today's classes) against the
+    prefill it follows, with prefill attention at its goal: the TTFT the eviction adds to."""
+    out = []
+    for gname, _, _, case, tot, (_, t_peak, _, t_goal) in goal_cases(cases, gpus):
+        base, ev = tot["prefill"][0] - t_peak + t_goal, tot["evict"]
+        out.append({"gpu": gname, "case": case[0], "ideal": ev[0], "today": ev[1], "base": base,
+                    "share_ideal": ev[0] / base, "share_today": ev[1] / base, "goal": case[2] == 32768})
+    return out
+
+
+def print_evict_goal(cases, gpus, markdown):
+    rows = evict_goal_rows([c for c in cases if c[3] is not None], gpus)
+    hdr = ("GPU", "case", "eviction, ideal", "today's classes", "TTFT at the attention goal", "added, today",
+           "added, ideal", "goal (<= %.0f%% at 32K)" % (100 * EVICT_GOAL))
+    cells = [(r["gpu"], r["case"], fmt_t(r["ideal"]), fmt_t(r["today"]), fmt_t(r["base"]),
+              "%.1f%%" % (100 * r["share_today"]), "%.1f%%" % (100 * r["share_ideal"]),
+              "-" if not r["goal"] else "met" if r["share_today"] <= EVICT_GOAL else "not met") for r in rows]
+    print_goal_table("the eviction's share of TTFT (goal: critical_adakv:snapkv at 0.2 adds <= %.0f%% at 32K), "
+                     "prefill attention at its goal" % (100 * EVICT_GOAL), hdr,
+                     "%-5s %-24s %15s %15s %26s %12s %12s %18s", "|---|---|---:|---:|---:|---:|---:|---|", cells,
+                     markdown)
 
 
 def decode_splits(segs, wave, max_len, cap):
@@ -334,20 +399,13 @@ def print_decode_goal(cases, gpus, markdown):
     rows = decode_goal_rows([c for c in cases if c[3] is None], gpus)
     hdr = ("GPU", "case", "batch", "K/V GB per step", "at copy bw", "goal (70%)", "splits x segments", "wave fill",
            "step at goal", "attention share", "fits tp 1")
-    if markdown:
-        print("| %s |" % " | ".join(hdr))
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    else:
-        print("\n== decode attention against its goal (>= %d%% of the copy bandwidth; the datasheet HBM rate until "
-              "measured)" % (100 * GOAL_OF_COPY))
-        print("%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s" % hdr)
-    for r in rows:
-        cells = (r["gpu"], r["case"], "%d" % r["batch"], "%.2f" % r["gb"], fmt_t(r["copy"]), fmt_t(r["goal"]),
-                 "%d x %d" % (r["splits"], r["blocks"] // r["splits"]), "%.0f%%" % (100 * r["fill"]),
-                 fmt_t(r["step_goal"]), "%.0f%%" % (100 * r["share"]),
-                 "yes" if r["fits"] else "no (%.0f GB)" % (r["need"] / 1e9))
-        print(("| %s |" % " | ".join(cells)) if markdown else
-              "%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s" % cells)
+    cells = [(r["gpu"], r["case"], "%d" % r["batch"], "%.2f" % r["gb"], fmt_t(r["copy"]), fmt_t(r["goal"]),
+              "%d x %d" % (r["splits"], r["blocks"] // r["splits"]), "%.0f%%" % (100 * r["fill"]),
+              fmt_t(r["step_goal"]), "%.0f%%" % (100 * r["share"]),
+              "yes" if r["fits"] else "no (%.0f GB)" % (r["need"] / 1e9)) for r in rows]
+    print_goal_table("decode attention against its goal (>= %d%% of the copy bandwidth; the datasheet HBM rate until "
+                     "measured)" % (100 * GOAL_OF_COPY), hdr, "%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s",
+                     "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", cells, markdown)
 
 
 def check():
@@ -394,6 +452,18 @@ def check():
     print("%s decode attention goal at 8B@128K batch 1 on H200: %.4f GB, %.4f ms, %d splits (expected %.4f GB, "
           "%.4f ms, 47)" % ("ok  " if ok else "FAIL", r["gb"], r["goal"] * 1e3, r["splits"], want_b / 1e9,
                               want_b / (0.7 * 4800e9) * 1e3))
+    # the window scores today at 8B@32K: two passes of three mma per product (6 x 2 w n d H FLOPs per
+    # layer), the keys read once by the statistics pass and once per query head by the column sums
+    w, n = WINDOW, 32768
+    ws = next(x for x in kernels(c, n, "critical_adakv:snapkv") if x[1].startswith("window scores"))
+    want_fl = 6 * 2 * w * n * d * H * L
+    want_keys = L * (Hkv + H) * n * d * BF16
+    got_keys = ws[4] + ws[6][1] - L * n * H * F32 - L * (2 * w * H * d * F32 + 2 * (n // WIN_CHUNK) * H * w * 12 +
+                                                            5 * n * H * F32)
+    ok = abs(ws[3] * ws[6][2] - want_fl) <= 1e-9 * want_fl and abs(got_keys - want_keys) <= 1e-9 * want_keys
+    fails += not ok
+    print("%s window scores today at 8B@32K: %.6g tensor-core FLOPs, %.6g key bytes (expected %.6g, %.6g)" %
+          ("ok  " if ok else "FAIL", ws[3] * ws[6][2], got_keys, want_fl, want_keys))
     print("roofline check: %d failures" % fails)
     return 1 if fails else 0
 
@@ -421,6 +491,7 @@ def main():
         print_tables(cases, gpus, a.markdown)
     print_summary(cases, gpus, a.markdown)
     print_attention_goal(cases, gpus, a.markdown)
+    print_evict_goal(cases, gpus, a.markdown)
     print_decode_goal(cases, gpus, a.markdown)
     return 0
 
