@@ -390,7 +390,8 @@ static void test_attention_all(void) {
 /* The prefill's 8-warp blocks (128 query rows): the launch takes them for bf16 caches at head dims
  * 64-128 when their grid fills the SMs, which these shapes do on a simulated GPU of one SM (a
  * second backend, opened on it): partial and full row blocks, several row blocks over several key
- * tiles, compacted caches, two sequences, GQA. A GPU takes them at its own SM count. */
+ * tiles, compacted caches, two sequences, GQA. A GPU takes them at its own SM count: 64 heads of
+ * 256 tokens (128 blocks of 128 rows) on 108-132 SMs. */
 static void test_attention_wide(void) {
     static const attn_case cases[] = {
         /* name             dtype          seq kv  G  hd  tokens          lens           gaps early */
@@ -400,7 +401,11 @@ static void test_attention_wide(void) {
         {"wide hd 96",     CKV_DTYPE_BF16, 1, 1, 4, 96, {66},           {70},          0, 0},
         {"wide early",     CKV_DTYPE_BF16, 1, 1, 2, 128, {130},         {10},          2, 1},
     };
-    if (strcmp(tb_name, "cuda-emu") != 0) return;
+    static const attn_case gpu_grid = {"wide, GPU grid", CKV_DTYPE_BF16, 1, 4, 16, 128, {256}, {300}, 1, 0};
+    if (strcmp(tb_name, "cuda-emu") != 0) {
+        test_attention(&gpu_grid);
+        return;
+    }
     ckv_backend *gpu = tb;
     ckv_cuda_emu_set_sms(1);
     CHECK_OK(ckv_backend_cuda_emu_init(&tb, 0));
