@@ -20,9 +20,11 @@ bench.json of tools/bench/bench_gpu.py, whose copy bandwidth and bf16 GEMM rate 
   roofline.py [--cases all|NAME..] [--gpu H200|A100|all] [--ceilings bench.json] [--markdown]
   roofline.py --check     the model's own checks (parameter counts against the published ones)
 The last tables are prefill attention against its goal (>= 60% of torch SDPA's flash backend, taken
-at FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA), the eviction's
-share of the TTFT it adds to (goal <= 3% at 32K) and decode attention against its goal (>= 70% of
-the copy bandwidth, batch 1 and 16), per GPU and shape.
+at FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA), the prefill kernel's
+tiles at 8K and 32K (the mma rate and L2 traffic it must sustain to meet that goal, before and after
+its 128-row blocks and two K/V stages), the eviction's share of the TTFT it adds to (goal <= 3% at
+32K) and decode attention against its goal (>= 70% of the copy bandwidth, batch 1 and 16), per GPU
+and shape.
 Used by bench_gpu.py --dry-run and for docs/benchmarks.md (--markdown prints its tables).
 """
 import argparse
@@ -355,6 +357,90 @@ def print_evict_goal(cases, gpus, markdown):
                      markdown)
 
 
+# The prefill kernel's tiles and launch plan (src/backend/cuda/cuda_attention.cu, docs/gpu.md §3), bf16
+# caches: 64-key tiles, rows padded to an odd number of 16-byte chunks. "before": 64 query rows per
+# block (4 warps), one K and one V buffer, 3 barriers per tile, 2 blocks per SM; "after": 128 rows
+# (8 warps, 1 block per SM) where launch_flash_hd picks them, two K/V stages, 1 barrier per tile.
+FA_BN = 64
+FA_PLANS = (("before", {"bm": 64, "stages": 1, "barriers": 3, "wide": False}),
+            ("after", {"bm": 128, "stages": 2, "barriers": 1, "wide": True}))
+PREFILL_TILE_CONTEXTS = (8192, 32768)  # the goal's contexts (Llama-3.1-8B: head dim 128, GQA 4)
+
+
+def fa_smem_bytes(d, stages):
+    """Shared memory of one block: per stage a K and a V tile (bf16, padded rows) and 64 positions."""
+    return stages * (2 * FA_BN * ((d // 8) | 1) * 8 * BF16 + FA_BN * 4)
+
+
+def fa_rows(plan, n, rows, sms):
+    """Query rows per block for a launch of n tokens over `rows` (heads x sequences) row sets:
+    launch_flash_hd's rule (128 unless that grid keeps fewer than 15/16 of the SMs busy that the
+    64-row grid does)."""
+    if not plan["wide"]:
+        return plan["bm"]
+    busy = [min(-(-n // bm) * rows, sms) for bm in (128, 64)]
+    return 128 if busy[0] * 16 >= busy[1] * 15 else 64
+
+
+def prefill_tiles(c, context, plan, gpu, chunk=2048):
+    """The prefill kernel's work over the layers for one prompt in chunks: FLOPs its mma execute
+    (whole 64-key tiles up to the one holding a block's last query, every row of a block) against the
+    causal FLOPs, the K/V bytes its tiles copy into shared memory (from L2; once per block and query
+    head), and per chunk launch its blocks, resident blocks and wave efficiency."""
+    D, d, H, Hkv, F, L, V = shape(c)
+    fl = kv = 0.0
+    waves = []
+    for q0 in range(0, context, chunk):
+        nq = min(chunk, context - q0)
+        bm = fa_rows(plan, nq, H, gpu["sms"])
+        per_sm = 2 if bm == 64 else 1
+        for b in range(-(-nq // bm)):
+            last = q0 + min((b + 1) * bm, nq)  # keys up to and including the block's last query
+            keys = min(-(-last // FA_BN) * FA_BN, q0 + nq)
+            fl += 4.0 * d * bm * keys * H
+            kv += 2.0 * keys * d * BF16 * H
+        blocks = -(-nq // bm) * H
+        slots = gpu["sms"] * per_sm
+        waves.append((bm, blocks, per_sm, blocks / (-(-blocks // slots) * slots)))
+    causal = 4.0 * H * d * context * (context + 1) / 2
+    return {"flops": L * fl, "causal": L * causal, "kv_bytes": L * kv, "bm": waves[-1][0], "blocks": waves[-1][1],
+            "per_sm": waves[-1][2], "wave_eff": sum(w[3] for w in waves) / len(waves),
+            "smem": fa_smem_bytes(d, plan["stages"])}
+
+
+def prefill_tile_rows(gpus):
+    """Per (gpu, context, plan) the tile model of Llama-3.1-8B's prefill attention against the goal."""
+    c = load_config("llama-3.1-8b-instruct")
+    out = []
+    for gname, gpu in gpus:
+        frac = FA2_FRACTION.get(gname)
+        if frac is None:
+            continue
+        goal_rate = gpu["tc"] * frac * GOAL_OF_SDPA * 1e12
+        for ctx in PREFILL_TILE_CONTEXTS:
+            for pname, plan in FA_PLANS:
+                t = prefill_tiles(c, ctx, plan, gpu)
+                t_goal = t["causal"] / goal_rate
+                out.append(dict(t, gpu=gname, context=ctx, plan=pname, barriers=plan["barriers"],
+                                stages=plan["stages"], goal=t_goal, need_tflops=t["flops"] / t_goal / 1e12,
+                                l2_tbs=t["kv_bytes"] / t_goal / 1e12))
+    return out
+
+
+def print_prefill_tiles(gpus, markdown):
+    hdr = ("GPU", "context", "kernel", "rows x blocks/SM", "K/V stages", "barriers/tile", "shared KiB/SM",
+           "mma FLOPs / causal", "wave eff.", "K/V into shared GB", "goal", "mma TFLOP/s at goal", "L2 TB/s at goal")
+    fmt = "%-5s %7s %-6s %16s %10s %13s %13s %18s %9s %18s %9s %19s %15s"
+    cells = [(r["gpu"], "%dK" % (r["context"] // 1024), r["plan"], "%d x %d" % (r["bm"], r["per_sm"]),
+              "%d + %d" % (r["stages"], r["stages"]), "%d" % r["barriers"],
+              "%.1f" % (r["smem"] * r["per_sm"] / 1024.0), "%.3f" % (r["flops"] / r["causal"]),
+              "%.0f%%" % (100 * r["wave_eff"]), "%.1f" % (r["kv_bytes"] / 1e9), fmt_t(r["goal"]),
+              "%.0f" % r["need_tflops"], "%.1f" % r["l2_tbs"]) for r in prefill_tile_rows(gpus)]
+    print_goal_table("prefill attention tiles (Llama-3.1-8B: head dim 128, GQA 4; chunks of 2048): what ckv's kernel "
+                     "must sustain to meet the goal", hdr, fmt, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                     cells, markdown)
+
+
 def decode_splits(segs, wave, max_len, cap):
     """The split count of cuda_decode.cu's decode_splits: the smallest whose wave efficiency is
     within DK_EFF_SHARE of the best, each split >= DK_MIN_CHUNK keys, at most cap."""
@@ -464,6 +550,16 @@ def check():
     fails += not ok
     print("%s window scores today at 8B@32K: %.6g tensor-core FLOPs, %.6g key bytes (expected %.6g, %.6g)" %
           ("ok  " if ok else "FAIL", ws[3] * ws[6][2], got_keys, want_fl, want_keys))
+    # the prefill tiles at 8K on an H200: two stages of 64-key bf16 tiles at head dim 128 are 70,144 bytes
+    # (2 blocks fit sm_80's 164 KiB), and 128-row blocks copy about half the K/V of 64-row ones
+    rows = [r for r in prefill_tile_rows([("H200", GPUS["H200"])]) if r["context"] == 8192]
+    before, after = rows[0], rows[1]
+    ok = fa_smem_bytes(128, 2) == 70144 and 2 * (70144 + 1024) <= 164 * 1024 and after["bm"] == 128 and \
+        0.49 < after["kv_bytes"] / before["kv_bytes"] < 0.51 and before["flops"] >= before["causal"]
+    fails += not ok
+    print("%s prefill tiles at 8K on H200: %d bytes of shared memory a block, K/V into shared memory %.1f -> %.1f GB "
+          "(expected 70144, about half)" % ("ok  " if ok else "FAIL", fa_smem_bytes(128, 2), before["kv_bytes"] / 1e9,
+                                            after["kv_bytes"] / 1e9))
     print("roofline check: %d failures" % fails)
     return 1 if fails else 0
 
@@ -491,6 +587,7 @@ def main():
         print_tables(cases, gpus, a.markdown)
     print_summary(cases, gpus, a.markdown)
     print_attention_goal(cases, gpus, a.markdown)
+    print_prefill_tiles(gpus, a.markdown)
     print_evict_goal(cases, gpus, a.markdown)
     print_decode_goal(cases, gpus, a.markdown)
     return 0

@@ -356,6 +356,7 @@ ckv_status ckv_backend_cuda_emu_init(ckv_backend **out, int device_index) {
     return CKV_CUDA_NS::backend_init(out, device_index);
 }
 void ckv_cuda_emu_set_devices(int count, int major, int minor) { ckv_emu::ckv_emu_set_devices(count, major, minor); }
+void ckv_cuda_emu_set_sms(int sms) { ckv_emu::ckv_emu_set_sms(sms); }
 void ckv_cuda_emu_inject_fault(const char *kernel) { ckv_emu::ckv_emu_inject_fault(kernel); }
 void ckv_cuda_emu_reset(void) { ckv_emu::ckv_emu_reset(); }
 unsigned long long ckv_cuda_emu_alloc_calls(void) { return ckv_emu::ckv_emu_alloc_calls(); }

@@ -9,6 +9,8 @@
 ckv_status ckv_backend_cuda_emu_init(ckv_backend **out, int device_index);
 /* The simulated machine: `count` GPUs of compute capability major.minor (default 1, 9.0). */
 void ckv_cuda_emu_set_devices(int count, int major, int minor);
+/* SMs of every simulated GPU, read by a backend at init (0: CKV_EMU_SMS, default 132). */
+void ckv_cuda_emu_set_sms(int sms);
 /* The next launch of the kernel named `kernel` faults (an illegal address, surfacing at sync). */
 void ckv_cuda_emu_inject_fault(const char *kernel);
 /* Clears a fault and frees all device memory of the simulated GPU (after its backends are freed). */
