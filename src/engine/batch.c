@@ -83,9 +83,12 @@ static ckv_status batch_members(ckv_decode_batch *b, ckv_session *const *session
     return CKV_STATUS_OK;
 }
 
-/* The forward of a step up to the last hidden states b->x [n, D]; *t0 when it began. */
-static ckv_status batch_forward(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
-                                double *t0_out) {
+/* The host half of a step, before its device work: the checks, the members' segment lists, and the
+ * step's uploads (ids, positions) into the fixed device buffers the forward reads, so that the
+ * forward itself uploads nothing (a CUDA graph of it replays the same buffers). caches[n] and
+ * split[n + 1] are filled for batch_layers; *t0 is when the step began. */
+static ckv_status batch_prepare(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
+                                ckv_kv_cache **caches, int32_t *split, double *t0) {
     ckv_model *m = b->model;
     if (n < 1 || n > b->max_seq)
         return ckv_error(CKV_STATUS_ERR_ARG, "decode batch of %d sessions: expected 1 .. %d", n, b->max_seq);
@@ -97,16 +100,21 @@ static ckv_status batch_forward(ckv_decode_batch *b, ckv_session *const *session
         b->pos[i] = sessions[i]->n_past;
     }
     CKV_TRY(batch_members(b, sessions, n));
-    double t0 = ckv_time_now();
-    ckv_kv_cache *caches[CKV_LOGITS_ROWS];
-    int32_t split[CKV_LOGITS_ROWS + 1];
+    *t0 = ckv_time_now();
     for (int i = 0; i < n; i++) caches[i] = &sessions[i]->kv;
     for (int i = 0; i <= n; i++) split[i] = i;
-    const ckv_kv_cache *c0 = caches[0];
     for (int i = 1; i < n; i++)
-        if (caches[i]->dtype != c0->dtype)
+        if (caches[i]->dtype != caches[0]->dtype)
             return ckv_error(CKV_STATUS_ERR_ARG, "decode batch: rows 0 and %d have KV caches of different dtypes", i);
-    CKV_TRY(ckv_model_embed(m, &b->scratch, b->x, tokens, n));
+    CKV_TRY(ckv_model_ids_put(m, &b->scratch, tokens, n));
+    return ckv_model_positions_put(m, &b->scratch, b->pos, n);
+}
+
+/* The forward's device work up to the last hidden states b->x [n, D] (the ids and positions put). */
+static ckv_status batch_layers(ckv_decode_batch *b, ckv_kv_cache *const *caches, const int32_t *split, int n) {
+    ckv_model *m = b->model;
+    const ckv_kv_cache *c0 = caches[0];
+    ckv_model_embed_ids(m, &b->scratch, b->x, n);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         int max_len = 0;
         for (int i = 0; i < n; i++)
@@ -117,9 +125,9 @@ static ckv_status batch_forward(ckv_decode_batch *b, ckv_session *const *session
         ckv_kv_batch view = {.dtype = c0->dtype, .head_dim = c0->head_dim, .n_kv_heads = c0->n_kv, .n_seq = n,
                              .segs = b->lists + (size_t)l * b->max_seq, .seq_of = b->seq_of,
                              .seq_start = b->seq_start, .max_len = max_len + 1};
-        CKV_TRY(ckv_model_layer_batch(m, &b->scratch, l, b->x, b->pos, n, caches, n, split, &view, NULL));
+        CKV_TRY(ckv_model_layer_batch(m, &b->scratch, l, b->x, b->pos, n, caches, n, split,
+                                      &view, NULL));
     }
-    *t0_out = t0;
     return CKV_STATUS_OK;
 }
 
@@ -140,7 +148,10 @@ static void batch_account(ckv_decode_batch *b, ckv_session *const *sessions, int
 ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
                                  const float **logits) {
     double t0 = 0.0;
-    CKV_TRY(batch_forward(b, sessions, tokens, n, &t0));
+    ckv_kv_cache *caches[CKV_LOGITS_ROWS];
+    int32_t split[CKV_LOGITS_ROWS + 1];
+    CKV_TRY(batch_prepare(b, sessions, tokens, n, caches, split, &t0));
+    CKV_TRY(batch_layers(b, caches, split, n));
     CKV_TRY(ckv_model_logits(b->model, &b->scratch, b->x, n, logits));
     batch_account(b, sessions, n, t0);
     return CKV_STATUS_OK;
@@ -156,7 +167,14 @@ ckv_status ckv_decode_batch_step_ids(ckv_decode_batch *b, ckv_session *const *se
     ckv_backend *be = m->be;
     const int V = m->cfg.vocab_size;
     double t0 = 0.0, u[CKV_LOGITS_ROWS];
-    CKV_TRY(batch_forward(b, sessions, tokens, n, &t0));
+    ckv_kv_cache *caches[CKV_LOGITS_ROWS];
+    int32_t split[CKV_LOGITS_ROWS + 1];
+    CKV_TRY(batch_prepare(b, sessions, tokens, n, caches, split, &t0));
+    if (picks) {
+        for (int i = 0; i < n; i++) u[i] = picks[i].u;
+        CKV_TRY(be->ops->upload(be, b->u, u, (size_t)n * sizeof(double)));
+    }
+    CKV_TRY(batch_layers(b, caches, split, n));
     const float *lg = NULL; // [n, V] device
     CKV_TRY(ckv_model_logits_device(m, &b->scratch, b->x, n, b->full_logits, &lg));
     if (!picks) {
@@ -164,8 +182,6 @@ ckv_status ckv_decode_batch_step_ids(ckv_decode_batch *b, ckv_session *const *se
         batch_account(b, sessions, n, t0);
         return CKV_STATUS_OK;
     }
-    for (int i = 0; i < n; i++) u[i] = picks[i].u;
-    CKV_TRY(be->ops->upload(be, b->u, u, (size_t)n * sizeof(double)));
     for (int i = 0, j; i < n; i = j) { /* one call per run of rows with the same settings */
         for (j = i + 1; j < n && same_pick(&picks[j], &picks[i]); j++) {
         }
