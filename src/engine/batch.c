@@ -35,6 +35,7 @@ ckv_status ckv_decode_batch_init(ckv_decode_batch *b, ckv_model *m, int max_seq)
                             "batch gathered logits");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&b->u, (size_t)max_seq * sizeof(double), "batch draws");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&b->ids, (size_t)max_seq * sizeof(int32_t), "batch ids");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&b->bound, (size_t)L * sizeof *b->bound, "batch key bounds");
     if (st != CKV_STATUS_OK) ckv_decode_batch_free(b);
     return st;
 }
@@ -55,7 +56,15 @@ void ckv_decode_batch_free(ckv_decode_batch *b) {
     ckv_free(b->lists_host);
     ckv_free(b->pos);
     ckv_free(b->members);
+    ckv_free(b->bound);
     memset(b, 0, sizeof *b);
+}
+
+int ckv_decode_len_bound(int len) {
+    int p = 1;
+    while (p <= len / 2) p <<= 1; /* the largest power of two <= len */
+    const int g = p / 16 > 256 ? p / 16 : 256;
+    return (len + g - 1) / g * g;
 }
 
 /* Points the device segment lists at the sessions' tables when the membership changed. A session's
@@ -83,8 +92,8 @@ static ckv_status batch_members(ckv_decode_batch *b, ckv_session *const *session
     return CKV_STATUS_OK;
 }
 
-/* The host half of a step, before its device work: the checks, the members' segment lists, and the
- * step's uploads (ids, positions) into the fixed device buffers the forward reads, so that the
+/* The host half of a step, before its device work: the checks, the members' segment lists, each
+ * layer's key bound (b->bound), and the step's uploads (ids, positions) into the fixed device buffers the forward reads, so that the
  * forward itself uploads nothing (a CUDA graph of it replays the same buffers). caches[n] and
  * split[n + 1] are filled for batch_layers; *t0 is when the step began. */
 static ckv_status batch_prepare(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
@@ -106,6 +115,15 @@ static ckv_status batch_prepare(ckv_decode_batch *b, ckv_session *const *session
     for (int i = 1; i < n; i++)
         if (caches[i]->dtype != caches[0]->dtype)
             return ckv_error(CKV_STATUS_ERR_ARG, "decode batch: rows 0 and %d have KV caches of different dtypes", i);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        int max_len = 0;
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < caches[i]->n_kv; h++) {
+                const int len = caches[i]->layers[l].len[h];
+                max_len = len > max_len ? len : max_len;
+            }
+        b->bound[l] = ckv_decode_len_bound(max_len + 1);
+    }
     CKV_TRY(ckv_model_ids_put(m, &b->scratch, tokens, n));
     return ckv_model_positions_put(m, &b->scratch, b->pos, n);
 }
@@ -116,17 +134,10 @@ static ckv_status batch_layers(ckv_decode_batch *b, ckv_kv_cache *const *caches,
     const ckv_kv_cache *c0 = caches[0];
     ckv_model_embed_ids(m, &b->scratch, b->x, n);
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        int max_len = 0;
-        for (int i = 0; i < n; i++)
-            for (int h = 0; h < c0->n_kv; h++) {
-                int len = caches[i]->layers[l].len[h];
-                max_len = len > max_len ? len : max_len;
-            }
         ckv_kv_batch view = {.dtype = c0->dtype, .head_dim = c0->head_dim, .n_kv_heads = c0->n_kv, .n_seq = n,
                              .segs = b->lists + (size_t)l * b->max_seq, .seq_of = b->seq_of,
-                             .seq_start = b->seq_start, .max_len = max_len + 1};
-        CKV_TRY(ckv_model_layer_batch(m, &b->scratch, l, b->x, b->pos, n, caches, n, split,
-                                      &view, NULL));
+                             .seq_start = b->seq_start, .max_len = b->bound[l]};
+        CKV_TRY(ckv_model_layer_batch(m, &b->scratch, l, b->x, b->pos, n, caches, n, split, &view, NULL));
     }
     return CKV_STATUS_OK;
 }

@@ -26,17 +26,28 @@ typedef struct {
     float *full_logits;         /* [max_seq, V] device, tp > 1 only: the gathered rows the sample op reads */
     double *u;                  /* [max_seq] device: each row's uniform draw */
     int32_t *ids;               /* [max_seq] device: the sampled ids */
+    int *bound;                 /* [n_layers] host: each layer's key bound the step's attention is planned
+                                 * for (its view's max_len: the longest segment after the step, bucketed) */
     int n_members;
     double step_seconds;        /* statistics */
     long steps, rows;
 } ckv_decode_batch;
+
+/* The key bound a decode step's attention is planned for when its longest segment holds len rows
+ * after the step: len rounded up to a multiple of 256, or of 1/16 of the largest power of two <= len
+ * when that is larger (at most 1/16 more keys planned than held; the kernels skip the keys past each
+ * segment's length). */
+int ckv_decode_len_bound(int len);
 
 /* Sizes a batch for up to max_seq sessions of model m (1 <= max_seq <= CKV_LOGITS_ROWS). */
 ckv_status ckv_decode_batch_init(ckv_decode_batch *b, ckv_model *m, int max_seq);
 void ckv_decode_batch_free(ckv_decode_batch *b); /* accepts partial objects */
 
 /* Feeds tokens[i] to sessions[i] (i < n, n <= max_seq, distinct sessions of b's model, each with room
- * for one more token) at that session's next position, in one forward. *logits points at [n, V]
+ * for one more token) at that session's next position, in one forward. Each layer's attention is
+ * planned for a bucket of its longest segment (ckv_decode_len_bound), not the length itself, so the
+ * plan, and with it the summation order, is the same for every step of a bucket (the recorded CUDA
+ * graph of ckv_decode_batch_step_ids and the unrecorded step give the same ids). *logits points at [n, V]
  * host logits, row i for session i (valid until the next call). Each session's n_past and decode
  * statistics advance as after ckv_session_decode. */
 ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
