@@ -28,6 +28,8 @@ typedef struct {
     int32_t *ids;               /* [max_seq] device: the sampled ids */
     int *bound;                 /* [n_layers] host: each layer's key bound the step's attention is planned
                                  * for (its view's max_len: the longest segment after the step, bucketed) */
+    int32_t *key;               /* [2 + n_layers + 3 max_seq] host: the key of the step's recording */
+    int graphs;                 /* 1: device-sampled steps are recorded and replayed (backend graphs, tp 1) */
     int n_members;
     double step_seconds;        /* statistics */
     long steps, rows;
@@ -63,7 +65,12 @@ typedef struct {
 } ckv_batch_pick;
 
 /* As ckv_decode_batch_step, but row i's token is sampled on the device as picks[i] says and only the
- * ids leave it: ids[i] (host) for session i. Every rank of a tensor-parallel group calls it together;
+ * ids leave it: ids[i] (host) for session i. On a backend with recorded steps (CKV_BACKEND_CAP_GRAPHS:
+ * the CUDA backend's CUDA graphs) at tp 1, the step's device work (forward, logits, sampling) is
+ * recorded under a key of its row count, KV dtype, each layer's key bound and each row's sampling
+ * settings: the first step of a key runs as usual, the second is recorded, later ones replay it with
+ * one graph launch (the members may change between them: their segment lists, ids, positions and
+ * draws are uploaded before the launch). The ids are the same recorded or not. Every rank of a tensor-parallel group calls it together;
  * a rank whose ids nobody reads (a follower) passes picks and ids NULL: the step stops at the logits.
  * The host waits for the device once per step (the ids' download; a follower's sync): the inputs are
  * staged uploads, rows with equal settings are sampled by one call, and a row with a non-finite logit
