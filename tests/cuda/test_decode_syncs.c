@@ -19,6 +19,7 @@
  * Each key's first step runs unrecorded, its second is recorded and launched, later ones replay: exactly 1 graph launch,
  * 1 host wait and no kernel or GEMM launched from the host per replayed step; ids equal to the
  * unrecorded backend's at every step. Under CKV_EMU_CHECK=1 the replays go through the layer's checks.
+ * CKV_CUDA_GRAPHS other than 0 or 1 is refused at init.
  * Every wait the layer counts is one a GPU would make the host take (stream and device syncs,
  * copies into pageable memory); small uploads are staged through page-locked memory, whose copies
  * the layer runs late, so a staging bug shows up as wrong ids. Prints waits, kernels and GEMMs per
@@ -156,6 +157,8 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm) {
 int main(void) {
     ckv_backend *dev = NULL, *gdev = NULL, *cpu = NULL;
     ckv_model *m = NULL, *gm = NULL;
+    setenv("CKV_CUDA_GRAPHS", "yes", 1); /* neither 0 nor 1: init refuses it in one line */
+    CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_GRAPHS=yes: expected 0");
     setenv("CKV_CUDA_GRAPHS", "0", 1); /* the unrecorded step (read at init) */
     CHECK_OK(ckv_backend_cuda_emu_init(&dev, 0));
     unsetenv("CKV_CUDA_GRAPHS");
