@@ -37,7 +37,7 @@ ckv_status ckv_decode_batch_init(ckv_decode_batch *b, ckv_model *m, int max_seq)
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&b->ids, (size_t)max_seq * sizeof(int32_t), "batch ids");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&b->bound, (size_t)L * sizeof *b->bound, "batch key bounds");
     if (st == CKV_STATUS_OK)
-        st = ckv_alloc((void **)&b->key, (size_t)(2 + L + 3 * max_seq) * sizeof *b->key, "batch recording key");
+        st = ckv_alloc((void **)&b->key, (size_t)(3 + L + 3 * max_seq) * sizeof *b->key, "batch recording key");
     b->graphs = ckv_backend_supports(be, CKV_BACKEND_CAP_GRAPHS) && m->plan.tp == 1;
     if (st != CKV_STATUS_OK) ckv_decode_batch_free(b);
     return st;
@@ -160,24 +160,11 @@ static void batch_account(ckv_decode_batch *b, ckv_session *const *sessions, int
     b->rows += n;
 }
 
-/* The host waits once per step: for the logits' (or the ids') download, which also reports a failed op. */
-ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
-                                 const float **logits) {
-    double t0 = 0.0;
-    ckv_kv_cache *caches[CKV_LOGITS_ROWS];
-    int32_t split[CKV_LOGITS_ROWS + 1];
-    CKV_TRY(batch_prepare(b, sessions, tokens, n, caches, split, &t0));
-    CKV_TRY(batch_layers(b, caches, split, n));
-    CKV_TRY(ckv_model_logits(b->model, &b->scratch, b->x, n, logits));
-    batch_account(b, sessions, n, t0);
-    return CKV_STATUS_OK;
-}
-
 static int same_pick(const ckv_batch_pick *a, const ckv_batch_pick *b) {
     return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p;
 }
 
-/* The device work of a device-sampled step after batch_prepare: the forward, the logits and (picks
+/* The device work of a step after batch_prepare: the forward, the logits (b->logits_dev) and (picks
  * not NULL) one sample call per run of rows with the same settings into b->ids, reading the draws
  * b->u. No upload, host wait or allocation: it may be recorded as a CUDA graph. */
 static ckv_status batch_device(ckv_decode_batch *b, ckv_kv_cache *const *caches, const int32_t *split, int n,
@@ -188,6 +175,7 @@ static ckv_status batch_device(ckv_decode_batch *b, ckv_kv_cache *const *caches,
     CKV_TRY(batch_layers(b, caches, split, n));
     const float *lg = NULL; // [n, V] device
     CKV_TRY(ckv_model_logits_device(m, &b->scratch, b->x, n, b->full_logits, &lg));
+    b->logits_dev = lg;
     for (int i = 0, j; picks && i < n; i = j) {
         for (j = i + 1; j < n && same_pick(&picks[j], &picks[i]); j++) {
         }
@@ -197,16 +185,18 @@ static ckv_status batch_device(ckv_decode_batch *b, ckv_kv_cache *const *caches,
     return CKV_STATUS_OK;
 }
 
-/* The key of a device-sampled step's recording in b->key: everything the host arguments of its
- * launches depend on (the rows, the KV dtype, each layer's key bound, each row's sampling settings);
- * not the members, whose segment lists are device memory uploaded before the step. Its bytes. */
+/* The key of a step's recording in b->key: everything the host arguments of its launches depend on
+ * (the rows, the KV dtype, each layer's key bound, whether it samples and each row's sampling
+ * settings); not the members, whose segment lists are device memory uploaded before the step. Its
+ * bytes. */
 static size_t batch_key(ckv_decode_batch *b, const ckv_kv_cache *c0, int n, const ckv_batch_pick *picks) {
     int32_t *k = b->key;
     size_t at = 0;
     k[at++] = n;
     k[at++] = (int32_t)c0->dtype;
+    k[at++] = picks != NULL;
     for (int l = 0; l < b->model->cfg.n_layers; l++) k[at++] = b->bound[l];
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; picks && i < n; i++) {
         memcpy(&k[at++], &picks[i].temperature, sizeof(float));
         memcpy(&k[at++], &picks[i].top_p, sizeof(float));
         k[at++] = picks[i].top_k;
@@ -220,30 +210,46 @@ static ckv_status batch_replayed(ckv_decode_batch *b, ckv_kv_cache *const *cache
     return CKV_STATUS_OK;
 }
 
+/* batch_device, recorded and replayed when b records (the first step of a key runs unrecorded, the
+ * second is recorded, later ones replay: backend.h, graph_begin); a replay leaves the host
+ * bookkeeping to batch_replayed. */
+static ckv_status batch_run(ckv_decode_batch *b, ckv_kv_cache *const *caches, const int32_t *split, int n,
+                            const ckv_batch_pick *picks) {
+    ckv_backend *be = b->model->be;
+    int replayed = 0;
+    if (b->graphs) CKV_TRY(be->ops->graph_begin(be, b, b->key, batch_key(b, caches[0], n, picks), &replayed));
+    if (replayed) return batch_replayed(b, caches, split, n);
+    const ckv_status st = batch_device(b, caches, split, n, picks);
+    return b->graphs ? be->ops->graph_end(be, st) : st;
+}
+
+/* The host waits once per step: for the logits' (or the ids') download, which also reports a failed op. */
+ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
+                                 const float **logits) {
+    double t0 = 0.0;
+    ckv_kv_cache *caches[CKV_LOGITS_ROWS];
+    int32_t split[CKV_LOGITS_ROWS + 1];
+    CKV_TRY(batch_prepare(b, sessions, tokens, n, caches, split, &t0));
+    CKV_TRY(batch_run(b, caches, split, n, NULL));
+    CKV_TRY(ckv_model_logits_fetch(b->model, &b->scratch, b->logits_dev, n, logits));
+    batch_account(b, sessions, n, t0);
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_decode_batch_step_ids(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
                                      const ckv_batch_pick *picks, int32_t *ids) {
-    ckv_model *m = b->model;
-    ckv_backend *be = m->be;
+    ckv_backend *be = b->model->be;
     double t0 = 0.0, u[CKV_LOGITS_ROWS];
     ckv_kv_cache *caches[CKV_LOGITS_ROWS];
     int32_t split[CKV_LOGITS_ROWS + 1];
     CKV_TRY(batch_prepare(b, sessions, tokens, n, caches, split, &t0));
-    if (!picks) {
-        CKV_TRY(batch_device(b, caches, split, n, NULL));
+    for (int i = 0; picks && i < n; i++) u[i] = picks[i].u;
+    if (picks) CKV_TRY(be->ops->upload(be, b->u, u, (size_t)n * sizeof(double)));
+    CKV_TRY(batch_run(b, caches, split, n, picks));
+    if (!picks) { /* a follower of a tensor-parallel group: its logits stay on the device */
         CKV_TRY(be->ops->sync(be));
         batch_account(b, sessions, n, t0);
         return CKV_STATUS_OK;
-    }
-    for (int i = 0; i < n; i++) u[i] = picks[i].u;
-    CKV_TRY(be->ops->upload(be, b->u, u, (size_t)n * sizeof(double)));
-    int replayed = 0;
-    if (b->graphs) CKV_TRY(be->ops->graph_begin(be, b, b->key, batch_key(b, caches[0], n, picks), &replayed));
-    if (replayed) {
-        CKV_TRY(batch_replayed(b, caches, split, n));
-    } else {
-        ckv_status st = batch_device(b, caches, split, n, picks);
-        if (b->graphs) st = be->ops->graph_end(be, st);
-        CKV_TRY(st);
     }
     CKV_TRY(be->ops->download(be, ids, b->ids, (size_t)n * sizeof(int32_t))); /* the step's one wait */
     for (int i = 0; i < n; i++)

@@ -28,8 +28,9 @@ typedef struct {
     int32_t *ids;               /* [max_seq] device: the sampled ids */
     int *bound;                 /* [n_layers] host: each layer's key bound the step's attention is planned
                                  * for (its view's max_len: the longest segment after the step, bucketed) */
-    int32_t *key;               /* [2 + n_layers + 3 max_seq] host: the key of the step's recording */
-    int graphs;                 /* 1: device-sampled steps are recorded and replayed (backend graphs, tp 1) */
+    int32_t *key;               /* [3 + n_layers + 3 max_seq] host: the key of the step's recording */
+    int graphs;                 /* 1: steps are recorded and replayed (backend graphs, tp 1) */
+    const float *logits_dev;    /* [max_seq, V] device: where the forward leaves the step's logits */
     int n_members;
     double step_seconds;        /* statistics */
     long steps, rows;
@@ -48,8 +49,10 @@ void ckv_decode_batch_free(ckv_decode_batch *b); /* accepts partial objects */
 /* Feeds tokens[i] to sessions[i] (i < n, n <= max_seq, distinct sessions of b's model, each with room
  * for one more token) at that session's next position, in one forward. Each layer's attention is
  * planned for a bucket of its longest segment (ckv_decode_len_bound), not the length itself, so the
- * plan, and with it the summation order, is the same for every step of a bucket (the recorded CUDA
- * graph of ckv_decode_batch_step_ids and the unrecorded step give the same ids). *logits points at [n, V]
+ * plan, and with it the summation order, is the same for every step of a bucket (a recorded CUDA
+ * graph of the step and the unrecorded step give the same logits). The forward is recorded and
+ * replayed as in ckv_decode_batch_step_ids (its key with no sampling settings), the logits'
+ * download after it. *logits points at [n, V]
  * host logits, row i for session i (valid until the next call). Each session's n_past and decode
  * statistics advance as after ckv_session_decode. */
 ckv_status ckv_decode_batch_step(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,

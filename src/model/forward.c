@@ -239,12 +239,9 @@ static ckv_status logits_get(ckv_model *m, ckv_model_scratch *s, const float *x,
     size_t pad = 0;
     CKV_TRY(logits_compute(m, s, x, n, &parts, &pad));
     if (!device) {
-        if (tp == 1) {
-            CKV_TRY(be->ops->download(be, s->host_logits, parts, nv * sizeof(float)));
-        } else {
-            CKV_TRY(be->ops->download(be, s->host_part, parts, (size_t)n * pad * sizeof(float) * (size_t)tp));
-            CKV_TRY(logits_assemble(m, s->host_logits, s->host_part, n, pad, 0));
-        }
+        if (tp == 1) return ckv_model_logits_fetch(m, s, parts, n, logits);
+        CKV_TRY(be->ops->download(be, s->host_part, parts, (size_t)n * pad * sizeof(float) * (size_t)tp));
+        CKV_TRY(logits_assemble(m, s->host_logits, s->host_part, n, pad, 0));
         *logits = s->host_logits;
         return logits_check(s->host_logits, nv);
     }
@@ -255,6 +252,15 @@ static ckv_status logits_get(ckv_model *m, ckv_model_scratch *s, const float *x,
     }
     *logits = parts; /* not checked here: the sample op marks a non-finite row (CKV_SAMPLE_NONFINITE) */
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_logits_fetch(ckv_model *m, ckv_model_scratch *s, const float *logits_dev, int n,
+                                  const float **logits) {
+    if (n < 1 || n > s->n_logits) return ckv_error(CKV_STATUS_ERR_ARG, "logits: %d rows outside [1, %d]", n, s->n_logits);
+    const size_t nv = (size_t)n * (size_t)m->cfg.vocab_size;
+    CKV_TRY(m->be->ops->download(m->be, s->host_logits, logits_dev, nv * sizeof(float)));
+    *logits = s->host_logits;
+    return logits_check(s->host_logits, nv);
 }
 
 ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {

@@ -149,6 +149,11 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
  * non-finite logit, and its caller makes that the error ckv_model_logits would give. */
 ckv_status ckv_model_logits_device(ckv_model *m, ckv_model_scratch *s, const float *x, int n, float *full,
                                    const float **logits);
+/* The device logits [n, V] ckv_model_logits_device gave (logits_dev) downloaded into the scratch's
+ * host rows and checked as ckv_model_logits checks them; *logits points at them (valid until the
+ * next call). The download is the host wait. */
+ckv_status ckv_model_logits_fetch(ckv_model *m, ckv_model_scratch *s, const float *logits_dev, int n,
+                                  const float **logits);
 
 /* A 16-hex-digit fingerprint of the model (its configuration and samples of its weights), the same
  * on every rank; cache files record it so a cache is never loaded into another model. */

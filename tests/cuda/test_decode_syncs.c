@@ -15,7 +15,9 @@
  * second backend with them on decodes 14 device-sampled steps of four sessions (prompts of 120, 90,
  * 250 and 60 ids) beside the first: members {0, 1, 2} for 8 steps (the longest crosses the key bound
  * 256 at step 6), {0, 3, 2} for 2 (other members, same key), {0, 3, 2, 1} for 4, {0, 3, 2} for 2
- * (a known key whose graph holds the split-KV partials the 4-row step reallocated: recorded again).
+ * (a known key whose graph holds the split-KV partials the 4-row step reallocated: recorded again),
+ * then the same members for 4 steps returning host logits (ckv_decode_batch_step: a key of its own;
+ * the logits equal to the unrecorded backend's bit for bit).
  * Each key's first step runs unrecorded, its second is recorded and launched, later ones replay: exactly 1 graph launch,
  * 1 host wait and no kernel or GEMM launched from the host per replayed step; ids equal to the
  * unrecorded backend's at every step. Under CKV_EMU_CHECK=1 the replays go through the layer's checks.
@@ -25,6 +27,7 @@
  * the layer runs late, so a staging bug shows up as wrong ids. Prints waits, kernels and GEMMs per
  * step and per layer. Label cuda-emu. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +39,7 @@
 #include "engine/session.h"
 #include "model/model.h"
 
-enum { NS = 3, STEPS = 6, CAP = 160, GS = 4, GSTEPS = 16, GCAP = 320 };
+enum { NS = 3, STEPS = 6, CAP = 160, GS = 4, GSTEPS = 20, GCAP = 320 };
 
 typedef struct {
     unsigned long long waits, kernels, gemms, allocs;
@@ -86,8 +89,10 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm) {
         {3, 0, 1, 2}, {3, 0, 1, 2}, /* step 6: session 2 holds 257 rows after the step: bound 512 */
         {3, 0, 3, 2}, {3, 0, 3, 2}, /* other members, the same key */
         {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1},
-        {3, 0, 3, 2}, {3, 0, 3, 2}}; /* a known key, but the 4-row step grew the split-KV partials: recorded again */
-    static const int want_kind[GSTEPS] = {0, 1, 2, 2, 2, 2, 0, 1, 2, 2, 0, 1, 2, 2, 1, 2};
+        {3, 0, 3, 2}, {3, 0, 3, 2}, /* a known key, but the 4-row step grew the split-KV partials: recorded again */
+        {3, 0, 3, 2}, {3, 0, 3, 2}, {3, 0, 3, 2}, {3, 0, 3, 2}}; /* host logits (ckv_decode_batch_step) */
+    static const int want_kind[GSTEPS] = {0, 1, 2, 2, 2, 2, 0, 1, 2, 2, 0, 1, 2, 2, 1, 2, 0, 1, 2, 2};
+    enum { HOST_FROM = 16 }; /* the steps from here return host logits */
     static const char *const kind_name[3] = {"unrecorded", "recorded", "replayed"};
     ckv_session ps[GS], gs[GS];
     int32_t tok[GS];
@@ -102,6 +107,7 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm) {
     CHECK_OK(ckv_decode_batch_init(&gb, gm, GS));
     uint64_t rng = 0x9a7eULL;
     int wrong_ids = 0, wrong_kind = 0, wrong_counts = 0, replays = 0;
+    double max_err = 0.0;
     for (int step = 0; step < GSTEPS; step++) {
         const int n = rows[step][0];
         ckv_session *pp[GS], *gp[GS];
@@ -113,12 +119,27 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm) {
             picks[r] = r == 0 ? (ckv_batch_pick){0.0f, 1.0f, 0, 0.0}
                               : (ckv_batch_pick){0.8f, 0.9f, 20, ckv_test_rng_double(&rng)};
         }
-        CHECK_OK(ckv_decode_batch_step_ids(&pb, pp, in, n, picks, pid));
+        const int host = step >= HOST_FROM, V = pm->cfg.vocab_size;
+        const float *plg = NULL, *glg = NULL;
+        if (host) {
+            CHECK_OK(ckv_decode_batch_step(&pb, pp, in, n, &plg));
+            for (int r = 0; plg && r < n; r++) pid[r] = argmax(plg + (size_t)r * V, V);
+        } else {
+            CHECK_OK(ckv_decode_batch_step_ids(&pb, pp, in, n, picks, pid));
+        }
         unsigned long long cap0, gl0, cap1, gl1;
         ckv_cuda_emu_graph_counts(&cap0, &gl0);
         counts c0 = now();
-        const ckv_status st = ckv_decode_batch_step_ids(&gb, gp, in, n, picks, gid);
+        const ckv_status st = host ? ckv_decode_batch_step(&gb, gp, in, n, &glg)
+                                   : ckv_decode_batch_step_ids(&gb, gp, in, n, picks, gid);
         counts c = since(c0);
+        for (int r = 0; host && glg && plg && r < n; r++) {
+            gid[r] = argmax(glg + (size_t)r * V, V);
+            for (int v = 0; v < V; v++) {
+                const double e = fabs((double)glg[(size_t)r * V + v] - (double)plg[(size_t)r * V + v]);
+                max_err = e > max_err ? e : max_err;
+            }
+        }
         ckv_cuda_emu_graph_counts(&cap1, &gl1);
         CHECK_MSG(st == CKV_STATUS_OK, "recorded step %d: %s", step, ckv_error_message());
         if (st != CKV_STATUS_OK) break;
@@ -140,15 +161,17 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm) {
                         rows[step][1 + r], gid[r], pid[r]);
             tok[rows[step][1 + r]] = pid[r];
         }
-        fprintf(stderr, "     step %2d: %d rows, %-10s %llu graph launch, %llu kernels, %llu GEMMs, %llu host wait\n",
-                step, n, kind_name[kind], launches, c.kernels, c.gemms, c.waits);
+        fprintf(stderr, "     step %2d: %d rows, %s, %-10s %llu graph launch, %llu kernels, %llu GEMMs, %llu host wait\n",
+                step, n, host ? "host logits" : "ids       ", kind_name[kind], launches, c.kernels, c.gemms, c.waits);
     }
     CHECK_MSG(wrong_kind == 0, "%d steps were not recorded or replayed when they should", wrong_kind);
     CHECK_MSG(wrong_counts == 0, "%d recorded or replayed steps launched or waited other than once", wrong_counts);
     CHECK_MSG(wrong_ids == 0, "%d ids of the recorded steps differ from the unrecorded backend's", wrong_ids);
+    CHECK_MSG(max_err == 0.0, "the recorded steps' host logits differ from the unrecorded backend's by up to %g", max_err);
     fprintf(stderr, "%s %d recorded steps (%d replays: 1 graph launch and 1 host wait each), ids equal to the "
-            "unrecorded backend's over a key bound crossing, changes of members and a moved workspace\n",
-            wrong_kind || wrong_counts || wrong_ids ? "FAIL" : "ok  ", GSTEPS, replays);
+            "unrecorded backend's over a key bound crossing, changes of members and a moved workspace; host logits "
+            "max error %g\n", wrong_kind || wrong_counts || wrong_ids || max_err > 0.0 ? "FAIL" : "ok  ", GSTEPS,
+            replays, max_err);
     ckv_decode_batch_free(&pb);
     ckv_decode_batch_free(&gb);
     for (int i = 0; i < GS; i++) ckv_session_free(&ps[i]), ckv_session_free(&gs[i]);
