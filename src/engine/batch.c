@@ -98,9 +98,10 @@ static ckv_status batch_members(ckv_decode_batch *b, ckv_session *const *session
 }
 
 /* The host half of a step, before its device work: the checks, the members' segment lists, each
- * layer's key bound (b->bound), and the step's uploads (ids, positions) into the fixed device buffers the forward reads, so that the
- * forward itself uploads nothing (a CUDA graph of it replays the same buffers). caches[n] and
- * split[n + 1] are filled for batch_layers; *t0 is when the step began. */
+ * layer's key bound (b->bound), and the step's uploads (ids, positions) into the fixed device
+ * buffers the forward reads, so that the forward itself uploads nothing (a CUDA graph of it replays
+ * the same buffers). caches[n] and split[n + 1] are filled for batch_layers; *t0 is when the step
+ * began. */
 static ckv_status batch_prepare(ckv_decode_batch *b, ckv_session *const *sessions, const int32_t *tokens, int n,
                                 ckv_kv_cache **caches, int32_t *split, double *t0) {
     ckv_model *m = b->model;
