@@ -21,7 +21,8 @@
  * Each key's first step runs unrecorded, its second is recorded and launched, later ones replay: exactly 1 graph launch,
  * 1 host wait and no kernel or GEMM launched from the host per replayed step; ids equal to the
  * unrecorded backend's at every step. Under CKV_EMU_CHECK=1 the replays go through the layer's checks.
- * CKV_CUDA_GRAPHS other than 0 or 1 is refused at init.
+ * CKV_CUDA_GRAPHS other than 0 or 1 is refused at init; a recording whose step makes a refused call
+ * (a wait) is that step's error naming the call, and recording stays off.
  *   test_decode_syncs [cuda-emu]   the above (label cuda-emu)
  *   test_decode_syncs cuda         on a GPU (label cuda): the recorded steps' ids and host logits
  *                                  against a backend with recording off (no counters); skips without one
@@ -183,6 +184,42 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm, int counted) {
     for (int i = 0; i < GS; i++) ckv_session_free(&ps[i]), ckv_session_free(&gs[i]);
 }
 
+/* A recording that fails: a call inside it waits for the device (a void op, release, whose refused
+ * cudaFree is recorded for later) is graph_end's error naming that call, and recording stays off for
+ * the backend: the key's next step runs unrecorded and nothing is captured. */
+static void recording_failure(void) {
+    ckv_backend *be = NULL;
+    CHECK_OK(ckv_backend_cuda_emu_init(&be, 0));
+    if (!be) return;
+    void *buf = NULL;
+    CHECK_OK(be->ops->alloc(be, &buf, 256, "test buffer"));
+    const int owner = 0, key = 7;
+    int replayed = -1, ok = 1;
+    unsigned long long cap0, cap1, gl0, gl1;
+    CHECK_OK(be->ops->graph_begin(be, &owner, &key, sizeof key, &replayed)); /* the key's first step */
+    CHECK(replayed == 0);
+    CHECK_OK(be->ops->graph_end(be, CKV_STATUS_OK));
+    CHECK_OK(be->ops->graph_begin(be, &owner, &key, sizeof key, &replayed)); /* recorded */
+    be->ops->release(be, buf); /* waits for the stream and frees: refused in a capture */
+    ckv_error_clear();
+    const ckv_status st = be->ops->graph_end(be, CKV_STATUS_OK);
+    const char *msg = ckv_error_message();
+    ok &= st == CKV_STATUS_ERR_DEVICE && strstr(msg, "recording the decode step as a CUDA graph failed") &&
+          strstr(msg, "release") && strstr(msg, "are off");
+    CHECK_MSG(ok, "a refused call inside a recording: graph_end gave %s '%s'", ckv_status_string(st), msg);
+    ckv_cuda_emu_graph_counts(&cap0, &gl0);
+    CHECK_OK(be->ops->graph_begin(be, &owner, &key, sizeof key, &replayed)); /* off: runs unrecorded */
+    CHECK_OK(be->ops->graph_end(be, CKV_STATUS_OK));
+    ckv_cuda_emu_graph_counts(&cap1, &gl1);
+    CHECK_MSG(replayed == 0 && cap1 == cap0 && gl1 == gl0, "after a failed recording: replayed %d, %llu captures, %llu "
+              "graph launches (want 0, 0, 0)", replayed, cap1 - cap0, gl1 - gl0);
+    CHECK_OK(be->ops->sync(be));
+    be->ops->release(be, buf);
+    CHECK_OK(be->ops->sync(be));
+    ckv_backend_free(be);
+    if (ok) fprintf(stderr, "ok   a refused call inside a recording fails the step naming it; recording stays off\n");
+}
+
 int main(int argc, char **argv) {
     ckv_backend *dev = NULL, *gdev = NULL, *cpu = NULL;
     ckv_model *m = NULL, *gm = NULL;
@@ -305,6 +342,7 @@ int main(int argc, char **argv) {
             c1.waits, c1.kernels, c1.gemms);
 
     recorded_steps(m, gm, 1);
+    recording_failure();
 
     /* the step under a stream capture (last: the sessions' step does not complete): everything up to
      * the download records (no host wait, allocation or pageable copy inside the step), and the

@@ -9,6 +9,7 @@
  * graphs recorded before are recorded again at their next use. It does not decide what a step is or
  * what its key holds (the engine does: engine/batch.c) and launches no kernel of its own.
  * CKV_CUDA_GRAPHS=0 (and CKV_CUDA_SYNC=1, whose waits cannot be captured) turns recording off. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,11 +128,11 @@ ckv_status graph_end(ckv_backend *be, ckv_status step) {
         /* a call of the step was refused (it waits for the device or allocates): the void op that
          * made it recorded why; the step never ran, and recording stays off from now on */
         g->off = 1;
-        const ckv_status why = take_pending(c);
+        char why[320] = "a call of the step is not allowed in a capture";
+        if (take_pending(c) != CKV_STATUS_OK) snprintf(why, sizeof why, "%s", ckv_error_message());
         return ckv_error(CKV_STATUS_ERR_DEVICE, "%s backend: recording the decode step as a CUDA graph failed (%s): %s; "
-                         "CUDA graphs are off for this process from now on (CKV_CUDA_GRAPHS=0 turns them off at the start)",
-                         CKV_CUDA_BACKEND_NAME, cudaGetErrorName(e),
-                         why != CKV_STATUS_OK ? ckv_error_message() : "a call of the step is not allowed in a capture");
+                         "CUDA graphs are off for this backend from now on (CKV_CUDA_GRAPHS=0 turns them off at the start)",
+                         CKV_CUDA_BACKEND_NAME, cudaGetErrorName(e), why);
     }
     const cudaError_t ei = cudaGraphInstantiate(&s->exec, graph, 0);
     cudaGraphDestroy(graph);
