@@ -220,38 +220,9 @@ static void recording_failure(void) {
     if (ok) fprintf(stderr, "ok   a refused call inside a recording fails the step naming it; recording stays off\n");
 }
 
-int main(int argc, char **argv) {
-    ckv_backend *dev = NULL, *gdev = NULL, *cpu = NULL;
-    ckv_model *m = NULL, *gm = NULL;
-    const int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
-    if (!gpu) {
-        setenv("CKV_CUDA_GRAPHS", "yes", 1); /* neither 0 nor 1: init refuses it in one line */
-        CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_GRAPHS=yes: expected 0");
-    }
-    setenv("CKV_CUDA_GRAPHS", "0", 1); /* the unrecorded step (read at init) */
-    int rc = cuda_test_open(argc, argv, "test_decode_syncs", &dev);
-    unsetenv("CKV_CUDA_GRAPHS");
-    if (rc >= 0) return rc;
-    rc = cuda_test_open(argc, argv, "test_decode_syncs", &gdev);
-    if (rc >= 0) {
-        ckv_backend_free(dev);
-        return rc;
-    }
-    CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
-    const ckv_model_opts opts = {.weights_dtype = CKV_DTYPE_BF16};
-    CHECK_OK(ckv_model_load_opts(&m, CKV_FIXTURES "/models/llama_gqa_bf16", dev, NULL, &opts));
-    CHECK_OK(ckv_model_load_opts(&gm, CKV_FIXTURES "/models/llama_gqa_bf16", gdev, NULL, &opts));
-    if (!m || !gm || !cpu) return ckv_test_finish("test_decode_syncs");
-    CHECK(ckv_backend_supports(gdev, CKV_BACKEND_CAP_GRAPHS));
-    if (gpu) { /* the GPU: the recorded steps' ids and logits against the unrecorded backend's (no counters) */
-        recorded_steps(m, gm, 0);
-        ckv_model_free(m);
-        ckv_model_free(gm);
-        ckv_backend_free(cpu);
-        ckv_backend_free(dev);
-        ckv_backend_free(gdev);
-        return ckv_test_finish("test_decode_syncs");
-    }
+/* Everything the CPU execution layer counts (see the top): dev and m with recorded steps off, gm with
+ * them on, cpu the reference sample op's backend. */
+static void emu_steps(ckv_backend *dev, ckv_backend *cpu, ckv_model *m, ckv_model *gm) {
     const int V = m->cfg.vocab_size, L = m->cfg.n_layers;
 
     ckv_session sa[NS], sb[NS], solo;
@@ -366,6 +337,35 @@ int main(int argc, char **argv) {
     ckv_decode_batch_free(&bb);
     for (int i = 0; i < NS; i++) ckv_session_free(&sa[i]), ckv_session_free(&sb[i]);
     ckv_session_free(&solo);
+}
+
+int main(int argc, char **argv) {
+    ckv_backend *dev = NULL, *gdev = NULL, *cpu = NULL;
+    ckv_model *m = NULL, *gm = NULL;
+    const int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
+    if (!gpu) {
+        setenv("CKV_CUDA_GRAPHS", "yes", 1); /* neither 0 nor 1: init refuses it in one line */
+        CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_GRAPHS=yes: expected 0");
+    }
+    setenv("CKV_CUDA_GRAPHS", "0", 1); /* the unrecorded step (read at init) */
+    int rc = cuda_test_open(argc, argv, "test_decode_syncs", &dev);
+    unsetenv("CKV_CUDA_GRAPHS");
+    if (rc >= 0) return rc;
+    rc = cuda_test_open(argc, argv, "test_decode_syncs", &gdev);
+    if (rc >= 0) {
+        ckv_backend_free(dev);
+        return rc;
+    }
+    CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
+    const ckv_model_opts opts = {.weights_dtype = CKV_DTYPE_BF16};
+    CHECK_OK(ckv_model_load_opts(&m, CKV_FIXTURES "/models/llama_gqa_bf16", dev, NULL, &opts));
+    CHECK_OK(ckv_model_load_opts(&gm, CKV_FIXTURES "/models/llama_gqa_bf16", gdev, NULL, &opts));
+    if (!m || !gm || !cpu) return ckv_test_finish("test_decode_syncs");
+    CHECK(ckv_backend_supports(gdev, CKV_BACKEND_CAP_GRAPHS));
+    if (gpu) /* the GPU: the recorded steps' ids and logits against the unrecorded backend's (no counters) */
+        recorded_steps(m, gm, 0);
+    else
+        emu_steps(dev, cpu, m, gm);
 
     ckv_model_free(m);
     ckv_model_free(gm);
