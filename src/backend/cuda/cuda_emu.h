@@ -26,5 +26,7 @@ void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemm
  * capture). Tests: which part of a step could be captured. */
 int ckv_cuda_emu_capture_begin(void *stream);
 int ckv_cuda_emu_capture_end(void *stream);
+/* Captures that produced a graph, and graph launches outside a capture, so far (either NULL). */
+void ckv_cuda_emu_graph_counts(unsigned long long *captures, unsigned long long *launches);
 
 #endif
