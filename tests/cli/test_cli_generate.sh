@@ -63,6 +63,8 @@ expect_error "unknown press option" "unknown press option 'foo'" "$ckv" generate
 expect_error "bad pool" "pool: 'median'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --pool median --budget 0.5
 expect_error "even kernel" "kernel: 4 must be odd" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --kernel 4 --budget 0.5
 expect_error "alpha above one" "alpha: 2 is outside" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical:snapkv --alpha 2 --budget 0.5
+expect_error "composed member order" "chunkkv: on press 2 of composed: needs" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:snapkv+chunkkv:knorm --press-opt press_ratios=0.5,0.5
+expect_error "composed adakv member" "refuses AdaKVPress" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:knorm+adakv:keydiff --press-opt press_ratios=0.5,0.5
 expect_error "press without budget" "needs a budget" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv
 # a context too short for the press stays uncompressed: same ids as the full cache, one stderr line, stats say so
 "$ckv" generate --model "$llama" --prompt-ids 1,2,3,4,5 --max-new-tokens 4 >"$tmp/full5" 2>/dev/null
