@@ -1,6 +1,6 @@
 /* test_backend_ops_evict.c - the eviction ops of a device backend against the CPU backend (part of
  * test_backend_ops; the harness and its conventions: backend_ops_harness.h): window attention and
- * its column sums, Compactor's chunked non-causal attention, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
+ * its column sums, Compactor's chunked non-causal attention, KVzip's replayed attention maxima, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
  * eviction op allocates device memory once evict_reserve has sized its scratch (leverage's too). */
 #include "backend/cuda/cuda_emu.h"
 #include "backend_ops_harness.h"
@@ -439,6 +439,65 @@ static void test_evict_chunk(ckv_dtype dt) {
     ev_cache_free(&e);
 }
 
+/* KVzip's replayed attention maxima (evict_kvzip) at the head dims of the tensor-core kernels: GQA
+ * 1/2/4/8, one TP slice (head0 > 0, the first KV head partial), chunks with and without sinks,
+ * replays not a multiple of 16 rows, a chunk and a replay over 512 keys (pass 1's merge over chunks
+ * of three key ranges), and KVzip+ (row and value norms). The scores start from random maxima, so
+ * the op's raising is checked too. Bound: 1e-6 relative plus 1e-7 (fp32 logits in another order,
+ * expf against ckv's fast exp); the max error is printed. */
+static void test_evict_kvzip(ckv_dtype dt) {
+    static const struct { int hd, n_kv, group, n_heads, head0, L, start, end, sink, n_q, plus; } cases[] = {
+        {16, 2, 2, 4, 0, 60, 0, 60, 0, 30, 0},       {64, 2, 1, 2, 0, 300, 128, 256, 4, 150, 0},
+        {128, 2, 4, 4, 2, 700, 4, 690, 4, 600, 1},   {80, 1, 8, 8, 0, 200, 100, 200, 4, 120, 0},
+        {32, 3, 2, 6, 0, 100, 50, 100, 4, 77, 1},    {96, 2, 2, 4, 0, 90, 30, 61, 3, 45, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int hd = cases[k].hd, n_kv = cases[k].n_kv, H = cases[k].n_heads, n_q = cases[k].n_q, L = cases[k].L;
+        const int rows = L + n_q, C = cases[k].end - cases[k].start;
+        char what[128];
+        snprintf(what, sizeof what, "%s hd %d group %d heads %d+%d sink %d chunk %d..%d of %d replay %d%s",
+                 ckv_dtype_name(dt), hd, cases[k].group, cases[k].head0, H, cases[k].sink, cases[k].start,
+                 cases[k].end, L, n_q, cases[k].plus ? " KVzip+" : "");
+        int lens[KV_MAX_HEADS];
+        for (int g = 0; g < n_kv; g++) lens[g] = rows;
+        test_kv_host h;
+        test_kv ct, cr;
+        kv_host_random(&h, dt, 1, n_kv, hd, rows, lens, 0);
+        kv_build(&ct, tb, dt, 1, n_kv, hd, rows, &h);
+        kv_build(&cr, ref, dt, 1, n_kv, hd, rows, &h);
+        const ckv_kv_batch bt = kv_batch(&ct, NULL, NULL, rows), br = kv_batch(&cr, NULL, NULL, rows);
+        const ckv_evict_shape sh = {rows, n_q, H, n_kv, n_kv, hd, 0, dt, CKV_DTYPE_F32, 0};
+        CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+        const size_t nqv = (size_t)n_q * H * hd, n_out = (size_t)n_kv * L, n_vn = (size_t)H * C;
+        float *q = rand_floats(nqv, -1.5f, 1.5f), *init = rand_floats(n_out, 0.0f, 0.02f);
+        float *hinv = rand_floats((size_t)n_q, 0.5f, 2.0f), *vn = rand_floats(n_vn, 0.1f, 3.0f);
+        float *qt = cuda_test_upload(tb, q, sizeof(float) * nqv), *qr = cuda_test_upload(ref, q, sizeof(float) * nqv);
+        float *ot = cuda_test_upload(tb, init, sizeof(float) * n_out), *oref = cuda_test_upload(ref, init, sizeof(float) * n_out);
+        float *ht = cuda_test_upload(tb, hinv, sizeof(float) * n_q), *hr = cuda_test_upload(ref, hinv, sizeof(float) * n_q);
+        float *vt = cuda_test_upload(tb, vn, sizeof(float) * n_vn), *vr = cuda_test_upload(ref, vn, sizeof(float) * n_vn);
+        const int plus = cases[k].plus;
+        const ckv_evict_kvzip_params zt = {qt, n_q, L, cases[k].start, cases[k].end, cases[k].sink, &bt, H, cases[k].head0,
+                                           cases[k].group, sqrtf((float)hd), plus ? ht : NULL, plus ? vt : NULL, C},
+                                     zr = {qr, n_q, L, cases[k].start, cases[k].end, cases[k].sink, &br, H, cases[k].head0,
+                                           cases[k].group, sqrtf((float)hd), plus ? hr : NULL, plus ? vr : NULL, C};
+        TB_EVICT(CHECK_OK(tb->ops->evict_kvzip(tb, ot, L, &zt)));
+        CHECK_OK(ref->ops->evict_kvzip(ref, oref, L, &zr));
+        compare_dev("evict_kvzip", what, ot, oref, n_out, 1e-7, 1e-6);
+        if (k == 0) { /* KVzip+ needs both norms; a chunk past the context is refused */
+            ckv_evict_kvzip_params bad = zt;
+            bad.hinv = ht;
+            CHECK_FAILS(tb->ops->evict_kvzip(tb, ot, L, &bad), CKV_STATUS_ERR_ARG, "both the row norms");
+            bad = zt;
+            bad.end = L + 1;
+            CHECK_FAILS(tb->ops->evict_kvzip(tb, ot, L, &bad), CKV_STATUS_ERR_ARG, "rows out of order");
+        }
+        release2(qt, qr), release2(ot, oref), release2(ht, hr), release2(vt, vr);
+        free(q), free(init), free(hinv), free(vn);
+        kv_free(&ct), kv_free(&cr);
+        kv_host_free(&h);
+    }
+}
+
 /* CriticalKV's value norms at the model head dims (the fused mma path for bf16, blocked GEMMs for
  * f32): 300 rows (two tiles of 128 and a tail), o_proj of D = 200 rows (three chunks of 64 and a
  * tail of 8), 4 local heads from head0 1 (KV heads 0-2, group 2: the first and last partial), values
@@ -499,6 +558,8 @@ int test_backend_evict_ops(void) {
     test_evict_value_norm_dims(CKV_DTYPE_F32);
     test_evict_window_shapes(CKV_DTYPE_BF16);
     test_evict_window_shapes(CKV_DTYPE_F32);
+    test_evict_kvzip(CKV_DTYPE_BF16);
+    test_evict_kvzip(CKV_DTYPE_F32);
     test_evict_rows();
     test_evict_select_tiles();
     test_evict_defensive();
