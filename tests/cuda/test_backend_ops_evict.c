@@ -21,15 +21,19 @@ typedef struct {
     ckv_kv_batch bt, br;
 } ev_cache;
 
-/* gaps > 0: positions with random holes, different per head */
-static void ev_cache_init_gaps(ev_cache *e, ckv_dtype dt, int gaps) {
-    const int lens[EV_KV] = {EV_L, EV_L};
-    kv_host_random(&e->h, dt, 1, EV_KV, EV_D, EV_L, lens, gaps);
-    kv_build(&e->ct, tb, dt, 1, EV_KV, EV_D, EV_L, &e->h);
-    kv_build(&e->cr, ref, dt, 1, EV_KV, EV_D, EV_L, &e->h);
-    e->bt = kv_batch(&e->ct, NULL, NULL, EV_L);
-    e->br = kv_batch(&e->cr, NULL, NULL, EV_L);
+/* n_kv segments of `rows` random rows of head dim hd on both backends; gaps > 0: positions with
+ * random holes, different per head */
+static void ev_cache_init_shape(ev_cache *e, ckv_dtype dt, int n_kv, int hd, int rows, int gaps) {
+    int lens[KV_MAX_HEADS];
+    for (int g = 0; g < n_kv; g++) lens[g] = rows;
+    kv_host_random(&e->h, dt, 1, n_kv, hd, rows, lens, gaps);
+    kv_build(&e->ct, tb, dt, 1, n_kv, hd, rows, &e->h);
+    kv_build(&e->cr, ref, dt, 1, n_kv, hd, rows, &e->h);
+    e->bt = kv_batch(&e->ct, NULL, NULL, rows);
+    e->br = kv_batch(&e->cr, NULL, NULL, rows);
 }
+
+static void ev_cache_init_gaps(ev_cache *e, ckv_dtype dt, int gaps) { ev_cache_init_shape(e, dt, EV_KV, EV_D, EV_L, gaps); }
 
 static void ev_cache_init(ev_cache *e, ckv_dtype dt) { ev_cache_init_gaps(e, dt, 0); }
 
@@ -202,14 +206,9 @@ static void test_evict_window_shapes(ckv_dtype dt) {
         char what[96];
         snprintf(what, sizeof what, "%s hd %d group %d heads %d+%d window %d keys %d", ckv_dtype_name(dt), hd, group,
                  head0, H, n_q, L);
-        int lens[KV_MAX_HEADS];
-        for (int g = 0; g < n_kv; g++) lens[g] = L;
-        test_kv_host h;
-        test_kv ct, cr;
-        kv_host_random(&h, dt, 1, n_kv, hd, L, lens, 0);
-        kv_build(&ct, tb, dt, 1, n_kv, hd, L, &h);
-        kv_build(&cr, ref, dt, 1, n_kv, hd, L, &h);
-        const ckv_kv_batch bt = kv_batch(&ct, NULL, NULL, L), br = kv_batch(&cr, NULL, NULL, L);
+        ev_cache e;
+        ev_cache_init_shape(&e, dt, n_kv, hd, L, 0);
+        const ckv_kv_batch bt = e.bt, br = e.br;
         const ckv_evict_shape sh = {L, n_q, H, n_kv, n_kv, hd, 0, dt, CKV_DTYPE_BF16, 0};
         CHECK_OK(tb->ops->evict_reserve(tb, &sh));
         const size_t nqv = (size_t)n_q * H * hd;
@@ -245,8 +244,7 @@ static void test_evict_window_shapes(ckv_dtype dt) {
         compare_dev("evict_attn_probs", what, pt, pr, (size_t)H * n_q * L, 1e-7, 1e-6);
         release2(pt, pr), release2(qt, qr);
         free(q);
-        kv_free(&ct), kv_free(&cr);
-        kv_host_free(&h);
+        ev_cache_free(&e);
     }
 }
 
@@ -458,14 +456,8 @@ static void test_evict_kvzip(ckv_dtype dt) {
         snprintf(what, sizeof what, "%s hd %d group %d heads %d+%d sink %d chunk %d..%d of %d replay %d%s",
                  ckv_dtype_name(dt), hd, cases[k].group, cases[k].head0, H, cases[k].sink, cases[k].start,
                  cases[k].end, L, n_q, cases[k].plus ? " KVzip+" : "");
-        int lens[KV_MAX_HEADS];
-        for (int g = 0; g < n_kv; g++) lens[g] = rows;
-        test_kv_host h;
-        test_kv ct, cr;
-        kv_host_random(&h, dt, 1, n_kv, hd, rows, lens, 0);
-        kv_build(&ct, tb, dt, 1, n_kv, hd, rows, &h);
-        kv_build(&cr, ref, dt, 1, n_kv, hd, rows, &h);
-        const ckv_kv_batch bt = kv_batch(&ct, NULL, NULL, rows), br = kv_batch(&cr, NULL, NULL, rows);
+        ev_cache e;
+        ev_cache_init_shape(&e, dt, n_kv, hd, rows, 0);
         const ckv_evict_shape sh = {rows, n_q, H, n_kv, n_kv, hd, 0, dt, CKV_DTYPE_F32, 0};
         CHECK_OK(tb->ops->evict_reserve(tb, &sh));
         const size_t nqv = (size_t)n_q * H * hd, n_out = (size_t)n_kv * L, n_vn = (size_t)H * C;
@@ -476,9 +468,9 @@ static void test_evict_kvzip(ckv_dtype dt) {
         float *ht = cuda_test_upload(tb, hinv, sizeof(float) * n_q), *hr = cuda_test_upload(ref, hinv, sizeof(float) * n_q);
         float *vt = cuda_test_upload(tb, vn, sizeof(float) * n_vn), *vr = cuda_test_upload(ref, vn, sizeof(float) * n_vn);
         const int plus = cases[k].plus;
-        const ckv_evict_kvzip_params zt = {qt, n_q, L, cases[k].start, cases[k].end, cases[k].sink, &bt, H, cases[k].head0,
+        const ckv_evict_kvzip_params zt = {qt, n_q, L, cases[k].start, cases[k].end, cases[k].sink, &e.bt, H, cases[k].head0,
                                            cases[k].group, sqrtf((float)hd), plus ? ht : NULL, plus ? vt : NULL, C},
-                                     zr = {qr, n_q, L, cases[k].start, cases[k].end, cases[k].sink, &br, H, cases[k].head0,
+                                     zr = {qr, n_q, L, cases[k].start, cases[k].end, cases[k].sink, &e.br, H, cases[k].head0,
                                            cases[k].group, sqrtf((float)hd), plus ? hr : NULL, plus ? vr : NULL, C};
         TB_EVICT(CHECK_OK(tb->ops->evict_kvzip(tb, ot, L, &zt)));
         CHECK_OK(ref->ops->evict_kvzip(ref, oref, L, &zr));
@@ -493,8 +485,7 @@ static void test_evict_kvzip(ckv_dtype dt) {
         }
         release2(qt, qr), release2(ot, oref), release2(ht, hr), release2(vt, vr);
         free(q), free(init), free(hinv), free(vn);
-        kv_free(&ct), kv_free(&cr);
-        kv_host_free(&h);
+        ev_cache_free(&e);
     }
 }
 

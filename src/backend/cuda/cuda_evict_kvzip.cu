@@ -36,30 +36,12 @@ kvzip_colmax_kernel(float *out, int ld, const float2 *stats, const float *q, int
     const win_rows w = win_rows_of(g, head0, group, n_heads_local, n_q);
     if (w.jlo >= w.jhi) return; /* a KV head without local heads: uniform, before any barrier */
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-    fa_load_tile<T, HD, tile_t::KS>(ks, (const T *)kv.segs[0][g].k, start + kb, start + C, tid);
-    ckv_cp_async_commit();
     float acc[BN / 8][2]; /* this lane's columns nt * 8 + 2 tq + e */
 CKV_UNROLL
     for (int nt = 0; nt < BN / 8; nt++) acc[nt][0] = acc[nt][1] = 0.0f;
-    ckv_cp_async_wait<0>();
-    __syncthreads();
-    const int rows = (w.jhi - w.jlo) * w.nq16;
-    for (int R0 = warp * 16; R0 < rows; R0 += FA_BM) { /* warp-uniform */
-        fa_q<float, HD> qf;
-        int i0;
-        const int j = win_load_q<HD>(qf, &i0, q, n_q, n_heads_local, w, R0, lane);
-        float sc[BN / 8][4];
-CKV_UNROLL
-        for (int nt = 0; nt < BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-        fa_scores<HD>(sc, qf, ks, lane);
-        float2 st[2];
-        float hs[2];
-CKV_UNROLL
-        for (int h = 0; h < 2; h++) {
-            const int i = i0 + 8 * h;
-            st[h] = i < n_q ? stats[(size_t)j * n_q + i] : make_float2(0.0f, 0.0f);
-            hs[h] = hinv && i < n_q ? hinv[i] : 1.0f;
-        }
+    win_stage_tile<T, HD>(ks, (const T *)kv.segs[0][g].k, start + kb, start + C, tid);
+    win_tile_rows<T, HD>(ks, q, n_q, n_heads_local, w, stats, warp, lane,
+                         [&](const float (*sc)[4], const float2 *st, int i0, int j) {
 CKV_UNROLL
         for (int nt = 0; nt < BN / 8; nt++)
 CKV_UNROLL
@@ -67,21 +49,13 @@ CKV_UNROLL
                 const int c = kb + nt * 8 + 2 * tq + (e & 1), h = e >> 1, i = i0 + 8 * h;
                 if (i < n_q && c < C) {
                     float p = expf(win_logit(sc[nt][e], scale, 1) - st[h].x) * st[h].y;
-                    if (vn) p = p * hs[h] * vn[(size_t)j * ld_vn + c];
+                    if (vn) p = p * hinv[i] * vn[(size_t)j * ld_vn + c];
                     acc[nt][e & 1] = fmaxf(acc[nt][e & 1], p); /* NaN ignored, as the CPU's comparison */
                 }
             }
-    }
-    /* over the 8 lane groups (xor 4, 8, 16), then the warps */
-CKV_UNROLL
-    for (int nt = 0; nt < BN / 8; nt++)
-CKV_UNROLL
-        for (int e = 0; e < 2; e++) {
-            float v = acc[nt][e];
-            for (int x = 4; x <= 16; x <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, x));
-            if (lane < 4) red[warp][nt * 8 + 2 * tq + e] = v;
-        }
-    __syncthreads();
+    });
+    /* over the 8 lane groups, then the warps */
+    win_cols_reduce<BN>(acc, red, warp, lane, [](float x, float y) { return fmaxf(x, y); });
     if (tid < BN && kb + tid < C) {
         float *o = out + (size_t)g * ld + start + kb + tid;
         float m = *o;

@@ -147,28 +147,12 @@ window_colsum_kernel(double *colsum, int n_cols, const float2 *stats, const floa
     if (w.jlo >= w.jhi) return; /* a KV head without local heads: uniform, before any barrier */
     const int n_keys = q_row0 + n_q < n_cols ? q_row0 + n_q : n_cols;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-    fa_load_tile<T, HD, tile_t::KS>(ks, (const T *)kv.segs[0][g].k, kb, n_keys, tid);
-    ckv_cp_async_commit();
     double acc[BN / 8][2]; /* this lane's columns nt * 8 + 2 tq + e */
 CKV_UNROLL
     for (int nt = 0; nt < BN / 8; nt++) acc[nt][0] = acc[nt][1] = 0.0;
-    ckv_cp_async_wait<0>();
-    __syncthreads();
-    const int rows = (w.jhi - w.jlo) * w.nq16;
-    for (int R0 = warp * 16; R0 < rows; R0 += FA_BM) { /* warp-uniform */
-        fa_q<float, HD> qf;
-        int i0;
-        const int j = win_load_q<HD>(qf, &i0, q, n_q, n_heads_local, w, R0, lane);
-        float sc[BN / 8][4];
-CKV_UNROLL
-        for (int nt = 0; nt < BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-        fa_scores<HD>(sc, qf, ks, lane);
-        float2 st[2];
-CKV_UNROLL
-        for (int h = 0; h < 2; h++) {
-            const int i = i0 + 8 * h;
-            st[h] = i < n_q ? stats[(size_t)j * n_q + i] : make_float2(0.0f, 0.0f);
-        }
+    win_stage_tile<T, HD>(ks, (const T *)kv.segs[0][g].k, kb, n_keys, tid);
+    win_tile_rows<T, HD>(ks, q, n_q, n_heads_local, w, stats, warp, lane,
+                         [&](const float (*sc)[4], const float2 *st, int i0, int) {
 CKV_UNROLL
         for (int nt = 0; nt < BN / 8; nt++)
 CKV_UNROLL
@@ -177,17 +161,9 @@ CKV_UNROLL
                 if (i < n_q && t < n_keys && t <= q_row0 + i)
                     acc[nt][e & 1] += (double)(expf(win_logit(sc[nt][e], scale, divide) - st[h].x) * st[h].y);
             }
-    }
-    /* over the 8 lane groups (xor 4, 8, 16), then the warps in order */
-CKV_UNROLL
-    for (int nt = 0; nt < BN / 8; nt++)
-CKV_UNROLL
-        for (int e = 0; e < 2; e++) {
-            double v = acc[nt][e];
-            for (int x = 4; x <= 16; x <<= 1) v += __shfl_xor_sync(0xffffffffu, v, x);
-            if (lane < 4) red[warp][nt * 8 + 2 * tq + e] = v;
-        }
-    __syncthreads();
+    });
+    /* over the 8 lane groups, then the warps in order */
+    win_cols_reduce<BN>(acc, red, warp, lane, [](double x, double y) { return x + y; });
     if (tid < BN && kb + tid < n_keys) {
         double s = colsum[(size_t)o * n_cols + kb + tid];
         for (int v = 0; v < FA_THREADS / 32; v++) s += red[v][tid];
