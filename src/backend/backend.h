@@ -177,6 +177,7 @@ typedef enum {
     CKV_BACKEND_CAP_LEVERAGE,      /* evict_leverage */
     CKV_BACKEND_CAP_CHUNK_COLSUM,  /* evict_chunk_colsum and evict_row_stats (Compactor's non-causal attention) */
     CKV_BACKEND_CAP_KVZIP,         /* evict_kvzip (KVzip's replayed attention maxima) */
+    CKV_BACKEND_CAP_CHUNK_RANK,    /* evict_chunk_rank (ChunkKV's chunk selection) */
     CKV_BACKEND_CAP_COUNT
 } ckv_backend_cap;
 
@@ -445,6 +446,14 @@ typedef struct {
      * out [kv->n_kv_heads, ld]. Errors on inconsistent rows (a row range outside the segments) or
      * KVzip+ with only one of hinv, vn. Family CKV_BACKEND_CAP_KVZIP. */
     ckv_status (*evict_kvzip)(ckv_backend *be, float *out, int ld, const ckv_evict_kvzip_params *z);
+    /* ChunkKV's selection (kvpress ChunkKVPress) from a layer's scores s [H, ld] (every KV head of the
+     * layer): chunk c holds rows [c C, min((c + 1) C, n)); its score is the sum over its rows t
+     * ascending, in double, of (float)(s[0, t] + s[1, t] + ... + s[H - 1, t]) (fp32, heads ascending),
+     * divided by its row count; the `keep` best chunks (top-k order above) are kept. rows[r * ld_rows
+     * + i] = their rows ascending, i < *n_kept, for every r < n_rows; *n_kept (device) their count.
+     * Errors unless 1 <= C <= n and 1 <= keep <= the chunk count. Family CKV_BACKEND_CAP_CHUNK_RANK. */
+    ckv_status (*evict_chunk_rank)(ckv_backend *be, int32_t *rows, int ld_rows, int n_rows, int32_t *n_kept,
+                                   const float *s, int ld, int H, int n, int C, int keep);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:

@@ -1,6 +1,6 @@
 /* test_backend_ops_evict.c - the eviction ops of a device backend against the CPU backend (part of
  * test_backend_ops; the harness and its conventions: backend_ops_harness.h): window attention and
- * its column sums, Compactor's chunked non-causal attention, KVzip's replayed attention maxima, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
+ * its column sums, Compactor's chunked non-causal attention, KVzip's replayed attention maxima, ChunkKV's chunk selection, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
  * eviction op allocates device memory once evict_reserve has sized its scratch (leverage's too). */
 #include "backend/cuda/cuda_emu.h"
 #include "backend_ops_harness.h"
@@ -489,6 +489,43 @@ static void test_evict_kvzip(ckv_dtype dt) {
     }
 }
 
+/* ChunkKV's chunk selection (evict_chunk_rank): 4 heads of 203 rows whose scores sit on a coarse
+ * grid (equal chunk means: ties to the lower chunk), chunks of 20 (a short last one), 7, 64 and
+ * 203 (one chunk), keeping 1 .. all; one case with a NaN score (its chunk ranks last). Exact against
+ * the CPU: the means are summed in the same order, so the kept rows and the count are identical. */
+static void test_evict_chunk_rank(void) {
+    enum { H = 4, N = 203, LD = 210, NR = 3 };
+    ev_reserve(LD, 1, H, CKV_DTYPE_BF16, 0);
+    float *sh = xalloc(sizeof(float) * H * LD);
+    for (int i = 0; i < H * LD; i++) sh[i] = (float)rng_int(0, 3) * 0.25f;
+    static const struct { int C, keep, nan; } cases[] = {{20, 5, 0}, {20, 11, 0}, {20, 1, 0}, {7, 15, 1},
+                                                         {64, 2, 0}, {203, 1, 0}, {7, 29, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        if (cases[k].nan) sh[LD + 30] = NAN;
+        float *st = cuda_test_upload(tb, sh, sizeof(float) * H * LD), *sr = cuda_test_upload(ref, sh, sizeof(float) * H * LD);
+        int32_t *rt = (int32_t *)dev_poison(tb, (size_t)NR * LD), *rr = (int32_t *)dev_poison(ref, (size_t)NR * LD);
+        int32_t *nt = (int32_t *)dev_poison(tb, 1), *nr = (int32_t *)dev_poison(ref, 1);
+        TB_EVICT(CHECK_OK(tb->ops->evict_chunk_rank(tb, rt, LD, NR, nt, st, LD, H, N, cases[k].C, cases[k].keep)));
+        CHECK_OK(ref->ops->evict_chunk_rank(ref, rr, LD, NR, nr, sr, LD, H, N, cases[k].C, cases[k].keep));
+        int32_t n_t = -1, n_r = -2;
+        cuda_test_download(tb, &n_t, nt, sizeof n_t);
+        cuda_test_download(ref, &n_r, nr, sizeof n_r);
+        char what[96];
+        snprintf(what, sizeof what, "chunks of %d keep %d%s: %d rows", cases[k].C, cases[k].keep,
+                 cases[k].nan ? " (a NaN)" : "", n_r);
+        CHECK_MSG(n_t == n_r, "%s evict_chunk_rank %s: count %d, the cpu op's %d", tb_name, what, n_t, n_r);
+        for (int r = 0; r < NR && n_t == n_r; r++)
+            compare_dev_i32("evict_chunk_rank", what, rt + (size_t)r * LD, rr + (size_t)r * LD, (size_t)n_r);
+        release2(st, sr), release2(rt, rr), release2(nt, nr);
+        if (cases[k].nan) sh[LD + 30] = 0.5f;
+    }
+    int32_t *rt = (int32_t *)dev_poison(tb, LD), *nt = (int32_t *)dev_poison(tb, 1);
+    float *st = dev_poison(tb, (size_t)H * LD);
+    CHECK_FAILS(tb->ops->evict_chunk_rank(tb, rt, LD, 1, nt, st, LD, H, N, 20, 12), CKV_STATUS_ERR_ARG, "keeping 12 of 11");
+    tb->ops->release(tb, rt), tb->ops->release(tb, nt), tb->ops->release(tb, st);
+    free(sh);
+}
+
 /* CriticalKV's value norms at the model head dims (the fused mma path for bf16, blocked GEMMs for
  * f32): 300 rows (two tiles of 128 and a tail), o_proj of D = 200 rows (three chunks of 64 and a
  * tail of 8), 4 local heads from head0 1 (KV heads 0-2, group 2: the first and last partial), values
@@ -551,6 +588,7 @@ int test_backend_evict_ops(void) {
     test_evict_window_shapes(CKV_DTYPE_F32);
     test_evict_kvzip(CKV_DTYPE_BF16);
     test_evict_kvzip(CKV_DTYPE_F32);
+    test_evict_chunk_rank();
     test_evict_rows();
     test_evict_select_tiles();
     test_evict_defensive();
