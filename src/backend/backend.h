@@ -444,7 +444,8 @@ typedef struct {
      * backend forms logits and exponentials its own way (fp32-class: CUDA's tensor-core tiles, docs/gpu.md
      * §5d); maxima do not depend on their order, so the result does not depend on scheduling.
      * out [kv->n_kv_heads, ld]. Errors on inconsistent rows (a row range outside the segments) or
-     * KVzip+ with only one of hinv, vn. Family CKV_BACKEND_CAP_KVZIP. */
+     * KVzip+ with only one of hinv, vn; a device backend refuses shapes its kernels do not cover
+     * (CUDA: head dims 16, 32, 64, 80, 96, 128). Family CKV_BACKEND_CAP_KVZIP. */
     ckv_status (*evict_kvzip)(ckv_backend *be, float *out, int ld, const ckv_evict_kvzip_params *z);
     /* ChunkKV's selection (kvpress ChunkKVPress) from a layer's scores s [H, ld] (every KV head of the
      * layer): chunk c holds rows [c C, min((c + 1) C, n)); its score is the sum over its rows t
