@@ -11,6 +11,9 @@
  * order one thread adds it, whatever the thread count. Scratch is allocated per call and freed before
  * returning. It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
 #include <math.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "core/alloc.h"
 #include "core/quant.h"
@@ -19,11 +22,19 @@
 
 /* x[0..n) <- exp(x - max x) in fp32 (n >= 1); returns (float)(1 / sum), the sum in double. */
 static float evict_exp_row(float *x, int n) {
-    float ml[16]; /* independent lanes so that the reductions vectorise without reassociation */
-    for (int l = 0; l < 16; l++) ml[l] = x[0];
+    float ml[16]; /* independent lanes: lane l takes x[l], x[l + 16], ... */
     int i = 0;
+#ifdef __AVX512F__
+    /* vmaxps(a, b) = a > b ? a : b lane by lane (b when either is NaN): the comparison of the loop below,
+     * which the compiler does not vectorise */
+    __m512 mv = _mm512_set1_ps(x[0]);
+    for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(_mm512_loadu_ps(x + i), mv);
+    _mm512_storeu_ps(ml, mv);
+#else
+    for (int l = 0; l < 16; l++) ml[l] = x[0];
     for (; i + 16 <= n; i += 16)
         for (int l = 0; l < 16; l++) ml[l] = x[i + l] > ml[l] ? x[i + l] : ml[l];
+#endif
     float m = ml[0];
     for (int l = 1; l < 16; l++) m = ml[l] > m ? ml[l] : m;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
