@@ -141,48 +141,58 @@ typedef struct evict_attn_job {
     void (*rows)(const struct evict_attn_job *jb, int begin, int end, evict_attn_ws *w);
 } evict_attn_job;
 
+/* What a job does with one strip's weights (rows i0 .. i0 + ns of local head j, output row r). */
+typedef void (*evict_strip_fn)(const struct evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns);
+
+/* Local head j's queries strip by strip over its segment's packed keys, each strip's weights to fn. */
+static void evict_head_strips(const evict_attn_job *jb, evict_attn_ws *w, int j, int r, evict_strip_fn fn) {
+    const int S = evict_strip_rows(jb->arch);
+    evict_pack_keys(w, jb->arch, jb->kv, (jb->head0 + j) / jb->group, 0, jb->n_keys);
+    for (int i0 = 0; i0 < jb->n_q; i0 += S) {
+        const int ns = jb->n_q - i0 < S ? jb->n_q - i0 : S;
+        evict_strip_weights(jb->arch, w, jb->q, i0, ns, jb->q_row0, jb->n_keys, jb->n_heads_local, jb->kv->head_dim, j,
+                            jb->scale, jb->divide);
+        fn(jb, w, j, r, i0, ns);
+    }
+}
+
+/* colsum[r, t] += (double)p_t for the strip's rows in order. */
+static void colsum_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns) {
+    (void)j;
+    double *restrict cs = jb->colsum + (size_t)r * (size_t)jb->n_cols;
+    for (int i = 0; i < ns; i++) {
+        const float *row = w->logits + (size_t)i * (size_t)jb->n_keys;
+        const int n_vis = jb->q_row0 + i0 + i + 1, nc = n_vis < jb->n_cols ? n_vis : jb->n_cols;
+        const float f = w->inv[i];
+        for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
+    }
+}
+
+/* p[j, i, :] = the strip's weights, zero past each row's visible keys. */
+static void probs_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns) {
+    (void)r;
+    for (int i = 0; i < ns; i++) {
+        const float *row = w->logits + (size_t)i * (size_t)jb->n_keys;
+        float *dst = jb->p + ((size_t)j * (size_t)jb->n_q + (size_t)(i0 + i)) * (size_t)jb->ld;
+        const int n_vis = jb->q_row0 + i0 + i + 1;
+        const float f = w->inv[i];
+        for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
+        for (int t = n_vis; t < jb->ld; t++) dst[t] = 0.0f;
+    }
+}
+
 /* Output rows [begin, end) of a column-sum job: row r is local query head r, or (per_kv) KV head r with
  * its local query heads in ascending order. */
 static void colsum_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
-    const int S = evict_strip_rows(jb->arch), n_keys = jb->n_keys;
     for (int j = 0; j < jb->n_heads_local; j++) {
-        const int g = (jb->head0 + j) / jb->group, r = jb->per_kv ? g : j;
-        if (r < begin || r >= end) continue;
-        evict_pack_keys(w, jb->arch, jb->kv, g, 0, n_keys);
-        double *restrict cs = jb->colsum + (size_t)r * (size_t)jb->n_cols;
-        for (int i0 = 0; i0 < jb->n_q; i0 += S) {
-            const int ns = jb->n_q - i0 < S ? jb->n_q - i0 : S;
-            evict_strip_weights(jb->arch, w, jb->q, i0, ns, jb->q_row0, n_keys, jb->n_heads_local, jb->kv->head_dim, j,
-                                jb->scale, jb->divide);
-            for (int i = 0; i < ns; i++) {
-                const float *row = w->logits + (size_t)i * (size_t)n_keys;
-                const int n_vis = jb->q_row0 + i0 + i + 1, nc = n_vis < jb->n_cols ? n_vis : jb->n_cols;
-                const float f = w->inv[i];
-                for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
-            }
-        }
+        const int r = jb->per_kv ? (jb->head0 + j) / jb->group : j;
+        if (r >= begin && r < end) evict_head_strips(jb, w, j, r, colsum_strip);
     }
 }
 
 /* Local query heads [begin, end) of a weights job. */
 static void probs_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
-    const int S = evict_strip_rows(jb->arch), n_keys = jb->n_keys;
-    for (int j = begin; j < end; j++) {
-        evict_pack_keys(w, jb->arch, jb->kv, (jb->head0 + j) / jb->group, 0, n_keys);
-        for (int i0 = 0; i0 < jb->n_q; i0 += S) {
-            const int ns = jb->n_q - i0 < S ? jb->n_q - i0 : S;
-            evict_strip_weights(jb->arch, w, jb->q, i0, ns, jb->q_row0, n_keys, jb->n_heads_local, jb->kv->head_dim, j,
-                                jb->scale, jb->divide);
-            for (int i = 0; i < ns; i++) {
-                const float *row = w->logits + (size_t)i * (size_t)n_keys;
-                float *dst = jb->p + ((size_t)j * (size_t)jb->n_q + (size_t)(i0 + i)) * (size_t)jb->ld;
-                const int n_vis = jb->q_row0 + i0 + i + 1;
-                const float f = w->inv[i];
-                for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
-                for (int t = n_vis; t < jb->ld; t++) dst[t] = 0.0f;
-            }
-        }
-    }
+    for (int j = begin; j < end; j++) evict_head_strips(jb, w, j, j, probs_strip);
 }
 
 /* KV heads [begin, end) of a chunk job: each one's local query heads in ascending order, their
