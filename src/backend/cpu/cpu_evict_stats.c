@@ -4,9 +4,9 @@
  * k^T cov k / d / 2 (evict_ea_logits: keys @ cov by GEMMs over blocks of 256 rows, the blocks over the
  * pool, each key's two sums in double in ascending order with eight keys side by side), and
  * DefensiveKV's window aggregation (mean, window bias, pooled mass-preserving max:
- * evict_defensive_rows). Every GEMM runs on one worker's thread with ckv's kernels, whose sums do not
- * depend on the thread count, and each output is written by one worker, so scores are the same bits
- * on any number of threads; F16/BF16 keys are converted to fp32 per block. Scratch is allocated per
+ * evict_defensive_rows: the KV heads over the pool, then the bias in one ordered pass). Every GEMM
+ * runs on one worker's thread with ckv's kernels, whose sums do not depend on the thread count, and
+ * each output is written by one worker, so scores are the same bits on any number of threads; F16/BF16 keys are converted to fp32 per block. Scratch is allocated per
  * call and freed before returning. No rotation, covariance or ranking bookkeeping (evict/). */
 #include "core/alloc.h"
 #include "cpu_backend.h"
@@ -119,40 +119,31 @@ ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_b
                                (void *)&jb);
 }
 
-ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d) {
-    (void)be;
-    double *ave = d->ave, *bias = d->bias;
-    float *dmax = d->dmax;
-    const float *p = d->p;
-    const int ld = d->ld, w = d->w, n = d->n, n_heads_local = d->n_heads_local, head0 = d->head0, group = d->group;
-    const int kernel = d->kernel, n_kv = d->n_kv;
-    if (d->accum == CKV_EVICT_ZERO_FIRST) {
-        memset(ave, 0, (size_t)n_kv * (size_t)n * sizeof(double));
-        memset(dmax, 0, (size_t)n_kv * (size_t)n * sizeof(float));
-        *bias = 0.0;
-    }
-    float *pooled = NULL; // [n] one row, pooled
-    CKV_TRY(ckv_alloc((void **)&pooled, (size_t)(n > 0 ? n : 1) * sizeof(float), "defensive pooled row"));
-    const int r = kernel / 2, bias_lo = n > w ? n - w : 0;
-    for (int j = 0; j < n_heads_local; j++) {
-        const int g = (head0 + j) / group;
-        double *av = ave + (size_t)g * (size_t)n;
-        float *dm = dmax + (size_t)g * (size_t)n;
+/* KV head g = head0 / group + k: its rows of ave and dmax from its local query heads' window rows
+ * (heads ascending, then rows). scratch: pooled [n] one row, pooled. */
+static ckv_status defensive_head(void *ctx, int k, void *scratch) {
+    const ckv_evict_defensive_params *d = ctx;
+    const int g = d->head0 / d->group + k;
+    const int ld = d->ld, w = d->w, n = d->n, r = d->kernel / 2;
+    float *pooled = scratch;
+    double *av = d->ave + (size_t)g * (size_t)n;
+    float *dm = d->dmax + (size_t)g * (size_t)n;
+    for (int j = 0; j < d->n_heads_local; j++) {
+        if ((d->head0 + j) / d->group != g) continue;
         for (int i = 0; i < w; i++) {
-            const float *row = p + ((size_t)j * (size_t)w + (size_t)i) * (size_t)ld; // [n] used
+            const float *row = d->p + ((size_t)j * (size_t)w + (size_t)i) * (size_t)ld; // [n] used
             double mass = 0.0;
             for (int t = 0; t < n; t++) {
                 mass += row[t];
                 av[t] += row[t];
             }
-            for (int t = bias_lo; t < n; t++) *bias += row[t];
             /* avg pooling (zero padding counted), then rescaled to the row's own mass */
             double psum = 0.0;
             for (int t = 0; t < n; t++) {
                 const int lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
                 double box = 0.0;
                 for (int u = lo; u <= hi; u++) box += row[u];
-                pooled[t] = (float)(box / kernel);
+                pooled[t] = (float)(box / d->kernel);
                 psum += pooled[t];
             }
             const double scale = psum > 0.0 ? mass / psum : 0.0;
@@ -162,6 +153,25 @@ ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensi
             }
         }
     }
-    ckv_free(pooled);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d) {
+    const int w = d->w, n = d->n;
+    if (d->accum == CKV_EVICT_ZERO_FIRST) {
+        memset(d->ave, 0, (size_t)d->n_kv * (size_t)n * sizeof(double));
+        memset(d->dmax, 0, (size_t)d->n_kv * (size_t)n * sizeof(float));
+        *d->bias = 0.0;
+    }
+    /* the KV heads the local query heads read, over the pool (each owns its rows of ave and dmax) */
+    const int n_g = d->n_heads_local > 0 ? (d->head0 + d->n_heads_local - 1) / d->group - d->head0 / d->group + 1 : 0;
+    CKV_TRY(ckv_cpu_evict_heads(be, n_g, (size_t)(n > 0 ? n : 1) * sizeof(float), defensive_head, (void *)d));
+    /* the window bias, one sum over every head's rows in order */
+    const int bias_lo = n > w ? n - w : 0;
+    for (int j = 0; j < d->n_heads_local; j++)
+        for (int i = 0; i < w; i++) {
+            const float *row = d->p + ((size_t)j * (size_t)w + (size_t)i) * (size_t)d->ld;
+            for (int t = bias_lo; t < n; t++) *d->bias += row[t];
+        }
     return CKV_STATUS_OK;
 }
