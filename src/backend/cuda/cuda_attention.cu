@@ -9,6 +9,9 @@
  *    tile a row of the block sees. Head dims 16, 32, 64, 80, 96, 128; bf16 caches (q and the softmax
  *    weights rounded to bf16, fragments by ldmatrix) and f32 caches (every fp32 operand split into
  *    three bf16 terms: fp32-class products, as the parity studies' fp32 attention needs).
+ *    Split-K (docs/gpu.md §3b): when the blocks fill less than a wave of the SMs, each block's keys
+ *    are cut into splits (cuda_prefill_split.cu plans them) that write unnormalised partials, which
+ *    the split-KV merge of cuda_decode.cu combines.
  *  - everything else (decode steps, other head dims up to 256): the split-KV kernels of
  *    cuda_decode.cu.
  * fp32 softmax and accumulation. The cache is not written here (cuda_kv.cu). */
@@ -94,8 +97,9 @@ CKV_UNROLL
 }
 
 template <typename T, int HD>
-__global__ void __launch_bounds__(FA_THREADS, 2)
-flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale_log2) {
+__global__ void __launch_bounds__(FA_THREADS, FA_BLOCKS_PER_SM)
+flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale_log2,
+             prefill_split sk) {
     typedef fa_tile<T, HD> tile_t;
     typedef typename tile_t::elem elem;
     constexpr int BN = tile_t::BN;
@@ -103,7 +107,7 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     alignas(16) __shared__ elem vs[BN * tile_t::VS]; // [key][VS] V tile
     alignas(16) __shared__ int32_t kp[BN];           // [key]     positions (0 past len: masked by index)
 
-    const int s = (int)blockIdx.z, h = (int)blockIdx.y, m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * FA_BM;
+    const int s = (int)blockIdx.z / sk.n_splits, h = (int)blockIdx.y, m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * FA_BM;
     int tok0, ntok;
     seq_rows(kv, s, n, &tok0, &ntok);
     if (m0 >= ntok) return; /* uniform over the block, before any barrier */
@@ -111,7 +115,8 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     const ckv_kv_seg *seg = &kv.segs[s][h / group];
     const T *K = (const T *)seg->k, *V = (const T *)seg->v;
     const int32_t *kpos = seg->pos;
-    const int len = seg->len;
+    const int k0 = ((int)blockIdx.z % sk.n_splits) * sk.chunk; /* split-K (§3b): this block's keys [k0, len) */
+    const int len = seg->len - k0 < sk.chunk ? seg->len : k0 + sk.chunk;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
 
     const int r0 = m0 + warp * 16 + gq, r1 = r0 + 8; /* this lane's rows within the sequence */
@@ -122,9 +127,9 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     const bool rows_full = last == m0 + FA_BM - 1;                   /* every row of the block is a token */
 
     /* K_0 and its positions go first; Q is read meanwhile */
-    if (len > 0) {
-        fa_load_tile<T, HD, tile_t::KS>(ks, K, 0, len, tid);
-        if (tid < BN) ckv_cp_async<4>(kp + tid, kpos + (tid < len ? tid : 0), tid < len);
+    if (k0 < len) {
+        fa_load_tile<T, HD, tile_t::KS>(ks, K, k0, len, tid);
+        if (tid < BN) ckv_cp_async<4>(kp + tid, kpos + (k0 + tid < len ? k0 + tid : 0), k0 + tid < len);
     }
     ckv_cp_async_commit();
 
@@ -138,7 +143,7 @@ CKV_UNROLL
     float mx0 = -INFINITY, mx1 = -INFINITY; /* running row max of the raw scores (rows r0, r1) */
     float l0 = 0.0f, l1 = 0.0f;             /* this lane's part of the running row sums */
 
-    for (int kb = 0; kb < len; kb += BN) {
+    for (int kb = k0; kb < len; kb += BN) {
         ckv_cp_async_wait<0>(); /* K_j and its positions (V_{j-1} was waited for last tile) */
         __syncthreads();
         if (kp[0] > qmax) break; /* uniform: no key from here on is visible to any row of the block */
@@ -209,30 +214,39 @@ CKV_UNROLL
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f; /* nothing seen: 0 */
-    float *o0 = out + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD;
-    float *o1 = o0 + (size_t)8 * (size_t)n_heads * HD;
+    /* O = o / l (nothing seen: 0) into out [n, n_heads, HD]; with split-K (§3b) o unnormalised into
+     * split sp's partial row [HD + 2] (launch_merge's layout), then m (base 2) and l */
+    const bool split = sk.part != nullptr;
+    const int ns = split ? sk.n_splits : 1, rs = split ? HD + 2 : HD; /* partials per row, row stride */
+    const float inv0 = split ? 1.0f : l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = split ? 1.0f : l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const size_t R0 = (size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h;
+    float *o0 = (split ? sk.part : out) + (R0 * (size_t)ns + (size_t)((int)blockIdx.z % ns)) * (size_t)rs;
+    float *o1 = o0 + (size_t)8 * (size_t)n_heads * (size_t)ns * (size_t)rs;
 CKV_UNROLL
     for (int nd = 0; nd < HD / 8; nd++) {
         const int d = nd * 8 + 2 * tq;
         if (ok0) *(float2 *)(o0 + d) = make_float2(o[nd][0] * inv0, o[nd][1] * inv0); /* 8-byte stores */
         if (ok1) *(float2 *)(o1 + d) = make_float2(o[nd][2] * inv1, o[nd][3] * inv1);
     }
+    if (split && tq == 0 && ok0) *(float2 *)(o0 + HD) = make_float2(mx0 * scale_log2, l0); /* -inf: saw nothing */
+    if (split && tq == 0 && ok1) *(float2 *)(o1 + HD) = make_float2(mx1 * scale_log2, l1);
 }
 
 template <typename T>
 void launch_flash(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                   int n_heads, float scale) {
-    const dim3 grid((unsigned)((n + FA_BM - 1) / FA_BM), (unsigned)n_heads, (unsigned)kv->n_seq);
+    const prefill_split sk = prefill_split_plan(c, kv, n, n_heads);
+    const dim3 grid((unsigned)((n + FA_BM - 1) / FA_BM), (unsigned)n_heads, (unsigned)(kv->n_seq * sk.n_splits));
     const float sl2 = scale * 1.44269504088896341f; /* log2(e) folded into the scale */
     switch (kv->head_dim) {
-    case 16: CKV_LAUNCH((flash_kernel<T, 16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 32: CKV_LAUNCH((flash_kernel<T, 32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 64: CKV_LAUNCH((flash_kernel<T, 64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 80: CKV_LAUNCH((flash_kernel<T, 80>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    case 96: CKV_LAUNCH((flash_kernel<T, 96>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
-    default: CKV_LAUNCH((flash_kernel<T, 128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2); break;
+    case 16: CKV_LAUNCH((flash_kernel<T, 16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
+    case 32: CKV_LAUNCH((flash_kernel<T, 32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
+    case 64: CKV_LAUNCH((flash_kernel<T, 64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
+    case 80: CKV_LAUNCH((flash_kernel<T, 80>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
+    case 96: CKV_LAUNCH((flash_kernel<T, 96>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
+    default: CKV_LAUNCH((flash_kernel<T, 128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
     }
+    if (sk.part) launch_merge(c, out, sk.part, n * n_heads, sk.n_splits, kv->head_dim);
 }
 
 } // namespace
