@@ -306,6 +306,7 @@ typedef struct {
 } attn_case;
 
 static unsigned long long attn_launches, attn_allocs; /* of the last op on the emulated device */
+static int attn_repeat; /* 1: run the op twice and require identical outputs */
 
 static void test_attention(const attn_case *ac) {
     const int n_kv = ac->n_kv, hd = ac->hd, n_heads = n_kv * ac->group;
@@ -359,6 +360,15 @@ static void test_attention(const attn_case *ac) {
     snprintf(cas, sizeof cas, "%s (%s, %s kv, %d seq, %d tokens, heads %d/%d, hd %d)", ac->name,
              prefill ? "tensor-core prefill" : "split-KV", ckv_dtype_name(ac->dt), ac->n_seq, n, n_heads, n_kv, hd);
     compare_dev("attention", cas, ot, orf, nq, rounded ? 1e-2 : 2e-5, rounded ? 0.0 : 1e-4);
+    if (attn_repeat) { /* the same op again: the same bits (fixed split plan and merge order) */
+        float *o2 = dev_poison(tb, nq), *a = xalloc(nq * 4), *b = xalloc(nq * 4);
+        tb->ops->attention(tb, o2, &(ckv_attention_params){qt, pt, &bt, n, n_heads, scale});
+        cuda_test_download(tb, a, ot, nq * 4);
+        cuda_test_download(tb, b, o2, nq * 4);
+        compare("attention repeated", cas, b, a, nq, 0.0, 0.0);
+        tb->ops->release(tb, o2);
+        free(a), free(b);
+    }
     release2(ot, orf), release2(qt, qr), release2(pt, pr), release2(sot, sor), release2(sst, ssr);
     kv_free(&ct), kv_free(&cr);
     kv_host_free(&h);
@@ -401,9 +411,9 @@ static void test_attention_all(void) {
  * each block's keys into splits merged afterwards. Every case runs on backends with split-K forced
  * off (CKV_CUDA_PREFILL_SPLITS=1), planned (0) and forced to 3 and 7 splits (boundaries inside the
  * causal diagonal, splits a row sees nothing of, queries that see nothing at all), against the CPU
- * op at the prefill bounds above. On the emulated device the op must launch one kernel when off
- * and two (the prefill kernel, the merge) otherwise, and allocate nothing (the partials are
- * reserved at init). */
+ * op at the prefill bounds above, and run twice with identical outputs. On the emulated device the
+ * op must launch one kernel when off and two (the prefill kernel, the merge) otherwise, and
+ * allocate nothing (the partials are reserved at init). */
 static void test_attention_split_k(void) {
     static const attn_case cases[] = {
         /* name             dtype          seq kv  G  hd  tokens          lens           gaps early */
@@ -419,6 +429,7 @@ static void test_attention_split_k(void) {
     static const char *const modes[] = {"1", "0", "3", "7"};
     const int emu = strcmp(tb_name, "cuda-emu") == 0;
     ckv_backend *const keep = tb;
+    attn_repeat = 1;
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         setenv("CKV_CUDA_PREFILL_SPLITS", modes[m], 1);
         ckv_backend *be = NULL;
@@ -450,6 +461,7 @@ static void test_attention_split_k(void) {
         CHECK_FAILS(ckv_backend_cuda_emu_init(&bad, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_PREFILL_SPLITS=two");
     }
     unsetenv("CKV_CUDA_PREFILL_SPLITS");
+    attn_repeat = 0;
 }
 
 /* ---- sampling ---------------------------------------------------------------------------------
