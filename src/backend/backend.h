@@ -156,6 +156,7 @@ typedef enum {
     CKV_BACKEND_CAP_CUR,           /* evict_cur */
     CKV_BACKEND_CAP_LEVERAGE,      /* evict_leverage */
     CKV_BACKEND_CAP_CHUNK_COLSUM,  /* evict_chunk_colsum and evict_row_stats (Compactor's non-causal attention) */
+    CKV_BACKEND_CAP_GRAPHS,        /* graph_begin, graph_end, graph_release: a repeated step recorded once and replayed */
     CKV_BACKEND_CAP_COUNT
 } ckv_backend_cap;
 
@@ -424,6 +425,26 @@ typedef struct {
      * seeded generator, so every backend and rank picks the same tokens) */
     void (*sample)(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
                    float top_p, const double *u);
+
+    /* ---- recorded steps (family CKV_BACKEND_CAP_GRAPHS: the CUDA backend's CUDA graphs) ----
+     * A caller that queues the same device work step after step (the same ops, arguments and
+     * buffers; what changes between steps lives in device buffers it uploads before the step)
+     * brackets the work with graph_begin and graph_end, under key [key_bytes]: bytes naming
+     * everything the work's host arguments depend on (sizes, bounds, settings), kept by owner (the
+     * caller's object, which releases them with graph_release before it frees its buffers; the
+     * backend's free releases the rest).
+     * graph_begin sets *replayed = 1 when it queued the work recorded earlier under (owner, key): the
+     * caller then queues none of the step's device work, only its host bookkeeping, and does not call
+     * graph_end. Else *replayed = 0: the caller queues the work and then calls graph_end with the
+     * status of queueing it; graph_end returns that status, or its own failure. Between the two the
+     * work may be recorded instead of run (graph_end then queues it), so it must not upload from
+     * host memory, wait for the device or allocate (a void op's failure inside a recording is
+     * graph_end's error). A key's first step runs unrecorded, its second is recorded, later ones
+     * replay (docs/gpu.md §7). With recording off (CUDA: CKV_CUDA_GRAPHS=0, CKV_CUDA_SYNC=1) every
+     * step runs unrecorded. */
+    ckv_status (*graph_begin)(ckv_backend *be, const void *owner, const void *key, size_t key_bytes, int *replayed);
+    ckv_status (*graph_end)(ckv_backend *be, ckv_status step);
+    void (*graph_release)(ckv_backend *be, const void *owner);
 } ckv_backend_ops;
 
 struct ckv_backend {

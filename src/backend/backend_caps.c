@@ -19,6 +19,7 @@ const char *ckv_backend_cap_name(ckv_backend_cap cap) {
         [CKV_BACKEND_CAP_CUR] = "cur",
         [CKV_BACKEND_CAP_LEVERAGE] = "leverage",
         [CKV_BACKEND_CAP_CHUNK_COLSUM] = "chunk_colsum",
+        [CKV_BACKEND_CAP_GRAPHS] = "graphs",
     };
     return (unsigned)cap < (unsigned)CKV_BACKEND_CAP_COUNT ? names[cap] : "?";
 }
@@ -67,6 +68,7 @@ ckv_status ckv_backend_check_ops(const ckv_backend *be) {
     const op_slot lagkv[] = {SLOT(o, evict_lagkv)}, cur[] = {SLOT(o, evict_cur)};
     const op_slot leverage[] = {SLOT(o, evict_leverage)};
     const op_slot chunk[] = {SLOT(o, evict_chunk_colsum), SLOT(o, evict_row_stats)};
+    const op_slot graphs[] = {SLOT(o, graph_begin), SLOT(o, graph_end), SLOT(o, graph_release)};
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_STREAM, stream, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_DEVICE_ID, device_id, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_EVICT_RESERVE, reserve, 1));
@@ -75,5 +77,6 @@ ckv_status ckv_backend_check_ops(const ckv_backend *be) {
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_CUR, cur, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_LEVERAGE, leverage, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_CHUNK_COLSUM, chunk, 2));
+    CKV_TRY(check_family(be, CKV_BACKEND_CAP_GRAPHS, graphs, 3));
     return CKV_STATUS_OK;
 }

@@ -132,8 +132,7 @@ ckv_kv_batch ckv_kv_layer_batch(const ckv_kv_cache *c, int layer, int extra) {
     return b;
 }
 
-ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start, int layer,
-                               const ckv_kv_batch *b, const float *k, const float *v, const int32_t *pos, int n) {
+ckv_status ckv_kv_account_batch(ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start, int layer, int n) {
     for (int i = 0; i < n_seq; i++) {
         const ckv_kv_cache *c = caches[i];
         const ckv_kv_layer *l = &c->layers[layer];
@@ -144,8 +143,6 @@ ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int
                 return ckv_error(CKV_STATUS_ERR_RANGE, "KV cache layer %d head %d is full (%d of %d rows, %d more asked)",
                                  layer, h, l->len[h], l->cap[h], cnt);
     }
-    ckv_backend *be = caches[0]->be;
-    be->ops->kv_store(be, b, k, v, pos, n); /* advances the device lengths */
     for (int i = 0; i < n_seq; i++) {
         ckv_kv_layer *l = &caches[i]->layers[layer];
         const int cnt = seq_start ? seq_start[i + 1] - seq_start[i] : n;
@@ -154,6 +151,14 @@ ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int
             l->segs_host[h].len = l->len[h];
         }
     }
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_kv_append_batch(ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start, int layer,
+                               const ckv_kv_batch *b, const float *k, const float *v, const int32_t *pos, int n) {
+    CKV_TRY(ckv_kv_account_batch(caches, n_seq, seq_start, layer, n));
+    ckv_backend *be = caches[0]->be;
+    be->ops->kv_store(be, b, k, v, pos, n); /* advances the device lengths (the view is built from them) */
     return CKV_STATUS_OK;
 }
 

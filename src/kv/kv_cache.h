@@ -62,6 +62,13 @@ int ckv_kv_layer_has_pool(const ckv_kv_cache *c, int layer);
  * (device). Fails without writing when a head would exceed its capacity. */
 ckv_status ckv_kv_layer_append(ckv_kv_cache *c, int layer, const float *k, const float *v, const int32_t *pos, int n);
 
+/* The host half of ckv_kv_append_batch: checks that every head of `layer` of caches[i] has room for
+ * the rows seq_start[i] .. seq_start[i + 1] - 1 (host array; NULL when n_seq = 1: n rows) and
+ * advances the host lengths by them; queues nothing. A replayed CUDA graph of a decode step, which
+ * holds the kv_store, calls it alone (engine/batch.c). Fails without changing anything when a head
+ * would exceed its capacity. */
+ckv_status ckv_kv_account_batch(ckv_kv_cache *const *caches, int n_seq, const int32_t *seq_start, int layer, int n);
+
 /* Appends a batch's tokens to several caches at once (one kv_store): the tokens of cache i are
  * rows seq_start[i] .. seq_start[i + 1] - 1 (host array; NULL when n_seq = 1) of k, v [n, n_kv,
  * head_dim] and pos [n] (device). b is the batch view of `layer` over exactly these caches, in

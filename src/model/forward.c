@@ -73,15 +73,22 @@ void ckv_model_scratch_free(ckv_model_scratch *s, const ckv_model *m) {
     memset(s, 0, sizeof *s);
 }
 
-ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const int32_t *ids, int n) {
+ckv_status ckv_model_ids_put(ckv_model *m, ckv_model_scratch *s, const int32_t *ids, int n) {
     if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "embed: %d tokens outside [1, %d]", n, s->n_max);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
             return ckv_error(CKV_STATUS_ERR_RANGE, "token id %d at index %d is outside the vocabulary [0, %d)", ids[i],
                              i, m->cfg.vocab_size);
-    ckv_backend *be = m->be;
-    CKV_TRY(be->ops->upload(be, s->ids, ids, (size_t)n * sizeof(int32_t)));
-    be->ops->embedding(be, x, &m->embed, s->ids, n);
+    return m->be->ops->upload(m->be, s->ids, ids, (size_t)n * sizeof(int32_t));
+}
+
+void ckv_model_embed_ids(ckv_model *m, ckv_model_scratch *s, float *x, int n) {
+    m->be->ops->embedding(m->be, x, &m->embed, s->ids, n);
+}
+
+ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const int32_t *ids, int n) {
+    CKV_TRY(ckv_model_ids_put(m, s, ids, n));
+    ckv_model_embed_ids(m, s, x, n);
     return CKV_STATUS_OK;
 }
 
@@ -92,12 +99,12 @@ static ckv_status allreduce_hidden(ckv_model *m, float *buf, size_t count) {
     return ckv_comm_dev_allreduce_f32(m->tp, buf, count, CKV_COMM_OP_SUM);
 }
 
-/* s->pos [n] = pos [n] (host), uploaded only when it differs from what s->pos holds. */
-static ckv_status positions_put(ckv_backend *be, ckv_model_scratch *s, const int32_t *pos, int n) {
+ckv_status ckv_model_positions_put(ckv_model *m, ckv_model_scratch *s, const int32_t *pos, int n) {
+    if (n < 1 || n > s->n_max) return ckv_error(CKV_STATUS_ERR_ARG, "positions: %d tokens outside [1, %d]", n, s->n_max);
     const size_t bytes = (size_t)n * sizeof(int32_t);
     if (n == s->pos_n && memcmp(s->pos_host, pos, bytes) == 0) return CKV_STATUS_OK;
     s->pos_n = 0; /* until the upload is queued */
-    CKV_TRY(be->ops->upload(be, s->pos, pos, bytes));
+    CKV_TRY(m->be->ops->upload(m->be, s->pos, pos, bytes));
     memcpy(s->pos_host, pos, bytes);
     s->pos_n = n;
     return CKV_STATUS_OK;
@@ -116,7 +123,7 @@ static ckv_status model_layer(ckv_model *m, ckv_model_scratch *s, int layer, flo
     int D = c->hidden_size, d = c->head_dim, nq = p->n_q_local, nkv = p->n_kv_local, ff = p->n_ff_local;
     float eps = (float)c->rms_norm_eps;
 
-    CKV_TRY(positions_put(be, s, pos, n));
+    CKV_TRY(ckv_model_positions_put(m, s, pos, n));
     /* attention block */
     op->rmsnorm(be, s->xn, x, w->attn_norm, n, D, eps);
     if (xn_out) CKV_TRY(op->copy(be, xn_out, s->xn, (size_t)n * D * sizeof(float)));
@@ -232,12 +239,9 @@ static ckv_status logits_get(ckv_model *m, ckv_model_scratch *s, const float *x,
     size_t pad = 0;
     CKV_TRY(logits_compute(m, s, x, n, &parts, &pad));
     if (!device) {
-        if (tp == 1) {
-            CKV_TRY(be->ops->download(be, s->host_logits, parts, nv * sizeof(float)));
-        } else {
-            CKV_TRY(be->ops->download(be, s->host_part, parts, (size_t)n * pad * sizeof(float) * (size_t)tp));
-            CKV_TRY(logits_assemble(m, s->host_logits, s->host_part, n, pad, 0));
-        }
+        if (tp == 1) return ckv_model_logits_fetch(m, s, parts, n, logits);
+        CKV_TRY(be->ops->download(be, s->host_part, parts, (size_t)n * pad * sizeof(float) * (size_t)tp));
+        CKV_TRY(logits_assemble(m, s->host_logits, s->host_part, n, pad, 0));
         *logits = s->host_logits;
         return logits_check(s->host_logits, nv);
     }
@@ -248,6 +252,15 @@ static ckv_status logits_get(ckv_model *m, ckv_model_scratch *s, const float *x,
     }
     *logits = parts; /* not checked here: the sample op marks a non-finite row (CKV_SAMPLE_NONFINITE) */
     return CKV_STATUS_OK;
+}
+
+ckv_status ckv_model_logits_fetch(ckv_model *m, ckv_model_scratch *s, const float *logits_dev, int n,
+                                  const float **logits) {
+    if (n < 1 || n > s->n_logits) return ckv_error(CKV_STATUS_ERR_ARG, "logits: %d rows outside [1, %d]", n, s->n_logits);
+    const size_t nv = (size_t)n * (size_t)m->cfg.vocab_size;
+    CKV_TRY(m->be->ops->download(m->be, s->host_logits, logits_dev, nv * sizeof(float)));
+    *logits = s->host_logits;
+    return logits_check(s->host_logits, nv);
 }
 
 ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, int n, const float **logits) {

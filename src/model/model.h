@@ -109,6 +109,14 @@ void ckv_model_scratch_free(ckv_model_scratch *s, const ckv_model *m);
 
 /* x[n, D] (device) = embeddings of ids[n] (host ids; checked against the vocabulary). */
 ckv_status ckv_model_embed(ckv_model *m, ckv_model_scratch *s, float *x, const int32_t *ids, int n);
+/* The two halves of ckv_model_embed, for a step whose device work must not upload (a CUDA graph's
+ * capture or replay, engine/batch.c): ckv_model_ids_put checks ids[n] and uploads them into s->ids;
+ * ckv_model_embed_ids queues x[n, D] = embeddings of s->ids (no host value but n). */
+ckv_status ckv_model_ids_put(ckv_model *m, ckv_model_scratch *s, const int32_t *ids, int n);
+void ckv_model_embed_ids(ckv_model *m, ckv_model_scratch *s, float *x, int n);
+/* s->pos [n] = pos [n] (host): uploaded only when it differs from what s->pos holds. The layers call
+ * it with their positions; a caller that puts them first makes the layers upload nothing. */
+ckv_status ckv_model_positions_put(ckv_model *m, ckv_model_scratch *s, const int32_t *pos, int n);
 
 /* Runs decoder layer `layer` in place on x[n, D] (device) for tokens at host positions pos[n]:
  * appends their keys/values to the layer's cache, attends over the cache, adds the MLP. n <= n_max.
@@ -141,6 +149,11 @@ ckv_status ckv_model_logits(ckv_model *m, ckv_model_scratch *s, const float *x, 
  * non-finite logit, and its caller makes that the error ckv_model_logits would give. */
 ckv_status ckv_model_logits_device(ckv_model *m, ckv_model_scratch *s, const float *x, int n, float *full,
                                    const float **logits);
+/* The device logits [n, V] ckv_model_logits_device gave (logits_dev) downloaded into the scratch's
+ * host rows and checked as ckv_model_logits checks them; *logits points at them (valid until the
+ * next call). The download is the host wait. */
+ckv_status ckv_model_logits_fetch(ckv_model *m, ckv_model_scratch *s, const float *logits_dev, int n,
+                                  const float **logits);
 
 /* A 16-hex-digit fingerprint of the model (its configuration and samples of its weights), the same
  * on every rank; cache files record it so a cache is never loaded into another model. */

@@ -464,6 +464,35 @@ static void test_attention_split_k(void) {
     attn_repeat = 0;
 }
 
+/* The prefill's 8-warp blocks (128 query rows): the launch takes them for bf16 caches at head dims
+ * 64-128 when their grid fills the SMs, which these shapes do on a simulated GPU of one SM (a
+ * second backend, opened on it): partial and full row blocks, several row blocks over several key
+ * tiles, compacted caches, two sequences, GQA. A GPU takes them at its own SM count: 64 heads of
+ * 256 tokens (128 blocks of 128 rows) on 108-132 SMs. */
+static void test_attention_wide(void) {
+    static const attn_case cases[] = {
+        /* name             dtype          seq kv  G  hd  tokens          lens           gaps early */
+        {"wide hd128",     CKV_DTYPE_BF16, 1, 2, 2, 128, {200},         {90},          0, 0},
+        {"wide gaps",      CKV_DTYPE_BF16, 1, 2, 2, 64, {140},          {30},          3, 0},
+        {"wide hd 80",     CKV_DTYPE_BF16, 2, 2, 2, 80, {70, 131},      {60, 3},       1, 0},
+        {"wide hd 96",     CKV_DTYPE_BF16, 1, 1, 4, 96, {66},           {70},          0, 0},
+        {"wide early",     CKV_DTYPE_BF16, 1, 1, 2, 128, {130},         {10},          2, 1},
+    };
+    static const attn_case gpu_grid = {"wide, GPU grid", CKV_DTYPE_BF16, 1, 4, 16, 128, {256}, {300}, 1, 0};
+    if (strcmp(tb_name, "cuda-emu") != 0) {
+        test_attention(&gpu_grid);
+        return;
+    }
+    ckv_backend *gpu = tb;
+    ckv_cuda_emu_set_sms(1);
+    CHECK_OK(ckv_backend_cuda_emu_init(&tb, 0));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i]);
+    CHECK_OK(tb->ops->sync(tb));
+    ckv_backend_free(tb);
+    ckv_cuda_emu_set_sms(0);
+    tb = gpu;
+}
+
 /* ---- sampling ---------------------------------------------------------------------------------
  * Exact: the same token as the CPU op and as engine/sampler.c (fed the same uniform draw) for every
  * row; all three measure top-p over the whole softmax, or over the top-k candidates when top_k > 0.
@@ -612,6 +641,7 @@ int main(int argc, char **argv) {
     test_kv_rerotate(CKV_DTYPE_F32);
     test_attention_all();
     test_attention_split_k();
+    test_attention_wide();
     ckv_test_failures += test_backend_evict_ops();
     test_sample(0.0f, 0, 1.0f);
     test_sample(1.0f, 0, 1.0f);

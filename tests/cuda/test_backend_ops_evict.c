@@ -21,15 +21,19 @@ typedef struct {
     ckv_kv_batch bt, br;
 } ev_cache;
 
-/* gaps > 0: positions with random holes, different per head */
-static void ev_cache_init_gaps(ev_cache *e, ckv_dtype dt, int gaps) {
-    const int lens[EV_KV] = {EV_L, EV_L};
-    kv_host_random(&e->h, dt, 1, EV_KV, EV_D, EV_L, lens, gaps);
-    kv_build(&e->ct, tb, dt, 1, EV_KV, EV_D, EV_L, &e->h);
-    kv_build(&e->cr, ref, dt, 1, EV_KV, EV_D, EV_L, &e->h);
-    e->bt = kv_batch(&e->ct, NULL, NULL, EV_L);
-    e->br = kv_batch(&e->cr, NULL, NULL, EV_L);
+/* One sequence of n_kv heads of L rows (head dim hd) on both backends; gaps > 0: positions with
+ * random holes, different per head. */
+static void ev_cache_init_shape(ev_cache *e, ckv_dtype dt, int n_kv, int hd, int L, int gaps) {
+    int lens[KV_MAX_HEADS];
+    for (int g = 0; g < n_kv; g++) lens[g] = L;
+    kv_host_random(&e->h, dt, 1, n_kv, hd, L, lens, gaps);
+    kv_build(&e->ct, tb, dt, 1, n_kv, hd, L, &e->h);
+    kv_build(&e->cr, ref, dt, 1, n_kv, hd, L, &e->h);
+    e->bt = kv_batch(&e->ct, NULL, NULL, L);
+    e->br = kv_batch(&e->cr, NULL, NULL, L);
 }
+
+static void ev_cache_init_gaps(ev_cache *e, ckv_dtype dt, int gaps) { ev_cache_init_shape(e, dt, EV_KV, EV_D, EV_L, gaps); }
 
 static void ev_cache_init(ev_cache *e, ckv_dtype dt) { ev_cache_init_gaps(e, dt, 0); }
 
@@ -202,14 +206,9 @@ static void test_evict_window_shapes(ckv_dtype dt) {
         char what[96];
         snprintf(what, sizeof what, "%s hd %d group %d heads %d+%d window %d keys %d", ckv_dtype_name(dt), hd, group,
                  head0, H, n_q, L);
-        int lens[KV_MAX_HEADS];
-        for (int g = 0; g < n_kv; g++) lens[g] = L;
-        test_kv_host h;
-        test_kv ct, cr;
-        kv_host_random(&h, dt, 1, n_kv, hd, L, lens, 0);
-        kv_build(&ct, tb, dt, 1, n_kv, hd, L, &h);
-        kv_build(&cr, ref, dt, 1, n_kv, hd, L, &h);
-        const ckv_kv_batch bt = kv_batch(&ct, NULL, NULL, L), br = kv_batch(&cr, NULL, NULL, L);
+        ev_cache e;
+        ev_cache_init_shape(&e, dt, n_kv, hd, L, 0);
+        const ckv_kv_batch bt = e.bt, br = e.br;
         const ckv_evict_shape sh = {L, n_q, H, n_kv, n_kv, hd, 0, dt, CKV_DTYPE_BF16, 0};
         CHECK_OK(tb->ops->evict_reserve(tb, &sh));
         const size_t nqv = (size_t)n_q * H * hd;
@@ -245,8 +244,7 @@ static void test_evict_window_shapes(ckv_dtype dt) {
         compare_dev("evict_attn_probs", what, pt, pr, (size_t)H * n_q * L, 1e-7, 1e-6);
         release2(pt, pr), release2(qt, qr);
         free(q);
-        kv_free(&ct), kv_free(&cr);
-        kv_host_free(&h);
+        ev_cache_free(&e);
     }
 }
 
@@ -449,13 +447,9 @@ static void test_evict_value_norm_dims(ckv_dtype dt) {
     const int dims[] = {64, 80, 96, 128};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
         const int d = dims[i], cols = (HEAD0 + HQ) * d, ld = L + 3;
-        const int lens[KV] = {L, L, L};
-        test_kv_host h;
-        test_kv ct, cr;
-        kv_host_random(&h, dt, 1, KV, d, L, lens, 0);
-        kv_build(&ct, tb, dt, 1, KV, d, L, &h);
-        kv_build(&cr, ref, dt, 1, KV, d, L, &h);
-        const ckv_kv_batch bt = kv_batch(&ct, NULL, NULL, L), br = kv_batch(&cr, NULL, NULL, L);
+        ev_cache e;
+        ev_cache_init_shape(&e, dt, KV, d, L, 0);
+        const ckv_kv_batch bt = e.bt, br = e.br;
         const ckv_evict_shape sh = {L, 1, HQ, KV, KV, d, D, dt, CKV_DTYPE_BF16, 0};
         CHECK_OK(tb->ops->evict_reserve(tb, &sh));
         /* o_proj [D, (HEAD0 + HQ) d]: the local heads' columns start at HEAD0 d */
@@ -473,8 +467,8 @@ static void test_evict_value_norm_dims(ckv_dtype dt) {
         cuda_test_download(tb, a, vt, sizeof(float) * KV * ld);
         cuda_test_download(ref, b, vr, sizeof(float) * KV * ld);
         double rel = 0.0;
-        for (int e = 0; e < KV * ld; e++) {
-            const double r = fabs((double)a[e] - b[e]) / (fabs((double)b[e]) > 1e-30 ? fabs((double)b[e]) : 1e-30);
+        for (int x = 0; x < KV * ld; x++) {
+            const double r = fabs((double)a[x] - b[x]) / (fabs((double)b[x]) > 1e-30 ? fabs((double)b[x]) : 1e-30);
             rel = r > rel ? r : rel;
         }
         char cas[64];
@@ -483,8 +477,7 @@ static void test_evict_value_norm_dims(ckv_dtype dt) {
         compare("evict_value_norm", cas, a, b, (size_t)KV * ld, 1e-7, 1e-6);
         free(a), free(b), free(init), free(wo), free(hw);
         release2(vt, vr), release2(wt_all, wr_all);
-        kv_free(&ct), kv_free(&cr);
-        kv_host_free(&h);
+        ev_cache_free(&e);
     }
 }
 

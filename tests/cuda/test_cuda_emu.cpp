@@ -1,6 +1,7 @@
 /* test_cuda_emu.cpp - the CPU execution layer itself (src/backend/cuda/emu), on kernels written
  * here: warp shuffles against the rules of docs/gpu.md §2 (widths, sources outside the group or the
- * mask), __syncthreads as a block barrier, per-block __shared__ storage, the mma wrapper against a
+ * mask), __syncthreads as a block barrier, per-block __shared__ storage, dynamic shared memory
+ * past 48 KiB (refused without the cudaFuncSetAttribute opt-in, as on a device), the mma wrapper against a
  * naive product with fragments loaded by the PTX ISA layouts of docs/gpu.md §1, the cuBLAS GEMM
  * against a naive column-major product (both transposes, padded leading dimensions, bf16 and f32),
  * and the faults that must never hang: a divergent __syncthreads, a shuffle whose mask names an
@@ -75,6 +76,47 @@ static void test_barriers() {
     for (int b = 0; b < 3; b++) bad += got[b] != (float)(b * 1000 * 256 + 255 * 256 / 2);
     EXPECT(bad == 0, "block sums %g %g %g", got[0], got[1], got[2]);
     if (!bad) fprintf(stderr, "ok   __syncthreads tree reduction over 256 fibers, __shared__ per block\n");
+    cudaFree(d);
+}
+
+/* Dynamic shared memory past 48 KiB (64 KiB: 16K floats): block b writes b + i into its 16K floats,
+ * then thread t sums its 64 strided ones written by other threads. */
+constexpr int DYN_FLOATS = 16 * 1024;
+__global__ void dyn_shared_kernel(float *out) {
+    CKV_SHARED_DYN(smem, DYN_FLOATS * sizeof(float));
+    float *buf = (float *)smem;
+    for (int i = (int)threadIdx.x; i < DYN_FLOATS; i += 256) buf[i] = (float)(blockIdx.x + i);
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = ((int)threadIdx.x + 1) % 256; i < DYN_FLOATS; i += 256) s += buf[i];
+    out[blockIdx.x * 256 + threadIdx.x] = s;
+}
+
+static void test_dynamic_shared() {
+    float *d = dev_floats(2 * 256);
+    const size_t bytes = DYN_FLOATS * sizeof(float);
+    CKV_LAUNCH(dyn_shared_kernel, dim3(2), dim3(256), bytes, (cudaStream_t)NULL, d);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration, "64 KiB of dynamic shared memory without the opt-in");
+    EXPECT(cudaFuncSetAttribute(dyn_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) ==
+               cudaErrorInvalidValue,
+           "an opt-in past 227 KiB accepted");
+    (void)cudaGetLastError();
+    EXPECT(cudaFuncSetAttribute(dyn_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) ==
+               cudaSuccess,
+           "opt-in to 64 KiB");
+    CKV_LAUNCH(dyn_shared_kernel, dim3(2), dim3(256), bytes, (cudaStream_t)NULL, d);
+    EXPECT(cudaGetLastError() == cudaSuccess, "64 KiB of dynamic shared memory after the opt-in");
+    float got[2 * 256];
+    EXPECT(cudaMemcpy(got, d, sizeof got, cudaMemcpyDeviceToHost) == cudaSuccess, "copy");
+    int bad = 0;
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 256; t++) {
+            double want = 0.0; /* the 64 values b + i, i = (t + 1) % 256 + 256 k */
+            for (int i = (t + 1) % 256; i < DYN_FLOATS; i += 256) want += (double)(b + i);
+            bad += fabs(got[b * 256 + t] - want) > 1e-6 * want;
+        }
+    EXPECT(bad == 0, "%d dynamic shared memory sums wrong", bad);
+    if (!bad) fprintf(stderr, "ok   64 KiB of dynamic shared memory per block: refused without the opt-in, then per block\n");
     cudaFree(d);
 }
 
@@ -236,6 +278,7 @@ static void test_faults() {
 int main() {
     test_shuffles();
     test_barriers();
+    test_dynamic_shared();
     test_mma();
     test_gemm(CUBLAS_OP_N, CUBLAS_OP_N, CUDA_R_32F);
     test_gemm(CUBLAS_OP_T, CUBLAS_OP_N, CUDA_R_16BF);

@@ -11,10 +11,28 @@
  *   - last, the batched step inside a stream capture of the backend's stream: everything before
  *     its download records (no host wait, allocation or pageable copy inside the step), the
  *     download is the one refused call (what a CUDA graph of the step must leave outside it).
+ * These run with the backend's recorded steps off (CKV_CUDA_GRAPHS=0). Before the capture, the recorded steps: a
+ * second backend with them on decodes 14 device-sampled steps of four sessions (prompts of 120, 90,
+ * 250 and 60 ids) beside the first: members {0, 1, 2} for 8 steps (the longest crosses the key bound
+ * 256 at step 6), {0, 3, 2} for 2 (other members, same key), {0, 3, 2, 1} for 4, {0, 3, 2} for 2
+ * (a known key: its graph replays, the 4-row step having moved no workspace: the split-KV partials
+ * are reserved when the backend starts, docs/gpu.md §3b),
+ * then the same members for 4 steps returning host logits (ckv_decode_batch_step: a key of its own;
+ * the logits equal to the unrecorded backend's bit for bit).
+ * Each key's first step runs unrecorded, its second is recorded and launched, later ones replay: exactly 1 graph launch,
+ * 1 host wait and no kernel or GEMM launched from the host per replayed step; ids equal to the
+ * unrecorded backend's at every step. Under CKV_EMU_CHECK=1 the replays go through the layer's checks.
+ * CKV_CUDA_GRAPHS other than 0 or 1 is refused at init; a recording whose step makes a refused call
+ * (a wait) is that step's error naming the call, and recording stays off.
+ *   test_decode_syncs [cuda-emu]   the above (label cuda-emu)
+ *   test_decode_syncs cuda         on a GPU (label cuda): the recorded steps' ids and host logits
+ *                                  against a backend with recording off (no counters); skips without one
  * Every wait the layer counts is one a GPU would make the host take (stream and device syncs,
  * copies into pageable memory); small uploads are staged through page-locked memory, whose copies
  * the layer runs late, so a staging bug shows up as wrong ids. Prints waits, kernels and GEMMs per
  * step and per layer. Label cuda-emu. */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,11 +40,12 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_emu.h"
 #include "ckv_test.h"
+#include "cuda_test_backend.h"
 #include "engine/batch.h"
 #include "engine/session.h"
 #include "model/model.h"
 
-enum { NS = 3, STEPS = 6, CAP = 160 };
+enum { NS = 3, STEPS = 6, CAP = 160, GS = 4, GSTEPS = 20, GCAP = 320 };
 
 typedef struct {
     unsigned long long waits, kernels, gemms, allocs;
@@ -51,25 +70,161 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-/* Session i prefilled with 30 + 25 i ids of a fixed pattern; *first its greedy next token. */
-static void prefill(ckv_session *s, ckv_model *m, int i, int32_t *first) {
-    const int n = 30 + 25 * i, V = m->cfg.vocab_size;
-    int32_t ids[128];
+/* Session i prefilled with n ids of a fixed pattern in a cache of cap rows; *first its greedy next
+ * token. */
+static void prefill_n(ckv_session *s, ckv_model *m, int i, int n, int cap, int32_t *first) {
+    const int V = m->cfg.vocab_size;
+    int32_t ids[GCAP];
     for (int t = 0; t < n; t++) ids[t] = (int32_t)((7 * t + 13 * i + 1) % V);
     const float *last = NULL;
-    CHECK_OK(ckv_session_init_kv(s, m, CAP, 16, 0, CKV_DTYPE_BF16));
+    CHECK_OK(ckv_session_init_kv(s, m, cap, 16, 0, CKV_DTYPE_BF16));
     CHECK_OK(ckv_session_prefill(s, ids, n, NULL, &last));
     *first = last ? argmax(last, V) : 0;
 }
 
-int main(void) {
-    ckv_backend *dev = NULL, *cpu = NULL;
-    ckv_model *m = NULL;
-    CHECK_OK(ckv_backend_cuda_emu_init(&dev, 0));
-    CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
-    const ckv_model_opts opts = {.weights_dtype = CKV_DTYPE_BF16};
-    if (dev) CHECK_OK(ckv_model_load_opts(&m, CKV_FIXTURES "/models/llama_gqa_bf16", dev, NULL, &opts));
-    if (!m || !cpu) return ckv_test_finish("test_decode_syncs");
+/* Session i prefilled with 30 + 25 i ids. */
+static void prefill(ckv_session *s, ckv_model *m, int i, int32_t *first) { prefill_n(s, m, i, 30 + 25 * i, CAP, first); }
+
+/* The recorded steps (see the top): model pm on a backend with them off, gm with them on. */
+static void recorded_steps(ckv_model *pm, ckv_model *gm, int counted) {
+    static const int prompt[GS] = {120, 90, 250, 60};
+    /* members of each step; and what the recording backend does: 0 unrecorded, 1 recorded, 2 replayed
+     * (a key: rows, each layer's key bound, the rows' settings; a new key runs once unrecorded) */
+    static const int rows[GSTEPS][GS + 1] = { /* n, then the sessions */
+        {3, 0, 1, 2}, {3, 0, 1, 2}, {3, 0, 1, 2}, {3, 0, 1, 2}, {3, 0, 1, 2}, {3, 0, 1, 2},
+        {3, 0, 1, 2}, {3, 0, 1, 2}, /* step 6: session 2 holds 257 rows after the step: bound 512 */
+        {3, 0, 3, 2}, {3, 0, 3, 2}, /* other members, the same key */
+        {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1},
+        {3, 0, 3, 2}, {3, 0, 3, 2}, /* a known key: replayed (the split-KV partials are reserved at start, so the
+                                       4-row step moved no workspace) */
+        {3, 0, 3, 2}, {3, 0, 3, 2}, {3, 0, 3, 2}, {3, 0, 3, 2}}; /* host logits (ckv_decode_batch_step) */
+    static const int want_kind[GSTEPS] = {0, 1, 2, 2, 2, 2, 0, 1, 2, 2, 0, 1, 2, 2, 2, 2, 0, 1, 2, 2};
+    enum { HOST_FROM = 16 }; /* the steps from here return host logits */
+    static const char *const kind_name[3] = {"unrecorded", "recorded", "replayed"};
+    ckv_session ps[GS], gs[GS];
+    int32_t tok[GS];
+    for (int i = 0; i < GS; i++) {
+        int32_t t2 = 0;
+        prefill_n(&ps[i], pm, i, prompt[i], GCAP, &tok[i]);
+        prefill_n(&gs[i], gm, i, prompt[i], GCAP, &t2);
+        CHECK(t2 == tok[i]);
+    }
+    ckv_decode_batch pb, gb;
+    CHECK_OK(ckv_decode_batch_init(&pb, pm, GS));
+    CHECK_OK(ckv_decode_batch_init(&gb, gm, GS));
+    uint64_t rng = 0x9a7eULL;
+    int wrong_ids = 0, wrong_kind = 0, wrong_counts = 0, replays = 0;
+    double max_err = 0.0;
+    for (int step = 0; step < GSTEPS; step++) {
+        const int n = rows[step][0];
+        ckv_session *pp[GS], *gp[GS];
+        int32_t in[GS], pid[GS] = {0}, gid[GS] = {0};
+        ckv_batch_pick picks[GS];
+        for (int r = 0; r < n; r++) {
+            const int i = rows[step][1 + r];
+            pp[r] = &ps[i], gp[r] = &gs[i], in[r] = tok[i];
+            picks[r] = r == 0 ? (ckv_batch_pick){0.0f, 1.0f, 0, 0.0}
+                              : (ckv_batch_pick){0.8f, 0.9f, 20, ckv_test_rng_double(&rng)};
+        }
+        const int host = step >= HOST_FROM, V = pm->cfg.vocab_size;
+        const float *plg = NULL, *glg = NULL;
+        if (host) {
+            CHECK_OK(ckv_decode_batch_step(&pb, pp, in, n, &plg));
+            for (int r = 0; plg && r < n; r++) pid[r] = argmax(plg + (size_t)r * V, V);
+        } else {
+            CHECK_OK(ckv_decode_batch_step_ids(&pb, pp, in, n, picks, pid));
+        }
+        unsigned long long cap0, gl0, cap1, gl1;
+        ckv_cuda_emu_graph_counts(&cap0, &gl0);
+        counts c0 = now();
+        const ckv_status st = host ? ckv_decode_batch_step(&gb, gp, in, n, &glg)
+                                   : ckv_decode_batch_step_ids(&gb, gp, in, n, picks, gid);
+        counts c = since(c0);
+        for (int r = 0; host && glg && plg && r < n; r++) {
+            gid[r] = argmax(glg + (size_t)r * V, V);
+            for (int v = 0; v < V; v++) {
+                const double e = fabs((double)glg[(size_t)r * V + v] - (double)plg[(size_t)r * V + v]);
+                max_err = e > max_err ? e : max_err;
+            }
+        }
+        ckv_cuda_emu_graph_counts(&cap1, &gl1);
+        CHECK_MSG(st == CKV_STATUS_OK, "recorded step %d: %s", step, ckv_error_message());
+        if (st != CKV_STATUS_OK) break;
+        const unsigned long long captures = cap1 - cap0, launches = gl1 - gl0;
+        const int kind = !counted ? want_kind[step] : launches == 0 ? 0 : captures == 1 ? 1 : 2;
+        if (kind != want_kind[step] && wrong_kind++ < 5)
+            fprintf(stderr, "  step %d: %s (%llu captures, %llu graph launches), want %s\n", step, kind_name[kind],
+                    captures, launches, kind_name[want_kind[step]]);
+        /* recorded and replayed steps: one graph launch, nothing launched from the host, one wait */
+        const int bad = counted && kind > 0 &&
+                        (launches != 1 || c.kernels != 0 || c.gemms != 0 || c.waits != 1 || c.allocs != 0);
+        if (bad && wrong_counts++ < 5)
+            fprintf(stderr, "  step %d (%s): %llu graph launches, %llu kernels, %llu GEMMs, %llu host waits, %llu "
+                    "allocations (want 1, 0, 0, 1, 0)\n", step, kind_name[kind], launches, c.kernels, c.gemms, c.waits,
+                    c.allocs);
+        replays += kind == 2;
+        for (int r = 0; r < n; r++) {
+            if (pid[r] != gid[r] && wrong_ids++ < 5)
+                fprintf(stderr, "  step %d row %d (session %d): id %d recorded/replayed, %d unrecorded\n", step, r,
+                        rows[step][1 + r], gid[r], pid[r]);
+            tok[rows[step][1 + r]] = pid[r];
+        }
+        if (counted)
+            fprintf(stderr, "     step %2d: %d rows, %s, %-10s %llu graph launch, %llu kernels, %llu GEMMs, %llu host wait\n",
+                    step, n, host ? "host logits" : "ids       ", kind_name[kind], launches, c.kernels, c.gemms, c.waits);
+    }
+    CHECK_MSG(wrong_kind == 0, "%d steps were not recorded or replayed when they should", wrong_kind);
+    CHECK_MSG(wrong_counts == 0, "%d recorded or replayed steps launched or waited other than once", wrong_counts);
+    CHECK_MSG(wrong_ids == 0, "%d ids of the recorded steps differ from the unrecorded backend's", wrong_ids);
+    CHECK_MSG(max_err == 0.0, "the recorded steps' host logits differ from the unrecorded backend's by up to %g", max_err);
+    fprintf(stderr, "%s %d recorded steps (%d replays%s), ids equal to the unrecorded backend's over a key bound "
+            "crossing, changes of members and a known key after a larger step; host logits max error %g\n",
+            wrong_kind || wrong_counts || wrong_ids || max_err > 0.0 ? "FAIL" : "ok  ", GSTEPS, replays,
+            counted ? ": 1 graph launch and 1 host wait each" : ", as designed: a GPU run does not count them", max_err);
+    ckv_decode_batch_free(&pb);
+    ckv_decode_batch_free(&gb);
+    for (int i = 0; i < GS; i++) ckv_session_free(&ps[i]), ckv_session_free(&gs[i]);
+}
+
+/* A recording that fails: a call inside it waits for the device (a void op, release, whose refused
+ * cudaFree is recorded for later) is graph_end's error naming that call, and recording stays off for
+ * the backend: the key's next step runs unrecorded and nothing is captured. */
+static void recording_failure(void) {
+    ckv_backend *be = NULL;
+    CHECK_OK(ckv_backend_cuda_emu_init(&be, 0));
+    if (!be) return;
+    void *buf = NULL;
+    CHECK_OK(be->ops->alloc(be, &buf, 256, "test buffer"));
+    const int owner = 0, key = 7;
+    int replayed = -1, ok = 1;
+    unsigned long long cap0, cap1, gl0, gl1;
+    CHECK_OK(be->ops->graph_begin(be, &owner, &key, sizeof key, &replayed)); /* the key's first step */
+    CHECK(replayed == 0);
+    CHECK_OK(be->ops->graph_end(be, CKV_STATUS_OK));
+    CHECK_OK(be->ops->graph_begin(be, &owner, &key, sizeof key, &replayed)); /* recorded */
+    be->ops->release(be, buf); /* waits for the stream and frees: refused in a capture */
+    ckv_error_clear();
+    const ckv_status st = be->ops->graph_end(be, CKV_STATUS_OK);
+    const char *msg = ckv_error_message();
+    ok &= st == CKV_STATUS_ERR_DEVICE && strstr(msg, "recording the decode step as a CUDA graph failed") &&
+          strstr(msg, "release") && strstr(msg, "are off");
+    CHECK_MSG(ok, "a refused call inside a recording: graph_end gave %s '%s'", ckv_status_string(st), msg);
+    ckv_cuda_emu_graph_counts(&cap0, &gl0);
+    CHECK_OK(be->ops->graph_begin(be, &owner, &key, sizeof key, &replayed)); /* off: runs unrecorded */
+    CHECK_OK(be->ops->graph_end(be, CKV_STATUS_OK));
+    ckv_cuda_emu_graph_counts(&cap1, &gl1);
+    CHECK_MSG(replayed == 0 && cap1 == cap0 && gl1 == gl0, "after a failed recording: replayed %d, %llu captures, %llu "
+              "graph launches (want 0, 0, 0)", replayed, cap1 - cap0, gl1 - gl0);
+    CHECK_OK(be->ops->sync(be));
+    be->ops->release(be, buf);
+    CHECK_OK(be->ops->sync(be));
+    ckv_backend_free(be);
+    if (ok) fprintf(stderr, "ok   a refused call inside a recording fails the step naming it; recording stays off\n");
+}
+
+/* Everything the CPU execution layer counts (see the top): dev and m with recorded steps off, gm with
+ * them on, cpu the reference sample op's backend. */
+static void emu_steps(ckv_backend *dev, ckv_backend *cpu, ckv_model *m, ckv_model *gm) {
     const int V = m->cfg.vocab_size, L = m->cfg.n_layers;
 
     ckv_session sa[NS], sb[NS], solo;
@@ -159,6 +314,9 @@ int main(void) {
     fprintf(stderr, "%s one session: %llu wait, %llu kernels, %llu GEMMs per step\n", solo_bad ? "FAIL" : "ok  ",
             c1.waits, c1.kernels, c1.gemms);
 
+    recorded_steps(m, gm, 1);
+    recording_failure();
+
     /* the step under a stream capture (last: the sessions' step does not complete): everything up to
      * the download records (no host wait, allocation or pageable copy inside the step), and the
      * download, the step's one host wait, is the one refused call */
@@ -181,8 +339,40 @@ int main(void) {
     ckv_decode_batch_free(&bb);
     for (int i = 0; i < NS; i++) ckv_session_free(&sa[i]), ckv_session_free(&sb[i]);
     ckv_session_free(&solo);
+}
+
+int main(int argc, char **argv) {
+    ckv_backend *dev = NULL, *gdev = NULL, *cpu = NULL;
+    ckv_model *m = NULL, *gm = NULL;
+    const int gpu = argc > 1 && strcmp(argv[1], "cuda") == 0;
+    if (!gpu) {
+        setenv("CKV_CUDA_GRAPHS", "yes", 1); /* neither 0 nor 1: init refuses it in one line */
+        CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_GRAPHS=yes: expected 0");
+    }
+    setenv("CKV_CUDA_GRAPHS", "0", 1); /* the unrecorded step (read at init) */
+    int rc = cuda_test_open(argc, argv, "test_decode_syncs", &dev);
+    unsetenv("CKV_CUDA_GRAPHS");
+    if (rc >= 0) return rc;
+    rc = cuda_test_open(argc, argv, "test_decode_syncs", &gdev);
+    if (rc >= 0) {
+        ckv_backend_free(dev);
+        return rc;
+    }
+    CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
+    const ckv_model_opts opts = {.weights_dtype = CKV_DTYPE_BF16};
+    CHECK_OK(ckv_model_load_opts(&m, CKV_FIXTURES "/models/llama_gqa_bf16", dev, NULL, &opts));
+    CHECK_OK(ckv_model_load_opts(&gm, CKV_FIXTURES "/models/llama_gqa_bf16", gdev, NULL, &opts));
+    if (!m || !gm || !cpu) return ckv_test_finish("test_decode_syncs");
+    CHECK(ckv_backend_supports(gdev, CKV_BACKEND_CAP_GRAPHS));
+    if (gpu) /* the GPU: the recorded steps' ids and logits against the unrecorded backend's (no counters) */
+        recorded_steps(m, gm, 0);
+    else
+        emu_steps(dev, cpu, m, gm);
+
     ckv_model_free(m);
+    ckv_model_free(gm);
     ckv_backend_free(cpu);
     ckv_backend_free(dev);
+    ckv_backend_free(gdev);
     return ckv_test_finish("test_decode_syncs");
 }

@@ -6,13 +6,19 @@ of its tensor-core instructions: the prefill's per-tile figures), and checks the
 tests/cuda/sass_expect.txt:
   - no kernel uses local memory (LOCAL 0 and no LDL/STL: no register spills, no stack arrays);
   - every kernel's registers fit the budget of its intended occupancy (a 'budget' line per kernel);
-  - 'require' lines hold (e.g. LDGSTS and LDSM in the prefill tile loop, no generic LD.E there);
+  - 'require' lines hold (e.g. LDGSTS and LDSM in the prefill tile loop, no generic LD.E there),
+    counted in the whole kernel or in a loop (loop:OPC, the smallest loop enclosing every OPC;
+    inner:OPC, each innermost loop holding an OPC; a loop is a backward branch's range: the format
+    is described at the top of sass_expect.txt);
   - 'gap' lines are requirements that today's kernels do not meet yet: reported with today's count
     (recorded in the file) and not failed; one that is met now fails, so that it becomes a
     'require' line and the file stays true.
 It needs no GPU. Exit 0 when every check passes, 1 on a failure, 77 (skip) when the module or
 cuobjdump is absent, saying which.
   test_sass.py --module build/libckv_cuda.so --expect tests/cuda/sass_expect.txt [--cuobjdump PATH]
+  test_sass.py --self-test --expect tests/cuda/sass_expect.txt
+--self-test checks the scopes and messages on a synthetic kernel and that the expectations parse
+(no module or cuobjdump needed).
 cuobjdump is looked up as --cuobjdump, $CKV_CUOBJDUMP, next to nvcc, on PATH, then in the Python
 package nvidia-cuda-cuobjdump of .venv-test (tools/test.sh installs it there); nvdisasm, which
 cuobjdump -sass runs, beside it (PyPI nvidia-cuda-nvdisasm) or on PATH.
@@ -25,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REGS_PER_SM = 65536  # 64K 32-bit registers per SM on sm_80 and sm_90
@@ -133,6 +140,13 @@ def count(instrs, pattern):
     return sum(1 for _, mn, _ in instrs if matches(pattern, mn))
 
 
+def loops_in(instrs):
+    """The kernel's loops as (first, last) addresses: a branch to an earlier (or its own) label
+    closes a loop whose body runs from that label to the branch. The branch to itself that ends
+    every kernel (after its EXIT) is no loop."""
+    return [(t, a) for a, _, t in instrs if t is not None and t < a]
+
+
 def loop_of(instrs, pattern):
     """The instructions of the smallest loop (a backward branch's range) enclosing every instruction
     that matches pattern; None when there is no such instruction or no such loop."""
@@ -140,11 +154,36 @@ def loop_of(instrs, pattern):
     if not at:
         return None
     lo, hi = min(at), max(at)
-    loops = [(t, a) for a, _, t in instrs if t is not None and t <= lo and a >= hi]
+    loops = [(t, a) for t, a in loops_in(instrs) if t <= lo and a >= hi]
     if not loops:
         return None
     t, a = min(loops, key=lambda r: r[1] - r[0])
     return [x for x in instrs if t <= x[0] <= a]
+
+
+def inner_loops_of(instrs, pattern):
+    """[(first, last, instructions)] of the innermost loops of pattern, in address order: the loops
+    that hold an instruction matching it and enclose no other loop that holds one. Matching
+    instructions outside those loops (a pipeline's prologue, an outer loop's own body) are left
+    out. Empty when no matching instruction sits in a loop."""
+    at = [a for a, mn, _ in instrs if matches(pattern, mn)]
+    holding = [(t, b) for t, b in loops_in(instrs) if any(t <= a <= b for a in at)]
+    inner = {(t, b) for t, b in holding
+             if not any(t <= t2 and b2 <= b and (t2, b2) != (t, b) for t2, b2 in holding)}
+    return [(t, b, [x for x in instrs if t <= x[0] <= b]) for t, b in sorted(inner)]
+
+
+def scoped(instrs, scope):
+    """The instruction lists a requirement's SCOPE names: [(where, instructions)], where says which
+    part of the kernel (for messages); None when the scope holds no loop."""
+    if scope == "kernel":
+        return [("the kernel", instrs)]
+    if scope.startswith("loop:"):
+        body = loop_of(instrs, scope[5:])
+        return [("the loop enclosing every %s (%d instructions)" % (scope[5:], len(body)), body)] if body else None
+    found = inner_loops_of(instrs, scope[6:])
+    return [("the innermost loop of %s at 0x%05x-0x%05x (%d instructions)" % (scope[6:], t, b, len(body)), body)
+            for t, b, body in found] or None
 
 
 def load_expect(path):
@@ -167,9 +206,11 @@ def load_expect(path):
                     stacks.append({"glob": line[1], "bytes": int(line[2]), "line": n})
                 elif kind in ("require", "gap") and len(line) in (7, 9):
                     c = {"kind": kind, "arch": line[1], "glob": line[2], "scope": line[3], "op": line[4],
-                         "rel": line[5], "n": int(line[6]), "line": n, "used": False}
+                         "rel": line[5], "n": int(line[6]), "line": n, "used": set()}
                     if c["rel"] not in ("==", ">=", "<="):
                         raise ValueError("relation %s" % c["rel"])
+                    if not (c["scope"] == "kernel" or re.fullmatch(r"(loop|inner):[A-Z][A-Z0-9_.]*", c["scope"])):
+                        raise ValueError("scope %s (kernel, loop:OPCODE or inner:OPCODE)" % c["scope"])
                     if kind == "gap":
                         if len(line) != 9 or line[7] != "today":
                             raise ValueError("a gap line ends with: today N")
@@ -187,12 +228,109 @@ def holds(v, rel, n):
     return v == n if rel == "==" else v >= n if rel == ">=" else v <= n
 
 
+def check_one(c, where, ins):
+    """One 'require' or 'gap' line c against a kernel's instructions: ("fail", message), ("gap",
+    message) for a known gap still open, or (None, None) when the line holds. Scoped to loops, the
+    line must hold in every loop of its scope; the message names the first loop where it does not."""
+    what = "%s %s %s %d" % (c["op"], c["scope"], c["rel"], c["n"])
+    parts = scoped(ins, c["scope"])
+    if parts is None:
+        opc = c["scope"].split(":", 1)[1]
+        k = count(ins, opc)
+        why = "none of its %d %s sits inside a backward branch's range" % (k, opc) if k else "it has no %s" % opc
+        return "fail", "%s: %s cannot be checked: %s (line %d)" % (where, what, why, c["line"])
+    # what is reported: the first part where the line does not hold, else the first part
+    v, part = next(((count(body, c["op"]), w) for w, body in parts if not holds(count(body, c["op"]), c["rel"], c["n"])),
+                   (count(parts[0][1], c["op"]), parts[0][0]))
+    ok = holds(v, c["rel"], c["n"])
+    if c["kind"] == "require" and not ok:
+        return "fail", "%s: %s does not hold: %d %s in %s (line %d)" % (where, what, v, c["op"], part, c["line"])
+    if c["kind"] == "gap" and ok:
+        return "fail", "%s: known gap closed (%s holds now): make line %d a 'require' line" % (where, what, c["line"])
+    if c["kind"] == "gap":
+        note = "" if v == c["today"] else " (recorded %d: update line %d)" % (c["today"], c["line"])
+        return "gap", "%s: %s not met: %d today in %s%s" % (where, what, v, part, note)
+    return None, None
+
+
+# A kernel for --self-test, in cuobjdump's layout: an HMMA before any loop (a pipeline's prologue),
+# two copies of a tile loop (0x20-0x50; 0x60-0x90 with a generic load and no cp.async) inside an
+# outer loop (0x20-0xa0), and the branch to itself after EXIT.
+SELF_TEST_SASS = """
+        code for sm_90
+                Function : k
+        /*0000*/                   HMMA.16816.F32.BF16 R0, R4, R8, R0 ;
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*0020*/                   LDSM.16.M88.4 R4, [R3] ;
+        /*0030*/                   HMMA.16816.F32.BF16 R0, R4, R8, R0 ;
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*0050*/               @P0 BRA 0x20 ;
+        /*0060*/                   LDSM.16.M88.4 R4, [R3] ;
+        /*0070*/                   HMMA.16816.F32.BF16 R0, R4, R8, R0 ;
+        /*0080*/                   LD.E R5, desc[UR4][R6.64] ;
+        /*0090*/              @!P1 BRA 0x60 ;
+        /*00a0*/               @P2 BRA 0x20 ;
+        /*00b0*/                   EXIT ;
+        /*00c0*/                   BRA 0xc0 ;
+"""
+
+
+def self_test(expect):
+    """Checks the scopes and messages on SELF_TEST_SASS and that `expect` parses; no module needed."""
+    ins = parse_sass(SELF_TEST_SASS)[("sm_90", "k")]
+    bad, n_checks = [], [0]
+
+    def line(text, n=1):
+        with open(os.path.join(tmp, "e.txt"), "w") as f:
+            f.write("\n" * (n - 1) + text + "\n")
+        return load_expect(os.path.join(tmp, "e.txt"))[1][0]
+
+    def want(text, kind, *words):
+        n_checks[0] += 1
+        c = line(text, 7)
+        got, msg = check_one(c, "sm_90 k", ins)
+        if got != kind or (msg is None) != (kind is None) or any(w not in msg for w in words):
+            bad.append("%r: got %s %r, expected %s naming %s" % (text, got, msg, kind, ", ".join(words)))
+    with tempfile.TemporaryDirectory() as tmp:
+        if loops_in(ins) != [(0x20, 0x50), (0x60, 0x90), (0x20, 0xa0)]:
+            bad.append("loops %s: expected 0x20-0x50, 0x60-0x90, 0x20-0xa0 (not the branch to itself)" % loops_in(ins))
+        if [(t, b) for t, b, _ in inner_loops_of(ins, "HMMA")] != [(0x20, 0x50), (0x60, 0x90)]:
+            bad.append("inner loops around HMMA: %s" % [(t, b) for t, b, _ in inner_loops_of(ins, "HMMA")])
+        want("require * k kernel HMMA == 3", None)
+        want("require * k inner:HMMA LDSM == 1", None)
+        want("require * k inner:HMMA LD.E == 0", "fail", "sm_90 k", "LD.E", "1 LD.E", "0x00060-0x00090", "line 7")
+        want("require * k inner:HMMA LDGSTS >= 1", "fail", "LDGSTS", "0 LDGSTS", "0x00060-0x00090")
+        want("require * k loop:HMMA HMMA == 3", "fail", "none of its 3 HMMA sits inside")
+        want("require * k loop:LDSM LD.E == 1", None)
+        want("require * k inner:STG STG == 0", "fail", "it has no STG")
+        want("gap * k inner:HMMA LD.E == 0 today 1", "gap", "1 today", "0x00060-0x00090")
+        want("gap * k inner:HMMA LD.E <= 1 today 1", "fail", "known gap closed")
+        for text in ("require * k inner HMMA == 1", "require * k loops:HMMA HMMA == 1", "gap * k kernel HMMA == 1"):
+            n_checks[0] += 1
+            try:
+                line(text)
+                bad.append("%r was accepted" % text)
+            except SystemExit:
+                pass
+    budgets, checks, stacks = load_expect(expect)
+    for b in bad:
+        print("FAIL self-test: " + b)
+    print("test_sass --self-test: %d scope checks, %s parses (%d budgets, %d check lines, %d stacks), %d failures" %
+          (n_checks[0] + 2, expect, len(budgets), len(checks), len(stacks), len(bad)))
+    return 1 if bad else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--module", required=True)
+    ap.add_argument("--module")
     ap.add_argument("--expect", required=True)
     ap.add_argument("--cuobjdump")
+    ap.add_argument("--self-test", action="store_true", help="check the checker on a synthetic kernel; no module")
     a = ap.parse_args()
+    if a.self_test:
+        return self_test(a.expect)
+    if not a.module:
+        ap.error("--module is required (or --self-test)")
     if not os.path.isfile(a.module):
         print("test_sass: skipped: no GPU module at %s (a build without nvcc)" % a.module)
         return 77
@@ -256,29 +394,16 @@ def main():
             for c in checks:
                 if not fnmatch.fnmatchcase(name, c["glob"]) or c["arch"] not in ("*", arch):
                     continue
-                c["used"] = True
-                scope = ins
-                if c["scope"].startswith("loop:"):
-                    scope = loop_of(ins, c["scope"][5:])
-                    if scope is None:
-                        fails.append("%s: no loop encloses its %s (line %d)" % (where, c["scope"][5:], c["line"]))
-                        continue
-                v = count(scope, c["op"])
-                what = "%s %s in %s %s %d" % (c["op"], v, c["scope"], c["rel"], c["n"])
-                ok = holds(v, c["rel"], c["n"])
-                if c["kind"] == "require" and not ok:
-                    fails.append("%s: %s does not hold (%d found, line %d)" % (where, what, v, c["line"]))
-                elif c["kind"] == "gap" and ok:
-                    fails.append("%s: known gap closed (%s holds now): make line %d a 'require' line" %
-                                 (where, what, c["line"]))
-                elif c["kind"] == "gap":
-                    note = "" if v == c["today"] else " (recorded %d: update line %d)" % (c["today"], c["line"])
-                    gaps.append("%s: %s %s %s %d not met: %d today%s" % (where, c["op"], c["scope"], c["rel"], c["n"],
-                                                                          v, note))
-    for c in checks:
-        if not c["used"]:
-            fails.append("%s:%d: '%s %s %s' matches no kernel of the module" % (a.expect, c["line"], c["kind"], c["arch"],
-                                                                                c["glob"]))
+                c["used"].add(arch)
+                kind, msg = check_one(c, where, ins)
+                if kind == "fail":
+                    fails.append(msg)
+                elif kind == "gap":
+                    gaps.append(msg)
+    for c in checks:  # a line for every architecture ('*') must match a kernel of each
+        for arch in sorted((set(archs) if c["arch"] == "*" else {c["arch"]}) - c["used"]):
+            fails.append("%s:%d: '%s %s %s' matches no kernel of the module's %s code" % (
+                a.expect, c["line"], c["kind"], c["arch"], c["glob"], arch))
     print()
     for g in gaps:
         print("KNOWN GAP " + g)

@@ -15,7 +15,7 @@ typedef struct {
 static const expected_cap expected[] = {
     {CKV_BACKEND_CAP_STREAM, 0, 1},   {CKV_BACKEND_CAP_DEVICE_ID, 0, 1}, {CKV_BACKEND_CAP_EVICT_RESERVE, 0, 1},
     {CKV_BACKEND_CAP_KEYDIFF, 1, 1},  {CKV_BACKEND_CAP_LAGKV, 1, 1},     {CKV_BACKEND_CAP_CUR, 1, 1},
-    {CKV_BACKEND_CAP_LEVERAGE, 1, 1}, {CKV_BACKEND_CAP_CHUNK_COLSUM, 1, 1},
+    {CKV_BACKEND_CAP_LEVERAGE, 1, 1}, {CKV_BACKEND_CAP_CHUNK_COLSUM, 1, 1}, {CKV_BACKEND_CAP_GRAPHS, 0, 1},
 };
 
 static void test_declared(const char *name, int is_cuda) {
@@ -37,6 +37,9 @@ static void test_declared(const char *name, int is_cuda) {
     CHECK((o->evict_reserve != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_EVICT_RESERVE));
     CHECK((o->evict_chunk_colsum != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_CHUNK_COLSUM));
     CHECK((o->evict_row_stats != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_CHUNK_COLSUM));
+    CHECK((o->graph_begin != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_GRAPHS));
+    CHECK((o->graph_end != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_GRAPHS));
+    CHECK((o->graph_release != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_GRAPHS));
     /* the stream helper answers from the query */
     CHECK((ckv_backend_stream(be) != NULL) == is_cuda);
     ckv_backend_free(be);
@@ -87,6 +90,7 @@ static void test_edges(void) {
     CHECK(ckv_backend_supports(be, (ckv_backend_cap)-1) == 0);
     CHECK(strcmp(ckv_backend_cap_name(CKV_BACKEND_CAP_COUNT), "?") == 0);
     CHECK(strcmp(ckv_backend_cap_name(CKV_BACKEND_CAP_CHUNK_COLSUM), "chunk_colsum") == 0);
+    CHECK(strcmp(ckv_backend_cap_name(CKV_BACKEND_CAP_GRAPHS), "graphs") == 0);
     for (int c = 0; c < (int)CKV_BACKEND_CAP_COUNT; c++)
         CHECK_MSG(ckv_backend_cap_name((ckv_backend_cap)c) && strcmp(ckv_backend_cap_name((ckv_backend_cap)c), "?"),
                   "family %d has no name", c);

@@ -1,7 +1,9 @@
 /* test_batch.c - batched decode: three sessions of different lengths (one of them compressed by a
  * press), with F32 and with BF16 KV caches, decoded together in one forward per step give the logits each
  * gives alone (within fp32 GEMM-vs-GEMV rounding) and the same greedy tokens; membership changes
- * between steps (a session leaves, comes back) are followed; misuse is refused. */
+ * between steps (a session leaves, comes back) are followed; misuse is refused. The key bound a step's
+ * attention is planned for (ckv_decode_len_bound) holds every length, by at most 256 keys or 1/16 of
+ * the length's power of two beyond it, and changes only at the bucket's edges. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,7 +115,26 @@ static void run(ckv_model *m, ckv_dtype dt) {
     free(ref);
 }
 
+/* ckv_decode_len_bound over 1 .. 300,000: a bound >= len, within its bucket's width of len, and the
+ * same for every length of one bucket (a CUDA graph recorded per bucket). */
+static void check_len_bound(void) {
+    int bad = 0, buckets = 0, prev = 0;
+    for (int len = 1; len <= 300000; len++) {
+        const int b = ckv_decode_len_bound(len);
+        int p = 1;
+        while (p * 2 <= len) p *= 2;
+        const int width = p / 16 > 256 ? p / 16 : 256;
+        const int ok = b >= len && b - len < width && b % width == 0 && (b == prev || len - 1 == prev);
+        if (!ok && bad++ < 5) fprintf(stderr, "  ckv_decode_len_bound(%d) = %d (width %d, previous %d)\n", len, b, width, prev);
+        buckets += b != prev;
+        prev = b;
+    }
+    CHECK_MSG(bad == 0, "%d lengths got a bound outside their bucket", bad);
+    fprintf(stderr, "%s key bounds of 1 .. 300000 keys: %d buckets\n", bad ? "FAIL" : "ok  ", buckets);
+}
+
 int main(void) {
+    check_len_bound();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/models/llama_gqa", CKV_FIXTURES);
     ckv_backend *be = NULL;

@@ -9,8 +9,11 @@
  * calls between two syncs of the backend (inner sized so that a repetition lasts --min-ms), printed
  * as one JSON line with the op's FLOPs or bytes and its rate. Inputs are random: the figures are
  * speeds, never results; nothing is compared or checked here (tests/cuda does that).
- *   bench_kernels [--backend cuda|cuda-emu|cpu] [--shapes full|small] [--cases A,B] [--rounds R]
- *                 [--reps N] [--warmup N] [--min-ms X] [--list] [--stdin]
+ *   bench_kernels [--backend cuda|cuda-emu|cpu] [--shapes full|small] [--evict-rows N] [--cases A,B]
+ *                 [--rounds R] [--reps N] [--warmup N] [--min-ms X] [--list] [--stdin]
+ * --evict-rows sets the context rows of the eviction cases (default 32768 full, 256 small; the case
+ * names follow, e.g. evict_window_colsum_4096), so that a shape set's heads can be profiled at
+ * other lengths (CKV_EMU_PROFILE=1 on cuda-emu: docs/benchmarks.md).
  * --list prints the case names of the shape set and opens no backend; --stdin measures the case
  * named on each line of standard input (tools/bench/bench_kernels_peer.py alternates them with its
  * torch peers this way) until end of input; otherwise every case is measured once per round, the
@@ -108,8 +111,9 @@ static void kb_shapes_add(kb_shapes *s, kb_kind kind, int rows, int batch, const
     else snprintf(c->name, sizeof c->name, "%s_%d", prefix, rows);
 }
 
-/* The cases of a shape set ("full": the GPU run's; "small": seconds on cuda-emu). 0 when unknown. */
-static int kb_shapes_init(kb_shapes *s, const char *which) {
+/* The cases of a shape set ("full": the GPU run's; "small": seconds on cuda-emu), the eviction cases at
+ * evict_rows context rows (0: the set's own). 0 when unknown. */
+static int kb_shapes_init(kb_shapes *s, const char *which, int evict_rows) {
     const int full = strcmp(which, "full") == 0;
     if (!full && strcmp(which, "small") != 0) return 0;
     memset(s, 0, sizeof *s);
@@ -118,7 +122,7 @@ static int kb_shapes_init(kb_shapes *s, const char *which) {
     s->chunk = full ? 256 : 64; /* small: the emulated chunk costs C^2 */
     const int prefill[2] = {full ? 8192 : 128, full ? 32768 : 256};
     const int decode[2] = {full ? 32768 : 256, full ? 131072 : 512};
-    const int evict = full ? 32768 : 256, vocab = full ? 152064 : 1024;
+    const int evict = evict_rows ? evict_rows : full ? 32768 : 256, vocab = full ? 152064 : 1024;
     for (int i = 0; i < 2; i++) kb_shapes_add(s, KB_PREFILL, prefill[i], 1, "prefill");
     for (int i = 0; i < 2; i++)
         for (int b = 1; b <= 16; b += 15) kb_shapes_add(s, KB_DECODE, decode[i], b, "decode");
@@ -371,7 +375,8 @@ static void kb_measure(kb_bench *b, int i, const kb_timing *tm, int r) {
 
 static int kb_usage(const char *what) {
     fprintf(stderr, "bench_kernels: %s (usage: bench_kernels [--backend cuda|cuda-emu|cpu] [--shapes full|small] "
-                    "[--cases A,B] [--rounds R] [--reps N] [--warmup N] [--min-ms X] [--list] [--stdin])\n", what);
+                    "[--evict-rows N] [--cases A,B] [--rounds R] [--reps N] [--warmup N] [--min-ms X] [--list] "
+                    "[--stdin])\n", what);
     return 2;
 }
 
@@ -386,7 +391,7 @@ static int kb_parse_int(const char *s, int lo, int hi, int *out) {
 
 int main(int argc, char **argv) {
     const char *backend = "cuda", *shapes = "full", *cases = NULL;
-    int rounds = 3, list = 0, from_stdin = 0;
+    int rounds = 3, list = 0, from_stdin = 0, evict_rows = 0;
     kb_timing tm = {10, 2, 2.0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -402,6 +407,7 @@ int main(int argc, char **argv) {
         if (strcmp(f, "--backend") == 0) backend = v;
         else if (strcmp(f, "--shapes") == 0) shapes = v;
         else if (strcmp(f, "--cases") == 0) cases = v;
+        else if (strcmp(f, "--evict-rows") == 0) { if (!kb_parse_int(v, 256, 1 << 20, &evict_rows)) return kb_usage(msg); }
         else if (strcmp(f, "--rounds") == 0) { if (!kb_parse_int(v, 1, 100, &rounds)) return kb_usage(msg); }
         else if (strcmp(f, "--reps") == 0) { if (!kb_parse_int(v, 1, 256, &tm.reps)) return kb_usage(msg); }
         else if (strcmp(f, "--warmup") == 0) { if (!kb_parse_int(v, 0, 100, &tm.warmup)) return kb_usage(msg); }
@@ -415,7 +421,7 @@ int main(int argc, char **argv) {
         }
     }
     kb_shapes sh;
-    if (!kb_shapes_init(&sh, shapes)) return kb_usage("--shapes must be full or small");
+    if (!kb_shapes_init(&sh, shapes, evict_rows)) return kb_usage("--shapes must be full or small");
     int chosen[KB_MAX_CASES], n_chosen = 0;
     if (cases) { /* a comma-separated subset, in the order given */
         char buf[512];

@@ -5,8 +5,9 @@ that must cross HBM for a model shape, and the time they take at the ceilings of
     time = max(FLOPs / compute peak of the kernel's class, bytes / HBM bandwidth)
 Classes: 'tc' (bf16 tensor cores), 'fp32' (CUDA-core FMA), 'mem' (bandwidth only). Each kernel is
 timed at the class it should run at ('ideal') and at the class today's kernel runs at ('today', with
-the bytes today's kernel moves beyond the ideal where it moves more), e.g. CriticalKV's value norms
-are bf16 tensor-core GEMMs today, but their fp32 projection goes through HBM before its L1 norm.
+the bytes today's kernel moves beyond the ideal and the FLOPs it does as a multiple of the ideal's
+where they differ), e.g. the window scores run on tensor cores today, but as two passes of three
+mma per product (6x the ideal's FLOPs), the column-sum pass re-reading the keys per query head.
 Bytes are compulsory traffic: each operand once per use as the code is organised (weights once per
 prefill chunk, K/V once per chunk of queries, kept K/V once per decode step), so L2 reuse inside a
 kernel is assumed; element-wise kernels and launch overheads are left out (small at these shapes,
@@ -19,9 +20,12 @@ bench.json of tools/bench/bench_gpu.py, whose copy bandwidth and bf16 GEMM rate 
   roofline.py [--cases all|NAME..] [--gpu H200|A100|all] [--ceilings bench.json] [--markdown]
   roofline.py --check     the model's own checks (parameter counts against the published ones)
 The last tables are prefill attention against its goal (>= 60% of torch SDPA's flash backend, taken
-at FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA), decode attention
-against its goal (>= 70% of the copy bandwidth, batch 1 and 16), per GPU and shape, and the prefill
-kernel's split-K for a chunk of query rows over a long prefix per tensor-parallel degree.
+at FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA), the prefill kernel's
+tiles at 8K and 32K (the mma rate and L2 traffic it must sustain to meet that goal, before and after
+its 128-row blocks and two K/V stages), the eviction's share of the TTFT it adds to (goal <= 3% at
+32K), decode attention against its goal (>= 70% of the copy bandwidth, batch 1 and 16), per GPU and
+shape, and the prefill kernel's split-K for a chunk of query rows over a long prefix per tensor-parallel
+degree.
 Used by bench_gpu.py --dry-run and for docs/benchmarks.md (--markdown prints its tables).
 """
 import argparse
@@ -39,6 +43,9 @@ GPUS = {  # datasheet figures: dense bf16 tensor core TFLOP/s, fp32 TFLOP/s, HBM
 # H100's, the H200's SM) stands in for the measured SDPA rate until tests/gpu/run.sh measures it.
 FA2_FRACTION = {"H200": 0.35, "A100": 0.73}
 GOAL_OF_SDPA = 0.60
+# The eviction goal: critical_adakv:snapkv at budget 0.2 adds <= 3% to TTFT at 32K (8B), the prefill's
+# attention taken at its goal.
+EVICT_GOAL = 0.03
 # The decode attention goal: >= 70% of the copy bandwidth (the datasheet HBM rate until
 # tests/gpu/run.sh measures a copy kernel), at batch 1 and 16. Split-KV plan of
 # src/backend/cuda/cuda_decode.cu (plan_splits): blocks resident per SM, splits per segment at most,
@@ -70,6 +77,7 @@ CASES = [  # name, model config directory, context, press
 ]
 BF16, F32 = 2, 4
 WINDOW = 64  # snapkv's observation window (kvpress default)
+WIN_CHUNK = 512  # keys per block of the window scores' statistics pass (cuda_evict_window.cu)
 
 
 def load_config(name):
@@ -106,7 +114,7 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
     out = []
 
     def add(step, name, today, flops, nbytes, ideal, now):
-        now = (now[0], float(L * now[1])) if isinstance(now, tuple) else now
+        now = (now[0], float(L * now[1])) + now[2:] if isinstance(now, tuple) else now
         out.append((step, name, today, float(L * flops), float(L * nbytes), ideal, now))
 
     # ---- prefill (per layer, then x L) ----
@@ -121,10 +129,19 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
     if press:
         kept = int(n * budget)
         add("evict", "window queries (q_proj, RoPE)", "cuBLAS", 2 * w * H * d * D, H * d * D * BF16, "tc", "tc")
-        # logits q.k of the window's queries over all keys; softmax and column sums from the same tiles
-        # (today: attn_rowstats then attn_colsum recompute every dot product in fp32: 2 passes over K)
-        add("evict", "window scores (QK^T, softmax, column sums)", "attn_rowstats + attn_colsum",
-            2 * w * n * d * H, n * Hkv * d * BF16 + n * H * F32, "tc", "fp32x2")
+        # logits q.k of the window's queries over all keys; softmax and column sums from the same tiles.
+        # Today (cuda_evict_window.cu): two passes of mma.sync m16n8k16, each product as the three mma of
+        # the fp32 queries' bf16 split (6x the ideal's tensor-core FLOPs): the statistics pass reads the
+        # keys once (a chunk's row blocks run side by side), the column-sum pass once per query head
+        # (snapkv's sums are per query head: a KV head's keys read by each head of its group, counted as
+        # HBM traffic); beyond the ideal it also reads the fp32 window queries once per pass, writes and
+        # merges the per-chunk statistics (float max, double sum) and accumulates the column sums in
+        # double ([H, n]: zeroed, read and written)
+        n_win_chunks = (n + WIN_CHUNK - 1) // WIN_CHUNK
+        add("evict", "window scores (QK^T, softmax, column sums)",
+            "window_stats + window_merge + window_colsum", 2 * w * n * d * H, n * Hkv * d * BF16 + n * H * F32, "tc",
+            ("tc", n * H * d * BF16 + 2 * w * H * d * F32 + 2 * n_win_chunks * H * w * (F32 + 8) + 5 * n * H * F32,
+             3 * 2))
         if press.startswith("critical"):
             # ||V[t] W_O^h||_1 for every head h: the FLOPs of one more o projection over the context
             # today: vnorm_mma_kernel, mma.sync with the L1 norm in its epilogue (the projection stays
@@ -151,8 +168,8 @@ def kernels(c, context, press, budget=0.2, chunk=2048, new_tokens=64, batch=1):
 
 
 def seconds(flops, nbytes, cls, gpu):
-    """Roofline time of one kernel at a class; 'fp32x2': fp32 with the FLOPs done twice."""
-    rate = {"tc": gpu["tc"], "fp32": gpu["fp32"], "fp32x2": gpu["fp32"] / 2, "mem": None}[cls]
+    """Roofline time of one kernel at a class."""
+    rate = {"tc": gpu["tc"], "fp32": gpu["fp32"], "mem": None}[cls]
     t_mem = nbytes / (gpu["hbm_gbs"] * 1e9)
     return max(flops / (rate * 1e12) if rate else 0.0, t_mem)
 
@@ -176,7 +193,8 @@ def ceilings_from(path):
 
 
 def today_class(now):
-    """Today's class of a kernel: `now` is a class, or (class, bytes today's kernel moves beyond the ideal)."""
+    """Today's class of a kernel: `now` is a class, or (class, bytes today's kernel moves beyond the ideal
+    [, the FLOPs it does as a multiple of the ideal's])."""
     return now[0] if isinstance(now, tuple) else now
 
 
@@ -184,11 +202,16 @@ def today_extra(now):
     return now[1] if isinstance(now, tuple) else 0
 
 
+def today_flops_factor(now):
+    return now[2] if isinstance(now, tuple) and len(now) > 2 else 1
+
+
 def case_table(case, gpu):
     """Rows (step, kernel, today's kernel, FLOPs, bytes, ideal s, today s) and the step totals."""
     name, cfg_dir, context, press = case
     c = load_config(cfg_dir)
-    rows = [(st, k, today, fl, by, seconds(fl, by, ideal, gpu), seconds(fl, by + today_extra(now), today_class(now), gpu))
+    rows = [(st, k, today, fl, by, seconds(fl, by, ideal, gpu),
+             seconds(fl * today_flops_factor(now), by + today_extra(now), today_class(now), gpu))
             for st, k, today, fl, by, ideal, now in kernels(c, context, press)]
     tot = {}
     for st, _, _, _, _, si, sn in rows:
@@ -261,50 +284,171 @@ def print_summary(cases, gpus, markdown):
         print(("| %s |" % " | ".join(cells)) if markdown else "%-5s %-24s %13s %15s %18s %15s %15s %9s" % cells)
 
 
-def attention_goal_rows(cases, gpus):
-    """Per (gpu, case): prefill attention's FLOPs and its time at the tensor-core peak, at
-    FlashAttention-2's published efficiency (the SDPA flash reference) and at the goal (60% of that
-    rate), with the whole TTFT roofline when attention runs at the goal."""
-    out = []
+def attention_at_goal(rows, gpu, frac):
+    """Prefill attention of a case's rows: FLOPs and its time at the tensor-core peak, at
+    FlashAttention-2's published efficiency (frac of the peak) and at the goal (60% of that rate)."""
+    fl, by = next((r[3], r[4]) for r in rows if r[0] == "prefill" and r[1] == "attention")
+    t_peak = seconds(fl, by, "tc", gpu)
+    t_sdpa = max(fl / (gpu["tc"] * frac * 1e12), by / (gpu["hbm_gbs"] * 1e9))
+    t_goal = max(fl / (gpu["tc"] * frac * GOAL_OF_SDPA * 1e12), by / (gpu["hbm_gbs"] * 1e9))
+    return fl, t_peak, t_sdpa, t_goal
+
+
+def goal_cases(cases, gpus):
+    """(gpu name, gpu, FlashAttention-2 fraction, case, step totals, prefill attention at its goal as
+    attention_at_goal returns it) for every case on the GPUs with a published FlashAttention-2 rate."""
     for gname, gpu in gpus:
         frac = FA2_FRACTION.get(gname)
         if frac is None:
             continue
         for case in cases:
             rows, tot, _ = case_table(case, gpu)
-            fl, by = next((r[3], r[4]) for r in rows if r[0] == "prefill" and r[1] == "attention")
-            t_peak = seconds(fl, by, "tc", gpu)
-            t_sdpa = max(fl / (gpu["tc"] * frac * 1e12), by / (gpu["hbm_gbs"] * 1e9))
-            t_goal = max(fl / (gpu["tc"] * frac * GOAL_OF_SDPA * 1e12), by / (gpu["hbm_gbs"] * 1e9))
-            ttft = tot["prefill"][0] + tot.get("evict", [0.0, 0.0])[0] - t_peak + t_goal
-            out.append({"gpu": gname, "case": case[0], "tflop": fl / 1e12, "peak": t_peak, "sdpa": t_sdpa,
-                        "goal": t_goal, "goal_tflops": gpu["tc"] * frac * GOAL_OF_SDPA, "ttft_goal": ttft,
-                        "share": t_goal / ttft})
+            yield gname, gpu, frac, case, tot, attention_at_goal(rows, gpu, frac)
+
+
+def attention_goal_rows(cases, gpus):
+    """Per (gpu, case): prefill attention's FLOPs and its time at the tensor-core peak, at
+    FlashAttention-2's published efficiency (the SDPA flash reference) and at the goal (60% of that
+    rate), with the whole TTFT roofline when attention runs at the goal."""
+    out = []
+    for gname, gpu, frac, case, tot, (fl, t_peak, t_sdpa, t_goal) in goal_cases(cases, gpus):
+        ttft = tot["prefill"][0] + tot.get("evict", [0.0, 0.0])[0] - t_peak + t_goal
+        out.append({"gpu": gname, "case": case[0], "tflop": fl / 1e12, "peak": t_peak, "sdpa": t_sdpa,
+                    "goal": t_goal, "goal_tflops": gpu["tc"] * frac * GOAL_OF_SDPA, "ttft_goal": ttft,
+                    "share": t_goal / ttft})
     return out
 
 
-def print_table(title, hdr, fmt, align, lines, markdown):
-    """A table of cell tuples: markdown (align: its |---| row) or plain text under a title."""
+def print_goal_table(title, hdr, widths, rule, cells, markdown):
+    """A goal table: markdown (rule: its separator row) or text (title, then rows in widths)."""
     if markdown:
         print("| %s |" % " | ".join(hdr))
-        print(align)
+        print(rule)
     else:
         print("\n== " + title)
-        print(fmt % hdr)
-    for cells in lines:
-        print(("| %s |" % " | ".join(cells)) if markdown else fmt % cells)
+        print(widths % hdr)
+    for c in cells:
+        print(("| %s |" % " | ".join(c)) if markdown else widths % c)
 
 
 def print_attention_goal(cases, gpus, markdown):
     rows = attention_goal_rows([c for c in cases if c[3] is None], gpus)  # the press does not change it
     hdr = ("GPU", "case", "attention TFLOP", "at tc peak", "SDPA flash (FA2 rate)", "goal (60%)", "goal TFLOP/s",
            "TTFT at goal", "attention share")
-    lines = [(r["gpu"], r["case"], "%.1f" % r["tflop"], fmt_t(r["peak"]), fmt_t(r["sdpa"]), fmt_t(r["goal"]),
+    cells = [(r["gpu"], r["case"], "%.1f" % r["tflop"], fmt_t(r["peak"]), fmt_t(r["sdpa"]), fmt_t(r["goal"]),
               "%.0f" % r["goal_tflops"], fmt_t(r["ttft_goal"]), "%.0f%%" % (100 * r["share"])) for r in rows]
-    print_table("prefill attention against its goal (>= %d%% of torch SDPA's flash backend, taken at "
-                "FlashAttention-2's published efficiency until measured)" % (100 * GOAL_OF_SDPA), hdr,
-                "%-5s %-16s %15s %11s %21s %11s %13s %13s %15s", "|---|---|---:|---:|---:|---:|---:|---:|---:|", lines,
-                markdown)
+    print_goal_table("prefill attention against its goal (>= %d%% of torch SDPA's flash backend, taken at "
+                     "FlashAttention-2's published efficiency until measured)" % (100 * GOAL_OF_SDPA), hdr,
+                     "%-5s %-16s %15s %11s %21s %11s %13s %13s %15s", "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+                     cells, markdown)
+
+
+def evict_goal_rows(cases, gpus):
+    """Per (gpu, case with a press): the eviction's time (ideal and today's classes) against the
+    prefill it follows, with prefill attention at its goal: the TTFT the eviction adds to."""
+    out = []
+    for gname, _, _, case, tot, (_, t_peak, _, t_goal) in goal_cases(cases, gpus):
+        base, ev = tot["prefill"][0] - t_peak + t_goal, tot["evict"]
+        out.append({"gpu": gname, "case": case[0], "ideal": ev[0], "today": ev[1], "base": base,
+                    "share_ideal": ev[0] / base, "share_today": ev[1] / base, "goal": case[2] == 32768})
+    return out
+
+
+def print_evict_goal(cases, gpus, markdown):
+    rows = evict_goal_rows([c for c in cases if c[3] is not None], gpus)
+    hdr = ("GPU", "case", "eviction, ideal", "today's classes", "TTFT at the attention goal", "added, today",
+           "added, ideal", "goal (<= %.0f%% at 32K)" % (100 * EVICT_GOAL))
+    cells = [(r["gpu"], r["case"], fmt_t(r["ideal"]), fmt_t(r["today"]), fmt_t(r["base"]),
+              "%.1f%%" % (100 * r["share_today"]), "%.1f%%" % (100 * r["share_ideal"]),
+              "-" if not r["goal"] else "met" if r["share_today"] <= EVICT_GOAL else "not met") for r in rows]
+    print_goal_table("the eviction's share of TTFT (goal: critical_adakv:snapkv at 0.2 adds <= %.0f%% at 32K), "
+                     "prefill attention at its goal" % (100 * EVICT_GOAL), hdr,
+                     "%-5s %-24s %15s %15s %26s %12s %12s %18s", "|---|---|---:|---:|---:|---:|---:|---|", cells,
+                     markdown)
+
+
+# The prefill kernel's tiles and launch plan (src/backend/cuda/cuda_attention.cu, docs/gpu.md §3), bf16
+# caches: 64-key tiles, rows padded to an odd number of 16-byte chunks. "before": 64 query rows per
+# block (4 warps), one K and one V buffer, 3 barriers per tile, 2 blocks per SM; "after": 128 rows
+# (8 warps, 1 block per SM) where launch_flash_hd picks them, two K/V stages, 1 barrier per tile.
+FA_BN = 64
+FA_PLANS = (("before", {"bm": 64, "stages": 1, "barriers": 3, "wide": False}),
+            ("after", {"bm": 128, "stages": 2, "barriers": 1, "wide": True}))
+PREFILL_TILE_CONTEXTS = (8192, 32768)  # the goal's contexts (Llama-3.1-8B: head dim 128, GQA 4)
+
+
+def fa_smem_bytes(d, stages):
+    """Shared memory of one block: per stage a K and a V tile (bf16, padded rows) and 64 positions."""
+    return stages * (2 * FA_BN * ((d // 8) | 1) * 8 * BF16 + FA_BN * 4)
+
+
+def fa_rows(plan, n, rows, sms):
+    """Query rows per block for a launch of n tokens over `rows` (heads x sequences) row sets:
+    launch_flash_hd's rule (128 unless that grid keeps fewer than 15/16 of the SMs busy that the
+    64-row grid does)."""
+    if not plan["wide"]:
+        return plan["bm"]
+    busy = [min(-(-n // bm) * rows, sms) for bm in (128, 64)]
+    return 128 if busy[0] * 16 >= busy[1] * 15 else 64
+
+
+def prefill_tiles(c, context, plan, gpu, chunk=2048):
+    """The prefill kernel's work over the layers for one prompt in chunks: FLOPs its mma execute
+    (whole 64-key tiles up to the one holding a block's last query, every row of a block) against the
+    causal FLOPs, the K/V bytes its tiles copy into shared memory (from L2; once per block and query
+    head), and per chunk launch its blocks, resident blocks and wave efficiency."""
+    D, d, H, Hkv, F, L, V = shape(c)
+    fl = kv = 0.0
+    waves = []
+    for q0 in range(0, context, chunk):
+        nq = min(chunk, context - q0)
+        bm = fa_rows(plan, nq, H, gpu["sms"])
+        per_sm = 2 if bm == 64 else 1
+        for b in range(-(-nq // bm)):
+            last = q0 + min((b + 1) * bm, nq)  # keys up to and including the block's last query
+            keys = min(-(-last // FA_BN) * FA_BN, q0 + nq)
+            fl += 4.0 * d * bm * keys * H
+            kv += 2.0 * keys * d * BF16 * H
+        blocks = -(-nq // bm) * H
+        slots = gpu["sms"] * per_sm
+        waves.append((bm, blocks, per_sm, blocks / (-(-blocks // slots) * slots)))
+    causal = 4.0 * H * d * context * (context + 1) / 2
+    return {"flops": L * fl, "causal": L * causal, "kv_bytes": L * kv, "bm": waves[-1][0], "blocks": waves[-1][1],
+            "per_sm": waves[-1][2], "wave_eff": sum(w[3] for w in waves) / len(waves),
+            "smem": fa_smem_bytes(d, plan["stages"])}
+
+
+def prefill_tile_rows(gpus):
+    """Per (gpu, context, plan) the tile model of Llama-3.1-8B's prefill attention against the goal."""
+    c = load_config("llama-3.1-8b-instruct")
+    out = []
+    for gname, gpu in gpus:
+        frac = FA2_FRACTION.get(gname)
+        if frac is None:
+            continue
+        goal_rate = gpu["tc"] * frac * GOAL_OF_SDPA * 1e12
+        for ctx in PREFILL_TILE_CONTEXTS:
+            for pname, plan in FA_PLANS:
+                t = prefill_tiles(c, ctx, plan, gpu)
+                t_goal = t["causal"] / goal_rate
+                out.append(dict(t, gpu=gname, context=ctx, plan=pname, barriers=plan["barriers"],
+                                stages=plan["stages"], goal=t_goal, need_tflops=t["flops"] / t_goal / 1e12,
+                                l2_tbs=t["kv_bytes"] / t_goal / 1e12))
+    return out
+
+
+def print_prefill_tiles(gpus, markdown):
+    hdr = ("GPU", "context", "kernel", "rows x blocks/SM", "K/V stages", "barriers/tile", "shared KiB/SM",
+           "mma FLOPs / causal", "wave eff.", "K/V into shared GB", "goal", "mma TFLOP/s at goal", "L2 TB/s at goal")
+    fmt = "%-5s %7s %-6s %16s %10s %13s %13s %18s %9s %18s %9s %19s %15s"
+    cells = [(r["gpu"], "%dK" % (r["context"] // 1024), r["plan"], "%d x %d" % (r["bm"], r["per_sm"]),
+              "%d + %d" % (r["stages"], r["stages"]), "%d" % r["barriers"],
+              "%.1f" % (r["smem"] * r["per_sm"] / 1024.0), "%.3f" % (r["flops"] / r["causal"]),
+              "%.0f%%" % (100 * r["wave_eff"]), "%.1f" % (r["kv_bytes"] / 1e9), fmt_t(r["goal"]),
+              "%.0f" % r["need_tflops"], "%.1f" % r["l2_tbs"]) for r in prefill_tile_rows(gpus)]
+    print_goal_table("prefill attention tiles (Llama-3.1-8B: head dim 128, GQA 4; chunks of 2048): what ckv's kernel "
+                     "must sustain to meet the goal", hdr, fmt, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                     cells, markdown)
 
 
 def plan_splits(segs, wave, max_len, cap, min_chunk=DK_MIN_CHUNK):
@@ -351,13 +495,13 @@ def print_decode_goal(cases, gpus, markdown):
     rows = decode_goal_rows([c for c in cases if c[3] is None], gpus)
     hdr = ("GPU", "case", "batch", "K/V GB per step", "at copy bw", "goal (70%)", "splits x segments", "wave fill",
            "step at goal", "attention share", "fits tp 1")
-    lines = [(r["gpu"], r["case"], "%d" % r["batch"], "%.2f" % r["gb"], fmt_t(r["copy"]), fmt_t(r["goal"]),
+    cells = [(r["gpu"], r["case"], "%d" % r["batch"], "%.2f" % r["gb"], fmt_t(r["copy"]), fmt_t(r["goal"]),
               "%d x %d" % (r["splits"], r["blocks"] // r["splits"]), "%.0f%%" % (100 * r["fill"]),
               fmt_t(r["step_goal"]), "%.0f%%" % (100 * r["share"]),
               "yes" if r["fits"] else "no (%.0f GB)" % (r["need"] / 1e9)) for r in rows]
-    print_table("decode attention against its goal (>= %d%% of the copy bandwidth; the datasheet HBM rate until "
-                "measured)" % (100 * GOAL_OF_COPY), hdr, "%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", lines, markdown)
+    print_goal_table("decode attention against its goal (>= %d%% of the copy bandwidth; the datasheet HBM rate until "
+                     "measured)" % (100 * GOAL_OF_COPY), hdr, "%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s",
+                     "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", cells, markdown)
 
 
 def prefill_split_plan(sms, n, n_seq, heads, hd, max_len):
@@ -411,14 +555,14 @@ def print_split_k(gpus, markdown):
     rows = split_k_rows(gpus)
     hdr = ("GPU", "case", "tp", "blocks", "splits", "keys/split", "fill before", "fill after", "partials GB",
            "attention before", "after", "speed-up")
-    lines = [(r["gpu"], r["case"], "%d" % r["tp"], "%d" % r["blocks"], "%d" % r["splits"],
+    cells = [(r["gpu"], r["case"], "%d" % r["tp"], "%d" % r["blocks"], "%d" % r["splits"],
               "%d" % r["chunk"] if r["splits"] > 1 else "-", "%.0f%%" % (100 * r["fill1"]),
               "%.0f%%" % (100 * r["fill2"]), "%.3f" % r["part_gb"], fmt_t(r["t1"]), fmt_t(r["t2"]),
               "%.2fx" % (r["t1"] / r["t2"])) for r in rows]
-    print_table("prefill split-K: a chunk of query rows over a long cached prefix, per rank (all layers; the "
-                "tensor-core roofline scaled by the wave fill)", hdr,
-                "%-5s %-20s %3s %7s %7s %11s %12s %11s %12s %17s %10s %9s",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", lines, markdown)
+    print_goal_table("prefill split-K: a chunk of query rows over a long cached prefix, per rank (all layers; the "
+                     "tensor-core roofline scaled by the wave fill)", hdr,
+                     "%-5s %-20s %3s %7s %7s %11s %12s %11s %12s %17s %10s %9s",
+                     "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", cells, markdown)
 
 
 def check():
@@ -475,6 +619,28 @@ def check():
     print("%s split-K at 8B chunk 512 @128K on H200: tp 1 %d blocks x %d, tp 8 %d blocks x %d splits of %d keys "
           "(expected 256 x 1, 32 x 8 of 16448)" % ("ok  " if ok else "FAIL", ks[1]["blocks"], ks[1]["splits"],
                                                      ks[8]["blocks"], ks[8]["splits"], ks[8]["chunk"]))
+    # the window scores today at 8B@32K: two passes of three mma per product (6 x 2 w n d H FLOPs per
+    # layer), the keys read once by the statistics pass and once per query head by the column sums
+    w, n = WINDOW, 32768
+    ws = next(x for x in kernels(c, n, "critical_adakv:snapkv") if x[1].startswith("window scores"))
+    want_fl = 6 * 2 * w * n * d * H * L
+    want_keys = L * (Hkv + H) * n * d * BF16
+    got_keys = ws[4] + ws[6][1] - L * n * H * F32 - L * (2 * w * H * d * F32 + 2 * (n // WIN_CHUNK) * H * w * 12 +
+                                                            5 * n * H * F32)
+    ok = abs(ws[3] * ws[6][2] - want_fl) <= 1e-9 * want_fl and abs(got_keys - want_keys) <= 1e-9 * want_keys
+    fails += not ok
+    print("%s window scores today at 8B@32K: %.6g tensor-core FLOPs, %.6g key bytes (expected %.6g, %.6g)" %
+          ("ok  " if ok else "FAIL", ws[3] * ws[6][2], got_keys, want_fl, want_keys))
+    # the prefill tiles at 8K on an H200: two stages of 64-key bf16 tiles at head dim 128 are 70,144 bytes
+    # (2 blocks fit sm_80's 164 KiB), and 128-row blocks copy about half the K/V of 64-row ones
+    rows = [r for r in prefill_tile_rows([("H200", GPUS["H200"])]) if r["context"] == 8192]
+    before, after = rows[0], rows[1]
+    ok = fa_smem_bytes(128, 2) == 70144 and 2 * (70144 + 1024) <= 164 * 1024 and after["bm"] == 128 and \
+        0.49 < after["kv_bytes"] / before["kv_bytes"] < 0.51 and before["flops"] >= before["causal"]
+    fails += not ok
+    print("%s prefill tiles at 8K on H200: %d bytes of shared memory a block, K/V into shared memory %.1f -> %.1f GB "
+          "(expected 70144, about half)" % ("ok  " if ok else "FAIL", fa_smem_bytes(128, 2), before["kv_bytes"] / 1e9,
+                                            after["kv_bytes"] / 1e9))
     print("roofline check: %d failures" % fails)
     return 1 if fails else 0
 
@@ -502,6 +668,8 @@ def main():
         print_tables(cases, gpus, a.markdown)
     print_summary(cases, gpus, a.markdown)
     print_attention_goal(cases, gpus, a.markdown)
+    print_prefill_tiles(gpus, a.markdown)
+    print_evict_goal(cases, gpus, a.markdown)
     print_decode_goal(cases, gpus, a.markdown)
     print_split_k(gpus, a.markdown)
     return 0

@@ -23,7 +23,6 @@ Usage: finch_fixtures.py [--only MODEL ...]   (run after press_fixtures.py, by t
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -164,26 +163,25 @@ def run_case(run, chunk, normalize, rerotate, cr, prompt, delim, after):
     return obj, sc, replay, problems
 
 
+def prepare(name, run, ctx_json):
+    """The prompt (context + question), a delimiter id absent from it, the answer's ids."""
+    prompt = ctx_json["context_ids"] + ctx_json["question_ids"]
+    delim = next(i for i in range(oc.FIRST_PROMPT_ID, run.vocab) if i not in set(prompt))
+    pf.capture_inputs(run, prompt)  # the prefill the layers see (the delimiter's embedding dropped)
+    return prompt, delim, after_ids(name, run.vocab)
+
+
+def run_one(run, name, state, case, cr):
+    stem0, chunk, normalize, rerotate, _ = case
+    prompt, delim, after = state
+    obj, scores, logits, pr = run_case(run, chunk, normalize, rerotate, cr, prompt, delim, after)
+    obj["case"] = stem0
+    return obj, scores, logits, pr
+
+
 def main() -> int:
-    problems: list[str] = []
-    for name in pf.generator_models(__doc__):
-        out = pf.FIXTURE_PRESSES / name
-        ctx_json = json.loads((out / "context.json").read_text())
-        prompt = ctx_json["context_ids"] + ctx_json["question_ids"]
-        run = pf.load_models(name)
-        delim = next(i for i in range(oc.FIRST_PROMPT_ID, run.vocab) if i not in set(prompt))
-        after = after_ids(name, run.vocab)
-        pf.capture_inputs(run, prompt)  # the prefill the layers see (the delimiter's embedding dropped)
-        for stem0, chunk, normalize, rerotate, ratios in CASES:
-            for cr in ratios:
-                stem = f"{stem0}_cr{round(cr * 100):02d}"
-                obj, scores, logits, pr = run_case(run, chunk, normalize, rerotate, cr, prompt, delim, after)
-                obj["case"] = stem0
-                pf.write_case_files(out, stem, obj, scores, logits)
-                problems += [f"{name} {stem}: {p}" for p in pr]
-                print(f"[finch_fixtures] {name:<10} {stem:<28} kept {obj['n_kept']} gap_rel {obj['min_score_gap_rel']} "
-                      f"{obj['checks']}")
-    return pf.report_problems("finch_fixtures", problems)
+    return pf.run_generator("finch_fixtures", __doc__, CASES, prepare, run_one,
+                            lambda o: f"kept {o['n_kept']} gap_rel {o['min_score_gap_rel']} {o['checks']}")
 
 
 if __name__ == "__main__":

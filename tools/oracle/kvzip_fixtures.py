@@ -24,7 +24,6 @@ Usage: kvzip_fixtures.py [--only MODEL ...]   (run after press_fixtures.py, by t
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -169,23 +168,22 @@ def run_case(run, name, stem, chunk_size, layerwise, plus, cr, ctx, q_ids):
     return obj, scores, replay, problems
 
 
+def prepare(name, run, ctx_json):
+    """The context and question ids."""
+    pf.capture_inputs(run, ctx_json["context_ids"])
+    return ctx_json["context_ids"], ctx_json["question_ids"]
+
+
+def run_one(run, name, state, case, cr):
+    stem0, chunk_size, layerwise, plus, _ = case
+    ctx, q_ids = state
+    return run_case(run, name, stem0, chunk_size, layerwise, plus, cr, ctx, q_ids)
+
+
 def main() -> int:
-    problems: list[str] = []
-    for name in pf.generator_models(__doc__):
-        out = pf.FIXTURE_PRESSES / name
-        ctx_json = json.loads((out / "context.json").read_text())
-        ctx, q_ids = ctx_json["context_ids"], ctx_json["question_ids"]
-        run = pf.load_models(name)
-        pf.capture_inputs(run, ctx)
-        for stem0, chunk_size, layerwise, plus, ratios in CASES:
-            for cr in ratios:
-                stem = f"{stem0}_cr{round(cr * 100):02d}"
-                obj, scores, logits, pr = run_case(run, name, stem0, chunk_size, layerwise, plus, cr, ctx, q_ids)
-                pf.write_case_files(out, stem, obj, scores, logits)
-                problems += [f"{name} {stem}: {p}" for p in pr]
-                print(f"[kvzip_fixtures] {name:<10} {stem:<24} kept {obj['n_kept_total']} budgets "
-                      f"{obj['head_budgets']} gap_rel {obj['min_score_gap_rel']} {obj['checks']}")
-    return pf.report_problems("kvzip_fixtures", problems)
+    return pf.run_generator("kvzip_fixtures", __doc__, CASES, prepare, run_one,
+                            lambda o: f"kept {o['n_kept_total']} budgets {o['head_budgets']} "
+                            f"gap_rel {o['min_score_gap_rel']} {o['checks']}")
 
 
 if __name__ == "__main__":

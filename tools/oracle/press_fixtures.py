@@ -1088,6 +1088,29 @@ def report_problems(tag: str, problems: list[str]) -> int:
     return 1 if problems else 0
 
 
+def run_generator(tag: str, doc: str, cases: list[tuple], prepare, run_one, summary) -> int:
+    """The main loop of a generator that adds cases at the press context (kvzip_fixtures.py,
+    finch_fixtures.py): per model, its context.json read and its models loaded; `prepare(name, run,
+    ctx_json)` returns the model's state (and captures the layers' inputs); per case (a tuple whose
+    first item is its stem and last its ratios) and ratio, `run_one(run, name, state, case, cr)`
+    returns (obj, scores, logits, problems), written as `<stem>_crNN`; `summary(obj)` is its log line.
+    Returns the exit status."""
+    problems: list[str] = []
+    for name in generator_models(doc):
+        out = FIXTURE_PRESSES / name
+        ctx_json = json.loads((out / "context.json").read_text())
+        run = load_models(name)
+        state = prepare(name, run, ctx_json)
+        for case in cases:
+            for cr in case[-1]:
+                stem = f"{case[0]}_cr{round(cr * 100):02d}"
+                obj, scores, logits, pr = run_one(run, name, state, case, cr)
+                write_case_files(out, stem, obj, scores, logits)
+                problems += [f"{name} {stem}: {p}" for p in pr]
+                print(f"[{tag}] {name:<10} {stem:<28} {summary(obj)}")
+    return report_problems(tag, problems)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=None, help=f"models ({', '.join(MODELS)})")

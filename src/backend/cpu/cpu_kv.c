@@ -61,22 +61,29 @@ void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *gp) {
 
 void ckv_cpu_kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq) {
     (void)be;
+    enum { BLOCK = 64 }; /* pairs converted at once: any head_dim, a fixed stack buffer */
     const int hd = kv->head_dim, half = hd / 2;
     const size_t es = ckv_dtype_size(kv->dtype);
+    float x0[BLOCK], x1[BLOCK]; /* [BLOCK] the first and second halves' elements j0..j0+nb */
     for (int s = 0; s < kv->n_seq; s++)
         for (int g = 0; g < kv->n_kv_heads; g++) {
             ckv_kv_seg *sg = &kv->segs[s][g];
             for (int i = 0; i < sg->len; i++) {
                 char *row = (char *)sg->k + (size_t)i * (size_t)hd * es; // [hd] in the cache's dtype
                 const float delta = (float)(i - sg->pos[i]);
-                for (int j = 0; j < half; j++) {
-                    float x0, x1;
-                    ckv_convert_to_f32(&x0, row + (size_t)j * es, kv->dtype, 1);
-                    ckv_convert_to_f32(&x1, row + (size_t)(j + half) * es, kv->dtype, 1);
-                    const float a = delta * inv_freq[j], c = cosf(a), sn = sinf(a);
-                    const float y0 = x0 * c - x1 * sn, y1 = x1 * c + x0 * sn; /* x cos + rotate_half(x) sin */
-                    ckv_kv_put(row + (size_t)j * es, &y0, kv->dtype, 1);
-                    ckv_kv_put(row + (size_t)(j + half) * es, &y1, kv->dtype, 1);
+                for (int j0 = 0; j0 < half; j0 += BLOCK) {
+                    const int nb = half - j0 < BLOCK ? half - j0 : BLOCK;
+                    char *lo = row + (size_t)j0 * es, *hi = row + (size_t)(j0 + half) * es;
+                    ckv_convert_to_f32(x0, lo, kv->dtype, (size_t)nb);
+                    ckv_convert_to_f32(x1, hi, kv->dtype, (size_t)nb);
+                    for (int j = 0; j < nb; j++) {
+                        const float a = delta * inv_freq[j0 + j], c = cosf(a), sn = sinf(a);
+                        const float y0 = x0[j] * c - x1[j] * sn, y1 = x1[j] * c + x0[j] * sn; /* x cos + rotate_half(x) sin */
+                        x0[j] = y0;
+                        x1[j] = y1;
+                    }
+                    ckv_kv_put(lo, x0, kv->dtype, (size_t)nb);
+                    ckv_kv_put(hi, x1, kv->dtype, (size_t)nb);
                 }
                 sg->pos[i] = i;
             }

@@ -1,8 +1,9 @@
 /* cuda_attention.cu - causal attention of a batch of query tokens over the KV segments of one layer
  * (backend.h: query head h of token t reads KV head h / (n_heads / n_kv_heads) of its sequence and
  * sees the rows whose original pos <= qpos[t]; a row that sees nothing is 0). Two kernels:
- *  - prefill: a FlashAttention-2 style tiled kernel (docs/gpu.md §3): a block takes 64 query rows of
- *    one head (16 per warp), K/V tiles stream through shared memory by cp.async (ckv_async.h),
+ *  - prefill: a FlashAttention-2 style tiled kernel (docs/gpu.md §3): a block takes 128 or 64 query
+ *    rows of one head (16 per warp, chosen at launch), K/V tiles stream through two stages of shared
+ *    memory by cp.async (ckv_async.h),
  *    S = Q K^T and O += P V run on tensor cores through the one mma wrapper (ckv_mma.h; layouts
  *    docs/gpu.md §1), online softmax in fp32 and base 2 on the accumulator fragments, masking by
  *    comparing stored positions (so compacted caches stay causal), and the key loop ends at the last
@@ -25,9 +26,12 @@ namespace CKV_CUDA_NS {
 namespace {
 
 /* ---- prefill: flash attention on tensor cores ------------------------------------------------
- * grid (ceil(n / 64), n_heads, n_seq), block 128; the row blocks run last first (the causal ones
- * with the most keys start first). Lane (g = lane >> 2, t = lane & 3) of warp w owns query rows g
- * and g + 8 of the warp's 16 (the C-fragment rows, docs/gpu.md §1).
+ * grid (ceil(n / BM), n_heads, n_seq x splits: z = sequence x splits + split, §3b), block 2 BM
+ * threads (BM = 128: 8 warps, bf16 caches at head dims 64-128 unless that grid leaves SMs idle or
+ * split-K runs, launch_flash_hd; else BM = 64: 4 warps); the row
+ * blocks run last first (the causal ones with the most keys start first). Lane (g = lane >> 2,
+ * t = lane & 3) of warp w owns query rows g and g + 8 of the warp's 16 (the C-fragment rows,
+ * docs/gpu.md §1).
  * One kernel for both cache types; what differs is in fa_tile (tile shape and shared layout) and in
  * the fragment functions below (fa_q, fa_scores, fa_pv):
  *  - bf16 caches: tiles of 64 keys as bf16 rows of HD values, each row padded to an odd number of
@@ -35,17 +39,17 @@ namespace {
  *    phase) fall in 8 distinct groups of 4 banks: conflict-free for every head dim, 80 and 96
  *    included (an XOR swizzle needs a power-of-two chunk count). K fragments from ldmatrix, V
  *    fragments from ldmatrix.trans; q and the softmax weights rounded to bf16; one mma per product.
- *  - f32 caches (the parity studies' fp32 attention): tiles of 32 keys as fp32 rows (two tiles fit
- *    the 48 KiB of static shared memory at head dim 128); fragments from shared loads, each fp32
- *    value split into three bf16 terms (ckv_split_bf16x2) and each product taken as the six mma of
+ *  - f32 caches (the parity studies' fp32 attention): tiles of 32 keys as fp32 rows; fragments
+ *    from shared loads, each fp32 value split into three bf16 terms (ckv_split_bf16x2) and each product taken as the six mma of
  *    the terms that matter, smallest first: fp32-class accuracy on the bf16 tensor cores (the terms
  *    left out are about 2^-25 of a product; docs/gpu.md §3a). K rows are padded by 8 floats (the
  *    8-byte fragment loads of a half-warp hit 32 distinct banks), V rows by 4 (the 4-byte loads of
  *    rows 2t, 2t + 1 of a warp hit 32 distinct banks).
- * Pipeline per tile j (FlashAttention-2's order, docs/gpu.md §3): K_j and its positions are waited
- * for at the top; V_j is issued and lands while S = Q K_j^T and the softmax run; K_{j+1} is issued
- * once every warp is done with K_j and lands while O += P V_j runs, unless K_j's last position
- * already reaches the block's last query (causal tile skipping without loading the next tile).
+ * Pipeline (docs/gpu.md §3): two stages of (K, V, positions); tile j sits in stage j & 1. At the
+ * top of tile j its copies are waited for and one barrier makes them visible and frees stage
+ * (j + 1) & 1 (every warp is past tile j - 1); tile j + 1 is issued into it at once and lands while
+ * S = Q K_j^T, the softmax and O += P V_j run, unless K_j's last position already reaches the
+ * block's last query (causal tile skipping without loading the next tile). One barrier per tile.
  * Copies are 16-byte cp.async. */
 
 /* O += P V: the C fragments of key tiles 2j, 2j+1 are the A fragment of key step j (rows g, g+8;
@@ -96,18 +100,56 @@ CKV_UNROLL
     }
 }
 
-template <typename T, int HD>
-__global__ void __launch_bounds__(FA_THREADS, FA_BLOCKS_PER_SM)
+/* The block's shared memory: two stages, each a K tile, a V tile and the tile's positions; tile j
+ * lives in stage j & 1. 68.5 KiB at head dim 128 (bf16; 67.3 KiB f32): 2 blocks fit an SM of
+ * sm_80 (164 KiB) and sm_90 (228 KiB), so the launch opts in to dynamic shared memory past 48 KiB. */
+template <typename T, int HD> struct fa_stages {
+    typedef fa_tile<T, HD> tile_t;
+    static constexpr int STAGES = 2;
+    static constexpr int KT = tile_t::BN * tile_t::KS, VT = tile_t::BN * tile_t::VS; /* values per tile */
+    static constexpr size_t BYTES =
+        (size_t)STAGES * ((size_t)(KT + VT) * sizeof(typename tile_t::elem) + (size_t)tile_t::BN * sizeof(int32_t));
+};
+
+/* Tile [kb, kb + BN) of K, V and the positions into one stage by 16-byte cp.async (4-byte for the
+ * positions). 128 threads copy K and V each; 256 split them, warps 0-3 K and warps 4-7 V (warp-
+ * uniform), so each thread issues the same copies as in a 128-thread block's K alone. */
+template <typename T, int HD, int NT>
+__device__ __forceinline__ void fa_load_stage(typename fa_tile<T, HD>::elem *ks, typename fa_tile<T, HD>::elem *vs,
+                                              int32_t *kp, const T *K, const T *V, const int32_t *kpos, int kb,
+                                              int len, int tid) {
+    typedef fa_tile<T, HD> tile_t;
+    static_assert(NT == FA_THREADS || NT == 2 * FA_THREADS, "a block of 4 or 8 warps");
+    if (NT == FA_THREADS) {
+        fa_load_tile<T, HD, tile_t::KS>(ks, K, kb, len, tid);
+        fa_load_tile<T, HD, tile_t::VS>(vs, V, kb, len, tid);
+    } else if (tid < FA_THREADS) {
+        fa_load_tile<T, HD, tile_t::KS>(ks, K, kb, len, tid);
+    } else {
+        fa_load_tile<T, HD, tile_t::VS>(vs, V, kb, len, tid - FA_THREADS);
+    }
+    const int key = kb + tid;
+    if (tid < tile_t::BN) ckv_cp_async<4>(kp + tid, kpos + (key < len ? key : 0), key < len);
+}
+
+/* Resident blocks per SM the instance is built for (its launch bounds): 4-warp blocks 2, 8-warp
+ * blocks 1 (8 warps per SM either way; 255 registers a thread). */
+constexpr int fa_blocks_per_sm(int bm) { return bm == FA_BM ? FA_BLOCKS_PER_SM : 1; }
+
+template <typename T, int HD, int BM>
+__global__ void __launch_bounds__(2 * BM, fa_blocks_per_sm(BM))
 flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale_log2,
              prefill_split sk) {
     typedef fa_tile<T, HD> tile_t;
+    typedef fa_stages<T, HD> st_t;
     typedef typename tile_t::elem elem;
-    constexpr int BN = tile_t::BN;
-    alignas(16) __shared__ elem ks[BN * tile_t::KS]; // [key][KS] K tile (HD used)
-    alignas(16) __shared__ elem vs[BN * tile_t::VS]; // [key][VS] V tile
-    alignas(16) __shared__ int32_t kp[BN];           // [key]     positions (0 past len: masked by index)
+    constexpr int BN = tile_t::BN, NT = 2 * BM;
+    CKV_SHARED_DYN(fa_smem, st_t::BYTES);
+    elem *ks = (elem *)fa_smem;                            // [2][BN][KS] K tiles (HD used)
+    elem *vs = ks + st_t::STAGES * st_t::KT;               // [2][BN][VS] V tiles
+    int32_t *kp = (int32_t *)(vs + st_t::STAGES * st_t::VT); // [2][BN]   positions (0 past len: masked by index)
 
-    const int s = (int)blockIdx.z / sk.n_splits, h = (int)blockIdx.y, m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * FA_BM;
+    const int s = (int)blockIdx.z / sk.n_splits, h = (int)blockIdx.y, m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BM;
     int tok0, ntok;
     seq_rows(kv, s, n, &tok0, &ntok);
     if (m0 >= ntok) return; /* uniform over the block, before any barrier */
@@ -122,15 +164,12 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     const int r0 = m0 + warp * 16 + gq, r1 = r0 + 8; /* this lane's rows within the sequence */
     const bool ok0 = r0 < ntok, ok1 = r1 < ntok;
     const int32_t qp0 = ok0 ? qpos[tok0 + r0] : INT_MIN, qp1 = ok1 ? qpos[tok0 + r1] : INT_MIN;
-    const int last = (m0 + FA_BM < ntok ? m0 + FA_BM : ntok) - 1;
+    const int last = (m0 + BM < ntok ? m0 + BM : ntok) - 1;
     const int32_t qmin = qpos[tok0 + m0], qmax = qpos[tok0 + last]; /* tokens ascend */
-    const bool rows_full = last == m0 + FA_BM - 1;                   /* every row of the block is a token */
+    const bool rows_full = last == m0 + BM - 1;                      /* every row of the block is a token */
 
-    /* K_0 and its positions go first; Q is read meanwhile */
-    if (k0 < len) {
-        fa_load_tile<T, HD, tile_t::KS>(ks, K, k0, len, tid);
-        if (tid < BN) ckv_cp_async<4>(kp + tid, kpos + (k0 + tid < len ? k0 + tid : 0), k0 + tid < len);
-    }
+    /* tile 0 of this block's keys goes first; Q is read meanwhile */
+    if (k0 < len) fa_load_stage<T, HD, NT>(ks, vs, kp, K, V, kpos, k0, len, tid);
     ckv_cp_async_commit();
 
     const float *q0 = q + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD; // [HD] (row r0)
@@ -143,29 +182,33 @@ CKV_UNROLL
     float mx0 = -INFINITY, mx1 = -INFINITY; /* running row max of the raw scores (rows r0, r1) */
     float l0 = 0.0f, l1 = 0.0f;             /* this lane's part of the running row sums */
 
-    for (int kb = k0; kb < len; kb += BN) {
-        ckv_cp_async_wait<0>(); /* K_j and its positions (V_{j-1} was waited for last tile) */
-        __syncthreads();
-        if (kp[0] > qmax) break; /* uniform: no key from here on is visible to any row of the block */
+    for (int kb = k0, st = 0; kb < len; kb += BN, st ^= 1) {
+        ckv_cp_async_wait<0>(); /* tile j, the one group in flight */
+        __syncthreads();        /* tile j visible to every warp; every warp is done with tile j - 1 */
+        const elem *kt = ks + st * st_t::KT, *vt = vs + st * st_t::VT;
+        const int32_t *kpt = kp + st * BN;
+        if (kpt[0] > qmax) break; /* uniform: no key from here on is visible to any row of the block */
         /* positions ascend strictly: once this tile reaches qmax, no later tile is visible (uniform) */
-        const bool more = kb + BN < len && kp[BN - 1] < qmax;
-        fa_load_tile<T, HD, tile_t::VS>(vs, V, kb, len, tid);
+        const bool more = kb + BN < len && kpt[BN - 1] < qmax;
+        if (more) /* tile j + 1 into the stage tile j - 1 left; it lands during this whole tile */
+            fa_load_stage<T, HD, NT>(ks + (st ^ 1) * st_t::KT, vs + (st ^ 1) * st_t::VT, kp + (st ^ 1) * BN, K, V,
+                                     kpos, kb + BN, len, tid);
         ckv_cp_async_commit();
 
         float sc[BN / 8][4]; /* S: C fragments of the BN / 8 key tiles */
 CKV_UNROLL
         for (int nt = 0; nt < BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-        fa_scores<HD>(sc, qf, ks, lane);
+        fa_scores<HD>(sc, qf, kt, lane);
         /* causal mask (c0, c1: row g, keys 2t, 2t+1; c2, c3: row g + 8) unless every key of the
          * tile is visible to every row; row max over the row's 4 lanes (xor 1, 2) */
-        const bool full = rows_full && kb + BN <= len && kp[BN - 1] <= qmin; /* uniform */
+        const bool full = rows_full && kb + BN <= len && kpt[BN - 1] <= qmin; /* uniform */
         float bm0 = -INFINITY, bm1 = -INFINITY;
 CKV_UNROLL
         for (int nt = 0; nt < BN / 8; nt++)
 CKV_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int col = nt * 8 + 2 * tq + (e & 1);
-                const float v = full || (kb + col < len && kp[col] <= (e < 2 ? qp0 : qp1)) ? sc[nt][e] : -INFINITY;
+                const float v = full || (kb + col < len && kpt[col] <= (e < 2 ? qp0 : qp1)) ? sc[nt][e] : -INFINITY;
                 sc[nt][e] = v;
                 if (e < 2)
                     bm0 = fmaxf(bm0, v);
@@ -197,16 +240,7 @@ CKV_UNROLL
                 else
                     l1 += p;
             }
-        __syncthreads(); /* every warp is done with K_j and its positions */
-        if (more) {
-            fa_load_tile<T, HD, tile_t::KS>(ks, K, kb + BN, len, tid);
-            const int key = kb + BN + tid;
-            if (tid < BN) ckv_cp_async<4>(kp + tid, kpos + (key < len ? key : 0), key < len);
-        }
-        ckv_cp_async_commit();
-        ckv_cp_async_wait<1>(); /* V_j (K_{j+1} may still be in flight) */
-        __syncthreads();
-        fa_pv<HD>(o, sc, vs, lane);
+        fa_pv<HD>(o, sc, vt, lane);
         if (!more) break;
     }
     ckv_cp_async_wait<0>(); /* nothing in flight at exit */
@@ -232,19 +266,50 @@ CKV_UNROLL
     if (split && tq == 0 && ok1) *(float2 *)(o1 + HD) = make_float2(mx1 * scale_log2, l1);
 }
 
+template <typename T, int HD, int BM>
+void launch_flash_bm(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                     int n_heads, float scale_log2, prefill_split sk) {
+    constexpr size_t smem = fa_stages<T, HD>::BYTES;
+    if (smem > 48 * 1024)
+        CKV_CUDA_OP_CHECK(c, cudaFuncSetAttribute(flash_kernel<T, HD, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)smem),
+                          "opt the prefill attention kernel in to its shared memory");
+    const dim3 grid((unsigned)((n + BM - 1) / BM), (unsigned)n_heads, (unsigned)(kv->n_seq * sk.n_splits));
+    CKV_LAUNCH((flash_kernel<T, HD, BM>), grid, dim3(2 * BM), smem, c->stream, out, q, qpos, *kv, n, n_heads,
+               scale_log2, sk);
+}
+
+/* The block's rows: 8 warps (128 rows, each K/V tile shared by twice the queries: half the tile
+ * fills per query) for bf16 caches at the models' head dims (64-128) unless that grid leaves SMs
+ * idle that the 64-row grid would keep busy (at most 1 in 16 fewer: a grid of 128 blocks on 132
+ * SMs is wide, one of 4 blocks is not); 4 warps (64 rows) otherwise, for f32 caches (255
+ * registers of six-product fragments), for head dims 16 and 32, and under split-K (§3b: the plan
+ * counts 64-row blocks, two per SM). */
+template <typename T, int HD>
+void launch_flash_hd(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                     int n_heads, float scale_log2, prefill_split sk) {
+    constexpr bool wide = sizeof(T) == 2 && HD >= 64;
+    const long long rows = (long long)n_heads * kv->n_seq, sms = c->sms;
+    const long long b128 = (n + 2 * FA_BM - 1) / (2 * FA_BM) * rows, b64 = (n + FA_BM - 1) / FA_BM * rows;
+    const long long busy128 = b128 < sms ? b128 : sms, busy64 = b64 < sms ? b64 : sms; /* SMs with a block */
+    if (wide && sk.n_splits == 1 && busy128 * 16 >= busy64 * 15)
+        launch_flash_bm<T, HD, wide ? 2 * FA_BM : FA_BM>(c, out, q, qpos, kv, n, n_heads, scale_log2, sk);
+    else
+        launch_flash_bm<T, HD, FA_BM>(c, out, q, qpos, kv, n, n_heads, scale_log2, sk);
+}
+
 template <typename T>
 void launch_flash(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                   int n_heads, float scale) {
-    const prefill_split sk = prefill_split_plan(c, kv, n, n_heads);
-    const dim3 grid((unsigned)((n + FA_BM - 1) / FA_BM), (unsigned)n_heads, (unsigned)(kv->n_seq * sk.n_splits));
+    const prefill_split sk = prefill_split_plan(c, kv, n, n_heads); /* planned for 64-row blocks */
     const float sl2 = scale * 1.44269504088896341f; /* log2(e) folded into the scale */
     switch (kv->head_dim) {
-    case 16: CKV_LAUNCH((flash_kernel<T, 16>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
-    case 32: CKV_LAUNCH((flash_kernel<T, 32>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
-    case 64: CKV_LAUNCH((flash_kernel<T, 64>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
-    case 80: CKV_LAUNCH((flash_kernel<T, 80>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
-    case 96: CKV_LAUNCH((flash_kernel<T, 96>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
-    default: CKV_LAUNCH((flash_kernel<T, 128>), grid, dim3(FA_THREADS), 0, c->stream, out, q, qpos, *kv, n, n_heads, sl2, sk); break;
+    case 16: launch_flash_hd<T, 16>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    case 32: launch_flash_hd<T, 32>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    case 64: launch_flash_hd<T, 64>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    case 80: launch_flash_hd<T, 80>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    case 96: launch_flash_hd<T, 96>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    default: launch_flash_hd<T, 128>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
     }
     if (sk.part) launch_merge(c, out, sk.part, n * n_heads, sk.n_splits, kv->head_dim);
 }

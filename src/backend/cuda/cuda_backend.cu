@@ -2,7 +2,8 @@
  * capability below 8.0), the compute stream, the cuBLAS handle and workspaces, the memory entries of
  * the op table, error recording and sync() (which reports the first failure of a void op, or an
  * asynchronous fault naming the op launched last), small uploads staged through a page-locked ring
- * so that they need not wait for the device, and the C entry points. Compiled twice: by nvcc
+ * so that they need not wait for the device, and the C entry points (the recorded steps' CUDA graphs
+ * are cuda_graph.cu's). Compiled twice: by nvcc
  * for the GPU ("cuda") and by the host C++ compiler against the CPU execution layer ("cuda-emu",
  * entry point ckv_backend_cuda_emu_init). The kernels live in the other .cu files. */
 #include <stdio.h>
@@ -39,8 +40,7 @@ cudaError_t stream_wait(ctx *c) {
     return e;
 }
 
-/* The first failure of a void op since the last report, as a status (cleared), or OK. */
-static ckv_status take_pending(ctx *c) {
+ckv_status take_pending(ctx *c) {
     if (c->pending == CKV_STATUS_OK) return CKV_STATUS_OK;
     const ckv_status s = c->pending;
     c->pending = CKV_STATUS_OK;
@@ -65,6 +65,7 @@ ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char 
         return ckv_error(CKV_STATUS_ERR_NOMEM, "%s backend: cannot allocate %zu bytes for %s: %s",
                          CKV_CUDA_BACKEND_NAME, bytes, what, cudaGetErrorString(e));
     *cap_bytes = bytes;
+    c->ws_gen++;
     return CKV_STATUS_OK;
 }
 
@@ -75,6 +76,7 @@ void be_free(ckv_backend *be) {
     ctx *c = ctx_of(be);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
+        graph_cache_free(c);
         if (c->blas) cublasDestroy(c->blas);
         cudaFreeHost(c->stage);
         cudaFree(c->blas_ws);
@@ -218,7 +220,8 @@ ckv_backend_ops make_ops() {
     o.caps = CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_STREAM) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_DEVICE_ID) |
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_EVICT_RESERVE) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_KEYDIFF) |
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LAGKV) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CUR) |
-             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LEVERAGE) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_COLSUM);
+             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LEVERAGE) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_COLSUM) |
+             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_GRAPHS);
     o.free = be_free;
     o.alloc = be_alloc;
     o.release = be_release;
@@ -269,6 +272,9 @@ ckv_backend_ops make_ops() {
     o.evict_chunk_colsum = evict_chunk_colsum;
     o.evict_row_stats = evict_row_stats;
     o.sample = sample;
+    o.graph_begin = graph_begin;
+    o.graph_end = graph_end;
+    o.graph_release = graph_release;
     return o;
 }
 
@@ -347,6 +353,7 @@ ckv_status backend_init(ckv_backend **out, int device) {
         c->prefill_splits = (int)v;
     }
     s = init_device(c, device);
+    if (s == CKV_STATUS_OK) s = graph_cache_init(c);
     if (s != CKV_STATUS_OK) {
         be_free(be);
         return s;
@@ -369,12 +376,16 @@ ckv_status ckv_backend_cuda_emu_init(ckv_backend **out, int device_index) {
     return CKV_CUDA_NS::backend_init(out, device_index);
 }
 void ckv_cuda_emu_set_devices(int count, int major, int minor) { ckv_emu::ckv_emu_set_devices(count, major, minor); }
+void ckv_cuda_emu_set_sms(int sms) { ckv_emu::ckv_emu_set_sms(sms); }
 void ckv_cuda_emu_inject_fault(const char *kernel) { ckv_emu::ckv_emu_inject_fault(kernel); }
 void ckv_cuda_emu_reset(void) { ckv_emu::ckv_emu_reset(); }
 unsigned long long ckv_cuda_emu_alloc_calls(void) { return ckv_emu::ckv_emu_alloc_calls(); }
 unsigned long long ckv_cuda_emu_host_waits(void) { return ckv_emu::ckv_emu_host_waits(); }
 void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemms) {
     ckv_emu::ckv_emu_launches(kernels, gemms);
+}
+void ckv_cuda_emu_graph_counts(unsigned long long *captures, unsigned long long *launches) {
+    ckv_emu::ckv_emu_graph_counts(captures, launches);
 }
 int ckv_cuda_emu_capture_begin(void *stream) {
     return (int)ckv_emu::cudaStreamBeginCapture((ckv_emu::cudaStream_t)stream, ckv_emu::cudaStreamCaptureModeGlobal);

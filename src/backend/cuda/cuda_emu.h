@@ -9,6 +9,8 @@
 ckv_status ckv_backend_cuda_emu_init(ckv_backend **out, int device_index);
 /* The simulated machine: `count` GPUs of compute capability major.minor (default 1, 9.0). */
 void ckv_cuda_emu_set_devices(int count, int major, int minor);
+/* SMs of every simulated GPU, read by a backend at init (0: CKV_EMU_SMS, default 132). */
+void ckv_cuda_emu_set_sms(int sms);
 /* The next launch of the kernel named `kernel` faults (an illegal address, surfacing at sync). */
 void ckv_cuda_emu_inject_fault(const char *kernel);
 /* Clears a fault and frees all device memory of the simulated GPU (after its backends are freed). */
@@ -24,5 +26,7 @@ void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemm
  * capture). Tests: which part of a step could be captured. */
 int ckv_cuda_emu_capture_begin(void *stream);
 int ckv_cuda_emu_capture_end(void *stream);
+/* Captures that produced a graph, and graph launches outside a capture, so far (either NULL). */
+void ckv_cuda_emu_graph_counts(unsigned long long *captures, unsigned long long *launches);
 
 #endif

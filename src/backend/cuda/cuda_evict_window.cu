@@ -23,6 +23,10 @@ namespace CKV_CUDA_NS {
 namespace {
 
 constexpr int WIN_CHUNK = 512; /* keys per pass-1 block (a multiple of both tile widths) */
+/* Resident blocks per SM both passes are compiled for: at 3 (168 registers) every instance fits
+ * without spilling and with the same loop instructions as at 2, where ptxas took up to 251 of 255
+ * for the f32 ones; 3 x 35 KiB of pass 1's tiles fit the SM's shared memory. */
+constexpr int WIN_BLOCKS_PER_SM = 3;
 
 /* The window rows of KV head g's local query heads [jlo, jhi): row R of the block's range is query
  * i = R % nq16 of head jlo + R / nq16 (nq16 = n_q rounded up to 16, so a warp's 16 rows are one
@@ -58,7 +62,7 @@ __device__ __forceinline__ float win_logit(float dot, float scale, int divide) {
  * of the visible logits (key t <= q_row0 + i), l = sum of exp(s - m) in double; pm, pl
  * [n_chunks, n_heads_local, n_q]. */
 template <typename T, int HD>
-__global__ void __launch_bounds__(FA_THREADS, 2)
+__global__ void __launch_bounds__(FA_THREADS, WIN_BLOCKS_PER_SM)
 window_stats_kernel(float *pm, double *pl, const float *q, int n_q, int q_row0, ckv_kv_batch kv, int n_heads_local,
                     int head0, int group, float scale, int divide) {
     typedef fa_tile<T, HD> tile_t;
@@ -160,7 +164,7 @@ __global__ void window_merge_kernel(float2 *stats, const float *pm, const double
  * window rows of o (o a KV head with per_kv, else a local query head) that see t, for t < n_cols
  * and t < q_row0 + n_q. */
 template <typename T, int HD>
-__global__ void __launch_bounds__(FA_THREADS, 2)
+__global__ void __launch_bounds__(FA_THREADS, WIN_BLOCKS_PER_SM)
 window_colsum_kernel(double *colsum, int n_cols, const float2 *stats, const float *q, int n_q, int q_row0,
                      ckv_kv_batch kv, int n_heads_local, int head0, int group, float scale, int divide, int per_kv) {
     typedef fa_tile<T, HD> tile_t;

@@ -39,6 +39,8 @@ struct ctx {
     char pending_msg[320];
     const char *last_op;      /* the op launched last (named when an asynchronous fault surfaces) */
     int sync_each;            /* CKV_CUDA_SYNC=1: synchronise after every op (exact fault attribution) */
+    unsigned long long ws_gen; /* moves when grow() reallocates a workspace (a recorded graph holds the old address) */
+    struct graph_cache *graphs; /* the recorded steps (cuda_graph.cu) */
 };
 
 /* The backend's ctx, with the backend's device made current on the calling thread: the current
@@ -63,6 +65,8 @@ void op_done(ctx *c, const char *op);
 cudaError_t stream_wait(ctx *c);
 /* Grows a device workspace to at least `bytes` (outside the decode loop: see ctx). */
 ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char *what);
+/* The first failure of a void op since the last report, as a status (cleared), or OK. */
+ckv_status take_pending(ctx *c);
 
 /* Every CUDA / cuBLAS call of a function returning ckv_status. */
 #define CKV_CUDA_CHECK(call, what)                                       \
@@ -281,6 +285,12 @@ ckv_status evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv
                      ckv_evict_cur_kind kind, int window);
 void sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,
             float top_p, const double *u);
+/* cuda_graph.cu: the recorded steps (init reads CKV_CUDA_GRAPHS; free destroys every graph) */
+ckv_status graph_cache_init(ctx *c);
+void graph_cache_free(ctx *c);
+ckv_status graph_begin(ckv_backend *be, const void *owner, const void *key, size_t key_bytes, int *replayed);
+ckv_status graph_end(ckv_backend *be, ckv_status step);
+void graph_release(ckv_backend *be, const void *owner);
 
 } // namespace CKV_CUDA_NS
 

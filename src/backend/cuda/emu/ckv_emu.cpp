@@ -38,6 +38,13 @@ static settings parse_settings() {
         if (*end || p > 255) c.error = std::string("CKV_EMU_POISON=") + v + ": expected a byte value (0-255, 0x00-0xff)";
         else c.poison = (unsigned char)p;
     }
+    v = getenv("CKV_EMU_SMS");
+    if (v && *v) {
+        char *end = NULL;
+        long n = strtol(v, &end, 10);
+        if (*end || n < 1 || n > 1024) c.error = std::string("CKV_EMU_SMS=") + v + ": expected an SM count (1-1024)";
+        else c.sms = (int)n;
+    }
     return c;
 }
 
@@ -70,7 +77,11 @@ int ckv_emu_set_schedule(const char *spec) {
 /* ---- machine state ------------------------------------------------------------------------------ */
 
 machine &mach(void) {
-    static machine *m = new machine; /* never destroyed: the device thread may outlive main */
+    static machine *m = [] {
+        machine *n = new machine; /* never destroyed: the device thread may outlive main */
+        for (int d = 0; d < MAX_DEVICES; d++) n->devs[d].sms = config().sms;
+        return n;
+    }();
     return *m;
 }
 
@@ -577,16 +588,29 @@ cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
 
 /* ---- launches ---------------------------------------------------------------------------------- */
 
-void ckv_emu_submit(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void (*tramp)(void *),
-                    void *args, size_t args_bytes, void (*destroy)(void *), const void *const *ptrs, int n_ptrs) {
+cudaError_t ckv_emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value) {
+    LOCKED;
+    if (fn == NULL) return set_last(cudaErrorInvalidValue);
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > 227 * 1024)
+        return set_last(cudaErrorInvalidValue); /* beyond cudaDevAttrMaxSharedMemoryPerBlockOptin */
+    dev(tl_device).dyn_smem_optin[fn] = value;
+    return cudaSuccess;
+}
+
+void ckv_emu_submit(const char *kernel, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                    void (*tramp)(void *), void *args, size_t args_bytes, void (*destroy)(void *),
+                    const void *const *ptrs, int n_ptrs) {
     LOCKED;
     ckv_emu_stream *s = stream_of(st);
     const int d = s->device;
     unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    const auto optin = dev(d).dyn_smem_optin.find(fn);
+    const size_t smem_max = optin != dev(d).dyn_smem_optin.end() && optin->second > 48 * 1024 ? (size_t)optin->second
+                                                                                                : 48 * 1024;
     cudaError_t bad = cudaSuccess;
     if (dev(d).sticky) bad = dev(d).sticky;
     else if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-             grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 || smem > 48 * 1024)
+             grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 || smem > smem_max)
         bad = set_last(cudaErrorInvalidConfiguration);
     else if (d != tl_device)
         bad = set_last(cudaErrorInvalidResourceHandle); /* a stream of another device than the current one */
@@ -667,6 +691,11 @@ void ckv_emu_set_devices(int count, int major, int minor) {
     LOCKED;
     mach().count = count < 0 ? 0 : count > MAX_DEVICES ? MAX_DEVICES : count;
     for (int d = 0; d < MAX_DEVICES; d++) dev(d).major = major, dev(d).minor = minor;
+}
+
+void ckv_emu_set_sms(int sms) {
+    LOCKED;
+    for (int d = 0; d < MAX_DEVICES; d++) dev(d).sms = sms < 1 ? config().sms : sms;
 }
 
 void ckv_emu_inject_fault(const char *kernel) {

@@ -100,6 +100,9 @@ enum cudaDeviceAttr {
     cudaDevAttrComputeCapabilityMinor = 76,
     cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
+enum cudaFuncAttribute {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
 struct ckv_emu_stream;
 typedef ckv_emu_stream *cudaStream_t;
 struct ckv_emu_event;
@@ -264,8 +267,18 @@ unsigned ckv_emu_lane(void);
  * sets cudaErrorInvalidConfiguration; a fault of the kernel (a collective that cannot complete, a
  * finding of the checks) is cudaErrorLaunchFailure or cudaErrorIllegalAddress, sticky as on a
  * device and surfaced by the next synchronising call. */
-void ckv_emu_submit(const char *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, void (*tramp)(void *),
-                    void *args, size_t args_bytes, void (*destroy)(void *), const void *const *ptrs, int n_ptrs);
+void ckv_emu_submit(const char *kernel, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                    void (*tramp)(void *), void *args, size_t args_bytes, void (*destroy)(void *),
+                    const void *const *ptrs, int n_ptrs);
+/* cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes): the kernel's
+ * opt-in, on the current device, to more than the default 48 KiB of dynamic shared memory per block
+ * (at most cudaDevAttrMaxSharedMemoryPerBlockOptin); a launch asking for more than its opt-in is
+ * refused (cudaErrorInvalidConfiguration), as on a device. The kernels' dynamic shared memory is
+ * static per-block storage here (CKV_SHARED_DYN, cuda_rt.h), so only the launch's size is checked. */
+cudaError_t ckv_emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value);
+template <typename... P> cudaError_t cudaFuncSetAttribute(void (*fn)(P...), cudaFuncAttribute attr, int value) {
+    return ckv_emu_func_set_attribute((const void *)fn, attr, value);
+}
 
 template <typename K, typename Tuple> struct ckv_emu_args {
     K kernel;
@@ -290,7 +303,8 @@ void ckv_emu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaSt
     const void *ptrs[sizeof...(P) + 1];
     int n = 0;
     std::apply([&](const auto &...v) { (ckv_emu_ptr_arg(v, ptrs, &n), ...); }, a->params);
-    ckv_emu_submit(name, grid, block, smem, s, ckv_emu_tramp<args_t>, a, sizeof *a, ckv_emu_destroy<args_t>, ptrs, n);
+    ckv_emu_submit(name, (const void *)kernel, grid, block, smem, s, ckv_emu_tramp<args_t>, a, sizeof *a,
+                   ckv_emu_destroy<args_t>, ptrs, n);
 }
 
 /* ---- warp shuffles (docs/gpu.md §2): 4-byte types ----------------------------------------------- */
@@ -374,6 +388,10 @@ const char *cublasGetStatusString(cublasStatus_t s);
 
 /* count devices of compute capability major.minor (default: 1 device, 9.0, 132 SMs as an H200). */
 void ckv_emu_set_devices(int count, int major, int minor);
+/* The SM count every device reports (cudaDevAttrMultiProcessorCount; 0: CKV_EMU_SMS, default 132),
+ * read by a backend at init: the launch plans that follow it (split-KV decode, the prefill's rows
+ * per block) take their other branches on a small device. */
+void ckv_emu_set_sms(int sms);
 /* The next launch of the kernel named `kernel` (as written in CKV_LAUNCH) fails like an illegal
  * address; NULL cancels. */
 void ckv_emu_inject_fault(const char *kernel);

@@ -38,6 +38,7 @@ struct settings {
     schedule_kind schedule = SCHED_FORWARD;
     uint64_t seed = 0;          /* random:SEED */
     unsigned char poison = 0xff; /* fresh device memory and __shared__ at block start */
+    int sms = 132;              /* CKV_EMU_SMS: SMs of every device (default an H200's) */
     std::string error;          /* a bad variable: every device reports it */
 };
 const settings &config(void);
@@ -60,6 +61,7 @@ struct device_state {
     std::string message;              /* the emulator's words for the sticky error */
     std::string inject;               /* kernel whose next launch faults */
     bool fault_pending = false;       /* an injected fault not yet surfaced by a synchronising call */
+    std::map<const void *, int> dyn_smem_optin; /* kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize */
 };
 
 struct machine {
