@@ -126,6 +126,26 @@ typedef struct {
     ckv_evict_logits logits; /* (q . k) * scale or / scale (evict_chunk_colsum: MUL only) */
 } ckv_evict_attn_params;
 
+/* KVzip's scores of one replayed chunk (evict_kvzip): the n_q replayed queries sit at segment rows
+ * ctx .. ctx + n_q - 1 (after the ctx context rows); query i of local query head j attends to the
+ * first `sink` rows, the chunk's rows start .. end - 1 and the replayed rows ctx .. ctx + i. */
+typedef struct {
+    const float *q;          /* [n_q, n_heads_local, kv->head_dim] fp32 replayed queries, RoPE'd (device) */
+    int n_q;                 /* replayed rows */
+    int ctx;                 /* context rows L: the segment row of replayed query 0 */
+    int start, end;          /* the chunk's context rows [start, end), sink <= start < end <= ctx */
+    int sink;                /* rows 0 .. sink - 1 every query also sees */
+    const ckv_kv_batch *kv;  /* ONE sequence: segs[0] -> kv->n_kv_heads segments of >= ctx + n_q rows */
+    int n_heads_local;       /* local query heads */
+    int head0;               /* global index of local query head 0, as ckv_evict_attn_params' */
+    int group;               /* query heads per KV head */
+    float scale;             /* logits = (q . k) / scale (kvpress divides by sqrt(head_dim)) */
+    const float *hinv;       /* KVzip+: [n_q] 1 / ||h|| of each replayed attention input (device), or NULL */
+    const float *vn;         /* KVzip+: [n_heads_local, ld_vn] ||v W_O^j|| of chunk row start + c at column c
+                              * (device), or NULL; both or neither */
+    int ld_vn;
+} ckv_evict_kvzip_params;
+
 /* DefensiveKV's window aggregation (evict_defensive_rows): inputs and outputs. */
 typedef struct {
     const float *p;        /* [n_heads_local, w, ld] attention weights (evict_attn_probs' output) */
@@ -157,6 +177,8 @@ typedef enum {
     CKV_BACKEND_CAP_LEVERAGE,      /* evict_leverage */
     CKV_BACKEND_CAP_CHUNK_COLSUM,  /* evict_chunk_colsum and evict_row_stats (Compactor's non-causal attention) */
     CKV_BACKEND_CAP_GRAPHS,        /* graph_begin, graph_end, graph_release: a repeated step recorded once and replayed */
+    CKV_BACKEND_CAP_KVZIP,         /* evict_kvzip (KVzip's replayed attention maxima) */
+    CKV_BACKEND_CAP_CHUNK_RANK,    /* evict_chunk_rank (ChunkKV's chunk selection) */
     CKV_BACKEND_CAP_COUNT
 } ckv_backend_cap;
 
@@ -411,6 +433,29 @@ typedef struct {
     /* stats[r] = {sum_t x[r * ld + t], sum_t x[r * ld + t]^2} in double over t < n ascending.
      * x [rows, ld], stats [rows, 2]. Family CKV_BACKEND_CAP_CHUNK_COLSUM. */
     void (*evict_row_stats)(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);
+    /* KVzip's scores of one replayed chunk (kvpress KVzipPress.score_kvzip; ckv_evict_kvzip_params z),
+     * as running maxima: for local query head j, o = (head0 + j) / group, and replayed query i, the
+     * logits over its n = sink + C + i + 1 columns (C = end - start; the sink rows, the chunk's rows,
+     * the replayed rows ctx .. ctx + i, in that order) are (q . k) / scale, q . k in fp32; p = the
+     * softmax of the row in fp32 (the max subtracted, ckv's fast exp, the sum in double over four
+     * partial sums of columns t mod 4 (the tail in the first), p = (float)((double)e * (1 / sum)));
+     * with KVzip+ p_c = p_c * hinv[i] * vn[j * ld_vn + c] in fp32 (in that order); then
+     * out[o * ld + start + c] = max(out[o * ld + start + c], p_c) for c < C, NaN ignored. The CPU
+     * computes q . k in 16 fp32 lanes (lane u takes dims u, u + 16, ...) added pairwise; a device
+     * backend forms logits and exponentials its own way (fp32-class: CUDA's tensor-core tiles, docs/gpu.md
+     * §5d); maxima do not depend on their order, so the result does not depend on scheduling.
+     * out [kv->n_kv_heads, ld]. Errors on inconsistent rows (a row range outside the segments) or
+     * KVzip+ with only one of hinv, vn; a device backend refuses shapes its kernels do not cover
+     * (CUDA: head dims 16, 32, 64, 80, 96, 128). Family CKV_BACKEND_CAP_KVZIP. */
+    ckv_status (*evict_kvzip)(ckv_backend *be, float *out, int ld, const ckv_evict_kvzip_params *z);
+    /* ChunkKV's selection (kvpress ChunkKVPress) from a layer's scores s [H, ld] (every KV head of the
+     * layer): chunk c holds rows [c C, min((c + 1) C, n)); its score is the sum over its rows t
+     * ascending, in double, of (float)(s[0, t] + s[1, t] + ... + s[H - 1, t]) (fp32, heads ascending),
+     * divided by its row count; the `keep` best chunks (top-k order above) are kept. rows[r * ld_rows
+     * + i] = their rows ascending, i < *n_kept, for every r < n_rows; *n_kept (device) their count.
+     * Errors unless 1 <= C <= n and 1 <= keep <= the chunk count. Family CKV_BACKEND_CAP_CHUNK_RANK. */
+    ckv_status (*evict_chunk_rank)(ckv_backend *be, int32_t *rows, int ld_rows, int n_rows, int32_t *n_kept,
+                                   const float *s, int ld, int H, int n, int C, int keep);
 
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:

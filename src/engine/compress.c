@@ -101,16 +101,16 @@ static unsigned long long comm_now(const ckv_model *m) {
 }
 
 /* The kept rows of sel (rows of the L context rows) compacted (dst == src) or gathered from src into
- * dst, then re-rotated when the press says so. */
+ * dst, then re-rotated when `press` (the compressor's, or a composed press's first) says so. */
 static ckv_status compact_layer(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L,
-                                const ckv_selection *sel) {
+                                const ckv_selection *sel, const ckv_press_config *press) {
     double t0 = ckv_time_now();
     ckv_status st;
     if (dst == src)
         st = ckv_kv_layer_compact_dev(&dst->kv, layer, sel->rows, L, sel->n_keep, dst->capacity - L);
     else
         st = ckv_kv_layer_gather_from(&dst->kv, &src->kv, layer, sel->rows, L, sel->n_keep, dst->capacity - L);
-    if (st == CKV_STATUS_OK && ckv_press_rerotates(cz->cfg)) st = rerotate_layer(dst, layer);
+    if (st == CKV_STATUS_OK && ckv_press_rerotates(press)) st = rerotate_layer(dst, layer);
     cz->compact_seconds += ckv_time_now() - t0;
     return st;
 }
@@ -164,14 +164,15 @@ static ckv_status kvzip_replay(ckv_compressor *cz, ckv_session *dst, const ckv_s
 /* Applies layer `layer`'s selection: compaction, then its record. */
 static ckv_status apply_layer(ckv_compressor *cz, ckv_session *dst, const ckv_session *src, int layer, int L,
                               const ckv_selection *sel, const ckv_score_inputs *in, unsigned long long *log_bytes) {
-    CKV_TRY(compact_layer(cz, dst, src, layer, L, sel));
+    CKV_TRY(compact_layer(cz, dst, src, layer, L, sel, cz->cfg));
     return record_layer(cz, src, layer, L, sel, in, dst->kv.dtype, log_bytes);
 }
 
 /* One later press of a composed press on dst's compacted layer (every head holds n rows): scores and
- * selects on those rows in position order into the compressor's selection (its length set to n; its
- * buffers hold L), compacts the layer in place, and maps the kept rows back to context rows: rows
- * [n_kv_local, L] (host) holds, per head, the context rows kept so far. */
+ * selects on those rows in position order, with its own wrappers (critical:, chunkkv:), into the
+ * compressor's selection (its length set to n; its buffers hold L), compacts the layer in place
+ * (re-rotating the kept keys for a key_rerotation: member), and maps the kept rows back to context
+ * rows: rows [n_kv_local, L] (host) holds, per head, the context rows kept so far. */
 static ckv_status composed_stage(ckv_compressor *cz, ckv_session *dst, int layer, int L, int stage, int32_t *rows,
                                  int32_t *n_keep, int32_t *r2) {
     ckv_model *m = dst->model;
@@ -197,6 +198,7 @@ static ckv_status composed_stage(ckv_compressor *cz, ckv_session *dst, int layer
     cz->select_seconds += s2->select_seconds;
     const double t0 = ckv_time_now();
     ckv_status st = ckv_kv_layer_compact_dev(&dst->kv, layer, s2->rows, n, s2->n_keep, dst->capacity - L);
+    if (st == CKV_STATUS_OK && ckv_press_rerotates(&sc)) st = rerotate_layer(dst, layer); /* key_rerotation: member */
     cz->compact_seconds += ckv_time_now() - t0;
     return st;
 }
@@ -216,7 +218,7 @@ static ckv_status composed_layer(ckv_compressor *cz, ckv_session *dst, const ckv
     CKV_TRY(ckv_evict_layer(&first, &in, NULL, sel));
     cz->score_seconds += sel->score_seconds;
     cz->select_seconds += sel->select_seconds;
-    CKV_TRY(compact_layer(cz, dst, src, layer, L, sel));
+    CKV_TRY(compact_layer(cz, dst, src, layer, L, sel, &first));
     if (cz->cfg->n_stages < 2) return record_layer(cz, src, layer, L, sel, &in, dst->kv.dtype, log_bytes);
     const size_t n = (size_t)nkv * (size_t)L;
     int32_t *rows = NULL, *r2 = NULL; // [nkv, L] context rows kept so far; [nkv, L] a later press's rows (host)

@@ -20,7 +20,7 @@ static const char *known_presses(char *buf, size_t cap) {
     for (int i = 0; i < ckv_press_count && n < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", ckv_press_table[i].name);
     for (int i = 0; i < ckv_wrapper_count && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%s:", i ? ", " : "; optionally behind a wrapper (two: key_rerotation:critical:P, composed:critical:P1+...): ",
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s:", i ? ", " : "; optionally behind a wrapper (two: key_rerotation:critical:P; composed:P1+P2+... with wrapped members): ",
                               ckv_wrapper_table[i].name);
     if (n < cap) snprintf(buf + n, cap - n, " (e.g. critical_adakv:snapkv)");
     return buf;
@@ -35,9 +35,10 @@ static const char *known_options(char *buf, size_t cap) {
 }
 
 /* The press's wrappers, outermost first: w[0] (NULL: none) and the critical: stacked under it (NULL:
- * none; per_layer:critical:knorm is per_layer's allocation with critical set). */
+ * none; per_layer:critical:knorm is per_layer's allocation with critical set). A composed press's is
+ * composed: alone; its members' wrappers are those of their stages (ckv_press_stage). */
 static void wrappers_of(const ckv_press_config *c, const ckv_wrapper_def *w[2]) {
-    w[0] = ckv_wrapper_def_of(c->critical, c->alloc, c->rerotate_keys, c->composed);
+    w[0] = ckv_wrapper_def_of(c->composed ? 0 : c->critical, c->alloc, c->rerotate_keys, c->composed);
     w[1] = NULL;
     if (!w[0] && c->critical) {
         w[0] = ckv_wrapper_def_of(0, c->alloc, c->rerotate_keys, c->composed);
@@ -63,9 +64,10 @@ int ckv_press_takes(const ckv_press_config *c, const char *key) {
     const ckv_wrapper_def *w[2];
     const size_t n = strlen(key);
     wrappers_of(c, w);
-    for (int i = 1; c->composed && i < c->n_stages; i++) { /* composed: the later presses' options too */
-        const ckv_press_def *di = ckv_press_def_of(c->stages[i]);
-        if (di && ckv_option_listed(di->options, key, n)) return 1;
+    for (int i = 0; c->composed && i < c->n_stages; i++) { /* composed: its members' options too */
+        ckv_press_config sc;
+        ckv_press_stage(c, i, &sc);
+        if (ckv_press_takes(&sc, key)) return 1;
     }
     return (d && ckv_option_listed(d->options, key, n)) || (w[0] && ckv_option_listed(w[0]->options, key, n)) ||
            (w[1] && ckv_option_listed(w[1]->options, key, n));
@@ -220,50 +222,78 @@ static void press_defaults(ckv_press_config *c) {
 
 /* ---- specs ---------------------------------------------------------------------------------------- */
 
-/* composed:P1+P2+...: P1 any press that takes the wrapper, optionally as critical:P1 (kvpress: a
- * CriticalKVPress first), the later ones bare presses that read keys and values only (they score the
- * rows the press before kept, whose attention inputs are gone). */
+static ckv_status parse_plain(ckv_press_config *c, const char *spec, const char *text);
+
+/* A member that re-rotates or keeps whole chunks after members that all left their rows in position
+ * order: kvpress's ScorerPress leaves them in torch.topk's score order, ChunkKVPress and
+ * KeyRerotationPress sorted; key_rerotation also needs every member before it to have re-rotated
+ * (kvpress rotates a key by its index among those rows, ckv by its stored position: the same then). */
+static ckv_status check_member_order(const ckv_press_config *c, const char *spec, int i) {
+    int sorted = 1, rerotated = 1;
+    for (int j = 0; j < i; j++) {
+        sorted &= c->stage_chunk[j] || c->stage_rerotate[j];
+        rerotated &= c->stage_rerotate[j];
+    }
+    if (c->stage_rerotate[i] && !rerotated)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': key_rerotation: on press %d of composed: needs every press "
+                         "before it re-rotated too (kvpress's KeyRerotationPress rotates a key by its index among the "
+                         "rows the press before left, not by its position)", spec, i + 1);
+    if (c->stage_chunk[i] && !sorted)
+        return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': chunkkv: on press %d of composed: needs every press before "
+                         "it to be chunkkv: or key_rerotation: (kvpress's ChunkKVPress cuts chunks in the order the press "
+                         "before left its rows, a plain press's score order; ckv keeps position order)", spec, i + 1);
+    return CKV_STATUS_OK;
+}
+
+/* composed:P1+P2+...: members joined by '+', each a press that takes the wrapper, optionally wrapped as
+ * kvpress's ComposedPress takes it (critical:, chunkkv:, key_rerotation:, key_rerotation:critical:);
+ * the later ones read keys and values only (they score the rows the press before kept, whose
+ * attention inputs are gone). Options are shared by the members. */
 static ckv_status parse_composed(ckv_press_config *c, const char *spec, const char *list) {
-    char known[1024];
     const ckv_wrapper_def *w = ckv_wrapper_def_find("composed", 8);
     c->n_stages = 0;
     for (const char *p = list;;) {
         const char *end = strchr(p, '+');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        const char *colon = memchr(p, ':', n);
-        if (colon && c->n_stages == 0 && (size_t)(colon - p) == 8 && !strncmp(p, "critical", 8)) {
-            c->critical = 1; /* the first press under critical: (kvpress: a CriticalKVPress among the presses) */
-            n -= (size_t)(colon - p) + 1;
-            p = colon + 1;
-            colon = memchr(p, ':', n);
-        }
-        if (colon)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': composed: takes bare presses, and critical: on the first "
-                             "one, got '%.*s' (kvpress's ComposedPress also takes other wrapped presses; ckv does not "
-                             "run them)", spec, (int)(end ? (size_t)(end - p) : strlen(p)), p);
-        const ckv_press_def *d = ckv_press_def_find(p, n);
-        if (!d)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown press '%.*s' (known: %s)", spec, (int)n, p,
-                             known_presses(known, sizeof known));
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        char member[256];
         if (c->n_stages == CKV_PRESS_MAX_STAGES)
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': more than %d presses", spec, CKV_PRESS_MAX_STAGES);
-        if (!d->score || !(d->wrappers & CKV_WRAP_COMPOSED))
-            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be composed (%s)", spec, d->name,
-                             !d->score ? "it compresses nothing" : "its kept counts are its own");
-        if (c->n_stages > 0 && d->reads != CKV_READS_NONE)
+        snprintf(member, sizeof member, "%.*s", (int)n, p); /* the spec is shorter than 256 */
+        CKV_TRY(parse_plain(c, spec, member));
+        const ckv_press_def *d = ckv_press_def_of(c->scorer);
+        const int i = c->n_stages;
+        if (c->composed)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': a composed: press inside composed: (write its presses in "
+                             "the one list joined by '+': they run in the same order)", spec);
+        if (c->alloc != CKV_ALLOC_UNIFORM && c->alloc != CKV_ALLOC_CHUNK)
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': '%s' cannot be composed (%s)", spec, member,
+                             c->alloc == CKV_ALLOC_ADAKV ? "kvpress's ComposedPress refuses AdaKVPress"
+                             : c->alloc == CKV_ALLOC_PER_LAYER
+                                 ? "composed: gives each press one ratio of press_ratios; per_layer's are one per layer"
+                                 : "its kept counts are its own");
+        if (!d || !d->score || !(d->wrappers & CKV_WRAP_COMPOSED))
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be composed (%s)", spec, d ? d->name : member,
+                             !d || !d->score ? "it compresses nothing" : "its kept counts are its own");
+        if (i > 0 && d->reads != CKV_READS_NONE)
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s scores with the attention input, which the rows a press "
                              "before it kept no longer match; after the first press give presses that read keys and "
                              "values only (knorm, keydiff, streaming_llm, random, lagkv, cur)", spec, d->name);
-        if (c->n_stages > 0 && d->scorer == CKV_SCORER_LEVERAGE) /* evict_leverage: one position list for all heads */
+        if (i > 0 && d->scorer == CKV_SCORER_LEVERAGE) /* evict_leverage: one position list for all heads */
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': leverage rotates every head's keys back by one list of "
                              "positions, and the press before it leaves each head its own rows; give it first", spec);
-        c->stages[c->n_stages++] = d->scorer;
-        CKV_TRY(apply_list(c, d->defaults));
+        c->stages[i] = d->scorer;
+        c->stage_critical[i] = (unsigned char)(c->critical != 0);
+        c->stage_chunk[i] = (unsigned char)(c->alloc == CKV_ALLOC_CHUNK);
+        c->stage_rerotate[i] = (unsigned char)(c->rerotate_keys != 0);
+        c->n_stages++;
+        CKV_TRY(check_member_order(c, spec, i));
         if (!end) break;
         p = end + 1;
     }
     c->scorer = c->stages[0];
     c->alloc = w->alloc;
+    c->critical = c->stage_critical[0];
+    c->rerotate_keys = 0; /* the members re-rotate (ckv_press_stage) */
     c->composed = 1;
     return CKV_STATUS_OK;
 }
@@ -276,18 +306,32 @@ ckv_status ckv_press_parse(ckv_press_config *c, const char *spec) {
     if (strchr(spec, '=') || strchr(spec, '('))
         return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': options are not part of the press name; give them as press "
                          "options (KEY=VALUE)", spec);
-    const char *colon = strchr(spec, ':'), *base = colon ? colon + 1 : spec;
+    return parse_plain(c, spec, spec);
+}
+
+/* WRAPPER:critical:PRESS, WRAPPER:PRESS, PRESS or composed:LIST in `text` (all of spec, or one member
+ * of a composed list; errors name spec): sets the scorer, allocation and wrappers and applies the
+ * press's own defaults. */
+static ckv_status parse_plain(ckv_press_config *c, const char *spec, const char *text) {
+    char known[1024];
+    const char *colon = strchr(text, ':'), *base = colon ? colon + 1 : text;
     const ckv_wrapper_def *w = NULL, *inner = NULL;
     if (colon) {
-        const size_t n = (size_t)(colon - spec);
-        w = ckv_wrapper_def_find(spec, n);
-        if (!w && ckv_press_def_find(spec, n))
+        const size_t n = (size_t)(colon - text);
+        w = ckv_wrapper_def_find(text, n);
+        if (!w && ckv_press_def_find(text, n))
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': '%.*s' is a press, not a wrapper; wrappers come first, as "
-                             "in critical:snapkv (known: %s)", spec, (int)n, spec, known_presses(known, sizeof known));
+                             "in critical:snapkv (known: %s)", spec, (int)n, text, known_presses(known, sizeof known));
         if (!w)
-            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown wrapper '%.*s' (known: %s)", spec, (int)n, spec,
+            return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': unknown wrapper '%.*s' (known: %s)", spec, (int)n, text,
                              known_presses(known, sizeof known));
-        if (w->composed) return parse_composed(c, spec, base);
+        if (w->composed) {
+            if (text != spec) { /* a member of a composed list */
+                c->composed = 1;
+                return CKV_STATUS_OK;
+            }
+            return parse_composed(c, spec, base);
+        }
         if ((colon = strchr(base, ':'))) { /* a second wrapper: critical:, where kvpress allows it */
             const size_t n2 = (size_t)(colon - base);
             inner = ckv_wrapper_def_find(base, n2);
@@ -418,6 +462,24 @@ static int print_options(char *buf, size_t cap, const ckv_press_config *c, const
     return n;
 }
 
+/* The wrappers of c, outermost first, with their options: "per_layer(...):critical(...):"; the length. */
+static int print_wrappers(char *buf, size_t cap, const ckv_press_config *c) {
+    const ckv_wrapper_def *ws[2];
+    wrappers_of(c, ws);
+    int n = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < 2 && ws[k] && (size_t)n < cap; k++) {
+        if (!ws[k]->options[0]) {
+            n += snprintf(buf + n, cap - (size_t)n, "%s:", ws[k]->name);
+            continue;
+        }
+        n += snprintf(buf + n, cap - (size_t)n, "%s(", ws[k]->name);
+        if ((size_t)n < cap) n += print_options(buf + n, cap - (size_t)n, c, ws[k]->options);
+        if ((size_t)n < cap) n += snprintf(buf + n, cap - (size_t)n, "):");
+    }
+    return n;
+}
+
 ckv_status ckv_press_finalize(ckv_press_config *c) {
     const ckv_press_def *d = ckv_press_def_of(c->scorer);
     if (!d) return ckv_error(CKV_STATUS_ERR_ARG, "press: unknown scorer kind %d", (int)c->scorer);
@@ -440,23 +502,18 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     if (c->alloc == CKV_ALLOC_CHUNK && c->budget_tokens > 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "press chunkkv keeps whole chunks: give budget or compression_ratio, not "
                          "budget_tokens");
-    char wrap[2600] = "", base[400] = "", budget[120] = "";
-    const ckv_wrapper_def *ws[2];
-    wrappers_of(c, ws);
+    char wrap[2600] = "", base[600] = "", budget[120] = "";
+    print_wrappers(wrap, sizeof wrap, c);
     int n = 0;
-    for (int k = 0; k < 2 && ws[k] && (size_t)n < sizeof wrap; k++) { /* outermost first: per_layer(...):critical(...): */
-        if (!ws[k]->options[0]) {
-            n += snprintf(wrap + n, sizeof wrap - (size_t)n, "%s:", ws[k]->name);
-            continue;
-        }
-        n += snprintf(wrap + n, sizeof wrap - (size_t)n, "%s(", ws[k]->name);
-        if ((size_t)n < sizeof wrap) n += print_options(wrap + n, sizeof wrap - (size_t)n, c, ws[k]->options);
-        if ((size_t)n < sizeof wrap) n += snprintf(wrap + n, sizeof wrap - (size_t)n, "):");
-    }
-    n = 0;
     for (int i = 0; i < (c->composed ? c->n_stages : 1) && (size_t)n < sizeof base; i++) { /* composed: P1+P2+... */
         const ckv_press_def *di = i ? ckv_press_def_of(c->stages[i]) : d;
-        n += snprintf(base + n, sizeof base - (size_t)n, "%s%s", i ? "+" : "", di ? di->name : "?");
+        n += snprintf(base + n, sizeof base - (size_t)n, "%s", i ? "+" : "");
+        if (c->composed && (size_t)n < sizeof base) { /* the member's own wrappers */
+            ckv_press_config sc;
+            ckv_press_stage(c, i, &sc);
+            n += print_wrappers(base + n, sizeof base - (size_t)n, &sc);
+        }
+        if ((size_t)n < sizeof base) n += snprintf(base + n, sizeof base - (size_t)n, "%s", di ? di->name : "?");
         if (di && di->options[0] && (size_t)n < sizeof base) {
             n += snprintf(base + n, sizeof base - (size_t)n, "(");
             n += print_options(base + n, sizeof base - (size_t)n, c, di->options);
@@ -683,9 +740,10 @@ void ckv_press_stage(const ckv_press_config *c, int i, ckv_press_config *out) {
     out->composed = 0;
     out->n_stages = 0;
     out->scorer = c->composed && i >= 0 && i < c->n_stages ? c->stages[i] : c->scorer;
-    out->alloc = CKV_ALLOC_UNIFORM;
-    out->critical = i == 0 && c->critical; /* composed:critical:P1+...: the first press only */
-    out->rerotate_keys = 0;
+    const int k = c->composed && i >= 0 && i < c->n_stages ? i : -1; /* its own wrappers */
+    out->alloc = k >= 0 && c->stage_chunk[k] ? CKV_ALLOC_CHUNK : CKV_ALLOC_UNIFORM;
+    out->critical = k >= 0 ? c->stage_critical[k] : i == 0 && c->critical;
+    out->rerotate_keys = k >= 0 && c->stage_rerotate[k];
     out->budget_tokens = 0;
     out->budget_given_as_b = 0;
     out->compression_ratio = c->composed && i >= 0 && i < c->press_ratios.n ? c->press_ratios.cr[i] : c->compression_ratio;

@@ -113,6 +113,10 @@ typedef struct {
     int composed;              /* composed: presses in turn, each on what the previous kept (kvpress ComposedPress) */
     int n_stages;              /* composed: how many presses (stages[0] == scorer) */
     ckv_scorer_kind stages[CKV_PRESS_MAX_STAGES]; /* composed: the presses, in order */
+    /* composed: each press's own wrappers (kvpress: a wrapped press among ComposedPress's presses) */
+    unsigned char stage_critical[CKV_PRESS_MAX_STAGES]; /* critical: (stage_critical[0] == critical) */
+    unsigned char stage_chunk[CKV_PRESS_MAX_STAGES];    /* chunkkv: (chunk_length shared) */
+    unsigned char stage_rerotate[CKV_PRESS_MAX_STAGES]; /* key_rerotation: */
     ckv_press_ratios press_ratios; /* composed: each press's compression ratio, in order (required) */
     /* budget: exactly one of compression_ratio (kvpress cr) and budget_tokens is in force */
     double compression_ratio;  /* fraction removed; kept = floor(L * (1 - cr)) */
@@ -222,8 +226,8 @@ long ckv_press_model_kept(const ckv_press_config *cfg, int n_layers, int L, int 
  * with E = n_kv_heads * L (min(N, L) per head with budget_tokens N). */
 long ckv_press_layerwise_kept(const ckv_press_config *cfg, int L, int n_kv_heads);
 /* Press i (0 .. n_stages - 1) of a composed press as a plain press: its scorer, the shared options, its
- * own compression ratio press_ratios[i], uniform kept counts; CriticalKV selection for press 0 of
- * composed:critical:P1+... */
+ * own compression ratio press_ratios[i] and its own wrappers (critical:, chunkkv:, key_rerotation:),
+ * else uniform kept counts. */
 void ckv_press_stage(const ckv_press_config *cfg, int i, ckv_press_config *out);
 /* CriticalKV's stage-1 count of a head whose budget was allocated across heads (k rows). */
 int ckv_press_first_stage(const ckv_press_config *cfg, int k);
@@ -232,7 +236,9 @@ int ckv_press_first_stage(const ckv_press_config *cfg, int k);
  * window is the question; finch without a question (0 rows) is an error naming the press. Other presses
  * are copied unchanged. */
 ckv_status ckv_press_with_question(const ckv_press_config *cfg, int question_rows, ckv_press_config *out);
-/* 1 when the kept keys are re-rotated after compaction (key_rerotation:, finch's rerotate_keys). */
+/* 1 when the kept keys are re-rotated after compaction (key_rerotation:, finch's rerotate_keys) and the
+ * question follows at n_kept; a composed press re-rotates in its stages (ckv_press_stage) and its
+ * question follows at L, as kvpress's pipeline feeds a ComposedPress. */
 int ckv_press_rerotates(const ckv_press_config *cfg);
 
 /* The tokens the press's scorer protects on a context of L tokens: the first *head and the last

@@ -163,68 +163,27 @@ static ckv_status reserve_scratch(const ckv_press_config *cfg, const ckv_score_i
  * global head order, so every tensor-parallel rank ranks the same numbers); the best
  * max(1, int(n_chunks * (1 - cr))) chunks are kept whole by every head, ties to the lower chunk.
  * A context shorter than one chunk falls back to the per-head top-k (kvpress delegates to the
- * scorer's own compression). The ranking runs on the host from the layer's scores (4 n_kv_heads L
- * bytes copied per layer); the kept rows go back to the device. */
+ * scorer's own compression). The ranking and the kept rows are the backend's evict_chunk_rank on the
+ * device; only the kept count comes back (one int). */
 static ckv_status chunk_rows(const ckv_press_config *cfg, const ckv_score_inputs *in, ckv_selection *sel,
                              int per_head) {
     ckv_backend *be = in->be;
     const int L = in->L, H = in->n_kv_heads, nkv = in->n_kv_local, C = cfg->chunk_length;
-    const int full = L / C, rem = L % C, n_chunks = full + (rem > 0);
+    const int full = L / C, n_chunks = full + (L % C > 0);
     if (full == 0) {
         for (int h = 0; h < nkv; h++) sel->n_keep[h] = per_head;
         return topk_rows(be, sel, sel->scores, nkv, L, sel->n_keep);
     }
-    float *all = NULL;   // [H, L] the layer's scores (host)
-    double *mean = NULL; // [n_chunks] chunk scores
-    int32_t *order = NULL, *rows = NULL; // [n_chunks] chunks best first; [nkv, L] kept rows (host)
-    unsigned char *kept = NULL;          // [n_chunks] 1: kept
-    ckv_status st = ckv_alloc((void **)&all, (size_t)H * (size_t)L * sizeof(float), "chunk scores");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&mean, (size_t)n_chunks * sizeof(double), "chunk means");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&order, (size_t)n_chunks * sizeof(int32_t), "chunk order");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&kept, (size_t)n_chunks, "kept chunks");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&rows, (size_t)nkv * (size_t)L * sizeof(int32_t), "chunk rows");
-    if (st == CKV_STATUS_OK) st = be->ops->sync(be);
-    if (st == CKV_STATUS_OK) st = be->ops->download(be, all, sel->all, (size_t)H * (size_t)L * sizeof(float));
-    if (st == CKV_STATUS_OK) {
-        for (int c = 0; c < n_chunks; c++) {
-            const int t0 = c * C, t1 = c < full ? t0 + C : L;
-            double sum = 0.0;
-            for (int t = t0; t < t1; t++) {
-                float over_heads = 0.0f; /* kvpress sums the heads in fp32 first */
-                for (int h = 0; h < H; h++) over_heads += all[(size_t)h * L + t];
-                sum += over_heads;
-            }
-            mean[c] = sum / (double)(t1 - t0);
-            order[c] = c;
-        }
-        /* insertion sort, best first, ties to the lower chunk (n_chunks = L / C is small) */
-        for (int i = 1; i < n_chunks; i++) {
-            const int32_t c = order[i];
-            int j = i;
-            for (; j > 0 && mean[order[j - 1]] < mean[c]; j--) order[j] = order[j - 1];
-            order[j] = c;
-        }
-        int keep = (int)((double)n_chunks * (1.0 - cfg->compression_ratio));
-        if (keep < 1) keep = 1;
-        if (keep > n_chunks) keep = n_chunks;
-        /* the kept chunks in position order */
-        memset(kept, 0, (size_t)n_chunks);
-        for (int i = 0; i < keep; i++) kept[order[i]] = 1;
-        int n = 0;
-        for (int c = 0; c < n_chunks; c++)
-            for (int t = c * C; kept[c] && t < (c < full ? c * C + C : L); t++) rows[n++] = t;
-        for (int h = 0; h < nkv; h++) {
-            sel->n_keep[h] = n;
-            if (h) memcpy(rows + (size_t)h * L, rows, (size_t)n * sizeof(int32_t));
-        }
-        st = be->ops->upload(be, sel->rows, rows, (size_t)nkv * (size_t)L * sizeof(int32_t));
-    }
-    ckv_free(all);
-    ckv_free(mean);
-    ckv_free(order);
-    ckv_free(rows);
-    ckv_free(kept);
-    return st;
+    if (!ckv_backend_supports(be, CKV_BACKEND_CAP_CHUNK_RANK))
+        return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "press chunkkv: backend %s offers no evict_chunk_rank", be->name);
+    int keep = (int)((double)n_chunks * (1.0 - cfg->compression_ratio));
+    if (keep < 1) keep = 1;
+    if (keep > n_chunks) keep = n_chunks;
+    CKV_TRY(be->ops->evict_chunk_rank(be, sel->rows, L, nkv, sel->k_dev, sel->all, L, H, L, C, keep));
+    int32_t n = 0;
+    CKV_TRY(be->ops->download(be, &n, sel->k_dev, sizeof n));
+    for (int h = 0; h < nkv; h++) sel->n_keep[h] = n;
+    return CKV_STATUS_OK;
 }
 
 /* finch with chunk_length C (kvpress FinchPress.compress): the rows cut into chunks of C from row 0 (a

@@ -63,6 +63,8 @@ expect_error "unknown press option" "unknown press option 'foo'" "$ckv" generate
 expect_error "bad pool" "pool: 'median'" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --pool median --budget 0.5
 expect_error "even kernel" "kernel: 4 must be odd" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --kernel 4 --budget 0.5
 expect_error "alpha above one" "alpha: 2 is outside" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical:snapkv --alpha 2 --budget 0.5
+expect_error "composed member order" "chunkkv: on press 2 of composed: needs" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:snapkv+chunkkv:knorm --press-opt press_ratios=0.5,0.5
+expect_error "composed adakv member" "refuses AdaKVPress" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:knorm+adakv:keydiff --press-opt press_ratios=0.5,0.5
 expect_error "press without budget" "needs a budget" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv
 # a context too short for the press stays uncompressed: same ids as the full cache, one stderr line, stats say so
 "$ckv" generate --model "$llama" --prompt-ids 1,2,3,4,5 --max-new-tokens 4 >"$tmp/full5" 2>/dev/null
@@ -99,7 +101,7 @@ qa=(--question-ids 5,6 --question-ids 9 --max-new-tokens 5 --ignore-eos)
 "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv" "${qa[@]}" >"$tmp/loaded" 2>"$tmp/err" || { echo "FAIL load-cache run"; cat "$tmp/err"; fail=1; }
 if cmp -s "$tmp/direct" "$tmp/loaded" && [ -s "$tmp/loaded" ]; then echo "ok   answers from a loaded cache equal the direct run"
 else echo "FAIL loaded cache answers differ:"; cat "$tmp/direct" "$tmp/loaded"; fail=1; fi
-for p in cur adakv:leverage chunkkv:snapkv per_layer:knorm key_rerotation:streaming_llm key_rerotation:critical:snapkv compactor layer_defensivekv composed:snapkv+cur composed:critical:snapkv+cur kvzip; do  # attention-free presses, wrappers and the model-wide selections save and load too
+for p in cur adakv:leverage chunkkv:snapkv per_layer:knorm key_rerotation:streaming_llm key_rerotation:critical:snapkv compactor layer_defensivekv composed:snapkv+cur composed:critical:snapkv+cur composed:snapkv+critical:cur composed:chunkkv:snapkv+knorm composed:key_rerotation:snapkv+knorm kvzip; do  # attention-free presses, wrappers and the model-wide selections save and load too
   budget=(--budget 0.3); [[ $p == per_layer:* ]] && budget=(--press-opt compression_ratios=0.5,0.7,0.9)
   [[ $p == composed:* ]] && budget=(--press-opt press_ratios=0.5,0.4)
   [[ $p == kvzip ]] && budget+=(--press-opt repeat_ids=13,13,85 --press-opt repeat_next_ids=13,13,301 --press-opt suffix_ids=13

@@ -1,6 +1,6 @@
 /* test_backend_ops_evict.c - the eviction ops of a device backend against the CPU backend (part of
  * test_backend_ops; the harness and its conventions: backend_ops_harness.h): window attention and
- * its column sums, Compactor's chunked non-causal attention, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
+ * its column sums, Compactor's chunked non-causal attention, KVzip's replayed attention maxima, ChunkKV's chunk selection, the row ops, the tiled selection, DefensiveKV's rows, leverage, and that no
  * eviction op allocates device memory once evict_reserve has sized its scratch (leverage's too). */
 #include "backend/cuda/cuda_emu.h"
 #include "backend_ops_harness.h"
@@ -21,16 +21,16 @@ typedef struct {
     ckv_kv_batch bt, br;
 } ev_cache;
 
-/* One sequence of n_kv heads of L rows (head dim hd) on both backends; gaps > 0: positions with
- * random holes, different per head. */
-static void ev_cache_init_shape(ev_cache *e, ckv_dtype dt, int n_kv, int hd, int L, int gaps) {
+/* n_kv segments of `rows` random rows of head dim hd on both backends; gaps > 0: positions with
+ * random holes, different per head */
+static void ev_cache_init_shape(ev_cache *e, ckv_dtype dt, int n_kv, int hd, int rows, int gaps) {
     int lens[KV_MAX_HEADS];
-    for (int g = 0; g < n_kv; g++) lens[g] = L;
-    kv_host_random(&e->h, dt, 1, n_kv, hd, L, lens, gaps);
-    kv_build(&e->ct, tb, dt, 1, n_kv, hd, L, &e->h);
-    kv_build(&e->cr, ref, dt, 1, n_kv, hd, L, &e->h);
-    e->bt = kv_batch(&e->ct, NULL, NULL, L);
-    e->br = kv_batch(&e->cr, NULL, NULL, L);
+    for (int g = 0; g < n_kv; g++) lens[g] = rows;
+    kv_host_random(&e->h, dt, 1, n_kv, hd, rows, lens, gaps);
+    kv_build(&e->ct, tb, dt, 1, n_kv, hd, rows, &e->h);
+    kv_build(&e->cr, ref, dt, 1, n_kv, hd, rows, &e->h);
+    e->bt = kv_batch(&e->ct, NULL, NULL, rows);
+    e->br = kv_batch(&e->cr, NULL, NULL, rows);
 }
 
 static void ev_cache_init_gaps(ev_cache *e, ckv_dtype dt, int gaps) { ev_cache_init_shape(e, dt, EV_KV, EV_D, EV_L, gaps); }
@@ -437,6 +437,95 @@ static void test_evict_chunk(ckv_dtype dt) {
     ev_cache_free(&e);
 }
 
+/* KVzip's replayed attention maxima (evict_kvzip) at the head dims of the tensor-core kernels: GQA
+ * 1/2/4/8, one TP slice (head0 > 0, the first KV head partial), chunks with and without sinks,
+ * replays not a multiple of 16 rows, a chunk and a replay over 512 keys (pass 1's merge over chunks
+ * of three key ranges), and KVzip+ (row and value norms). The scores start from random maxima, so
+ * the op's raising is checked too. Bound: 1e-6 relative plus 1e-7 (fp32 logits in another order,
+ * expf against ckv's fast exp); the max error is printed. */
+static void test_evict_kvzip(ckv_dtype dt) {
+    static const struct { int hd, n_kv, group, n_heads, head0, L, start, end, sink, n_q, plus; } cases[] = {
+        {16, 2, 2, 4, 0, 60, 0, 60, 0, 30, 0},       {64, 2, 1, 2, 0, 300, 128, 256, 4, 150, 0},
+        {128, 2, 4, 4, 2, 700, 4, 690, 4, 600, 1},   {80, 1, 8, 8, 0, 200, 100, 200, 4, 120, 0},
+        {32, 3, 2, 6, 0, 100, 50, 100, 4, 77, 1},    {96, 2, 2, 4, 0, 90, 30, 61, 3, 45, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int hd = cases[k].hd, n_kv = cases[k].n_kv, H = cases[k].n_heads, n_q = cases[k].n_q, L = cases[k].L;
+        const int rows = L + n_q, C = cases[k].end - cases[k].start;
+        char what[128];
+        snprintf(what, sizeof what, "%s hd %d group %d heads %d+%d sink %d chunk %d..%d of %d replay %d%s",
+                 ckv_dtype_name(dt), hd, cases[k].group, cases[k].head0, H, cases[k].sink, cases[k].start,
+                 cases[k].end, L, n_q, cases[k].plus ? " KVzip+" : "");
+        ev_cache e;
+        ev_cache_init_shape(&e, dt, n_kv, hd, rows, 0);
+        const ckv_evict_shape sh = {rows, n_q, H, n_kv, n_kv, hd, 0, dt, CKV_DTYPE_F32, 0};
+        CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+        const size_t nqv = (size_t)n_q * H * hd, n_out = (size_t)n_kv * L, n_vn = (size_t)H * C;
+        float *q = rand_floats(nqv, -1.5f, 1.5f), *init = rand_floats(n_out, 0.0f, 0.02f);
+        float *hinv = rand_floats((size_t)n_q, 0.5f, 2.0f), *vn = rand_floats(n_vn, 0.1f, 3.0f);
+        float *qt = cuda_test_upload(tb, q, sizeof(float) * nqv), *qr = cuda_test_upload(ref, q, sizeof(float) * nqv);
+        float *ot = cuda_test_upload(tb, init, sizeof(float) * n_out), *oref = cuda_test_upload(ref, init, sizeof(float) * n_out);
+        float *ht = cuda_test_upload(tb, hinv, sizeof(float) * n_q), *hr = cuda_test_upload(ref, hinv, sizeof(float) * n_q);
+        float *vt = cuda_test_upload(tb, vn, sizeof(float) * n_vn), *vr = cuda_test_upload(ref, vn, sizeof(float) * n_vn);
+        const int plus = cases[k].plus;
+        const ckv_evict_kvzip_params zt = {qt, n_q, L, cases[k].start, cases[k].end, cases[k].sink, &e.bt, H, cases[k].head0,
+                                           cases[k].group, sqrtf((float)hd), plus ? ht : NULL, plus ? vt : NULL, C},
+                                     zr = {qr, n_q, L, cases[k].start, cases[k].end, cases[k].sink, &e.br, H, cases[k].head0,
+                                           cases[k].group, sqrtf((float)hd), plus ? hr : NULL, plus ? vr : NULL, C};
+        TB_EVICT(CHECK_OK(tb->ops->evict_kvzip(tb, ot, L, &zt)));
+        CHECK_OK(ref->ops->evict_kvzip(ref, oref, L, &zr));
+        compare_dev("evict_kvzip", what, ot, oref, n_out, 1e-7, 1e-6);
+        if (k == 0) { /* KVzip+ needs both norms; a chunk past the context is refused */
+            ckv_evict_kvzip_params bad = zt;
+            bad.hinv = ht;
+            CHECK_FAILS(tb->ops->evict_kvzip(tb, ot, L, &bad), CKV_STATUS_ERR_ARG, "both the row norms");
+            bad = zt;
+            bad.end = L + 1;
+            CHECK_FAILS(tb->ops->evict_kvzip(tb, ot, L, &bad), CKV_STATUS_ERR_ARG, "rows out of order");
+        }
+        release2(qt, qr), release2(ot, oref), release2(ht, hr), release2(vt, vr);
+        free(q), free(init), free(hinv), free(vn);
+        ev_cache_free(&e);
+    }
+}
+
+/* ChunkKV's chunk selection (evict_chunk_rank): 4 heads of 203 rows whose scores sit on a coarse
+ * grid (equal chunk means: ties to the lower chunk), chunks of 20 (a short last one), 7, 64 and
+ * 203 (one chunk), keeping 1 .. all; one case with a NaN score (its chunk ranks last). Exact against
+ * the CPU: the means are summed in the same order, so the kept rows and the count are identical. */
+static void test_evict_chunk_rank(void) {
+    enum { H = 4, N = 203, LD = 210, NR = 3 };
+    ev_reserve(LD, 1, H, CKV_DTYPE_BF16, 0);
+    float *sh = xalloc(sizeof(float) * H * LD);
+    for (int i = 0; i < H * LD; i++) sh[i] = (float)rng_int(0, 3) * 0.25f;
+    static const struct { int C, keep, nan; } cases[] = {{20, 5, 0}, {20, 11, 0}, {20, 1, 0}, {7, 15, 1},
+                                                         {64, 2, 0}, {203, 1, 0}, {7, 29, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        if (cases[k].nan) sh[LD + 30] = NAN;
+        float *st = cuda_test_upload(tb, sh, sizeof(float) * H * LD), *sr = cuda_test_upload(ref, sh, sizeof(float) * H * LD);
+        int32_t *rt = (int32_t *)dev_poison(tb, (size_t)NR * LD), *rr = (int32_t *)dev_poison(ref, (size_t)NR * LD);
+        int32_t *nt = (int32_t *)dev_poison(tb, 1), *nr = (int32_t *)dev_poison(ref, 1);
+        TB_EVICT(CHECK_OK(tb->ops->evict_chunk_rank(tb, rt, LD, NR, nt, st, LD, H, N, cases[k].C, cases[k].keep)));
+        CHECK_OK(ref->ops->evict_chunk_rank(ref, rr, LD, NR, nr, sr, LD, H, N, cases[k].C, cases[k].keep));
+        int32_t n_t = -1, n_r = -2;
+        cuda_test_download(tb, &n_t, nt, sizeof n_t);
+        cuda_test_download(ref, &n_r, nr, sizeof n_r);
+        char what[96];
+        snprintf(what, sizeof what, "chunks of %d keep %d%s: %d rows", cases[k].C, cases[k].keep,
+                 cases[k].nan ? " (a NaN)" : "", n_r);
+        CHECK_MSG(n_t == n_r, "%s evict_chunk_rank %s: count %d, the cpu op's %d", tb_name, what, n_t, n_r);
+        for (int r = 0; r < NR && n_t == n_r; r++)
+            compare_dev_i32("evict_chunk_rank", what, rt + (size_t)r * LD, rr + (size_t)r * LD, (size_t)n_r);
+        release2(st, sr), release2(rt, rr), release2(nt, nr);
+        if (cases[k].nan) sh[LD + 30] = 0.5f;
+    }
+    int32_t *rt = (int32_t *)dev_poison(tb, LD), *nt = (int32_t *)dev_poison(tb, 1);
+    float *st = dev_poison(tb, (size_t)H * LD);
+    CHECK_FAILS(tb->ops->evict_chunk_rank(tb, rt, LD, 1, nt, st, LD, H, N, 20, 12), CKV_STATUS_ERR_ARG, "keeping 12 of 11");
+    tb->ops->release(tb, rt), tb->ops->release(tb, nt), tb->ops->release(tb, st);
+    free(sh);
+}
+
 /* CriticalKV's value norms at the model head dims (the fused mma path for bf16, blocked GEMMs for
  * f32): 300 rows (two tiles of 128 and a tail), o_proj of D = 200 rows (three chunks of 64 and a
  * tail of 8), 4 local heads from head0 1 (KV heads 0-2, group 2: the first and last partial), values
@@ -492,6 +581,9 @@ int test_backend_evict_ops(void) {
     test_evict_value_norm_dims(CKV_DTYPE_F32);
     test_evict_window_shapes(CKV_DTYPE_BF16);
     test_evict_window_shapes(CKV_DTYPE_F32);
+    test_evict_kvzip(CKV_DTYPE_BF16);
+    test_evict_kvzip(CKV_DTYPE_F32);
+    test_evict_chunk_rank();
     test_evict_rows();
     test_evict_select_tiles();
     test_evict_defensive();

@@ -26,7 +26,8 @@
 /* beside the fixture presses: lagkv at its default lag (one partition of these contexts) and at
  * short lags (many partitions; cross scoring), leverage alone and under adakv (a few CPU seconds
  * each: lag 16, sketch 8 and critical:leverage were also identical when tried), layer_defensivekv
- * (its one top-k over every layer), composed (presses in turn on the compacted layer), kvzip (its
+ * (its one top-k over every layer), composed (presses in turn on the compacted layer; wrapped members:
+ * critical: after the first, chunkkv: twice, key_rerotation: twice, rotating in place each time), kvzip (its
  * context replay, in three chunks of these contexts; alone and with KVzip+) and key_rerotation (the
  * kept keys rotated in place on the device by kv_rerotate: the question logits read them; also over
  * critical:), finch (query-aware: context + question compressed, the question its window, fed again
@@ -36,6 +37,9 @@ static const char *const extra[] = {"lagkv", "lagkv lag_size=32,cross_scoring=1"
                                     "leverage", "adakv:leverage", "layer_defensivekv",
                                     "composed:snapkv+knorm press_ratios=0.5,0.5", "composed:knorm+cur press_ratios=0.25,0.5",
                                     "composed:critical:snapkv+knorm press_ratios=0.5,0.5",
+                                    "composed:snapkv+critical:knorm press_ratios=0.5,0.5",
+                                    "composed:chunkkv:snapkv+chunkkv:keydiff press_ratios=0.5,0.5",
+                                    "composed:key_rerotation:snapkv+key_rerotation:critical:knorm press_ratios=0.5,0.5",
                                     "kvzip repeat_ids=13,13,85,104,276,repeat_next_ids=13,13,85,301,suffix_ids=13,chunk_size=100",
                                     "kvzip repeat_ids=13,13,85,104,276,repeat_next_ids=13,13,85,301,suffix_ids=13,chunk_size=100,"
                                     "kvzip_plus_normalization=1",

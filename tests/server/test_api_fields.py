@@ -146,10 +146,16 @@ C["press_options"] = lambda: (
     "composed(press_ratios=[0.5,0.25]):critical(alpha=0.25,eps=0.0001):snapkv" in comp(
         press="composed:critical:snapkv+knorm", press_options={"press_ratios": [0.5, 0.25], "alpha": 0.25},
         context=ids(300, 5))[1]["usage"]["press"] and
+    "composed(press_ratios=[0.5,0.25]):chunkkv(chunk_length=16):snapkv(window=8,kernel=5,pool=avg)+critical(alpha=0.25," in comp(
+        press="composed:chunkkv:snapkv+critical:knorm",
+        press_options={"press_ratios": [0.5, 0.25], "alpha": 0.25, "chunk_length": 16, "window": 8},
+        context=ids(300, 5))[1]["usage"]["press"] and
+    refused(comp(press="composed:snapkv+chunkkv:knorm", press_options={"press_ratios": [0.5, 0.25]}), "press") and
     refused(comp(press="adakv:critical:snapkv", budget=0.5), "press"),
     "per-layer ratios set the kept entries, window reaches the spec; a wrong count, an option not taken, an unknown "
-    "one, a file, a non-object: 400; composed's press_ratios and a stacked key_rerotation:critical: reach the spec "
-    "(press_ratios missing or short: 400), a stack kvpress refuses: 400 naming press")
+    "one, a file, a non-object: 400; composed's press_ratios, its wrapped members' options and a stacked "
+    "key_rerotation:critical: reach the spec (press_ratios missing or short: 400), a stack kvpress refuses or a member "
+    "order ckv cannot match: 400 naming press")
 C["decode_press_options"] = lambda: (
     "n_sink=2" in comp(decode_press="streaming_llm", decode_interval=2, decode_target=6,
                        decode_press_options={"n_sink": 2})[1]["usage"]["decode_press"] and

@@ -5,6 +5,7 @@
  * and 3 threads and no pool, compared bit for bit) and must not write outside out. Also runs the
  * backend's matmul op, which must use the best kernel set, and the linked BLAS (OpenBLAS or BLIS,
  * the op's path on CPUs without vector kernels) when the build has one. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +80,55 @@ static void gemm_case(int n, int k, int m, int with_bias, int offset) {
     }
     free(xb), free(wb), free(bias), free(ref);
     for (int t = 0; t < 4; t++) free(outs[t]);
+}
+
+/* Weights packed once (ckv_gemm_pack_all): ckv_gemm_packed_rows on the first m_use columns and
+ * ckv_gemm_packed_l1 must give, bit for bit, the products of ckv_cpu_gemm (n > 1) and the 16-lane L1
+ * sums of its rows (lane c % 16 over columns ascending, the last m % 16 columns as |y|). */
+static void packed_case(int n, int k, int m, int m_use) {
+    float *x = xalloc((size_t)n * k * sizeof(float)), *w = xalloc((size_t)m * k * sizeof(float));
+    float *ref = xalloc((size_t)n * m * sizeof(float)), *out = xalloc((size_t)n * m * sizeof(float));
+    float *lanes = xalloc((size_t)n * 16 * sizeof(float)), *tail = xalloc((size_t)n * 15 * sizeof(float));
+    fill_uniform(x, (size_t)n * k, -1, 1);
+    fill_uniform(w, (size_t)m * k, -1, 1);
+    for (int a = 0; a < n_archs; a++) {
+        float *bp = NULL;
+        CHECK_OK(ckv_alloc((void **)&bp, ckv_gemm_packed_floats(archs[a], k, m) * sizeof(float), "test panels"));
+        ckv_gemm_pack_all(archs[a], bp, w, k, m);
+        ckv_cpu_gemm(pool2, archs[a], ref, x, w, NULL, n, k, m);
+        for (size_t i = 0; i < (size_t)n * m; i++) out[i] = GUARD_VALUE;
+        ckv_gemm_packed_rows(archs[a], out, (size_t)m, x, (size_t)k, bp, n, k, m_use);
+        size_t diff = 0, guard_bad = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) {
+                const float o = out[(size_t)i * m + j];
+                if (j < m_use) diff += memcmp(&o, &ref[(size_t)i * m + j], sizeof o) != 0;
+                else guard_bad += o != GUARD_VALUE;
+            }
+        CHECK_MSG(diff == 0, "packed rows %s n=%d k=%d m=%d of %d: %zu values differ from ckv_cpu_gemm", archs[a]->name,
+                  n, k, m_use, m, diff);
+        CHECK_MSG(guard_bad == 0, "packed rows %s n=%d k=%d m=%d of %d: %zu columns past m written", archs[a]->name, n,
+                  k, m_use, m, guard_bad);
+        memset(lanes, 0, (size_t)n * 16 * sizeof(float));
+        ckv_gemm_packed_l1(archs[a], lanes, m % 16 ? tail : NULL, x, (size_t)k, bp, n, k, m);
+        size_t l1_diff = 0;
+        for (int i = 0; i < n; i++) {
+            float ln[16] = {0};
+            const float *y = ref + (size_t)i * m;
+            int j = 0;
+            for (; j + 16 <= m; j += 16)
+                for (int l = 0; l < 16; l++) ln[l] += fabsf(y[j + l]);
+            for (int l = 0; l < 16; l++) l1_diff += memcmp(&ln[l], &lanes[(size_t)i * 16 + l], sizeof(float)) != 0;
+            for (int c = 0; j < m; j++, c++) {
+                const float t = fabsf(y[j]);
+                l1_diff += memcmp(&t, &tail[(size_t)i * 15 + c], sizeof t) != 0;
+            }
+        }
+        CHECK_MSG(l1_diff == 0, "packed L1 %s n=%d k=%d m=%d: %zu lanes or tails differ from the product's", archs[a]->name,
+                  n, k, m, l1_diff);
+        ckv_free(bp);
+    }
+    free(x), free(w), free(ref), free(out), free(lanes), free(tail);
 }
 
 /* The linked BLAS (the op's path on CPUs without vector kernels), when the build has one. */
@@ -171,6 +221,12 @@ int main(void) {
     gemm_case(3, 0, 5, 1, 0);
     gemm_case(17, 0, 40, 0, 0);
     gemm_case(1, 0, 9, 1, 0);
+    /* weights packed once: rows, columns and k around MR, NR, 16 and KC */
+    packed_case(2, 64, 24, 24);
+    packed_case(15, 64, 896, 870);
+    packed_case(29, 17, 47, 33);
+    packed_case(128, 80, 200, 200);
+    packed_case(33, 300, 100, 65);
 
     if (ckv_cpu_blas_matmul(1, NULL, NULL, NULL, NULL, 0, 0, 0)) {
         blas_case(1, 37, 13, 1);

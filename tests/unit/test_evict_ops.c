@@ -442,6 +442,11 @@ static void check_thread_counts(ckv_dtype dt) {
     float *f[2] = {malloc(sizeof(float) * n_f), malloc(sizeof(float) * n_f)};
     double *c[2] = {malloc(sizeof(double) * (n_cs + n_csk + 2 * nkv)), malloc(sizeof(double) * (n_cs + n_csk + 2 * nkv))};
     const char *names[N_OUT] = {"value_norm", "keydiff", "lagkv", "lagkv cross", "cur", "leverage"};
+    double *xc[2] = {malloc(sizeof(double) * (n_csk + (size_t)nq * d * (d + 1))),
+                     malloc(sizeof(double) * (n_csk + (size_t)nq * d * (d + 1)))};
+    float *xl[2] = {malloc(sizeof(float) * L), malloc(sizeof(float) * L)};
+    double *dav[2] = {malloc(sizeof(double) * nkv * L), malloc(sizeof(double) * nkv * L)}, dbias[2];
+    float *ddm[2] = {malloc(sizeof(float) * nkv * L), malloc(sizeof(float) * nkv * L)};
     const int threads[3] = {1, 2, 3};
     for (int ti = 0; ti < 3; ti++) {
         ckv_backend *be = NULL;
@@ -463,7 +468,24 @@ static void check_thread_counts(ckv_dtype dt) {
         CHECK_OK(be->ops->evict_attn_colsum(be, cs, L, &adiv, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));
         CHECK_OK(be->ops->evict_attn_colsum(be, cs + n_cs, L, &amul, CKV_EVICT_PER_KV_HEAD, CKV_EVICT_ZERO_FIRST));
         CHECK_OK(be->ops->evict_attn_probs(be, o + N_OUT * n_norm, L, &adiv));
+        /* chunk column sums (a chunk of w keys, 3 padding queries), moments of the w queries, EA logits */
+        double *ex = xc[ti > 0];
+        float *lg = xl[ti > 0];
+        const ckv_evict_attn_params achunk = {q, w, L - w, &s.b, nq, 0, G, 0.25f, CKV_EVICT_LOGITS_MUL};
+        CHECK_OK(be->ops->evict_chunk_colsum(be, ex, L, &achunk, 3, CKV_EVICT_ZERO_FIRST));
+        CHECK_OK(be->ops->evict_moments(be, ex + n_csk, ex + n_csk + nq * d, q, q + nq * d, w, nq, d,
+                                        CKV_EVICT_ZERO_FIRST));
+        CHECK_OK(be->ops->evict_ea_logits(be, lg, &s.b, 1, 2, L - 2, q, wo, 4.0f)); /* cov: d x d of wo */
+        const ckv_evict_defensive_params dp = {o + N_OUT * n_norm, L, w, L - w, nq, 0, G, 5, nkv,
+                                               dav[ti > 0], ddm[ti > 0], &dbias[ti > 0], CKV_EVICT_ZERO_FIRST};
+        CHECK_OK(be->ops->evict_defensive_rows(be, &dp));
         if (ti > 0) {
+            same_bits("defensive_rows mean", threads[ti], dav[1], dav[0], (size_t)nkv * (L - w), 1);
+            same_bits("defensive_rows max", threads[ti], ddm[1], ddm[0], (size_t)nkv * (L - w), 0);
+            same_bits("defensive_rows bias", threads[ti], &dbias[1], &dbias[0], 1, 1);
+            same_bits("chunk_colsum", threads[ti], xc[1], xc[0], n_csk, 1);
+            same_bits("moments", threads[ti], xc[1] + n_csk, xc[0] + n_csk, (size_t)nq * d * (d + 1), 1);
+            same_bits("ea_logits", threads[ti], xl[1], xl[0], L - 2, 0);
             char what[96];
             for (int k = 0; k < N_OUT; k++) {
                 snprintf(what, sizeof what, "%s (%s)", names[k], ckv_dtype_name(dt));
@@ -482,6 +504,7 @@ static void check_thread_counts(ckv_dtype dt) {
     }
     seg_free(&s);
     free(kf), free(vf), free(q), free(wo), free(phi), free(f[0]), free(f[1]), free(c[0]), free(c[1]);
+    free(xc[0]), free(xc[1]), free(xl[0]), free(xl[1]), free(dav[0]), free(dav[1]), free(ddm[0]), free(ddm[1]);
 }
 
 int main(void) {

@@ -144,9 +144,12 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
     CHECK_OK(ckv_session_init(&s, m, L + rows, 64, 1));
     CHECK_OK(ckv_session_prefill_hook(&s, ctx, L, NULL, NULL, ckv_compress_layer_hook, &cz));
     /* re-rotated keys: the cache's positions became 0 .. n_kept - 1 (checked) and the question follows at
-     * n_kept; the kept positions are the selection's rows */
+     * n_kept (a composed press's re-rotating members: at L); the kept positions are the selection's rows */
     const int rerotated = ckv_press_rerotates(&cfg);
+    int members_rerotate = 0; /* composed with key_rerotation: members: their question follows at L */
+    for (int i = 0; cfg.composed && i < cfg.n_stages; i++) members_rerotate |= cfg.stage_rerotate[i];
     CHECK_OK(ckv_compress_context_end(&cfg, &s));
+    if (members_rerotate) CHECK_MSG(s.n_past == L, "%s: the question follows at %d, not at L = %d", file, s.n_past, L);
     if (rerotated) {
         int bad = s.n_past != s.kv.layers[0].len[0];
         for (int l = 0; l < NL; l++)
@@ -166,8 +169,9 @@ static void check_case(const char *dir, const char *file, ckv_model *m, const in
         const ckv_kv_layer *kl = &s.kv.layers[l];
         for (int h = 0; h < H; h++) {
             int nw = int_array(ckv_json_array_at(ckv_json_array_at(kept, l), h), want, L);
-            const int32_t *got = rerotated ? ob.rows + ((size_t)l * H + h) * L : kl->pos + kl->off[h];
-            int same = nw == kl->len[h] && (!rerotated || ob.n_rows[l * H + h] == nw);
+            const int by_rows = rerotated || members_rerotate;
+            const int32_t *got = by_rows ? ob.rows + ((size_t)l * H + h) * L : kl->pos + kl->off[h];
+            int same = nw == kl->len[h] && (!by_rows || ob.n_rows[l * H + h] == nw);
             for (int i = 0; same && i < nw; i++) same = got[i] == want[i];
             heads++;
             if (!same && mism++ < 3) {

@@ -201,7 +201,8 @@ static void check_builder(void) {
     /* bad specs, each an error on "press": among them the stacks kvpress refuses (a wrapper over AdaKVPress /
      * CriticalAdaKVPress / HeadKV, PerLayerCompressionPress over CriticalKVPress, whose constructor takes no
      * compression_ratio, critical over critical), chunkkv over critical, which kvpress allows but whose chunk
-     * sums overflow (docs/presses.md), and composed members with a wrapper */
+     * sums overflow (docs/presses.md), and composed members kvpress refuses (AdaKVPress) or whose rows ckv
+     * orders otherwise (chunkkv: or key_rerotation: after a plain press) */
     static const struct {
         const char *spec, *needle;
     } bad_specs[] = {
@@ -216,7 +217,16 @@ static void check_builder(void) {
         {"per_layer:critical:knorm", "cannot stack on"},
         {"critical:critical:snapkv", "cannot stack on"},
         {"chunkkv:critical:snapkv", "does not stack chunkkv: on critical:"},
-        {"composed:snapkv+critical:knorm", "composed: takes bare presses"},
+        {"composed:adakv:snapkv+knorm", "refuses AdaKVPress"},
+        {"composed:snapkv+critical_adakv:knorm", "refuses AdaKVPress"},
+        {"composed:snapkv+headkv:knorm", "its kept counts are its own"},
+        {"composed:per_layer:snapkv+knorm", "per_layer's are one per layer"},
+        {"composed:snapkv+chunkkv:knorm", "chunkkv: on press 2 of composed: needs"},
+        {"composed:snapkv+key_rerotation:knorm", "key_rerotation: on press 2 of composed: needs"},
+        {"composed:chunkkv:snapkv+key_rerotation:knorm", "key_rerotation: on press 2 of composed: needs"},
+        {"composed:chunkkv:critical:snapkv+knorm", "does not stack chunkkv: on critical:"},
+        {"composed:snapkv+critical:tova", "tova scores with the attention input"},
+        {"composed:snapkv+composed:knorm", "composed: press inside composed:"},
         {"key_rerotation:critical:snapkv:knorm", "at most two wrappers"},
         {"key_rerotation:critical:pyramidkv", "cannot be wrapped"},
     };
@@ -394,7 +404,38 @@ static void check_composed(void) {
     CHECK_MSG(k0.per_head == 150 && k0.first_stage == 75, "stage 0 keeps %d, first stage %d", k0.per_head, k0.first_stage);
     ckv_press_stage(&c, 1, &st);
     CHECK(!st.critical && st.scorer == CKV_SCORER_KNORM);
+    /* wrapped members: each stage its own wrappers, printed before its press */
+    rq.spec = "composed:snapkv+critical:knorm";
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK_MSG(strstr(c.spec, "composed(press_ratios=[0.5,0.25]):snapkv(window=64,kernel=5,pool=avg)+critical(alpha=0.5,"
+                             "eps=0.0001):knorm per press") == c.spec, "got '%s'", c.spec);
+    CHECK(!c.critical && ckv_press_takes(&c, "alpha") && !ckv_press_takes(&c, "chunk_length"));
+    ckv_press_stage(&c, 0, &st);
+    CHECK(!st.critical && st.scorer == CKV_SCORER_SNAPKV);
+    ckv_press_stage(&c, 1, &st);
+    CHECK(st.critical && st.scorer == CKV_SCORER_KNORM && st.compression_ratio == 0.25 && st.alloc == CKV_ALLOC_UNIFORM);
+    ckv_press_layer_kept(&st, 0, 3, 150, 2, &k0); /* kvpress: int((1 - 0.25) * 150 * 0.5) = 56 of the 150 rows */
+    CHECK_MSG(k0.per_head == 112 && k0.first_stage == 56, "stage 1 keeps %d, first stage %d", k0.per_head, k0.first_stage);
+    rq.spec = "composed:chunkkv:snapkv+knorm";
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK_MSG(strstr(c.spec, "composed(press_ratios=[0.5,0.25]):chunkkv(chunk_length=20):snapkv(") == c.spec, "got '%s'",
+              c.spec);
+    CHECK(ckv_press_takes(&c, "chunk_length") && !ckv_press_takes(&c, "alpha") && c.alloc == CKV_ALLOC_UNIFORM);
+    ckv_press_stage(&c, 0, &st);
+    CHECK(st.alloc == CKV_ALLOC_CHUNK && !st.critical && !st.rerotate_keys);
+    rq.spec = "composed:key_rerotation:critical:snapkv+key_rerotation:knorm+chunkkv:keydiff";
     ratios.value = "0.5,0.25,0.1";
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK_MSG(strstr(c.spec, "composed(press_ratios=[0.5,0.25,0.1]):key_rerotation:critical(alpha=0.5,eps=0.0001):"
+                             "snapkv(window=64,kernel=5,pool=avg)+key_rerotation:knorm+chunkkv(chunk_length=20):keydiff "
+                             "per press") == c.spec, "got '%s'", c.spec);
+    CHECK(!ckv_press_rerotates(&c)); /* the question follows at L (kvpress's pipeline with a ComposedPress) */
+    ckv_press_stage(&c, 0, &st);
+    CHECK(st.critical && st.rerotate_keys && ckv_press_rerotates(&st) && st.alloc == CKV_ALLOC_UNIFORM);
+    ckv_press_stage(&c, 1, &st);
+    CHECK(!st.critical && st.rerotate_keys && st.scorer == CKV_SCORER_KNORM);
+    ckv_press_stage(&c, 2, &st);
+    CHECK(!st.rerotate_keys && st.alloc == CKV_ALLOC_CHUNK && st.scorer == CKV_SCORER_KEYDIFF);
     rq.spec = "composed:knorm+cur+keydiff"; /* a later press's options belong to the press */
     CHECK_OK(ckv_press_build(&c, &rq, NULL));
     CHECK(ckv_press_takes(&c, "n_sink") && ckv_press_takes(&c, "local_window_size") && !ckv_press_takes(&c, "window"));

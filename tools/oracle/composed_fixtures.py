@@ -21,8 +21,13 @@ presses on that order (docs/presses.md, "composed"). Per case this records:
     `kept` (press_fixtures' float64 replay of context.json's question against the uncompressed cache,
     each head attending to its kept positions).
 
+Wrapped members: a CriticalKVPress (a ScorerPress) selects by its combined scores at any position; a
+ChunkKVPress member's rows under ckv's rule are what its own compress() keeps of the rows in position
+order (matched bit for bit), ties as kvpress's. A first press under a wrapper records its inner
+press's scores.
+
 Usage: composed_fixtures.py [--only MODEL ...] [--cases STEM ...]   (run after press_fixtures.py, by
-tools/oracle/regen.sh; a first press under CriticalKVPress records its inner press's scores)
+tools/oracle/regen.sh)
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ def _cases():
     keydiff = lambda cr: kp.KeyDiffPress(compression_ratio=cr)  # noqa: E731
     cur = lambda cr: kp.CURPress(compression_ratio=cr)  # noqa: E731
     crit_snap = lambda cr: kp.CriticalKVPress(snap(cr), epsilon=1e-4, first_stage_ratio=0.5)  # noqa: E731
+    rot_snap = lambda cr: kp.KeyRerotationPress(snap(cr))  # noqa: E731
+    rot_knorm = lambda cr: kp.KeyRerotationPress(knorm(cr))  # noqa: E731
+    crit_knorm = lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)  # noqa: E731
+    chunk_snap = lambda cr: kp.ChunkKVPress(snap(cr), chunk_length=20)  # noqa: E731
+    chunk_keydiff = lambda cr: kp.ChunkKVPress(keydiff(cr), chunk_length=20)  # noqa: E731
     # (file stem, ckv spec, kvpress factories in order, options, ratio sets, order-free later presses)
     return [
         ("composed-snapkv-knorm", "composed:snapkv+knorm", [snap, knorm], dict(SNAP), TWO, True),
@@ -63,6 +73,20 @@ def _cases():
         # a CriticalKVPress (a ScorerPress) as the first press: its combined scores select
         ("composed-critical-snapkv-knorm", "composed:critical:snapkv+knorm", [crit_snap, knorm],
          dict(SNAP, alpha=0.5, eps=1e-4), TWO, True),
+        # wrapped members: CriticalKVPress after the first press, ChunkKVPress first (its rows sorted) and after
+        # another ChunkKVPress
+        ("composed-snapkv-critical-knorm", "composed:snapkv+critical:knorm", [snap, crit_knorm],
+         dict(SNAP, alpha=0.5, eps=1e-4), TWO, True),
+        ("composed-chunkkv-snapkv-knorm", "composed:chunkkv:snapkv+knorm", [chunk_snap, knorm],
+         dict(SNAP, chunk_length=20), TWO, True),
+        ("composed-chunkkv-snapkv-chunkkv-keydiff", "composed:chunkkv:snapkv+chunkkv:keydiff", [chunk_snap, chunk_keydiff],
+         dict(SNAP, chunk_length=20), TWO, True),
+        # KeyRerotationPress first (sorted, re-rotated keys), and again after it (kvpress rotates by the row's
+        # index among the rows before, which are then positions 0 .. n - 1)
+        ("composed-key_rerotation-snapkv-knorm", "composed:key_rerotation:snapkv+knorm", [rot_snap, knorm], dict(SNAP),
+         TWO, True),
+        ("composed-key_rerotation-snapkv-key_rerotation-knorm", "composed:key_rerotation:snapkv+key_rerotation:knorm",
+         [rot_snap, rot_knorm], dict(SNAP), TWO, True),
         ("composed-snapkv-knorm-keydiff", "composed:snapkv+knorm+keydiff", [snap, knorm, keydiff], dict(SNAP), THREE,
          True),
         # cur's sinks and local windows read row order: ckv's rule (position order) differs from kvpress's
@@ -96,14 +120,34 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
     raw = [dict() for _ in presses]  # a wrapped press (CriticalKVPress): layer -> its inner press's scores
 
     def wrap(i, p):
-        orig = p.score
+        if isinstance(p, kp.KeyRerotationPress):  # its inner press's scores select (sorted), then it rotates
+            orig_r = p.press.score
 
-        def rec(module, hidden_states, keys, values, attentions, kwargs):
-            s = orig(module, hidden_states, keys, values, attentions, kwargs)
-            seen[i][module.layer_idx] = (keys[0].clone(), s[0].clone(), module, hidden_states, dict(kwargs), orig)
-            return s
+            def rec_r(module, hidden_states, keys, values, attentions, kwargs):
+                s = orig_r(module, hidden_states, keys, values, attentions, kwargs)
+                seen[i][module.layer_idx] = (keys[0].clone(), s[0].clone(), module, hidden_states, dict(kwargs), orig_r)
+                raw[i][module.layer_idx] = s[0].clone()
+                return s
 
-        p.score = rec
+            p.press.score = rec_r
+            return
+        if isinstance(p, kp.ChunkKVPress):  # not a ScorerPress: its compress() is recorded (scores None)
+            orig_c = p.compress
+
+            def rec_c(module, hidden_states, keys, values, attentions, kwargs):
+                seen[i][module.layer_idx] = (keys[0].clone(), None, module, hidden_states, dict(kwargs), orig_c)
+                return orig_c(module, hidden_states, keys, values, attentions, kwargs)
+
+            p.compress = rec_c
+        else:
+            orig = p.score
+
+            def rec(module, hidden_states, keys, values, attentions, kwargs):
+                s = orig(module, hidden_states, keys, values, attentions, kwargs)
+                seen[i][module.layer_idx] = (keys[0].clone(), s[0].clone(), module, hidden_states, dict(kwargs), orig)
+                return s
+
+            p.score = rec
         if hasattr(p, "press"):
             inner = p.press.score
 
@@ -120,53 +164,74 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
     with composed(model):
         model.model(input_ids=torch.tensor([ctx]), past_key_values=cache)
     full_k, full_v = run.full_keys["sdpa"], run.full_values["sdpa"]
-    kept_kv = []  # what the ComposedPress run kept: its cache rows matched to the context keys
-    for layer in range(run.n_layers):
-        ck = cache.layers[layer].keys[0]
-        kept_kv.append([sorted(pf._match_rows(ck[h], full_k[layer][h])) for h in range(n_kv)])
+    rotating = any(isinstance(p, kp.KeyRerotationPress) for p in presses)
+    cache_keys = [cache.layers[layer].keys[0].clone() for layer in range(run.n_layers)]  # before the question
     q = torch.tensor([q_ids])
     kv_logits = model(input_ids=q, past_key_values=cache, position_ids=pf.question_positions(L)).logits[0].float().numpy()
 
     problems, kept, low_all, high_all, gaps = [], [], [], [], []
-    first_scores = []
+    first_scores, counts, kept_kv = [], [L], []  # counts: layer 0's rows after each press
     for layer in range(run.n_layers):
         k_in, s1, module, hidden, kwargs, _ = seen[0][layer]
         if not torch.equal(k_in, full_k[layer]):
             problems.append(f"layer {layer}: the first press did not see the context's keys")
         # the scores ckv reports: the first press's own (under CriticalKVPress: its inner press's)
         first_scores.append((raw[0][layer] if raw[0] else s1).to(torch.float32).numpy())
-        sel = {}
+        sel, last_keys = {}, None
         for ties in ("low", "high"):
             rows = [list(range(L)) for _ in range(n_kv)]  # context rows kept so far, ascending
+            keys, vals = full_k[layer][None], full_v[layer][None]  # [1, n_kv, n, d] those rows (keys re-rotated)
             for i, cr in enumerate(ratios):
                 n = len(rows[0])
                 k = ref.n_kept_uniform(n, cr)
-                if i == 0:
-                    sc = s1.to(torch.float64)
-                else:  # kvpress's scorer on the rows kept so far, in position order
-                    idx = torch.tensor(rows)  # [n_kv, n]
-                    keys = torch.stack([full_k[layer][h][idx[h]] for h in range(n_kv)])[None]
-                    vals = torch.stack([full_v[layer][h][idx[h]] for h in range(n_kv)])[None]
-                    sc = seen[i][layer][5](module, hidden, keys, vals, None, kwargs)[0].to(torch.float64)
-                new = []
-                for h in range(n_kv):
-                    vals_h = sc[h].tolist()
-                    order = _order(vals_h, ties)
-                    if ties == "low":
-                        g = _cut_gap(vals_h, order, k)
-                        # snapkv's window is padded with one value: a tie by construction, above the cut
-                        gaps.append(g if not (i == 0 and g == 0.0) else math.inf)
-                    new.append(sorted(rows[h][j] for j in order[:k]))
-                rows = new
+                if seen[i][layer][1] is None:  # ChunkKVPress: what its compress() keeps of those rows
+                    out_k = seen[i][layer][5](module, hidden, keys, vals, None, kwargs)[0][0]
+                    js = [sorted(pf._match_rows(out_k[h], keys[0][h])) for h in range(n_kv)]
+                else:
+                    if i == 0:
+                        sc = s1.to(torch.float64)
+                    else:  # kvpress's scorer on the rows kept so far, in position order
+                        sc = seen[i][layer][5](module, hidden, keys, vals, None, kwargs)[0].to(torch.float64)
+                    js = []
+                    for h in range(n_kv):
+                        vals_h = sc[h].tolist()
+                        order = _order(vals_h, ties)
+                        if ties == "low":
+                            g = _cut_gap(vals_h, order, k)
+                            # snapkv's window is padded with one value: a tie by construction, above the cut
+                            gaps.append(g if not (i == 0 and g == 0.0) else math.inf)
+                        js.append(sorted(order[:k]))
+                if layer == 0 and ties == "low":
+                    counts.append(len(js[0]))
+                rows = [[rows[h][j] for j in js[h]] for h in range(n_kv)]
+                jt = torch.tensor(js)[None]  # [1, n_kv, k] kept rows of the n
+                if isinstance(presses[i], kp.KeyRerotationPress):  # kvpress's own rotation of the kept keys
+                    keys = kp.KeyRerotationPress.rerotate_keys(module, jt, keys)
+                else:
+                    keys = keys.gather(2, jt[..., None].expand(-1, -1, -1, keys.shape[-1]))
+                vals = vals.gather(2, jt[..., None].expand(-1, -1, -1, vals.shape[-1]))
             sel[ties] = rows
+            if ties == "low":
+                last_keys = keys[0]
+        # what the ComposedPress run kept: its cache rows matched bit for bit to the rule's rows (the
+        # context keys, or their re-rotations)
+        ck = cache_keys[layer]
+        try:
+            kept_kv.append([sorted(sel["low"][h][j] for j in pf._match_rows(ck[h], last_keys[h])) for h in range(n_kv)])
+        except RuntimeError:
+            kept_kv.append(None)
         kept.append(sel["low"])
         low_all.append(sel["low"])
         high_all.append(sel["high"])
     tie_dependent = low_all != high_all
     same = kept_kv == kept
     checks = {"kvpress_same_kept": same}
-    replay = pf.replay_logits(run, q_ids, kept, "sdpa")
-    if same:
+    # re-rotated keys: the question logits are kvpress's own (its question at L, as its pipeline feeds a
+    # ComposedPress), which ckv must reproduce; else the replay of the kept sets
+    replay = kv_logits if rotating else pf.replay_logits(run, q_ids, kept, "sdpa")
+    if rotating:
+        checks["question_logits"] = "kvpress's, with the kept keys re-rotated"
+    elif same:
         d = float(np.abs(replay - kv_logits).max())
         checks["replay_vs_kvpress_max_abs_diff"] = float(f"{d:.3g}")
         if d > pf.REPLAY_ATOL:
@@ -179,9 +244,6 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
     total_keep = 1.0
     for cr in ratios:
         total_keep *= 1.0 - cr
-    counts = [L]
-    for cr in ratios:
-        counts.append(ref.n_kept_uniform(counts[-1], cr))
     obj = {
         "press": spec,
         "case": stem,

@@ -73,7 +73,8 @@ static const ckv_backend_ops ckv_cpu_ops = {
     /* no stream, device_id or evict_reserve: the ops finish before they return and keep no scratch */
     .caps = CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_KEYDIFF) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LAGKV) |
             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CUR) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LEVERAGE) |
-            CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_COLSUM),
+            CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_COLSUM) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_KVZIP) |
+            CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_RANK),
     .free = ckv_cpu_free,
     .alloc = ckv_cpu_alloc,
     .release = ckv_cpu_release,
@@ -120,6 +121,8 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_affine = ckv_cpu_evict_affine,
     .evict_chunk_colsum = ckv_cpu_evict_chunk_colsum,
     .evict_row_stats = ckv_cpu_evict_row_stats,
+    .evict_kvzip = ckv_cpu_evict_kvzip,
+    .evict_chunk_rank = ckv_cpu_evict_chunk_rank,
     .sample = ckv_cpu_sample,
 };
 

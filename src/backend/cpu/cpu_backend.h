@@ -31,16 +31,8 @@ void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const ckv_weigh
 /* The fp32-weight GEMM behind ckv_cpu_matmul: out [n, m] = x [n, k] @ w [m, k]^T (+ bias [m]). */
 void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k,
                         int m);
-/* The pool an op may run its own parallel loop on when its tasks multiply (ckv_cpu_matmul_f32_task):
- * the backend's pool where the fp32 matmul is ckv's own kernels, whose results do not depend on the
- * thread count; NULL (tasks one at a time, each matmul threaded inside) where it is a linked BLAS. */
-ckv_threadpool *ckv_cpu_task_pool(const ckv_backend *be);
 /* The most workers whose private workspaces an op keeps on its stack (more threads share them out). */
 #define CKV_CPU_MAX_TASK_WORKERS 256
-/* ckv_cpu_matmul_f32 inside a task of a loop over `tasks` (ckv_cpu_task_pool): on the calling thread
- * alone when tasks is not NULL; the same results as ckv_cpu_matmul_f32 either way. */
-void ckv_cpu_matmul_f32_task(ckv_backend *be, const ckv_threadpool *tasks, float *out, const float *x, const float *w,
-                             const float *bias, int n, int k, int m);
 void ckv_cpu_attention(ckv_backend *be, float *out, const ckv_attention_params *a);
 void ckv_cpu_embedding(ckv_backend *be, float *out, const ckv_weight *table, const int32_t *ids, int n);
 void ckv_cpu_rmsnorm(ckv_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
@@ -101,6 +93,9 @@ void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n);
 ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
                                  int n_heads_local, int d, ckv_evict_accum zero);
 ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d);
+ckv_status ckv_cpu_evict_chunk_rank(ckv_backend *be, int32_t *rows, int ld_rows, int n_rows, int32_t *n_kept,
+                                    const float *s, int ld, int H, int n, int C, int keep);
+ckv_status ckv_cpu_evict_kvzip(ckv_backend *be, float *out, int ld, const ckv_evict_kvzip_params *z);
 ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                    const float *mu, const float *cov, float sqrt_d);
 

@@ -1,26 +1,40 @@
 /* cpu_evict_attn.c - the CPU backend's eviction ops over attention weights: window / observed
  * attention column sums and weights (evict_attn_colsum, evict_attn_probs), chunked non-causal attention
  * column sums (evict_chunk_colsum) and the one-row softmax (evict_softmax_add). Semantics as in
- * backend.h. Logits go through ckv's fp32 GEMM with the same shapes the scorers used before they moved
- * behind the op table, so scores are bit-for-bit what they were; keys of F16/BF16 caches are converted
- * to fp32 scratch first. For colsum and probs the backend's pool takes output rows (a query head, or
- * with per-KV-head sums a KV head and its query heads in ascending order), each task computing its
- * heads' logits on its own thread (ckv_cpu_matmul_f32_task) into its own workspace, so every sum is
- * added in the order one thread adds it; chunk_colsum runs its heads in order. Scratch is allocated
- * per call and freed before returning. It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
+ * backend.h. A segment's keys (converted to fp32 first for F16/BF16 caches) are packed once into the
+ * fp32 GEMM's weight panels (ckv_gemm_pack_all) and kept while a worker's query heads read the same
+ * segment; the queries go through in strips of a few register tiles (ckv_gemm_packed_rows, each
+ * strip's logits only up to its last row's visible key), and each strip is scaled, exponentiated and
+ * summed or written while it is in L2, so no [n_q, n_keys] matrix is formed. The backend's pool takes
+ * output rows (a query head, or with per-KV-head sums a KV head and its query heads in ascending
+ * order; chunk_colsum: a KV head), each worker in its own workspace, so every sum is added in the
+ * order one thread adds it, whatever the thread count. Scratch is allocated per call and freed before
+ * returning. It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
 #include <math.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "core/alloc.h"
-#include "cpu_backend.h"
 #include "core/quant.h"
+#include "cpu_backend.h"
+#include "cpu_gemm.h"
 
 /* x[0..n) <- exp(x - max x) in fp32 (n >= 1); returns (float)(1 / sum), the sum in double. */
 static float evict_exp_row(float *x, int n) {
-    float ml[16]; /* independent lanes so that the reductions vectorise without reassociation */
-    for (int l = 0; l < 16; l++) ml[l] = x[0];
+    float ml[16]; /* independent lanes: lane l takes x[l], x[l + 16], ... */
     int i = 0;
+#ifdef __AVX512F__
+    /* vmaxps(a, b) = a > b ? a : b lane by lane (b when either is NaN): the comparison of the loop below,
+     * which the compiler does not vectorise */
+    __m512 mv = _mm512_set1_ps(x[0]);
+    for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(_mm512_loadu_ps(x + i), mv);
+    _mm512_storeu_ps(ml, mv);
+#else
+    for (int l = 0; l < 16; l++) ml[l] = x[0];
     for (; i + 16 <= n; i += 16)
         for (int l = 0; l < 16; l++) ml[l] = x[i + l] > ml[l] ? x[i + l] : ml[l];
+#endif
     float m = ml[0];
     for (int l = 1; l < 16; l++) m = ml[l] > m ? ml[l] : m;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
@@ -33,118 +47,185 @@ static float evict_exp_row(float *x, int n) {
     return (float)(1.0 / sum);
 }
 
-/* fp32 view of rows [0, n) of segment g's keys (values): the segment itself for F32 caches, else
- * converted into scratch [n, d]. */
-static const float *evict_seg_f32(const ckv_kv_batch *kv, int g, int n, int values, float *scratch) {
-    const ckv_kv_seg *sg = &kv->segs[0][g];
-    const void *src = values ? sg->v : sg->k;
-    if (kv->dtype == CKV_DTYPE_F32) return src;
-    ckv_convert_to_f32(scratch, src, kv->dtype, (size_t)n * (size_t)kv->head_dim);
-    return scratch;
-}
-
-/* Scratch of the attention ops: one head's queries, logits, softmax scales and (non-F32 caches) keys. */
+/* Scratch of one worker: one segment's packed keys, one strip's logits and softmax scales. */
 typedef struct {
-    float *qh;     // [n_q, d]
-    float *logits; // [n_q, n_keys]
-    float *inv;    // [n_q] 1 / sum of each row's exponentials
+    float *kp;     // [ckv_gemm_packed_floats(d, n_keys)] keys of segment kp_g packed for the GEMM
     float *keys;   // [n_keys, d] fp32 keys of one segment (F16/BF16 caches only)
+    float *logits; // [CKV_CPU_ATTN_STRIP rows, n_keys] one strip of queries' logits
+    float *inv;    // [CKV_CPU_ATTN_STRIP] 1 / sum of each strip row's exponentials
+    int kp_g;      // the segment kp holds (-1: none yet)
 } evict_attn_ws;
 
+/* Query rows per strip: a few register tiles whose logits stay in L2 at a few thousand keys. */
+static int evict_strip_rows(const ckv_gemm_arch *a) { return 2 * a->mr; }
+#define CKV_CPU_ATTN_STRIP_MAX (2 * CKV_GEMM_MR_MAX)
+
 static void evict_attn_ws_free(evict_attn_ws *w) {
-    ckv_free(w->qh);
+    ckv_free(w->kp);
+    ckv_free(w->keys);
     ckv_free(w->logits);
     ckv_free(w->inv);
-    ckv_free(w->keys);
 }
 
-static ckv_status evict_attn_ws_init(evict_attn_ws *w, const ckv_kv_batch *kv, int n_q, int n_keys) {
+static ckv_status evict_attn_ws_init(evict_attn_ws *w, const ckv_kv_batch *kv, int n_keys) {
     memset(w, 0, sizeof *w);
+    w->kp_g = -1;
     const size_t d = (size_t)kv->head_dim;
-    ckv_status s = ckv_alloc((void **)&w->qh, (size_t)n_q * d * sizeof(float), "eviction head queries");
+    ckv_status s = ckv_alloc((void **)&w->kp, ckv_gemm_packed_floats(NULL, (int)d, n_keys) * sizeof(float),
+                             "eviction packed keys");
     if (s == CKV_STATUS_OK)
-        s = ckv_alloc((void **)&w->logits, (size_t)n_q * (size_t)n_keys * sizeof(float), "eviction logits");
-    if (s == CKV_STATUS_OK) s = ckv_alloc((void **)&w->inv, (size_t)n_q * sizeof(float), "eviction softmax scales");
+        s = ckv_alloc((void **)&w->logits, (size_t)CKV_CPU_ATTN_STRIP_MAX * (size_t)n_keys * sizeof(float),
+                      "eviction logits");
+    if (s == CKV_STATUS_OK)
+        s = ckv_alloc((void **)&w->inv, CKV_CPU_ATTN_STRIP_MAX * sizeof(float), "eviction softmax scales");
     if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
         s = ckv_alloc((void **)&w->keys, (size_t)n_keys * d * sizeof(float), "eviction fp32 keys");
     if (s != CKV_STATUS_OK) evict_attn_ws_free(w);
     return s;
 }
 
-/* Softmax weights of local query head j's n_q queries into w->logits ([n_q, n_keys], row i valid for
- * columns 0 .. q_row0 + i), scaled by w->inv[i] (weight = logits[i, t] * inv[i]). */
-static void evict_head_weights(ckv_backend *be, const ckv_threadpool *tasks, evict_attn_ws *w, const float *q, int n_q,
-                               int q_row0, const ckv_kv_batch *kv, int n_heads_local, int j, int g, float scale,
-                               int divide) {
-    const int d = kv->head_dim, hq = n_heads_local * d, n_keys = q_row0 + n_q;
-    const float *K = evict_seg_f32(kv, g, n_keys, 0, w->keys); // [n_keys, d]
-    for (int i = 0; i < n_q; i++)
-        memcpy(w->qh + (size_t)i * d, q + (size_t)i * hq + (size_t)j * d, (size_t)d * sizeof(float));
-    ckv_cpu_matmul_f32_task(be, tasks, w->logits, w->qh, K, NULL, n_q, d, n_keys); /* [n_q, n_keys] */
-    for (int i = 0; i < n_q; i++) {
-        float *row = w->logits + (size_t)i * (size_t)n_keys;
-        const int n_vis = q_row0 + i + 1;
+/* w->kp <- rows row0 .. row0 + n of segment g's keys, packed (unless it holds segment g already: the
+ * rows an op packs are the same for every segment of one call). */
+static void evict_pack_keys(evict_attn_ws *w, const ckv_gemm_arch *arch, const ckv_kv_batch *kv, int g, int row0,
+                            int n) {
+    if (w->kp_g == g) return;
+    const size_t d = (size_t)kv->head_dim, esz = ckv_dtype_size(kv->dtype);
+    const char *src = (const char *)kv->segs[0][g].k + (size_t)row0 * d * esz;
+    const float *K = (const float *)(const void *)src; // [n, d]
+    if (kv->dtype != CKV_DTYPE_F32) {
+        ckv_convert_to_f32(w->keys, src, kv->dtype, (size_t)n * d);
+        K = w->keys;
+    }
+    ckv_gemm_pack_all(arch, w->kp, K, (int)d, n);
+    w->kp_g = g;
+}
+
+/* Softmax weights of local query head j's queries i0 .. i0 + ns (of the call's n_q; query i sits at
+ * context row q_row0 + i) over the keys packed in w->kp, into w->logits (row i - i0, stride n_keys,
+ * valid for columns 0 .. q_row0 + i), scaled by w->inv[i - i0] (weight = logits[.., t] * inv). */
+static void evict_strip_weights(const ckv_gemm_arch *arch, evict_attn_ws *w, const float *q, int i0, int ns,
+                                int q_row0, int n_keys, int n_heads_local, int d, int j, float scale, int divide) {
+    const size_t hq = (size_t)n_heads_local * (size_t)d;
+    ckv_gemm_packed_rows(arch, w->logits, (size_t)n_keys, q + (size_t)i0 * hq + (size_t)j * (size_t)d, hq, w->kp, ns,
+                         d, q_row0 + i0 + ns); /* [ns, visible keys of the strip's last row] */
+    for (int r = 0; r < ns; r++) {
+        float *row = w->logits + (size_t)r * (size_t)n_keys;
+        const int n_vis = q_row0 + i0 + r + 1;
         if (divide)
             for (int t = 0; t < n_vis; t++) row[t] = row[t] / scale;
         else
             for (int t = 0; t < n_vis; t++) row[t] *= scale;
-        w->inv[i] = evict_exp_row(row, n_vis);
+        w->inv[r] = evict_exp_row(row, n_vis);
     }
 }
 
-/* Logits all workers of one call may hold together (at least one worker's, however large). */
-#define CKV_CPU_ATTN_LOGITS_BYTES ((size_t)64 << 20)
+/* Scratch all workers of one call may hold together (at least one worker's, however large). */
+#define CKV_CPU_ATTN_SCRATCH_BYTES ((size_t)64 << 20)
 
-/* One call of evict_attn_colsum / evict_attn_probs: its arguments, the pool running its tasks and one
+/* One call of evict_attn_colsum / evict_attn_probs / evict_chunk_colsum: its arguments and one
  * workspace per worker. */
 typedef struct evict_attn_job {
-    ckv_backend *be;
-    const ckv_threadpool *tasks;
+    const ckv_gemm_arch *arch;
     evict_attn_ws *ws; // [workers]
     const float *q;
     int n_q, q_row0, n_heads_local, head0, group, divide, per_kv;
+    int n_pad;      /* chunk_colsum: padding queries and keys */
     const ckv_kv_batch *kv;
     float scale;
     double *colsum; /* colsum: [n_out, n_cols] */
     int n_cols;
     float *p;       /* probs: [n_heads_local, n_q, ld] */
     int ld;
+    int n_keys;     /* keys a worker packs: q_row0 + n_q (chunk: n_q) */
     int n_rows, workers; /* output rows, split into `workers` contiguous parts */
     void (*rows)(const struct evict_attn_job *jb, int begin, int end, evict_attn_ws *w);
 } evict_attn_job;
 
+/* What a job does with one strip's weights (rows i0 .. i0 + ns of local head j, output row r). */
+typedef void (*evict_strip_fn)(const struct evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns);
+
+/* Local head j's queries strip by strip over its segment's packed keys, each strip's weights to fn. */
+static void evict_head_strips(const evict_attn_job *jb, evict_attn_ws *w, int j, int r, evict_strip_fn fn) {
+    const int S = evict_strip_rows(jb->arch);
+    evict_pack_keys(w, jb->arch, jb->kv, (jb->head0 + j) / jb->group, 0, jb->n_keys);
+    for (int i0 = 0; i0 < jb->n_q; i0 += S) {
+        const int ns = jb->n_q - i0 < S ? jb->n_q - i0 : S;
+        evict_strip_weights(jb->arch, w, jb->q, i0, ns, jb->q_row0, jb->n_keys, jb->n_heads_local, jb->kv->head_dim, j,
+                            jb->scale, jb->divide);
+        fn(jb, w, j, r, i0, ns);
+    }
+}
+
+/* colsum[r, t] += (double)p_t for the strip's rows in order. */
+static void colsum_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns) {
+    (void)j;
+    double *restrict cs = jb->colsum + (size_t)r * (size_t)jb->n_cols;
+    for (int i = 0; i < ns; i++) {
+        const float *row = w->logits + (size_t)i * (size_t)jb->n_keys;
+        const int n_vis = jb->q_row0 + i0 + i + 1, nc = n_vis < jb->n_cols ? n_vis : jb->n_cols;
+        const float f = w->inv[i];
+        for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
+    }
+}
+
+/* p[j, i, :] = the strip's weights, zero past each row's visible keys. */
+static void probs_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns) {
+    (void)r;
+    for (int i = 0; i < ns; i++) {
+        const float *row = w->logits + (size_t)i * (size_t)jb->n_keys;
+        float *dst = jb->p + ((size_t)j * (size_t)jb->n_q + (size_t)(i0 + i)) * (size_t)jb->ld;
+        const int n_vis = jb->q_row0 + i0 + i + 1;
+        const float f = w->inv[i];
+        for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
+        for (int t = n_vis; t < jb->ld; t++) dst[t] = 0.0f;
+    }
+}
+
 /* Output rows [begin, end) of a column-sum job: row r is local query head r, or (per_kv) KV head r with
  * its local query heads in ascending order. */
 static void colsum_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
-    const int n_keys = jb->q_row0 + jb->n_q;
     for (int j = 0; j < jb->n_heads_local; j++) {
-        const int g = (jb->head0 + j) / jb->group, r = jb->per_kv ? g : j;
-        if (r < begin || r >= end) continue;
-        evict_head_weights(jb->be, jb->tasks, w, jb->q, jb->n_q, jb->q_row0, jb->kv, jb->n_heads_local, j, g, jb->scale,
-                           jb->divide);
-        double *restrict cs = jb->colsum + (size_t)r * (size_t)jb->n_cols;
-        for (int i = 0; i < jb->n_q; i++) {
-            const float *row = w->logits + (size_t)i * (size_t)n_keys;
-            const int n_vis = jb->q_row0 + i + 1, nc = n_vis < jb->n_cols ? n_vis : jb->n_cols;
-            const float f = w->inv[i];
-            for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
-        }
+        const int r = jb->per_kv ? (jb->head0 + j) / jb->group : j;
+        if (r >= begin && r < end) evict_head_strips(jb, w, j, r, colsum_strip);
     }
 }
 
 /* Local query heads [begin, end) of a weights job. */
 static void probs_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
-    const int n_keys = jb->q_row0 + jb->n_q;
-    for (int j = begin; j < end; j++) {
-        evict_head_weights(jb->be, jb->tasks, w, jb->q, jb->n_q, jb->q_row0, jb->kv, jb->n_heads_local, j,
-                           (jb->head0 + j) / jb->group, jb->scale, jb->divide);
-        for (int i = 0; i < jb->n_q; i++) {
-            const float *row = w->logits + (size_t)i * (size_t)n_keys;
-            float *dst = jb->p + ((size_t)j * (size_t)jb->n_q + (size_t)i) * (size_t)jb->ld;
-            const int n_vis = jb->q_row0 + i + 1;
-            const float f = w->inv[i];
-            for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
-            for (int t = n_vis; t < jb->ld; t++) dst[t] = 0.0f;
+    for (int j = begin; j < end; j++) evict_head_strips(jb, w, j, j, probs_strip);
+}
+
+/* KV heads [begin, end) of a chunk job: each one's local query heads in ascending order, their
+ * queries over the chunk's own n_q keys and n_pad padding keys (logit -1e-9), then the padding
+ * queries (logit 0 on every real key), all in fp32 (logits (q . k) * scale). */
+static void chunk_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
+    const int S = evict_strip_rows(jb->arch), n_q = jb->n_q, n_pad = jb->n_pad, n_keys = n_q + n_pad;
+    for (int j = 0; j < jb->n_heads_local; j++) {
+        const int g = (jb->head0 + j) / jb->group;
+        if (g < begin || g >= end) continue;
+        evict_pack_keys(w, jb->arch, jb->kv, g, jb->q_row0, n_q);
+        double *restrict cs = jb->colsum + (size_t)g * (size_t)jb->n_cols + jb->q_row0;
+        for (int i0 = 0; i0 < n_q; i0 += S) {
+            const int ns = n_q - i0 < S ? n_q - i0 : S;
+            const size_t hq = (size_t)jb->n_heads_local * (size_t)jb->kv->head_dim;
+            ckv_gemm_packed_rows(jb->arch, w->logits, (size_t)n_keys,
+                                 jb->q + (size_t)i0 * hq + (size_t)j * (size_t)jb->kv->head_dim, hq, w->kp, ns,
+                                 jb->kv->head_dim, n_q); /* [ns, n_q] */
+            for (int i = 0; i < ns; i++) {
+                float *row = w->logits + (size_t)i * (size_t)n_keys;
+                for (int t = 0; t < n_q; t++) row[t] *= jb->scale;
+                for (int t = n_q; t < n_keys; t++) row[t] = -1e-9f;
+                const float f = evict_exp_row(row, n_keys);
+                for (int t = 0; t < n_q; t++) cs[t] += (double)(row[t] * f);
+            }
+        }
+        if (n_pad > 0) { /* one padding query: every one weighs the same */
+            float *row = w->logits;
+            for (int t = 0; t < n_q; t++) row[t] = 0.0f;
+            for (int t = n_q; t < n_keys; t++) row[t] = -1e-9f;
+            const float f = evict_exp_row(row, n_keys);
+            for (int rep = 0; rep < n_pad; rep++)
+                for (int t = 0; t < n_q; t++) cs[t] += (double)(row[t] * f);
         }
     }
 }
@@ -160,25 +241,28 @@ static void attn_worker(void *ctx, int begin, int end, int tid) {
     }
 }
 
-/* Runs the job's rows over its n_rows output rows on the task pool, with a workspace per worker. */
-static ckv_status evict_attn_run(evict_attn_job *jb) {
-    ckv_threadpool *pool = ckv_cpu_task_pool(jb->be);
+/* Runs the job's rows over its n_rows output rows on the backend's pool, with a workspace per worker
+ * sized for jb->n_keys keys (the logits rows: jb->n_keys + jb->n_pad). */
+static ckv_status evict_attn_run(ckv_backend *be, evict_attn_job *jb) {
+    ckv_threadpool *pool = ckv_cpu_pool(be);
+    jb->arch = ckv_gemm_best_arch();
     int workers = pool ? ckv_threadpool_size(pool) : 1;
     if (workers > jb->n_rows) workers = jb->n_rows;
     if (workers > CKV_CPU_MAX_TASK_WORKERS) workers = CKV_CPU_MAX_TASK_WORKERS;
-    const size_t per = (size_t)jb->n_q * (size_t)(jb->q_row0 + jb->n_q) * sizeof(float); /* one worker's logits */
-    while (workers > 1 && (size_t)workers * per > CKV_CPU_ATTN_LOGITS_BYTES) workers--;
+    const size_t n_cols = (size_t)jb->n_keys + (size_t)jb->n_pad, d = (size_t)jb->kv->head_dim;
+    const size_t per = (CKV_CPU_ATTN_STRIP_MAX * n_cols + ckv_gemm_packed_floats(jb->arch, (int)d, jb->n_keys) +
+                        (jb->kv->dtype != CKV_DTYPE_F32 ? (size_t)jb->n_keys * d : 0)) * sizeof(float); /* one worker */
+    while (workers > 1 && (size_t)workers * per > CKV_CPU_ATTN_SCRATCH_BYTES) workers--;
     if (workers < 1) workers = 1;
     evict_attn_ws ws[CKV_CPU_MAX_TASK_WORKERS];
     ckv_status s = CKV_STATUS_OK;
     int made = 0;
-    for (; made < workers && s == CKV_STATUS_OK; made++) s = evict_attn_ws_init(&ws[made], jb->kv, jb->n_q, jb->q_row0 + jb->n_q);
+    for (; made < workers && s == CKV_STATUS_OK; made++) s = evict_attn_ws_init(&ws[made], jb->kv, (int)n_cols);
     if (s != CKV_STATUS_OK) made--; /* the one that failed freed itself */
     if (s == CKV_STATUS_OK) {
         jb->ws = ws;
         jb->workers = workers;
-        jb->tasks = workers > 1 ? pool : NULL;
-        if (jb->tasks)
+        if (workers > 1)
             ckv_threadpool_for(pool, workers, 1, attn_worker, jb);
         else
             attn_worker(jb, 0, 1, 0);
@@ -193,60 +277,33 @@ ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols
     const int n_out = per_kv ? a->kv->n_kv_heads : a->n_heads_local;
     if (accum == CKV_EVICT_ZERO_FIRST) memset(colsum, 0, (size_t)n_out * (size_t)n_cols * sizeof(double));
     if (a->n_q < 1) return CKV_STATUS_OK;
-    evict_attn_job jb = {.be = be, .q = a->q, .n_q = a->n_q, .q_row0 = a->q_row0, .n_heads_local = a->n_heads_local,
+    evict_attn_job jb = {.q = a->q, .n_q = a->n_q, .q_row0 = a->q_row0, .n_heads_local = a->n_heads_local,
                          .head0 = a->head0, .group = a->group, .divide = a->logits == CKV_EVICT_LOGITS_DIV,
                          .per_kv = per_kv, .kv = a->kv, .scale = a->scale, .colsum = colsum, .n_cols = n_cols,
-                         .n_rows = n_out, .rows = colsum_rows};
-    return evict_attn_run(&jb);
+                         .n_keys = a->q_row0 + a->n_q, .n_rows = n_out, .rows = colsum_rows};
+    return evict_attn_run(be, &jb);
 }
 
 ckv_status ckv_cpu_evict_attn_probs(ckv_backend *be, float *p, int ld, const ckv_evict_attn_params *a) {
     if (a->n_q < 1) return CKV_STATUS_OK;
-    evict_attn_job jb = {.be = be, .q = a->q, .n_q = a->n_q, .q_row0 = a->q_row0, .n_heads_local = a->n_heads_local,
+    evict_attn_job jb = {.q = a->q, .n_q = a->n_q, .q_row0 = a->q_row0, .n_heads_local = a->n_heads_local,
                          .head0 = a->head0, .group = a->group, .divide = a->logits == CKV_EVICT_LOGITS_DIV,
-                         .kv = a->kv, .scale = a->scale, .p = p, .ld = ld, .n_rows = a->n_heads_local,
-                         .rows = probs_rows};
-    return evict_attn_run(&jb);
+                         .kv = a->kv, .scale = a->scale, .p = p, .ld = ld, .n_keys = a->q_row0 + a->n_q,
+                         .n_rows = a->n_heads_local, .rows = probs_rows};
+    return evict_attn_run(be, &jb);
 }
 
 ckv_status ckv_cpu_evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,
                                       int n_pad, ckv_evict_accum accum) {
     if (a->logits != CKV_EVICT_LOGITS_MUL)
         return ckv_error(CKV_STATUS_ERR_ARG, "evict_chunk_colsum: logits are (q . k) * scale; dividing is not offered");
-    const ckv_kv_batch *kv = a->kv;
-    const float *q = a->q; // [n_q, n_heads_local, d]
-    const float scale = a->scale;
-    const int n_q = a->n_q, q_row0 = a->q_row0, n_heads_local = a->n_heads_local, head0 = a->head0, group = a->group;
-    if (accum == CKV_EVICT_ZERO_FIRST) memset(colsum, 0, (size_t)kv->n_kv_heads * (size_t)n_cols * sizeof(double));
-    if (n_q < 1) return CKV_STATUS_OK;
-    const int d = kv->head_dim, hq = n_heads_local * d, n_keys = n_q + n_pad;
-    const size_t esz = ckv_dtype_size(kv->dtype);
-    evict_attn_ws w;
-    CKV_TRY(evict_attn_ws_init(&w, kv, n_keys + 1, n_keys)); /* logits: n_q rows of n_q, then one of n_keys */
-    for (int j = 0; j < n_heads_local; j++) {
-        const int g = (head0 + j) / group;
-        const char *src = (const char *)kv->segs[0][g].k + (size_t)q_row0 * (size_t)d * esz;
-        const float *K = (const float *)(const void *)src; // [n_q, d]
-        if (kv->dtype != CKV_DTYPE_F32) {
-            ckv_convert_to_f32(w.keys, src, kv->dtype, (size_t)n_q * (size_t)d);
-            K = w.keys;
-        }
-        for (int i = 0; i < n_q; i++)
-            memcpy(w.qh + (size_t)i * d, q + (size_t)i * hq + (size_t)j * d, (size_t)d * sizeof(float));
-        ckv_cpu_matmul_f32(be, w.logits, w.qh, K, NULL, n_q, d, n_q); /* [n_q, n_q] */
-        double *restrict cs = colsum + (size_t)g * (size_t)n_cols + q_row0;
-        float *row = w.logits + (size_t)n_q * (size_t)n_q; /* past the GEMM's rows: one row of n_keys */
-        for (int i = 0; i <= n_q; i++) { /* the real queries, then (i = n_q) one padding query */
-            if (i == n_q && n_pad == 0) break;
-            for (int t = 0; t < n_q; t++) row[t] = i < n_q ? w.logits[(size_t)i * n_q + t] * scale : 0.0f;
-            for (int t = n_q; t < n_keys; t++) row[t] = -1e-9f;
-            const float f = evict_exp_row(row, n_keys);
-            for (int rep = 0; rep < (i < n_q ? 1 : n_pad); rep++) /* every padding query weighs the same */
-                for (int t = 0; t < n_q; t++) cs[t] += (double)(row[t] * f);
-        }
-    }
-    evict_attn_ws_free(&w);
-    return CKV_STATUS_OK;
+    if (accum == CKV_EVICT_ZERO_FIRST) memset(colsum, 0, (size_t)a->kv->n_kv_heads * (size_t)n_cols * sizeof(double));
+    if (a->n_q < 1) return CKV_STATUS_OK;
+    evict_attn_job jb = {.q = a->q, .n_q = a->n_q, .q_row0 = a->q_row0, .n_heads_local = a->n_heads_local,
+                         .head0 = a->head0, .group = a->group, .n_pad = n_pad, .kv = a->kv, .scale = a->scale,
+                         .colsum = colsum, .n_cols = n_cols, .n_keys = a->n_q, .n_rows = a->kv->n_kv_heads,
+                         .rows = chunk_rows};
+    return evict_attn_run(be, &jb);
 }
 
 void ckv_cpu_evict_softmax_add(ckv_backend *be, float *dst, float *x, int n) {

@@ -1,13 +1,46 @@
 /* cpu_evict_stats.c - the CPU backend's statistics ops of two scorers (semantics in backend.h):
  * expected attention's shifted query moments of a token block (evict_moments: the second moments as
- * one GEMM X^T X per head) and per-key logits mu.k / sqrt(d) + k^T cov k / d / 2 (evict_ea_logits:
- * keys @ cov by GEMMs over blocks of 256 rows), and DefensiveKV's window aggregation (mean, window
- * bias, pooled mass-preserving max: evict_defensive_rows). Same shapes and summation order as the
- * scorers used before they moved behind the op table, so scores are unchanged; F16/BF16 keys are
- * converted to fp32 per block. Scratch is allocated per call and freed before returning. No rotation,
- * covariance or ranking bookkeeping (evict/). */
+ * one GEMM X^T X per head, the heads over the backend's pool) and per-key logits mu.k / sqrt(d) +
+ * k^T cov k / d / 2 (evict_ea_logits: keys @ cov by GEMMs over blocks of 256 rows, the blocks over the
+ * pool, each key's two sums in double in ascending order with eight keys side by side), and
+ * DefensiveKV's window aggregation (mean, window bias, pooled mass-preserving max:
+ * evict_defensive_rows: the KV heads over the pool, then the bias in one ordered pass). Every GEMM
+ * runs on one worker's thread with ckv's kernels, whose sums do not depend on the thread count, and
+ * each output is written by one worker, so scores are the same bits on any number of threads; F16/BF16 keys are converted to fp32 per block. Scratch is allocated per
+ * call and freed before returning. No rotation, covariance or ranking bookkeeping (evict/). */
 #include "core/alloc.h"
 #include "cpu_backend.h"
+#include "cpu_gemm.h"
+
+typedef struct {
+    double *s1, *s2;
+    const float *q, *shift;
+    int n, n_heads_local, d;
+} moments_job;
+
+/* Local head j's shifted sums s1 += x, s2 += X^T X (one GEMM on this thread) over the block's n rows.
+ * scratch: xt [d, n] the head's shifted rows transposed, outer [d, d]. */
+static ckv_status moments_head(void *ctx, int j, void *scratch) {
+    const moments_job *jb = ctx;
+    const int n = jb->n, d = jb->d;
+    const size_t hq = (size_t)jb->n_heads_local * (size_t)d, dd = (size_t)d * (size_t)d;
+    float *xt = scratch, *outer = xt + (size_t)d * (size_t)n;
+    double *m1 = jb->s1 + (size_t)j * d;
+    const float *sh = jb->shift + (size_t)j * d;
+    for (int i = 0; i < n; i++) {
+        const float *qi = jb->q + (size_t)i * hq + (size_t)j * d;
+        for (int a = 0; a < d; a++) {
+            const float x = qi[a] - sh[a];
+            xt[(size_t)a * n + i] = x;
+            m1[a] += x;
+        }
+    }
+    if (!jb->s2) return CKV_STATUS_OK;
+    ckv_cpu_gemm(NULL, NULL, outer, xt, xt, NULL, d, n, d); /* [d, d] = X^T X */
+    double *m2 = jb->s2 + (size_t)j * dd;
+    for (size_t e = 0; e < dd; e++) m2[e] += outer[e];
+    return CKV_STATUS_OK;
+}
 
 ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const float *q, const float *shift, int n,
                                  int n_heads_local, int d, ckv_evict_accum zero) {
@@ -17,101 +50,100 @@ ckv_status ckv_cpu_evict_moments(ckv_backend *be, double *s1, double *s2, const 
         if (s2) memset(s2, 0, (size_t)n_heads_local * dd * sizeof(double));
     }
     if (n < 1) return CKV_STATUS_OK;
-    float *xt = NULL, *outer = NULL; // [d, n] one head's shifted rows transposed, [d, d]
-    ckv_status s = ckv_alloc((void **)&xt, (size_t)d * (size_t)n * sizeof(float), "moment block");
-    if (s == CKV_STATUS_OK && s2) s = ckv_alloc((void **)&outer, dd * sizeof(float), "moment outer products");
-    for (int j = 0; j < n_heads_local && s == CKV_STATUS_OK; j++) {
-        double *m1 = s1 + (size_t)j * d;
-        const float *sh = shift + (size_t)j * d;
-        for (int i = 0; i < n; i++) {
-            const float *qi = q + (size_t)i * hq + (size_t)j * d;
-            for (int a = 0; a < d; a++) {
-                const float x = qi[a] - sh[a];
-                xt[(size_t)a * n + i] = x;
-                m1[a] += x;
-            }
-        }
-        if (!s2) continue;
-        ckv_cpu_matmul_f32(be, outer, xt, xt, NULL, d, n, d); /* [d, d] = X^T X */
-        double *m2 = s2 + (size_t)j * dd;
-        for (size_t e = 0; e < dd; e++) m2[e] += outer[e];
-    }
-    ckv_free(xt);
-    ckv_free(outer);
-    return s;
+    moments_job jb = {s1, s2, q, shift, n, n_heads_local, d};
+    return ckv_cpu_evict_heads(be, n_heads_local, ((size_t)d * (size_t)n + dd) * sizeof(float), moments_head, &jb);
 }
 
 #define CKV_CPU_EA_BLOCK 256
+#define CKV_CPU_EA_KEYS 8 /* keys whose sums run side by side (each in its own order) */
+
+typedef struct {
+    float *logit;
+    const ckv_kv_batch *kv;
+    const char *K; // [n, d] in the batch dtype
+    int n;
+    const float *mu, *cov;
+    float sqrt_d;
+} ea_job;
+
+/* Logits of the keys of block b (CKV_CPU_EA_BLOCK rows). scratch: kc [B, d] keys @ cov, kb [B, d] fp32
+ * keys (F16/BF16 caches), kt and ct [d, KEYS] a group of keys and their kc rows transposed. Each key's
+ * two dot products are sums in double over a ascending; CKV_CPU_EA_KEYS keys run side by side so that
+ * the loop vectorises across keys, never within a sum. */
+static ckv_status ea_block(void *ctx, int b, void *scratch) {
+    const ea_job *jb = ctx;
+    const int d = jb->kv->head_dim, t0 = b * CKV_CPU_EA_BLOCK;
+    const int nb = jb->n - t0 < CKV_CPU_EA_BLOCK ? jb->n - t0 : CKV_CPU_EA_BLOCK;
+    const size_t es = ckv_dtype_size(jb->kv->dtype);
+    float *kc = scratch, *kb = kc + (size_t)CKV_CPU_EA_BLOCK * (size_t)d;
+    const float *Kb = (const float *)(const void *)(jb->K + (size_t)t0 * (size_t)d * es);
+    if (jb->kv->dtype != CKV_DTYPE_F32) {
+        ckv_convert_to_f32(kb, jb->K + (size_t)t0 * (size_t)d * es, jb->kv->dtype, (size_t)nb * (size_t)d);
+        Kb = kb;
+    }
+    if (jb->cov) ckv_cpu_gemm(NULL, NULL, kc, Kb, jb->cov, NULL, nb, d, d); /* [nb, d] */
+    float *kt = kb + (size_t)CKV_CPU_EA_BLOCK * (size_t)d, *ct = kt + (size_t)CKV_CPU_EA_KEYS * (size_t)d; // [d, KEYS]
+    for (int i0 = 0; i0 < nb; i0 += CKV_CPU_EA_KEYS) {
+        const int nk = nb - i0 < CKV_CPU_EA_KEYS ? nb - i0 : CKV_CPU_EA_KEYS;
+        for (int i = 0; i < CKV_CPU_EA_KEYS; i++) { /* keys past nk repeat the last one and are dropped */
+            const size_t r = (size_t)(i0 + (i < nk ? i : nk - 1)) * (size_t)d;
+            for (int a = 0; a < d; a++) {
+                kt[(size_t)a * CKV_CPU_EA_KEYS + i] = Kb[r + a];
+                ct[(size_t)a * CKV_CPU_EA_KEYS + i] = jb->cov ? kc[r + a] : 0.0f;
+            }
+        }
+        double m1[CKV_CPU_EA_KEYS] = {0}, m2[CKV_CPU_EA_KEYS] = {0};
+        for (int a = 0; a < d; a++) {
+            const float *ka = kt + (size_t)a * CKV_CPU_EA_KEYS, *ca = ct + (size_t)a * CKV_CPU_EA_KEYS;
+            for (int i = 0; i < CKV_CPU_EA_KEYS; i++) {
+                m1[i] += (double)jb->mu[a] * ka[i];
+                m2[i] += (double)ca[i] * ka[i];
+            }
+        }
+        for (int i = 0; i < nk; i++) {
+            float x = (float)m1[i] / jb->sqrt_d;
+            if (jb->cov) x += (float)m2[i] / (float)d / 2.0f;
+            jb->logit[t0 + i0 + i] = x;
+        }
+    }
+    return CKV_STATUS_OK;
+}
 
 ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                    const float *mu, const float *cov, float sqrt_d) {
     const int d = kv->head_dim;
     const size_t es = ckv_dtype_size(kv->dtype);
-    const char *K = (const char *)kv->segs[0][g].k + (size_t)row0 * (size_t)d * es; // [n, d] in the batch dtype
-    float *kc = NULL, *kb = NULL; // [B, d] keys @ cov, [B, d] fp32 keys (F16/BF16 caches)
-    ckv_status s = ckv_alloc((void **)&kc, (size_t)CKV_CPU_EA_BLOCK * (size_t)d * sizeof(float), "keys @ cov");
-    if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
-        s = ckv_alloc((void **)&kb, (size_t)CKV_CPU_EA_BLOCK * (size_t)d * sizeof(float), "fp32 keys");
-    for (int t0 = 0; t0 < n && s == CKV_STATUS_OK; t0 += CKV_CPU_EA_BLOCK) {
-        const int nb = n - t0 < CKV_CPU_EA_BLOCK ? n - t0 : CKV_CPU_EA_BLOCK;
-        const float *Kb = (const float *)(const void *)(K + (size_t)t0 * (size_t)d * es);
-        if (kb) {
-            ckv_convert_to_f32(kb, K + (size_t)t0 * (size_t)d * es, kv->dtype, (size_t)nb * (size_t)d);
-            Kb = kb;
-        }
-        if (cov) ckv_cpu_matmul_f32(be, kc, Kb, cov, NULL, nb, d, d); /* [nb, d] */
-        for (int i = 0; i < nb; i++) {
-            const float *k = Kb + (size_t)i * d;
-            double m1 = 0.0, m2 = 0.0;
-            for (int a = 0; a < d; a++) m1 += (double)mu[a] * k[a];
-            float x = (float)m1 / sqrt_d;
-            if (cov) {
-                const float *c = kc + (size_t)i * d;
-                for (int a = 0; a < d; a++) m2 += (double)c[a] * k[a];
-                x += (float)m2 / (float)d / 2.0f;
-            }
-            logit[t0 + i] = x;
-        }
-    }
-    ckv_free(kc);
-    ckv_free(kb);
-    return s;
+    const ea_job jb = {logit, kv, (const char *)kv->segs[0][g].k + (size_t)row0 * (size_t)d * es, n, mu, cov, sqrt_d};
+    return ckv_cpu_evict_heads(be, ckv_cpu_blocks((size_t)(n > 0 ? n : 0), CKV_CPU_EA_BLOCK),
+                               (2 * (size_t)CKV_CPU_EA_BLOCK + 2 * CKV_CPU_EA_KEYS) * (size_t)d * sizeof(float), ea_block,
+                               (void *)&jb);
 }
 
-ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d) {
-    (void)be;
-    double *ave = d->ave, *bias = d->bias;
-    float *dmax = d->dmax;
-    const float *p = d->p;
-    const int ld = d->ld, w = d->w, n = d->n, n_heads_local = d->n_heads_local, head0 = d->head0, group = d->group;
-    const int kernel = d->kernel, n_kv = d->n_kv;
-    if (d->accum == CKV_EVICT_ZERO_FIRST) {
-        memset(ave, 0, (size_t)n_kv * (size_t)n * sizeof(double));
-        memset(dmax, 0, (size_t)n_kv * (size_t)n * sizeof(float));
-        *bias = 0.0;
-    }
-    float *pooled = NULL; // [n] one row, pooled
-    CKV_TRY(ckv_alloc((void **)&pooled, (size_t)(n > 0 ? n : 1) * sizeof(float), "defensive pooled row"));
-    const int r = kernel / 2, bias_lo = n > w ? n - w : 0;
-    for (int j = 0; j < n_heads_local; j++) {
-        const int g = (head0 + j) / group;
-        double *av = ave + (size_t)g * (size_t)n;
-        float *dm = dmax + (size_t)g * (size_t)n;
+/* KV head g = head0 / group + k: its rows of ave and dmax from its local query heads' window rows
+ * (heads ascending, then rows). scratch: pooled [n] one row, pooled. */
+static ckv_status defensive_head(void *ctx, int k, void *scratch) {
+    const ckv_evict_defensive_params *d = ctx;
+    const int g = d->head0 / d->group + k;
+    const int ld = d->ld, w = d->w, n = d->n, r = d->kernel / 2;
+    float *pooled = scratch;
+    double *av = d->ave + (size_t)g * (size_t)n;
+    float *dm = d->dmax + (size_t)g * (size_t)n;
+    for (int j = 0; j < d->n_heads_local; j++) {
+        if ((d->head0 + j) / d->group != g) continue;
         for (int i = 0; i < w; i++) {
-            const float *row = p + ((size_t)j * (size_t)w + (size_t)i) * (size_t)ld; // [n] used
+            const float *row = d->p + ((size_t)j * (size_t)w + (size_t)i) * (size_t)ld; // [n] used
             double mass = 0.0;
             for (int t = 0; t < n; t++) {
                 mass += row[t];
                 av[t] += row[t];
             }
-            for (int t = bias_lo; t < n; t++) *bias += row[t];
             /* avg pooling (zero padding counted), then rescaled to the row's own mass */
             double psum = 0.0;
             for (int t = 0; t < n; t++) {
                 const int lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
                 double box = 0.0;
                 for (int u = lo; u <= hi; u++) box += row[u];
-                pooled[t] = (float)(box / kernel);
+                pooled[t] = (float)(box / d->kernel);
                 psum += pooled[t];
             }
             const double scale = psum > 0.0 ? mass / psum : 0.0;
@@ -121,6 +153,25 @@ ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensi
             }
         }
     }
-    ckv_free(pooled);
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensive_params *d) {
+    const int w = d->w, n = d->n;
+    if (d->accum == CKV_EVICT_ZERO_FIRST) {
+        memset(d->ave, 0, (size_t)d->n_kv * (size_t)n * sizeof(double));
+        memset(d->dmax, 0, (size_t)d->n_kv * (size_t)n * sizeof(float));
+        *d->bias = 0.0;
+    }
+    /* the KV heads the local query heads read, over the pool (each owns its rows of ave and dmax) */
+    const int n_g = d->n_heads_local > 0 ? (d->head0 + d->n_heads_local - 1) / d->group - d->head0 / d->group + 1 : 0;
+    CKV_TRY(ckv_cpu_evict_heads(be, n_g, (size_t)(n > 0 ? n : 1) * sizeof(float), defensive_head, (void *)d));
+    /* the window bias, one sum over every head's rows in order */
+    const int bias_lo = n > w ? n - w : 0;
+    for (int j = 0; j < d->n_heads_local; j++)
+        for (int i = 0; i < w; i++) {
+            const float *row = d->p + ((size_t)j * (size_t)w + (size_t)i) * (size_t)d->ld;
+            for (int t = bias_lo; t < n; t++) *d->bias += row[t];
+        }
     return CKV_STATUS_OK;
 }

@@ -1,48 +1,39 @@
 /* cpu_evict_vnorm.c - the CPU backend's CriticalKV value norms ||V W_O^h||_1 (evict_value_norm;
  * semantics in backend.h). o_proj is widened once per call into per-head fp32 blocks (W_O^h)^T
- * [D, d] (GGUF block types dequantised row by row, F16/BF16 converted); then the backend's pool takes
- * blocks of CKV_CPU_VNORM_BLOCK value rows, each task projecting its rows through every local head in
- * ascending order with ckv's fp32 GEMM on its own thread (the kernels of the forward's prefill
- * matmuls, whose sums do not depend on the thread count) and adding each row's L1 norm into the
- * output, so every output is the same sum in the same order as one thread computes it. Scratch is
- * allocated per call (one projection block per worker) and freed before returning. It selects
- * nothing. */
-#include <math.h>
+ * [D, d] (GGUF block types dequantised row by row, F16/BF16 converted) and packed once into the GEMM's
+ * weight panels; then the backend's pool takes blocks of CKV_CPU_VNORM_BLOCK value rows, each task
+ * running every local head in ascending order through ckv_gemm_packed_l1 on its own thread: each
+ * register tile of the projection is reduced to its rows' 16 fp32 lanes of |y| while it is in L1, so
+ * the projection [rows, D] is never written. The sums are those of the forward's fp32 GEMM kernels
+ * (independent of the thread count) and the L1 order is backend.h's, so every output is the same sum
+ * in the same order as one thread computes it. Scratch is allocated per call and freed before
+ * returning. It selects nothing. */
 
 #include "core/alloc.h"
 #include "core/quant.h"
 #include "cpu_backend.h"
+#include "cpu_gemm.h"
 
 #define CKV_CPU_VNORM_BLOCK 128 /* value rows per task and GEMM */
 
-/* sum of |x[i]| over n floats: 16 fp32 lanes, combined in double, then the tail in double. */
-static double vnorm_l1(const float *x, int n) {
-    float lane[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) lane[l] += fabsf(x[i + l]);
-    double s = 0.0;
-    for (int l = 0; l < 16; l++) s += lane[l];
-    for (; i < n; i++) s += fabsf(x[i]);
-    return s;
-}
-
 typedef struct {
-    ckv_backend *be;
-    const ckv_threadpool *tasks; /* the pool running this job's tasks (NULL: one at a time) */
+    const ckv_gemm_arch *arch;
     float *out;
     int ld, n_rows, d, D, n_heads_local, head0, group;
     const ckv_kv_batch *kv;
-    const float *wh; // [n_heads_local, D, d] (W_O^j)^T per local head j
-    float *proj;     // [n_workers, BLOCK, D] projected rows of each worker
+    const float *bp; // [n_heads_local, panel_floats] W_O^j packed for the GEMM (ckv_gemm_pack_all)
+    size_t panel_floats;
+    float *lanes;    // [n_workers, BLOCK, 16] the L1 lanes of each worker's rows
+    float *tail;     // [n_workers, BLOCK, 15] |y| of the columns past the last multiple of 16
     float *vals;     // [n_workers, BLOCK, d] fp32 values of each worker (F16/BF16 caches only)
 } vnorm_job;
 
 static void vnorm_blocks(void *ctx, int begin, int end, int tid) {
     const vnorm_job *jb = ctx;
-    const int d = jb->d, D = jb->D;
+    const int d = jb->d, D = jb->D, n_tail = D % 16;
     const size_t vsz = ckv_dtype_size(jb->kv->dtype);
-    float *proj = jb->proj + (size_t)tid * CKV_CPU_VNORM_BLOCK * (size_t)D;
+    float *lanes = jb->lanes + (size_t)tid * CKV_CPU_VNORM_BLOCK * 16;
+    float *tail = jb->tail + (size_t)tid * CKV_CPU_VNORM_BLOCK * 15;
     float *vals = jb->vals ? jb->vals + (size_t)tid * CKV_CPU_VNORM_BLOCK * (size_t)d : NULL;
     for (int b = begin; b < end; b++) {
         const int t0 = b * CKV_CPU_VNORM_BLOCK;
@@ -57,10 +48,16 @@ static void vnorm_blocks(void *ctx, int begin, int end, int tid) {
                 converted = g;
                 vb = vals;
             }
-            ckv_cpu_matmul_f32_task(jb->be, jb->tasks, proj, vb, jb->wh + (size_t)j * (size_t)D * (size_t)d, NULL, nb, d,
-                                    D); /* [nb, D] */
+            memset(lanes, 0, (size_t)nb * 16 * sizeof(float));
+            ckv_gemm_packed_l1(jb->arch, lanes, n_tail ? tail : NULL, vb, (size_t)d,
+                               jb->bp + (size_t)j * jb->panel_floats, nb, d, D);
             float *dst = jb->out + (size_t)g * (size_t)jb->ld + t0;
-            for (int i = 0; i < nb; i++) dst[i] += (float)vnorm_l1(proj + (size_t)i * D, D);
+            for (int i = 0; i < nb; i++) { /* the lanes in double in lane order, then the tail */
+                double s = 0.0;
+                for (int l = 0; l < 16; l++) s += lanes[(size_t)i * 16 + (size_t)l];
+                for (int c = 0; c < n_tail; c++) s += tail[(size_t)i * 15 + (size_t)c];
+                dst[i] += (float)s;
+            }
         }
     }
 }
@@ -95,32 +92,43 @@ ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const c
         return ckv_error(CKV_STATUS_ERR_SHAPE, "cpu evict_value_norm: o_proj has %lld columns, %d heads x %d need more",
                          (long long)wo->cols, n_heads_local, d);
     if (n_rows < 1 || n_heads_local < 1) return CKV_STATUS_OK;
-    ckv_threadpool *tasks = ckv_cpu_task_pool(be);
+    ckv_threadpool *pool = ckv_cpu_pool(be);
     const int n_blocks = ckv_cpu_blocks((size_t)n_rows, CKV_CPU_VNORM_BLOCK);
-    int workers = tasks ? ckv_threadpool_size(tasks) : 1;
+    int workers = pool ? ckv_threadpool_size(pool) : 1;
     if (workers > n_blocks) workers = n_blocks;
-    vnorm_job jb = {be, workers > 1 ? tasks : NULL, out, ld, n_rows, d, D, n_heads_local, head0, group, kv, NULL, NULL, NULL};
-    float *wh = NULL, *row = NULL; // [n_heads_local, D, d], [cols]
+    const ckv_gemm_arch *arch = ckv_gemm_best_arch();
+    vnorm_job jb = {arch, out, ld, n_rows, d, D, n_heads_local, head0, group, kv, NULL,
+                    ckv_gemm_packed_floats(arch, d, D), NULL, NULL, NULL};
+    float *wh = NULL, *row = NULL, *bp = NULL; // [n_heads_local, D, d], [cols], [n_heads_local, panel_floats]
     ckv_status s = ckv_alloc((void **)&wh, (size_t)n_heads_local * (size_t)D * (size_t)d * sizeof(float),
                              "critical o_proj blocks");
     if (s == CKV_STATUS_OK && blocks) s = ckv_alloc((void **)&row, (size_t)wo->cols * sizeof(float), "critical o_proj row");
     if (s == CKV_STATUS_OK)
-        s = ckv_alloc((void **)&jb.proj, (size_t)workers * CKV_CPU_VNORM_BLOCK * (size_t)D * sizeof(float),
-                      "critical projected values");
+        s = ckv_alloc((void **)&bp, (size_t)n_heads_local * jb.panel_floats * sizeof(float), "critical o_proj panels");
+    if (s == CKV_STATUS_OK)
+        s = ckv_alloc((void **)&jb.lanes, (size_t)workers * CKV_CPU_VNORM_BLOCK * 16 * sizeof(float),
+                      "critical L1 lanes");
+    if (s == CKV_STATUS_OK)
+        s = ckv_alloc((void **)&jb.tail, (size_t)workers * CKV_CPU_VNORM_BLOCK * 15 * sizeof(float),
+                      "critical L1 tails");
     if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
         s = ckv_alloc((void **)&jb.vals, (size_t)workers * CKV_CPU_VNORM_BLOCK * (size_t)d * sizeof(float),
                       "critical fp32 values");
     if (s == CKV_STATUS_OK) {
         vnorm_widen(wo, n_heads_local, d, wh, row);
-        jb.wh = wh;
-        if (jb.tasks)
-            ckv_threadpool_for(tasks, n_blocks, 1, vnorm_blocks, &jb);
+        for (int j = 0; j < n_heads_local; j++)
+            ckv_gemm_pack_all(arch, bp + (size_t)j * jb.panel_floats, wh + (size_t)j * (size_t)D * (size_t)d, d, D);
+        jb.bp = bp;
+        if (workers > 1)
+            ckv_threadpool_for(pool, n_blocks, 1, vnorm_blocks, &jb);
         else
             vnorm_blocks(&jb, 0, n_blocks, 0);
     }
     ckv_free(wh);
     ckv_free(row);
-    ckv_free(jb.proj);
+    ckv_free(bp);
+    ckv_free(jb.lanes);
+    ckv_free(jb.tail);
     ckv_free(jb.vals);
     return s;
 }

@@ -17,6 +17,7 @@
  * stored-format matmul dequantises its blocks into each panel). */
 #include "cpu_gemm.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -189,6 +190,62 @@ static void ckv_gemv_worker(void *arg, int begin, int end, int tid) {
     const int j1 = end * CKV_GEMV_ROWS < job->m ? end * CKV_GEMV_ROWS : job->m;
     job->arch->gemv(j1 - j0, job->k, job->w + (size_t)j0 * (size_t)job->k, (size_t)job->k, job->x,
                     job->bias ? job->bias + j0 : NULL, job->out + j0);
+}
+
+/* ---- weights packed once ------------------------------------------------------------------------ */
+
+size_t ckv_gemm_packed_floats(const ckv_gemm_arch *arch, int k, int m) {
+    if (!arch) arch = ckv_gemm_best_arch();
+    return (size_t)((m + arch->nr - 1) / arch->nr) * (size_t)k * (size_t)arch->nr;
+}
+
+void ckv_gemm_pack_all(const ckv_gemm_arch *arch, float *bp, const float *w, int k, int m) {
+    const size_t panel = (size_t)k * (size_t)arch->nr;
+    for (int q = 0, j0 = 0; j0 < m; q++, j0 += arch->nr)
+        arch->pack(k, w + (size_t)j0 * (size_t)k, (size_t)k, m - j0 < arch->nr ? m - j0 : arch->nr, bp + q * panel);
+}
+
+/* The register tile at rows [i, i + mr) and panel q (columns j0 .. j0 + nr) into c (rows ldc apart):
+ * the k blocks in order, the first writing, as ckv_gemm_block forms it. */
+static void ckv_gemm_packed_tile(const ckv_gemm_arch *a, float *c, size_t ldc, const float *x, size_t ldx,
+                                 const float *bpq, int mr, int nr, int k) {
+    for (int p0 = 0; p0 < k; p0 += CKV_GEMM_KC) {
+        const int kc = k - p0 < CKV_GEMM_KC ? k - p0 : CKV_GEMM_KC;
+        a->ukernel(kc, x + p0, ldx, mr, bpq + (size_t)p0 * (size_t)a->nr, c, ldc, nr, NULL, p0 == 0);
+    }
+}
+
+void ckv_gemm_packed_rows(const ckv_gemm_arch *arch, float *out, size_t ldo, const float *x, size_t ldx,
+                          const float *bp, int n, int k, int m) {
+    const size_t panel = (size_t)k * (size_t)arch->nr;
+    for (int q = 0, j0 = 0; j0 < m; q++, j0 += arch->nr) { /* the panel stays in L1 while the rows pass */
+        const int nr = m - j0 < arch->nr ? m - j0 : arch->nr;
+        for (int i = 0; i < n; i += arch->mr)
+            ckv_gemm_packed_tile(arch, out + (size_t)i * ldo + (size_t)j0, ldo, x + (size_t)i * ldx, ldx,
+                                 bp + q * panel, n - i < arch->mr ? n - i : arch->mr, nr, k);
+    }
+}
+
+void ckv_gemm_packed_l1(const ckv_gemm_arch *arch, float *lanes, float *tail, const float *x, size_t ldx,
+                        const float *bp, int n, int k, int m) {
+    _Alignas(64) float c[CKV_GEMM_MR_MAX * CKV_GEMM_NR_MAX]; /* one register tile, [MR, NR] */
+    const size_t panel = (size_t)k * (size_t)arch->nr;
+    const int full = m - m % 16;
+    for (int i = 0; i < n; i += arch->mr) { /* the tile's rows of x stay in L1 while the panels pass */
+        const int mr = n - i < arch->mr ? n - i : arch->mr;
+        for (int q = 0, j0 = 0; j0 < m; q++, j0 += arch->nr) {
+            const int nr = m - j0 < arch->nr ? m - j0 : arch->nr;
+            ckv_gemm_packed_tile(arch, c, (size_t)arch->nr, x + (size_t)i * ldx, ldx, bp + q * panel, mr, nr, k);
+            for (int r = 0; r < mr; r++) {
+                float *restrict ln = lanes + (size_t)(i + r) * 16;
+                const float *cr = c + (size_t)r * (size_t)arch->nr;
+                int cc = 0;
+                for (; cc + 16 <= nr && j0 + cc + 16 <= full; cc += 16) /* NR is a multiple of 16 */
+                    for (int l = 0; l < 16; l++) ln[l] += fabsf(cr[cc + l]);
+                for (; cc < nr; cc++) tail[(size_t)(i + r) * 15 + (size_t)(j0 + cc - full)] = fabsf(cr[cc]);
+            }
+        }
+    }
 }
 
 /* ---- entry -------------------------------------------------------------------------------------- */

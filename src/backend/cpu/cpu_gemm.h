@@ -67,6 +67,27 @@ typedef struct {
 void ckv_cpu_gemm_wsrc(ckv_threadpool *pool, const ckv_gemm_arch *arch, float *out, const float *x,
                        const ckv_gemm_wsrc *src, const float *bias, int n, int k, int m);
 
+/* Weights packed once and reused by many products (an op's keys for every query strip, o_proj for
+ * every block of values): bp holds w [m, k] as ceil(m / NR) panels, panel q at bp + q * k * NR laid
+ * out [k, NR] (column c of the panel is w row q * NR + c, zero past m), the layout ckv_cpu_gemm packs
+ * block by block, so its CKV_GEMM_KC slices are the same panels. bp must be 64-byte aligned. */
+size_t ckv_gemm_packed_floats(const ckv_gemm_arch *arch, int k, int m);
+void ckv_gemm_pack_all(const ckv_gemm_arch *arch, float *bp, const float *w, int k, int m);
+
+/* out [n, m] (rows ldo apart) = x [n, k] (rows ldx apart) @ w^T from the packed bp of w [m_all, k]
+ * (m <= m_all: the first m columns only), on the calling thread: every element is the sum the
+ * micro-kernel forms in ckv_cpu_gemm for n > 1 (k blocks of CKV_GEMM_KC, in order). */
+void ckv_gemm_packed_rows(const ckv_gemm_arch *arch, float *out, size_t ldo, const float *x, size_t ldx,
+                          const float *bp, int n, int k, int m);
+
+/* The L1 norms of the rows of y = x [n, k] @ w^T (the packed bp of w [m, k]) without writing y: each
+ * register tile goes through an L1-resident buffer into lanes [n, 16] += |y[i, c]| for c < m - m % 16
+ * (lane c % 16, columns ascending, the order of a 16-lane sum over the row), and the last m % 16
+ * columns are written as |y| to tail [n, 15] (NULL when m % 16 == 0). y's elements are the sums of
+ * ckv_gemm_packed_rows. The calling thread only. */
+void ckv_gemm_packed_l1(const ckv_gemm_arch *arch, float *lanes, float *tail, const float *x, size_t ldx,
+                        const float *bp, int n, int k, int m);
+
 /* cpu_matmul.c: out = x @ w^T (+ bias) through the BLAS the build linked (CMake option CKV_BLAS) on
  * n_threads threads; the op uses it on CPUs without vector kernels. Returns 0, doing nothing, when the
  * build has no BLAS. */

@@ -84,22 +84,6 @@ void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float
     ckv_cpu_gemm(ckv_cpu_pool(be), arch, out, x, w, bias, n, k, m);
 }
 
-ckv_threadpool *ckv_cpu_task_pool(const ckv_backend *be) {
-#ifdef CKV_HAVE_BLAS
-    if (ckv_gemm_best_arch() == &ckv_gemm_arch_generic) return NULL; /* the BLAS threads itself, process-wide */
-#endif
-    return ckv_cpu_pool(be);
-}
-
-void ckv_cpu_matmul_f32_task(ckv_backend *be, const ckv_threadpool *tasks, float *out, const float *x, const float *w,
-                             const float *bias, int n, int k, int m) {
-    if (!tasks) {
-        ckv_cpu_matmul_f32(be, out, x, w, bias, n, k, m);
-        return;
-    }
-    if (n > 0 && m > 0) ckv_cpu_gemm(NULL, ckv_gemm_best_arch(), out, x, w, bias, n, k, m);
-}
-
 int ckv_cpu_weight_dtype_ok(const ckv_backend *be, ckv_dtype t) {
     (void)be;
     return t == CKV_DTYPE_F32 || ckv_quant_dtype_ok(t);

@@ -221,7 +221,8 @@ ckv_backend_ops make_ops() {
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_EVICT_RESERVE) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_KEYDIFF) |
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LAGKV) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CUR) |
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LEVERAGE) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_COLSUM) |
-             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_GRAPHS);
+             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_GRAPHS) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_KVZIP) |
+             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_RANK);
     o.free = be_free;
     o.alloc = be_alloc;
     o.release = be_release;
@@ -270,6 +271,8 @@ ckv_backend_ops make_ops() {
     o.evict_leverage = evict_leverage;
     o.evict_affine = evict_affine;
     o.evict_chunk_colsum = evict_chunk_colsum;
+    o.evict_kvzip = evict_kvzip;
+    o.evict_chunk_rank = evict_chunk_rank;
     o.evict_row_stats = evict_row_stats;
     o.sample = sample;
     o.graph_begin = graph_begin;

@@ -15,8 +15,8 @@
  * fixed butterfly, over the 4 warps in ascending order, so no [L, w] matrix is written and the
  * sums do not depend on scheduling. Scratch (stats, per-chunk partials) comes from the eviction
  * workspace (window_scratch_bytes, sized by evict_reserve). What the scores mean: backend.h. */
-#include "ckv_qk_tile.h"
 #include "cuda_internal.h"
+#include "ckv_win_rows.h"
 
 namespace CKV_CUDA_NS {
 
@@ -28,43 +28,13 @@ constexpr int WIN_CHUNK = 512; /* keys per pass-1 block (a multiple of both tile
  * for the f32 ones; 3 x 35 KiB of pass 1's tiles fit the SM's shared memory. */
 constexpr int WIN_BLOCKS_PER_SM = 3;
 
-/* The window rows of KV head g's local query heads [jlo, jhi): row R of the block's range is query
- * i = R % nq16 of head jlo + R / nq16 (nq16 = n_q rounded up to 16, so a warp's 16 rows are one
- * head's; rows i >= n_q are padding). */
-struct win_rows {
-    int jlo, jhi, nq16;
-};
-
-__device__ __forceinline__ win_rows win_rows_of(int g, int head0, int group, int n_heads_local, int n_q) {
-    win_rows w;
-    w.jlo = g * group - head0 > 0 ? g * group - head0 : 0;
-    w.jhi = (g + 1) * group - head0 < n_heads_local ? (g + 1) * group - head0 : n_heads_local;
-    w.nq16 = (n_q + 15) / 16 * 16;
-    return w;
-}
-
-/* This lane's query rows (g, g + 8 of the warp's 16 at block row R0): the head, queries, and the
- * A-fragment source (fa_q) */
-template <int HD>
-__device__ __forceinline__ int win_load_q(fa_q<float, HD> &qf, int *i0, const float *q, int n_q, int n_heads_local,
-                                          const win_rows &w, int R0, int lane) {
-    const int j = w.jlo + R0 / w.nq16, i = R0 % w.nq16 + (lane >> 2);
-    const float *r0 = q + ((size_t)i * n_heads_local + j) * HD;
-    qf.load(r0, r0 + (size_t)8 * n_heads_local * HD, i < n_q, i + 8 < n_q, lane & 3);
-    *i0 = i;
-    return j;
-}
-
-/* logit as the op scales it (fp32) */
-__device__ __forceinline__ float win_logit(float dot, float scale, int divide) { return divide ? dot / scale : dot * scale; }
-
-/* Pass 1: grid (row blocks of 64, chunks, local KV heads), FA_THREADS. Per row and chunk: m = max
- * of the visible logits (key t <= q_row0 + i), l = sum of exp(s - m) in double; pm, pl
- * [n_chunks, n_heads_local, n_q]. */
+/* Pass 1: grid (row blocks of 64, chunks of the key ranges kr, local KV heads), FA_THREADS. Per row
+ * and chunk: m = max of the visible logits (key t <= q_row0 + i), l = sum of exp(s - m) in double;
+ * pm, pl [n_chunks, n_heads_local, n_q]. */
 template <typename T, int HD>
 __global__ void __launch_bounds__(FA_THREADS, WIN_BLOCKS_PER_SM)
 window_stats_kernel(float *pm, double *pl, const float *q, int n_q, int q_row0, ckv_kv_batch kv, int n_heads_local,
-                    int head0, int group, float scale, int divide) {
+                    int head0, int group, float scale, int divide, key_ranges kr) {
     typedef fa_tile<T, HD> tile_t;
     constexpr int BN = tile_t::BN;
     alignas(16) __shared__ typename tile_t::elem ks[2][BN * tile_t::KS]; // [buf][key][KS]
@@ -72,8 +42,11 @@ window_stats_kernel(float *pm, double *pl, const float *q, int n_q, int q_row0, 
     const win_rows w = win_rows_of(g, head0, group, n_heads_local, n_q);
     const int R0b = (int)blockIdx.x * FA_BM;
     if (R0b >= (w.jhi - w.jlo) * w.nq16) return; /* uniform, before any barrier */
-    const int n_keys = q_row0 + n_q, k0 = c * WIN_CHUNK;
-    const int k1 = k0 + WIN_CHUNK < n_keys ? k0 + WIN_CHUNK : n_keys;
+    int k0 = 0, hi = 0; /* chunk c's range, with constant indices (a dynamic one puts kr on the stack) */
+CKV_UNROLL
+    for (int r = 0; r < 3; r++)
+        if (r < kr.n && c >= kr.first[r] && c < kr.first[r + 1]) k0 = kr.lo[r] + (c - kr.first[r]) * WIN_CHUNK, hi = kr.hi[r];
+    const int k1 = k0 + WIN_CHUNK < hi ? k0 + WIN_CHUNK : hi;
     const T *K = (const T *)kv.segs[0][g].k;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
     const int R0 = R0b + warp * 16;
@@ -178,28 +151,12 @@ window_colsum_kernel(double *colsum, int n_cols, const float2 *stats, const floa
     if (w.jlo >= w.jhi) return; /* a KV head without local heads: uniform, before any barrier */
     const int n_keys = q_row0 + n_q < n_cols ? q_row0 + n_q : n_cols;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, tq = lane & 3;
-    fa_load_tile<T, HD, tile_t::KS>(ks, (const T *)kv.segs[0][g].k, kb, n_keys, tid);
-    ckv_cp_async_commit();
     double acc[BN / 8][2]; /* this lane's columns nt * 8 + 2 tq + e */
 CKV_UNROLL
     for (int nt = 0; nt < BN / 8; nt++) acc[nt][0] = acc[nt][1] = 0.0;
-    ckv_cp_async_wait<0>();
-    __syncthreads();
-    const int rows = (w.jhi - w.jlo) * w.nq16;
-    for (int R0 = warp * 16; R0 < rows; R0 += FA_BM) { /* warp-uniform */
-        fa_q<float, HD> qf;
-        int i0;
-        const int j = win_load_q<HD>(qf, &i0, q, n_q, n_heads_local, w, R0, lane);
-        float sc[BN / 8][4];
-CKV_UNROLL
-        for (int nt = 0; nt < BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-        fa_scores<HD>(sc, qf, ks, lane);
-        float2 st[2];
-CKV_UNROLL
-        for (int h = 0; h < 2; h++) {
-            const int i = i0 + 8 * h;
-            st[h] = i < n_q ? stats[(size_t)j * n_q + i] : make_float2(0.0f, 0.0f);
-        }
+    win_stage_tile<T, HD>(ks, (const T *)kv.segs[0][g].k, kb, n_keys, tid);
+    win_tile_rows<T, HD>(ks, q, n_q, n_heads_local, w, stats, warp, lane,
+                         [&](const float (*sc)[4], const float2 *st, int i0, int) {
 CKV_UNROLL
         for (int nt = 0; nt < BN / 8; nt++)
 CKV_UNROLL
@@ -208,17 +165,9 @@ CKV_UNROLL
                 if (i < n_q && t < n_keys && t <= q_row0 + i)
                     acc[nt][e & 1] += (double)(expf(win_logit(sc[nt][e], scale, divide) - st[h].x) * st[h].y);
             }
-    }
-    /* over the 8 lane groups (xor 4, 8, 16), then the warps in order */
-CKV_UNROLL
-    for (int nt = 0; nt < BN / 8; nt++)
-CKV_UNROLL
-        for (int e = 0; e < 2; e++) {
-            double v = acc[nt][e];
-            for (int x = 4; x <= 16; x <<= 1) v += __shfl_xor_sync(0xffffffffu, v, x);
-            if (lane < 4) red[warp][nt * 8 + 2 * tq + e] = v;
-        }
-    __syncthreads();
+    });
+    /* over the 8 lane groups, then the warps in order */
+    win_cols_reduce<BN>(acc, red, warp, lane, [](double x, double y) { return x + y; });
     if (tid < BN && kb + tid < n_keys) {
         double s = colsum[(size_t)o * n_cols + kb + tid];
         for (int v = 0; v < FA_THREADS / 32; v++) s += red[v][tid];
@@ -227,12 +176,12 @@ CKV_UNROLL
 }
 
 template <typename T, int HD>
-void window_stats_launch(ctx *c, float *pm, double *pl, int n_chunks, const float *q, int n_q, int q_row0,
+void window_stats_launch(ctx *c, float *pm, double *pl, const key_ranges *kr, const float *q, int n_q, int q_row0,
                          const ckv_kv_batch *kv, int H, int head0, int group, float scale, int divide) {
     const int n_g = (head0 + H - 1) / group - head0 / group + 1, per_g = (group < H ? group : H) * ((n_q + 15) / 16 * 16);
-    const dim3 grid((unsigned)((per_g + FA_BM - 1) / FA_BM), (unsigned)n_chunks, (unsigned)n_g);
+    const dim3 grid((unsigned)((per_g + FA_BM - 1) / FA_BM), (unsigned)kr->first[kr->n], (unsigned)n_g);
     CKV_LAUNCH((window_stats_kernel<T, HD>), grid, dim3(FA_THREADS), 0, c->stream, pm, pl, q, n_q, q_row0, *kv, H,
-               head0, group, scale, divide);
+               head0, group, scale, divide, *kr);
 }
 
 template <typename T, int HD>
@@ -244,18 +193,6 @@ void window_colsum_launch(ctx *c, double *colsum, int n_cols, const float2 *stat
                q_row0, *kv, H, head0, group, scale, divide, per_kv);
 }
 
-/* F<T, HD>::run(args...) for the cache's type and head dim (window_covers said it is one of them). */
-template <template <typename, int> class F, typename... A> void win_dispatch(const ckv_kv_batch *kv, A... args) {
-    const bool bf = kv->dtype == CKV_DTYPE_BF16;
-    switch (kv->head_dim) {
-    case 16: bf ? F<ckv_bf16, 16>::run(args...) : F<float, 16>::run(args...); break;
-    case 32: bf ? F<ckv_bf16, 32>::run(args...) : F<float, 32>::run(args...); break;
-    case 64: bf ? F<ckv_bf16, 64>::run(args...) : F<float, 64>::run(args...); break;
-    case 80: bf ? F<ckv_bf16, 80>::run(args...) : F<float, 80>::run(args...); break;
-    case 96: bf ? F<ckv_bf16, 96>::run(args...) : F<float, 96>::run(args...); break;
-    default: bf ? F<ckv_bf16, 128>::run(args...) : F<float, 128>::run(args...); break;
-    }
-}
 template <typename T, int HD> struct win_stats_f {
     template <typename... A> static void run(A... a) { window_stats_launch<T, HD>(a...); }
 };
@@ -266,8 +203,8 @@ template <typename T, int HD> struct win_colsum_f {
 int window_chunks(int n_keys) { return (n_keys + WIN_CHUNK - 1) / WIN_CHUNK; }
 
 /* stats [H, n_q] float2, pm [chunks, H, n_q] float, pl [chunks, H, n_q] double */
-void window_parts(size_t bytes[3], int n_q, int H, int n_keys) {
-    const size_t rows = (size_t)n_q * (size_t)H, part = rows * (size_t)window_chunks(n_keys);
+void window_parts(size_t bytes[3], int n_q, int H, int n_chunks) {
+    const size_t rows = (size_t)n_q * (size_t)H, part = rows * (size_t)n_chunks;
     bytes[0] = sizeof(float2) * rows, bytes[1] = sizeof(float) * part, bytes[2] = sizeof(double) * part;
 }
 
@@ -281,20 +218,39 @@ bool window_covers(const ckv_kv_batch *kv) {
 
 size_t window_scratch_bytes(int query_rows, int n_heads_local, int rows) {
     size_t bytes[3];
-    window_parts(bytes, query_rows, n_heads_local, rows);
+    /* + 2: the chunks of up to three key ranges over `rows` keys (evict_kvzip) */
+    window_parts(bytes, query_rows, n_heads_local, window_chunks(rows) + 2);
     return parts_total(bytes, 3, NULL);
+}
+
+key_ranges key_ranges_of(int n, const int *lo, const int *hi) {
+    key_ranges kr;
+    kr.n = n, kr.first[0] = 0;
+    for (int r = 0; r < n; r++) {
+        kr.lo[r] = lo[r], kr.hi[r] = hi[r];
+        kr.first[r + 1] = kr.first[r] + (hi[r] > lo[r] ? window_chunks(hi[r] - lo[r]) : 0);
+    }
+    return kr;
 }
 
 ckv_status window_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row0, const ckv_kv_batch *kv, int H,
                         int head0, int group, float scale, int divide, const char *op) {
-    const int n_keys = q_row0 + n_q, n_chunks = window_chunks(n_keys);
+    const int lo = 0, hi = q_row0 + n_q;
+    const key_ranges kr = key_ranges_of(1, &lo, &hi);
+    return window_stats_ranges(c, stats, &kr, q, n_q, q_row0, kv, H, head0, group, scale, divide, op);
+}
+
+ckv_status window_stats_ranges(ctx *c, float2 **stats, const key_ranges *kr, const float *q, int n_q, int q_row0,
+                               const ckv_kv_batch *kv, int H, int head0, int group, float scale, int divide,
+                               const char *op) {
+    const int n_chunks = kr->first[kr->n];
     size_t bytes[3];
     void *parts[3];
-    window_parts(bytes, n_q, H, n_keys);
+    window_parts(bytes, n_q, H, n_chunks);
     CKV_TRY(scratch_parts(c, bytes, parts, 3, op));
     *stats = (float2 *)parts[0];
-    win_dispatch<win_stats_f>(kv, c, (float *)parts[1], (double *)parts[2], n_chunks, q, n_q, q_row0, kv, H, head0,
-                              group, scale, divide);
+    win_dispatch<win_stats_f>(kv, c, (float *)parts[1], (double *)parts[2], kr, q, n_q, q_row0, kv, H, head0, group,
+                              scale, divide);
     const int n_rows = n_q * H;
     CKV_LAUNCH(window_merge_kernel, dim3(blocks_for((size_t)n_rows, 256)), dim3(256), 0, c->stream, *stats,
                (const float *)parts[1], (const double *)parts[2], n_chunks, n_rows);

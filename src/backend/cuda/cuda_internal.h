@@ -257,6 +257,13 @@ ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *shape);
 ckv_status evict_chunk_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a, int n_pad,
                               ckv_evict_accum accum);
 void evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld);
+/* KVzip's replayed attention maxima (cuda_evict_kvzip.cu): window_stats_ranges, then a column-max
+ * kernel over the chunk's key tiles; scratch as window_stats' (evict_reserve). */
+ckv_status evict_kvzip(ckv_backend *be, float *out, int ld, const ckv_evict_kvzip_params *z);
+/* ChunkKV's chunk selection (cuda_evict_chunkkv.cu) and its workspace for n rows (evict_reserve). */
+ckv_status evict_chunk_rank(ckv_backend *be, int32_t *rows, int ld_rows, int n_rows, int32_t *n_kept, const float *s,
+                            int ld, int H, int n, int C, int keep);
+size_t chunk_rank_scratch_bytes(int n);
 /* Scratch bytes (eviction workspace) of the key scorers (KeyDiff, CUR) and of the selections (top-k
  * over `rows` rows of n entries), for evict_reserve. */
 size_t keys_scratch_bytes(int n_kv, int d, int n_rows);
@@ -272,6 +279,17 @@ bool window_covers(const ckv_kv_batch *kv);
 size_t window_scratch_bytes(int query_rows, int n_heads_local, int rows);
 ckv_status window_stats(ctx *c, float2 **stats, const float *q, int n_q, int q_row0, const ckv_kv_batch *kv,
                         int n_heads_local, int head0, int group, float scale, int divide, const char *op);
+/* The key rows window_stats_ranges reads: n <= 3 ranges of segment rows [lo[r], hi[r]) (empty ones
+ * allowed), each cut into 512-key chunks; chunk c of pass 1 is chunk c - first[r] of range r, first[n]
+ * the total. window_stats is its one range [0, q_row0 + n_q); evict_kvzip passes the sinks, the chunk
+ * and the replay. Key t is visible to query i when t <= q_row0 + i, as window_stats'. */
+struct key_ranges {
+    int n, lo[3], hi[3], first[4];
+};
+key_ranges key_ranges_of(int n, const int *lo, const int *hi);
+ckv_status window_stats_ranges(ctx *c, float2 **stats, const key_ranges *kr, const float *q, int n_q, int q_row0,
+                               const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale,
+                               int divide, const char *op);
 void window_colsum(ctx *c, double *colsum, int n_cols, const float2 *stats, const float *q, int n_q, int q_row0,
                    const ckv_kv_batch *kv, int n_heads_local, int head0, int group, float scale, int divide,
                    int per_kv);
