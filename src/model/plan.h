@@ -15,7 +15,8 @@
 #include "shard/shard.h"
 
 /* The CUDA runtime's own use that the plan cannot see: context, cuBLAS workspace (32 MiB on
- * Hopper), allocator rounding. An estimate; see docs/gpu.md §8. */
+ * Hopper), the attention partials reserved at start (prefill split-K, docs/gpu.md §3b: 17.6 MB on
+ * an H200), allocator rounding. An estimate; see docs/gpu.md §8. */
 #define CKV_PLAN_RUNTIME_RESERVE ((size_t)1 << 30)
 /* NCCL's internal buffers per peer (channels x protocols at the default NCCL_BUFFSIZE): an
  * estimate to be measured on the GPU machine. */

@@ -10,6 +10,7 @@
  *   test_backend_ops cuda-emu   the CUDA kernels on the CPU execution layer (label cuda-emu), plus
  *                               its error paths: no GPU, old GPU, bad device, kernel fault
  *   test_backend_ops cuda       the CUDA backend on a GPU (label cuda); skips without one */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -304,6 +305,9 @@ typedef struct {
     int early;              /* 1: some queries sit before the first cached position (see nothing) */
 } attn_case;
 
+static unsigned long long attn_launches, attn_allocs; /* of the last op on the emulated device */
+static int attn_repeat; /* 1: run the op twice and require identical outputs */
+
 static void test_attention(const attn_case *ac) {
     const int n_kv = ac->n_kv, hd = ac->hd, n_heads = n_kv * ac->group;
     int n = 0, cap = 0, lens[KV_MAX_SEQ * KV_MAX_HEADS];
@@ -342,7 +346,13 @@ static void test_attention(const attn_case *ac) {
     }
     ckv_kv_batch bt = kv_batch(&ct, sot, sst, cap), br = kv_batch(&cr, sor, ssr, cap);
     float *ot = dev_poison(tb, nq), *orf = dev_poison(ref, nq);
+    unsigned long long k0 = 0, k1 = 0, a0 = 0;
+    if (strcmp(tb_name, "cuda-emu") == 0) ckv_cuda_emu_launches(&k0, NULL), a0 = ckv_cuda_emu_alloc_calls();
     tb->ops->attention(tb, ot, &(ckv_attention_params){qt, pt, &bt, n, n_heads, scale});
+    if (strcmp(tb_name, "cuda-emu") == 0) {
+        ckv_cuda_emu_launches(&k1, NULL);
+        attn_launches = k1 - k0, attn_allocs = ckv_cuda_emu_alloc_calls() - a0;
+    }
     ref->ops->attention(ref, orf, &(ckv_attention_params){qr, pr, &br, n, n_heads, scale});
     const int prefill = n > 4 * ac->n_seq && (hd == 16 || hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128);
     const int rounded = prefill && ac->dt == CKV_DTYPE_BF16; /* f32 caches: fp32-class products */
@@ -350,6 +360,15 @@ static void test_attention(const attn_case *ac) {
     snprintf(cas, sizeof cas, "%s (%s, %s kv, %d seq, %d tokens, heads %d/%d, hd %d)", ac->name,
              prefill ? "tensor-core prefill" : "split-KV", ckv_dtype_name(ac->dt), ac->n_seq, n, n_heads, n_kv, hd);
     compare_dev("attention", cas, ot, orf, nq, rounded ? 1e-2 : 2e-5, rounded ? 0.0 : 1e-4);
+    if (attn_repeat) { /* the same op again: the same bits (fixed split plan and merge order) */
+        float *o2 = dev_poison(tb, nq), *a = xalloc(nq * 4), *b = xalloc(nq * 4);
+        tb->ops->attention(tb, o2, &(ckv_attention_params){qt, pt, &bt, n, n_heads, scale});
+        cuda_test_download(tb, a, ot, nq * 4);
+        cuda_test_download(tb, b, o2, nq * 4);
+        compare("attention repeated", cas, b, a, nq, 0.0, 0.0);
+        tb->ops->release(tb, o2);
+        free(a), free(b);
+    }
     release2(ot, orf), release2(qt, qr), release2(pt, pr), release2(sot, sor), release2(sst, ssr);
     kv_free(&ct), kv_free(&cr);
     kv_host_free(&h);
@@ -385,6 +404,64 @@ static void test_attention_all(void) {
         {"decode f32 128", CKV_DTYPE_F32,  1, 1, 1, 128, {1},           {900},         0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i]);
+}
+
+/* ---- prefill split-K (docs/gpu.md §3b) ---------------------------------------------------------
+ * Query chunks over long cached prefixes: few blocks of query rows, so the planned split-K cuts
+ * each block's keys into splits merged afterwards. Every case runs on backends with split-K forced
+ * off (CKV_CUDA_PREFILL_SPLITS=1), planned (0) and forced to 3 and 7 splits (boundaries inside the
+ * causal diagonal, splits a row sees nothing of, queries that see nothing at all), against the CPU
+ * op at the prefill bounds above, and run twice with identical outputs. On the emulated device the
+ * op must launch one kernel when off and two (the prefill kernel, the merge) otherwise, and
+ * allocate nothing (the partials are reserved at init). */
+static void test_attention_split_k(void) {
+    static const attn_case cases[] = {
+        /* name             dtype          seq kv  G  hd  tokens          lens           gaps early */
+        {"chunk hd128",    CKV_DTYPE_BF16, 1, 1, 4, 128, {70},          {1500},        0, 0},
+        {"chunk f32 128",  CKV_DTYPE_F32,  1, 1, 2, 128, {40},          {1200},        0, 0},
+        {"chunk hd 64",    CKV_DTYPE_BF16, 1, 2, 2, 64, {40},           {2000},        3, 0},
+        {"chunk f32 64",   CKV_DTYPE_F32,  1, 2, 1, 64, {20},           {1100},        0, 1},
+        {"chunk hd 80",    CKV_DTYPE_BF16, 2, 2, 2, 80, {66, 9},        {1200, 700},   1, 0},
+        {"chunk f32 80",   CKV_DTYPE_F32,  1, 1, 2, 80, {30},           {1300},        2, 0},
+        {"chunk hd 96",    CKV_DTYPE_BF16, 1, 1, 2, 96, {24},           {1300},        0, 1},
+        {"chunk f32 96",   CKV_DTYPE_F32,  2, 1, 2, 96, {9, 33},        {900, 1400},   0, 0},
+    };
+    static const char *const modes[] = {"1", "0", "3", "7"};
+    const int emu = strcmp(tb_name, "cuda-emu") == 0;
+    ckv_backend *const keep = tb;
+    attn_repeat = 1;
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        setenv("CKV_CUDA_PREFILL_SPLITS", modes[m], 1);
+        ckv_backend *be = NULL;
+        CHECK_OK(emu ? ckv_backend_cuda_emu_init(&be, 0) : ckv_backend_init(&be, "cuda", 0));
+        if (!be) continue;
+        tb = be;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            attn_case ac = cases[i];
+            char name[64];
+            snprintf(name, sizeof name, "%s, CKV_CUDA_PREFILL_SPLITS=%s", ac.name, modes[m]);
+            ac.name = name;
+            test_attention(&ac);
+            const unsigned long long want = strcmp(modes[m], "1") ? 2 : 1;
+            if (emu && (attn_launches != want || attn_allocs != 0)) {
+                fprintf(stderr, "FAIL split-K %s: %llu kernel launches (expected %llu), %llu allocations (expected 0)\n",
+                        name, attn_launches, want, attn_allocs);
+                ckv_test_failures++;
+            }
+        }
+        CHECK_OK(tb->ops->sync(tb));
+        ckv_backend_free(be);
+        tb = keep;
+    }
+    if (emu) { /* a bad value is refused at init, naming the variable */
+        ckv_backend *bad = NULL;
+        setenv("CKV_CUDA_PREFILL_SPLITS", "65", 1);
+        CHECK_FAILS(ckv_backend_cuda_emu_init(&bad, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_PREFILL_SPLITS=65");
+        setenv("CKV_CUDA_PREFILL_SPLITS", "two", 1);
+        CHECK_FAILS(ckv_backend_cuda_emu_init(&bad, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_PREFILL_SPLITS=two");
+    }
+    unsetenv("CKV_CUDA_PREFILL_SPLITS");
+    attn_repeat = 0;
 }
 
 /* The prefill's 8-warp blocks (128 query rows): the launch takes them for bf16 caches at head dims
@@ -563,6 +640,7 @@ int main(int argc, char **argv) {
     test_kv_rerotate(CKV_DTYPE_BF16);
     test_kv_rerotate(CKV_DTYPE_F32);
     test_attention_all();
+    test_attention_split_k();
     test_attention_wide();
     ckv_test_failures += test_backend_evict_ops();
     test_sample(0.0f, 0, 1.0f);

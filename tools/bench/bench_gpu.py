@@ -345,6 +345,7 @@ def main():
     gpus = [("H200", gpu)] + ([("A100", dict(roofline.GPUS["A100"]))] if a.dry_run or a.rehearse else [])
     roofline.print_tables([c for c in roofline.CASES if c[0] in ("8B@32K critical_adakv",)], gpus[:1], False)
     roofline.print_summary(roofline.CASES, gpus, False)
+    roofline.print_split_k(gpus, False)  # the prefill's split-K: a chunk over a long prefix per tp degree
     result["roofline"] = roofline.summary_rows(roofline.CASES, gpus)
     with open(os.path.join(a.out, "bench.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -23,8 +23,9 @@ The last tables are prefill attention against its goal (>= 60% of torch SDPA's f
 at FlashAttention-2's published efficiency until tests/gpu/run.sh measures SDPA), the prefill kernel's
 tiles at 8K and 32K (the mma rate and L2 traffic it must sustain to meet that goal, before and after
 its 128-row blocks and two K/V stages), the eviction's share of the TTFT it adds to (goal <= 3% at
-32K) and decode attention against its goal (>= 70% of the copy bandwidth, batch 1 and 16), per GPU
-and shape.
+32K), decode attention against its goal (>= 70% of the copy bandwidth, batch 1 and 16), per GPU and
+shape, and the prefill kernel's split-K for a chunk of query rows over a long prefix per tensor-parallel
+degree.
 Used by bench_gpu.py --dry-run and for docs/benchmarks.md (--markdown prints its tables).
 """
 import argparse
@@ -47,11 +48,20 @@ GOAL_OF_SDPA = 0.60
 EVICT_GOAL = 0.03
 # The decode attention goal: >= 70% of the copy bandwidth (the datasheet HBM rate until
 # tests/gpu/run.sh measures a copy kernel), at batch 1 and 16. Split-KV plan of
-# src/backend/cuda/cuda_decode.cu (decode_splits): blocks resident per SM, splits per segment at most,
+# src/backend/cuda/cuda_decode.cu (plan_splits): blocks resident per SM, splits per segment at most,
 # keys per split at least, and the share of the best wave efficiency taken.
 GOAL_OF_COPY = 0.70
 DECODE_BATCHES = (1, 16)
 DK_MAX_SPLITS, DK_MIN_CHUNK, DK_EFF_SHARE = 64, 256, 0.95
+# The prefill kernel's split-K (src/backend/cuda/cuda_prefill_split.cu, docs/gpu.md 3b): query rows
+# per block, resident blocks per SM, the widest head dim, keys per split at least, split blocks at
+# most (waves), split boundaries on whole key tiles. SPLIT_K_CASES: a chunk of query rows over a
+# long cached prefix (name, model, prefix, chunk rows), at each tensor-parallel degree.
+FA_BM, FA_BLOCKS_PER_SM, FA_HD_MAX, PS_MIN_CHUNK, PS_WAVES, PS_KEY_ALIGN = 64, 2, 128, 1024, 2, 64
+SPLIT_K_CASES = [("8B chunk 512 @128K", "llama-3.1-8b-instruct", 131072, 512),
+                 ("8B chunk 512 @32K", "llama-3.1-8b-instruct", 32768, 512),
+                 ("32B chunk 512 @128K", "qwen2.5-32b-instruct-128k", 130000, 512)]
+SPLIT_K_TP = (1, 2, 4, 8)
 
 
 def dk_blocks_per_sm(rows):
@@ -441,10 +451,10 @@ def print_prefill_tiles(gpus, markdown):
                      cells, markdown)
 
 
-def decode_splits(segs, wave, max_len, cap):
-    """The split count of cuda_decode.cu's decode_splits: the smallest whose wave efficiency is
-    within DK_EFF_SHARE of the best, each split >= DK_MIN_CHUNK keys, at most cap."""
-    most = min((max_len + DK_MIN_CHUNK - 1) // DK_MIN_CHUNK, cap)
+def plan_splits(segs, wave, max_len, cap, min_chunk=DK_MIN_CHUNK):
+    """The split count of cuda_decode.cu's plan_splits: the smallest whose wave efficiency is
+    within DK_EFF_SHARE of the best, each split >= min_chunk keys, at most cap."""
+    most = min((max_len + min_chunk - 1) // min_chunk, cap, DK_MAX_SPLITS)
     if most <= 1 or segs >= wave:
         return 1
     eff = {sp: (segs * sp / wave) / -(-segs * sp // wave) for sp in range(1, most + 1)}
@@ -468,7 +478,7 @@ def decode_goal_rows(cases, gpus):
                 t_goal = t_copy / GOAL_OF_COPY
                 segs, wave = batch * Hkv, gpu["sms"] * dk_blocks_per_sm(H // Hkv)
                 cap = min(DK_MAX_SPLITS, -(-2 * wave // segs))
-                splits = decode_splits(segs, wave, ctx_rows, cap)
+                splits = plan_splits(segs, wave, ctx_rows, cap)
                 blocks = splits * segs
                 fill = blocks / (-(-blocks // wave) * wave)
                 rest = sum(seconds(fl, by, ideal, gpu) for st, k, _, fl, by, ideal, _ in kernels(c, context, None, batch=batch)
@@ -492,6 +502,67 @@ def print_decode_goal(cases, gpus, markdown):
     print_goal_table("decode attention against its goal (>= %d%% of the copy bandwidth; the datasheet HBM rate until "
                      "measured)" % (100 * GOAL_OF_COPY), hdr, "%-5s %-14s %5s %15s %11s %11s %17s %9s %12s %15s %10s",
                      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", cells, markdown)
+
+
+def prefill_split_plan(sms, n, n_seq, heads, hd, max_len):
+    """cuda_prefill_split.cu's plan: (blocks without splits, splits, keys per split)."""
+    items = (n + (FA_BM - 1) * n_seq) // FA_BM * heads
+    wave = sms * FA_BLOCKS_PER_SM
+    reserved = PS_WAVES * wave * FA_BM * (FA_HD_MAX + 2) * F32
+    cap = min(-(-PS_WAVES * wave // items), reserved // (n * heads * (hd + 2) * F32), DK_MAX_SPLITS)
+    want = 1 if items >= wave else plan_splits(items, wave, max_len, cap, PS_MIN_CHUNK)
+    if want <= 1:
+        return items, 1, max_len
+    chunk = -(-(-(-max_len // want)) // PS_KEY_ALIGN) * PS_KEY_ALIGN
+    return items, -(-max_len // chunk), chunk
+
+
+def wave_fill(blocks, wave):
+    """Share of the resident block slots the blocks keep busy over their waves."""
+    return blocks / (-(-blocks // wave) * wave)
+
+
+def split_k_rows(gpus):
+    """Per (gpu, split-K case, tp): the chunk's prefill attention over all layers of one rank, one
+    pass (the blocks of the chunk's rows and the rank's heads) against split-K (the plan's splits
+    and the merge's partials: written by the splits, read by the merge). Time is the roofline with
+    the tensor-core rate scaled by the wave fill (the share of resident block slots in use: a rank
+    with few heads leaves SMs idle); bytes: K/V of the prefix and chunk once, q and the output,
+    and with split-K the partials twice."""
+    out = []
+    for gname, gpu in gpus:
+        wave = gpu["sms"] * FA_BLOCKS_PER_SM
+        for name, cfg_dir, prefix, n in SPLIT_K_CASES:
+            c = load_config(cfg_dir)
+            D, d, H, Hkv, F, L, V = shape(c)
+            for tp in SPLIT_K_TP:
+                if H % tp or Hkv % tp:
+                    continue
+                h, hkv, keys = H // tp, Hkv // tp, prefix + n
+                flops = L * 4 * h * d * n * (prefix + (n + 1) / 2)
+                nbytes = L * (keys * hkv * d * 2 * BF16 + 2 * n * h * d * F32)
+                items, splits, chunk = prefill_split_plan(gpu["sms"], n, 1, h, d, keys)
+                part = L * 2 * n * h * splits * (d + 2) * F32 if splits > 1 else 0
+                f1, f2 = wave_fill(items, wave), wave_fill(items * splits, wave)
+                t1 = max(flops / (gpu["tc"] * f1 * 1e12), nbytes / (gpu["hbm_gbs"] * 1e9))
+                t2 = max(flops / (gpu["tc"] * f2 * 1e12), (nbytes + part) / (gpu["hbm_gbs"] * 1e9))
+                out.append({"gpu": gname, "case": name, "tp": tp, "blocks": items, "splits": splits, "chunk": chunk,
+                            "fill1": f1, "fill2": f2, "t1": t1, "t2": t2, "part_gb": part / 1e9})
+    return out
+
+
+def print_split_k(gpus, markdown):
+    rows = split_k_rows(gpus)
+    hdr = ("GPU", "case", "tp", "blocks", "splits", "keys/split", "fill before", "fill after", "partials GB",
+           "attention before", "after", "speed-up")
+    cells = [(r["gpu"], r["case"], "%d" % r["tp"], "%d" % r["blocks"], "%d" % r["splits"],
+              "%d" % r["chunk"] if r["splits"] > 1 else "-", "%.0f%%" % (100 * r["fill1"]),
+              "%.0f%%" % (100 * r["fill2"]), "%.3f" % r["part_gb"], fmt_t(r["t1"]), fmt_t(r["t2"]),
+              "%.2fx" % (r["t1"] / r["t2"])) for r in rows]
+    print_goal_table("prefill split-K: a chunk of query rows over a long cached prefix, per rank (all layers; the "
+                     "tensor-core roofline scaled by the wave fill)", hdr,
+                     "%-5s %-20s %3s %7s %7s %11s %12s %11s %12s %17s %10s %9s",
+                     "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", cells, markdown)
 
 
 def check():
@@ -538,6 +609,16 @@ def check():
     print("%s decode attention goal at 8B@128K batch 1 on H200: %.4f GB, %.4f ms, %d splits (expected %.4f GB, "
           "%.4f ms, 47)" % ("ok  " if ok else "FAIL", r["gb"], r["goal"] * 1e3, r["splits"], want_b / 1e9,
                               want_b / (0.7 * 4800e9) * 1e3))
+    # split-K: Llama-3.1-8B, a chunk of 512 rows over a 128K prefix on an H200 (132 SMs, 264 resident
+    # blocks): tp 1 runs 8 x 32 = 256 blocks (97% of a wave, no split); tp 8 runs 8 x 4 = 32 blocks,
+    # split 8 ways (chunks of 16,448 keys, 256 blocks, 97%)
+    ks = {r["tp"]: r for r in split_k_rows([("H200", GPUS["H200"])]) if r["case"] == "8B chunk 512 @128K"}
+    ok = (ks[1]["blocks"], ks[1]["splits"], ks[8]["blocks"], ks[8]["splits"], ks[8]["chunk"]) == (256, 1, 32, 8, 16448) \
+        and abs(ks[8]["fill2"] - 256 / 264) < 1e-12 and ks[8]["t2"] < ks[8]["t1"]
+    fails += not ok
+    print("%s split-K at 8B chunk 512 @128K on H200: tp 1 %d blocks x %d, tp 8 %d blocks x %d splits of %d keys "
+          "(expected 256 x 1, 32 x 8 of 16448)" % ("ok  " if ok else "FAIL", ks[1]["blocks"], ks[1]["splits"],
+                                                     ks[8]["blocks"], ks[8]["splits"], ks[8]["chunk"]))
     # the window scores today at 8B@32K: two passes of three mma per product (6 x 2 w n d H FLOPs per
     # layer), the keys read once by the statistics pass and once per query head by the column sums
     w, n = WINDOW, 32768
@@ -590,6 +671,7 @@ def main():
     print_prefill_tiles(gpus, a.markdown)
     print_evict_goal(cases, gpus, a.markdown)
     print_decode_goal(cases, gpus, a.markdown)
+    print_split_k(gpus, a.markdown)
     return 0
 
 

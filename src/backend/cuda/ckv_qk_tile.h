@@ -16,6 +16,8 @@ namespace {
 
 constexpr int FA_BM = 64;      /* query rows per block: 4 warps x 16 */
 constexpr int FA_THREADS = 128;
+constexpr int FA_BLOCKS_PER_SM = 2; /* the prefill kernel's launch bounds (sass_expect.txt) */
+constexpr int FA_HD_MAX = 128;      /* the largest head dim with a tile */
 
 template <typename T, int HD> struct fa_tile;
 template <int HD> struct fa_tile<ckv_bf16, HD> {

@@ -10,6 +10,9 @@
  *    tile a row of the block sees. Head dims 16, 32, 64, 80, 96, 128; bf16 caches (q and the softmax
  *    weights rounded to bf16, fragments by ldmatrix) and f32 caches (every fp32 operand split into
  *    three bf16 terms: fp32-class products, as the parity studies' fp32 attention needs).
+ *    Split-K (docs/gpu.md §3b): when the blocks fill less than a wave of the SMs, each block's keys
+ *    are cut into splits (cuda_prefill_split.cu plans them) that write unnormalised partials, which
+ *    the split-KV merge of cuda_decode.cu combines.
  *  - everything else (decode steps, other head dims up to 256): the split-KV kernels of
  *    cuda_decode.cu.
  * fp32 softmax and accumulation. The cache is not written here (cuda_kv.cu). */
@@ -23,8 +26,9 @@ namespace CKV_CUDA_NS {
 namespace {
 
 /* ---- prefill: flash attention on tensor cores ------------------------------------------------
- * grid (ceil(n / BM), n_heads, n_seq), block 2 BM threads (BM = 128: 8 warps, bf16 caches at head
- * dims 64-128 unless that grid leaves SMs idle, launch_flash_hd; else BM = 64: 4 warps); the row
+ * grid (ceil(n / BM), n_heads, n_seq x splits: z = sequence x splits + split, §3b), block 2 BM
+ * threads (BM = 128: 8 warps, bf16 caches at head dims 64-128 unless that grid leaves SMs idle or
+ * split-K runs, launch_flash_hd; else BM = 64: 4 warps); the row
  * blocks run last first (the causal ones with the most keys start first). Lane (g = lane >> 2,
  * t = lane & 3) of warp w owns query rows g and g + 8 of the warp's 16 (the C-fragment rows,
  * docs/gpu.md §1).
@@ -130,11 +134,12 @@ __device__ __forceinline__ void fa_load_stage(typename fa_tile<T, HD>::elem *ks,
 
 /* Resident blocks per SM the instance is built for (its launch bounds): 4-warp blocks 2, 8-warp
  * blocks 1 (8 warps per SM either way; 255 registers a thread). */
-constexpr int fa_blocks_per_sm(int bm) { return bm == FA_BM ? 2 : 1; }
+constexpr int fa_blocks_per_sm(int bm) { return bm == FA_BM ? FA_BLOCKS_PER_SM : 1; }
 
 template <typename T, int HD, int BM>
 __global__ void __launch_bounds__(2 * BM, fa_blocks_per_sm(BM))
-flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale_log2) {
+flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale_log2,
+             prefill_split sk) {
     typedef fa_tile<T, HD> tile_t;
     typedef fa_stages<T, HD> st_t;
     typedef typename tile_t::elem elem;
@@ -144,7 +149,7 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     elem *vs = ks + st_t::STAGES * st_t::KT;               // [2][BN][VS] V tiles
     int32_t *kp = (int32_t *)(vs + st_t::STAGES * st_t::VT); // [2][BN]   positions (0 past len: masked by index)
 
-    const int s = (int)blockIdx.z, h = (int)blockIdx.y, m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BM;
+    const int s = (int)blockIdx.z / sk.n_splits, h = (int)blockIdx.y, m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BM;
     int tok0, ntok;
     seq_rows(kv, s, n, &tok0, &ntok);
     if (m0 >= ntok) return; /* uniform over the block, before any barrier */
@@ -152,7 +157,8 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     const ckv_kv_seg *seg = &kv.segs[s][h / group];
     const T *K = (const T *)seg->k, *V = (const T *)seg->v;
     const int32_t *kpos = seg->pos;
-    const int len = seg->len;
+    const int k0 = ((int)blockIdx.z % sk.n_splits) * sk.chunk; /* split-K (§3b): this block's keys [k0, len) */
+    const int len = seg->len - k0 < sk.chunk ? seg->len : k0 + sk.chunk;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
 
     const int r0 = m0 + warp * 16 + gq, r1 = r0 + 8; /* this lane's rows within the sequence */
@@ -162,8 +168,8 @@ flash_kernel(float *out, const float *q, const int32_t *qpos, ckv_kv_batch kv, i
     const int32_t qmin = qpos[tok0 + m0], qmax = qpos[tok0 + last]; /* tokens ascend */
     const bool rows_full = last == m0 + BM - 1;                      /* every row of the block is a token */
 
-    /* tile 0 goes first; Q is read meanwhile */
-    if (len > 0) fa_load_stage<T, HD, NT>(ks, vs, kp, K, V, kpos, 0, len, tid);
+    /* tile 0 of this block's keys goes first; Q is read meanwhile */
+    if (k0 < len) fa_load_stage<T, HD, NT>(ks, vs, kp, K, V, kpos, k0, len, tid);
     ckv_cp_async_commit();
 
     const float *q0 = q + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD; // [HD] (row r0)
@@ -176,7 +182,7 @@ CKV_UNROLL
     float mx0 = -INFINITY, mx1 = -INFINITY; /* running row max of the raw scores (rows r0, r1) */
     float l0 = 0.0f, l1 = 0.0f;             /* this lane's part of the running row sums */
 
-    for (int kb = 0, st = 0; kb < len; kb += BN, st ^= 1) {
+    for (int kb = k0, st = 0; kb < len; kb += BN, st ^= 1) {
         ckv_cp_async_wait<0>(); /* tile j, the one group in flight */
         __syncthreads();        /* tile j visible to every warp; every warp is done with tile j - 1 */
         const elem *kt = ks + st * st_t::KT, *vt = vs + st * st_t::VT;
@@ -242,60 +248,70 @@ CKV_UNROLL
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f; /* nothing seen: 0 */
-    float *o0 = out + ((size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h) * HD;
-    float *o1 = o0 + (size_t)8 * (size_t)n_heads * HD;
+    /* O = o / l (nothing seen: 0) into out [n, n_heads, HD]; with split-K (§3b) o unnormalised into
+     * split sp's partial row [HD + 2] (launch_merge's layout), then m (base 2) and l */
+    const bool split = sk.part != nullptr;
+    const int ns = split ? sk.n_splits : 1, rs = split ? HD + 2 : HD; /* partials per row, row stride */
+    const float inv0 = split ? 1.0f : l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = split ? 1.0f : l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const size_t R0 = (size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h;
+    float *o0 = (split ? sk.part : out) + (R0 * (size_t)ns + (size_t)((int)blockIdx.z % ns)) * (size_t)rs;
+    float *o1 = o0 + (size_t)8 * (size_t)n_heads * (size_t)ns * (size_t)rs;
 CKV_UNROLL
     for (int nd = 0; nd < HD / 8; nd++) {
         const int d = nd * 8 + 2 * tq;
         if (ok0) *(float2 *)(o0 + d) = make_float2(o[nd][0] * inv0, o[nd][1] * inv0); /* 8-byte stores */
         if (ok1) *(float2 *)(o1 + d) = make_float2(o[nd][2] * inv1, o[nd][3] * inv1);
     }
+    if (split && tq == 0 && ok0) *(float2 *)(o0 + HD) = make_float2(mx0 * scale_log2, l0); /* -inf: saw nothing */
+    if (split && tq == 0 && ok1) *(float2 *)(o1 + HD) = make_float2(mx1 * scale_log2, l1);
 }
 
 template <typename T, int HD, int BM>
 void launch_flash_bm(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
-                     int n_heads, float scale_log2) {
+                     int n_heads, float scale_log2, prefill_split sk) {
     constexpr size_t smem = fa_stages<T, HD>::BYTES;
     if (smem > 48 * 1024)
         CKV_CUDA_OP_CHECK(c, cudaFuncSetAttribute(flash_kernel<T, HD, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   (int)smem),
                           "opt the prefill attention kernel in to its shared memory");
-    const dim3 grid((unsigned)((n + BM - 1) / BM), (unsigned)n_heads, (unsigned)kv->n_seq);
+    const dim3 grid((unsigned)((n + BM - 1) / BM), (unsigned)n_heads, (unsigned)(kv->n_seq * sk.n_splits));
     CKV_LAUNCH((flash_kernel<T, HD, BM>), grid, dim3(2 * BM), smem, c->stream, out, q, qpos, *kv, n, n_heads,
-               scale_log2);
+               scale_log2, sk);
 }
 
 /* The block's rows: 8 warps (128 rows, each K/V tile shared by twice the queries: half the tile
  * fills per query) for bf16 caches at the models' head dims (64-128) unless that grid leaves SMs
  * idle that the 64-row grid would keep busy (at most 1 in 16 fewer: a grid of 128 blocks on 132
  * SMs is wide, one of 4 blocks is not); 4 warps (64 rows) otherwise, for f32 caches (255
- * registers of six-product fragments) and for head dims 16 and 32. */
+ * registers of six-product fragments), for head dims 16 and 32, and under split-K (§3b: the plan
+ * counts 64-row blocks, two per SM). */
 template <typename T, int HD>
 void launch_flash_hd(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
-                     int n_heads, float scale_log2) {
+                     int n_heads, float scale_log2, prefill_split sk) {
     constexpr bool wide = sizeof(T) == 2 && HD >= 64;
     const long long rows = (long long)n_heads * kv->n_seq, sms = c->sms;
     const long long b128 = (n + 2 * FA_BM - 1) / (2 * FA_BM) * rows, b64 = (n + FA_BM - 1) / FA_BM * rows;
     const long long busy128 = b128 < sms ? b128 : sms, busy64 = b64 < sms ? b64 : sms; /* SMs with a block */
-    if (wide && busy128 * 16 >= busy64 * 15)
-        launch_flash_bm<T, HD, wide ? 2 * FA_BM : FA_BM>(c, out, q, qpos, kv, n, n_heads, scale_log2);
+    if (wide && sk.n_splits == 1 && busy128 * 16 >= busy64 * 15)
+        launch_flash_bm<T, HD, wide ? 2 * FA_BM : FA_BM>(c, out, q, qpos, kv, n, n_heads, scale_log2, sk);
     else
-        launch_flash_bm<T, HD, FA_BM>(c, out, q, qpos, kv, n, n_heads, scale_log2);
+        launch_flash_bm<T, HD, FA_BM>(c, out, q, qpos, kv, n, n_heads, scale_log2, sk);
 }
 
 template <typename T>
 void launch_flash(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                   int n_heads, float scale) {
+    const prefill_split sk = prefill_split_plan(c, kv, n, n_heads); /* planned for 64-row blocks */
     const float sl2 = scale * 1.44269504088896341f; /* log2(e) folded into the scale */
     switch (kv->head_dim) {
-    case 16: launch_flash_hd<T, 16>(c, out, q, qpos, kv, n, n_heads, sl2); break;
-    case 32: launch_flash_hd<T, 32>(c, out, q, qpos, kv, n, n_heads, sl2); break;
-    case 64: launch_flash_hd<T, 64>(c, out, q, qpos, kv, n, n_heads, sl2); break;
-    case 80: launch_flash_hd<T, 80>(c, out, q, qpos, kv, n, n_heads, sl2); break;
-    case 96: launch_flash_hd<T, 96>(c, out, q, qpos, kv, n, n_heads, sl2); break;
-    default: launch_flash_hd<T, 128>(c, out, q, qpos, kv, n, n_heads, sl2); break;
+    case 16: launch_flash_hd<T, 16>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    case 32: launch_flash_hd<T, 32>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    case 64: launch_flash_hd<T, 64>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    case 80: launch_flash_hd<T, 80>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    case 96: launch_flash_hd<T, 96>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
+    default: launch_flash_hd<T, 128>(c, out, q, qpos, kv, n, n_heads, sl2, sk); break;
     }
+    if (sk.part) launch_merge(c, out, sk.part, n * n_heads, sk.n_splits, kv->head_dim);
 }
 
 } // namespace

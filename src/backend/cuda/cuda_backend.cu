@@ -313,6 +313,7 @@ ckv_status init_device(ctx *c, int device) {
     CKV_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes), "allocate the cuBLAS workspace");
     CKV_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes), "set the cuBLAS workspace");
     CKV_TRY(grow(c, (void **)&c->xbf, &c->xbf_cap, XBF_INITIAL * sizeof(ckv_bf16), "the GEMM activation workspace"));
+    CKV_TRY(grow(c, (void **)&c->part, &c->part_cap, prefill_split_bytes(c->sms), "the split-KV partials"));
     CKV_CUDA_CHECK(cudaMalloc((void **)&c->count, sizeof *c->count), "allocate the counter");
     CKV_CUDA_CHECK(cudaMallocHost((void **)&c->stage, STAGE_BYTES), "allocate the page-locked upload ring");
     c->stage_cap = STAGE_BYTES;
@@ -342,6 +343,18 @@ ckv_status backend_init(ckv_backend **out, int device) {
     memset(c, 0, sizeof *c);
     const char *env = getenv("CKV_CUDA_SYNC");
     c->sync_each = env && env[0] == '1';
+    env = getenv("CKV_CUDA_PREFILL_SPLITS"); /* tests and measurements: force the prefill's split-K */
+    if (env && env[0]) {
+        char *end = NULL;
+        const long v = strtol(env, &end, 10);
+        if (*end || v < 0 || v > MERGE_MAX_SPLITS) {
+            be_free(be);
+            return ckv_error(CKV_STATUS_ERR_ARG,
+                             "%s backend: CKV_CUDA_PREFILL_SPLITS=%s: expected 0 (planned), 1 (off) or a split count up to %d",
+                             CKV_CUDA_BACKEND_NAME, env, MERGE_MAX_SPLITS);
+        }
+        c->prefill_splits = (int)v;
+    }
     s = init_device(c, device);
     if (s == CKV_STATUS_OK) s = graph_cache_init(c);
     if (s != CKV_STATUS_OK) {

@@ -4,7 +4,8 @@
  * original pos <= qpos[t]; a row that sees nothing is 0. Each kernel's block takes one (sequence,
  * KV head) segment's chunk of keys and the query rows of that segment (the GQA group's heads of the
  * sequence's tokens), so each K/V byte is read once per group of rows, and writes unnormalised
- * partials (o, m in base 2, l) that one merge kernel combines. Two split kernels:
+ * partials (o, m in base 2, l) that one merge kernel combines; the merge and the split plan
+ * (plan_splits) also serve the prefill kernel's split-K (cuda_prefill_split.cu). Two split kernels:
  *  - decode_kernel: up to 4 query tokens per sequence (decode steps), head dims of whole 16-byte
  *    chunks (bf16: multiples of 8 up to 256; f32: multiples of 4 up to 128): bandwidth-bound, 16-byte
  *    K/V loads straight into registers, warp-shuffle dot products and merges, the split count
@@ -175,10 +176,8 @@ CKV_UNROLL
  * (o unnormalised, m in base 2, l) for the merge. No shared memory in the key loop. */
 constexpr int DK_THREADS = 128;
 constexpr int DK_WARPS = DK_THREADS / 32;
-constexpr int DK_MAX_SPLITS = 64;   /* partials per row at most (merge_kernel's weights) */
 constexpr int DK_MIN_CHUNK = 256;   /* keys per block at least: the merge costs a row of hd + 2 floats */
 constexpr int DK_BLOCKS_PER_SM = 4; /* resident blocks per SM planned for (sass_expect.txt) */
-constexpr double DK_EFF_SHARE = 0.95; /* of the best wave efficiency (decode_splits) */
 
 /* Merges the softmax state (m2, l2, o2) into (m, l, o) (base 2; m = -inf: empty). */
 template <int VEC>
@@ -334,7 +333,7 @@ CKV_UNROLL
  * splits (docs/gpu.md §4; m in base 2), the weights computed once per split and row by the lanes,
  * the dims summed in split order (the same order for every row). */
 __global__ void __launch_bounds__(DK_THREADS) merge_kernel(float *out, const float *part, int rows, int n_splits, int hd) {
-    __shared__ float wt[DK_WARPS * DK_MAX_SPLITS]; // [warp][split] weights
+    __shared__ float wt[DK_WARPS * MERGE_MAX_SPLITS]; // [warp][split] weights
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const size_t R = (size_t)blockIdx.x * DK_WARPS + (size_t)warp;
     const bool ok = R < (size_t)rows; /* no return: every lane meets the shuffles and the barrier */
@@ -346,7 +345,7 @@ __global__ void __launch_bounds__(DK_THREADS) merge_kernel(float *out, const flo
     for (int sp = lane; sp < n_splits; sp += 32) {
         const float m = pr[(size_t)sp * (hd + 2) + hd];
         const float w = m == -INFINITY ? 0.0f : exp2f(m - M);
-        wt[warp * DK_MAX_SPLITS + sp] = w;
+        wt[warp * MERGE_MAX_SPLITS + sp] = w;
         L += w * pr[(size_t)sp * (hd + 2) + hd + 1];
     }
     for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
@@ -354,16 +353,11 @@ __global__ void __launch_bounds__(DK_THREADS) merge_kernel(float *out, const flo
     for (int d = lane; d < hd && ok; d += 32) {
         float o = 0.0f;
         for (int sp = 0; sp < n_splits; sp++) {
-            const float w = wt[warp * DK_MAX_SPLITS + sp];
+            const float w = wt[warp * MERGE_MAX_SPLITS + sp];
             if (w != 0.0f) o += w * pr[(size_t)sp * (hd + 2) + d];
         }
         out[R * (size_t)hd + (size_t)d] = L > 0.0f ? o / L : 0.0f;
     }
-}
-
-void launch_merge(ctx *c, float *out, int rows, int n_splits, int hd) {
-    CKV_LAUNCH(merge_kernel, dim3((unsigned)((rows + DK_WARPS - 1) / DK_WARPS)), dim3(DK_THREADS), 0, c->stream, out,
-               c->part, rows, n_splits, hd);
 }
 
 template <typename T>
@@ -392,28 +386,7 @@ void launch_split(ctx *c, float *out, const float *q, const int32_t *qpos, const
     const int row_blocks = (n * group + rows_per_block - 1) / rows_per_block;
     CKV_LAUNCH(split_kernel<T>, dim3((unsigned)(n_splits * row_blocks), (unsigned)n_kv, (unsigned)kv->n_seq),
                dim3(SK_THREADS), 0, c->stream, c->part, q, qpos, *kv, n, n_heads, scale, n_splits, chunk, rows_per_block);
-    launch_merge(c, out, n * n_heads, n_splits, hd);
-}
-
-/* Splits of a segment's keys (after FlashAttention-2's num_splits_heuristic, docs/gpu.md §4): with
- * `segs` (sequence, KV head) segments and `wave` blocks resident at once, the smallest split count
- * whose wave efficiency (blocks / (waves * wave)) is within DK_EFF_SHARE of the best, each split at
- * least DK_MIN_CHUNK keys, at most `cap`. FlashAttention-2 takes 85% of the best; decode splits cost
- * one partial row each (hd + 2 floats per query row, under 1% of a split's K/V bytes), so ckv keeps
- * closer to a full wave. tools/bench/roofline.py mirrors this plan. */
-int decode_splits(int segs, int wave, int max_len, int cap) {
-    int most = (max_len + DK_MIN_CHUNK - 1) / DK_MIN_CHUNK;
-    most = most < cap ? most : cap;
-    if (most <= 1 || segs >= wave) return 1;
-    double eff[DK_MAX_SPLITS + 1], best = 0.0;
-    for (int sp = 1; sp <= most; sp++) {
-        const double waves = (double)segs * sp / wave;
-        eff[sp] = waves / ceil(waves);
-        best = eff[sp] > best ? eff[sp] : best;
-    }
-    for (int sp = 1; sp <= most; sp++)
-        if (eff[sp] >= DK_EFF_SHARE * best) return sp;
-    return most;
+    launch_merge(c, out, c->part, n * n_heads, n_splits, hd);
 }
 
 template <typename T, int RP>
@@ -424,9 +397,9 @@ void launch_decode_rp(ctx *c, float *out, const float *q, const int32_t *qpos, c
     /* the partials are sized by a bound that does not depend on the length: a growing cache never
      * reallocates them */
     int cap = (2 * wave + segs - 1) / segs;
-    cap = cap < DK_MAX_SPLITS ? cap : DK_MAX_SPLITS;
+    cap = cap < MERGE_MAX_SPLITS ? cap : MERGE_MAX_SPLITS;
     const int max_len = kv->max_len > 1 ? kv->max_len : 1;
-    const int want = decode_splits(segs, wave, max_len, cap);
+    const int want = plan_splits(segs, wave, max_len, DK_MIN_CHUNK, cap);
     const int chunk = ((max_len + want - 1) / want + 31) / 32 * 32;
     const int n_splits = (max_len + chunk - 1) / chunk;
     const size_t need = (size_t)n * (size_t)n_heads * (size_t)cap * (size_t)(hd + 2);
@@ -437,7 +410,7 @@ void launch_decode_rp(ctx *c, float *out, const float *q, const int32_t *qpos, c
     }
     CKV_LAUNCH((decode_kernel<T, RP>), dim3((unsigned)n_splits, (unsigned)kv->n_kv_heads, (unsigned)kv->n_seq),
                dim3(DK_THREADS), 0, c->stream, c->part, q, qpos, *kv, n, n_heads, scale * LOG2E, n_splits, chunk);
-    launch_merge(c, out, n * n_heads, n_splits, hd);
+    launch_merge(c, out, c->part, n * n_heads, n_splits, hd);
 }
 
 /* Query rows per pass: the power of two covering a segment's rows (its tokens times the group),
@@ -457,6 +430,34 @@ void launch_decode(ctx *c, float *out, const float *q, const int32_t *qpos, cons
 }
 
 } // namespace
+
+/* Splits of `items` blocks' keys (after FlashAttention-2's num_splits_heuristic, docs/gpu.md §4):
+ * with `wave` blocks resident at once, the smallest split count whose wave efficiency (blocks /
+ * (waves * wave)) is within PLAN_EFF_SHARE of the best, each split at least min_chunk keys, at most
+ * `cap`. FlashAttention-2 takes 85% of the best; a split costs one partial row per query row (hd + 2
+ * floats, under 1% of a decode split's K/V bytes), so ckv keeps closer to a full wave.
+ * tools/bench/roofline.py mirrors this plan. */
+constexpr double PLAN_EFF_SHARE = 0.95;
+int plan_splits(int items, int wave, int max_len, int min_chunk, int cap) {
+    int most = (max_len + min_chunk - 1) / min_chunk;
+    most = most < cap ? most : cap;
+    most = most < MERGE_MAX_SPLITS ? most : MERGE_MAX_SPLITS;
+    if (most <= 1 || items >= wave) return 1;
+    double eff[MERGE_MAX_SPLITS + 1], best = 0.0;
+    for (int sp = 1; sp <= most; sp++) {
+        const double waves = (double)items * sp / wave;
+        eff[sp] = waves / ceil(waves);
+        best = eff[sp] > best ? eff[sp] : best;
+    }
+    for (int sp = 1; sp <= most; sp++)
+        if (eff[sp] >= PLAN_EFF_SHARE * best) return sp;
+    return most;
+}
+
+void launch_merge(ctx *c, float *out, const float *part, int rows, int n_splits, int hd) {
+    CKV_LAUNCH(merge_kernel, dim3((unsigned)((rows + DK_WARPS - 1) / DK_WARPS)), dim3(DK_THREADS), 0, c->stream, out,
+               part, rows, n_splits, hd);
+}
 
 void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                      int n_heads, float scale) {

@@ -1,7 +1,7 @@
 /* cuda_internal.h - private to backend/cuda: the CUDA backend's state (device, the one compute
  * stream, the cuBLAS handle, workspaces), the check macros every CUDA and cuBLAS call goes through,
  * element load/store helpers shared by the kernels, and the host entry points of the kernel files
- * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_decode.cu, cuda_sample.cu, cuda_evict_*.cu, cuda_score_*.cu). Everything is in namespace
+ * (cuda_ops.cu, cuda_matmul.cu, cuda_kv.cu, cuda_attention.cu, cuda_prefill_split.cu, cuda_decode.cu, cuda_sample.cu, cuda_evict_*.cu, cuda_score_*.cu). Everything is in namespace
  * CKV_CUDA_NS, so the GPU build and the emulated build (cuda_rt.h) can live in one program. */
 #ifndef CKV_CUDA_INTERNAL_H
 #define CKV_CUDA_INTERNAL_H
@@ -25,8 +25,10 @@ struct ctx {
     size_t blas_ws_bytes;
     ckv_bf16 *xbf;            /* activations converted to bf16 for the GEMM */
     size_t xbf_cap;           /* bytes */
-    float *part;              /* split-KV partials: per row and split, o [hd], m, l */
+    float *part;              /* split-KV partials: per row and split, o [hd], m, l; at init at least
+                                 prefill_split_bytes (the prefill's split-K never grows it) */
     size_t part_cap;          /* bytes */
+    int prefill_splits;       /* CKV_CUDA_PREFILL_SPLITS: 0 plans the prefill's split-K, N > 0 forces N (1: off) */
     unsigned long long *count; /* [1] count_nonfinite's counter */
     void *evict_ws;           /* scratch of the eviction ops: one op at a time; sized by evict_reserve */
     size_t evict_ws_cap;      /* bytes */
@@ -194,6 +196,25 @@ void attention(ckv_backend *be, float *out, const ckv_attention_params *a);
 constexpr int DECODE_HD_MAX = 256; /* largest head dim of attention */
 void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                      int n_heads, float scale);
+/* The split plan and the merge the split-KV kernels and the prefill's split-K share (cuda_decode.cu,
+ * docs/gpu.md §4): the split count of `items` blocks of work over max_len keys with `wave` blocks
+ * resident at once (the smallest within 95% of the best wave efficiency, each split >= min_chunk
+ * keys, at most cap), and the merge of the partials part [rows, n_splits, hd + 2] (o unnormalised,
+ * m in base 2, l) into out [rows, hd], summed in split order. */
+constexpr int MERGE_MAX_SPLITS = 64;
+int plan_splits(int items, int wave, int max_len, int min_chunk, int cap);
+void launch_merge(ctx *c, float *out, const float *part, int rows, int n_splits, int hd);
+/* cuda_prefill_split.cu: split-K of the prefill kernel over long key ranges (docs/gpu.md §3b). A
+ * plan of n_splits > 1 runs split sp of every block over keys [sp * chunk, +chunk) into part (rows
+ * as launch_merge's), then the merge; n_splits 1 (part NULL) is the one-pass kernel. */
+struct prefill_split {
+    float *part;  /* [n * n_heads, n_splits, hd + 2] or NULL */
+    int n_splits; /* >= 1 */
+    int chunk;    /* keys per split (a multiple of 64); INT_MAX when n_splits is 1 */
+};
+prefill_split prefill_split_plan(const ctx *c, const ckv_kv_batch *kv, int n, int n_heads);
+/* The partials' bytes the plan may use on a device of `sms` SMs (reserved at init). */
+size_t prefill_split_bytes(int sms);
 /* eviction ops: cuda_evict_rows.cu, cuda_evict_attn.cu */
 ckv_status op_status(ctx *c, const char *op); /* op_done, then a launch error as the op's status */
 /* The eviction workspace: bytes of n parts laid out 256-byte aligned (offsets in at, may be NULL),
