@@ -168,7 +168,9 @@ typedef struct {
     ckv_compressor cz;
     int32_t *headkv;        /* [n_layers, n_kv_heads] headkv budgets or NULL */
     ckv_press_config press; /* the press as it runs on this prompt (ckv_press_with_question); cz.cfg */
-    float *logits;          /* [V] host copy of the context's last logits (NULL after cache_in) */
+    float *logits;          /* [V] host copy of the context's last logits (after cache_in: the file's answer state, or NULL) */
+    int question_inside;    /* 1: the question was compressed with the context (query-aware, or a cache file saved so):
+                               answers start from logits and take no question of their own */
     int n_context;          /* positions the context occupies */
     int compressed;
     const char *uncompressed_reason;

@@ -516,7 +516,7 @@ ckv_status ckv_srv_store_put(ckv_srv_store *s, const char *spec, const int32_t *
         if (st == CKV_STATUS_OK && !match) {
             unlink(side); /* no sidecar while its cache file is rewritten: nothing pairs a new file with an old record */
             unlink(file); /* a link or a foreign file in its place is replaced, never written through */
-            st = ckv_session_save_cache((ckv_session *)&pc->sess, cache, spec);
+            st = ckv_session_save_cache((ckv_session *)&pc->sess, cache, spec, NULL);
             if (st == CKV_STATUS_OK) st = write_sidecar(s, side, file, spec, ids, n, pc->logits, V, pc);
         }
         CKV_TRY(st);
