@@ -217,9 +217,10 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
                                          engine_kv_dtype(e)), fail);
     if (p->cache_in) {
         CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);
+        int has_logits = 0;
         CKV_TRY_GOTO(st, ckv_session_load_cache(&pc->sess, p->cache_in, pc->cache_press, sizeof pc->cache_press, pc->logits,
-                                                &pc->question_inside), fail);
-        if (!pc->question_inside) { /* a context-only file: its answers need a question */
+                                                &has_logits, &pc->question_inside), fail);
+        if (!has_logits) { /* a context-only file from --save-cache: its answers need a question */
             ckv_free(pc->logits);
             pc->logits = NULL;
         }
@@ -246,7 +247,8 @@ static ckv_status prepared_finish(ckv_prepared *pc, const float *lg) {
     CKV_TRY(ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"));
     memcpy(pc->logits, lg, sizeof(float) * (size_t)c->vocab_size);
     if (pc->cache_out)
-        CKV_TRY(ckv_session_save_cache(&pc->sess, pc->cache_out, pc->press_spec, pc->question_inside ? pc->logits : NULL));
+        CKV_TRY(ckv_session_save_cache(&pc->sess, pc->cache_out, pc->press_spec, pc->question_inside ? pc->logits : NULL,
+                                       pc->question_inside));
     CKV_TRY(ckv_session_mark(&pc->sess));
     pc->ready = 1;
     pc->cache_out = NULL;
