@@ -78,7 +78,6 @@ static void parse_args(generate_args *a, ckv_opts *o, int argc, char **argv) {
     ckv_opts_exclusive(o, questions, 2, "both give the questions (text or ids)");
     if (a->load_cache) {
         if (n_prompts) ckv_cli_usage_error("generate", "--load-cache replaces the prompt: drop --prompt-ids");
-        if (a->n_questions == 0 && a->n_qtext == 0) ckv_cli_usage_error("generate", "--load-cache needs at least one --question-ids");
         if (a->save_cache) ckv_cli_usage_error("generate", "--load-cache and --save-cache together");
         if (a->chat && a->n_qtext) ckv_cli_usage_error("generate", "--chat with --load-cache: the template was applied when the cache was made");
     } else if (n_prompts != 1) {
@@ -91,7 +90,6 @@ static void parse_args(generate_args *a, ckv_opts *o, int argc, char **argv) {
         ckv_cli_usage_error("generate", "--chat needs a text prompt (--prompt or --prompt-file)");
     /* the press */
     ckv_cli_press_single(o, "generate", &a->press);
-    if (a->save_cache && a->press.query_aware) ckv_cli_usage_error("generate", "--save-cache stores a context-only compression; drop --query-aware");
     if (a->load_cache && a->press.scorer != CKV_SCORER_NONE)
         ckv_cli_usage_error("generate", "--load-cache uses the press the cache was made with: drop --press");
     if (a->press.query_aware && a->n_questions == 0 && a->n_qtext == 0)

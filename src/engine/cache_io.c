@@ -27,7 +27,9 @@ static void json_escape(const char *in, char *out, size_t cap) {
     out[j] = '\0';
 }
 
-ckv_status ckv_session_save_cache(ckv_session *s, const char *path, const char *press_spec) {
+ckv_status ckv_session_save_cache(ckv_session *s, const char *path, const char *press_spec, const float *logits,
+                                  int question_inside) {
+    if (question_inside && !logits) return ckv_error(CKV_STATUS_ERR_ARG, "%s: a query-aware context saved without its logits", path);
     char fp[17], file[4096], spec[1100], meta[2048];
     CKV_TRY(ckv_model_fingerprint(s->model, fp));
     shard_path(s, path, file, sizeof file);
@@ -35,9 +37,10 @@ ckv_status ckv_session_save_cache(ckv_session *s, const char *path, const char *
     const ckv_shard_plan *p = &s->model->plan;
     snprintf(meta, sizeof meta,
              "{\"format\": \"ckv kv cache\", \"model_fingerprint\": \"%s\", \"architecture\": \"%s\", \"tp\": %d, "
-             "\"rank\": %d, \"context_len\": %d, \"press\": \"%s\"}",
-             fp, s->model->cfg.arch_name, p->tp, p->rank, s->n_past, spec);
-    return ckv_kv_cache_save(&s->kv, file, meta);
+             "\"rank\": %d, \"context_len\": %d, \"press\": \"%s\", \"last_logits\": %s, \"question_inside\": %s}",
+             fp, s->model->cfg.arch_name, p->tp, p->rank, s->n_past, spec, logits ? "true" : "false",
+             question_inside ? "true" : "false");
+    return ckv_kv_cache_save(&s->kv, file, meta, logits, logits ? (uint32_t)s->model->cfg.vocab_size : 0);
 }
 
 /* An integer member of the cache header in [lo, hi] (a corrupt header may hold anything). */
@@ -51,7 +54,15 @@ static ckv_status meta_int(const ckv_json *j, const char *key, const char *file,
     return CKV_STATUS_OK;
 }
 
-ckv_status ckv_session_load_cache(ckv_session *s, const char *path, char *press_spec, size_t cap) {
+/* A boolean member of the cache header; absent (a file written before it existed) reads as false. */
+static int meta_flag(const ckv_json *j, const char *key) {
+    const ckv_json *v = ckv_json_get(j, key);
+    return v && ckv_json_is_bool(v) && ckv_json_bool(v);
+}
+
+ckv_status ckv_session_load_cache(ckv_session *s, const char *path, char *press_spec, size_t cap, float *logits,
+                                  int *has_logits, int *question_inside) {
+    *has_logits = *question_inside = 0;
     if (s->n_past != 0) return ckv_error(CKV_STATUS_ERR_ARG, "--load-cache: the session already holds tokens");
     char fp[17], file[4096];
     CKV_TRY(ckv_model_fingerprint(s->model, fp));
@@ -84,14 +95,20 @@ ckv_status ckv_session_load_cache(ckv_session *s, const char *path, char *press_
                        s->capacity);
     else if (!spec)
         st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the cache header names no press", file);
+    else if (meta_flag(j, "question_inside") && !meta_flag(j, "last_logits"))
+        st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the cache header says its question is inside but it holds no logits", file);
     if (st == CKV_STATUS_OK && press_spec && cap) snprintf(press_spec, cap, "%s", spec);
     int full = st == CKV_STATUS_OK && strcmp(spec, "none") == 0; /* uncompressed: every head holds the whole context */
+    int with_logits = meta_flag(j, "last_logits"), inside = meta_flag(j, "question_inside");
     ckv_json_free(j);
     CKV_TRY(st);
     char *meta2 = NULL;
-    st = ckv_kv_cache_load(&s->kv, file, s->capacity - L, L, full, &meta2);
+    st = ckv_kv_cache_load(&s->kv, file, s->capacity - L, L, full, with_logits ? logits : NULL,
+                           with_logits ? (uint32_t)s->model->cfg.vocab_size : 0, &meta2);
     free(meta2);
     CKV_TRY(st);
     s->n_past = L;
+    *has_logits = with_logits;
+    *question_inside = inside;
     return CKV_STATUS_OK;
 }

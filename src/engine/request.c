@@ -191,6 +191,7 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
     pc->dump_kept = p->dump_kept;
     pc->dump_file = p->dump_file;
     pc->cache_out = p->cache_out;
+    pc->question_inside = p->question_rows > 0;
     pc->press_spec = press ? press->spec : "none";
     pc->hook = p->hook ? p->hook : compress ? ckv_compress_layer_hook : NULL;
     pc->hook_ctx = p->hook ? p->hook_ctx : &pc->cz;
@@ -215,7 +216,14 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
     CKV_TRY_GOTO(st, ckv_session_init_kv(&pc->sess, m, n + rows, engine_chunk(e), compress || p->cache_in || p->hook,
                                          engine_kv_dtype(e)), fail);
     if (p->cache_in) {
-        CKV_TRY_GOTO(st, ckv_session_load_cache(&pc->sess, p->cache_in, pc->cache_press, sizeof pc->cache_press), fail);
+        CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);
+        int has_logits = 0;
+        CKV_TRY_GOTO(st, ckv_session_load_cache(&pc->sess, p->cache_in, pc->cache_press, sizeof pc->cache_press, pc->logits,
+                                                &has_logits, &pc->question_inside), fail);
+        if (!has_logits) { /* a context-only file from --save-cache: its answers need a question */
+            ckv_free(pc->logits);
+            pc->logits = NULL;
+        }
         pc->n_context = pc->sess.n_past;
         CKV_TRY_GOTO(st, ckv_session_mark(&pc->sess), fail);
         pc->ready = 1;
@@ -238,7 +246,9 @@ static ckv_status prepared_finish(ckv_prepared *pc, const float *lg) {
     if (pc->compressed) CKV_TRY(ckv_compress_context_end(pc->cz.cfg, &pc->sess));
     CKV_TRY(ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"));
     memcpy(pc->logits, lg, sizeof(float) * (size_t)c->vocab_size);
-    if (pc->cache_out) CKV_TRY(ckv_session_save_cache(&pc->sess, pc->cache_out, pc->press_spec));
+    if (pc->cache_out)
+        CKV_TRY(ckv_session_save_cache(&pc->sess, pc->cache_out, pc->press_spec, pc->question_inside ? pc->logits : NULL,
+                                       pc->question_inside));
     CKV_TRY(ckv_session_mark(&pc->sess));
     pc->ready = 1;
     pc->cache_out = NULL;
@@ -336,7 +346,11 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
                          "question %d: %d tokens + %d new exceed the %d tokens reserved after the context", question, n,
                          g->max_new_tokens, s->capacity - pc->n_context);
     if (n == 0 && !pc->logits && g->max_new_tokens > 0)
-        return ckv_error(CKV_STATUS_ERR_ARG, "a context loaded from a cache file needs a question to answer");
+        return ckv_error(CKV_STATUS_ERR_ARG, "a context-only cache file (saved without --query-aware) needs a question to "
+                         "answer: give --question-ids");
+    if (n > 0 && pc->question_inside)
+        return ckv_error(CKV_STATUS_ERR_ARG, "question %d: the context holds its question already (compressed with it, "
+                         "e.g. a cache file saved with --query-aware): drop --question-ids", question);
     ckv_answer_config ac = {.max_tokens = g->max_new_tokens, .eos_ids = e->stop_ids, .n_eos_ids = e->n_stop_ids,
                             .ignore_eos = g->ignore_eos, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
                             .stop_strings = g->stop_strings, .n_stop_strings = g->n_stop_strings,
@@ -421,7 +435,11 @@ ckv_status ckv_request_check(const ckv_engine *e, const ckv_request *r) {
     if (r->gen.max_new_tokens < 0) return ckv_error(CKV_STATUS_ERR_ARG, "--max-new-tokens must be >= 0");
     if (r->n_questions < 0 || (r->n_questions > 0 && !r->questions)) return ckv_error(CKV_STATUS_ERR_ARG, "bad question list");
     if (r->query_aware && r->n_questions == 0) return ckv_error(CKV_STATUS_ERR_ARG, "--query-aware needs at least one question");
-    if (r->query_aware && r->cache_in) return ckv_error(CKV_STATUS_ERR_ARG, "--query-aware with a cache file: the cache holds the context only");
+    if (r->query_aware && r->cache_in)
+        return ckv_error(CKV_STATUS_ERR_ARG, "--query-aware with --load-cache: the file records how it was compressed; drop --query-aware");
+    if (r->query_aware && r->cache_out && r->n_questions != 1)
+        return ckv_error(CKV_STATUS_ERR_ARG, "--save-cache with --query-aware stores one question compressed with the context: "
+                         "give exactly one question, got %d", r->n_questions);
     if (r->cache_in) return CKV_STATUS_OK; /* the context length is in the file; ckv_engine_prepare checks it */
     if (r->n_context < 1 || !r->context) return ckv_error(CKV_STATUS_ERR_ARG, "empty context");
     long max_q = 0, max_new = r->n_questions ? 0 : r->gen.max_new_tokens;
@@ -501,6 +519,7 @@ ckv_status ckv_engine_run(ckv_engine *e, const ckv_request *r, ckv_result *out) 
             pp.n = n;
             pp.question_rows = r->questions[q].n;
             pp.reserve = g.max_new_tokens;
+            pp.cache_out = r->cache_out; /* one question (ckv_request_check) */
             st = ckv_engine_prepare(e, &pp, &pc);
             if (st == CKV_STATUS_OK) st = ckv_prepared_answer(&pc, q, NULL, 0, &g, &sampler, &out->answers[q]);
             if (st == CKV_STATUS_OK) add_stats(&out->stats, &pc);

@@ -102,7 +102,8 @@ typedef struct {
     int question_rows;              /* query-aware: the last rows of ids that are the question (finch's window) */
     int reserve;                    /* tokens the session holds beyond the context: longest question + answer */
     const char *cache_in;           /* load the (compressed) context from this cache file instead of ids */
-    const char *cache_out;          /* save the compressed context to this cache file */
+    const char *cache_out;          /* save the compressed context to this cache file (with question_rows: the question
+                                       and the prompt's last logits too, so a load answers without a question) */
     int dump_kept;                  /* log kept positions (set on every rank; rank 0 writes to dump_file) */
     FILE *dump_file;
     /* analysis: a layer hook run instead of the press's (the session keeps the attention inputs) */
@@ -168,7 +169,9 @@ typedef struct {
     ckv_compressor cz;
     int32_t *headkv;        /* [n_layers, n_kv_heads] headkv budgets or NULL */
     ckv_press_config press; /* the press as it runs on this prompt (ckv_press_with_question); cz.cfg */
-    float *logits;          /* [V] host copy of the context's last logits (NULL after cache_in) */
+    float *logits;          /* [V] host copy of the context's last logits (after cache_in: the file's, or NULL) */
+    int question_inside;    /* 1: the question was compressed with the context (query-aware, or a cache file saved so):
+                               answers start from logits and take no question of their own */
     int n_context;          /* positions the context occupies */
     int compressed;
     const char *uncompressed_reason;

@@ -1,7 +1,7 @@
 /* kv_file.c - KV cache files (see kv_file.h). Layout, little-endian:
  *   "CKVCACHE" | u32 version | u32 meta_len | meta JSON | u32 n_layers | u32 n_kv | u32 head_dim |
  *   for each layer, for each head: u32 len | i32 pos[len] | f32 k[len][head_dim] | f32 v[len][head_dim] |
- *   u64 FNV-1a of all the bytes before it.
+ *   u32 n_tail | f32 tail[n_tail] (version 2 on; absent in version 1) | u64 FNV-1a of all the bytes before it.
  * Loading distrusts the file: it must be a regular file; the header length, the shape and every
  * head length are checked against the file's size and the model before anything is allocated (a
  * walk over the lengths must end exactly at the checksum), the checksum is verified over the whole
@@ -29,7 +29,8 @@ typedef struct {
     FILE *f;
     const char *path;
     uint64_t hash;
-    uint64_t size; /* of the file being read (0 when writing) */
+    uint64_t size;    /* of the file being read (0 when writing) */
+    uint32_t version; /* of the file being read */
 } kv_stream;
 
 static void fnv(uint64_t *h, const void *p, size_t n) {
@@ -53,7 +54,7 @@ static ckv_status put_u32(kv_stream *s, uint32_t v) { return put(s, &v, 4); }
 
 static ckv_status get_u32(kv_stream *s, uint32_t *v, const char *what) { return get(s, v, 4, what); }
 
-static ckv_status write_all(const ckv_kv_cache *c, kv_stream *s, const char *meta) {
+static ckv_status write_all(const ckv_kv_cache *c, kv_stream *s, const char *meta, const float *tail, uint32_t n_tail) {
     size_t meta_len = strlen(meta);
     CKV_TRY(put(s, ckv_kv_magic, 8));
     CKV_TRY(put_u32(s, CKV_KV_FILE_VERSION));
@@ -86,6 +87,8 @@ static ckv_status write_all(const ckv_kv_cache *c, kv_stream *s, const char *met
     ckv_free(kb);
     ckv_free(vb);
     ckv_free(pb);
+    if (st == CKV_STATUS_OK) st = put_u32(s, n_tail);
+    if (st == CKV_STATUS_OK) st = put(s, tail, (size_t)n_tail * sizeof(float));
     if (st == CKV_STATUS_OK) {
         uint64_t h = s->hash;
         if (fwrite(&h, 1, 8, s->f) != 8) st = ckv_error(CKV_STATUS_ERR_IO, "%s: write failed", s->path);
@@ -93,11 +96,12 @@ static ckv_status write_all(const ckv_kv_cache *c, kv_stream *s, const char *met
     return st;
 }
 
-ckv_status ckv_kv_cache_save(const ckv_kv_cache *c, const char *path, const char *meta_json) {
+ckv_status ckv_kv_cache_save(const ckv_kv_cache *c, const char *path, const char *meta_json, const float *tail, uint32_t n_tail) {
+    if (n_tail && !tail) return ckv_error(CKV_STATUS_ERR_ARG, "%s: a tail of %u values without data", path, n_tail);
     ckv_atomic_file af;
     CKV_TRY(ckv_atomic_file_open(&af, path, "--save-cache"));
-    kv_stream s = {af.f, path, 0xcbf29ce484222325ull, 0};
-    ckv_status st = write_all(c, &s, meta_json ? meta_json : "{}");
+    kv_stream s = {af.f, path, 0xcbf29ce484222325ull, 0, CKV_KV_FILE_VERSION};
+    ckv_status st = write_all(c, &s, meta_json ? meta_json : "{}", tail, n_tail);
     if (st != CKV_STATUS_OK) {
         ckv_atomic_file_abort(&af);
         return st;
@@ -177,9 +181,10 @@ static ckv_status read_header(kv_stream *s, char **meta) {
     CKV_TRY(get(s, magic, 8, "the magic"));
     if (memcmp(magic, ckv_kv_magic, 8) != 0) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: not a ckv cache file (bad magic)", s->path);
     CKV_TRY(get_u32(s, &version, "the version"));
-    if (version != CKV_KV_FILE_VERSION)
-        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: cache file version %u, this ckv reads version %d", s->path, version,
+    if (version < 1 || version > CKV_KV_FILE_VERSION)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: cache file version %u, this ckv reads versions 1 to %d", s->path, version,
                          CKV_KV_FILE_VERSION);
+    s->version = version;
     CKV_TRY(get_u32(s, &meta_len, "the header length"));
     if (meta_len > (1u << 20)) return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: header of %u bytes is implausible", s->path, meta_len);
     if (meta_len > kv_left(s))
@@ -207,8 +212,9 @@ ckv_status ckv_kv_file_read_meta(const char *path, char **meta_json) {
 }
 
 /* Walks every head length from the stream's position to the checksum without reading rows: each
- * length at most `max_rows` and inside the file, the walk ending exactly at the trailer. */
-static ckv_status walk_lengths(kv_stream *s, int n_layers, int n_kv, size_t d, int max_rows) {
+ * length at most `max_rows` and inside the file, then the tail (version 2 on) of exactly n_tail
+ * values, the walk ending exactly at the trailer. */
+static ckv_status walk_lengths(kv_stream *s, int n_layers, int n_kv, size_t d, int max_rows, uint32_t n_tail) {
     uint64_t row_bytes = 4 + 8 * (uint64_t)d;
     for (int l = 0; l < n_layers; l++)
         for (int h = 0; h < n_kv; h++) {
@@ -224,6 +230,15 @@ static ckv_status walk_lengths(kv_stream *s, int n_layers, int n_kv, size_t d, i
                                  s->path, l, h, (unsigned long long)need, (unsigned long long)kv_left(s));
             if (fseek(s->f, (long)need, SEEK_CUR) != 0) return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot seek", s->path);
         }
+    uint32_t nt = 0;
+    if (s->version >= 2 && (kv_left(s) < 4 || fread(&nt, 1, 4, s->f) != 4))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (no tail length)", s->path);
+    if (nt != n_tail)
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: the file's tail holds %u values, expected %u", s->path, nt, n_tail);
+    if ((uint64_t)nt * sizeof(float) > kv_left(s))
+        return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: truncated cache file (a tail of %u values, %llu bytes left)", s->path, nt,
+                         (unsigned long long)kv_left(s));
+    if (fseek(s->f, (long)((uint64_t)nt * sizeof(float)), SEEK_CUR) != 0) return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot seek", s->path);
     if (kv_left(s) != 0)
         return ckv_error(CKV_STATUS_ERR_FORMAT, "%s: %llu unexpected bytes before the checksum", s->path,
                          (unsigned long long)kv_left(s));
@@ -253,7 +268,7 @@ static ckv_status check_rows(const kv_stream *s, int l, int h, const int32_t *po
     return CKV_STATUS_OK;
 }
 
-static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room, int ctx_len, int full) {
+static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room, int ctx_len, int full, float *tail, uint32_t n_tail) {
     uint32_t nl = 0, nkv = 0, hd = 0;
     CKV_TRY(get_u32(s, &nl, "the shape"));
     CKV_TRY(get_u32(s, &nkv, "the shape"));
@@ -265,7 +280,7 @@ static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room, int ctx_len
     size_t d = hd;
     long body = ftell(s->f);
     if (body < 0) return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot tell the position", s->path);
-    CKV_TRY(walk_lengths(s, (int)nl, (int)nkv, d, ctx_len));
+    CKV_TRY(walk_lengths(s, (int)nl, (int)nkv, d, ctx_len, n_tail));
     CKV_TRY(kv_verify_checksum(s, body));
     /* from here on the counts are the writer's: the sizes were checked, rows are checked as read */
     ckv_status st = CKV_STATUS_OK;
@@ -310,6 +325,12 @@ static ckv_status read_body(ckv_kv_cache *c, kv_stream *s, int room, int ctx_len
         /* shrink to exactly the rows + room (compact keeps every row of each head) */
         st = ckv_kv_layer_compact(c, l, all_rows, (int)rows_cap, keep_n, room);
     }
+    uint32_t nt = 0; /* the tail (its length checked by the walk) */
+    if (st == CKV_STATUS_OK && s->version >= 2) st = get_u32(s, &nt, "the tail length");
+    if (st == CKV_STATUS_OK && nt != n_tail) st = ckv_error(CKV_STATUS_ERR_IO, "%s: the file changed while it was read", s->path);
+    if (st == CKV_STATUS_OK) st = get(s, tail, (size_t)n_tail * sizeof(float), "the tail");
+    if (st == CKV_STATUS_OK && n_tail && ckv_find_nonfinite_f32(tail, n_tail) >= 0)
+        st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: non-finite value %lld of the tail", s->path, (long long)ckv_find_nonfinite_f32(tail, n_tail));
 out:
     ckv_free(all_rows);
     ckv_free(v);
@@ -319,13 +340,14 @@ out:
     return st;
 }
 
-ckv_status ckv_kv_cache_load(ckv_kv_cache *c, const char *path, int room, int ctx_len, int full, char **meta_json) {
+ckv_status ckv_kv_cache_load(ckv_kv_cache *c, const char *path, int room, int ctx_len, int full, float *tail, uint32_t n_tail,
+                             char **meta_json) {
     kv_stream s;
     *meta_json = NULL;
     if (ctx_len < 1) return ckv_error(CKV_STATUS_ERR_ARG, "%s: context length %d", path, ctx_len);
     ckv_status st = kv_open(&s, path);
     if (st == CKV_STATUS_OK) st = read_header(&s, meta_json);
-    if (st == CKV_STATUS_OK) st = read_body(c, &s, room, ctx_len, full);
+    if (st == CKV_STATUS_OK) st = read_body(c, &s, room, ctx_len, full, tail, n_tail);
     if (s.f) fclose(s.f);
     if (st != CKV_STATUS_OK) {
         free(*meta_json);

@@ -1,7 +1,8 @@
 /* srv_store.c - the compressed-context store (see srv_store.h): snapshots of KV rows in host memory
  * with LRU eviction, restore into fresh sessions, and the cache-file directory (engine cache files
- * plus a sidecar "<key>.ctx": model, press, ids digest, the cache file's checksum, context ids, last
- * logits, entry counts, its own checksum; ".rankN" appended to both in a tensor-parallel group). The
+ * holding the context's last logits, plus a sidecar "<key>.ctx": model, press, ids digest, the cache
+ * file's checksum, context ids, entry counts, its own checksum; ".rankN" appended to both in a
+ * tensor-parallel group). The
  * directory is not trusted: files are read only when regular and not links, every record is verified
  * before use, and a damaged or planted pair is replaced by the next prefill. In a group every rank keeps its own store of its heads' rows;
  * a lookup is a hit only when it hits on every rank. */
@@ -10,7 +11,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +23,7 @@
 #include "engine/cache_io.h"
 #include "kv/kv_file.h"
 
-#define SIDECAR_MAGIC "CKVCTX2\n"
+#define SIDECAR_MAGIC "CKVCTX3\n" /* 3: the logits moved into the cache file */
 
 struct ckv_srv_entry {
     ckv_srv_entry *prev, *next;
@@ -260,12 +260,12 @@ static void insert(ckv_srv_store *s, ckv_srv_entry *e) {
 /* ---- cache files ----------------------------------------------------------------------------------- */
 
 /* The sidecar "<key>.ctx" (little-endian): SIDECAR_MAGIC | sidecar_head | press spec [spec_len] |
- * ids [n] | logits [vocab] | u64 FNV-1a of every byte before it. The head names the model
- * (fingerprint), the press (its spec follows), a digest of the context ids and the checksum of the
- * cache file written with it: a sidecar is used only when all of them match the request, the ids
- * compare equal, the checksum is right, the logits are finite and the counts make sense, and the
- * cache file's own checksum is the one recorded (a cache file copied, linked or edited in from another
- * context is refused). */
+ * ids [n] | u64 FNV-1a of every byte before it. The head names the model (fingerprint), the press
+ * (its spec follows), a digest of the context ids and the checksum of the cache file written with it
+ * (which holds the context's last logits, cache_io.h): a sidecar is used only when all of them match
+ * the request, the ids compare equal, the checksum is right and the counts make sense, and the cache
+ * file's own checksum is the one recorded (a cache file copied, linked or edited in from another
+ * context is refused); the cache file's loader checks the logits are there and finite. */
 typedef struct {
     int32_t n, vocab, compressed, spec_len;
     int64_t kept_entries, total_entries, kv_bytes_full, kv_bytes_kept;
@@ -276,7 +276,7 @@ typedef struct {
 static uint64_t ids_digest(const int32_t *ids, int n) { return fnv(0xcbf29ce484222325ull, ids, sizeof(int32_t) * (size_t)n); }
 
 static ckv_status write_sidecar(const ckv_srv_store *s, const char *path, const char *cache, const char *spec, const int32_t *ids,
-                                int n, const float *logits, int vocab, const ckv_prepared *pc) {
+                                int n, int vocab, const ckv_prepared *pc) {
     sidecar_head h;
     memset(&h, 0, sizeof h);
     h.n = n;
@@ -295,13 +295,11 @@ static ckv_status write_sidecar(const ckv_srv_store *s, const char *path, const 
     sum = fnv(sum, &h, sizeof h);
     sum = fnv(sum, spec, (size_t)h.spec_len);
     sum = fnv(sum, ids, sizeof(int32_t) * (size_t)n);
-    sum = fnv(sum, logits, sizeof(float) * (size_t)vocab);
     ckv_atomic_file af; /* a temporary created exclusively beside the target, then renamed */
     CKV_TRY(ckv_atomic_file_open(&af, path, "context store"));
     int ok = fwrite(SIDECAR_MAGIC, 1, 8, af.f) == 8 && fwrite(&h, sizeof h, 1, af.f) == 1 &&
              fwrite(spec, 1, (size_t)h.spec_len, af.f) == (size_t)h.spec_len &&
-             fwrite(ids, sizeof(int32_t), (size_t)n, af.f) == (size_t)n &&
-             fwrite(logits, sizeof(float), (size_t)vocab, af.f) == (size_t)vocab && fwrite(&sum, 8, 1, af.f) == 1;
+             fwrite(ids, sizeof(int32_t), (size_t)n, af.f) == (size_t)n && fwrite(&sum, 8, 1, af.f) == 1;
     if (!ok) {
         ckv_atomic_file_abort(&af);
         return ckv_error(CKV_STATUS_ERR_IO, "%s: cannot write the context sidecar", path);
@@ -332,7 +330,7 @@ static FILE *open_store_file(const char *path) {
 /* Reads and verifies a sidecar (see sidecar_head); *match = 0 when it is missing, belongs to other ids
  * or another model or press, or is damaged (then with a warning: the next prefill replaces it). */
 static ckv_status read_sidecar(const ckv_srv_store *s, const char *path, const char *spec, const int32_t *ids, int n, int vocab,
-                               float *logits, sidecar_head *h, int *match) {
+                               sidecar_head *h, int *match) {
     *match = 0;
     FILE *f = open_store_file(path);
     if (!f) return CKV_STATUS_OK;
@@ -356,14 +354,9 @@ static ckv_status read_sidecar(const ckv_srv_store *s, const char *path, const c
             same = fread(buf, sizeof(int32_t), (size_t)k, f) == (size_t)k && !memcmp(buf, ids + i, sizeof(int32_t) * (size_t)k);
             sum = fnv(sum, buf, sizeof(int32_t) * (size_t)k);
         }
-        if (same && (fread(logits, sizeof(float), (size_t)vocab, f) != (size_t)vocab || fread(&want, 8, 1, f) != 1))
-            bad = "truncated";
+        if (same && fread(&want, 8, 1, f) != 1) bad = "truncated";
         if (same && !bad) {
-            sum = fnv(sum, logits, sizeof(float) * (size_t)vocab);
-            int finite = 1;
-            for (int i = 0; i < vocab && finite; i++) finite = isfinite(logits[i]);
             if (sum != want || fgetc(f) != EOF) bad = "checksum mismatch (the file is corrupted)";
-            else if (!finite) bad = "non-finite logits";
             else if (h->kept_entries < 0 || h->total_entries < h->kept_entries || h->kv_bytes_kept < 0 ||
                      h->kv_bytes_full < h->kv_bytes_kept || (h->compressed != 0 && h->compressed != 1))
                 bad = "impossible entry counts";
@@ -399,15 +392,10 @@ static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *id
     key_name(s, spec, ids, n, name);
     sidecar_path(s, name, side, sizeof side);
     snprintf(cache, sizeof cache, "%s/%s.ckv", s->dir, name);
-    float *logits = NULL;
-    CKV_TRY(ckv_alloc((void **)&logits, sizeof(float) * (size_t)V, "context logits"));
     sidecar_head h;
     int match = 0;
-    ckv_status st = read_sidecar(s, side, spec, ids, n, V, logits, &h, &match);
-    if (st != CKV_STATUS_OK || !match) {
-        ckv_free(logits);
-        return st;
-    }
+    ckv_status st = read_sidecar(s, side, spec, ids, n, V, &h, &match);
+    if (st != CKV_STATUS_OK || !match) return st;
     /* the cache file must be the one the sidecar recorded: a regular file, not a link, with the
      * recorded checksum (the loader then checks the content against that checksum) before and after */
     char file[2300];
@@ -418,7 +406,6 @@ static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *id
     if (!cf || ckv_kv_file_checksum(file, &sum0) != CKV_STATUS_OK || sum0 != h.cache_checksum) {
         if (cf) CKV_LOG_WARN("context store: %s is not the cache file its sidecar recorded; prefilling instead", file);
         ckv_error_clear();
-        ckv_free(logits);
         return CKV_STATUS_OK;
     }
     ckv_prepare_params pp = {0};
@@ -429,13 +416,16 @@ static ckv_status disk_get(ckv_srv_store *s, const char *spec, const int32_t *id
         ckv_prepared_free(pc);
         st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: replaced while it was read", file);
     }
+    if (st == CKV_STATUS_OK && !pc->logits) {
+        ckv_prepared_free(pc);
+        st = ckv_error(CKV_STATUS_ERR_FORMAT, "%s: holds no logits", file);
+    }
     if (st != CKV_STATUS_OK) { /* a damaged or foreign file: prefill instead */
         CKV_LOG_WARN("context store: %s is not usable, prefilling instead: %s", cache, ckv_error_message());
-        ckv_free(logits);
         ckv_error_clear();
+        unlink(side); /* its trailer may still match the record: without the sidecar the prefill's put rewrites the pair */
         return CKV_STATUS_OK;
     }
-    pc->logits = logits;
     pc->compressed = h.compressed;
     pc->stats.compressed = h.compressed;
     pc->stats.kept_entries = (long)h.kept_entries;
@@ -503,21 +493,18 @@ ckv_status ckv_srv_store_put(ckv_srv_store *s, const char *spec, const int32_t *
         /* written unless a valid pair is there already (a damaged, foreign or planted one is replaced:
          * the temporaries are created exclusively and renamed over it) */
         int V = s->engine->model->cfg.vocab_size, match = 0;
-        float *scratch = NULL;
         sidecar_head h;
-        CKV_TRY(ckv_alloc((void **)&scratch, sizeof(float) * (size_t)V, "context logits"));
-        ckv_status st = read_sidecar(s, side, spec, ids, n, V, scratch, &h, &match);
+        ckv_status st = read_sidecar(s, side, spec, ids, n, V, &h, &match);
         uint64_t sum = 0;
         char file[2300];
         rank_file(s, cache, file, sizeof file);
         if (st == CKV_STATUS_OK && match && (ckv_kv_file_checksum(file, &sum) != CKV_STATUS_OK || sum != h.cache_checksum)) match = 0;
         ckv_error_clear();
-        ckv_free(scratch);
         if (st == CKV_STATUS_OK && !match) {
             unlink(side); /* no sidecar while its cache file is rewritten: nothing pairs a new file with an old record */
             unlink(file); /* a link or a foreign file in its place is replaced, never written through */
-            st = ckv_session_save_cache((ckv_session *)&pc->sess, cache, spec);
-            if (st == CKV_STATUS_OK) st = write_sidecar(s, side, file, spec, ids, n, pc->logits, V, pc);
+            st = ckv_session_save_cache((ckv_session *)&pc->sess, cache, spec, pc->logits, pc->question_inside);
+            if (st == CKV_STATUS_OK) st = write_sidecar(s, side, file, spec, ids, n, V, pc);
         }
         CKV_TRY(st);
     }

@@ -126,7 +126,29 @@ head -c 3000 "$tmp/ctx.ckv" >"$tmp/short.ckv"
 expect_error "truncated cache" "truncated cache file" "$ckv" generate --model "$llama" --load-cache "$tmp/short.ckv" "${qa[@]}"
 expect_error "not a cache" "not a ckv cache file" "$ckv" generate --model "$llama" --load-cache "$llama/config.json" "${qa[@]}"
 expect_error "cache and prompt" "--load-cache replaces the prompt" "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv" --prompt-ids 1 "${qa[@]}"
-expect_error "cache without question" "--load-cache needs at least one --question-ids" "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv"
+expect_error "cache without question" "a context-only cache file (saved without --query-aware) needs a question to answer" \
+  "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv"
+# query-aware caches: the question is compressed with the context and stays inside the file with the
+# prompt's last logits; a run that loads it answers from them, equal to the in-process query-aware run
+gq=(--max-new-tokens 5 --ignore-eos)
+for p in finch snapkv; do
+  pq=(--prompt-ids "$ids" --question-ids 5,6,7 --query-aware --press "$p" --budget 0.5 "${gq[@]}")
+  "$ckv" generate --model "$llama" "${pq[@]}" >"$tmp/qa.direct" 2>"$tmp/err" \
+    && "$ckv" generate --model "$llama" "${pq[@]}" --save-cache "$tmp/qa_$p.ckv" >"$tmp/qa.saved" 2>>"$tmp/err" \
+    && "$ckv" generate --model "$llama" --load-cache "$tmp/qa_$p.ckv" "${gq[@]}" >"$tmp/qa.loaded" 2>>"$tmp/err" \
+    && cmp -s "$tmp/qa.direct" "$tmp/qa.loaded" && cmp -s "$tmp/qa.direct" "$tmp/qa.saved" && [ -s "$tmp/qa.loaded" ] \
+    && grep -q "loaded a context of .* query-aware" "$tmp/err" \
+    && echo "ok   $p --query-aware: answers from its saved cache equal the in-process run: $(cat "$tmp/qa.loaded")" \
+    || { echo "FAIL $p --query-aware save/load"; cat "$tmp/err" "$tmp/qa.direct" "$tmp/qa.loaded"; fail=1; }
+done
+expect_error "query-aware cache with two questions" "--save-cache with --query-aware stores one question compressed with the context: give exactly one question, got 2" \
+  "$ckv" generate --model "$llama" --prompt-ids "$ids" --question-ids 5,6 --question-ids 7 --query-aware --press finch --budget 0.5 \
+  --save-cache "$tmp/qa2.ckv"
+expect_error "question over a query-aware cache" "the context holds its question already (compressed with it, e.g. a cache file saved with --query-aware): drop --question-ids" \
+  "$ckv" generate --model "$llama" --load-cache "$tmp/qa_finch.ckv" --question-ids 5 "${gq[@]}"
+qsz=$(stat -c %s "$tmp/qa_finch.ckv"); head -c $((qsz - 100)) "$tmp/qa_finch.ckv" >"$tmp/qa_short.ckv"
+expect_error "query-aware cache cut in its logits" "truncated cache file (a tail of 512 values, 1948 bytes left)" \
+  "$ckv" generate --model "$llama" --load-cache "$tmp/qa_short.ckv" "${gq[@]}"
 
 # --- model directories ---
 expect_error "missing model dir" "no such model file or directory" "$ckv" generate --model "$tmp/none" --prompt-ids 1

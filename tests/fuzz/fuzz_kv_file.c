@@ -67,7 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *meta = NULL;
     ckv_error_clear();
     if (ckv_kv_cache_init(&c, be, FZ_LAYERS, FZ_KV, FZ_DIM, CKV_DTYPE_F32) != CKV_STATUS_OK) abort();
-    if (ckv_kv_cache_load(&c, path, 2, FZ_CTX, (mode >> 1) & 1, &meta) != CKV_STATUS_OK) {
+    if (ckv_kv_cache_load(&c, path, 2, FZ_CTX, (mode >> 1) & 1, NULL, 0, &meta) != CKV_STATUS_OK) {
         ckv_fuzz_check_message();
     } else {
         for (int l = 0; l < FZ_LAYERS; l++)

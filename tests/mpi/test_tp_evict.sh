@@ -3,7 +3,8 @@
 # ones and the cross-head ones whose budgets are agreed by exchanging scores), `ckv generate` with a
 # compressed context (finch: compressed with each question) and two questions on 2 and 4 ranks (4 ranks on 2 KV heads: replica groups)
 # writes the same --dump-kept file as 1 rank and answers with the same tokens. Also checks DP x TP:
-# 4 ranks as 2 groups of --tp 2 share the questions and print the same answers. No near-tie
+# 4 ranks as 2 groups of --tp 2 share the questions and print the same answers; contexts (one of
+# them query-aware) saved by 2 ranks and loaded by 2 answer like one rank. No near-tie
 # tolerance: ranks compute each head's scores with one rank's code and exchange them exactly, so the
 # scores are bit-identical (docs/spec-eviction.md, "Near-ties").
 # usage: test_tp_evict.sh CKV_BINARY FIXTURES_DIR TMP_DIR MPIRUN
@@ -70,6 +71,18 @@ if mpi 2 "$ckv" generate --model "$dir" --prompt-ids "$ids" "${qs[@]}" --max-new
   echo "ok   tp 2 save/load of a compressed context: answers identical"
 else
   echo "FAIL tp 2 save/load"; cat "$tmp/err"; fail=1
+fi
+# a query-aware (finch) context saved by 2 ranks: every shard holds the prompt's last logits, and the
+# loaded run answers without a question like one rank's in-process run
+fq=(--question-ids 7,8,9 --query-aware --press finch --budget 0.5 --max-new-tokens 5 --ignore-eos --threads 1)
+if "$ckv" generate --model "$dir" --prompt-ids "$ids" "${fq[@]}" >"$tmp/qa.1" 2>"$tmp/err" &&
+   mpi 2 "$ckv" generate --model "$dir" --prompt-ids "$ids" "${fq[@]}" --save-cache "$tmp/qa.ckv" >"$tmp/qa.save" 2>>"$tmp/err" &&
+   mpi 2 "$ckv" generate --model "$dir" --load-cache "$tmp/qa.ckv" --max-new-tokens 5 --ignore-eos --threads 1 \
+     >"$tmp/qa.2" 2>>"$tmp/err" && cmp -s "$tmp/qa.1" "$tmp/qa.2" && cmp -s "$tmp/qa.1" "$tmp/qa.save" && [ -s "$tmp/qa.2" ] &&
+   [ -f "$tmp/qa.ckv.rank1" ]; then
+  echo "ok   tp 2 save/load of a query-aware (finch) context: answers identical to one rank: $(cat "$tmp/qa.2")"
+else
+  echo "FAIL tp 2 query-aware save/load"; cat "$tmp/err"; diff "$tmp/qa.1" "$tmp/qa.2"; fail=1
 fi
 if mpi 3 "$ckv" generate --model "$dir" --prompt-ids 1,2 --tp 2 >/dev/null 2>"$tmp/err"; then
   echo "FAIL --tp 2 on 3 ranks was accepted"; fail=1

@@ -10,7 +10,7 @@ large request is parsed), NUL bytes in strings, roles, the body, headers, the pa
 trailing data and duplicate keys, the 404 for /%ff%fe (valid UTF-8 JSON), a request followed by
 shutdown(SHUT_WR) (answered), and the start-up refusals (empty CKV_API_KEY, --max-body-bytes 0,
 --cache-dir that is a file or missing; a warning for a non-loopback --host without a key), and the
-context store under attack (a cache file copied or linked in from another context, sidecar logits and
+context store under attack (a cache file copied or linked in from another context, its logits and the sidecar's
 counts edited (without and with a recomputed checksum: the checksum catches damage, not forgery, so
 what a valid record may hold is checked too), a byte flipped, a FIFO or a link in place of a sidecar, links
 planted at temporary names): each is skipped with a warning, the context is prefilled with the right
@@ -357,7 +357,7 @@ def edit(path, off, data):
 
 
 def reseal(path, edit):
-    """Applies edit(bytearray) to a sidecar and recomputes its checksum (an attacker who knows the format)."""
+    """Applies edit(bytearray) to a sidecar or cache file and recomputes its checksum (an attacker who knows the format)."""
     b = bytearray(open(path, "rb").read())
     edit(b)
     b[-8:] = struct.pack("<Q", fnv64(b[:-8]))
@@ -394,8 +394,8 @@ def store_attacks():
     attacks = [
         ("B's cache file copied over A's", lambda: shutil.copyfile(b_ckv, a_ckv)),
         ("A's cache file a symbolic link to B's", lambda: (os.unlink(a_ckv), os.symlink(b_ckv, a_ckv))),
-        ("A's sidecar logits edited", lambda: edit(a_ctx, os.path.getsize(a_ctx) - 40, b"\x00\x00\x20\x41" * 8)),
-        ("A's sidecar logits all NaN", lambda: reseal(a_ctx, lambda b: b.__setitem__(slice(len(b) - 8 - 4 * 64, len(b) - 8), b"\x00\x00\xc0\x7f" * 64))),
+        ("A's cache file logits edited", lambda: edit(a_ckv, os.path.getsize(a_ckv) - 40, b"\x00\x00\x20\x41" * 8)),
+        ("A's cache file logits all NaN, resealed", lambda: reseal(a_ckv, lambda b: b.__setitem__(slice(len(b) - 8 - 4 * 64, len(b) - 8), b"\x00\x00\xc0\x7f" * 64))),
         ("A's sidecar kv_entries_total -5", lambda: reseal(a_ctx, lambda b: b.__setitem__(slice(32, 40), struct.pack("<q", -5)))),
         ("A's sidecar a byte flipped", lambda: open(a_ctx, "r+b").write(b"\xff")),
         ("A's sidecar a FIFO", lambda: (os.unlink(a_ctx), os.mkfifo(a_ctx))),

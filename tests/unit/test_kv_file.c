@@ -3,7 +3,9 @@
  * (a symbolic link, a directory, a character device) and leaves no temporary behind, replacing a
  * regular file keeps its mode; the load refuses, with a message naming the file and the problem and
  * without allocating more than the context needs, files whose sizes, positions or values are wrong
- * even when their checksum has been recomputed to match (issue 13), and corrupted or truncated files. */
+ * even when their checksum has been recomputed to match (issue 13), and corrupted or truncated files.
+ * The tail section (version 2: e.g. a query-aware context's last logits) comes back bit-exact, a
+ * tail of the wrong length or with a NaN is refused, and a version 1 file (no tail) is still read. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <math.h>
@@ -82,7 +84,7 @@ static ckv_status load(const char *path, int ctx_len, int full) {
     ckv_kv_cache c;
     char *meta = NULL;
     ckv_status st = ckv_kv_cache_init(&c, be, NL, NKV, D, CKV_DTYPE_F32);
-    if (st == CKV_STATUS_OK) st = ckv_kv_cache_load(&c, path, 2, ctx_len, full, &meta);
+    if (st == CKV_STATUS_OK) st = ckv_kv_cache_load(&c, path, 2, ctx_len, full, NULL, 0, &meta);
     CHECK(st == CKV_STATUS_OK || meta == NULL);
     if (st != CKV_STATUS_OK) CHECK_MSG(strchr(ckv_error_message(), '\n') == NULL, "two-line message");
     free(meta);
@@ -95,12 +97,12 @@ static void test_roundtrip(void) {
     build(&c);
     char p[700];
     snprintf(p, sizeof p, "%s", at("ctx.ckv"));
-    CHECK_OK(ckv_kv_cache_save(&c, p, "{\"context_len\": 6}"));
+    CHECK_OK(ckv_kv_cache_save(&c, p, "{\"context_len\": 6}", NULL, 0));
     orig = slurp(p, &orig_len);
     CHECK(orig && orig_len > 100);
     CHECK_OK(ckv_kv_cache_init(&r, be, NL, NKV, D, CKV_DTYPE_F32));
     char *meta = NULL;
-    CHECK_OK(ckv_kv_cache_load(&r, p, 2, NTOK, 0, &meta));
+    CHECK_OK(ckv_kv_cache_load(&r, p, 2, NTOK, 0, NULL, 0, &meta));
     CHECK(meta && strcmp(meta, "{\"context_len\": 6}") == 0);
     free(meta);
     size_t bad = 0;
@@ -121,22 +123,22 @@ static void test_roundtrip(void) {
 
     /* targets that are not regular files */
     CHECK(symlink(at("ctx.ckv"), at("link.ckv")) == 0);
-    CHECK_FAILS(ckv_kv_cache_save(&c, at("link.ckv"), "{}"), CKV_STATUS_ERR_IO, "link.ckv is a symbolic link; ckv writes only regular files");
+    CHECK_FAILS(ckv_kv_cache_save(&c, at("link.ckv"), "{}", NULL, 0), CKV_STATUS_ERR_IO, "link.ckv is a symbolic link; ckv writes only regular files");
     struct stat sb;
     CHECK(lstat(at("link.ckv"), &sb) == 0 && S_ISLNK(sb.st_mode));
     CHECK(mkdir(at("sub"), 0755) == 0);
-    CHECK_FAILS(ckv_kv_cache_save(&c, at("sub"), "{}"), CKV_STATUS_ERR_IO, "sub is a directory");
-    CHECK_FAILS(ckv_kv_cache_save(&c, "/dev/null", "{}"), CKV_STATUS_ERR_IO, "--save-cache: /dev/null is a character device");
+    CHECK_FAILS(ckv_kv_cache_save(&c, at("sub"), "{}", NULL, 0), CKV_STATUS_ERR_IO, "sub is a directory");
+    CHECK_FAILS(ckv_kv_cache_save(&c, "/dev/null", "{}", NULL, 0), CKV_STATUS_ERR_IO, "--save-cache: /dev/null is a character device");
     CHECK(stat("/dev/null", &sb) == 0 && S_ISCHR(sb.st_mode));
     CHECK_FAILS(ckv_write_file_atomic("/dev/full", "x", 1, NULL), CKV_STATUS_ERR_IO, "/dev/full is a character device");
     CHECK_FAILS(ckv_atomic_file_check("/dev/full", "--save-cache"), CKV_STATUS_ERR_IO, "--save-cache: /dev/full is a character device");
     CHECK_FAILS(ckv_atomic_file_check(at("sub"), NULL), CKV_STATUS_ERR_IO, "is a directory");
     CHECK_OK(ckv_atomic_file_check(p, NULL));
     CHECK_OK(ckv_atomic_file_check(at("absent.ckv"), NULL));
-    CHECK_FAILS(ckv_kv_cache_save(&c, at("nodir/x.ckv"), "{}"), CKV_STATUS_ERR_IO, "cannot create a temporary beside");
+    CHECK_FAILS(ckv_kv_cache_save(&c, at("nodir/x.ckv"), "{}", NULL, 0), CKV_STATUS_ERR_IO, "cannot create a temporary beside");
     /* a regular file is replaced with its mode kept */
     CHECK(chmod(p, 0640) == 0);
-    CHECK_OK(ckv_kv_cache_save(&c, p, "{\"context_len\": 6}"));
+    CHECK_OK(ckv_kv_cache_save(&c, p, "{\"context_len\": 6}", NULL, 0));
     CHECK(stat(p, &sb) == 0 && (sb.st_mode & 0777) == 0640);
     CHECK_OK(ckv_write_file_atomic(at("plain.txt"), "hello\n", 6, "--out"));
     size_t n = 0;
@@ -200,7 +202,7 @@ static void test_bad_files(void) {
     u = 5;
     memcpy(b + head_off(1, 2), &u, 4);
     CHECK_FAILS(load(VARIANT("len5.ckv", 1), NTOK, 0), CKV_STATUS_ERR_FORMAT,
-                "truncated cache file (layer 1 head 2 needs 180 bytes, 144 left)");
+                "truncated cache file (layer 1 head 2 needs 180 bytes, 148 left)");
     /* rows beyond the context the header claims */
     RESET();
     CHECK_FAILS(load(VARIANT("ctx3.ckv", 1), 3, 0), CKV_STATUS_ERR_FORMAT, "layer 0 head 0 holds 6 rows, more than the 3-token context");
@@ -237,7 +239,7 @@ static void test_bad_files(void) {
     ckv_kv_cache c;
     char *meta = NULL;
     CHECK_OK(ckv_kv_cache_init(&c, be, NL, NKV + 1, D, CKV_DTYPE_F32));
-    CHECK_FAILS(ckv_kv_cache_load(&c, at("ctx3.ckv"), 0, NTOK, 0, &meta), CKV_STATUS_ERR_SHAPE, "the model needs 2 x 4 x 4");
+    CHECK_FAILS(ckv_kv_cache_load(&c, at("ctx3.ckv"), 0, NTOK, 0, NULL, 0, &meta), CKV_STATUS_ERR_SHAPE, "the model needs 2 x 4 x 4");
     ckv_kv_cache_free(&c);
     CHECK_FAILS(load("/dev/zero", NTOK, 0), CKV_STATUS_ERR_IO, "/dev/zero: not a regular file");
     CHECK_FAILS(load(dir, NTOK, 0), CKV_STATUS_ERR_IO, "not a regular file");
@@ -247,6 +249,59 @@ static void test_bad_files(void) {
     free(b);
 }
 
+/* A tail [5] saved and loaded back bit-exact; the wrong expected length, a NaN in the tail, a
+ * truncated tail and a future version are refused; the same rows as a version 1 file (no tail
+ * length) still load with an empty tail. */
+static void test_tail(void) {
+    if (!orig) return;
+    ckv_kv_cache c, r;
+    build(&c);
+    const float tail[5] = {0.5f, -1.25f, 3.0f, 1e-30f, -7.0f};
+    float got[5] = {0};
+    const char *p = at("tail5.ckv");
+    CHECK_OK(ckv_kv_cache_save(&c, p, "{\"context_len\": 6}", tail, 5));
+    CHECK_FAILS(ckv_kv_cache_save(&c, at("null.ckv"), "{}", NULL, 5), CKV_STATUS_ERR_ARG, "a tail of 5 values without data");
+    char *meta = NULL;
+    CHECK_OK(ckv_kv_cache_init(&r, be, NL, NKV, D, CKV_DTYPE_F32));
+    CHECK_OK(ckv_kv_cache_load(&r, p, 2, NTOK, 0, got, 5, &meta));
+    CHECK_MSG(memcmp(got, tail, sizeof tail) == 0, "tail differs after save + load: %g %g %g %g %g", got[0], got[1], got[2],
+              got[3], got[4]);
+    free(meta);
+    ckv_kv_cache_free(&r);
+    CHECK_FAILS(load(p, NTOK, 0), CKV_STATUS_ERR_FORMAT, "tail5.ckv: the file's tail holds 5 values, expected 0");
+    size_t n = 0;
+    unsigned char *b = slurp(p, &n);
+    CHECK(b && n == orig_len + 20);
+    if (b) {
+        float nanf_ = NAN;
+        memcpy(b + n - 8 - 8, &nanf_, 4); /* tail value 3 */
+        CHECK_OK(ckv_kv_cache_init(&r, be, NL, NKV, D, CKV_DTYPE_F32));
+        CHECK_FAILS(ckv_kv_cache_load(&r, write_variant("tailnan.ckv", b, n, 1), 2, NTOK, 0, got, 5, &meta), CKV_STATUS_ERR_FORMAT,
+                    "tailnan.ckv: non-finite value 3 of the tail");
+        ckv_kv_cache_free(&r);
+        CHECK_OK(ckv_kv_cache_init(&r, be, NL, NKV, D, CKV_DTYPE_F32));
+        CHECK_FAILS(ckv_kv_cache_load(&r, write_variant("tailshort.ckv", b, n - 12, 1), 2, NTOK, 0, got, 5, &meta),
+                    CKV_STATUS_ERR_FORMAT, "tailshort.ckv: truncated cache file (a tail of 5 values, 8 bytes left)");
+        ckv_kv_cache_free(&r);
+        free(b);
+    }
+    /* version 1: the rows of orig without the tail length; version 3: refused */
+    b = malloc(orig_len);
+    if (b) {
+        memcpy(b, orig, orig_len);
+        uint32_t v = 1;
+        memcpy(b + 8, &v, 4);
+        memcpy(b + orig_len - 12, orig + orig_len - 8, 8);
+        CHECK_OK(load(write_variant("v1.ckv", b, orig_len - 4, 1), NTOK, 0));
+        v = CKV_KV_FILE_VERSION + 1;
+        memcpy(b + 8, &v, 4);
+        CHECK_FAILS(load(write_variant("v3.ckv", b, orig_len - 4, 1), NTOK, 0), CKV_STATUS_ERR_FORMAT,
+                    "v3.ckv: cache file version 3, this ckv reads versions 1 to 2");
+        free(b);
+    }
+    ckv_kv_cache_free(&c);
+}
+
 int main(void) {
     CHECK_OK(ckv_backend_init(&be, "cpu", 1));
     if (!be) return ckv_test_finish("test_kv_file");
@@ -254,6 +309,7 @@ int main(void) {
     CHECK(mkdir(dir, 0755) == 0);
     test_roundtrip();
     test_bad_files();
+    test_tail();
     free(orig);
     ckv_backend_free(be);
     int rc = ckv_test_finish("test_kv_file");
