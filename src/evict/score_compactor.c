@@ -26,8 +26,10 @@ ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_confi
     if (S < 2)
         return ckv_error(CKV_STATUS_ERR_ARG, "press compactor: a context of %d tokens leaves %d between its %d + %d sink "
                          "tokens (at least 2 are needed)", L, S, head, tail);
-    const int C = cfg->chunk_size < S ? cfg->chunk_size : S; /* a chunk longer than the rows: one chunk */
     const int pad_to = cfg->chunk_size;
+    /* queries of several chunks per matmul: about 1,024 rows, never more than the S rows scored */
+    const int per = pad_to >= 1024 ? 1 : 1024 / pad_to;
+    const int C = (long)per * pad_to < S ? per * pad_to : S;
     ckv_score_dev dev = ckv_score_dev_begin(in);
     float *q = NULL, *attn = NULL, *norm = NULL, *mx = NULL; // [C, hq], [nkv, L] x 2, [1]
     double *colsum = NULL, *stats = NULL;                    // [nkv, L], [nkv, 2]
@@ -41,13 +43,17 @@ ckv_status ckv_score_compactor(const ckv_score_inputs *in, const ckv_press_confi
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&stats, 2 * (size_t)nkv * sizeof(double), "compactor statistics"),
                  done);
     /* NonCausalAttnPress on rows head .. head + S - 1: chunks of chunk_size, the last padded to it */
-    for (int c0 = 0; c0 < S; c0 += pad_to) {
-        const int nb = S - c0 < pad_to ? S - c0 : pad_to, n_pad = pad_to - nb, row = head + c0;
-        be->ops->matmul(be, q, in->xn + (size_t)row * (size_t)D, in->wq, in->bq, nb);
-        be->ops->rope(be, q, in->pos + row, nb, in->n_q_local, d, in->inv_freq, in->rope_scale);
-        const ckv_evict_attn_params a = ckv_score_attn_params(in, q, nb, row, 1.0f, CKV_EVICT_LOGITS_MUL);
-        CKV_TRY_GOTO(s, be->ops->evict_chunk_colsum(be, colsum, L, &a, n_pad,
-                                                    c0 == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD), done);
+    for (int q0 = 0; q0 < S; q0 += C) { /* the queries of rows head + q0 .. + nq, then their chunks */
+        const int nq = S - q0 < C ? S - q0 : C;
+        be->ops->matmul(be, q, in->xn + (size_t)(head + q0) * (size_t)D, in->wq, in->bq, nq);
+        be->ops->rope(be, q, in->pos + head + q0, nq, in->n_q_local, d, in->inv_freq, in->rope_scale);
+        for (int c0 = q0; c0 < q0 + nq; c0 += pad_to) {
+            const int nb = S - c0 < pad_to ? S - c0 : pad_to, n_pad = pad_to - nb, row = head + c0;
+            const ckv_evict_attn_params a = ckv_score_attn_params(in, q + (size_t)(c0 - q0) * (size_t)hq, nb, row, 1.0f,
+                                                                  CKV_EVICT_LOGITS_MUL);
+            CKV_TRY_GOTO(s, be->ops->evict_chunk_colsum(be, colsum, L, &a, n_pad,
+                                                        c0 == 0 ? CKV_EVICT_ZERO_FIRST : CKV_EVICT_ADD), done);
+        }
     }
     be->ops->evict_colsum_finish(be, attn, L, colsum, L, nkv, L, 1.0, CKV_EVICT_DENOM_FIXED);
     CKV_TRY_GOTO(s, ckv_score_group_mean(in, attn), done);

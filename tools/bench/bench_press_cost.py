@@ -13,9 +13,10 @@ score_s of its --out lines), so every press costs one eviction instead of one pr
 TTFT is evict_s / (prefill_s + evict_s), measured against a prefill of the same process and run.
 
 The floor: the press's own arithmetic (below) as a share of TTFT, f / (p + f), with p the prefill's
-2 x (non-embedding parameters) x L + the causal attention's 2 x L^2 x layers x heads x head_dim
-multiply-adds; "share / floor" is how far the measured eviction share is from it (selection and
-compaction included).
+multiply-adds: (non-embedding parameters) x L, the token table and an untied output head excluded (the
+prefill computes one token's logits), + the causal attention's L^2 x layers x heads x head_dim (QK^T and
+PV over half the keys each); "share / floor" is how far the measured eviction share is from it
+(selection and compaction included).
 
 Floors per layer, multiply-adds (L tokens, D hidden, H query heads, Hkv KV heads, d head_dim, w the
 window, k = 48), from what each scorer reads and computes (docs/presses.md, docs/benchmarks.md):
@@ -127,7 +128,7 @@ def model_shape(ckv: str, model: str) -> dict:
         return int(m.group(1))
     return dict(layers=num(r"layers\s+(\d+)"), hidden=num(r"hidden size\s+(\d+)"), heads=num(r"heads\s+(\d+) query"),
                 kv=num(r"query, (\d+) KV"), d=num(r"head_dim (\d+)"), vocab=num(r"vocabulary\s+(\d+)"),
-                params=num(r"parameters\s+(\d+)"))
+                params=num(r"parameters\s+(\d+)"), tied=bool(re.search(r"vocabulary\s+\d+ \(tied embeddings\)", out)))
 
 
 def run(ckv: str, model: str, ids_file: Path, threads: int, press: str | None, cr: float, tmp: Path,
@@ -208,7 +209,9 @@ def main() -> int:
         for model in a.model:
             sh = model_shape(a.ckv, model)
             L = a.context
-            body = sh["params"] - sh["vocab"] * sh["hidden"]  # non-embedding (tied or not: one table)
+            # non-embedding: the token table, and an untied output head (the prefill computes the logits of
+            # one token, not of all L)
+            body = sh["params"] - (1 if sh["tied"] else 2) * sh["vocab"] * sh["hidden"]
             sh["body"] = body
             prefill_mac = body * L + L * L * sh["layers"] * sh["heads"] * sh["d"]  # causal QK^T and PV: 2 x L^2 / 2
             floors = {p: floor_mac(p, L, sh, opts) for p in presses}

@@ -1,7 +1,7 @@
 /* cpu_evict_leverage.c - the approximate-leverage op on the CPU (backend.h evict_leverage): the
  * cached keys rotated back to pre-RoPE keys, centred, sketched by the caller's Gaussian matrix,
  * their Gram matrix factored by Cholesky (with kvpress's jitter schedule) and each row's leverage
- * x^T (G + jI)^-1 x by one forward substitution; plus the per-row sums any z-scoring scorer hands to
+ * x^T (G + jI)^-1 x by one forward substitution (eight rows side by side, each in one row's order); plus the per-row sums any z-scoring scorer hands to
  * its cross-head statistics (evict_row_stats) and the affine map it applies after them (evict_affine).
  * Double arithmetic after the fp32 pre-RoPE keys; KV heads over the backend's pool
  * (ckv_cpu_evict_heads: each head on one thread, in one thread's order), scratch allocated once per
@@ -42,13 +42,23 @@ static void prerope_rows(const ckv_kv_batch *kv, int g, int row0, int n, const f
     }
 }
 
-/* x [k] = (pre_t - mean) @ phi, phi [d, k]. */
-static void sketch_row(const float *pre_t, const double *mean, const float *phi, int d, int k, double *x) {
-    for (int j = 0; j < k; j++) x[j] = 0.0;
-    for (int a = 0; a < d; a++) {
-        const double c = (double)pre_t[a] - mean[a];
-        const float *pa = phi + (size_t)a * (size_t)k;
-        for (int j = 0; j < k; j++) x[j] += c * (double)pa[j];
+/* x [k] = (pre_t - mean) @ phi, phi [d, k] (widened to double): each x_j summed over a in ascending
+ * order from 0, eight columns at a time in registers. c [d] scratch. */
+static void sketch_row(const float *pre_t, const double *mean, const double *phi, int d, int k, double *c, double *x) {
+    for (int a = 0; a < d; a++) c[a] = (double)pre_t[a] - mean[a];
+    int j0 = 0;
+    for (; j0 + 8 <= k; j0 += 8) {
+        double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+        for (int a = 0; a < d; a++) {
+            const double *pa = phi + (size_t)a * (size_t)k + j0;
+            for (int l = 0; l < 8; l++) acc[l] += c[a] * pa[l];
+        }
+        for (int l = 0; l < 8; l++) x[j0 + l] = acc[l];
+    }
+    for (int j = j0; j < k; j++) {
+        double acc = 0.0;
+        for (int a = 0; a < d; a++) acc += c[a] * phi[(size_t)a * (size_t)k + j];
+        x[j] = acc;
     }
 }
 
@@ -77,14 +87,42 @@ typedef struct {
     float rope_scale;
 } leverage_job;
 
+/* Rows of one forward substitution pass: the rows are independent, so LEV_LANES of them go through
+ * C^-1 side by side (each lane's sums in the order one row's take). */
+#define LEV_LANES 8
+
+/* out[t] = ||C^-1 x_t||^2 for the rows x_t of X [nb, k] (nb <= LEV_LANES), C lower [k, k]. */
+static void leverage_rows(const double *C, const double *X, int nb, int k, float *out) {
+    double y[LEV_MAX_K][LEV_LANES], lev[LEV_LANES];
+    for (int l = 0; l < LEV_LANES; l++) {
+        lev[l] = 0.0;
+        for (int i = 0; i < k; i++) y[i][l] = l < nb ? X[(size_t)l * k + i] : 0.0;
+    }
+    for (int i = 0; i < k; i++) { /* y_i = (x_i - sum_{m<i} C_im y_m) / C_ii, lev += y_i^2 */
+        const double *ci = C + (size_t)i * k;
+        double s[LEV_LANES];
+        for (int l = 0; l < LEV_LANES; l++) s[l] = y[i][l];
+        for (int m = 0; m < i; m++)
+            for (int l = 0; l < LEV_LANES; l++) s[l] -= ci[m] * y[m][l];
+        for (int l = 0; l < LEV_LANES; l++) {
+            y[i][l] = s[l] / ci[i];
+            lev[l] += y[i][l] * y[i][l];
+        }
+    }
+    for (int l = 0; l < nb; l++) out[l] = (float)(lev[l] > 0.0 ? lev[l] : 0.0);
+}
+
 static ckv_status leverage_head(void *ctx, int g, void *scratch) {
     const leverage_job *jb = ctx;
     const int d = jb->kv->head_dim, n = jb->n, k = jb->k;
     float *pre = scratch;                                              // [n, d] pre-RoPE keys of the head
-    double *G = (double *)(void *)(pre + (((size_t)n * (size_t)d + 1) & ~(size_t)1)); // [k, k], then its factor: [2, k, k]
-    double mean[LEV_MAX_DIM], x[LEV_MAX_K];
-    const float *ph = jb->phi + (size_t)g * (size_t)d * (size_t)k;
-    double *C = G + (size_t)k * (size_t)k;
+    double *G = (double *)(void *)(pre + (((size_t)n * (size_t)d + 1) & ~(size_t)1)); // [k, k] Gram matrix
+    double *C = G + (size_t)k * (size_t)k;                            // [k, k] its Cholesky factor
+    double *X = C + (size_t)k * (size_t)k;                            // [n, k] the sketched rows
+    double *ph = X + (size_t)n * (size_t)k;                           // [d, k] the head's sketch in double
+    double mean[LEV_MAX_DIM], c[LEV_MAX_DIM];
+    const float *phf = jb->phi + (size_t)g * (size_t)d * (size_t)k;
+    for (size_t i = 0; i < (size_t)d * (size_t)k; i++) ph[i] = (double)phf[i];
     prerope_rows(jb->kv, g, jb->row0, n, jb->inv_freq, jb->rope_scale, pre);
     for (int a = 0; a < d; a++) mean[a] = 0.0;
     for (int t = 0; t < n; t++)
@@ -92,7 +130,8 @@ static ckv_status leverage_head(void *ctx, int g, void *scratch) {
     for (int a = 0; a < d; a++) mean[a] /= (double)n;
     memset(G, 0, (size_t)k * (size_t)k * sizeof(double));
     for (int t = 0; t < n; t++) { /* lower triangle of X^T X */
-        sketch_row(pre + (size_t)t * d, mean, ph, d, k, x);
+        double *x = X + (size_t)t * k;
+        sketch_row(pre + (size_t)t * d, mean, ph, d, k, c, x);
         for (int i = 0; i < k; i++)
             for (int j = 0; j <= i; j++) G[(size_t)i * k + j] += x[i] * x[j];
     }
@@ -102,18 +141,11 @@ static ckv_status leverage_head(void *ctx, int g, void *scratch) {
     if (!ok)
         return ckv_error(CKV_STATUS_ERR_NUMERIC, "evict_leverage: the sketched Gram matrix of KV head %d is not "
                          "positive definite even with jitter 100", g);
-    double s1 = 0.0, s2 = 0.0;
     float *dst = jb->out + (size_t)g * (size_t)jb->ld;
+    for (int t = 0; t < n; t += LEV_LANES)
+        leverage_rows(C, X + (size_t)t * k, n - t < LEV_LANES ? n - t : LEV_LANES, k, dst + t);
+    double s1 = 0.0, s2 = 0.0;
     for (int t = 0; t < n; t++) {
-        sketch_row(pre + (size_t)t * d, mean, ph, d, k, x);
-        double lev = 0.0;
-        for (int i = 0; i < k; i++) { /* y = C^-1 x, lev = ||y||^2 */
-            double s = x[i];
-            for (int m = 0; m < i; m++) s -= C[(size_t)i * k + m] * x[m];
-            x[i] = s / C[(size_t)i * k + i];
-            lev += x[i] * x[i];
-        }
-        dst[t] = (float)(lev > 0.0 ? lev : 0.0);
         s1 += (double)dst[t];
         s2 += (double)dst[t] * (double)dst[t];
     }
@@ -131,8 +163,10 @@ ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *s
     if (n < 1 || row0 < 0) return ckv_error(CKV_STATUS_ERR_ARG, "evict_leverage: %d rows from row %d", n, row0);
     leverage_job jb = {out, ld, row0, n, k, stats, kv, inv_freq, phi, rope_scale};
     const size_t pre_floats = ((size_t)n * (size_t)d + 1) & ~(size_t)1; /* even: the doubles after it stay aligned */
-    return ckv_cpu_evict_heads(be, kv->n_kv_heads, pre_floats * sizeof(float) + 2 * (size_t)k * (size_t)k * sizeof(double),
-                               leverage_head, &jb);
+    /* G, C, the sketched rows, the sketch in double */
+    const size_t doubles = 2 * (size_t)k * (size_t)k + (size_t)n * (size_t)k + (size_t)d * (size_t)k;
+    return ckv_cpu_evict_heads(be, kv->n_kv_heads, pre_floats * sizeof(float) + doubles * sizeof(double), leverage_head,
+                               &jb);
 }
 
 void ckv_cpu_evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, int n, int ld) {
