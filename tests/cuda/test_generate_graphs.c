@@ -62,7 +62,7 @@ static ckv_status run(ckv_engine *e, const ckv_request *base, trace *t, ckv_resu
 }
 
 /* The same request on the unrecorded (off) and the recording (on) engine: ids, finish reasons and
- * logits equal. Returns 1 when they are; *on_trace keeps the recording run's trace. */
+ * logits equal. Returns 1 when they are; *ton keeps the recording run's trace, *ron its result. */
 static int same_run(const char *what, ckv_engine *off, ckv_engine *on, const ckv_request *r, trace *toff, trace *ton,
                     ckv_result *ron) {
     ckv_result roff;
@@ -204,13 +204,14 @@ int main(int argc, char **argv) {
     r.gen.sampling.top_p = 1.0f;
     ckv_result greedy;
     if (same_run("greedy, 2 questions", &off, &on, &r, &toff, &ton, &greedy) && !gpu) check_counts(&toff, &ton, m->cfg.n_layers);
-    const int have_greedy = greedy.n_answers > 0;
+    const int have_greedy = greedy.n_answers > 0; /* ckv_engine_run zeroes a failed result */
 
     /* sampled on the host */
     ckv_request rs = r;
     rs.gen.sampling = (ckv_sampler_config){.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .seed = 1234};
     ckv_result res;
-    if (same_run("sampled (T 0.8, top-k 20, top-p 0.9)", &off, &on, &rs, &toff, &ton, &res)) ckv_result_free(&res);
+    same_run("sampled (T 0.8, top-k 20, top-p 0.9)", &off, &on, &rs, &toff, &ton, &res);
+    ckv_result_free(&res);
 
     /* a decode press that compresses mid-answer */
     ckv_decode_press dp;
@@ -226,8 +227,8 @@ int main(int argc, char **argv) {
                   graph_launches(&ton));
         fprintf(stderr, "     %d compressions evicting %ld entries, %llu graph launches\n", res.stats.decode_compressions,
                 res.stats.decode_evicted_entries, graph_launches(&ton));
-        ckv_result_free(&res);
     }
+    ckv_result_free(&res);
 
     /* a stop string that ends the answer part way */
     char stop[2] = {0};
@@ -247,11 +248,11 @@ int main(int argc, char **argv) {
             CHECK_MSG(gpu || graph_launches(&ton) >= 1, "no graph launch before the stop string");
             fprintf(stderr, "     stop string '%s': finish %s after %d tokens\n", stop, ckv_finish_reason_name(a->finish),
                     a->n);
-            ckv_result_free(&res);
         }
+        ckv_result_free(&res);
     }
 
-    if (have_greedy) ckv_result_free(&greedy);
+    ckv_result_free(&greedy);
     free(toff.logits);
     free(ton.logits);
     ckv_engine_free(&off);
