@@ -1,6 +1,7 @@
 /* request.c - the engine request API (see request.h): engine set-up, prepared contexts (prefill,
  * compression or the reason it is skipped, cache files), answers (sampling, stop ids and strings,
- * the token callback, rewind) and the whole-request driver. It prints nothing. */
+ * the token callback, rewind; which decode step they run: the recorded batch step of one session or
+ * the session's own) and the whole-request driver. It prints nothing. */
 #define _POSIX_C_SOURCE 200809L
 #include "engine/request.h"
 
@@ -313,6 +314,8 @@ ckv_status ckv_engine_prepare(ckv_engine *e, const ckv_prepare_params *p, ckv_pr
 
 void ckv_prepared_free(ckv_prepared *pc) {
     if (!pc) return;
+    ckv_decode_batch_free(pc->decoder); /* its recordings before the session whose caches they use */
+    ckv_free(pc->decoder);
     ckv_compressor_release(&pc->cz);
     ckv_session_free(&pc->sess);
     ckv_free(pc->logits);
@@ -327,6 +330,29 @@ void ckv_answer_free(ckv_answer *a) {
 }
 
 /* ---- answers ------------------------------------------------------------------------------------- */
+
+/* Makes pc->decoder where the backend records decode steps (CKV_BACKEND_CAP_GRAPHS) and the group is
+ * one rank: the answer's decode steps then run as a batched step of this one session, recorded as a
+ * CUDA graph and replayed per token. Elsewhere (the CPU backend, tp > 1) it stays NULL and the steps
+ * are ckv_session_decode's, bits unchanged. Once per context, before any decode loop. */
+static ckv_status prepared_decoder(ckv_prepared *pc) {
+    ckv_model *m = pc->engine->model;
+    if (pc->decoder || !ckv_backend_supports(m->be, CKV_BACKEND_CAP_GRAPHS) || m->plan.tp != 1) return CKV_STATUS_OK;
+    CKV_TRY(ckv_alloc((void **)&pc->decoder, sizeof *pc->decoder, "answer decode step"));
+    const ckv_status st = ckv_decode_batch_init(pc->decoder, m, 1);
+    if (st != CKV_STATUS_OK) {
+        ckv_free(pc->decoder);
+        pc->decoder = NULL;
+    }
+    return st;
+}
+
+/* One decode step of the answer: token at the session's next position, *lg its host logits [V]. */
+static ckv_status prepared_decode(ckv_prepared *pc, int32_t token, const float **lg) {
+    ckv_session *s = &pc->sess;
+    if (!pc->decoder) return ckv_session_decode(s, token, lg);
+    return ckv_decode_batch_step(pc->decoder, &s, &token, 1, lg);
+}
 
 ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *ids, int n, const ckv_gen_params *g,
                                ckv_sampler *sampler, ckv_answer *out) {
@@ -371,6 +397,7 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
     ckv_decode_state dstate;
     memset(&dstate, 0, sizeof dstate);
     if (st == CKV_STATUS_OK && g->decode_press) st = ckv_decode_state_init(&dstate, g->decode_press, s, pc->dump_kept, pc->dump_file);
+    if (st == CKV_STATUS_OK && g->max_new_tokens > 1) st = prepared_decoder(pc);
     for (int t = 0; st == CKV_STATUS_OK && as.finish == CKV_FINISH_NONE; t++) {
         int32_t tok;
         ckv_finish_reason fin = ckv_answer_state_sample(&as, sampler, lg, &tok);
@@ -379,7 +406,7 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
             as.finish = CKV_FINISH_CANCELLED;
             break;
         }
-        if (fin == CKV_FINISH_NONE) st = ckv_session_decode(s, tok, &lg);
+        if (fin == CKV_FINISH_NONE) st = prepared_decode(pc, tok, &lg);
         if (st == CKV_STATUS_OK && fin == CKV_FINISH_NONE && g->decode_press) st = ckv_decode_state_step(&dstate, NULL);
     }
     int cut = dstate.compressions > 0; /* the context's rows were cut with the answer's: no rewind */

@@ -29,6 +29,7 @@
 #include "comm/comm.h"
 #include "core/status.h"
 #include "engine/answer.h"
+#include "engine/batch.h"
 #include "engine/compress.h"
 #include "engine/decode_press.h"
 #include "engine/prefill_batch.h"
@@ -178,6 +179,10 @@ typedef struct {
     char cache_press[512];  /* the press recorded in cache_in's file */
     double prepare_seconds;
     ckv_request_stats stats;
+    /* the answers' decode steps where the backend records them (CKV_BACKEND_CAP_GRAPHS, tp 1): a batch of
+     * this one session (engine/batch.h: a CUDA graph per key bound, replayed per token), made by the first
+     * answer that decodes and freed with the context; NULL elsewhere (ckv_session_decode) */
+    ckv_decode_batch *decoder;
     /* a prepare in progress (ckv_engine_prepare_begin .. the last ckv_prepared_advance) */
     int ready;              /* 1: prefilled (or loaded), compressed and marked: questions may follow */
     int spent;              /* 1: an answer's decode-time compression cut the context: no more questions */
@@ -211,7 +216,10 @@ ckv_status ckv_prepared_advance_batch(ckv_prepared *const *pcs, int n, ckv_prefi
 /* Answers one question (ids [n], n may be 0: continue from the context's last logits) from the
  * prepared context, then rewinds to it. `question` is passed to the callback. A question that does
  * not fit the session (n + max_new_tokens > reserve) is ERR_CONTEXT_TOO_LONG. With stop strings the
- * engine needs a tokenizer (ERR_ARG otherwise). */
+ * engine needs a tokenizer (ERR_ARG otherwise). The decode steps run as the server's batched step of
+ * one row (pc->decoder: recorded and replayed, the logits downloaded for the host sampler) where the
+ * backend records steps at tp 1, else as ckv_session_decode; ids and logits of either path do not
+ * depend on whether a graph ran. */
 ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *ids, int n, const ckv_gen_params *g,
                                ckv_sampler *sampler, ckv_answer *out);
 

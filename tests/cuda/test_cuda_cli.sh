@@ -3,7 +3,9 @@
 # `--backend cuda-emu` (the same CUDA sources on ckv's CPU execution layer) everywhere else.
 #   quick (label cuda-emu, CI): generate on every fixture model (bf16 weights and KV, the backend's
 #     default, and f32) gives the CPU backend's greedy ids; a press runs; with CKV_MPIRUN, 2 ranks
-#     --tp 2 on the one device (the staged path) give tp 1's ids; `--random-weights 7` on a directory
+#     --tp 2 on the one device (the staged path) give tp 1's ids; generate with a decode press gives
+#     the same ids and --dump-logits bytes with recorded decode steps on and off (CKV_CUDA_GRAPHS=0);
+#     `--random-weights 7` on a directory
 #     holding only config.json (what tools/bench/bench_gpu.py runs) generates on both backends, the
 #     backend's logits (f32 weights and KV) within 1e-3 of the CPU backend's, and without the flag
 #     the same directory is refused naming the missing checkpoint.
@@ -61,6 +63,18 @@ if [ "$mode" = quick ]; then
     fi
   else
     echo "skip tp 2 on one device: no MPI launcher (CKV_MPIRUN)"
+  fi
+  # the answer's decode through the recorded step: the same ids and logits with recording off
+  dids=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(','.join(map(str,r['prompt_ids'][:48])))" "$fx/llama_gqa_bf16/reference.json")
+  for g in 0 1; do
+    CKV_CUDA_GRAPHS=$g "$ckv" generate -m "$fx/llama_gqa_bf16" --prompt-ids "$dids" -n 24 --ignore-eos --backend "$be" \
+      --decode-press knorm --decode-interval 8 --decode-target 48 --dump-logits "$tmp/g$g.logits" >"$tmp/g$g" 2>"$tmp/err$g" ||
+      echo "FAIL generate --decode-press --backend $be with CKV_CUDA_GRAPHS=$g: $(tail -1 "$tmp/err$g")"
+  done
+  if [ -s "$tmp/g1.logits" ] && cmp -s "$tmp/g0" "$tmp/g1" && cmp -s "$tmp/g0.logits" "$tmp/g1.logits"; then
+    echo "ok   generate --decode-press knorm on --backend $be: recorded steps give the unrecorded ids and logits bit for bit ($(tr '\n' ' ' <"$tmp/g1"))"
+  else
+    echo "FAIL generate --decode-press knorm on --backend $be: recorded ids $(cat "$tmp/g1") vs unrecorded $(cat "$tmp/g0") (logits files $(cmp "$tmp/g0.logits" "$tmp/g1.logits" 2>&1))"; fail=1
   fi
   # random weights from a directory holding only config.json
   mkdir -p "$tmp/rw" && cp "$fx/qwen2_bias/config.json" "$tmp/rw/"

@@ -43,26 +43,10 @@
 #include "cuda_test_backend.h"
 #include "engine/batch.h"
 #include "engine/session.h"
+#include "graph_test.h"
 #include "model/model.h"
 
 enum { NS = 3, STEPS = 6, CAP = 160, GS = 4, GSTEPS = 20, GCAP = 320 };
-
-typedef struct {
-    unsigned long long waits, kernels, gemms, allocs;
-} counts;
-
-static counts now(void) {
-    counts c;
-    c.waits = ckv_cuda_emu_host_waits();
-    ckv_cuda_emu_launches(&c.kernels, &c.gemms);
-    c.allocs = ckv_cuda_emu_alloc_calls();
-    return c;
-}
-
-static counts since(counts a) {
-    counts b = now();
-    return (counts){b.waits - a.waits, b.kernels - a.kernels, b.gemms - a.gemms, b.allocs - a.allocs};
-}
 
 static int argmax(const float *x, int n) {
     int b = 0;
@@ -134,12 +118,10 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm, int counted) {
         } else {
             CHECK_OK(ckv_decode_batch_step_ids(&pb, pp, in, n, picks, pid));
         }
-        unsigned long long cap0, gl0, cap1, gl1;
-        ckv_cuda_emu_graph_counts(&cap0, &gl0);
-        counts c0 = now();
+        emu_counts c0 = emu_counts_now();
         const ckv_status st = host ? ckv_decode_batch_step(&gb, gp, in, n, &glg)
                                    : ckv_decode_batch_step_ids(&gb, gp, in, n, picks, gid);
-        counts c = since(c0);
+        emu_counts c = emu_counts_since(c0);
         for (int r = 0; host && glg && plg && r < n; r++) {
             gid[r] = argmax(glg + (size_t)r * V, V);
             for (int v = 0; v < V; v++) {
@@ -147,10 +129,9 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm, int counted) {
                 max_err = e > max_err ? e : max_err;
             }
         }
-        ckv_cuda_emu_graph_counts(&cap1, &gl1);
         CHECK_MSG(st == CKV_STATUS_OK, "recorded step %d: %s", step, ckv_error_message());
         if (st != CKV_STATUS_OK) break;
-        const unsigned long long captures = cap1 - cap0, launches = gl1 - gl0;
+        const unsigned long long captures = c.captures, launches = c.graph_launches;
         const int kind = !counted ? want_kind[step] : launches == 0 ? 0 : captures == 1 ? 1 : 2;
         if (kind != want_kind[step] && wrong_kind++ < 5)
             fprintf(stderr, "  step %d: %s (%llu captures, %llu graph launches), want %s\n", step, kind_name[kind],
@@ -246,18 +227,18 @@ static void emu_steps(ckv_backend *dev, ckv_backend *cpu, ckv_model *m, ckv_mode
     uint64_t rng = 0x5eedULL;
     ckv_batch_pick picks[NS] = {{0.0f, 1.0f, 0, 0.0}, {0.8f, 0.9f, 20, 0.0}, {0.8f, 0.9f, 20, 0.0}};
     int wrong_waits = 0, wrong_ids = 0, wrong_launches = 0, allocs_after_first = 0;
-    counts per_ids = {0, 0, 0, 0}, per_host = {0, 0, 0, 0};
+    emu_counts per_ids = {0}, per_host = {0};
     for (int step = 0; step < STEPS; step++) {
         for (int i = 1; i < NS; i++) picks[i].u = ckv_test_rng_double(&rng);
         int32_t ids[NS];
-        counts c0 = now();
+        emu_counts c0 = emu_counts_now();
         ckv_status st = ckv_decode_batch_step_ids(&ba, pa, tok, NS, picks, ids);
-        counts ci = since(c0);
+        emu_counts ci = emu_counts_since(c0);
         CHECK_MSG(st == CKV_STATUS_OK, "step %d (device sampling): %s", step, ckv_error_message());
         const float *lg = NULL;
-        c0 = now();
+        c0 = emu_counts_now();
         st = ckv_decode_batch_step(&bb, pb, tok, NS, &lg);
-        counts ch = since(c0);
+        emu_counts ch = emu_counts_since(c0);
         CHECK_MSG(st == CKV_STATUS_OK && lg, "step %d (host logits): %s", step, ckv_error_message());
         if (st != CKV_STATUS_OK || !lg) break;
         /* the reference: the CPU sample op on this step's host logits with the same draws */
@@ -298,15 +279,15 @@ static void emu_steps(ckv_backend *dev, ckv_backend *cpu, ckv_model *m, ckv_mode
             wrong_waits || wrong_ids || wrong_launches ? "FAIL" : "ok  ", NS, L, per_ids.waits, per_ids.kernels,
             (double)per_ids.kernels / L, per_ids.gemms, per_host.waits, per_host.kernels, per_host.gemms);
 
-    /* one session alone, as ckv generate decodes */
+    /* one session alone, unrecorded (ckv_session_decode: the decode of a request where steps are not recorded) */
     int32_t t = first_solo;
     int solo_bad = 0;
-    counts c1 = {0, 0, 0, 0};
+    emu_counts c1 = {0};
     for (int step = 0; step < 3; step++) {
         const float *lg = NULL;
-        counts c0 = now();
+        emu_counts c0 = emu_counts_now();
         CHECK_OK(ckv_session_decode(&solo, t, &lg));
-        c1 = since(c0);
+        c1 = emu_counts_since(c0);
         if (c1.waits != 1) solo_bad++;
         t = lg ? argmax(lg, V) : 0;
     }
@@ -349,15 +330,8 @@ int main(int argc, char **argv) {
         setenv("CKV_CUDA_GRAPHS", "yes", 1); /* neither 0 nor 1: init refuses it in one line */
         CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_GRAPHS=yes: expected 0");
     }
-    setenv("CKV_CUDA_GRAPHS", "0", 1); /* the unrecorded step (read at init) */
-    int rc = cuda_test_open(argc, argv, "test_decode_syncs", &dev);
-    unsetenv("CKV_CUDA_GRAPHS");
+    const int rc = graph_test_open(argc, argv, "test_decode_syncs", &dev, &gdev); /* recording off, on */
     if (rc >= 0) return rc;
-    rc = cuda_test_open(argc, argv, "test_decode_syncs", &gdev);
-    if (rc >= 0) {
-        ckv_backend_free(dev);
-        return rc;
-    }
     CHECK_OK(ckv_backend_init(&cpu, "cpu", 1));
     const ckv_model_opts opts = {.weights_dtype = CKV_DTYPE_BF16};
     CHECK_OK(ckv_model_load_opts(&m, CKV_FIXTURES "/models/llama_gqa_bf16", dev, NULL, &opts));
