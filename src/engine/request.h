@@ -176,6 +176,7 @@ typedef struct {
     int compressed;
     const char *uncompressed_reason;
     char cache_press[512];  /* the press recorded in cache_in's file */
+    char cache_in[4096];    /* the cache file the context was loaded from ("" when prefilled), for its errors */
     double prepare_seconds;
     ckv_request_stats stats;
     /* a prepare in progress (ckv_engine_prepare_begin .. the last ckv_prepared_advance) */
