@@ -5,7 +5,7 @@
  * bias, RoPE at positions L, L + 1, ...) are scored against that layer's cached keys by the backend's
  * evict_kvzip op (maxima into the device scores), and after the last layer every layer is cut back to
  * its L context rows. Everything runs as backend ops on the device; only KVzip+'s norms
- * (kvzip_plus_normalization: the layer's values and o_proj's columns, in double) are computed on the
+ * (kvzip_plus_normalization: the chunk's values and o_proj's columns, in double) are computed on the
  * host and uploaded, and the model's largest score comes back as one float for the sinks. Every
  * buffer is set up once before the first chunk. It selects and compacts nothing. */
 #include "engine/kvzip.h"
@@ -84,9 +84,7 @@ typedef struct {
     float *top_dev;                /* [1] the model's largest score (device) */
     int32_t *ids;                  /* [R] one chunk's replay ids (host) */
     /* kvzip_plus_normalization only (else NULL) */
-    float *k;                      /* [L + R, d] one head's cached keys, read beside its values (host) */
-    float *v;                      /* [nkv, L + R, d] the layer's cached values, every local head (host) */
-    int32_t *kpos;                 /* [L + R] their positions (host) */
+    float *v;                      /* [nkv, C, d] the chunk's cached values, every local head (host) */
     float *eye_dev;                /* [hq, hq] the identity, whose product with o_proj reads its columns (device) */
     float *wot_dev, *wot;          /* [hq, D] the local o_proj columns transposed (device, host) */
     double *gram;                  /* [n_q_local, d, d] W_O^j^T W_O^j of each local query head j (host) */
@@ -100,9 +98,7 @@ static void work_free(ckv_backend *be, kvzip_work *w) {
     be->ops->release(be, w->pos_dev);
     be->ops->release(be, w->top_dev);
     ckv_free(w->ids);
-    ckv_free(w->k);
     ckv_free(w->v);
-    ckv_free(w->kpos);
     be->ops->release(be, w->eye_dev);
     be->ops->release(be, w->wot_dev);
     ckv_free(w->wot);
@@ -123,7 +119,7 @@ static ckv_status work_init(kvzip_work *w, const ckv_session *s, const ckv_press
     w->d = m->cfg.head_dim;
     w->hq = m->plan.n_q_local * w->d;
     w->nkv = m->plan.n_kv_local;
-    const size_t R = (size_t)w->R, rows = (size_t)L + R, nkv = (size_t)w->nkv, d = (size_t)w->d;
+    const size_t R = (size_t)w->R, nkv = (size_t)w->nkv, d = (size_t)w->d;
     ckv_status st = be->ops->alloc(be, (void **)&w->q_dev, R * (size_t)w->hq * sizeof(float), "kvzip queries");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->pos_dev, R * sizeof(int32_t), "kvzip positions");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->top_dev, sizeof(float), "kvzip maximum");
@@ -139,9 +135,7 @@ static ckv_status work_init(kvzip_work *w, const ckv_session *s, const ckv_press
     }
     if (st == CKV_STATUS_OK) st = be->ops->upload(be, w->eye_dev, eye, hq * hq * sizeof(float));
     ckv_free(eye);
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->k, rows * d * sizeof(float), "kvzip keys");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->v, nkv * rows * d * sizeof(float), "kvzip values");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->kpos, rows * sizeof(int32_t), "kvzip positions");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->v, nkv * (size_t)w->C * d * sizeof(float), "kvzip values");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->wot_dev, hq * D * sizeof(float), "kvzip o_proj");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->wot, hq * D * sizeof(float), "kvzip o_proj");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->gram, nq * d * d * sizeof(double), "kvzip o_proj Gram");
@@ -157,15 +151,15 @@ static ckv_status work_init(kvzip_work *w, const ckv_session *s, const ckv_press
 /* KVzip+ (kvzip_plus_normalization) for layer `layer` of a chunk: 1 / ||h|| of the q replayed
  * attention inputs, and for each local query head j the norm ||v W_O^j||_2 of every chunk row it
  * reads, as sqrt(v^T (W_O^j^T W_O^j) v) in double from o_proj's columns (read through a product with
- * the identity) and the layer's values read to the host; both uploaded for evict_kvzip. */
+ * the identity) and the chunk's values read to the host; both uploaded for evict_kvzip. */
 static ckv_status plus_norms(ckv_session *s, kvzip_work *w, int layer, int L, int q, int start, int end) {
     ckv_model *m = s->model;
     ckv_backend *be = m->be;
     const int d = w->d, hq = w->hq, nq = m->plan.n_q_local, G = m->cfg.n_heads / m->cfg.n_kv_heads;
     const int C = end - start;
-    const size_t D = (size_t)m->cfg.hidden_size, rows = (size_t)L + (size_t)w->R;
-    for (int h = 0; h < w->nkv; h++)
-        CKV_TRY(ckv_kv_head_read(&s->kv, layer, h, w->k, w->v + (size_t)h * rows * (size_t)d, w->kpos));
+    const size_t D = (size_t)m->cfg.hidden_size;
+    for (int h = 0; h < w->nkv; h++) /* the chunk's rows of its values only */
+        CKV_TRY(ckv_kv_head_read_rows(&s->kv, layer, h, start, C, NULL, w->v + (size_t)h * (size_t)C * (size_t)d, NULL));
     be->ops->matmul(be, w->wot_dev, w->eye_dev, &m->layers[layer].wo, NULL, hq); /* [hq, D] = o_proj^T */
     CKV_TRY(be->ops->sync(be));
     CKV_TRY(be->ops->download(be, w->wot, w->wot_dev, (size_t)hq * D * sizeof(float)));
@@ -185,10 +179,10 @@ static ckv_status plus_norms(ckv_session *s, kvzip_work *w, int layer, int L, in
                 g[a * d + b] = g[b * d + a] = acc;
             }
         const int h = (m->plan.q_head0 + j) / G - m->plan.kv_head0;
-        const float *vh = w->v + (size_t)h * rows * (size_t)d;
+        const float *vh = w->v + (size_t)h * (size_t)C * (size_t)d;
         float *out = w->vn + (size_t)j * (size_t)C;
         for (int col = 0; col < C; col++) {
-            const float *v = vh + (size_t)(start + col) * (size_t)d;
+            const float *v = vh + (size_t)col * (size_t)d;
             double acc = 0.0;
             for (int a = 0; a < d; a++) {
                 double ga = 0.0;

@@ -173,6 +173,9 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
     if (p->cache_in) CKV_TRY(cache_context_len(p->cache_in, &n));
     else if (n < 1 || !p->ids) return ckv_error(CKV_STATUS_ERR_ARG, "empty context");
     if (p->reserve < 0) return ckv_error(CKV_STATUS_ERR_ARG, "negative reserve %d", p->reserve);
+    if (p->question_rows < 0 || (p->question_rows > 0 && (p->cache_in || p->question_rows >= n)))
+        return ckv_error(CKV_STATUS_ERR_ARG, "a question of %d rows inside a context of %d%s", p->question_rows, n,
+                         p->cache_in ? " loaded from a cache file (it records its own)" : ": expected fewer rows than the context");
     if ((long)n + p->reserve > c->max_context)
         return ckv_error(CKV_STATUS_ERR_CONTEXT_TOO_LONG,
                          "a context of %d tokens + %d for the question and answer exceed the context window of %d tokens "
@@ -217,6 +220,7 @@ ckv_status ckv_engine_prepare_begin(ckv_engine *e, const ckv_prepare_params *p, 
     CKV_TRY_GOTO(st, ckv_session_init_kv(&pc->sess, m, n + rows, engine_chunk(e), compress || p->cache_in || p->hook,
                                          engine_kv_dtype(e)), fail);
     if (p->cache_in) {
+        snprintf(pc->cache_in, sizeof pc->cache_in, "%s", p->cache_in);
         CKV_TRY_GOTO(st, ckv_alloc((void **)&pc->logits, sizeof(float) * (size_t)c->vocab_size, "context logits"), fail);
         int has_logits = 0;
         CKV_TRY_GOTO(st, ckv_session_load_cache(&pc->sess, p->cache_in, pc->cache_press, sizeof pc->cache_press, pc->logits,
@@ -374,9 +378,12 @@ ckv_status ckv_prepared_answer(ckv_prepared *pc, int question, const int32_t *id
     if (n == 0 && !pc->logits && g->max_new_tokens > 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "a context-only cache file (saved without --query-aware) needs a question to "
                          "answer: give --question-ids");
+    if (n > 0 && pc->question_inside && pc->cache_in[0])
+        return ckv_error(CKV_STATUS_ERR_ARG, "%s: a query-aware cache file holds its question already (compressed with "
+                         "the context): drop --question-ids", pc->cache_in);
     if (n > 0 && pc->question_inside)
-        return ckv_error(CKV_STATUS_ERR_ARG, "question %d: the context holds its question already (compressed with it, "
-                         "e.g. a cache file saved with --query-aware): drop --question-ids", question);
+        return ckv_error(CKV_STATUS_ERR_ARG, "question %d: the context holds its question already (compressed with it): "
+                         "drop --question-ids", question);
     ckv_answer_config ac = {.max_tokens = g->max_new_tokens, .eos_ids = e->stop_ids, .n_eos_ids = e->n_stop_ids,
                             .ignore_eos = g->ignore_eos, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
                             .stop_strings = g->stop_strings, .n_stop_strings = g->n_stop_strings,

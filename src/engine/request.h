@@ -177,6 +177,7 @@ typedef struct {
     int compressed;
     const char *uncompressed_reason;
     char cache_press[512];  /* the press recorded in cache_in's file */
+    char cache_in[4096];    /* the cache file the context was loaded from ("" when prefilled), for its errors */
     double prepare_seconds;
     ckv_request_stats stats;
     /* the answers' decode steps where the backend records them (CKV_BACKEND_CAP_GRAPHS, tp 1): a batch of

@@ -67,9 +67,10 @@ void ckv_sched_free(ckv_sched *s) {
 
 ckv_status ckv_sched_admit(ckv_sched *s, const ckv_sched_request *r, int *slot) {
     *slot = -1;
-    if (r->n_ctx < 1 || !r->ctx_ids || r->n_q < 0 || (r->n_q > 0 && !r->q_ids) || r->n_choices < 1 || !r->press)
-        return ckv_error(CKV_STATUS_ERR_ARG, "a request of %d context ids, %d question ids and %d choices", r->n_ctx, r->n_q,
-                         r->n_choices);
+    if (r->n_ctx < 1 || !r->ctx_ids || r->n_q < 0 || (r->n_q > 0 && !r->q_ids) || r->n_choices < 1 || !r->press ||
+        r->ctx_question_rows < 0 || r->ctx_question_rows >= r->n_ctx)
+        return ckv_error(CKV_STATUS_ERR_ARG, "a request of %d context ids (%d of them a question), %d question ids and %d "
+                         "choices", r->n_ctx, r->ctx_question_rows, r->n_q, r->n_choices);
     int free_slot = -1;
     for (int i = 0; i < s->max_slots && free_slot < 0; i++)
         if (s->slots[i].phase == CKV_SLOT_FREE) free_slot = i;
@@ -283,7 +284,7 @@ static ckv_status prepare_begin(ckv_sched *s, int slot, int *ready) {
     int chunk = r->n_q < 1 ? 1 : r->n_q < s->chunk ? r->n_q : s->chunk;
     sl->phase = CKV_SLOT_PREFILL;
     return s->exec.prepare(s->exec.ctx, slot, r->press, r->decode_press, r->n_choices, r->ctx_ids, r->n_ctx,
-                           r->n_q + r->max_tokens, chunk, ready);
+                           r->ctx_question_rows, r->n_q + r->max_tokens, chunk, ready);
 }
 
 static void prepare_unit(ckv_sched *s, int slot) {

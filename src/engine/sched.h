@@ -52,13 +52,14 @@ typedef struct {
 
 /* The engine steps over lanes 0 .. max_slots-1 (one prepared context each). */
 typedef struct {
-    /* lane `slot` starts preparing context ids [n] with room for `reserve` tokens, questions
+    /* lane `slot` starts preparing context ids [n] (the last question_rows of them a question compressed
+     * with it, see ckv_prepare_params) with room for `reserve` tokens, questions
      * prefilled in chunks of `chunk`, for `answers` answers, each compressed while it decodes by
      * `decode` (NULL: none; the executor runs it inside its decode steps and prepares the context
      * again at the rewind after an answer that cut it); *ready when it needs no layer step (a
      * restored context) */
     ckv_status (*prepare)(void *ctx, int slot, const ckv_press_config *press, const ckv_decode_press *decode, int answers,
-                          const int32_t *ids, int n, int reserve, int chunk, int *ready);
+                          const int32_t *ids, int n, int question_rows, int reserve, int chunk, int *ready);
     ckv_status (*advance)(void *ctx, int slot, int *ready);         /* the next layer of lane `slot` */
     void (*prepared)(void *ctx, int slot, ckv_sched_prepared *out);  /* a ready lane's report */
     const float *(*context_logits)(void *ctx, int slot);            /* [V] after the context */
@@ -93,6 +94,8 @@ typedef struct {
 typedef struct {
     const int32_t *ctx_ids;         /* [n_ctx] the context (compressed and reusable), n_ctx >= 1 */
     int n_ctx;
+    int ctx_question_rows;          /* the last rows of ctx_ids that are a question compressed with the context
+                                     * (query-aware; 0: none): it answers from the context's logits */
     const int32_t *q_ids;           /* [n_q] the question after the context (may be empty) */
     int n_q;
     const ckv_press_config *press;  /* scorer none: the full cache */

@@ -347,21 +347,29 @@ ckv_status ckv_kv_layer_keep(ckv_kv_cache *c, int layer, const int32_t *keep_dev
 }
 
 ckv_status ckv_kv_head_read(const ckv_kv_cache *c, int layer, int h, float *k, float *v, int32_t *pos) {
+    return ckv_kv_head_read_rows(c, layer, h, 0, c->layers[layer].len[h], k, v, pos);
+}
+
+ckv_status ckv_kv_head_read_rows(const ckv_kv_cache *c, int layer, int h, int row0, int n_rows, float *k, float *v,
+                                 int32_t *pos) {
     const ckv_kv_layer *l = &c->layers[layer];
     ckv_backend *be = c->be;
-    const size_t n = (size_t)l->len[h], d = (size_t)c->head_dim, es = kv_elem(c), rowb = d * es;
+    if (row0 < 0 || n_rows < 0 || row0 + n_rows > l->len[h])
+        return ckv_error(CKV_STATUS_ERR_RANGE, "KV cache layer %d head %d: rows %d .. %d of its %d", layer, h, row0,
+                         row0 + n_rows - 1, l->len[h]);
+    const size_t n = (size_t)n_rows, d = (size_t)c->head_dim, es = kv_elem(c), rowb = d * es;
+    const size_t first = (size_t)l->off[h] + (size_t)row0;
     if (n == 0) return CKV_STATUS_OK;
-    CKV_TRY(be->ops->download(be, pos, l->pos + l->off[h], n * sizeof(int32_t)));
-    if (c->dtype == CKV_DTYPE_F32) {
-        CKV_TRY(be->ops->download(be, k, (const char *)l->kbuf + (size_t)l->off[h] * rowb, n * rowb));
-        return be->ops->download(be, v, (const char *)l->vbuf + (size_t)l->off[h] * rowb, n * rowb);
-    }
+    if (pos) CKV_TRY(be->ops->download(be, pos, l->pos + first, n * sizeof(int32_t)));
+    const void *src[2] = {(const char *)l->kbuf + first * rowb, (const char *)l->vbuf + first * rowb};
+    float *dst[2] = {k, v};
     void *tmp = NULL;
-    CKV_TRY(ckv_alloc(&tmp, n * rowb, "KV head staging"));
-    ckv_status s = be->ops->download(be, tmp, (const char *)l->kbuf + (size_t)l->off[h] * rowb, n * rowb);
-    if (s == CKV_STATUS_OK) ckv_convert_to_f32(k, tmp, c->dtype, n * d);
-    if (s == CKV_STATUS_OK) s = be->ops->download(be, tmp, (const char *)l->vbuf + (size_t)l->off[h] * rowb, n * rowb);
-    if (s == CKV_STATUS_OK) ckv_convert_to_f32(v, tmp, c->dtype, n * d);
+    ckv_status s = c->dtype == CKV_DTYPE_F32 ? CKV_STATUS_OK : ckv_alloc(&tmp, n * rowb, "KV head staging");
+    for (int part = 0; part < 2 && s == CKV_STATUS_OK; part++) {
+        if (!dst[part]) continue;
+        s = be->ops->download(be, tmp ? tmp : (void *)dst[part], src[part], n * rowb);
+        if (s == CKV_STATUS_OK && tmp) ckv_convert_to_f32(dst[part], tmp, c->dtype, n * d);
+    }
     ckv_free(tmp);
     return s;
 }

@@ -128,6 +128,10 @@ ckv_kv_batch ckv_kv_layer_batch(const ckv_kv_cache *c, int layer, int extra);
  * k, v [len, head_dim], pos [len]; write replaces head h's rows with n host rows (n <= cap),
  * converting to the cache dtype. */
 ckv_status ckv_kv_head_read(const ckv_kv_cache *c, int layer, int h, float *k, float *v, int32_t *pos);
+/* The same for rows [row0, row0 + n) of head h (within its length): k, v [n, head_dim], pos [n];
+ * a NULL buffer is not read. */
+ckv_status ckv_kv_head_read_rows(const ckv_kv_cache *c, int layer, int h, int row0, int n, float *k, float *v,
+                                 int32_t *pos);
 ckv_status ckv_kv_head_write(ckv_kv_cache *c, int layer, int h, const float *k, const float *v, const int32_t *pos,
                              int n);
 

@@ -570,6 +570,7 @@ static int parse_job(const ckv_srv_api *a, ckv_srv_kind kind, cJSON *o, ckv_srv_
     }
     if (!bad && j->press.query_aware && j->n_q > 0) { /* the question is compressed with the context */
         bad = concat(&j->ctx_ids, &j->n_ctx, j->q_ids, j->n_q, err);
+        j->ctx_question_rows = j->n_q;
         free(j->q_ids);
         j->q_ids = NULL;
         j->n_q = 0;

@@ -44,6 +44,8 @@ typedef struct ckv_srv_job {
     int n_ctx;
     int32_t *q_ids;         /* [n_q] the question fed after the (compressed) context; may be empty */
     int n_q;
+    int ctx_question_rows;  /* query_aware: the last rows of ctx_ids are the question, compressed with the context
+                             * (0: none) */
     ckv_press_config press; /* scorer none: the full cache */
     ckv_decode_press decode; /* decode-time compression of every choice (has_decode) */
     int has_decode;

@@ -252,7 +252,8 @@ static void admit_queued(ckv_srv_sched *s) {
         s->q_len--;
         s->running++;
         pthread_mutex_unlock(&s->mu);
-        ckv_sched_request r = {.ctx_ids = j->ctx_ids, .n_ctx = j->n_ctx, .q_ids = j->q_ids, .n_q = j->n_q, .press = &j->press,
+        ckv_sched_request r = {.ctx_ids = j->ctx_ids, .n_ctx = j->n_ctx, .q_ids = j->q_ids, .n_q = j->n_q,
+                               .ctx_question_rows = j->ctx_question_rows, .press = &j->press,
                                .decode_press = j->has_decode ? &j->decode : NULL,
                                .sampling = j->sampling, .max_tokens = j->max_tokens, .n_choices = j->n_choices,
                                .ignore_eos = j->ignore_eos, .stop_strings = (const char *const *)j->stop,

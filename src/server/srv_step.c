@@ -25,7 +25,7 @@ typedef struct {
     int32_t failed;         /* quit: the leader stopped because of an error */
     uint64_t payload;       /* bytes that follow */
     int32_t answers;        /* prepare: the answers the lane gives */
-    int32_t spare;
+    int32_t question_rows;  /* prepare: the last ids that are a question compressed with the context */
 } step_head;
 
 static int multi(const ckv_srv_steps *s) { return s->group && s->group->size > 1; }
@@ -201,7 +201,7 @@ static ckv_status lane_ready(ckv_srv_steps *s, int slot) {
 }
 
 static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const ckv_decode_press *decode,
-                               int answers, const int32_t *ids, int n, int reserve, int chunk, int *ready) {
+                               int answers, const int32_t *ids, int n, int question_rows, int reserve, int chunk, int *ready) {
     ckv_srv_lane *l = &s->lanes[slot];
     lane_free(l);
     l->press = *press;
@@ -227,6 +227,7 @@ static ckv_status exec_prepare(ckv_srv_steps *s, int slot, const ckv_press_confi
         ckv_prepare_params pp = {0};
         pp.ids = ids;
         pp.n = n;
+        pp.question_rows = question_rows; /* a query-aware context: saved with its question inside, as generate's */
         pp.press = &l->press;
         pp.reserve = reserve;
         if (st == CKV_STATUS_OK) st = ckv_engine_prepare_begin(s->engine, &pp, &l->pc);
@@ -331,7 +332,8 @@ static ckv_status misfit(const ckv_srv_steps *s, int kind, int slot) {
 }
 
 ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const ckv_decode_press *decode,
-                                int answers, const int32_t *ids, int n, int reserve, int chunk, int *ready) {
+                                int answers, const int32_t *ids, int n, int question_rows, int reserve, int chunk,
+                                int *ready) {
     *ready = 0;
     const size_t dsz = sizeof(ckv_decode_press);
     size_t payload = sizeof *press + dsz + sizeof(int32_t) * (size_t)n;
@@ -339,14 +341,14 @@ ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_conf
         return ckv_error(CKV_STATUS_ERR_ARG, "prepare step: slot %d, %d context ids (window %d), %d answers", slot, n,
                          s->engine->model->cfg.max_context, answers);
     if (multi(s)) { /* press | decode press (zeroed: none) | ids */
-        step_head h = {STEP_PREPARE, slot, n, reserve, chunk, 0, payload, answers, 0};
+        step_head h = {STEP_PREPARE, slot, n, reserve, chunk, 0, payload, answers, question_rows};
         memcpy(s->msg, press, sizeof *press);
         if (decode) memcpy(s->msg + sizeof *press, decode, dsz);
         else memset(s->msg + sizeof *press, 0, dsz);
         memcpy(s->msg + sizeof *press + dsz, ids, sizeof(int32_t) * (size_t)n);
         CKV_TRY(send_step(s, &h, s->msg));
     }
-    return exec_prepare(s, slot, press, decode, answers, ids, n, reserve, chunk, ready);
+    return exec_prepare(s, slot, press, decode, answers, ids, n, question_rows, reserve, chunk, ready);
 }
 
 ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready) {
@@ -454,8 +456,8 @@ void ckv_srv_step_quit(ckv_srv_steps *s, int failed) {
 /* ---- the scheduler's executor ----------------------------------------------------------------------------- */
 
 static ckv_status x_prepare(void *ctx, int slot, const ckv_press_config *press, const ckv_decode_press *decode, int answers,
-                            const int32_t *ids, int n, int reserve, int chunk, int *ready) {
-    return ckv_srv_step_prepare(ctx, slot, press, decode, answers, ids, n, reserve, chunk, ready);
+                            const int32_t *ids, int n, int question_rows, int reserve, int chunk, int *ready) {
+    return ckv_srv_step_prepare(ctx, slot, press, decode, answers, ids, n, question_rows, reserve, chunk, ready);
 }
 static ckv_status x_advance(void *ctx, int slot, int *ready) { return ckv_srv_step_advance(ctx, slot, ready); }
 static void x_prepared(void *ctx, int slot, ckv_sched_prepared *out) { *out = ((ckv_srv_steps *)ctx)->lanes[slot].info; }
@@ -516,8 +518,8 @@ ckv_status ckv_srv_steps_follow(ckv_srv_steps *s) {
                 return ckv_error(CKV_STATUS_ERR_FORMAT, "a server prepare step from rank 0 of %d ids in %llu bytes", h.n,
                                  (unsigned long long)h.payload);
             st = exec_prepare(s, h.slot, &press, decode.interval > 0 ? &decode : NULL, h.answers,
-                              (const int32_t *)(const void *)(s->msg + sizeof press + sizeof decode), h.n, h.reserve, h.chunk,
-                              &ready);
+                              (const int32_t *)(const void *)(s->msg + sizeof press + sizeof decode), h.n, h.question_rows,
+                              h.reserve, h.chunk, &ready);
             break;
         }
         case STEP_ADVANCE: st = exec_advance(s, h.slot, &ready); break;

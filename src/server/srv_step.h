@@ -77,14 +77,16 @@ void ckv_srv_steps_free(ckv_srv_steps *s); /* accepts zeroed and partial objects
 
 /* ---- steps (the leader calls these; followers run them from ckv_srv_steps_follow) ---- */
 
-/* Lane `slot` gets the context ids [n] with `press`: restored from the store when it holds it (ready
- * at once), else its prefill begins; `reserve` tokens of room for question and answer, questions
+/* Lane `slot` gets the context ids [n] with `press` (the last question_rows of them a question compressed
+ * with the context, query-aware: a cache file in the store records it as ckv generate's does): restored
+ * from the store when it holds it (ready at once), else its prefill begins; `reserve` tokens of room for question and answer, questions
  * prefilled in chunks of `chunk`. *ready: the lane is ready (lanes[slot].info says how). `decode`
  * (NULL: none) compresses each of its `answers` answers inside the decode steps, every `interval`
  * steps of that answer; the stored context is the one prepared, and a rewind after an answer that
  * cut the context restores the lane's own copy of it. */
 ckv_status ckv_srv_step_prepare(ckv_srv_steps *s, int slot, const ckv_press_config *press, const ckv_decode_press *decode,
-                                int answers, const int32_t *ids, int n, int reserve, int chunk, int *ready);
+                                int answers, const int32_t *ids, int n, int question_rows, int reserve, int chunk,
+                                int *ready);
 /* The next layer of the preparing lane `slot` (with its compression); after the last one the context
  * is stored and the lane is ready. */
 ckv_status ckv_srv_step_advance(ckv_srv_steps *s, int slot, int *ready);

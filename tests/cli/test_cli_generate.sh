@@ -144,7 +144,7 @@ done
 expect_error "query-aware cache with two questions" "--save-cache with --query-aware stores one question compressed with the context: give exactly one question, got 2" \
   "$ckv" generate --model "$llama" --prompt-ids "$ids" --question-ids 5,6 --question-ids 7 --query-aware --press finch --budget 0.5 \
   --save-cache "$tmp/qa2.ckv"
-expect_error "question over a query-aware cache" "the context holds its question already (compressed with it, e.g. a cache file saved with --query-aware): drop --question-ids" \
+expect_error "question over a query-aware cache" "$tmp/qa_finch.ckv: a query-aware cache file holds its question already (compressed with the context): drop --question-ids" \
   "$ckv" generate --model "$llama" --load-cache "$tmp/qa_finch.ckv" --question-ids 5 "${gq[@]}"
 qsz=$(stat -c %s "$tmp/qa_finch.ckv"); head -c $((qsz - 100)) "$tmp/qa_finch.ckv" >"$tmp/qa_short.ckv"
 expect_error "query-aware cache cut in its logits" "truncated cache file (a tail of 512 values, 1948 bytes left)" \

@@ -251,6 +251,32 @@ DOC = " ".join(f"Entry {i}: the depot in district {i} opened at {i % 12 + 1} o'c
 DOC = DOC[: len(DOC) // 2] + " The vault password is 4417. " + DOC[len(DOC) // 2:]
 
 
+def cache_file_tests(s, cache_dir, press, extra, body, text):
+    """The store's cache file is one `ckv generate --load-cache` reads as it reads its own: a query-aware
+    one holds its question (a question given with it is refused in one line naming the file) and answers
+    from its logits like the server; a context-only one takes a question."""
+    files = [f for f in os.listdir(cache_dir) if f.endswith(".ckv")]
+    if not t.check(len(files) == 1, f"{press}: one cache file in --cache-dir", str(files)):
+        return
+    path = os.path.join(cache_dir, files[0])
+    gen = [ckv, "generate", "--model", FIXTURE, "--load-cache", path, "--max-new-tokens", str(body["max_tokens"]),
+           "--ignore-eos", "--threads", "2"]
+    q = subprocess.run(gen + ["--question-ids", ",".join(map(str, body["prompt"]))], capture_output=True, text=True)
+    err = q.stderr.strip().splitlines()
+    if extra.get("query_aware"):
+        t.check(0 < q.returncode < 128 and len(err) == 1 and err[0].startswith(f"ckv: error: {path}: ")
+                and "holds its question already" in err[0], f"{press}: --question-ids over the server's query-aware cache "
+                "file is refused in one line naming the file", f"rc {q.returncode}: {q.stderr}")
+        g = subprocess.run(gen, capture_output=True, text=True)
+    else:
+        g = q
+    gen_ids = [int(x) for x in g.stdout.replace(",", " ").split()] if g.returncode == 0 else []
+    _, _, det = s.request("POST", "/detokenize", {"tokens": gen_ids})
+    want = json.loads(det)["prompt"] if det and gen_ids else None
+    t.check(g.returncode == 0 and want == text, f"{press}: `ckv generate --load-cache` on the server's cache file answers "
+            f"as the server ({'from its logits' if extra else 'after --question-ids'})", f"{text!r} vs {want!r}: {g.stderr}")
+
+
 def cache_dir_tests():
     """Compressed contexts in --cache-dir survive a restart (fixture model: token-id contexts), for a
     per-head press, for chunkkv (the same whole chunks for every head) and for finch (query-aware: the
@@ -268,6 +294,8 @@ def cache_dir_tests():
             r = json.loads(resp)
             answers.append((r["choices"][0]["text"], r["usage"]))
             disk = s.metrics().get("ckv_cache_disk_hits_total", 0)
+            if run == 1:
+                cache_file_tests(s, cache_dir, press, extra, body, r["choices"][0]["text"])
             t.check(s.stop() == 0, f"SIGTERM: exit 0 (cache-dir run {run}, {press})")
         (a1, u1), (a2, u2) = answers
         t.check(not u1["cache_hit"] and u2["cache_hit"] and u2["reused_tokens"] == n_stored and disk == 1 and a1 == a2,

@@ -169,6 +169,8 @@ runs = []
 for run_i in range(2):
     s = Server(ckv, FIXTURE, tmp, "--cache-dir", cache_dir, name=f"tp-cache{run_i}", threads=1, launcher=launcher(2))
     runs.append(answer(s.client(), prompt=ids(5, 12), max_tokens=6, temperature=0, extra_body=q2))
+    if run_i == 0:  # a query-aware context: every rank's shard records its question inside
+        answer(s.client(), prompt=ids(5, 13), max_tokens=6, temperature=0, extra_body={**q2, "query_aware": True})
     disk = s.metrics().get("ckv_cache_disk_hits_total", -1)
     rc = s.stop()
     t.check(rc == 0, f"tp 2 cache-dir server {run_i} exits 0")
@@ -178,6 +180,10 @@ t.check(any(f.endswith(".rank0") for f in files) and any(f.endswith(".rank1") fo
 t.check(not runs[0][1]["cache_hit"] and runs[1][1]["cache_hit"] and disk == 1, "after a restart the context comes from disk",
         f"{runs} disk hits {disk}")
 t.check(runs[0][0] == runs[1][0], "and answers the same", str(runs))
+flags = sorted((f[-5:], open(os.path.join(cache_dir, f), "rb").read(4096).count(b'"question_inside": true'))
+               for f in files if ".ckv.rank" in f)
+t.check(flags == [("rank0", 0), ("rank0", 1), ("rank1", 0), ("rank1", 1)], "the query-aware context's shards record "
+        "its question inside on both ranks (the prepare step carries its length), the context-only one's do not", str(flags))
 
 
 # refusals: one line, non-zero exit, no hang

@@ -1,7 +1,8 @@
 /* test_kv.c - the ragged KV cache: append writes every head's rows in place, compact keeps exactly
  * the chosen rows in position order and really shrinks the pool, appends after compaction land
  * behind the kept rows, truncate drops only what came after a snapshot, the device segment table
- * follows every change, F16/BF16 caches round-trip through head read/write, and misuse is refused. */
+ * follows every change, F16/BF16 caches round-trip through head read/write, a row range reads what the
+ * whole head's read holds there, and misuse is refused. */
 #include <string.h>
 
 #include "backend/backend.h"
@@ -62,7 +63,12 @@ static void run(ckv_backend *be, ckv_dtype dt) {
             CHECK(hk[t * D + 2] == stored(ckv_fixture_kval(t, h, 2), dt));
             CHECK(hv[t * D + 3] == stored(-ckv_fixture_kval(t, h, 3), dt));
         }
+        /* rows 2 .. 4 alone, values only: the same floats as the whole head's rows */
+        float rv[3 * D];
+        CHECK_OK(ckv_kv_head_read_rows(&c, 1, h, 2, 3, NULL, rv, NULL));
+        CHECK_MSG(memcmp(rv, hv + 2 * D, sizeof rv) == 0, "head %d: rows 2..4 read alone differ from the whole read", h);
     }
+    CHECK_FAILS(ckv_kv_head_read_rows(&c, 1, 0, 4, 3, NULL, hv, NULL), CKV_STATUS_ERR_RANGE, "rows 4 .. 6 of its 6");
     size_t before = ckv_kv_cache_bytes_reserved(&c);
     /* head 0 keeps {0, 1, 5}, head 1 keeps {2}, head 2 keeps {1, 2, 3, 4} (rows of a [NKV, 8] table) */
     int32_t keep[NKV * 8] = {0, 1, 5, [8] = 2, [16] = 1, 2, 3, 4};

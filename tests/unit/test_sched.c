@@ -44,14 +44,14 @@ static void note(local_exec *x, char c) {
 }
 
 static ckv_status x_prepare(void *ctx, int slot, const ckv_press_config *press, const ckv_decode_press *decode, int answers,
-                            const int32_t *ids, int n, int reserve, int chunk, int *ready) {
+                            const int32_t *ids, int n, int question_rows, int reserve, int chunk, int *ready) {
     (void)chunk;
     (void)answers;
     if (decode) return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "this executor has no decode-time compression");
     local_exec *x = ctx;
     note(x, 'P');
     x->press[slot] = *press;
-    ckv_prepare_params pp = {.ids = ids, .n = n, .press = &x->press[slot], .reserve = reserve};
+    ckv_prepare_params pp = {.ids = ids, .n = n, .question_rows = question_rows, .press = &x->press[slot], .reserve = reserve};
     ckv_status st = ckv_engine_prepare_begin(x->e, &pp, &x->lanes[slot]);
     if (st == CKV_STATUS_OK) x->live++;
     *ready = x->lanes[slot].ready;
