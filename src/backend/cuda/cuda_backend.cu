@@ -387,6 +387,12 @@ unsigned long long ckv_cuda_emu_host_waits(void) { return ckv_emu::ckv_emu_host_
 void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemms) {
     ckv_emu::ckv_emu_launches(kernels, gemms);
 }
+ckv_status ckv_cuda_emu_move_workspace(ckv_backend *be) {
+    if (!be || be->ops != &CKV_CUDA_NS::the_ops || !be->ctx)
+        return ckv_error(CKV_STATUS_ERR_ARG, "ckv_cuda_emu_move_workspace: not a %s backend", CKV_CUDA_BACKEND_NAME);
+    CKV_CUDA_NS::ctx *c = CKV_CUDA_NS::ctx_of(be);
+    return CKV_CUDA_NS::grow(c, (void **)&c->part, &c->part_cap, 2 * c->part_cap, "the split-KV partials (moved)");
+}
 void ckv_cuda_emu_graph_counts(unsigned long long *captures, unsigned long long *launches) {
     ckv_emu::ckv_emu_graph_counts(captures, launches);
 }
