@@ -27,7 +27,7 @@
  * Each key's first step runs unrecorded, its second is recorded and launched, later ones replay: exactly 1 graph launch,
  * 1 host wait and no kernel or GEMM launched from the host per replayed step; ids equal to the
  * unrecorded backend's at every step. Under CKV_EMU_CHECK=1 the replays go through the layer's checks.
- * CKV_CUDA_GRAPHS other than 0 or 1 is refused at init; a recording whose step makes a refused call
+ * CKV_CUDA_GRAPHS and CKV_CUDA_SYNC other than unset, 0 or 1 are refused at init; a recording whose step makes a refused call
  * (a wait) is that step's error naming the call, and recording stays off.
  *   test_decode_syncs [cuda-emu]   the above (label cuda-emu)
  *   test_decode_syncs cuda         on a GPU (label cuda): the recorded steps' ids and host logits
@@ -359,6 +359,23 @@ int main(int argc, char **argv) {
     if (!gpu) {
         setenv("CKV_CUDA_GRAPHS", "yes", 1); /* neither 0 nor 1: init refuses it in one line */
         CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_GRAPHS=yes: expected 0");
+        unsetenv("CKV_CUDA_GRAPHS");
+        static const char *const bad_sync[] = {"2", "yes", "-1", "1 "}; /* CKV_CUDA_SYNC: unset, 0 or 1 */
+        for (int i = 0; i < 4; i++) {
+            char want[32];
+            snprintf(want, sizeof want, "CKV_CUDA_SYNC=%s: expected 0", bad_sync[i]);
+            setenv("CKV_CUDA_SYNC", bad_sync[i], 1);
+            CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, want);
+        }
+        static const char *const good_sync[] = {"0", "1", ""};
+        for (int i = 0; i < 3; i++) {
+            setenv("CKV_CUDA_SYNC", good_sync[i], 1);
+            const ckv_status st = ckv_backend_cuda_emu_init(&dev, 0);
+            CHECK_MSG(st == CKV_STATUS_OK, "CKV_CUDA_SYNC='%s': %s", good_sync[i], ckv_error_message());
+            ckv_backend_free(dev);
+            dev = NULL;
+        }
+        unsetenv("CKV_CUDA_SYNC");
     }
     setenv("CKV_CUDA_GRAPHS", "0", 1); /* the unrecorded step (read at init) */
     int rc = cuda_test_open(argc, argv, "test_decode_syncs", &dev);
