@@ -394,6 +394,11 @@ static void test_attention_all(void) {
         {"decode batch",   CKV_DTYPE_BF16, 3, 2, 3, 32, {1, 1, 1},      {70, 4, 129},  2, 0},
         {"decode early",   CKV_DTYPE_F32,  2, 1, 2, 16, {1, 2},         {20, 9},       2, 1},
         {"long, hd 48",    CKV_DTYPE_F32,  1, 2, 2, 48, {12},           {7},           1, 0},
+        /* the split kernel's tile loads: 16-byte chunks (bf16 hd 40) and element loads (rows not
+         * whole 16-byte chunks: bf16 hd 20, f32 hd 18) */
+        {"long bf16 hd 40", CKV_DTYPE_BF16, 1, 2, 2, 40, {12},          {37},          1, 0},
+        {"long bf16 hd 20", CKV_DTYPE_BF16, 2, 1, 3, 20, {10, 14},      {30, 5},       1, 0},
+        {"long f32 hd 18", CKV_DTYPE_F32,  1, 1, 2, 18, {9},            {40},          0, 0},
         {"decode hd 256",  CKV_DTYPE_BF16, 1, 1, 2, 256, {1},           {40},          0, 0},
         /* the bandwidth decode kernel: several splits (>= 256 keys each), every head dim and group
          * the supported models use, f32 caches, a few tokens per sequence, ragged segments */

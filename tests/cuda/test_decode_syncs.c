@@ -4,25 +4,30 @@
  * decode 6 steps together:
  *   - sampled on the device (ckv_decode_batch_step_ids; row 0 greedy, rows 1 and 2 sampled with the
  *     same settings): exactly 1 host wait per step, and exactly 2 sample launches (rows with equal
- *     settings share one); ids equal to the CPU sample op's on the same step's host logits (the first
- *     step of the process may wait once more: the split-KV partials' workspace grows to its size);
+ *     settings share one), the first step of the process too (the split-KV partials are reserved
+ *     when the backend starts: no step grows a workspace); ids equal to the CPU sample op's on the
+ *     same step's host logits;
  *   - host logits (ckv_decode_batch_step) and one session alone (ckv_session_decode): 1 wait each;
  *   - no device allocation after the first step;
  *   - last, the batched step inside a stream capture of the backend's stream: everything before
  *     its download records (no host wait, allocation or pageable copy inside the step), the
  *     download is the one refused call (what a CUDA graph of the step must leave outside it).
  * These run with the backend's recorded steps off (CKV_CUDA_GRAPHS=0). Before the capture, the recorded steps: a
- * second backend with them on decodes 14 device-sampled steps of four sessions (prompts of 120, 90,
+ * second backend with them on decodes 18 device-sampled steps of four sessions (prompts of 120, 90,
  * 250 and 60 ids) beside the first: members {0, 1, 2} for 8 steps (the longest crosses the key bound
  * 256 at step 6), {0, 3, 2} for 2 (other members, same key), {0, 3, 2, 1} for 4, {0, 3, 2} for 2
  * (a known key: its graph replays, the 4-row step having moved no workspace: the split-KV partials
- * are reserved when the backend starts, docs/gpu.md §3b),
- * then the same members for 4 steps returning host logits (ckv_decode_batch_step: a key of its own;
- * the logits equal to the unrecorded backend's bit for bit).
+ * are reserved when the backend starts, docs/gpu.md §3b), {0, 3, 2} for 2 more after the test hook
+ * moved the recording backend's split-KV partials (ckv_cuda_emu_move_workspace: reallocated, as a
+ * workspace growth would): the key's next step is recorded again, not replayed from the graph that
+ * holds the old address, and the one after replays; then the same members for 5 steps returning
+ * host logits (ckv_decode_batch_step: a key of its own, the partials moved again before its fourth,
+ * recorded again; the logits equal to the unrecorded backend's bit for bit). The moves need the
+ * CPU execution layer's hook: a GPU run decodes the same steps without them.
  * Each key's first step runs unrecorded, its second is recorded and launched, later ones replay: exactly 1 graph launch,
  * 1 host wait and no kernel or GEMM launched from the host per replayed step; ids equal to the
  * unrecorded backend's at every step. Under CKV_EMU_CHECK=1 the replays go through the layer's checks.
- * CKV_CUDA_GRAPHS other than 0 or 1 is refused at init; a recording whose step makes a refused call
+ * CKV_CUDA_GRAPHS and CKV_CUDA_SYNC other than unset, 0 or 1 are refused at init; a recording whose step makes a refused call
  * (a wait) is that step's error naming the call, and recording stays off.
  *   test_decode_syncs [cuda-emu]   the above (label cuda-emu)
  *   test_decode_syncs cuda         on a GPU (label cuda): the recorded steps' ids and host logits
@@ -41,12 +46,12 @@
 #include "backend/cuda/cuda_emu.h"
 #include "ckv_test.h"
 #include "cuda_test_backend.h"
+#include "graph_test.h"
 #include "engine/batch.h"
 #include "engine/session.h"
-#include "graph_test.h"
 #include "model/model.h"
 
-enum { NS = 3, STEPS = 6, CAP = 160, GS = 4, GSTEPS = 20, GCAP = 320 };
+enum { NS = 3, STEPS = 6, CAP = 160, GS = 4, GSTEPS = 23, GCAP = 320 };
 
 static int argmax(const float *x, int n) {
     int b = 0;
@@ -81,9 +86,14 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm, int counted) {
         {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1}, {4, 0, 3, 2, 1},
         {3, 0, 3, 2}, {3, 0, 3, 2}, /* a known key: replayed (the split-KV partials are reserved at start, so the
                                        4-row step moved no workspace) */
-        {3, 0, 3, 2}, {3, 0, 3, 2}, {3, 0, 3, 2}, {3, 0, 3, 2}}; /* host logits (ckv_decode_batch_step) */
-    static const int want_kind[GSTEPS] = {0, 1, 2, 2, 2, 2, 0, 1, 2, 2, 0, 1, 2, 2, 2, 2, 0, 1, 2, 2};
-    enum { HOST_FROM = 16 }; /* the steps from here return host logits */
+        {3, 0, 3, 2}, {3, 0, 3, 2}, /* the same key after a workspace moved: recorded again, then replayed */
+        {3, 0, 3, 2}, {3, 0, 3, 2}, {3, 0, 3, 2}, /* host logits (ckv_decode_batch_step) */
+        {3, 0, 3, 2}, {3, 0, 3, 2}}; /* host logits after a workspace moved */
+    static const int want_kind[GSTEPS] = {0, 1, 2, 2, 2, 2, 0, 1, 2, 2, 0, 1, 2, 2, 2, 2, 1, 2, 0, 1, 2, 1, 2};
+    /* before these steps the recording backend's split-KV partials move (counted runs: the test hook
+     * of the CPU execution layer; nothing in decode moves a workspace) */
+    static const int moved[GSTEPS] = {[16] = 1, [21] = 1};
+    enum { HOST_FROM = 18 }; /* the steps from here return host logits */
     static const char *const kind_name[3] = {"unrecorded", "recorded", "replayed"};
     ckv_session ps[GS], gs[GS];
     int32_t tok[GS];
@@ -118,6 +128,7 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm, int counted) {
         } else {
             CHECK_OK(ckv_decode_batch_step_ids(&pb, pp, in, n, picks, pid));
         }
+        if (counted && moved[step]) CHECK_OK(ckv_cuda_emu_move_workspace(gm->be));
         emu_counts c0 = emu_counts_now();
         const ckv_status st = host ? ckv_decode_batch_step(&gb, gp, in, n, &glg)
                                    : ckv_decode_batch_step_ids(&gb, gp, in, n, picks, gid);
@@ -159,7 +170,8 @@ static void recorded_steps(ckv_model *pm, ckv_model *gm, int counted) {
     CHECK_MSG(wrong_ids == 0, "%d ids of the recorded steps differ from the unrecorded backend's", wrong_ids);
     CHECK_MSG(max_err == 0.0, "the recorded steps' host logits differ from the unrecorded backend's by up to %g", max_err);
     fprintf(stderr, "%s %d recorded steps (%d replays%s), ids equal to the unrecorded backend's over a key bound "
-            "crossing, changes of members and a known key after a larger step; host logits max error %g\n",
+            "crossing, changes of members, a known key after a larger step and keys recorded again after a workspace "
+            "moved; host logits max error %g\n",
             wrong_kind || wrong_counts || wrong_ids || max_err > 0.0 ? "FAIL" : "ok  ", GSTEPS, replays,
             counted ? ": 1 graph launch and 1 host wait each" : ", as designed: a GPU run does not count them", max_err);
     ckv_decode_batch_free(&pb);
@@ -252,8 +264,7 @@ static void emu_steps(ckv_backend *dev, ckv_backend *cpu, ckv_model *m, ckv_mode
                     fprintf(stderr, "  step %d row %d: device-sampled id %d, cpu sample op on the host logits %d\n", step,
                             i, ids[i], want[i]);
             }
-        if (step == 0) fprintf(stderr, "     first step: %llu host waits sampling on the device\n", ci.waits);
-        if ((step > 0 && ci.waits != 1) || ch.waits != 1) {
+        if (ci.waits != 1 || ch.waits != 1) {
             if (wrong_waits++ < 5)
                 fprintf(stderr, "  step %d: %llu host waits sampling on the device, %llu with host logits (want 1, 1)\n",
                         step, ci.waits, ch.waits);
@@ -329,6 +340,23 @@ int main(int argc, char **argv) {
     if (!gpu) {
         setenv("CKV_CUDA_GRAPHS", "yes", 1); /* neither 0 nor 1: init refuses it in one line */
         CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_GRAPHS=yes: expected 0");
+        unsetenv("CKV_CUDA_GRAPHS");
+        static const char *const bad_sync[] = {"2", "yes", "-1", "1 "}; /* CKV_CUDA_SYNC: unset, 0 or 1 */
+        for (int i = 0; i < 4; i++) {
+            char want[32];
+            snprintf(want, sizeof want, "CKV_CUDA_SYNC=%s: expected 0", bad_sync[i]);
+            setenv("CKV_CUDA_SYNC", bad_sync[i], 1);
+            CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, want);
+        }
+        static const char *const good_sync[] = {"0", "1", ""};
+        for (int i = 0; i < 3; i++) {
+            setenv("CKV_CUDA_SYNC", good_sync[i], 1);
+            const ckv_status st = ckv_backend_cuda_emu_init(&dev, 0);
+            CHECK_MSG(st == CKV_STATUS_OK, "CKV_CUDA_SYNC='%s': %s", good_sync[i], ckv_error_message());
+            ckv_backend_free(dev);
+            dev = NULL;
+        }
+        unsetenv("CKV_CUDA_SYNC");
     }
     const int rc = graph_test_open(argc, argv, "test_decode_syncs", &dev, &gdev); /* recording off, on */
     if (rc >= 0) return rc;

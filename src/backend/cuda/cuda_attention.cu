@@ -25,6 +25,18 @@ namespace CKV_CUDA_NS {
 
 namespace {
 
+/* threadIdx.x read again (volatile on the GPU: not merged with an earlier read), so that values
+ * derived from it are recomputed after the tile loop instead of held, or spilled, across it. */
+__device__ __forceinline__ int tid_reread() {
+#if defined(CKV_CUDA_EMU)
+    return (int)threadIdx.x;
+#else
+    unsigned t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return (int)t;
+#endif
+}
+
 /* ---- prefill: flash attention on tensor cores ------------------------------------------------
  * grid (ceil(n / BM), n_heads, n_seq x splits: z = sequence x splits + split, §3b), block 2 BM
  * threads (BM = 128: 8 warps, bf16 caches at head dims 64-128 unless that grid leaves SMs idle or
@@ -253,17 +265,21 @@ CKV_UNROLL
     const bool split = sk.part != nullptr;
     const int ns = split ? sk.n_splits : 1, rs = split ? HD + 2 : HD; /* partials per row, row stride */
     const float inv0 = split ? 1.0f : l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = split ? 1.0f : l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    const size_t R0 = (size_t)(tok0 + r0) * (size_t)n_heads + (size_t)h;
+    /* the lane's rows recomputed from the thread index, not held across the tile loop (the f32
+     * instance at head dim 128 spilled them there on sm_80) */
+    const int te = tid_reread(), re0 = m0 + (te >> 5) * 16 + ((te & 31) >> 2), re1 = re0 + 8;
+    const bool oke0 = re0 < ntok, oke1 = re1 < ntok;
+    const size_t R0 = (size_t)(tok0 + re0) * (size_t)n_heads + (size_t)h;
     float *o0 = (split ? sk.part : out) + (R0 * (size_t)ns + (size_t)((int)blockIdx.z % ns)) * (size_t)rs;
     float *o1 = o0 + (size_t)8 * (size_t)n_heads * (size_t)ns * (size_t)rs;
 CKV_UNROLL
     for (int nd = 0; nd < HD / 8; nd++) {
         const int d = nd * 8 + 2 * tq;
-        if (ok0) *(float2 *)(o0 + d) = make_float2(o[nd][0] * inv0, o[nd][1] * inv0); /* 8-byte stores */
-        if (ok1) *(float2 *)(o1 + d) = make_float2(o[nd][2] * inv1, o[nd][3] * inv1);
+        if (oke0) *(float2 *)(o0 + d) = make_float2(o[nd][0] * inv0, o[nd][1] * inv0); /* 8-byte stores */
+        if (oke1) *(float2 *)(o1 + d) = make_float2(o[nd][2] * inv1, o[nd][3] * inv1);
     }
-    if (split && tq == 0 && ok0) *(float2 *)(o0 + HD) = make_float2(mx0 * scale_log2, l0); /* -inf: saw nothing */
-    if (split && tq == 0 && ok1) *(float2 *)(o1 + HD) = make_float2(mx1 * scale_log2, l1);
+    if (split && tq == 0 && oke0) *(float2 *)(o0 + HD) = make_float2(mx0 * scale_log2, l0); /* -inf: saw nothing */
+    if (split && tq == 0 && oke1) *(float2 *)(o1 + HD) = make_float2(mx1 * scale_log2, l1);
 }
 
 template <typename T, int HD, int BM>

@@ -69,6 +69,18 @@ ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char 
     return CKV_STATUS_OK;
 }
 
+ckv_status env_setting(const char *name, int max, const char *expected, int *value) {
+    const char *env = getenv(name);
+    if (!env || !env[0]) return CKV_STATUS_OK;
+    long v = 0;
+    const char *p = env;
+    for (; *p >= '0' && *p <= '9' && v <= max; p++) v = 10 * v + (*p - '0');
+    if (*p || v > max)
+        return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: %s=%s: expected %s", CKV_CUDA_BACKEND_NAME, name, env, expected);
+    *value = (int)v;
+    return CKV_STATUS_OK;
+}
+
 namespace {
 
 void be_free(ckv_backend *be) {
@@ -341,19 +353,15 @@ ckv_status backend_init(ckv_backend **out, int device) {
     }
     ctx *c = ctx_of(be);
     memset(c, 0, sizeof *c);
-    const char *env = getenv("CKV_CUDA_SYNC");
-    c->sync_each = env && env[0] == '1';
-    env = getenv("CKV_CUDA_PREFILL_SPLITS"); /* tests and measurements: force the prefill's split-K */
-    if (env && env[0]) {
-        char *end = NULL;
-        const long v = strtol(env, &end, 10);
-        if (*end || v < 0 || v > MERGE_MAX_SPLITS) {
-            be_free(be);
-            return ckv_error(CKV_STATUS_ERR_ARG,
-                             "%s backend: CKV_CUDA_PREFILL_SPLITS=%s: expected 0 (planned), 1 (off) or a split count up to %d",
-                             CKV_CUDA_BACKEND_NAME, env, MERGE_MAX_SPLITS);
-        }
-        c->prefill_splits = (int)v;
+    char splits[96];
+    snprintf(splits, sizeof splits, "0 (planned), 1 (off) or a split count up to %d", MERGE_MAX_SPLITS);
+    s = env_setting("CKV_CUDA_SYNC", 1, "0 (ops queue on the stream, the default) or 1 (a wait after every op)",
+                    &c->sync_each);
+    /* tests and measurements: force the prefill's split-K */
+    if (s == CKV_STATUS_OK) s = env_setting("CKV_CUDA_PREFILL_SPLITS", MERGE_MAX_SPLITS, splits, &c->prefill_splits);
+    if (s != CKV_STATUS_OK) {
+        be_free(be);
+        return s;
     }
     s = init_device(c, device);
     if (s == CKV_STATUS_OK) s = graph_cache_init(c);
@@ -386,6 +394,12 @@ unsigned long long ckv_cuda_emu_alloc_calls(void) { return ckv_emu::ckv_emu_allo
 unsigned long long ckv_cuda_emu_host_waits(void) { return ckv_emu::ckv_emu_host_waits(); }
 void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemms) {
     ckv_emu::ckv_emu_launches(kernels, gemms);
+}
+ckv_status ckv_cuda_emu_move_workspace(ckv_backend *be) {
+    if (!be || be->ops != &CKV_CUDA_NS::the_ops || !be->ctx)
+        return ckv_error(CKV_STATUS_ERR_ARG, "ckv_cuda_emu_move_workspace: not a %s backend", CKV_CUDA_BACKEND_NAME);
+    CKV_CUDA_NS::ctx *c = CKV_CUDA_NS::ctx_of(be);
+    return CKV_CUDA_NS::grow(c, (void **)&c->part, &c->part_cap, 2 * c->part_cap, "the split-KV partials (moved)");
 }
 void ckv_cuda_emu_graph_counts(unsigned long long *captures, unsigned long long *launches) {
     ckv_emu::ckv_emu_graph_counts(captures, launches);

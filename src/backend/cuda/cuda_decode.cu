@@ -11,7 +11,8 @@
  *    K/V loads straight into registers, warp-shuffle dot products and merges, the split count
  *    planned from the SM count and the lengths;
  *  - split_kernel: everything else (prefill of an f32 cache or an odd head dim): tiles in shared
- *    memory, a thread per (row, key) score.
+ *    memory (K/V by 16-byte read-only loads where a row is whole 16-byte chunks), a thread per
+ *    (row, key) score.
  * fp32 softmax and accumulation. Which path runs is decided here (attention_split) and in
  * cuda_attention.cu; the cache is not written here (cuda_kv.cu). */
 #include <limits.h>
@@ -27,6 +28,7 @@ constexpr int SK_TK = 32;      /* keys per tile of the split kernel */
 constexpr int SK_RMAX = 8;     /* query rows per pass of the split kernel */
 constexpr int SK_HDMAX = DECODE_HD_MAX;
 constexpr int SK_THREADS = 128;
+constexpr int SK_BLOCKS_PER_SM = 4; /* resident blocks per SM planned for (sass_expect.txt) */
 constexpr int SK_OWN = SK_RMAX * SK_HDMAX / SK_THREADS; /* (row, dim) outputs per thread */
 constexpr int SK_MAX_SPLITS = 32;
 constexpr float LOG2E = 1.44269504088896341f;
@@ -36,13 +38,47 @@ __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t
     int lo = 0, hi = len;
     while (lo < hi) {
         const int mid = lo + (hi - lo) / 2;
-        if (pos[mid] <= qp)
+        if (__ldg(pos + mid) <= qp)
             lo = mid + 1;
         else
             hi = mid;
     }
     return lo;
 }
+/* A segment's pointer field at p (device memory) by a read-only load: read through a generic load,
+ * the K/V and position loads through it would be generic too. */
+template <typename F> __device__ __forceinline__ F *seg_ptr(F *const *p) {
+    return (F *)(uintptr_t)__ldg((const unsigned long long *)p);
+}
+
+/* The unsigned type of a B-byte element (bf16 has no __ldg of its own everywhere). */
+template <int B> struct sk_bits;
+template <> struct sk_bits<2> { typedef unsigned short t; };
+template <> struct sk_bits<4> { typedef unsigned t; };
+
+/* Keys [kt, kt + nk) of X (rows of hd) into tile rows of SK_HDMAX (tile 16-byte aligned): 16-byte
+ * read-only loads and 16-byte shared stores when a row is whole 16-byte chunks (bf16 head dims that
+ * are multiples of 8, f32 multiples of 4; the segments' rows are 16-byte aligned, as decode_kernel
+ * reads them), read-only element loads otherwise; no generic loads. */
+template <typename T>
+__device__ __forceinline__ void sk_load_tile(T *tile, const T *X, int kt, int nk, int hd, int tid) {
+    constexpr int VEC = 16 / (int)sizeof(T);
+    const T *src = X + (size_t)kt * (size_t)hd;
+    if (hd % VEC == 0) {
+        const int cpr = hd / VEC; /* 16-byte chunks per row */
+        for (int e = tid; e < nk * cpr; e += SK_THREADS) {
+            const int j = e / cpr, c = e - j * cpr;
+            const uint4 w = __ldg((const uint4 *)(src + (size_t)j * (size_t)hd) + c);
+            sts_f4((float *)(tile + j * SK_HDMAX) + 4 * c,
+                   make_float4(__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w)));
+        }
+    } else {
+        typedef typename sk_bits<(int)sizeof(T)>::t bits;
+        for (int e = tid; e < nk * hd; e += SK_THREADS)
+            ((bits *)tile)[(e / hd) * SK_HDMAX + e % hd] = __ldg((const bits *)src + e);
+    }
+}
+
 /* ---- decode: split-KV ------------------------------------------------------------------------
  * grid (n_splits * row_blocks, n_kv_heads, n_seq), block 128. Block (sp + n_splits * rb, g, s) takes
  * rows [sp * chunk, +chunk) of segment (s, g) for the query rows [rb * rows_per_block, +rows_per_block)
@@ -51,11 +87,12 @@ __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t
  * softmax, thread per (row, dim) outputs held in registers. Partial p of output row R (= token *
  * n_heads + head) and split sp: part[(R * n_splits + sp) * (hd + 2)]: o [hd] unnormalised, m, l. */
 template <typename T>
-__global__ void __launch_bounds__(SK_THREADS)
+__global__ void __launch_bounds__(SK_THREADS, SK_BLOCKS_PER_SM)
 split_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, int n, int n_heads, float scale,
              int n_splits, int chunk, int rows_per_block) {
     __shared__ float qs[SK_RMAX * SK_HDMAX];  // [row][d] the pass's queries
-    __shared__ T tile[SK_TK * SK_HDMAX];      // [key][d] K, then V, of the tile
+    __shared__ float4 tile_raw[SK_TK * SK_HDMAX * sizeof(T) / 16];
+    T *const tile = (T *)tile_raw;            // [key][d] K, then V, of the tile (16-byte aligned)
     __shared__ float sc[SK_RMAX * SK_TK];     // [row][key] scores, then weights
     __shared__ float rm[SK_RMAX], rl[SK_RMAX], rc[SK_RMAX]; /* row max, sum, rescale factor */
     __shared__ int cnt[SK_RMAX];              /* rows of the split each query sees: keys [k0, cnt) */
@@ -66,8 +103,9 @@ split_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, 
     int tok0, ntok;
     seq_rows(kv, s, n, &tok0, &ntok);
     const ckv_kv_seg *seg = &kv.segs[s][g];
-    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
-    const int len = seg->len, k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
+    const T *K = (const T *)seg_ptr(&seg->k), *V = (const T *)seg_ptr(&seg->v);
+    const int32_t *pos = seg_ptr(&seg->pos);
+    const int len = __ldg(&seg->len), k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
     const int r_end = ntok * group < (rblk + 1) * rows_per_block ? ntok * group : (rblk + 1) * rows_per_block;
 
     for (int rb = rblk * rows_per_block; rb < r_end; rb += SK_RMAX) { /* uniform; none past the sequence */
@@ -81,7 +119,7 @@ split_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, 
         if (tid < SK_RMAX) {
             int c = 0;
             if (tid < nr) {
-                c = visible_rows(seg->pos, len, qpos[tok0 + (rb + tid) / group]);
+                c = visible_rows(pos, len, qpos[tok0 + (rb + tid) / group]);
                 c = c < k1 ? c : k1;
             }
             cnt[tid] = c;
@@ -97,8 +135,7 @@ CKV_UNROLL
 
         for (int kt = k0; kt < kend; kt += SK_TK) {
             const int nk = kend - kt < SK_TK ? kend - kt : SK_TK;
-            for (int e = tid; e < nk * hd; e += SK_THREADS)
-                tile[(e / hd) * SK_HDMAX + e % hd] = K[(size_t)kt * hd + (size_t)e];
+            sk_load_tile(tile, K, kt, nk, hd, tid);
             __syncthreads();
             for (int e = tid; e < SK_RMAX * SK_TK; e += SK_THREADS) {
                 const int r = e / SK_TK, j = e % SK_TK;
@@ -127,8 +164,7 @@ CKV_UNROLL
                 rm[tid] = nm;
                 rc[tid] = c;
             }
-            for (int e = tid; e < nk * hd; e += SK_THREADS) /* the scores no longer need K */
-                tile[(e / hd) * SK_HDMAX + e % hd] = V[(size_t)kt * hd + (size_t)e];
+            sk_load_tile(tile, V, kt, nk, hd, tid); /* the scores no longer need K */
             __syncthreads();
 CKV_UNROLL
             for (int i = 0; i < SK_OWN; i++) {

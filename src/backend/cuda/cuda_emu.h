@@ -26,6 +26,10 @@ void ckv_cuda_emu_launches(unsigned long long *kernels, unsigned long long *gemm
  * capture). Tests: which part of a step could be captured. */
 int ckv_cuda_emu_capture_begin(void *stream);
 int ckv_cuda_emu_capture_end(void *stream);
+/* Reallocates the split-KV partials of `be` (a cuda-emu backend) at twice their size, so at another
+ * address, as a workspace growth would (ws_gen moves): a recorded step captured before must record
+ * again at its next use. Decode moves no workspace itself; tests reach that path with this. */
+ckv_status ckv_cuda_emu_move_workspace(ckv_backend *be);
 /* Captures that produced a graph, and graph launches outside a capture, so far (either NULL). */
 void ckv_cuda_emu_graph_counts(unsigned long long *captures, unsigned long long *launches);
 

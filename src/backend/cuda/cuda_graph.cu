@@ -10,7 +10,6 @@
  * what its key holds (the engine does: engine/batch.c) and launches no kernel of its own.
  * CKV_CUDA_GRAPHS=0 (and CKV_CUDA_SYNC=1, whose waits cannot be captured) turns recording off. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
@@ -53,16 +52,15 @@ struct graph_cache {
 };
 
 ckv_status graph_cache_init(ctx *c) {
-    const char *env = getenv("CKV_CUDA_GRAPHS");
-    if (env && env[0] && strcmp(env, "0") != 0 && strcmp(env, "1") != 0)
-        return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: CKV_CUDA_GRAPHS=%s: expected 0 (decode steps launch by launch) "
-                         "or 1 (recorded as CUDA graphs, the default)", CKV_CUDA_BACKEND_NAME, env);
+    int on = 1;
+    CKV_TRY(env_setting("CKV_CUDA_GRAPHS", 1, "0 (decode steps launch by launch) or 1 (recorded as CUDA graphs, the "
+                        "default)", &on));
     void *mem = NULL;
     CKV_TRY(ckv_alloc(&mem, sizeof(graph_cache), "the CUDA graph cache"));
     graph_cache *g = (graph_cache *)mem;
     memset(g, 0, sizeof *g);
     g->recording = -1;
-    g->off = (env && strcmp(env, "0") == 0) || c->sync_each;
+    g->off = !on || c->sync_each;
     c->graphs = g;
     return CKV_STATUS_OK;
 }

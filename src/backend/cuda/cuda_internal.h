@@ -65,6 +65,10 @@ void op_done(ctx *c, const char *op);
 cudaError_t stream_wait(ctx *c);
 /* Grows a device workspace to at least `bytes` (outside the decode loop: see ctx). */
 ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char *what);
+/* A CKV_CUDA_* setting read when the backend starts: unset or empty leaves *value as it is; otherwise
+ * a decimal number from 0 to max, or a one-line ERR_ARG naming the variable, its value and
+ * `expected` (what the values mean). */
+ckv_status env_setting(const char *name, int max, const char *expected, int *value);
 /* The first failure of a void op since the last report, as a status (cleared), or OK. */
 ckv_status take_pending(ctx *c);
 
