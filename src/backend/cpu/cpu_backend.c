@@ -17,9 +17,25 @@ static void ckv_cpu_free(ckv_backend *be) {
     if (ctx) {
         ckv_threadpool_free(ctx->pool);
         ckv_free(ctx->attn_ws);
+        ckv_free(ctx->evict_ws);
     }
     ckv_free(ctx);
     ckv_free(be);
+}
+
+ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p) {
+    ckv_cpu_ctx *ctx = be->ctx;
+    *p = NULL;
+    if (bytes > ctx->evict_ws_bytes) {
+        ckv_free(ctx->evict_ws);
+        ctx->evict_ws = NULL;
+        ctx->evict_ws_bytes = 0;
+        CKV_TRY(ckv_alloc(&ctx->evict_ws, bytes, "the eviction ops' scratch"));
+        ctx->evict_ws_bytes = bytes;
+    }
+    memset(ctx->evict_ws, 0, bytes); /* zeroed, as a fresh ckv_alloc */
+    *p = ctx->evict_ws;
+    return CKV_STATUS_OK;
 }
 
 static ckv_status ckv_cpu_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what) {

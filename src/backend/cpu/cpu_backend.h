@@ -19,6 +19,8 @@ typedef struct {
     int n_threads;
     float *attn_ws;        /* [attn_ws_floats] split-K attention partials (cpu_attention.c) */
     size_t attn_ws_floats;
+    void *evict_ws;        /* [evict_ws_bytes] the eviction ops' scratch (ckv_cpu_evict_scratch) */
+    size_t evict_ws_bytes;
 } ckv_cpu_ctx;
 
 /* Floats of the attention workspace allocated with the backend (4 MiB). */
@@ -31,6 +33,11 @@ void ckv_cpu_matmul(ckv_backend *be, float *out, const float *x, const ckv_weigh
 /* The fp32-weight GEMM behind ckv_cpu_matmul: out [n, m] = x [n, k] @ w [m, k]^T (+ bias [m]). */
 void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float *w, const float *bias, int n, int k,
                         int m);
+/* *p <- the eviction ops' scratch of at least `bytes` (64-byte aligned, zeroed), kept by the backend
+ * between calls and grown when a call needs more: one op uses it
+ * at a time, from its start to its return (the backend's ops run one after another), so a layer's
+ * eviction allocates only while the sizes grow, i.e. at the first layers of a context. */
+ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p);
 /* The most workers whose private workspaces an op keeps on its stack (more threads share them out). */
 #define CKV_CPU_MAX_TASK_WORKERS 256
 void ckv_cpu_attention(ckv_backend *be, float *out, const ckv_attention_params *a);

@@ -8,14 +8,13 @@
  * summed or written while it is in L2, so no [n_q, n_keys] matrix is formed. The backend's pool takes
  * output rows (a query head, or with per-KV-head sums a KV head and its query heads in ascending
  * order; chunk_colsum: a KV head), each worker in its own workspace, so every sum is added in the
- * order one thread adds it, whatever the thread count. Scratch is allocated per call and freed before
- * returning. It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
+ * order one thread adds it, whatever the thread count. Scratch is the backend's eviction scratch
+ * (ckv_cpu_evict_scratch: kept between calls). It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
 #include <math.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
-#include "core/alloc.h"
 #include "core/quant.h"
 #include "cpu_backend.h"
 #include "cpu_gemm.h"
@@ -60,28 +59,31 @@ typedef struct {
 static int evict_strip_rows(const ckv_gemm_arch *a) { return 2 * a->mr; }
 #define CKV_CPU_ATTN_STRIP_MAX (2 * CKV_GEMM_MR_MAX)
 
-static void evict_attn_ws_free(evict_attn_ws *w) {
-    ckv_free(w->kp);
-    ckv_free(w->keys);
-    ckv_free(w->logits);
-    ckv_free(w->inv);
+/* Floats of one worker's workspace for n_keys keys (the logits rows: n_cols), each part rounded to
+ * 16 floats so the next stays 64-byte aligned. */
+static size_t evict_attn_ws_floats(const ckv_gemm_arch *arch, const ckv_kv_batch *kv, int n_keys, size_t n_cols) {
+    const size_t d = (size_t)kv->head_dim;
+#define EVICT_ROUND16(x) (((x) + 15) & ~(size_t)15)
+    size_t f = EVICT_ROUND16(ckv_gemm_packed_floats(arch, (int)d, n_keys)) +
+               EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX * n_cols) + EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX);
+    if (kv->dtype != CKV_DTYPE_F32) f += EVICT_ROUND16((size_t)n_keys * d);
+    return f;
 }
 
-static ckv_status evict_attn_ws_init(evict_attn_ws *w, const ckv_kv_batch *kv, int n_keys) {
+/* w's parts carved from `at` (evict_attn_ws_floats of them). */
+static void evict_attn_ws_carve(evict_attn_ws *w, float *at, const ckv_gemm_arch *arch, const ckv_kv_batch *kv,
+                                int n_keys, size_t n_cols) {
+    const size_t d = (size_t)kv->head_dim;
     memset(w, 0, sizeof *w);
     w->kp_g = -1;
-    const size_t d = (size_t)kv->head_dim;
-    ckv_status s = ckv_alloc((void **)&w->kp, ckv_gemm_packed_floats(NULL, (int)d, n_keys) * sizeof(float),
-                             "eviction packed keys");
-    if (s == CKV_STATUS_OK)
-        s = ckv_alloc((void **)&w->logits, (size_t)CKV_CPU_ATTN_STRIP_MAX * (size_t)n_keys * sizeof(float),
-                      "eviction logits");
-    if (s == CKV_STATUS_OK)
-        s = ckv_alloc((void **)&w->inv, CKV_CPU_ATTN_STRIP_MAX * sizeof(float), "eviction softmax scales");
-    if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
-        s = ckv_alloc((void **)&w->keys, (size_t)n_keys * d * sizeof(float), "eviction fp32 keys");
-    if (s != CKV_STATUS_OK) evict_attn_ws_free(w);
-    return s;
+    w->kp = at;
+    at += EVICT_ROUND16(ckv_gemm_packed_floats(arch, (int)d, n_keys));
+    w->logits = at;
+    at += EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX * n_cols);
+    w->inv = at;
+    at += EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX);
+    if (kv->dtype != CKV_DTYPE_F32) w->keys = at;
+#undef EVICT_ROUND16
 }
 
 /* w->kp <- rows row0 .. row0 + n of segment g's keys, packed (unless it holds segment g already: the
@@ -249,26 +251,22 @@ static ckv_status evict_attn_run(ckv_backend *be, evict_attn_job *jb) {
     int workers = pool ? ckv_threadpool_size(pool) : 1;
     if (workers > jb->n_rows) workers = jb->n_rows;
     if (workers > CKV_CPU_MAX_TASK_WORKERS) workers = CKV_CPU_MAX_TASK_WORKERS;
-    const size_t n_cols = (size_t)jb->n_keys + (size_t)jb->n_pad, d = (size_t)jb->kv->head_dim;
-    const size_t per = (CKV_CPU_ATTN_STRIP_MAX * n_cols + ckv_gemm_packed_floats(jb->arch, (int)d, jb->n_keys) +
-                        (jb->kv->dtype != CKV_DTYPE_F32 ? (size_t)jb->n_keys * d : 0)) * sizeof(float); /* one worker */
-    while (workers > 1 && (size_t)workers * per > CKV_CPU_ATTN_SCRATCH_BYTES) workers--;
+    const size_t n_cols = (size_t)jb->n_keys + (size_t)jb->n_pad;
+    const size_t per = evict_attn_ws_floats(jb->arch, jb->kv, jb->n_keys, n_cols); /* one worker, floats */
+    while (workers > 1 && (size_t)workers * per * sizeof(float) > CKV_CPU_ATTN_SCRATCH_BYTES) workers--;
     if (workers < 1) workers = 1;
+    float *scratch = NULL;
+    CKV_TRY(ckv_cpu_evict_scratch(be, (size_t)workers * per * sizeof(float), (void **)&scratch));
     evict_attn_ws ws[CKV_CPU_MAX_TASK_WORKERS];
-    ckv_status s = CKV_STATUS_OK;
-    int made = 0;
-    for (; made < workers && s == CKV_STATUS_OK; made++) s = evict_attn_ws_init(&ws[made], jb->kv, (int)n_cols);
-    if (s != CKV_STATUS_OK) made--; /* the one that failed freed itself */
-    if (s == CKV_STATUS_OK) {
-        jb->ws = ws;
-        jb->workers = workers;
-        if (workers > 1)
-            ckv_threadpool_for(pool, workers, 1, attn_worker, jb);
-        else
-            attn_worker(jb, 0, 1, 0);
-    }
-    for (int i = 0; i < made; i++) evict_attn_ws_free(&ws[i]);
-    return s;
+    for (int w = 0; w < workers; w++)
+        evict_attn_ws_carve(&ws[w], scratch + (size_t)w * per, jb->arch, jb->kv, jb->n_keys, n_cols);
+    jb->ws = ws;
+    jb->workers = workers;
+    if (workers > 1)
+        ckv_threadpool_for(pool, workers, 1, attn_worker, jb);
+    else
+        attn_worker(jb, 0, 1, 0);
+    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_cpu_evict_attn_colsum(ckv_backend *be, double *colsum, int n_cols, const ckv_evict_attn_params *a,

@@ -4,11 +4,10 @@
  * local window; and the per-KV-head loop they and the leverage op run on (ckv_cpu_evict_heads: the
  * backend's pool takes KV heads, each head computed by one thread in the order one thread computes it,
  * so scores do not depend on the thread count). Double accumulation, rows converted from the cache
- * dtype through fixed buffers; scratch allocated once per call. It scores only; selection is
+ * dtype through fixed buffers; scratch from the backend's eviction scratch. It scores only; selection is
  * evict_topk's. */
 #include <math.h>
 
-#include "core/alloc.h"
 #include "cpu_backend.h"
 
 #define KEYS_MAX_DIM 1024
@@ -52,13 +51,11 @@ ckv_status ckv_cpu_evict_heads(ckv_backend *be, int n, size_t scratch_bytes, ckv
     ckv_status status[CKV_CPU_MAX_TASK_WORKERS];
     for (int w = 0; w < workers; w++) status[w] = CKV_STATUS_OK;
     heads_job jb = {fn, ctx, NULL, scratch_bytes, n, workers, status};
-    if (scratch_bytes)
-        CKV_TRY(ckv_alloc((void **)&jb.scratch, (size_t)workers * scratch_bytes, "eviction scorer scratch"));
+    if (scratch_bytes) CKV_TRY(ckv_cpu_evict_scratch(be, (size_t)workers * scratch_bytes, (void **)&jb.scratch));
     if (workers > 1)
         ckv_threadpool_for(pool, workers, 1, heads_worker, &jb);
     else
         heads_worker(&jb, 0, 1, 0);
-    ckv_free(jb.scratch);
     for (int w = 0; w < workers; w++)
         if (status[w] != CKV_STATUS_OK) return status[w];
     return CKV_STATUS_OK;

@@ -6,10 +6,9 @@
  * register tile of the projection is reduced to its rows' 16 fp32 lanes of |y| while it is in L1, so
  * the projection [rows, D] is never written. The sums are those of the forward's fp32 GEMM kernels
  * (independent of the thread count) and the L1 order is backend.h's, so every output is the same sum
- * in the same order as one thread computes it. Scratch is allocated per call and freed before
- * returning. It selects nothing. */
+ * in the same order as one thread computes it. Scratch is the backend's eviction scratch
+ * (ckv_cpu_evict_scratch). It selects nothing. */
 
-#include "core/alloc.h"
 #include "core/quant.h"
 #include "cpu_backend.h"
 #include "cpu_gemm.h"
@@ -99,21 +98,27 @@ ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const c
     const ckv_gemm_arch *arch = ckv_gemm_best_arch();
     vnorm_job jb = {arch, out, ld, n_rows, d, D, n_heads_local, head0, group, kv, NULL,
                     ckv_gemm_packed_floats(arch, d, D), NULL, NULL, NULL};
-    float *wh = NULL, *row = NULL, *bp = NULL; // [n_heads_local, D, d], [cols], [n_heads_local, panel_floats]
-    ckv_status s = ckv_alloc((void **)&wh, (size_t)n_heads_local * (size_t)D * (size_t)d * sizeof(float),
-                             "critical o_proj blocks");
-    if (s == CKV_STATUS_OK && blocks) s = ckv_alloc((void **)&row, (size_t)wo->cols * sizeof(float), "critical o_proj row");
-    if (s == CKV_STATUS_OK)
-        s = ckv_alloc((void **)&bp, (size_t)n_heads_local * jb.panel_floats * sizeof(float), "critical o_proj panels");
-    if (s == CKV_STATUS_OK)
-        s = ckv_alloc((void **)&jb.lanes, (size_t)workers * CKV_CPU_VNORM_BLOCK * 16 * sizeof(float),
-                      "critical L1 lanes");
-    if (s == CKV_STATUS_OK)
-        s = ckv_alloc((void **)&jb.tail, (size_t)workers * CKV_CPU_VNORM_BLOCK * 15 * sizeof(float),
-                      "critical L1 tails");
-    if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
-        s = ckv_alloc((void **)&jb.vals, (size_t)workers * CKV_CPU_VNORM_BLOCK * (size_t)d * sizeof(float),
-                      "critical fp32 values");
+    /* the scratch's parts, each rounded to 16 floats (64-byte aligned): wh [n_heads_local, D, d], row
+     * [cols] (block types), bp [n_heads_local, panel_floats], lanes, tail and vals (F16/BF16) per worker */
+#define VNORM_ROUND16(x) (((size_t)(x) + 15) & ~(size_t)15)
+    const size_t n_wh = VNORM_ROUND16((size_t)n_heads_local * (size_t)D * (size_t)d),
+                 n_row = blocks ? VNORM_ROUND16(wo->cols) : 0,
+                 n_bp = VNORM_ROUND16((size_t)n_heads_local * jb.panel_floats),
+                 n_lanes = VNORM_ROUND16((size_t)workers * CKV_CPU_VNORM_BLOCK * 16),
+                 n_tail = VNORM_ROUND16((size_t)workers * CKV_CPU_VNORM_BLOCK * 15),
+                 n_vals = kv->dtype != CKV_DTYPE_F32 ? VNORM_ROUND16((size_t)workers * CKV_CPU_VNORM_BLOCK * (size_t)d) : 0;
+#undef VNORM_ROUND16
+    float *wh = NULL;
+    ckv_status s = ckv_cpu_evict_scratch(be, (n_wh + n_row + n_bp + n_lanes + n_tail + n_vals) * sizeof(float),
+                                         (void **)&wh);
+    float *row = NULL, *bp = NULL;
+    if (s == CKV_STATUS_OK) {
+        row = blocks ? wh + n_wh : NULL;
+        bp = wh + n_wh + n_row;
+        jb.lanes = bp + n_bp;
+        jb.tail = jb.lanes + n_lanes;
+        jb.vals = n_vals ? jb.tail + n_tail : NULL;
+    }
     if (s == CKV_STATUS_OK) {
         vnorm_widen(wo, n_heads_local, d, wh, row);
         for (int j = 0; j < n_heads_local; j++)
@@ -124,11 +129,5 @@ ckv_status ckv_cpu_evict_value_norm(ckv_backend *be, float *out, int ld, const c
         else
             vnorm_blocks(&jb, 0, n_blocks, 0);
     }
-    ckv_free(wh);
-    ckv_free(row);
-    ckv_free(bp);
-    ckv_free(jb.lanes);
-    ckv_free(jb.tail);
-    ckv_free(jb.vals);
     return s;
 }
