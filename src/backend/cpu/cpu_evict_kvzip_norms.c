@@ -1,9 +1,10 @@
 /* cpu_evict_kvzip_norms.c - the CPU backend's evict_kvzip_norms: KVzip+'s row norms 1 / ||x|| of the
  * replay's attention inputs and, per local query head j, ||W_O^j v|| of the chunk's value rows as
  * sqrt(v^T G_j v) with G_j = W_O^j^T W_O^j (semantics in backend.h), every sum in double in the
- * order backend.h gives, so it is the reference the device backends are tested against. One thread;
- * scratch (the Gram blocks, fp32 values of F16/BF16 caches) is allocated per call and freed before
- * it returns. It scores nothing (evict_kvzip takes these norms as inputs). */
+ * order backend.h gives, so it is the reference the device backends are tested against. The query
+ * heads are split over the backend's pool (each head's sums by one thread: the same bits for any
+ * thread count); each worker's scratch (a Gram block, fp32 values of F16/BF16 caches) is allocated
+ * per call and freed before it returns. It scores nothing (evict_kvzip takes these norms as inputs). */
 #include <math.h>
 
 #include "core/alloc.h"
@@ -32,8 +33,39 @@ static float kvzip_quad_norm(const double *g, const float *v, int d) {
     return (float)sqrt(acc > 0.0 ? acc : 0.0);
 }
 
+/* One call: its parameters and each worker's scratch. */
+typedef struct {
+    const ckv_evict_kvzip_norms_params *n;
+    double *gram; /* [workers, d, d] */
+    float *vals;  /* [workers, C, d] fp32 values of F16/BF16 caches, or NULL */
+} kvzip_norms_job;
+
+/* Query heads [b, e): each head's Gram block, then its norms over the chunk's value rows. */
+static void kvzip_norms_heads(void *ctx, int b, int e, int tid) {
+    const kvzip_norms_job *jb = ctx;
+    const ckv_evict_kvzip_norms_params *n = jb->n;
+    const ckv_kv_batch *kv = n->kv;
+    const int d = kv->head_dim, C = n->end - n->start;
+    const size_t D = (size_t)n->hidden, sd = (size_t)d;
+    double *gram = jb->gram + (size_t)tid * sd * sd;
+    float *vals = jb->vals ? jb->vals + (size_t)tid * (size_t)C * sd : NULL;
+    int converted = -1; /* the segment whose values vals holds */
+    for (int j = b; j < e; j++) {
+        const int o = (n->head0 + j) / n->group;
+        const char *src = (const char *)kv->segs[0][o].v + (size_t)n->start * sd * ckv_dtype_size(kv->dtype);
+        const float *v = (const float *)(const void *)src;
+        if (vals) {
+            if (converted != o) ckv_convert_to_f32(vals, src, kv->dtype, (size_t)C * sd);
+            converted = o;
+            v = vals;
+        }
+        kvzip_gram(n->wot + (size_t)j * sd * D, d, D, gram);
+        float *out = n->vn + (size_t)j * (size_t)n->ld_vn;
+        for (int c = 0; c < C; c++) out[c] = kvzip_quad_norm(gram, v + (size_t)c * sd, d);
+    }
+}
+
 ckv_status ckv_cpu_evict_kvzip_norms(ckv_backend *be, const ckv_evict_kvzip_norms_params *n) {
-    (void)be;
     if (!n || !n->kv || !n->wot || !n->x || !n->hinv || !n->vn || n->n_q < 1 || n->hidden < 1 || n->start < 0 ||
         n->start >= n->end || n->end - n->start > n->ld_vn || n->group < 1 || n->n_heads_local < 1 || n->head0 < 0 ||
         (n->head0 + n->n_heads_local - 1) / n->group >= n->kv->n_kv_heads)
@@ -53,26 +85,17 @@ ckv_status ckv_cpu_evict_kvzip_norms(ckv_backend *be, const ckv_evict_kvzip_norm
         for (size_t c = 0; c < D; c++) ss += (double)xi[c] * (double)xi[c];
         n->hinv[i] = 1.0f / (float)sqrt(ss);
     }
-    double *gram = NULL; // [d, d]
-    float *vals = NULL;  // [C, d] fp32 values of F16/BF16 caches
-    ckv_status s = ckv_alloc((void **)&gram, sd * sd * sizeof(double), "kvzip o_proj Gram");
+    ckv_threadpool *pool = ckv_cpu_pool(be);
+    const size_t workers = pool ? (size_t)ckv_threadpool_size(pool) : 1;
+    kvzip_norms_job jb = {n, NULL, NULL};
+    ckv_status s = ckv_alloc((void **)&jb.gram, workers * sd * sd * sizeof(double), "kvzip o_proj Gram");
     if (s == CKV_STATUS_OK && kv->dtype != CKV_DTYPE_F32)
-        s = ckv_alloc((void **)&vals, (size_t)C * sd * sizeof(float), "kvzip fp32 values");
-    int converted = -1; /* the segment whose values vals holds */
-    for (int j = 0; j < n->n_heads_local && s == CKV_STATUS_OK; j++) {
-        const int o = (n->head0 + j) / n->group;
-        const char *src = (const char *)kv->segs[0][o].v + (size_t)n->start * sd * ckv_dtype_size(kv->dtype);
-        const float *v = (const float *)(const void *)src;
-        if (vals) {
-            if (converted != o) ckv_convert_to_f32(vals, src, kv->dtype, (size_t)C * sd);
-            converted = o;
-            v = vals;
-        }
-        kvzip_gram(n->wot + (size_t)j * sd * D, d, D, gram);
-        float *out = n->vn + (size_t)j * (size_t)n->ld_vn;
-        for (int c = 0; c < C; c++) out[c] = kvzip_quad_norm(gram, v + (size_t)c * sd, d);
-    }
-    ckv_free(gram);
-    ckv_free(vals);
+        s = ckv_alloc((void **)&jb.vals, workers * (size_t)C * sd * sizeof(float), "kvzip fp32 values");
+    if (s == CKV_STATUS_OK && pool)
+        ckv_threadpool_for(pool, n->n_heads_local, 1, kvzip_norms_heads, &jb);
+    else if (s == CKV_STATUS_OK)
+        kvzip_norms_heads(&jb, 0, n->n_heads_local, 0);
+    ckv_free(jb.gram);
+    ckv_free(jb.vals);
     return s;
 }
