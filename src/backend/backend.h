@@ -146,6 +146,23 @@ typedef struct {
     int ld_vn;
 } ckv_evict_kvzip_params;
 
+/* KVzip+'s norms of one replayed chunk (evict_kvzip_norms), the inputs evict_kvzip's hinv and vn. */
+typedef struct {
+    const float *wot;        /* [n_heads_local * kv->head_dim, hidden] o_proj's local input columns,
+                              * transposed: row j d + a is the column query head j's dim a feeds (device) */
+    const float *x;          /* [n_q, hidden] the replay's attention inputs (device) */
+    int n_q;                 /* replayed rows */
+    int hidden;              /* o_proj's output rows */
+    const ckv_kv_batch *kv;  /* ONE sequence: segs[0] -> kv->n_kv_heads segments; values of rows start .. end - 1 read */
+    int start, end;          /* the chunk's context rows [start, end) */
+    int n_heads_local;       /* local query heads */
+    int head0;               /* global index of local query head 0, as ckv_evict_kvzip_params' */
+    int group;               /* query heads per KV head */
+    float *hinv;             /* out: [n_q] 1 / ||x_i|| (device) */
+    float *vn;               /* out: [n_heads_local, ld_vn] ||W_O^j v|| of chunk row start + c at column c (device) */
+    int ld_vn;
+} ckv_evict_kvzip_norms_params;
+
 /* DefensiveKV's window aggregation (evict_defensive_rows): inputs and outputs. */
 typedef struct {
     const float *p;        /* [n_heads_local, w, ld] attention weights (evict_attn_probs' output) */
@@ -177,7 +194,7 @@ typedef enum {
     CKV_BACKEND_CAP_LEVERAGE,      /* evict_leverage */
     CKV_BACKEND_CAP_CHUNK_COLSUM,  /* evict_chunk_colsum and evict_row_stats (Compactor's non-causal attention) */
     CKV_BACKEND_CAP_GRAPHS,        /* graph_begin, graph_end, graph_release: a repeated step recorded once and replayed */
-    CKV_BACKEND_CAP_KVZIP,         /* evict_kvzip (KVzip's replayed attention maxima) */
+    CKV_BACKEND_CAP_KVZIP,         /* evict_kvzip (KVzip's replayed attention maxima), evict_kvzip_norms (KVzip+) */
     CKV_BACKEND_CAP_CHUNK_RANK,    /* evict_chunk_rank (ChunkKV's chunk selection) */
     CKV_BACKEND_CAP_COUNT
 } ckv_backend_cap;
@@ -448,6 +465,17 @@ typedef struct {
      * KVzip+ with only one of hinv, vn; a device backend refuses shapes its kernels do not cover
      * (CUDA: head dims 16, 32, 64, 80, 96, 128). Family CKV_BACKEND_CAP_KVZIP. */
     ckv_status (*evict_kvzip)(ckv_backend *be, float *out, int ld, const ckv_evict_kvzip_params *z);
+    /* KVzip+'s norms (kvpress KVzipPress._compute_value_output_norm; ckv_evict_kvzip_norms_params n):
+     * hinv[i] = (float)(1 / (float)sqrt(sum_c x[i, c]^2)), the sum in double over c ascending; for
+     * local query head j, o = (head0 + j) / group, its o_proj block W_j = wot rows j d .. j d + d - 1
+     * and its Gram matrix G_j[a, b] = sum_c W_j[a, c] W_j[b, c] in double (c ascending), and for chunk
+     * row r = start + c with values v (fp32 from the cache's dtype) of segment o:
+     * vn[j * ld_vn + c] = (float)sqrt(max(0, sum_a v_a (sum_b G_j[a, b] v_b))), the sums in double
+     * over a and b ascending (the L2 norm of W_O^j v). A device backend sums in double in its own
+     * order. Errors on rows outside the segments or the context; a device backend refuses head dims
+     * over 256. Scratch (the Gram blocks): the eviction workspace on a device backend (evict_reserve
+     * counts n_heads_local head_dim^2 doubles). Family CKV_BACKEND_CAP_KVZIP. */
+    ckv_status (*evict_kvzip_norms)(ckv_backend *be, const ckv_evict_kvzip_norms_params *n);
     /* ChunkKV's selection (kvpress ChunkKVPress) from a layer's scores s [H, ld] (every KV head of the
      * layer): chunk c holds rows [c C, min((c + 1) C, n)); its score is the sum over its rows t
      * ascending, in double, of (float)(s[0, t] + s[1, t] + ... + s[H - 1, t]) (fp32, heads ascending),

@@ -71,7 +71,7 @@ ckv_status ckv_backend_check_ops(const ckv_backend *be) {
     const op_slot leverage[] = {SLOT(o, evict_leverage)};
     const op_slot chunk[] = {SLOT(o, evict_chunk_colsum), SLOT(o, evict_row_stats)};
     const op_slot graphs[] = {SLOT(o, graph_begin), SLOT(o, graph_end), SLOT(o, graph_release)};
-    const op_slot kvzip[] = {SLOT(o, evict_kvzip)}, chunk_rank[] = {SLOT(o, evict_chunk_rank)};
+    const op_slot kvzip[] = {SLOT(o, evict_kvzip), SLOT(o, evict_kvzip_norms)}, chunk_rank[] = {SLOT(o, evict_chunk_rank)};
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_STREAM, stream, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_DEVICE_ID, device_id, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_EVICT_RESERVE, reserve, 1));
@@ -81,7 +81,7 @@ ckv_status ckv_backend_check_ops(const ckv_backend *be) {
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_LEVERAGE, leverage, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_CHUNK_COLSUM, chunk, 2));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_GRAPHS, graphs, 3));
-    CKV_TRY(check_family(be, CKV_BACKEND_CAP_KVZIP, kvzip, 1));
+    CKV_TRY(check_family(be, CKV_BACKEND_CAP_KVZIP, kvzip, 2));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_CHUNK_RANK, chunk_rank, 1));
     return CKV_STATUS_OK;
 }

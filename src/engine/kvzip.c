@@ -4,10 +4,10 @@
  * after a layer has run, its replayed queries (recomputed from the attention input: q_proj with its
  * bias, RoPE at positions L, L + 1, ...) are scored against that layer's cached keys by the backend's
  * evict_kvzip op (maxima into the device scores), and after the last layer every layer is cut back to
- * its L context rows. Everything runs as backend ops on the device; only KVzip+'s norms
- * (kvzip_plus_normalization: the chunk's values and o_proj's columns, in double) are computed on the
- * host and uploaded, and the model's largest score comes back as one float for the sinks. Every
- * buffer is set up once before the first chunk. It selects and compacts nothing. */
+ * its L context rows. Everything runs as backend ops on the device, KVzip+'s norms
+ * (kvzip_plus_normalization) too (evict_kvzip_norms over o_proj's columns, the chunk's cached values
+ * and the replay's attention inputs); only the model's largest score comes back, as one float for
+ * the sinks. Every buffer is set up once before the first chunk. It selects and compacts nothing. */
 #include "engine/kvzip.h"
 
 #include <math.h>
@@ -84,13 +84,10 @@ typedef struct {
     float *top_dev;                /* [1] the model's largest score (device) */
     int32_t *ids;                  /* [R] one chunk's replay ids (host) */
     /* kvzip_plus_normalization only (else NULL) */
-    float *v;                      /* [nkv, C, d] the chunk's cached values, every local head (host) */
     float *eye_dev;                /* [hq, hq] the identity, whose product with o_proj reads its columns (device) */
-    float *wot_dev, *wot;          /* [hq, D] the local o_proj columns transposed (device, host) */
-    double *gram;                  /* [n_q_local, d, d] W_O^j^T W_O^j of each local query head j (host) */
-    float *xnh;                    /* [R, D] the replay's attention inputs (host) */
-    float *hinv, *hinv_dev;        /* [R] 1 / ||h|| of each replayed row (host, device) */
-    float *vn, *vn_dev;            /* [n_q_local, C] ||v W_O^j|| of each chunk row query head j reads (host, device) */
+    float *wot_dev;                /* [hq, D] the local o_proj columns transposed (device) */
+    float *hinv_dev;               /* [R] 1 / ||h|| of each replayed row (device) */
+    float *vn_dev;                 /* [n_q_local, C] ||v W_O^j|| of each chunk row query head j reads (device) */
 } kvzip_work;
 
 static void work_free(ckv_backend *be, kvzip_work *w) {
@@ -98,15 +95,9 @@ static void work_free(ckv_backend *be, kvzip_work *w) {
     be->ops->release(be, w->pos_dev);
     be->ops->release(be, w->top_dev);
     ckv_free(w->ids);
-    ckv_free(w->v);
     be->ops->release(be, w->eye_dev);
     be->ops->release(be, w->wot_dev);
-    ckv_free(w->wot);
-    ckv_free(w->gram);
-    ckv_free(w->xnh);
-    ckv_free(w->hinv);
     be->ops->release(be, w->hinv_dev);
-    ckv_free(w->vn);
     be->ops->release(be, w->vn_dev);
 }
 
@@ -119,7 +110,7 @@ static ckv_status work_init(kvzip_work *w, const ckv_session *s, const ckv_press
     w->d = m->cfg.head_dim;
     w->hq = m->plan.n_q_local * w->d;
     w->nkv = m->plan.n_kv_local;
-    const size_t R = (size_t)w->R, nkv = (size_t)w->nkv, d = (size_t)w->d;
+    const size_t R = (size_t)w->R;
     ckv_status st = be->ops->alloc(be, (void **)&w->q_dev, R * (size_t)w->hq * sizeof(float), "kvzip queries");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->pos_dev, R * sizeof(int32_t), "kvzip positions");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->top_dev, sizeof(float), "kvzip maximum");
@@ -135,65 +126,27 @@ static ckv_status work_init(kvzip_work *w, const ckv_session *s, const ckv_press
     }
     if (st == CKV_STATUS_OK) st = be->ops->upload(be, w->eye_dev, eye, hq * hq * sizeof(float));
     ckv_free(eye);
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->v, nkv * (size_t)w->C * d * sizeof(float), "kvzip values");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->wot_dev, hq * D * sizeof(float), "kvzip o_proj");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->wot, hq * D * sizeof(float), "kvzip o_proj");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->gram, nq * d * d * sizeof(double), "kvzip o_proj Gram");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->xnh, R * D * sizeof(float), "kvzip attention inputs");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->hinv, R * sizeof(float), "kvzip row norms");
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&w->hinv_dev, R * sizeof(float), "kvzip row norms");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&w->vn, nq * (size_t)w->C * sizeof(float), "kvzip value norms");
     if (st == CKV_STATUS_OK)
         st = be->ops->alloc(be, (void **)&w->vn_dev, nq * (size_t)w->C * sizeof(float), "kvzip value norms");
     return st;
 }
 
-/* KVzip+ (kvzip_plus_normalization) for layer `layer` of a chunk: 1 / ||h|| of the q replayed
- * attention inputs, and for each local query head j the norm ||v W_O^j||_2 of every chunk row it
- * reads, as sqrt(v^T (W_O^j^T W_O^j) v) in double from o_proj's columns (read through a product with
- * the identity) and the chunk's values read to the host; both uploaded for evict_kvzip. */
+/* KVzip+ (kvzip_plus_normalization) for layer `layer` of a chunk: o_proj's local columns (its product
+ * with the identity), then evict_kvzip_norms: 1 / ||h|| of the q replayed attention inputs and, for
+ * each local query head j, ||W_O^j v|| of every chunk row it reads, on the device for evict_kvzip. */
 static ckv_status plus_norms(ckv_session *s, kvzip_work *w, int layer, int L, int q, int start, int end) {
     ckv_model *m = s->model;
     ckv_backend *be = m->be;
-    const int d = w->d, hq = w->hq, nq = m->plan.n_q_local, G = m->cfg.n_heads / m->cfg.n_kv_heads;
-    const int C = end - start;
-    const size_t D = (size_t)m->cfg.hidden_size;
-    for (int h = 0; h < w->nkv; h++) /* the chunk's rows of its values only */
-        CKV_TRY(ckv_kv_head_read_rows(&s->kv, layer, h, start, C, NULL, w->v + (size_t)h * (size_t)C * (size_t)d, NULL));
-    be->ops->matmul(be, w->wot_dev, w->eye_dev, &m->layers[layer].wo, NULL, hq); /* [hq, D] = o_proj^T */
-    CKV_TRY(be->ops->sync(be));
-    CKV_TRY(be->ops->download(be, w->wot, w->wot_dev, (size_t)hq * D * sizeof(float)));
-    CKV_TRY(be->ops->download(be, w->xnh, s->xn + (size_t)L * D, (size_t)q * D * sizeof(float)));
-    for (int i = 0; i < q; i++) {
-        double ss = 0.0;
-        for (size_t c = 0; c < D; c++) ss += (double)w->xnh[(size_t)i * D + c] * (double)w->xnh[(size_t)i * D + c];
-        w->hinv[i] = 1.0f / (float)sqrt(ss);
-    }
-    for (int j = 0; j < nq; j++) {
-        double *g = w->gram + (size_t)j * (size_t)d * (size_t)d;
-        for (int a = 0; a < d; a++)
-            for (int b = 0; b <= a; b++) {
-                const float *ra = w->wot + ((size_t)j * d + a) * D, *rb = w->wot + ((size_t)j * d + b) * D;
-                double acc = 0.0;
-                for (size_t c = 0; c < D; c++) acc += (double)ra[c] * (double)rb[c];
-                g[a * d + b] = g[b * d + a] = acc;
-            }
-        const int h = (m->plan.q_head0 + j) / G - m->plan.kv_head0;
-        const float *vh = w->v + (size_t)h * (size_t)C * (size_t)d;
-        float *out = w->vn + (size_t)j * (size_t)C;
-        for (int col = 0; col < C; col++) {
-            const float *v = vh + (size_t)col * (size_t)d;
-            double acc = 0.0;
-            for (int a = 0; a < d; a++) {
-                double ga = 0.0;
-                for (int b = 0; b < d; b++) ga += g[a * d + b] * (double)v[b];
-                acc += (double)v[a] * ga;
-            }
-            out[col] = (float)sqrt(acc > 0.0 ? acc : 0.0);
-        }
-    }
-    CKV_TRY(be->ops->upload(be, w->hinv_dev, w->hinv, (size_t)q * sizeof(float)));
-    return be->ops->upload(be, w->vn_dev, w->vn, (size_t)nq * (size_t)C * sizeof(float));
+    const ckv_shard_plan *p = &m->plan;
+    const int G = m->cfg.n_heads / m->cfg.n_kv_heads;
+    const ckv_kv_batch kv = ckv_kv_layer_batch(&s->kv, layer, 0);
+    be->ops->matmul(be, w->wot_dev, w->eye_dev, &m->layers[layer].wo, NULL, w->hq); /* [hq, D] = o_proj^T */
+    const ckv_evict_kvzip_norms_params nz = {w->wot_dev, s->xn + (size_t)L * (size_t)m->cfg.hidden_size, q,
+                                             m->cfg.hidden_size, &kv, start, end, p->n_q_local,
+                                             p->q_head0 - p->kv_head0 * G, G, w->hinv_dev, w->vn_dev, end - start};
+    return be->ops->evict_kvzip_norms(be, &nz);
 }
 
 /* Layer `layer` of chunk [start, end) replayed as rows L .. L + q - 1: its queries (q_proj with its
@@ -212,10 +165,10 @@ static ckv_status score_chunk(ckv_session *s, kvzip_work *w, int layer, int L, i
                              layer, h, s->kv.layers[layer].len[h], L + q);
     be->ops->matmul(be, w->q_dev, s->xn + (size_t)L * D, &m->layers[layer].wq, m->layers[layer].bq, q);
     be->ops->rope(be, w->q_dev, w->pos_dev, q, p->n_q_local, w->d, m->inv_freq, m->rope_scale);
-    if (w->vn) CKV_TRY(plus_norms(s, w, layer, L, q, start, end));
+    if (w->vn_dev) CKV_TRY(plus_norms(s, w, layer, L, q, start, end));
     const ckv_kv_batch kv = ckv_kv_layer_batch(&s->kv, layer, 0);
     const ckv_evict_kvzip_params z = {w->q_dev, q, L, start, end, sink, &kv, p->n_q_local, p->q_head0 - p->kv_head0 * G,
-                                      G, (float)sqrt((double)w->d), w->vn ? w->hinv_dev : NULL, w->vn_dev,
+                                      G, (float)sqrt((double)w->d), w->vn_dev ? w->hinv_dev : NULL, w->vn_dev,
                                       end - start};
     return be->ops->evict_kvzip(be, sc, L, &z);
 }

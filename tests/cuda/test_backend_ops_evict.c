@@ -489,6 +489,53 @@ static void test_evict_kvzip(ckv_dtype dt) {
     }
 }
 
+/* KVzip+'s norms (evict_kvzip_norms) at head dims 64 and 128, GQA 1 and 7, one TP slice (head0 > 0:
+ * KV head 0 read by the slice's first heads only), hidden sizes not a multiple of the Gram tile,
+ * chunks not a multiple of 8 rows, from a row > 0. Both backends sum in double (another order on the
+ * device), so the fp32 norms agree within 1e-6 relative; the max error is printed. */
+static void test_evict_kvzip_norms(ckv_dtype dt) {
+    static const struct { int hd, n_kv, group, n_heads, head0, D, rows, start, end, n_q; } cases[] = {
+        {64, 2, 1, 2, 0, 200, 90, 5, 70, 33},    {128, 1, 7, 7, 0, 448, 60, 0, 60, 17},
+        {128, 2, 7, 7, 3, 300, 120, 64, 117, 9}, {64, 2, 7, 4, 9, 136, 50, 10, 11, 40},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int hd = cases[k].hd, n_kv = cases[k].n_kv, H = cases[k].n_heads, D = cases[k].D, n_q = cases[k].n_q;
+        const int C = cases[k].end - cases[k].start, ld_vn = C;
+        char what[128];
+        snprintf(what, sizeof what, "%s hd %d group %d heads %d+%d hidden %d chunk %d..%d replay %d", ckv_dtype_name(dt),
+                 hd, cases[k].group, cases[k].head0, H, D, cases[k].start, cases[k].end, n_q);
+        ev_cache e;
+        ev_cache_init_shape(&e, dt, n_kv, hd, cases[k].rows, 0);
+        const ckv_evict_shape sh = {cases[k].rows, n_q, H, n_kv, n_kv, hd, D, dt, CKV_DTYPE_F32, 0};
+        CHECK_OK(tb->ops->evict_reserve(tb, &sh));
+        const size_t nw = (size_t)H * hd * D, nx = (size_t)n_q * D, nv = (size_t)H * ld_vn;
+        float *w = rand_floats(nw, -0.5f, 0.5f), *x = rand_floats(nx, -2.0f, 2.0f);
+        float *wt = cuda_test_upload(tb, w, sizeof(float) * nw), *wr = cuda_test_upload(ref, w, sizeof(float) * nw);
+        float *xt = cuda_test_upload(tb, x, sizeof(float) * nx), *xr = cuda_test_upload(ref, x, sizeof(float) * nx);
+        float *ht = dev_poison(tb, (size_t)n_q), *hr = dev_poison(ref, (size_t)n_q);
+        float *vt = dev_poison(tb, nv), *vr = dev_poison(ref, nv);
+        const ckv_evict_kvzip_norms_params nt = {wt, xt, n_q, D, &e.bt, cases[k].start, cases[k].end, H, cases[k].head0,
+                                                 cases[k].group, ht, vt, ld_vn},
+                                           nr = {wr, xr, n_q, D, &e.br, cases[k].start, cases[k].end, H, cases[k].head0,
+                                                 cases[k].group, hr, vr, ld_vn};
+        TB_EVICT(CHECK_OK(tb->ops->evict_kvzip_norms(tb, &nt)));
+        CHECK_OK(ref->ops->evict_kvzip_norms(ref, &nr));
+        compare_dev("evict_kvzip_norms hinv", what, ht, hr, (size_t)n_q, 0.0, 1e-6);
+        compare_dev("evict_kvzip_norms vn", what, vt, vr, nv, 0.0, 1e-6);
+        if (k == 0) { /* a head past the segments, a chunk wider than its row */
+            ckv_evict_kvzip_norms_params bad = nt;
+            bad.head0 = n_kv * cases[k].group;
+            CHECK_FAILS(tb->ops->evict_kvzip_norms(tb, &bad), CKV_STATUS_ERR_ARG, "out of range");
+            bad = nt;
+            bad.ld_vn = C - 1;
+            CHECK_FAILS(tb->ops->evict_kvzip_norms(tb, &bad), CKV_STATUS_ERR_ARG, "out of range");
+        }
+        release2(wt, wr), release2(xt, xr), release2(ht, hr), release2(vt, vr);
+        free(w), free(x);
+        ev_cache_free(&e);
+    }
+}
+
 /* ChunkKV's chunk selection (evict_chunk_rank): 4 heads of 203 rows whose scores sit on a coarse
  * grid (equal chunk means: ties to the lower chunk), chunks of 20 (a short last one), 7, 64 and
  * 203 (one chunk), keeping 1 .. all; one case with a NaN score (its chunk ranks last). Exact against
@@ -583,6 +630,8 @@ int test_backend_evict_ops(void) {
     test_evict_window_shapes(CKV_DTYPE_F32);
     test_evict_kvzip(CKV_DTYPE_BF16);
     test_evict_kvzip(CKV_DTYPE_F32);
+    test_evict_kvzip_norms(CKV_DTYPE_BF16);
+    test_evict_kvzip_norms(CKV_DTYPE_F32);
     test_evict_chunk_rank();
     test_evict_rows();
     test_evict_select_tiles();

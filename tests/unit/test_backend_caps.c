@@ -42,6 +42,7 @@ static void test_declared(const char *name, int is_cuda) {
     CHECK((o->graph_end != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_GRAPHS));
     CHECK((o->graph_release != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_GRAPHS));
     CHECK((o->evict_kvzip != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_KVZIP));
+    CHECK((o->evict_kvzip_norms != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_KVZIP));
     CHECK((o->evict_chunk_rank != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_CHUNK_RANK));
     /* the stream helper answers from the query */
     CHECK((ckv_backend_stream(be) != NULL) == is_cuda);

@@ -138,6 +138,7 @@ static const ckv_backend_ops ckv_cpu_ops = {
     .evict_chunk_colsum = ckv_cpu_evict_chunk_colsum,
     .evict_row_stats = ckv_cpu_evict_row_stats,
     .evict_kvzip = ckv_cpu_evict_kvzip,
+    .evict_kvzip_norms = ckv_cpu_evict_kvzip_norms,
     .evict_chunk_rank = ckv_cpu_evict_chunk_rank,
     .sample = ckv_cpu_sample,
 };

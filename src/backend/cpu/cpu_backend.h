@@ -103,6 +103,7 @@ ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensi
 ckv_status ckv_cpu_evict_chunk_rank(ckv_backend *be, int32_t *rows, int ld_rows, int n_rows, int32_t *n_kept,
                                     const float *s, int ld, int H, int n, int C, int keep);
 ckv_status ckv_cpu_evict_kvzip(ckv_backend *be, float *out, int ld, const ckv_evict_kvzip_params *z);
+ckv_status ckv_cpu_evict_kvzip_norms(ckv_backend *be, const ckv_evict_kvzip_norms_params *n);
 ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                    const float *mu, const float *cov, float sqrt_d);
 

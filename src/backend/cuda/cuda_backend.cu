@@ -284,6 +284,7 @@ ckv_backend_ops make_ops() {
     o.evict_affine = evict_affine;
     o.evict_chunk_colsum = evict_chunk_colsum;
     o.evict_kvzip = evict_kvzip;
+    o.evict_kvzip_norms = evict_kvzip_norms;
     o.evict_chunk_rank = evict_chunk_rank;
     o.evict_row_stats = evict_row_stats;
     o.sample = sample;

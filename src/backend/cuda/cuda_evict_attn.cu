@@ -477,7 +477,7 @@ ckv_status evict_reserve(ckv_backend *be, const ckv_evict_shape *sh) {
                             window_scratch_bytes(sh->query_rows, sh->n_heads_local, sh->rows),
                             topk_scratch_bytes(sh->n_kv_all > sh->n_kv_local ? sh->n_kv_all : sh->n_kv_local, sh->rows),
                             sh->sketch > 0 ? leverage_scratch_bytes(sh->n_kv_local, sh->head_dim, sh->rows, sh->sketch) : 0,
-                            chunk_rank_scratch_bytes(sh->rows)};
+                            chunk_rank_scratch_bytes(sh->rows), kvzip_norms_scratch_bytes(sh->n_heads_local, sh->head_dim)};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) need = sizes[i] > need ? sizes[i] : need;
     return grow(c, &c->evict_ws, &c->evict_ws_cap, need, "evict_reserve");
 }

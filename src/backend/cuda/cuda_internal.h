@@ -264,6 +264,9 @@ void evict_row_stats(ckv_backend *be, double *stats, const float *x, int rows, i
 /* KVzip's replayed attention maxima (cuda_evict_kvzip.cu): window_stats_ranges, then a column-max
  * kernel over the chunk's key tiles; scratch as window_stats' (evict_reserve). */
 ckv_status evict_kvzip(ckv_backend *be, float *out, int ld, const ckv_evict_kvzip_params *z);
+/* KVzip+'s norms (cuda_evict_kvzip_norms.cu) and their scratch (the Gram blocks) for evict_reserve. */
+ckv_status evict_kvzip_norms(ckv_backend *be, const ckv_evict_kvzip_norms_params *n);
+size_t kvzip_norms_scratch_bytes(int n_heads_local, int d);
 /* ChunkKV's chunk selection (cuda_evict_chunkkv.cu) and its workspace for n rows (evict_reserve). */
 ckv_status evict_chunk_rank(ckv_backend *be, int32_t *rows, int ld_rows, int n_rows, int32_t *n_kept, const float *s,
                             int ld, int H, int n, int C, int keep);
