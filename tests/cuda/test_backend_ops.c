@@ -402,6 +402,16 @@ static void test_attention_all(void) {
         {"decode hd 96",   CKV_DTYPE_BF16, 2, 1, 8, 96, {1, 1},         {600, 90},     0, 0},
         {"decode 3 tokens", CKV_DTYPE_BF16, 2, 2, 2, 64, {3, 1},        {520, 33},     1, 0},
         {"decode f32 128", CKV_DTYPE_F32,  1, 1, 1, 128, {1},           {900},         0, 0},
+        /* the tensor-core decode kernel (bf16, 4-8 query rows per segment, head dims 64-128): GQA
+         * 4, 5, 7, 8, one split and many, ragged segments, compacted caches, queries that see
+         * nothing, a segment of more rows than the pass (3 tokens of group 4 over 2 sequences) */
+        {"mma G4 hd 64",   CKV_DTYPE_BF16, 1, 2, 4, 64, {1},            {40},          0, 0},
+        {"mma G5 hd 80",   CKV_DTYPE_BF16, 2, 2, 5, 80, {1, 1},         {700, 37},     2, 0},
+        {"mma G7 hd 128",  CKV_DTYPE_BF16, 1, 1, 7, 128, {1},           {2100},        1, 0},
+        {"mma G8 hd 64",   CKV_DTYPE_BF16, 3, 1, 8, 64, {1, 1, 1},      {300, 5, 1030}, 2, 0},
+        {"mma G8 hd 96",   CKV_DTYPE_BF16, 2, 2, 8, 96, {1, 1},         {20, 600},     2, 0},
+        {"mma G4 early",   CKV_DTYPE_BF16, 2, 2, 4, 96, {2, 1},         {20, 600},     2, 1},
+        {"mma G4 3 tokens", CKV_DTYPE_BF16, 2, 1, 4, 128, {3, 1},       {260, 70},     1, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i]);
 }
