@@ -207,19 +207,16 @@ decode_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv,
     __shared__ float wo[DK_WARPS * RP * DECODE_HD_MAX]; // [warp][row][d] each warp's merged o
     __shared__ float wm[DK_WARPS * RP], wl[DK_WARPS * RP]; /* [warp][row] its m (base 2) and l */
 
-    const int sp = (int)blockIdx.x, g = (int)blockIdx.y, s = (int)blockIdx.z, tid = (int)threadIdx.x;
+    const int sp = (int)blockIdx.x, g = (int)blockIdx.y, tid = (int)threadIdx.x;
     const int hd = kv.head_dim, group = n_heads / kv.n_kv_heads, CH = hd / VEC;
     int lpk = 1;
     while (lpk < CH) lpk <<= 1;
     const int ns = DK_THREADS / lpk, c = tid % lpk, j = tid / lpk, lane = tid & 31, warp = tid >> 5;
     const bool active = c < CH;
-    int tok0, ntok;
-    seq_rows(kv, s, n, &tok0, &ntok);
-    const ckv_kv_seg *seg = &kv.segs[s][g];
-    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
-    const int32_t *pos = seg->pos;
-    const int len = seg->len, k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
-    const int rows = ntok * group;
+    const dk_split at = dk_split_of(kv, n, n_heads, chunk);
+    const T *K = (const T *)at.k, *V = (const T *)at.v;
+    const int32_t *pos = at.pos;
+    const int tok0 = at.tok0, k0 = at.k0, k1 = at.k1, rows = at.rows;
 
     for (int rb = 0; rb < rows; rb += RP) { /* uniform */
         float qv[RP][VEC], o[RP][VEC], m[RP], l[RP];
@@ -465,7 +462,7 @@ void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, co
     const int vec = bf16 ? 8 : 4; /* values per 16-byte load */
     /* a few query tokens per sequence, rows of whole 16-byte chunks, one key row per warp at most */
     const bool decode = n <= 4 * kv->n_seq && kv->head_dim % vec == 0 && kv->head_dim / vec <= 32;
-    if (decode && bf16 && decode_mma_fits(kv, decode_rows(kv, n, n_heads)))
+    if (decode && bf16 && !c->decode_fma && decode_mma_fits(kv, decode_rows(kv, n, n_heads)))
         launch_decode_mma(c, out, q, qpos, kv, n, n_heads, scale);
     else if (decode && bf16)
         launch_decode<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);

@@ -66,16 +66,13 @@ decode_mma_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch
     float *const wo = (float *)sm;
     uint16_t *const qs = (uint16_t *)qsm;
 
-    const int sp = (int)blockIdx.x, g = (int)blockIdx.y, s = (int)blockIdx.z, tid = (int)threadIdx.x;
+    const int sp = (int)blockIdx.x, g = (int)blockIdx.y, tid = (int)threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3, lm = lane >> 3, lr = lane & 7;
     const int group = n_heads / kv.n_kv_heads;
-    int tok0, ntok;
-    seq_rows(kv, s, n, &tok0, &ntok);
-    const ckv_kv_seg *seg = &kv.segs[s][g];
-    const ckv_bf16 *K = (const ckv_bf16 *)seg->k, *V = (const ckv_bf16 *)seg->v;
-    const int32_t *pos = seg->pos;
-    const int len = seg->len, k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
-    const int rows = ntok * group;
+    const dk_split at = dk_split_of(kv, n, n_heads, chunk);
+    const ckv_bf16 *K = (const ckv_bf16 *)at.k, *V = (const ckv_bf16 *)at.v;
+    const int32_t *pos = at.pos;
+    const int tok0 = at.tok0, k0 = at.k0, k1 = at.k1, rows = at.rows;
     /* this lane's shared rows for ldmatrix: K as A (keys +0-7, +8-15 by lm & 1; dims +0, +8 by lm >> 1),
      * V as A of V^T by .trans (keys by lm >> 1, dims by lm & 1) */
     const uint16_t *ka = ks + (warp * 16 + (lm & 1) * 8 + lr) * KS + (lm >> 1) * 8;

@@ -29,6 +29,7 @@ struct ctx {
                                  prefill_split_bytes (the prefill's split-K never grows it) */
     size_t part_cap;          /* bytes */
     int prefill_splits;       /* CKV_CUDA_PREFILL_SPLITS: 0 plans the prefill's split-K, N > 0 forces N (1: off) */
+    int decode_fma;           /* CKV_CUDA_DECODE_MMA=0: the FMA decode kernel where the tensor-core one fits */
     unsigned long long *count; /* [1] count_nonfinite's counter */
     void *evict_ws;           /* scratch of the eviction ops: one op at a time; sized by evict_reserve */
     size_t evict_ws_cap;      /* bytes */
