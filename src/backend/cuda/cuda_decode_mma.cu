@@ -7,7 +7,8 @@
  * 16-byte cp.async into the prefill kernel's padded shared layout (ckv_qk_tile.h), each warp 16
  * keys of a tile: S^T = K Q^T by mma.sync m16n8k16 with the 8 query rows as n (K by ldmatrix; the
  * fp32 queries pre-scaled by scale log2 e, split into three bf16 terms held in shared memory and read
- * by ldmatrix per tile, as registers they spill at head dim 128), masked by the keys'
+ * by ldmatrix per tile, as registers they spill at head dim 128; rows past the segment's repeat its
+ * first and are not written), masked by the keys'
  * stored positions, online softmax per row in base 2 (max over the row's 8 lanes by shuffles), then
  * O^T += V^T P^T (V by ldmatrix.trans, the weights moved into the B layout by shuffles and split
  * into three bf16 terms). The warps' states are merged through shared memory into the block's
@@ -86,26 +87,25 @@ decode_mma_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch
 
     for (int rb = 0; rb < rows; rb += DM_RP) { /* uniform */
         const int nr = rows - rb < DM_RP ? rows - rb : DM_RP;
-        /* Q^T's three bf16 terms, rows [rb, +nr) (zeros past them) pre-scaled, into qs [term][row][dims]
-         * (published by the key loop's first barrier; the previous pass ended with one) */
+        /* Q^T's three bf16 terms, pre-scaled, into qs [term][row][dims] (published by the key loop's
+         * first barrier; the previous pass ended with one). Rows of the pass past the segment's take
+         * its first row's query and position: computed like the others, never written out, and every
+         * lane makes the same loads (no lane-dependent access counts). */
         for (int e = tid; e < DM_RP * HD / 2; e += DM_THREADS) {
-            const int r = e / (HD / 2), d = 2 * (e % (HD / 2)), row = rb + r;
-            float2 x = make_float2(0.0f, 0.0f);
-            if (r < nr) {
-                const size_t R = (size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group);
-                x = __ldg((const float2 *)(q + R * (size_t)HD + (size_t)d));
-            }
+            const int r = e / (HD / 2), d = 2 * (e % (HD / 2)), row = rb + (r < nr ? r : 0);
+            const size_t R = (size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group);
+            const float2 x = __ldg((const float2 *)(q + R * (size_t)HD + (size_t)d));
             uint32_t t[3];
             ckv_split_bf16x2(x.x * scale_log2, x.y * scale_log2, t);
 CKV_UNROLL
             for (int term = 0; term < 3; term++) *(uint32_t *)(qs + (term * DM_RP + r) * KS + d) = t[term];
         }
-        int32_t qp[2]; /* rows 2 tq, 2 tq + 1; INT_MIN: no such row, sees nothing */
+        int32_t qp[2]; /* the query positions of rows 2 tq, 2 tq + 1 */
         float m[2], l[2], o[KT][4];
 CKV_UNROLL
         for (int j = 0; j < 2; j++) {
             const int r = 2 * tq + j;
-            qp[j] = r < nr ? __ldg(qpos + tok0 + (rb + r) / group) : INT_MIN;
+            qp[j] = __ldg(qpos + tok0 + (rb + (r < nr ? r : 0)) / group);
             m[j] = -INFINITY, l[j] = 0.0f;
         }
 CKV_UNROLL
@@ -166,13 +166,11 @@ CKV_UNROLL
 CKV_UNROLL
         for (int j = 0; j < 2; j++) {
             for (int off = 4; off < 32; off <<= 1) l[j] += __shfl_xor_sync(0xffffffffu, l[j], off);
-            const int r = 2 * tq + j;
-            if (r < nr) {
-                float *dst = wo + (warp * DM_RP + r) * HD + gq;
+            const int r = 2 * tq + j; /* every row of the pass (those past nr are not read) */
+            float *dst = wo + (warp * DM_RP + r) * HD + gq;
 CKV_UNROLL
-                for (int dt = 0; dt < KT; dt++) dst[dt * 16] = o[dt][j], dst[dt * 16 + 8] = o[dt][2 + j];
-                if (gq == 0) wm[warp * DM_RP + r] = m[j], wl[warp * DM_RP + r] = l[j];
-            }
+            for (int dt = 0; dt < KT; dt++) dst[dt * 16] = o[dt][j], dst[dt * 16 + 8] = o[dt][2 + j];
+            if (gq == 0) wm[warp * DM_RP + r] = m[j], wl[warp * DM_RP + r] = l[j];
         }
         __syncthreads();
         dk_block_partial<DM_THREADS, DM_WARPS, DM_RP, HD>(part, wo, wm, wl, rb, nr, HD, tok0, group, g, n_heads,
