@@ -64,7 +64,6 @@ def main():
     rows = []
     for (arch, m), ins in code.items():
         n = names[m]
-        gpu = next(g for g, v in ISSUE.items() if v[4] == arch)
         if n in ("decode_kernel<bf16,4>", "decode_kernel<bf16,8>"):
             for _, _, body in T.inner_loops_of(ins, "LDG.E.128"):
                 loads = T.count(body, "LDG.E.128")
