@@ -411,6 +411,67 @@ static void test_attention_all(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention(&cases[i]);
 }
 
+/* Every case on a backend opened with VAR = each of modes (read at init), against the CPU op, named
+ * "<case>, VAR=mode"; where launches[m] > 0, on the emulated device the op must launch that many
+ * kernels and allocate nothing. Then the two bad values are refused at init, naming the variable. */
+static void test_attention_modes(const attn_case *cases, size_t n_cases, const char *var, const char *const *modes,
+                                 const unsigned long long *launches, size_t n_modes, const char *const bad[2]) {
+    const int emu = strcmp(tb_name, "cuda-emu") == 0;
+    ckv_backend *const keep = tb;
+    for (size_t m = 0; m < n_modes; m++) {
+        setenv(var, modes[m], 1);
+        ckv_backend *be = NULL;
+        CHECK_OK(emu ? ckv_backend_cuda_emu_init(&be, 0) : ckv_backend_init(&be, "cuda", 0));
+        if (!be) continue;
+        tb = be;
+        for (size_t i = 0; i < n_cases; i++) {
+            attn_case ac = cases[i];
+            char name[64];
+            snprintf(name, sizeof name, "%s, %s=%s", ac.name, var, modes[m]);
+            ac.name = name;
+            test_attention(&ac);
+            if (emu && launches[m] && (attn_launches != launches[m] || attn_allocs != 0)) {
+                fprintf(stderr, "FAIL %s: %llu kernel launches (expected %llu), %llu allocations (expected 0)\n", name,
+                        attn_launches, launches[m], attn_allocs);
+                ckv_test_failures++;
+            }
+        }
+        CHECK_OK(tb->ops->sync(tb));
+        ckv_backend_free(be);
+        tb = keep;
+    }
+    if (emu)
+        for (int b = 0; b < 2; b++) {
+            ckv_backend *refused = NULL;
+            char what[64];
+            snprintf(what, sizeof what, "%s=%s", var, bad[b]);
+            setenv(var, bad[b], 1);
+            CHECK_FAILS(ckv_backend_cuda_emu_init(&refused, 0), CKV_STATUS_ERR_ARG, what);
+        }
+    unsetenv(var);
+}
+
+/* The tensor-core decode kernel (docs/gpu.md §4: bf16, 4-8 query rows per segment, head dims 64-128):
+ * GQA 4, 5, 7, 8, one split and many, ragged segments, compacted caches, queries that see nothing or
+ * one key, a segment of more rows than a pass (3 tokens of group 4 over 2 sequences); on the default
+ * backend (that kernel) and on one opened with CKV_CUDA_DECODE_MMA=0 (the FMA kernel for the same
+ * shapes), both at the decode bound. A value other than 0 or 1 is refused at init, naming it. */
+static void test_attention_decode_mma(void) {
+    static const attn_case cases[] = {
+        /* name             dtype          seq kv  G  hd  tokens          lens           gaps early */
+        {"mma G4 hd 64",   CKV_DTYPE_BF16, 1, 2, 4, 64, {1},            {40},          0, 0},
+        {"mma G5 hd 80",   CKV_DTYPE_BF16, 2, 2, 5, 80, {1, 1},         {700, 37},     2, 0},
+        {"mma G7 hd 128",  CKV_DTYPE_BF16, 1, 1, 7, 128, {1},           {2100},        1, 0},
+        {"mma G8 hd 64",   CKV_DTYPE_BF16, 3, 1, 8, 64, {1, 1, 1},      {300, 5, 1030}, 2, 0},
+        {"mma G8 hd 96",   CKV_DTYPE_BF16, 2, 2, 8, 96, {1, 1},         {20, 600},     2, 0},
+        {"mma G4 early",   CKV_DTYPE_BF16, 2, 2, 4, 96, {2, 1},         {20, 600},     2, 1},
+        {"mma G4 3 tokens", CKV_DTYPE_BF16, 2, 1, 4, 128, {3, 1},       {260, 70},     1, 0},
+    };
+    static const char *const modes[] = {"1", "0"}, *const bad[2] = {"2", "yes"};
+    static const unsigned long long launches[] = {0, 0};
+    test_attention_modes(cases, sizeof cases / sizeof cases[0], "CKV_CUDA_DECODE_MMA", modes, launches, 2, bad);
+}
+
 /* ---- prefill split-K (docs/gpu.md §3b) ---------------------------------------------------------
  * Query chunks over long cached prefixes: few blocks of query rows, so the planned split-K cuts
  * each block's keys into splits merged afterwards. Every case runs on backends with split-K forced
@@ -431,41 +492,10 @@ static void test_attention_split_k(void) {
         {"chunk hd 96",    CKV_DTYPE_BF16, 1, 1, 2, 96, {24},           {1300},        0, 1},
         {"chunk f32 96",   CKV_DTYPE_F32,  2, 1, 2, 96, {9, 33},        {900, 1400},   0, 0},
     };
-    static const char *const modes[] = {"1", "0", "3", "7"};
-    const int emu = strcmp(tb_name, "cuda-emu") == 0;
-    ckv_backend *const keep = tb;
+    static const char *const modes[] = {"1", "0", "3", "7"}, *const bad[2] = {"65", "two"};
+    static const unsigned long long launches[] = {1, 2, 2, 2}; /* off: the kernel; else and the merge */
     attn_repeat = 1;
-    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-        setenv("CKV_CUDA_PREFILL_SPLITS", modes[m], 1);
-        ckv_backend *be = NULL;
-        CHECK_OK(emu ? ckv_backend_cuda_emu_init(&be, 0) : ckv_backend_init(&be, "cuda", 0));
-        if (!be) continue;
-        tb = be;
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            attn_case ac = cases[i];
-            char name[64];
-            snprintf(name, sizeof name, "%s, CKV_CUDA_PREFILL_SPLITS=%s", ac.name, modes[m]);
-            ac.name = name;
-            test_attention(&ac);
-            const unsigned long long want = strcmp(modes[m], "1") ? 2 : 1;
-            if (emu && (attn_launches != want || attn_allocs != 0)) {
-                fprintf(stderr, "FAIL split-K %s: %llu kernel launches (expected %llu), %llu allocations (expected 0)\n",
-                        name, attn_launches, want, attn_allocs);
-                ckv_test_failures++;
-            }
-        }
-        CHECK_OK(tb->ops->sync(tb));
-        ckv_backend_free(be);
-        tb = keep;
-    }
-    if (emu) { /* a bad value is refused at init, naming the variable */
-        ckv_backend *bad = NULL;
-        setenv("CKV_CUDA_PREFILL_SPLITS", "65", 1);
-        CHECK_FAILS(ckv_backend_cuda_emu_init(&bad, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_PREFILL_SPLITS=65");
-        setenv("CKV_CUDA_PREFILL_SPLITS", "two", 1);
-        CHECK_FAILS(ckv_backend_cuda_emu_init(&bad, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_PREFILL_SPLITS=two");
-    }
-    unsetenv("CKV_CUDA_PREFILL_SPLITS");
+    test_attention_modes(cases, sizeof cases / sizeof cases[0], "CKV_CUDA_PREFILL_SPLITS", modes, launches, 4, bad);
     attn_repeat = 0;
 }
 
@@ -645,6 +675,7 @@ int main(int argc, char **argv) {
     test_kv_rerotate(CKV_DTYPE_BF16);
     test_kv_rerotate(CKV_DTYPE_F32);
     test_attention_all();
+    test_attention_decode_mma();
     test_attention_split_k();
     test_attention_wide();
     ckv_test_failures += test_backend_evict_ops();

@@ -64,8 +64,12 @@ SPLIT_K_CASES = [("8B chunk 512 @128K", "llama-3.1-8b-instruct", 131072, 512),
 SPLIT_K_TP = (1, 2, 4, 8)
 
 
-def dk_blocks_per_sm(rows):
-    """Resident blocks per SM of the bf16 instance for `rows` query rows (dk_blocks_per_sm)."""
+def dk_blocks_per_sm(rows, d):
+    """Resident blocks per SM of the bf16 decode kernel that takes `rows` query rows at head dim d:
+    the tensor-core kernel for 4-8 rows at head dims 64-128 (dm_blocks_per_sm, cuda_decode_mma.cu),
+    else the FMA kernel's instance (dk_blocks_per_sm, cuda_decode.cu)."""
+    if 4 <= rows <= 8 and d in (64, 80, 96, 128):
+        return 3 if d >= 128 else 4
     return 2 if rows > 4 else 3 if rows > 2 else 4
 CASES = [  # name, model config directory, context, press
     ("8B@32K full", "llama-3.1-8b-instruct", 32768, None),
@@ -476,7 +480,7 @@ def decode_goal_rows(cases, gpus):
                 nbytes = L * batch * ctx_rows * Hkv * (2 * d * BF16 + 4)
                 t_copy = nbytes / (gpu["hbm_gbs"] * 1e9)
                 t_goal = t_copy / GOAL_OF_COPY
-                segs, wave = batch * Hkv, gpu["sms"] * dk_blocks_per_sm(H // Hkv)
+                segs, wave = batch * Hkv, gpu["sms"] * dk_blocks_per_sm(H // Hkv, d)
                 cap = min(DK_MAX_SPLITS, -(-2 * wave // segs))
                 splits = plan_splits(segs, wave, ctx_rows, cap)
                 blocks = splits * segs

@@ -10,6 +10,8 @@
  *    chunks (bf16: multiples of 8 up to 256; f32: multiples of 4 up to 128): bandwidth-bound, 16-byte
  *    K/V loads straight into registers, warp-shuffle dot products and merges, the split count
  *    planned from the SM count and the lengths;
+ *  - decode_mma_kernel (cuda_decode_mma.cu): bf16 caches at head dims 64, 80, 96 and 128 with 4-8
+ *    query rows per segment (GQA groups of 4-8), where the FMA kernel is issue-bound: tensor cores;
  *  - split_kernel: everything else (prefill of an f32 cache or an odd head dim): tiles in shared
  *    memory (K/V by 16-byte read-only loads where a row is whole 16-byte chunks), a thread per
  *    (row, key) score.
@@ -18,6 +20,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "ckv_decode_part.h"
 #include "cuda_internal.h"
 
 namespace CKV_CUDA_NS {
@@ -31,7 +34,6 @@ constexpr int SK_THREADS = 128;
 constexpr int SK_BLOCKS_PER_SM = 4; /* resident blocks per SM planned for (sass_expect.txt) */
 constexpr int SK_OWN = SK_RMAX * SK_HDMAX / SK_THREADS; /* (row, dim) outputs per thread */
 constexpr int SK_MAX_SPLITS = 32;
-constexpr float LOG2E = 1.44269504088896341f;
 
 /* Rows of an ascending pos[0 .. len) that a query at qp sees: the count of pos[i] <= qp. */
 __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t qp) {
@@ -241,19 +243,16 @@ decode_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv,
     __shared__ float wo[DK_WARPS * RP * DECODE_HD_MAX]; // [warp][row][d] each warp's merged o
     __shared__ float wm[DK_WARPS * RP], wl[DK_WARPS * RP]; /* [warp][row] its m (base 2) and l */
 
-    const int sp = (int)blockIdx.x, g = (int)blockIdx.y, s = (int)blockIdx.z, tid = (int)threadIdx.x;
+    const int sp = (int)blockIdx.x, g = (int)blockIdx.y, tid = (int)threadIdx.x;
     const int hd = kv.head_dim, group = n_heads / kv.n_kv_heads, CH = hd / VEC;
     int lpk = 1;
     while (lpk < CH) lpk <<= 1;
     const int ns = DK_THREADS / lpk, c = tid % lpk, j = tid / lpk, lane = tid & 31, warp = tid >> 5;
     const bool active = c < CH;
-    int tok0, ntok;
-    seq_rows(kv, s, n, &tok0, &ntok);
-    const ckv_kv_seg *seg = &kv.segs[s][g];
-    const T *K = (const T *)seg->k, *V = (const T *)seg->v;
-    const int32_t *pos = seg->pos;
-    const int len = seg->len, k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;
-    const int rows = ntok * group;
+    const dk_split at = dk_split_of(kv, n, n_heads, chunk);
+    const T *K = (const T *)at.k, *V = (const T *)at.v;
+    const int32_t *pos = at.pos;
+    const int tok0 = at.tok0, k0 = at.k0, k1 = at.k1, rows = at.rows;
 
     for (int rb = 0; rb < rows; rb += RP) { /* uniform */
         float qv[RP][VEC], o[RP][VEC], m[RP], l[RP];
@@ -344,23 +343,8 @@ CKV_UNROLL
             if (lane == 0) wm[warp * RP + r] = m[r], wl[warp * RP + r] = l[r];
         }
         __syncthreads();
-        for (int e = tid; e < nr * hd; e += DK_THREADS) {
-            const int r = e / hd, d = e % hd, row = rb + r;
-            float M = -INFINITY;
-            for (int w = 0; w < DK_WARPS; w++) M = fmaxf(M, wm[w * RP + r]);
-            float L = 0.0f, O = 0.0f;
-            for (int w = 0; w < DK_WARPS; w++) {
-                const float mw = wm[w * RP + r];
-                if (mw == -INFINITY) continue; /* that warp saw nothing: its o was never written */
-                const float a = exp2f(mw - M);
-                L += a * wl[w * RP + r];
-                O += a * wo[(w * RP + r) * DECODE_HD_MAX + d];
-            }
-            const size_t R = (size_t)(tok0 + row / group) * (size_t)n_heads + (size_t)(g * group + row % group);
-            float *pr = part + (R * (size_t)n_splits + (size_t)sp) * (size_t)(hd + 2);
-            pr[d] = O;
-            if (d == 0) pr[hd] = M, pr[hd + 1] = L;
-        }
+        dk_block_partial<DK_THREADS, DK_WARPS, RP, DECODE_HD_MAX>(part, wo, wm, wl, rb, nr, hd, tok0, group, g, n_heads,
+                                                                 n_splits, sp);
         __syncthreads(); /* wo, wm, wl are refilled by the next pass */
     }
 }
@@ -428,25 +412,17 @@ void launch_split(ctx *c, float *out, const float *q, const int32_t *qpos, const
 template <typename T, int RP>
 void launch_decode_rp(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                       int n_heads, float scale) {
-    const int hd = kv->head_dim, segs = kv->n_seq * kv->n_kv_heads;
-    const int wave = c->sms * dk_blocks_per_sm<T, RP>(); /* the kernel's launch bounds */
-    /* the partials are sized by a bound that does not depend on the length: a growing cache never
-     * reallocates them */
-    int cap = (2 * wave + segs - 1) / segs;
-    cap = cap < MERGE_MAX_SPLITS ? cap : MERGE_MAX_SPLITS;
-    const int max_len = kv->max_len > 1 ? kv->max_len : 1;
-    const int want = plan_splits(segs, wave, max_len, DK_MIN_CHUNK, cap);
-    const int chunk = ((max_len + want - 1) / want + 31) / 32 * 32;
-    const int n_splits = (max_len + chunk - 1) / chunk;
-    const size_t need = (size_t)n * (size_t)n_heads * (size_t)cap * (size_t)(hd + 2);
-    ckv_status s = grow(c, (void **)&c->part, &c->part_cap, need * sizeof(float), "the split-KV partials");
-    if (s != CKV_STATUS_OK) {
-        record(c, s);
-        return;
-    }
+    int n_splits, chunk;
+    if (!decode_split_plan(c, kv, n, n_heads, dk_blocks_per_sm<T, RP>(), 32, &n_splits, &chunk)) return;
     CKV_LAUNCH((decode_kernel<T, RP>), dim3((unsigned)n_splits, (unsigned)kv->n_kv_heads, (unsigned)kv->n_seq),
                dim3(DK_THREADS), 0, c->stream, c->part, q, qpos, *kv, n, n_heads, scale * LOG2E, n_splits, chunk);
-    launch_merge(c, out, c->part, n * n_heads, n_splits, hd);
+    launch_merge(c, out, c->part, n * n_heads, n_splits, kv->head_dim);
+}
+
+/* Query rows of the fullest segment at most: its tokens (the batch's per sequence, rounded up)
+ * times the group. */
+int decode_rows(const ckv_kv_batch *kv, int n, int n_heads) {
+    return (n + kv->n_seq - 1) / kv->n_seq * (n_heads / kv->n_kv_heads);
 }
 
 /* Query rows per pass: the power of two covering a segment's rows (its tokens times the group),
@@ -454,7 +430,7 @@ void launch_decode_rp(ctx *c, float *out, const float *q, const int32_t *qpos, c
 template <typename T>
 void launch_decode(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
                    int n_heads, float scale) {
-    const int rows = (n + kv->n_seq - 1) / kv->n_seq * (n_heads / kv->n_kv_heads);
+    const int rows = decode_rows(kv, n, n_heads);
     if (rows <= 1)
         launch_decode_rp<T, 1>(c, out, q, qpos, kv, n, n_heads, scale);
     else if (rows <= 2)
@@ -490,6 +466,27 @@ int plan_splits(int items, int wave, int max_len, int min_chunk, int cap) {
     return most;
 }
 
+bool decode_split_plan(ctx *c, const ckv_kv_batch *kv, int n, int n_heads, int blocks_per_sm, int key_align,
+                       int *n_splits, int *chunk) {
+    const int hd = kv->head_dim, segs = kv->n_seq * kv->n_kv_heads;
+    const int wave = c->sms * blocks_per_sm; /* the kernel's launch bounds */
+    /* the partials are sized by a bound that does not depend on the length: a growing cache never
+     * reallocates them */
+    int cap = (2 * wave + segs - 1) / segs;
+    cap = cap < MERGE_MAX_SPLITS ? cap : MERGE_MAX_SPLITS;
+    const int max_len = kv->max_len > 1 ? kv->max_len : 1;
+    const int want = plan_splits(segs, wave, max_len, DK_MIN_CHUNK, cap);
+    *chunk = ((max_len + want - 1) / want + key_align - 1) / key_align * key_align;
+    *n_splits = (max_len + *chunk - 1) / *chunk;
+    const size_t need = (size_t)n * (size_t)n_heads * (size_t)cap * (size_t)(hd + 2);
+    ckv_status s = grow(c, (void **)&c->part, &c->part_cap, need * sizeof(float), "the split-KV partials");
+    if (s != CKV_STATUS_OK) {
+        record(c, s);
+        return false;
+    }
+    return true;
+}
+
 void launch_merge(ctx *c, float *out, const float *part, int rows, int n_splits, int hd) {
     CKV_LAUNCH(merge_kernel, dim3((unsigned)((rows + DK_WARPS - 1) / DK_WARPS)), dim3(DK_THREADS), 0, c->stream, out,
                part, rows, n_splits, hd);
@@ -501,7 +498,9 @@ void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, co
     const int vec = bf16 ? 8 : 4; /* values per 16-byte load */
     /* a few query tokens per sequence, rows of whole 16-byte chunks, one key row per warp at most */
     const bool decode = n <= 4 * kv->n_seq && kv->head_dim % vec == 0 && kv->head_dim / vec <= 32;
-    if (decode && bf16)
+    if (decode && bf16 && !c->decode_fma && decode_mma_fits(kv, decode_rows(kv, n, n_heads)))
+        launch_decode_mma(c, out, q, qpos, kv, n, n_heads, scale);
+    else if (decode && bf16)
         launch_decode<ckv_bf16>(c, out, q, qpos, kv, n, n_heads, scale);
     else if (decode)
         launch_decode<float>(c, out, q, qpos, kv, n, n_heads, scale);

@@ -29,6 +29,7 @@ struct ctx {
                                  prefill_split_bytes (the prefill's split-K never grows it) */
     size_t part_cap;          /* bytes */
     int prefill_splits;       /* CKV_CUDA_PREFILL_SPLITS: 0 plans the prefill's split-K, N > 0 forces N (1: off) */
+    int decode_fma;           /* CKV_CUDA_DECODE_MMA=0: the FMA decode kernel where the tensor-core one fits */
     unsigned long long *count; /* [1] count_nonfinite's counter */
     void *evict_ws;           /* scratch of the eviction ops: one op at a time; sized by evict_reserve */
     size_t evict_ws_cap;      /* bytes */
@@ -208,6 +209,18 @@ void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, co
 constexpr int MERGE_MAX_SPLITS = 64;
 int plan_splits(int items, int wave, int max_len, int min_chunk, int cap);
 void launch_merge(ctx *c, float *out, const float *part, int rows, int n_splits, int hd);
+/* The decode kernels' split plan over the (sequence, KV head) segments at blocks_per_sm resident
+ * blocks per SM, at least 256 keys per split, split boundaries on multiples of key_align; grows the
+ * partials c->part to the plan's bound. False (recorded on c) when they cannot grow. */
+bool decode_split_plan(ctx *c, const ckv_kv_batch *kv, int n, int n_heads, int blocks_per_sm, int key_align,
+                       int *n_splits, int *chunk);
+/* cuda_decode_mma.cu: the tensor-core decode kernel (bf16 caches, head dims 64, 80, 96, 128, at
+ * most DECODE_MMA_ROWS query rows per segment) and its merge; decode_mma_fits says whether it
+ * takes a batch whose segments hold at most `rows` query rows. */
+constexpr int DECODE_MMA_ROWS = 8;
+bool decode_mma_fits(const ckv_kv_batch *kv, int rows);
+void launch_decode_mma(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,
+                       int n_heads, float scale);
 /* cuda_prefill_split.cu: split-K of the prefill kernel over long key ranges (docs/gpu.md §3b). A
  * plan of n_splits > 1 runs split sp of every block over keys [sp * chunk, +chunk) into part (rows
  * as launch_merge's), then the merge; n_splits 1 (part NULL) is the one-pass kernel. */
