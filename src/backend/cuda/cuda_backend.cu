@@ -364,16 +364,14 @@ ckv_status backend_init(ckv_backend **out, int device) {
         be_free(be);
         return s;
     }
-    env = getenv("CKV_CUDA_DECODE_MMA"); /* tests and measurements: the FMA decode kernel everywhere */
-    if (env && env[0]) {
-        if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
-            be_free(be);
-            return ckv_error(CKV_STATUS_ERR_ARG,
-                             "%s backend: CKV_CUDA_DECODE_MMA=%s: expected 1 (the tensor-core decode kernel where it "
-                             "fits) or 0 (the FMA kernel)", CKV_CUDA_BACKEND_NAME, env);
-        }
-        c->decode_fma = env[0] == '0';
+    int decode_mma = 1; /* tests and measurements: 0 runs the FMA decode kernel everywhere */
+    s = env_setting("CKV_CUDA_DECODE_MMA", 1,
+                    "1 (the tensor-core decode kernel where it fits, the default) or 0 (the FMA kernel)", &decode_mma);
+    if (s != CKV_STATUS_OK) {
+        be_free(be);
+        return s;
     }
+    c->decode_fma = !decode_mma;
     s = init_device(c, device);
     if (s == CKV_STATUS_OK) s = graph_cache_init(c);
     if (s != CKV_STATUS_OK) {
