@@ -21,14 +21,23 @@ struct dk_split {
     const int32_t *pos;
     int tok0, rows, k0, k1;
 };
+
+/* A pointer field at p (device memory: a segment's k, v or pos, the batch's per-sequence table) by
+ * a read-only load: read through a generic load, the K/V and position loads through it would be
+ * generic too. */
+template <typename F> __device__ __forceinline__ F *seg_ptr(F *const *p) {
+    return (F *)(uintptr_t)__ldg((const unsigned long long *)p);
+}
+
 __device__ __forceinline__ dk_split dk_split_of(const ckv_kv_batch &kv, int n, int n_heads, int chunk) {
     const int sp = (int)blockIdx.x, g = (int)blockIdx.y, s = (int)blockIdx.z;
     dk_split d;
     int ntok;
     seq_rows(kv, s, n, &d.tok0, &ntok);
-    const ckv_kv_seg *seg = &kv.segs[s][g];
-    d.k = seg->k, d.v = seg->v, d.pos = seg->pos;
-    d.k0 = sp * chunk, d.k1 = d.k0 + chunk < seg->len ? d.k0 + chunk : seg->len;
+    const ckv_kv_seg *seg = seg_ptr(&kv.segs[s]) + g;
+    d.k = seg_ptr(&seg->k), d.v = seg_ptr(&seg->v), d.pos = seg_ptr(&seg->pos);
+    const int len = __ldg(&seg->len);
+    d.k0 = sp * chunk, d.k1 = d.k0 + chunk < len ? d.k0 + chunk : len;
     d.rows = ntok * (n_heads / kv.n_kv_heads);
     return d;
 }

@@ -47,12 +47,6 @@ __device__ __forceinline__ int visible_rows(const int32_t *pos, int len, int32_t
     }
     return lo;
 }
-/* A segment's pointer field at p (device memory) by a read-only load: read through a generic load,
- * the K/V and position loads through it would be generic too. */
-template <typename F> __device__ __forceinline__ F *seg_ptr(F *const *p) {
-    return (F *)(uintptr_t)__ldg((const unsigned long long *)p);
-}
-
 /* The unsigned type of a B-byte element (bf16 has no __ldg of its own everywhere). */
 template <int B> struct sk_bits;
 template <> struct sk_bits<2> { typedef unsigned short t; };
@@ -104,7 +98,7 @@ split_kernel(float *part, const float *q, const int32_t *qpos, ckv_kv_batch kv, 
     const int hd = kv.head_dim, group = n_heads / kv.n_kv_heads;
     int tok0, ntok;
     seq_rows(kv, s, n, &tok0, &ntok);
-    const ckv_kv_seg *seg = &kv.segs[s][g];
+    const ckv_kv_seg *seg = seg_ptr(&kv.segs[s]) + g;
     const T *K = (const T *)seg_ptr(&seg->k), *V = (const T *)seg_ptr(&seg->v);
     const int32_t *pos = seg_ptr(&seg->pos);
     const int len = __ldg(&seg->len), k0 = sp * chunk, k1 = k0 + chunk < len ? k0 + chunk : len;

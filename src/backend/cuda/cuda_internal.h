@@ -173,8 +173,8 @@ __device__ __forceinline__ float block_max(float v, float *red) {
 
 /* The token rows [*tok0, *tok0 + *ntok) of sequence s of an attention batch of n tokens. */
 __device__ __forceinline__ void seq_rows(const ckv_kv_batch &kv, int s, int n, int *tok0, int *ntok) {
-    *tok0 = kv.seq_start ? kv.seq_start[s] : 0;
-    *ntok = kv.seq_start ? kv.seq_start[s + 1] - *tok0 : n;
+    *tok0 = kv.seq_start ? __ldg(&kv.seq_start[s]) : 0; /* read-only loads: the table never changes in a launch */
+    *ntok = kv.seq_start ? __ldg(&kv.seq_start[s + 1]) - *tok0 : n;
 }
 
 /* Blocks of `threads` covering n items, capped for grid-stride loops. */
