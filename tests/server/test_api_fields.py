@@ -151,11 +151,25 @@ C["press_options"] = lambda: (
         press_options={"press_ratios": [0.5, 0.25], "alpha": 0.25, "chunk_length": 16, "window": 8},
         context=ids(300, 5))[1]["usage"]["press"] and
     refused(comp(press="composed:snapkv+chunkkv:knorm", press_options={"press_ratios": [0.5, 0.25]}), "press") and
+    "composed(press_ratios=[0.5]):per_layer(compression_ratios=[0.25,0.5,0.75]):snapkv(window=64," in comp(
+        press="composed:per_layer:snapkv+knorm", press_options={"compression_ratios": [0.25, 0.5, 0.75], "press_ratios": [0.5]},
+        context=ids(300, 5))[1]["usage"]["press"] and
+    comp(press="composed:snapkv+per_layer:knorm", press_options={"compression_ratios": [0.8, 0.8, 0.8], "press_ratios": [0.5]},
+         context=ids(300, 5))[1]["usage"]["kv_entries_kept"] <
+    comp(press="composed:snapkv+per_layer:knorm", press_options={"compression_ratios": [0.2, 0.2, 0.2], "press_ratios": [0.5]},
+         context=ids(300, 5))[1]["usage"]["kv_entries_kept"] and
+    refused(comp(press="composed:per_layer:snapkv+knorm",
+                 press_options={"compression_ratios": [0.25, 0.5, 0.75], "press_ratios": [0.5, 0.5]}), "press_options") and
+    refused(comp(press="composed:per_layer:snapkv+knorm", press_options={"compression_ratios": [0.5, 0.5], "press_ratios": [0.5]}),
+            "press_options") and
+    refused(comp(press="composed:per_layer:snapkv+knorm", press_options={"press_ratios": [0.5]}), "press_options") and
+    refused(comp(press="composed:snapkv+headkv:knorm", press_options={"press_ratios": [0.5, 0.5]}), "press") and
     refused(comp(press="adakv:critical:snapkv", budget=0.5), "press"),
     "per-layer ratios set the kept entries, window reaches the spec; a wrong count, an option not taken, an unknown "
     "one, a file, a non-object: 400; composed's press_ratios, its wrapped members' options and a stacked "
-    "key_rerotation:critical: reach the spec (press_ratios missing or short: 400), a stack kvpress refuses or a member "
-    "order ckv cannot match: 400 naming press")
+    "key_rerotation:critical: reach the spec (press_ratios missing or short: 400); a per_layer: member's ratios set the "
+    "kept entries and reach the spec (a press_ratios entry for it, a wrong layer count or none: 400 naming "
+    "press_options); a stack kvpress refuses (a headkv: member) or a member order ckv cannot match: 400 naming press")
 C["decode_press_options"] = lambda: (
     "n_sink=2" in comp(decode_press="streaming_llm", decode_interval=2, decode_target=6,
                        decode_press_options={"n_sink": 2})[1]["usage"]["decode_press"] and
