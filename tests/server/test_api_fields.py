@@ -8,11 +8,13 @@ naming it); a documented field without a case fails the test, and so does a case
 field. Then: an unknown field is refused naming it; logit_bias, the penalties, min_p and logprobs
 against hand computations from the server's own top_logprobs; a list of prompts; max_tokens defaulting
 to the rest of the window; "press": "none" on a server with a default press and budget; press errors
-naming request fields; GET /v1/models/{id}.
+naming request fields; GET /v1/models/{id}; a default composed press with a per_layer: member (a list
+of another depth refused at start).
 usage: test_api_fields.py CKV_BINARY FIXTURES_DIR TMP_DIR"""
 import json
 import math
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -368,4 +370,19 @@ d = Server(ckv, FIXTURE, tmp, "--model-name", "llama_gqa", name="nocors")
 st, h, _ = d.request("OPTIONS", "/v1/models")
 t.check(st == 405 and "access-control-allow-origin" not in h, "without --cors-origin: no CORS (OPTIONS 405)", f"{st} {h}")
 t.check(d.stop() == 0, "SIGTERM: exit 0 (no-CORS server)")
+
+# a composed press with a per_layer: member as the server's default press: applied to a request that
+# names no press; a list of another depth than the model's is refused at start in one line
+pl = ["--press", "composed:snapkv+per_layer:knorm", "--press-opt", "press_ratios=0.5"]
+e = Server(ckv, FIXTURE, tmp, "--model-name", "llama_gqa", *pl, "--press-opt", "compression_ratios=0.25,0.5,0.75",
+           name="perlayer")
+st, _, raw = e.request("POST", "/v1/completions", {"prompt": ids(300, 5), "max_tokens": 2, "temperature": 0})
+got = json.loads(raw)["usage"]["press"] if st == 200 else raw[:300]
+t.check(st == 200 and "+per_layer(compression_ratios=[0.25,0.5,0.75]):knorm" in got,
+        "a default composed press with a per_layer: member is applied", str(got))
+t.check(e.stop() == 0, "SIGTERM: exit 0 (per_layer member server)")
+g = subprocess.run([ckv, "serve", "--model", FIXTURE, *pl, "--press-opt", "compression_ratios=0.5,0.5"],
+                   capture_output=True, text=True, timeout=60)
+t.check(g.returncode != 0 and g.stderr.strip().count("\n") == 0 and "compression_ratios has 2 values, the model has 3"
+        in g.stderr, "ckv serve with a per_layer: member's list of another depth: refused in one line", g.stderr[-300:])
 t.finish()
