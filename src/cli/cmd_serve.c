@@ -172,6 +172,7 @@ int ckv_cmd_serve(int argc, char **argv) {
     ec.tokenizer = tok;
     ckv_engine eng;
     ckv_cli_check_comm(world, ckv_engine_init(&eng, &ec, world->size > 1 ? world : NULL));
+    ckv_cli_check_comm(world, ckv_press_check_layers(&a.press, eng.model->cfg.n_layers)); /* per_layer's ratios */
     a.cfg.default_press = a.press.scorer == CKV_SCORER_NONE && !a.press.query_aware ? NULL : &a.press;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -179,7 +179,9 @@ static ckv_status composed_stage(ckv_compressor *cz, ckv_session *dst, int layer
     const int nkv = m->plan.n_kv_local, n = dst->kv.layers[layer].len[0];
     ckv_press_config sc;
     ckv_press_stage(cz->cfg, stage, &sc);
-    if (ckv_press_n_kept(&sc, n) >= n) return CKV_STATUS_OK; /* it keeps every row */
+    ckv_press_kept kept; /* a per_layer: member's count is its layer's */
+    ckv_press_layer_kept(&sc, layer, m->cfg.n_layers, n, nkv, &kept);
+    if (kept.per_head >= n) return CKV_STATUS_OK; /* it keeps every row */
     ckv_selection *s2 = &cz->sel;
     CKV_TRY(ckv_selection_set_len(s2, n));
     ckv_score_inputs in;

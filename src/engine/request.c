@@ -476,6 +476,7 @@ ckv_status ckv_request_check(const ckv_engine *e, const ckv_request *r) {
                          "give exactly one question, got %d", r->n_questions);
     if (r->cache_in) return CKV_STATUS_OK; /* the context length is in the file; ckv_engine_prepare checks it */
     if (r->n_context < 1 || !r->context) return ckv_error(CKV_STATUS_ERR_ARG, "empty context");
+    if (r->press) CKV_TRY(ckv_press_check_layers(r->press, e->model->cfg.n_layers)); /* per_layer's ratios */
     long max_q = 0, max_new = r->n_questions ? 0 : r->gen.max_new_tokens;
     for (int q = 0; q < r->n_questions; q++) {
         if (r->questions[q].n > max_q) max_q = r->questions[q].n;

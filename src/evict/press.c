@@ -265,12 +265,11 @@ static ckv_status parse_composed(ckv_press_config *c, const char *spec, const ch
         if (c->composed)
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': a composed: press inside composed: (write its presses in "
                              "the one list joined by '+': they run in the same order)", spec);
-        if (c->alloc != CKV_ALLOC_UNIFORM && c->alloc != CKV_ALLOC_CHUNK)
+        if (c->alloc != CKV_ALLOC_UNIFORM && c->alloc != CKV_ALLOC_CHUNK && c->alloc != CKV_ALLOC_PER_LAYER)
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': '%s' cannot be composed (%s)", spec, member,
                              c->alloc == CKV_ALLOC_ADAKV ? "kvpress's ComposedPress refuses AdaKVPress"
-                             : c->alloc == CKV_ALLOC_PER_LAYER
-                                 ? "composed: gives each press one ratio of press_ratios; per_layer's are one per layer"
-                                 : "its kept counts are its own");
+                             : c->alloc == CKV_ALLOC_HEADKV ? "kvpress has no HeadKV press; its budgets are its own"
+                                                            : "its kept counts are its own");
         if (!d || !d->score || !(d->wrappers & CKV_WRAP_COMPOSED))
             return ckv_error(CKV_STATUS_ERR_ARG, "press '%s': %s cannot be composed (%s)", spec, d ? d->name : member,
                              !d || !d->score ? "it compresses nothing" : "its kept counts are its own");
@@ -285,6 +284,7 @@ static ckv_status parse_composed(ckv_press_config *c, const char *spec, const ch
         c->stage_critical[i] = (unsigned char)(c->critical != 0);
         c->stage_chunk[i] = (unsigned char)(c->alloc == CKV_ALLOC_CHUNK);
         c->stage_rerotate[i] = (unsigned char)(c->rerotate_keys != 0);
+        c->stage_per_layer[i] = (unsigned char)(c->alloc == CKV_ALLOC_PER_LAYER);
         c->n_stages++;
         CKV_TRY(check_member_order(c, spec, i));
         if (!end) break;
@@ -462,6 +462,35 @@ static int print_options(char *buf, size_t cap, const ckv_press_config *c, const
     return n;
 }
 
+/* composed: press_ratios gives one ratio per member but the per_layer: ones, which take the shared
+ * compression_ratios (kvpress's PerLayerCompressionPress has no compression_ratio to set). On an
+ * error, *field names the option and *missing says it was not given. */
+static ckv_status check_composed_ratios(const ckv_press_config *c, const char *name, const char **field, int *missing) {
+    const int want = ckv_press_n_ratios(c), n_per_layer = c->n_stages - want;
+    const char *f = "press_ratios";
+    int absent = 0;
+    ckv_status st = CKV_STATUS_OK;
+    if (n_per_layer > 0 && c->layer_ratios.n < 1) {
+        f = "compression_ratios";
+        absent = 1;
+        st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs option compression_ratios for its per_layer: member (one "
+                       "ratio per layer of the model, e.g. compression_ratios=0.25,0.5,0.75)", name);
+    } else if (want > 0 && c->press_ratios.n < 1) {
+        absent = 1;
+        st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs option press_ratios (one compression ratio per press%s, in "
+                       "order, e.g. press_ratios=0.5,0.25)", name, n_per_layer ? " but its per_layer: members" : "");
+    } else if (c->press_ratios.n != want) {
+        st = n_per_layer ? ckv_error(CKV_STATUS_ERR_ARG, "press %s: press_ratios has %d values for %d presses that take "
+                                     "one (per_layer: members take their ratios from compression_ratios, not "
+                                     "press_ratios)", name, c->press_ratios.n, want)
+                         : ckv_error(CKV_STATUS_ERR_ARG, "press %s: press_ratios has %d values for %d presses", name,
+                                     c->press_ratios.n, want);
+    }
+    if (st != CKV_STATUS_OK && field) *field = f;
+    if (st != CKV_STATUS_OK && missing) *missing = absent;
+    return st;
+}
+
 /* The wrappers of c, outermost first, with their options: "per_layer(...):critical(...):"; the length. */
 static int print_wrappers(char *buf, size_t cap, const ckv_press_config *c) {
     const ckv_wrapper_def *ws[2];
@@ -469,7 +498,7 @@ static int print_wrappers(char *buf, size_t cap, const ckv_press_config *c) {
     int n = 0;
     buf[0] = '\0';
     for (int k = 0; k < 2 && ws[k] && (size_t)n < cap; k++) {
-        if (!ws[k]->options[0]) {
+        if (!ws[k]->options[0] || (ws[k]->composed && ckv_press_n_ratios(c) == 0)) { /* composed: of per_layer: only */
             n += snprintf(buf + n, cap - (size_t)n, "%s:", ws[k]->name);
             continue;
         }
@@ -488,12 +517,7 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     if (c->alloc == CKV_ALLOC_PER_LAYER && c->layer_ratios.n < 1)
         return ckv_error(CKV_STATUS_ERR_ARG, "press per_layer needs option compression_ratios (one ratio per layer of the "
                          "model, e.g. compression_ratios=0.25,0.5,0.75)");
-    if (c->composed && c->press_ratios.n < 1)
-        return ckv_error(CKV_STATUS_ERR_ARG, "press composed needs option press_ratios (one compression ratio per press, "
-                         "in order, e.g. press_ratios=0.5,0.25)");
-    if (c->composed && c->press_ratios.n != c->n_stages)
-        return ckv_error(CKV_STATUS_ERR_ARG, "press composed: press_ratios has %d values for %d presses",
-                         c->press_ratios.n, c->n_stages);
+    if (c->composed) CKV_TRY(check_composed_ratios(c, "composed", NULL, NULL));
     if (c->alloc == CKV_ALLOC_CHUNK && c->chunk_length < 1)
         return ckv_error(CKV_STATUS_ERR_ARG, "press chunkkv: chunk_length %d must be at least 1", c->chunk_length);
     if (c->scorer == CKV_SCORER_FINCH && c->chunk_length > 0 && c->budget_tokens > 0)
@@ -502,7 +526,7 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
     if (c->alloc == CKV_ALLOC_CHUNK && c->budget_tokens > 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "press chunkkv keeps whole chunks: give budget or compression_ratio, not "
                          "budget_tokens");
-    char wrap[2600] = "", base[600] = "", budget[120] = "";
+    char wrap[2600] = "", base[600] = "", budget[200] = "";
     print_wrappers(wrap, sizeof wrap, c);
     int n = 0;
     for (int i = 0; i < (c->composed ? c->n_stages : 1) && (size_t)n < sizeof base; i++) { /* composed: P1+P2+... */
@@ -527,13 +551,20 @@ ckv_status ckv_press_finalize(ckv_press_config *c) {
                           : d->kept == CKV_KEPT_CHUNKS && c->chunk_length > 0
                               ? "kept=sum over chunks of chunk_length rows of max(1,floor(len*(1-cr)))"
                               : "kept=max(1,floor(L*(1-cr)))";
-    double kept_share = 1.0; /* composed: the fraction the presses keep together */
-    for (int i = 0; c->composed && i < c->press_ratios.n; i++) kept_share *= 1.0 - c->press_ratios.cr[i];
+    double kept_share = 1.0, layer_mean = 0.0; /* composed: the fraction the presses keep together, as kvpress's
+                                                * ComposedPress reports it (a per_layer: member at its mean ratio) */
+    for (int l = 0; l < c->layer_ratios.n; l++) layer_mean += c->layer_ratios.cr[l] / c->layer_ratios.n;
+    for (int i = 0; c->composed && i < c->n_stages; i++) {
+        ckv_press_config sc;
+        ckv_press_stage(c, i, &sc);
+        kept_share *= 1.0 - (c->stage_per_layer[i] ? layer_mean : sc.compression_ratio);
+    }
     if (!ckv_press_evicts(c))
         snprintf(budget, sizeof budget, " full cache");
     else if (c->composed)
-        snprintf(budget, sizeof budget, " per press (kept=max(1,floor(n*(1-cr_i))) of the n rows before it; "
-                 "cr=%.6g overall)", 1.0 - kept_share);
+        snprintf(budget, sizeof budget, " per press (kept=max(1,floor(n*(1-cr_i))) of the n rows before it%s; "
+                 "cr=%.6g overall)", ckv_press_n_ratios(c) < c->n_stages ? ", a per_layer: press's cr_i its layer's" : "",
+                 1.0 - kept_share);
     else if (c->alloc == CKV_ALLOC_PER_LAYER)
         snprintf(budget, sizeof budget, " per layer (kept=max(1,floor(L*(1-cr_layer))))");
     else if (c->budget_tokens > 0)
@@ -625,14 +656,10 @@ ckv_status ckv_press_build(ckv_press_config *out, const ckv_press_request *rq, c
                            "press); give no %s", name, budget_field(rq->budget.kind));
             return fail(out, err, budget_field(rq->budget.kind), 0, st);
         }
-        if (out->press_ratios.n != out->n_stages) {
-            st = out->press_ratios.n < 1
-                     ? ckv_error(CKV_STATUS_ERR_ARG, "press %s needs option press_ratios (one compression ratio per press, "
-                                 "in order, e.g. press_ratios=0.5,0.25)", name)
-                     : ckv_error(CKV_STATUS_ERR_ARG, "press %s: press_ratios has %d values for %d presses", name,
-                                 out->press_ratios.n, out->n_stages);
-            return fail(out, err, "press_ratios", out->press_ratios.n < 1, st);
-        }
+        const char *field = NULL;
+        int missing = 0;
+        if ((st = check_composed_ratios(out, name, &field, &missing)) != CKV_STATUS_OK)
+            return fail(out, err, field, missing, st);
     } else if ((rq->flags & CKV_PRESS_NEED_BUDGET) && ckv_press_evicts(out) && rq->budget.kind == CKV_BUDGET_NONE &&
         out->compression_ratio == 0.0 && out->budget_tokens == 0) {
         st = ckv_error(CKV_STATUS_ERR_ARG, "press %s needs a budget (budget, compression_ratio or budget_tokens)", name);

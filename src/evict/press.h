@@ -117,7 +117,10 @@ typedef struct {
     unsigned char stage_critical[CKV_PRESS_MAX_STAGES]; /* critical: (stage_critical[0] == critical) */
     unsigned char stage_chunk[CKV_PRESS_MAX_STAGES];    /* chunkkv: (chunk_length shared) */
     unsigned char stage_rerotate[CKV_PRESS_MAX_STAGES]; /* key_rerotation: */
-    ckv_press_ratios press_ratios; /* composed: each press's compression ratio, in order (required) */
+    unsigned char stage_per_layer[CKV_PRESS_MAX_STAGES]; /* per_layer: (its ratios: layer_ratios, shared) */
+    /* composed: each press's compression ratio, in order, but per_layer: members' (kvpress's
+     * PerLayerCompressionPress takes no compression_ratio); required when a press takes one */
+    ckv_press_ratios press_ratios;
     /* budget: exactly one of compression_ratio (kvpress cr) and budget_tokens is in force */
     double compression_ratio;  /* fraction removed; kept = floor(L * (1 - cr)) */
     int budget_tokens;         /* > 0: fixed kept count per head */
@@ -202,8 +205,11 @@ int ckv_press_evicts(const ckv_press_config *cfg);
 
 /* Kept count per head for a uniform press on L tokens: kvpress's max(1, floor(L * (1 - cr))) in
  * double precision, or min(budget_tokens, L); composed: that rule applied press after press, each to
- * the count before it. */
+ * the count before it; per_layer (alone or as a member): its largest layer's count (what a layer may
+ * hold). */
 int ckv_press_n_kept(const ckv_press_config *cfg, int L);
+/* composed: how many values press_ratios takes (one per member but the per_layer: ones); else 0. */
+int ckv_press_n_ratios(const ckv_press_config *cfg);
 
 typedef struct {
     int per_head;     /* what one head keeps (uniform presses), the mean for cross-head allocation;
@@ -226,8 +232,9 @@ long ckv_press_model_kept(const ckv_press_config *cfg, int n_layers, int L, int 
  * with E = n_kv_heads * L (min(N, L) per head with budget_tokens N). */
 long ckv_press_layerwise_kept(const ckv_press_config *cfg, int L, int n_kv_heads);
 /* Press i (0 .. n_stages - 1) of a composed press as a plain press: its scorer, the shared options, its
- * own compression ratio press_ratios[i] and its own wrappers (critical:, chunkkv:, key_rerotation:),
- * else uniform kept counts. */
+ * own compression ratio (its entry of press_ratios, which per_layer: members skip) and its own wrappers
+ * (critical:, chunkkv:, key_rerotation:, per_layer: with the shared compression_ratios), else uniform
+ * kept counts. */
 void ckv_press_stage(const ckv_press_config *cfg, int i, ckv_press_config *out);
 /* CriticalKV's stage-1 count of a head whose budget was allocated across heads (k rows). */
 int ckv_press_first_stage(const ckv_press_config *cfg, int k);
@@ -251,7 +258,8 @@ void ckv_press_protected(const ckv_press_config *cfg, int L, int *head, int *tai
 int ckv_press_xn_first(const ckv_press_config *cfg, int L);
 /* Checks the press can compress a context of L tokens (windowed scorers need L > window). */
 ckv_status ckv_press_check_context(const ckv_press_config *cfg, int L);
-/* Checks the press fits a model of n_layers layers (per_layer gives one ratio per layer). */
+/* Checks the press fits a model of n_layers layers (per_layer, alone or as a composed member, gives one
+ * ratio per layer). */
 ckv_status ckv_press_check_layers(const ckv_press_config *cfg, int n_layers);
 
 const char *ckv_scorer_name(ckv_scorer_kind k);

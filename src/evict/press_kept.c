@@ -19,10 +19,37 @@ static double layer_ratio(const ckv_press_config *c, int layer) {
     return n < 1 ? 0.0 : c->layer_ratios.cr[layer < 0 ? 0 : layer < n ? layer : n - 1];
 }
 
+/* per_layer: the largest layer's count of n rows (what a layer may hold) */
+static int most_kept_of_layers(const ckv_press_config *c, int n) {
+    int most = 1;
+    for (int l = 0; l < c->layer_ratios.n; l++) {
+        const int k = kept_of_ratio(n, c->layer_ratios.cr[l]);
+        most = k > most ? k : most;
+    }
+    return most;
+}
+
+/* composed: press i's entry of press_ratios (per_layer: members take none: -1) */
+static int stage_ratio_index(const ckv_press_config *c, int i) {
+    if (c->stage_per_layer[i]) return -1;
+    int k = 0;
+    for (int j = 0; j < i; j++) k += !c->stage_per_layer[j];
+    return k;
+}
+
+int ckv_press_n_ratios(const ckv_press_config *c) {
+    int n = 0;
+    for (int i = 0; c->composed && i < c->n_stages; i++) n += !c->stage_per_layer[i];
+    return n;
+}
+
 int ckv_press_n_kept(const ckv_press_config *c, int L) {
     if (c->composed) { /* each press keeps its share of what the one before kept */
         int n = L;
-        for (int i = 0; i < c->press_ratios.n && i < c->n_stages; i++) n = kept_of_ratio(n, c->press_ratios.cr[i]);
+        for (int i = 0; i < c->n_stages; i++) {
+            const int k = stage_ratio_index(c, i);
+            n = k < 0 ? most_kept_of_layers(c, n) : k < c->press_ratios.n ? kept_of_ratio(n, c->press_ratios.cr[k]) : n;
+        }
         return n;
     }
     if (c->budget_tokens > 0) return c->budget_tokens < L ? c->budget_tokens : L;
@@ -33,19 +60,14 @@ int ckv_press_n_kept(const ckv_press_config *c, int L) {
             n += kept_of_ratio(L - t0 < c->chunk_length ? L - t0 : c->chunk_length, c->compression_ratio);
         return n;
     }
-    if (c->alloc == CKV_ALLOC_PER_LAYER) { /* the largest layer's: what a layer may hold */
-        int most = 1;
-        for (int l = 0; l < c->layer_ratios.n; l++) {
-            const int k = kept_of_ratio(L, c->layer_ratios.cr[l]);
-            most = k > most ? k : most;
-        }
-        return most;
-    }
+    if (c->alloc == CKV_ALLOC_PER_LAYER) return most_kept_of_layers(c, L);
     return kept_of_ratio(L, c->compression_ratio);
 }
 
 ckv_status ckv_press_check_layers(const ckv_press_config *c, int n_layers) {
-    if (c->alloc == CKV_ALLOC_PER_LAYER && c->layer_ratios.n != n_layers)
+    int per_layer = c->alloc == CKV_ALLOC_PER_LAYER;
+    for (int i = 0; c->composed && i < c->n_stages; i++) per_layer |= c->stage_per_layer[i];
+    if (per_layer && c->layer_ratios.n != n_layers)
         return ckv_error(CKV_STATUS_ERR_ARG, "press per_layer: compression_ratios has %d values, the model has %d layers",
                          c->layer_ratios.n, n_layers);
     return CKV_STATUS_OK;
@@ -84,12 +106,15 @@ void ckv_press_stage(const ckv_press_config *c, int i, ckv_press_config *out) {
     out->n_stages = 0;
     out->scorer = c->composed && i >= 0 && i < c->n_stages ? c->stages[i] : c->scorer;
     const int k = c->composed && i >= 0 && i < c->n_stages ? i : -1; /* its own wrappers */
-    out->alloc = k >= 0 && c->stage_chunk[k] ? CKV_ALLOC_CHUNK : CKV_ALLOC_UNIFORM;
+    out->alloc = k >= 0 && c->stage_chunk[k]       ? CKV_ALLOC_CHUNK
+                 : k >= 0 && c->stage_per_layer[k] ? CKV_ALLOC_PER_LAYER
+                                                   : CKV_ALLOC_UNIFORM;
     out->critical = k >= 0 ? c->stage_critical[k] : i == 0 && c->critical;
     out->rerotate_keys = k >= 0 && c->stage_rerotate[k];
     out->budget_tokens = 0;
     out->budget_given_as_b = 0;
-    out->compression_ratio = c->composed && i >= 0 && i < c->press_ratios.n ? c->press_ratios.cr[i] : c->compression_ratio;
+    const int r = k >= 0 ? stage_ratio_index(c, k) : -1; /* per_layer: its layer's ratio (ckv_press_layer_kept) */
+    out->compression_ratio = r >= 0 && r < c->press_ratios.n ? c->press_ratios.cr[r] : c->compression_ratio;
 }
 
 /* kvzip's count: n entries less int(n * cr) removed (kvpress's int of the product), or min(N, L) per head. */

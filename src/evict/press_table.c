@@ -63,7 +63,7 @@ const ckv_option_def ckv_press_option_table[] = {
     {"compression_ratios", CKV_OPTION_REALS, F(layer_ratios), "", 0, 0.999999, 0,
      "per_layer: the compression ratio of each layer, one per layer (e.g. 0.25,0.5,0.75)", NULL},
     {"press_ratios", CKV_OPTION_REALS, F(press_ratios), "", 0, 0.999999, 0,
-     "composed: the compression ratio of each press, in order (e.g. 0.5,0.25)", NULL},
+     "composed: the compression ratio of each press but per_layer: members, in order (e.g. 0.5,0.25)", NULL},
 };
 const int ckv_press_option_count = (int)(sizeof ckv_press_option_table / sizeof ckv_press_option_table[0]);
 

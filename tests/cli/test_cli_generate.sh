@@ -64,6 +64,10 @@ expect_error "bad pool" "pool: 'median'" "$ckv" generate --model "$llama" --prom
 expect_error "even kernel" "kernel: 4 must be odd" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv --kernel 4 --budget 0.5
 expect_error "alpha above one" "alpha: 2 is outside" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press critical:snapkv --alpha 2 --budget 0.5
 expect_error "composed member order" "chunkkv: on press 2 of composed: needs" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:snapkv+chunkkv:knorm --press-opt press_ratios=0.5,0.5
+expect_error "composed per_layer member with a press ratio" "press_ratios has 2 values for 1 presses that take one (per_layer: members" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:per_layer:snapkv+knorm --press-opt compression_ratios=0.5,0.5,0.5 --press-opt press_ratios=0.5,0.5
+expect_error "composed per_layer member without ratios" "needs option compression_ratios for its per_layer: member" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:snapkv+per_layer:knorm --press-opt press_ratios=0.5
+expect_error "composed per_layer member, wrong depth" "compression_ratios has 2 values, the model has 3 layers" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:snapkv+per_layer:knorm --press-opt compression_ratios=0.5,0.5 --press-opt press_ratios=0.5
+expect_error "composed headkv member" "kvpress has no HeadKV press" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:snapkv+headkv:knorm --press-opt press_ratios=0.5,0.5
 expect_error "composed adakv member" "refuses AdaKVPress" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press composed:knorm+adakv:keydiff --press-opt press_ratios=0.5,0.5
 expect_error "press without budget" "needs a budget" "$ckv" generate --model "$llama" --prompt-ids "$ids" --press snapkv
 # a context too short for the press stays uncompressed: same ids as the full cache, one stderr line, stats say so
@@ -101,14 +105,17 @@ qa=(--question-ids 5,6 --question-ids 9 --max-new-tokens 5 --ignore-eos)
 "$ckv" generate --model "$llama" --load-cache "$tmp/ctx.ckv" "${qa[@]}" >"$tmp/loaded" 2>"$tmp/err" || { echo "FAIL load-cache run"; cat "$tmp/err"; fail=1; }
 if cmp -s "$tmp/direct" "$tmp/loaded" && [ -s "$tmp/loaded" ]; then echo "ok   answers from a loaded cache equal the direct run"
 else echo "FAIL loaded cache answers differ:"; cat "$tmp/direct" "$tmp/loaded"; fail=1; fi
-for p in cur adakv:leverage chunkkv:snapkv per_layer:knorm key_rerotation:streaming_llm key_rerotation:critical:snapkv compactor layer_defensivekv composed:snapkv+cur composed:critical:snapkv+cur composed:snapkv+critical:cur composed:chunkkv:snapkv+knorm composed:key_rerotation:snapkv+knorm kvzip; do  # attention-free presses, wrappers and the model-wide selections save and load too
+for p in cur adakv:leverage chunkkv:snapkv per_layer:knorm key_rerotation:streaming_llm key_rerotation:critical:snapkv compactor layer_defensivekv composed:snapkv+cur composed:critical:snapkv+cur composed:snapkv+critical:cur composed:chunkkv:snapkv+knorm composed:key_rerotation:snapkv+knorm composed:snapkv+per_layer:cur composed:per_layer:snapkv+knorm kvzip; do  # attention-free presses, wrappers and the model-wide selections save and load too
   budget=(--budget 0.3); [[ $p == per_layer:* ]] && budget=(--press-opt compression_ratios=0.5,0.7,0.9)
   [[ $p == composed:* ]] && budget=(--press-opt press_ratios=0.5,0.4)
+  [[ $p == composed:*per_layer:* ]] && budget=(--press-opt compression_ratios=0.5,0.7,0.9 --press-opt press_ratios=0.4)
   [[ $p == kvzip ]] && budget+=(--press-opt repeat_ids=13,13,85 --press-opt repeat_next_ids=13,13,301 --press-opt suffix_ids=13
                                 --press-opt chunk_size=64)
   "$ckv" generate --model "$llama" --prompt-ids "$ids" --press "$p" "${budget[@]}" "${qa[@]}" --save-cache "$tmp/p.ckv" \
     >"$tmp/p.direct" 2>"$tmp/err" && "$ckv" generate --model "$llama" --load-cache "$tmp/p.ckv" "${qa[@]}" >"$tmp/p.loaded" 2>>"$tmp/err" \
-    && cmp -s "$tmp/p.direct" "$tmp/p.loaded" && [ -s "$tmp/p.loaded" ] && echo "ok   $p: answers from its saved cache equal the direct run" \
+    && cmp -s "$tmp/p.direct" "$tmp/p.loaded" && [ -s "$tmp/p.loaded" ] \
+    && { [[ $p != composed:*per_layer:* ]] || grep -q "compressed with composed(press_ratios=\[0.4\]):.*per_layer(compression_ratios=\[0.5,0.7,0.9\])" "$tmp/err"; } \
+    && echo "ok   $p: answers from its saved cache equal the direct run" \
     || { echo "FAIL $p save/load"; cat "$tmp/err"; fail=1; }
 done
 # layer_defensivekv at 0.1 spends the whole budget on layer 0: the other layers keep no context row,

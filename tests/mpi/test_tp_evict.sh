@@ -20,9 +20,10 @@ for model in llama_gqa qwen2_bias; do
   heads=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_attention_heads'])" "$dir/config.json")
   # per_layer: one ratio per layer, from 0.5 up
   ratios=$(python3 -c "import json,sys; n=json.load(open(sys.argv[1]))['num_hidden_layers']; print(','.join(str(0.5+0.4*i/max(1,n-1)) for i in range(n)))" "$dir/config.json")
-  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random keydiff adakv:keydiff lagkv cur adakv:cur critical:cur leverage adakv:leverage critical:leverage chunkkv:snapkv chunkkv:keydiff per_layer:snapkv key_rerotation:snapkv key_rerotation:critical:snapkv compactor adakv:compactor defensivekv layer_defensivekv composed:snapkv+knorm composed:knorm+cur composed:critical:snapkv+knorm composed:snapkv+critical:knorm composed:chunkkv:snapkv+chunkkv:keydiff composed:key_rerotation:snapkv+knorm kvzip kvzip_plus finch finch_c16; do
+  for press in snapkv critical:snapkv adakv:snapkv critical_adakv:snapkv tova knorm observed_attention expected_attention pyramidkv random keydiff adakv:keydiff lagkv cur adakv:cur critical:cur leverage adakv:leverage critical:leverage chunkkv:snapkv chunkkv:keydiff per_layer:snapkv key_rerotation:snapkv key_rerotation:critical:snapkv compactor adakv:compactor defensivekv layer_defensivekv composed:snapkv+knorm composed:knorm+cur composed:critical:snapkv+knorm composed:snapkv+critical:knorm composed:chunkkv:snapkv+chunkkv:keydiff composed:key_rerotation:snapkv+knorm composed:per_layer:snapkv+knorm composed:snapkv+per_layer:cur kvzip kvzip_plus finch finch_c16; do
     budget=(--compression-ratio 0.75); [[ $press == per_layer:* ]] && budget=(--press-opt "compression_ratios=$ratios")
     [[ $press == composed:* ]] && budget=(--press-opt press_ratios=0.5,0.5)
+    [[ $press == composed:*per_layer:* ]] && budget=(--press-opt "compression_ratios=$ratios" --press-opt press_ratios=0.5)
     # kvzip: its replay prompts (fixture-tokenizer ids) and chunks of 100 (three chunks of the 240 ids); kvzip_plus:
     # the same with KVzip+ (each rank's o_proj columns)
     spec=$press; [[ $press == kvzip_plus ]] && spec=kvzip && budget+=(--press-opt kvzip_plus_normalization=1)

@@ -8,11 +8,13 @@ naming it); a documented field without a case fails the test, and so does a case
 field. Then: an unknown field is refused naming it; logit_bias, the penalties, min_p and logprobs
 against hand computations from the server's own top_logprobs; a list of prompts; max_tokens defaulting
 to the rest of the window; "press": "none" on a server with a default press and budget; press errors
-naming request fields; GET /v1/models/{id}.
+naming request fields; GET /v1/models/{id}; a default composed press with a per_layer: member (a list
+of another depth refused at start).
 usage: test_api_fields.py CKV_BINARY FIXTURES_DIR TMP_DIR"""
 import json
 import math
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -151,11 +153,25 @@ C["press_options"] = lambda: (
         press_options={"press_ratios": [0.5, 0.25], "alpha": 0.25, "chunk_length": 16, "window": 8},
         context=ids(300, 5))[1]["usage"]["press"] and
     refused(comp(press="composed:snapkv+chunkkv:knorm", press_options={"press_ratios": [0.5, 0.25]}), "press") and
+    "composed(press_ratios=[0.5]):per_layer(compression_ratios=[0.25,0.5,0.75]):snapkv(window=64," in comp(
+        press="composed:per_layer:snapkv+knorm", press_options={"compression_ratios": [0.25, 0.5, 0.75], "press_ratios": [0.5]},
+        context=ids(300, 5))[1]["usage"]["press"] and
+    comp(press="composed:snapkv+per_layer:knorm", press_options={"compression_ratios": [0.8, 0.8, 0.8], "press_ratios": [0.5]},
+         context=ids(300, 5))[1]["usage"]["kv_entries_kept"] <
+    comp(press="composed:snapkv+per_layer:knorm", press_options={"compression_ratios": [0.2, 0.2, 0.2], "press_ratios": [0.5]},
+         context=ids(300, 5))[1]["usage"]["kv_entries_kept"] and
+    refused(comp(press="composed:per_layer:snapkv+knorm",
+                 press_options={"compression_ratios": [0.25, 0.5, 0.75], "press_ratios": [0.5, 0.5]}), "press_options") and
+    refused(comp(press="composed:per_layer:snapkv+knorm", press_options={"compression_ratios": [0.5, 0.5], "press_ratios": [0.5]}),
+            "press_options") and
+    refused(comp(press="composed:per_layer:snapkv+knorm", press_options={"press_ratios": [0.5]}), "press_options") and
+    refused(comp(press="composed:snapkv+headkv:knorm", press_options={"press_ratios": [0.5, 0.5]}), "press") and
     refused(comp(press="adakv:critical:snapkv", budget=0.5), "press"),
     "per-layer ratios set the kept entries, window reaches the spec; a wrong count, an option not taken, an unknown "
     "one, a file, a non-object: 400; composed's press_ratios, its wrapped members' options and a stacked "
-    "key_rerotation:critical: reach the spec (press_ratios missing or short: 400), a stack kvpress refuses or a member "
-    "order ckv cannot match: 400 naming press")
+    "key_rerotation:critical: reach the spec (press_ratios missing or short: 400); a per_layer: member's ratios set the "
+    "kept entries and reach the spec (a press_ratios entry for it, a wrong layer count or none: 400 naming "
+    "press_options); a stack kvpress refuses (a headkv: member) or a member order ckv cannot match: 400 naming press")
 C["decode_press_options"] = lambda: (
     "n_sink=2" in comp(decode_press="streaming_llm", decode_interval=2, decode_target=6,
                        decode_press_options={"n_sink": 2})[1]["usage"]["decode_press"] and
@@ -354,4 +370,19 @@ d = Server(ckv, FIXTURE, tmp, "--model-name", "llama_gqa", name="nocors")
 st, h, _ = d.request("OPTIONS", "/v1/models")
 t.check(st == 405 and "access-control-allow-origin" not in h, "without --cors-origin: no CORS (OPTIONS 405)", f"{st} {h}")
 t.check(d.stop() == 0, "SIGTERM: exit 0 (no-CORS server)")
+
+# a composed press with a per_layer: member as the server's default press: applied to a request that
+# names no press; a list of another depth than the model's is refused at start in one line
+pl = ["--press", "composed:snapkv+per_layer:knorm", "--press-opt", "press_ratios=0.5"]
+e = Server(ckv, FIXTURE, tmp, "--model-name", "llama_gqa", *pl, "--press-opt", "compression_ratios=0.25,0.5,0.75",
+           name="perlayer")
+st, _, raw = e.request("POST", "/v1/completions", {"prompt": ids(300, 5), "max_tokens": 2, "temperature": 0})
+got = json.loads(raw)["usage"]["press"] if st == 200 else raw[:300]
+t.check(st == 200 and "+per_layer(compression_ratios=[0.25,0.5,0.75]):knorm" in got,
+        "a default composed press with a per_layer: member is applied", str(got))
+t.check(e.stop() == 0, "SIGTERM: exit 0 (per_layer member server)")
+g = subprocess.run([ckv, "serve", "--model", FIXTURE, *pl, "--press-opt", "compression_ratios=0.5,0.5"],
+                   capture_output=True, text=True, timeout=60)
+t.check(g.returncode != 0 and g.stderr.strip().count("\n") == 0 and "compression_ratios has 2 values, the model has 3"
+        in g.stderr, "ckv serve with a per_layer: member's list of another depth: refused in one line", g.stderr[-300:])
 t.finish()

@@ -219,8 +219,10 @@ static void check_builder(void) {
         {"chunkkv:critical:snapkv", "does not stack chunkkv: on critical:"},
         {"composed:adakv:snapkv+knorm", "refuses AdaKVPress"},
         {"composed:snapkv+critical_adakv:knorm", "refuses AdaKVPress"},
-        {"composed:snapkv+headkv:knorm", "its kept counts are its own"},
-        {"composed:per_layer:snapkv+knorm", "per_layer's are one per layer"},
+        {"composed:snapkv+headkv:knorm", "kvpress has no HeadKV press"},
+        {"composed:per_layer:critical:snapkv+knorm", "per_layer: needs a press built with compression_ratio"},
+        {"composed:snapkv+per_layer:tova", "tova scores with the attention input"},
+        {"composed:per_layer:snapkv+chunkkv:knorm", "chunkkv: on press 2 of composed: needs"},
         {"composed:snapkv+chunkkv:knorm", "chunkkv: on press 2 of composed: needs"},
         {"composed:snapkv+key_rerotation:knorm", "key_rerotation: on press 2 of composed: needs"},
         {"composed:chunkkv:snapkv+key_rerotation:knorm", "key_rerotation: on press 2 of composed: needs"},
@@ -463,6 +465,69 @@ static void check_composed(void) {
     expect_build_error(&rq, "press", 0, "more than 8 presses");
 }
 
+/* composed with per_layer: members (kvpress's PerLayerCompressionPress in a ComposedPress): each layer
+ * at its own ratio of compression_ratios, press_ratios one per other member, kvpress's overall ratio
+ * (the member at its mean), and the contradictions refused naming the option. */
+static void check_composed_per_layer(void) {
+    ckv_press_option_value o[2] = {{"compression_ratios", "0.25,0.5,0.75"}, {"press_ratios", "0.5"}};
+    ckv_press_request rq = {.spec = "composed:per_layer:snapkv+knorm", .options = o, .n_options = 2, .query_aware = -1,
+                            .flags = CKV_PRESS_NEED_BUDGET};
+    ckv_press_config c, st, again;
+    CHECK_OK(ckv_press_build(&c, &rq, NULL));
+    CHECK_MSG(!strcmp(c.spec, "composed(press_ratios=[0.5]):per_layer(compression_ratios=[0.25,0.5,0.75]):snapkv("
+                              "window=64,kernel=5,pool=avg)+knorm per press (kept=max(1,floor(n*(1-cr_i))) of the n rows "
+                              "before it, a per_layer: press's cr_i its layer's; cr=0.75 overall) context-only"),
+              "got '%s'", c.spec);
+    CHECK(c.composed && c.n_stages == 2 && c.stage_per_layer[0] && !c.stage_per_layer[1] && ckv_press_n_ratios(&c) == 1);
+    CHECK(ckv_press_takes(&c, "compression_ratios") && ckv_press_takes(&c, "press_ratios"));
+    CHECK_OK(ckv_press_check_layers(&c, 3));
+    CHECK_FAILS(ckv_press_check_layers(&c, 4), CKV_STATUS_ERR_ARG, "compression_ratios has 3 values, the model has 4");
+    ckv_press_stage(&c, 0, &st);
+    CHECK(st.alloc == CKV_ALLOC_PER_LAYER && st.scorer == CKV_SCORER_SNAPKV && !st.composed);
+    ckv_press_kept k;
+    ckv_press_layer_kept(&st, 2, 3, 300, 2, &k); /* layer 2 at 0.75: 75 of 300 */
+    CHECK_MSG(k.per_head == 75, "stage 0 layer 2 keeps %d of 300", k.per_head);
+    ckv_press_stage(&c, 1, &st);
+    CHECK_MSG(st.alloc == CKV_ALLOC_UNIFORM && st.scorer == CKV_SCORER_KNORM && st.compression_ratio == 0.5,
+              "stage 1: alloc %d, cr %g", (int)st.alloc, st.compression_ratio);
+    /* what a layer may hold: the largest layer's count, then knorm's share: 300 -> 225 -> 112 */
+    CHECK_MSG(ckv_press_n_kept(&c, 300) == 112, "composed keeps at most %d of 300", ckv_press_n_kept(&c, 300));
+    /* after a plain press, its entry of press_ratios skipped: snapkv at 0.5, then the layer's ratio */
+    rq.spec = "composed:snapkv+per_layer:knorm";
+    CHECK_OK(ckv_press_build(&again, &rq, NULL));
+    CHECK_MSG(strstr(again.spec, "composed(press_ratios=[0.5]):snapkv(window=64,kernel=5,pool=avg)+per_layer("
+                                 "compression_ratios=[0.25,0.5,0.75]):knorm per press") == again.spec, "got '%s'", again.spec);
+    ckv_press_stage(&again, 0, &st);
+    CHECK(st.alloc == CKV_ALLOC_UNIFORM && st.compression_ratio == 0.5);
+    ckv_press_stage(&again, 1, &st);
+    ckv_press_layer_kept(&st, 0, 3, 150, 2, &k); /* layer 0 at 0.25: 112 of 150 */
+    CHECK_MSG(st.alloc == CKV_ALLOC_PER_LAYER && k.per_head == 112, "stage 1 layer 0 keeps %d of 150", k.per_head);
+    /* every member per_layer: no press_ratios */
+    rq.spec = "composed:per_layer:snapkv+per_layer:knorm";
+    rq.n_options = 1;
+    CHECK_OK(ckv_press_build(&again, &rq, NULL));
+    CHECK_MSG(strstr(again.spec, "composed:per_layer(") == again.spec && ckv_press_n_ratios(&again) == 0,
+              "got '%s'", again.spec);
+    CHECK_MSG(strstr(again.spec, "cr=0.75 overall") != NULL, "got '%s'", again.spec); /* 1 - 0.5 * 0.5 */
+    /* contradictions, each naming its option */
+    rq.n_options = 2;
+    expect_build_error(&rq, "press_ratios", 0, "press_ratios has 1 values for 0 presses that take one (per_layer: "
+                                               "members take their ratios from compression_ratios");
+    rq.spec = "composed:per_layer:snapkv+knorm";
+    o[1].value = "0.5,0.25";
+    expect_build_error(&rq, "press_ratios", 0, "press_ratios has 2 values for 1 presses that take one");
+    rq.options = o + 1;
+    rq.n_options = 1;
+    expect_build_error(&rq, "compression_ratios", 1, "needs option compression_ratios for its per_layer: member");
+    rq.options = o;
+    expect_build_error(&rq, "press_ratios", 1, "needs option press_ratios (one compression ratio per press but its "
+                                               "per_layer: members");
+    rq.n_options = 2;
+    o[1].value = "0.5";
+    rq.budget = (ckv_press_budget){CKV_BUDGET_FRACTION, 0.5};
+    expect_build_error(&rq, "budget", 0, "takes its budget from press_ratios");
+}
+
 /* finch: its window is the question it is given; kept counts per chunk; its own rerotate_keys. */
 static void check_finch(void) {
     ckv_press_config c = built("finch", CKV_BUDGET_RATIO, 0.9), q;
@@ -512,5 +577,6 @@ int main(void) {
     check_protected();
     check_layer_wrappers();
     check_composed();
+    check_composed_per_layer();
     return ckv_test_finish("test_press_registry");
 }

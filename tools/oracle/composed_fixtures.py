@@ -26,6 +26,11 @@ ChunkKVPress member's rows under ckv's rule are what its own compress() keeps of
 order (matched bit for bit), ties as kvpress's. A first press under a wrapper records its inner
 press's scores.
 
+A PerLayerCompressionPress member sets its press's compression_ratio to the layer's entry of its
+compression_ratios and runs that press's hook (it takes no ratio of its own, and ComposedPress reports
+its mean); a case's ratio for it is the centre of press_fixtures.per_layer_ratios (cr / 2 at the first
+layer to 3 cr / 2 at the last), and the fixture records kvpress's own ComposedPress.compression_ratio.
+
 Usage: composed_fixtures.py [--only MODEL ...] [--cases STEM ...]   (run after press_fixtures.py, by
 tools/oracle/regen.sh)
 """
@@ -53,6 +58,14 @@ TWO = [(0.25, 0.5), (0.5, 0.5), (0.5, 0.75), (0.75, 0.25)]
 THREE = [(0.25, 0.5, 0.25), (0.5, 0.25, 0.5)]
 
 
+class PerLayer:
+    """A PerLayerCompressionPress member: make(ratios) builds it from the layer ratios; a case's ratio
+    for it is their centre (press_fixtures.per_layer_ratios)."""
+
+    def __init__(self, make):
+        self.make = make
+
+
 def _cases():
     import kvpress as kp
 
@@ -66,6 +79,8 @@ def _cases():
     crit_knorm = lambda cr: kp.CriticalKVPress(knorm(cr), epsilon=1e-4, first_stage_ratio=0.5)  # noqa: E731
     chunk_snap = lambda cr: kp.ChunkKVPress(snap(cr), chunk_length=20)  # noqa: E731
     chunk_keydiff = lambda cr: kp.ChunkKVPress(keydiff(cr), chunk_length=20)  # noqa: E731
+    per_snap = PerLayer(lambda crs: kp.PerLayerCompressionPress(press=snap(0.0), compression_ratios=crs))
+    per_knorm = PerLayer(lambda crs: kp.PerLayerCompressionPress(press=knorm(0.0), compression_ratios=crs))
     # (file stem, ckv spec, kvpress factories in order, options, ratio sets, order-free later presses)
     return [
         ("composed-snapkv-knorm", "composed:snapkv+knorm", [snap, knorm], dict(SNAP), TWO, True),
@@ -89,6 +104,12 @@ def _cases():
          [rot_snap, rot_knorm], dict(SNAP), TWO, True),
         ("composed-snapkv-knorm-keydiff", "composed:snapkv+knorm+keydiff", [snap, knorm, keydiff], dict(SNAP), THREE,
          True),
+        # PerLayerCompressionPress members: each layer at its own ratio, first (its rows left in score order) and
+        # after a plain press
+        ("composed-per_layer-snapkv-knorm", "composed:per_layer:snapkv+knorm", [per_snap, knorm], dict(SNAP),
+         [(0.5, 0.5), (0.25, 0.75)], True),
+        ("composed-snapkv-per_layer-knorm", "composed:snapkv+per_layer:knorm", [snap, per_knorm], dict(SNAP),
+         [(0.5, 0.5), (0.75, 0.25)], True),
         # cur's sinks and local windows read row order: ckv's rule (position order) differs from kvpress's
         ("composed-knorm-cur", "composed:knorm+cur", [knorm, cur], dict(CUR), TWO, False),
     ]
@@ -114,12 +135,17 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
 
     model = run.models["sdpa"]
     L, n_kv = len(ctx), run.n_kv
-    presses = [mk(cr) for mk, cr in zip(makers, ratios)]
+    # per press: its compression ratio at each layer (a PerLayerCompressionPress member's own list)
+    layer_crs = [pf.per_layer_ratios(cr, run.n_layers) if isinstance(mk, PerLayer) else [cr] * run.n_layers
+                 for mk, cr in zip(makers, ratios)]
+    presses = [mk.make(crs) if isinstance(mk, PerLayer) else mk(cr) for mk, cr, crs in zip(makers, ratios, layer_crs)]
     composed = kp.ComposedPress(presses)
     seen = [dict() for _ in presses]  # per press: layer -> (keys in, scores, module, hidden, kwargs)
     raw = [dict() for _ in presses]  # a wrapped press (CriticalKVPress): layer -> its inner press's scores
 
     def wrap(i, p):
+        if isinstance(p, kp.PerLayerCompressionPress):  # its press's hook runs at the layer's ratio
+            p = p.press
         if isinstance(p, kp.KeyRerotationPress):  # its inner press's scores select (sorted), then it rotates
             orig_r = p.press.score
 
@@ -166,8 +192,16 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
     full_k, full_v = run.full_keys["sdpa"], run.full_values["sdpa"]
     rotating = any(isinstance(p, kp.KeyRerotationPress) for p in presses)
     cache_keys = [cache.layers[layer].keys[0].clone() for layer in range(run.n_layers)]  # before the question
-    q = torch.tensor([q_ids])
-    kv_logits = model(input_ids=q, past_key_values=cache, position_ids=pf.question_positions(L)).logits[0].float().numpy()
+    q, pos = torch.tensor([q_ids]), pf.question_positions(L)
+    if len({cache.layers[layer].keys.shape[2] for layer in range(run.n_layers)}) > 1:
+        # per-layer lengths (a PerLayerCompressionPress member): transformers sizes one forward's causal mask
+        # from layer 0, so the question goes one token at a time (no mask needed), as press_fixtures.py does
+        feed = "token by token"
+        kv_logits = torch.stack([model(input_ids=q[:, j: j + 1], past_key_values=cache, position_ids=pos[:, j: j + 1])
+                                 .logits[0, -1].float() for j in range(len(q_ids))]).numpy()
+    else:
+        feed = "one forward"
+        kv_logits = model(input_ids=q, past_key_values=cache, position_ids=pos).logits[0].float().numpy()
 
     problems, kept, low_all, high_all, gaps = [], [], [], [], []
     first_scores, counts, kept_kv = [], [L], []  # counts: layer 0's rows after each press
@@ -181,9 +215,9 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
         for ties in ("low", "high"):
             rows = [list(range(L)) for _ in range(n_kv)]  # context rows kept so far, ascending
             keys, vals = full_k[layer][None], full_v[layer][None]  # [1, n_kv, n, d] those rows (keys re-rotated)
-            for i, cr in enumerate(ratios):
+            for i in range(len(ratios)):
                 n = len(rows[0])
-                k = ref.n_kept_uniform(n, cr)
+                k = ref.n_kept_uniform(n, layer_crs[i][layer])
                 if seen[i][layer][1] is None:  # ChunkKVPress: what its compress() keeps of those rows
                     out_k = seen[i][layer][5](module, hidden, keys, vals, None, kwargs)[0][0]
                     js = [sorted(pf._match_rows(out_k[h], keys[0][h])) for h in range(n_kv)]
@@ -241,15 +275,23 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
     min_gap = min(gaps, default=math.inf)
     if not tie_dependent and not min_gap > pf.MIN_REL_GAP:
         problems.append(f"relative score gap {min_gap:.3g} <= {pf.MIN_REL_GAP} at a cut")
-    total_keep = 1.0
-    for cr in ratios:
-        total_keep *= 1.0 - cr
+    total_keep = 1.0  # ComposedPress's own compression_ratio: a PerLayerCompressionPress at its mean
+    for crs in layer_crs:
+        total_keep *= 1.0 - sum(crs) / len(crs)
+    if not math.isclose(composed.compression_ratio, 1.0 - total_keep, rel_tol=1e-12, abs_tol=1e-12):
+        problems.append(f"ComposedPress reports compression_ratio {composed.compression_ratio}, not {1.0 - total_keep}")
+    options = dict(options, press_ratios=[cr for mk, cr in zip(makers, ratios) if not isinstance(mk, PerLayer)])
+    per_layer = [crs for mk, crs in zip(makers, layer_crs) if isinstance(mk, PerLayer)]
+    if per_layer:
+        options["compression_ratios"] = per_layer[0]
+    if not options["press_ratios"]:
+        del options["press_ratios"]
     obj = {
         "press": spec,
         "case": stem,
         "kvpress": pf.describe(composed) if hasattr(pf, "describe") else repr(composed),
         "compression_ratio": round(1.0 - total_keep, 12),
-        "options": dict(options, press_ratios=list(ratios)),
+        "options": options,
         "attn_implementation": "sdpa",
         "n_kept_per_stage": counts[1:],
         "n_kept": counts[-1],
@@ -261,7 +303,7 @@ def run_case(run, stem, spec, makers, options, ratios, order_free, ctx, q_ids):
         "scores_file": None,
         "scores_note": "float32 [n_layers, n_kv_heads, L]: the first press's scores (kvpress)",
         "question_logits_file": None,
-        "question_feed": "one forward",
+        "question_feed": feed,
         "checks": checks,
         "generator": GENERATOR,
     }
