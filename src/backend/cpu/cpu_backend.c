@@ -23,7 +23,7 @@ static void ckv_cpu_free(ckv_backend *be) {
     ckv_free(be);
 }
 
-ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p) {
+ckv_status ckv_cpu_evict_scratch_raw(ckv_backend *be, size_t bytes, void **p) {
     ckv_cpu_ctx *ctx = be->ctx;
     *p = NULL;
     if (bytes > ctx->evict_ws_bytes) {
@@ -33,8 +33,13 @@ ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p) {
         CKV_TRY(ckv_alloc(&ctx->evict_ws, bytes, "the eviction ops' scratch"));
         ctx->evict_ws_bytes = bytes;
     }
-    memset(ctx->evict_ws, 0, bytes); /* zeroed, as a fresh ckv_alloc */
     *p = ctx->evict_ws;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p) {
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, bytes, p));
+    memset(*p, 0, bytes); /* zeroed, as a fresh ckv_alloc */
     return CKV_STATUS_OK;
 }
 

@@ -6,10 +6,11 @@
  * Double arithmetic after the fp32 pre-RoPE keys. Every KV head's work is cut into units that keep
  * each sum's order (blocks of rows for the rotation, the sketch and the substitution; blocks of
  * dimensions for the mean; pairs of 4-row bands of the Gram matrix), spread over the backend's pool
- * phase by phase, so the bits do not depend on the thread count; Cholesky and the per-head sums run
- * on the calling thread. Register tiles (4 rows x 16 columns) for the sketch and the Gram matrix, 32
- * rows side by side in the substitution. Scratch taken once per call from the eviction scratch. It
- * does not draw the sketch, normalise across heads or select. */
+ * phase by phase, so the bits do not depend on the thread count; the rotary angles are computed once
+ * per row for every head at segment 0's positions; Cholesky and the per-head sums run on the calling
+ * thread. Register tiles (4 rows x 16 columns) for the sketch and the Gram matrix, 32 rows side by
+ * side in the substitution. Scratch taken once per call from the eviction scratch, not zeroed (every
+ * byte read is written first). It does not draw the sketch, normalise across heads or select. */
 #include <math.h>
 #include <string.h>
 
@@ -18,7 +19,7 @@
 #define LEV_MAX_DIM 1024
 #define LEV_MAX_K 256
 #define LEV_TILE 16    /* columns of a sketch / Gram register tile; kp, the padded sketch width, is a multiple */
-#define LEV_ROWS 4     /* rows of a register tile */
+#define LEV_ROWS 4     /* rows of a register tile (the kernels name them a0 .. a3) */
 #define LEV_LANES 32   /* rows through one forward substitution side by side */
 #define LEV_BLOCK 128  /* rows of a rotation / sketch unit */
 #define LEV_DIMS 16    /* dimensions of a mean unit */
@@ -31,6 +32,7 @@ typedef struct {
     const float *inv_freq, *phi;
     float rope_scale;
     float *pre;   // [H, n, d] pre-RoPE keys
+    float *rot;   // [n, 2 (d/2)] segment 0's rotary cos and sin per row (rope_angles)
     double *mean; // [H, d] their means
     double *ph;   // [H, d, kp] the sketch in double, columns k.. kp-1 zero
     double *X;    // [H, n, kp] the centred, sketched rows (columns k.. zero)
@@ -40,31 +42,60 @@ typedef struct {
     int nb_rows, nb_dims, nb_gram, nb_lanes; /* units per head of each phase */
 } lev_job;
 
-/* Rows row0 .. row0 + n - 1 of segment g's keys rotated back to pre-RoPE keys at the segment's own
- * positions: pre [n, d] fp32. */
-static void prerope_rows(const ckv_kv_batch *kv, int g, int row0, int n, const float *inv_freq, float rope_scale,
-                         float *pre) {
-    const int32_t *pos = kv->segs[0][g].pos;
+/* cs [2, d/2]: cos and sin of position p's rotary angles times rope_scale, in fp32 as the rope op
+ * forms them. */
+static void rope_angles(float p, const float *inv_freq, float rope_scale, int half, float *cs) {
+    for (int i = 0; i < half; i++) {
+        const float a = p * inv_freq[i];
+        cs[i] = cosf(a) * rope_scale;
+        cs[half + i] = sinf(a) * rope_scale;
+    }
+}
+
+/* x [d] = the key y [d] rotated back by the angles cs [2, d/2] (rope_angles), in double. */
+static void unrotate_row(const float *restrict y, const float *restrict cs, int d, float *restrict x) {
+    const int half = d / 2;
+    for (int i = 0; i < half; i++) {
+        const double c = (double)cs[i], s = (double)cs[half + i], r = c * c + s * s;
+        x[i] = (float)(((double)y[i] * c + (double)y[i + half] * s) / r);
+        x[i + half] = (float)(((double)y[i + half] * c - (double)y[i] * s) / r);
+    }
+    if (d % 2) x[d - 1] = y[d - 1];
+}
+
+/* Rows t0 .. t0 + n - 1 (from the op's row0) of segment g's keys rotated back to pre-RoPE keys at the
+ * segment's own positions: pre [n, d] fp32. A row whose position is segment 0's takes its angles from
+ * rot [rows, d] (segment 0's, rope_angles), any other row computes them. */
+static void prerope_rows(const lev_job *jb, int g, int t0, int n, float *pre) {
+    const ckv_kv_batch *kv = jb->kv;
+    const int32_t *pos = kv->segs[0][g].pos + jb->row0, *pos0 = kv->segs[0][0].pos + jb->row0;
     const int d = kv->head_dim, half = d / 2;
     const size_t rowb = (size_t)d * ckv_dtype_size(kv->dtype);
-    float buf[LEV_MAX_DIM];
-    for (int t = 0; t < n; t++) {
-        const char *row = (const char *)kv->segs[0][g].k + (size_t)(row0 + t) * rowb;
-        const float *y = (const float *)(const void *)row;
+    float buf[LEV_MAX_DIM], own[LEV_MAX_DIM];
+    for (int t = t0; t < t0 + n; t++) {
+        const char *row = (const char *)kv->segs[0][g].k + (size_t)(jb->row0 + t) * rowb;
+        const float *y = (const float *)(const void *)row, *cs = jb->rot + (size_t)t * (size_t)(2 * half);
         if (kv->dtype != CKV_DTYPE_F32) {
             ckv_convert_to_f32(buf, row, kv->dtype, (size_t)d);
             y = buf;
         }
-        float *x = pre + (size_t)t * (size_t)d;
-        const float p = (float)pos[row0 + t];
-        for (int i = 0; i < half; i++) {
-            const float a = p * inv_freq[i]; /* fp32, as the rope op */
-            const double c = (double)(cosf(a) * rope_scale), s = (double)(sinf(a) * rope_scale), r = c * c + s * s;
-            x[i] = (float)(((double)y[i] * c + (double)y[i + half] * s) / r);
-            x[i + half] = (float)(((double)y[i + half] * c - (double)y[i] * s) / r);
+        if (pos[t] != pos0[t]) {
+            rope_angles((float)pos[t], jb->inv_freq, jb->rope_scale, half, own);
+            cs = own;
         }
-        if (d % 2) x[d - 1] = y[d - 1];
+        unrotate_row(y, cs, d, pre + (size_t)(t - t0) * (size_t)d);
     }
+}
+
+/* Unit (block): segment 0's rotary angles of the block's rows (rope_angles) into rot. */
+static void angle_units(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const lev_job *jb = ctx;
+    const int half = jb->d / 2;
+    const int32_t *pos0 = jb->kv->segs[0][0].pos + jb->row0;
+    for (int u = begin; u < end; u++)
+        for (int t = u * LEV_BLOCK; t < jb->n && t < (u + 1) * LEV_BLOCK; t++)
+            rope_angles((float)pos0[t], jb->inv_freq, jb->rope_scale, half, jb->rot + (size_t)t * (size_t)(2 * half));
 }
 
 /* Lower Cholesky factor C of G + jitter I ([k, k]); 0 when not positive definite. */
@@ -100,8 +131,7 @@ static void rotate_units(void *ctx, int begin, int end, int tid) {
     for (int u = begin; u < end; u++) {
         const int g = u / jb->nb_rows, t0 = (u % jb->nb_rows) * LEV_BLOCK;
         const int nr = jb->n - t0 < LEV_BLOCK ? jb->n - t0 : LEV_BLOCK;
-        prerope_rows(jb->kv, g, jb->row0 + t0, nr, jb->inv_freq, jb->rope_scale,
-                     jb->pre + ((size_t)g * (size_t)jb->n + (size_t)t0) * (size_t)jb->d);
+        prerope_rows(jb, g, t0, nr, jb->pre + ((size_t)g * (size_t)jb->n + (size_t)t0) * (size_t)jb->d);
     }
 }
 
@@ -256,16 +286,18 @@ ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *s
     const size_t threads = (size_t)(pool ? ckv_threadpool_size(pool) : 1), h = (size_t)H, nn = (size_t)n;
     const size_t n_mean = h * (size_t)d, n_ph = n_mean * (size_t)kp, n_x = h * nn * (size_t)kp;
     const size_t n_g = h * (size_t)k * (size_t)k, n_y = threads * (size_t)kp * LEV_LANES;
-    const size_t doubles = n_mean + n_ph + n_x + 2 * n_g + n_y, floats = h * nn * (size_t)d; /* doubles first: aligned */
+    const size_t n_rot = nn * (size_t)(d / 2 * 2), n_pre = h * nn * (size_t)d;
+    const size_t doubles = n_mean + n_ph + n_x + 2 * n_g + n_y, floats = n_pre + n_rot; /* doubles first: aligned */
     double *ws = NULL;
-    CKV_TRY(ckv_cpu_evict_scratch(be, doubles * sizeof(double) + floats * sizeof(float), (void **)&ws));
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, doubles * sizeof(double) + floats * sizeof(float), (void **)&ws));
     lev_job jb = {.out = out, .ld = ld, .row0 = row0, .n = n, .k = k, .kp = kp, .d = d, .H = H, .kv = kv,
                   .inv_freq = inv_freq, .phi = phi, .rope_scale = rope_scale,
                   .mean = ws, .ph = ws + n_mean, .X = ws + n_mean + n_ph, .G = ws + n_mean + n_ph + n_x,
                   .C = ws + n_mean + n_ph + n_x + n_g, .Y = ws + n_mean + n_ph + n_x + 2 * n_g,
-                  .pre = (float *)(void *)(ws + doubles),
+                  .pre = (float *)(void *)(ws + doubles), .rot = (float *)(void *)(ws + doubles) + n_pre,
                   .nb_rows = ckv_cpu_blocks(nn, LEV_BLOCK), .nb_dims = ckv_cpu_blocks((size_t)d, LEV_DIMS),
                   .nb_gram = ((k + LEV_ROWS - 1) / LEV_ROWS + 1) / 2, .nb_lanes = ckv_cpu_blocks(nn, LEV_LANES)};
+    lev_run(be, jb.nb_rows, angle_units, &jb);
     lev_run(be, H * jb.nb_rows, rotate_units, &jb);
     lev_run(be, H * jb.nb_dims, mean_units, &jb);
     lev_run(be, H * jb.nb_rows, sketch_units, &jb);
