@@ -21,6 +21,10 @@ typedef struct {
     size_t attn_ws_floats;
     void *evict_ws;        /* [evict_ws_bytes] the eviction ops' scratch (ckv_cpu_evict_scratch) */
     size_t evict_ws_bytes;
+    void *lev_angles;      /* [lev_angles_bytes] the leverage op's rotary angles and their key (cpu_evict_leverage.c) */
+    size_t lev_angles_bytes;
+    int lev_rows, lev_half; /* the key's rows and angles per row (0 rows: nothing kept) */
+    float lev_scale;
 } ckv_cpu_ctx;
 
 /* Floats of the attention workspace allocated with the backend (4 MiB). */

@@ -7,13 +7,15 @@
  * each sum's order (blocks of rows for the rotation, the sketch and the substitution; blocks of
  * dimensions for the mean; pairs of 4-row bands of the Gram matrix), spread over the backend's pool
  * phase by phase, so the bits do not depend on the thread count; the rotary angles are computed once
- * per row for every head at segment 0's positions; Cholesky and the per-head sums run on the calling
+ * per row for every head at segment 0's positions and kept by the backend for the next call at the
+ * same positions (the next layer); Cholesky and the per-head sums run on the calling
  * thread. Register tiles (4 rows x 16 columns) for the sketch and the Gram matrix, 32 rows side by
  * side in the substitution. Scratch taken once per call from the eviction scratch, not zeroed (every
  * byte read is written first). It does not draw the sketch, normalise across heads or select. */
 #include <math.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "cpu_backend.h"
 
 #define LEV_MAX_DIM 1024
@@ -32,7 +34,7 @@ typedef struct {
     const float *inv_freq, *phi;
     float rope_scale;
     float *pre;   // [H, n, d] pre-RoPE keys
-    float *rot;   // [n, 2 (d/2)] segment 0's rotary cos and sin per row (rope_angles)
+    float *rot;   // [n, 2 (d/2)] segment 0's rotary cos and sin per row (rope_angles; lev_angles)
     double *mean; // [H, d] their means
     double *ph;   // [H, d, kp] the sketch in double, columns k.. kp-1 zero
     double *X;    // [H, n, kp] the centred, sketched rows (columns k.. zero)
@@ -273,6 +275,40 @@ static void solve_units(void *ctx, int begin, int end, int tid) {
     }
 }
 
+/* jb->rot <- segment 0's rotary angles of the op's rows: the backend's kept copy when the positions,
+ * frequencies and scale are those it was computed for (every layer of a prefill), else computed
+ * (angle_units) into it. The kept buffer is [rows] positions, [half] frequencies, [rows, 2 half] angles. */
+static ckv_status lev_angles(ckv_backend *be, lev_job *jb) {
+    ckv_cpu_ctx *ctx = be->ctx;
+    const int n = jb->n, half = jb->d / 2;
+    const size_t pos_b = (size_t)n * sizeof(int32_t), freq_b = (size_t)half * sizeof(float);
+    const size_t bytes = pos_b + freq_b + (size_t)n * (size_t)(2 * half) * sizeof(float);
+    const int32_t *pos0 = jb->kv->segs[0][0].pos + jb->row0;
+    char *kept = ctx->lev_angles;
+    if (ctx->lev_rows == n && ctx->lev_half == half && !memcmp(&ctx->lev_scale, &jb->rope_scale, sizeof(float)) &&
+        !memcmp(kept, pos0, pos_b) && !memcmp(kept + pos_b, jb->inv_freq, freq_b)) {
+        jb->rot = (float *)(void *)(kept + pos_b + freq_b);
+        return CKV_STATUS_OK;
+    }
+    ctx->lev_rows = 0;
+    if (bytes > ctx->lev_angles_bytes) {
+        ckv_free(ctx->lev_angles);
+        ctx->lev_angles = NULL;
+        ctx->lev_angles_bytes = 0;
+        CKV_TRY(ckv_alloc(&ctx->lev_angles, bytes, "the leverage op's rotary angles"));
+        ctx->lev_angles_bytes = bytes;
+        kept = ctx->lev_angles;
+    }
+    memcpy(kept, pos0, pos_b);
+    memcpy(kept + pos_b, jb->inv_freq, freq_b);
+    jb->rot = (float *)(void *)(kept + pos_b + freq_b);
+    lev_run(be, jb->nb_rows, angle_units, jb);
+    ctx->lev_rows = n;
+    ctx->lev_half = half;
+    ctx->lev_scale = jb->rope_scale;
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
                                   int n, const float *inv_freq, float rope_scale, const float *phi, int k) {
     const int d = kv->head_dim, H = kv->n_kv_heads;
@@ -286,18 +322,18 @@ ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *s
     const size_t threads = (size_t)(pool ? ckv_threadpool_size(pool) : 1), h = (size_t)H, nn = (size_t)n;
     const size_t n_mean = h * (size_t)d, n_ph = n_mean * (size_t)kp, n_x = h * nn * (size_t)kp;
     const size_t n_g = h * (size_t)k * (size_t)k, n_y = threads * (size_t)kp * LEV_LANES;
-    const size_t n_rot = nn * (size_t)(d / 2 * 2), n_pre = h * nn * (size_t)d;
-    const size_t doubles = n_mean + n_ph + n_x + 2 * n_g + n_y, floats = n_pre + n_rot; /* doubles first: aligned */
+    const size_t n_pre = h * nn * (size_t)d;
+    const size_t doubles = n_mean + n_ph + n_x + 2 * n_g + n_y, floats = n_pre; /* doubles first: aligned */
     double *ws = NULL;
     CKV_TRY(ckv_cpu_evict_scratch_raw(be, doubles * sizeof(double) + floats * sizeof(float), (void **)&ws));
     lev_job jb = {.out = out, .ld = ld, .row0 = row0, .n = n, .k = k, .kp = kp, .d = d, .H = H, .kv = kv,
                   .inv_freq = inv_freq, .phi = phi, .rope_scale = rope_scale,
                   .mean = ws, .ph = ws + n_mean, .X = ws + n_mean + n_ph, .G = ws + n_mean + n_ph + n_x,
                   .C = ws + n_mean + n_ph + n_x + n_g, .Y = ws + n_mean + n_ph + n_x + 2 * n_g,
-                  .pre = (float *)(void *)(ws + doubles), .rot = (float *)(void *)(ws + doubles) + n_pre,
+                  .pre = (float *)(void *)(ws + doubles),
                   .nb_rows = ckv_cpu_blocks(nn, LEV_BLOCK), .nb_dims = ckv_cpu_blocks((size_t)d, LEV_DIMS),
                   .nb_gram = ((k + LEV_ROWS - 1) / LEV_ROWS + 1) / 2, .nb_lanes = ckv_cpu_blocks(nn, LEV_LANES)};
-    lev_run(be, jb.nb_rows, angle_units, &jb);
+    CKV_TRY(lev_angles(be, &jb));
     lev_run(be, H * jb.nb_rows, rotate_units, &jb);
     lev_run(be, H * jb.nb_dims, mean_units, &jb);
     lev_run(be, H * jb.nb_rows, sketch_units, &jb);
