@@ -47,6 +47,12 @@ static void seg_make(segset *s, ckv_dtype dt, int n_kv, int L, int d, float *kf,
     s->list[0] = s->segs;
     s->b = (ckv_kv_batch){.dtype = dt, .head_dim = d, .n_kv_heads = n_kv, .n_seq = 1, .segs = s->list, .max_len = L};
 }
+/* seg_make over random keys and values in [-1, 1]. */
+static void seg_random(segset *s, ckv_dtype dt, int n_kv, int L, int d, float *kf, float *vf) {
+    ckv_test_fill(&rng, kf, (size_t)n_kv * L * d, -1, 1);
+    ckv_test_fill(&rng, vf, (size_t)n_kv * L * d, -1, 1);
+    seg_make(s, dt, n_kv, L, d, kf, vf);
+}
 static void seg_free(segset *s) { free(s->k), free(s->v), free(s->pos); }
 
 static double worst = 0.0;
@@ -428,14 +434,12 @@ static void check_thread_counts(ckv_dtype dt) {
     float *kf = malloc(sizeof(float) * nkv * L * d), *vf = malloc(sizeof(float) * nkv * L * d);
     float *q = malloc(sizeof(float) * w * nq * d), *wo = malloc(sizeof(float) * D * nq * d);
     float *phi = malloc(sizeof(float) * nkv * d * K), inv_freq[d / 2];
-    ckv_test_fill(&rng, kf, (size_t)nkv * L * d, -1, 1);
-    ckv_test_fill(&rng, vf, (size_t)nkv * L * d, -1, 1);
     ckv_test_fill(&rng, q, (size_t)w * nq * d, -1, 1);
     ckv_test_fill(&rng, wo, (size_t)D * nq * d, -0.5, 0.5);
     ckv_test_fill(&rng, phi, (size_t)nkv * d * K, -1, 1);
     for (int i = 0; i < d / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
     segset s;
-    seg_make(&s, dt, nkv, L, d, kf, vf);
+    seg_random(&s, dt, nkv, L, d, kf, vf);
     ckv_weight W = {wo, CKV_DTYPE_F32, D, nq * d, (size_t)nq * d * sizeof(float)};
     /* per thread count: the outputs of every op, one after another */
     const size_t n_norm = (size_t)nkv * L, n_cs = (size_t)nq * L, n_csk = (size_t)nkv * L, n_p = (size_t)nq * w * L;
@@ -515,12 +519,10 @@ static void check_leverage_positions(ckv_backend *be) {
     float *kf = malloc(sizeof(float) * nkv * L * d), *vf = malloc(sizeof(float) * nkv * L * d);
     float *phi = malloc(sizeof(float) * nkv * d * K), inv_freq[d / 2], all[nkv * L], one[L];
     double st_all[2 * nkv], st_one[2];
-    ckv_test_fill(&rng, kf, (size_t)nkv * L * d, -1, 1);
-    ckv_test_fill(&rng, vf, (size_t)nkv * L * d, -1, 1);
     ckv_test_fill(&rng, phi, (size_t)nkv * d * K, -1, 1);
     for (int i = 0; i < d / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
     segset s;
-    seg_make(&s, CKV_DTYPE_F32, nkv, L, d, kf, vf);
+    seg_random(&s, CKV_DTYPE_F32, nkv, L, d, kf, vf);
     for (int t = 0; t < L; t++) s.pos[L + t] = t % 3 ? 2 * t + 5 : t; /* head 1: every third row at head 0's */
     CHECK_OK(be->ops->evict_leverage(be, all, L, st_all, &s.b, 0, L, inv_freq, 1.0f, phi, K));
     ckv_kv_seg *alone[1] = {&s.segs[1]};

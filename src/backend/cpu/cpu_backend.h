@@ -42,6 +42,9 @@ void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float
  * at a time, from its start to its return (the backend's ops run one after another), so a layer's
  * eviction allocates only while the sizes grow, i.e. at the first layers of a context. */
 ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p);
+/* *buf <- a buffer of at least `bytes` (the old one freed when smaller; *cap its size, 0 after a
+ * failure). */
+ckv_status ckv_cpu_grow(void **buf, size_t *cap, size_t bytes, const char *what);
 /* The same scratch not zeroed (what a previous op left): for an op that writes every byte it reads. */
 ckv_status ckv_cpu_evict_scratch_raw(ckv_backend *be, size_t bytes, void **p);
 /* The most workers whose private workspaces an op keeps on its stack (more threads share them out). */

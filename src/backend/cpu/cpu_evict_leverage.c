@@ -15,7 +15,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/alloc.h"
 #include "cpu_backend.h"
 
 #define LEV_MAX_DIM 1024
@@ -291,14 +290,8 @@ static ckv_status lev_angles(ckv_backend *be, lev_job *jb) {
         return CKV_STATUS_OK;
     }
     ctx->lev_rows = 0;
-    if (bytes > ctx->lev_angles_bytes) {
-        ckv_free(ctx->lev_angles);
-        ctx->lev_angles = NULL;
-        ctx->lev_angles_bytes = 0;
-        CKV_TRY(ckv_alloc(&ctx->lev_angles, bytes, "the leverage op's rotary angles"));
-        ctx->lev_angles_bytes = bytes;
-        kept = ctx->lev_angles;
-    }
+    CKV_TRY(ckv_cpu_grow(&ctx->lev_angles, &ctx->lev_angles_bytes, bytes, "the leverage op's rotary angles"));
+    kept = ctx->lev_angles;
     memcpy(kept, pos0, pos_b);
     memcpy(kept + pos_b, jb->inv_freq, freq_b);
     jb->rot = (float *)(void *)(kept + pos_b + freq_b);
