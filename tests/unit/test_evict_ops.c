@@ -6,7 +6,8 @@
  * norms (F32 and BF16 o_proj), expected attention's moments and logits, DefensiveKV's window aggregation, per-row top-k with ties and NaN, scatter and the cross-head counts;
  * keys and values as F32, F16 and BF16 segments. Inputs are random (never zeros); outputs are
  * poisoned before each op. The ops that split their work over the backend's threads (value norms,
- * column sums and weights, keydiff, lagkv, cur, leverage) give the same bits on 1, 2 and 3 threads. */
+ * column sums and weights, keydiff, lagkv, cur, leverage) give the same bits on 1, 2 and 3 threads; leverage
+ * of a head at positions other than segment 0's gives the bits of that head scored alone. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -45,6 +46,12 @@ static void seg_make(segset *s, ckv_dtype dt, int n_kv, int L, int d, float *kf,
     }
     s->list[0] = s->segs;
     s->b = (ckv_kv_batch){.dtype = dt, .head_dim = d, .n_kv_heads = n_kv, .n_seq = 1, .segs = s->list, .max_len = L};
+}
+/* seg_make over random keys and values in [-1, 1]. */
+static void seg_random(segset *s, ckv_dtype dt, int n_kv, int L, int d, float *kf, float *vf) {
+    ckv_test_fill(&rng, kf, (size_t)n_kv * L * d, -1, 1);
+    ckv_test_fill(&rng, vf, (size_t)n_kv * L * d, -1, 1);
+    seg_make(s, dt, n_kv, L, d, kf, vf);
 }
 static void seg_free(segset *s) { free(s->k), free(s->v), free(s->pos); }
 
@@ -427,14 +434,12 @@ static void check_thread_counts(ckv_dtype dt) {
     float *kf = malloc(sizeof(float) * nkv * L * d), *vf = malloc(sizeof(float) * nkv * L * d);
     float *q = malloc(sizeof(float) * w * nq * d), *wo = malloc(sizeof(float) * D * nq * d);
     float *phi = malloc(sizeof(float) * nkv * d * K), inv_freq[d / 2];
-    ckv_test_fill(&rng, kf, (size_t)nkv * L * d, -1, 1);
-    ckv_test_fill(&rng, vf, (size_t)nkv * L * d, -1, 1);
     ckv_test_fill(&rng, q, (size_t)w * nq * d, -1, 1);
     ckv_test_fill(&rng, wo, (size_t)D * nq * d, -0.5, 0.5);
     ckv_test_fill(&rng, phi, (size_t)nkv * d * K, -1, 1);
     for (int i = 0; i < d / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
     segset s;
-    seg_make(&s, dt, nkv, L, d, kf, vf);
+    seg_random(&s, dt, nkv, L, d, kf, vf);
     ckv_weight W = {wo, CKV_DTYPE_F32, D, nq * d, (size_t)nq * d * sizeof(float)};
     /* per thread count: the outputs of every op, one after another */
     const size_t n_norm = (size_t)nkv * L, n_cs = (size_t)nq * L, n_csk = (size_t)nkv * L, n_p = (size_t)nq * w * L;
@@ -507,6 +512,34 @@ static void check_thread_counts(ckv_dtype dt) {
     free(xc[0]), free(xc[1]), free(xl[0]), free(xl[1]), free(dav[0]), free(dav[1]), free(ddm[0]), free(ddm[1]);
 }
 
+/* Leverage of a head whose positions differ from segment 0's (the op shares segment 0's rotary angles
+ * with the heads at its positions): the same bits as the head scored alone. */
+static void check_leverage_positions(ckv_backend *be) {
+    enum { L = 200, d = 16, nkv = 3, K = 8 };
+    float *kf = malloc(sizeof(float) * nkv * L * d), *vf = malloc(sizeof(float) * nkv * L * d);
+    float *phi = malloc(sizeof(float) * nkv * d * K), inv_freq[d / 2], all[nkv * L], one[L];
+    double st_all[2 * nkv], st_one[2];
+    ckv_test_fill(&rng, phi, (size_t)nkv * d * K, -1, 1);
+    for (int i = 0; i < d / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
+    segset s;
+    seg_random(&s, CKV_DTYPE_F32, nkv, L, d, kf, vf);
+    for (int t = 0; t < L; t++) s.pos[L + t] = t % 3 ? 2 * t + 5 : t; /* head 1: every third row at head 0's */
+    CHECK_OK(be->ops->evict_leverage(be, all, L, st_all, &s.b, 0, L, inv_freq, 1.0f, phi, K));
+    ckv_kv_seg *alone[1] = {&s.segs[1]};
+    ckv_kv_batch b1 = s.b;
+    b1.n_kv_heads = 1;
+    b1.segs = alone;
+    CHECK_OK(be->ops->evict_leverage(be, one, L, st_one, &b1, 0, L, inv_freq, 1.0f, phi + d * K, K));
+    int bad = 0;
+    for (int t = 0; t < L; t++)
+        if (memcmp(&all[L + t], &one[t], sizeof one[t]) && bad++ < 3)
+            fprintf(stderr, "  leverage, head 1 of 3 [%d] = %.9g, alone %.9g\n", t, all[L + t], one[t]);
+    CHECK_MSG(bad == 0 && !memcmp(&st_all[2], st_one, sizeof st_one),
+              "leverage of a head at its own positions: %d of %d scores differ from the head scored alone", bad, L);
+    seg_free(&s);
+    free(kf), free(vf), free(phi);
+}
+
 int main(void) {
     ckv_backend *be = NULL;
     CHECK_OK(ckv_backend_init(&be, "cpu", 2));
@@ -518,6 +551,7 @@ int main(void) {
     check_topk_long(be);
     check_thread_counts(CKV_DTYPE_F32);
     check_thread_counts(CKV_DTYPE_BF16);
+    check_leverage_positions(be);
     fprintf(stderr, "worst |diff| over all comparisons: %.3g\n", worst);
     ckv_backend_free(be);
     return ckv_test_finish("test_evict_ops");

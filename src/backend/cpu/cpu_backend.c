@@ -18,23 +18,33 @@ static void ckv_cpu_free(ckv_backend *be) {
         ckv_threadpool_free(ctx->pool);
         ckv_free(ctx->attn_ws);
         ckv_free(ctx->evict_ws);
+        ckv_free(ctx->lev_angles);
     }
     ckv_free(ctx);
     ckv_free(be);
 }
 
-ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p) {
+ckv_status ckv_cpu_grow(void **buf, size_t *cap, size_t bytes, const char *what) {
+    if (bytes <= *cap) return CKV_STATUS_OK;
+    ckv_free(*buf);
+    *buf = NULL;
+    *cap = 0;
+    CKV_TRY(ckv_alloc(buf, bytes, what));
+    *cap = bytes;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_cpu_evict_scratch_raw(ckv_backend *be, size_t bytes, void **p) {
     ckv_cpu_ctx *ctx = be->ctx;
     *p = NULL;
-    if (bytes > ctx->evict_ws_bytes) {
-        ckv_free(ctx->evict_ws);
-        ctx->evict_ws = NULL;
-        ctx->evict_ws_bytes = 0;
-        CKV_TRY(ckv_alloc(&ctx->evict_ws, bytes, "the eviction ops' scratch"));
-        ctx->evict_ws_bytes = bytes;
-    }
-    memset(ctx->evict_ws, 0, bytes); /* zeroed, as a fresh ckv_alloc */
+    CKV_TRY(ckv_cpu_grow(&ctx->evict_ws, &ctx->evict_ws_bytes, bytes, "the eviction ops' scratch"));
     *p = ctx->evict_ws;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p) {
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, bytes, p));
+    memset(*p, 0, bytes); /* zeroed, as a fresh ckv_alloc */
     return CKV_STATUS_OK;
 }
 

@@ -21,6 +21,10 @@ typedef struct {
     size_t attn_ws_floats;
     void *evict_ws;        /* [evict_ws_bytes] the eviction ops' scratch (ckv_cpu_evict_scratch) */
     size_t evict_ws_bytes;
+    void *lev_angles;      /* [lev_angles_bytes] the leverage op's rotary angles and their key (cpu_evict_leverage.c) */
+    size_t lev_angles_bytes;
+    int lev_rows, lev_half; /* the key's rows and angles per row (0 rows: nothing kept) */
+    float lev_scale;
 } ckv_cpu_ctx;
 
 /* Floats of the attention workspace allocated with the backend (4 MiB). */
@@ -38,6 +42,11 @@ void ckv_cpu_matmul_f32(ckv_backend *be, float *out, const float *x, const float
  * at a time, from its start to its return (the backend's ops run one after another), so a layer's
  * eviction allocates only while the sizes grow, i.e. at the first layers of a context. */
 ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p);
+/* *buf <- a buffer of at least `bytes` (the old one freed when smaller; *cap its size, 0 after a
+ * failure). */
+ckv_status ckv_cpu_grow(void **buf, size_t *cap, size_t bytes, const char *what);
+/* The same scratch not zeroed (what a previous op left): for an op that writes every byte it reads. */
+ckv_status ckv_cpu_evict_scratch_raw(ckv_backend *be, size_t bytes, void **p);
 /* The most workers whose private workspaces an op keeps on its stack (more threads share them out). */
 #define CKV_CPU_MAX_TASK_WORKERS 256
 void ckv_cpu_attention(ckv_backend *be, float *out, const ckv_attention_params *a);
