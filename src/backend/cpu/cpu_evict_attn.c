@@ -187,34 +187,16 @@ static void evict_head_strips(const evict_attn_job *jb, evict_attn_ws *w, int j,
 }
 
 /* cs[t] += (double)(logits[i, t] * inv[i]) for rows i < ns in order, row i over its first
- * min(vis0 + i, n_cols) columns (rows ld floats apart). The columns every row sees go column block by
- * column block, each block's sums held in registers while the rows pass (row order kept per column:
- * the same sums as row by row); the columns only later rows see, row by row. */
+ * min(vis0 + i, n_cols) columns (rows ld floats apart), row by row: with ld a multiple of 1,024 the
+ * rows lie 4 KiB multiples apart, and reading them side by side (column blocks) shares L1 sets (an
+ * evict_window_colsum case at 4,096 keys ran slower that way). */
 static void colsum_add_rows(double *restrict cs, const float *logits, size_t ld, const float *inv, int ns, int vis0,
                             int n_cols) {
-    const int nc0 = vis0 < n_cols ? vis0 : n_cols; /* row 0's columns */
-    int t = 0;
-#ifdef __AVX512F__
-    for (; t + 16 <= nc0; t += 16) {
-        __m512d a0 = _mm512_loadu_pd(cs + t), a1 = _mm512_loadu_pd(cs + t + 8);
-        for (int i = 0; i < ns; i++) {
-            const __m512 p = _mm512_mul_ps(_mm512_loadu_ps(logits + (size_t)i * ld + t), _mm512_set1_ps(inv[i]));
-            a0 = _mm512_add_pd(a0, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
-            a1 = _mm512_add_pd(a1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))));
-        }
-        _mm512_storeu_pd(cs + t, a0);
-        _mm512_storeu_pd(cs + t + 8, a1);
-    }
-#endif
-    for (; t < nc0; t++) {
-        double a = cs[t];
-        for (int i = 0; i < ns; i++) a += (double)(logits[(size_t)i * ld + t] * inv[i]);
-        cs[t] = a;
-    }
-    for (int i = 1; i < ns; i++) {
+    for (int i = 0; i < ns; i++) {
         const float *row = logits + (size_t)i * ld;
         const int n_vis = vis0 + i, nc = n_vis < n_cols ? n_vis : n_cols;
-        for (int c = nc0; c < nc; c++) cs[c] += (double)(row[c] * inv[i]);
+        const float f = inv[i];
+        for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
     }
 }
 
