@@ -4,8 +4,9 @@
  * backend.h. A segment's keys (converted to fp32 first for F16/BF16 caches) are packed once into the
  * fp32 GEMM's weight panels (ckv_gemm_pack_all) and kept while a worker's query heads read the same
  * segment; the queries go through in strips of a few register tiles (ckv_gemm_packed_rows, each
- * strip's logits only up to its last row's visible key), and each strip is scaled, exponentiated and
- * summed or written while it is in L2, so no [n_q, n_keys] matrix is formed. The backend's pool takes
+ * strip's logits only up to its last row's visible key; with one query per head, a KV head's query
+ * heads as the rows of one strip), and each strip is scaled, exponentiated and summed or written
+ * while it is in L2, so no [n_q, n_keys] matrix is formed. The backend's pool takes
  * output rows (a query head, or with per-KV-head sums a KV head and its query heads in ascending
  * order; chunk_colsum: a KV head), each worker in its own workspace, so every sum is added in the
  * order one thread adds it, whatever the thread count. Scratch is the backend's eviction scratch
@@ -220,8 +221,7 @@ static void probs_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j,
     }
 }
 
-/* Output rows [begin, end) of a column-sum job: row r is local query head r, or (per_kv) KV head r with
- * its local query heads in ascending order. */
+/* The output row of local query head j in a column-sum job (per_kv: its KV head). */
 static int colsum_row_of(const evict_attn_job *jb, int j) { return jb->per_kv ? (jb->head0 + j) / jb->group : j; }
 
 /* One query per head (tova, finch's question rows): local heads j .. j + nh of one KV head, all of
@@ -241,6 +241,8 @@ static void colsum_single_query(const evict_attn_job *jb, evict_attn_ws *w, int 
     }
 }
 
+/* Output rows [begin, end) of a column-sum job: row r is local query head r, or (per_kv) KV head r with
+ * its local query heads in ascending order. */
 static void colsum_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
     const int S = evict_strip_rows(jb->arch);
     for (int j = 0; j < jb->n_heads_local;) {
