@@ -113,6 +113,25 @@ static void check_attention(ckv_backend *be, ckv_dtype dt) {
             for (int t = 0; t < L - w; t++) r2[(size_t)j * (L - w) + t] = ref[(size_t)j * L + t];
         snprintf(name, sizeof name, "attn_colsum window %s divide %d", ckv_dtype_name(dt), divide);
         close_to(name, got, r2, (size_t)nq_heads * (L - w), 1e-7, 1e-5);
+        /* the last row alone (one query per head: a KV head's query heads in one GEMM strip), per query
+         * head and per KV head, columns 0 .. L-2 */
+        for (int per_kv = 0; per_kv < 2; per_kv++) {
+            const int n_rows = per_kv ? nkv : nq_heads;
+            const ckv_evict_attn_params a1 = {q + (size_t)(L - 1) * nq_heads * d, 1, L - 1, &s.b, nq_heads, 0, G, scale,
+                                              lg_mode};
+            poison(cs, sizeof(double) * nq_heads * L);
+            CHECK_OK(be->ops->evict_attn_colsum(be, cs, L - 1, &a1, per_kv ? CKV_EVICT_PER_KV_HEAD : CKV_EVICT_PER_QUERY_HEAD,
+                                                CKV_EVICT_ZERO_FIRST));
+            for (int i = 0; i < n_rows * (L - 1); i++) got[i] = (float)cs[i];
+            double *r1 = calloc((size_t)n_rows * (L - 1), sizeof(double));
+            for (int j = 0; j < nq_heads; j++)
+                for (int t = 0; t < L - 1; t++)
+                    r1[(size_t)(per_kv ? j / G : j) * (L - 1) + t] += pr[((size_t)j * w + (w - 1)) * L + t];
+            snprintf(name, sizeof name, "attn_colsum one query per %s head %s divide %d", per_kv ? "KV" : "query",
+                     ckv_dtype_name(dt), divide);
+            close_to(name, got, r1, (size_t)n_rows * (L - 1), 1e-7, 1e-5);
+            free(r1);
+        }
         /* all queries in three blocks, per KV head */
         poison(cs, sizeof(double) * nkv * L);
         for (int r0 = 0; r0 < L; r0 += 32) {

@@ -4,8 +4,9 @@
  * backend.h. A segment's keys (converted to fp32 first for F16/BF16 caches) are packed once into the
  * fp32 GEMM's weight panels (ckv_gemm_pack_all) and kept while a worker's query heads read the same
  * segment; the queries go through in strips of a few register tiles (ckv_gemm_packed_rows, each
- * strip's logits only up to its last row's visible key), and each strip is scaled, exponentiated and
- * summed or written while it is in L2, so no [n_q, n_keys] matrix is formed. The backend's pool takes
+ * strip's logits only up to its last row's visible key; with one query per head, a KV head's query
+ * heads as the rows of one strip), and each strip is scaled, exponentiated and summed or written
+ * while it is in L2, so no [n_q, n_keys] matrix is formed. The backend's pool takes
  * output rows (a query head, or with per-KV-head sums a KV head and its query heads in ascending
  * order; chunk_colsum: a KV head), each worker in its own workspace, so every sum is added in the
  * order one thread adds it, whatever the thread count. Scratch is the backend's eviction scratch
@@ -19,24 +20,55 @@
 #include "cpu_backend.h"
 #include "cpu_gemm.h"
 
-/* x[0..n) <- exp(x - max x) in fp32 (n >= 1); returns (float)(1 / sum), the sum in double. */
-static float evict_exp_row(float *x, int n) {
+/* How evict_scaled_exp_row scales its row first. */
+typedef enum { EVICT_SCALE_NONE, EVICT_SCALE_MUL, EVICT_SCALE_DIV } evict_scale_kind;
+
+/* x * scale, x / scale or x, as `kind` says (an exact IEEE operation: the same bits in every lane). */
+static inline float evict_scale_one(float x, float scale, evict_scale_kind kind) {
+    return kind == EVICT_SCALE_DIV ? x / scale : kind == EVICT_SCALE_MUL ? x * scale : x;
+}
+
+/* x[0..n) <- exp(s(x) - max s(x)) in fp32 (n >= 1), s the scaling of `kind` applied in the same pass
+ * as the maximum; returns (float)(1 / sum), the sum in double. */
+static float evict_scaled_exp_row(float *x, int n, float scale, evict_scale_kind kind) {
     float ml[16]; /* independent lanes: lane l takes x[l], x[l + 16], ... */
     int i = 0;
+    x[0] = evict_scale_one(x[0], scale, kind);
 #ifdef __AVX512F__
     /* vmaxps(a, b) = a > b ? a : b lane by lane (b when either is NaN): the comparison of the loop below,
-     * which the compiler does not vectorise */
+     * which the compiler does not vectorise; x[0], scaled already, is scaled once only */
+    const __m512 sv = _mm512_set1_ps(scale);
     __m512 mv = _mm512_set1_ps(x[0]);
-    for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(_mm512_loadu_ps(x + i), mv);
+    if (n >= 16) {
+        __m512 v = _mm512_loadu_ps(x);
+        if (kind == EVICT_SCALE_DIV) v = _mm512_mask_div_ps(v, (__mmask16)0xFFFE, v, sv);
+        else if (kind == EVICT_SCALE_MUL) v = _mm512_mask_mul_ps(v, (__mmask16)0xFFFE, v, sv);
+        _mm512_storeu_ps(x, v);
+        mv = _mm512_max_ps(v, mv);
+        i = 16;
+    }
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        if (kind == EVICT_SCALE_DIV) v = _mm512_div_ps(v, sv);
+        else if (kind == EVICT_SCALE_MUL) v = _mm512_mul_ps(v, sv);
+        _mm512_storeu_ps(x + i, v);
+        mv = _mm512_max_ps(v, mv);
+    }
     _mm512_storeu_ps(ml, mv);
 #else
     for (int l = 0; l < 16; l++) ml[l] = x[0];
     for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) ml[l] = x[i + l] > ml[l] ? x[i + l] : ml[l];
+        for (int l = 0; l < 16; l++) {
+            if (i + l > 0) x[i + l] = evict_scale_one(x[i + l], scale, kind);
+            ml[l] = x[i + l] > ml[l] ? x[i + l] : ml[l];
+        }
 #endif
     float m = ml[0];
     for (int l = 1; l < 16; l++) m = ml[l] > m ? ml[l] : m;
-    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (; i < n; i++) {
+        if (i > 0) x[i] = evict_scale_one(x[i], scale, kind);
+        m = x[i] > m ? x[i] : m;
+    }
     for (i = 0; i < n; i++) x[i] = ckv_cpu_expf(x[i] - m); /* arguments <= 0 */
     double sl[8] = {0};
     for (i = 0; i + 8 <= n; i += 8)
@@ -45,6 +77,9 @@ static float evict_exp_row(float *x, int n) {
     for (; i < n; i++) sum += x[i];
     return (float)(1.0 / sum);
 }
+
+/* x[0..n) <- exp(x - max x) in fp32 (n >= 1); returns (float)(1 / sum), the sum in double. */
+static float evict_exp_row(float *x, int n) { return evict_scaled_exp_row(x, n, 1.0f, EVICT_SCALE_NONE); }
 
 /* Scratch of one worker: one segment's packed keys, one strip's logits and softmax scales. */
 typedef struct {
@@ -110,15 +145,9 @@ static void evict_strip_weights(const ckv_gemm_arch *arch, evict_attn_ws *w, con
     const size_t hq = (size_t)n_heads_local * (size_t)d;
     ckv_gemm_packed_rows(arch, w->logits, (size_t)n_keys, q + (size_t)i0 * hq + (size_t)j * (size_t)d, hq, w->kp, ns,
                          d, q_row0 + i0 + ns); /* [ns, visible keys of the strip's last row] */
-    for (int r = 0; r < ns; r++) {
-        float *row = w->logits + (size_t)r * (size_t)n_keys;
-        const int n_vis = q_row0 + i0 + r + 1;
-        if (divide)
-            for (int t = 0; t < n_vis; t++) row[t] = row[t] / scale;
-        else
-            for (int t = 0; t < n_vis; t++) row[t] *= scale;
-        w->inv[r] = evict_exp_row(row, n_vis);
-    }
+    for (int r = 0; r < ns; r++)
+        w->inv[r] = evict_scaled_exp_row(w->logits + (size_t)r * (size_t)n_keys, q_row0 + i0 + r + 1, scale,
+                                         divide ? EVICT_SCALE_DIV : EVICT_SCALE_MUL);
 }
 
 /* Scratch all workers of one call may hold together (at least one worker's, however large). */
@@ -158,16 +187,25 @@ static void evict_head_strips(const evict_attn_job *jb, evict_attn_ws *w, int j,
     }
 }
 
+/* cs[t] += (double)(logits[i, t] * inv[i]) for rows i < ns in order, row i over its first
+ * min(vis0 + i, n_cols) columns (rows ld floats apart), row by row: with ld a multiple of 1,024 the
+ * rows lie 4 KiB multiples apart, and reading them side by side (column blocks) shares L1 sets (an
+ * evict_window_colsum case at 4,096 keys ran slower that way). */
+static void colsum_add_rows(double *restrict cs, const float *logits, size_t ld, const float *inv, int ns, int vis0,
+                            int n_cols) {
+    for (int i = 0; i < ns; i++) {
+        const float *row = logits + (size_t)i * ld;
+        const int n_vis = vis0 + i, nc = n_vis < n_cols ? n_vis : n_cols;
+        const float f = inv[i];
+        for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
+    }
+}
+
 /* colsum[r, t] += (double)p_t for the strip's rows in order. */
 static void colsum_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns) {
     (void)j;
-    double *restrict cs = jb->colsum + (size_t)r * (size_t)jb->n_cols;
-    for (int i = 0; i < ns; i++) {
-        const float *row = w->logits + (size_t)i * (size_t)jb->n_keys;
-        const int n_vis = jb->q_row0 + i0 + i + 1, nc = n_vis < jb->n_cols ? n_vis : jb->n_cols;
-        const float f = w->inv[i];
-        for (int t = 0; t < nc; t++) cs[t] += (double)(row[t] * f);
-    }
+    colsum_add_rows(jb->colsum + (size_t)r * (size_t)jb->n_cols, w->logits, (size_t)jb->n_keys, w->inv, ns,
+                    jb->q_row0 + i0 + 1, jb->n_cols);
 }
 
 /* p[j, i, :] = the strip's weights, zero past each row's visible keys. */
@@ -183,12 +221,45 @@ static void probs_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j,
     }
 }
 
+/* The output row of local query head j in a column-sum job (per_kv: its KV head). */
+static int colsum_row_of(const evict_attn_job *jb, int j) { return jb->per_kv ? (jb->head0 + j) / jb->group : j; }
+
+/* One query per head (tova, finch's question rows): local heads j .. j + nh of one KV head, all of
+ * this worker's rows, go through the GEMM as the rows of one strip (head k's query is row k: the heads
+ * lie d floats apart), so a register tile holds up to MR heads instead of one; each head's weights are
+ * then added to its row in head order, as head by head. */
+static void colsum_single_query(const evict_attn_job *jb, evict_attn_ws *w, int j, int nh) {
+    const int d = jb->kv->head_dim, n_vis = jb->q_row0 + 1;
+    evict_pack_keys(w, jb->arch, jb->kv, (jb->head0 + j) / jb->group, 0, jb->n_keys);
+    ckv_gemm_packed_rows(jb->arch, w->logits, (size_t)jb->n_keys, jb->q + (size_t)j * (size_t)d, (size_t)d, w->kp, nh,
+                         d, n_vis); /* [nh, n_vis] */
+    for (int k = 0; k < nh; k++) {
+        float *row = w->logits + (size_t)k * (size_t)jb->n_keys;
+        w->inv[k] = evict_scaled_exp_row(row, n_vis, jb->scale, jb->divide ? EVICT_SCALE_DIV : EVICT_SCALE_MUL);
+        colsum_add_rows(jb->colsum + (size_t)colsum_row_of(jb, j + k) * (size_t)jb->n_cols, row, (size_t)jb->n_keys,
+                        w->inv + k, 1, n_vis, jb->n_cols);
+    }
+}
+
 /* Output rows [begin, end) of a column-sum job: row r is local query head r, or (per_kv) KV head r with
  * its local query heads in ascending order. */
 static void colsum_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
-    for (int j = 0; j < jb->n_heads_local; j++) {
-        const int r = jb->per_kv ? (jb->head0 + j) / jb->group : j;
-        if (r >= begin && r < end) evict_head_strips(jb, w, j, r, colsum_strip);
+    const int S = evict_strip_rows(jb->arch);
+    for (int j = 0; j < jb->n_heads_local;) {
+        const int r = colsum_row_of(jb, j), g = (jb->head0 + j) / jb->group;
+        if (r < begin || r >= end) {
+            j++;
+        } else if (jb->n_q == 1) {
+            int nh = 1;
+            while (nh < S && j + nh < jb->n_heads_local && (jb->head0 + j + nh) / jb->group == g &&
+                   colsum_row_of(jb, j + nh) < end)
+                nh++;
+            colsum_single_query(jb, w, j, nh);
+            j += nh;
+        } else {
+            evict_head_strips(jb, w, j, r, colsum_strip);
+            j++;
+        }
     }
 }
 
