@@ -168,6 +168,16 @@ static ckv_status apply_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
     return record_layer(cz, src, layer, L, sel, in, dst->kv.dtype, log_bytes);
 }
 
+/* A composed press's host rows (a partial set too). */
+static void free_composed(ckv_compressor *cz) {
+    ckv_free(cz->composed_rows);
+    ckv_free(cz->composed_r2);
+    ckv_free(cz->composed_scores);
+    cz->composed_rows = cz->composed_r2 = NULL;
+    cz->composed_scores = NULL;
+    cz->composed_cap = 0;
+}
+
 /* One later press of a composed press on dst's compacted layer (every head holds n rows): scores and
  * selects on those rows in position order, with its own wrappers (critical:, chunkkv:), into the
  * compressor's selection (its length set to n; its buffers hold L), compacts the layer in place
@@ -223,21 +233,22 @@ static ckv_status composed_layer(ckv_compressor *cz, ckv_session *dst, const ckv
     CKV_TRY(compact_layer(cz, dst, src, layer, L, sel, &first));
     if (cz->cfg->n_stages < 2) return record_layer(cz, src, layer, L, sel, &in, dst->kv.dtype, log_bytes);
     const size_t n = (size_t)nkv * (size_t)L;
-    int32_t *rows = NULL, *r2 = NULL; // [nkv, L] context rows kept so far; [nkv, L] a later press's rows (host)
-    float *first_scores = NULL;       // [nkv, L] the first press's scores, which the record reports (host)
-    ckv_status st = ckv_alloc((void **)&rows, n * sizeof(int32_t), "composed rows");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&r2, n * sizeof(int32_t), "composed rows");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&first_scores, n * sizeof(float), "composed scores");
-    if (st == CKV_STATUS_OK) st = ckv_selection_rows_host(sel, rows);
+    if (cz->composed_cap < n) { /* the first layer of a context: the layers after it reuse them */
+        free_composed(cz);
+        CKV_TRY(ckv_alloc((void **)&cz->composed_rows, n * sizeof(int32_t), "composed rows"));
+        CKV_TRY(ckv_alloc((void **)&cz->composed_r2, n * sizeof(int32_t), "composed rows"));
+        CKV_TRY(ckv_alloc((void **)&cz->composed_scores, n * sizeof(float), "composed scores"));
+        cz->composed_cap = n;
+    }
+    int32_t *rows = cz->composed_rows, *r2 = cz->composed_r2; /* [nkv, L] kept so far; a later press's rows */
+    float *first_scores = cz->composed_scores;                 /* [nkv, L] the first press's scores (the record's) */
+    ckv_status st = ckv_selection_rows_host(sel, rows);
     if (st == CKV_STATUS_OK) st = m->be->ops->download(m->be, first_scores, sel->scores, n * sizeof(float));
     for (int i = 1; i < cz->cfg->n_stages && st == CKV_STATUS_OK; i++)
         st = composed_stage(cz, dst, layer, L, i, rows, sel->n_keep, r2);
     if (st == CKV_STATUS_OK) st = ckv_selection_set_len(sel, L); /* the record reads rows of the L context rows */
     if (st == CKV_STATUS_OK) st = m->be->ops->upload(m->be, sel->rows, rows, n * sizeof(int32_t));
     if (st == CKV_STATUS_OK) st = m->be->ops->upload(m->be, sel->scores, first_scores, n * sizeof(float));
-    ckv_free(rows);
-    ckv_free(r2);
-    ckv_free(first_scores);
     if (st == CKV_STATUS_OK) st = record_layer(cz, src, layer, L, sel, &in, dst->kv.dtype, log_bytes);
     return st;
 }
@@ -291,15 +302,22 @@ static ckv_status model_layer(ckv_compressor *cz, ckv_session *dst, const ckv_se
     return st;
 }
 
-/* Everything a compressor holds between layers: the selection buffers, the scorers' arena and the
- * model-wide buffers of a press that selects across layers. */
-void ckv_compressor_release(ckv_compressor *cz) {
-    if (!cz) return;
+/* What a compressor keeps from one layer of a context to the next: the selection buffers, the
+ * scorers' arena, a composed press's host rows and kvzip's context ids. */
+static void release_context(ckv_compressor *cz) {
     ckv_selection_free(&cz->sel);
     ckv_score_arena_free(&cz->arena);
-    release_model(cz);
+    free_composed(cz);
     ckv_free(cz->context_ids);
     cz->context_ids = NULL;
+}
+
+/* Everything a compressor holds between layers: release_context's buffers and the model-wide
+ * buffers of a press that selects across layers. */
+void ckv_compressor_release(ckv_compressor *cz) {
+    if (!cz) return;
+    release_context(cz);
+    release_model(cz);
 }
 
 /* The compressor's selection buffers for a layer of L context rows: kept from the layer before when
@@ -348,12 +366,7 @@ ckv_status ckv_compress_layer_from(ckv_compressor *cz, ckv_session *dst, const c
         }
     }
     cz->comm_bytes += comm_now(m) - bytes0 - log_bytes;
-    if (st != CKV_STATUS_OK || layer == c->n_layers - 1) { /* the context is done */
-        ckv_selection_free(&cz->sel);
-        ckv_score_arena_free(&cz->arena);
-        ckv_free(cz->context_ids);
-        cz->context_ids = NULL;
-    }
+    if (st != CKV_STATUS_OK || layer == c->n_layers - 1) release_context(cz); /* the context is done */
     return st;
 }
 

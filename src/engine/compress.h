@@ -41,6 +41,11 @@ typedef struct {
      * layers after it (no device allocation per layer); freed after the last layer */
     ckv_selection sel;
     ckv_score_arena arena;         /* the scorers' device scratch, kept likewise */
+    /* a composed press's host rows, kept likewise: [n_kv_local, L] the context rows kept so far,
+     * [n_kv_local, L] a later press's kept rows, [n_kv_local, L] the first press's scores */
+    int32_t *composed_rows, *composed_r2;
+    float *composed_scores;
+    size_t composed_cap;           /* entries each of the three holds */
 } ckv_compressor;
 
 /* Frees what a compressor holds between layers (a prefill abandoned part way through: a press that
