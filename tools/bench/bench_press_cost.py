@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The time-to-first-token cost of presses against the full cache, beside each press's FLOP floor.
+"""The time-to-first-token cost of presses against the full cache, beside each press's roofline floor.
 
 Alternated (default): a seeded prompt of --context ids; then, --repeats times, for every press in
 --presses: `ckv generate` with the full cache, then with the press (--compression-ratio, default
@@ -12,11 +12,20 @@ the first token); the table gives the median over the repeats and the eviction s
 score_s of its --out lines), so every press costs one eviction instead of one prefill; its share of
 TTFT is evict_s / (prefill_s + evict_s), measured against a prefill of the same process and run.
 
-The floor: the press's own arithmetic (below) as a share of TTFT, f / (p + f), with p the prefill's
-multiply-adds: (non-embedding parameters) x L, the token table and an untied output head excluded (the
-prefill computes one token's logits), + the causal attention's L^2 x layers x heads x head_dim (QK^T and
-PV over half the keys each); "share / floor" is how far the measured eviction share is from it
-(selection and compaction included).
+The floor is a roofline: the larger of two times, each as a share of TTFT, t / (prefill_s + t):
+  FLOP floor: the press's own arithmetic f (below) at the prefill's multiply-add rate, t = f / (p /
+    prefill_s), i.e. f / (p + f), with p the prefill's multiply-adds: (non-embedding parameters) x L, the
+    token table and an untied output head excluded (the prefill computes one token's logits), + the causal
+    attention's L^2 x layers x heads x head_dim (QK^T and PV over half the keys each);
+  byte floor: the bytes any implementation must move, at the read bandwidth measured in the same run
+    (tools/bench/read_bw.c, THREADS threads summing 1 GiB, best of 5 passes, run before every ckv run
+    and after the last; the median is used): the scoring's one read of the cache it scores (keys, over
+    all L rows of every layer's KV heads; values too for the presses that read them: the value-norm
+    wrappers below, defensivekv, layer_defensivekv, kvzip's replay) plus the compaction's read and write
+    of the kept rows' keys and values (2 x 2 x kept x Hkv x d x 4 bytes per layer; 4: the CPU cache's
+    default f32, which these ckv runs use). Writes are priced at the read bandwidth.
+streaming_llm and random have no FLOP floor, only the compaction's bytes. "share / floor" is how far
+the measured eviction share (selection and compaction included) is from the binding floor; "binds" names it.
 
 Floors per layer, multiply-adds (L tokens, D hidden, H query heads, Hkv KV heads, d head_dim, w the
 window, k = 48), from what each scorer reads and computes (docs/presses.md, docs/benchmarks.md):
@@ -25,7 +34,7 @@ window, k = 48), from what each scorer reads and computes (docs/presses.md, docs
   observed_attention L D H d + L^2 H d / 2
   expected_attention L D H d + 1.5 L H d^2    (queries, their moments, the covariance term per key)
   knorm L d Hkv; keydiff 3 L d Hkv; lagkv 8 L d Hkv; cur 2 L d Hkv; leverage (2 L d k + L k^2) Hkv
-  streaming_llm, random: none (selection only: no floor, no ratio)
+  streaming_llm, random: none (selection only: the compaction's bytes are their floor)
   critical:, critical_adakv:, critical_headkv:, defensivekv and layer_defensivekv add the value norms L H d D
   compactor: L D H d + L 256 H d + leverage's   (queries, logits within chunks of 256, the sketch)
   adakv:, headkv:, chunkkv: add nothing (budgets or chunk ranks from the same scores)
@@ -37,7 +46,8 @@ window, k = 48), from what each scorer reads and computes (docs/presses.md, docs
 Usage: tools/bench/bench_press_cost.py --ckv build/ckv --model M.gguf [--model N.gguf]
        [--context 4096] [--threads 2] [--repeats 2] [--presses keydiff,lagkv,cur,leverage]
        [--sweep [--text-file data/haystack/essay.txt]] [--press-opt KEY=VALUE ...]
-Prints a markdown table; writes nothing else. Speeds are only ever compared within one run.
+Prints a markdown table; writes nothing else (read_bw is compiled into a temporary folder). Speeds
+are only ever compared within one run.
 """
 
 from __future__ import annotations
@@ -52,12 +62,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_llamacpp import read_bandwidth
+
 WINDOW = {"snapkv": 64, "pyramidkv": 64, "snapkv_paper": 32, "defensivekv": 32, "layer_defensivekv": 32, "tova": 1}
 NO_FLOOR = ("streaming_llm", "random")
 # 1: value norms; chunkkv ranks chunk means (L Hkv additions: no floor of its own); key_rerotation: below
 WRAPPERS = {"critical": 1, "critical_adakv": 1, "critical_headkv": 1, "adakv": 0, "headkv": 0, "chunkkv": 0,
             "key_rerotation": 0}
 COMPACTOR_CHUNK = 256  # kvpress CompactorPress's default chunk_size
+KV_BYTES = 4  # the CPU cache's default element type, f32 (these runs pass no --kv-dtype)
 
 
 def kvzip_mac(L: int, sh: dict, opts: dict) -> int:
@@ -103,11 +116,26 @@ def floor_mac(press: str, L: int, sh: dict, opts: dict | None = None) -> int | N
         mac = 0
     else:
         die(f"--presses: no FLOP floor for '{base}'")
-    if WRAPPERS.get(wrapper, 0) or base in ("defensivekv", "layer_defensivekv"):
+    if reads_values(press):
         mac += L * H * d * D
     if wrapper == "key_rerotation":  # at most L kept keys rotated: d multiply-adds each (sin/cos not counted)
         mac += L * d * Hkv
     return mac * sh["layers"] if mac else None
+
+
+def reads_values(press: str) -> bool:
+    """Whether the press's scores use the values (their norms), besides the keys."""
+    wrapper, _, base = press.rpartition(":")
+    return bool(WRAPPERS.get(wrapper, 0)) or base in ("defensivekv", "layer_defensivekv")
+
+
+def floor_bytes(press: str, L: int, kept: int, sh: dict) -> int:
+    """The bytes any implementation moves: one read of the scored cache rows, the kept rows' K and V
+    read and written by the compaction (KV_BYTES each element)."""
+    base = press.rpartition(":")[2]
+    row = sh["kv"] * sh["d"] * KV_BYTES  # one position of one layer's K (or V), all KV heads
+    scored = 0 if base in NO_FLOOR else (2 if reads_values(press) or base == "kvzip" else 1) * L * row
+    return (scored + 2 * 2 * kept * row) * sh["layers"]
 
 
 def die(msg: str) -> None:
@@ -165,8 +193,13 @@ def sweep(ckv: str, model: str, text: str, context: int, threads: int, presses: 
     return got
 
 
-def ratio(share: float, floor: float | None) -> str:
-    return f"{share / floor:.2f}x" if floor else "n/a"
+def floor_cells(share: float, prefill_s: float, flop_s: float | None, byte_s: float) -> str:
+    """FLOP floor | byte floor | binds | share / floor, each floor a share of TTFT t / (prefill_s + t)."""
+    fl = None if flop_s is None else flop_s / (prefill_s + flop_s)
+    by = byte_s / (prefill_s + byte_s)
+    bind, floor = ("FLOP", fl) if fl is not None and fl > by else ("bytes", by)
+    return (f"{'-' if fl is None else f'{100 * fl:.3f}%'} | {100 * by:.3f}% | {bind} | "
+            f"{share / floor:.2f}x")
 
 
 def main() -> int:
@@ -199,11 +232,12 @@ def main() -> int:
     if a.sweep and not Path(a.text_file).is_file():
         die(f"--text-file {a.text_file}: not a file")
     if a.sweep:
-        rows = ["| model | press | prefill (s) | eviction (s) | share of TTFT | scoring share | FLOP floor | share / floor |",
-                "|---|---|---:|---:|---:|---:|---:|---:|"]
+        rows = ["| model | press | prefill (s) | eviction (s) | share of TTFT | scoring share | FLOP floor | byte floor | "
+                "binds | share / floor |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     else:
         rows = ["| model | press | TTFT full (s) | TTFT press (s) | overhead (median) | eviction share | FLOP floor | "
-                "share / floor |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+                "byte floor | binds | share / floor |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    bws = []
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         for model in a.model:
@@ -214,40 +248,53 @@ def main() -> int:
             body = sh["params"] - (1 if sh["tied"] else 2) * sh["vocab"] * sh["hidden"]
             sh["body"] = body
             prefill_mac = body * L + L * L * sh["layers"] * sh["heads"] * sh["d"]  # causal QK^T and PV: 2 x L^2 / 2
-            floors = {p: floor_mac(p, L, sh, opts) for p in presses}
-            floors = {p: (f / (prefill_mac + f) if f else None) for p, f in floors.items()}
+            macs = {p: floor_mac(p, L, sh, opts) for p in presses}
+            kept = int(L * (1.0 - a.compression_ratio))
+            nbytes = {p: floor_bytes(p, L, kept, sh) for p in presses}
             name = Path(model).name
+
+            def cells(p: str, share: float, prefill_s: float, bw: float) -> str:
+                flop_s = macs[p] * prefill_s / prefill_mac if macs[p] else None  # at the prefill's rate
+                return floor_cells(share, prefill_s, flop_s, nbytes[p] / (bw * 1e9))
+
             if a.sweep:
+                bws.append(read_bandwidth(tmp, a.threads))
                 got = sweep(a.ckv, model, a.text_file, L, a.threads, presses, 1.0 - a.compression_ratio, tmp)
+                bws.append(read_bandwidth(tmp, a.threads))
+                bw = statistics.median(bws[-2:])
                 for p in presses:
                     pre, ev, sc = got[p]
-                    share, fl = ev / (pre + ev), floors[p]
+                    share = ev / (pre + ev)
                     rows.append(f"| {name} | {p} | {pre:.2f} | {ev:.3f} | {100 * share:.2f}% | "
-                                f"{100 * sc / (pre + ev):.2f}% | {'-' if fl is None else f'{100 * fl:.3f}%'} | "
-                                f"{ratio(share, fl)} |")
+                                f"{100 * sc / (pre + ev):.2f}% | {cells(p, share, pre, bw)} |")
                 continue
             rng = random.Random(a.seed)
             ids = [rng.randrange(4, min(sh["vocab"], 32000)) for _ in range(a.context)]
             ids_file = tmp / "ids.txt"
             ids_file.write_text(",".join(map(str, ids)))
             res = {p: [] for p in presses}
+            first = len(bws)
             for _ in range(a.repeats):
                 for p in presses:
+                    bws.append(read_bandwidth(tmp, a.threads))
                     full = run(a.ckv, model, ids_file, a.threads, None, a.compression_ratio, tmp)
                     got = run(a.ckv, model, ids_file, a.threads, p, a.compression_ratio, tmp, a.press_opt)
                     if not got.get("compressed"):
                         die(f"{p} did not compress: {got.get('uncompressed_reason')}")
                     res[p].append((full["ttft_s"], got["ttft_s"], got["evict_s"]))
+            bws.append(read_bandwidth(tmp, a.threads))
+            bw = statistics.median(bws[first:])
             for p in presses:
                 r = res[p]
                 over = statistics.median(g / f - 1.0 for f, g, _ in r)
                 share = statistics.median(e / g for _, g, e in r)
-                fl = floors[p]
-                rows.append(f"| {name} | {p} | {statistics.median(f for f, _, _ in r):.2f} | "
+                full_s = statistics.median(f for f, _, _ in r)
+                rows.append(f"| {name} | {p} | {full_s:.2f} | "
                             f"{statistics.median(g for _, g, _ in r):.2f} | {100 * over:+.1f}% | {100 * share:.2f}% | "
-                            f"{'-' if fl is None else f'{100 * fl:.3f}%'} | {ratio(share, fl)} |")
+                            f"{cells(p, share, full_s, bw)} |")
     mode = "one prefill per model (ckv fidelity)" if a.sweep else f"{a.repeats} alternated pairs per press"
-    print(f"context {a.context}, threads {a.threads}, compression ratio {a.compression_ratio}, {mode}")
+    print(f"context {a.context}, threads {a.threads}, compression ratio {a.compression_ratio}, {mode}; read bandwidth "
+          f"{min(bws):.2f}-{max(bws):.2f} GB/s over {len(bws)} probes (median per model used for the byte floor)")
     print("\n".join(rows))
     return 0
 

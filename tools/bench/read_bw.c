@@ -1,6 +1,7 @@
-/* read_bw.c - the machine's memory read bandwidth, for the decode rooflines of bench_llamacpp.py:
- * T threads each sum their contiguous share of a buffer of MiB mebibytes (far larger than the
- * caches) with 8 independent accumulators, 5 times; prints the best pass as {"read_gb_s": ...}.
+/* read_bw.c - the machine's memory read bandwidth, for the decode rooflines of bench_llamacpp.py and
+ * the byte floors of bench_press_cost.py: T threads each sum their contiguous share of a buffer of MiB
+ * mebibytes (far larger than the caches) with 8 independent accumulators, 5 times; prints the best
+ * pass as {"read_gb_s": ...}.
  * usage: read_bw [THREADS (2)] [MIB (1024)] */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>

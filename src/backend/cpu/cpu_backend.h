@@ -116,8 +116,9 @@ ckv_status ckv_cpu_evict_kvzip_norms(ckv_backend *be, const ckv_evict_kvzip_norm
 ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_batch *kv, int g, int row0, int n,
                                    const float *mu, const float *cov, float sqrt_d);
 
-/* The per-KV-head loop of the attention-free scorers (cpu_evict_keys.c): fn(ctx, g, scratch) for every
- * g < n over the backend's pool, the heads split into contiguous parts, each worker with its own
+/* The per-unit loop of the attention-free scorers (cpu_evict_keys.c): fn(ctx, g, scratch) for every
+ * unit g < n (a KV head, or LagKV's KV head x partition) over the backend's pool, the units split into
+ * contiguous parts, each worker with its own
  * `scratch_bytes` of scratch (allocated once per call; 0: none). fn returns 0, or an error status
  * (the first failing head's is returned, heads after it in its worker are skipped). */
 typedef ckv_status (*ckv_cpu_head_fn)(void *ctx, int g, void *scratch);

@@ -1,9 +1,9 @@
 /* cpu_evict_keys.c - the attention-free key scorers' ops on the CPU (backend.h): KeyDiff's cosine
  * distance of each key to the head's mean normalised key, LagKV's lag-relative spread of keys and
  * values ranked per partition, and CUR's (deterministic) leverage of keys and values normalised per
- * local window; and the per-KV-head loop they and the leverage op run on (ckv_cpu_evict_heads: the
- * backend's pool takes KV heads, each head computed by one thread in the order one thread computes it,
- * so scores do not depend on the thread count). Double accumulation, rows converted from the cache
+ * local window; and the per-unit loop they and the leverage op run on (ckv_cpu_evict_heads: the
+ * backend's pool takes units, KV heads or LagKV's KV heads x partitions, each unit computed by one
+ * thread in the order one thread computes it, so scores do not depend on the thread count). Double accumulation, rows converted from the cache
  * dtype through fixed buffers; scratch from the backend's eviction scratch. It scores only; selection is
  * evict_topk's. */
 #include <math.h>
@@ -111,25 +111,29 @@ ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_
 }
 
 /* LagKV's softmax-normalised spread of partition rows t0 .. t0 + lag - 1 of segment g against the
- * channel range of the next partition, added (times 0.5) into r[lag]. */
+ * channel range of the next partition, added (times 0.5) into r[lag]. Each row is normalised once
+ * into z (float, as the sums read it), then summed in channel order. */
 static void lag_spread(const ckv_kv_batch *kv, int g, int t0, int lag, int values, float *buf, float *lo, float *hi,
-                       double *s, double *r) {
+                       float *z, double *s, double *r) {
     const int d = kv->head_dim;
-    for (int t = t0 + lag; t < t0 + 2 * lag; t++) {
+    const float *x0 = seg_row(kv, g, t0 + lag, values, buf);
+    for (int a = 0; a < d; a++) lo[a] = hi[a] = x0[a];
+    for (int t = t0 + lag + 1; t < t0 + 2 * lag; t++) {
         const float *x = seg_row(kv, g, t, values, buf);
         for (int a = 0; a < d; a++) {
-            if (t == t0 + lag || x[a] < lo[a]) lo[a] = x[a];
-            if (t == t0 + lag || x[a] > hi[a]) hi[a] = x[a];
+            lo[a] = x[a] < lo[a] ? x[a] : lo[a];
+            hi[a] = x[a] > hi[a] ? x[a] : hi[a];
         }
     }
     double mx = -INFINITY;
     for (int i = 0; i < lag; i++) {
         const float *x = seg_row(kv, g, t0 + i, values, buf);
+        for (int a = 0; a < d; a++) z[a] = (x[a] - lo[a]) / (hi[a] - lo[a]);
         double mean = 0.0, var = 0.0;
-        for (int a = 0; a < d; a++) mean += (double)((x[a] - lo[a]) / (hi[a] - lo[a]));
+        for (int a = 0; a < d; a++) mean += (double)z[a];
         mean /= (double)d;
         for (int a = 0; a < d; a++) {
-            const double e = (double)((x[a] - lo[a]) / (hi[a] - lo[a])) - mean;
+            const double e = (double)z[a] - mean;
             var += e * e;
         }
         s[i] = d > 1 ? sqrt(var / (double)(d - 1)) : NAN; /* torch.std: unbiased */
@@ -146,26 +150,25 @@ typedef struct {
     const ckv_kv_batch *kv;
 } lagkv_job;
 
-static ckv_status lagkv_head(void *ctx, int g, void *scratch) {
+/* One unit: partition p = u % (P - 1) of KV head g = u / (P - 1) (the last partition has no next one). */
+static ckv_status lagkv_unit(void *ctx, int u, void *scratch) {
     const lagkv_job *jb = ctx;
-    const int lag = jb->lag, P = (jb->n_rows - jb->n_sink) / lag;
+    const int lag = jb->lag, P = (jb->n_rows - jb->n_sink) / lag, g = u / (P - 1), p = u % (P - 1);
     double *s = scratch, *r = s + lag; // [lag] each
-    float buf[KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM];
+    float buf[KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM], z[KEYS_MAX_DIM];
     float *dst = jb->out + (size_t)g * (size_t)jb->ld;
-    for (int p = 0; p + 1 < P; p++) {
-        const int t0 = jb->n_sink + p * lag;
-        for (int i = 0; i < lag; i++) r[i] = 0.0;
-        lag_spread(jb->kv, g, t0, lag, 0, buf, lo, hi, s, r);
-        lag_spread(jb->kv, g, t0, lag, 1, buf, lo, hi, s, r);
-        for (int i = 0; i < lag; i++) {
-            if (jb->cross) {
-                dst[t0 + i] = (float)r[i];
-                continue;
-            }
-            int rank = 0; /* argsort of argsort: the row's place in ascending order */
-            for (int u = 0; u < lag; u++) rank += r[u] < r[i] || (r[u] == r[i] && u < i);
-            dst[t0 + i] = (float)rank / (float)lag;
+    const int t0 = jb->n_sink + p * lag;
+    for (int i = 0; i < lag; i++) r[i] = 0.0;
+    lag_spread(jb->kv, g, t0, lag, 0, buf, lo, hi, z, s, r);
+    lag_spread(jb->kv, g, t0, lag, 1, buf, lo, hi, z, s, r);
+    for (int i = 0; i < lag; i++) {
+        if (jb->cross) {
+            dst[t0 + i] = (float)r[i];
+            continue;
         }
+        int rank = 0; /* argsort of argsort: the row's place in ascending order */
+        for (int u2 = 0; u2 < lag; u2++) rank += r[u2] < r[i] || (r[u2] == r[i] && u2 < i);
+        dst[t0 + i] = (float)rank / (float)lag;
     }
     return CKV_STATUS_OK;
 }
@@ -187,7 +190,8 @@ ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv
         return CKV_STATUS_OK;
     }
     lagkv_job jb = {out, ld, n_rows, n_sink, lag, cross, kv};
-    return ckv_cpu_evict_heads(be, kv->n_kv_heads, 2 * (size_t)lag * sizeof(double), lagkv_head, &jb);
+    const int units = kv->n_kv_heads * ((n_rows - n_sink) / lag - 1); /* KV heads x scored partitions */
+    return ckv_cpu_evict_heads(be, units, 2 * (size_t)lag * sizeof(double), lagkv_unit, &jb);
 }
 
 typedef struct {
