@@ -387,8 +387,9 @@ static void test_evict_rows(void) {
 /* Compactor's chunked non-causal attention: the rows from `start` cut into chunks of `chunk` (the last
  * one padded to it, as the scorer pads it), summed into one colsum per plan; GQA groups of 2 from
  * head 0, of 2 from head 1 (2 local heads: one per KV head) and of 4 (KV head 1 read by no local
- * head: its row stays 0); scale 1 (Compactor's). Column sums within 1e-6 relative (fp32 dot products
- * in another order); then evict_row_stats of the finished rows. Nothing allocated after the reserve. */
+ * head: its row stays 0); scale 1 (Compactor's). Column sums within 4e-6 relative (fp32 dot products
+ * in another order and the device's exp2: on an H200 one of 80 sums of the bf16 cases differed by
+ * 1.1e-6 relative, 1.55e-6 absolute at 1.378); then evict_row_stats of the finished rows. Nothing allocated after the reserve. */
 static void test_evict_chunk(ckv_dtype dt) {
     ev_cache e;
     ev_cache_init_gaps(&e, dt, 1);
@@ -419,7 +420,7 @@ static void test_evict_chunk(ckv_dtype dt) {
         char what[96];
         snprintf(what, sizeof what, "%s from row %d chunk %d heads %d+%d group %d", ckv_dtype_name(dt), plans[p].start,
                  plans[p].chunk, plans[p].head0, plans[p].n_heads, plans[p].group);
-        compare_dev_f64("evict_chunk_colsum", what, ct, cr, n, 1e-7, 1e-6);
+        compare_dev_f64("evict_chunk_colsum", what, ct, cr, n, 1e-7, 4e-6);
         tb->ops->evict_colsum_finish(tb, ft, EV_L, ct, EV_L, EV_KV, EV_L, 1.0, CKV_EVICT_DENOM_FIXED);
         ref->ops->evict_colsum_finish(ref, fr, EV_L, cr, EV_L, EV_KV, EV_L, 1.0, CKV_EVICT_DENOM_FIXED);
         tb->ops->evict_row_stats(tb, st, ft + plans[p].start, EV_KV, S, EV_L);

@@ -109,7 +109,8 @@ cmake_args=(-S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCKV_
   -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$lib"
   -DMPI_SKIP_COMPILER_WRAPPER=ON -DMPI_C_HEADER_DIR="$ompi/include" -DMPI_C_LIB_NAMES=mpi
   -DMPI_mpi_LIBRARY="$ompi/lib/libmpi.so" -DMPIEXEC_EXECUTABLE="$mpirun"
-  -DCMAKE_BUILD_RPATH="$lib;$ompi/lib")
+  -DCMAKE_BUILD_RPATH="$lib;$ompi/lib"
+  -DCKV_WERROR=OFF) # the GPU machine's compiler may warn where CI's does not: its warnings stay in build.log
 if ! step "configure (CUDA on)" 120 cmake "${cmake_args[@]}"; then
   log "configure failed:"; tail -15 "$(logof "configure (CUDA on)")"; exit 1
 fi
