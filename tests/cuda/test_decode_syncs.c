@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_emu.h"
@@ -333,6 +334,49 @@ static void emu_steps(ckv_backend *dev, ckv_backend *cpu, ckv_model *m, ckv_mode
     ckv_session_free(&solo);
 }
 
+/* CKV_CUDA_SYNC=2: three add ops and one rmsnorm, then the backend freed: its op profile on stderr
+ * (captured into a temporary file) names both ops with their call counts. */
+static void check_op_profile(void) {
+    setenv("CKV_CUDA_SYNC", "2", 1);
+    ckv_backend *be = NULL;
+    const ckv_status st = ckv_backend_cuda_emu_init(&be, 0);
+    CHECK_MSG(st == CKV_STATUS_OK, "CKV_CUDA_SYNC=2: %s", ckv_error_message());
+    float *x = NULL, *w = NULL; // [2 x 64] device buffers
+    CHECK_OK(be->ops->alloc(be, (void **)&x, 128 * sizeof(float), "x"));
+    CHECK_OK(be->ops->alloc(be, (void **)&w, 128 * sizeof(float), "w"));
+    float h[128];
+    for (int i = 0; i < 128; i++) h[i] = 0.01f * (float)i;
+    CHECK_OK(be->ops->upload(be, x, h, sizeof h));
+    CHECK_OK(be->ops->upload(be, w, h, sizeof h));
+    for (int i = 0; i < 3; i++) be->ops->add(be, x, w, 128);
+    be->ops->rmsnorm(be, x, x, w, 2, 64, 1e-6f);
+    CHECK_OK(be->ops->sync(be));
+    be->ops->release(be, x);
+    be->ops->release(be, w);
+    fflush(stderr);
+    char path[] = "/tmp/ckv_op_profile_XXXXXX";
+    const int fd = mkstemp(path), saved = dup(2);
+    CHECK_MSG(fd >= 0 && saved >= 0, "cannot capture stderr into %s", path);
+    dup2(fd, 2);
+    ckv_backend_free(be); /* prints the profile */
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char text[8192];
+    const ssize_t got = pread(fd, text, sizeof text - 1, 0);
+    close(fd);
+    unlink(path);
+    text[got > 0 ? got : 0] = 0;
+    CHECK_MSG(strstr(text, "op profile (CKV_CUDA_SYNC=2"), "no op profile on stderr after the backend's free: '%s'", text);
+    const char *add = strstr(text, " add "), *norm = strstr(text, " rmsnorm ");
+    CHECK_MSG(add && norm, "the profile does not name the add and rmsnorm ops: '%s'", text);
+    long calls = strtol(add + 5, NULL, 10);
+    CHECK_MSG(calls == 3, "the profile counts %ld add calls, expected 3: '%s'", calls, text);
+    calls = strtol(norm + 9, NULL, 10);
+    CHECK_MSG(calls == 1, "the profile counts %ld rmsnorm calls, expected 1: '%s'", calls, text);
+    printf("CKV_CUDA_SYNC=2: the op profile names add (3 calls) and rmsnorm (1 call)\n");
+}
+
 int main(int argc, char **argv) {
     ckv_backend *dev = NULL, *gdev = NULL, *cpu = NULL;
     ckv_model *m = NULL, *gm = NULL;
@@ -341,7 +385,7 @@ int main(int argc, char **argv) {
         setenv("CKV_CUDA_GRAPHS", "yes", 1); /* neither 0 nor 1: init refuses it in one line */
         CHECK_FAILS(ckv_backend_cuda_emu_init(&dev, 0), CKV_STATUS_ERR_ARG, "CKV_CUDA_GRAPHS=yes: expected 0");
         unsetenv("CKV_CUDA_GRAPHS");
-        static const char *const bad_sync[] = {"2", "yes", "-1", "1 "}; /* CKV_CUDA_SYNC: unset, 0 or 1 */
+        static const char *const bad_sync[] = {"3", "yes", "-1", "1 "}; /* CKV_CUDA_SYNC: unset, 0, 1 or 2 */
         for (int i = 0; i < 4; i++) {
             char want[32];
             snprintf(want, sizeof want, "CKV_CUDA_SYNC=%s: expected 0", bad_sync[i]);
@@ -356,6 +400,8 @@ int main(int argc, char **argv) {
             ckv_backend_free(dev);
             dev = NULL;
         }
+        check_op_profile();
+        unsetenv("CKV_CUDA_SYNC");
         unsetenv("CKV_CUDA_SYNC");
     }
     const int rc = graph_test_open(argc, argv, "test_decode_syncs", &dev, &gdev); /* recording off, on */

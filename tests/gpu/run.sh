@@ -6,7 +6,8 @@
 # it, then runs the CUDA tests (label cuda), the tensor-parallel tests on the GPU (2 ranks x tp 2 on
 # one GPU through the staged path equal tp 1; NCCL across GPUs when there are several; a stalled
 # rank ends the job within the timeout), the kernel microbenchmarks beside their torch peers
-# (tools/bench/bench_kernels_peer.py) and the benchmark (tools/bench/bench_gpu.py), in at most
+# (tools/bench/bench_kernels_peer.py), one short end-to-end run's per-op profile (CKV_CUDA_SYNC=2)
+# and the benchmark (tools/bench/bench_gpu.py), in at most
 # 8 minutes, and prints a summary table last. Nothing is installed; apt-get is never called.
 #   tests/gpu/run.sh [--dry-run] [OUT_DIR]     (OUT_DIR: $OUT, else build-gpu/results)
 #   tests/gpu/run.sh --rehearse BUILD_DIR [OUT_DIR]
@@ -157,6 +158,12 @@ bench_mode=(); [ $rehearse -eq 1 ] && bench_mode=(--rehearse)
 step "kernel microbenchmarks" 90 python3 "$root/tools/bench/bench_kernels_peer.py" "${bench_mode[@]}" \
   --bench "$build/bench_kernels" --out "$out/bench"
 sed -n '/^== kernel microbenchmarks/,$p' "$(logof "kernel microbenchmarks")" | tee -a "$out/summary.txt"
+# where one whole run's time goes (CKV_CUDA_SYNC=2: a wait after every op, per-op wall times), on a
+# short context that finishes whatever the benchmark below does
+prof_ctx=(--context 8192); [ $rehearse -eq 1 ] && prof_ctx=()
+step "end-to-end op profile (8B, 8K)" 75 python3 "$root/tools/bench/bench_gpu.py" "${bench_mode[@]}" --ckv "$build/ckv" \
+  --out "$out/profile" --profile --cases "8B@32K critical_adakv" "${prof_ctx[@]}" --new-tokens 8 --skip-hf --timeout 70
+grep -A 14 "op profile" "$(logof "end-to-end op profile (8B, 8K)")" | head -15 | tee -a "$out/summary.txt"
 step "benchmark" "$(( $(left) - 5 ))" python3 "$root/tools/bench/bench_gpu.py" "${bench_mode[@]}" --ckv "$build/ckv" \
   --out "$out/bench" --timeout 200
 sed -n '/^== benchmark/,$p' "$(logof benchmark)" | tee -a "$out/summary.txt"

@@ -20,6 +20,12 @@ size 128 and intermediate size 256 (heads, KV heads, head_dim, vocabulary and Ro
 model), a 128-token context and 4 new tokens; transformers runs on the CPU when torch is installed.
 The figures of a rehearsal are meaningless; it fails (exit 1) when any command fails or its output
 cannot be read, which is what would stop the first GPU run.
+--cases picks cases by name (comma-separated), --context replaces every case's context. --profile
+runs the cases with CKV_CUDA_SYNC=2 (a wait after every op, the backend's per-op wall times printed
+at exit) and prints each case's profile: where a whole run's time goes, without a profiler; its
+times are not the benchmark's (waits after every op, no recorded decode steps).
+Each ckv run writes its stderr to OUT/CASE.log; a run past --timeout is killed with its process
+group and waited for at most 30 s more, its log's last lines printed.
 Every mode ends with the per-kernel roofline of tools/bench/roofline.py (measured ceilings when
 measured; a dry run or rehearsal adds the A100's datasheet). Writes OUT/bench.json.
 """
@@ -28,6 +34,7 @@ import importlib.util
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -174,6 +181,34 @@ def run_ckv(ckv, backend, model, case, prompt_file, new, budget, out):
     return cmd, stats
 
 
+def run_logged(cmd, log, timeout, env=None):
+    """cmd with its stdout and stderr in the file log (no pipes to drain), in a process group of its
+    own, killed as a group after timeout seconds and waited for at most 30 s more: (exit status, 124
+    on timeout; the last line of its output or what happened)."""
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # stuck in the driver: report it, do not wait on it
+                return 124, "timed out after %d s, and still running 30 s after SIGKILL" % timeout
+            return 124, "timed out after %d s" % timeout
+    with open(log, errors="replace") as f:
+        lines = [ln.strip() for ln in f if ln.strip()]
+    return rc, lines[-1] if lines else ""
+
+
+def log_tail(log, n):
+    try:
+        with open(log, errors="replace") as f:
+            return [ln.rstrip() for ln in f][-n:]
+    except OSError:
+        return []
+
+
 def hf_sdpa(model_dir, context, new, seed, device="cuda"):
     """transformers with SDPA on random bf16 weights: TTFT, decode ms/token, peak memory (GPU only)."""
     import torch
@@ -219,11 +254,29 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=240, help="seconds per ckv run")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--cases", default=None, help="comma-separated case names (default: all): " +
+                    ", ".join(c[0] for c in CASES))
+    ap.add_argument("--context", type=int, default=None, help="every case's context in tokens (default: the case's)")
+    ap.add_argument("--profile", action="store_true",
+                    help="run with CKV_CUDA_SYNC=2 and print each case's per-op profile (not the benchmark's times)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true")
     mode.add_argument("--rehearse", action="store_true")
     a = ap.parse_args()
     backend = a.backend or ("cuda-emu" if a.rehearse else "cuda")
+    cases = CASES
+    if a.cases:
+        want = [x.strip() for x in a.cases.split(",") if x.strip()]
+        unknown = [x for x in want if x not in [c[0] for c in CASES]]
+        if unknown or not want:
+            print("bench_gpu.py: --cases: unknown case %s (known: %s)" % (", ".join(repr(x) for x in unknown) or "''",
+                  ", ".join(c[0] for c in CASES)), file=sys.stderr)
+            return 2
+        cases = [c for c in CASES if c[0] in want]
+    if a.context is not None and a.context < 2:
+        print("bench_gpu.py: --context %d: expected at least 2 tokens" % a.context, file=sys.stderr)
+        return 2
+    env = dict(os.environ, CKV_CUDA_SYNC="2") if a.profile else None
     new_tokens = a.new_tokens if a.new_tokens is not None else (4 if a.rehearse else 64)
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
@@ -243,10 +296,11 @@ def main():
     if not ckv_ok:
         print("ckv binary %s: missing (build first)" % a.ckv)
     failed = not ckv_ok and a.rehearse
-    for case in CASES:
+    for case in cases:
         name, cfg_dir, context, press = case
         model = rehearsal_model(cfg_dir, a.out) if a.rehearse else os.path.join(ROOT, "configs", "models", cfg_dir)
         context = REHEARSAL_CONTEXT if a.rehearse else context
+        context = a.context if a.context is not None else context
         c = load_config(model)
         prompt = os.path.join(a.out, "prompt_%s_%d.ids" % (cfg_dir, context))
         with open(prompt, "w") as f:
@@ -267,17 +321,22 @@ def main():
             print("would run: " + row["cmd"])
         else:
             t0 = time.time()
+            log = os.path.splitext(stats)[0] + ".log"
+            print("%s: running (context %d, %d new tokens%s), log %s" % (name, context, new_tokens,
+                  ", CKV_CUDA_SYNC=2" if a.profile else "", log), flush=True)
             with GpuMemPeak() as mem:
-                try:
-                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-                    rc, err = p.returncode, p.stderr
-                except subprocess.TimeoutExpired:
-                    rc, err = 124, "timed out after %d s" % a.timeout
+                rc, err = run_logged(cmd, log, a.timeout, env)
             row["wall_s"] = time.time() - t0
             row["peak_bytes"] = mem.peak
+            print("%s: exit %d after %.1f s" % (name, rc, row["wall_s"]), flush=True)
+            if a.profile or rc != 0:
+                tail = log_tail(log, 40)
+                if a.profile:
+                    tail = tail[next((i for i, ln in enumerate(tail) if "op profile" in ln), 0):]
+                print("\n".join("    " + ln for ln in tail), flush=True)
             try:
                 if rc != 0:
-                    raise ValueError("exit %d: %s" % (rc, (err.strip().splitlines() or [""])[-1]))
+                    raise ValueError("exit %d: %s" % (rc, err))
                 with open(stats) as f:
                     s = json.load(f)
                 row.update(ttft_s=s["ttft_s"], decode_ms=1e3 * s["decode_s"] / max(1, s["decode_tokens"]),
@@ -291,12 +350,16 @@ def main():
                 print("%s: %s" % (name, row["error"]), flush=True)
                 failed = True
         rows.append(row)
-    if not a.skip_hf:
+    if not a.skip_hf and not a.profile:
         name, cfg_dir, context, _ = CASES[0]
         model = rehearsal_model(cfg_dir, a.out) if a.rehearse else os.path.join(ROOT, "configs", "models", cfg_dir)
         context = REHEARSAL_CONTEXT if a.rehearse else context
-        row = {"case": name.replace("full", "HF SDPA"), "engine": "transformers", "roof_ttft_s": rows[0]["roof_ttft_s"],
-               "roof_decode_ms": rows[0]["roof_decode_ms"], "plan_bytes": None}
+        context = a.context if a.context is not None else context
+        c = load_config(model)
+        row = {"case": name.replace("full", "HF SDPA"), "engine": "transformers",
+               "roof_ttft_s": prefill_flops(c, context) / (ceilings["gemm_tflops"] * 1e12),
+               "roof_decode_ms": decode_bytes(c, context + new_tokens // 2) / (ceilings["copy_gbs"] * 1e9) * 1e3,
+               "plan_bytes": None}
         what = "transformers %s (SDPA, random bf16 weights) at %d tokens + %d decode steps" % (cfg_dir, context, new_tokens)
         if a.dry_run:
             print("would run: " + what)

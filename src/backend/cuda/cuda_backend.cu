@@ -14,6 +14,7 @@
 
 extern "C" {
 #include "core/alloc.h"
+#include "core/timer.h"
 }
 
 namespace CKV_CUDA_NS {
@@ -48,10 +49,12 @@ ckv_status take_pending(ctx *c) {
 }
 
 void op_done(ctx *c, const char *op) {
+    const double entered = c->prof ? ckv_time_now() : 0.0;
     c->last_op = op;
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) record(c, status_cuda(e, op));
     if (c->sync_each) CKV_CUDA_OP_CHECK(c, stream_wait(c), op);
+    if (c->prof) op_profile_add(c, op, entered);
 }
 
 ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char *what) {
@@ -88,6 +91,7 @@ void be_free(ckv_backend *be) {
     ctx *c = ctx_of(be);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
+        op_profile_free(c);
         graph_cache_free(c);
         if (c->blas) cublasDestroy(c->blas);
         cudaFreeHost(c->stage);
@@ -356,8 +360,11 @@ ckv_status backend_init(ckv_backend **out, int device) {
     memset(c, 0, sizeof *c);
     char splits[96];
     snprintf(splits, sizeof splits, "0 (planned), 1 (off) or a split count up to %d", MERGE_MAX_SPLITS);
-    s = env_setting("CKV_CUDA_SYNC", 1, "0 (ops queue on the stream, the default) or 1 (a wait after every op)",
+    s = env_setting("CKV_CUDA_SYNC", 2,
+                    "0 (ops queue on the stream, the default), 1 (a wait after every op) or 2 (the same, and a "
+                    "per-op profile printed at exit)",
                     &c->sync_each);
+    if (s == CKV_STATUS_OK && c->sync_each == 2) s = op_profile_init(c);
     /* tests and measurements: force the prefill's split-K */
     if (s == CKV_STATUS_OK) s = env_setting("CKV_CUDA_PREFILL_SPLITS", MERGE_MAX_SPLITS, splits, &c->prefill_splits);
     if (s != CKV_STATUS_OK) {

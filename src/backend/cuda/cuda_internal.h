@@ -39,7 +39,9 @@ struct ctx {
     ckv_status pending;       /* first error of a void op, reported by sync() */
     char pending_msg[320];
     const char *last_op;      /* the op launched last (named when an asynchronous fault surfaces) */
-    int sync_each;            /* CKV_CUDA_SYNC=1: synchronise after every op (exact fault attribution) */
+    int sync_each;            /* CKV_CUDA_SYNC=1: synchronise after every op (exact fault attribution);
+                                 2: the same, and the op profile below */
+    struct op_profile *prof;  /* CKV_CUDA_SYNC=2: per-op calls and wall times (cuda_profile.cu), else NULL */
     unsigned long long ws_gen; /* moves when grow() reallocates a workspace (a recorded graph holds the old address) */
     struct graph_cache *graphs; /* the recorded steps (cuda_graph.cu) */
 };
@@ -72,6 +74,12 @@ ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char 
 ckv_status env_setting(const char *name, int max, const char *expected, int *value);
 /* The first failure of a void op since the last report, as a status (cleared), or OK. */
 ckv_status take_pending(ctx *c);
+/* cuda_profile.cu (CKV_CUDA_SYNC=2): init starts c->prof; add counts op's call and the time since the
+ * previous op ended (called by op_done after its wait; `entered`: when op_done began, which ends
+ * the loading before the first op); free prints the table to stderr, then frees it (NULL: nothing). */
+ckv_status op_profile_init(ctx *c);
+void op_profile_add(ctx *c, const char *op, double entered);
+void op_profile_free(ctx *c);
 
 /* Every CUDA / cuBLAS call of a function returning ckv_status. */
 #define CKV_CUDA_CHECK(call, what)                                       \
