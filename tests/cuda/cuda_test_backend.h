@@ -62,7 +62,7 @@ static inline void cuda_test_download(ckv_backend *be, void *host, const void *d
  * equal. Prints the rows that differ, or the tokens (up to 4) when all agree; counts a failure. */
 static inline void cuda_test_sample_agree(ckv_backend *dev, ckv_backend *ref, const float *x, int rows, int V,
                                           float temperature, int top_k, float top_p, uint32_t seed) {
-    enum { MAX_ROWS = 8 };
+    enum { MAX_ROWS = 16 };
     ckv_sampler_config cfg = {temperature, top_k, top_p, seed, 0.0f};
     ckv_sampler smp;
     if (rows > MAX_ROWS || ckv_sampler_init(&smp, &cfg, V) != CKV_STATUS_OK) {
