@@ -562,18 +562,8 @@ static void test_sample_draw_ends(int V, float temperature, int top_k, float top
     const double ends[4] = {0.0, 1e-12, 0.5, nextafter(1.0, 0.0)};
     double u[ROWS];
     for (int r = 0; r < ROWS; r++) u[r] = ends[r % 4];
-    int32_t got[2][ROWS], poison[ROWS];
-    for (int r = 0; r < ROWS; r++) poison[r] = -7;
-    ckv_backend *bes[2] = {tb, ref};
-    for (int w = 0; w < 2; w++) {
-        ckv_backend *be = bes[w];
-        float *xd = (float *)cuda_test_upload(be, x, sizeof(float) * (size_t)ROWS * V);
-        double *ud = (double *)cuda_test_upload(be, u, sizeof u);
-        int32_t *od = (int32_t *)cuda_test_upload(be, poison, sizeof poison);
-        be->ops->sample(be, od, xd, ROWS, V, temperature, top_k, top_p, ud);
-        cuda_test_download(be, got[w], od, sizeof(int32_t) * ROWS);
-        be->ops->release(be, xd), be->ops->release(be, ud), be->ops->release(be, od);
-    }
+    int32_t got[2][ROWS];
+    cuda_test_sample_pair(tb, ref, x, ROWS, V, temperature, top_k, top_p, u, got[0], got[1]);
     int bad = 0;
     for (int r = 0; r < ROWS; r++)
         if (got[0][r] != got[1][r] || got[1][r] < 0 || got[1][r] >= V)
@@ -596,18 +586,9 @@ static void test_sample_nonfinite(int V, float temperature) {
     x[2 * V + V - 1] = INFINITY;
     x[3 * V + 0] = -INFINITY;
     const double u[ROWS] = {0.25, 0.5, 0.75, 0.125};
-    const int32_t poison[ROWS] = {-7, -7, -7, -7};
     int32_t got[2][ROWS];
     ckv_backend *bes[2] = {tb, ref};
-    for (int w = 0; w < 2; w++) {
-        ckv_backend *be = bes[w];
-        float *xd = (float *)cuda_test_upload(be, x, sizeof(float) * (size_t)ROWS * V);
-        double *ud = (double *)cuda_test_upload(be, u, sizeof u);
-        int32_t *od = (int32_t *)cuda_test_upload(be, poison, sizeof poison);
-        be->ops->sample(be, od, xd, ROWS, V, temperature, 0, 1.0f, ud);
-        cuda_test_download(be, got[w], od, sizeof(int32_t) * ROWS);
-        be->ops->release(be, xd), be->ops->release(be, ud), be->ops->release(be, od);
-    }
+    cuda_test_sample_pair(tb, ref, x, ROWS, V, temperature, 0, 1.0f, u, got[0], got[1]);
     int bad = 0;
     for (int w = 0; w < 2; w++) {
         if (got[w][0] < 0 || got[w][0] >= V) bad++, fprintf(stderr, "  %s row 0 (finite): id %d\n", bes[w]->name, got[w][0]);

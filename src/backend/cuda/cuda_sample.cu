@@ -105,26 +105,6 @@ __device__ void block_argbest(float *v, int *i, float *sv, int *si) {
     }
 }
 
-/* Exclusive scan of v over the block; *total gets the sum. wsum: [32] shared. Every thread calls. */
-__device__ uint64_t block_scan_u64(uint64_t v, uint64_t *wsum, uint64_t *total) {
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, nw = (int)blockDim.x >> 5;
-    uint64_t x = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const uint64_t y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    __syncthreads(); /* wsum may still be read by a previous call */
-    if (lane == 31) wsum[warp] = x;
-    __syncthreads();
-    uint64_t before = 0, all = 0;
-    for (int w = 0; w < nw; w++) {
-        before += w < warp ? wsum[w] : 0;
-        all += wsum[w];
-    }
-    *total = all;
-    return before + x - v;
-}
-
 /* Shared scratch of the searches. */
 struct search_smem {
     uint64_t wsum[32];
@@ -182,7 +162,7 @@ __device__ __forceinline__ void pick_level(const uint32_t *cnt, const uint64_t *
         sc += h->cnt[b], smass += h->mass[b];
     }
     uint64_t C = 0, M = 0;
-    const uint64_t bc = block_scan_u64(sc, sm->wsum, &C), bm = block_scan_u64(smass, sm->wsum, &M);
+    const uint64_t bc = block_scan_excl(sc, sm->wsum, &C), bm = block_scan_excl(smass, sm->wsum, &M);
     if (first) cut_target(cut, r, C, M, s);
     if (s->reach) { /* uniform */
         const uint64_t before = s->use_mass ? bm : bc, mine = s->use_mass ? smass : sc;
@@ -234,6 +214,24 @@ __device__ __forceinline__ void hist_add(const uint32_t (&bits)[ITEMS], int i0, 
             atomicAdd(&h->cnt[bin], 1u);
             atomicAdd((unsigned long long *)&h->mass[bin], (unsigned long long)mass_of(b));
         }
+    }
+}
+
+/* The block's histogram of level `level` over entries [t0, end) of the row, chunk by chunk; key(i) is
+ * entry i's bits (sample_p_kernel computes and stores them there). */
+template <typename K>
+__device__ __forceinline__ void hist_span(int t0, int end, const row_state &st, int level, uint32_t prefix,
+                                          hist_smem *h, K key) {
+    hist_clear(h, level);
+    for (int c0 = t0; c0 < end; c0 += TILE) {
+        const int n = end - c0 < TILE ? end - c0 : TILE;
+        uint32_t bits[ITEMS];
+        CKV_UNROLL
+        for (int k = 0; k < ITEMS; k++) {
+            const int i = (int)threadIdx.x + k * (int)THREADS;
+            bits[k] = i < n ? key(c0 + i) : 0u;
+        }
+        hist_add(bits, c0, n, st, level, prefix, h);
     }
 }
 
@@ -327,21 +325,11 @@ __global__ void sample_p_kernel(scratch w, const float *logits, int vocab, int s
     const float *x = logits + (size_t)r * (size_t)vocab; // [vocab]
     uint32_t *p = w.p + (size_t)r * (size_t)vocab;      // [vocab]
     const int end = vocab - t0 < span ? vocab : t0 + span;
-    hist_clear(&h, 0);
-    for (int c0 = t0; c0 < end; c0 += TILE) {
-        const int n = end - c0 < TILE ? end - c0 : TILE;
-        uint32_t bits[ITEMS];
-        CKV_UNROLL
-        for (int k = 0; k < ITEMS; k++) {
-            const int i = (int)threadIdx.x + k * (int)THREADS;
-            bits[k] = 0u;
-            if (i < n) {
-                bits[k] = __float_as_uint((float)((double)expf(x[c0 + i] * inv_t - st.mx) / sum));
-                p[c0 + i] = bits[k];
-            }
-        }
-        hist_add(bits, c0, n, st, 0, 0u, &h);
-    }
+    hist_span(t0, end, st, 0, 0u, &h, [&](int i) {
+        const uint32_t b = __float_as_uint((float)((double)expf(x[i] * inv_t - st.mx) / sum));
+        p[i] = b;
+        return b;
+    });
     hist_flush(0, w.hcnt + (size_t)r * HBINS, w.hmass + (size_t)r * HBINS, NULL, &h);
 }
 
@@ -360,17 +348,7 @@ __global__ void sample_hist_kernel(scratch w, int vocab, int span, cut_args cut,
     if (!s.reach) return; /* uniform */
     const uint32_t *p = w.p + (size_t)r * (size_t)vocab; // [vocab]
     const int end = vocab - t0 < span ? vocab : t0 + span;
-    hist_clear(&h, level);
-    for (int c0 = t0; c0 < end; c0 += TILE) {
-        const int n = end - c0 < TILE ? end - c0 : TILE;
-        uint32_t bits[ITEMS];
-        CKV_UNROLL
-        for (int k = 0; k < ITEMS; k++) {
-            const int i = (int)threadIdx.x + k * (int)THREADS;
-            bits[k] = i < n ? p[c0 + i] : 0u;
-        }
-        hist_add(bits, c0, n, st, level, s.prefix, &h);
-    }
+    hist_span(t0, end, st, level, s.prefix, &h, [&](int i) { return p[i]; });
     uint32_t *tc = level == LEVELS - 1 ? w.tcnt + ((size_t)r * tiles + blockIdx.x) * LAST_BINS : NULL;
     hist_flush(level, hc, hm, tc, &h);
 }
@@ -400,7 +378,7 @@ __global__ void sample_cut_kernel(scratch w, int32_t *out, int vocab, int span, 
             const int t = t0 + (int)threadIdx.x;
             const uint64_t v = t < tiles ? w.tcnt[((size_t)r * tiles + t) * LAST_BINS + s.bin] : 0;
             uint64_t all = 0;
-            const uint64_t before = run + block_scan_u64(v, sm.wsum, &all);
+            const uint64_t before = run + block_scan_excl(v, sm.wsum, &all);
             if (before < m && m <= before + v) where[0] = t, where[1] = (int)(m - before);
             run += all;
         }
@@ -413,7 +391,7 @@ __global__ void sample_cut_kernel(scratch w, int32_t *out, int vocab, int span, 
             const int i = base + c0 + (int)threadIdx.x;
             const int hit = c0 + (int)threadIdx.x < n && p[i] == s.prefix && in_prefix(st, s.prefix, i);
             uint64_t all = 0;
-            const uint64_t before = seen + block_scan_u64((uint64_t)hit, sm.wsum, &all);
+            const uint64_t before = seen + block_scan_excl((uint64_t)hit, sm.wsum, &all);
             if (hit && before + 1 == (uint64_t)need) where[2] = i;
             seen += all;
             if (seen >= (uint64_t)need) break; /* uniform: seen is the block's total */
