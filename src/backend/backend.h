@@ -204,6 +204,17 @@ typedef enum {
 /* The sample op's id for a row of logits holding a non-finite value. */
 #define CKV_SAMPLE_NONFINITE (-1)
 
+/* The sample op's integer sums, the same on every backend (order-free, so any grid gives the same
+ * bits): the softmax's sum adds each term exp(x / T - max) (at most 1) times 2^ckv_sample_exp_shift
+ * (vocab), truncated, the largest shift that leaves a bit of headroom in 63 bits; a candidate's mass
+ * is its p times CKV_SAMPLE_MASS_ONE, truncated. */
+#define CKV_SAMPLE_MASS_ONE 2305843009213693952.0 /* 2^61 */
+static inline int ckv_sample_exp_shift(int vocab) {
+    int s = 62;
+    while (s > 0 && (unsigned long long)vocab > (1ull << (62 - s))) s--;
+    return s;
+}
+
 typedef struct {
     /* the optional op families this table offers: CKV_BACKEND_CAP_BIT(cap) of each */
     uint32_t caps;
@@ -488,7 +499,7 @@ typedef struct {
     /* ---- sampling on the device (CPU reference: cpu/cpu_sample.c) ----
      * out[r] = the next token of logits row r, chosen as engine/sampler.c chooses it:
      * temperature 0: argmax (lowest index on ties); else p = softmax(logits / temperature) (fp32
-     * exp, sum in double), candidates in the order descending p, then ascending index; the first
+     * exp, the sum and the masses as integers: ckv_sample_exp_shift above), candidates in the order descending p, then ascending index; the first
      * top_k of them (0 = all); then the shortest prefix whose mass reaches top_p of theirs (1 = off);
      * then the first candidate at which the running mass of that prefix exceeds u[r] * its mass
      * (the last one if rounding never gets there).

@@ -57,29 +57,18 @@ static inline void cuda_test_download(ckv_backend *be, void *host, const void *d
     CHECK_MSG(s == CKV_STATUS_OK, "%s: %s", be->name, ckv_error_message());
 }
 
-/* Samples the rows x [rows, V] (host) with the engine's sampler (seed) and with the sample op of dev
- * and of ref, each given the uniform the engine drew for the row: every row's three tokens must be
- * equal. Prints the rows that differ, or the tokens (up to 4) when all agree; counts a failure. */
-static inline void cuda_test_sample_agree(ckv_backend *dev, ckv_backend *ref, const float *x, int rows, int V,
-                                          float temperature, int top_k, float top_p, uint32_t seed) {
-    enum { MAX_ROWS = 8 };
-    ckv_sampler_config cfg = {temperature, top_k, top_p, seed, 0.0f};
-    ckv_sampler smp;
-    if (rows > MAX_ROWS || ckv_sampler_init(&smp, &cfg, V) != CKV_STATUS_OK) {
-        CHECK_MSG(0, "sample V=%d: %d rows (at most %d) or no sampler: %s", V, rows, MAX_ROWS, ckv_error_message());
-        return;
-    }
-    double u[MAX_ROWS];
-    int32_t want[MAX_ROWS], got[MAX_ROWS], cpu[MAX_ROWS], poison[MAX_ROWS];
-    for (int r = 0; r < rows; r++) {
-        ckv_sampler peek = smp;
-        u[r] = temperature > 0.0f ? ckv_sampler_uniform(&peek) : 0.0;
-        want[r] = ckv_sampler_sample(&smp, x + (size_t)r * V);
-        poison[r] = -7;
-    }
+/* The sample op of dev (into got) and of ref (into want) on rows x [rows, V] (host, rows <= 16) with
+ * draws u [rows] (host); the outputs are poisoned first. */
+static inline void cuda_test_sample_pair(ckv_backend *dev, ckv_backend *ref, const float *x, int rows, int V,
+                                         float temperature, int top_k, float top_p, const double *u, int32_t *got,
+                                         int32_t *want) {
+    enum { MAX_ROWS = 16 };
+    int32_t poison[MAX_ROWS];
+    CHECK_MSG(rows <= MAX_ROWS, "sample: %d rows (at most %d)", rows, MAX_ROWS);
+    for (int r = 0; r < MAX_ROWS; r++) poison[r] = -7;
     ckv_backend *bes[2] = {dev, ref};
-    int32_t *outs[2] = {got, cpu};
-    for (int w = 0; w < 2; w++) {
+    int32_t *outs[2] = {got, want};
+    for (int w = 0; w < 2 && rows <= MAX_ROWS; w++) {
         ckv_backend *be = bes[w];
         float *xd = (float *)cuda_test_upload(be, x, sizeof(float) * (size_t)rows * V);
         double *ud = (double *)cuda_test_upload(be, u, sizeof(double) * (size_t)rows);
@@ -88,6 +77,28 @@ static inline void cuda_test_sample_agree(ckv_backend *dev, ckv_backend *ref, co
         cuda_test_download(be, outs[w], od, sizeof(int32_t) * (size_t)rows);
         be->ops->release(be, xd), be->ops->release(be, ud), be->ops->release(be, od);
     }
+}
+
+/* Samples the rows x [rows, V] (host) with the engine's sampler (seed) and with the sample op of dev
+ * and of ref, each given the uniform the engine drew for the row: every row's three tokens must be
+ * equal. Prints the rows that differ, or the tokens (up to 4) when all agree; counts a failure. */
+static inline void cuda_test_sample_agree(ckv_backend *dev, ckv_backend *ref, const float *x, int rows, int V,
+                                          float temperature, int top_k, float top_p, uint32_t seed) {
+    enum { MAX_ROWS = 16 };
+    ckv_sampler_config cfg = {temperature, top_k, top_p, seed, 0.0f};
+    ckv_sampler smp;
+    if (rows > MAX_ROWS || ckv_sampler_init(&smp, &cfg, V) != CKV_STATUS_OK) {
+        CHECK_MSG(0, "sample V=%d: %d rows (at most %d) or no sampler: %s", V, rows, MAX_ROWS, ckv_error_message());
+        return;
+    }
+    double u[MAX_ROWS];
+    int32_t want[MAX_ROWS], got[MAX_ROWS], cpu[MAX_ROWS];
+    for (int r = 0; r < rows; r++) {
+        ckv_sampler peek = smp;
+        u[r] = temperature > 0.0f ? ckv_sampler_uniform(&peek) : 0.0;
+        want[r] = ckv_sampler_sample(&smp, x + (size_t)r * V);
+    }
+    cuda_test_sample_pair(dev, ref, x, rows, V, temperature, top_k, top_p, u, got, cpu);
     int bad = 0;
     char toks[64] = "";
     for (int r = 0, n = 0; r < rows; r++) {

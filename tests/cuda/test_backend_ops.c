@@ -540,27 +540,55 @@ static void test_sample(float temperature, int top_k, float top_p) {
     free(x);
 }
 
+/* Rows over Qwen2.5's 152,064-token vocabulary (many blocks per row; every other row of many exact
+ * ties), batch 1 or 16, the draws the engine's sampler takes. */
+static void test_sample_vocab(int rows, float temperature, int top_k, float top_p) {
+    enum { V = 152064 };
+    float *x = rand_floats((size_t)rows * V, -4.0f, 4.0f);
+    for (int r = 1; r < rows; r += 2)
+        for (int i = 0; i < V; i++) x[(size_t)r * V + i] = roundf(x[(size_t)r * V + i] * 2.0f) * 0.5f;
+    cuda_test_sample_agree(tb, ref, x, rows, V, temperature, top_k, top_p, rng_u32());
+    free(x);
+}
+
+/* Draws at the ends of [0, 1): 0, 1e-12, 0.5 and the largest double below 1, on a row of distinct
+ * logits and a row of ties; the same token as the CPU op (the largest draw may round beyond the
+ * prefix's mass: then the prefix's last candidate). */
+static void test_sample_draw_ends(int V, float temperature, int top_k, float top_p) {
+    enum { ROWS = 8 };
+    float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
+    for (int r = 4; r < ROWS; r++)
+        for (int i = 0; i < V; i++) x[(size_t)r * V + i] = x[i % 29] >= 0.0f ? 1.5f : -0.5f; /* two values */
+    const double ends[4] = {0.0, 1e-12, 0.5, nextafter(1.0, 0.0)};
+    double u[ROWS];
+    for (int r = 0; r < ROWS; r++) u[r] = ends[r % 4];
+    int32_t got[2][ROWS];
+    cuda_test_sample_pair(tb, ref, x, ROWS, V, temperature, top_k, top_p, u, got[0], got[1]);
+    int bad = 0;
+    for (int r = 0; r < ROWS; r++)
+        if (got[0][r] != got[1][r] || got[1][r] < 0 || got[1][r] >= V)
+            bad++, fprintf(stderr, "  row %d u %.17g: %s token %d, cpu op %d\n", r, u[r], tb->name, got[0][r], got[1][r]);
+    CHECK_MSG(bad == 0, "sample V=%d T=%g top_k=%d top_p=%g at draws 0 .. 1-2^-53: %d of %d rows differ", V,
+              temperature, top_k, top_p, bad, ROWS);
+    if (!bad)
+        fprintf(stderr, "ok   %s sample V=%d T=%g top_k=%d top_p=%g at draws 0 .. 1-2^-53: tokens %d %d %d %d | %d %d %d %d "
+                "identical to the cpu op\n", tb->name, V, temperature, top_k, top_p, got[0][0], got[0][1], got[0][2],
+                got[0][3], got[0][4], got[0][5], got[0][6], got[0][7]);
+    free(x);
+}
+
 /* A row holding NaN, +Inf or -Inf samples CKV_SAMPLE_NONFINITE on both backends (greedy and
  * sampled); the finite row beside them is sampled as always. */
-static void test_sample_nonfinite(float temperature) {
-    enum { ROWS = 4, V = 300 };
+static void test_sample_nonfinite(int V, float temperature) {
+    enum { ROWS = 4 };
     float *x = rand_floats((size_t)ROWS * V, -4.0f, 4.0f);
     x[1 * V + 17] = NAN;
-    x[2 * V + 299] = INFINITY;
+    x[2 * V + V - 1] = INFINITY;
     x[3 * V + 0] = -INFINITY;
     const double u[ROWS] = {0.25, 0.5, 0.75, 0.125};
-    const int32_t poison[ROWS] = {-7, -7, -7, -7};
     int32_t got[2][ROWS];
     ckv_backend *bes[2] = {tb, ref};
-    for (int w = 0; w < 2; w++) {
-        ckv_backend *be = bes[w];
-        float *xd = (float *)cuda_test_upload(be, x, sizeof(float) * (size_t)ROWS * V);
-        double *ud = (double *)cuda_test_upload(be, u, sizeof u);
-        int32_t *od = (int32_t *)cuda_test_upload(be, poison, sizeof poison);
-        be->ops->sample(be, od, xd, ROWS, V, temperature, 0, 1.0f, ud);
-        cuda_test_download(be, got[w], od, sizeof(int32_t) * ROWS);
-        be->ops->release(be, xd), be->ops->release(be, ud), be->ops->release(be, od);
-    }
+    cuda_test_sample_pair(tb, ref, x, ROWS, V, temperature, 0, 1.0f, u, got[0], got[1]);
     int bad = 0;
     for (int w = 0; w < 2; w++) {
         if (got[w][0] < 0 || got[w][0] >= V) bad++, fprintf(stderr, "  %s row 0 (finite): id %d\n", bes[w]->name, got[w][0]);
@@ -569,8 +597,9 @@ static void test_sample_nonfinite(float temperature) {
                 bad++, fprintf(stderr, "  %s row %d (non-finite): id %d, expected %d\n", bes[w]->name, r, got[w][r],
                                CKV_SAMPLE_NONFINITE);
     }
-    CHECK_MSG(bad == 0 && got[0][0] == got[1][0], "sample T=%g with non-finite rows: %d wrong ids, finite row %d vs cpu %d",
-              temperature, bad, got[0][0], got[1][0]);
+    CHECK_MSG(bad == 0 && got[0][0] == got[1][0],
+              "sample V=%d T=%g with non-finite rows: %d wrong ids, finite row %d vs cpu %d", V, temperature, bad,
+              got[0][0], got[1][0]);
     free(x);
 }
 
@@ -685,8 +714,16 @@ int main(int argc, char **argv) {
     test_sample(1.3f, 0, 0.9f);
     test_sample(1.0f, 50, 0.8f);
     test_sample(0.5f, 3, 0.5f);
-    test_sample_nonfinite(0.0f);
-    test_sample_nonfinite(1.0f);
+    test_sample_nonfinite(300, 0.0f);
+    test_sample_nonfinite(300, 1.0f);
+    test_sample_nonfinite(152064, 0.7f);
+    test_sample_draw_ends(300, 1.0f, 0, 1.0f);
+    test_sample_draw_ends(5000, 0.8f, 40, 0.9f);
+    test_sample_vocab(1, 1.0f, 0, 1.0f);
+    test_sample_vocab(1, 0.7f, 40, 0.9f);
+    test_sample_vocab(1, 1.2f, 1, 1.0f);
+    test_sample_vocab(1, 0.5f, 152064, 0.9f);
+    test_sample_vocab(16, 0.7f, 40, 0.9f);
     CHECK_OK(tb->ops->sync(tb));
 
     ckv_backend_free(tb);

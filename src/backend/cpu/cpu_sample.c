@@ -1,11 +1,13 @@
 /* cpu_sample.c - the CPU backend's sample op (backend.h): greedy, or temperature -> top-k -> top-p
- * sampling of rows of logits with caller-supplied uniform draws, choosing exactly the token
- * engine/sampler.c chooses. It sorts nothing and allocates nothing: the candidates form a total
- * order (descending p, then ascending index) and every cut (the k-th candidate, the end of the top-p
- * prefix, the sampled token) is found as a boundary element of that order by binary search over the
- * bit patterns of p (non-negative floats order as their bits) and then over the indices of the
- * tied candidates, each step one pass that recomputes p. The same algorithm runs on the GPU
- * (cuda/cuda_sample.cu); this file is its reference. */
+ * sampling of rows of logits with caller-supplied uniform draws, choosing the token engine/sampler.c
+ * chooses. It sorts nothing and allocates nothing: the candidates form a total order (descending p,
+ * then ascending index) and every cut (the k-th candidate, the end of the top-p prefix, the sampled
+ * token) is the first candidate of the current prefix at which a running weight (count, or mass)
+ * reaches an integer target, found by binary search over the bit patterns of p (non-negative floats
+ * order as their bits) and then the tied candidates in index order, each step one pass that
+ * recomputes p. The softmax's sum and the masses are the integers backend.h defines
+ * (ckv_sample_exp_shift, CKV_SAMPLE_MASS_ONE), as the GPU's radix select (cuda/cuda_sample.cu) sums
+ * them, so both backends pick the same tokens; this file is the reference. */
 #include <math.h>
 #include <string.h>
 
@@ -33,55 +35,48 @@ typedef struct {
 
 static int ckv_sample_in(uint32_t b, int i, ckv_sample_cut c) { return b > c.tb || (b == c.tb && i <= c.ti); }
 
-static float ckv_sample_value(uint32_t b) {
+/* A candidate's weight: 1, or its mass p * 2^61 truncated. */
+static uint64_t ckv_sample_weight(uint32_t b, int mass) {
     float v;
     memcpy(&v, &b, sizeof v);
-    return v;
+    return mass ? (uint64_t)((double)v * CKV_SAMPLE_MASS_ONE) : 1u;
 }
 
-/* Sum over the prefix of the candidates whose bits are >= lo (count or mass). */
-static double ckv_sample_cum(const ckv_sample_row *r, ckv_sample_cut c, uint32_t lo, int mass) {
-    double acc = 0.0;
+/* Weight of the candidates of prefix c whose bits are >= lo. */
+static uint64_t ckv_sample_cum(const ckv_sample_row *r, ckv_sample_cut c, uint32_t lo, int mass) {
+    uint64_t acc = 0;
     for (int i = 0; i < r->vocab; i++) {
         uint32_t b = ckv_sample_bits(r, i);
-        if (b >= lo && ckv_sample_in(b, i, c)) acc += mass ? (double)ckv_sample_value(b) : 1.0;
+        if (b >= lo && ckv_sample_in(b, i, c)) acc += ckv_sample_weight(b, mass);
     }
     return acc;
 }
 
-/* The first candidate of prefix c (in order) at which the running count / mass reaches `target`
- * (>= target, or > when strict) becomes the new end of c. Returns 0 (c unchanged) when the whole
- * prefix does not reach it. */
-static int ckv_sample_cut_at(const ckv_sample_row *r, ckv_sample_cut *c, double target, int mass, int strict) {
-#define CKV_REACH(v) (strict ? (v) > target : (v) >= target)
-    if (!CKV_REACH(ckv_sample_cum(r, *c, 0, mass))) return 0;
+/* The first candidate of prefix c (in order) at which the running weight reaches T >= 1 becomes the
+ * new end of c: its bits tb are the largest with weight(bits >= tb) >= T, and it is the m-th
+ * candidate of bits tb, m = (T - weight(bits > tb)) / (one's weight), rounded up. */
+static void ckv_sample_cut_at(const ckv_sample_row *r, ckv_sample_cut *c, uint64_t T, int mass) {
     uint32_t lo = 0, hi = 0x3f800001u; /* p <= 1: nothing has bits >= hi */
     while (hi - lo > 1) {
         uint32_t mid = lo + (hi - lo) / 2;
-        if (CKV_REACH(ckv_sample_cum(r, *c, mid, mass)))
+        if (ckv_sample_cum(r, *c, mid, mass) >= T)
             lo = mid;
         else
             hi = mid;
     }
-    const double gt = ckv_sample_cum(r, *c, lo + 1, mass), w = mass ? (double)ckv_sample_value(lo) : 1.0;
-    double ties = 0.0;
+    const uint64_t gt = ckv_sample_cum(r, *c, lo + 1, mass), unit = ckv_sample_weight(lo, mass);
+    const uint64_t m = (T - gt + unit - 1) / unit;
+    uint64_t seen = 0;
+    int ti = -1;
     for (int i = 0; i < r->vocab; i++) {
         uint32_t b = ckv_sample_bits(r, i);
-        ties += b == lo && ckv_sample_in(b, i, *c);
-    }
-    double m = strict ? floor((target - gt) / w) + 1.0 : ceil((target - gt) / w); /* ties needed */
-    m = m < 1.0 ? 1.0 : m > ties ? ties : m;
-    int seen = 0;
-    for (int i = 0; i < r->vocab; i++) {
-        uint32_t b = ckv_sample_bits(r, i);
-        if (b == lo && ckv_sample_in(b, i, *c) && ++seen >= (int)m) {
-            c->tb = lo;
-            c->ti = i;
-            break;
+        if (b == lo && ckv_sample_in(b, i, *c)) {
+            ti = i; /* the last tie if m were beyond them */
+            if (++seen >= m) break;
         }
     }
-#undef CKV_REACH
-    return 1;
+    c->tb = lo;
+    c->ti = ti;
 }
 
 static int32_t ckv_sample_one(const float *x, int vocab, float temperature, int top_k, float top_p, double u) {
@@ -93,20 +88,27 @@ static int32_t ckv_sample_one(const float *x, int vocab, float temperature, int 
     if (temperature == 0.0f) return best;
     ckv_sample_row r = {x, vocab, 1.0f / temperature, 0.0f, 0.0};
     r.mx = x[best] * r.inv_t;
-    for (int i = 0; i < vocab; i++) r.sum += (double)expf(x[i] * r.inv_t - r.mx);
+    const int S = ckv_sample_exp_shift(vocab);
+    const double one = ldexp(1.0, S);
+    uint64_t e = 0;
+    for (int i = 0; i < vocab; i++) e += (uint64_t)((double)expf(x[i] * r.inv_t - r.mx) * one);
+    r.sum = (double)e * ldexp(1.0, -S);
     ckv_sample_cut c = {0, vocab - 1}; /* every candidate */
-    if (top_k > 0 && top_k < vocab) ckv_sample_cut_at(&r, &c, (double)top_k, 0, 0);
-    if (top_p < 1.0f) ckv_sample_cut_at(&r, &c, (double)top_p * ckv_sample_cum(&r, c, 0, 1), 1, 0);
-    const double target = u * ckv_sample_cum(&r, c, 0, 1);
-    if (ckv_sample_cut_at(&r, &c, target, 1, 1)) return c.ti;
-    /* rounding never got there: the last candidate of the prefix */
-    int last = -1;
-    uint32_t lb = 0;
-    for (int i = 0; i < vocab; i++) {
-        uint32_t b = ckv_sample_bits(&r, i);
-        if (ckv_sample_in(b, i, c) && (last < 0 || b < lb || b == lb)) last = i, lb = b;
+    if (top_k > 0 && top_k < vocab) ckv_sample_cut_at(&r, &c, (uint64_t)top_k, 0);
+    if (top_p < 1.0f) { /* the shortest prefix whose mass reaches ceil(top_p M) */
+        const uint64_t M = ckv_sample_cum(&r, c, 0, 1);
+        const double t = ceil((double)top_p * (double)M);
+        const uint64_t T = t < 1.0 ? 1 : (uint64_t)t;
+        if (M >= T) ckv_sample_cut_at(&r, &c, T, 1);
     }
-    return last;
+    /* the first candidate whose running mass exceeds u M; the last one when rounding puts that
+     * beyond M (a count target: all of the prefix) */
+    const uint64_t M = ckv_sample_cum(&r, c, 0, 1), T = (uint64_t)floor(u * (double)M) + 1;
+    if (T <= M)
+        ckv_sample_cut_at(&r, &c, T, 1);
+    else
+        ckv_sample_cut_at(&r, &c, ckv_sample_cum(&r, c, 0, 0), 0);
+    return c.ti;
 }
 
 void ckv_cpu_sample(ckv_backend *be, int32_t *out, const float *logits, int n, int vocab, float temperature, int top_k,

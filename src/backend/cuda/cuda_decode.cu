@@ -343,9 +343,12 @@ CKV_UNROLL
     }
 }
 
-/* Warp per output row (4 per block): O = sum_s 2^{m_s - M} o_s / sum_s 2^{m_s - M} l_s over the
- * splits (docs/gpu.md §4; m in base 2), the weights computed once per split and row by the lanes,
- * the dims summed in split order (the same order for every row). */
+constexpr int MERGE_BATCH = 8; /* partials' loads in flight per lane in the merge */
+
+/* Warp per output row and 32 of its dims (4 rows per block, blockIdx.y the dims): O = sum_s
+ * 2^{m_s - M} o_s / sum_s 2^{m_s - M} l_s over the splits (docs/gpu.md §4; m in base 2), the weights
+ * computed once per split and warp by the lanes, each dim summed in split order (the same order for
+ * every row). */
 __global__ void __launch_bounds__(DK_THREADS) merge_kernel(float *out, const float *part, int rows, int n_splits, int hd) {
     __shared__ float wt[DK_WARPS * MERGE_MAX_SPLITS]; // [warp][split] weights
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
@@ -364,9 +367,24 @@ __global__ void __launch_bounds__(DK_THREADS) merge_kernel(float *out, const flo
     }
     for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
     __syncwarp();
-    for (int d = lane; d < hd && ok; d += 32) {
+    const int d = (int)blockIdx.y * 32 + lane; /* this warp's 32 dims */
+    if (ok && d < hd) {
         float o = 0.0f;
-        for (int sp = 0; sp < n_splits; sp++) {
+        int sp = 0;
+        /* MERGE_BATCH splits' loads issued together, then added in split order (a load under the
+         * weight's test would wait for the one before: a chain of n_splits latencies per dim at batch
+         * 1, where a few rows meet up to 64 splits; docs/gpu.md §4) */
+        for (; sp + MERGE_BATCH <= n_splits; sp += MERGE_BATCH) {
+            float v[MERGE_BATCH];
+            CKV_UNROLL
+            for (int j = 0; j < MERGE_BATCH; j++) v[j] = pr[(size_t)(sp + j) * (hd + 2) + d];
+            CKV_UNROLL
+            for (int j = 0; j < MERGE_BATCH; j++) {
+                const float w = wt[warp * MERGE_MAX_SPLITS + sp + j];
+                if (w != 0.0f) o += w * v[j];
+            }
+        }
+        for (; sp < n_splits; sp++) {
             const float w = wt[warp * MERGE_MAX_SPLITS + sp];
             if (w != 0.0f) o += w * pr[(size_t)sp * (hd + 2) + d];
         }
@@ -482,8 +500,8 @@ bool decode_split_plan(ctx *c, const ckv_kv_batch *kv, int n, int n_heads, int b
 }
 
 void launch_merge(ctx *c, float *out, const float *part, int rows, int n_splits, int hd) {
-    CKV_LAUNCH(merge_kernel, dim3((unsigned)((rows + DK_WARPS - 1) / DK_WARPS)), dim3(DK_THREADS), 0, c->stream, out,
-               part, rows, n_splits, hd);
+    CKV_LAUNCH(merge_kernel, dim3((unsigned)((rows + DK_WARPS - 1) / DK_WARPS), (unsigned)((hd + 31) / 32)),
+               dim3(DK_THREADS), 0, c->stream, out, part, rows, n_splits, hd);
 }
 
 void attention_split(ctx *c, float *out, const float *q, const int32_t *qpos, const ckv_kv_batch *kv, int n,

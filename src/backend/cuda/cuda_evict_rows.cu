@@ -210,27 +210,6 @@ __global__ void sel_pick_kernel(sel_state *st, const unsigned *hist, int segs, i
     st[sg].want = want;
 }
 
-/* Exclusive scan over the block (blockDim.x a multiple of 32): returns the sum of v over the threads
- * before this one; *total gets the block's sum. wsum: [32] shared. Every thread must call it. */
-__device__ __forceinline__ int block_scan_excl(int v, int *wsum, int *total) {
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, nw = (int)blockDim.x >> 5;
-    int x = v; /* inclusive scan within the warp */
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    __syncthreads(); /* wsum may still be read by a previous call */
-    if (lane == 31) wsum[warp] = x;
-    __syncthreads();
-    int before = 0, all = 0;
-    for (int w = 0; w < nw; w++) {
-        before += w < warp ? wsum[w] : 0;
-        all += wsum[w];
-    }
-    *total = all;
-    return before + x - v;
-}
-
 /* Per tile: entries above the boundary key and equal to it. */
 __global__ void sel_tile_kernel(sel_pair *tile, const sel_state *st, const float *s, int ld, int n, int per_row) {
     __shared__ int wsum[32];

@@ -167,6 +167,27 @@ template <typename T> __device__ __forceinline__ T block_sum(T v, T *red) {
     return v;
 }
 
+/* Exclusive scan over the block (blockDim.x a multiple of 32): returns the sum of v over the threads
+ * before this one; *total gets the block's sum. wsum: [32] shared. Every thread must call it. */
+template <typename T> __device__ __forceinline__ T block_scan_excl(T v, T *wsum, T *total) {
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, nw = (int)blockDim.x >> 5;
+    T x = v; /* inclusive scan within the warp */
+    for (int o = 1; o < 32; o <<= 1) {
+        const T y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads(); /* wsum may still be read by a previous call */
+    if (lane == 31) wsum[warp] = x;
+    __syncthreads();
+    T before = 0, all = 0;
+    for (int w = 0; w < nw; w++) {
+        before += w < warp ? wsum[w] : (T)0;
+        all += wsum[w];
+    }
+    *total = all;
+    return before + x - v;
+}
+
 /* Max (fmaxf: NaN ignored) over the block, as block_sum; every thread gets it. red: [32] shared. */
 __device__ __forceinline__ float block_max(float v, float *red) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
