@@ -3,7 +3,8 @@
  * (constants, token indices, seeded random scores), the layer max, and the top-k family (per row,
  * scatter, cross-head counts) with the SPEC tie rule. Semantics as in backend.h; every sum runs in
  * the order backend.h fixes, so results do not depend on the thread count (row norms are split over
- * the backend's threads by (segment, row block); the rest runs on the calling thread). Nothing
+ * the backend's threads by (segment, row block), evict_topk by rows; the rest runs on the calling
+ * thread). Nothing
  * allocates (the top-k ops select by a radix select, below). No GEMMs (cpu_evict_attn.c) and no
  * decisions about budgets (evict/). */
 #include <float.h>
@@ -230,25 +231,39 @@ static uint32_t topk_threshold(const float *s, int ld, int rows, int n, int64_t 
     return prefix;
 }
 
-ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
-                              const int32_t *k) {
-    (void)be;
-    for (int r = 0; r < rows; r++)
-        if (k[r] < 0 || k[r] > n)
-            return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
-    for (int r = 0; r < rows; r++) {
-        const float *sr = s + (size_t)r * (size_t)ld;
-        int32_t *out = idx + (size_t)r * (size_t)ld_idx;
-        if (k[r] == 0) continue;
+typedef struct {
+    int32_t *idx;
+    const float *s;
+    const int32_t *k;
+    int ld_idx, ld, n;
+} topk_job;
+
+/* Rows [r0, r1) of evict_topk, each selected on its own (rows are independent: any split is exact). */
+static void topk_rows_units(void *ctx, int r0, int r1, int tid) {
+    (void)tid;
+    const topk_job *jb = ctx;
+    for (int r = r0; r < r1; r++) {
+        const float *sr = jb->s + (size_t)r * (size_t)jb->ld;
+        int32_t *out = jb->idx + (size_t)r * (size_t)jb->ld_idx;
+        if (jb->k[r] == 0) continue;
         int64_t above;
-        const uint32_t thr = topk_threshold(sr, ld, 1, n, k[r], &above);
-        int64_t ties = k[r] - above; /* keys equal to thr taken, lowest index first */
+        const uint32_t thr = topk_threshold(sr, jb->ld, 1, jb->n, jb->k[r], &above);
+        int64_t ties = jb->k[r] - above; /* keys equal to thr taken, lowest index first */
         int o = 0;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < jb->n; i++) {
             const uint32_t key = topk_key(sr[i]);
             if (key > thr || (key == thr && ties-- > 0)) out[o++] = i;
         }
     }
+}
+
+ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
+                              const int32_t *k) {
+    for (int r = 0; r < rows; r++)
+        if (k[r] < 0 || k[r] > n)
+            return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
+    topk_job jb = {idx, s, k, ld_idx, ld, n};
+    ckv_threadpool_for(ckv_cpu_pool(be), rows, 1, topk_rows_units, &jb);
     return CKV_STATUS_OK;
 }
 
