@@ -14,13 +14,13 @@
 
 #define KEYS_MAX_DIM 1024
 
-/* Row t of segment g's keys (values when values != 0) as fp32 (a view of the cache for f32, else
- * converted into buf). */
-static const float *seg_row(const ckv_kv_batch *kv, int g, int t, int values, float *buf) {
+/* Rows t .. t + n - 1 of segment g's keys (values when values != 0) as fp32, row
+ * stride head_dim (a view of the cache for f32, else converted into buf [n, head_dim]). */
+static const float *seg_rows(const ckv_kv_batch *kv, int g, int t, int n, int values, float *buf) {
     const size_t rowb = (size_t)kv->head_dim * ckv_dtype_size(kv->dtype);
     const char *row = (const char *)(values ? kv->segs[0][g].v : kv->segs[0][g].k) + (size_t)t * rowb;
     if (kv->dtype == CKV_DTYPE_F32) return (const float *)(const void *)row;
-    ckv_convert_to_f32(buf, row, kv->dtype, (size_t)kv->head_dim);
+    ckv_convert_to_f32(buf, row, kv->dtype, (size_t)n * (size_t)kv->head_dim);
     return buf;
 }
 
@@ -61,16 +61,6 @@ ckv_status ckv_cpu_evict_heads(ckv_backend *be, int n, size_t scratch_bytes, ckv
     for (int w = 0; w < workers; w++)
         if (status[w] != CKV_STATUS_OK) return status[w];
     return CKV_STATUS_OK;
-}
-
-/* Rows t .. t + n - 1 (n <= BLOCK_ROWS) of segment g's keys (values when values != 0) as fp32, row
- * stride head_dim (a view of the cache for f32, else converted into buf [n, head_dim]). */
-static const float *seg_rows(const ckv_kv_batch *kv, int g, int t, int n, int values, float *buf) {
-    const size_t rowb = (size_t)kv->head_dim * ckv_dtype_size(kv->dtype);
-    const char *row = (const char *)(values ? kv->segs[0][g].v : kv->segs[0][g].k) + (size_t)t * rowb;
-    if (kv->dtype == CKV_DTYPE_F32) return (const float *)(const void *)row;
-    ckv_convert_to_f32(buf, row, kv->dtype, (size_t)n * (size_t)kv->head_dim);
-    return buf;
 }
 
 /* keydiff and cur run over (segment, block of BLOCK_ROWS rows) units in two passes: the first reads
@@ -150,32 +140,41 @@ ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_
 
 /* LagKV's softmax-normalised spread of partition rows t0 .. t0 + lag - 1 of segment g against the
  * channel range of the next partition, added (times 0.5) into r[lag]. Each row is normalised once
- * into z (float, as the sums read it), then summed in channel order. */
+ * into z (float, as the sums read it), then summed in channel order; LAG_ROWS rows at a time, each
+ * row's sums their own chains (the same sums, overlapped by the core). */
+enum { LAG_ROWS = 4 };
+
 static void lag_spread(const ckv_kv_batch *kv, int g, int t0, int lag, int values, float *buf, float *lo, float *hi,
                        float *z, double *s, double *r) {
     const int d = kv->head_dim;
-    const float *x0 = seg_row(kv, g, t0 + lag, values, buf);
+    const float *x0 = seg_rows(kv, g, t0 + lag, 1, values, buf);
     for (int a = 0; a < d; a++) lo[a] = hi[a] = x0[a];
     for (int t = t0 + lag + 1; t < t0 + 2 * lag; t++) {
-        const float *x = seg_row(kv, g, t, values, buf);
+        const float *x = seg_rows(kv, g, t, 1, values, buf);
         for (int a = 0; a < d; a++) {
             lo[a] = x[a] < lo[a] ? x[a] : lo[a];
             hi[a] = x[a] > hi[a] ? x[a] : hi[a];
         }
     }
     double mx = -INFINITY;
-    for (int i = 0; i < lag; i++) {
-        const float *x = seg_row(kv, g, t0 + i, values, buf);
-        for (int a = 0; a < d; a++) z[a] = (x[a] - lo[a]) / (hi[a] - lo[a]);
-        double mean = 0.0, var = 0.0;
-        for (int a = 0; a < d; a++) mean += (double)z[a];
-        mean /= (double)d;
-        for (int a = 0; a < d; a++) {
-            const double e = (double)z[a] - mean;
-            var += e * e;
+    for (int i0 = 0; i0 < lag; i0 += LAG_ROWS) {
+        const int nr = lag - i0 < LAG_ROWS ? lag - i0 : LAG_ROWS;
+        const float *x = seg_rows(kv, g, t0 + i0, nr, values, buf); // [nr, d]
+        for (int i = 0; i < nr; i++)
+            for (int a = 0; a < d; a++) z[(size_t)i * d + a] = (x[(size_t)i * d + a] - lo[a]) / (hi[a] - lo[a]);
+        double mean[LAG_ROWS] = {0.0}, var[LAG_ROWS] = {0.0};
+        for (int a = 0; a < d; a++)
+            for (int i = 0; i < nr; i++) mean[i] += (double)z[(size_t)i * d + a];
+        for (int i = 0; i < nr; i++) mean[i] /= (double)d;
+        for (int a = 0; a < d; a++)
+            for (int i = 0; i < nr; i++) {
+                const double e = (double)z[(size_t)i * d + a] - mean[i];
+                var[i] += e * e;
+            }
+        for (int i = 0; i < nr; i++) {
+            s[i0 + i] = d > 1 ? sqrt(var[i] / (double)(d - 1)) : NAN; /* torch.std: unbiased */
+            if (s[i0 + i] > mx) mx = s[i0 + i];
         }
-        s[i] = d > 1 ? sqrt(var / (double)(d - 1)) : NAN; /* torch.std: unbiased */
-        if (s[i] > mx) mx = s[i];
     }
     double sum = 0.0;
     for (int i = 0; i < lag; i++) sum += (s[i] = exp(s[i] - mx));
@@ -193,7 +192,7 @@ static ckv_status lagkv_unit(void *ctx, int u, void *scratch) {
     const lagkv_job *jb = ctx;
     const int lag = jb->lag, P = (jb->n_rows - jb->n_sink) / lag, g = u / (P - 1), p = u % (P - 1);
     double *s = scratch, *r = s + lag; // [lag] each
-    float buf[KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM], z[KEYS_MAX_DIM];
+    float buf[LAG_ROWS * KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM], z[LAG_ROWS * KEYS_MAX_DIM];
     float *dst = jb->out + (size_t)g * (size_t)jb->ld;
     const int t0 = jb->n_sink + p * lag;
     for (int i = 0; i < lag; i++) r[i] = 0.0;
