@@ -138,6 +138,15 @@ static inline void ckv_cpu_part(int n, int parts, int w, int *begin, int *end) {
     *end = *begin + base + (w < rem);
 }
 
+/* Unit u of (segment, row block) units, `blocks` blocks of `block` rows per segment over n rows:
+ * its segment *g, block *b and rows [*t0, *t1) (empty past n). */
+static inline void ckv_cpu_unit_rows(int u, int blocks, int block, int n, int *g, int *b, int *t0, int *t1) {
+    *g = u / blocks;
+    *b = u % blocks;
+    *t0 = *b * block;
+    *t1 = *t0 + block < n ? *t0 + block : n;
+}
+
 /* Number of contiguous work items of `block` elements covering n elements (for ckv_threadpool_for,
  * which counts in int). */
 static inline int ckv_cpu_blocks(size_t n, size_t block) { return (int)((n + block - 1) / block); }

@@ -84,8 +84,8 @@ static void keydiff_units(void *ctx, int u0, int u1, int tid) {
     float buf[CONV_ROWS * KEYS_MAX_DIM];
     double anchor[KEYS_MAX_DIM];
     for (int u = u0; u < u1; u++) {
-        const int g = u / jb->blocks, b = u % jb->blocks, t0 = b * BLOCK_ROWS;
-        const int t1 = t0 + BLOCK_ROWS < jb->n_rows ? t0 + BLOCK_ROWS : jb->n_rows;
+        int g, b, t0, t1;
+        ckv_cpu_unit_rows(u, jb->blocks, BLOCK_ROWS, jb->n_rows, &g, &b, &t0, &t1);
         double *norm = jb->norm + (size_t)g * (size_t)jb->n_rows;
         if (jb->pass == 0) { /* F.normalize(keys, p=2, dim=-1), summed over the block */
             double *part = jb->part + ((size_t)g * (size_t)jb->blocks + (size_t)b) * (size_t)d;
@@ -246,8 +246,8 @@ static void cur_units(void *ctx, int u0, int u1, int tid) {
     const int d = kv->head_dim, n_rows = jb->n_rows, window = jb->window, kind = jb->kind;
     float buf[CONV_ROWS * KEYS_MAX_DIM];
     for (int u = u0; u < u1; u++) {
-        const int g = u / jb->blocks, b = u % jb->blocks, t0 = b * jb->block;
-        const int t1 = t0 + jb->block < n_rows ? t0 + jb->block : n_rows;
+        int g, b, t0, t1;
+        ckv_cpu_unit_rows(u, jb->blocks, jb->block, n_rows, &g, &b, &t0, &t1);
         double *s = jb->s + (size_t)g * (size_t)n_rows, *part = jb->part + (size_t)g * (size_t)jb->blocks;
         if (jb->pass == 1) {
             double total = 0.0;

@@ -115,8 +115,8 @@ static void row_norm_units(void *ctx, int u0, int u1, int tid) {
     const size_t es = ckv_dtype_size(kv->dtype), rowb = (size_t)d * es;
     float buf[NORM_ROWS * 512]; /* [NORM_ROWS, d] rows converted to fp32 (d <= 512), else one piece at a time */
     for (int u = u0; u < u1; u++) {
-        const int g = u / jb->blocks, t0 = (u % jb->blocks) * NORM_BLOCK;
-        const int t1 = t0 + NORM_BLOCK < jb->n_rows ? t0 + NORM_BLOCK : jb->n_rows;
+        int g, b, t0, t1;
+        ckv_cpu_unit_rows(u, jb->blocks, NORM_BLOCK, jb->n_rows, &g, &b, &t0, &t1);
         const ckv_kv_seg *sg = &kv->segs[0][g];
         const char *base = jb->values ? sg->v : sg->k;
         float *dst = jb->out + (size_t)g * (size_t)jb->ld;

@@ -56,8 +56,8 @@ static void gather_units(void *ctx, int u0, int u1, int tid) {
     const ckv_kv_gather_params *gp = jb->gp;
     const size_t rowb = jb->rowb;
     for (int u = u0; u < u1; u++) {
-        const int g = u / jb->blocks, nk = gp->n_keep[g];
-        const int i0 = (u % jb->blocks) * GATHER_BLOCK, i1 = i0 + GATHER_BLOCK < nk ? i0 + GATHER_BLOCK : nk;
+        int g, b, i0, i1;
+        ckv_cpu_unit_rows(u, jb->blocks, GATHER_BLOCK, gp->n_keep[u / jb->blocks], &g, &b, &i0, &i1);
         const int32_t *kg = gp->keep + (size_t)g * (size_t)gp->stride; // [n_keep[g]] ascending source rows
         const ckv_kv_seg *src = &gp->src[g], *dst = &gp->dst[g];
         for (int i = i0; i < i1;) {
