@@ -42,6 +42,7 @@ ckv_status ckv_sweep_init(ckv_sweep *sw, ckv_engine *e, const int32_t *ids, int 
 void ckv_sweep_free(ckv_sweep *sw) {
     if (!sw) return;
     ckv_prepared_free(&sw->full);
+    ckv_kv_cache_free(&sw->spare);
     if (sw->engine && sw->engine->model) sw->engine->model->be->ops->release(sw->engine->model->be, sw->xn);
     memset(sw, 0, sizeof *sw);
 }
@@ -82,6 +83,7 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
         pc->cz.headkv_budgets = pc->headkv;
     }
     CKV_TRY_GOTO(st, ckv_session_init_kv(&pc->sess, m, src->capacity, src->chunk, CKV_SESSION_DERIVED, src->kv.dtype), fail);
+    if (sw->spare.layers) CKV_TRY_GOTO(st, ckv_kv_cache_move_pools(&pc->sess.kv, &sw->spare), fail);
     size_t D = (size_t)c->hidden_size, rows = (size_t)(L - sw->xn_first);
     for (int l = 0; l < c->n_layers && st == CKV_STATUS_OK; l++) {
         if (rows) st = m->be->ops->copy(m->be, src->xn + (size_t)sw->xn_first * D, sw->xn + (size_t)l * rows * D,
@@ -104,4 +106,13 @@ ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int du
 fail:
     ckv_prepared_free(pc);
     return st;
+}
+
+void ckv_sweep_release(ckv_sweep *sw, ckv_prepared *pc) {
+    ckv_kv_cache *kv = &pc->sess.kv;
+    if (kv->layers && !sw->spare.layers &&
+        ckv_kv_cache_init(&sw->spare, kv->be, kv->n_layers, kv->n_kv, kv->head_dim, kv->dtype) != CKV_STATUS_OK)
+        ckv_error_clear(); /* no spare: the next derive allocates its pools */
+    if (kv->layers && sw->spare.layers && ckv_kv_cache_move_pools(&sw->spare, kv) != CKV_STATUS_OK) ckv_error_clear();
+    ckv_prepared_free(pc);
 }

@@ -5,10 +5,11 @@
  * context once with the full cache, keeps the attention inputs the sweep's scorers read (the window
  * rows for snapkv-like scorers, every row for observed/expected attention), and derives each press's
  * compressed context from it layer by layer: the same selection a separate run would make on the
- * same inputs, its kept rows gathered straight into a fresh session. The derived prepared context is
+ * same inputs, its kept rows gathered straight into a fresh session (into the pools of the previous one). The derived prepared context is
  * bit-identical to ckv_engine_prepare with that press (same session capacity, same rows, same
  * logits), and answers questions the same way (ckv_prepared_answer). Peak memory: the full cache and
- * kept attention inputs, plus one compressed copy at a time.
+ * kept attention inputs, plus one compressed copy at a time (ckv_sweep_release keeps its pools for the
+ * next press).
  * Every rank of the tensor-parallel group makes the same calls. It does not tokenise, choose presses
  * or print. */
 #ifndef CKV_ENGINE_SWEEP_H
@@ -27,6 +28,7 @@ typedef struct {
     int xn_first;           /* first context row whose attention inputs are kept (L: none) */
     float *xn;              /* [n_layers, L - xn_first, D] device: attention inputs of rows xn_first .. L-1 */
     double prefill_seconds; /* the shared prefill */
+    ckv_kv_cache spare;     /* the pools of the last context released (ckv_sweep_release), for the next derive */
 } ckv_sweep;
 
 /* The first context row of the attention input that press p's scorer reads for a context of L tokens
@@ -48,5 +50,12 @@ void ckv_sweep_free(ckv_sweep *sw); /* accepts zeroed and partial objects */
  * before xn_first is ERR_ARG. Answers rewind, so any number of presses can be derived in turn. */
 ckv_status ckv_sweep_derive(ckv_sweep *sw, const ckv_press_config *press, int dump_kept, FILE *dump_file,
                             ckv_prepared *pc, ckv_prepared **use);
+
+/* Frees pc, a context ckv_sweep_derive derived (zeroed is fine), keeping its cache's pools in the
+ * sweep: the next derive gathers its kept rows into them instead of allocating new pools (fresh
+ * pages, each zeroed and faulted in, cost more than the copy). Peak memory is unchanged: one
+ * compressed copy at a time, whose pools are the largest any derived context of the sweep needed
+ * so far. */
+void ckv_sweep_release(ckv_sweep *sw, ckv_prepared *pc);
 
 #endif

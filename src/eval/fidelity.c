@@ -130,7 +130,7 @@ ckv_status ckv_fidelity_sweep(ckv_model *m, const ckv_press_config *const *press
             compare(ref, rows, ids, n_ctx, n_cont, V, &out[i]);
             if (on_result) on_result(cb_ctx, i, &out[i]);
         }
-        ckv_prepared_free(&pc);
+        ckv_sweep_release(&sw, &pc);
     }
     ckv_sweep_free(&sw);
     ckv_engine_free(&e);

@@ -61,7 +61,7 @@ ckv_status ckv_perturb_layerwise(ckv_engine *e, const int32_t *ctx, int n_ctx, c
             const ckv_request_stats *rs = &use->stats;
             if (kept) kept[i] = rs->total_entries ? (double)rs->kept_entries / (double)rs->total_entries : 1.0;
         }
-        ckv_prepared_free(&pc);
+        ckv_sweep_release(&sw, &pc);
     }
     ckv_sweep_free(&sw);
     ckv_free(full.h);

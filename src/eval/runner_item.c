@@ -98,7 +98,7 @@ ckv_status ckv_runner_run_sweep(runner *r, const packed *pk, const packed *pk_ct
                 if (st == CKV_STATUS_OK)
                     st = answer_unit(r, use, NULL, p, q0, q1, L, sw.prefill_seconds + (use == &pc ? pc.prepare_seconds : 0.0),
                                      ans + (size_t)c * n_q);
-                ckv_prepared_free(&pc);
+                ckv_sweep_release(&sw, &pc);
             }
             ckv_sweep_free(&sw);
             CKV_TRY(st);

@@ -210,11 +210,21 @@ static ckv_status kv_compact(ckv_kv_cache *c, const ckv_kv_cache *from, int laye
         rows += n_keep[h] + room;
     }
     ckv_backend *be = c->be;
+    /* a pool this layer of c already holds takes the rows when they fit and it is not their source
+     * (a derived cache's pool moved in by ckv_kv_cache_move_pools): nothing is allocated */
+    const int reuse = c != from && dst->kbuf && dst->rows >= rows;
     ckv_kv_layer nl;
     memset(&nl, 0, sizeof nl);
-    ckv_kv_seg *tab = NULL; // [n_kv] host: the new pool's segments
-    ckv_status s = kv_pool_alloc(c, &nl, rows);
-    if (s == CKV_STATUS_OK) s = ckv_alloc((void **)&tab, (size_t)c->n_kv * sizeof *tab, "KV segment staging");
+    ckv_status s = CKV_STATUS_OK;
+    if (reuse) {
+        nl.kbuf = dst->kbuf;
+        nl.vbuf = dst->vbuf;
+        nl.pos = dst->pos;
+        nl.rows = dst->rows;
+    } else {
+        s = kv_pool_alloc(c, &nl, rows);
+    }
+    ckv_kv_seg *tab = dst->segs_host; // [n_kv] host: staged with the new pool's segments (kv_segs_sync restores it)
     if (s == CKV_STATUS_OK) s = kv_gather_scratch(c, keep_host != NULL, stride);
     if (s == CKV_STATUS_OK) {
         const size_t rowb = (size_t)c->head_dim * kv_elem(c);
@@ -238,12 +248,12 @@ static ckv_status kv_compact(ckv_kv_cache *c, const ckv_kv_cache *from, int laye
         be->ops->kv_gather(be, &gp);
         s = be->ops->sync(be); /* the old pool is released next */
     }
-    ckv_free(tab);
     if (s != CKV_STATUS_OK) {
-        kv_pool_release(be, &nl);
+        if (!reuse) kv_pool_release(be, &nl);
+        kv_segs_sync(c, dst); /* the staged table back to the layer's own (its status adds nothing to s) */
         return s;
     }
-    kv_pool_release(be, dst);
+    if (!reuse) kv_pool_release(be, dst);
     dst->kbuf = nl.kbuf;
     dst->vbuf = nl.vbuf;
     dst->pos = nl.pos;
@@ -275,6 +285,28 @@ ckv_status ckv_kv_layer_gather_from(ckv_kv_cache *c, const ckv_kv_cache *from, i
     if (!keep_dev) return ckv_error(CKV_STATUS_ERR_ARG, "KV gather of layer %d without kept rows", layer);
     if (from == c) return ckv_error(CKV_STATUS_ERR_ARG, "KV gather of layer %d from its own cache (compact it)", layer);
     return kv_compact(c, from, layer, NULL, keep_dev, stride, n_keep, room);
+}
+
+ckv_status ckv_kv_cache_move_pools(ckv_kv_cache *c, ckv_kv_cache *from) {
+    if (from->n_layers != c->n_layers || from->n_kv != c->n_kv || from->head_dim != c->head_dim || from->dtype != c->dtype ||
+        from->be != c->be)
+        return ckv_error(CKV_STATUS_ERR_SHAPE, "KV pools moved between caches of different shapes, dtypes or backends");
+    for (int i = 0; i < c->n_layers; i++) {
+        ckv_kv_layer *l = &c->layers[i], *f = &from->layers[i];
+        if (!f->kbuf) continue;
+        kv_pool_release(c->be, l);
+        l->kbuf = f->kbuf;
+        l->vbuf = f->vbuf;
+        l->pos = f->pos;
+        l->rows = f->rows;
+        f->kbuf = f->vbuf = NULL;
+        f->pos = NULL;
+        f->rows = 0;
+        for (int h = 0; h < c->n_kv; h++) l->off[h] = l->cap[h] = l->len[h] = f->off[h] = f->cap[h] = f->len[h] = 0;
+        CKV_TRY(kv_segs_sync(c, l));
+        CKV_TRY(kv_segs_sync(from, f));
+    }
+    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_kv_keep_ws_init(ckv_kv_keep_ws *ws, const ckv_kv_cache *c) {

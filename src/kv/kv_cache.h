@@ -17,7 +17,7 @@
 #include "core/status.h"
 
 typedef struct {
-    int64_t rows;     /* pool rows allocated (sum of cap) */
+    int64_t rows;     /* pool rows allocated (the sum of cap, or more in a pool reused by a gather) */
     void *kbuf;       /* [rows, head_dim] post-RoPE keys in the cache dtype (device) */
     void *vbuf;       /* [rows, head_dim] values (device) */
     int32_t *pos;     /* [rows] original positions (device) */
@@ -91,9 +91,18 @@ ckv_status ckv_kv_layer_compact_dev(ckv_kv_cache *c, int layer, const int32_t *k
 
 /* The same kept rows read from another cache `from` of the same shape and dtype (left untouched): the
  * layer of c gets a pool of exactly sum(n_keep[h] + room) rows holding them (its old pool, if any, is
- * released). One full cache can so serve several compressed copies (a sweep of presses). */
+ * released), or, when c's layer holds a pool of at least that many rows (ckv_kv_cache_move_pools),
+ * the rows are gathered into it and nothing is allocated. One full cache can so serve several
+ * compressed copies (a sweep of presses). */
 ckv_status ckv_kv_layer_gather_from(ckv_kv_cache *c, const ckv_kv_cache *from, int layer, const int32_t *keep_dev,
                                     int stride, const int32_t *n_keep, int room);
+
+/* Moves every pool of `from` (same shape, dtype and backend) to the same layer of c, replacing the
+ * pool c held there; both caches' layers that moved are left empty (no rows, no capacity), from's
+ * without a pool. A later ckv_kv_layer_gather_from into c reuses a moved pool when the kept rows fit
+ * it (a sweep hands one derived context's pools to the next), so the pool may hold more rows than
+ * its layer uses until then. */
+ckv_status ckv_kv_cache_move_pools(ckv_kv_cache *c, ckv_kv_cache *from);
 
 /* Scratch for ckv_kv_layer_keep: a second pool as large as the cache's largest layer pool and a
  * device segment table, reserved once (before a decode loop) so that keeping rows in place

@@ -2,7 +2,8 @@
  * the chosen rows in position order and really shrinks the pool, appends after compaction land
  * behind the kept rows, truncate drops only what came after a snapshot, the device segment table
  * follows every change, F16/BF16 caches round-trip through head read/write, a row range reads what the
- * whole head's read holds there, and misuse is refused. */
+ * whole head's read holds there, a gather from another cache reuses a pool moved in when the rows
+ * fit it (and allocates a new one when they do not), and misuse is refused. */
 #include <string.h>
 
 #include "backend/backend.h"
@@ -39,6 +40,23 @@ static void check_segs(const ckv_kv_cache *c, int layer) {
         CHECK((char *)g->k == (char *)l->kbuf + (size_t)l->off[h] * rowb);
     }
     CHECK(l->seg_list[0] == l->segs);
+}
+
+/* Kept rows of every head of layer 1 of c: keep [NKV, 8] rows of the fixture's tokens. */
+static void check_kept(const ckv_kv_cache *c, const int32_t *keep, const int32_t *nk, ckv_dtype dt) {
+    float hk[16 * D], hv[16 * D];
+    int32_t hp[16];
+    check_segs(c, 1);
+    for (int h = 0; h < NKV; h++) {
+        CHECK(c->layers[1].len[h] == nk[h]);
+        read_head(c, 1, h, hk, hv, hp);
+        for (int i = 0; i < nk[h]; i++) {
+            const int t = keep[h * 8 + i];
+            CHECK_MSG(hp[i] == t, "head %d row %d: pos %d, expected %d", h, i, hp[i], t);
+            CHECK(hk[i * D + 1] == stored(ckv_fixture_kval(t, h, 1), dt));
+            CHECK(hv[i * D + 2] == stored(-ckv_fixture_kval(t, h, 2), dt));
+        }
+    }
 }
 
 static void run(ckv_backend *be, ckv_dtype dt) {
@@ -78,17 +96,8 @@ static void run(ckv_backend *be, ckv_dtype dt) {
     size_t after = ckv_kv_cache_bytes_reserved(&c);
     CHECK_MSG(after < before, "compaction did not shrink the pool: %zu -> %zu bytes", before, after);
     CHECK(l->rows == 3 + 1 + 4 + 3 * 2);
-    for (int h = 0; h < NKV; h++) {
-        CHECK(l->len[h] == nk[h]);
-        CHECK(l->cap[h] == nk[h] + 2);
-        read_head(&c, 1, h, hk, hv, hp);
-        for (int i = 0; i < nk[h]; i++) {
-            int t = keep[h * 8 + i];
-            CHECK_MSG(hp[i] == t, "head %d row %d: pos %d, expected %d", h, i, hp[i], t);
-            CHECK(hk[i * D + 1] == stored(ckv_fixture_kval(t, h, 1), dt));
-            CHECK(hv[i * D + 0] == stored(-ckv_fixture_kval(t, h, 0), dt));
-        }
-    }
+    for (int h = 0; h < NKV; h++) CHECK(l->cap[h] == nk[h] + 2);
+    check_kept(&c, keep, nk, dt);
     int32_t snap[2 * NKV];
     ckv_kv_cache_lengths(&c, snap);
     int32_t qpos[2] = {6, 7};
@@ -125,6 +134,43 @@ static void run(ckv_backend *be, ckv_dtype dt) {
     ckv_kv_cache_free(&c); /* freeing twice (a zeroed cache) is fine */
 }
 
+/* Gathers from a full cache into pools moved from another cache: reused when the rows fit. */
+static void run_moved_pools(ckv_backend *be, ckv_dtype dt) {
+    ckv_kv_cache full, a, b, odd;
+    CHECK_OK(ckv_kv_cache_init(&full, be, 2, NKV, D, dt));
+    CHECK_OK(ckv_kv_cache_init(&a, be, 2, NKV, D, dt));
+    CHECK_OK(ckv_kv_cache_init(&b, be, 2, NKV, D, dt));
+    CHECK_OK(ckv_kv_cache_init(&odd, be, 2, NKV - 1, D, dt));
+    CHECK_OK(ckv_kv_layer_reserve(&full, 1, 8));
+    float k[NTOK * NKV * D], v[NTOK * NKV * D];
+    int32_t pos[NTOK];
+    ckv_fixture_kv_rows(NTOK, NKV, D, k, v, pos);
+    CHECK_OK(ckv_kv_layer_append(&full, 1, k, v, pos, NTOK));
+    int32_t keep[NKV * 8] = {0, 1, 5, [8] = 2, [16] = 1, 2, 3, 4}, nk[NKV] = {3, 1, 4};
+    CHECK_OK(ckv_kv_layer_gather_from(&a, &full, 1, keep, 8, nk, 2)); /* a new pool of 8 + 3 * 2 rows */
+    check_kept(&a, keep, nk, dt);
+    void *pool = a.layers[1].kbuf;
+    CHECK_OK(ckv_kv_cache_move_pools(&b, &a));
+    CHECK(!a.layers[1].kbuf && a.layers[1].rows == 0 && b.layers[1].kbuf == pool && b.layers[1].rows == 14);
+    CHECK(b.layers[1].len[0] == 0 && b.layers[1].cap[0] == 0 && !b.layers[0].kbuf);
+    check_segs(&a, 1);
+    check_segs(&b, 1);
+    int32_t keep2[NKV * 8] = {5, [8] = 0, 3, [16] = 4}, nk2[NKV] = {1, 2, 1};
+    CHECK_OK(ckv_kv_layer_gather_from(&b, &full, 1, keep2, 8, nk2, 1)); /* 4 + 3 rows fit the 14 */
+    CHECK_MSG(b.layers[1].kbuf == pool && b.layers[1].rows == 14, "a pool the rows fit was not reused (%lld rows)",
+              (long long)b.layers[1].rows);
+    check_kept(&b, keep2, nk2, dt);
+    int32_t all[NKV * 8] = {0, 1, 2, 3, 4, 5, [8] = 0, 1, 2, 3, 4, 5, [16] = 0, 1, 2, 3, 4, 5}, n6[NKV] = {6, 6, 6};
+    CHECK_OK(ckv_kv_layer_gather_from(&b, &full, 1, all, 8, n6, 2)); /* 24 rows: a new pool */
+    CHECK(b.layers[1].rows == 24);
+    check_kept(&b, all, n6, dt);
+    CHECK_FAILS(ckv_kv_cache_move_pools(&odd, &b), CKV_STATUS_ERR_SHAPE, "different shapes");
+    ckv_kv_cache_free(&odd);
+    ckv_kv_cache_free(&b);
+    ckv_kv_cache_free(&a);
+    ckv_kv_cache_free(&full);
+}
+
 int main(void) {
     ckv_backend *be = NULL;
     CHECK_OK(ckv_backend_init(&be, "cpu", 1));
@@ -132,6 +178,8 @@ int main(void) {
     run(be, CKV_DTYPE_F32);
     run(be, CKV_DTYPE_F16);
     run(be, CKV_DTYPE_BF16);
+    run_moved_pools(be, CKV_DTYPE_F32);
+    run_moved_pools(be, CKV_DTYPE_BF16);
     ckv_kv_cache c;
     CHECK_FAILS(ckv_kv_cache_init(&c, be, 2, NKV, D, CKV_DTYPE_Q8_0), CKV_STATUS_ERR_UNSUPPORTED, "kv-dtype");
     ckv_backend_free(be);

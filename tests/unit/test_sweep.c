@@ -142,7 +142,9 @@ static void run_model(const char *name, ckv_dtype kv) {
         n_same += same && ids && maxerr == 0.0;
         ckv_answer_free(&a);
         ckv_answer_free(&b);
-        ckv_prepared_free(&der);
+        const int derived = use == &der;
+        ckv_sweep_release(&sw, &der); /* the next press gathers into these pools */
+        CHECK_MSG(!derived || (sw.spare.layers && sw.spare.layers[0].kbuf), "%s: the derived pools were not kept", what);
         ckv_prepared_free(&sep);
     }
     fprintf(stderr, "%s (%s cache): %d of %d press x budget cases bit-identical to a separate prefill\n", name,

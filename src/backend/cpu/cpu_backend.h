@@ -47,6 +47,9 @@ ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p);
 ckv_status ckv_cpu_grow(void **buf, size_t *cap, size_t bytes, const char *what);
 /* The same scratch not zeroed (what a previous op left): for an op that writes every byte it reads. */
 ckv_status ckv_cpu_evict_scratch_raw(ckv_backend *be, size_t bytes, void **p);
+/* ss[t] = sum over a < d of (double)x_t[a]^2, in channel order, for n rows x_t of x [n, d] fp32 (rows
+ * interleaved four at a time: the same sums, faster). */
+void ckv_cpu_sumsq_rows(double *ss, const float *x, int n, int d);
 /* The most workers whose private workspaces an op keeps on its stack (more threads share them out). */
 #define CKV_CPU_MAX_TASK_WORKERS 256
 void ckv_cpu_attention(ckv_backend *be, float *out, const ckv_attention_params *a);
@@ -133,6 +136,15 @@ static inline void ckv_cpu_part(int n, int parts, int w, int *begin, int *end) {
     const int base = n / parts, rem = n % parts;
     *begin = w * base + (w < rem ? w : rem);
     *end = *begin + base + (w < rem);
+}
+
+/* Unit u of (segment, row block) units, `blocks` blocks of `block` rows per segment over n rows:
+ * its segment *g, block *b and rows [*t0, *t1) (empty past n). */
+static inline void ckv_cpu_unit_rows(int u, int blocks, int block, int n, int *g, int *b, int *t0, int *t1) {
+    *g = u / blocks;
+    *b = u % blocks;
+    *t0 = *b * block;
+    *t1 = *t0 + block < n ? *t0 + block : n;
 }
 
 /* Number of contiguous work items of `block` elements covering n elements (for ckv_threadpool_for,

@@ -1,9 +1,11 @@
 /* cpu_evict_keys.c - the attention-free key scorers' ops on the CPU (backend.h): KeyDiff's cosine
  * distance of each key to the head's mean normalised key, LagKV's lag-relative spread of keys and
  * values ranked per partition, and CUR's (deterministic) leverage of keys and values normalised per
- * local window; and the per-unit loop they and the leverage op run on (ckv_cpu_evict_heads: the
+ * local window; and the per-unit loop LagKV and the leverage op run on (ckv_cpu_evict_heads: the
  * backend's pool takes units, KV heads or LagKV's KV heads x partitions, each unit computed by one
- * thread in the order one thread computes it, so scores do not depend on the thread count). Double accumulation, rows converted from the cache
+ * thread in the order one thread computes it, so scores do not depend on the thread count). KeyDiff
+ * and CUR run over (KV head, row block) units in two passes, their whole-segment sums added from
+ * per-block partial sums in block order. Double accumulation, rows converted from the cache
  * dtype through fixed buffers; scratch from the backend's eviction scratch. It scores only; selection is
  * evict_topk's. */
 #include <math.h>
@@ -12,13 +14,13 @@
 
 #define KEYS_MAX_DIM 1024
 
-/* Row t of segment g's keys (values when values != 0) as fp32 (a view of the cache for f32, else
- * converted into buf). */
-static const float *seg_row(const ckv_kv_batch *kv, int g, int t, int values, float *buf) {
+/* Rows t .. t + n - 1 of segment g's keys (values when values != 0) as fp32, row
+ * stride head_dim (a view of the cache for f32, else converted into buf [n, head_dim]). */
+static const float *seg_rows(const ckv_kv_batch *kv, int g, int t, int n, int values, float *buf) {
     const size_t rowb = (size_t)kv->head_dim * ckv_dtype_size(kv->dtype);
     const char *row = (const char *)(values ? kv->segs[0][g].v : kv->segs[0][g].k) + (size_t)t * rowb;
     if (kv->dtype == CKV_DTYPE_F32) return (const float *)(const void *)row;
-    ckv_convert_to_f32(buf, row, kv->dtype, (size_t)kv->head_dim);
+    ckv_convert_to_f32(buf, row, kv->dtype, (size_t)n * (size_t)kv->head_dim);
     return buf;
 }
 
@@ -61,83 +63,118 @@ ckv_status ckv_cpu_evict_heads(ckv_backend *be, int n, size_t scratch_bytes, ckv
     return CKV_STATUS_OK;
 }
 
-static double row_norm(const float *x, int d) {
-    double ss = 0.0;
-    for (int a = 0; a < d; a++) ss += (double)x[a] * (double)x[a];
-    return sqrt(ss);
-}
+/* keydiff and cur run over (segment, block of BLOCK_ROWS rows) units in two passes: the first reads
+ * each block's rows once and leaves one partial sum per block, the second adds a segment's partials
+ * in block order (the same for any thread count) and writes the block's scores. */
+enum { BLOCK_ROWS = 256, CONV_ROWS = 4 };
 
 typedef struct {
     float *out;
-    int ld, n_rows;
+    int ld, n_rows, blocks, pass;
     const ckv_kv_batch *kv;
+    double *norm;   // [n_kv, n_rows] ||k_t||
+    double *part;   // [n_kv, blocks, d] sum over the block's rows of k_t / max(||k_t||, 1e-12)
 } keydiff_job;
 
-static ckv_status keydiff_head(void *ctx, int g, void *scratch) {
-    (void)scratch;
+static void keydiff_units(void *ctx, int u0, int u1, int tid) {
+    (void)tid;
     const keydiff_job *jb = ctx;
     const ckv_kv_batch *kv = jb->kv;
-    const int d = kv->head_dim, n_rows = jb->n_rows;
-    float buf[KEYS_MAX_DIM];
+    const int d = kv->head_dim;
+    float buf[CONV_ROWS * KEYS_MAX_DIM];
     double anchor[KEYS_MAX_DIM];
-    for (int a = 0; a < d; a++) anchor[a] = 0.0;
-    for (int t = 0; t < n_rows; t++) { /* F.normalize(keys, p=2, dim=-1).mean(tokens) */
-        const float *k = seg_row(kv, g, t, 0, buf);
-        const double n = fmax(row_norm(k, d), 1e-12);
-        for (int a = 0; a < d; a++) anchor[a] += (double)k[a] / n;
+    for (int u = u0; u < u1; u++) {
+        int g, b, t0, t1;
+        ckv_cpu_unit_rows(u, jb->blocks, BLOCK_ROWS, jb->n_rows, &g, &b, &t0, &t1);
+        double *norm = jb->norm + (size_t)g * (size_t)jb->n_rows;
+        if (jb->pass == 0) { /* F.normalize(keys, p=2, dim=-1), summed over the block */
+            double *part = jb->part + ((size_t)g * (size_t)jb->blocks + (size_t)b) * (size_t)d;
+            for (int a = 0; a < d; a++) part[a] = 0.0;
+            for (int t = t0; t < t1; t += CONV_ROWS) {
+                const int nr = t1 - t < CONV_ROWS ? t1 - t : CONV_ROWS;
+                const float *k = seg_rows(kv, g, t, nr, 0, buf);
+                ckv_cpu_sumsq_rows(norm + t, k, nr, d);
+                for (int i = 0; i < nr; i++) {
+                    norm[t + i] = sqrt(norm[t + i]);
+                    const double n = fmax(norm[t + i], 1e-12);
+                    for (int a = 0; a < d; a++) part[a] += (double)k[(size_t)i * d + a] / n;
+                }
+            }
+            continue;
+        }
+        const double *part = jb->part + (size_t)g * (size_t)jb->blocks * (size_t)d;
+        for (int a = 0; a < d; a++) anchor[a] = part[a];
+        for (int c = 1; c < jb->blocks; c++)
+            for (int a = 0; a < d; a++) anchor[a] += part[(size_t)c * d + a];
+        double an = 0.0; /* .mean(tokens) */
+        for (int a = 0; a < d; a++) {
+            anchor[a] /= (double)jb->n_rows;
+            an += anchor[a] * anchor[a];
+        }
+        an = fmax(sqrt(an), 1e-8);
+        float *dst = jb->out + (size_t)g * (size_t)jb->ld;
+        for (int t = t0; t < t1; t += CONV_ROWS) { /* -F.cosine_similarity(keys, anchor) */
+            const int nr = t1 - t < CONV_ROWS ? t1 - t : CONV_ROWS;
+            const float *k = seg_rows(kv, g, t, nr, 0, buf);
+            double dot[CONV_ROWS] = {0.0};
+            for (int a = 0; a < d; a++)
+                for (int i = 0; i < nr; i++) dot[i] += (double)k[(size_t)i * d + a] * anchor[a];
+            for (int i = 0; i < nr; i++) dst[t + i] = (float)(-dot[i] / (fmax(norm[t + i], 1e-8) * an));
+        }
     }
-    double an = 0.0;
-    for (int a = 0; a < d; a++) {
-        anchor[a] /= (double)n_rows;
-        an += anchor[a] * anchor[a];
-    }
-    an = fmax(sqrt(an), 1e-8);
-    float *dst = jb->out + (size_t)g * (size_t)jb->ld;
-    for (int t = 0; t < n_rows; t++) { /* -F.cosine_similarity(keys, anchor) */
-        const float *k = seg_row(kv, g, t, 0, buf);
-        double dot = 0.0;
-        for (int a = 0; a < d; a++) dot += (double)k[a] * anchor[a];
-        dst[t] = (float)(-dot / (fmax(row_norm(k, d), 1e-8) * an));
-    }
-    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows) {
     const int d = kv->head_dim;
     if (d < 1 || d > KEYS_MAX_DIM)
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_keydiff: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
-    keydiff_job jb = {out, ld, n_rows, kv};
-    return ckv_cpu_evict_heads(be, kv->n_kv_heads, 0, keydiff_head, &jb);
+    if (n_rows < 1) return CKV_STATUS_OK;
+    keydiff_job jb = {out, ld, n_rows, ckv_cpu_blocks((size_t)n_rows, BLOCK_ROWS), 0, kv, NULL, NULL};
+    const size_t n_norm = (size_t)kv->n_kv_heads * (size_t)n_rows, n_part = (size_t)kv->n_kv_heads * (size_t)jb.blocks * (size_t)d;
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, (n_norm + n_part) * sizeof(double), (void **)&jb.norm));
+    jb.part = jb.norm + n_norm;
+    for (jb.pass = 0; jb.pass < 2; jb.pass++)
+        ckv_threadpool_for(ckv_cpu_pool(be), kv->n_kv_heads * jb.blocks, 1, keydiff_units, &jb);
+    return CKV_STATUS_OK;
 }
 
 /* LagKV's softmax-normalised spread of partition rows t0 .. t0 + lag - 1 of segment g against the
  * channel range of the next partition, added (times 0.5) into r[lag]. Each row is normalised once
- * into z (float, as the sums read it), then summed in channel order. */
+ * into z (float, as the sums read it), then summed in channel order; LAG_ROWS rows at a time, each
+ * row's sums their own chains (the same sums, overlapped by the core). */
+enum { LAG_ROWS = 4 };
+
 static void lag_spread(const ckv_kv_batch *kv, int g, int t0, int lag, int values, float *buf, float *lo, float *hi,
                        float *z, double *s, double *r) {
     const int d = kv->head_dim;
-    const float *x0 = seg_row(kv, g, t0 + lag, values, buf);
+    const float *x0 = seg_rows(kv, g, t0 + lag, 1, values, buf);
     for (int a = 0; a < d; a++) lo[a] = hi[a] = x0[a];
     for (int t = t0 + lag + 1; t < t0 + 2 * lag; t++) {
-        const float *x = seg_row(kv, g, t, values, buf);
+        const float *x = seg_rows(kv, g, t, 1, values, buf);
         for (int a = 0; a < d; a++) {
             lo[a] = x[a] < lo[a] ? x[a] : lo[a];
             hi[a] = x[a] > hi[a] ? x[a] : hi[a];
         }
     }
     double mx = -INFINITY;
-    for (int i = 0; i < lag; i++) {
-        const float *x = seg_row(kv, g, t0 + i, values, buf);
-        for (int a = 0; a < d; a++) z[a] = (x[a] - lo[a]) / (hi[a] - lo[a]);
-        double mean = 0.0, var = 0.0;
-        for (int a = 0; a < d; a++) mean += (double)z[a];
-        mean /= (double)d;
-        for (int a = 0; a < d; a++) {
-            const double e = (double)z[a] - mean;
-            var += e * e;
+    for (int i0 = 0; i0 < lag; i0 += LAG_ROWS) {
+        const int nr = lag - i0 < LAG_ROWS ? lag - i0 : LAG_ROWS;
+        const float *x = seg_rows(kv, g, t0 + i0, nr, values, buf); // [nr, d]
+        for (int i = 0; i < nr; i++)
+            for (int a = 0; a < d; a++) z[(size_t)i * d + a] = (x[(size_t)i * d + a] - lo[a]) / (hi[a] - lo[a]);
+        double mean[LAG_ROWS] = {0.0}, var[LAG_ROWS] = {0.0};
+        for (int a = 0; a < d; a++)
+            for (int i = 0; i < nr; i++) mean[i] += (double)z[(size_t)i * d + a];
+        for (int i = 0; i < nr; i++) mean[i] /= (double)d;
+        for (int a = 0; a < d; a++)
+            for (int i = 0; i < nr; i++) {
+                const double e = (double)z[(size_t)i * d + a] - mean[i];
+                var[i] += e * e;
+            }
+        for (int i = 0; i < nr; i++) {
+            s[i0 + i] = d > 1 ? sqrt(var[i] / (double)(d - 1)) : NAN; /* torch.std: unbiased */
+            if (s[i0 + i] > mx) mx = s[i0 + i];
         }
-        s[i] = d > 1 ? sqrt(var / (double)(d - 1)) : NAN; /* torch.std: unbiased */
-        if (s[i] > mx) mx = s[i];
     }
     double sum = 0.0;
     for (int i = 0; i < lag; i++) sum += (s[i] = exp(s[i] - mx));
@@ -155,7 +192,7 @@ static ckv_status lagkv_unit(void *ctx, int u, void *scratch) {
     const lagkv_job *jb = ctx;
     const int lag = jb->lag, P = (jb->n_rows - jb->n_sink) / lag, g = u / (P - 1), p = u % (P - 1);
     double *s = scratch, *r = s + lag; // [lag] each
-    float buf[KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM], z[KEYS_MAX_DIM];
+    float buf[LAG_ROWS * KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM], z[LAG_ROWS * KEYS_MAX_DIM];
     float *dst = jb->out + (size_t)g * (size_t)jb->ld;
     const int t0 = jb->n_sink + p * lag;
     for (int i = 0; i < lag; i++) r[i] = 0.0;
@@ -196,37 +233,55 @@ ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv
 
 typedef struct {
     float *out;
-    int ld, n_rows, n_sink, kind, window;
+    int ld, n_rows, n_sink, kind, window, block, blocks, pass;
     const ckv_kv_batch *kv;
+    double *s;     // [2, n_kv, n_rows] k2 then v2, normalised per window; s_t in the first
+    double *part;  // [n_kv, blocks] sum of s_t over the block
 } cur_job;
 
-static ckv_status cur_head(void *ctx, int g, void *scratch) {
+static void cur_units(void *ctx, int u0, int u1, int tid) {
+    (void)tid;
     const cur_job *jb = ctx;
-    const int d = jb->kv->head_dim, n_rows = jb->n_rows, window = jb->window, kind = jb->kind;
-    double *s = scratch; // [2, n_rows]: k2 then v2, normalised in place
-    float buf[KEYS_MAX_DIM];
-    for (int values = 0; values < 2; values++) {
-        double *x = s + (size_t)values * (size_t)n_rows;
-        for (int t = 0; t < n_rows; t++) {
-            const double n = row_norm(seg_row(jb->kv, g, t, values, buf), d);
-            x[t] = n * n;
+    const ckv_kv_batch *kv = jb->kv;
+    const int d = kv->head_dim, n_rows = jb->n_rows, window = jb->window, kind = jb->kind;
+    float buf[CONV_ROWS * KEYS_MAX_DIM];
+    for (int u = u0; u < u1; u++) {
+        int g, b, t0, t1;
+        ckv_cpu_unit_rows(u, jb->blocks, jb->block, n_rows, &g, &b, &t0, &t1);
+        double *s = jb->s + (size_t)g * (size_t)n_rows, *part = jb->part + (size_t)g * (size_t)jb->blocks;
+        if (jb->pass == 1) {
+            double total = 0.0;
+            for (int c = 0; c < jb->blocks; c++) total += part[c];
+            float *dst = jb->out + (size_t)g * (size_t)jb->ld;
+            for (int t = t0; t < t1; t++) dst[t] = t < jb->n_sink ? 1.0f : (float)(s[t] / total);
+            continue;
         }
-        for (int t0 = 0; window > 0 && t0 < n_rows; t0 += window) {
-            const int t1 = t0 + window < n_rows ? t0 + window : n_rows;
-            double sum = 0.0;
-            for (int t = t0; t < t1; t++) sum += x[t];
-            for (int t = t0; t < t1; t++) x[t] /= sum;
+        for (int values = 0; values < 2; values++) {
+            double *x = s + (size_t)values * (size_t)kv->n_kv_heads * (size_t)n_rows;
+            for (int t = t0; t < t1; t += CONV_ROWS) {
+                const int nr = t1 - t < CONV_ROWS ? t1 - t : CONV_ROWS;
+                ckv_cpu_sumsq_rows(x + t, seg_rows(kv, g, t, nr, values, buf), nr, d);
+                for (int i = 0; i < nr; i++) {
+                    const double n = sqrt(x[t + i]);
+                    x[t + i] = n * n;
+                }
+            }
+            for (int w0 = t0; window > 0 && w0 < t1; w0 += window) { /* the block holds whole windows */
+                const int w1 = w0 + window < t1 ? w0 + window : t1;
+                double sum = 0.0;
+                for (int t = w0; t < w1; t++) sum += x[t];
+                for (int t = w0; t < w1; t++) x[t] /= sum;
+            }
         }
+        const double *v2 = s + (size_t)kv->n_kv_heads * (size_t)n_rows;
+        double sum = 0.0;
+        for (int t = t0; t < t1; t++) {
+            const double k2 = s[t];
+            s[t] = kind == 0 ? k2 : kind == 1 ? v2[t] : kind == 2 ? (k2 + v2[t]) / 2.0 : k2 * v2[t];
+            sum += s[t];
+        }
+        part[b] = sum;
     }
-    double total = 0.0;
-    for (int t = 0; t < n_rows; t++) {
-        const double k2 = s[t], v2 = s[(size_t)n_rows + t];
-        s[t] = kind == 0 ? k2 : kind == 1 ? v2 : kind == 2 ? (k2 + v2) / 2.0 : k2 * v2;
-        total += s[t];
-    }
-    float *dst = jb->out + (size_t)g * (size_t)jb->ld;
-    for (int t = 0; t < n_rows; t++) dst[t] = t < jb->n_sink ? 1.0f : (float)(s[t] / total);
-    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_cpu_evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
@@ -236,6 +291,14 @@ ckv_status ckv_cpu_evict_cur(ckv_backend *be, float *out, int ld, const ckv_kv_b
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_cur: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
     if (n_rows < 1 || kind < 0 || kind > 3 || window < 0)
         return ckv_error(CKV_STATUS_ERR_ARG, "evict_cur: %d rows, kind %d, window %d", n_rows, kind, window);
-    cur_job jb = {out, ld, n_rows, n_sink, kind, window, kv};
-    return ckv_cpu_evict_heads(be, kv->n_kv_heads, 2 * (size_t)n_rows * sizeof(double), cur_head, &jb);
+    /* blocks of whole windows: BLOCK_ROWS rounded up to a multiple of the window */
+    const int block = window > 0 ? (window >= BLOCK_ROWS ? window : (BLOCK_ROWS + window - 1) / window * window) : BLOCK_ROWS;
+    cur_job jb = {out, ld, n_rows, n_sink, kind, window, block, ckv_cpu_blocks((size_t)n_rows, (size_t)block), 0, kv,
+                  NULL, NULL};
+    const size_t n_s = 2 * (size_t)kv->n_kv_heads * (size_t)n_rows, n_part = (size_t)kv->n_kv_heads * (size_t)jb.blocks;
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, (n_s + n_part) * sizeof(double), (void **)&jb.s));
+    jb.part = jb.s + n_s;
+    for (jb.pass = 0; jb.pass < 2; jb.pass++)
+        ckv_threadpool_for(ckv_cpu_pool(be), kv->n_kv_heads * jb.blocks, 1, cur_units, &jb);
+    return CKV_STATUS_OK;
 }

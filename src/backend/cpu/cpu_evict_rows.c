@@ -1,8 +1,10 @@
 /* cpu_evict_rows.c - the CPU backend's element-wise and row-wise eviction ops: finishing column sums,
  * pooling, the sum over a group's query heads, division, key / value row norms, (s + eps) * N, fills
  * (constants, token indices, seeded random scores), the layer max, and the top-k family (per row,
- * scatter, cross-head counts) with the SPEC tie rule. Semantics as in backend.h; every loop runs
- * sequentially in the order backend.h fixes, so results do not depend on the thread count. Nothing
+ * scatter, cross-head counts) with the SPEC tie rule. Semantics as in backend.h; every sum runs in
+ * the order backend.h fixes, so results do not depend on the thread count (row norms are split over
+ * the backend's threads by (segment, row block), evict_topk by rows; the rest runs on the calling
+ * thread). Nothing
  * allocates (the top-k ops select by a radix select, below). No GEMMs (cpu_evict_attn.c) and no
  * decisions about budgets (evict/). */
 #include <float.h>
@@ -59,32 +61,91 @@ void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div) {
     for (size_t i = 0; i < n; i++) x[i] /= div;
 }
 
-void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
-                            ckv_evict_kv_part values, float sign) {
-    (void)be;
+/* Rows of one row_norm unit: units are (segment, block of NORM_BLOCK rows), over the backend's
+ * threads; each row's sum runs in channel order whatever unit or thread computes it. */
+enum { NORM_BLOCK = 256, NORM_ROWS = 8 };
+
+typedef struct {
+    float *out;
+    int ld, n_rows, blocks;
+    const ckv_kv_batch *kv;
+    ckv_evict_kv_part values;
+    float sign;
+} row_norm_job;
+
+void ckv_cpu_sumsq_rows(double *ss, const float *x, int n, int d) {
+    int t = 0;
+    for (; t + 4 <= n; t += 4) { /* four independent chains the core overlaps */
+        const float *x0 = x + (size_t)t * (size_t)d, *x1 = x0 + d, *x2 = x1 + d, *x3 = x2 + d;
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+        for (int a = 0; a < d; a++) {
+            s0 += (double)x0[a] * (double)x0[a];
+            s1 += (double)x1[a] * (double)x1[a];
+            s2 += (double)x2[a] * (double)x2[a];
+            s3 += (double)x3[a] * (double)x3[a];
+        }
+        ss[t] = s0;
+        ss[t + 1] = s1;
+        ss[t + 2] = s2;
+        ss[t + 3] = s3;
+    }
+    for (; t < n; t++) {
+        const float *xt = x + (size_t)t * (size_t)d;
+        double s0 = 0.0;
+        for (int a = 0; a < d; a++) s0 += (double)xt[a] * (double)xt[a];
+        ss[t] = s0;
+    }
+}
+
+/* out[t] = sign * sqrt(sum_a x_t[a]^2) for n <= NORM_ROWS rows x_t of d fp32 values. */
+static void row_norms_f32(float *out, const float *x, int n, int d, float sign) {
+    double ss[NORM_ROWS];
+    for (int t0 = 0; t0 < n; t0 += NORM_ROWS) {
+        const int nr = n - t0 < NORM_ROWS ? n - t0 : NORM_ROWS;
+        ckv_cpu_sumsq_rows(ss, x + (size_t)t0 * (size_t)d, nr, d);
+        for (int i = 0; i < nr; i++) out[t0 + i] = sign * (float)sqrt(ss[i]);
+    }
+}
+
+static void row_norm_units(void *ctx, int u0, int u1, int tid) {
+    (void)tid;
+    const row_norm_job *jb = ctx;
+    const ckv_kv_batch *kv = jb->kv;
     const int d = kv->head_dim;
-    const size_t rowb = (size_t)d * ckv_dtype_size(kv->dtype);
-    float buf[512];
-    for (int g = 0; g < kv->n_kv_heads; g++) {
+    const size_t es = ckv_dtype_size(kv->dtype), rowb = (size_t)d * es;
+    float buf[NORM_ROWS * 512]; /* [NORM_ROWS, d] rows converted to fp32 (d <= 512), else one piece at a time */
+    for (int u = u0; u < u1; u++) {
+        int g, b, t0, t1;
+        ckv_cpu_unit_rows(u, jb->blocks, NORM_BLOCK, jb->n_rows, &g, &b, &t0, &t1);
         const ckv_kv_seg *sg = &kv->segs[0][g];
-        const char *base = values ? sg->v : sg->k;
-        float *dst = out + (size_t)g * (size_t)ld;
-        for (int t = 0; t < n_rows; t++) {
-            double ss = 0.0;
-            if (kv->dtype == CKV_DTYPE_F32) {
-                const float *x = (const float *)(const void *)(base + (size_t)t * rowb);
-                for (int a = 0; a < d; a++) ss += (double)x[a] * (double)x[a];
-            } else {
+        const char *base = jb->values ? sg->v : sg->k;
+        float *dst = jb->out + (size_t)g * (size_t)jb->ld;
+        if (kv->dtype == CKV_DTYPE_F32) {
+            row_norms_f32(dst + t0, (const float *)(const void *)(base + (size_t)t0 * rowb), t1 - t0, d, jb->sign);
+        } else if (d <= 512) {
+            for (int t = t0; t < t1; t += NORM_ROWS) {
+                const int nr = t1 - t < NORM_ROWS ? t1 - t : NORM_ROWS;
+                ckv_convert_to_f32(buf, base + (size_t)t * rowb, kv->dtype, (size_t)nr * (size_t)d);
+                row_norms_f32(dst + t, buf, nr, d, jb->sign);
+            }
+        } else {
+            for (int t = t0; t < t1; t++) {
+                double ss = 0.0;
                 for (int a0 = 0; a0 < d; a0 += 512) { /* fp32 conversion in pieces of a fixed buffer */
                     const int na = d - a0 < 512 ? d - a0 : 512;
-                    ckv_convert_to_f32(buf, base + (size_t)t * rowb + (size_t)a0 * ckv_dtype_size(kv->dtype), kv->dtype,
-                                       (size_t)na);
+                    ckv_convert_to_f32(buf, base + (size_t)t * rowb + (size_t)a0 * es, kv->dtype, (size_t)na);
                     for (int a = 0; a < na; a++) ss += (double)buf[a] * (double)buf[a];
                 }
+                dst[t] = jb->sign * (float)sqrt(ss);
             }
-            dst[t] = sign * (float)sqrt(ss);
         }
     }
+}
+
+void ckv_cpu_evict_row_norm(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
+                            ckv_evict_kv_part values, float sign) {
+    row_norm_job jb = {out, ld, n_rows, ckv_cpu_blocks((size_t)(n_rows > 0 ? n_rows : 0), NORM_BLOCK), kv, values, sign};
+    if (jb.blocks > 0) ckv_threadpool_for(ckv_cpu_pool(be), kv->n_kv_heads * jb.blocks, 1, row_norm_units, &jb);
 }
 
 void ckv_cpu_evict_add_mul(ckv_backend *be, float *out, const float *s, const float *m, int rows, int n, int ld,
@@ -170,25 +231,39 @@ static uint32_t topk_threshold(const float *s, int ld, int rows, int n, int64_t 
     return prefix;
 }
 
-ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
-                              const int32_t *k) {
-    (void)be;
-    for (int r = 0; r < rows; r++)
-        if (k[r] < 0 || k[r] > n)
-            return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
-    for (int r = 0; r < rows; r++) {
-        const float *sr = s + (size_t)r * (size_t)ld;
-        int32_t *out = idx + (size_t)r * (size_t)ld_idx;
-        if (k[r] == 0) continue;
+typedef struct {
+    int32_t *idx;
+    const float *s;
+    const int32_t *k;
+    int ld_idx, ld, n;
+} topk_job;
+
+/* Rows [r0, r1) of evict_topk, each selected on its own (rows are independent: any split is exact). */
+static void topk_rows_units(void *ctx, int r0, int r1, int tid) {
+    (void)tid;
+    const topk_job *jb = ctx;
+    for (int r = r0; r < r1; r++) {
+        const float *sr = jb->s + (size_t)r * (size_t)jb->ld;
+        int32_t *out = jb->idx + (size_t)r * (size_t)jb->ld_idx;
+        if (jb->k[r] == 0) continue;
         int64_t above;
-        const uint32_t thr = topk_threshold(sr, ld, 1, n, k[r], &above);
-        int64_t ties = k[r] - above; /* keys equal to thr taken, lowest index first */
+        const uint32_t thr = topk_threshold(sr, jb->ld, 1, jb->n, jb->k[r], &above);
+        int64_t ties = jb->k[r] - above; /* keys equal to thr taken, lowest index first */
         int o = 0;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < jb->n; i++) {
             const uint32_t key = topk_key(sr[i]);
             if (key > thr || (key == thr && ties-- > 0)) out[o++] = i;
         }
     }
+}
+
+ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
+                              const int32_t *k) {
+    for (int r = 0; r < rows; r++)
+        if (k[r] < 0 || k[r] > n)
+            return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
+    topk_job jb = {idx, s, k, ld_idx, ld, n};
+    ckv_threadpool_for(ckv_cpu_pool(be), rows, 1, topk_rows_units, &jb);
     return CKV_STATUS_OK;
 }
 

@@ -1,6 +1,7 @@
 /* cpu_kv.c - the CPU backend's KV-cache ops: kv_store (append a batch's tokens to their sequences'
  * segments, converting to the cache dtype, and advance the segment lengths), kv_gather (compact
- * every segment of a layer into a new pool in one call) and kv_rerotate (kept keys rotated to their
+ * every segment of a layer into another pool in one call, over (segment, row block) units on the
+ * backend's threads) and kv_rerotate (kept keys rotated to their
  * row index). It does not attend (cpu_attention.c) and
  * decides nothing about what is kept. Nothing here allocates. */
 #include <math.h>
@@ -37,26 +38,46 @@ void ckv_cpu_kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, c
     }
 }
 
-void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *gp) {
-    (void)be;
-    ckv_kv_seg *dst = gp->dst;
-    const ckv_kv_seg *src = gp->src;
-    const size_t rowb = (size_t)gp->head_dim * ckv_dtype_size(gp->dtype);
-    for (int g = 0; g < gp->n_kv; g++) {
+/* Kept rows of one gather unit: a unit is (segment g, block b) of rows b * GATHER_BLOCK .. of the
+ * segment's kept list, so both threads copy even when a layer has fewer KV heads than threads. */
+enum { GATHER_BLOCK = 128 };
+
+typedef struct {
+    const ckv_kv_gather_params *gp;
+    size_t rowb;
+    int blocks; /* per segment: ceil(max n_keep / GATHER_BLOCK) */
+} gather_job;
+
+/* Units [u0, u1): the kept rows i0 .. i1 - 1 of segment g, copied in maximal runs of consecutive
+ * source rows. */
+static void gather_units(void *ctx, int u0, int u1, int tid) {
+    (void)tid;
+    const gather_job *jb = ctx;
+    const ckv_kv_gather_params *gp = jb->gp;
+    const size_t rowb = jb->rowb;
+    for (int u = u0; u < u1; u++) {
+        int g, b, i0, i1;
+        ckv_cpu_unit_rows(u, jb->blocks, GATHER_BLOCK, gp->n_keep[u / jb->blocks], &g, &b, &i0, &i1);
         const int32_t *kg = gp->keep + (size_t)g * (size_t)gp->stride; // [n_keep[g]] ascending source rows
-        const int nk = gp->n_keep[g];
-        int i = 0;
-        while (i < nk) { /* copy maximal runs of consecutive rows at once */
+        const ckv_kv_seg *src = &gp->src[g], *dst = &gp->dst[g];
+        for (int i = i0; i < i1;) {
             int j = i + 1;
-            while (j < nk && kg[j] == kg[j - 1] + 1) j++;
+            while (j < i1 && kg[j] == kg[j - 1] + 1) j++;
             const size_t r = (size_t)kg[i], cnt = (size_t)(j - i);
-            memcpy((char *)dst[g].k + (size_t)i * rowb, (const char *)src[g].k + r * rowb, cnt * rowb);
-            memcpy((char *)dst[g].v + (size_t)i * rowb, (const char *)src[g].v + r * rowb, cnt * rowb);
-            memcpy(dst[g].pos + i, src[g].pos + r, cnt * sizeof(int32_t));
+            memcpy((char *)dst->k + (size_t)i * rowb, (const char *)src->k + r * rowb, cnt * rowb);
+            memcpy((char *)dst->v + (size_t)i * rowb, (const char *)src->v + r * rowb, cnt * rowb);
+            memcpy(dst->pos + i, src->pos + r, cnt * sizeof(int32_t));
             i = j;
         }
-        dst[g].len = nk;
     }
+}
+
+void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *gp) {
+    int most = 0;
+    for (int g = 0; g < gp->n_kv; g++) most = gp->n_keep[g] > most ? gp->n_keep[g] : most;
+    gather_job jb = {gp, (size_t)gp->head_dim * ckv_dtype_size(gp->dtype), ckv_cpu_blocks((size_t)most, GATHER_BLOCK)};
+    if (jb.blocks > 0) ckv_threadpool_for(ckv_cpu_pool(be), gp->n_kv * jb.blocks, 1, gather_units, &jb);
+    for (int g = 0; g < gp->n_kv; g++) gp->dst[g].len = gp->n_keep[g];
 }
 
 void ckv_cpu_kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq) {
