@@ -67,6 +67,10 @@ void ckv_compress_score_inputs(const ckv_session *s, int layer, int L, ckv_score
         .wq = &m->layers[layer].wq, .bq = m->layers[layer].bq, .wo = &m->layers[layer].wo,
         .inv_freq = m->inv_freq, .rope_scale = m->rope_scale, .be = m->be, .replica = m->replica, .tp = m->tp,
     };
+    if (s->q_tail && s->q_tail_layer == layer && s->q_tail_end == L) { /* in a prefill's hook: the forward's queries */
+        v.q_tail = s->q_tail;
+        v.q_tail_rows = s->q_tail_rows;
+    }
     *in = v;
 }
 
@@ -198,6 +202,7 @@ static ckv_status composed_stage(ckv_compressor *cz, ckv_session *dst, int layer
     ckv_compress_score_inputs(dst, layer, n, &in);
     in.arena = &cz->arena;
     in.xn = NULL; /* a later press reads keys and values only */
+    in.q_tail = NULL;
     CKV_TRY(ckv_evict_layer(&sc, &in, NULL, s2));
     CKV_TRY(ckv_selection_rows_host(s2, r2)); /* [nkv, n] this press's kept rows of the n */
     for (int h = 0; h < nkv; h++) {

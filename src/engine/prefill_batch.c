@@ -74,7 +74,7 @@ static ckv_status batch_layer(ckv_prefill_batch *b, ckv_session *const *ss, cons
                               void *const *hook_ctx, int n, int l) {
     ckv_model *m = b->model;
     ckv_backend *be = m->be;
-    const size_t D = (size_t)m->cfg.hidden_size;
+    const size_t D = (size_t)m->cfg.hidden_size, hq = (size_t)m->plan.n_q_local * (size_t)m->cfg.head_dim;
     const int rows = b->split[n];
     ckv_kv_cache *caches[CKV_LOGITS_ROWS];
     int max_len = 0, keep_xn = 0;
@@ -99,7 +99,9 @@ static ckv_status batch_layer(ckv_prefill_batch *b, ckv_session *const *ss, cons
             CKV_TRY(be->ops->copy(be, ss[i]->xn, b->xn + (size_t)b->split[i] * D, (size_t)ss[i]->pf_n * D * sizeof(float)));
     CKV_TRY(ckv_model_check_finite(m, b->x, rows, l)); /* one synchronisation per layer, as a prefill */
     for (int i = 0; i < n; i++) {
-        if (hooks && hooks[i]) CKV_TRY(hooks[i](hook_ctx ? hook_ctx[i] : NULL, ss[i], l, ss[i]->pf_n));
+        if (hooks && hooks[i]) /* the session's rows of the batch: its whole prompt, queries included */
+            CKV_TRY(ckv_session_run_hook(ss[i], hooks[i], hook_ctx ? hook_ctx[i] : NULL, l, ss[i]->pf_n,
+                                         b->scratch.q + (size_t)b->split[i] * hq, ss[i]->pf_n));
         ss[i]->pf_layer = l + 1;
     }
     return CKV_STATUS_OK;

@@ -78,6 +78,17 @@ ckv_status ckv_session_prefill_begin(ckv_session *s, const int32_t *ids, int n) 
     return CKV_STATUS_OK;
 }
 
+ckv_status ckv_session_run_hook(ckv_session *s, ckv_layer_hook hook, void *hook_ctx, int layer, int n_prompt,
+                                const float *q_tail, int q_tail_rows) {
+    s->q_tail = q_tail_rows > 0 ? q_tail : NULL;
+    s->q_tail_rows = q_tail_rows;
+    s->q_tail_end = n_prompt;
+    s->q_tail_layer = layer;
+    ckv_status st = hook(hook_ctx, s, layer, n_prompt);
+    s->q_tail = NULL;
+    return st;
+}
+
 ckv_status ckv_session_prefill_layer(ckv_session *s, ckv_layer_hook hook, void *hook_ctx, int *done) {
     ckv_model *m = s->model;
     int n = s->pf_n, l = s->pf_layer;
@@ -87,12 +98,13 @@ ckv_status ckv_session_prefill_layer(ckv_session *s, ckv_layer_hook hook, void *
     size_t D = (size_t)m->cfg.hidden_size;
     ckv_status st = CKV_STATUS_OK;
     if (!ckv_kv_layer_has_pool(&s->kv, l)) st = ckv_kv_layer_reserve(&s->kv, l, s->capacity); /* compress: lazily */
+    int cn = 0; /* rows of the last chunk: their queries stay in the scratch */
     for (int c0 = 0; c0 < n && st == CKV_STATUS_OK; c0 += s->chunk) {
-        int cn = n - c0 < s->chunk ? n - c0 : s->chunk;
+        cn = n - c0 < s->chunk ? n - c0 : s->chunk;
         st = ckv_model_layer(m, &s->scratch, l, s->x + (size_t)c0 * D, s->pos + c0, cn, &s->kv, s->xn ? s->xn + (size_t)c0 * D : NULL);
     }
     if (st == CKV_STATUS_OK) st = ckv_model_check_finite(m, s->x, n, l); /* one synchronisation per layer of a prefill */
-    if (st == CKV_STATUS_OK && hook) st = hook(hook_ctx, s, l, n);
+    if (st == CKV_STATUS_OK && hook) st = ckv_session_run_hook(s, hook, hook_ctx, l, n, s->scratch.q, cn);
     s->prefill_seconds += ckv_time_now() - t0;
     if (st != CKV_STATUS_OK) return st;
     s->pf_layer = l + 1;

@@ -32,6 +32,12 @@ struct ckv_session {
     int mark_past;      /* n_past at ckv_session_mark (-1: none) */
     int pf_n;           /* tokens of the prefill in progress (0: none) */
     int pf_layer;       /* the next layer it runs */
+    /* During a layer hook: the roped queries the forward computed for the last q_tail_rows rows of the
+     * prompt (rows q_tail_end - q_tail_rows .. q_tail_end - 1) of layer q_tail_layer, [q_tail_rows,
+     * n_q_local * d] (device, the forward's scratch or a sweep's copy); the window scorers read them
+     * instead of recomputing them. NULL outside a hook. */
+    const float *q_tail;
+    int q_tail_rows, q_tail_end, q_tail_layer;
     /* statistics */
     double prefill_seconds, decode_seconds;
     long prefill_tokens, decode_tokens;
@@ -70,6 +76,10 @@ ckv_status ckv_session_prefill_hook(ckv_session *s, const int32_t *ids, int n, f
 ckv_status ckv_session_prefill_begin(ckv_session *s, const int32_t *ids, int n);
 ckv_status ckv_session_prefill_layer(ckv_session *s, ckv_layer_hook hook, void *hook_ctx, int *done);
 ckv_status ckv_session_prefill_end(ckv_session *s, float *all_logits, const float **last);
+/* Runs a layer's hook with s->q_tail set to q_tail [q_tail_rows, n_q_local * d] (device: the queries
+ * the forward computed for the prompt's last q_tail_rows rows, 0 = none), cleared when it returns. */
+ckv_status ckv_session_run_hook(ckv_session *s, ckv_layer_hook hook, void *hook_ctx, int layer, int n_prompt,
+                                const float *q_tail, int q_tail_rows);
 void ckv_session_prefill_abort(ckv_session *s);
 
 /* Feeds one token at position n_past; *logits points at its [V] logits. */

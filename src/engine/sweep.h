@@ -27,6 +27,9 @@ typedef struct {
     int reserve;            /* tokens every derived session holds beyond the context */
     int xn_first;           /* first context row whose attention inputs are kept (L: none) */
     float *xn;              /* [n_layers, L - xn_first, D] device: attention inputs of rows xn_first .. L-1 */
+    float *q;               /* [n_layers, L - xn_first, n_q_local * d] device: the forward's roped queries of the
+                             * last q_rows rows (at the end of each layer's block), as a prefill's hook sees them */
+    int q_rows;             /* min(L - xn_first, the rows of the prefill's last chunk) */
     double prefill_seconds; /* the shared prefill */
     ckv_kv_cache spare;     /* the pools of the last context released (ckv_sweep_release), for the next derive */
 } ckv_sweep;

@@ -1,8 +1,8 @@
 /* score_defensive.c - DefensiveKV's scorer (FFY0/DefensiveKV EfficientDefensiveKVPress.score), a port
  * of the official semantics, quirks included. Per layer, with n = L - w context tokens before the
  * window:
- *   1. window attention: queries of the last w tokens recomputed from the attention input (q_proj +
- *      bias, RoPE at their positions), logits / sqrt(head_dim) against all L post-RoPE keys, causal
+ *   1. window attention: queries of the last w tokens (the prefill's, or recomputed from the attention
+ *      input: q_proj + bias, RoPE at their positions; ckv_score_window_queries), logits / sqrt(head_dim) against all L post-RoPE keys, causal
  *      inside the window, softmax over all L keys in fp32; only the n non-window columns are used;
  *   2. ave[g, t] = mean over the group's query heads and the w queries (snapkv's unpooled score);
  *   3. per (query head, window query) row: avg-pooled (kernel k, padding k / 2, zero padding counted)
@@ -127,7 +127,7 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     info->protect_tail = 0;
     double keep_frac = 0.0;
     CKV_TRY(def_check(in, cfg, &keep_frac));
-    const int w = cfg->window, L = in->L, n = L - w, nkv = in->n_kv_local, D = in->D;
+    const int w = cfg->window, L = in->L, n = L - w, nkv = in->n_kv_local;
     const int G = in->n_heads / in->n_kv_heads;
     ckv_backend *be = in->be;
     const int d = in->head_dim, nq = in->n_q_local;
@@ -152,10 +152,9 @@ ckv_status ckv_score_defensivekv(const ckv_score_inputs *in, const ckv_press_con
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&ave_dev, (size_t)nkv * n * sizeof(double), "defensivekv mean"),
                  done);
     CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&bias_dev, sizeof(double), "defensivekv window bias"), done);
-    be->ops->matmul(be, q, in->xn + (size_t)(L - w) * (size_t)D, in->wq, in->bq, w);
-    be->ops->rope(be, q, in->pos + (L - w), w, nq, d, in->inv_freq, in->rope_scale);
     /* the official code divides by math.sqrt(head_dim) */
-    const ckv_evict_attn_params ap = ckv_score_attn_params(in, q, w, L - w, (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
+    const ckv_evict_attn_params ap = ckv_score_attn_params(in, ckv_score_window_queries(in, w, q), w, L - w,
+                                                           (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
     CKV_TRY_GOTO(s, be->ops->evict_attn_probs(be, P, L, &ap), done);
     /* 2-4: per-head rows, defensive max (from 0: every value is >= 0), window bias; then to the host */
     const ckv_evict_defensive_params dp = {.p = P, .ld = L, .w = w, .n = n, .n_heads_local = nq,

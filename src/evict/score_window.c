@@ -1,5 +1,6 @@
 /* score_window.c - the observation-window scorers: snapkv (and pyramidkv, whose scores are snapkv's),
- * finch (the question as the window, no pooling, optionally count-normalised rows) and tova, driven through the backend's eviction ops. Queries of the last w tokens are recomputed
+ * finch (the question as the window, no pooling, optionally count-normalised rows) and tova, driven through the backend's eviction ops. Queries of the last w tokens are the
+ * ones the prefill's forward computed when its hook hands them over (in->q_tail), else recomputed
  * from the attention input (q_proj + bias, RoPE at their positions, as the model does); their logits
  * against all L post-RoPE keys are divided by sqrt(head_dim) and softmaxed over all L keys in fp32
  * with causal masking inside the window; the last w columns are dropped and the rest averaged over
@@ -23,20 +24,14 @@ static ckv_status window_need(const ckv_score_inputs *in, const char *who) {
 }
 
 /* mean [n_q_local, L - w] (device) = per local query head, the mean over the w window queries of the
- * attention weights on keys 0 .. L-w-1. q [w, n_q_local * d] and colsum [n_q_local, L - w] are scratch. */
-/* q [w, n_q_local * d] (device) = xn[L-w:] @ wq^T + bq, then RoPE at the window's positions. */
-static void window_queries(const ckv_score_inputs *in, int w, float *q) {
-    ckv_backend *be = in->be;
-    be->ops->matmul(be, q, in->xn + (size_t)(in->L - w) * (size_t)in->D, in->wq, in->bq, w);
-    be->ops->rope(be, q, in->pos + (in->L - w), w, in->n_q_local, in->head_dim, in->inv_freq, in->rope_scale);
-}
-
+ * attention weights on keys 0 .. L-w-1. q [w, n_q_local * d] (the queries unless the forward's are
+ * given: ckv_score_window_queries) and colsum [n_q_local, L - w] are scratch. */
 static ckv_status window_means(const ckv_score_inputs *in, int w, float *q, double *colsum, float *mean) {
     ckv_backend *be = in->be;
     const int d = in->head_dim, L = in->L, n_out = L - w;
-    window_queries(in, w, q);
     /* kvpress divides the logits by math.sqrt(head_dim) (a division, not a multiply) */
-    const ckv_evict_attn_params a = ckv_score_attn_params(in, q, w, L - w, (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
+    const ckv_evict_attn_params a = ckv_score_attn_params(in, ckv_score_window_queries(in, w, q), w, L - w,
+                                                          (float)sqrt((double)d), CKV_EVICT_LOGITS_DIV);
     CKV_TRY(be->ops->evict_attn_colsum(be, colsum, n_out, &a, CKV_EVICT_PER_QUERY_HEAD, CKV_EVICT_ZERO_FIRST));
     be->ops->evict_colsum_finish(be, mean, n_out, colsum, n_out, in->n_q_local, n_out, (double)w,
                                  CKV_EVICT_DENOM_FIXED);
@@ -129,8 +124,7 @@ ckv_status ckv_score_finch(const ckv_score_inputs *in, const ckv_press_config *c
         CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&p, (size_t)nq * n_out * sizeof(float), "finch weights"), done);
         CKV_TRY_GOTO(s, ckv_score_dev_alloc(&dev, (void **)&weight, (size_t)nq * n_out * sizeof(float), "finch counts"),
                      done);
-        window_queries(in, w, q);
-        CKV_TRY_GOTO(s, finch_means(in, w, q, colsum, p, weight, mean), done);
+        CKV_TRY_GOTO(s, finch_means(in, w, ckv_score_window_queries(in, w, q), colsum, p, weight, mean), done);
     } else {
         CKV_TRY_GOTO(s, window_means(in, w, q, colsum, mean), done);
     }

@@ -73,6 +73,15 @@ ckv_evict_attn_params ckv_score_attn_params(const ckv_score_inputs *in, const fl
     return a;
 }
 
+const float *ckv_score_window_queries(const ckv_score_inputs *in, int w, float *scratch) {
+    const size_t hq = (size_t)in->n_q_local * (size_t)in->head_dim;
+    if (in->q_tail && in->q_tail_rows >= w) return in->q_tail + (size_t)(in->q_tail_rows - w) * hq;
+    ckv_backend *be = in->be;
+    be->ops->matmul(be, scratch, in->xn + (size_t)(in->L - w) * (size_t)in->D, in->wq, in->bq, w);
+    be->ops->rope(be, scratch, in->pos + (in->L - w), w, in->n_q_local, in->head_dim, in->inv_freq, in->rope_scale);
+    return scratch;
+}
+
 int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank) {
     return rank / (in->kv_replicas > 1 ? in->kv_replicas : 1) * in->n_kv_local;
 }

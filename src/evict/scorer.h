@@ -52,6 +52,10 @@ typedef struct {
     ckv_comm *tp;           /* the whole tensor-parallel group; NULL = one rank */
     ckv_score_arena *arena; /* the scorers' device scratch (NULL: allocated per call) */
     const float *given;     /* [n_kv_local, L] scores computed before the layer's hook (kvzip's replay), or NULL (device) */
+    const float *q_tail;    /* [q_tail_rows, n_q_local * head_dim] the roped queries the forward computed for context
+                             * rows L - q_tail_rows .. L - 1, or NULL: a window scorer whose window fits reads
+                             * them, any other recomputes its queries from xn (device) */
+    int q_tail_rows;
 } ckv_score_inputs;
 
 typedef struct {
@@ -91,6 +95,10 @@ int ckv_score_head0(const ckv_score_inputs *in);
  * [n_q, n_q_local, head_dim] (device) at context rows q_row0 .., logits (q . k) * or / scale. */
 ckv_evict_attn_params ckv_score_attn_params(const ckv_score_inputs *in, const float *q, int n_q, int q_row0,
                                             float scale, ckv_evict_logits logits);
+/* q [w, n_q_local * head_dim] (device): the roped queries of the last w context rows, in->q_tail's last
+ * w rows when it holds that many (nothing computed; the result points into it), else computed into
+ * `scratch` [w, n_q_local * head_dim] from xn (q_proj + bias, RoPE at their positions), as the forward does. */
+const float *ckv_score_window_queries(const ckv_score_inputs *in, int w, float *scratch);
 /* The first global KV head of rank `rank` of the group, from the shard layout the inputs carry (every
  * rank holds n_kv_local heads; kv_replicas consecutive ranks hold the same ones). */
 int ckv_score_rank_kv_head0(const ckv_score_inputs *in, int rank);

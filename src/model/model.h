@@ -74,7 +74,8 @@ typedef struct {
 typedef struct {
     int n_max;
     float *xn;     /* [n_max, D] normed input */
-    float *q;      /* [n_max, n_q_local * d] */
+    float *q;      /* [n_max, n_q_local * d]; after a layer call: its n rows' queries, post-RoPE, until the next
+                    * call (a prefill's layer hook hands the last ones to the window scorers) */
     float *k;      /* [n_max, n_kv_local * d] */
     float *v;      /* [n_max, n_kv_local * d] */
     float *att;    /* [n_max, n_q_local * d] */

@@ -3,9 +3,10 @@
  * column sums (evict_chunk_colsum) and the one-row softmax (evict_softmax_add). Semantics as in
  * backend.h. A segment's keys (converted to fp32 first for F16/BF16 caches) are packed once into the
  * fp32 GEMM's weight panels (ckv_gemm_pack_all) and kept while a worker's query heads read the same
- * segment; the queries go through in strips of a few register tiles (ckv_gemm_packed_rows, each
- * strip's logits only up to its last row's visible key; with one query per head, a KV head's query
- * heads as the rows of one strip), and each strip is scaled, exponentiated and summed or written
+ * segment; the queries of a worker's consecutive query heads of one KV head go through as one
+ * sequence of rows, head after head, in strips of a few register tiles (ckv_gemm_packed_rows, each
+ * strip's logits only up to its last row's visible key; a tile may hold rows of two heads, so only a
+ * worker's last tile per KV head is partly empty), and each strip is scaled, exponentiated and summed or written
  * while it is in L2, so no [n_q, n_keys] matrix is formed. The backend's pool takes
  * output rows (a query head, or with per-KV-head sums a KV head and its query heads in ascending
  * order; chunk_colsum: a KV head), each worker in its own workspace, so every sum is added in the
@@ -33,6 +34,13 @@ static inline float evict_scale_one(float x, float scale, evict_scale_kind kind)
 static float evict_scaled_exp_row(float *x, int n, float scale, evict_scale_kind kind) {
     float ml[16]; /* independent lanes: lane l takes x[l], x[l + 16], ... */
     int i = 0;
+    int e2;
+    if (kind == EVICT_SCALE_DIV && frexpf(scale, &e2) == 0.5f && e2 > -125 && e2 < 126) {
+        /* x / 2^k and x * 2^-k round the same real number: the same bits, without the division
+         * (sqrt(head_dim) for head_dim 16, 64, 256) */
+        scale = ldexpf(1.0f, 1 - e2);
+        kind = EVICT_SCALE_MUL;
+    }
     x[0] = evict_scale_one(x[0], scale, kind);
 #ifdef __AVX512F__
     /* vmaxps(a, b) = a > b ? a : b lane by lane (b when either is NaN): the comparison of the loop below,
@@ -81,10 +89,11 @@ static float evict_scaled_exp_row(float *x, int n, float scale, evict_scale_kind
 /* x[0..n) <- exp(x - max x) in fp32 (n >= 1); returns (float)(1 / sum), the sum in double. */
 static float evict_exp_row(float *x, int n) { return evict_scaled_exp_row(x, n, 1.0f, EVICT_SCALE_NONE); }
 
-/* Scratch of one worker: one segment's packed keys, one strip's logits and softmax scales. */
+/* Scratch of one worker: one segment's packed keys, one strip's queries, logits and softmax scales. */
 typedef struct {
     float *kp;     // [ckv_gemm_packed_floats(d, n_keys)] keys of segment kp_g packed for the GEMM
     float *keys;   // [n_keys, d] fp32 keys of one segment (F16/BF16 caches only)
+    float *qs;     // [CKV_CPU_ATTN_STRIP rows, d] one strip's query rows, contiguous
     float *logits; // [CKV_CPU_ATTN_STRIP rows, n_keys] one strip of queries' logits
     float *inv;    // [CKV_CPU_ATTN_STRIP] 1 / sum of each strip row's exponentials
     int kp_g;      // the segment kp holds (-1: none yet)
@@ -100,6 +109,7 @@ static size_t evict_attn_ws_floats(const ckv_gemm_arch *arch, const ckv_kv_batch
     const size_t d = (size_t)kv->head_dim;
 #define EVICT_ROUND16(x) (((x) + 15) & ~(size_t)15)
     size_t f = EVICT_ROUND16(ckv_gemm_packed_floats(arch, (int)d, n_keys)) +
+               EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX * d) +
                EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX * n_cols) + EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX);
     if (kv->dtype != CKV_DTYPE_F32) f += EVICT_ROUND16((size_t)n_keys * d);
     return f;
@@ -113,6 +123,8 @@ static void evict_attn_ws_carve(evict_attn_ws *w, float *at, const ckv_gemm_arch
     w->kp_g = -1;
     w->kp = at;
     at += EVICT_ROUND16(ckv_gemm_packed_floats(arch, (int)d, n_keys));
+    w->qs = at;
+    at += EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX * d);
     w->logits = at;
     at += EVICT_ROUND16((size_t)CKV_CPU_ATTN_STRIP_MAX * n_cols);
     w->inv = at;
@@ -137,19 +149,6 @@ static void evict_pack_keys(evict_attn_ws *w, const ckv_gemm_arch *arch, const c
     w->kp_g = g;
 }
 
-/* Softmax weights of local query head j's queries i0 .. i0 + ns (of the call's n_q; query i sits at
- * context row q_row0 + i) over the keys packed in w->kp, into w->logits (row i - i0, stride n_keys,
- * valid for columns 0 .. q_row0 + i), scaled by w->inv[i - i0] (weight = logits[.., t] * inv). */
-static void evict_strip_weights(const ckv_gemm_arch *arch, evict_attn_ws *w, const float *q, int i0, int ns,
-                                int q_row0, int n_keys, int n_heads_local, int d, int j, float scale, int divide) {
-    const size_t hq = (size_t)n_heads_local * (size_t)d;
-    ckv_gemm_packed_rows(arch, w->logits, (size_t)n_keys, q + (size_t)i0 * hq + (size_t)j * (size_t)d, hq, w->kp, ns,
-                         d, q_row0 + i0 + ns); /* [ns, visible keys of the strip's last row] */
-    for (int r = 0; r < ns; r++)
-        w->inv[r] = evict_scaled_exp_row(w->logits + (size_t)r * (size_t)n_keys, q_row0 + i0 + r + 1, scale,
-                                         divide ? EVICT_SCALE_DIV : EVICT_SCALE_MUL);
-}
-
 /* Scratch all workers of one call may hold together (at least one worker's, however large). */
 #define CKV_CPU_ATTN_SCRATCH_BYTES ((size_t)64 << 20)
 
@@ -172,18 +171,53 @@ typedef struct evict_attn_job {
     void (*rows)(const struct evict_attn_job *jb, int begin, int end, evict_attn_ws *w);
 } evict_attn_job;
 
-/* What a job does with one strip's weights (rows i0 .. i0 + ns of local head j, output row r). */
-typedef void (*evict_strip_fn)(const struct evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns);
+/* The rows of a run: local query heads j0 .. j0 + nh - 1 of one KV head, each with the call's n_q
+ * queries, as one sequence of nh x n_q rows, head-major (row R: head j0 + R / n_q, query R % n_q, at
+ * context row q_row0 + R % n_q). A strip of it may hold rows of several heads, so a register tile is
+ * filled across the heads (64 queries of 3 heads: 14 tiles of 14 rows instead of 15 partly empty). */
+static int run_head(const evict_attn_job *jb, int j0, int R) { return j0 + R / jb->n_q; }
+static int run_query(const evict_attn_job *jb, int R) { return R % jb->n_q; }
 
-/* Local head j's queries strip by strip over its segment's packed keys, each strip's weights to fn. */
-static void evict_head_strips(const evict_attn_job *jb, evict_attn_ws *w, int j, int r, evict_strip_fn fn) {
+/* What a job does with one strip's weights (rows R0 .. R0 + ns of the run at local head j0). */
+typedef void (*evict_strip_fn)(const struct evict_attn_job *jb, const evict_attn_ws *w, int j0, int R0, int ns);
+
+/* Softmax weights of the run's rows R0 .. R0 + ns over the keys packed in w->kp, into w->logits (row
+ * R - R0, stride n_keys, valid for the row's visible columns 0 .. q_row0 + query), scaled by
+ * w->inv[R - R0] (weight = logits[.., t] * inv). The strip's query rows are copied contiguous first;
+ * its logits go only up to the last key any of its rows sees. */
+static void evict_strip_weights(const evict_attn_job *jb, evict_attn_ws *w, int j0, int R0, int ns) {
+    const int d = jb->kv->head_dim;
+    const size_t hq = (size_t)jb->n_heads_local * (size_t)d;
+    int n_vis = 0;
+    for (int r = 0; r < ns; r++) {
+        const int i = run_query(jb, R0 + r), j = run_head(jb, j0, R0 + r);
+        memcpy(w->qs + (size_t)r * (size_t)d, jb->q + (size_t)i * hq + (size_t)j * (size_t)d, (size_t)d * sizeof(float));
+        n_vis = jb->q_row0 + i + 1 > n_vis ? jb->q_row0 + i + 1 : n_vis;
+    }
+    ckv_gemm_packed_rows(jb->arch, w->logits, (size_t)jb->n_keys, w->qs, (size_t)d, w->kp, ns, d, n_vis);
+    for (int r = 0; r < ns; r++)
+        w->inv[r] = evict_scaled_exp_row(w->logits + (size_t)r * (size_t)jb->n_keys,
+                                         jb->q_row0 + run_query(jb, R0 + r) + 1, jb->scale,
+                                         jb->divide ? EVICT_SCALE_DIV : EVICT_SCALE_MUL);
+}
+
+/* Local query heads [j_begin, j_end) in runs of consecutive heads of one KV head, each run strip by
+ * strip over its KV head's packed keys, each strip's weights to fn: every head's rows in query order,
+ * the heads in ascending order. */
+static void evict_head_runs(const evict_attn_job *jb, evict_attn_ws *w, int j_begin, int j_end, evict_strip_fn fn) {
     const int S = evict_strip_rows(jb->arch);
-    evict_pack_keys(w, jb->arch, jb->kv, (jb->head0 + j) / jb->group, 0, jb->n_keys);
-    for (int i0 = 0; i0 < jb->n_q; i0 += S) {
-        const int ns = jb->n_q - i0 < S ? jb->n_q - i0 : S;
-        evict_strip_weights(jb->arch, w, jb->q, i0, ns, jb->q_row0, jb->n_keys, jb->n_heads_local, jb->kv->head_dim, j,
-                            jb->scale, jb->divide);
-        fn(jb, w, j, r, i0, ns);
+    for (int j0 = j_begin; j0 < j_end;) {
+        const int g = (jb->head0 + j0) / jb->group;
+        int nh = 1;
+        while (j0 + nh < j_end && (jb->head0 + j0 + nh) / jb->group == g) nh++;
+        evict_pack_keys(w, jb->arch, jb->kv, g, 0, jb->n_keys);
+        const int n = nh * jb->n_q;
+        for (int R0 = 0; R0 < n; R0 += S) {
+            const int ns = n - R0 < S ? n - R0 : S;
+            evict_strip_weights(jb, w, j0, R0, ns);
+            fn(jb, w, j0, R0, ns);
+        }
+        j0 += nh;
     }
 }
 
@@ -201,71 +235,47 @@ static void colsum_add_rows(double *restrict cs, const float *logits, size_t ld,
     }
 }
 
-/* colsum[r, t] += (double)p_t for the strip's rows in order. */
-static void colsum_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns) {
-    (void)j;
-    colsum_add_rows(jb->colsum + (size_t)r * (size_t)jb->n_cols, w->logits, (size_t)jb->n_keys, w->inv, ns,
-                    jb->q_row0 + i0 + 1, jb->n_cols);
+/* The output row of local query head j in a column-sum job (per_kv: its KV head). */
+static int colsum_row_of(const evict_attn_job *jb, int j) { return jb->per_kv ? (jb->head0 + j) / jb->group : j; }
+
+/* colsum[row of its head, t] += (double)p_t for the strip's rows in order, each head's rows as one
+ * block. */
+static void colsum_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j0, int R0, int ns) {
+    for (int r = 0; r < ns;) {
+        const int j = run_head(jb, j0, R0 + r), i = run_query(jb, R0 + r);
+        const int nr = jb->n_q - i < ns - r ? jb->n_q - i : ns - r; /* this head's rows of the strip */
+        colsum_add_rows(jb->colsum + (size_t)colsum_row_of(jb, j) * (size_t)jb->n_cols,
+                        w->logits + (size_t)r * (size_t)jb->n_keys, (size_t)jb->n_keys, w->inv + r, nr,
+                        jb->q_row0 + i + 1, jb->n_cols);
+        r += nr;
+    }
 }
 
 /* p[j, i, :] = the strip's weights, zero past each row's visible keys. */
-static void probs_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j, int r, int i0, int ns) {
-    (void)r;
-    for (int i = 0; i < ns; i++) {
-        const float *row = w->logits + (size_t)i * (size_t)jb->n_keys;
-        float *dst = jb->p + ((size_t)j * (size_t)jb->n_q + (size_t)(i0 + i)) * (size_t)jb->ld;
-        const int n_vis = jb->q_row0 + i0 + i + 1;
-        const float f = w->inv[i];
+static void probs_strip(const evict_attn_job *jb, const evict_attn_ws *w, int j0, int R0, int ns) {
+    for (int r = 0; r < ns; r++) {
+        const int j = run_head(jb, j0, R0 + r), i = run_query(jb, R0 + r);
+        const float *row = w->logits + (size_t)r * (size_t)jb->n_keys;
+        float *dst = jb->p + ((size_t)j * (size_t)jb->n_q + (size_t)i) * (size_t)jb->ld;
+        const int n_vis = jb->q_row0 + i + 1;
+        const float f = w->inv[r];
         for (int t = 0; t < n_vis; t++) dst[t] = row[t] * f;
         for (int t = n_vis; t < jb->ld; t++) dst[t] = 0.0f;
     }
 }
 
-/* The output row of local query head j in a column-sum job (per_kv: its KV head). */
-static int colsum_row_of(const evict_attn_job *jb, int j) { return jb->per_kv ? (jb->head0 + j) / jb->group : j; }
-
-/* One query per head (tova, finch's question rows): local heads j .. j + nh of one KV head, all of
- * this worker's rows, go through the GEMM as the rows of one strip (head k's query is row k: the heads
- * lie d floats apart), so a register tile holds up to MR heads instead of one; each head's weights are
- * then added to its row in head order, as head by head. */
-static void colsum_single_query(const evict_attn_job *jb, evict_attn_ws *w, int j, int nh) {
-    const int d = jb->kv->head_dim, n_vis = jb->q_row0 + 1;
-    evict_pack_keys(w, jb->arch, jb->kv, (jb->head0 + j) / jb->group, 0, jb->n_keys);
-    ckv_gemm_packed_rows(jb->arch, w->logits, (size_t)jb->n_keys, jb->q + (size_t)j * (size_t)d, (size_t)d, w->kp, nh,
-                         d, n_vis); /* [nh, n_vis] */
-    for (int k = 0; k < nh; k++) {
-        float *row = w->logits + (size_t)k * (size_t)jb->n_keys;
-        w->inv[k] = evict_scaled_exp_row(row, n_vis, jb->scale, jb->divide ? EVICT_SCALE_DIV : EVICT_SCALE_MUL);
-        colsum_add_rows(jb->colsum + (size_t)colsum_row_of(jb, j + k) * (size_t)jb->n_cols, row, (size_t)jb->n_keys,
-                        w->inv + k, 1, n_vis, jb->n_cols);
-    }
-}
-
 /* Output rows [begin, end) of a column-sum job: row r is local query head r, or (per_kv) KV head r with
- * its local query heads in ascending order. */
+ * its local query heads in ascending order (a contiguous range of them). */
 static void colsum_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
-    const int S = evict_strip_rows(jb->arch);
-    for (int j = 0; j < jb->n_heads_local;) {
-        const int r = colsum_row_of(jb, j), g = (jb->head0 + j) / jb->group;
-        if (r < begin || r >= end) {
-            j++;
-        } else if (jb->n_q == 1) {
-            int nh = 1;
-            while (nh < S && j + nh < jb->n_heads_local && (jb->head0 + j + nh) / jb->group == g &&
-                   colsum_row_of(jb, j + nh) < end)
-                nh++;
-            colsum_single_query(jb, w, j, nh);
-            j += nh;
-        } else {
-            evict_head_strips(jb, w, j, r, colsum_strip);
-            j++;
-        }
-    }
+    int j_begin = 0, j_end;
+    while (j_begin < jb->n_heads_local && colsum_row_of(jb, j_begin) < begin) j_begin++;
+    for (j_end = j_begin; j_end < jb->n_heads_local && colsum_row_of(jb, j_end) < end;) j_end++;
+    evict_head_runs(jb, w, j_begin, j_end, colsum_strip);
 }
 
 /* Local query heads [begin, end) of a weights job. */
 static void probs_rows(const evict_attn_job *jb, int begin, int end, evict_attn_ws *w) {
-    for (int j = begin; j < end; j++) evict_head_strips(jb, w, j, j, probs_strip);
+    evict_head_runs(jb, w, begin, end, probs_strip);
 }
 
 /* KV heads [begin, end) of a chunk job: each one's local query heads in ascending order, their

@@ -119,36 +119,65 @@ ckv_status ckv_cpu_evict_ea_logits(ckv_backend *be, float *logit, const ckv_kv_b
                                (void *)&jb);
 }
 
+/* Window rows of one KV head aggregated side by side: each row's mass and pooled mass are chains of
+ * dependent additions in double, so a block of rows advances its chains together. */
+#define CKV_CPU_DEF_ROWS 8
+
+/* Scratch bytes of defensive_head for n columns: box [n] doubles, pooled [CKV_CPU_DEF_ROWS, n] floats. */
+static size_t defensive_scratch_bytes(int n) {
+    const size_t c = (size_t)(n > 0 ? n : 1);
+    return c * sizeof(double) + (size_t)CKV_CPU_DEF_ROWS * c * sizeof(float);
+}
+
 /* KV head g = head0 / group + k: its rows of ave and dmax from its local query heads' window rows
- * (heads ascending, then rows). scratch: pooled [n] one row, pooled. */
+ * (heads ascending, then rows; the heads of one KV head are consecutive, so its rows are too), in
+ * blocks of CKV_CPU_DEF_ROWS rows. Every sum is added in the order a row-by-row pass adds it: ave[t]
+ * row after row, a row's mass and pooled mass over t ascending, each box over its window ascending
+ * (the box's missing neighbours at the edges are skipped, as adding +0.0 to a sum of non-negative
+ * weights would leave it). */
 static ckv_status defensive_head(void *ctx, int k, void *scratch) {
     const ckv_evict_defensive_params *d = ctx;
     const int g = d->head0 / d->group + k;
     const int ld = d->ld, w = d->w, n = d->n, r = d->kernel / 2;
-    float *pooled = scratch;
+    double *box = scratch;                                   /* [n] one row's box sums */
+    float *pooled = (float *)(void *)(box + (n > 0 ? n : 1)); /* [CKV_CPU_DEF_ROWS, n] the block's pooled rows */
     double *av = d->ave + (size_t)g * (size_t)n;
     float *dm = d->dmax + (size_t)g * (size_t)n;
-    for (int j = 0; j < d->n_heads_local; j++) {
-        if ((d->head0 + j) / d->group != g) continue;
-        for (int i = 0; i < w; i++) {
-            const float *row = d->p + ((size_t)j * (size_t)w + (size_t)i) * (size_t)ld; // [n] used
-            double mass = 0.0;
-            for (int t = 0; t < n; t++) {
-                mass += row[t];
-                av[t] += row[t];
+    int j0 = 0;
+    while (j0 < d->n_heads_local && (d->head0 + j0) / d->group != g) j0++;
+    int nh = 0;
+    while (j0 + nh < d->n_heads_local && (d->head0 + j0 + nh) / d->group == g) nh++;
+    const int n_rows = nh * w;
+    for (int b0 = 0; b0 < n_rows; b0 += CKV_CPU_DEF_ROWS) {
+        const int nb = n_rows - b0 < CKV_CPU_DEF_ROWS ? n_rows - b0 : CKV_CPU_DEF_ROWS;
+        const float *row[CKV_CPU_DEF_ROWS];
+        double mass[CKV_CPU_DEF_ROWS] = {0}, psum[CKV_CPU_DEF_ROWS] = {0}, scale[CKV_CPU_DEF_ROWS];
+        for (int b = 0; b < nb; b++) row[b] = d->p + ((size_t)j0 * (size_t)w + (size_t)(b0 + b)) * (size_t)ld; // [n] used
+        for (int t = 0; t < n; t++) {
+            double a = av[t];
+            for (int b = 0; b < nb; b++) {
+                mass[b] += row[b][t];
+                a += row[b][t];
             }
-            /* avg pooling (zero padding counted), then rescaled to the row's own mass */
-            double psum = 0.0;
-            for (int t = 0; t < n; t++) {
-                const int lo = t - r < 0 ? 0 : t - r, hi = t + r >= n ? n - 1 : t + r;
-                double box = 0.0;
-                for (int u = lo; u <= hi; u++) box += row[u];
-                pooled[t] = (float)(box / d->kernel);
-                psum += pooled[t];
+            av[t] = a;
+        }
+        /* avg pooling (zero padding counted), then rescaled to the row's own mass */
+        for (int b = 0; b < nb; b++) {
+            float *pb = pooled + (size_t)b * (size_t)n;
+            for (int t = 0; t < n; t++) box[t] = 0.0;
+            for (int u = -r; u <= r; u++) {
+                const int t0 = u < 0 ? -u : 0, t1 = u > 0 ? n - u : n;
+                for (int t = t0; t < t1; t++) box[t] += row[b][t + u];
             }
-            const double scale = psum > 0.0 ? mass / psum : 0.0;
+            for (int t = 0; t < n; t++) pb[t] = (float)(box[t] / d->kernel);
+        }
+        for (int t = 0; t < n; t++)
+            for (int b = 0; b < nb; b++) psum[b] += pooled[(size_t)b * (size_t)n + (size_t)t];
+        for (int b = 0; b < nb; b++) scale[b] = psum[b] > 0.0 ? mass[b] / psum[b] : 0.0;
+        for (int b = 0; b < nb; b++) {
+            const float *pb = pooled + (size_t)b * (size_t)n;
             for (int t = 0; t < n; t++) {
-                const float v = (float)(pooled[t] * scale);
+                const float v = (float)(pb[t] * scale[b]);
                 dm[t] = v > dm[t] ? v : dm[t];
             }
         }
@@ -165,7 +194,7 @@ ckv_status ckv_cpu_evict_defensive_rows(ckv_backend *be, const ckv_evict_defensi
     }
     /* the KV heads the local query heads read, over the pool (each owns its rows of ave and dmax) */
     const int n_g = d->n_heads_local > 0 ? (d->head0 + d->n_heads_local - 1) / d->group - d->head0 / d->group + 1 : 0;
-    CKV_TRY(ckv_cpu_evict_heads(be, n_g, (size_t)(n > 0 ? n : 1) * sizeof(float), defensive_head, (void *)d));
+    CKV_TRY(ckv_cpu_evict_heads(be, n_g, defensive_scratch_bytes(n), defensive_head, (void *)d));
     /* the window bias, one sum over every head's rows in order */
     const int bias_lo = n > w ? n - w : 0;
     for (int j = 0; j < d->n_heads_local; j++)
