@@ -26,7 +26,7 @@
 #define LEV_MAX_DIM 1024
 #define LEV_MAX_K 256
 #define LEV_GROUP 2    /* KV heads whose buffers the scratch holds at once */
-#define LEV_BLOCK 128  /* rows of a unit of each phase */
+#define LEV_BLOCK 126  /* rows of a unit of each phase: whole register tiles of the AVX-512 (14) and AVX2 (6) kernels */
 #define LEV_ROUND16(x) (((x) + 15) & ~(size_t)15)
 
 typedef struct {
@@ -232,7 +232,19 @@ static void sketch_units(void *ctx, int begin, int end, int tid) {
     }
 }
 
-/* Unit (g, block): out[t] = ||C^-1 x_t||^2 (summed in double over the k entries in ascending order)
+/* sum_j y_j^2 in double over y [k]: 8 lanes (lane j % 8, j ascending), then the lanes in order. */
+static double lev_sumsq(const float *y, int k) {
+    double lane[8] = {0.0};
+    int j = 0;
+    for (; j + 8 <= k; j += 8)
+        for (int l = 0; l < 8; l++) lane[l] += (double)y[j + l] * (double)y[j + l];
+    for (int l = 0; j < k; j++, l++) lane[l] += (double)y[j] * (double)y[j];
+    double s = 0.0;
+    for (int l = 0; l < 8; l++) s += lane[l];
+    return s;
+}
+
+/* Unit (g, block): out[t] = ||C^-1 x_t||^2 (lev_sumsq)
  * for the block's rows of the group's head g: the rows of X times the packed C^-1 (every entry the
  * GEMM kernel's fp32 sum) into the worker's buffer. */
 static void solve_units(void *ctx, int begin, int end, int tid) {
@@ -245,12 +257,7 @@ static void solve_units(void *ctx, int begin, int end, int tid) {
         const float *x = jb->x + ((size_t)g * (size_t)n + (size_t)t0) * (size_t)k;
         solve_block(jb->arch, yb, x, nr, k, jb->bw + (size_t)g * jb->pk_w);
         float *dst = jb->out + (size_t)(jb->g0 + g) * (size_t)jb->ld + t0;
-        for (int t = 0; t < nr; t++) {
-            const float *y = yb + (size_t)t * k;
-            double lev = 0.0;
-            for (int j = 0; j < k; j++) lev += (double)y[j] * (double)y[j];
-            dst[t] = (float)lev;
-        }
+        for (int t = 0; t < nr; t++) dst[t] = (float)lev_sumsq(yb + (size_t)t * k, k);
     }
 }
 
