@@ -43,7 +43,7 @@ typedef struct {
     float *x;      // [LEV_GROUP, n, k] the sketched centred rows X
     float *part;   // [LEV_GROUP, nb_rows, k, k] X^T X of each block of rows
     float *bw;     // [LEV_GROUP, pk_w] each head's inverse Cholesky factor packed for the GEMM
-    float *wk;     // [threads, wk_floats] each worker's block buffers (lev_work)
+    float *wk;     // [threads, wk_floats] each worker's block buffers (lev_work_floats)
     size_t pk_phi, pk_w, wk_floats; /* floats of a packed phi^T and C^-1 (multiples of 16) and of a worker's buffers */
     int nb_rows;   /* blocks of rows per head */
 } lev_job;
