@@ -66,8 +66,8 @@ static void ev_reserve(int rows, int query_rows, int n_kv_all, ckv_dtype kv, int
 
 /* Leverage of all rows and of a block of them (Compactor's chunks), sketch k = 96 (its scratch the
  * largest of the layer), keys rotated back at each segment's own positions (gapped, different per
- * head, as after a compression): scores within 1e-4 relative (double Gram and Cholesky, fp32 sketch products in
- * another order), statistics likewise; after evict_reserve with the sketch it allocates nothing. */
+ * head, as after a compression): scores within 1e-4 relative (CUDA's sketch, Gram matrix and solve in double,
+ * the CPU's in fp32 GEMMs), statistics likewise; after evict_reserve with the sketch it allocates nothing. */
 static void test_evict_leverage(ckv_dtype dt) {
     enum { K = 96 };
     ev_cache e;

@@ -1,46 +1,51 @@
 /* cpu_evict_leverage.c - the approximate-leverage op on the CPU (backend.h evict_leverage): the
- * cached keys rotated back to pre-RoPE keys, centred, sketched by the caller's Gaussian matrix,
- * their Gram matrix factored by Cholesky (with kvpress's jitter schedule) and each row's leverage
- * x^T (G + jI)^-1 x by one forward substitution; plus the per-row sums any z-scoring scorer hands to
- * its cross-head statistics (evict_row_stats) and the affine map it applies after them (evict_affine).
- * Double arithmetic after the fp32 pre-RoPE keys. Every KV head's work is cut into units that keep
- * each sum's order (blocks of rows for the rotation, the sketch and the substitution; blocks of
- * dimensions for the mean; pairs of 4-row bands of the Gram matrix), spread over the backend's pool
- * phase by phase, so the bits do not depend on the thread count; the rotary angles are computed once
- * per row for every head at segment 0's positions and kept by the backend for the next call at the
- * same positions (the next layer); Cholesky and the per-head sums run on the calling
- * thread. Register tiles (4 rows x 16 columns) for the sketch and the Gram matrix, 32 rows side by
- * side in the substitution. Scratch taken once per call from the eviction scratch, not zeroed (every
- * byte read is written first). It does not draw the sketch, normalise across heads or select. */
+ * cached keys rotated back to pre-RoPE keys, centred on their mean, sketched by the caller's Gaussian
+ * matrix, their Gram matrix factored by Cholesky (kvpress's jitter schedule) and each row's leverage
+ * x^T (G + jI)^-1 x as ||C^-1 x||^2, the factor's inverse applied as a product; plus the per-row sums
+ * any z-scoring scorer hands to its cross-head statistics (evict_row_stats) and the affine map it
+ * applies after them (evict_affine).
+ * Precision: the three products (the sketch X = P phi, the Gram matrix X^T X, X C^-T) are fp32
+ * through the GEMM kernels' register tiles (cpu_gemm.h), as kvpress computes them in fp32; the
+ * rotation, the mean, the sum of the blocks' Gram matrices, the factor, its inverse and each
+ * leverage's sum of squares are in double, rounded to fp32 where a product reads them.
+ * Work: the KV heads go through in groups of LEV_GROUP (the scratch holds that many heads whatever the
+ * head count); each group's rows are cut into blocks of LEV_BLOCK spread over the backend's pool in
+ * three phases (rotation and column sums; centring, sketch and the block's Gram matrix; the solve),
+ * with the means, the factors and their inverses on the calling thread between them. Every sum has
+ * a fixed order, so the scores are the same bits on any thread count and rank count. The rotary
+ * angles are computed once per row for every head at segment 0's positions and kept by the backend
+ * for the next call at the same positions (the next layer). Scratch taken once per call from the
+ * eviction scratch, not zeroed (every byte read is written first). It does not draw the sketch,
+ * normalise across heads or select. */
 #include <math.h>
 #include <string.h>
 
 #include "cpu_backend.h"
+#include "cpu_gemm.h"
 
 #define LEV_MAX_DIM 1024
 #define LEV_MAX_K 256
-#define LEV_TILE 16    /* columns of a sketch / Gram register tile; kp, the padded sketch width, is a multiple */
-#define LEV_ROWS 4     /* rows of a register tile (the kernels name them a0 .. a3) */
-#define LEV_LANES 32   /* rows through one forward substitution side by side */
-#define LEV_BLOCK 128  /* rows of a rotation / sketch unit */
-#define LEV_DIMS 16    /* dimensions of a mean unit */
-#define LEV_TBLOCK 64  /* rows of X one Gram pass keeps in L1 */
+#define LEV_GROUP 2    /* KV heads whose buffers the scratch holds at once */
+#define LEV_BLOCK 126  /* rows of a unit of each phase: whole register tiles of the AVX-512 (14) and AVX2 (6) kernels */
+#define LEV_ROUND16(x) (((x) + 15) & ~(size_t)15)
 
 typedef struct {
     float *out;
-    int ld, row0, n, k, kp, d, H;
+    int ld, row0, n, k, d, g0, nh; /* the group: KV heads g0 .. g0 + nh - 1 */
     const ckv_kv_batch *kv;
     const float *inv_freq, *phi;
     float rope_scale;
-    float *pre;   // [H, n, d] pre-RoPE keys
-    float *rot;   // [n, 2 (d/2)] segment 0's rotary cos and sin per row (rope_angles; lev_angles)
-    double *mean; // [H, d] their means
-    double *ph;   // [H, d, kp] the sketch in double, columns k.. kp-1 zero
-    double *X;    // [H, n, kp] the centred, sketched rows (columns k.. zero)
-    double *G;    // [H, k, k] lower triangle of X^T X
-    double *C;    // [H, k, k] Cholesky factors
-    double *Y;    // [threads, kp, LEV_LANES] substitution lanes of each worker
-    int nb_rows, nb_dims, nb_gram, nb_lanes; /* units per head of each phase */
+    const ckv_gemm_arch *arch;
+    float *rot;    // [n, 2 (d/2)] segment 0's rotary cos and sin per row (rope_angles; lev_angles)
+    float *pre;    // [LEV_GROUP, n, d] the group's pre-RoPE keys
+    double *psum;  // [LEV_GROUP, nb_rows, d] their column sums per block of rows, then [LEV_GROUP, d] means
+    float *bphi;   // [LEV_GROUP, pk_phi] each head's phi^T packed for the GEMM (ckv_gemm_pack_all)
+    float *x;      // [LEV_GROUP, n, k] the sketched centred rows X
+    float *part;   // [LEV_GROUP, nb_rows, k, k] X^T X of each block of rows
+    float *bw;     // [LEV_GROUP, pk_w] each head's inverse Cholesky factor packed for the GEMM
+    float *wk;     // [threads, wk_floats] each worker's block buffers (lev_work_floats)
+    size_t pk_phi, pk_w, wk_floats; /* floats of a packed phi^T and C^-1 (multiples of 16) and of a worker's buffers */
+    int nb_rows;   /* blocks of rows per head */
 } lev_job;
 
 /* cs [2, d/2]: cos and sin of position p's rotary angles times rope_scale, in fp32 as the rope op
@@ -57,9 +62,9 @@ static void rope_angles(float p, const float *inv_freq, float rope_scale, int ha
 static void unrotate_row(const float *restrict y, const float *restrict cs, int d, float *restrict x) {
     const int half = d / 2;
     for (int i = 0; i < half; i++) {
-        const double c = (double)cs[i], s = (double)cs[half + i], r = c * c + s * s;
-        x[i] = (float)(((double)y[i] * c + (double)y[i + half] * s) / r);
-        x[i + half] = (float)(((double)y[i + half] * c - (double)y[i] * s) / r);
+        const double c = (double)cs[i], s = (double)cs[half + i], ir = 1.0 / (c * c + s * s);
+        x[i] = (float)(((double)y[i] * c + (double)y[i + half] * s) * ir);
+        x[i + half] = (float)(((double)y[i + half] * c - (double)y[i] * s) * ir);
     }
     if (d % 2) x[d - 1] = y[d - 1];
 }
@@ -99,7 +104,8 @@ static void angle_units(void *ctx, int begin, int end, int tid) {
             rope_angles((float)pos0[t], jb->inv_freq, jb->rope_scale, half, jb->rot + (size_t)t * (size_t)(2 * half));
 }
 
-/* Lower Cholesky factor C of G + jitter I ([k, k]); 0 when not positive definite. */
+/* Lower Cholesky factor C of G + jitter I ([k, k], G read from its lower triangle); 0 when not
+ * positive definite. */
 static int cholesky(const double *G, double jitter, int k, double *C) {
     for (int i = 0; i < k; i++)
         for (int j = 0; j <= i; j++) {
@@ -115,6 +121,20 @@ static int cholesky(const double *G, double jitter, int k, double *C) {
     return 1;
 }
 
+/* W [k, k] = C^-1 in fp32 (zero above the diagonal), column by column in double: W_jj = 1 / C_jj,
+ * W_ij = -(sum_{j<=m<i} C_im W_mj) / C_ii for i > j. col [k] is scratch. */
+static void invert_lower(const double *C, int k, double *col, float *W) {
+    for (int j = 0; j < k; j++) {
+        for (int i = 0; i < j; i++) W[(size_t)i * k + j] = 0.0f;
+        col[j] = 1.0 / C[(size_t)j * k + j];
+        for (int i = j + 1; i < k; i++) {
+            double s = 0.0;
+            for (int m = j; m < i; m++) s += C[(size_t)i * k + m] * col[m];
+            col[i] = -s / C[(size_t)i * k + i];
+        }
+        for (int i = j; i < k; i++) W[(size_t)i * k + j] = (float)col[i];
+    }
+}
 
 /* Runs fn over units [0, n) on the backend's pool (inline on one thread). */
 static void lev_run(ckv_backend *be, int n, ckv_parallel_fn fn, lev_job *jb) {
@@ -125,152 +145,135 @@ static void lev_run(ckv_backend *be, int n, ckv_parallel_fn fn, lev_job *jb) {
         fn(jb, 0, n, 0);
 }
 
-/* Unit (g, block): the block's rows of head g rotated back to pre-RoPE keys. */
+/* A worker's block buffers (floats, 64-byte aligned): the centred rows [LEV_BLOCK, d] (the solve's
+ * products [LEV_BLOCK, k] after), the block's X packed as GEMM weights (its X^T, panel by panel of NR
+ * rows) and the block's X in the GEMM's packed layout of X^T as weights ([ceil(k / NR), LEV_BLOCK, NR]). */
+static size_t lev_work_floats(const ckv_gemm_arch *arch, int d, int k) {
+    const size_t rows = (size_t)LEV_BLOCK * (size_t)(d > k ? d : k);
+    return LEV_ROUND16(rows) + LEV_ROUND16(ckv_gemm_packed_floats(arch, k, LEV_BLOCK)) +
+           LEV_ROUND16(ckv_gemm_packed_floats(arch, LEV_BLOCK, k));
+}
+
+/* part [k, k] (rows k apart) = the lower triangle of Xb^T Xb for Xb [nr, k] (rows k apart) by the GEMM
+ * kernel's register tiles, the tiles wholly above the diagonal skipped: each element the sum over
+ * the rows in panels of NR (the kernel's fp32 sums, added in order). tpk, xpk: worker buffers
+ * (lev_work_floats). */
+static void gram_block(const ckv_gemm_arch *arch, float *part, const float *xb, int nr, int k, float *tpk, float *xpk) {
+    const int NR = arch->nr, MR = arch->mr, nq = (nr + NR - 1) / NR;
+    ckv_gemm_pack_all(arch, tpk, xb, k, nr); /* panel q: [k, NR], X^T of rows q NR .. */
+    for (int c0 = 0; c0 < k; c0 += NR) { /* panel c0 / NR of X^T as weights: [nr, NR] = X's columns c0 .. */
+        const int nc = k - c0 < NR ? k - c0 : NR;
+        float *dst = xpk + (size_t)(c0 / NR) * LEV_BLOCK * (size_t)NR;
+        for (int t = 0; t < nr; t++) {
+            memcpy(dst + (size_t)t * NR, xb + (size_t)t * k + c0, (size_t)nc * sizeof(float));
+            memset(dst + (size_t)t * NR + nc, 0, (size_t)(NR - nc) * sizeof(float));
+        }
+    }
+    for (int i0 = 0; i0 < k; i0 += MR) {
+        const int mr = k - i0 < MR ? k - i0 : MR;
+        for (int c0 = 0; c0 < i0 + mr; c0 += NR)
+            for (int q = 0; q < nq; q++)
+                arch->ukernel(nr - q * NR < NR ? nr - q * NR : NR, tpk + ((size_t)q * k + (size_t)i0) * (size_t)NR,
+                              (size_t)NR, mr, xpk + ((size_t)(c0 / NR) * LEV_BLOCK + (size_t)q * NR) * (size_t)NR,
+                              part + (size_t)i0 * k + c0, (size_t)k, k - c0 < NR ? k - c0 : NR, NULL, q == 0);
+    }
+}
+
+/* yb [nr, k] = xb [nr, k] @ W^T for W [k, k] lower triangular, packed in bw (ckv_gemm_pack_all): each
+ * panel of columns c0 .. c0 + NR - 1 sums only the first min(k, c0 + NR) entries of each row (the
+ * rest of its row of W is zero), one register tile at a time. */
+static void solve_block(const ckv_gemm_arch *arch, float *yb, const float *xb, int nr, int k, const float *bw) {
+    const int NR = arch->nr, MR = arch->mr;
+    for (int c0 = 0; c0 < k; c0 += NR)
+        for (int i = 0; i < nr; i += MR)
+            arch->ukernel(k < c0 + NR ? k : c0 + NR, xb + (size_t)i * k, (size_t)k, nr - i < MR ? nr - i : MR,
+                          bw + (size_t)c0 * (size_t)k, yb + (size_t)i * k + c0, (size_t)k, k - c0 < NR ? k - c0 : NR,
+                          NULL, 1);
+}
+
+/* Unit (g, block): the block's rows of the group's head g rotated back to pre-RoPE keys, and their
+ * column sums (double, rows ascending). */
 static void rotate_units(void *ctx, int begin, int end, int tid) {
     (void)tid;
     const lev_job *jb = ctx;
+    const int d = jb->d;
     for (int u = begin; u < end; u++) {
-        const int g = u / jb->nb_rows, t0 = (u % jb->nb_rows) * LEV_BLOCK;
+        const int g = u / jb->nb_rows, b = u % jb->nb_rows, t0 = b * LEV_BLOCK;
         const int nr = jb->n - t0 < LEV_BLOCK ? jb->n - t0 : LEV_BLOCK;
-        prerope_rows(jb, g, t0, nr, jb->pre + ((size_t)g * (size_t)jb->n + (size_t)t0) * (size_t)jb->d);
+        float *pre = jb->pre + ((size_t)g * (size_t)jb->n + (size_t)t0) * (size_t)d;
+        prerope_rows(jb, jb->g0 + g, t0, nr, pre);
+        double *sum = jb->psum + ((size_t)g * (size_t)jb->nb_rows + (size_t)b) * (size_t)d;
+        for (int a = 0; a < d; a++) sum[a] = 0.0;
+        for (int t = 0; t < nr; t++)
+            for (int a = 0; a < d; a++) sum[a] += (double)pre[(size_t)t * d + a];
     }
 }
 
-/* Unit (g, dims): the mean of those dimensions of head g's pre-RoPE keys (each summed over the rows
- * in ascending order from 0) and those rows of its sketch widened to double, padded to kp columns. */
-static void mean_units(void *ctx, int begin, int end, int tid) {
-    (void)tid;
-    const lev_job *jb = ctx;
-    const int n = jb->n, d = jb->d, k = jb->k, kp = jb->kp;
-    for (int u = begin; u < end; u++) {
-        const int g = u / jb->nb_dims, a0 = (u % jb->nb_dims) * LEV_DIMS, na = d - a0 < LEV_DIMS ? d - a0 : LEV_DIMS;
-        const float *pre = jb->pre + (size_t)g * (size_t)n * (size_t)d + a0;
-        double m[LEV_DIMS] = {0.0};
-        for (int t = 0; t < n; t++)
-            for (int a = 0; a < na; a++) m[a] += (double)pre[(size_t)t * d + a];
-        for (int a = 0; a < na; a++) {
-            const size_t ga = (size_t)g * (size_t)d + (size_t)(a0 + a);
-            jb->mean[ga] = m[a] / (double)n;
-            for (int j = 0; j < kp; j++) jb->ph[ga * kp + j] = j < k ? (double)jb->phi[ga * k + j] : 0.0;
-        }
-    }
-}
-
-/* Unit (g, block): x_t [kp] = (pre_t - mean) @ phi for the block's rows of head g, each x_tj summed
- * over the dimensions in ascending order from 0; LEV_ROWS rows x LEV_TILE columns per register tile. */
+/* Unit (g, block): the block's rows of the group's head g centred on the head's mean (rounded to
+ * fp32), sketched (X rows = the GEMM of them and phi^T) and the lower triangle of the block's X^T X
+ * (gram_block). */
 static void sketch_units(void *ctx, int begin, int end, int tid) {
-    (void)tid;
     const lev_job *jb = ctx;
-    const int n = jb->n, d = jb->d, kp = jb->kp;
-    double c[LEV_ROWS][LEV_MAX_DIM]; /* [LEV_ROWS, d] the centred rows of a tile */
+    const int n = jb->n, d = jb->d, k = jb->k;
+    float *cb = jb->wk + (size_t)tid * jb->wk_floats;
+    float *tpk = cb + LEV_ROUND16((size_t)LEV_BLOCK * (size_t)(d > k ? d : k));
+    float *xpk = tpk + LEV_ROUND16(ckv_gemm_packed_floats(jb->arch, k, LEV_BLOCK));
+    for (int u = begin; u < end; u++) {
+        const int g = u / jb->nb_rows, b = u % jb->nb_rows, t0 = b * LEV_BLOCK;
+        const int nr = n - t0 < LEV_BLOCK ? n - t0 : LEV_BLOCK;
+        const float *pre = jb->pre + ((size_t)g * (size_t)n + (size_t)t0) * (size_t)d;
+        const double *mean = jb->psum + (size_t)g * (size_t)jb->nb_rows * (size_t)d;
+        for (int t = 0; t < nr; t++)
+            for (int a = 0; a < d; a++) cb[(size_t)t * d + a] = (float)((double)pre[(size_t)t * d + a] - mean[a]);
+        float *x = jb->x + ((size_t)g * (size_t)n + (size_t)t0) * (size_t)k;
+        ckv_gemm_packed_rows(jb->arch, x, (size_t)k, cb, (size_t)d, jb->bphi + (size_t)g * jb->pk_phi, nr, d, k);
+        gram_block(jb->arch, jb->part + ((size_t)g * (size_t)jb->nb_rows + (size_t)b) * (size_t)k * (size_t)k, x, nr, k,
+                   tpk, xpk);
+    }
+}
+
+/* sum_j y_j^2 in double over y [k]: 8 lanes (lane j % 8, j ascending), then the lanes in order. */
+static double lev_sumsq(const float *y, int k) {
+    double lane[8] = {0.0};
+    int j = 0;
+    for (; j + 8 <= k; j += 8)
+        for (int l = 0; l < 8; l++) lane[l] += (double)y[j + l] * (double)y[j + l];
+    for (int l = 0; j < k; j++, l++) lane[l] += (double)y[j] * (double)y[j];
+    double s = 0.0;
+    for (int l = 0; l < 8; l++) s += lane[l];
+    return s;
+}
+
+/* Unit (g, block): out[t] = ||C^-1 x_t||^2 (lev_sumsq)
+ * for the block's rows of the group's head g: the rows of X times the packed C^-1 (every entry the
+ * GEMM kernel's fp32 sum) into the worker's buffer. */
+static void solve_units(void *ctx, int begin, int end, int tid) {
+    const lev_job *jb = ctx;
+    const int n = jb->n, k = jb->k;
+    float *yb = jb->wk + (size_t)tid * jb->wk_floats;
     for (int u = begin; u < end; u++) {
         const int g = u / jb->nb_rows, t0 = (u % jb->nb_rows) * LEV_BLOCK;
         const int nr = n - t0 < LEV_BLOCK ? n - t0 : LEV_BLOCK;
-        const float *pre = jb->pre + ((size_t)g * (size_t)n + (size_t)t0) * (size_t)d;
-        const double *mean = jb->mean + (size_t)g * (size_t)d, *ph = jb->ph + (size_t)g * (size_t)d * (size_t)kp;
-        double *X = jb->X + ((size_t)g * (size_t)n + (size_t)t0) * (size_t)kp;
-        for (int r0 = 0; r0 < nr; r0 += LEV_ROWS) {
-            const int m = nr - r0 < LEV_ROWS ? nr - r0 : LEV_ROWS;
-            for (int r = 0; r < LEV_ROWS; r++)
-                for (int a = 0; a < d; a++) c[r][a] = r < m ? (double)pre[(size_t)(r0 + r) * d + a] - mean[a] : 0.0;
-            for (int j0 = 0; j0 < kp; j0 += LEV_TILE) {
-                double a0[LEV_TILE] = {0.0}, a1[LEV_TILE] = {0.0}, a2[LEV_TILE] = {0.0}, a3[LEV_TILE] = {0.0};
-                for (int a = 0; a < d; a++) {
-                    const double *pa = ph + (size_t)a * (size_t)kp + j0;
-                    const double c0 = c[0][a], c1 = c[1][a], c2 = c[2][a], c3 = c[3][a];
-                    for (int l = 0; l < LEV_TILE; l++) {
-                        a0[l] += c0 * pa[l];
-                        a1[l] += c1 * pa[l];
-                        a2[l] += c2 * pa[l];
-                        a3[l] += c3 * pa[l];
-                    }
-                }
-                const double *acc[LEV_ROWS] = {a0, a1, a2, a3};
-                for (int r = 0; r < m; r++) memcpy(X + (size_t)(r0 + r) * kp + j0, acc[r], sizeof a0);
-            }
-        }
+        const float *x = jb->x + ((size_t)g * (size_t)n + (size_t)t0) * (size_t)k;
+        solve_block(jb->arch, yb, x, nr, k, jb->bw + (size_t)g * jb->pk_w);
+        float *dst = jb->out + (size_t)(jb->g0 + g) * (size_t)jb->ld + t0;
+        for (int t = 0; t < nr; t++) dst[t] = (float)lev_sumsq(yb + (size_t)t * k, k);
     }
 }
 
-/* acc [LEV_ROWS, kp] += the rows i0 .. i0 + LEV_ROWS - 1 of Xb^T Xb over Xb's nt rows [nt, kp], columns
- * 0 .. i0 + LEV_ROWS - 1 rounded up to a tile: each element summed over the rows in ascending order. */
-static void gram_band(const double *Xb, int nt, int kp, int i0, double *acc) {
-    for (int j0 = 0; j0 < i0 + LEV_ROWS; j0 += LEV_TILE) {
-        double a0[LEV_TILE], a1[LEV_TILE], a2[LEV_TILE], a3[LEV_TILE];
-        memcpy(a0, acc + j0, sizeof a0);
-        memcpy(a1, acc + (size_t)kp + j0, sizeof a1);
-        memcpy(a2, acc + 2 * (size_t)kp + j0, sizeof a2);
-        memcpy(a3, acc + 3 * (size_t)kp + j0, sizeof a3);
-        for (int t = 0; t < nt; t++) {
-            const double *x = Xb + (size_t)t * (size_t)kp, x0 = x[i0], x1 = x[i0 + 1], x2 = x[i0 + 2], x3 = x[i0 + 3];
-            for (int l = 0; l < LEV_TILE; l++) {
-                a0[l] += x0 * x[j0 + l];
-                a1[l] += x1 * x[j0 + l];
-                a2[l] += x2 * x[j0 + l];
-                a3[l] += x3 * x[j0 + l];
-            }
-        }
-        memcpy(acc + j0, a0, sizeof a0);
-        memcpy(acc + (size_t)kp + j0, a1, sizeof a1);
-        memcpy(acc + 2 * (size_t)kp + j0, a2, sizeof a2);
-        memcpy(acc + 3 * (size_t)kp + j0, a3, sizeof a3);
-    }
-}
-
-/* Unit (g, b): bands b and nbands - 1 - b (LEV_ROWS rows each, equal work together) of the lower
- * triangle of head g's X^T X, the rows of X taken LEV_TBLOCK at a time. */
-static void gram_units(void *ctx, int begin, int end, int tid) {
-    (void)tid;
-    const lev_job *jb = ctx;
-    const int n = jb->n, k = jb->k, kp = jb->kp, nbands = (k + LEV_ROWS - 1) / LEV_ROWS;
-    double acc[2][LEV_ROWS * LEV_MAX_K]; /* [2 bands, LEV_ROWS, kp] */
-    for (int u = begin; u < end; u++) {
-        const int g = u / jb->nb_gram, b = u % jb->nb_gram, band[2] = {b, nbands - 1 - b};
-        const int nbnd = band[0] == band[1] ? 1 : 2;
-        const double *X = jb->X + (size_t)g * (size_t)n * (size_t)kp;
-        memset(acc, 0, sizeof acc);
-        for (int t0 = 0; t0 < n; t0 += LEV_TBLOCK)
-            for (int q = 0; q < nbnd; q++)
-                gram_band(X + (size_t)t0 * kp, n - t0 < LEV_TBLOCK ? n - t0 : LEV_TBLOCK, kp, band[q] * LEV_ROWS, acc[q]);
-        double *G = jb->G + (size_t)g * (size_t)k * (size_t)k;
-        for (int q = 0; q < nbnd; q++)
-            for (int r = 0; r < LEV_ROWS && band[q] * LEV_ROWS + r < k; r++) {
-                const int i = band[q] * LEV_ROWS + r;
-                for (int j = 0; j <= i; j++) G[(size_t)i * k + j] = acc[q][(size_t)r * kp + j];
-            }
-    }
-}
-
-/* Unit (g, block): out[t] = ||C^-1 x_t||^2 for the block's LEV_LANES rows of head g, side by side
- * (each lane's sums in the order one row's take), C head g's lower Cholesky factor. */
-static void solve_units(void *ctx, int begin, int end, int tid) {
-    const lev_job *jb = ctx;
-    const int n = jb->n, k = jb->k, kp = jb->kp;
-    double *y = jb->Y + (size_t)tid * (size_t)kp * LEV_LANES; /* [k, LEV_LANES] */
-    for (int u = begin; u < end; u++) {
-        const int g = u / jb->nb_lanes, t0 = (u % jb->nb_lanes) * LEV_LANES;
-        const int nb = n - t0 < LEV_LANES ? n - t0 : LEV_LANES;
-        const double *C = jb->C + (size_t)g * (size_t)k * (size_t)k;
-        const double *X = jb->X + ((size_t)g * (size_t)n + (size_t)t0) * (size_t)kp;
-        double lev[LEV_LANES];
-        for (int l = 0; l < LEV_LANES; l++) {
-            lev[l] = 0.0;
-            for (int i = 0; i < k; i++) y[(size_t)i * LEV_LANES + l] = l < nb ? X[(size_t)l * kp + i] : 0.0;
-        }
-        for (int i = 0; i < k; i++) { /* y_i = (x_i - sum_{m<i} C_im y_m) / C_ii, lev += y_i^2 */
-            const double *ci = C + (size_t)i * k;
-            double s[LEV_LANES];
-            for (int l = 0; l < LEV_LANES; l++) s[l] = y[(size_t)i * LEV_LANES + l];
-            for (int m = 0; m < i; m++)
-                for (int l = 0; l < LEV_LANES; l++) s[l] -= ci[m] * y[(size_t)m * LEV_LANES + l];
-            for (int l = 0; l < LEV_LANES; l++) {
-                const double yi = s[l] / ci[i];
-                y[(size_t)i * LEV_LANES + l] = yi;
-                lev[l] += yi * yi;
-            }
-        }
-        float *dst = jb->out + (size_t)g * (size_t)jb->ld + t0;
-        for (int l = 0; l < nb; l++) dst[l] = (float)(lev[l] > 0.0 ? lev[l] : 0.0);
+/* The group's means (each head's block sums added in block order, over n) into psum's first d
+ * entries per head, and each head's phi^T packed; on the calling thread. pt [k, d] is scratch. */
+static void lev_means(lev_job *jb, float *pt) {
+    const int d = jb->d, k = jb->k, nb = jb->nb_rows;
+    for (int g = 0; g < jb->nh; g++) {
+        double *ps = jb->psum + (size_t)g * (size_t)nb * (size_t)d;
+        for (int b = 1; b < nb; b++)
+            for (int a = 0; a < d; a++) ps[a] += ps[(size_t)b * d + a];
+        for (int a = 0; a < d; a++) ps[a] /= (double)jb->n;
+        const float *phi = jb->phi + (size_t)(jb->g0 + g) * (size_t)d * (size_t)k;
+        for (int a = 0; a < d; a++)
+            for (int j = 0; j < k; j++) pt[(size_t)j * d + a] = phi[(size_t)a * k + j];
+        ckv_gemm_pack_all(jb->arch, jb->bphi + (size_t)g * jb->pk_phi, pt, d, k);
     }
 }
 
@@ -302,6 +305,30 @@ static ckv_status lev_angles(ckv_backend *be, lev_job *jb) {
     return CKV_STATUS_OK;
 }
 
+/* The group's Gram matrices (each head's block parts added in double in block order), their
+ * Cholesky factors (kvpress's jitter schedule: 1e-2, then x10 up to 100), inverted and packed for the
+ * solve's GEMM, on the calling thread. G, C: [k, k] doubles; col [k]; W [k, k]. */
+static ckv_status lev_factor(lev_job *jb, double *G, double *C, double *col, float *W) {
+    const int k = jb->k, nb = jb->nb_rows;
+    const size_t kk = (size_t)k * (size_t)k;
+    for (int g = 0; g < jb->nh; g++) {
+        const float *part = jb->part + (size_t)g * (size_t)nb * kk;
+        for (size_t e = 0; e < kk; e++) G[e] = 0.0;
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < k; i++)
+                for (int j = 0; j <= i; j++) G[(size_t)i * k + j] += (double)part[(size_t)b * kk + (size_t)i * k + j];
+        double jitter = 1e-2;
+        int ok = 0;
+        for (int tries = 0; tries < 5 && !(ok = cholesky(G, jitter, k, C)); tries++) jitter *= 10.0;
+        if (!ok)
+            return ckv_error(CKV_STATUS_ERR_NUMERIC, "evict_leverage: the sketched Gram matrix of KV head %d is not "
+                             "positive definite even with jitter 100", jb->g0 + g);
+        invert_lower(C, k, col, W);
+        ckv_gemm_pack_all(jb->arch, jb->bw + (size_t)g * jb->pk_w, W, k, k);
+    }
+    return CKV_STATUS_OK;
+}
+
 ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
                                   int n, const float *inv_freq, float rope_scale, const float *phi, int k) {
     const int d = kv->head_dim, H = kv->n_kv_heads;
@@ -310,37 +337,36 @@ ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *s
                          d, LEV_MAX_DIM, k, LEV_MAX_K);
     if (n < 1 || row0 < 0) return ckv_error(CKV_STATUS_ERR_ARG, "evict_leverage: %d rows from row %d", n, row0);
     if (H < 1) return CKV_STATUS_OK;
-    const int kp = (k + LEV_TILE - 1) / LEV_TILE * LEV_TILE;
     ckv_threadpool *pool = ckv_cpu_pool(be);
-    const size_t threads = (size_t)(pool ? ckv_threadpool_size(pool) : 1), h = (size_t)H, nn = (size_t)n;
-    const size_t n_mean = h * (size_t)d, n_ph = n_mean * (size_t)kp, n_x = h * nn * (size_t)kp;
-    const size_t n_g = h * (size_t)k * (size_t)k, n_y = threads * (size_t)kp * LEV_LANES;
-    const size_t n_pre = h * nn * (size_t)d;
-    const size_t doubles = n_mean + n_ph + n_x + 2 * n_g + n_y, floats = n_pre; /* doubles first: aligned */
+    const ckv_gemm_arch *arch = ckv_gemm_best_arch();
+    const size_t threads = (size_t)(pool ? ckv_threadpool_size(pool) : 1), gh = (size_t)(H < LEV_GROUP ? H : LEV_GROUP);
+    const size_t nn = (size_t)n, dd = (size_t)d, kk = (size_t)k, nb = (size_t)ckv_cpu_blocks(nn, LEV_BLOCK);
+    const size_t wk = lev_work_floats(arch, d, k);
+    const size_t pk_phi = LEV_ROUND16(ckv_gemm_packed_floats(arch, d, k)), pk_w = LEV_ROUND16(ckv_gemm_packed_floats(arch, k, k));
+    const size_t n_psum = LEV_ROUND16(gh * nb * dd), n_dbl = LEV_ROUND16(2 * kk * kk + kk); /* doubles first: aligned */
+    const size_t n_pre = LEV_ROUND16(gh * nn * dd), n_x = LEV_ROUND16(gh * nn * kk), n_part = LEV_ROUND16(gh * nb * kk * kk);
+    const size_t n_w = LEV_ROUND16(kk * (kk > dd ? kk : dd));
+    const size_t floats = n_pre + n_x + n_part + gh * (pk_phi + pk_w) + threads * wk + n_w;
     double *ws = NULL;
-    CKV_TRY(ckv_cpu_evict_scratch_raw(be, doubles * sizeof(double) + floats * sizeof(float), (void **)&ws));
-    lev_job jb = {.out = out, .ld = ld, .row0 = row0, .n = n, .k = k, .kp = kp, .d = d, .H = H, .kv = kv,
-                  .inv_freq = inv_freq, .phi = phi, .rope_scale = rope_scale,
-                  .mean = ws, .ph = ws + n_mean, .X = ws + n_mean + n_ph, .G = ws + n_mean + n_ph + n_x,
-                  .C = ws + n_mean + n_ph + n_x + n_g, .Y = ws + n_mean + n_ph + n_x + 2 * n_g,
-                  .pre = (float *)(void *)(ws + doubles),
-                  .nb_rows = ckv_cpu_blocks(nn, LEV_BLOCK), .nb_dims = ckv_cpu_blocks((size_t)d, LEV_DIMS),
-                  .nb_gram = ((k + LEV_ROWS - 1) / LEV_ROWS + 1) / 2, .nb_lanes = ckv_cpu_blocks(nn, LEV_LANES)};
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, (n_psum + n_dbl) * sizeof(double) + floats * sizeof(float), (void **)&ws));
+    float *fs = (float *)(void *)(ws + n_psum + n_dbl);
+    lev_job jb = {.out = out, .ld = ld, .row0 = row0, .n = n, .k = k, .d = d, .kv = kv, .inv_freq = inv_freq,
+                  .phi = phi, .rope_scale = rope_scale, .arch = arch, .psum = ws, .pre = fs, .x = fs + n_pre,
+                  .part = fs + n_pre + n_x, .bphi = fs + n_pre + n_x + n_part,
+                  .bw = fs + n_pre + n_x + n_part + gh * pk_phi, .wk = fs + n_pre + n_x + n_part + gh * (pk_phi + pk_w),
+                  .pk_phi = pk_phi, .pk_w = pk_w, .wk_floats = wk, .nb_rows = (int)nb};
+    float *W = jb.wk + threads * wk; /* [k, max(k, d)]: phi^T of one head, then one inverse factor */
+    double *G = ws + n_psum;
     CKV_TRY(lev_angles(be, &jb));
-    lev_run(be, H * jb.nb_rows, rotate_units, &jb);
-    lev_run(be, H * jb.nb_dims, mean_units, &jb);
-    lev_run(be, H * jb.nb_rows, sketch_units, &jb);
-    lev_run(be, H * jb.nb_gram, gram_units, &jb);
-    for (int g = 0; g < H; g++) {
-        const double *G = jb.G + (size_t)g * (size_t)k * (size_t)k;
-        double *C = jb.C + (size_t)g * (size_t)k * (size_t)k, jitter = 1e-2;
-        int ok = 0;
-        for (int tries = 0; tries < 5 && !(ok = cholesky(G, jitter, k, C)); tries++) jitter *= 10.0;
-        if (!ok)
-            return ckv_error(CKV_STATUS_ERR_NUMERIC, "evict_leverage: the sketched Gram matrix of KV head %d is not "
-                             "positive definite even with jitter 100", g);
+    for (int g0 = 0; g0 < H; g0 += (int)gh) {
+        jb.g0 = g0;
+        jb.nh = H - g0 < (int)gh ? H - g0 : (int)gh;
+        lev_run(be, jb.nh * jb.nb_rows, rotate_units, &jb);
+        lev_means(&jb, W);
+        lev_run(be, jb.nh * jb.nb_rows, sketch_units, &jb);
+        CKV_TRY(lev_factor(&jb, G, G + kk * kk, G + 2 * kk * kk, W));
+        lev_run(be, jb.nh * jb.nb_rows, solve_units, &jb);
     }
-    lev_run(be, H * jb.nb_lanes, solve_units, &jb);
     for (int g = 0; g < H; g++) {
         const float *dst = out + (size_t)g * (size_t)ld;
         double s1 = 0.0, s2 = 0.0;

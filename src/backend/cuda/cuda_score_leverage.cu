@@ -4,14 +4,15 @@
  * (the CPU reference's fp32 rotation, cpu/cpu_evict_leverage.c) by
  *  1. per-block column sums of the pre-RoPE keys (double; one thread per channel, rows ascending),
  *  2. the mean from them (blocks ascending), then per-block partial Gram matrices of the sketched
- *     centred rows (x_t = (pre_t - mean) phi, channels ascending as the CPU; lower triangle),
+ *     centred rows (x_t = (pre_t - mean) phi, channels ascending; lower triangle),
  *  3. one block per head: the Gram matrix from the partials, Cholesky of G + jI column by column
  *     (every entry by the CPU's formula, the CPU's jitter schedule), and the factor's inverse,
  *  4. per row, y = C^-1 x as a product with the inverse and the leverage ||y||^2 (fp32, >= 0),
  *  5. per head, sum and sum of squares of the scores (a fixed block reduction), NaN when no jitter
  *     made G + jI positive definite (the scorer turns that into its error: no sync here).
- * Sums are in another order than the CPU's (blocks of rows, the inverse instead of a forward
- * substitution): scores agree to double rounding before the fp32 result. Scratch: the backend's
+ * Everything after the fp32 rotation is in double here, where the CPU forms its three products (the
+ * sketch, the Gram matrix, the product with the factor's inverse) in fp32 through its GEMM kernels:
+ * the scores agree to the CPU's fp32 rounding (test_backend_ops: 1e-4 relative). Scratch: the backend's
  * eviction workspace. It does not draw the sketch, normalise across heads or select. */
 #include "cuda_internal.h"
 
@@ -33,9 +34,9 @@ __device__ __forceinline__ float pre_rope(const T *k, int t, int a, int d, const
     if (a >= 2 * half) return ld_f32(y, (size_t)a); /* odd head dim: the last channel is not rotated */
     const int i = a < half ? a : a - half;
     const float ang = (float)pos[t] * inv_freq[i]; /* fp32, as the rope op */
-    const double c = (double)(cosf(ang) * rope_scale), s = (double)(sinf(ang) * rope_scale), r = c * c + s * s;
+    const double c = (double)(cosf(ang) * rope_scale), s = (double)(sinf(ang) * rope_scale), ir = 1.0 / (c * c + s * s);
     const double y1 = (double)ld_f32(y, (size_t)i), y2 = (double)ld_f32(y, (size_t)(i + half));
-    return (float)(a < half ? (y1 * c + y2 * s) / r : (y2 * c - y1 * s) / r);
+    return (float)(a < half ? (y1 * c + y2 * s) * ir : (y2 * c - y1 * s) * ir);
 }
 
 /* Rows [b chunk, +chunk) of n from row0: part[(g nb + b) d + a] = sum of pre-RoPE channel a.
