@@ -10,6 +10,29 @@
 #include "model/rope.h"
 #include "model/source.h"
 
+/* The loader's host staging buffer k (0: fp32 values, 1: bytes to upload) of at least `bytes`, kept
+ * from one tensor to the next: a fresh (zeroed) buffer per tensor cost a page fault and a clearing
+ * per 4 KiB of every tensor, most of a random-weight 8B model's 31-s load onto a GPU. */
+static ckv_status load_stage(ckv_model *m, int k, size_t bytes, const char *name, void **out) {
+    if (bytes > m->stage_cap[k]) {
+        ckv_free(m->stage[k]);
+        m->stage[k] = NULL;
+        m->stage_cap[k] = 0;
+        CKV_TRY(ckv_alloc(&m->stage[k], bytes, name));
+        m->stage_cap[k] = bytes;
+    }
+    *out = m->stage[k];
+    return CKV_STATUS_OK;
+}
+
+static void load_stage_free(ckv_model *m) {
+    for (int k = 0; k < 2; k++) {
+        ckv_free(m->stage[k]);
+        m->stage[k] = NULL;
+        m->stage_cap[k] = 0;
+    }
+}
+
 /* Reads `name` (rows [r0, r1) x cols [c0, c1) of a 2-D tensor, or the whole tensor when r1 < 0) as
  * fp32 into a fresh device buffer of n floats (norms, biases). */
 static ckv_status load_f32(ckv_model *m, const ckv_weight_source *st, float **dst, const char *name, int ndim,
@@ -20,11 +43,9 @@ static ckv_status load_f32(ckv_model *m, const ckv_weight_source *st, float **ds
     if (be->device == CKV_DEVICE_HOST)
         return st->read_f32(st->ctx, name, ndim, shape, r0, r1, c0, c1, *dst);
     float *tmp = NULL;
-    CKV_TRY(ckv_alloc((void **)&tmp, n * sizeof(float), name));
-    ckv_status s = st->read_f32(st->ctx, name, ndim, shape, r0, r1, c0, c1, tmp);
-    if (s == CKV_STATUS_OK) s = be->ops->upload(be, *dst, tmp, n * sizeof(float));
-    ckv_free(tmp);
-    return s;
+    CKV_TRY(load_stage(m, 0, n * sizeof(float), name, (void **)&tmp));
+    CKV_TRY(st->read_f32(st->ctx, name, ndim, shape, r0, r1, c0, c1, tmp));
+    return be->ops->upload(be, *dst, tmp, n * sizeof(float));
 }
 
 /* An fp32 tensor (norms, biases): the whole tensor, or a 2-D slice. */
@@ -57,11 +78,9 @@ static ckv_status load_matrix(ckv_model *m, const ckv_weight_source *st, ckv_wei
         m->weight_bytes += bytes;
         if (be->device == CKV_DEVICE_HOST) return st->read_raw(st->ctx, name, shape, r0, r1, c0, c1, w->data);
         void *tmp = NULL;
-        CKV_TRY(ckv_alloc(&tmp, bytes, name));
-        ckv_status s = st->read_raw(st->ctx, name, shape, r0, r1, c0, c1, tmp);
-        if (s == CKV_STATUS_OK) s = be->ops->upload(be, w->data, tmp, bytes);
-        ckv_free(tmp);
-        return s;
+        CKV_TRY(load_stage(m, 1, bytes, name, &tmp));
+        CKV_TRY(st->read_raw(st->ctx, name, shape, r0, r1, c0, c1, tmp));
+        return be->ops->upload(be, w->data, tmp, bytes);
     }
     memset(w, 0, sizeof *w);
     w->dtype = dt;
@@ -75,16 +94,11 @@ static ckv_status load_matrix(ckv_model *m, const ckv_weight_source *st, ckv_wei
     m->weight_bytes += bytes;
     float *tmp = NULL;
     void *conv = NULL;
-    ckv_status s = ckv_alloc((void **)&tmp, n * sizeof(float), name);
-    if (s == CKV_STATUS_OK) s = ckv_alloc(&conv, bytes, name);
-    if (s == CKV_STATUS_OK) s = st->read_f32(st->ctx, name, 2, shape, r0, r1, c0, c1, tmp);
-    if (s == CKV_STATUS_OK) {
-        ckv_convert_from_f32(conv, tmp, dt, n);
-        s = be->ops->upload(be, w->data, conv, bytes);
-    }
-    ckv_free(tmp);
-    ckv_free(conv);
-    return s;
+    CKV_TRY(load_stage(m, 0, n * sizeof(float), name, (void **)&tmp));
+    CKV_TRY(load_stage(m, 1, bytes, name, &conv));
+    CKV_TRY(st->read_f32(st->ctx, name, 2, shape, r0, r1, c0, c1, tmp));
+    ckv_convert_from_f32(conv, tmp, dt, n);
+    return be->ops->upload(be, w->data, conv, bytes);
 }
 
 static ckv_status load_vector(ckv_model *m, const ckv_weight_source *st, float **dst, const char *name, int64_t len,
@@ -93,12 +107,11 @@ static ckv_status load_vector(ckv_model *m, const ckv_weight_source *st, float *
     if (begin == 0 && count == len) return load_tensor(m, st, dst, name, 1, &len, 0, -1, 0, -1);
     ckv_backend *be = m->be;
     float *tmp = NULL;
-    CKV_TRY(ckv_alloc((void **)&tmp, (size_t)len * sizeof(float), name));
+    CKV_TRY(load_stage(m, 0, (size_t)len * sizeof(float), name, (void **)&tmp));
     ckv_status s = st->read_f32(st->ctx, name, 1, &len, 0, -1, 0, -1, tmp);
     if (s == CKV_STATUS_OK) s = be->ops->alloc(be, (void **)dst, (size_t)count * sizeof(float), name);
     if (s == CKV_STATUS_OK) s = be->ops->upload(be, *dst, tmp + begin, (size_t)count * sizeof(float));
     if (s == CKV_STATUS_OK) m->weight_bytes += (size_t)count * sizeof(float);
-    ckv_free(tmp);
     return s;
 }
 
@@ -162,6 +175,7 @@ static ckv_status model_load_weights(ckv_model *m, const ckv_weight_source *st, 
             s = load_matrix(m, st, &m->lm_head, "lm_head.weight", se, v0, v1, 0, D);
         }
     }
+    load_stage_free(m);
     if (st->release_pages) st->release_pages(st->ctx);
     return s;
 }
@@ -241,6 +255,7 @@ void ckv_model_free(ckv_model *m) {
     be->ops->release(be, m->final_norm);
     be->ops->release(be, m->inv_freq);
     ckv_comm_free(m->replica);
+    load_stage_free(m);
     free(m);
 }
 

@@ -64,6 +64,9 @@ typedef struct {
     size_t weight_bytes;    /* device bytes of this rank's weights */
     ckv_dtype wdtype;       /* dtype of the weight matrices not kept as stored */
     int as_stored;          /* matrices the backend computes in their stored dtype are kept so */
+    void *stage[2];         /* the loader's host staging (0: fp32 values, 1: bytes to upload), kept from one
+                               tensor to the next and freed when loading ends */
+    size_t stage_cap[2];    /* bytes */
 } ckv_model;
 
 /* Rows of logits computed at once: a prefill needs the last row only, parity tests ask for more and

@@ -3,7 +3,7 @@
  * checksum; bit 1: load as an uncompressed cache), the rest is the file, loaded into a cache of
  * 2 layers x 2 KV heads x 4 dims with a 16-token context. The cache lives on a host-memory backend
  * defined here (the memory ops a cache file needs plus the CPU backend's kv_gather, which compaction
- * uses), so the target links no compute kernels. Invariants besides "no crash, no sanitizer
+ * uses, on a CPU context without a thread pool), so the target links no compute kernels. Invariants besides "no crash, no sanitizer
  * report": a refusal carries a one-line printable message; what loads has at most 16 rows per head
  * at ascending positions inside the context. */
 #include "fuzz_input.h" /* first: it sets _GNU_SOURCE */
@@ -48,7 +48,8 @@ static const ckv_backend_ops host_ops = {.alloc = host_alloc,
                                          .kv_gather = ckv_cpu_kv_gather};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static ckv_backend host = {&host_ops, NULL, "host", CKV_DEVICE_HOST, 1, CKV_DTYPE_F32, CKV_DTYPE_F32};
+    static ckv_cpu_ctx cpu; /* the CPU backend's context kv_gather reads: no thread pool, so it runs on this thread */
+    static ckv_backend host = {&host_ops, &cpu, "host", CKV_DEVICE_HOST, 1, CKV_DTYPE_F32, CKV_DTYPE_F32};
     ckv_backend *be = &host;
     if (size < 1) return 0;
     unsigned mode = data[0];
