@@ -196,6 +196,7 @@ typedef enum {
     CKV_BACKEND_CAP_GRAPHS,        /* graph_begin, graph_end, graph_release: a repeated step recorded once and replayed */
     CKV_BACKEND_CAP_KVZIP,         /* evict_kvzip (KVzip's replayed attention maxima), evict_kvzip_norms (KVzip+) */
     CKV_BACKEND_CAP_CHUNK_RANK,    /* evict_chunk_rank (ChunkKV's chunk selection) */
+    CKV_BACKEND_CAP_MEM_USAGE,     /* mem_usage: the device memory the backend allocated */
     CKV_BACKEND_CAP_COUNT
 } ckv_backend_cap;
 
@@ -214,6 +215,13 @@ static inline int ckv_sample_exp_shift(int vocab) {
     while (s > 0 && (unsigned long long)vocab > (1ull << (62 - s))) s--;
     return s;
 }
+
+/* A backend's device memory (mem_usage). */
+typedef struct {
+    size_t live_bytes;                /* allocated now */
+    size_t peak_bytes;                /* the most allocated at once */
+    size_t device_used_at_peak_bytes; /* the device's used memory when peak_bytes was reached, or 0 */
+} ckv_backend_mem;
 
 typedef struct {
     /* the optional op families this table offers: CKV_BACKEND_CAP_BIT(cap) of each */
@@ -245,6 +253,11 @@ typedef struct {
      * process, names one pretend device for all); absent on the CPU backend. Device communicators use
      * it to pick their path. */
     ckv_status (*device_id)(ckv_backend *be, char *id, size_t cap);
+    /* (family CKV_BACKEND_CAP_MEM_USAGE) the device memory this backend allocated: its buffers (alloc)
+     * and its own workspaces, live now and at their peak since it started, and the device's used
+     * memory when that peak was reached (every process and the runtime included; 0 when unknown).
+     * Absent on the CPU backend, whose buffers are host memory (ckv_alloc_peak_bytes counts them). */
+    void (*mem_usage)(ckv_backend *be, ckv_backend_mem *out);
     /* 1 when matmul and embedding compute weights stored as `t` directly. */
     int (*weight_dtype_ok)(const ckv_backend *be, ckv_dtype t);
     /* 1 when the KV cache may be stored as `t` (F32, F16, BF16). */

@@ -22,6 +22,7 @@ const char *ckv_backend_cap_name(ckv_backend_cap cap) {
         [CKV_BACKEND_CAP_GRAPHS] = "graphs",
         [CKV_BACKEND_CAP_KVZIP] = "kvzip",
         [CKV_BACKEND_CAP_CHUNK_RANK] = "chunk_rank",
+        [CKV_BACKEND_CAP_MEM_USAGE] = "mem_usage",
     };
     return (unsigned)cap < (unsigned)CKV_BACKEND_CAP_COUNT ? names[cap] : "?";
 }
@@ -72,6 +73,7 @@ ckv_status ckv_backend_check_ops(const ckv_backend *be) {
     const op_slot chunk[] = {SLOT(o, evict_chunk_colsum), SLOT(o, evict_row_stats)};
     const op_slot graphs[] = {SLOT(o, graph_begin), SLOT(o, graph_end), SLOT(o, graph_release)};
     const op_slot kvzip[] = {SLOT(o, evict_kvzip), SLOT(o, evict_kvzip_norms)}, chunk_rank[] = {SLOT(o, evict_chunk_rank)};
+    const op_slot mem_usage[] = {SLOT(o, mem_usage)};
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_STREAM, stream, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_DEVICE_ID, device_id, 1));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_EVICT_RESERVE, reserve, 1));
@@ -83,5 +85,6 @@ ckv_status ckv_backend_check_ops(const ckv_backend *be) {
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_GRAPHS, graphs, 3));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_KVZIP, kvzip, 2));
     CKV_TRY(check_family(be, CKV_BACKEND_CAP_CHUNK_RANK, chunk_rank, 1));
+    CKV_TRY(check_family(be, CKV_BACKEND_CAP_MEM_USAGE, mem_usage, 1));
     return CKV_STATUS_OK;
 }

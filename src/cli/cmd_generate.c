@@ -98,7 +98,8 @@ static void parse_args(generate_args *a, ckv_opts *o, int argc, char **argv) {
 }
 
 /* --stats-json: the speed and memory figures of the run as one JSON object. */
-static void write_stats_json(const char *path, const ckv_request_stats *rs, const ckv_press_config *press, const ckv_comm *tpc) {
+static void write_stats_json(const char *path, const ckv_request_stats *rs, const ckv_press_config *press, const ckv_comm *tpc,
+                             const ckv_backend_mem *dev) {
     cJSON *o = cJSON_CreateObject();
     if (!o) ckv_cli_die("out of memory");
     double pre_s = rs->prefill_seconds, dec_s = rs->decode_seconds;
@@ -114,6 +115,10 @@ static void write_stats_json(const char *path, const ckv_request_stats *rs, cons
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)ckv_mem_peak_rss());
     cJSON_AddNumberToObject(o, "peak_alloc_bytes", (double)ckv_alloc_peak_bytes());
     cJSON_AddNumberToObject(o, "kv_bytes", (double)rs->kv_bytes_peak);
+    if (dev) { /* a backend with device memory of its own */
+        cJSON_AddNumberToObject(o, "device_peak_bytes", (double)dev->peak_bytes);
+        cJSON_AddNumberToObject(o, "device_used_at_peak_bytes", (double)dev->device_used_at_peak_bytes);
+    }
     cJSON_AddNumberToObject(o, "chunk", rs->chunk);
     cJSON_AddStringToObject(o, "press", press->spec);
     cJSON_AddBoolToObject(o, "compressed", rs->compressed);
@@ -404,7 +409,15 @@ int ckv_cmd_generate(int argc, char **argv) {
                 ckv_format_bytes((double)rs->kv_bytes_peak, b3, sizeof b3),
                 ckv_format_bytes((double)rs->session_bytes, b4, sizeof b4), rs->chunk ? rs->chunk : ec.chunk,
                 ckv_format_bytes((double)ckv_session_bytes_for(m, (int)need, (int)need), b5, sizeof b5));
-        if (a.stats_json) write_stats_json(a.stats_json, rs, &a.press, tpc);
+        ckv_backend_mem mu = {0};
+        const int has_dev = ckv_backend_supports(m->be, CKV_BACKEND_CAP_MEM_USAGE);
+        if (has_dev) {
+            m->be->ops->mem_usage(m->be, &mu);
+            fprintf(stderr, "ckv: device memory peak %s in ckv's buffers and workspaces (the device's used memory then: %s)\n",
+                    ckv_format_bytes((double)mu.peak_bytes, b1, sizeof b1),
+                    ckv_format_bytes((double)mu.device_used_at_peak_bytes, b2, sizeof b2));
+        }
+        if (a.stats_json) write_stats_json(a.stats_json, rs, &a.press, tpc, has_dev ? &mu : NULL);
     }
     ckv_result_free(&res);
     ckv_engine_free(&eng);

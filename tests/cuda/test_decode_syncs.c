@@ -344,6 +344,42 @@ static void emu_steps(ckv_backend *dev, ckv_backend *cpu, ckv_model *m, ckv_mode
     ckv_session_free(&solo);
 }
 
+/* The backend's ledger of its device memory (mem_usage): buffers of 1 and 2 MiB raise the live and
+ * peak bytes by exactly that; a release lowers the live bytes and keeps the peak; a smaller buffer
+ * after it leaves the peak where it was. */
+static void check_mem_usage(void) {
+    ckv_backend *be = NULL;
+    CHECK_OK(ckv_backend_cuda_emu_init(&be, 0));
+    if (!be) return;
+    CHECK(ckv_backend_supports(be, CKV_BACKEND_CAP_MEM_USAGE));
+    ckv_backend_mem m0 = {0}, m1 = {0}, m2 = {0}, m3 = {0};
+    be->ops->mem_usage(be, &m0);
+    CHECK_MSG(m0.live_bytes > 0 && m0.peak_bytes == m0.live_bytes,
+              "after init: live %zu, peak %zu bytes (the workspaces: expected live > 0 and equal to the peak)",
+              m0.live_bytes, m0.peak_bytes);
+    const size_t mib = (size_t)1 << 20;
+    void *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(be->ops->alloc(be, &a, mib, "a"));
+    CHECK_OK(be->ops->alloc(be, &b, 2 * mib, "b"));
+    be->ops->mem_usage(be, &m1);
+    CHECK_MSG(m1.live_bytes == m0.live_bytes + 3 * mib && m1.peak_bytes == m1.live_bytes && m1.device_used_at_peak_bytes > 0,
+              "after 1 + 2 MiB: live %zu, peak %zu, device used %zu bytes (expected live = peak = %zu, used > 0)",
+              m1.live_bytes, m1.peak_bytes, m1.device_used_at_peak_bytes, m0.live_bytes + 3 * mib);
+    be->ops->release(be, a);
+    CHECK_OK(be->ops->alloc(be, &c, mib / 2, "c"));
+    be->ops->mem_usage(be, &m2);
+    CHECK_MSG(m2.live_bytes == m0.live_bytes + 2 * mib + mib / 2 && m2.peak_bytes == m1.peak_bytes,
+              "after releasing 1 MiB and taking 0.5 MiB: live %zu, peak %zu bytes (expected %zu and %zu)",
+              m2.live_bytes, m2.peak_bytes, m0.live_bytes + 2 * mib + mib / 2, m1.peak_bytes);
+    be->ops->release(be, b);
+    be->ops->release(be, c);
+    be->ops->mem_usage(be, &m3);
+    CHECK_MSG(m3.live_bytes == m0.live_bytes, "after every release: live %zu bytes, expected %zu", m3.live_bytes,
+              m0.live_bytes);
+    ckv_backend_free(be);
+    printf("mem_usage: 1 + 2 MiB buffers counted (peak +3 MiB), a release and a smaller buffer left the peak as it was\n");
+}
+
 /* CKV_CUDA_SYNC=2: three add ops and one rmsnorm, then the backend freed: its op profile on stderr
  * (captured into a temporary file) names both ops with their call counts. */
 static void check_op_profile(void) {
@@ -384,7 +420,9 @@ static void check_op_profile(void) {
     CHECK_MSG(calls == 3, "the profile counts %ld add calls, expected 3: '%s'", calls, text);
     calls = strtol(norm + 9, NULL, 10);
     CHECK_MSG(calls == 1, "the profile counts %ld rmsnorm calls, expected 1: '%s'", calls, text);
-    printf("CKV_CUDA_SYNC=2: the op profile names add (3 calls) and rmsnorm (1 call)\n");
+    CHECK_MSG(strstr(text, "device memory: peak") && strstr(text, "  w\n"),
+              "no device memory peak naming the buffer 'w' after the op profile: '%s'", text);
+    printf("CKV_CUDA_SYNC=2: the op profile names add (3 calls) and rmsnorm (1 call); the memory peak names 'w'\n");
 }
 
 int main(int argc, char **argv) {
@@ -412,6 +450,7 @@ int main(int argc, char **argv) {
         }
         check_op_profile();
         unsetenv("CKV_CUDA_SYNC");
+        check_mem_usage();
         unsetenv("CKV_CUDA_SYNC");
     }
     const int rc = graph_test_open(argc, argv, "test_decode_syncs", &dev, &gdev); /* recording off, on */

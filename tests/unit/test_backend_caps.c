@@ -16,7 +16,7 @@ static const expected_cap expected[] = {
     {CKV_BACKEND_CAP_STREAM, 0, 1},   {CKV_BACKEND_CAP_DEVICE_ID, 0, 1}, {CKV_BACKEND_CAP_EVICT_RESERVE, 0, 1},
     {CKV_BACKEND_CAP_KEYDIFF, 1, 1},  {CKV_BACKEND_CAP_LAGKV, 1, 1},     {CKV_BACKEND_CAP_CUR, 1, 1},
     {CKV_BACKEND_CAP_LEVERAGE, 1, 1}, {CKV_BACKEND_CAP_CHUNK_COLSUM, 1, 1}, {CKV_BACKEND_CAP_GRAPHS, 0, 1},
-    {CKV_BACKEND_CAP_KVZIP, 1, 1},    {CKV_BACKEND_CAP_CHUNK_RANK, 1, 1},
+    {CKV_BACKEND_CAP_KVZIP, 1, 1},    {CKV_BACKEND_CAP_CHUNK_RANK, 1, 1}, {CKV_BACKEND_CAP_MEM_USAGE, 0, 1},
 };
 
 static void test_declared(const char *name, int is_cuda) {
@@ -44,6 +44,7 @@ static void test_declared(const char *name, int is_cuda) {
     CHECK((o->evict_kvzip != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_KVZIP));
     CHECK((o->evict_kvzip_norms != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_KVZIP));
     CHECK((o->evict_chunk_rank != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_CHUNK_RANK));
+    CHECK((o->mem_usage != NULL) == ckv_backend_supports(be, CKV_BACKEND_CAP_MEM_USAGE));
     /* the stream helper answers from the query */
     CHECK((ckv_backend_stream(be) != NULL) == is_cuda);
     ckv_backend_free(be);

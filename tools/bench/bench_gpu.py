@@ -8,7 +8,8 @@ copy bandwidth and bf16 GEMM rate are measured first in the same run (torch.cuda
 and every figure is given as a ratio to its roofline:
   prefill  = (FLOPs of the prefill / measured GEMM rate) / TTFT
   decode   = (bytes read per token: weights + KV rows / measured bandwidth) / (ms per token)
-  memory   = peak GPU memory / the GPU memory plan (ckv inspect --backend cuda)
+  memory   = peak GPU memory / the GPU memory plan (ckv inspect --backend cuda); beside it, "ckv GiB":
+             the peak of ckv's own device allocations (its backend's ledger, --stats-json device_peak_bytes)
 Targets (reported, never asserted): prefill >= 0.55, decode >= 0.80, eviction <= 3% of TTFT.
 
 --dry-run does everything that needs no GPU: reads the configurations, writes the prompt files,
@@ -349,6 +350,7 @@ def main():
                 with open(stats) as f:
                     s = json.load(f)
                 row.update(ttft_s=s["ttft_s"], decode_ms=1e3 * s["decode_s"] / max(1, s["decode_tokens"]),
+                           ckv_peak_bytes=s.get("device_peak_bytes"),
                            evict_share=s.get("evict_s", 0.0) / s["ttft_s"] if s["ttft_s"] > 0 else None)
                 if press and not s.get("compressed"):
                     raise ValueError("--stats-json says the context was not compressed")
@@ -391,19 +393,19 @@ def main():
     with open(os.path.join(a.out, "bench.json"), "w") as f:
         json.dump(result, f, indent=1)
     gb = lambda x: "-" if not x else "%.1f" % (x / 2 ** 30)
-    hdr = "%-26s %9s %6s %9s %6s %7s %7s %6s %7s" % ("case", "TTFT s", "/roof", "ms/token", "/roof", "peak GiB",
-                                                      "plan", "/plan", "evict%")
+    hdr = "%-26s %9s %6s %9s %6s %7s %7s %7s %6s %7s" % ("case", "TTFT s", "/roof", "ms/token", "/roof", "peak GiB",
+                                                          "ckv GiB", "plan", "/plan", "evict%")
     print("\n== benchmark (%s ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s)%s" %
           ("measured" if not (a.dry_run or a.rehearse) else "datasheet", ceilings["copy_gbs"], ceilings["gemm_tflops"],
            " - a rehearsal on small shapes with --backend %s: the figures mean nothing" % backend if a.rehearse else ""))
     print(hdr)
     for r in rows:
         ttft = r.get("ttft_s")
-        print("%-26s %9s %6s %9s %6s %7s %7s %6s %7s" % (
+        print("%-26s %9s %6s %9s %6s %7s %7s %7s %6s %7s" % (
             r["case"], "%.3f" % ttft if ttft else ("(%.3f)" % r["roof_ttft_s"] if a.dry_run else "-"),
             ratio(r["prefill_ratio"]), "%.2f" % r["decode_ms"] if r.get("decode_ms") else
             ("(%.2f)" % r["roof_decode_ms"] if a.dry_run else "-"), ratio(r["decode_ratio"]), gb(r.get("peak_bytes")),
-            gb(r.get("plan_bytes")), ratio(r["mem_ratio"]),
+            gb(r.get("ckv_peak_bytes")), gb(r.get("plan_bytes")), ratio(r["mem_ratio"]),
             "%.1f" % (100 * r["evict_share"]) if r.get("evict_share") is not None else "-"))
         if r.get("error"):
             print("    %s" % r["error"][:150])

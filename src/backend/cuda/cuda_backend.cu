@@ -60,6 +60,7 @@ void op_done(ctx *c, const char *op) {
 ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char *what) {
     if (bytes <= *cap_bytes) return CKV_STATUS_OK;
     CKV_CUDA_CHECK(stream_wait(c), what); /* the old buffer may still be in use */
+    ledger_sub(c, *buf);
     CKV_CUDA_CHECK(cudaFree(*buf), what);
     *buf = NULL;
     *cap_bytes = 0;
@@ -67,6 +68,12 @@ ckv_status grow(ctx *c, void **buf, size_t *cap_bytes, size_t bytes, const char 
     if (e != cudaSuccess)
         return ckv_error(CKV_STATUS_ERR_NOMEM, "%s backend: cannot allocate %zu bytes for %s: %s",
                          CKV_CUDA_BACKEND_NAME, bytes, what, cudaGetErrorString(e));
+    ckv_status s = ledger_add(c, *buf, bytes, what);
+    if (s != CKV_STATUS_OK) {
+        cudaFree(*buf);
+        *buf = NULL;
+        return s;
+    }
     *cap_bytes = bytes;
     c->ws_gen++;
     return CKV_STATUS_OK;
@@ -92,6 +99,8 @@ void be_free(ckv_backend *be) {
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         op_profile_free(c);
+        if (c->sync_each == 2) ledger_print(c);
+        ledger_free(c);
         graph_cache_free(c);
         if (c->blas) cublasDestroy(c->blas);
         cudaFreeHost(c->stage);
@@ -107,7 +116,7 @@ void be_free(ckv_backend *be) {
 }
 
 ckv_status be_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what) {
-    (void)ctx_of(be); /* allocate on the backend's device, whichever thread calls */
+    ctx *c = ctx_of(be); /* allocate on the backend's device, whichever thread calls */
     if (!ptr)
         return ckv_error(CKV_STATUS_ERR_ARG, "%s backend: alloc of %s without an output pointer",
                          CKV_CUDA_BACKEND_NAME, what ? what : "a buffer");
@@ -122,13 +131,19 @@ ckv_status be_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what)
                          CKV_CUDA_BACKEND_NAME, bytes, what ? what : "a buffer", free_b, total_b,
                          cudaGetErrorString(e));
     }
-    return CKV_STATUS_OK;
+    ckv_status s = ledger_add(c, *ptr, bytes, what ? what : "a buffer");
+    if (s != CKV_STATUS_OK) {
+        cudaFree(*ptr);
+        *ptr = NULL;
+    }
+    return s;
 }
 
 void be_release(ckv_backend *be, void *ptr) {
     if (!ptr) return;
     ctx *c = ctx_of(be);
     stream_wait(c); /* kernels still queued may use it */
+    ledger_sub(c, ptr);
     CKV_CUDA_OP_CHECK(c, cudaFree(ptr), "release");
 }
 
@@ -220,6 +235,8 @@ ckv_status be_device_id(ckv_backend *be, char *id, size_t cap) {
     return CKV_STATUS_OK;
 }
 
+void mem_usage(ckv_backend *be, ckv_backend_mem *out) { ledger_usage(ctx_of(be), out); }
+
 int be_weight_dtype_ok(const ckv_backend *be, ckv_dtype t) {
     (void)be;
     return t == CKV_DTYPE_BF16 || t == CKV_DTYPE_F32;
@@ -238,7 +255,7 @@ ckv_backend_ops make_ops() {
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LAGKV) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CUR) |
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_LEVERAGE) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_COLSUM) |
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_GRAPHS) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_KVZIP) |
-             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_RANK);
+             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_RANK) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_MEM_USAGE);
     o.free = be_free;
     o.alloc = be_alloc;
     o.release = be_release;
@@ -295,6 +312,7 @@ ckv_backend_ops make_ops() {
     o.graph_begin = graph_begin;
     o.graph_end = graph_end;
     o.graph_release = graph_release;
+    o.mem_usage = mem_usage;
     return o;
 }
 
@@ -328,10 +346,12 @@ ckv_status init_device(ctx *c, int device) {
     CKV_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream), "set the cuBLAS stream");
     c->blas_ws_bytes = (size_t)(c->cc_major >= 9 ? 32 : 4) << 20; /* docs/gpu.md §5 */
     CKV_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes), "allocate the cuBLAS workspace");
+    CKV_TRY(ledger_add(c, c->blas_ws, c->blas_ws_bytes, "the cuBLAS workspace"));
     CKV_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes), "set the cuBLAS workspace");
     CKV_TRY(grow(c, (void **)&c->xbf, &c->xbf_cap, XBF_INITIAL * sizeof(ckv_bf16), "the GEMM activation workspace"));
     CKV_TRY(grow(c, (void **)&c->part, &c->part_cap, prefill_split_bytes(c->sms), "the split-KV partials"));
     CKV_CUDA_CHECK(cudaMalloc((void **)&c->count, sizeof *c->count), "allocate the counter");
+    CKV_TRY(ledger_add(c, c->count, sizeof *c->count, "the non-finite counter"));
     CKV_CUDA_CHECK(cudaMallocHost((void **)&c->stage, STAGE_BYTES), "allocate the page-locked upload ring");
     c->stage_cap = STAGE_BYTES;
     (void)cudaGetLastError(); /* a stale error of an earlier call in this process is not ours */

@@ -44,6 +44,7 @@ struct ctx {
     struct op_profile *prof;  /* CKV_CUDA_SYNC=2: per-op calls and wall times (cuda_profile.cu), else NULL */
     unsigned long long ws_gen; /* moves when grow() reallocates a workspace (a recorded graph holds the old address) */
     struct graph_cache *graphs; /* the recorded steps (cuda_graph.cu) */
+    struct mem_ledger *ledger;  /* the device memory this backend allocated (cuda_ledger.cu); NULL before the first */
 };
 
 /* The backend's ctx, with the backend's device made current on the calling thread: the current
@@ -78,6 +79,14 @@ ckv_status take_pending(ctx *c);
  * previous op ended (called by op_done after its wait; `entered`: when op_done began, which ends
  * the loading before the first op); free prints the table to stderr, then frees it (NULL: nothing). */
 ckv_status op_profile_init(ctx *c);
+/* cuda_ledger.cu: add records a device allocation of `bytes` at ptr named `what` (NULL ptr: nothing),
+ * sub forgets ptr's (unknown or NULL: nothing); usage reports live and peak bytes; print writes the
+ * peak and its largest parts to stderr; free drops the ledger. */
+ckv_status ledger_add(ctx *c, void *ptr, size_t bytes, const char *what);
+void ledger_sub(ctx *c, void *ptr);
+void ledger_usage(ctx *c, ckv_backend_mem *out);
+void ledger_print(ctx *c);
+void ledger_free(ctx *c);
 void op_profile_add(ctx *c, const char *op, double entered);
 void op_profile_free(ctx *c);
 
