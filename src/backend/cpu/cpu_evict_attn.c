@@ -33,9 +33,9 @@ static inline float evict_scale_one(float x, float scale, evict_scale_kind kind)
     return kind == EVICT_SCALE_DIV ? x / scale : kind == EVICT_SCALE_MUL ? x * scale : x;
 }
 
-/* x[0..n) <- exp(x - m) in fp32 (arguments <= 0: ckv_fast_expf_nonpos); returns their sum in double: lane l of 8 adds
- * x[l], x[l + 8], ... in order, the lanes are added ((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7)), then
- * the last n % 8 values one by one. Each exponential is added while it is in a register. */
+/* x[0..n) <- exp(x - m) in fp32 (arguments <= 0: ckv_fast_expf_nonpos); returns their sum in double:
+ * lane l of 8 adds x[l], x[l + 8], ... in order, the lanes are added ((0 + 4) + (1 + 5)) + ((2 + 6) +
+ * (3 + 7)), then the last n % 8 values one by one. Each exponential is added while it is in a register. */
 static double evict_exp_sum(float *x, int n, float m) {
     double sl[8] = {0};
     int i = 0;
@@ -250,7 +250,8 @@ static void evict_strip_weights(const evict_attn_job *jb, evict_attn_ws *w, int 
     int n_vis = 0;
     for (int r = 0; r < ns; r++) {
         const int i = run_query(jb, R0 + r), j = run_head(jb, R0 + r);
-        memcpy(w->qs + (size_t)r * (size_t)d, jb->q + (size_t)i * hq + (size_t)j * (size_t)d, (size_t)d * sizeof(float));
+        memcpy(w->qs + (size_t)r * (size_t)d, jb->q + (size_t)i * hq + (size_t)j * (size_t)d,
+               (size_t)d * sizeof(float));
         n_vis = jb->q_row0 + i + 1 > n_vis ? jb->q_row0 + i + 1 : n_vis;
     }
     if (jb->direct)

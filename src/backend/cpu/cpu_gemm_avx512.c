@@ -2,10 +2,11 @@
  * a 14 x 32 register-tile micro-kernel (28 zmm accumulators; per step of k it loads 2 vectors of the
  * packed weight panel and broadcasts 14 activations straight from the rows of x, which need no
  * packing), the packing of a weight panel into k-major order, a 4-rows-at-a-time GEMV for one
- * token, and the micro-kernel's products for a few rows against unpacked weights (dots: 16 weight rows
- * at a time through the pack's in-register transpose). Every function carries a target attribute, so this file builds without -mavx512f and its
- * code only runs after ckv_gemm_avx512_supported() said yes. It does no threading and no blocking
- * (cpu_gemm.c does) and handles fp32 only. */
+ * token, and the micro-kernel's products for a few rows against unpacked weights (dots: 16 weight
+ * rows at a time through the pack's in-register transpose). Every function carries a target
+ * attribute, so this file builds without -mavx512f and its code only runs after
+ * ckv_gemm_avx512_supported() said yes. It does no threading and no blocking (cpu_gemm.c does) and
+ * handles fp32 only. */
 #include <stdint.h>
 
 #include "cpu_gemm.h"
