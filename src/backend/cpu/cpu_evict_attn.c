@@ -1,8 +1,10 @@
 /* cpu_evict_attn.c - the CPU backend's eviction ops over attention weights: window / observed
  * attention column sums and weights (evict_attn_colsum, evict_attn_probs), chunked non-causal attention
  * column sums (evict_chunk_colsum) and the one-row softmax (evict_softmax_add). Semantics as in
- * backend.h. A segment's keys (converted to fp32 first for F16/BF16 caches) are packed once into the
- * fp32 GEMM's weight panels (ckv_gemm_pack_all) and kept while a worker's rows read the same segment;
+ * backend.h. A segment's keys are packed once into the fp32 GEMM's weight panels: with an F32 cache
+ * and several workers every segment the call reads, before the rows, its panels split over the
+ * workers and shared by them; otherwise by each worker (converted to fp32 first for F16/BF16 caches,
+ * ckv_gemm_pack_all) and kept while its rows read the same segment;
  * one-query calls (tova, finch's question rows) read them in place instead (the kernel set's dots:
  * the same sums, no pack for a handful of rows). The rows of a call are its query heads' queries,
  * head after head; a worker's consecutive rows of one KV head go through in strips of a few register
@@ -224,6 +226,9 @@ typedef struct evict_attn_job {
     int ld;
     int n_keys;     /* keys a worker packs: q_row0 + n_q (chunk: n_q) */
     int direct;     /* logits by arch->dots over the keys in place, no packing (one-query calls) */
+    float *kp_all;  /* [n_g, ckv_gemm_packed_floats(d, n_keys)] packed keys of segments g0 .. g0 + n_g - 1
+                       shared by every worker (F32 caches, several workers), or NULL: a pack per worker */
+    int g0, n_g;
     int row_split;  /* the units are the rows of the run (query head j's query i: unit j * n_q + i) */
     int n_rows;     /* output rows (the units unless row_split) */
     int n_units, workers; /* work units, split into `workers` contiguous parts */
@@ -273,6 +278,10 @@ static void evict_row_runs(const evict_attn_job *jb, evict_attn_ws *w, int R_beg
         int j = run_head(jb, R0) + 1;
         while (j < jb->n_heads_local && (jb->head0 + j) / jb->group == g) j++;
         const int R1 = j * jb->n_q < R_end ? j * jb->n_q : R_end;
+        if (jb->kp_all && w->kp_g != g) { /* packed before the rows, by all workers */
+            w->kp = jb->kp_all + (size_t)(g - jb->g0) * ckv_gemm_packed_floats(jb->arch, jb->kv->head_dim, jb->n_keys);
+            w->kp_g = g;
+        }
         evict_pack_keys(w, jb->arch, jb->kv, g, 0, jb->n_keys, jb->direct);
         for (int s0 = R0; s0 < R1; s0 += S) {
             const int ns = R1 - s0 < S ? R1 - s0 : S;
@@ -396,6 +405,21 @@ static void chunk_rows(const evict_attn_job *jb, int begin, int end, evict_attn_
     }
 }
 
+/* Panels [begin, end) of the shared packs: panel u is panel u % n_panels of segment g0 + u / n_panels
+ * (ckv_gemm_pack_all's panels, one by one). */
+static void pack_worker(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const evict_attn_job *jb = ctx;
+    const int d = jb->kv->head_dim, nr = jb->arch->nr, n_panels = (jb->n_keys + nr - 1) / nr;
+    const size_t per_g = ckv_gemm_packed_floats(jb->arch, d, jb->n_keys), panel = (size_t)d * (size_t)nr;
+    for (int u = begin; u < end; u++) {
+        const int g = jb->g0 + u / n_panels, q = u % n_panels, j0 = q * nr;
+        const float *K = (const float *)jb->kv->segs[0][g].k; // [n_keys, d]
+        jb->arch->pack(d, K + (size_t)j0 * (size_t)d, (size_t)d, jb->n_keys - j0 < nr ? jb->n_keys - j0 : nr,
+                       jb->kp_all + (size_t)(g - jb->g0) * per_g + (size_t)q * panel);
+    }
+}
+
 /* Worker w of a job: its contiguous part of the output rows, in its own workspace. */
 static void attn_worker(void *ctx, int begin, int end, int tid) {
     (void)tid;
@@ -427,17 +451,31 @@ static ckv_status evict_attn_run(ckv_backend *be, evict_attn_job *jb) {
     jb->n_units = jb->row_split ? jb->n_heads_local * jb->n_q : jb->n_rows;
     if (workers > jb->n_units) workers = jb->n_units;
     if (workers > CKV_CPU_MAX_TASK_WORKERS) workers = CKV_CPU_MAX_TASK_WORKERS;
-    const size_t per = evict_attn_ws_floats(jb->arch, jb->kv, jb->n_keys, n_cols, jb->direct, n_def); /* floats */
+    /* F32 keys read by several workers (not chunk_colsum's own rows): every segment packed once, the
+     * panels split over the workers, before the rows; when they do not fit, a pack per worker */
+    jb->g0 = jb->head0 / jb->group;
+    jb->n_g = (jb->head0 + jb->n_heads_local - 1) / jb->group - jb->g0 + 1;
+    const size_t per_g = ckv_gemm_packed_floats(jb->arch, jb->kv->head_dim, jb->n_keys);
+    int share = !jb->direct && jb->rows != chunk_rows && jb->kv->dtype == CKV_DTYPE_F32 && workers > 1;
+    const size_t per_own = evict_attn_ws_floats(jb->arch, jb->kv, jb->n_keys, n_cols, jb->direct, n_def);
+    const size_t per_shared = evict_attn_ws_floats(jb->arch, jb->kv, jb->n_keys, n_cols, 1, n_def);
+    if (share && ((size_t)jb->n_g * per_g + (size_t)workers * per_shared) * sizeof(float) > CKV_CPU_ATTN_SCRATCH_BYTES)
+        share = 0;
+    const size_t per = share ? per_shared : per_own; /* floats */
+    const size_t shared = share ? (size_t)jb->n_g * per_g : 0;
     while (workers > 1 && (size_t)workers * per * sizeof(float) > CKV_CPU_ATTN_SCRATCH_BYTES) workers--;
     if (workers < 1) workers = 1;
     float *scratch = NULL;
-    CKV_TRY(ckv_cpu_evict_scratch(be, (size_t)workers * per * sizeof(float), (void **)&scratch));
+    CKV_TRY(ckv_cpu_evict_scratch(be, (shared + (size_t)workers * per) * sizeof(float), (void **)&scratch));
     evict_attn_ws ws[CKV_CPU_MAX_TASK_WORKERS];
     for (int w = 0; w < workers; w++)
-        evict_attn_ws_carve(&ws[w], scratch + (size_t)w * per, jb->arch, jb->kv, jb->n_keys, n_cols, jb->direct,
-                            n_def);
+        evict_attn_ws_carve(&ws[w], scratch + shared + (size_t)w * per, jb->arch, jb->kv, jb->n_keys, n_cols,
+                            share || jb->direct, n_def);
     jb->ws = ws;
     jb->workers = workers;
+    jb->kp_all = share ? scratch : NULL;
+    if (share)
+        ckv_threadpool_for(pool, jb->n_g * ((jb->n_keys + jb->arch->nr - 1) / jb->arch->nr), 8, pack_worker, jb);
     if (workers > 1)
         ckv_threadpool_for(pool, workers, 1, attn_worker, jb);
     else
