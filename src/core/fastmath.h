@@ -21,22 +21,14 @@ static inline float ckv_fast_select(int c, float a, float b) {
     return a;
 }
 
-/* exp(x) in fp32, defined for every input: range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 in a
- * high part whose product with n is exact and a low part), degree-7 Taylor polynomial for e^r
- * (truncation < 0.1 ulp), times 2^n applied as 2^a * 2^b (a + b = n, both normal exponents, so the
- * top of the range reaches FLT_MAX without an infinite intermediate). All integer arithmetic stays in
- * [-200, 400]: no overflow, whatever x is. Branch-free: loops calling it vectorise (GCC -O3).
- *   x in [-87.3, 88.72]: within 1 ulp of exp with fused multiply-adds, 1.2 ulp without (tests/unit/test_fastmath.c sweeps it);
- *   x < -87.3: 0 (exp(x) < 1.22e-38 there; flushing avoids slow denormal arithmetic);
- *   x > 88.72283: +inf (also +inf itself); -inf: 0; NaN: NaN. */
-static inline float ckv_fast_expf(float x) {
-    float xc = ckv_fast_select(x > -87.3f, x, -87.3f); /* NaN lands on -87.3: its result is replaced below */
-    xc = ckv_fast_select(xc < 89.0f, xc, 89.0f);
+/* The shared core of the exps below for xc in [-87.3, 89]: *n = round(xc / ln2) (in [-126, 129]) and
+ * the polynomial p ~ e^r of r = xc - n ln2. */
+static inline float ckv_fast_exp_core(float xc, int32_t *n) {
     const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the low bits */
     float kf = xc * 1.44269504088896341f + magic;
     int32_t ki;
     memcpy(&ki, &kf, sizeof ki);
-    int32_t n = ki - 0x4B400000; /* round(xc / ln2), in [-126, 129] */
+    *n = ki - 0x4B400000;
     float nf = kf - magic;
     float r = xc - nf * 0.693145751953125f; /* ln2, high part (exact product) */
     r = r - nf * 1.42860676533018704e-06f; /* ln2, low part */
@@ -48,6 +40,22 @@ static inline float ckv_fast_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
+    return p;
+}
+
+/* exp(x) in fp32, defined for every input: range reduction x = n ln2 + r with |r| <= ln2/2 (ln2 in a
+ * high part whose product with n is exact and a low part), degree-7 Taylor polynomial for e^r
+ * (truncation < 0.1 ulp), times 2^n applied as 2^a * 2^b (a + b = n, both normal exponents, so the
+ * top of the range reaches FLT_MAX without an infinite intermediate). All integer arithmetic stays in
+ * [-200, 400]: no overflow, whatever x is. Branch-free: loops calling it vectorise (GCC -O3).
+ *   x in [-87.3, 88.72]: within 1 ulp of exp with fused multiply-adds, 1.2 ulp without (tests/unit/test_fastmath.c sweeps it);
+ *   x < -87.3: 0 (exp(x) < 1.22e-38 there; flushing avoids slow denormal arithmetic);
+ *   x > 88.72283: +inf (also +inf itself); -inf: 0; NaN: NaN. */
+static inline float ckv_fast_expf(float x) {
+    float xc = ckv_fast_select(x > -87.3f, x, -87.3f); /* NaN lands on -87.3: its result is replaced below */
+    xc = ckv_fast_select(xc < 89.0f, xc, 89.0f);
+    int32_t n; /* round(xc / ln2), in [-126, 129] */
+    const float p = ckv_fast_exp_core(xc, &n);
     int32_t a = ((n + 256) >> 1) - 256 / 2; /* floor(n / 2) without shifting a negative number */
     int32_t b = n - a;
     int32_t abits = (a + 127) * (1 << 23), bbits = (b + 127) * (1 << 23); /* a, b in [-63, 65] */
@@ -59,11 +67,32 @@ static inline float ckv_fast_expf(float x) {
     return ckv_fast_select(x != x, x, y);
 }
 
+/* ckv_fast_expf(x) for x <= 0, -inf and NaN (a softmax's x - max), the same bits in fewer steps: no
+ * clamp at the top, and 2^n (n in [-126, 0] here: a normal power of two) applied in one product. p
+ * is in (0.7, 1.42), so p * 2^a is exact and (p * 2^a) * 2^b rounds the real number p * 2^n once,
+ * as p * 2^n does (tests/unit/test_fastmath.c compares the two over the non-positive floats). */
+static inline float ckv_fast_expf_nonpos(float x) {
+    const float xc = ckv_fast_select(x > -87.3f, x, -87.3f); /* NaN lands on -87.3: replaced below */
+    int32_t n;
+    const float p = ckv_fast_exp_core(xc, &n);
+    int32_t nbits = (n + 127) * (1 << 23);
+    float sn;
+    memcpy(&sn, &nbits, sizeof sn);
+    float y = p * sn;
+    y = ckv_fast_select(x < -87.3f, 0.0f, y);
+    return ckv_fast_select(x != x, x, y);
+}
+
 /* The vector form: y[i] = ckv_fast_expf(x[i]) for i < n (y may be x), the same result lane by lane.
  * The loop is branch-free, so the vectoriser turns it into the SIMD code of the function it is inlined
  * into (a kernel compiled for AVX-512 gets 16-lane code) without any intrinsic here. */
 static inline void ckv_fast_expf_n(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = ckv_fast_expf(x[i]);
+}
+
+/* The vector form of ckv_fast_expf_nonpos (x[i] <= 0, -inf or NaN), as ckv_fast_expf_n. */
+static inline void ckv_fast_expf_nonpos_n(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = ckv_fast_expf_nonpos(x[i]);
 }
 
 /* Index of the first NaN or infinity among x[0 .. n), or -1 when all are finite. Scans in blocks

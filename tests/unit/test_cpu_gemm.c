@@ -84,7 +84,8 @@ static void gemm_case(int n, int k, int m, int with_bias, int offset) {
 
 /* Weights packed once (ckv_gemm_pack_all): ckv_gemm_packed_rows on the first m_use columns and
  * ckv_gemm_packed_l1 must give, bit for bit, the products of ckv_cpu_gemm (n > 1) and the 16-lane L1
- * sums of its rows (lane c % 16 over columns ascending, the last m % 16 columns as |y|). */
+ * sums of its rows (lane c % 16 over columns ascending, the last m % 16 columns as |y|); a set's dots
+ * (w read in place) the same products. */
 static void packed_case(int n, int k, int m, int m_use) {
     float *x = xalloc((size_t)n * k * sizeof(float)), *w = xalloc((size_t)m * k * sizeof(float));
     float *ref = xalloc((size_t)n * m * sizeof(float)), *out = xalloc((size_t)n * m * sizeof(float));
@@ -109,6 +110,24 @@ static void packed_case(int n, int k, int m, int m_use) {
                   n, k, m_use, m, diff);
         CHECK_MSG(guard_bad == 0, "packed rows %s n=%d k=%d m=%d of %d: %zu columns past m written", archs[a]->name, n,
                   k, m_use, m, guard_bad);
+        if (archs[a]->dots) { /* the same products with w's rows read in place */
+            for (size_t i = 0; i < (size_t)n * m; i++) out[i] = GUARD_VALUE;
+            archs[a]->dots(n, k, x, (size_t)k, w, (size_t)k, m_use, out, (size_t)m);
+            size_t dd = 0, dg = 0;
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < m; j++) {
+                    const float o = out[(size_t)i * m + j], r = ref[(size_t)i * m + j];
+                    if (j >= m_use) {
+                        dg += o != GUARD_VALUE;
+                    } else if (memcmp(&o, &r, sizeof o) != 0 && dd++ < 3) {
+                        fprintf(stderr, "  dots %s [%d, %d] = %.9g, product %.9g\n", archs[a]->name, i, j, o, r);
+                    }
+                }
+            CHECK_MSG(dd == 0, "dots %s n=%d k=%d m=%d: %zu values differ from ckv_cpu_gemm", archs[a]->name, n, k, m_use,
+                      dd);
+            CHECK_MSG(dg == 0, "dots %s n=%d k=%d m=%d of %d: %zu columns past m written", archs[a]->name, n, k, m_use, m,
+                      dg);
+        }
         memset(lanes, 0, (size_t)n * 16 * sizeof(float));
         ckv_gemm_packed_l1(archs[a], lanes, m % 16 ? tail : NULL, x, (size_t)k, bp, n, k, m);
         size_t l1_diff = 0;
@@ -227,6 +246,9 @@ int main(void) {
     packed_case(29, 17, 47, 33);
     packed_case(128, 80, 200, 200);
     packed_case(33, 300, 100, 65);
+    packed_case(3, 64, 40, 37);  /* dots: a group of 4 rows, a partial column block */
+    packed_case(9, 257, 20, 19); /* dots: 8 rows and 1, k past KC with a tail */
+    packed_case(2, 7, 16, 5);
 
     if (ckv_cpu_blas_matmul(1, NULL, NULL, NULL, NULL, 0, 0, 0)) {
         blas_case(1, 37, 13, 1);

@@ -6,7 +6,7 @@
  * norms (F32 and BF16 o_proj), expected attention's moments and logits, DefensiveKV's window aggregation, per-row top-k with ties and NaN, scatter and the cross-head counts;
  * keys and values as F32, F16 and BF16 segments. Inputs are random (never zeros); outputs are
  * poisoned before each op. The ops that split their work over the backend's threads (value norms,
- * column sums and weights, keydiff, lagkv, cur, leverage) give the same bits on 1, 2 and 3 threads; leverage
+ * column sums and weights, keydiff, lagkv, cur, leverage) give the same bits on 1 to 5 threads; leverage
  * of a head at positions other than segment 0's gives the bits of that head scored alone. */
 #include <float.h>
 #include <math.h>
@@ -447,7 +447,8 @@ static void same_bits(const char *what, int threads, const void *got, const void
               maxd);
 }
 
-/* The threaded eviction ops on 1, 2 and 3 threads over a context of several value-norm blocks. */
+/* The threaded eviction ops on 1 to 5 threads over a context of several value-norm blocks (4 and 5
+ * threads split the window column sums' 6 x 20 rows inside query heads). */
 static void check_thread_counts(ckv_dtype dt) {
     enum { L = 300, d = 16, nkv = 3, nq = 6, G = 2, w = 20, D = 24, K = 8, N_OUT = 6 };
     float *kf = malloc(sizeof(float) * nkv * L * d), *vf = malloc(sizeof(float) * nkv * L * d);
@@ -471,8 +472,8 @@ static void check_thread_counts(ckv_dtype dt) {
     float *xl[2] = {malloc(sizeof(float) * L), malloc(sizeof(float) * L)};
     double *dav[2] = {malloc(sizeof(double) * nkv * L), malloc(sizeof(double) * nkv * L)}, dbias[2];
     float *ddm[2] = {malloc(sizeof(float) * nkv * L), malloc(sizeof(float) * nkv * L)};
-    const int threads[3] = {1, 2, 3};
-    for (int ti = 0; ti < 3; ti++) {
+    const int threads[5] = {1, 2, 3, 4, 5};
+    for (int ti = 0; ti < 5; ti++) {
         ckv_backend *be = NULL;
         CHECK_OK(ckv_backend_init(&be, "cpu", threads[ti]));
         if (!be) break;

@@ -1,7 +1,8 @@
 /* test_fastmath.c - core/fastmath.h: ckv_fast_expf on special values (NaN, +-inf, the edges of the
  * fp32 range, huge magnitudes) and on a sweep over every 61st float of [-87.3, 88.72] against
  * double-precision exp (prints the max error in ulp and fails above 1.5 ulp); the flush-to-zero and
- * overflow bands; the vector form ckv_fast_expf_n equal to the scalar lane by lane;
+ * overflow bands; the vector form ckv_fast_expf_n equal to the scalar lane by lane; ckv_fast_expf_nonpos
+ * (and its vector form) bit for bit ckv_fast_expf over the non-positive floats;
  * ckv_find_nonfinite_f32 on NaN / inf at several positions. Built with UBSan in the sanitize build,
  * so an integer overflow inside the exp fails there. */
 #include <float.h>
@@ -127,6 +128,43 @@ static void test_vector_form(void) {
     CHECK_MSG(bad == 0, "%zu vector-form results differ from ckv_fast_expf", bad);
 }
 
+/* ckv_fast_expf_nonpos: ckv_fast_expf's bits for x <= 0 (every 61st negative float by bit pattern,
+ * every float of [-88, -87] and of [-1, -0.5], the specials), scalar and vector form. */
+static void test_nonpos(void) {
+    size_t n = 0, bad = 0;
+    const float special[] = {0.0f, -0.0f, -INFINITY, NAN, -NAN, -87.3f, -87.31f, -FLT_MIN, -FLT_MAX};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+        const float x = special[i], want = ckv_fast_expf(x), got = ckv_fast_expf_nonpos(x);
+        if (!(isnan(want) ? isnan(got) : memcmp(&got, &want, sizeof got) == 0) && bad++ < 5)
+            fprintf(stderr, "  nonpos exp(%.9g) = %.9g, ckv_fast_expf %.9g\n", (double)x, (double)got, (double)want);
+        n++;
+    }
+    enum { B = 1024 };
+    static float x[B], y[B];
+    int m = 0;
+    const uint32_t bands[3][2] = {{0x80000000u, 0xFF800000u}, /* -0 .. -inf, every 61st */
+                                  {0xC2AE0000u, 0xC2B00000u}, /* -87 .. -88, every one */
+                                  {0xBF000000u, 0xBF800000u}}; /* -0.5 .. -1, every one */
+    for (int k = 0; k < 3; k++) {
+        const uint32_t step = k == 0 ? 61u : 1u;
+        for (uint64_t u = bands[k][0]; u <= bands[k][1]; u += step) {
+            x[m++] = from_bits((uint32_t)u);
+            if (m < B && u + step <= bands[k][1]) continue;
+            ckv_fast_expf_nonpos_n(y, x, (size_t)m);
+            for (int i = 0; i < m; i++) {
+                const float want = ckv_fast_expf(x[i]), got = ckv_fast_expf_nonpos(x[i]);
+                if ((memcmp(&got, &want, sizeof got) != 0 || memcmp(&y[i], &want, sizeof got) != 0) && bad++ < 5)
+                    fprintf(stderr, "  nonpos exp(%.9g) = %.9g (vector %.9g), ckv_fast_expf %.9g\n", (double)x[i],
+                            (double)got, (double)y[i], (double)want);
+            }
+            n += (size_t)m;
+            m = 0;
+        }
+    }
+    printf("ckv_fast_expf_nonpos: %zu inputs <= 0, %zu differ from ckv_fast_expf\n", n, bad);
+    CHECK_MSG(bad == 0, "%zu of %zu non-positive inputs: ckv_fast_expf_nonpos differs from ckv_fast_expf", bad, n);
+}
+
 static void test_find_nonfinite(void) {
     float x[3001];
     for (int i = 0; i < 3001; i++) x[i] = (float)i * 0.5f - 700.0f;
@@ -154,6 +192,7 @@ int main(void) {
     test_special_values();
     test_sweep();
     test_vector_form();
+    test_nonpos();
     test_find_nonfinite();
     return ckv_test_finish("test_fastmath");
 }

@@ -28,7 +28,11 @@
  *   a points at x[i0, p0] (rows lda floats apart), bp at a packed panel, c at out[i0, j0].
  * pack: bp[p * NR + c] = w[c * ldw + p] for p < kc, c < nr, and 0 for nr <= c < NR.
  * gemv: out[j] = dot(w[j * ldw .. + k), x) (+ bias[j]) for j in [0, rows); a fixed order of
- *   summation over k that depends on k only. */
+ *   summation over k that depends on k only.
+ * dots (NULL in a set without it): out[r * ldo + c] = x[r] . w[c] for r < n, c < m, x [n, k] (rows
+ *   ldx apart) and w [m, k] read in place (rows ldw apart, no packing), every element the sum the
+ *   micro-kernel forms for it (an fma chain over p from zero within each CKV_GEMM_KC block, the
+ *   blocks added in order): ckv_gemm_packed_rows' results for a few rows without packing w. */
 typedef struct {
     const char *name;
     int mr, nr;
@@ -36,6 +40,7 @@ typedef struct {
                     const float *bias, int first);
     void (*pack)(int kc, const float *w, size_t ldw, int nr, float *bp);
     void (*gemv)(int rows, int k, const float *w, size_t ldw, const float *x, const float *bias, float *out);
+    void (*dots)(int n, int k, const float *x, size_t ldx, const float *w, size_t ldw, int m, float *out, size_t ldo);
 } ckv_gemm_arch;
 
 /* The kernel sets; ckv_gemm_*_supported() is 0 when the CPU (or the compiler) lacks a set's features. */

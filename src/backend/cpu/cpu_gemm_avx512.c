@@ -1,10 +1,12 @@
 /* cpu_gemm_avx512.c - the AVX-512 kernel set of the CPU matmul (see cpu_gemm.h for the contracts):
  * a 14 x 32 register-tile micro-kernel (28 zmm accumulators; per step of k it loads 2 vectors of the
  * packed weight panel and broadcasts 14 activations straight from the rows of x, which need no
- * packing), the packing of a weight panel into k-major order, and a 4-rows-at-a-time GEMV for one
- * token. Every function carries a target attribute, so this file builds without -mavx512f and its
- * code only runs after ckv_gemm_avx512_supported() said yes. It does no threading and no blocking
- * (cpu_gemm.c does) and handles fp32 only. */
+ * packing), the packing of a weight panel into k-major order, a 4-rows-at-a-time GEMV for one
+ * token, and the micro-kernel's products for a few rows against unpacked weights (dots: 16 weight
+ * rows at a time through the pack's in-register transpose). Every function carries a target
+ * attribute, so this file builds without -mavx512f and its code only runs after
+ * ckv_gemm_avx512_supported() said yes. It does no threading and no blocking (cpu_gemm.c does) and
+ * handles fp32 only. */
 #include <stdint.h>
 
 #include "cpu_gemm.h"
@@ -114,6 +116,34 @@ static CKV_AVX512 void ckv_avx512_ukernel(int kc, const float *a, size_t lda, in
     if (mr > 13) ckv_store_row(c + 13 * ldc, cd0, cd1, k0, k1, b0, b1, first);
 }
 
+/* t[c] = column c of the 16 x 16 block whose row i is r[i] (r is overwritten). */
+static inline CKV_AVX512 void ckv_transpose16(__m512 r[16], __m512 t[16]) {
+    /* 32-bit, then 64-bit interleaves inside 128-bit lanes, then lane shuffles */
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    /* r[4q + s], 128-bit lane L: column 4L + s of rows 4q .. 4q + 3. Gather lane L of the four quads
+     * into one vector: 128-bit shuffles of quads (0, 1) and (2, 3), then of those. */
+    for (int s = 0; s < 4; s++) {
+        __m512 q0 = r[s], q1 = r[4 + s], q2 = r[8 + s], q3 = r[12 + s];
+        __m512 u0 = _mm512_shuffle_f32x4(q0, q1, 0x88); /* lanes 0, 2 of q0, then 0, 2 of q1 */
+        __m512 u1 = _mm512_shuffle_f32x4(q0, q1, 0xDD); /* lanes 1, 3 of q0, then 1, 3 of q1 */
+        __m512 u2 = _mm512_shuffle_f32x4(q2, q3, 0x88);
+        __m512 u3 = _mm512_shuffle_f32x4(q2, q3, 0xDD);
+        t[s] = _mm512_shuffle_f32x4(u0, u2, 0x88);      /* lane 0 of q0..q3 */
+        t[s + 4] = _mm512_shuffle_f32x4(u1, u3, 0x88);  /* lane 1 */
+        t[s + 8] = _mm512_shuffle_f32x4(u0, u2, 0xDD);  /* lane 2 */
+        t[s + 12] = _mm512_shuffle_f32x4(u1, u3, 0xDD); /* lane 3 */
+    }
+}
+
 /* bp [kc, 32] = w [nr rows, kc]^T, zero columns past nr. Full panels go 16 x 16 blocks at a time
  * through an in-register transpose. */
 static CKV_AVX512 void ckv_avx512_pack(int kc, const float *w, size_t ldw, int nr, float *bp) {
@@ -124,32 +154,7 @@ static CKV_AVX512 void ckv_avx512_pack(int kc, const float *w, size_t ldw, int n
         for (; p + 16 <= kc; p += 16) {
             __m512 r[16], t[16];
             for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(wr + (size_t)i * ldw + p);
-            /* 16 x 16 transpose: 32-bit, then 64-bit interleaves inside 128-bit lanes, then lane shuffles */
-            for (int i = 0; i < 16; i += 2) {
-                t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-                t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-            }
-            for (int i = 0; i < 16; i += 4) {
-                r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-                r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-                r[i + 2] =
-                    _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-                r[i + 3] =
-                    _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-            }
-            /* r[4q + s], 128-bit lane L: column 4L + s of rows 4q .. 4q + 3. Gather lane L of the
-             * four quads into one vector: 128-bit shuffles of quads (0, 1) and (2, 3), then of those. */
-            for (int s = 0; s < 4; s++) {
-                __m512 q0 = r[s], q1 = r[4 + s], q2 = r[8 + s], q3 = r[12 + s];
-                __m512 u0 = _mm512_shuffle_f32x4(q0, q1, 0x88); /* lanes 0, 2 of q0, then 0, 2 of q1 */
-                __m512 u1 = _mm512_shuffle_f32x4(q0, q1, 0xDD); /* lanes 1, 3 of q0, then 1, 3 of q1 */
-                __m512 u2 = _mm512_shuffle_f32x4(q2, q3, 0x88);
-                __m512 u3 = _mm512_shuffle_f32x4(q2, q3, 0xDD);
-                t[s] = _mm512_shuffle_f32x4(u0, u2, 0x88);      /* lane 0 of q0..q3 */
-                t[s + 4] = _mm512_shuffle_f32x4(u1, u3, 0x88);  /* lane 1 */
-                t[s + 8] = _mm512_shuffle_f32x4(u0, u2, 0xDD);  /* lane 2 */
-                t[s + 12] = _mm512_shuffle_f32x4(u1, u3, 0xDD); /* lane 3 */
-            }
+            ckv_transpose16(r, t);
             /* t[4L + s]: column 4L + s of rows 0 .. 15 */
             for (int col = 0; col < 16; col++) _mm512_store_ps(bp + (size_t)(p + col) * CKV_NR + c0, t[col]);
         }
@@ -163,6 +168,63 @@ static CKV_AVX512 void ckv_avx512_pack(int kc, const float *w, size_t ldw, int n
             for (int p = 0; p < kc; p++) dst[(size_t)p * CKV_NR] = wr[p];
         } else {
             for (int p = 0; p < kc; p++) dst[(size_t)p * CKV_NR] = 0.0f;
+        }
+    }
+}
+
+/* Rows r0 .. r0 + R of ckv_avx512_dots for the 16 columns whose rows of w are wr[0 .. 16) (R a
+ * constant after inlining: its accumulators stay in registers; rows past n read x's row 0 and are
+ * not stored): per KC block an fma chain over p from zero, each column of w brought into one
+ * vector by the pack's transpose, then added to the previous blocks' sum, as the micro-kernel does. */
+static inline __attribute__((always_inline)) CKV_AVX512 void ckv_dots_rows(int R, int n, int r0, int k, const float *x,
+                                                                            size_t ldx, const float *const wr[16],
+                                                                            float *out, size_t ldo, __mmask16 km) {
+    const float *xr[8];
+    for (int r = 0; r < R; r++) xr[r] = x + (size_t)(r0 + r < n ? r0 + r : 0) * ldx;
+    __m512 tot[8]; /* 0 + the first block's chain is the micro-kernel's store of it (bias 0) */
+    for (int r = 0; r < R; r++) tot[r] = _mm512_setzero_ps();
+    for (int p0 = 0; p0 < k; p0 += CKV_GEMM_KC) {
+        const int pe = k - p0 < CKV_GEMM_KC ? k : p0 + CKV_GEMM_KC;
+        __m512 acc[8];
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        int p = p0;
+        for (; p + 16 <= pe; p += 16) {
+            __m512 rw[16], t[16];
+            for (int i = 0; i < 16; i++) rw[i] = _mm512_loadu_ps(wr[i] + p);
+            ckv_transpose16(rw, t);
+            for (int j = 0; j < 16; j++)
+                for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r][p + j]), t[j], acc[r]);
+        }
+        for (; p < pe; p++) {
+            float col[16] __attribute__((aligned(64)));
+            for (int i = 0; i < 16; i++) col[i] = wr[i][p];
+            const __m512 cv = _mm512_load_ps(col);
+            for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r][p]), cv, acc[r]);
+        }
+        for (int r = 0; r < R; r++) tot[r] = _mm512_add_ps(acc[r], tot[r]);
+    }
+    for (int r = 0; r < R && r0 + r < n; r++) _mm512_mask_storeu_ps(out + (size_t)(r0 + r) * ldo, km, tot[r]);
+}
+
+/* out [n, m] = x [n, k] @ w [m, k]^T with w's rows read in place, 16 columns at a time (columns past
+ * m read w's last row and are not stored); each column block's rows in groups of up to 8. */
+static CKV_AVX512 void ckv_avx512_dots(int n, int k, const float *x, size_t ldx, const float *w, size_t ldw, int m,
+                                       float *out, size_t ldo) {
+    for (int c0 = 0; c0 < m; c0 += 16) {
+        const int nc = m - c0 < 16 ? m - c0 : 16;
+        const float *wr[16];
+        for (int i = 0; i < 16; i++) wr[i] = w + (size_t)(c0 + (i < nc ? i : nc - 1)) * ldw;
+        const __mmask16 km = ckv_mask16(nc);
+        for (int r0 = 0; r0 < n; r0 += 8) {
+            const int nr = n - r0;
+            if (nr <= 1)
+                ckv_dots_rows(1, n, r0, k, x, ldx, wr, out + c0, ldo, km);
+            else if (nr <= 2)
+                ckv_dots_rows(2, n, r0, k, x, ldx, wr, out + c0, ldo, km);
+            else if (nr <= 4)
+                ckv_dots_rows(4, n, r0, k, x, ldx, wr, out + c0, ldo, km);
+            else
+                ckv_dots_rows(8, n, r0, k, x, ldx, wr, out + c0, ldo, km);
         }
     }
 }
@@ -208,7 +270,7 @@ static CKV_AVX512 void ckv_avx512_gemv(int rows, int k, const float *w, size_t l
 
 const ckv_gemm_arch ckv_gemm_arch_avx512 = {
     .name = "avx512", .mr = CKV_MR, .nr = CKV_NR, .ukernel = ckv_avx512_ukernel, .pack = ckv_avx512_pack,
-    .gemv = ckv_avx512_gemv};
+    .gemv = ckv_avx512_gemv, .dots = ckv_avx512_dots};
 
 #else /* not x86 or not a GCC-compatible compiler: the set exists but is never chosen */
 
