@@ -1,6 +1,6 @@
 /* threadpool.h - a fixed pool of worker threads running parallel-for loops. The caller's thread
- * takes part; a pool of 1 thread runs everything inline. Not re-entrant: a task must not call back
- * into the same pool. */
+ * takes part as worker 0; a pool of 1 thread runs everything inline. Not re-entrant: a task must
+ * not call back into the same pool. */
 #ifndef CKV_THREADPOOL_H
 #define CKV_THREADPOOL_H
 
@@ -8,10 +8,7 @@
 
 typedef struct ckv_threadpool ckv_threadpool;
 
-/* fn(ctx, begin, end, tid): process items [begin, end), chunk tid of the loop (0 <= tid < n_threads).
- * The chunks depend only on n, grain and the pool size; each runs once, on one thread (the caller's or
- * a worker's, whichever claims it first), so scratch indexed by tid is never shared and results that
- * depend on the split are the same on every run. */
+/* fn(ctx, begin, end, tid): process items [begin, end) on worker tid (0 <= tid < n_threads). */
 typedef void (*ckv_parallel_fn)(void *ctx, int begin, int end, int tid);
 
 ckv_status ckv_threadpool_init(ckv_threadpool **out, int n_threads);
