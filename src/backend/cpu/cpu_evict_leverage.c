@@ -8,10 +8,11 @@
  * through the GEMM kernels' register tiles (cpu_gemm.h), as kvpress computes them in fp32; the
  * rotation, the mean, the sum of the blocks' Gram matrices, the factor, its inverse and each
  * leverage's sum of squares are in double, rounded to fp32 where a product reads them.
- * Work: the KV heads go through in groups of LEV_GROUP (the scratch holds that many heads whatever the
- * head count); each group's rows are cut into blocks of LEV_BLOCK spread over the backend's pool in
- * three phases (rotation and column sums; centring, sketch and the block's Gram matrix; the solve),
- * with the means, the factors and their inverses on the calling thread between them. Every sum has
+ * Work: the KV heads go through in groups (all of them when their buffers fit in LEV_GROUP_BYTES,
+ * else as many as fit, at least LEV_GROUP: the scratch stays bounded whatever the head count); each
+ * group's rows are cut into blocks of LEV_BLOCK spread over the backend's pool in three phases
+ * (rotation and column sums; centring, sketch and the block's Gram matrix; the solve), with a phase
+ * of one unit per head between them (the mean and the packed sketch; the factor and its inverse). Every sum has
  * a fixed order, so the scores are the same bits on any thread count and rank count. The rotary
  * angles are computed once per row for every head at segment 0's positions and kept by the backend
  * for the next call at the same positions (the next layer). Scratch taken once per call from the
@@ -25,7 +26,8 @@
 
 #define LEV_MAX_DIM 1024
 #define LEV_MAX_K 256
-#define LEV_GROUP 2    /* KV heads whose buffers the scratch holds at once */
+#define LEV_GROUP 2    /* KV heads whose buffers the scratch holds at once, at least */
+#define LEV_GROUP_BYTES ((size_t)64 << 20) /* more heads at once while their buffers fit in this */
 #define LEV_BLOCK 126  /* rows of a unit of each phase: whole register tiles of the AVX-512 (14) and AVX2 (6) kernels */
 #define LEV_ROUND16(x) (((x) + 15) & ~(size_t)15)
 
@@ -37,14 +39,18 @@ typedef struct {
     float rope_scale;
     const ckv_gemm_arch *arch;
     float *rot;    // [n, 2 (d/2)] segment 0's rotary cos and sin per row (rope_angles; lev_angles)
-    float *pre;    // [LEV_GROUP, n, d] the group's pre-RoPE keys
-    double *psum;  // [LEV_GROUP, nb_rows, d] their column sums per block of rows, then [LEV_GROUP, d] means
-    float *bphi;   // [LEV_GROUP, pk_phi] each head's phi^T packed for the GEMM (ckv_gemm_pack_all)
-    float *x;      // [LEV_GROUP, n, k] the sketched centred rows X
-    float *part;   // [LEV_GROUP, nb_rows, k, k] X^T X of each block of rows
-    float *bw;     // [LEV_GROUP, pk_w] each head's inverse Cholesky factor packed for the GEMM
+    float *pre;    // [group, n, d] the group's pre-RoPE keys
+    double *psum;  // [group, nb_rows, d] their column sums per block of rows, then [group, d] means
+    float *bphi;   // [group, pk_phi] each head's phi^T packed for the GEMM (ckv_gemm_pack_all)
+    float *x;      // [group, n, k] the sketched centred rows X
+    float *part;   // [group, nb_rows, k, k] X^T X of each block of rows
+    float *bw;     // [group, pk_w] each head's inverse Cholesky factor packed for the GEMM
     float *wk;     // [threads, wk_floats] each worker's block buffers (lev_work_floats)
+    double *fac;   // [group, n_fac] each head's G [k, k], C [k, k] and col [k] (factor_units)
+    float *tw;     // [group, n_tw] each head's phi^T [k, d], then its C^-1 [k, k] (mean_units, factor_units)
+    int *bad;      // [group] 1 where a head's Gram matrix stayed indefinite (factor_units)
     size_t pk_phi, pk_w, wk_floats; /* floats of a packed phi^T and C^-1 (multiples of 16) and of a worker's buffers */
+    size_t n_fac, n_tw;            /* doubles and floats of a head's fac and tw (multiples of 16) */
     int nb_rows;   /* blocks of rows per head */
 } lev_job;
 
@@ -261,11 +267,14 @@ static void solve_units(void *ctx, int begin, int end, int tid) {
     }
 }
 
-/* The group's means (each head's block sums added in block order, over n) into psum's first d
- * entries per head, and each head's phi^T packed; on the calling thread. pt [k, d] is scratch. */
-static void lev_means(lev_job *jb, float *pt) {
+/* Unit (g): head g's mean (its block sums added in block order, over n) into psum's first d
+ * entries for the head, and its phi^T packed (through tw). */
+static void mean_units(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const lev_job *jb = ctx;
     const int d = jb->d, k = jb->k, nb = jb->nb_rows;
-    for (int g = 0; g < jb->nh; g++) {
+    for (int g = begin; g < end; g++) {
+        float *pt = jb->tw + (size_t)g * jb->n_tw;
         double *ps = jb->psum + (size_t)g * (size_t)nb * (size_t)d;
         for (int b = 1; b < nb; b++)
             for (int a = 0; a < d; a++) ps[a] += ps[(size_t)b * d + a];
@@ -305,13 +314,17 @@ static ckv_status lev_angles(ckv_backend *be, lev_job *jb) {
     return CKV_STATUS_OK;
 }
 
-/* The group's Gram matrices (each head's block parts added in double in block order), their
- * Cholesky factors (kvpress's jitter schedule: 1e-2, then x10 up to 100), inverted and packed for the
- * solve's GEMM, on the calling thread. G, C: [k, k] doubles; col [k]; W [k, k]. */
-static ckv_status lev_factor(lev_job *jb, double *G, double *C, double *col, float *W) {
+/* Unit (g): head g's Gram matrix (its block parts added in double in block order), its Cholesky
+ * factor (kvpress's jitter schedule: 1e-2, then x10 up to 100), inverted and packed for the solve's
+ * GEMM; bad[g] = 1 when no jitter made it positive definite. */
+static void factor_units(void *ctx, int begin, int end, int tid) {
+    (void)tid;
+    const lev_job *jb = ctx;
     const int k = jb->k, nb = jb->nb_rows;
     const size_t kk = (size_t)k * (size_t)k;
-    for (int g = 0; g < jb->nh; g++) {
+    for (int g = begin; g < end; g++) {
+        double *G = jb->fac + (size_t)g * jb->n_fac, *C = G + kk, *col = C + kk;
+        float *W = jb->tw + (size_t)g * jb->n_tw;
         const float *part = jb->part + (size_t)g * (size_t)nb * kk;
         for (size_t e = 0; e < kk; e++) G[e] = 0.0;
         for (int b = 0; b < nb; b++)
@@ -320,13 +333,11 @@ static ckv_status lev_factor(lev_job *jb, double *G, double *C, double *col, flo
         double jitter = 1e-2;
         int ok = 0;
         for (int tries = 0; tries < 5 && !(ok = cholesky(G, jitter, k, C)); tries++) jitter *= 10.0;
-        if (!ok)
-            return ckv_error(CKV_STATUS_ERR_NUMERIC, "evict_leverage: the sketched Gram matrix of KV head %d is not "
-                             "positive definite even with jitter 100", jb->g0 + g);
+        jb->bad[g] = !ok;
+        if (!ok) continue;
         invert_lower(C, k, col, W);
         ckv_gemm_pack_all(jb->arch, jb->bw + (size_t)g * jb->pk_w, W, k, k);
     }
-    return CKV_STATUS_OK;
 }
 
 ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *stats, const ckv_kv_batch *kv, int row0,
@@ -339,32 +350,40 @@ ckv_status ckv_cpu_evict_leverage(ckv_backend *be, float *out, int ld, double *s
     if (H < 1) return CKV_STATUS_OK;
     ckv_threadpool *pool = ckv_cpu_pool(be);
     const ckv_gemm_arch *arch = ckv_gemm_best_arch();
-    const size_t threads = (size_t)(pool ? ckv_threadpool_size(pool) : 1), gh = (size_t)(H < LEV_GROUP ? H : LEV_GROUP);
     const size_t nn = (size_t)n, dd = (size_t)d, kk = (size_t)k, nb = (size_t)ckv_cpu_blocks(nn, LEV_BLOCK);
-    const size_t wk = lev_work_floats(arch, d, k);
+    const size_t threads = (size_t)(pool ? ckv_threadpool_size(pool) : 1), wk = lev_work_floats(arch, d, k);
     const size_t pk_phi = LEV_ROUND16(ckv_gemm_packed_floats(arch, d, k)), pk_w = LEV_ROUND16(ckv_gemm_packed_floats(arch, k, k));
-    const size_t n_psum = LEV_ROUND16(gh * nb * dd), n_dbl = LEV_ROUND16(2 * kk * kk + kk); /* doubles first: aligned */
+    const size_t n_fac = LEV_ROUND16(2 * kk * kk + kk), n_tw = LEV_ROUND16(kk * (kk > dd ? kk : dd));
+    /* a head's share of the scratch, in bytes: its pre-RoPE keys, X, the block parts, the block sums */
+    const size_t head_b = (nn * dd + nn * kk + nb * kk * kk) * sizeof(float) + nb * dd * sizeof(double);
+    size_t gh = LEV_GROUP_BYTES / head_b;
+    gh = gh < LEV_GROUP ? LEV_GROUP : gh;
+    gh = gh > (size_t)H ? (size_t)H : gh;
+    const size_t n_psum = LEV_ROUND16(gh * nb * dd), n_dbl = gh * n_fac, n_bad = LEV_ROUND16(gh); /* doubles first: aligned */
     const size_t n_pre = LEV_ROUND16(gh * nn * dd), n_x = LEV_ROUND16(gh * nn * kk), n_part = LEV_ROUND16(gh * nb * kk * kk);
-    const size_t n_w = LEV_ROUND16(kk * (kk > dd ? kk : dd));
-    const size_t floats = n_pre + n_x + n_part + gh * (pk_phi + pk_w) + threads * wk + n_w;
+    const size_t floats = n_pre + n_x + n_part + gh * (pk_phi + pk_w + n_tw) + threads * wk;
     double *ws = NULL;
-    CKV_TRY(ckv_cpu_evict_scratch_raw(be, (n_psum + n_dbl) * sizeof(double) + floats * sizeof(float), (void **)&ws));
-    float *fs = (float *)(void *)(ws + n_psum + n_dbl);
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, (n_psum + n_dbl + n_bad) * sizeof(double) + floats * sizeof(float), (void **)&ws));
+    float *fs = (float *)(void *)(ws + n_psum + n_dbl + n_bad);
     lev_job jb = {.out = out, .ld = ld, .row0 = row0, .n = n, .k = k, .d = d, .kv = kv, .inv_freq = inv_freq,
-                  .phi = phi, .rope_scale = rope_scale, .arch = arch, .psum = ws, .pre = fs, .x = fs + n_pre,
-                  .part = fs + n_pre + n_x, .bphi = fs + n_pre + n_x + n_part,
-                  .bw = fs + n_pre + n_x + n_part + gh * pk_phi, .wk = fs + n_pre + n_x + n_part + gh * (pk_phi + pk_w),
-                  .pk_phi = pk_phi, .pk_w = pk_w, .wk_floats = wk, .nb_rows = (int)nb};
-    float *W = jb.wk + threads * wk; /* [k, max(k, d)]: phi^T of one head, then one inverse factor */
-    double *G = ws + n_psum;
+                  .phi = phi, .rope_scale = rope_scale, .arch = arch, .psum = ws, .fac = ws + n_psum,
+                  .bad = (int *)(void *)(ws + n_psum + n_dbl), .pre = fs, .x = fs + n_pre, .part = fs + n_pre + n_x,
+                  .bphi = fs + n_pre + n_x + n_part, .bw = fs + n_pre + n_x + n_part + gh * pk_phi,
+                  .tw = fs + n_pre + n_x + n_part + gh * (pk_phi + pk_w),
+                  .wk = fs + n_pre + n_x + n_part + gh * (pk_phi + pk_w + n_tw), .pk_phi = pk_phi, .pk_w = pk_w,
+                  .wk_floats = wk, .n_fac = n_fac, .n_tw = n_tw, .nb_rows = (int)nb};
     CKV_TRY(lev_angles(be, &jb));
     for (int g0 = 0; g0 < H; g0 += (int)gh) {
         jb.g0 = g0;
         jb.nh = H - g0 < (int)gh ? H - g0 : (int)gh;
         lev_run(be, jb.nh * jb.nb_rows, rotate_units, &jb);
-        lev_means(&jb, W);
+        lev_run(be, jb.nh, mean_units, &jb);
         lev_run(be, jb.nh * jb.nb_rows, sketch_units, &jb);
-        CKV_TRY(lev_factor(&jb, G, G + kk * kk, G + 2 * kk * kk, W));
+        lev_run(be, jb.nh, factor_units, &jb);
+        for (int g = 0; g < jb.nh; g++)
+            if (jb.bad[g])
+                return ckv_error(CKV_STATUS_ERR_NUMERIC, "evict_leverage: the sketched Gram matrix of KV head %d is "
+                                 "not positive definite even with jitter 100", g0 + g);
         lev_run(be, jb.nh * jb.nb_rows, solve_units, &jb);
     }
     for (int g = 0; g < H; g++) {
