@@ -110,6 +110,11 @@ typedef enum { CKV_EVICT_FILL_VALUE = 0, CKV_EVICT_FILL_INDEX } ckv_evict_fill_k
 typedef enum { CKV_EVICT_LAGKV_RANK = 0, CKV_EVICT_LAGKV_CROSS } ckv_evict_lagkv_score;
 /* evict_cur's row score: key norms, value norms, their mean, or their product (kvpress leverage_type). */
 typedef enum { CKV_EVICT_CUR_KEYS = 0, CKV_EVICT_CUR_VALUES, CKV_EVICT_CUR_MEAN, CKV_EVICT_CUR_PRODUCT } ckv_evict_cur_kind;
+/* A "lane sum" over a row's d channels (evict_row_norm, evict_keydiff, evict_lagkv, evict_cur): the
+ * terms in double, CKV_EVICT_LANES partial sums, lane l adding the terms of channels l, l + 8, l + 16,
+ * ... in ascending order, then the lanes added as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+ * One fixed order on every backend and thread count; a CPU computes the lanes as one vector. */
+enum { CKV_EVICT_LANES = 8 };
 
 /* The attention of a block of context query rows to one sequence's segments: the inputs of
  * evict_attn_colsum, evict_attn_probs and evict_chunk_colsum. Query i sits at context row
@@ -342,8 +347,8 @@ typedef struct {
                            int head0, int group);
     /* x[i] = x[i] / div in fp32.   x [n] */
     void (*evict_div)(ckv_backend *be, float *x, size_t n, float div);
-    /* out[g * ld + t] = sign * (float)sqrt(sum_a (double)x[a]^2), x = row t of segment g's keys (or
-     * its values with CKV_EVICT_VALUES), read in the batch's dtype.   g < n_kv_heads, t < n_rows */
+    /* out[g * ld + t] = sign * (float)sqrt(sum_a (double)x[a]^2) (a lane sum), x = row t of segment g's
+     * keys (or its values with CKV_EVICT_VALUES), read in the batch's dtype.   g < n_kv_heads, t < n_rows */
     void (*evict_row_norm)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows,
                            ckv_evict_kv_part values, float sign);
     /* out[r * ld + t] = (s[r * ld + t] + eps) * m[r * ld + t] in fp32 (out may be s or m).   r < rows, t < n */
@@ -411,15 +416,17 @@ typedef struct {
      * inv = (float)(1 / sum); dst[t] += x[t] * inv in fp32.   x, dst [n], n >= 1 */
     void (*evict_softmax_add)(ckv_backend *be, float *dst, float *x, int n);
     /* KeyDiff (kvpress KeyDiffPress): per segment g, the anchor a = mean over rows t < n_rows of
-     * k_t / max(||k_t||_2, 1e-12), then out[g * ld + t] = (float)(-(k_t . a) / (max(||k_t||, 1e-8) *
-     * max(||a||, 1e-8))), everything in double from the keys read in the batch's dtype.
+     * k_t * (1 / max(||k_t||_2, 1e-12)), then out[g * ld + t] = (float)(-(k_t . a) / (max(||k_t||, 1e-8) *
+     * max(||a||, 1e-8))), everything in double from the keys read in the batch's dtype; ||k_t||^2 and
+     * k_t . a are lane sums.
      * out [n_kv_heads, ld]; errors when head_dim > 1024. Family CKV_BACKEND_CAP_KEYDIFF. */
     ckv_status (*evict_keydiff)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows);
     /* LagKV (kvpress LagKVPress) on n_rows rows, per segment g, lag = lag_size. When n_rows < n_sink +
      * 2 lag: out[t] = (t - n_sink) / (n_rows - n_sink) for t >= n_sink. Else the P = (n_rows - n_sink) / lag
      * partitions from row n_sink: for partition p < P - 1 and x = keys (then values), with lo[a], hi[a]
      * the min and max of channel a over partition p + 1, s_t = the unbiased standard deviation over a
-     * of (x_t[a] - lo[a]) / (hi[a] - lo[a]) (fp32 differences and quotient, the rest in double), then
+     * of (x_t[a] - lo[a]) / (hi[a] - lo[a]) (fp32 differences and quotient, the rest in double; its
+     * mean and its squared deviations from the mean lane sums), then
      * the softmax of s over the partition's rows; r_t = (r_keys + r_values) / 2; out[t] = r_t when
      * score CROSS, else (RANK) (the number of rows u of the partition with r_u < r_t, or r_u == r_t and
      * u < t) / lag.
@@ -432,7 +439,8 @@ typedef struct {
      * v2_t = ||v_t||^2; when window > 0 each is divided by its sum over the window of `window` rows
      * holding t (windows start at row 0; the last may be short); s_t = k2_t (KEYS), v2_t (VALUES),
      * (k2_t + v2_t) / 2 (MEAN) or k2_t * v2_t (PRODUCT); out[t] = (float)(s_t / sum over all rows of s),
-     * everything in double from the rows read in the batch's dtype; rows t < n_sink get 1 (kvpress's
+     * everything in double from the rows read in the batch's dtype (k2_t, v2_t: lane sums, then
+     * sqrt and squared); rows t < n_sink get 1 (kvpress's
      * sink score; every other score is at most 1). out [n_kv_heads, ld]. Family CKV_BACKEND_CAP_CUR. */
     ckv_status (*evict_cur)(ckv_backend *be, float *out, int ld, const ckv_kv_batch *kv, int n_rows, int n_sink,
                             ckv_evict_cur_kind kind, int window);

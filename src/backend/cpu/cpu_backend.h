@@ -47,8 +47,8 @@ ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p);
 ckv_status ckv_cpu_grow(void **buf, size_t *cap, size_t bytes, const char *what);
 /* The same scratch not zeroed (what a previous op left): for an op that writes every byte it reads. */
 ckv_status ckv_cpu_evict_scratch_raw(ckv_backend *be, size_t bytes, void **p);
-/* ss[t] = sum over a < d of (double)x_t[a]^2, in channel order, for n rows x_t of x [n, d] fp32 (rows
- * interleaved four at a time: the same sums, faster). */
+/* ss[t] = sum over a < d of (double)x_t[a]^2, a lane sum (backend.h, cpu_lanes.h), for n rows x_t of
+ * x [n, d] fp32. */
 void ckv_cpu_sumsq_rows(double *ss, const float *x, int n, int d);
 /* The most workers whose private workspaces an op keeps on its stack (more threads share them out). */
 #define CKV_CPU_MAX_TASK_WORKERS 256

@@ -5,12 +5,14 @@
  * backend's pool takes units, KV heads or LagKV's KV heads x partitions, each unit computed by one
  * thread in the order one thread computes it, so scores do not depend on the thread count). KeyDiff
  * and CUR run over (KV head, row block) units in two passes, their whole-segment sums added from
- * per-block partial sums in block order. Double accumulation, rows converted from the cache
+ * per-block partial sums in block order. Sums over channels are lane sums (backend.h, cpu_lanes.h)
+ * in double, over rows in double in row order; rows converted from the cache
  * dtype through fixed buffers; scratch from the backend's eviction scratch. It scores only; selection is
  * evict_topk's. */
 #include <math.h>
 
 #include "cpu_backend.h"
+#include "cpu_lanes.h"
 
 #define KEYS_MAX_DIM 1024
 
@@ -96,8 +98,8 @@ static void keydiff_units(void *ctx, int u0, int u1, int tid) {
                 ckv_cpu_sumsq_rows(norm + t, k, nr, d);
                 for (int i = 0; i < nr; i++) {
                     norm[t + i] = sqrt(norm[t + i]);
-                    const double n = fmax(norm[t + i], 1e-12);
-                    for (int a = 0; a < d; a++) part[a] += (double)k[(size_t)i * d + a] / n;
+                    const double inv = 1.0 / fmax(norm[t + i], 1e-12);
+                    for (int a = 0; a < d; a++) part[a] += (double)k[(size_t)i * d + a] * inv;
                 }
             }
             continue;
@@ -116,9 +118,10 @@ static void keydiff_units(void *ctx, int u0, int u1, int tid) {
         for (int t = t0; t < t1; t += CONV_ROWS) { /* -F.cosine_similarity(keys, anchor) */
             const int nr = t1 - t < CONV_ROWS ? t1 - t : CONV_ROWS;
             const float *k = seg_rows(kv, g, t, nr, 0, buf);
-            double dot[CONV_ROWS] = {0.0};
-            for (int a = 0; a < d; a++)
-                for (int i = 0; i < nr; i++) dot[i] += (double)k[(size_t)i * d + a] * anchor[a];
+            const float *rows[CKV_CPU_LANE_ROWS];
+            double dot[CKV_CPU_LANE_ROWS];
+            ckv_cpu_lane_rows_of(rows, k, (size_t)d, nr);
+            ckv_cpu_lanes_dot(dot, rows, anchor, d);
             for (int i = 0; i < nr; i++) dst[t + i] = (float)(-dot[i] / (fmax(norm[t + i], 1e-8) * an));
         }
     }
@@ -139,38 +142,65 @@ ckv_status ckv_cpu_evict_keydiff(ckv_backend *be, float *out, int ld, const ckv_
 }
 
 /* LagKV's softmax-normalised spread of partition rows t0 .. t0 + lag - 1 of segment g against the
- * channel range of the next partition, added (times 0.5) into r[lag]. Each row is normalised once
- * into z (float, as the sums read it), then summed in channel order; LAG_ROWS rows at a time, each
- * row's sums their own chains (the same sums, overlapped by the core). */
-enum { LAG_ROWS = 4 };
+ * channel range of the next partition, added (times 0.5) into r[lag]. LAG_ROWS rows at a time are
+ * normalised into z (fp32, as the sums read it), their means and deviations lane sums of z while z
+ * is in L1. */
+enum { LAG_ROWS = CKV_CPU_LANE_ROWS };
 
-static void lag_spread(const ckv_kv_batch *kv, int g, int t0, int lag, int values, float *buf, float *lo, float *hi,
-                       float *z, double *s, double *r) {
+/* lo[a] and rng[a] = hi[a] - lo[a] over rows t0 .. t0 + n - 1 of segment g (n >= 1). With AVX-512
+ * and an fp32 cache, 64 channels at a time in registers down the rows (vminps / vmaxps: the same
+ * x < lo ? x : lo as the loop below). */
+static void lag_range(const ckv_kv_batch *kv, int g, int t0, int n, int values, float *buf, float *lo, float *rng) {
     const int d = kv->head_dim;
-    const float *x0 = seg_rows(kv, g, t0 + lag, 1, values, buf);
-    for (int a = 0; a < d; a++) lo[a] = hi[a] = x0[a];
-    for (int t = t0 + lag + 1; t < t0 + 2 * lag; t++) {
+    int a0 = 0;
+#if defined(__AVX512F__) && defined(__AVX512VL__) /* cpu_lanes.h's immintrin.h */
+    if (kv->dtype == CKV_DTYPE_F32) {
+        const float *x = seg_rows(kv, g, t0, n, values, buf); // [n, d]
+        for (; a0 + 64 <= d; a0 += 64) {
+            __m512 l[4], h[4];
+            for (int c = 0; c < 4; c++) l[c] = h[c] = _mm512_loadu_ps(x + a0 + 16 * c);
+            for (int t = 1; t < n; t++)
+                for (int c = 0; c < 4; c++) {
+                    const __m512 v = _mm512_loadu_ps(x + (size_t)t * d + a0 + 16 * c);
+                    l[c] = _mm512_min_ps(v, l[c]);
+                    h[c] = _mm512_max_ps(v, h[c]);
+                }
+            for (int c = 0; c < 4; c++) {
+                _mm512_storeu_ps(lo + a0 + 16 * c, l[c]);
+                _mm512_storeu_ps(rng + a0 + 16 * c, _mm512_sub_ps(h[c], l[c]));
+            }
+        }
+        if (a0 == d) return;
+    }
+#endif
+    const float *x0 = seg_rows(kv, g, t0, 1, values, buf);
+    for (int a = a0; a < d; a++) lo[a] = rng[a] = x0[a]; /* rng: the max, then hi - lo */
+    for (int t = t0 + 1; t < t0 + n; t++) {
         const float *x = seg_rows(kv, g, t, 1, values, buf);
-        for (int a = 0; a < d; a++) {
+        for (int a = a0; a < d; a++) {
             lo[a] = x[a] < lo[a] ? x[a] : lo[a];
-            hi[a] = x[a] > hi[a] ? x[a] : hi[a];
+            rng[a] = x[a] > rng[a] ? x[a] : rng[a];
         }
     }
+    for (int a = a0; a < d; a++) rng[a] -= lo[a];
+}
+
+static void lag_spread(const ckv_kv_batch *kv, int g, int t0, int lag, int values, float *buf, float *lo, float *rng,
+                       float *z, double *s, double *r) {
+    const int d = kv->head_dim;
+    lag_range(kv, g, t0 + lag, lag, values, buf, lo, rng);
     double mx = -INFINITY;
     for (int i0 = 0; i0 < lag; i0 += LAG_ROWS) {
         const int nr = lag - i0 < LAG_ROWS ? lag - i0 : LAG_ROWS;
         const float *x = seg_rows(kv, g, t0 + i0, nr, values, buf); // [nr, d]
         for (int i = 0; i < nr; i++)
-            for (int a = 0; a < d; a++) z[(size_t)i * d + a] = (x[(size_t)i * d + a] - lo[a]) / (hi[a] - lo[a]);
-        double mean[LAG_ROWS] = {0.0}, var[LAG_ROWS] = {0.0};
-        for (int a = 0; a < d; a++)
-            for (int i = 0; i < nr; i++) mean[i] += (double)z[(size_t)i * d + a];
-        for (int i = 0; i < nr; i++) mean[i] /= (double)d;
-        for (int a = 0; a < d; a++)
-            for (int i = 0; i < nr; i++) {
-                const double e = (double)z[(size_t)i * d + a] - mean[i];
-                var[i] += e * e;
-            }
+            for (int a = 0; a < d; a++) z[(size_t)i * d + a] = (x[(size_t)i * d + a] - lo[a]) / rng[a];
+        const float *rows[LAG_ROWS];
+        double mean[LAG_ROWS], var[LAG_ROWS];
+        ckv_cpu_lane_rows_of(rows, z, (size_t)d, nr);
+        ckv_cpu_lanes_sum(mean, rows, d);
+        for (int i = 0; i < LAG_ROWS; i++) mean[i] /= (double)d;
+        ckv_cpu_lanes_sqdev(var, rows, mean, d);
         for (int i = 0; i < nr; i++) {
             s[i0 + i] = d > 1 ? sqrt(var[i] / (double)(d - 1)) : NAN; /* torch.std: unbiased */
             if (s[i0 + i] > mx) mx = s[i0 + i];
@@ -192,19 +222,22 @@ static ckv_status lagkv_unit(void *ctx, int u, void *scratch) {
     const lagkv_job *jb = ctx;
     const int lag = jb->lag, P = (jb->n_rows - jb->n_sink) / lag, g = u / (P - 1), p = u % (P - 1);
     double *s = scratch, *r = s + lag; // [lag] each
-    float buf[LAG_ROWS * KEYS_MAX_DIM], lo[KEYS_MAX_DIM], hi[KEYS_MAX_DIM], z[LAG_ROWS * KEYS_MAX_DIM];
+    float buf[LAG_ROWS * KEYS_MAX_DIM], lo[KEYS_MAX_DIM], rng[KEYS_MAX_DIM], z[LAG_ROWS * KEYS_MAX_DIM];
     float *dst = jb->out + (size_t)g * (size_t)jb->ld;
     const int t0 = jb->n_sink + p * lag;
     for (int i = 0; i < lag; i++) r[i] = 0.0;
-    lag_spread(jb->kv, g, t0, lag, 0, buf, lo, hi, z, s, r);
-    lag_spread(jb->kv, g, t0, lag, 1, buf, lo, hi, z, s, r);
+    lag_spread(jb->kv, g, t0, lag, 0, buf, lo, rng, z, s, r);
+    lag_spread(jb->kv, g, t0, lag, 1, buf, lo, rng, z, s, r);
     for (int i = 0; i < lag; i++) {
         if (jb->cross) {
             dst[t0 + i] = (float)r[i];
             continue;
         }
-        int rank = 0; /* argsort of argsort: the row's place in ascending order */
-        for (int u2 = 0; u2 < lag; u2++) rank += r[u2] < r[i] || (r[u2] == r[i] && u2 < i);
+        /* argsort of argsort: the row's place in ascending order, rows below it then the equal ones before it */
+        const double ri = r[i];
+        int rank = 0;
+        for (int u2 = 0; u2 < lag; u2++) rank += r[u2] < ri;
+        for (int u2 = 0; u2 < i; u2++) rank += r[u2] == ri;
         dst[t0 + i] = (float)rank / (float)lag;
     }
     return CKV_STATUS_OK;
@@ -218,14 +251,15 @@ ckv_status ckv_cpu_evict_lagkv(ckv_backend *be, float *out, int ld, const ckv_kv
         return ckv_error(CKV_STATUS_ERR_UNSUPPORTED, "evict_lagkv: head_dim %d outside 1..%d", d, KEYS_MAX_DIM);
     if (n_sink < 0 || lag < 1 || n_rows <= n_sink)
         return ckv_error(CKV_STATUS_ERR_ARG, "evict_lagkv: %d rows, %d sinks, lag %d", n_rows, n_sink, lag);
-    for (int g = 0; g < kv->n_kv_heads; g++) /* sinks and the unscored tail: 1 */
-        for (int t = 0; t < n_rows; t++) out[(size_t)g * (size_t)ld + t] = 1.0f;
-    if (n_rows < n_sink + 2 * lag) { /* kvpress: no compression, the most recent rows rank highest */
-        for (int g = 0; g < kv->n_kv_heads; g++)
-            for (int t = n_sink; t < n_rows; t++)
-                out[(size_t)g * (size_t)ld + t] = (float)(t - n_sink) / (float)(n_rows - n_sink);
-        return CKV_STATUS_OK;
+    /* sinks and the unscored tail: 1; when n_rows < n_sink + 2 lag (kvpress: no compression) the most
+     * recent rows rank highest */
+    const int ramp = n_rows < n_sink + 2 * lag, scored_end = ramp ? n_sink : n_sink + ((n_rows - n_sink) / lag - 1) * lag;
+    for (int g = 0; g < kv->n_kv_heads; g++) {
+        float *o = out + (size_t)g * (size_t)ld;
+        for (int t = 0; t < n_sink; t++) o[t] = 1.0f;
+        for (int t = scored_end; t < n_rows; t++) o[t] = ramp ? (float)(t - n_sink) / (float)(n_rows - n_sink) : 1.0f;
     }
+    if (ramp) return CKV_STATUS_OK;
     lagkv_job jb = {out, ld, n_rows, n_sink, lag, cross, kv};
     const int units = kv->n_kv_heads * ((n_rows - n_sink) / lag - 1); /* KV heads x scored partitions */
     return ckv_cpu_evict_heads(be, units, 2 * (size_t)lag * sizeof(double), lagkv_unit, &jb);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "cpu_backend.h"
+#include "cpu_lanes.h"
 
 void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
                                  int n, double denom, ckv_evict_denom minus_col) {
@@ -62,7 +63,7 @@ void ckv_cpu_evict_div(ckv_backend *be, float *x, size_t n, float div) {
 }
 
 /* Rows of one row_norm unit: units are (segment, block of NORM_BLOCK rows), over the backend's
- * threads; each row's sum runs in channel order whatever unit or thread computes it. */
+ * threads; each row's sum is its lane sum (backend.h) whatever unit or thread computes it. */
 enum { NORM_BLOCK = 256, NORM_ROWS = 8 };
 
 typedef struct {
@@ -74,26 +75,13 @@ typedef struct {
 } row_norm_job;
 
 void ckv_cpu_sumsq_rows(double *ss, const float *x, int n, int d) {
-    int t = 0;
-    for (; t + 4 <= n; t += 4) { /* four independent chains the core overlaps */
-        const float *x0 = x + (size_t)t * (size_t)d, *x1 = x0 + d, *x2 = x1 + d, *x3 = x2 + d;
-        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-        for (int a = 0; a < d; a++) {
-            s0 += (double)x0[a] * (double)x0[a];
-            s1 += (double)x1[a] * (double)x1[a];
-            s2 += (double)x2[a] * (double)x2[a];
-            s3 += (double)x3[a] * (double)x3[a];
-        }
-        ss[t] = s0;
-        ss[t + 1] = s1;
-        ss[t + 2] = s2;
-        ss[t + 3] = s3;
-    }
-    for (; t < n; t++) {
-        const float *xt = x + (size_t)t * (size_t)d;
-        double s0 = 0.0;
-        for (int a = 0; a < d; a++) s0 += (double)xt[a] * (double)xt[a];
-        ss[t] = s0;
+    for (int t = 0; t < n; t += CKV_CPU_LANE_ROWS) {
+        const int nr = n - t < CKV_CPU_LANE_ROWS ? n - t : CKV_CPU_LANE_ROWS;
+        const float *rows[CKV_CPU_LANE_ROWS];
+        double o[CKV_CPU_LANE_ROWS];
+        ckv_cpu_lane_rows_of(rows, x + (size_t)t * (size_t)d, (size_t)d, nr);
+        ckv_cpu_lanes_sumsq(o, rows, d);
+        for (int i = 0; i < nr; i++) ss[t + i] = o[i];
     }
 }
 
@@ -130,13 +118,13 @@ static void row_norm_units(void *ctx, int u0, int u1, int tid) {
             }
         } else {
             for (int t = t0; t < t1; t++) {
-                double ss = 0.0;
-                for (int a0 = 0; a0 < d; a0 += 512) { /* fp32 conversion in pieces of a fixed buffer */
+                double l[CKV_CPU_LANES] = {0.0};
+                for (int a0 = 0; a0 < d; a0 += 512) { /* fp32 conversion in pieces of a fixed buffer (512: whole lanes) */
                     const int na = d - a0 < 512 ? d - a0 : 512;
                     ckv_convert_to_f32(buf, base + (size_t)t * rowb + (size_t)a0 * es, kv->dtype, (size_t)na);
-                    for (int a = 0; a < na; a++) ss += (double)buf[a] * (double)buf[a];
+                    for (int a = 0; a < na; a++) l[a % CKV_CPU_LANES] += (double)buf[a] * (double)buf[a];
                 }
-                dst[t] = jb->sign * (float)sqrt(ss);
+                dst[t] = jb->sign * (float)sqrt(ckv_cpu_lanes_total(l));
             }
         }
     }

@@ -56,12 +56,8 @@ __global__ void row_norm_kernel(float *out, int ld, ckv_kv_batch kv, int n_rows,
     const ckv_kv_seg *sg = &kv.segs[0][g];
     const T *base = (const T *)(values ? sg->v : sg->k);
     for (int t = (int)(blockIdx.x * blockDim.x + threadIdx.x); t < n_rows; t += (int)(gridDim.x * blockDim.x)) {
-        double ss = 0.0; /* a ascending in double, as the CPU */
-        for (int a = 0; a < d; a++) {
-            const double v = (double)ld_f32(base, (size_t)t * d + a);
-            ss += v * v;
-        }
-        out[(size_t)g * ld + t] = sign * (float)sqrt(ss);
+        const auto x = [&](int a) { return (double)ld_f32(base, (size_t)t * d + a); };
+        out[(size_t)g * ld + t] = sign * (float)sqrt(lane_sum(d, x, x)); /* the CPU's lane sum */
     }
 }
 

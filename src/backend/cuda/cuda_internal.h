@@ -163,6 +163,20 @@ template <> struct row_chunk<float> {
     }
 };
 
+/* One thread's lane sum (backend.h) over a row's d channels: sum over a < d of fx(a) * fy(a) in
+ * double, each lane's terms added by fma in channel order, then the lanes' fixed tree, as the CPU's
+ * vector lanes (cpu/cpu_lanes.h). A plain sum passes fy = 1 (fma(x, 1, l) is x + l). */
+template <typename FX, typename FY> __device__ __forceinline__ double lane_sum(int d, FX fx, FY fy) {
+    double l[CKV_EVICT_LANES];
+CKV_UNROLL
+    for (int i = 0; i < CKV_EVICT_LANES; i++) l[i] = 0.0;
+    for (int a0 = 0; a0 < d; a0 += CKV_EVICT_LANES)
+CKV_UNROLL
+        for (int i = 0; i < CKV_EVICT_LANES; i++)
+            if (a0 + i < d) l[i] = fma(fx(a0 + i), fy(a0 + i), l[i]);
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
 /* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread must call it and
  * gets the total. red: [32] shared scratch. */
 template <typename T> __device__ __forceinline__ T block_sum(T v, T *red) {

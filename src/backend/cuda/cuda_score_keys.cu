@@ -3,7 +3,7 @@
  * keys and values only: no queries, no attention weights, nothing of size L x L. LagKV is one block
  * per (partition, KV head) after a fill of the unscored rows, every sum in the CPU's order
  * (cpu/cpu_evict_keys.c). KeyDiff and CUR are three launches over the layer's segments: squared
- * row norms in double (one thread per row, channels ascending, as the CPU), a per-head pass (KeyDiff's anchor: one thread per channel,
+ * row norms in double (one thread per row, the CPU's lane sums), a per-head pass (KeyDiff's anchor: one thread per channel,
  * rows ascending; CUR's window sums and its combination), and the per-row scores. The per-row
  * arithmetic equals the CPU's; the context-wide sums of CUR and KeyDiff's anchor norm are reduced
  * in another order (double), so scores agree with the CPU's to double rounding before the fp32
@@ -25,12 +25,8 @@ template <typename T> __global__ void sq_norm_kernel(double *sq, ckv_kv_batch kv
     const T *base = (const T *)(values ? sg->v : sg->k);
     double *dst = sq + ((size_t)values * (size_t)kv.n_kv_heads + (size_t)g) * (size_t)n_rows;
     for (int t = (int)(blockIdx.x * blockDim.x + threadIdx.x); t < n_rows; t += (int)(gridDim.x * blockDim.x)) {
-        double ss = 0.0;
-        for (int a = 0; a < d; a++) {
-            const double v = (double)ld_f32(base, (size_t)t * d + a);
-            ss += v * v;
-        }
-        dst[t] = ss;
+        const auto x = [&](int a) { return (double)ld_f32(base, (size_t)t * d + a); };
+        dst[t] = lane_sum(d, x, x);
     }
 }
 
@@ -43,7 +39,7 @@ template <typename T> __global__ void keydiff_anchor_kernel(double *anchor, cons
     double *an = anchor + (size_t)g * (size_t)(d + 1);
     for (int a = (int)threadIdx.x; a < d; a += (int)blockDim.x) {
         double s = 0.0;
-        for (int t = 0; t < n_rows; t++) s += (double)ld_f32(k, (size_t)t * d + a) / fmax(sqrt(sg[t]), 1e-12);
+        for (int t = 0; t < n_rows; t++) s += (double)ld_f32(k, (size_t)t * d + a) * (1.0 / fmax(sqrt(sg[t]), 1e-12));
         an[a] = s / (double)n_rows;
     }
     __syncthreads();
@@ -62,8 +58,8 @@ __global__ void keydiff_score_kernel(float *out, int ld, const double *anchor, c
     const T *k = (const T *)kv.segs[0][g].k;
     const double *an = anchor + (size_t)g * (size_t)(d + 1);
     for (int t = (int)(blockIdx.x * blockDim.x + threadIdx.x); t < n_rows; t += (int)(gridDim.x * blockDim.x)) {
-        double dot = 0.0;
-        for (int a = 0; a < d; a++) dot += (double)ld_f32(k, (size_t)t * d + a) * an[a];
+        const double dot = lane_sum(d, [&](int a) { return (double)ld_f32(k, (size_t)t * d + a); },
+                                    [&](int a) { return an[a]; });
         out[(size_t)g * ld + t] = (float)(-dot / (fmax(sqrt(sq[(size_t)g * n_rows + t]), 1e-8) * an[d]));
     }
 }
@@ -107,7 +103,7 @@ __global__ void lagkv_fill_kernel(float *out, int ld, int n_rows, int n_sink, in
 
 /* LagKV on partition p (rows t0 = n_sink + p lag .. + lag) of segment g against the channel range of
  * partition p + 1, keys then values, as the CPU reference: lo/hi one thread per channel; each row's
- * spread one thread per row, channels ascending (fp32 quotient, double sums); the softmax's max and
+ * spread one thread per row, lane sums (fp32 quotient, double sums); the softmax's max and
  * sum by thread 0 rows ascending; the rank one thread per row. sr: [n_kv, P - 1, 2, lag] spreads
  * then scores. grid (P - 1, n_kv), block THREADS */
 template <typename T>
@@ -131,13 +127,10 @@ __global__ void lagkv_kernel(float *out, int ld, double *sr, ckv_kv_batch kv, in
         __syncthreads();
         for (int i = tid; i < lag; i += (int)blockDim.x) {
             const size_t row = (size_t)(t0 + i) * d;
-            double mean = 0.0, var = 0.0;
-            for (int a = 0; a < d; a++) mean += (double)((ld_f32(x, row + a) - lo[a]) / (hi[a] - lo[a]));
-            mean /= (double)d;
-            for (int a = 0; a < d; a++) {
-                const double e = (double)((ld_f32(x, row + a) - lo[a]) / (hi[a] - lo[a])) - mean;
-                var += e * e;
-            }
+            const auto z = [&](int a) { return (double)((ld_f32(x, row + a) - lo[a]) / (hi[a] - lo[a])); };
+            const double mean = lane_sum(d, z, [](int) { return 1.0; }) / (double)d;
+            const auto e = [&](int a) { return z(a) - mean; };
+            const double var = lane_sum(d, e, e);
             s[i] = d > 1 ? sqrt(var / (double)(d - 1)) : (double)NAN; /* torch.std: unbiased */
         }
         __syncthreads();
