@@ -21,7 +21,7 @@ The floor is a roofline: the larger of two times, each as a share of TTFT, t / (
     (tools/bench/read_bw.c, THREADS threads summing 1 GiB, best of 5 passes, run before every ckv run
     and after the last; the median is used): the scoring's one read of the cache it scores (keys, over
     all L rows of every layer's KV heads; values too for the presses that read them: the value-norm
-    wrappers below, defensivekv, layer_defensivekv, kvzip's replay) plus the compaction's read and write
+    wrappers below, defensivekv, layer_defensivekv, lagkv's and cur's value statistics, kvzip's replay) plus the compaction's read and write
     of the kept rows' keys and values (2 x 2 x kept x Hkv x d x 4 bytes per layer; 4: the CPU cache's
     default f32, which these ckv runs use). Writes are priced at the read bandwidth.
 streaming_llm and random have no FLOP floor, only the compaction's bytes. "share / floor" is how far
@@ -30,7 +30,9 @@ the measured eviction share (selection and compaction included) is from the bind
 Floors per layer, multiply-adds (L tokens, D hidden, H query heads, Hkv KV heads, d head_dim, w the
 window, k = 48), from what each scorer reads and computes (docs/presses.md, docs/benchmarks.md):
   snapkv, pyramidkv (w 64), snapkv_paper, defensivekv, layer_defensivekv (w 32), tova (w 1):
-                     w D H d + w L H d        (the window's queries, their logits on every key)
+                     w L H d                  (the window's logits on every key; the window's queries are the
+                     forward's own, which the scorers take from the prefill, so their q_proj w D H d is
+                     not the press's work)
   observed_attention L D H d + L^2 H d / 2
   expected_attention L D H d + 1.5 L H d^2    (queries, their moments, the covariance term per key)
   knorm L d Hkv; keydiff 3 L d Hkv; lagkv 8 L d Hkv; cur 2 L d Hkv; leverage (2 L d k + L k^2) Hkv
@@ -66,6 +68,7 @@ from bench_llamacpp import read_bandwidth
 
 WINDOW = {"snapkv": 64, "pyramidkv": 64, "snapkv_paper": 32, "defensivekv": 32, "layer_defensivekv": 32, "tova": 1}
 NO_FLOOR = ("streaming_llm", "random")
+READS_V = ("kvzip", "lagkv", "cur")  # scorers that read the values too, without value norms' FLOPs
 # 1: value norms; chunkkv ranks chunk means (L Hkv additions: no floor of its own); key_rerotation: below
 WRAPPERS = {"critical": 1, "critical_adakv": 1, "critical_headkv": 1, "adakv": 0, "headkv": 0, "chunkkv": 0,
             "key_rerotation": 0}
@@ -99,7 +102,7 @@ def floor_mac(press: str, L: int, sh: dict, opts: dict | None = None) -> int | N
         die(f"--presses: no FLOP floor for wrapper '{wrapper}' (known: {', '.join(WRAPPERS)})")
     if base in WINDOW:
         w = WINDOW[base]
-        mac = w * D * H * d + w * L * H * d
+        mac = w * L * H * d
     elif base == "observed_attention":
         mac = L * D * H * d + L * L * H * d // 2
     elif base == "expected_attention":
@@ -134,7 +137,7 @@ def floor_bytes(press: str, L: int, kept: int, sh: dict) -> int:
     read and written by the compaction (KV_BYTES each element)."""
     base = press.rpartition(":")[2]
     row = sh["kv"] * sh["d"] * KV_BYTES  # one position of one layer's K (or V), all KV heads
-    scored = 0 if base in NO_FLOOR else (2 if reads_values(press) or base == "kvzip" else 1) * L * row
+    scored = 0 if base in NO_FLOOR else (2 if reads_values(press) or base in READS_V else 1) * L * row
     return (scored + 2 * 2 * kept * row) * sh["layers"]
 
 
