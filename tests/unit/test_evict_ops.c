@@ -400,6 +400,21 @@ static void check_topk(ckv_backend *be) {
     CHECK_FAILS(be->ops->evict_topk(be, idx, LD, s, LD, R, N, bad), CKV_STATUS_ERR_ARG, "top-38 of 37");
 }
 
+/* Kept rows idx [rows, n] of s [rows, n]: k[r] ascending indices of row r, each ranked below k[r] by
+ * before(); the first wrong one and the count per row are printed. */
+static void check_kept(const char *what, const float *s, const int32_t *idx, int rows, int n, const int32_t *k) {
+    for (int r = 0; r < rows; r++) {
+        int bad = 0, first = -1;
+        for (int i = 0; i < k[r]; i++) {
+            const int32_t j = idx[(size_t)r * n + i];
+            const int ok = j >= 0 && j < n && (!i || j > idx[(size_t)r * n + i - 1]) && before(s + (size_t)r * n, n, j) < k[r];
+            if (!ok && first < 0) first = i;
+            bad += !ok;
+        }
+        CHECK_MSG(!bad, "topk %s row %d (k %d): %d of the kept indices wrong, first at %d", what, r, k[r], bad, first);
+    }
+}
+
 /* Rows long enough for every byte of the selection's keys to matter: values that share their high
  * bytes, -0 beside +0, subnormals, NaNs and infinities, ties across the whole row; kept sets against the
  * tie rule's rank (before()). */
@@ -413,16 +428,7 @@ static void check_topk_long(ckv_backend *be) {
     for (int i = 0; i < N; i += 7) s[2 * N + i] = (float)ckv_test_rng_double(&rng); /* distinct values too */
     const int32_t k[R] = {1, 1900, N - 1}; /* 1900: inside the run of zeros, whose signs must tie */
     CHECK_OK(be->ops->evict_topk(be, idx, N, s, N, R, N, k));
-    for (int r = 0; r < R; r++) {
-        int bad = 0, first = -1;
-        for (int i = 0; i < k[r]; i++) {
-            const int32_t j = idx[r * N + i];
-            const int ok = j >= 0 && j < N && (!i || j > idx[r * N + i - 1]) && before(s + r * N, N, j) < k[r];
-            if (!ok && first < 0) first = i;
-            bad += !ok;
-        }
-        CHECK_MSG(!bad, "topk long row %d (k %d): %d of the kept indices wrong, first at %d", r, k[r], bad, first);
-    }
+    check_kept("long", s, idx, R, N, k);
     const int64_t total = 5600; /* inside the zeros as well */
     int32_t cnt[R], want[R] = {0};
     CHECK_OK(be->ops->evict_topk_counts(be, cnt, s, N, R, N, total));
@@ -446,16 +452,7 @@ static void check_topk_wide(ckv_backend *be) {
     }
     const int32_t k[R] = {2500, 3001, 4801};
     CHECK_OK(be->ops->evict_topk(be, idx, N, s, N, R, N, k));
-    for (int r = 0; r < R; r++) {
-        int bad = 0, first = -1;
-        for (int i = 0; i < k[r]; i++) {
-            const int32_t j = idx[r * N + i];
-            const int ok = j >= 0 && j < N && (!i || j > idx[r * N + i - 1]) && before(s + r * N, N, j) < k[r];
-            if (!ok && first < 0) first = i;
-            bad += !ok;
-        }
-        CHECK_MSG(!bad, "topk wide row %d (k %d): %d of the kept indices wrong, first at %d", r, k[r], bad, first);
-    }
+    check_kept("wide", s, idx, R, N, k);
 }
 
 /* Bit-for-bit equality of n floats (or doubles, dbl) from two thread counts: the first mismatches and
