@@ -235,6 +235,10 @@ typedef struct {
     void (*free)(ckv_backend *be);
     /* memory: device buffers and host<->device copies (the CPU backend's device is the host) */
     ckv_status (*alloc)(ckv_backend *be, void **ptr, size_t bytes, const char *what);
+    /* The same, contents undefined (alloc zeroes on the CPU backend, where clearing is a pass over
+     * host memory; CUDA's alloc and alloc_raw are one cudaMalloc): for a buffer whose unwritten bytes
+     * nothing reads, such as a compacted KV pool (rows past a segment's length are never read). */
+    ckv_status (*alloc_raw)(ckv_backend *be, void **ptr, size_t bytes, const char *what);
     void (*release)(ckv_backend *be, void *ptr); /* NULL is fine */
     /* upload: src_host may be reused as soon as it returns; it need not wait for the device (the
      * CUDA backend stages small copies through page-locked memory and queues them). download waits

@@ -52,7 +52,7 @@ ckv_status ckv_backend_check_ops(const ckv_backend *be) {
         return ckv_error(CKV_STATUS_ERR_INTERNAL, "backend %s: capability mask 0x%x has bits beyond the %d known",
                          be->name ? be->name : "?", (unsigned)o->caps, (int)CKV_BACKEND_CAP_COUNT);
     const op_slot required[] = {
-        SLOT(o, free), SLOT(o, alloc), SLOT(o, release), SLOT(o, upload), SLOT(o, download), SLOT(o, copy),
+        SLOT(o, free), SLOT(o, alloc), SLOT(o, alloc_raw), SLOT(o, release), SLOT(o, upload), SLOT(o, download), SLOT(o, copy),
         SLOT(o, sync), SLOT(o, weight_dtype_ok), SLOT(o, kv_dtype_ok), SLOT(o, embedding), SLOT(o, rmsnorm),
         SLOT(o, matmul), SLOT(o, rope), SLOT(o, kv_store), SLOT(o, attention), SLOT(o, swiglu), SLOT(o, add),
         SLOT(o, count_nonfinite), SLOT(o, kv_gather), SLOT(o, kv_rerotate), SLOT(o, evict_attn_colsum), SLOT(o, evict_attn_probs),

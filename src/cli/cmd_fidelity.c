@@ -45,6 +45,7 @@ static void write_line(FILE *out, const char *press, double budget, const char *
     cJSON_AddNumberToObject(o, "prefill_s", r->prefill_s);
     cJSON_AddNumberToObject(o, "evict_s", r->evict_s);
     cJSON_AddNumberToObject(o, "score_s", r->score_s);
+    cJSON_AddNumberToObject(o, "select_s", r->select_s);
     char *line = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!line) ckv_cli_die("out of memory");

@@ -14,20 +14,25 @@ typedef struct {
 static atomic_size_t ckv_live_bytes;
 static atomic_size_t ckv_peak_bytes;
 
-ckv_status ckv_alloc(void **out, size_t bytes, const char *what) {
+ckv_status ckv_alloc_raw(void **out, size_t bytes, const char *what) {
     *out = NULL;
     size_t total = bytes + sizeof(ckv_alloc_header);
     if (total < bytes) return ckv_error(CKV_STATUS_ERR_NOMEM, "allocation of %zu bytes for %s overflows", bytes, what);
     total = (total + CKV_ALIGN - 1) / CKV_ALIGN * CKV_ALIGN;
     ckv_alloc_header *h = aligned_alloc(CKV_ALIGN, total);
     if (!h) return ckv_error(CKV_STATUS_ERR_NOMEM, "out of memory allocating %zu bytes for %s", bytes, what);
-    memset(h, 0, total);
     h->bytes = bytes;
     size_t now = atomic_fetch_add(&ckv_live_bytes, bytes) + bytes;
     size_t peak = atomic_load(&ckv_peak_bytes);
     while (now > peak && !atomic_compare_exchange_weak(&ckv_peak_bytes, &peak, now)) {
     }
     *out = h + 1;
+    return CKV_STATUS_OK;
+}
+
+ckv_status ckv_alloc(void **out, size_t bytes, const char *what) {
+    CKV_TRY(ckv_alloc_raw(out, bytes, what));
+    memset(*out, 0, bytes);
     return CKV_STATUS_OK;
 }
 

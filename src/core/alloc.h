@@ -9,8 +9,14 @@
 
 #define CKV_ALIGN 64
 
-/* Allocates `bytes` (64-byte aligned, zeroed) into *out; a clear error naming `what` on failure. */
+/* Allocates `bytes` (64-byte aligned, zeroed) into *out; a clear error naming `what` on failure.
+ * The default: any buffer that may be read before every byte of it is written. */
 ckv_status ckv_alloc(void **out, size_t bytes, const char *what);
+/* The same without zeroing (the contents are undefined): only for a buffer whose every byte is
+ * written before it is read, or whose unwritten bytes are never read (a KV pool, whose rows past a
+ * segment's length nothing reads). Saves the pass over memory, and on fresh pages the clearing
+ * happens once, in the kernel, where the first write touches them. */
+ckv_status ckv_alloc_raw(void **out, size_t bytes, const char *what);
 /* Frees memory from ckv_alloc; NULL is fine. */
 void ckv_free(void *p);
 

@@ -50,6 +50,7 @@ static ckv_status run(ckv_model *m, const ckv_press_config *press, const int32_t
         res->prefill_s = pc.prepare_seconds;
         res->evict_s = pc.stats.score_seconds + pc.stats.select_seconds + pc.stats.compact_seconds;
         res->score_s = pc.stats.score_seconds;
+        res->select_s = pc.stats.select_seconds;
     }
     ckv_prepared_free(&pc);
     ckv_engine_free(&e);
@@ -127,6 +128,7 @@ ckv_status ckv_fidelity_sweep(ckv_model *m, const ckv_press_config *const *press
             out[i].prefill_s = sw.prefill_seconds;
             out[i].evict_s = rs->score_seconds + rs->select_seconds + rs->compact_seconds;
             out[i].score_s = rs->score_seconds;
+            out[i].select_s = rs->select_seconds;
             compare(ref, rows, ids, n_ctx, n_cont, V, &out[i]);
             if (on_result) on_result(cb_ctx, i, &out[i]);
         }

@@ -22,6 +22,7 @@ typedef struct {
                           * per press) the press's own, its eviction included */
     double evict_s;      /* wall seconds of the press's scoring + selection + compaction over every layer */
     double score_s;      /* the scoring part of evict_s */
+    double select_s;     /* the selection part of evict_s (the rest is the compaction) */
 } ckv_fidelity;
 
 /* Full-cache logits of the continuation: rows [n_cont, V] (malloc'd into *out). */

@@ -35,6 +35,8 @@ ckv_status ckv_selection_init(ckv_selection *s, ckv_backend *be, int n_kv_local,
     if (st == CKV_STATUS_OK) st = be->ops->alloc(be, (void **)&s->scalar, sizeof(float), "layer max");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->n_keep, (size_t)n_kv_local * sizeof(int32_t), "kept counts");
     if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->k_host, H * sizeof(int32_t), "top-k counts");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->b1_host, H * sizeof(int32_t), "stage-1 counts");
+    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&s->budget_host, H * sizeof(int32_t), "head budgets");
     if (st != CKV_STATUS_OK) ckv_selection_free(s);
     return st;
 }
@@ -56,6 +58,8 @@ void ckv_selection_free(ckv_selection *s) {
     }
     ckv_free(s->n_keep);
     ckv_free(s->k_host);
+    ckv_free(s->b1_host);
+    ckv_free(s->budget_host);
     memset(s, 0, sizeof *s);
 }
 
@@ -253,10 +257,9 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
     out->score_seconds = t1 - t0;
 
     const float eps = (float)cfg->eps;
-    int32_t *b1 = NULL, *budget = NULL; // host [H] each
-    ckv_status st = ckv_alloc((void **)&b1, (size_t)H * sizeof(int32_t), "stage-1 counts");
-    if (st == CKV_STATUS_OK) st = ckv_alloc((void **)&budget, (size_t)H * sizeof(int32_t), "head budgets");
-    if (st == CKV_STATUS_OK && cfg->alloc == CKV_ALLOC_CHUNK) {
+    int32_t *b1 = out->b1_host, *budget = out->budget_host; // host [H] each, kept with the selection
+    ckv_status st = CKV_STATUS_OK;
+    if (cfg->alloc == CKV_ALLOC_CHUNK) {
         st = gather_heads(in, out);
         if (st == CKV_STATUS_OK) st = chunk_rows(cfg, in, out, n_kept);
     } else if (st == CKV_STATUS_OK && (cfg->alloc == CKV_ALLOC_UNIFORM || cfg->alloc == CKV_ALLOC_PER_LAYER)) {
@@ -288,8 +291,6 @@ ckv_status ckv_evict_layer(const ckv_press_config *cfg, const ckv_score_inputs *
                                : topk_rows(be, out, s, nkv, L, out->n_keep);
     }
     if (st == CKV_STATUS_OK) st = be->ops->sync(be);
-    ckv_free(b1);
-    ckv_free(budget);
     out->select_seconds = ckv_time_now() - t1;
     return st;
 }

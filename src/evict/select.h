@@ -32,6 +32,8 @@ typedef struct {
     int32_t *counts_dev; /* [n_kv_heads] cross-head counts */
     float *scalar;       /* [1] the layer max */
     int32_t *k_host;     /* [n_kv_heads] host staging of counts */
+    int32_t *b1_host;    /* [n_kv_heads] CriticalKV's stage-1 counts (host) */
+    int32_t *budget_host; /* [n_kv_heads] per-head budgets of a cross-head allocation (host) */
     int n_kept;      /* the per-head count the budget asked for (mean for cross-head allocation) */
     double score_seconds, select_seconds;
 } ckv_selection;

@@ -94,13 +94,16 @@ void ckv_kv_cache_free(ckv_kv_cache *c) {
     memset(c, 0, sizeof *c);
 }
 
-static ckv_status kv_pool_alloc(ckv_kv_cache *c, ckv_kv_layer *l, int64_t rows) {
+/* A pool of `rows` rows: zeroed (reserve), or with undefined contents (raw: a compaction's pool,
+ * whose kept rows the gather writes and whose other rows nothing reads before they are appended). */
+static ckv_status kv_pool_alloc(ckv_kv_cache *c, ckv_kv_layer *l, int64_t rows, int raw) {
     ckv_backend *be = c->be;
+    ckv_status (*alloc)(ckv_backend *, void **, size_t, const char *) = raw ? be->ops->alloc_raw : be->ops->alloc;
     size_t rb = (size_t)(rows > 0 ? rows : 1);
     size_t kbytes = rb * (size_t)c->head_dim * kv_elem(c);
-    CKV_TRY(be->ops->alloc(be, &l->kbuf, kbytes, "KV cache keys"));
-    CKV_TRY(be->ops->alloc(be, &l->vbuf, kbytes, "KV cache values"));
-    CKV_TRY(be->ops->alloc(be, (void **)&l->pos, rb * sizeof(int32_t), "KV cache positions"));
+    CKV_TRY(alloc(be, &l->kbuf, kbytes, "KV cache keys"));
+    CKV_TRY(alloc(be, &l->vbuf, kbytes, "KV cache values"));
+    CKV_TRY(alloc(be, (void **)&l->pos, rb * sizeof(int32_t), "KV cache positions"));
     l->rows = rows;
     return CKV_STATUS_OK;
 }
@@ -112,7 +115,7 @@ ckv_status ckv_kv_layer_reserve(ckv_kv_cache *c, int layer, int cap) {
     if (cap < 1) return ckv_error(CKV_STATUS_ERR_ARG, "KV cache capacity %d must be positive", cap);
     ckv_kv_layer *l = &c->layers[layer];
     kv_pool_release(c->be, l);
-    ckv_status s = kv_pool_alloc(c, l, (int64_t)cap * c->n_kv);
+    ckv_status s = kv_pool_alloc(c, l, (int64_t)cap * c->n_kv, 0);
     if (s != CKV_STATUS_OK) kv_pool_release(c->be, l);
     for (int h = 0; h < c->n_kv; h++) {
         l->off[h] = s == CKV_STATUS_OK ? (int64_t)h * cap : 0;
@@ -222,7 +225,7 @@ static ckv_status kv_compact(ckv_kv_cache *c, const ckv_kv_cache *from, int laye
         nl.pos = dst->pos;
         nl.rows = dst->rows;
     } else {
-        s = kv_pool_alloc(c, &nl, rows);
+        s = kv_pool_alloc(c, &nl, rows, 1);
     }
     ckv_kv_seg *tab = dst->segs_host; // [n_kv] host: staged with the new pool's segments (kv_segs_sync restores it)
     if (s == CKV_STATUS_OK) s = kv_gather_scratch(c, keep_host != NULL, stride);

@@ -39,6 +39,7 @@ static int host_kv_dtype_ok(const ckv_backend *be, ckv_dtype t) {
 }
 
 static const ckv_backend_ops host_ops = {.alloc = host_alloc,
+                                         .alloc_raw = host_alloc,
                                          .release = host_release,
                                          .upload = host_copy,
                                          .download = host_copy,

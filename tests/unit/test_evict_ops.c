@@ -400,6 +400,21 @@ static void check_topk(ckv_backend *be) {
     CHECK_FAILS(be->ops->evict_topk(be, idx, LD, s, LD, R, N, bad), CKV_STATUS_ERR_ARG, "top-38 of 37");
 }
 
+/* Kept rows idx [rows, n] of s [rows, n]: k[r] ascending indices of row r, each ranked below k[r] by
+ * before(); the first wrong one and the count per row are printed. */
+static void check_kept(const char *what, const float *s, const int32_t *idx, int rows, int n, const int32_t *k) {
+    for (int r = 0; r < rows; r++) {
+        int bad = 0, first = -1;
+        for (int i = 0; i < k[r]; i++) {
+            const int32_t j = idx[(size_t)r * n + i];
+            const int ok = j >= 0 && j < n && (!i || j > idx[(size_t)r * n + i - 1]) && before(s + (size_t)r * n, n, j) < k[r];
+            if (!ok && first < 0) first = i;
+            bad += !ok;
+        }
+        CHECK_MSG(!bad, "topk %s row %d (k %d): %d of the kept indices wrong, first at %d", what, r, k[r], bad, first);
+    }
+}
+
 /* Rows long enough for every byte of the selection's keys to matter: values that share their high
  * bytes, -0 beside +0, subnormals, NaNs and infinities, ties across the whole row; kept sets against the
  * tie rule's rank (before()). */
@@ -413,22 +428,31 @@ static void check_topk_long(ckv_backend *be) {
     for (int i = 0; i < N; i += 7) s[2 * N + i] = (float)ckv_test_rng_double(&rng); /* distinct values too */
     const int32_t k[R] = {1, 1900, N - 1}; /* 1900: inside the run of zeros, whose signs must tie */
     CHECK_OK(be->ops->evict_topk(be, idx, N, s, N, R, N, k));
-    for (int r = 0; r < R; r++) {
-        int bad = 0, first = -1;
-        for (int i = 0; i < k[r]; i++) {
-            const int32_t j = idx[r * N + i];
-            const int ok = j >= 0 && j < N && (!i || j > idx[r * N + i - 1]) && before(s + r * N, N, j) < k[r];
-            if (!ok && first < 0) first = i;
-            bad += !ok;
-        }
-        CHECK_MSG(!bad, "topk long row %d (k %d): %d of the kept indices wrong, first at %d", r, k[r], bad, first);
-    }
+    check_kept("long", s, idx, R, N, k);
     const int64_t total = 5600; /* inside the zeros as well */
     int32_t cnt[R], want[R] = {0};
     CHECK_OK(be->ops->evict_topk_counts(be, cnt, s, N, R, N, total));
     for (int i = 0; i < R * N; i++) want[i / N] += before(s, R * N, i) < total;
     CHECK_MSG(!memcmp(cnt, want, sizeof cnt), "topk_counts long: %d %d %d, want %d %d %d", cnt[0], cnt[1], cnt[2],
               want[0], want[1], want[2]);
+}
+
+/* Rows whose boundary bucket (the keys' top 11 bits) holds more keys than the per-row selection
+ * keeps aside: 6,000 values within a few thousand ulps of 1 (pairs tied), and 6,000 equal values
+ * with a few above and NaNs, so that the selection refines the bucket by its lower bits or takes
+ * the first of one tied key; kept sets against before(). */
+static void check_topk_wide(ckv_backend *be) {
+    enum { R = 3, N = 6000 };
+    static float s[R * N];
+    static int32_t idx[R * N];
+    for (int i = 0; i < N; i++) {
+        s[i] = nextafterf(1.0f, 2.0f) + (float)((i * 7919) % (N / 2)) * 1.1920929e-7f; /* pairs tied */
+        s[N + i] = i % 997 == 5 ? 3.0f : i % 1499 == 7 ? NAN : 2.0f;
+        s[2 * N + i] = 1.0f + (float)((i * 104729) % N) * 1.1920929e-7f * (i % 3 == 0 ? 1.0f : 8.0f);
+    }
+    const int32_t k[R] = {2500, 3001, 4801};
+    CHECK_OK(be->ops->evict_topk(be, idx, N, s, N, R, N, k));
+    check_kept("wide", s, idx, R, N, k);
 }
 
 /* Bit-for-bit equality of n floats (or doubles, dbl) from two thread counts: the first mismatches and
@@ -569,6 +593,7 @@ int main(void) {
     check_rows(be);
     check_topk(be);
     check_topk_long(be);
+    check_topk_wide(be);
     check_thread_counts(CKV_DTYPE_F32);
     check_thread_counts(CKV_DTYPE_BF16);
     check_leverage_positions(be);

@@ -48,12 +48,23 @@ ckv_status ckv_cpu_evict_scratch(ckv_backend *be, size_t bytes, void **p) {
     return CKV_STATUS_OK;
 }
 
-static ckv_status ckv_cpu_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what) {
-    (void)be;
+/* alloc (zero set) and alloc_raw: host memory from ckv_alloc / ckv_alloc_raw. */
+static ckv_status cpu_alloc_any(void **ptr, size_t bytes, const char *what, int zero) {
     if (!ptr)
         return ckv_error(CKV_STATUS_ERR_ARG, "cpu backend: alloc of %s without an output pointer",
                          what ? what : "a buffer");
-    return ckv_alloc(ptr, bytes, what ? what : "a cpu backend buffer");
+    what = what ? what : "a cpu backend buffer";
+    return zero ? ckv_alloc(ptr, bytes, what) : ckv_alloc_raw(ptr, bytes, what);
+}
+
+static ckv_status ckv_cpu_alloc(ckv_backend *be, void **ptr, size_t bytes, const char *what) {
+    (void)be;
+    return cpu_alloc_any(ptr, bytes, what, 1);
+}
+
+static ckv_status ckv_cpu_alloc_raw(ckv_backend *be, void **ptr, size_t bytes, const char *what) {
+    (void)be;
+    return cpu_alloc_any(ptr, bytes, what, 0);
 }
 
 static void ckv_cpu_release(ckv_backend *be, void *ptr) {
@@ -103,6 +114,7 @@ static const ckv_backend_ops ckv_cpu_ops = {
             CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_RANK),
     .free = ckv_cpu_free,
     .alloc = ckv_cpu_alloc,
+    .alloc_raw = ckv_cpu_alloc_raw,
     .release = ckv_cpu_release,
     .upload = ckv_cpu_upload,
     .download = ckv_cpu_download,

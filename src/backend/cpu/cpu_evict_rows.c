@@ -184,10 +184,15 @@ void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, in
 }
 
 /* ---- top-k ----------------------------------------------------------------------------------
- * Both ops select by a radix select over a 32-bit key that orders the scores as the SPEC's tie rule
- * does (descending score, NaN last, then ascending index): four passes of 8-bit histograms find the
- * k-th key, then one pass in index order takes every key above it and the first of those equal to it.
- * Linear in n, no allocation, and the output comes out in ascending index order, so nothing is sorted. */
+ * Both ops select over a 32-bit key that orders the scores as the SPEC's tie rule does (descending
+ * score, NaN last, then ascending index). The cross-head counts find the k-th key by a radix select
+ * (four passes of 8-bit histograms), then take in index order every key above it and the first of
+ * those equal to it. The per-row top-k histograms the keys' top 11 bits once, and only while the
+ * boundary bucket holds more than TOPK_CAND keys the next 11, then the last 10 bits of that bucket's
+ * keys; a second pass writes the keys above the bucket in index order and keeps the bucket's keys
+ * (at most TOPK_CAND, on the stack), which are ranked among themselves and merged in: two passes
+ * over a row where the scores spread over more than n / TOPK_CAND buckets, at most four otherwise.
+ * Linear in n, no allocation, the output in ascending index order, nothing sorted. */
 
 /* Order-preserving key: larger score, larger key; -0 and +0 equal; every NaN 0, below -inf. */
 static inline uint32_t topk_key(float f) {
@@ -219,6 +224,74 @@ static uint32_t topk_threshold(const float *s, int ld, int rows, int n, int64_t 
     return prefix;
 }
 
+enum { TOPK_CAND = 2048 }; /* boundary-bucket keys a row's selection holds on the stack */
+
+/* The key of the k-th largest (1 <= k <= n) of n keys whose bits above `bits` are all equal, and in
+ * *above how many are larger (the radix select of topk_threshold over the low bits). */
+static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, int *above) {
+    uint32_t prefix = key[0] & ~(bits >= 32 ? 0u : (1u << bits) - 1u), mask = ~(bits >= 32 ? 0u : (1u << bits) - 1u);
+    int left = k;
+    *above = 0;
+    for (int shift = bits - 8 > 0 ? bits - 8 : 0, width = bits - shift; width > 0;
+         width = shift >= 8 ? 8 : shift, shift -= width) {
+        int hist[256] = {0};
+        const uint32_t hm = (1u << width) - 1u;
+        for (int i = 0; i < n; i++)
+            if ((key[i] & mask) == prefix) hist[(key[i] >> shift) & hm]++;
+        int b = (int)hm;
+        while (hist[b] < left) left -= hist[b], *above += hist[b], b--;
+        prefix |= (uint32_t)b << shift;
+        mask |= hm << shift;
+    }
+    return prefix;
+}
+
+/* The top-k (1 <= k <= n) of one row s [n] into out [k], ascending indices (see the section's comment). */
+static void topk_row(const float *s, int n, int k, int32_t *out) {
+    static const int shift[3] = {21, 10, 0}, width[3] = {11, 11, 10};
+    uint32_t prefix = 0, mask = 0; /* the boundary bucket: keys whose bits under mask equal prefix */
+    int left = k, above = 0;        /* keys still to take from the bucket; keys above it */
+    for (int lv = 0; lv < 3; lv++) {
+        uint32_t hist[2048] = {0};
+        const uint32_t hm = (1u << width[lv]) - 1u;
+        for (int i = 0; i < n; i++) {
+            const uint32_t key = topk_key(s[i]);
+            if ((key & mask) == prefix) hist[(key >> shift[lv]) & hm]++;
+        }
+        int b = (int)hm;
+        while (hist[b] < (uint32_t)left) left -= (int)hist[b], above += (int)hist[b], b--; /* b >= 0 */
+        prefix |= (uint32_t)b << shift[lv];
+        mask |= hm << shift[lv];
+        if (hist[b] <= TOPK_CAND) break;
+    }
+    uint32_t ckey[TOPK_CAND]; /* [nc] the bucket's keys and indices, in index order */
+    int32_t cidx[TOPK_CAND];
+    int o = 0, nc = 0;
+    const int exact = mask == 0xffffffffu; /* the bucket is one key: its first `left` are taken */
+    for (int i = 0; i < n; i++) {
+        const uint32_t key = topk_key(s[i]), m = key & mask;
+        if (m > prefix) {
+            out[o++] = i;
+        } else if (m == prefix) {
+            if (exact) {
+                if (left > 0) out[o++] = i, left--;
+            } else {
+                ckey[nc] = key;
+                cidx[nc++] = i;
+            }
+        }
+    }
+    if (exact) return;
+    int cabove;
+    const int low = __builtin_ctz(mask); /* the bits below the bucket's prefix */
+    const uint32_t thr = topk_key_threshold(ckey, nc, left, low, &cabove);
+    int ties = left - cabove, nk = 0;
+    for (int c = 0; c < nc; c++) /* the bucket's kept indices, ascending, into cidx[0 .. left) */
+        if (ckey[c] > thr || (ckey[c] == thr && ties-- > 0)) cidx[nk++] = cidx[c];
+    for (int i = above - 1, j = left - 1, w = k - 1; j >= 0; w--) /* merged from the back */
+        out[w] = i >= 0 && out[i] > cidx[j] ? out[i--] : cidx[j--];
+}
+
 typedef struct {
     int32_t *idx;
     const float *s;
@@ -230,20 +303,14 @@ typedef struct {
 static void topk_rows_units(void *ctx, int r0, int r1, int tid) {
     (void)tid;
     const topk_job *jb = ctx;
-    for (int r = r0; r < r1; r++) {
-        const float *sr = jb->s + (size_t)r * (size_t)jb->ld;
-        int32_t *out = jb->idx + (size_t)r * (size_t)jb->ld_idx;
-        if (jb->k[r] == 0) continue;
-        int64_t above;
-        const uint32_t thr = topk_threshold(sr, jb->ld, 1, jb->n, jb->k[r], &above);
-        int64_t ties = jb->k[r] - above; /* keys equal to thr taken, lowest index first */
-        int o = 0;
-        for (int i = 0; i < jb->n; i++) {
-            const uint32_t key = topk_key(sr[i]);
-            if (key > thr || (key == thr && ties-- > 0)) out[o++] = i;
-        }
-    }
+    for (int r = r0; r < r1; r++)
+        if (jb->k[r] > 0)
+            topk_row(jb->s + (size_t)r * (size_t)jb->ld, jb->n, jb->k[r], jb->idx + (size_t)r * (size_t)jb->ld_idx);
 }
+
+/* Scores below which evict_topk selects on the calling thread: a few microseconds of work, less than
+ * waking the pool's workers. */
+enum { TOPK_INLINE_SCORES = 1 << 16 };
 
 ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const float *s, int ld, int rows, int n,
                               const int32_t *k) {
@@ -251,7 +318,8 @@ ckv_status ckv_cpu_evict_topk(ckv_backend *be, int32_t *idx, int ld_idx, const f
         if (k[r] < 0 || k[r] > n)
             return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk: top-%d of %d scores (row %d)", k[r], n, r);
     topk_job jb = {idx, s, k, ld_idx, ld, n};
-    ckv_threadpool_for(ckv_cpu_pool(be), rows, 1, topk_rows_units, &jb);
+    const int grain = (int64_t)rows * n <= TOPK_INLINE_SCORES ? rows : 1;
+    ckv_threadpool_for(ckv_cpu_pool(be), rows, grain, topk_rows_units, &jb);
     return CKV_STATUS_OK;
 }
 

@@ -1,10 +1,14 @@
 /* cpu_kv.c - the CPU backend's KV-cache ops: kv_store (append a batch's tokens to their sequences'
  * segments, converting to the cache dtype, and advance the segment lengths), kv_gather (compact
  * every segment of a layer into another pool in one call, over (segment, row block) units on the
- * backend's threads) and kv_rerotate (kept keys rotated to their
- * row index). It does not attend (cpu_attention.c) and
+ * backend's threads, whole destination cache lines written by streaming stores) and kv_rerotate
+ * (kept keys rotated to their row index). It does not attend (cpu_attention.c) and
  * decides nothing about what is kept. Nothing here allocates. */
 #include <math.h>
+#include <stdint.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "cpu_backend.h"
 
@@ -38,6 +42,37 @@ void ckv_cpu_kv_store(ckv_backend *be, const ckv_kv_batch *kv, const float *k, c
     }
 }
 
+/* bytes from src to dst: the destination's whole 64-byte lines by non-temporal stores (no read of
+ * the line before it is written, and the kept rows, read next by attention, are not left in the
+ * cache in place of the rows still to copy), the partial lines at either end by memcpy. The stores
+ * are ordered by gather_fence before the unit's work is handed back. */
+static void gather_copy(char *dst, const char *src, size_t bytes) {
+#if defined(__SSE2__)
+    size_t head = (size_t)(-(uintptr_t)dst & 63u);
+    if (head > bytes) head = bytes;
+    if (head) { /* (no call for the aligned rows of the usual pools) */
+        memcpy(dst, src, head);
+        dst += head, src += head, bytes -= head;
+    }
+    for (; bytes >= 64; dst += 64, src += 64, bytes -= 64) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)src), b = _mm_loadu_si128((const __m128i *)(src + 16));
+        const __m128i c = _mm_loadu_si128((const __m128i *)(src + 32)), d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+    }
+#endif
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+/* Makes a unit's streaming stores visible before the pool reports the unit done. */
+static void gather_fence(void) {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
 /* Kept rows of one gather unit: a unit is (segment g, block b) of rows b * GATHER_BLOCK .. of the
  * segment's kept list, so both threads copy even when a layer has fewer KV heads than threads. */
 enum { GATHER_BLOCK = 128 };
@@ -64,12 +99,16 @@ static void gather_units(void *ctx, int u0, int u1, int tid) {
             int j = i + 1;
             while (j < i1 && kg[j] == kg[j - 1] + 1) j++;
             const size_t r = (size_t)kg[i], cnt = (size_t)(j - i);
-            memcpy((char *)dst->k + (size_t)i * rowb, (const char *)src->k + r * rowb, cnt * rowb);
-            memcpy((char *)dst->v + (size_t)i * rowb, (const char *)src->v + r * rowb, cnt * rowb);
-            memcpy(dst->pos + i, src->pos + r, cnt * sizeof(int32_t));
+            gather_copy((char *)dst->k + (size_t)i * rowb, (const char *)src->k + r * rowb, cnt * rowb);
+            gather_copy((char *)dst->v + (size_t)i * rowb, (const char *)src->v + r * rowb, cnt * rowb);
+            if (cnt == 1)
+                dst->pos[i] = src->pos[r];
+            else
+                memcpy(dst->pos + i, src->pos + r, cnt * sizeof(int32_t));
             i = j;
         }
     }
+    gather_fence();
 }
 
 void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *gp) {

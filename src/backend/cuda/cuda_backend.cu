@@ -258,6 +258,7 @@ ckv_backend_ops make_ops() {
              CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_CHUNK_RANK) | CKV_BACKEND_CAP_BIT(CKV_BACKEND_CAP_MEM_USAGE);
     o.free = be_free;
     o.alloc = be_alloc;
+    o.alloc_raw = be_alloc; /* cudaMalloc does not clear */
     o.release = be_release;
     o.upload = be_upload;
     o.download = be_download;
