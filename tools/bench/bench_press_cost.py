@@ -9,8 +9,11 @@ the first token); the table gives the median over the repeats and the eviction s
 
 --sweep: one `ckv fidelity` run per model (one full-cache prefill of the first --context tokens of
 --text-file, then every press derived from it, each one's eviction timed: prefill_s, evict_s and
-score_s of its --out lines), so every press costs one eviction instead of one prefill; its share of
-TTFT is evict_s / (prefill_s + evict_s), measured against a prefill of the same process and run.
+score_s of its --out lines), so every press costs one eviction instead of one prefill; the list of
+presses is evicted --repeats times in rounds, and a press's evict_s is the median of its rounds (a
+scheduler's slice on a shared machine moves a few-millisecond eviction by 2x; the median of three
+does not); its share of TTFT is evict_s / (prefill_s + evict_s), measured against a prefill of the
+same process and run.
 
 The floor is a roofline: the larger of two times, each as a share of TTFT, t / (prefill_s + t):
   FLOP floor: the press's own arithmetic f (below) at the prefill's multiply-add rate, t = f / (p /
@@ -178,22 +181,24 @@ def run(ckv: str, model: str, ids_file: Path, threads: int, press: str | None, c
 
 
 def sweep(ckv: str, model: str, text: str, context: int, threads: int, presses: list, budget: float,
-          tmp: Path) -> dict:
-    """One `ckv fidelity` prefill, every press derived from it: {press: (prefill_s, evict_s, score_s)}."""
+          tmp: Path, rounds: int) -> dict:
+    """One `ckv fidelity` prefill, every press derived from it `rounds` times (the whole list once per round,
+    so a press's evictions are spread over the run): {press: (prefill_s, median evict_s, median score_s)}."""
     out = tmp / "fidelity.jsonl"
     cmd = [ckv, "fidelity", "--model", model, "--text-file", text, "--context", str(context), "--continuation", "2",
-           "--threads", str(threads), "--press", ",".join(presses), "--budget", str(budget), "--out", str(out)]
+           "--threads", str(threads), "--press", ",".join(presses * rounds), "--budget", str(budget), "--out", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         die(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-400:]}")
-    got = {}
+    runs = {}
     for line in out.read_text().splitlines():
         r = json.loads(line)
-        got[r["press"]] = (r["prefill_s"], r["evict_s"], r["score_s"])
-    missing = [x for x in presses if x not in got]
-    if missing:
-        die(f"ckv fidelity wrote no line for {', '.join(missing)}")
-    return got
+        runs.setdefault(r["press"], []).append((r["prefill_s"], r["evict_s"], r["score_s"]))
+    short = [x for x in presses if len(runs.get(x, [])) != rounds]
+    if short:
+        die(f"ckv fidelity did not write {rounds} lines (one per round) for {', '.join(short)}")
+    return {x: (r[0][0], statistics.median(e for _, e, _ in r), statistics.median(s for _, _, s in r))
+            for x, r in runs.items()}
 
 
 def floor_cells(share: float, prefill_s: float, flop_s: float | None, byte_s: float) -> str:
@@ -220,7 +225,7 @@ def main() -> int:
                     help="an option of every press of --presses (ckv's --press-opt, e.g. kvzip's repeat_ids)")
     ap.add_argument("--text-file", default=str(Path(__file__).resolve().parents[2] / "data" / "haystack" / "essay.txt"))
     a = ap.parse_args()
-    presses = [p for p in a.presses.split(",") if p]
+    presses = list(dict.fromkeys(p for p in a.presses.split(",") if p))  # each once: rounds repeat them
     opts = dict(o.split("=", 1) for o in a.press_opt if "=" in o)
     if len(opts) != len(a.press_opt):
         die("--press-opt takes KEY=VALUE")
@@ -262,13 +267,14 @@ def main() -> int:
 
             if a.sweep:
                 bws.append(read_bandwidth(tmp, a.threads))
-                got = sweep(a.ckv, model, a.text_file, L, a.threads, presses, 1.0 - a.compression_ratio, tmp)
+                got = sweep(a.ckv, model, a.text_file, L, a.threads, presses, 1.0 - a.compression_ratio, tmp,
+                            a.repeats)
                 bws.append(read_bandwidth(tmp, a.threads))
                 bw = statistics.median(bws[-2:])
                 for p in presses:
                     pre, ev, sc = got[p]
                     share = ev / (pre + ev)
-                    rows.append(f"| {name} | {p} | {pre:.2f} | {ev:.3f} | {100 * share:.2f}% | "
+                    rows.append(f"| {name} | {p} | {pre:.2f} | {ev:.4f} | {100 * share:.2f}% | "
                                 f"{100 * sc / (pre + ev):.2f}% | {cells(p, share, pre, bw)} |")
                 continue
             rng = random.Random(a.seed)
@@ -295,7 +301,8 @@ def main() -> int:
                 rows.append(f"| {name} | {p} | {full_s:.2f} | "
                             f"{statistics.median(g for _, g, _ in r):.2f} | {100 * over:+.1f}% | {100 * share:.2f}% | "
                             f"{cells(p, share, full_s, bw)} |")
-    mode = "one prefill per model (ckv fidelity)" if a.sweep else f"{a.repeats} alternated pairs per press"
+    mode = (f"one prefill per model (ckv fidelity), every press evicted {a.repeats} times (median)" if a.sweep else
+             f"{a.repeats} alternated pairs per press")
     print(f"context {a.context}, threads {a.threads}, compression ratio {a.compression_ratio}, {mode}; read bandwidth "
           f"{min(bws):.2f}-{max(bws):.2f} GB/s over {len(bws)} probes (median per model used for the byte floor)")
     print("\n".join(rows))
