@@ -21,6 +21,10 @@
 #include "eval/fidelity.h"
 #include "model/model.h"
 
+/* Presses, budgets, and press x budget combinations one run takes (a sweep may name a press several
+ * times: each is evicted again from the same prefill). */
+#define FIDELITY_MAX_LIST 256
+
 static const ckv_cli_command fidelity_cmd = {
     CKV_CMD_FIDELITY, "fidelity", "-m PATH --text-file F --press P1[,P2...] --budget B1[,B2...] [flags]",
     "Teacher-forced comparison with the full cache: the first --context tokens of the text are the\n"
@@ -57,7 +61,7 @@ typedef struct {
     FILE *out;
     char **presses, **budgets;
     int nb;
-    ckv_press_config (*cfgs)[32];
+    ckv_press_config *cfgs; /* [presses][nb] */
     int n_ctx, n_cont;
 } fidelity_printer;
 
@@ -67,12 +71,17 @@ static void print_result(void *ctx, int k, const ckv_fidelity *r) {
     int i = k / p->nb, j = k % p->nb;
     printf("%-28s %7s %10.4f %7.3f %9.4f %9.4f\n", p->presses[i], p->budgets[j], r->kl, r->top1, r->nll_full, r->nll_press);
     fflush(stdout);
-    if (p->out) write_line(p->out, p->presses[i], strtod(p->budgets[j], NULL), p->cfgs[i][j].spec, p->n_ctx, p->n_cont, r);
+    if (p->out) write_line(p->out, p->presses[i], strtod(p->budgets[j], NULL), p->cfgs[(size_t)i * p->nb + j].spec, p->n_ctx, p->n_cont, r);
 }
 
-static int split_list(char *s, char **items, int cap) {
+/* The comma-separated items of s, in place; dies naming flag when there are more than
+ * FIDELITY_MAX_LIST. */
+static int split_list(const char *flag, char *s, char **items) {
     int n = 0;
-    for (char *tok = strtok(s, ","); tok && n < cap; tok = strtok(NULL, ",")) items[n++] = tok;
+    for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
+        if (n == FIDELITY_MAX_LIST) ckv_cli_die("%s: more than %d items", flag, FIDELITY_MAX_LIST);
+        items[n++] = tok;
+    }
     return n;
 }
 
@@ -86,24 +95,32 @@ int ckv_cmd_fidelity(int argc, char **argv) {
     int n_ctx = (int)ckv_opt_long(&opts, CKV_OPT_CONTEXT, 2048), n_cont = (int)ckv_opt_long(&opts, CKV_OPT_CONTINUATION, 256);
     if (!model || !text_file || !press_list || !budget_list)
         ckv_cli_usage_error("fidelity", "--model, --text-file, --press and --budget are required");
-    char *presses[32], *budgets[32];
-    int np = split_list(press_list, presses, 32), nb = split_list(budget_list, budgets, 32);
+    char *presses[FIDELITY_MAX_LIST], *budgets[FIDELITY_MAX_LIST];
+    int np = split_list("--press", press_list, presses), nb = split_list("--budget", budget_list, budgets);
     if (np == 0 || nb == 0) ckv_cli_usage_error("fidelity", "empty --press or --budget list");
-    ckv_press_config cfgs[32][32];
+    if (np * nb > FIDELITY_MAX_LIST)
+        ckv_cli_die("--press x --budget: %d x %d combinations, more than %d", np, nb, FIDELITY_MAX_LIST);
+    ckv_press_config *cfgs = calloc((size_t)np * nb, sizeof *cfgs);          /* [np][nb] */
+    const ckv_press_config **flat = calloc((size_t)np * nb, sizeof *flat); /* [np * nb] */
+    ckv_fidelity *res = calloc((size_t)np * nb, sizeof *res);               /* [np * nb] */
+    if (!cfgs || !flat || !res) ckv_cli_die("out of memory for %d press configurations", np * nb);
     for (int i = 0; i < np; i++)
         for (int j = 0; j < nb; j++) { /* validate every combination before any work */
             ckv_cli_budget bud = {CKV_CLI_BUDGET_FRACTION, ckv_cli_parse_double("--budget", budgets[j], -1e300, 1e300)};
             if (!strcmp(presses[i], "none")) ckv_cli_die("--press: 'none' is the reference, list presses only");
-            ckv_cli_press_build(&opts, presses[i], &bud, &cfgs[i][j]);
-            ckv_cli_check(ckv_press_finalize(&cfgs[i][j]));
-            ckv_cli_check(ckv_press_check_context(&cfgs[i][j], n_ctx));
+            ckv_press_config *c = &cfgs[(size_t)i * nb + j];
+            ckv_cli_press_build(&opts, presses[i], &bud, c);
+            ckv_cli_check(ckv_press_finalize(c));
+            ckv_cli_check(ckv_press_check_context(c, n_ctx));
         }
     {
-        ckv_press_config flat[32];
-        for (int i = 0; i < np; i++) flat[i] = cfgs[i][0];
+        ckv_press_config *first = calloc((size_t)np, sizeof *first); /* [np]: every press at the first budget */
+        if (!first) ckv_cli_die("out of memory for %d press configurations", np);
+        for (int i = 0; i < np; i++) first[i] = cfgs[(size_t)i * nb];
         char what[300];
         snprintf(what, sizeof what, "--press %.280s", ckv_opt_str(&opts, CKV_OPT_PRESS, ""));
-        ckv_cli_press_check_options(&opts, flat, np, what);
+        ckv_cli_press_check_options(&opts, first, np, what);
+        free(first);
     }
     ckv_tokenizer *tok = NULL;
     ckv_cli_check(ckv_text_open_tokenizer(&tok, model));
@@ -139,15 +156,12 @@ int ckv_cmd_fidelity(int argc, char **argv) {
         for (int i = 0; i < np; i++)
             for (int j = 0; j < nb; j++) {
                 ckv_fidelity r;
-                ckv_cli_check(ckv_fidelity_measure(m, &cfgs[i][j], ids, n_ctx, n_cont, chunk, ref, &r));
+                ckv_cli_check(ckv_fidelity_measure(m, &cfgs[(size_t)i * nb + j], ids, n_ctx, n_cont, chunk, ref, &r));
                 print_result(&pr, i * nb + j, &r);
             }
         free(ref);
     } else { /* one prefill of the context serves them all */
-        const ckv_press_config *flat[32 * 32];
-        ckv_fidelity res[32 * 32];
-        for (int i = 0; i < np; i++)
-            for (int j = 0; j < nb; j++) flat[i * nb + j] = &cfgs[i][j];
+        for (int k = 0; k < np * nb; k++) flat[k] = &cfgs[k];
         ckv_cli_check(ckv_fidelity_sweep(m, flat, np * nb, ids, n_ctx, n_cont, chunk, res, print_result, &pr));
     }
     if (out && fclose(out) != 0) ckv_cli_die("--out: error writing '%s'", out_path);
@@ -156,5 +170,8 @@ int ckv_cmd_fidelity(int argc, char **argv) {
     ckv_tokenizer_free(tok);
     free(press_list);
     free(budget_list);
+    free(cfgs);
+    free(flat);
+    free(res);
     return 0;
 }
