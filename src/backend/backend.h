@@ -113,7 +113,11 @@ typedef enum { CKV_EVICT_CUR_KEYS = 0, CKV_EVICT_CUR_VALUES, CKV_EVICT_CUR_MEAN,
 /* A "lane sum" over a row's d channels (evict_row_norm, evict_keydiff, evict_lagkv, evict_cur): the
  * terms in double, CKV_EVICT_LANES partial sums, lane l adding the terms of channels l, l + 8, l + 16,
  * ... in ascending order, then the lanes added as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
- * One fixed order on every backend and thread count; a CPU computes the lanes as one vector. */
+ * One fixed order on every backend and thread count; a CPU computes the lanes as one vector. A term
+ * that is a product is added to its lane with one rounding (fused multiply-add: the CUDA kernels, the
+ * CPU's AVX-512 lanes, and its plain C lanes where the build targets a CPU with FMA). Squares of fp32
+ * inputs are exact in double either way; a dot with a double operand or a squared deviation may
+ * differ in the last bit in a build for a CPU without FMA (CKV_NATIVE off). */
 enum { CKV_EVICT_LANES = 8 };
 
 /* The attention of a block of context query rows to one sequence's segments: the inputs of
