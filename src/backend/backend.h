@@ -230,6 +230,8 @@ typedef struct {
     size_t live_bytes;                /* allocated now */
     size_t peak_bytes;                /* the most allocated at once */
     size_t device_used_at_peak_bytes; /* the device's used memory when peak_bytes was reached, or 0 */
+    int sms, cc_major;                /* the device's SMs and compute capability (the fixed workspaces'
+                                       * sizes, backend/gpu_workspace.h) */
 } ckv_backend_mem;
 
 typedef struct {

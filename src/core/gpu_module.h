@@ -16,8 +16,9 @@
  * the entry points: a change to either bumps it. 2: the op table's capability mask; 3: the eviction
  * ops' parameter structs; 4: entry points looked up by name (no entry table); 5: the attention op's
  * parameter struct; 6: kv_gather's; 7: enums for the remaining flags of the eviction ops; 8: the
- * recorded steps' ops (graph_begin, graph_end, graph_release); 9: evict_kvzip and evict_chunk_rank; 10: evict_kvzip_norms. */
-#define CKV_GPU_MODULE_ABI 10
+ * recorded steps' ops (graph_begin, graph_end, graph_release); 9: evict_kvzip and evict_chunk_rank; 10: evict_kvzip_norms;
+ * 11: alloc_raw, mem_usage and its ckv_backend_mem (with the device's SMs and compute capability). */
+#define CKV_GPU_MODULE_ABI 11
 #define CKV_GPU_MODULE_FILE "libckv_cuda.so"
 /* int ckv_gpu_module_abi(void), defined by the module only: its CKV_GPU_MODULE_ABI. */
 #define CKV_GPU_MODULE_ABI_SYMBOL "ckv_gpu_module_abi"

@@ -6,11 +6,12 @@
 
 #include <string.h>
 
+#include "backend/gpu_workspace.h"
 #include "core/alloc.h"
 #include "model/model.h"
 
 static const char *const part_names[CKV_PLAN_PARTS_] = {
-    "weights", "KV cache", "hidden states", "chunk workspace", "eviction scratch", "collectives", "CUDA runtime",
+    "weights", "KV cache", "hidden states", "chunk workspace", "eviction scratch", "collectives", "backend workspaces", "CUDA runtime",
 };
 
 const char *ckv_plan_part_name(ckv_plan_part p) { return p < CKV_PLAN_PARTS_ ? part_names[p] : "?"; }
@@ -69,6 +70,13 @@ ckv_status ckv_plan_init(ckv_plan *plan, const ckv_model_config *c, const ckv_pl
     if (p->tp > 1)
         plan->part[CKV_PLAN_COMM] = ckv_plan_comm_workspace_bytes(c, p->tp) +
                                     (p->nccl ? (size_t)(p->tp - 1) * CKV_PLAN_NCCL_PER_PEER : 0);
+    /* the widest matmul input of a chunk: hidden (q/k/v, gate/up), the local heads (o_proj), the
+     * local MLP rows (down) */
+    size_t widest = D > qd ? D : qd;
+    widest = widest > ff ? widest : ff;
+    plan->part[CKV_PLAN_BACKEND] =
+        ckv_gpu_fixed_workspace_bytes(p->sms > 0 ? p->sms : CKV_PLAN_DEFAULT_SMS,
+                                      p->cc_major > 0 ? p->cc_major : CKV_PLAN_DEFAULT_CC_MAJOR, n, widest);
     plan->part[CKV_PLAN_RUNTIME] = CKV_PLAN_RUNTIME_RESERVE;
     for (int i = 0; i < CKV_PLAN_PARTS_; i++) plan->total += plan->part[i];
     /* host: gathered logits [rows, V], gather staging [rows, pad * tp], all-reduce staging [n, D] */
@@ -94,7 +102,8 @@ ckv_status ckv_plan_print(FILE *f, const ckv_model_config *c, const ckv_plan_par
     fprintf(f, "GPU memory plan per rank: tp %d, context %ld + %ld new tokens, chunk %d, weights %s, KV %s", p->tp,
             p->context, p->new_tokens, p->chunk, ckv_dtype_name(p->weight_dtype), ckv_dtype_name(p->kv_dtype));
     if (p->kept > 0 && p->kept < p->context) fprintf(f, ", %ld kept per head", p->kept);
-    fprintf(f, "%s\n", p->tp > 1 ? (p->nccl ? ", NCCL" : ", staged collectives") : "");
+    fprintf(f, "%s; a GPU of %d SMs, compute capability %d\n", p->tp > 1 ? (p->nccl ? ", NCCL" : ", staged collectives") : "",
+            p->sms > 0 ? p->sms : CKV_PLAN_DEFAULT_SMS, p->cc_major > 0 ? p->cc_major : CKV_PLAN_DEFAULT_CC_MAJOR);
     fprintf(f, "%-22s", "rank");
     for (int r = 0; r < ncol; r++) fprintf(f, " %12d", plans[r].rank);
     fprintf(f, "\n");

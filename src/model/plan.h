@@ -14,9 +14,9 @@
 #include "model/config.h"
 #include "shard/shard.h"
 
-/* The CUDA runtime's own use that the plan cannot see: context, cuBLAS workspace (32 MiB on
- * Hopper), the attention partials reserved at start (prefill split-K, docs/gpu.md §3b: 17.6 MB on
- * an H200), allocator rounding. An estimate; see docs/gpu.md §8. */
+/* The CUDA runtime's own use that the plan cannot see: the context, the libraries' kernels loaded
+ * into device memory, allocator rounding. An estimate; see docs/gpu.md §8. (The backend's fixed
+ * workspaces, cuBLAS's included, are the plan's CKV_PLAN_BACKEND line.) */
 #define CKV_PLAN_RUNTIME_RESERVE ((size_t)1 << 30)
 /* NCCL's internal buffers per peer (channels x protocols at the default NCCL_BUFFSIZE): an
  * estimate to be measured on the GPU machine. */
@@ -32,7 +32,12 @@ typedef struct {
     long kept;              /* context tokens kept per head after compression (mean); <= 0 or >= context: none */
     int window;             /* observation window of the scorer (SnapKV 64); 0: no windowed scorer */
     int nccl;               /* 1 when the collectives go through NCCL (its buffers are counted) */
+    int sms;                /* the GPU's SMs (the split-K partials); <= 0: an H200's 132 */
+    int cc_major;           /* its compute capability's major (cuBLAS's workspace); <= 0: 9 (Hopper) */
 } ckv_plan_params;
+
+/* The device the plan assumes when ckv_plan_params leaves it open: an H200. */
+enum { CKV_PLAN_DEFAULT_SMS = 132, CKV_PLAN_DEFAULT_CC_MAJOR = 9 };
 
 /* The parts, in the order a run allocates them. */
 typedef enum {
@@ -42,6 +47,8 @@ typedef enum {
     CKV_PLAN_WORKSPACE,     /* activation buffers of one chunk + logits */
     CKV_PLAN_EVICT,         /* scorer scratch of one layer (scores, gathered scores, window logits) */
     CKV_PLAN_COMM,          /* collective workspace + NCCL buffers */
+    CKV_PLAN_BACKEND,       /* the CUDA backend's fixed workspaces: cuBLAS's, the GEMM's bf16 activations
+                             * of the widest chunk matmul, the split-K partials (backend/gpu_workspace.h) */
     CKV_PLAN_RUNTIME,       /* CUDA context, cuBLAS workspace, allocator slack (estimate) */
     CKV_PLAN_PARTS_
 } ckv_plan_part;

@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/gpu_workspace.h"
 #include "backend/cuda/cuda_emu.h"
 #include "ckv_test.h"
 #include "cuda_test_backend.h"
@@ -344,7 +345,8 @@ static void emu_steps(ckv_backend *dev, ckv_backend *cpu, ckv_model *m, ckv_mode
     ckv_session_free(&solo);
 }
 
-/* The backend's ledger of its device memory (mem_usage): buffers of 1 and 2 MiB raise the live and
+/* The backend's ledger of its device memory (mem_usage): after init it holds the plan's fixed
+ * workspaces for its device, exactly; buffers of 1 and 2 MiB raise the live and
  * peak bytes by exactly that; a release lowers the live bytes and keeps the peak; a smaller buffer
  * after it leaves the peak where it was. */
 static void check_mem_usage(void) {
@@ -357,6 +359,12 @@ static void check_mem_usage(void) {
     CHECK_MSG(m0.live_bytes > 0 && m0.peak_bytes == m0.live_bytes,
               "after init: live %zu, peak %zu bytes (the workspaces: expected live > 0 and equal to the peak)",
               m0.live_bytes, m0.peak_bytes);
+    /* what the backend holds after init is what the memory plan's "backend workspaces" line counts
+     * for this device (model/plan.c, backend/gpu_workspace.h) at a chunk within the GEMM workspace's
+     * initial size */
+    const size_t fixed = ckv_gpu_fixed_workspace_bytes(m0.sms, m0.cc_major, 512, 4096);
+    CHECK_MSG(m0.live_bytes == fixed, "after init on %d SMs, cc %d: live %zu bytes, the plan's fixed workspaces %zu",
+              m0.sms, m0.cc_major, m0.live_bytes, fixed);
     const size_t mib = (size_t)1 << 20;
     void *a = NULL, *b = NULL, *c = NULL;
     CHECK_OK(be->ops->alloc(be, &a, mib, "a"));

@@ -1,7 +1,8 @@
 /* test_plan.c - the GPU memory plan against hand computations for two real shapes (the configs/
  * references): Llama-3.1-8B at 32K (tp 1, full cache; tp 2), Qwen2.5-32B (YaRN) at 130000 + 1024
  * tokens with 20% of the context kept (critical_adakv:snapkv at budget 0.2), bf16 weights and KV;
- * the check against a limit names the part that does not fit. Each expected value is written out
+ * the backend's fixed workspaces on an H200 and an A100; the check against a limit names the part
+ * that does not fit. Each expected value is written out
  * from the configuration's numbers, not from the code under test. */
 #include "ckv_test.h"
 #include "model/config.h"
@@ -34,7 +35,14 @@ static void test_llama_8b(void) {
            (512ul * (2 * 4096 + 2 * 4096 + 2 * 1024 + 2 * 14336) + 32ul * 128256) * 4 + 2 * 512 * 4);
     expect("8B eviction", pl.part[CKV_PLAN_EVICT], 0);
     expect("8B comm", pl.part[CKV_PLAN_COMM], 0);
-    size_t total = 16061054976ul + 32ul * 8 * 33024 * 516 + 32768ul * 4096 * 4 + 112889856ul + (1ul << 30);
+    /* an H200 (132 SMs, Hopper): cuBLAS 32 MiB; the GEMM's bf16 activations at their initial 512 x
+     * 32768 (the widest chunk input, 512 x 14336, is smaller); split-K partials 2 waves x 132 SMs x 2
+     * blocks x 64 rows x (128 + 2) fp32; the 8-byte counter */
+    const size_t partials = 2ul * 132 * 2 * 64 * 130 * 4;
+    CHECK(partials == 17571840ul);
+    expect("8B backend", pl.part[CKV_PLAN_BACKEND], (32ul << 20) + 512ul * 32768 * 2 + partials + 8);
+    size_t total = 16061054976ul + 32ul * 8 * 33024 * 516 + 32768ul * 4096 * 4 + 112889856ul +
+                   ((32ul << 20) + (32ul << 20) + partials + 8) + (1ul << 30);
     expect("8B total", pl.total, total);
     CHECK_OK(ckv_plan_check(&pl, 141000000000ul));
     CHECK_OK(ckv_plan_check(&pl, 24ul << 30));
@@ -52,6 +60,13 @@ static void test_llama_8b(void) {
     expect("8B tp 2 KV", pl.part[CKV_PLAN_KV], 32ul * 4 * 33024 * 516);
     /* logits gather workspace 32 rows x 64128 x (2 + 1) fp32 + one peer's NCCL buffers */
     expect("8B tp 2 comm", pl.part[CKV_PLAN_COMM], 32ul * 64128 * 3 * 4 + CKV_PLAN_NCCL_PER_PEER);
+    /* an A100 (108 SMs, Ampere): cuBLAS 4 MiB, partials 2 x 108 x 2 x 64 x 130 x 4 */
+    p.sms = 108;
+    p.cc_major = 8;
+    CHECK_OK(ckv_plan_init(&pl, &c, &p, 1));
+    expect("8B tp 2 A100 backend", pl.part[CKV_PLAN_BACKEND], (4ul << 20) + 512ul * 32768 * 2 + 2ul * 108 * 2 * 64 * 130 * 4 + 8);
+    p.sms = 0;
+    p.cc_major = 0;
     CHECK_FAILS(ckv_plan_init(&pl, &c, &p, 2), CKV_STATUS_ERR_ARG, "rank 2 of tp 2");
 }
 
@@ -78,6 +93,9 @@ static void test_qwen_32b(void) {
            (2048ul * (2 * 5120 + 2 * 5120 + 2 * 1024 + 2 * 27648) + 32ul * 152064) * 4 + 2 * 2048 * 4);
     /* 8 heads x 130000 rows x (score, norm, row) + gathered [8, 130000] + window logits 40 x 64 x 130000 */
     expect("32B eviction", pl.part[CKV_PLAN_EVICT], 8ul * 130000 * 12 + 8ul * 130000 * 4 + 40ul * 64 * 130000 * 4);
+    /* chunk 2048: the down projection's input 2048 x 27648 in bf16 outgrows the GEMM workspace's
+     * initial 512 x 32768 */
+    expect("32B backend", pl.part[CKV_PLAN_BACKEND], (32ul << 20) + 2048ul * 27648 * 2 + 2ul * 132 * 2 * 64 * 130 * 4 + 8);
     /* the H200 (141 GB) holds it; an 80 GB card does not */
     CHECK_OK(ckv_plan_check(&pl, 141000000000ul));
     CHECK(pl.total < 90000000000ul);

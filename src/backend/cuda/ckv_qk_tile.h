@@ -8,16 +8,18 @@
 #ifndef CKV_QK_TILE_H
 #define CKV_QK_TILE_H
 
+#include "backend/gpu_workspace.h" /* the prefill tile's rows, blocks per SM, largest head dim */
 #include "ckv_async.h"
 #include "ckv_mma.h"
 
 namespace CKV_CUDA_NS {
 namespace {
 
-constexpr int FA_BM = 64;      /* query rows per block: 4 warps x 16 */
+constexpr int FA_BM = CKV_GPU_PREFILL_ROWS; /* query rows per block: 4 warps x 16 */
 constexpr int FA_THREADS = 128;
-constexpr int FA_BLOCKS_PER_SM = 2; /* the prefill kernel's launch bounds (sass_expect.txt) */
-constexpr int FA_HD_MAX = 128;      /* the largest head dim with a tile */
+constexpr int FA_BLOCKS_PER_SM = CKV_GPU_PREFILL_BLOCKS_PER_SM; /* the launch bounds (sass_expect.txt) */
+constexpr int FA_HD_MAX = CKV_GPU_PREFILL_HD_MAX;               /* the largest head dim with a tile */
+static_assert(FA_BM == 4 * 16, "a block's 4 warps hold 16 query rows each");
 
 template <typename T, int HD> struct fa_tile;
 template <int HD> struct fa_tile<ckv_bf16, HD> {

@@ -319,9 +319,6 @@ ckv_backend_ops make_ops() {
 
 const ckv_backend_ops the_ops = make_ops();
 
-/* Activation elements the GEMM workspace holds from the start (bf16): a 512-token chunk of a
- * 32K-wide layer. Larger prefill chunks grow it once. */
-constexpr size_t XBF_INITIAL = (size_t)512 * 32768;
 
 ckv_status init_device(ctx *c, int device) {
     int count = 0;
@@ -345,11 +342,11 @@ ckv_status init_device(ctx *c, int device) {
     CKV_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create the compute stream");
     CKV_CUBLAS_CHECK(cublasCreate(&c->blas), "create the cuBLAS handle");
     CKV_CUBLAS_CHECK(cublasSetStream(c->blas, c->stream), "set the cuBLAS stream");
-    c->blas_ws_bytes = (size_t)(c->cc_major >= 9 ? 32 : 4) << 20; /* docs/gpu.md §5 */
+    c->blas_ws_bytes = ckv_gpu_blas_ws_bytes(c->cc_major); /* the fixed workspaces: backend/gpu_workspace.h */
     CKV_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes), "allocate the cuBLAS workspace");
     CKV_TRY(ledger_add(c, c->blas_ws, c->blas_ws_bytes, "the cuBLAS workspace"));
     CKV_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes), "set the cuBLAS workspace");
-    CKV_TRY(grow(c, (void **)&c->xbf, &c->xbf_cap, XBF_INITIAL * sizeof(ckv_bf16), "the GEMM activation workspace"));
+    CKV_TRY(grow(c, (void **)&c->xbf, &c->xbf_cap, ckv_gpu_gemm_ws_bytes(0, 0), "the GEMM activation workspace"));
     CKV_TRY(grow(c, (void **)&c->part, &c->part_cap, prefill_split_bytes(c->sms), "the split-KV partials"));
     CKV_CUDA_CHECK(cudaMalloc((void **)&c->count, sizeof *c->count), "allocate the counter");
     CKV_TRY(ledger_add(c, c->count, sizeof *c->count, "the non-finite counter"));

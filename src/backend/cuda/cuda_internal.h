@@ -10,6 +10,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "backend/gpu_workspace.h"
 }
 
 namespace CKV_CUDA_NS {

@@ -120,6 +120,8 @@ void ledger_usage(ctx *c, ckv_backend_mem *out) {
     out->live_bytes = l ? l->live : 0;
     out->peak_bytes = l ? l->peak : 0;
     out->device_used_at_peak_bytes = l ? l->used_at_peak : 0;
+    out->sms = c->sms;
+    out->cc_major = c->cc_major;
 }
 
 static void mib(char *b, size_t n, size_t bytes) { snprintf(b, n, "%.1f MiB", (double)bytes / (1 << 20)); }

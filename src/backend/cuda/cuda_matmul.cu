@@ -32,7 +32,8 @@ void matmul(ckv_backend *be, float *out, const float *x, const ckv_weight *w, co
     const float one = 1.0f, zero = 0.0f;
     if (w->dtype == CKV_DTYPE_BF16 && w->row_bytes % sizeof(ckv_bf16) == 0) {
         const size_t nx = (size_t)n * (size_t)k;
-        ckv_status s = grow(c, (void **)&c->xbf, &c->xbf_cap, nx * sizeof(ckv_bf16), "the GEMM activation workspace");
+        ckv_status s = grow(c, (void **)&c->xbf, &c->xbf_cap, ckv_gpu_gemm_ws_bytes((size_t)n, (size_t)k),
+                            "the GEMM activation workspace");
         if (s != CKV_STATUS_OK) {
             record(c, s);
             return;

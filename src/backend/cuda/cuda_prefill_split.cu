@@ -16,16 +16,14 @@ namespace {
 
 constexpr int PS_MIN_CHUNK = 1024; /* keys per split at least: a split's partials (64 rows of hd + 2
                                       floats) are under 7% of its K/V tile bytes */
-constexpr int PS_WAVES = 2;        /* split blocks at most: two waves of the resident blocks */
+constexpr int PS_WAVES = CKV_GPU_PREFILL_SPLIT_WAVES; /* split blocks at most: waves of the resident blocks */
 constexpr int PS_KEY_ALIGN = 64;   /* split boundaries on whole key tiles (bf16 64 keys, f32 32) */
 
 } // namespace
 
-/* Bounds the plan: at most PS_WAVES waves of blocks of FA_BM rows at the largest head dim. */
-size_t prefill_split_bytes(int sms) {
-    const size_t wave = (size_t)(sms > 0 ? sms : 1) * FA_BLOCKS_PER_SM;
-    return PS_WAVES * wave * FA_BM * (FA_HD_MAX + 2) * sizeof(float);
-}
+/* Bounds the plan: at most PS_WAVES waves of blocks of FA_BM rows at the largest head dim
+ * (backend/gpu_workspace.h, which the memory plan counts). */
+size_t prefill_split_bytes(int sms) { return ckv_gpu_split_partials_bytes(sms); }
 
 prefill_split prefill_split_plan(const ctx *c, const ckv_kv_batch *kv, int n, int n_heads) {
     const prefill_split off = {NULL, 1, INT_MAX};
