@@ -533,21 +533,23 @@ static void test_kv_gather(ckv_dtype dt) {
 
 /* kv_rerotate: each kept key rotated by (i - pos[i]) * inv_freq against a double-precision rotation of
  * the same fp32 key (within the dtype's rounding), each kept row's position then its index; values,
- * lengths and rows past len untouched. */
-static void test_kv_rerotate(ckv_dtype dt) {
+ * lengths and rows past len untouched. The backend keeps a table of the angles from call to call:
+ * calls at other frequencies (theta) and at offsets past what the table holds (positions shifted by
+ * `shift`, computed per row) must read none of a previous call's angles. */
+static void test_kv_rerotate(ckv_dtype dt, float theta, int32_t shift) {
     enum { NKV = 2, HD = 8, CAP = 12 };
     const size_t es = ckv_dtype_size(dt), plane = (size_t)CAP * HD;
     unsigned char *k = xalloc(NKV * plane * es), *v = xalloc(NKV * plane * es), *k0 = xalloc(NKV * plane * es),
                   *v0 = xalloc(NKV * plane * es);
     float tmp[CAP * HD], inv[HD / 2];
     int32_t pos[NKV * CAP];
-    for (int j = 0; j < HD / 2; j++) inv[j] = powf(10000.0f, -2.0f * (float)j / HD);
+    for (int j = 0; j < HD / 2; j++) inv[j] = powf(theta, -2.0f * (float)j / HD);
     for (int g = 0; g < NKV; g++) {
         fill_uniform(tmp, plane, -2, 2);
         ckv_convert_from_f32(k + g * plane * es, tmp, dt, plane);
         fill_uniform(tmp, plane, -2, 2);
         ckv_convert_from_f32(v + g * plane * es, tmp, dt, plane);
-        for (int i = 0; i < CAP; i++) pos[g * CAP + i] = 5 * i + 3 * g + (i > 4 ? 200 : 0); /* a kept set with gaps */
+        for (int i = 0; i < CAP; i++) pos[g * CAP + i] = shift + 5 * i + 3 * g + (i > 4 ? 200 : 0); /* kept, with gaps */
     }
     memcpy(k0, k, NKV * plane * es), memcpy(v0, v, NKV * plane * es);
     int32_t pos0[NKV * CAP];
@@ -574,7 +576,8 @@ static void test_kv_rerotate(ckv_dtype dt) {
                 const double e = fmax(fabs(y[i * HD + j] - w0), fabs(y[i * HD + j + HD / 2] - w1));
                 worst = fmax(worst, e);
                 if (e > tol && bad++ < 5)
-                    fprintf(stderr, "  kv_rerotate %s: head %d row %d pair %d off by %.3g\n", ckv_dtype_name(dt), g, i, j, e);
+                    fprintf(stderr, "  kv_rerotate %s (theta %g, shift %d): head %d row %d pair %d off by %.3g\n",
+                            ckv_dtype_name(dt), theta, shift, g, i, j, e);
             }
     }
     bad += memcmp(v, v0, NKV * plane * es) != 0;
@@ -582,8 +585,11 @@ static void test_kv_rerotate(ckv_dtype dt) {
         bad += segs[g].len != lens[g];
         for (int i = 0; i < CAP; i++) bad += pos[g * CAP + i] != (i < lens[g] ? i : pos0[g * CAP + i]); /* row i at i */
     }
-    CHECK_MSG(bad == 0, "kv_rerotate %s: %d wrong keys, values or lengths (max error %.3g)", ckv_dtype_name(dt), bad, worst);
-    if (!bad) fprintf(stderr, "ok   kv_rerotate %s: max error %.3g against the double rotation\n", ckv_dtype_name(dt), worst);
+    CHECK_MSG(bad == 0, "kv_rerotate %s (theta %g, shift %d): %d wrong keys, values or lengths (max error %.3g)",
+              ckv_dtype_name(dt), theta, shift, bad, worst);
+    if (!bad)
+        fprintf(stderr, "ok   kv_rerotate %s (theta %g, shift %d): max error %.3g against the double rotation\n",
+                ckv_dtype_name(dt), theta, shift, worst);
     free(k), free(v), free(k0), free(v0);
 }
 
@@ -682,8 +688,12 @@ int main(void) {
     test_attention_lowp(CKV_DTYPE_F16);
     test_kv_gather(CKV_DTYPE_F32);
     test_kv_gather(CKV_DTYPE_BF16);
-    test_kv_rerotate(CKV_DTYPE_F32);
-    test_kv_rerotate(CKV_DTYPE_BF16);
+    test_kv_rerotate(CKV_DTYPE_F32, 10000.0f, 0);
+    test_kv_rerotate(CKV_DTYPE_BF16, 10000.0f, 0);   /* the table's angles again */
+    test_kv_rerotate(CKV_DTYPE_F32, 500000.0f, 0);   /* other frequencies: the table starts over */
+    test_kv_rerotate(CKV_DTYPE_F32, 500000.0f, 40);  /* larger offsets: it grows */
+    test_kv_rerotate(CKV_DTYPE_F32, 500000.0f, 3000000); /* offsets past its bytes: angles per row */
+    test_kv_rerotate(CKV_DTYPE_BF16, 10000.0f, 7);
     test_count_nonfinite();
 
     test_swiglu_case(1, 0);

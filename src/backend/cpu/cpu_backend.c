@@ -19,6 +19,7 @@ static void ckv_cpu_free(ckv_backend *be) {
         ckv_free(ctx->attn_ws);
         ckv_free(ctx->evict_ws);
         ckv_free(ctx->lev_angles);
+        ckv_free(ctx->rr_tab);
     }
     ckv_free(ctx);
     ckv_free(be);

@@ -13,6 +13,9 @@
 #include "core/fastmath.h"
 #include "core/threadpool.h"
 
+/* The most rotary frequencies (head_dim / 2) kv_rerotate keeps a table of angles for. */
+#define CKV_CPU_RR_HALF_MAX 256
+
 /* The backend's ctx. */
 typedef struct {
     ckv_threadpool *pool; /* our own parallel loops (OpenBLAS keeps its own threads) */
@@ -25,6 +28,9 @@ typedef struct {
     size_t lev_angles_bytes;
     int lev_rows, lev_half; /* the key's rows and angles per row (0 rows: nothing kept) */
     float lev_scale;
+    void *rr_tab;          /* kv_rerotate's angle table and its fill list and flags (cpu_kv.c) */
+    int rr_n_off, rr_half; /* its offsets and angles per offset */
+    float rr_freq[CKV_CPU_RR_HALF_MAX]; /* the frequencies it holds the angles of */
 } ckv_cpu_ctx;
 
 /* Floats of the attention workspace allocated with the backend (4 MiB). */

@@ -2,14 +2,17 @@
  * segments, converting to the cache dtype, and advance the segment lengths), kv_gather (compact
  * every segment of a layer into another pool in one call, over (segment, row block) units on the
  * backend's threads, whole destination cache lines written by streaming stores) and kv_rerotate
- * (kept keys rotated to their row index). It does not attend (cpu_attention.c) and
- * decides nothing about what is kept. Nothing here allocates. */
+ * (kept keys rotated to their row index, over (segment, row block) units, the angles from a table
+ * the backend keeps from one layer to the next). It does not attend (cpu_attention.c) and
+ * decides nothing about what is kept. Nothing here allocates but that table, when a context needs
+ * larger offsets than it holds. */
 #include <math.h>
 #include <stdint.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
+#include "core/alloc.h"
 #include "cpu_backend.h"
 
 /* Writes n fp32 values as `dt` at dst. */
@@ -119,33 +122,141 @@ void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *gp) {
     for (int g = 0; g < gp->n_kv; g++) gp->dst[g].len = gp->n_keep[g];
 }
 
-void ckv_cpu_kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq) {
-    (void)be;
+/* kv_rerotate's angles: cos and sin of delta * inv_freq[j] for the row offsets delta = i - pos[i] <= 0,
+ * computed once per offset and kept by the backend for the next layers (every layer of a context
+ * re-rotates rows at the same kind of offsets with the same frequencies), filled on first use. The
+ * same cosf / sinf of the same fp32 angle as computing them per row: the same bits. */
+enum { RR_BLOCK = 64 }; /* rows per work unit */
+#define RR_TABLE_MAX_BYTES ((size_t)32 << 20) /* offsets beyond what this holds are computed per row */
+
+typedef struct {
+    const ckv_kv_batch *kv;
+    const float *inv_freq;
+    const float *tab;     /* [>= n_off, half, 2] cos, sin at offset -delta; NULL: none */
+    const int32_t *fill;  /* [n_fill] offsets to compute into tab (the fill phase) */
+    float *tab_w;         /* tab, written by the fill phase */
+    int n_off, half, blocks;
+} rerot_job;
+
+static void rerot_fill_units(void *ctx, int i0, int i1, int tid) {
+    (void)tid;
+    const rerot_job *jb = ctx;
+    for (int i = i0; i < i1; i++) {
+        const int off = jb->fill[i];
+        float *e = jb->tab_w + (size_t)off * (size_t)jb->half * 2;
+        for (int j = 0; j < jb->half; j++) {
+            const float a = (float)(-off) * jb->inv_freq[j];
+            e[2 * j] = cosf(a);
+            e[2 * j + 1] = sinf(a);
+        }
+    }
+}
+
+/* Rows of units (segment, block of RR_BLOCK rows) u0 .. u1. */
+static void rerot_units(void *ctx, int u0, int u1, int tid) {
+    (void)tid;
+    const rerot_job *jb = ctx;
+    const ckv_kv_batch *kv = jb->kv;
     enum { BLOCK = 64 }; /* pairs converted at once: any head_dim, a fixed stack buffer */
     const int hd = kv->head_dim, half = hd / 2;
     const size_t es = ckv_dtype_size(kv->dtype);
     float x0[BLOCK], x1[BLOCK]; /* [BLOCK] the first and second halves' elements j0..j0+nb */
+    for (int u = u0; u < u1; u++) {
+        const int seg = u / jb->blocks, blk = u % jb->blocks;
+        ckv_kv_seg *sg = &kv->segs[seg / kv->n_kv_heads][seg % kv->n_kv_heads];
+        const int i_end = (blk + 1) * RR_BLOCK < sg->len ? (blk + 1) * RR_BLOCK : sg->len;
+        for (int i = blk * RR_BLOCK; i < i_end; i++) {
+            char *row = (char *)sg->k + (size_t)i * (size_t)hd * es; // [hd] in the cache's dtype
+            const int off = sg->pos[i] - i;
+            const float delta = (float)(i - sg->pos[i]);
+            const float *e = jb->tab && off >= 0 && off < jb->n_off ? jb->tab + (size_t)off * (size_t)half * 2 : NULL;
+            for (int j0 = 0; j0 < half; j0 += BLOCK) {
+                const int nb = half - j0 < BLOCK ? half - j0 : BLOCK;
+                char *lo = row + (size_t)j0 * es, *hi = row + (size_t)(j0 + half) * es;
+                ckv_convert_to_f32(x0, lo, kv->dtype, (size_t)nb);
+                ckv_convert_to_f32(x1, hi, kv->dtype, (size_t)nb);
+                for (int j = 0; j < nb; j++) {
+                    float c, sn;
+                    if (e) {
+                        c = e[2 * (j0 + j)];
+                        sn = e[2 * (j0 + j) + 1];
+                    } else {
+                        const float a = delta * jb->inv_freq[j0 + j];
+                        c = cosf(a);
+                        sn = sinf(a);
+                    }
+                    const float y0 = x0[j] * c - x1[j] * sn, y1 = x1[j] * c + x0[j] * sn; /* x cos + rotate_half(x) sin */
+                    x0[j] = y0;
+                    x1[j] = y1;
+                }
+                ckv_kv_put(lo, x0, kv->dtype, (size_t)nb);
+                ckv_kv_put(hi, x1, kv->dtype, (size_t)nb);
+            }
+        }
+    }
+}
+
+/* Bytes of the table for n offsets of `half` angles: cos, sin [n, half, 2]; the fill list int32 [n];
+ * the filled flags uint8 [n]. */
+static size_t rerot_table_bytes(int n, int half) {
+    return (size_t)n * ((size_t)half * 2 * sizeof(float) + sizeof(int32_t) + 1);
+}
+
+/* The table for offsets 0 .. n_off - 1 at these frequencies, every offset the batch's rows need
+ * filled; NULL when it would pass RR_TABLE_MAX_BYTES or cannot be allocated (the rows then compute
+ * their angles themselves: the same values). */
+static const float *rerot_table(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq, int half, int n_off) {
+    ckv_cpu_ctx *ctx = be->ctx;
+    if (n_off <= 0 || half > CKV_CPU_RR_HALF_MAX || rerot_table_bytes(n_off, half) > RR_TABLE_MAX_BYTES) return NULL;
+    if (n_off > ctx->rr_n_off || half != ctx->rr_half || memcmp(ctx->rr_freq, inv_freq, (size_t)half * sizeof(float))) {
+        /* a larger range or other frequencies: start over (at twice the offsets asked where that fits,
+         * so a growing range restarts rarely) */
+        const int cap = rerot_table_bytes(2 * n_off, half) <= RR_TABLE_MAX_BYTES ? 2 * n_off : n_off;
+        ckv_free(ctx->rr_tab);
+        ctx->rr_tab = NULL;
+        ctx->rr_n_off = 0;
+        if (ckv_alloc(&ctx->rr_tab, rerot_table_bytes(cap, half), "kv_rerotate's angle table") != CKV_STATUS_OK)
+            return NULL; /* zeroed: no offset filled */
+        ctx->rr_n_off = cap;
+        ctx->rr_half = half;
+        memcpy(ctx->rr_freq, inv_freq, (size_t)half * sizeof(float));
+    }
+    float *tab = ctx->rr_tab;                                           /* [rr_n_off, half, 2] */
+    int32_t *fill = (int32_t *)(tab + (size_t)ctx->rr_n_off * half * 2); /* [rr_n_off] */
+    uint8_t *filled = (uint8_t *)(fill + ctx->rr_n_off);                 /* [rr_n_off] */
+    int n_fill = 0;
+    for (int s = 0; s < kv->n_seq; s++)
+        for (int g = 0; g < kv->n_kv_heads; g++) {
+            const ckv_kv_seg *sg = &kv->segs[s][g];
+            for (int i = 0; i < sg->len; i++) {
+                const int off = sg->pos[i] - i;
+                if (off >= 0 && off < n_off && !filled[off]) filled[off] = 1, fill[n_fill++] = off;
+            }
+        }
+    if (n_fill > 0) {
+        rerot_job jb = {.inv_freq = inv_freq, .fill = fill, .tab_w = tab, .half = half};
+        ckv_threadpool_for(ckv_cpu_pool(be), n_fill, 64, rerot_fill_units, &jb);
+    }
+    return tab;
+}
+
+void ckv_cpu_kv_rerotate(ckv_backend *be, const ckv_kv_batch *kv, const float *inv_freq) {
+    const int half = kv->head_dim / 2;
+    int most = 0, n_off = 0; /* the longest segment; offsets 0 .. n_off - 1 the rows need */
+    for (int s = 0; s < kv->n_seq; s++)
+        for (int g = 0; g < kv->n_kv_heads; g++) {
+            const ckv_kv_seg *sg = &kv->segs[s][g];
+            most = sg->len > most ? sg->len : most;
+            for (int i = 0; i < sg->len; i++) n_off = sg->pos[i] - i + 1 > n_off ? sg->pos[i] - i + 1 : n_off;
+        }
+    if (most == 0) return;
+    rerot_job jb = {.kv = kv, .inv_freq = inv_freq, .half = half, .blocks = ckv_cpu_blocks((size_t)most, RR_BLOCK)};
+    jb.tab = rerot_table(be, kv, inv_freq, half, n_off);
+    jb.n_off = jb.tab ? n_off : 0;
+    ckv_threadpool_for(ckv_cpu_pool(be), kv->n_seq * kv->n_kv_heads * jb.blocks, 1, rerot_units, &jb);
     for (int s = 0; s < kv->n_seq; s++)
         for (int g = 0; g < kv->n_kv_heads; g++) {
             ckv_kv_seg *sg = &kv->segs[s][g];
-            for (int i = 0; i < sg->len; i++) {
-                char *row = (char *)sg->k + (size_t)i * (size_t)hd * es; // [hd] in the cache's dtype
-                const float delta = (float)(i - sg->pos[i]);
-                for (int j0 = 0; j0 < half; j0 += BLOCK) {
-                    const int nb = half - j0 < BLOCK ? half - j0 : BLOCK;
-                    char *lo = row + (size_t)j0 * es, *hi = row + (size_t)(j0 + half) * es;
-                    ckv_convert_to_f32(x0, lo, kv->dtype, (size_t)nb);
-                    ckv_convert_to_f32(x1, hi, kv->dtype, (size_t)nb);
-                    for (int j = 0; j < nb; j++) {
-                        const float a = delta * inv_freq[j0 + j], c = cosf(a), sn = sinf(a);
-                        const float y0 = x0[j] * c - x1[j] * sn, y1 = x1[j] * c + x0[j] * sn; /* x cos + rotate_half(x) sin */
-                        x0[j] = y0;
-                        x1[j] = y1;
-                    }
-                    ckv_kv_put(lo, x0, kv->dtype, (size_t)nb);
-                    ckv_kv_put(hi, x1, kv->dtype, (size_t)nb);
-                }
-                sg->pos[i] = i;
-            }
+            for (int i = 0; i < sg->len; i++) sg->pos[i] = i;
         }
 }
