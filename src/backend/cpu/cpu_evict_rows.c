@@ -177,9 +177,18 @@ void ckv_cpu_evict_random(ckv_backend *be, float *x, int rows, int n, int ld, ui
 
 void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1) {
     (void)be;
-    float mx = -FLT_MAX;
-    for (int r = 0; r < rows; r++)
-        for (int t = t0; t < t1; t++) mx = fmaxf(mx, x[(size_t)r * (size_t)ld + (size_t)t]);
+    enum { W = 16 }; /* independent maxima, so the loop is not one chain of dependent comparisons */
+    float m[W];
+    for (int j = 0; j < W; j++) m[j] = -FLT_MAX;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * (size_t)ld;
+        int t = t0;
+        for (; t + W <= t1; t += W)
+            for (int j = 0; j < W; j++) m[j] = xr[t + j] > m[j] ? xr[t + j] : m[j]; /* a NaN never replaces */
+        for (; t < t1; t++) m[0] = xr[t] > m[0] ? xr[t] : m[0];
+    }
+    float mx = -FLT_MAX; /* the maximum is one value whichever order finds it (+0 and -0 aside, which add 1 alike) */
+    for (int j = 0; j < W; j++) mx = m[j] > mx ? m[j] : mx;
     *out = mx;
 }
 
@@ -196,9 +205,11 @@ void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, in
 
 /* Order-preserving key: larger score, larger key; -0 and +0 equal; every NaN 0, below -inf. */
 static inline uint32_t topk_key(float f) {
-    if (f != f) return 0;
-    union { float f; uint32_t u; } v = {f == 0.0f ? 0.0f : f};
-    return v.u & 0x80000000u ? ~v.u : v.u | 0x80000000u; /* -inf -> 0x007fffff > 0 */
+    uint32_t u; /* integer operations only, so that loops over keys vectorise */
+    memcpy(&u, &f, sizeof u);
+    const uint32_t mag = u & 0x7fffffffu, neg = (uint32_t)0 - (u >> 31);
+    const uint32_t key = mag == 0 ? 0x80000000u : u ^ (neg | 0x80000000u); /* negative: ~u; else u | sign */
+    return mag > 0x7f800000u ? 0u : key;                                    /* NaN */
 }
 
 /* The key of the k-th largest (1 <= k <= entries) of rows x n scores (row stride ld), and in *above
@@ -224,12 +235,14 @@ static uint32_t topk_threshold(const float *s, int ld, int rows, int n, int64_t 
     return prefix;
 }
 
-enum { TOPK_CAND = 2048 }; /* boundary-bucket keys a row's selection holds on the stack */
+enum { TOPK_CAND = 2048, TOPK_BITS = 11 }; /* boundary-bucket keys a row's selection holds on the stack; bits a
+                                            * histogram level resolves */
 
-/* The key of the k-th largest (1 <= k <= n) of n keys whose bits above `bits` are all equal, and in
- * *above how many are larger (the radix select of topk_threshold over the low bits). */
-static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, int *above) {
-    uint32_t prefix = key[0] & ~(bits >= 32 ? 0u : (1u << bits) - 1u), mask = ~(bits >= 32 ? 0u : (1u << bits) - 1u);
+/* The key of the k-th largest (1 <= k <= n) of n keys whose bits above `bits` all equal those of
+ * `prefix` (its lower bits 0), and in *above how many are larger (the radix select of topk_threshold
+ * over the low bits). */
+static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, uint32_t prefix, int *above) {
+    uint32_t mask = ~(bits >= 32 ? 0u : (1u << bits) - 1u);
     int left = k;
     *above = 0;
     for (int shift = bits - 8 > 0 ? bits - 8 : 0, width = bits - shift; width > 0;
@@ -246,45 +259,71 @@ static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, 
     return prefix;
 }
 
+/* The smallest and the largest key of s [n] (one pass the compiler vectorises). */
+static void topk_range(const float *s, int n, uint32_t *lo, uint32_t *hi) {
+    uint32_t a = UINT32_MAX, b = 0;
+    for (int i = 0; i < n; i++) {
+        const uint32_t key = topk_key(s[i]);
+        a = key < a ? key : a;
+        b = key > b ? key : b;
+    }
+    *lo = a;
+    *hi = b;
+}
+
 /* The top-k (1 <= k <= n) of one row s [n] into out [k], ascending indices (see the section's comment). */
 static void topk_row(const float *s, int n, int k, int32_t *out) {
-    static const int shift[3] = {21, 10, 0}, width[3] = {11, 11, 10};
-    uint32_t prefix = 0, mask = 0; /* the boundary bucket: keys whose bits under mask equal prefix */
-    int left = k, above = 0;        /* keys still to take from the bucket; keys above it */
-    for (int lv = 0; lv < 3; lv++) {
-        uint32_t hist[2048] = {0};
-        const uint32_t hm = (1u << width[lv]) - 1u;
+    uint32_t lo, hi;
+    topk_range(s, n, &lo, &hi);
+    /* every key shares the bits above the highest one in which the smallest and largest differ: the
+     * histograms start below them */
+    int bits = lo == hi ? 0 : 32 - __builtin_clz(lo ^ hi);
+    uint32_t mask = bits >= 32 ? 0u : ~((1u << bits) - 1u), prefix = lo & mask; /* the boundary bucket */
+    int left = k, above = 0; /* keys still to take from the bucket; keys above it */
+    while (bits > 0) {
+        const int width = bits < TOPK_BITS ? bits : TOPK_BITS, shift = bits - width;
+        const uint32_t hm = (1u << width) - 1u;
+        uint32_t hist[2][1 << TOPK_BITS]; /* two halves counted apart: a run of keys in one bucket (sorted
+                                           * scores) does not wait on its own increments */
+        memset(hist, 0, sizeof hist);
+        int i = 0;
+        for (; i + 1 < n; i += 2) {
+            const uint32_t k0 = topk_key(s[i]), k1 = topk_key(s[i + 1]);
+            if ((k0 & mask) == prefix) hist[0][(k0 >> shift) & hm]++;
+            if ((k1 & mask) == prefix) hist[1][(k1 >> shift) & hm]++;
+        }
+        if (i < n && (topk_key(s[i]) & mask) == prefix) hist[0][(topk_key(s[i]) >> shift) & hm]++;
+        int b = (int)hm;
+        while (hist[0][b] + hist[1][b] < (uint32_t)left) /* b >= 0 */
+            left -= (int)(hist[0][b] + hist[1][b]), above += (int)(hist[0][b] + hist[1][b]), b--;
+        prefix |= (uint32_t)b << shift;
+        mask |= hm << shift;
+        bits = shift;
+        if (hist[0][b] + hist[1][b] <= TOPK_CAND) break;
+    }
+    uint32_t ckey[TOPK_CAND + 1]; /* [nc] the bucket's keys and indices, in index order (+1: the */
+    int32_t cidx[TOPK_CAND + 1];  /* branch-free pass below writes one entry past the last) */
+    int o = 0, nc = 0;
+    if (mask == 0xffffffffu) { /* the bucket is one key: its first `left` are taken */
         for (int i = 0; i < n; i++) {
             const uint32_t key = topk_key(s[i]);
-            if ((key & mask) == prefix) hist[(key >> shift[lv]) & hm]++;
+            if (key > prefix || (key == prefix && left-- > 0)) out[o++] = i;
         }
-        int b = (int)hm;
-        while (hist[b] < (uint32_t)left) left -= (int)hist[b], above += (int)hist[b], b--; /* b >= 0 */
-        prefix |= (uint32_t)b << shift[lv];
-        mask |= hm << shift[lv];
-        if (hist[b] <= TOPK_CAND) break;
+        return;
     }
-    uint32_t ckey[TOPK_CAND]; /* [nc] the bucket's keys and indices, in index order */
-    int32_t cidx[TOPK_CAND];
-    int o = 0, nc = 0;
-    const int exact = mask == 0xffffffffu; /* the bucket is one key: its first `left` are taken */
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) { /* no branch on the keys (random scores would mispredict half): a
+                                   * slot is written for every key, kept when the key qualifies;
+                                   * out[o] stays below k as o <= above < k */
         const uint32_t key = topk_key(s[i]), m = key & mask;
-        if (m > prefix) {
-            out[o++] = i;
-        } else if (m == prefix) {
-            if (exact) {
-                if (left > 0) out[o++] = i, left--;
-            } else {
-                ckey[nc] = key;
-                cidx[nc++] = i;
-            }
-        }
+        out[o] = i;
+        o += m > prefix;
+        ckey[nc] = key;
+        cidx[nc] = i;
+        nc += m == prefix;
     }
-    if (exact) return;
     int cabove;
     const int low = __builtin_ctz(mask); /* the bits below the bucket's prefix */
-    const uint32_t thr = topk_key_threshold(ckey, nc, left, low, &cabove);
+    const uint32_t thr = topk_key_threshold(ckey, nc, left, low, prefix, &cabove);
     int ties = left - cabove, nk = 0;
     for (int c = 0; c < nc; c++) /* the bucket's kept indices, ascending, into cidx[0 .. left) */
         if (ckey[c] > thr || (ckey[c] == thr && ties-- > 0)) cidx[nk++] = cidx[c];

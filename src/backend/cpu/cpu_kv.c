@@ -73,9 +73,17 @@ static void gather_fence(void) {
 #endif
 }
 
+/* Requests source row r's key and value lines (a hint: no fault, no effect on the result). */
+static void gather_prefetch(const ckv_kv_seg *src, size_t r, size_t rowb) {
+    for (size_t b = 0; b < rowb; b += 64) {
+        __builtin_prefetch((const char *)src->k + r * rowb + b);
+        __builtin_prefetch((const char *)src->v + r * rowb + b);
+    }
+}
+
 /* Kept rows of one gather unit: a unit is (segment g, block b) of rows b * GATHER_BLOCK .. of the
  * segment's kept list, so both threads copy even when a layer has fewer KV heads than threads. */
-enum { GATHER_BLOCK = 128 };
+enum { GATHER_BLOCK = 128, GATHER_AHEAD = 8 /* rows prefetched ahead of the copy */ };
 
 typedef struct {
     const ckv_kv_gather_params *gp;
@@ -98,6 +106,9 @@ static void gather_units(void *ctx, int u0, int u1, int tid) {
         for (int i = i0; i < i1;) {
             int j = i + 1;
             while (j < i1 && kg[j] == kg[j - 1] + 1) j++;
+            if (j + GATHER_AHEAD <= i1) /* scattered rows (random's) wait on memory one at a time without
+                                         * this: the row GATHER_AHEAD kept rows on is requested now */
+                gather_prefetch(src, (size_t)kg[j + GATHER_AHEAD - 1], rowb);
             const size_t r = (size_t)kg[i], cnt = (size_t)(j - i);
             gather_copy((char *)dst->k + (size_t)i * rowb, (const char *)src->k + r * rowb, cnt * rowb);
             gather_copy((char *)dst->v + (size_t)i * rowb, (const char *)src->v + r * rowb, cnt * rowb);
