@@ -1,7 +1,8 @@
 /* cpu_kv.c - the CPU backend's KV-cache ops: kv_store (append a batch's tokens to their sequences'
  * segments, converting to the cache dtype, and advance the segment lengths), kv_gather (compact
- * every segment of a layer into another pool in one call, over (segment, row block) units on the
- * backend's threads, whole destination cache lines written by streaming stores) and kv_rerotate
+ * every segment of a layer into another pool in one call, over (segment, row block) units: on the
+ * calling thread up to a few MB of kept rows, else on the backend's threads; whole destination cache
+ * lines written by streaming stores, the source rows prefetched a few kept rows ahead) and kv_rerotate
  * (kept keys rotated to their row index). It does not attend (cpu_attention.c) and
  * decides nothing about what is kept. Nothing here allocates. */
 #include <math.h>
@@ -85,6 +86,12 @@ static void gather_prefetch(const ckv_kv_seg *src, size_t r, size_t rowb) {
  * segment's kept list, so both threads copy even when a layer has fewer KV heads than threads. */
 enum { GATHER_BLOCK = 128, GATHER_AHEAD = 8 /* rows prefetched ahead of the copy */ };
 
+/* Kept bytes up to which a gather runs on the calling thread: one thread copies a layer of 4K
+ * contexts' kept rows (about 1 MB) in tens of microseconds, about what waking the pool's workers
+ * costs on an idle machine and much less than it costs when the cores are busy (a worker then waits
+ * for a scheduler slice). */
+enum { GATHER_INLINE_BYTES = 4 << 20 };
+
 typedef struct {
     const ckv_kv_gather_params *gp;
     size_t rowb;
@@ -126,7 +133,12 @@ void ckv_cpu_kv_gather(ckv_backend *be, const ckv_kv_gather_params *gp) {
     int most = 0;
     for (int g = 0; g < gp->n_kv; g++) most = gp->n_keep[g] > most ? gp->n_keep[g] : most;
     gather_job jb = {gp, (size_t)gp->head_dim * ckv_dtype_size(gp->dtype), ckv_cpu_blocks((size_t)most, GATHER_BLOCK)};
-    if (jb.blocks > 0) ckv_threadpool_for(ckv_cpu_pool(be), gp->n_kv * jb.blocks, 1, gather_units, &jb);
+    size_t kept = 0; /* bytes of kept keys and values */
+    for (int g = 0; g < gp->n_kv; g++) kept += (size_t)gp->n_keep[g] * 2 * jb.rowb;
+    if (jb.blocks > 0 && kept <= GATHER_INLINE_BYTES)
+        gather_units(&jb, 0, gp->n_kv * jb.blocks, 0);
+    else if (jb.blocks > 0)
+        ckv_threadpool_for(ckv_cpu_pool(be), gp->n_kv * jb.blocks, 1, gather_units, &jb);
     for (int g = 0; g < gp->n_kv; g++) gp->dst[g].len = gp->n_keep[g];
 }
 
