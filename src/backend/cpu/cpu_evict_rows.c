@@ -14,6 +14,9 @@
 
 #include "cpu_backend.h"
 #include "cpu_lanes.h"
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
                                  int n, double denom, ckv_evict_denom minus_col) {
@@ -196,11 +199,14 @@ void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, in
  * Both ops select over a 32-bit key that orders the scores as the SPEC's tie rule does (descending
  * score, NaN last, then ascending index). The cross-head counts find the k-th key by a radix select
  * (four passes of 8-bit histograms), then take in index order every key above it and the first of
- * those equal to it. The per-row top-k histograms the keys' top 11 bits once, and only while the
- * boundary bucket holds more than TOPK_CAND keys the next 11, then the last 10 bits of that bucket's
- * keys; a second pass writes the keys above the bucket in index order and keeps the bucket's keys
- * (at most TOPK_CAND, on the stack), which are ranked among themselves and merged in: two passes
- * over a row where the scores spread over more than n / TOPK_CAND buckets, at most four otherwise.
+ * those equal to it. The per-row top-k first finds the row's smallest and largest key: every key
+ * shares the bits above the highest bit in which those two differ, so its histograms start below
+ * them, 11 bits at a time, for as long as the boundary bucket holds more than TOPK_CAND keys; a last
+ * pass writes the keys above the bucket in index order and keeps the bucket's keys (at most
+ * TOPK_CAND, on the stack), which are ranked among themselves and merged in: three passes over a row
+ * whose keys spread over more than TOPK_CAND buckets of the first histogram. The range and the last
+ * pass run 16 keys at a time with AVX-512 (the same output as the scalar loops that finish the row,
+ * or do all of it in builds without AVX-512).
  * Linear in n, no allocation, the output in ascending index order, nothing sorted. */
 
 /* Order-preserving key: larger score, larger key; -0 and +0 equal; every NaN 0, below -inf. */
@@ -211,6 +217,25 @@ static inline uint32_t topk_key(float f) {
     const uint32_t key = mag == 0 ? 0x80000000u : u ^ (neg | 0x80000000u); /* negative: ~u; else u | sign */
     return mag > 0x7f800000u ? 0u : key;                                    /* NaN */
 }
+
+#if defined(__AVX512F__)
+/* topk_key of 16 scores. */
+static inline __m512i topk_key16(__m512 f) {
+    const __m512i u = _mm512_castps_si512(f), sign = _mm512_set1_epi32((int)0x80000000u);
+    const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __m512i key = _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31), sign));
+    const __mmask16 zero = _mm512_cmpeq_epi32_mask(mag, _mm512_setzero_si512());
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+    return _mm512_maskz_mov_epi32((__mmask16)~nan, _mm512_mask_mov_epi32(key, zero, sign));
+}
+
+/* Appends the lanes of v selected by m at dst (popcount(m) entries; nothing written past them). */
+static inline int topk_append16(int32_t *dst, __mmask16 m, __m512i v) {
+    const int c = __builtin_popcount((unsigned)m);
+    _mm512_mask_storeu_epi32(dst, (__mmask16)((1u << c) - 1u), _mm512_maskz_compress_epi32(m, v));
+    return c;
+}
+#endif
 
 /* The key of the k-th largest (1 <= k <= entries) of rows x n scores (row stride ld), and in *above
  * how many keys are larger than it. */
@@ -259,10 +284,21 @@ static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, 
     return prefix;
 }
 
-/* The smallest and the largest key of s [n] (one pass the compiler vectorises). */
+/* The smallest and the largest key of s [n]. */
 static void topk_range(const float *s, int n, uint32_t *lo, uint32_t *hi) {
     uint32_t a = UINT32_MAX, b = 0;
-    for (int i = 0; i < n; i++) {
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512i va = _mm512_set1_epi32(-1), vb = _mm512_setzero_si512();
+    for (; i + 16 <= n; i += 16) {
+        const __m512i key = topk_key16(_mm512_loadu_ps(s + i));
+        va = _mm512_min_epu32(va, key);
+        vb = _mm512_max_epu32(vb, key);
+    }
+    a = _mm512_reduce_min_epu32(va);
+    b = _mm512_reduce_max_epu32(vb);
+#endif
+    for (; i < n; i++) {
         const uint32_t key = topk_key(s[i]);
         a = key < a ? key : a;
         b = key > b ? key : b;
@@ -304,6 +340,7 @@ static void topk_row(const float *s, int n, int k, int32_t *out) {
     uint32_t ckey[TOPK_CAND + 1]; /* [nc] the bucket's keys and indices, in index order (+1: the */
     int32_t cidx[TOPK_CAND + 1];  /* branch-free pass below writes one entry past the last) */
     int o = 0, nc = 0;
+    ckey[0] = prefix; /* (written by the pass below when nc > 0: defined for the compiler's flow analysis) */
     if (mask == 0xffffffffu) { /* the bucket is one key: its first `left` are taken */
         for (int i = 0; i < n; i++) {
             const uint32_t key = topk_key(s[i]);
@@ -311,9 +348,21 @@ static void topk_row(const float *s, int n, int k, int32_t *out) {
         }
         return;
     }
-    for (int i = 0; i < n; i++) { /* no branch on the keys (random scores would mispredict half): a
-                                   * slot is written for every key, kept when the key qualifies;
-                                   * out[o] stays below k as o <= above < k */
+    int i = 0;
+#if defined(__AVX512F__)
+    const __m512i vmask = _mm512_set1_epi32((int)mask), vpre = _mm512_set1_epi32((int)prefix);
+    __m512i vi = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, vi = _mm512_add_epi32(vi, _mm512_set1_epi32(16))) {
+        const __m512i key = topk_key16(_mm512_loadu_ps(s + i)), m = _mm512_and_si512(key, vmask);
+        const __mmask16 gt = _mm512_cmpgt_epu32_mask(m, vpre), eq = _mm512_cmpeq_epi32_mask(m, vpre);
+        o += topk_append16(out + o, gt, vi);
+        topk_append16((int32_t *)ckey + nc, eq, key);
+        nc += topk_append16(cidx + nc, eq, vi);
+    }
+#endif
+    for (; i < n; i++) { /* no branch on the keys (random scores would mispredict half): a slot is
+                          * written for every key, kept when the key qualifies; out[o] stays below
+                          * k as o <= above < k */
         const uint32_t key = topk_key(s[i]), m = key & mask;
         out[o] = i;
         o += m > prefix;
@@ -327,8 +376,8 @@ static void topk_row(const float *s, int n, int k, int32_t *out) {
     int ties = left - cabove, nk = 0;
     for (int c = 0; c < nc; c++) /* the bucket's kept indices, ascending, into cidx[0 .. left) */
         if (ckey[c] > thr || (ckey[c] == thr && ties-- > 0)) cidx[nk++] = cidx[c];
-    for (int i = above - 1, j = left - 1, w = k - 1; j >= 0; w--) /* merged from the back */
-        out[w] = i >= 0 && out[i] > cidx[j] ? out[i--] : cidx[j--];
+    for (int a = above - 1, j = left - 1, w = k - 1; j >= 0; w--) /* merged from the back */
+        out[w] = a >= 0 && out[a] > cidx[j] ? out[a--] : cidx[j--];
 }
 
 typedef struct {

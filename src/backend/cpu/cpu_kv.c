@@ -74,11 +74,12 @@ static void gather_fence(void) {
 #endif
 }
 
-/* Requests source row r's key and value lines (a hint: no fault, no effect on the result). */
+/* Requests source row r's key and value lines into the L2 (a hint: no fault, no effect on the
+ * result; a request into the L1 as well measured a few percent slower). */
 static void gather_prefetch(const ckv_kv_seg *src, size_t r, size_t rowb) {
     for (size_t b = 0; b < rowb; b += 64) {
-        __builtin_prefetch((const char *)src->k + r * rowb + b);
-        __builtin_prefetch((const char *)src->v + r * rowb + b);
+        __builtin_prefetch((const char *)src->k + r * rowb + b, 0, 2);
+        __builtin_prefetch((const char *)src->v + r * rowb + b, 0, 2);
     }
 }
 
