@@ -14,6 +14,9 @@
 
 #include "cpu_backend.h"
 #include "cpu_lanes.h"
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 void ckv_cpu_evict_colsum_finish(ckv_backend *be, float *out, int ld_out, const double *colsum, int ld_in, int rows,
                                  int n, double denom, ckv_evict_denom minus_col) {
@@ -177,9 +180,18 @@ void ckv_cpu_evict_random(ckv_backend *be, float *x, int rows, int n, int ld, ui
 
 void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, int ld, int t0, int t1) {
     (void)be;
-    float mx = -FLT_MAX;
-    for (int r = 0; r < rows; r++)
-        for (int t = t0; t < t1; t++) mx = fmaxf(mx, x[(size_t)r * (size_t)ld + (size_t)t]);
+    enum { W = 16 }; /* independent maxima, so the loop is not one chain of dependent comparisons */
+    float m[W];
+    for (int j = 0; j < W; j++) m[j] = -FLT_MAX;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * (size_t)ld;
+        int t = t0;
+        for (; t + W <= t1; t += W)
+            for (int j = 0; j < W; j++) m[j] = xr[t + j] > m[j] ? xr[t + j] : m[j]; /* a NaN never replaces */
+        for (; t < t1; t++) m[0] = xr[t] > m[0] ? xr[t] : m[0];
+    }
+    float mx = -FLT_MAX; /* the maximum is one value whichever order finds it (+0 and -0 aside, which add 1 alike) */
+    for (int j = 0; j < W; j++) mx = m[j] > mx ? m[j] : mx;
     *out = mx;
 }
 
@@ -187,19 +199,43 @@ void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, in
  * Both ops select over a 32-bit key that orders the scores as the SPEC's tie rule does (descending
  * score, NaN last, then ascending index). The cross-head counts find the k-th key by a radix select
  * (four passes of 8-bit histograms), then take in index order every key above it and the first of
- * those equal to it. The per-row top-k histograms the keys' top 11 bits once, and only while the
- * boundary bucket holds more than TOPK_CAND keys the next 11, then the last 10 bits of that bucket's
- * keys; a second pass writes the keys above the bucket in index order and keeps the bucket's keys
- * (at most TOPK_CAND, on the stack), which are ranked among themselves and merged in: two passes
- * over a row where the scores spread over more than n / TOPK_CAND buckets, at most four otherwise.
+ * those equal to it. The per-row top-k first finds the row's smallest and largest key: every key
+ * shares the bits above the highest bit in which those two differ, so its histograms start below
+ * them, 11 bits at a time, for as long as the boundary bucket holds more than TOPK_CAND keys; a last
+ * pass writes the keys above the bucket in index order and keeps the bucket's keys (at most
+ * TOPK_CAND, on the stack), which are ranked among themselves and merged in: three passes over a row
+ * whose keys spread over more than TOPK_CAND buckets of the first histogram. The range and the last
+ * pass run 16 keys at a time with AVX-512 (the same output as the scalar loops that finish the row,
+ * or do all of it in builds without AVX-512).
  * Linear in n, no allocation, the output in ascending index order, nothing sorted. */
 
 /* Order-preserving key: larger score, larger key; -0 and +0 equal; every NaN 0, below -inf. */
 static inline uint32_t topk_key(float f) {
-    if (f != f) return 0;
-    union { float f; uint32_t u; } v = {f == 0.0f ? 0.0f : f};
-    return v.u & 0x80000000u ? ~v.u : v.u | 0x80000000u; /* -inf -> 0x007fffff > 0 */
+    uint32_t u; /* integer operations only, so that loops over keys vectorise */
+    memcpy(&u, &f, sizeof u);
+    const uint32_t mag = u & 0x7fffffffu, neg = (uint32_t)0 - (u >> 31);
+    const uint32_t key = mag == 0 ? 0x80000000u : u ^ (neg | 0x80000000u); /* negative: ~u; else u | sign */
+    return mag > 0x7f800000u ? 0u : key;                                    /* NaN */
 }
+
+#if defined(__AVX512F__)
+/* topk_key of 16 scores. */
+static inline __m512i topk_key16(__m512 f) {
+    const __m512i u = _mm512_castps_si512(f), sign = _mm512_set1_epi32((int)0x80000000u);
+    const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __m512i key = _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31), sign));
+    const __mmask16 zero = _mm512_cmpeq_epi32_mask(mag, _mm512_setzero_si512());
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+    return _mm512_maskz_mov_epi32((__mmask16)~nan, _mm512_mask_mov_epi32(key, zero, sign));
+}
+
+/* Appends the lanes of v selected by m at dst (popcount(m) entries; nothing written past them). */
+static inline int topk_append16(int32_t *dst, __mmask16 m, __m512i v) {
+    const int c = __builtin_popcount((unsigned)m);
+    _mm512_mask_storeu_epi32(dst, (__mmask16)((1u << c) - 1u), _mm512_maskz_compress_epi32(m, v));
+    return c;
+}
+#endif
 
 /* The key of the k-th largest (1 <= k <= entries) of rows x n scores (row stride ld), and in *above
  * how many keys are larger than it. */
@@ -224,12 +260,14 @@ static uint32_t topk_threshold(const float *s, int ld, int rows, int n, int64_t 
     return prefix;
 }
 
-enum { TOPK_CAND = 2048 }; /* boundary-bucket keys a row's selection holds on the stack */
+enum { TOPK_CAND = 2048, TOPK_BITS = 11 }; /* boundary-bucket keys a row's selection holds on the stack; bits a
+                                            * histogram level resolves */
 
-/* The key of the k-th largest (1 <= k <= n) of n keys whose bits above `bits` are all equal, and in
- * *above how many are larger (the radix select of topk_threshold over the low bits). */
-static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, int *above) {
-    uint32_t prefix = key[0] & ~(bits >= 32 ? 0u : (1u << bits) - 1u), mask = ~(bits >= 32 ? 0u : (1u << bits) - 1u);
+/* The key of the k-th largest (1 <= k <= n) of n keys whose bits above `bits` all equal those of
+ * `prefix` (its lower bits 0), and in *above how many are larger (the radix select of topk_threshold
+ * over the low bits). */
+static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, uint32_t prefix, int *above) {
+    uint32_t mask = ~(bits >= 32 ? 0u : (1u << bits) - 1u);
     int left = k;
     *above = 0;
     for (int shift = bits - 8 > 0 ? bits - 8 : 0, width = bits - shift; width > 0;
@@ -246,50 +284,100 @@ static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, 
     return prefix;
 }
 
+/* The smallest and the largest key of s [n]. */
+static void topk_range(const float *s, int n, uint32_t *lo, uint32_t *hi) {
+    uint32_t a = UINT32_MAX, b = 0;
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512i va = _mm512_set1_epi32(-1), vb = _mm512_setzero_si512();
+    for (; i + 16 <= n; i += 16) {
+        const __m512i key = topk_key16(_mm512_loadu_ps(s + i));
+        va = _mm512_min_epu32(va, key);
+        vb = _mm512_max_epu32(vb, key);
+    }
+    a = _mm512_reduce_min_epu32(va);
+    b = _mm512_reduce_max_epu32(vb);
+#endif
+    for (; i < n; i++) {
+        const uint32_t key = topk_key(s[i]);
+        a = key < a ? key : a;
+        b = key > b ? key : b;
+    }
+    *lo = a;
+    *hi = b;
+}
+
 /* The top-k (1 <= k <= n) of one row s [n] into out [k], ascending indices (see the section's comment). */
 static void topk_row(const float *s, int n, int k, int32_t *out) {
-    static const int shift[3] = {21, 10, 0}, width[3] = {11, 11, 10};
-    uint32_t prefix = 0, mask = 0; /* the boundary bucket: keys whose bits under mask equal prefix */
-    int left = k, above = 0;        /* keys still to take from the bucket; keys above it */
-    for (int lv = 0; lv < 3; lv++) {
-        uint32_t hist[2048] = {0};
-        const uint32_t hm = (1u << width[lv]) - 1u;
+    uint32_t lo, hi;
+    topk_range(s, n, &lo, &hi);
+    /* every key shares the bits above the highest one in which the smallest and largest differ: the
+     * histograms start below them */
+    int bits = lo == hi ? 0 : 32 - __builtin_clz(lo ^ hi);
+    uint32_t mask = bits >= 32 ? 0u : ~((1u << bits) - 1u), prefix = lo & mask; /* the boundary bucket */
+    int left = k, above = 0; /* keys still to take from the bucket; keys above it */
+    while (bits > 0) {
+        const int width = bits < TOPK_BITS ? bits : TOPK_BITS, shift = bits - width;
+        const uint32_t hm = (1u << width) - 1u;
+        uint32_t hist[2][1 << TOPK_BITS]; /* two halves counted apart: a run of keys in one bucket (sorted
+                                           * scores) does not wait on its own increments */
+        memset(hist, 0, sizeof hist);
+        int i = 0;
+        for (; i + 1 < n; i += 2) {
+            const uint32_t k0 = topk_key(s[i]), k1 = topk_key(s[i + 1]);
+            if ((k0 & mask) == prefix) hist[0][(k0 >> shift) & hm]++;
+            if ((k1 & mask) == prefix) hist[1][(k1 >> shift) & hm]++;
+        }
+        if (i < n && (topk_key(s[i]) & mask) == prefix) hist[0][(topk_key(s[i]) >> shift) & hm]++;
+        int b = (int)hm;
+        while (hist[0][b] + hist[1][b] < (uint32_t)left) /* b >= 0 */
+            left -= (int)(hist[0][b] + hist[1][b]), above += (int)(hist[0][b] + hist[1][b]), b--;
+        prefix |= (uint32_t)b << shift;
+        mask |= hm << shift;
+        bits = shift;
+        if (hist[0][b] + hist[1][b] <= TOPK_CAND) break;
+    }
+    uint32_t ckey[TOPK_CAND + 1]; /* [nc] the bucket's keys and indices, in index order (+1: the */
+    int32_t cidx[TOPK_CAND + 1];  /* branch-free pass below writes one entry past the last) */
+    int o = 0, nc = 0;
+    ckey[0] = prefix; /* (written by the pass below when nc > 0: defined for the compiler's flow analysis) */
+    if (mask == 0xffffffffu) { /* the bucket is one key: its first `left` are taken */
         for (int i = 0; i < n; i++) {
             const uint32_t key = topk_key(s[i]);
-            if ((key & mask) == prefix) hist[(key >> shift[lv]) & hm]++;
+            if (key > prefix || (key == prefix && left-- > 0)) out[o++] = i;
         }
-        int b = (int)hm;
-        while (hist[b] < (uint32_t)left) left -= (int)hist[b], above += (int)hist[b], b--; /* b >= 0 */
-        prefix |= (uint32_t)b << shift[lv];
-        mask |= hm << shift[lv];
-        if (hist[b] <= TOPK_CAND) break;
+        return;
     }
-    uint32_t ckey[TOPK_CAND]; /* [nc] the bucket's keys and indices, in index order */
-    int32_t cidx[TOPK_CAND];
-    int o = 0, nc = 0;
-    const int exact = mask == 0xffffffffu; /* the bucket is one key: its first `left` are taken */
-    for (int i = 0; i < n; i++) {
+    int i = 0;
+#if defined(__AVX512F__)
+    const __m512i vmask = _mm512_set1_epi32((int)mask), vpre = _mm512_set1_epi32((int)prefix);
+    __m512i vi = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, vi = _mm512_add_epi32(vi, _mm512_set1_epi32(16))) {
+        const __m512i key = topk_key16(_mm512_loadu_ps(s + i)), m = _mm512_and_si512(key, vmask);
+        const __mmask16 gt = _mm512_cmpgt_epu32_mask(m, vpre), eq = _mm512_cmpeq_epi32_mask(m, vpre);
+        o += topk_append16(out + o, gt, vi);
+        topk_append16((int32_t *)ckey + nc, eq, key);
+        nc += topk_append16(cidx + nc, eq, vi);
+    }
+#endif
+    for (; i < n; i++) { /* no branch on the keys (random scores would mispredict half): a slot is
+                          * written for every key, kept when the key qualifies; out[o] stays below
+                          * k as o <= above < k */
         const uint32_t key = topk_key(s[i]), m = key & mask;
-        if (m > prefix) {
-            out[o++] = i;
-        } else if (m == prefix) {
-            if (exact) {
-                if (left > 0) out[o++] = i, left--;
-            } else {
-                ckey[nc] = key;
-                cidx[nc++] = i;
-            }
-        }
+        out[o] = i;
+        o += m > prefix;
+        ckey[nc] = key;
+        cidx[nc] = i;
+        nc += m == prefix;
     }
-    if (exact) return;
     int cabove;
     const int low = __builtin_ctz(mask); /* the bits below the bucket's prefix */
-    const uint32_t thr = topk_key_threshold(ckey, nc, left, low, &cabove);
+    const uint32_t thr = topk_key_threshold(ckey, nc, left, low, prefix, &cabove);
     int ties = left - cabove, nk = 0;
     for (int c = 0; c < nc; c++) /* the bucket's kept indices, ascending, into cidx[0 .. left) */
         if (ckey[c] > thr || (ckey[c] == thr && ties-- > 0)) cidx[nk++] = cidx[c];
-    for (int i = above - 1, j = left - 1, w = k - 1; j >= 0; w--) /* merged from the back */
-        out[w] = i >= 0 && out[i] > cidx[j] ? out[i--] : cidx[j--];
+    for (int a = above - 1, j = left - 1, w = k - 1; j >= 0; w--) /* merged from the back */
+        out[w] = a >= 0 && out[a] > cidx[j] ? out[a--] : cidx[j--];
 }
 
 typedef struct {
