@@ -440,7 +440,8 @@ static void check_topk_long(ckv_backend *be) {
 /* Rows whose boundary bucket (the keys' top 11 bits) holds more keys than the per-row selection
  * keeps aside: 6,000 values within a few thousand ulps of 1 (pairs tied), and 6,000 equal values
  * with a few above and NaNs, so that the selection refines the bucket by its lower bits or takes
- * the first of one tied key; kept sets against before(). */
+ * the first of one tied key; kept sets against before(), and the cross-head counts over all three
+ * rows against the flat rank. */
 static void check_topk_wide(ckv_backend *be) {
     enum { R = 3, N = 6000 };
     static float s[R * N];
@@ -453,6 +454,15 @@ static void check_topk_wide(ckv_backend *be) {
     const int32_t k[R] = {2500, 3001, 4801};
     CHECK_OK(be->ops->evict_topk(be, idx, N, s, N, R, N, k));
     check_kept("wide", s, idx, R, N, k);
+    /* cross-head counts whose boundary falls among the tied 2.0s, the pairs near 1 or the NaNs */
+    const int64_t totals[4] = {100, 5000, 9000, R * N - 3};
+    for (int c = 0; c < 4; c++) {
+        int32_t cnt[R], want[R] = {0};
+        CHECK_OK(be->ops->evict_topk_counts(be, cnt, s, N, R, N, totals[c]));
+        for (int i = 0; i < R * N; i++) want[i / N] += before(s, R * N, i) < totals[c];
+        CHECK_MSG(!memcmp(cnt, want, sizeof cnt), "topk_counts wide, total %lld: %d %d %d, want %d %d %d",
+                  (long long)totals[c], cnt[0], cnt[1], cnt[2], want[0], want[1], want[2]);
+    }
 }
 
 /* Bit-for-bit equality of n floats (or doubles, dbl) from two thread counts: the first mismatches and

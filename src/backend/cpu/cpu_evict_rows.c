@@ -197,9 +197,11 @@ void ckv_cpu_evict_max(ckv_backend *be, float *out, const float *x, int rows, in
 
 /* ---- top-k ----------------------------------------------------------------------------------
  * Both ops select over a 32-bit key that orders the scores as the SPEC's tie rule does (descending
- * score, NaN last, then ascending index). The cross-head counts find the k-th key by a radix select
- * (four passes of 8-bit histograms), then take in index order every key above it and the first of
- * those equal to it. The per-row top-k first finds the row's smallest and largest key: every key
+ * score, NaN last, then ascending index). The cross-head counts histogram every row's keys 11 bits
+ * at a time from the top until the boundary bucket holds at most TOPK_CAND keys (one pass when the
+ * scores spread over more than total / TOPK_CAND buckets), then one pass in flat order counts the
+ * keys above the bucket per row and keeps the bucket's keys aside with their rows, which are ranked
+ * among themselves (ties to the lower flat index). The per-row top-k first finds the row's smallest and largest key: every key
  * shares the bits above the highest bit in which those two differ, so its histograms start below
  * them, 11 bits at a time, for as long as the boundary bucket holds more than TOPK_CAND keys; a last
  * pass writes the keys above the bucket in index order and keeps the bucket's keys (at most
@@ -237,35 +239,12 @@ static inline int topk_append16(int32_t *dst, __mmask16 m, __m512i v) {
 }
 #endif
 
-/* The key of the k-th largest (1 <= k <= entries) of rows x n scores (row stride ld), and in *above
- * how many keys are larger than it. */
-static uint32_t topk_threshold(const float *s, int ld, int rows, int n, int64_t k, int64_t *above) {
-    uint32_t prefix = 0, mask = 0;
-    int64_t left = k; /* entries still to take among those matching prefix under mask */
-    *above = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        int64_t hist[256] = {0};
-        for (int r = 0; r < rows; r++) {
-            const float *sr = s + (size_t)r * (size_t)ld;
-            for (int i = 0; i < n; i++) {
-                const uint32_t key = topk_key(sr[i]);
-                if ((key & mask) == prefix) hist[(key >> shift) & 255u]++;
-            }
-        }
-        int b = 255;
-        while (hist[b] < left) left -= hist[b], *above += hist[b], b--; /* b >= 0: left <= the matches */
-        prefix |= (uint32_t)b << shift;
-        mask |= 255u << shift;
-    }
-    return prefix;
-}
-
 enum { TOPK_CAND = 2048, TOPK_BITS = 11 }; /* boundary-bucket keys a row's selection holds on the stack; bits a
                                             * histogram level resolves */
 
 /* The key of the k-th largest (1 <= k <= n) of n keys whose bits above `bits` all equal those of
- * `prefix` (its lower bits 0), and in *above how many are larger (the radix select of topk_threshold
- * over the low bits). */
+ * `prefix` (its lower bits 0), and in *above how many are larger (a radix select over the low bits,
+ * 8 at a time). */
 static uint32_t topk_key_threshold(const uint32_t *key, int n, int k, int bits, uint32_t prefix, int *above) {
     uint32_t mask = ~(bits >= 32 ? 0u : (1u << bits) - 1u);
     int left = k;
@@ -426,15 +405,59 @@ ckv_status ckv_cpu_evict_topk_counts(ckv_backend *be, int32_t *counts, const flo
         return ckv_error(CKV_STATUS_ERR_ARG, "cpu evict_topk_counts: top-%lld of %d x %d scores", (long long)total, rows, n);
     for (int r = 0; r < rows; r++) counts[r] = 0;
     if (total == 0) return CKV_STATUS_OK;
-    int64_t above;
-    const uint32_t thr = topk_threshold(s, ld, rows, n, total, &above);
-    int64_t ties = total - above; /* equal keys go to the lower flat index r * n + i first */
+    /* the boundary bucket over every row's keys: 11 bits a level, from the top, until it holds at most
+     * TOPK_CAND keys or is one key */
+    uint32_t prefix = 0, mask = 0;
+    int64_t left = total, above = 0; /* keys still to take from the bucket; keys above it */
+    for (int bits = 32; bits > 0;) {
+        const int width = bits < TOPK_BITS ? bits : TOPK_BITS, shift = bits - width;
+        const uint32_t hm = (1u << width) - 1u;
+        int64_t hist[1 << TOPK_BITS];
+        memset(hist, 0, sizeof hist);
+        for (int r = 0; r < rows; r++) {
+            const float *sr = s + (size_t)r * (size_t)ld;
+            for (int i = 0; i < n; i++) {
+                const uint32_t key = topk_key(sr[i]);
+                if ((key & mask) == prefix) hist[(key >> shift) & hm]++;
+            }
+        }
+        int b = (int)hm;
+        while (hist[b] < left) left -= hist[b], above += hist[b], b--; /* b >= 0: left <= the matches */
+        prefix |= (uint32_t)b << shift;
+        mask |= hm << shift;
+        bits = shift;
+        if (hist[b] <= TOPK_CAND) break;
+    }
+    /* one pass in flat order (r * n + i): keys above the bucket counted; the bucket's keys either taken
+     * in that order (one key) or kept aside with their rows and ranked among themselves, the ties going
+     * to the lower flat index */
+    const int exact = mask == 0xffffffffu;
+    uint32_t ckey[TOPK_CAND]; /* [nc] the bucket's keys and rows, in flat order */
+    int32_t crow[TOPK_CAND];
+    int nc = 0;
+    int64_t take = left;
     for (int r = 0; r < rows; r++) {
         const float *sr = s + (size_t)r * (size_t)ld;
+        int32_t c = 0;
         for (int i = 0; i < n; i++) {
-            const uint32_t key = topk_key(sr[i]);
-            counts[r] += key > thr || (key == thr && ties-- > 0);
+            const uint32_t key = topk_key(sr[i]), m = key & mask;
+            if (m > prefix) {
+                c++;
+            } else if (m == prefix) {
+                if (exact) {
+                    c += take-- > 0;
+                } else {
+                    ckey[nc] = key;
+                    crow[nc++] = r;
+                }
+            }
         }
+        counts[r] = c;
     }
+    if (exact) return CKV_STATUS_OK;
+    int cabove;
+    const uint32_t thr = topk_key_threshold(ckey, nc, (int)left, __builtin_ctz(mask), prefix, &cabove);
+    int ties = (int)left - cabove;
+    for (int c = 0; c < nc; c++) counts[crow[c]] += ckey[c] > thr || (ckey[c] == thr && ties-- > 0);
     return CKV_STATUS_OK;
 }
