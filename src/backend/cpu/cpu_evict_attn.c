@@ -16,8 +16,8 @@
  * its query heads in ascending order; chunk_colsum: a KV head), each worker in its own workspace. A
  * worker whose part starts inside a query head keeps that head's rows aside and they are added after
  * the pool, after the rows of the workers before it, so every sum is added in the order one thread
- * adds it, whatever the thread count. Scratch is the backend's eviction scratch
- * (ckv_cpu_evict_scratch: kept between calls). It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
+ * adds it, whatever the thread count. Scratch is the backend's eviction scratch, not zeroed
+ * (ckv_cpu_evict_scratch_raw: kept between calls). It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
 #include <math.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -465,8 +465,11 @@ static ckv_status evict_attn_run(ckv_backend *be, evict_attn_job *jb) {
     const size_t shared = share ? (size_t)jb->n_g * per_g : 0;
     while (workers > 1 && (size_t)workers * per * sizeof(float) > CKV_CPU_ATTN_SCRATCH_BYTES) workers--;
     if (workers < 1) workers = 1;
+    /* not zeroed: every part is written before it is read (packs with their zero columns, a strip's
+     * queries and logits up to its visible keys, the deferred rows as far as they are added); zeroing
+     * 6 MB per layer on SmolLM2 at 4K took about a fifth of the micro-kernel's time */
     float *scratch = NULL;
-    CKV_TRY(ckv_cpu_evict_scratch(be, (shared + (size_t)workers * per) * sizeof(float), (void **)&scratch));
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, (shared + (size_t)workers * per) * sizeof(float), (void **)&scratch));
     evict_attn_ws ws[CKV_CPU_MAX_TASK_WORKERS];
     for (int w = 0; w < workers; w++)
         evict_attn_ws_carve(&ws[w], scratch + shared + (size_t)w * per, jb->arch, jb->kv, jb->n_keys, n_cols,
