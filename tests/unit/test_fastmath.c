@@ -129,7 +129,8 @@ static void test_vector_form(void) {
 }
 
 /* ckv_fast_expf_nonpos: ckv_fast_expf's bits for x <= 0 (every 61st negative float by bit pattern,
- * every float of [-88, -87] and of [-1, -0.5], the specials), scalar and vector form. */
+ * every float of [-88, -87] and of [-1, -0.5], the specials), scalar and vector form, and in an
+ * AVX-512 build ckv_fast_expf_nonpos16 on the same inputs. */
 static void test_nonpos(void) {
     size_t n = 0, bad = 0;
     const float special[] = {0.0f, -0.0f, -INFINITY, NAN, -NAN, -87.3f, -87.31f, -FLT_MIN, -FLT_MAX};
@@ -139,8 +140,26 @@ static void test_nonpos(void) {
             fprintf(stderr, "  nonpos exp(%.9g) = %.9g, ckv_fast_expf %.9g\n", (double)x, (double)got, (double)want);
         n++;
     }
+#if defined(__AVX512F__)
+    { /* the specials in every lane position of the AVX-512 form (NaN: a NaN) */
+        enum { NS = sizeof special / sizeof special[0] };
+        float xs[16], ys[16];
+        for (int rot = 0; rot < 16; rot++) {
+            for (int l = 0; l < 16; l++) xs[l] = special[(l + rot) % NS];
+            _mm512_storeu_ps(ys, ckv_fast_expf_nonpos16(_mm512_loadu_ps(xs)));
+            for (int l = 0; l < 16; l++) {
+                const float want = ckv_fast_expf(xs[l]);
+                if (!(isnan(want) ? isnan(ys[l]) : memcmp(&ys[l], &want, sizeof want) == 0) && bad++ < 5)
+                    fprintf(stderr, "  AVX-512 nonpos exp(%.9g) = %.9g, ckv_fast_expf %.9g\n", (double)xs[l],
+                            (double)ys[l], (double)want);
+                n++;
+            }
+        }
+    }
+#endif
     enum { B = 1024 };
-    static float x[B], y[B];
+    static float x[B], y[B], y16[B];
+    (void)y16;
     int m = 0;
     const uint32_t bands[3][2] = {{0x80000000u, 0xFF800000u}, /* -0 .. -inf, every 61st */
                                   {0xC2AE0000u, 0xC2B00000u}, /* -87 .. -88, every one */
@@ -151,11 +170,20 @@ static void test_nonpos(void) {
             x[m++] = from_bits((uint32_t)u);
             if (m < B && u + step <= bands[k][1]) continue;
             ckv_fast_expf_nonpos_n(y, x, (size_t)m);
+#if defined(__AVX512F__)
+            for (int i = 0; i + 16 <= m; i += 16) _mm512_storeu_ps(y16 + i, ckv_fast_expf_nonpos16(_mm512_loadu_ps(x + i)));
+#endif
             for (int i = 0; i < m; i++) {
                 const float want = ckv_fast_expf(x[i]), got = ckv_fast_expf_nonpos(x[i]);
-                if ((memcmp(&got, &want, sizeof got) != 0 || memcmp(&y[i], &want, sizeof got) != 0) && bad++ < 5)
-                    fprintf(stderr, "  nonpos exp(%.9g) = %.9g (vector %.9g), ckv_fast_expf %.9g\n", (double)x[i],
-                            (double)got, (double)y[i], (double)want);
+#if defined(__AVX512F__)
+                const float got16 = i < m - m % 16 ? y16[i] : want;
+#else
+                const float got16 = want;
+#endif
+                if ((memcmp(&got, &want, sizeof got) != 0 || memcmp(&y[i], &want, sizeof got) != 0 ||
+                     memcmp(&got16, &want, sizeof got) != 0) && bad++ < 5)
+                    fprintf(stderr, "  nonpos exp(%.9g) = %.9g (vector %.9g, AVX-512 %.9g), ckv_fast_expf %.9g\n",
+                            (double)x[i], (double)got, (double)y[i], (double)got16, (double)want);
             }
             n += (size_t)m;
             m = 0;

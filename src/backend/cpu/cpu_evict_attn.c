@@ -16,8 +16,8 @@
  * its query heads in ascending order; chunk_colsum: a KV head), each worker in its own workspace. A
  * worker whose part starts inside a query head keeps that head's rows aside and they are added after
  * the pool, after the rows of the workers before it, so every sum is added in the order one thread
- * adds it, whatever the thread count. Scratch is the backend's eviction scratch
- * (ckv_cpu_evict_scratch: kept between calls). It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
+ * adds it, whatever the thread count. Scratch is the backend's eviction scratch, not zeroed
+ * (ckv_cpu_evict_scratch_raw: kept between calls). It selects nothing (CriticalKV's value norms: cpu_evict_vnorm.c). */
 #include <math.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -35,7 +35,8 @@ static inline float evict_scale_one(float x, float scale, evict_scale_kind kind)
     return kind == EVICT_SCALE_DIV ? x / scale : kind == EVICT_SCALE_MUL ? x * scale : x;
 }
 
-/* x[0..n) <- exp(x - m) in fp32 (arguments <= 0: ckv_fast_expf_nonpos); returns their sum in double:
+/* x[0..n) <- exp(x - m) in fp32 (arguments <= 0: ckv_fast_expf_nonpos, in 16 lanes in an AVX-512 build:
+ * ckv_fast_expf_nonpos16); returns their sum in double:
  * lane l of 8 adds x[l], x[l + 8], ... in order, the lanes are added ((0 + 4) + (1 + 5)) + ((2 + 6) +
  * (3 + 7)), then the last n % 8 values one by one. Each exponential is added while it is in a register. */
 static double evict_exp_sum(float *x, int n, float m) {
@@ -45,10 +46,7 @@ static double evict_exp_sum(float *x, int n, float m) {
     const __m512 mv = _mm512_set1_ps(m);
     __m512d acc = _mm512_setzero_pd(); /* lane l: sl[l] */
     for (; i + 16 <= n; i += 16) {
-        float t[16] __attribute__((aligned(64)));
-        _mm512_store_ps(t, _mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
-        ckv_fast_expf_nonpos_n(t, t, 16); /* the project's exp, vectorised in this AVX-512 build */
-        const __m512 e = _mm512_load_ps(t);
+        const __m512 e = ckv_fast_expf_nonpos16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv)); /* its bits, 16 lanes */
         _mm512_storeu_ps(x + i, e);
         acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
@@ -465,8 +463,11 @@ static ckv_status evict_attn_run(ckv_backend *be, evict_attn_job *jb) {
     const size_t shared = share ? (size_t)jb->n_g * per_g : 0;
     while (workers > 1 && (size_t)workers * per * sizeof(float) > CKV_CPU_ATTN_SCRATCH_BYTES) workers--;
     if (workers < 1) workers = 1;
+    /* not zeroed: every part is written before it is read (packs with their zero columns, a strip's
+     * queries and logits up to its visible keys, the deferred rows as far as they are added); zeroing
+     * 6 MB per layer on SmolLM2 at 4K took about a fifth of the micro-kernel's time */
     float *scratch = NULL;
-    CKV_TRY(ckv_cpu_evict_scratch(be, (shared + (size_t)workers * per) * sizeof(float), (void **)&scratch));
+    CKV_TRY(ckv_cpu_evict_scratch_raw(be, (shared + (size_t)workers * per) * sizeof(float), (void **)&scratch));
     evict_attn_ws ws[CKV_CPU_MAX_TASK_WORKERS];
     for (int w = 0; w < workers; w++)
         evict_attn_ws_carve(&ws[w], scratch + shared + (size_t)w * per, jb->arch, jb->kv, jb->n_keys, n_cols,

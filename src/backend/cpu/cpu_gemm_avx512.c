@@ -214,6 +214,10 @@ static CKV_AVX512 void ckv_avx512_dots(int n, int k, const float *x, size_t ldx,
         const int nc = m - c0 < 16 ? m - c0 : 16;
         const float *wr[16];
         for (int i = 0; i < 16; i++) wr[i] = w + (size_t)(c0 + (i < nc ? i : nc - 1)) * ldw;
+        /* the next 16 rows of w into the cache while these are used: with k 64 they are the next 4 KiB
+         * page, which the hardware prefetcher does not enter (w is a cache read from memory once) */
+        for (int i = c0 + 16; i < c0 + 32 && i < m; i++)
+            for (int p = 0; p < k; p += 16) __builtin_prefetch(w + (size_t)i * ldw + p);
         const __mmask16 km = ckv_mask16(nc);
         for (int r0 = 0; r0 < n; r0 += 8) {
             const int nr = n - r0;
