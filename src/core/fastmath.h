@@ -5,6 +5,7 @@
 #ifndef CKV_FASTMATH_H
 #define CKV_FASTMATH_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -21,25 +22,37 @@ static inline float ckv_fast_select(int c, float a, float b) {
     return a;
 }
 
+/* a * b + c: rounded once where the target has fused multiply-adds (__FMA__: the call is one
+ * instruction), twice elsewhere. Written out rather than left to the compiler's contraction, which
+ * depends on the build's flags (-ffp-contract), so a debug build computes the same bits as a release
+ * build of the same target, and the vector forms below can match the scalar one. */
+static inline float ckv_fast_madd(float a, float b, float c) {
+#if defined(__FMA__)
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
 /* The shared core of the exps below for xc in [-87.3, 89]: *n = round(xc / ln2) (in [-126, 129]) and
  * the polynomial p ~ e^r of r = xc - n ln2. */
 static inline float ckv_fast_exp_core(float xc, int32_t *n) {
     const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer in the low bits */
-    float kf = xc * 1.44269504088896341f + magic;
+    float kf = ckv_fast_madd(xc, 1.44269504088896341f, magic);
     int32_t ki;
     memcpy(&ki, &kf, sizeof ki);
     *n = ki - 0x4B400000;
     float nf = kf - magic;
-    float r = xc - nf * 0.693145751953125f; /* ln2, high part (exact product) */
-    r = r - nf * 1.42860676533018704e-06f; /* ln2, low part */
+    float r = ckv_fast_madd(-nf, 0.693145751953125f, xc); /* ln2, high part (exact product) */
+    r = ckv_fast_madd(-nf, 1.42860676533018704e-06f, r); /* ln2, low part */
     float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    p = ckv_fast_madd(p, r, 1.0f / 720.0f);
+    p = ckv_fast_madd(p, r, 1.0f / 120.0f);
+    p = ckv_fast_madd(p, r, 1.0f / 24.0f);
+    p = ckv_fast_madd(p, r, 1.0f / 6.0f);
+    p = ckv_fast_madd(p, r, 0.5f);
+    p = ckv_fast_madd(p, r, 1.0f);
+    p = ckv_fast_madd(p, r, 1.0f);
     return p;
 }
 
@@ -99,8 +112,7 @@ static inline void ckv_fast_expf_nonpos_n(float *y, const float *x, size_t n) {
 #include <immintrin.h>
 /* ckv_fast_expf_nonpos of 16 lanes in AVX-512 intrinsics, the same bits lane by lane in fewer
  * instructions than the vectorised scalar code: the reduction and the polynomial as the fused
- * multiply-adds the compiler forms from ckv_fast_exp_core (this project builds with
- * -ffp-contract=fast), 2^n applied by vscalefps (p * 2^n rounded once, as p * 2^n in one product),
+ * multiply-adds of ckv_fast_exp_core (AVX-512 targets have FMA), 2^n applied by vscalefps (p * 2^n rounded once, as p * 2^n in one product),
  * and no clamp: lanes below -87.3 (-inf included) are set to 0 and NaN lanes to x after the
  * arithmetic, whatever it gave there. tests/unit/test_fastmath.c compares it with the scalar form over
  * the same inputs as ckv_fast_expf_nonpos. */
